@@ -1,0 +1,130 @@
+"""Example PyTorch models for Plan Explorer, written from scratch (no torchvision).
+
+``MODELS`` maps a short name to an :class:`ExampleModel`; :func:`build` makes
+``(model, example_input)`` where the input's first dimension is the global
+batch. Models and inputs are created without explicit devices, so building
+inside ``with torch.device("meta"):`` is instant even for huge models (shape
+analysis), and building normally gives a real CPU model. Every model is
+traceable by ``torch.fx.symbolic_trace``.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import nn
+
+from .alexnet import build_alexnet
+from .inception import build_inception_v3
+from .lenet import build_lenet5
+from .lstm import build_lstm
+from .mlp import build_mlp
+from .resnet import build_resnet50, build_wresnet
+from .transformer import build_transformer
+from .vgg import build_vgg16
+
+__all__ = ["ExampleModel", "MODELS", "UnknownModel", "build", "model_params"]
+
+
+@dataclass(frozen=True)
+class ExampleModel:
+    name: str  # e.g. "vgg16"
+    description: str  # one line
+    builder: Callable  # builder(batch=..., **kwargs) -> (nn.Module, example_input)
+    default_batch: int
+
+
+class UnknownModel(KeyError, ValueError):
+    """Raised by :func:`build` / :func:`model_params` for a name not in ``MODELS``."""
+
+    def __str__(self) -> str:  # KeyError would repr() the message, adding quotes
+        return str(self.args[0]) if self.args else ""
+
+
+_ENTRIES = [
+    ("lenet5", "LeNet-5 (LeCun et al. 1998), 1x28x28 MNIST-style input", build_lenet5, 64),
+    ("alexnet", "AlexNet (Krizhevsky et al. 2012), torchvision layout, 224x224 ImageNet", build_alexnet, 128),
+    ("vgg16", "VGG-16 (Simonyan & Zisserman 2014), 224x224 ImageNet", build_vgg16, 128),
+    ("inception_v3", "Inception-v3 (Szegedy et al. 2016), full network, 299x299 ImageNet", build_inception_v3, 128),
+    ("resnet50", "ResNet-50 v1.5 (He et al. 2016), 224x224 ImageNet", build_resnet50, 128),
+    ("wresnet", "Wide-ResNet (Zagoruyko & Komodakis 2016), bottleneck ResNet-50/101/152 x width, 224x224",
+     build_wresnet, 32),
+    ("mlp", "Multilayer perceptron: layers x Linear(hidden)+ReLU, then Linear(num_classes)", build_mlp, 256),
+    ("lstm", "Stacked LSTM (Hochreiter & Schmidhuber 1997) unrolled over time, Tofu-style RNN", build_lstm, 64),
+    ("transformer", "Pre-LN Transformer encoder classifier (Vaswani et al. 2017)", build_transformer, 32),
+]
+
+MODELS: dict[str, ExampleModel] = {name: ExampleModel(name, desc, fn, b) for name, desc, fn, b in _ENTRIES}
+
+
+def _get(name: str) -> ExampleModel:
+    try:
+        return MODELS[name]
+    except (KeyError, TypeError):
+        raise UnknownModel(f"unknown model {name!r}; known models: {', '.join(MODELS)}") from None
+
+
+def model_params(name: str) -> dict[str, object]:
+    """The builder's keyword arguments other than ``batch``, with their defaults."""
+    sig = inspect.signature(_get(name).builder)
+    return {p.name: p.default for p in sig.parameters.values() if p.name != "batch"}
+
+
+_TRUE = {"true", "1", "yes", "y", "on"}
+_FALSE = {"false", "0", "no", "n", "off"}
+
+
+def _coerce(model: str, key: str, value: object, default: object) -> object:
+    """Convert ``value`` (possibly a command-line string) to the type of ``default``."""
+    kind = type(default)
+    if isinstance(default, bool):
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
+            return value.strip().lower() in _TRUE
+        if isinstance(value, int) and value in (0, 1):
+            return bool(value)
+        raise ValueError(f"{model}: parameter {key!r} expects a bool (true/false/1/0/yes/no), got {value!r}")
+    if kind in (int, float):
+        if isinstance(value, bool):
+            raise ValueError(f"{model}: parameter {key!r} expects {kind.__name__}, got bool {value!r}")
+        if isinstance(value, str):
+            try:
+                return kind(value.strip())
+            except ValueError:
+                raise ValueError(f"{model}: parameter {key!r} expects {kind.__name__}, got {value!r}") from None
+        if kind is float and isinstance(value, (int, float)):
+            return float(value)
+        if kind is int and isinstance(value, int):
+            return value
+        if kind is int and isinstance(value, float) and value.is_integer():
+            return int(value)
+        raise ValueError(f"{model}: parameter {key!r} expects {kind.__name__}, got {value!r}")
+    return value
+
+
+def build(name: str, batch: int | str | None = None, **kwargs) -> tuple[nn.Module, torch.Tensor]:
+    """Build model ``name`` and its example input (first dimension = ``batch``).
+
+    Unknown name -> :class:`UnknownModel` listing the known names. Unknown kwarg
+    -> ValueError listing the accepted ones. String values (from the command
+    line) are converted to the type of the builder's default. ``batch=None``
+    uses the model's ``default_batch``. Builders validate their own values.
+    """
+    entry = _get(name)
+    params = model_params(name)
+    unknown = [k for k in kwargs if k not in params]
+    if unknown:
+        accepted = ", ".join(params) or "(none)"
+        raise ValueError(f"{name}: unknown parameter(s) {', '.join(map(repr, unknown))}; accepted: {accepted}")
+    converted = {k: _coerce(name, k, v, params[k]) for k, v in kwargs.items()}
+    if batch is None:
+        batch = entry.default_batch
+    else:
+        batch = _coerce(name, "batch", batch, 0)
+        if batch < 1:
+            raise ValueError(f"{name}: batch must be >= 1, got {batch}")
+    return entry.builder(batch, **converted)

@@ -1,0 +1,483 @@
+"""The OptCNN cost model (paper Section 5.1): t_C, t_S per layer and configuration, t_X per edge.
+
+* ``t_C(l, c)`` – forward + backward time of the slowest device's shard.  ``analytic`` uses a
+  roofline of the device (peak FLOP/s × efficiency vs. memory bandwidth, plus kernel launch
+  overhead); ``measured`` runs the shard on the local device (see :mod:`.profile`), cached in
+  SQLite, as the paper does.
+* ``t_X(e, c_i, c_j)`` – each destination device receives the part of the region it needs that
+  other devices own (geometry decides both), over the link's bandwidth; a device receives from
+  its sources one after the other, devices receive in parallel; counted twice, for the
+  activations forward and the gradients of the same region backward.
+* ``t_S(l, c)`` – parameter synchronisation of replicated weight shards: the paper's parameter
+  server (every replica sends its gradients to the shard's server and gets the parameters back:
+  ``2 (r-1) s / b``), or ring all-reduce (``2 (r-1)/r · s / b``).
+
+All tables are numpy arrays indexed by candidate position, so the search is pure array work.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..errors import InfeasiblePlan
+from . import geometry as G
+from .devices import DeviceGraph
+from .graph import Edge, Layer, LayerGraph
+
+#: Fraction of peak FLOP/s dense kernels reach (cuDNN/cuBLAS on P100 ~ 50-70%).
+EFFICIENCY = {"conv": 0.6, "linear": 0.6, "matmul": 0.6, "sdpa": 0.5, "lstm_cell": 0.5}
+#: Forward+backward kernel launches per layer and their fixed cost (seconds).
+LAUNCH_OVERHEAD_S = 3 * 5e-6
+
+
+@dataclass
+class Pin:
+    """A user's constraint on one layer: degrees (any subset of letters) and/or devices."""
+
+    layer: str
+    degrees: dict = field(default_factory=dict)
+    devices: tuple | None = None
+
+    def __post_init__(self):
+        if not self.degrees and self.devices is None:
+            raise ValueError(f"pin on {self.layer!r} names neither degrees nor devices")
+
+    @classmethod
+    def parse(cls, text: str) -> "Pin":
+        """``LAYER=n=2,c=2`` / ``LAYER=@0,1`` / ``LAYER=n=2@0,1``."""
+        layer, eq, rhs = text.partition("=")
+        if not eq or not layer or not rhs:
+            raise ValueError(f"cannot read pin {text!r}: write LAYER=n=2,c=1 or LAYER=@0,1")
+        degrees, devices = G.parse_config(rhs)
+        return cls(layer.strip(), degrees, devices)
+
+    def matches(self, cfg: G.Config) -> bool:
+        if self.devices is not None and tuple(self.devices) != cfg.devices:
+            return False
+        return all(cfg.deg(k) == v for k, v in self.degrees.items())
+
+    def text(self) -> str:
+        s = ",".join(f"{k}={v}" for k, v in self.degrees.items())
+        if self.devices is not None:
+            s += "@" + ",".join(map(str, self.devices))
+        return f"{self.layer}={s}"
+
+
+@dataclass
+class CostTables:
+    """Everything equation 1 needs, over each layer's candidate list.
+
+    ``candidates[name]`` – list of :class:`Config`; ``t_compute[name]``, ``t_sync[name]`` –
+    arrays ``[C]``; ``memory[name]`` – ``[C]`` peak bytes on one device for that layer;
+    ``edges`` – list of ``(Edge, t_xfer [C_src, C_dst])`` with parallel edges separate.
+    """
+
+    names: list
+    candidates: dict
+    t_compute: dict
+    t_sync: dict
+    memory: dict
+    edges: list
+    build_time_s: float = 0.0
+    bytes_xfer: list = field(default_factory=list)  # per edge [C_src, C_dst] bytes moved
+
+    def node_cost(self, name: str) -> np.ndarray:
+        return self.t_compute[name] + self.t_sync[name]
+
+    def objective(self, choice: dict) -> float:
+        """Equation 1 for ``choice`` (layer name -> candidate index)."""
+        tot = sum(float(self.node_cost(n)[choice[n]]) for n in self.names)
+        for e, m in self.edges:
+            tot += float(m[choice[e.src], choice[e.dst]])
+        return tot
+
+    def breakdown(self, choice: dict) -> dict:
+        comp = sum(float(self.t_compute[n][choice[n]]) for n in self.names)
+        sync = sum(float(self.t_sync[n][choice[n]]) for n in self.names)
+        xfer = sum(float(m[choice[e.src], choice[e.dst]]) for e, m in self.edges)
+        return {"compute_s": comp, "sync_s": sync, "transfer_s": xfer,
+                "total_s": comp + sync + xfer}
+
+    def dump(self) -> dict:
+        """The ``--dump-costs`` document: enough to recompute equation 1 offline."""
+        return {
+            "layers": [{"name": n, "candidates": [
+                {"config": c.as_dict(), "devices": list(c.devices),
+                 "t_compute_s": float(self.t_compute[n][i]), "t_sync_s": float(self.t_sync[n][i])}
+                for i, c in enumerate(self.candidates[n])]} for n in self.names],
+            "edges": [{"src": e.src, "dst": e.dst, "input_index": e.index,
+                       "t_xfer_s": m.tolist()} for e, m in self.edges],
+        }
+
+
+class CostModel:
+    """Cost functions of one (layer graph, device graph) pair.
+
+    Parameters
+    ----------
+    graph, devices: what to cost.
+    compute: ``"analytic"`` (roofline) or ``"measured"`` (profile the local device).
+    sync: ``"ps"`` (parameter server, the paper) or ``"ring"`` (all-reduce).
+    profile_cache: path of the SQLite profile cache (measured mode).
+    """
+
+    def __init__(self, graph: LayerGraph, devices: DeviceGraph, compute: str = "analytic",
+                 sync: str = "ps", profile_cache=None, dtype_bytes: int = 4):
+        if compute not in ("analytic", "measured"):
+            raise ValueError(f"compute cost mode {compute!r}: use 'analytic' or 'measured'")
+        if sync not in ("ps", "ring"):
+            raise ValueError(f"sync mode {sync!r}: use 'ps' or 'ring'")
+        self.graph, self.devices = graph, devices
+        self.compute, self.sync = compute, sync
+        self.dtype_bytes = dtype_bytes
+        self.profile_cache = profile_cache
+        self._profiler = None
+        self.profile_time_s = 0.0
+        self._xcache: dict = {}
+        self._box_cache: dict = {}
+        self._tile_cache: dict = {}
+        self._layer_cache: dict = {}
+
+    # -- candidates --------------------------------------------------------------------------
+    def candidates(self, name: str, pin: Pin | None = None) -> list:
+        """Configurations the search may give ``name``, honouring ``pin``."""
+        layer = self.graph.layer(name)
+        n = self.devices.n
+        if pin is not None and pin.devices is not None:
+            devs = tuple(pin.devices)
+            bad = [d for d in devs if not 0 <= d < n]
+            if bad:
+                raise InfeasiblePlan(f"pin {pin.text()}: devices {bad} do not exist "
+                                     f"(devices are 0..{n - 1})")
+            if n % len(devs):
+                raise InfeasiblePlan(
+                    f"pin {pin.text()}: {len(devs)} devices do not divide the {n} available; "
+                    f"pin 1, 2, ... devices that divide {n}")
+            cands = G.enumerate_configs(layer, n, devices=devs)
+        else:
+            cands = G.enumerate_configs(layer, n)
+        if pin is not None:
+            allc = cands
+            cands = [c for c in cands if pin.matches(c)]
+            if not cands:
+                bad = [k for k in pin.degrees if k not in layer.dims]
+                why = (f"layer {name} ({layer.op}, output {list(layer.out_shape)}) has no "
+                       f"dimension {bad}; its dimensions are {list(layer.dims)}" if bad else
+                       f"layer {name} ({layer.op}, output {list(layer.out_shape)}) has no such "
+                       f"configuration on {n} devices")
+                opts = ", ".join(c.label().replace(" ", "") for c in allc[:12])
+                raise InfeasiblePlan(f"pin {pin.text()} cannot be met: {why}. Possible: "
+                                     f"{opts}{' ...' if len(allc) > 12 else ''}")
+        return cands
+
+    # -- per-layer costs -------------------------------------------------------------------
+    def _boxes(self, layer: Layer, cfg: G.Config):
+        key = (layer.name, cfg)
+        b = self._box_cache.get(key)
+        if b is None:
+            b = G.output_boxes(layer, cfg)
+            self._box_cache[key] = b
+        return b
+
+    def shard_shapes(self, layer: Layer, cfg: G.Config) -> list:
+        """Per device of ``cfg``: (output box shape, input region shapes, param shard elems)."""
+        boxes = self._boxes(layer, cfg)
+        ins = [G.input_regions(layer, i, boxes) for i in range(len(layer.in_shapes))]
+        out = []
+        for k in range(cfg.total):
+            out.append((tuple(int(x) for x in boxes[k, :, 1] - boxes[k, :, 0]),
+                        [tuple(int(x) for x in r[k, :, 1] - r[k, :, 0]) for r in ins]))
+        return out
+
+    def layer_costs(self, name: str, cands: list):
+        """``(t_compute[C], t_sync[C], memory[C])`` for ``name`` over ``cands``."""
+        layer = self.graph.layer(name)
+        key = (layer.op, repr(sorted(layer.attrs.items())), tuple(map(tuple, layer.in_shapes)),
+               layer.out_shape, layer.axes, repr(sorted(layer.params.items())), layer.flops,
+               tuple(cands))
+        hit = self._layer_cache.get(key)
+        if hit is None:
+            hit = self._layer_costs(layer, cands)
+            self._layer_cache[key] = hit
+        return tuple(a.copy() for a in hit)
+
+    def _layer_costs(self, layer: Layer, cands: list):
+        C = len(cands)
+        Dm = max(c.total for c in cands)
+        nd = len(layer.out_shape)
+        # every candidate's tiles at once: [C, Dm, nd, 2], padding rows are empty boxes
+        boxes = np.zeros((C, Dm, nd, 2), dtype=np.int64)
+        dev = np.zeros((C, Dm), dtype=np.int64)
+        used = np.zeros((C, Dm), dtype=bool)
+        for i, c in enumerate(cands):
+            boxes[i, : c.total] = self._boxes(layer, c)
+            dev[i, : c.total] = c.devices
+            used[i, : c.total] = True
+        db = self.dtype_bytes
+        vol = np.where(used, G.volume(boxes), 0).astype(float)
+        tc, ts = np.zeros(C), np.zeros(C)
+        if layer.op == "input":
+            return tc, ts, vol.max(axis=1) * db
+        in_el = np.zeros((C, Dm))
+        for j in range(len(layer.in_shapes)):
+            in_el += np.where(used, G.volume(G.input_regions(layer, j, boxes)), 0)
+        shards = G.param_shards(layer, boxes)
+        pel = np.zeros((C, Dm))
+        for _, reg in shards.values():
+            pel += np.where(used, G.volume(reg), 0)
+        if self.compute == "measured":
+            for i, cfg in enumerate(cands):
+                tc[i] = self._measured(layer, cfg)
+        else:
+            out_vol = max(math.prod(layer.out_shape), 1)
+            peak = np.array([d.peak_flops for d in self.devices.devices])[dev]
+            mbw = np.array([d.mem_bw for d in self.devices.devices])[dev]
+            flops = 3.0 * layer.flops * vol / out_vol          # forward + 2x backward
+            traffic = 3.0 * db * (in_el + pel + vol)
+            eff = EFFICIENCY.get(layer.op, 0.5)
+            t = np.maximum(flops / (peak * eff), traffic / mbw) + LAUNCH_OVERHEAD_S
+            tc = np.where(used, t, 0.0).max(axis=1)
+        for i, cfg in enumerate(cands):
+            groups = []
+            for _, reg in shards.values():
+                rows = reg[i, : cfg.total].reshape(cfg.total, -1)
+                pv = G.volume(reg[i, : cfg.total])
+                keyed: dict = {}
+                for k, row in enumerate(rows.tolist()):
+                    keyed.setdefault(tuple(row), []).append(k)
+                groups.extend((int(pv[m[0]]), m) for m in keyed.values())
+            ts[i] = self._sync(cfg, groups)
+        # weights + gradients + momentum, activation + its gradient, fetched inputs
+        mem = (3 * pel + 2 * vol + in_el).max(axis=1) * db
+        return tc, ts, mem
+
+    def _sync(self, cfg: G.Config, groups) -> float:
+        """Synchronisation time of the layer's replicated shards under ``cfg``.
+
+        Each replica group (devices holding the same shard) has its server on its first
+        member; different servers work in parallel, one server handles its groups in turn.
+        """
+        load: dict = {}
+        for elems, members in groups:
+            r = len(members)
+            if r < 2 or elems == 0:
+                continue
+            devs = [cfg.devices[k] for k in members]
+            bw = float(self.devices.bw[devs][:, devs].min())
+            s = elems * self.dtype_bytes
+            if self.sync == "ps":
+                cost = 2.0 * (r - 1) * s / bw
+            else:
+                cost = 2.0 * (r - 1) / r * s / bw
+            load[devs[0]] = load.get(devs[0], 0.0) + cost
+        if not load:
+            return 0.0
+        devs = list(cfg.devices)
+        lat = float(self.devices.latency[devs][:, devs].max())
+        steps = 2 if self.sync == "ps" else 2 * (cfg.total - 1)
+        return max(load.values()) + steps * lat
+
+    def _measured(self, layer: Layer, cfg: G.Config) -> float:
+        if self._profiler is None:
+            from .profile import Profiler
+            self._profiler = Profiler(self.profile_cache)
+        t0 = time.perf_counter()
+        shapes = self.shard_shapes(layer, cfg)
+        worst = 0.0
+        for out_shape, in_shapes in {(s[0], tuple(s[1])): None for s in shapes}:
+            worst = max(worst, self._profiler.measure(layer, out_shape, list(in_shapes),
+                                                      self.devices.devices[0].kind))
+        self.profile_time_s += self._profiler.last_profile_s
+        return worst
+
+    # -- per-edge costs --------------------------------------------------------------------
+    def _node_structure(self):
+        """``(node_of[d], intra_bw, inter_bw, intra_lat, inter_lat)`` when the device graph's
+        links depend only on whether two devices share a node (all presets), else ``None``."""
+        if hasattr(self, "_nodes"):
+            return self._nodes
+        d = self.devices
+        node = np.array([dev.node for dev in d.devices])
+        same = node[:, None] == node[None, :]
+        off = ~np.eye(d.n, dtype=bool)
+        res = None
+        vals = []
+        for mask in (same & off, ~same):
+            if mask.any():
+                b, lt = d.bw[mask], d.latency[mask]
+                if not (np.all(b == b[0]) and np.all(lt == lt[0])):
+                    vals = None
+                    break
+                vals.append((float(b[0]), float(lt[0])))
+            else:
+                vals.append((np.inf, 0.0))
+        if vals is not None:
+            res = (node, vals[0][0], vals[1][0], vals[0][1], vals[1][1])
+        self._nodes = res
+        return res
+
+    def _edge_key(self, edge, src_cands, dst_cands):
+        src, dst = self.graph.layer(edge.src), self.graph.layer(edge.dst)
+        return (src.out_shape, src.axes, tuple(src_cands), dst.op, repr(sorted(dst.attrs.items())),
+                tuple(map(tuple, dst.in_shapes)), dst.out_shape, dst.axes, edge.index,
+                edge.transforms, tuple(dst_cands))
+
+    def xfer(self, edge: Edge, src_cands: list, dst_cands: list):
+        """``(t_xfer [Cs, Cd], bytes [Cs, Cd])`` for one edge (forward + backward).
+
+        Destination device ``m`` needs region ``R_m`` of the producer's tensor; it receives
+        ``R_m`` minus what it already owns, from each owner over that pair's link, one source
+        after another; destinations receive in parallel, so the edge takes the slowest one.
+        """
+        key = self._edge_key(edge, src_cands, dst_cands)
+        hit = self._xcache.get(key)
+        if hit is not None:
+            return hit
+        src, dst = self.graph.layer(edge.src), self.graph.layer(edge.dst)
+        Dd = max(c.total for c in dst_cands)
+        db = np.zeros((len(dst_cands), Dd, len(dst.out_shape), 2), dtype=np.int64)
+        ddev = np.full((len(dst_cands), Dd), -1, dtype=np.int64)
+        for j, c in enumerate(dst_cands):
+            db[j, : c.total] = self._boxes(dst, c)
+            ddev[j, : c.total] = c.devices
+        need = G.edge_regions(self.graph, edge, db)          # [Cd, Dd, nd, 2] on producer
+        need[ddev < 0] = 0
+        nodes = self._node_structure()
+        res = None
+        if nodes is not None:
+            res = self._xfer_by_node(src, src_cands, need, ddev, nodes)
+        if res is None:
+            res = self._xfer_pairwise(src, src_cands, need, ddev)
+        self._xcache[key] = res
+        return res
+
+    def _src_tiles(self, src, src_cands):
+        Ds = max(c.total for c in src_cands)
+        nd = len(src.out_shape)
+        sb = np.zeros((len(src_cands), Ds, nd, 2), dtype=np.int64)
+        sdev = np.full((len(src_cands), Ds), -1, dtype=np.int64)
+        for i, c in enumerate(src_cands):
+            sb[i, : c.total] = self._boxes(src, c)
+            sdev[i, : c.total] = c.devices
+        return sb, sdev
+
+    def _xfer_by_node(self, src, src_cands, need, ddev, nodes):
+        """Fast path for two-level (node-local / remote) links.
+
+        Bytes a destination gets from its own node = |R ∩ node's tiles| − |R ∩ own tile|, from
+        other nodes = |R| − |R ∩ node's tiles| (the tiles partition the tensor).  Needs each
+        node's tiles to form a box, which holds for the presets' power-of-two configurations;
+        returns ``None`` otherwise and the pairwise path is used.
+        """
+        node_of, bw_in, bw_out, lat_in, lat_out = nodes
+        tiles = self._node_tiles(src, src_cands, node_of)
+        if tiles is None:
+            return None
+        own, nbox = tiles
+        dd = np.clip(ddev, 0, None)
+        valid = ddev >= 0                                                 # [Cd, Dd]
+        tot = G.volume(need).astype(np.float64)                           # [Cd, Dd]
+        mine = G.overlap(need[None], own[:, dd])                          # [Cs, Cd, Dd]
+        local = G.overlap(need[None], nbox[:, node_of[dd]])
+        intra = np.where(valid, local - mine, 0.0) * self.dtype_bytes    # [Cs, Cd, Dd]
+        inter = np.where(valid, tot[None] - local, 0.0) * self.dtype_bytes
+        t = np.zeros_like(intra)
+        if np.isfinite(bw_in):
+            t += intra / bw_in + np.where(intra > 0, lat_in, 0.0)
+        if np.isfinite(bw_out):
+            t += inter / bw_out + np.where(inter > 0, lat_out, 0.0)
+        return 2.0 * t.max(axis=2), 2.0 * (intra + inter).sum(axis=2)
+
+    def _node_tiles(self, src, src_cands, node_of):
+        """Per source candidate: the tile each device owns ``[Cs, N, nd, 2]`` and the bounding
+        box of each node's tiles ``[Cs, nodes, nd, 2]``; ``None`` if some node's tiles are not
+        a box."""
+        key = (src.name, tuple(src_cands))
+        if key in self._tile_cache:
+            return self._tile_cache[key]
+        n_nodes = int(node_of.max()) + 1
+        nd = len(src.out_shape)
+        Cs = len(src_cands)
+        own = np.zeros((Cs, self.devices.n, nd, 2), dtype=np.int64)
+        nbox = np.zeros((Cs, n_nodes, nd, 2), dtype=np.int64)
+        res = (own, nbox)
+        for i, c in enumerate(src_cands):
+            boxes = self._boxes(src, c)
+            devs = np.asarray(c.devices)
+            own[i, devs] = boxes
+            nn_ = node_of[devs]
+            for x in set(nn_.tolist()):
+                sel = boxes[nn_ == x]
+                bb = np.empty((nd, 2), dtype=np.int64)
+                bb[:, 0], bb[:, 1] = sel[:, :, 0].min(axis=0), sel[:, :, 1].max(axis=0)
+                if G.volume(bb) != G.volume(sel).sum():
+                    res = None
+                    break
+                nbox[i, x] = bb
+            if res is None:
+                break
+        self._tile_cache[key] = res
+        return res
+
+    def _xfer_pairwise(self, src, src_cands, need, ddev):
+        """General path: every (source device, destination device) pair, any bandwidths."""
+        sb, sdev = self._src_tiles(src, src_cands)
+        nd = sb.shape[2]
+        vol = None
+        for ax in range(nd):     # overlap volume [Cs, Ds, Cd, Dd] = prod of 1-D overlaps
+            lo = np.maximum(sb[:, :, None, None, ax, 0], need[None, None, :, :, ax, 0])
+            hi = np.minimum(sb[:, :, None, None, ax, 1], need[None, None, :, :, ax, 1])
+            ov = np.maximum(hi - lo, 0).astype(np.float64)
+            vol = ov if vol is None else vol * ov
+        same = sdev[:, :, None, None] == ddev[None, None, :, :]
+        valid = (sdev[:, :, None, None] >= 0) & (ddev[None, None, :, :] >= 0) & ~same
+        nbytes = np.where(valid, vol, 0.0) * self.dtype_bytes
+        si, di = np.clip(sdev, 0, None)[:, :, None, None], np.clip(ddev, 0, None)[None, None]
+        per = np.where(nbytes > 0, nbytes / self.devices.bw[si, di] + self.devices.latency[si, di],
+                       0.0)
+        t = per.sum(axis=1).max(axis=2)                       # receive serially, dst parallel
+        return 2.0 * t, 2.0 * nbytes.sum(axis=(1, 3))
+
+    # -- all tables ------------------------------------------------------------------------
+    def tables(self, pins: list | None = None) -> CostTables:
+        """Build every table the search needs, honouring ``pins`` (unknown layers rejected)."""
+        t0 = time.perf_counter()
+        pins = list(pins or [])
+        by_layer: dict = {}
+        for p in pins:
+            if p.layer not in self.graph:
+                close = [n for n in self.graph.names() if p.layer.lower() in n.lower()][:8]
+                raise InfeasiblePlan(
+                    f"pin {p.text()}: no layer named {p.layer!r}"
+                    + (f"; did you mean {', '.join(close)}?" if close else
+                       "; `explorer search MODEL --json` lists the layer names"))
+            if p.layer in by_layer:
+                raise InfeasiblePlan(f"layer {p.layer} is pinned twice")
+            by_layer[p.layer] = p
+        names = self.graph.names()
+        cands, tc, ts, mem = {}, {}, {}, {}
+        for n in names:
+            cs = self.candidates(n, by_layer.get(n))
+            a, b, m = self.layer_costs(n, cs)
+            cap = min(self.devices.devices[d].memory for c in cs for d in c.devices)
+            keep = [i for i, c in enumerate(cs)
+                    if m[i] <= min(self.devices.devices[d].memory for d in c.devices)]
+            if not keep:
+                raise InfeasiblePlan(
+                    f"layer {n} does not fit in device memory under any allowed configuration "
+                    f"(needs ≥ {m.min() / 2**30:.2f} GiB per device, devices have "
+                    f"{cap / 2**30:.2f} GiB): use more devices or a smaller batch")
+            if len(keep) < len(cs):
+                cs = [cs[i] for i in keep]
+                a, b, m = a[keep], b[keep], m[keep]
+            cands[n], tc[n], ts[n], mem[n] = cs, a, b, m
+        edges, nbytes = [], []
+        for e in self.graph.edges():
+            t, nb = self.xfer(e, cands[e.src], cands[e.dst])
+            edges.append((e, t))
+            nbytes.append(nb)
+        return CostTables(names, cands, tc, ts, mem, edges, time.perf_counter() - t0, nbytes)

@@ -1,0 +1,210 @@
+"""The layer graph: the computation graph OptCNN searches over.
+
+A :class:`LayerGraph` wraps a ``networkx.MultiDiGraph`` whose nodes are layer names with a
+``layer`` attribute (:class:`Layer`) and whose edges carry an ``edge`` attribute
+(:class:`Edge`).  Parallel edges are kept (a layer may read the same tensor twice), because the
+paper's edge elimination merges exactly those.
+
+Each layer names the *axes* of its output tensor with the paper's dimension letters
+(``n`` sample, ``c`` channel, ``h`` height, ``w`` width, ``l`` length); an axis that cannot be
+partitioned is ``"-"``.  Those letters are what configurations are keyed by.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import networkx as nx
+
+DIM_LETTERS = ("n", "c", "h", "w", "l")
+
+
+@dataclass
+class Layer:
+    """One layer of the model (an fx node with its folded element-wise followers).
+
+    Attributes
+    ----------
+    name: unique node name (the fx node name of the producing op).
+    op: op kind understood by :mod:`explorer.engine.geometry` (``conv2d``, ``linear`` ...).
+    out_shape: shape of the layer's output tensor.
+    axes: one dimension letter per output axis (``"-"`` = not partitionable).
+    in_shapes: shapes of the op's tensor inputs, in argument order, as the op sees them.
+    params: parameter name -> shape (weights owned by this layer, folded BatchNorm included).
+    attrs: op attributes (kernel, stride, padding, groups, concat dim, ...).
+    flops: forward FLOPs of the whole layer (backward is counted as 2x forward).
+    module: dotted path of the owning ``nn.Module`` (for hierarchy in views).
+    folded: names of fx nodes folded into this layer (activations, BatchNorm, dropout).
+    """
+
+    name: str
+    op: str
+    out_shape: tuple
+    axes: tuple
+    in_shapes: tuple = ()
+    params: dict = field(default_factory=dict)
+    attrs: dict = field(default_factory=dict)
+    flops: float = 0.0
+    module: str = ""
+    folded: list = field(default_factory=list)
+    dtype_bytes: int = 4
+
+    def __post_init__(self):
+        self.out_shape = tuple(int(s) for s in self.out_shape)
+        self.axes = tuple(self.axes)
+        if len(self.axes) != len(self.out_shape):
+            raise ValueError(
+                f"layer {self.name}: {len(self.axes)} axis letters {self.axes} for a "
+                f"rank-{len(self.out_shape)} output {self.out_shape}")
+        bad = [a for a in self.axes if a != "-" and a not in DIM_LETTERS]
+        if bad:
+            raise ValueError(f"layer {self.name}: unknown dimension letters {bad}")
+        letters = [a for a in self.axes if a != "-"]
+        if len(set(letters)) != len(letters):
+            raise ValueError(f"layer {self.name}: repeated dimension letters {self.axes}")
+
+    @property
+    def dims(self) -> tuple:
+        """Parallelizable dimension letters in axis order (paper Table 1)."""
+        return tuple(a for a in self.axes if a != "-")
+
+    def axis_of(self, letter: str) -> int:
+        return self.axes.index(letter)
+
+    def size(self, letter: str) -> int:
+        return self.out_shape[self.axis_of(letter)]
+
+    @property
+    def out_bytes(self) -> int:
+        return math.prod(self.out_shape) * self.dtype_bytes
+
+    @property
+    def param_count(self) -> int:
+        return sum(math.prod(s) for s in self.params.values())
+
+    def to_dict(self) -> dict:
+        return {
+            "name": self.name, "op": self.op, "out_shape": list(self.out_shape),
+            "axes": "".join(self.axes), "in_shapes": [list(s) for s in self.in_shapes],
+            "params": {k: list(v) for k, v in self.params.items()},
+            "attrs": {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.attrs.items()},
+            "flops": self.flops, "module": self.module, "folded": list(self.folded),
+        }
+
+
+@dataclass
+class Edge:
+    """A tensor flowing from ``src``'s output into input ``index`` of ``dst``.
+
+    ``transforms`` are view ops folded onto the edge (flatten, view, transpose, select, tuple
+    item), listed from the consumer side back to the producer; geometry applies them to map a
+    region the consumer needs back onto the producer's output tensor.
+    """
+
+    src: str
+    dst: str
+    index: int
+    transforms: tuple = ()
+
+    def to_dict(self) -> dict:
+        return {"src": self.src, "dst": self.dst, "index": self.index,
+                "transforms": [list(t) if isinstance(t, tuple) else t for t in self.transforms]}
+
+
+class LayerGraph:
+    """A model's layer graph plus what was imported with it.
+
+    Example
+    -------
+    >>> g = LayerGraph("toy", batch=8)
+    >>> g.add_layer(Layer("x", "input", (8, 4), ("n", "c")))
+    >>> g.add_layer(Layer("fc", "linear", (8, 2), ("n", "c"), in_shapes=((8, 4),),
+    ...                   params={"weight": (2, 4)}))
+    >>> g.add_edge(Edge("x", "fc", 0))
+    >>> [l.name for l in g.layers()]
+    ['x', 'fc']
+    """
+
+    def __init__(self, model: str, batch: int, source: str = ""):
+        self.model = model
+        self.batch = int(batch)
+        self.source = source  # "fx" or "export"
+        self.spec = model      # what to pass to load_model to rebuild it
+        self.model_args: dict = {}
+        self.g = nx.MultiDiGraph()
+        self._order: list | None = None
+
+    # -- construction ----------------------------------------------------------------------
+    def add_layer(self, layer: Layer) -> None:
+        if layer.name in self.g:
+            raise ValueError(f"duplicate layer name {layer.name!r}")
+        self.g.add_node(layer.name, layer=layer)
+        self._order = None
+
+    def add_edge(self, edge: Edge) -> None:
+        for end in (edge.src, edge.dst):
+            if end not in self.g:
+                raise ValueError(f"edge {edge.src}->{edge.dst}: unknown layer {end!r}")
+        self.g.add_edge(edge.src, edge.dst, edge=edge)
+        self._order = None
+
+    # -- queries ---------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return self.g.number_of_nodes()
+
+    def __contains__(self, name) -> bool:
+        return name in self.g
+
+    def layer(self, name: str) -> Layer:
+        try:
+            return self.g.nodes[name]["layer"]
+        except KeyError:
+            raise KeyError(f"no layer named {name!r}") from None
+
+    def names(self) -> list:
+        """Layer names in a deterministic topological order."""
+        if self._order is None:
+            self._order = list(nx.lexicographical_topological_sort(
+                self.g, key=lambda n: self._insertion_rank(n)))
+        return list(self._order)
+
+    def _insertion_rank(self, name):
+        if not hasattr(self, "_rank") or len(self._rank) != len(self.g):
+            self._rank = {n: i for i, n in enumerate(self.g.nodes)}
+        return self._rank[name]
+
+    def layers(self) -> list:
+        return [self.layer(n) for n in self.names()]
+
+    def edges(self) -> list:
+        """All edges (parallel ones separately) in topological order of their destination."""
+        order = {n: i for i, n in enumerate(self.names())}
+        es = [d["edge"] for _, _, d in self.g.edges(data=True)]
+        es.sort(key=lambda e: (order[e.dst], e.index, order[e.src]))
+        return es
+
+    def in_edges(self, name: str) -> list:
+        return sorted((d["edge"] for _, _, d in self.g.in_edges(name, data=True)),
+                      key=lambda e: e.index)
+
+    def out_edges(self, name: str) -> list:
+        return [d["edge"] for _, _, d in self.g.out_edges(name, data=True)]
+
+    def summary(self) -> dict:
+        ls = self.layers()
+        ops: dict = {}
+        for lay in ls:
+            ops[lay.op] = ops.get(lay.op, 0) + 1
+        return {
+            "model": self.model, "batch": self.batch, "layers": len(ls),
+            "edges": self.g.number_of_edges(), "ops": ops,
+            "parameters": sum(l.param_count for l in ls),
+            "flops_forward": sum(l.flops for l in ls),
+            "activation_bytes": sum(l.out_bytes for l in ls),
+        }
+
+    def to_dict(self) -> dict:
+        return {"model": self.model, "batch": self.batch, "source": self.source,
+                "layers": [l.to_dict() for l in self.layers()],
+                "edges": [e.to_dict() for e in self.edges()]}

@@ -1,0 +1,766 @@
+"""Import a PyTorch model into a :class:`LayerGraph`.
+
+A model is named either by a built-in example (``vgg16``) or as ``path/to/file.py:function``
+where ``function()`` returns ``(torch.nn.Module, example_input)``; the input's first dimension
+is the global batch.  Models are built on the ``meta`` device when possible, so importing even
+a 1-billion-parameter network allocates nothing.
+
+Capture uses ``torch.fx.symbolic_trace`` with shape propagation; models with data-dependent
+Python control flow (which symbolic tracing cannot follow) fall back to ``torch.export``.
+Element-wise activations, BatchNorm and dropout fold into the layer producing their input (the
+paper's layers are "conv + BN + ReLU"); view ops (flatten, view, transpose, select) fold onto
+the consuming edge as transforms so geometry can map regions through them.  Anything else that
+has no rule raises :class:`UnsupportedModel` naming the op and the node.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import math
+import operator
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.fx
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ..errors import UnknownModel, UnsupportedModel
+from .graph import Edge, Layer, LayerGraph
+
+# --------------------------------------------------------------------------------------------
+# Loading a model from a name
+# --------------------------------------------------------------------------------------------
+
+
+def _examples():
+    import example_models
+    return example_models
+
+
+def example_names() -> list:
+    return list(_examples().MODELS)
+
+
+def load_model(spec: str, batch: int | None = None, model_args: dict | None = None,
+               meta: bool = True):
+    """Build ``(module, example_input)`` for an example name or ``file.py:function``.
+
+    ``meta=True`` builds under ``torch.device("meta")`` (no memory, instant); the runtime
+    passes ``meta=False`` to get real weights.  ``batch`` replaces the input's first dimension.
+    """
+    model_args = dict(model_args or {})
+    ex = _examples()
+    if spec in ex.MODELS:
+        def build():
+            return ex.build(spec, batch=batch, **model_args)
+        model, x = _call_builder(build, meta, spec)
+    elif ":" in spec:
+        path, _, func = spec.rpartition(":")
+        fn = _load_function(path, func)
+        try:
+            sig = inspect.signature(fn)
+        except (TypeError, ValueError):
+            sig = None
+        if model_args and sig is not None:
+            unknown = [k for k in model_args if k not in sig.parameters]
+            if unknown and not any(p.kind == p.VAR_KEYWORD for p in sig.parameters.values()):
+                raise UnknownModel(
+                    f"{spec}: {func}() takes no argument(s) {unknown}; it accepts "
+                    f"{list(sig.parameters)}")
+        model, x = _call_builder(lambda: fn(**model_args), meta, spec)
+        if batch is not None and batch != x.shape[0]:
+            x = resize_batch(x, batch)
+    else:
+        raise UnknownModel(
+            f"unknown model {spec!r}: use one of the examples ({', '.join(ex.MODELS)}) or "
+            f"path/to/file.py:function where function() returns (nn.Module, example_input)")
+    return model, x
+
+
+def _call_builder(build, meta, spec):
+    def check(res):
+        if (not isinstance(res, tuple) or len(res) != 2 or not isinstance(res[0], nn.Module)
+                or not isinstance(res[1], torch.Tensor)):
+            raise UnsupportedModel(
+                f"{spec}: the function must return (torch.nn.Module, example_input_tensor), "
+                f"got {type(res).__name__}")
+        return res
+    if meta:
+        try:
+            with torch.device("meta"):
+                return check(build())
+        except (UnknownModel, UnsupportedModel):
+            raise
+        except ValueError:
+            raise
+        except Exception:  # noqa: BLE001 - builder not meta-friendly: build it for real
+            pass
+    try:
+        return check(build())
+    except (UnknownModel, UnsupportedModel, ValueError, KeyError):
+        raise
+    except Exception as exc:  # noqa: BLE001
+        raise UnsupportedModel(f"{spec}: building the model failed: {type(exc).__name__}: "
+                               f"{exc}") from exc
+
+
+def _load_function(path: str, func: str):
+    p = Path(path)
+    if not p.is_file():
+        raise UnknownModel(f"model file {path!r} not found (give path/to/file.py:function)")
+    name = f"_explorer_user_{abs(hash(str(p.resolve())))}"
+    spec = importlib.util.spec_from_file_location(name, p)
+    if spec is None or spec.loader is None:
+        raise UnknownModel(f"{path!r} is not an importable Python file")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    try:
+        spec.loader.exec_module(mod)
+    except Exception as exc:  # noqa: BLE001
+        raise UnsupportedModel(f"importing {path} failed: {type(exc).__name__}: {exc}") from exc
+    fn = getattr(mod, func, None)
+    if not callable(fn):
+        funcs = [k for k, v in vars(mod).items() if inspect.isfunction(v)
+                 and v.__module__ == name]
+        raise UnknownModel(f"{path} does not define a function {func!r}; functions it "
+                           f"defines: {funcs or 'none'}")
+    return fn
+
+
+def resize_batch(x: torch.Tensor, batch: int) -> torch.Tensor:
+    """Example input with its first dimension changed to ``batch`` (rows repeated)."""
+    if batch < 1:
+        raise ValueError(f"batch must be ≥ 1, got {batch}")
+    if x.device.type == "meta":
+        return torch.empty((batch,) + tuple(x.shape[1:]), dtype=x.dtype, device="meta")
+    idx = torch.arange(batch) % x.shape[0]
+    return x[idx].clone()
+
+
+# --------------------------------------------------------------------------------------------
+# Values flowing through the traced graph
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Val:
+    """A traced value: a (view of a) layer output, a parameter, a tuple, or a constant."""
+    kind: str                       # "tensor" | "param" | "tuple" | "const"
+    layer: str | None = None        # producing layer (tensor / tuple)
+    transforms: tuple = ()          # consumer -> producer view ops
+    shape: tuple = ()
+    param: str | None = None        # qualified parameter name
+    items: tuple = ()               # for tuples: _Val per item
+    value: object = None            # for constants
+
+
+_ACTIVATIONS = {
+    "relu", "relu_", "relu6", "gelu", "sigmoid", "sigmoid_", "tanh", "tanh_", "silu",
+    "silu_", "leaky_relu", "leaky_relu_", "elu", "elu_", "hardswish", "hardtanh", "hardtanh_",
+    "mish", "softplus", "hardsigmoid", "exp", "log", "sqrt", "rsqrt", "neg", "abs", "erf",
+}
+_IDENTITY = {"dropout", "dropout_", "feature_dropout", "alpha_dropout", "identity",
+             "contiguous", "clone", "detach", "to", "type_as", "float", "alias",
+             "lift_fresh_copy", "_assert_tensor_metadata"}
+_BINARY = {"add": "add", "add_": "add", "iadd": "add", "sub": "sub", "sub_": "sub",
+           "mul": "mul", "mul_": "mul", "imul": "mul", "truediv": "div", "div": "div",
+           "div_": "div", "rsub": "sub", "pow": "pow", "maximum": "max", "minimum": "min"}
+_VIEWS = {"view", "reshape", "flatten", "unflatten", "transpose", "permute", "t",
+          "unsqueeze", "squeeze", "_unsafe_view", "expand_as_view"}
+_MODULE_OPS = {
+    nn.Conv1d: "conv", nn.Conv2d: "conv", nn.Conv3d: "conv",
+    nn.Linear: "linear", nn.MaxPool1d: "maxpool", nn.MaxPool2d: "maxpool",
+    nn.AvgPool1d: "avgpool", nn.AvgPool2d: "avgpool", nn.AdaptiveAvgPool2d: "adaptive",
+    nn.AdaptiveAvgPool1d: "adaptive", nn.AdaptiveMaxPool2d: "adaptive",
+    nn.BatchNorm1d: "batchnorm", nn.BatchNorm2d: "batchnorm", nn.BatchNorm3d: "batchnorm",
+    nn.LayerNorm: "layernorm", nn.Embedding: "embedding", nn.LSTMCell: "lstm_cell",
+    nn.Softmax: "softmax", nn.LogSoftmax: "softmax", nn.Flatten: "flatten",
+    nn.Dropout: "dropout", nn.Dropout2d: "dropout", nn.Identity: "identity",
+}
+_ACT_MODULES = (nn.ReLU, nn.ReLU6, nn.GELU, nn.Sigmoid, nn.Tanh, nn.SiLU, nn.LeakyReLU,
+                nn.ELU, nn.Hardswish, nn.Hardtanh, nn.Mish, nn.Softplus, nn.Hardsigmoid)
+
+
+def _function_names():
+    names = {}
+    for mod in (torch, F, operator, torch.Tensor):
+        for k in dir(mod):
+            try:
+                v = getattr(mod, k)
+            except Exception:  # noqa: BLE001
+                continue
+            if callable(v):
+                try:
+                    names.setdefault(v, k.strip("_") if mod is operator else k)
+                except TypeError:
+                    pass
+    return names
+
+
+_FN_NAMES = None
+
+
+def _target_name(node, gm) -> str:
+    global _FN_NAMES
+    t = node.target
+    if node.op == "call_method":
+        return t
+    if isinstance(t, torch._ops.OpOverload):
+        return t._schema.name.split("::")[1]
+    if isinstance(t, torch._ops.OpOverloadPacket):
+        return t._qualified_op_name.split("::")[1]
+    if _FN_NAMES is None:
+        _FN_NAMES = _function_names()
+    try:
+        name = _FN_NAMES.get(t)
+    except TypeError:
+        name = None
+    return name or getattr(t, "__name__", str(t))
+
+
+def _default_axes(rank: int) -> tuple:
+    return {0: (), 1: ("n",), 2: ("n", "c"), 3: ("n", "l", "c"), 4: ("n", "c", "h", "w"),
+            5: ("n", "c", "-", "h", "w")}.get(rank, ("n",) + ("-",) * (rank - 1))
+
+
+def _tup(v, n):
+    if isinstance(v, (list, tuple)):
+        v = tuple(int(x) for x in v)
+        return v if len(v) == n else v * n if len(v) == 1 else v
+    return (int(v),) * n
+
+
+# --------------------------------------------------------------------------------------------
+# The importer
+# --------------------------------------------------------------------------------------------
+
+
+class _Importer:
+    def __init__(self, gm: torch.fx.GraphModule, name: str, batch: int, source: str):
+        self.gm = gm
+        self.graph = LayerGraph(name, batch, source)
+        self.vals: dict = {}
+        self.mods = dict(gm.named_modules())
+        self.params = dict(gm.named_parameters())
+        self.params.update(dict(gm.named_buffers()))
+
+    # -- helpers ---------------------------------------------------------------------------
+    def shape_of(self, node):
+        if "tensor_meta" in node.meta and hasattr(node.meta["tensor_meta"], "shape"):
+            return tuple(int(s) for s in node.meta["tensor_meta"].shape)
+        v = node.meta.get("val")
+        if isinstance(v, torch.Tensor):
+            return tuple(int(s) for s in v.shape)
+        return None
+
+    def unsupported(self, node, what):
+        raise UnsupportedModel(
+            f"unsupported op {what!r} at node {node.name!r}"
+            + (f" (module {node.target})" if node.op == "call_module" else "")
+            + ": the layer-wise engine has no geometry rule for it; rewrite that part of the "
+              "model with supported ops (conv, linear, pooling, norms, element-wise, concat, "
+              "attention, embedding, LSTMCell) or open an issue")
+
+    def val(self, a):
+        if isinstance(a, torch.fx.Node):
+            return self.vals[a]
+        if isinstance(a, (list, tuple)):
+            return _Val("tuple", items=tuple(self.val(x) for x in a))
+        return _Val("const", value=a)
+
+    def tensor_args(self, args):
+        return [v for v in (self.val(a) for a in args) if v.kind == "tensor"]
+
+    def module_path(self, node):
+        if node.op == "call_module":
+            return str(node.target)
+        st = node.meta.get("nn_module_stack")
+        if st:
+            path = list(st.values())[-1]
+            path = path[0] if isinstance(path, tuple) else path
+            return str(path).replace("L['self'].", "").replace("L__self___", "")
+        return ""
+
+    def axes_like(self, v: _Val, shape):
+        if v is not None and v.kind == "tensor" and not v.transforms:
+            lay = self.graph.layer(v.layer)
+            if lay.out_shape == tuple(shape):
+                return lay.axes
+        return _default_axes(len(shape))
+
+    def new_layer(self, node, op, shape, axes, inputs, params=None, attrs=None, flops=0.0):
+        lay = Layer(node.name, op, shape, axes,
+                    in_shapes=tuple(tuple(v.shape) for v in inputs),
+                    params=params or {}, attrs=attrs or {}, flops=float(flops),
+                    module=self.module_path(node))
+        self.graph.add_layer(lay)
+        for i, v in enumerate(inputs):
+            if v.kind != "tensor":
+                raise UnsupportedModel(f"node {node.name!r}: input {i} is not a tensor")
+            self.graph.add_edge(Edge(v.layer, node.name, i, tuple(v.transforms)))
+        self.vals[node] = _Val("tensor", layer=node.name, shape=tuple(shape))
+        return lay
+
+    def fold(self, node, src: _Val, flops_per_elem=1.0, params=None):
+        """Element-wise op: the node's value is its input's value; cost goes to the producer."""
+        if src.kind != "tensor":
+            self.vals[node] = _Val("const")
+            return
+        lay = self.graph.layer(src.layer)
+        lay.flops += flops_per_elem * math.prod(src.shape)
+        lay.folded.append(node.name)
+        if params and not src.transforms:
+            for k, shp in params.items():
+                lay.params[k] = shp
+        self.vals[node] = src
+
+    def view(self, node, src: _Val, t):
+        shape = self.shape_of(node)
+        self.vals[node] = _Val("tensor", layer=src.layer, shape=shape,
+                               transforms=(t,) + tuple(src.transforms))
+
+    # -- main loop -------------------------------------------------------------------------
+    def run(self) -> LayerGraph:
+        for node in self.gm.graph.nodes:
+            if node.op == "placeholder":
+                shape = self.shape_of(node)
+                if shape is None:
+                    self.vals[node] = _Val("const")
+                    continue
+                axes = _default_axes(len(shape))
+                if len(shape) == 2 and not node.meta.get("tensor_meta", node.meta.get(
+                        "val")).dtype.is_floating_point:
+                    axes = ("n", "l")
+                self.graph.add_layer(Layer(node.name, "input", shape, axes, module="input"))
+                self.vals[node] = _Val("tensor", layer=node.name, shape=shape)
+            elif node.op == "get_attr":
+                shape = self.shape_of(node)
+                if shape is None:
+                    obj = self.params.get(node.target)
+                    shape = tuple(obj.shape) if isinstance(obj, torch.Tensor) else ()
+                self.vals[node] = _Val("param", param=str(node.target), shape=shape)
+            elif node.op == "output":
+                continue
+            elif node.op == "call_module":
+                self.call_module(node)
+            else:
+                self.call(node, _target_name(node, self.gm))
+        if len(self.graph) == 0:
+            raise UnsupportedModel("the model has no tensor input")
+        return self.graph
+
+    def call_module(self, node):
+        mod = self.mods[node.target]
+        args = node.args
+        x = self.val(args[0]) if args else None
+        for cls, kind in _MODULE_OPS.items():
+            if type(mod) is cls or (isinstance(mod, cls) and kind in ("conv", "linear")):
+                break
+        else:
+            if isinstance(mod, _ACT_MODULES):
+                return self.fold(node, x)
+            if type(mod).__name__ == "_guards_fn" or node.target.startswith("_guards"):
+                self.vals[node] = _Val("const")
+                return
+            return self.unsupported(node, type(mod).__name__)
+        p = {k: tuple(v.shape) for k, v in mod.named_parameters(recurse=False)}
+        if kind == "conv":
+            nsp = mod.weight.dim() - 2
+            pad = mod.padding
+            if isinstance(pad, str):
+                pad = tuple((k - 1) // 2 for k in mod.kernel_size) if pad == "same" else (0,) * nsp
+            return self.conv(node, x, p, tuple(mod.kernel_size), tuple(mod.stride), tuple(pad),
+                             tuple(mod.dilation), mod.groups)
+        if kind == "linear":
+            return self.linear(node, x, p)
+        if kind in ("maxpool", "avgpool"):
+            nsp = len(x.shape) - 2
+            k = _tup(mod.kernel_size, nsp)
+            s = _tup(mod.stride if mod.stride is not None else mod.kernel_size, nsp)
+            d = _tup(getattr(mod, "dilation", 1), nsp)
+            return self.pool(node, x, k, s, _tup(mod.padding, nsp), d)
+        if kind == "adaptive":
+            return self.adaptive(node, x)
+        if kind == "batchnorm":
+            return self.fold(node, x, 4.0, {f"{node.target}.{k}": v for k, v in p.items()})
+        if kind == "layernorm":
+            return self.norm(node, x, len(mod.normalized_shape), p)
+        if kind == "embedding":
+            return self.embedding(node, x, p)
+        if kind == "lstm_cell":
+            hc = self.val(args[1]) if len(args) > 1 and args[1] is not None else None
+            return self.lstm_cell(node, x, hc, p)
+        if kind == "softmax":
+            return self.softmax(node, x, mod.dim)
+        if kind == "flatten":
+            return self.flatten(node, x)
+        return self.fold(node, x, 0.0)  # dropout / identity
+
+    def call(self, node, name):
+        args, kw = node.args, node.kwargs
+        vals = [self.val(a) for a in args]
+        tens = [v for v in vals if v.kind == "tensor"]
+        params = [v for v in vals if v.kind == "param"]
+        if name in ("getattr", "size", "dim", "sym_size", "numel"):
+            self.vals[node] = _Val("const")
+            return
+        if name == "getitem":
+            return self.getitem(node, vals[0], args[1])
+        if name in ("cat", "concat", "concatenate") and vals and vals[0].kind == "tuple":
+            dim = kw.get("dim", args[1] if len(args) > 1 else 0)
+            return self.concat(node, [v for v in vals[0].items if v.kind == "tensor"], dim)
+        if not tens:
+            # shape arithmetic, constants, ops on buffers only (e.g. num_batches_tracked += 1)
+            self.vals[node] = _Val("const")
+            return
+        x = tens[0]
+        if name in _IDENTITY:
+            return self.fold(node, x, 0.0)
+        if name in _ACTIVATIONS or name in ("softmax_fused",):
+            return self.fold(node, x)
+        if name in _BINARY:
+            if len(tens) >= 2:
+                return self.eltwise(node, tens, _BINARY[name])
+            if params:  # tensor (op) parameter: a bias-like operand folds into the producer
+                return self.fold(node, x, 1.0, {params[0].param: params[0].shape})
+            return self.fold(node, x)
+        if name in ("conv1d", "conv2d", "conv3d", "convolution"):
+            w = self._param_arg(node, args, kw, 1, "weight")
+            b = self._param_arg(node, args, kw, 2, "bias")
+            nsp = len(w.shape) - 2
+            get = lambda i, k, d: kw.get(k, args[i] if len(args) > i else d)  # noqa: E731
+            if name == "convolution" and get(6, "transposed", False):
+                return self.unsupported(node, "conv_transpose")
+            pad = get(4, "padding", 0)
+            if isinstance(pad, str):
+                pad = tuple((k - 1) // 2 for k in w.shape[2:]) if pad == "same" else 0
+            grp = get(8 if name == "convolution" else 6, "groups", 1)
+            p = {"weight": w.shape}
+            if b is not None:
+                p["bias"] = b.shape
+            return self.conv(node, x, p, tuple(w.shape[2:]), _tup(get(3, "stride", 1), nsp),
+                             _tup(pad, nsp), _tup(get(5, "dilation", 1), nsp), int(grp))
+        if name == "linear":
+            w = self._param_arg(node, args, kw, 1, "weight")
+            b = self._param_arg(node, args, kw, 2, "bias")
+            p = {"weight": w.shape}
+            if b is not None:
+                p["bias"] = b.shape
+            return self.linear(node, x, p)
+        if name in ("max_pool1d", "max_pool2d", "avg_pool1d", "avg_pool2d",
+                    "max_pool2d_with_indices"):
+            nsp = len(x.shape) - 2
+            get = lambda i, k, d: kw.get(k, args[i] if len(args) > i else d)  # noqa: E731
+            k = _tup(get(1, "kernel_size", 1), nsp)
+            s = get(2, "stride", None)
+            s = k if s in (None, [], ()) else _tup(s, nsp)
+            d = _tup(get(4, "dilation", 1), nsp) if name.startswith("max") else (1,) * nsp
+            return self.pool(node, x, k, s, _tup(get(3, "padding", 0), nsp), d)
+        if name in ("adaptive_avg_pool2d", "adaptive_avg_pool1d", "adaptive_max_pool2d",
+                    "_adaptive_avg_pool2d"):
+            return self.adaptive(node, x)
+        if name in ("batch_norm", "_native_batch_norm_legit_functional",
+                    "_native_batch_norm_legit_no_training", "instance_norm"):
+            return self.fold(node, x, 4.0, {v.param: v.shape for v in params[:2]})
+        if name in ("layer_norm", "rms_norm"):
+            nshape = kw.get("normalized_shape", args[1] if len(args) > 1 else None)
+            p = {v.param: v.shape for v in params}
+            return self.norm(node, x, len(nshape) if nshape else 1, p)
+        if name in ("softmax", "log_softmax", "_softmax", "_log_softmax"):
+            dim = kw.get("dim", args[1] if len(args) > 1 else -1)
+            return self.softmax(node, x, dim)
+        if name in ("mean", "sum", "amax"):
+            dim = kw.get("dim", args[1] if len(args) > 1 else None)
+            keep = kw.get("keepdim", args[2] if len(args) > 2 else False)
+            return self.reduce(node, x, dim, keep)
+        if name in ("scaled_dot_product_attention",):
+            return self.sdpa(node, tens[:3])
+        if name in ("matmul", "bmm", "mm"):
+            if len(tens) < 2:
+                return self.unsupported(node, f"{name} with a parameter operand")
+            return self.matmul(node, tens[:2])
+        if name == "embedding":
+            # F.embedding(input, weight) vs aten.embedding(weight, indices)
+            p = {"weight": params[0].shape} if params else {}
+            return self.embedding(node, x, p)
+        if name == "lstm_cell":
+            hc = vals[1] if len(vals) > 1 and vals[1].kind == "tuple" else None
+            p = {f"p{i}": v.shape for i, v in enumerate(params)}
+            names = ["weight_ih", "weight_hh", "bias_ih", "bias_hh"]
+            p = {names[i]: v.shape for i, v in enumerate(params)}
+            return self.lstm_cell(node, x, hc, p)
+        if name in _VIEWS or name in ("expand",):
+            return self.view_op(node, x, name, args, kw)
+        if name in ("select", "slice"):
+            return self.index_op(node, x, name, args)
+        return self.unsupported(node, name)
+
+    def _param_arg(self, node, args, kw, i, key):
+        a = kw.get(key, args[i] if len(args) > i else None)
+        if a is None:
+            return None
+        v = self.val(a)
+        if v.kind != "param":
+            self.unsupported(node, f"{node.target} with a computed (non-parameter) {key}")
+        return v
+
+    # -- op builders -----------------------------------------------------------------------
+    def conv(self, node, x, p, k, s, pad, dil, groups):
+        shape = self.shape_of(node)
+        nsp = len(k)
+        axes = ("n", "c") + {1: ("l",), 2: ("h", "w"), 3: ("-", "h", "w")}[nsp]
+        cin = x.shape[1]
+        fl = 2.0 * math.prod(shape) * (cin // groups) * math.prod(k)
+        self.new_layer(node, "conv", shape, axes, [x], p,
+                       {"kernel": k, "stride": s, "padding": pad, "dilation": dil,
+                        "groups": groups}, fl)
+
+    def linear(self, node, x, p):
+        shape = self.shape_of(node)
+        axes = _default_axes(len(shape))
+        if len(shape) == 3:
+            axes = ("n", "l", "c")
+        self.new_layer(node, "linear", shape, axes, [x], p, {},
+                       2.0 * math.prod(shape) * x.shape[-1])
+
+    def pool(self, node, x, k, s, pad, dil):
+        shape = self.shape_of(node)
+        axes = ("n", "c") + (("l",) if len(k) == 1 else ("h", "w"))
+        self.new_layer(node, "pool", shape, axes, [x], {},
+                       {"kernel": k, "stride": s, "padding": pad, "dilation": dil},
+                       math.prod(shape) * math.prod(k))
+
+    def adaptive(self, node, x):
+        shape = self.shape_of(node)
+        axes = ("n", "c") + (("l",) if len(shape) == 3 else ("h", "w"))
+        self.new_layer(node, "adaptive_pool", shape, axes, [x], {}, {},
+                       math.prod(x.shape))
+
+    def norm(self, node, x, nnorm, p):
+        shape = self.shape_of(node)
+        axes = list(self.axes_like(x, shape))
+        full = tuple(range(len(shape) - nnorm, len(shape)))
+        for ax in full:
+            axes[ax] = "-"
+        self.new_layer(node, "norm", shape, tuple(axes), [x], p, {"full_axes": full},
+                       5.0 * math.prod(shape))
+
+    def softmax(self, node, x, dim):
+        shape = self.shape_of(node)
+        dim = dim % len(shape)
+        axes = list(self.axes_like(x, shape))
+        axes[dim] = "-"
+        self.new_layer(node, "softmax", shape, tuple(axes), [x], {}, {"full_axes": (dim,)},
+                       5.0 * math.prod(shape))
+
+    def reduce(self, node, x, dim, keep):
+        shape = self.shape_of(node)
+        if dim is None:
+            return self.unsupported(node, "reduction over all dimensions")
+        dims = (dim,) if isinstance(dim, int) else tuple(dim)
+        dims = tuple(d % len(x.shape) for d in dims)
+        in_axes = self.axes_like(x, x.shape)
+        axes = tuple(("-" if i in dims else a) for i, a in enumerate(in_axes)
+                     if keep or i not in dims)
+        self.new_layer(node, "reduce", shape, axes, [x], {}, {"dims": dims, "keepdim": bool(keep)},
+                       math.prod(x.shape))
+
+    def eltwise(self, node, tens, fn):
+        shape = self.shape_of(node)
+        base = next((v for v in tens if tuple(v.shape) == tuple(shape)), tens[0])
+        axes = self.axes_like(base, shape)
+        self.new_layer(node, "eltwise", shape, axes, tens, {}, {"fn": fn},
+                       math.prod(shape) * (len(tens) - 1))
+
+    def concat(self, node, tens, dim):
+        shape = self.shape_of(node)
+        dim = dim % len(shape)
+        offs, o = [], 0
+        for v in tens:
+            offs.append(o)
+            o += v.shape[dim]
+        axes = self.axes_like(tens[0], tens[0].shape)
+        self.new_layer(node, "concat", shape, axes, tens, {}, {"dim": dim, "offsets": tuple(offs)},
+                       0.0)
+
+    def sdpa(self, node, tens):
+        shape = self.shape_of(node)
+        if len(shape) != 4:
+            return self.unsupported(node, f"scaled_dot_product_attention on rank {len(shape)}")
+        n, h, lq, d = shape
+        lk = tens[1].shape[2]
+        self.new_layer(node, "sdpa", shape, ("n", "c", "l", "-"), tens, {}, {},
+                       4.0 * n * h * lq * lk * d + 5.0 * n * h * lq * lk)
+
+    def matmul(self, node, tens):
+        shape = self.shape_of(node)
+        k = tens[0].shape[-1]
+        self.new_layer(node, "matmul", shape, _default_axes(len(shape)), tens, {}, {},
+                       2.0 * math.prod(shape) * k)
+
+    def embedding(self, node, x, p):
+        shape = self.shape_of(node)
+        axes = ("n", "l", "c") if len(shape) == 3 else ("n", "c")
+        self.new_layer(node, "embedding", shape, axes, [x], p, {}, float(math.prod(shape)))
+
+    def lstm_cell(self, node, x, hc, p):
+        hidden = None
+        for k, v in p.items():
+            if k.startswith("weight_hh"):
+                hidden = v[1]
+        if hidden is None:
+            return self.unsupported(node, "LSTMCell without weight_hh")
+        n = x.shape[0]
+        ins = [x]
+        if hc is not None and hc.kind == "tuple":
+            ins += [v for v in hc.items if v.kind == "tensor"]
+        fl = 2.0 * n * 4 * hidden * (x.shape[1] + hidden) + 10.0 * n * hidden
+        lay = Layer(node.name, "lstm_cell", (n, hidden), ("n", "c"),
+                    in_shapes=tuple(tuple(v.shape) for v in ins), params=p,
+                    attrs={"has_state": len(ins) == 3}, flops=fl, module=self.module_path(node))
+        self.graph.add_layer(lay)
+        for i, v in enumerate(ins):
+            self.graph.add_edge(Edge(v.layer, node.name, i, tuple(v.transforms)))
+        items = tuple(_Val("tensor", layer=node.name, shape=(n, hidden), transforms=(("item", i),))
+                      for i in range(2))
+        self.vals[node] = _Val("tuple", layer=node.name, items=items)
+
+    def getitem(self, node, src, idx):
+        if src.kind == "tuple":
+            if isinstance(idx, int) and idx < len(src.items):
+                self.vals[node] = src.items[idx]
+                return
+            self.vals[node] = _Val("const")
+            return
+        if src.kind != "tensor":
+            self.vals[node] = _Val("const")
+            return
+        # tensor indexing: x[:, t] / x[:, a:b] / x[..., None]
+        idx = idx if isinstance(idx, tuple) else (idx,)
+        out_shape = self.shape_of(node)
+        t = src
+        dim = 0
+        trans = list(src.transforms)
+        for it in idx:
+            if isinstance(it, slice) and it == slice(None):
+                dim += 1
+            elif isinstance(it, int):
+                trans.insert(0, ("select", dim, it % src.shape[dim]))
+            elif isinstance(it, slice) and (it.step in (None, 1)):
+                start = (it.start or 0) % max(src.shape[dim], 1)
+                trans.insert(0, ("slice", dim, start))
+                dim += 1
+            else:
+                return self.unsupported(node, f"indexing with {it!r}")
+        self.vals[node] = _Val("tensor", layer=t.layer, shape=out_shape, transforms=tuple(trans))
+
+    def index_op(self, node, x, name, args):
+        out_shape = self.shape_of(node)
+        dim = args[1] % len(x.shape)
+        if name == "select":
+            t = ("select", dim, args[2] % x.shape[dim])
+        else:
+            start = args[2] if len(args) > 2 and args[2] is not None else 0
+            step = args[4] if len(args) > 4 else 1
+            if step != 1:
+                return self.unsupported(node, "strided slice")
+            t = ("slice", dim, max(0, start) if start >= 0 else start % x.shape[dim])
+        self.vals[node] = _Val("tensor", layer=x.layer, shape=out_shape,
+                               transforms=(t,) + tuple(x.transforms))
+
+    def flatten(self, node, x):
+        self.view(node, x, ("reshape", tuple(x.shape), self.shape_of(node)))
+
+    def view_op(self, node, x, name, args, kw):
+        out = self.shape_of(node)
+        src = tuple(x.shape)
+        if name in ("transpose",):
+            d0, d1 = args[1] % len(src), args[2] % len(src)
+            perm = list(range(len(src)))
+            perm[d0], perm[d1] = perm[d1], perm[d0]
+            return self.view(node, x, ("permute", tuple(perm)))
+        if name == "t":
+            return self.view(node, x, ("permute", (1, 0)))
+        if name == "permute":
+            perm = args[1:] if not isinstance(args[1], (list, tuple)) else args[1]
+            return self.view(node, x, ("permute", tuple(p % len(src) for p in perm)))
+        if name == "expand":
+            if tuple(out) == src:
+                return self.fold(node, x, 0.0)
+            return self.unsupported(node, "expand")
+        if math.prod(out) != math.prod(src):
+            return self.unsupported(node, f"{name} changing element count")
+        return self.view(node, x, ("reshape", src, tuple(out)))
+
+
+def _shape_prop(gm, x):
+    from torch.fx.passes.shape_prop import ShapeProp
+    if x.device.type == "meta":
+        ShapeProp(gm).propagate(x)
+        return
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    fm = FakeTensorMode(allow_non_fake_inputs=True)
+    ShapeProp(gm, fake_mode=fm).propagate(x)
+
+
+def capture(model: nn.Module, x: torch.Tensor, name: str = "model"):
+    """Trace ``model`` on ``x``: ``(GraphModule, source)`` with shapes on every node.
+
+    Tries ``torch.fx.symbolic_trace`` first; data-dependent control flow and other trace
+    errors fall back to ``torch.export.export``.  Raises :class:`UnsupportedModel` when both
+    fail, quoting both reasons.
+    """
+    model = model.eval() if False else model
+    try:
+        gm = torch.fx.symbolic_trace(model)
+        _shape_prop(gm, x)
+        return gm, "fx"
+    except Exception as fx_exc:  # noqa: BLE001
+        try:
+            ep = torch.export.export(model, (x,))
+            return ep.module(), "export"
+        except Exception as ex_exc:  # noqa: BLE001
+            raise UnsupportedModel(
+                f"{name}: torch.fx could not trace the model ({type(fx_exc).__name__}: "
+                f"{str(fx_exc).splitlines()[0] if str(fx_exc) else ''}) and torch.export failed "
+                f"too ({type(ex_exc).__name__}: "
+                f"{str(ex_exc).splitlines()[0] if str(ex_exc) else ''}). Make forward() "
+                f"traceable: avoid Python control flow on tensor values") from ex_exc
+
+
+def import_model(model: nn.Module, x: torch.Tensor, name: str = "model") -> LayerGraph:
+    """Build the :class:`LayerGraph` of ``model`` applied to ``x`` (batch = ``x.shape[0]``)."""
+    gm, source = capture(model, x, name)
+    g = _Importer(gm, name, int(x.shape[0]), source).run()
+    _prune(g)
+    return g
+
+
+def _prune(g: LayerGraph):
+    """Drop layers whose output nobody uses and that are not the model's last layer."""
+    names = g.names()
+    last = names[-1]
+    changed = True
+    while changed:
+        changed = False
+        for n in list(g.g.nodes):
+            lay = g.layer(n)
+            if n != last and g.g.out_degree(n) == 0 and lay.op != "input":
+                g.g.remove_node(n)
+                changed = True
+    g._order = None
+
+
+def import_spec(spec: str, batch: int | None = None, model_args: dict | None = None
+                ) -> LayerGraph:
+    """``load_model`` + ``import_model`` (on the meta device)."""
+    model, x = load_model(spec, batch, model_args, meta=True)
+    name = spec if ":" not in spec else Path(spec.rpartition(":")[0]).stem + ":" + spec.rpartition(":")[2]
+    g = import_model(model, x, name)
+    g.spec = spec
+    g.model_args = dict(model_args or {})
+    return g

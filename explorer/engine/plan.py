@@ -1,0 +1,158 @@
+"""The :class:`Plan`: a configuration and device set per layer, with its predicted costs.
+
+Plans round-trip through JSON (the command line's ``--json`` output and ``explorer run``'s
+input), so a plan found today can be re-costed, compared or executed later.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..errors import InfeasiblePlan
+from . import geometry as G
+
+SCHEMA = "plan-explorer/plan@1"
+
+
+@dataclass
+class LayerAssignment:
+    name: str
+    op: str
+    config: G.Config
+    t_compute_s: float = 0.0
+    t_sync_s: float = 0.0
+    memory_bytes: float = 0.0
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "op": self.op, "config": self.config.as_dict(),
+                "config_label": self.config.label(), "devices": list(self.config.devices),
+                "t_compute_s": self.t_compute_s, "t_sync_s": self.t_sync_s,
+                "memory_bytes": self.memory_bytes}
+
+
+@dataclass
+class Plan:
+    """A parallelization strategy S (one configuration per layer) and what it is predicted to
+    cost.  ``objective_s`` is the algorithm's own objective (equation 1 for optcnn and its
+    baselines), ``predicted_step_time_s`` the cost model's per-step time."""
+
+    model: str
+    spec: str
+    batch: int
+    algo: str
+    preset: str
+    n_devices: int
+    layers: list
+    objective_s: float
+    predicted_step_time_s: float
+    search_time_s: float
+    breakdown: dict = field(default_factory=dict)
+    comm_bytes: float = 0.0
+    memory_per_device_bytes: list = field(default_factory=list)
+    model_args: dict = field(default_factory=dict)
+    pins: list = field(default_factory=list)
+    info: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.n_devices < 1:
+            raise ValueError(f"a plan needs ≥ 1 device, got {self.n_devices}")
+        for la in self.layers:
+            bad = [d for d in la.config.devices if not 0 <= d < self.n_devices]
+            if bad:
+                raise ValueError(f"layer {la.name}: devices {bad} outside 0..{self.n_devices - 1}")
+
+    def config_of(self, name: str) -> G.Config:
+        for la in self.layers:
+            if la.name == name:
+                return la.config
+        raise KeyError(f"plan has no layer {name!r}")
+
+    def assignment(self) -> dict:
+        return {la.name: la.config for la in self.layers}
+
+    def to_dict(self) -> dict:
+        return {
+            "schema": SCHEMA, "model": self.model, "spec": self.spec, "batch": self.batch,
+            "model_args": self.model_args, "algo": self.algo, "preset": self.preset,
+            "devices": self.n_devices, "objective_s": self.objective_s,
+            "predicted_step_time_s": self.predicted_step_time_s,
+            "search_time_s": self.search_time_s, "breakdown": self.breakdown,
+            "comm_bytes": self.comm_bytes,
+            "memory_per_device_bytes": list(self.memory_per_device_bytes),
+            "pins": list(self.pins), "info": self.info,
+            "layers": [la.to_dict() for la in self.layers],
+        }
+
+    def to_json(self, indent=2) -> str:
+        return json.dumps(self.to_dict(), indent=indent, default=_jsonable)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Plan":
+        if d.get("schema") != SCHEMA:
+            raise ValueError(f"not a plan file: schema {d.get('schema')!r}, expected {SCHEMA!r}")
+        try:
+            layers = []
+            for la in d["layers"]:
+                cfg = G.Config(tuple(la["config"].items()), tuple(la["devices"]))
+                layers.append(LayerAssignment(la["name"], la["op"], cfg, la.get("t_compute_s", 0.0),
+                                              la.get("t_sync_s", 0.0), la.get("memory_bytes", 0.0)))
+            return cls(d["model"], d.get("spec", d["model"]), int(d["batch"]), d["algo"],
+                       d["preset"], int(d["devices"]), layers, float(d["objective_s"]),
+                       float(d["predicted_step_time_s"]), float(d["search_time_s"]),
+                       d.get("breakdown", {}), float(d.get("comm_bytes", 0.0)),
+                       list(d.get("memory_per_device_bytes", [])), d.get("model_args", {}),
+                       list(d.get("pins", [])), d.get("info", {}))
+        except (KeyError, TypeError) as exc:
+            raise ValueError(f"malformed plan: missing or bad field {exc}") from exc
+
+    @classmethod
+    def from_json(cls, text: str) -> "Plan":
+        return cls.from_dict(json.loads(text))
+
+
+def _jsonable(o):
+    if isinstance(o, np.integer):
+        return int(o)
+    if isinstance(o, np.floating):
+        return float(o)
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    if isinstance(o, tuple):
+        return list(o)
+    raise TypeError(f"{type(o).__name__} is not JSON serialisable")
+
+
+def choice_for(tables, assignment: dict) -> dict:
+    """Candidate index of each layer's configuration in ``tables`` (for re-costing a plan)."""
+    out = {}
+    for n in tables.names:
+        cfg = assignment.get(n)
+        if cfg is None:
+            raise InfeasiblePlan(f"plan has no configuration for layer {n}: it was made for "
+                                 f"another model or model arguments")
+        try:
+            out[n] = tables.candidates[n].index(cfg)
+        except ValueError:
+            raise InfeasiblePlan(f"layer {n}: configuration {cfg.key()} is not a candidate on "
+                                 f"this device graph") from None
+    return out
+
+
+def memory_per_device(graph, tables, choice, n_devices: int, dtype_bytes: int = 4) -> np.ndarray:
+    """Bytes each device holds during a step: weights, gradients and momentum of its shards,
+    its activations and their gradients, and the input regions it fetches."""
+    mem = np.zeros(n_devices)
+    for n in tables.names:
+        layer = graph.layer(n)
+        cfg = tables.candidates[n][choice[n]]
+        boxes, pel, _ = G.shard_summary(layer, cfg)
+        vol = G.volume(boxes).astype(float)
+        in_el = sum(G.volume(G.input_regions(layer, j, boxes)).astype(float)
+                    for j in range(len(layer.in_shapes))) if layer.in_shapes else 0.0
+        per = (3 * pel + 2 * vol + in_el) * dtype_bytes
+        for k, d in enumerate(cfg.devices):
+            mem[d] += per[k]
+    return mem

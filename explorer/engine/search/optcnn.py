@@ -1,0 +1,238 @@
+"""Layer-wise parallelism search: node and edge elimination (Jia et al., ICML 2018, Alg. 1).
+
+1. Repeatedly apply a **node elimination** (a layer ``l_j`` with one in-edge ``e1 = (l_i, l_j)``
+   and one out-edge ``e2 = (l_j, l_k)`` is replaced by an edge ``e'`` whose table is equation 2,
+   ``t_X(e', c_i, c_k) = min_cj t_C(l_j,c_j) + t_S(l_j,c_j) + t_X(e1,c_i,c_j) + t_X(e2,c_j,c_k)``)
+   and an **edge elimination** (two edges with the same ends merge, equation 3, by summing)
+   until neither applies.
+2. Solve the final graph exactly.  The paper enumerates it (every CNN it tried ends with K = 2
+   nodes); graphs with dense or long skip connections leave larger residual graphs, which we
+   solve by min-plus variable elimination along a min-degree order — still exact, with cost
+   ``O(K · C^(w+1))`` for elimination width ``w`` instead of ``C^K``.
+3. Undo the eliminations in reverse, giving each eliminated layer the ``c_j`` that attained the
+   minimum of equation 2 for its neighbours' configurations (Theorem 1).
+
+Every step is kept in the trace for the UI to replay.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+
+from ...errors import InfeasiblePlan
+from ..costmodel import CostModel, CostTables
+from .result import SearchResult, finish
+
+#: Largest product of residual domains solved by plain enumeration (the paper's line 14).
+ENUMERATION_LIMIT = 200_000
+#: Largest factor (entries) variable elimination may build before giving up.
+FACTOR_LIMIT = 60_000_000
+
+
+def search(graph, devices, cost_model: CostModel, pins=None, options=None) -> SearchResult:
+    """Find the plan minimising equation 1 (exactly) for ``graph`` on ``devices``.
+
+    Returns a :class:`SearchResult` whose ``trace`` lists node eliminations, edge eliminations,
+    the final-graph solve and the undo steps, and whose ``info`` reports the residual graph.
+    """
+    t0 = time.perf_counter()
+    tables = cost_model.tables(pins)
+    choice, trace, info = solve(tables)
+    return finish("optcnn", graph, devices, cost_model, tables, choice, trace, info,
+                  time.perf_counter() - t0, pins)
+
+
+def solve(tables: CostTables):
+    """Algorithm 1 over precomputed tables: ``(choice, trace, info)``.
+
+    ``choice`` maps each layer name to the index of its optimal candidate.
+    """
+    names = list(tables.names)
+    order = {n: i for i, n in enumerate(names)}
+    # DP state: unary cost vector per remaining node, shape [C_node]; one [C_src, C_dst]
+    # t_X matrix per remaining (possibly merged) edge.
+    unary = {n: tables.node_cost(n).astype(np.float64) for n in names}
+    edges: dict = {}
+    ins: dict = {n: set() for n in names}
+    outs: dict = {n: set() for n in names}
+    eid = 0
+    for e, m in tables.edges:
+        edges[eid] = (e.src, e.dst, np.asarray(m, dtype=np.float64), f"{e.src}->{e.dst}#{e.index}")
+        outs[e.src].add(eid)
+        ins[e.dst].add(eid)
+        eid += 1
+    alive = set(names)
+    trace: list = []
+    undo: list = []
+
+    def new_edge(u, v, m, label):
+        nonlocal eid
+        edges[eid] = (u, v, m, label)
+        outs[u].add(eid)
+        ins[v].add(eid)
+        eid += 1
+        return eid - 1
+
+    def drop_edge(k):
+        u, v, _, _ = edges.pop(k)
+        outs[u].discard(k)
+        ins[v].discard(k)
+
+    def node_elimination():
+        for j in sorted(alive, key=order.get):
+            if len(ins[j]) == 1 and len(outs[j]) == 1:
+                (k1,), (k2,) = tuple(ins[j]), tuple(outs[j])
+                i, _, a, la = edges[k1]
+                _, k, b, lb = edges[k2]
+                if i == k:
+                    continue
+                # equation 2: [C_i, C_j, C_k] -> min over C_j
+                tot = a[:, :, None] + unary[j][None, :, None] + b[None, :, :]
+                arg = tot.argmin(axis=1)
+                m = np.take_along_axis(tot, arg[:, None, :], axis=1)[:, 0, :]
+                drop_edge(k1)
+                drop_edge(k2)
+                alive.discard(j)
+                ne = new_edge(i, k, m, f"{i}->{k}")
+                undo.append(("node", j, i, k, arg))
+                trace.append({"step": len(trace), "kind": "node", "node": j, "src": i, "dst": k,
+                              "removed": [la, lb], "added": edges[ne][3],
+                              "remaining_nodes": len(alive), "remaining_edges": len(edges)})
+                return True
+        return False
+
+    def edge_elimination():
+        for u in sorted(alive, key=order.get):
+            seen: dict = {}
+            for k in sorted(outs[u]):
+                v = edges[k][1]
+                if v in seen:
+                    k1 = seen[v]
+                    m = edges[k1][2] + edges[k][2]          # equation 3
+                    l1, l2 = edges[k1][3], edges[k][3]
+                    drop_edge(k1)
+                    drop_edge(k)
+                    ne = new_edge(u, v, m, f"{u}=>{v}")
+                    undo.append(("edge", u, v))
+                    trace.append({"step": len(trace), "kind": "edge", "src": u, "dst": v,
+                                  "removed": [l1, l2], "added": edges[ne][3],
+                                  "remaining_nodes": len(alive),
+                                  "remaining_edges": len(edges)})
+                    return True
+                seen[v] = k
+        return False
+
+    while True:
+        changed = node_elimination()
+        changed = edge_elimination() or changed
+        if not changed:
+            break
+
+    residual = sorted(alive, key=order.get)
+    res_edges = [(u, v, m) for (u, v, m, _) in edges.values()]
+    sizes = [len(unary[n]) for n in residual]
+    space = math.prod(sizes) if sizes else 1
+    if space <= ENUMERATION_LIMIT:
+        method, width = "enumeration", len(residual)
+        assign = _enumerate(residual, unary, res_edges)
+    else:
+        method = "variable-elimination"
+        assign, width = _variable_elimination(residual, unary, res_edges)
+    trace.append({"step": len(trace), "kind": "final", "nodes": residual,
+                  "edges": [f"{u}->{v}" for u, v, _ in res_edges], "method": method,
+                  "assignment": {n: int(assign[n]) for n in residual}})
+
+    choice = dict(assign)
+    for rec in reversed(undo):
+        if rec[0] == "node":
+            _, j, i, k, arg = rec
+            choice[j] = int(arg[choice[i], choice[k]])
+            trace.append({"step": len(trace), "kind": "undo", "node": j, "src": i, "dst": k,
+                          "choice": choice[j]})
+    info = {"residual_nodes": len(residual), "residual_edges": len(res_edges),
+            "residual_method": method, "elimination_width": width,
+            "node_eliminations": sum(1 for r in undo if r[0] == "node"),
+            "edge_eliminations": sum(1 for r in undo if r[0] == "edge"),
+            "max_candidates": max(len(v) for v in unary.values()) if unary else 0}
+    return choice, trace, info
+
+
+def _enumerate(nodes, unary, edges):
+    """Exhaustive enumeration of the final graph (Algorithm 1, line 14), vectorised."""
+    if not nodes:
+        return {}
+    pos = {n: i for i, n in enumerate(nodes)}
+    shape = [len(unary[n]) for n in nodes]
+    total = np.zeros(shape)
+    for n in nodes:
+        sh = [1] * len(nodes)
+        sh[pos[n]] = -1
+        total = total + unary[n].reshape(sh)
+    for u, v, m in edges:
+        sh = [1] * len(nodes)
+        if pos[u] < pos[v]:
+            sh[pos[u]], sh[pos[v]] = m.shape
+            total = total + m.reshape(sh)
+        else:
+            sh[pos[v]], sh[pos[u]] = m.shape[1], m.shape[0]
+            total = total + m.T.reshape(sh)
+    idx = np.unravel_index(int(total.argmin()), total.shape)
+    return {n: int(idx[pos[n]]) for n in nodes}
+
+
+def _variable_elimination(nodes, unary, edges):
+    """Exact min-sum over the residual graph by bucket elimination (min-degree order).
+
+    Each factor is ``(scope tuple, ndarray)``; eliminating ``v`` adds every factor that
+    mentions ``v`` over the union of their scopes and minimises ``v`` out, remembering the
+    argmin table for the backward pass.  Returns ``(assignment, width)``.
+    """
+    factors = [((n,), unary[n]) for n in nodes]
+    for u, v, m in edges:
+        factors.append(((u, v), m))
+    dom = {n: len(unary[n]) for n in nodes}
+    nbrs = {n: set() for n in nodes}
+    for u, v, _ in edges:
+        nbrs[u].add(v)
+        nbrs[v].add(u)
+    remaining = set(nodes)
+    stack = []
+    width = 0
+    while remaining:
+        # min-degree, tie broken by smallest resulting factor
+        v = min(remaining, key=lambda x: (len(nbrs[x] & remaining),
+                                          math.prod(dom[y] for y in nbrs[x] & remaining),
+                                          nodes.index(x)))
+        mine = [f for f in factors if v in f[0]]
+        factors = [f for f in factors if v not in f[0]]
+        scope = sorted({x for s, _ in mine for x in s} - {v}, key=nodes.index)
+        width = max(width, len(scope))
+        full = [v] + scope
+        size = math.prod(dom[x] for x in full)
+        if size > FACTOR_LIMIT:
+            raise InfeasiblePlan(
+                f"the residual graph after eliminations has {len(nodes)} nodes and elimination "
+                f"width {len(scope)}: a factor of {size:,} entries is too large to solve exactly; "
+                f"use fewer devices (fewer candidates per layer) or pin some layers")
+        acc = np.zeros([dom[x] for x in full])
+        for s, arr in mine:
+            perm = sorted(range(len(s)), key=lambda i: full.index(s[i]))
+            a = np.transpose(arr, perm)
+            sh = [1] * len(full)
+            for i in perm:
+                sh[full.index(s[i])] = dom[s[i]]
+            acc = acc + a.reshape(sh)
+        arg = acc.argmin(axis=0)
+        factors.append((tuple(scope), acc.min(axis=0)))
+        stack.append((v, scope, arg))
+        remaining.discard(v)
+        for a in nbrs[v]:
+            nbrs[a] |= (nbrs[v] - {a})
+            nbrs[a].discard(v)
+    assign = {}
+    for v, scope, arg in reversed(stack):
+        assign[v] = int(arg[tuple(assign[s] for s in scope)]) if scope else int(arg)
+    return assign, width

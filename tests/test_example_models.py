@@ -1,0 +1,185 @@
+"""Tests for the example model registry (example_models/)."""
+
+from __future__ import annotations
+
+import inspect
+import math
+
+import pytest
+import torch
+import torch.fx
+from torch import nn
+
+import example_models as em
+
+NAMES = ["lenet5", "alexnet", "vgg16", "inception_v3", "resnet50", "wresnet", "mlp", "lstm", "transformer"]
+
+# Small settings so that a real CPU forward+backward of every model stays fast.
+SMALL = {
+    "lenet5": {},
+    "alexnet": {"image_size": 64, "num_classes": 10},
+    "vgg16": {"image_size": 32, "num_classes": 10},
+    "inception_v3": {"image_size": 75, "num_classes": 10},
+    "resnet50": {"image_size": 32, "num_classes": 10},
+    "wresnet": {"depth": 50, "width": 1, "image_size": 32, "num_classes": 10},
+    "mlp": {"hidden": 64, "layers": 2},
+    "lstm": {"hidden": 32, "steps": 3},
+    "transformer": {"seq": 16, "hidden": 64, "heads": 4, "vocab": 50},
+}
+
+
+def count(model: nn.Module, kind: type) -> int:
+    return sum(isinstance(m, kind) for m in model.modules())
+
+
+def test_registry_keys_and_entries():
+    assert list(em.MODELS) == NAMES
+    for name, entry in em.MODELS.items():
+        assert entry.name == name
+        assert entry.description and "\n" not in entry.description
+        assert entry.default_batch >= 1
+        params = list(inspect.signature(entry.builder).parameters.values())
+        assert params[0].name == "batch"
+        assert all(p.default is not inspect.Parameter.empty for p in params[1:])
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_meta_build_defaults_shape(name):
+    with torch.device("meta"):
+        model, x = em.build(name)
+        y = model(x)
+    batch = em.MODELS[name].default_batch
+    assert x.device.type == "meta"
+    assert all(p.device.type == "meta" for p in model.parameters())
+    assert x.shape[0] == batch
+    assert tuple(y.shape) == (batch, em.model_params(name)["num_classes"])
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_cpu_forward_backward_small(name):
+    torch.manual_seed(0)
+    model, x = em.build(name, batch=2, **SMALL[name])
+    assert x.device.type == "cpu"
+    y = model(x)
+    num_classes = SMALL[name].get("num_classes", em.model_params(name)["num_classes"])
+    assert tuple(y.shape) == (2, num_classes)
+    loss = y.pow(2).mean()
+    loss.backward()
+    assert math.isfinite(loss.item())
+    grads = [p.grad for p in model.parameters()]
+    assert all(g is not None for g in grads)
+    assert all(torch.isfinite(g).all() for g in grads)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_fx_symbolic_trace(name):
+    with torch.device("meta"):
+        model, x = em.build(name)
+    gm = torch.fx.symbolic_trace(model)
+    assert len(list(gm.graph.nodes)) > 2
+    with torch.device("meta"):
+        assert gm(x).shape == model(x).shape
+
+
+def test_layer_counts():
+    with torch.device("meta"):
+        inc, _ = em.build("inception_v3")
+        inc_aux, _ = em.build("inception_v3", aux_logits=True)
+        r50, _ = em.build("resnet50")
+        w101, _ = em.build("wresnet", depth=101)
+        w152, _ = em.build("wresnet", depth=152, width=10)
+        lstm, _ = em.build("lstm", layers=3)
+        tr, _ = em.build("transformer", layers=3)
+    assert 90 <= count(inc, nn.Conv2d) <= 100
+    assert count(inc, nn.Conv2d) == 94 and count(inc_aux, nn.Conv2d) == 96
+    assert count(r50, nn.Conv2d) == 53
+    assert len(w101.layer3) == 23
+    assert [len(getattr(w152, f"layer{i}")) for i in range(1, 5)] == [3, 8, 36, 3]
+    assert count(lstm, nn.LSTMCell) == 3
+    assert count(tr, nn.Linear) == 6 * 3 + 1
+
+
+def test_resnet50_is_wresnet_width_1():
+    with torch.device("meta"):
+        r50, _ = em.build("resnet50")
+        w, _ = em.build("wresnet", depth=50, width=1)
+        w2, _ = em.build("wresnet", depth=50, width=2)
+    n = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
+    assert n(r50) == n(w) == 25_557_032  # torchvision resnet50
+    assert n(w2) == 68_883_240  # torchvision wide_resnet50_2
+
+
+def test_inception_aux_logits_still_single_output():
+    with torch.device("meta"):
+        model, x = em.build("inception_v3", aux_logits=True, batch=4)
+        y = model(x)
+    assert isinstance(y, torch.Tensor) and tuple(y.shape) == (4, 1000)
+    with pytest.raises(ValueError, match="aux_logits"):
+        em.build("inception_v3", aux_logits=True, image_size=150)
+
+
+def test_model_params():
+    assert em.model_params("wresnet") == {"depth": 50, "width": 4, "num_classes": 1000, "image_size": 224}
+    assert em.model_params("transformer") == {
+        "layers": 2,
+        "heads": 8,
+        "hidden": 512,
+        "seq": 128,
+        "vocab": 1000,
+        "num_classes": 10,
+    }
+    with pytest.raises(em.UnknownModel):
+        em.model_params("nope")
+
+
+def test_string_kwargs_are_converted():
+    with torch.device("meta"):
+        model, x = em.build("wresnet", batch="3", depth="101", width="2")
+        inc, _ = em.build("inception_v3", aux_logits="yes")
+        inc2, _ = em.build("inception_v3", aux_logits="0")
+        _, tokens = em.build("transformer", seq="20", hidden="64", heads="4")
+    assert x.shape[0] == 3
+    assert len(model.layer3) == 23
+    assert inc.AuxLogits is not None and inc2.AuxLogits is None
+    assert tuple(tokens.shape) == (32, 20)
+    with pytest.raises(ValueError, match="depth"):
+        em.build("wresnet", depth="fifty")
+    with pytest.raises(ValueError, match="aux_logits"):
+        em.build("inception_v3", aux_logits="maybe")
+
+
+def test_unknown_name_lists_known_names():
+    with pytest.raises(em.UnknownModel) as info:
+        em.build("resnet18")
+    assert isinstance(info.value, KeyError) and isinstance(info.value, ValueError)
+    msg = str(info.value)
+    assert "resnet18" in msg
+    assert all(n in msg for n in NAMES)
+
+
+def test_unknown_kwarg():
+    with pytest.raises(ValueError, match="widht") as info:
+        em.build("wresnet", widht=2)
+    assert "depth" in str(info.value) and "width" in str(info.value)
+
+
+def test_builder_validation():
+    with pytest.raises(ValueError, match="34"):
+        em.build("wresnet", depth=34)
+    with pytest.raises(ValueError, match="11"):
+        em.build("wresnet", width=11)
+    with pytest.raises(ValueError, match="0"):
+        em.build("wresnet", width=0)
+    with pytest.raises(ValueError, match="heads"):
+        em.build("transformer", hidden=100, heads=8)
+    with pytest.raises(ValueError, match="batch"):
+        em.build("mlp", batch=0)
+
+
+def test_default_batch():
+    with torch.device("meta"):
+        for name in NAMES:
+            _, x = em.build(name)
+            assert x.shape[0] == em.MODELS[name].default_batch
+            _, x = em.build(name, batch=5)
+            assert x.shape[0] == 5
