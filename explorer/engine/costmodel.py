@@ -454,7 +454,7 @@ class CostModel:
                 raise InfeasiblePlan(
                     f"pin {p.text()}: no layer named {p.layer!r}"
                     + (f"; did you mean {', '.join(close)}?" if close else
-                       "; `explorer search MODEL --json` lists the layer names"))
+                       "; `explorer graph MODEL` lists the layer names"))
             if p.layer in by_layer:
                 raise InfeasiblePlan(f"layer {p.layer} is pinned twice")
             by_layer[p.layer] = p

@@ -1,0 +1,242 @@
+"""The ``explorer`` command line (contract in DESIGN.md).
+
+    explorer search MODEL --devices N [--preset NAME] [--algo NAME] [--pin LAYER=CONFIG]...
+                    [--batch B] [--model-arg KEY=VALUE]... [--json] [--dump-costs FILE]
+    explorer models | presets | graph MODEL
+    explorer serve [--host 127.0.0.1] [--port 8050]
+
+Errors the user can fix print one line on stderr and exit with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from .errors import ExplorerError, InfeasiblePlan
+
+
+def _kv(text: str) -> tuple:
+    k, eq, v = text.partition("=")
+    if not eq or not k:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return k, v
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from .engine.search import ALGORITHMS
+    p = argparse.ArgumentParser(prog="explorer", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    s = sub.add_parser("search", help="find a parallelization plan for a model")
+    s.add_argument("model", help="example name (see `explorer models`) or path/to/file.py:function")
+    s.add_argument("--devices", "-n", type=int, default=4, help="number of devices (default 4)")
+    s.add_argument("--preset", default=None,
+                   help="device preset or cluster JSON (default: P100 cluster sized to --devices)")
+    s.add_argument("--algo", default="optcnn", choices=list(ALGORITHMS))
+    s.add_argument("--pin", action="append", default=[], metavar="LAYER=CONFIG",
+                   help="pin a layer: LAYER=n=2,c=2 and/or LAYER=@0,1 (devices); repeatable")
+    s.add_argument("--batch", "-b", type=int, default=None, help="global batch size")
+    s.add_argument("--model-arg", "-a", action="append", default=[], type=_kv,
+                   metavar="KEY=VALUE", help="model keyword argument; repeatable")
+    s.add_argument("--cost", default="analytic", choices=["analytic", "measured"],
+                   help="t_C from a roofline of the device (analytic) or by running shards "
+                        "on the local device (measured, cached in SQLite)")
+    s.add_argument("--sync", default="ps", choices=["ps", "ring"],
+                   help="parameter synchronisation model: parameter server (paper) or ring")
+    s.add_argument("--json", action="store_true", help="print the plan as JSON")
+    s.add_argument("--dump-costs", metavar="FILE", help="write the cost tables as JSON")
+    s.add_argument("--out", "-o", metavar="PLAN.json", help="also save the plan JSON to a file")
+    s.add_argument("--trace", action="store_true", help="include the search trace in --json")
+    s.add_argument("--compare", action="store_true",
+                   help="also cost the data/model/OWT baselines and print them side by side")
+    s.add_argument("--ignore-memory", action="store_true",
+                   help="return a plan even if it exceeds device memory")
+
+    sub.add_parser("models", help="list the built-in example models")
+    sub.add_parser("presets", help="list the device presets")
+
+    g = sub.add_parser("graph", help="print a model's layer graph")
+    g.add_argument("model")
+    g.add_argument("--batch", "-b", type=int, default=None)
+    g.add_argument("--model-arg", "-a", action="append", default=[], type=_kv)
+    g.add_argument("--json", action="store_true")
+
+    v = sub.add_parser("serve", help="start the web app")
+    v.add_argument("--host", default="127.0.0.1")
+    v.add_argument("--port", type=int, default=8050)
+    v.add_argument("--debug", action="store_true")
+    return p
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return {"search": cmd_search, "models": cmd_models, "presets": cmd_presets,
+                "graph": cmd_graph, "serve": cmd_serve}[args.cmd](args)
+    except (ExplorerError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+# --------------------------------------------------------------------------------------------
+
+
+def load_graph(model: str, batch=None, model_args=None):
+    from .engine.importer import import_spec
+    if batch is not None and batch < 1:
+        raise ValueError(f"--batch must be ≥ 1, got {batch}")
+    return import_spec(model, batch, dict(model_args or {}))
+
+
+def device_graph(preset_name, n):
+    from .engine.devices import preset
+    if n < 1:
+        raise ValueError(f"--devices must be ≥ 1, got {n}")
+    return preset(preset_name or "p100-cluster", n)
+
+
+def cmd_search(args) -> int:
+    from .engine.costmodel import CostModel, Pin
+    from .engine.search import run
+
+    t0 = time.perf_counter()
+    graph = load_graph(args.model, args.batch, args.model_arg)
+    import_s = time.perf_counter() - t0
+    devices = device_graph(args.preset, args.devices)
+    pins = [Pin.parse(p) for p in args.pin]
+    cm = CostModel(graph, devices, compute=args.cost, sync=args.sync)
+    res = run(args.algo, graph, devices, cm, pins)
+    plan = res.plan
+    plan.info["import_time_s"] = import_s
+    if not plan.info.get("fits_memory", True) and not args.ignore_memory:
+        worst = max(range(devices.n), key=lambda d: plan.memory_per_device_bytes[d]
+                    - devices.devices[d].memory)
+        raise InfeasiblePlan(
+            f"the {args.algo} plan needs {plan.memory_per_device_bytes[worst] / 2**30:.2f} GiB on "
+            f"device {worst} ({devices.devices[worst].name}, "
+            f"{devices.devices[worst].memory / 2**30:.2f} GiB): use more devices, a smaller "
+            f"--batch, or --ignore-memory to see it anyway")
+    if args.dump_costs:
+        with open(args.dump_costs, "w") as fh:
+            json.dump(res.tables.dump(), fh)
+    compare = {}
+    if args.compare:
+        for algo in ("data", "model", "owt", "optcnn"):
+            if algo == args.algo:
+                compare[algo] = plan
+                continue
+            try:
+                compare[algo] = run(algo, graph, devices, cm, pins).plan
+            except InfeasiblePlan as exc:
+                compare[algo] = str(exc)
+    doc = plan.to_dict()
+    if args.trace:
+        doc["trace"] = res.trace
+    if compare:
+        doc["compare"] = {k: (v.to_dict() if not isinstance(v, str) else {"error": v})
+                          for k, v in compare.items()}
+    if args.out:
+        with open(args.out, "w") as fh:
+            json.dump(doc, fh, indent=2)
+    if args.json:
+        print(json.dumps(doc, indent=2))
+    else:
+        print_plan(plan, devices, compare)
+    return 0
+
+
+def _ms(s: float) -> str:
+    return f"{s * 1e3:9.3f}"
+
+
+def print_plan(plan, devices, compare=None):
+    print(f"{plan.model}  batch {plan.batch}  on {devices.n}× {devices.devices[0].kind} "
+          f"({plan.preset})  algo {plan.algo}")
+    print(f"{'layer':32s} {'op':13s} {'config':14s} {'devices':14s} {'t_C ms':>9s} "
+          f"{'t_S ms':>9s} {'mem MiB':>9s}")
+    for la in plan.layers:
+        devs = la.config.devices
+        dv = f"{devs[0]}" if len(devs) == 1 else (
+            f"{devs[0]}-{devs[-1]}" if list(devs) == list(range(devs[0], devs[-1] + 1))
+            else ",".join(map(str, devs)))
+        print(f"{la.name[:32]:32s} {la.op:13s} {la.config.label():14s} {dv:14s} "
+              f"{_ms(la.t_compute_s)} {_ms(la.t_sync_s)} {la.memory_bytes / 2**20:9.1f}")
+    b = plan.breakdown
+    print(f"\nobjective (eq. 1) {plan.objective_s * 1e3:.3f} ms  = compute "
+          f"{b['compute_s'] * 1e3:.3f} + transfer {b['transfer_s'] * 1e3:.3f} + sync "
+          f"{b['sync_s'] * 1e3:.3f} ms")
+    print(f"communication {plan.comm_bytes / 2**20:.1f} MiB/step; peak memory "
+          f"{max(plan.memory_per_device_bytes) / 2**30:.2f} GiB/device; search "
+          f"{plan.search_time_s * 1e3:.1f} ms", end="")
+    if "residual_nodes" in plan.info:
+        print(f"; final graph {plan.info['residual_nodes']} nodes "
+              f"({plan.info['residual_method']})", end="")
+    print()
+    if compare:
+        print(f"\n{'strategy':10s} {'step ms':>10s} {'compute':>10s} {'transfer':>10s} "
+              f"{'sync':>10s} {'comm MiB':>10s}")
+        for k, v in compare.items():
+            if isinstance(v, str):
+                print(f"{k:10s} infeasible: {v}")
+                continue
+            b = v.breakdown
+            print(f"{k:10s} {_ms(v.objective_s):>10s} {_ms(b['compute_s']):>10s} "
+                  f"{_ms(b['transfer_s']):>10s} {_ms(b['sync_s']):>10s} "
+                  f"{v.comm_bytes / 2**20:10.1f}")
+
+
+def cmd_models(args) -> int:
+    import example_models as ex
+    for name, m in ex.MODELS.items():
+        params = ", ".join(f"{k}={v}" for k, v in ex.model_params(name).items())
+        print(f"{name:14s} batch {m.default_batch:<4d} {m.description}")
+        if params:
+            print(f"{'':14s} args: {params}")
+    return 0
+
+
+def cmd_presets(args) -> int:
+    from .engine.devices import list_presets
+    for p in list_presets():
+        n = p["devices"] if p["devices"] else "any"
+        print(f"{p['name']:14s} devices {str(n):4s} {p['description']}")
+    print("\nA custom cluster: --preset path/to/cluster.json with "
+          '{"devices": [{"name", "kind", "peak_flops", "mem_bw", "memory", "node"}], '
+          '"intra_node_bw", "inter_node_bw", "latency"} (bytes/s, bytes, seconds)')
+    return 0
+
+
+def cmd_graph(args) -> int:
+    g = load_graph(args.model, args.batch, args.model_arg)
+    if args.json:
+        print(json.dumps(g.to_dict(), indent=2))
+        return 0
+    s = g.summary()
+    print(f"{g.model}: {s['layers']} layers, {s['edges']} edges, {s['parameters'] / 1e6:.2f} M "
+          f"parameters, {s['flops_forward'] / 1e9:.2f} GFLOP forward (batch {g.batch}, "
+          f"captured with {g.source})")
+    for lay in g.layers():
+        ins = ", ".join(e.src for e in g.in_edges(lay.name))
+        print(f"{lay.name[:30]:30s} {lay.op:13s} {str(list(lay.out_shape)):22s} "
+              f"dims {''.join(lay.dims):5s} <- {ins}")
+    return 0
+
+
+def cmd_serve(args) -> int:
+    try:
+        from .app import serve
+    except ImportError:
+        print("error: the web app is not part of this version yet; use `explorer search`",
+              file=sys.stderr)
+        return 2
+    return serve(args.host, args.port, debug=args.debug)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,570 @@
+"""Measured compute cost t_C: run one device's shard of a layer and time it (OptCNN Section 5.1).
+
+The paper estimates t_C "by processing the layer under that configuration multiple times on the
+device and measuring the average execution time".  :class:`Profiler` does exactly that for the
+shard a device owns: it builds the shard's computation from real random tensors of the shapes
+geometry gives (output box, input regions, parameter shards), runs forward and backward
+``warmup + reps`` times on the local device and returns the median of the timed runs.
+
+Results are cached in SQLite, keyed by ``(device_kind, signature, shape)``: the op with the
+attributes that change its cost, and the shard's output/input shapes.  Equal shards of
+different layers (the 16 identical 3x3 convolutions of a ResNet stage) and the second search
+of the same model therefore cost nothing.
+
+Example
+-------
+>>> from explorer.engine.graph import Layer
+>>> fc = Layer("fc", "linear", (4, 8), ("n", "c"), in_shapes=((4, 16),),
+...            params={"weight": (8, 16)})
+>>> with Profiler(":memory:", reps=1, warmup=0) as p:
+...     p.measure(fc, (4, 8), [(4, 16)], "cpu") > 0
+True
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import os
+import sqlite3
+import statistics
+import threading
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from .graph import Layer
+
+#: Attributes that change an op's cost, per op (the rest of the key is the shard's shapes).
+_SIG_ATTRS = {
+    "conv": ("kernel", "stride", "padding", "dilation", "groups"),
+    "pool": ("kernel", "stride", "padding", "dilation"),
+    "adaptive_pool": (),
+    "linear": (),
+    "matmul": (),
+    "sdpa": (),
+    "eltwise": ("fn",),
+    "concat": ("dim",),
+    "norm": ("full_axes",),
+    "softmax": ("full_axes",),
+    "reduce": ("dims", "keepdim"),
+    "embedding": (),
+    "lstm_cell": ("has_state",),
+}
+
+_SCHEMA = """CREATE TABLE IF NOT EXISTS profile (
+    device_kind TEXT, signature TEXT, shape TEXT, seconds REAL, reps INTEGER,
+    measured_at REAL, PRIMARY KEY(device_kind, signature, shape))"""
+
+
+def default_cache_path() -> Path:
+    """``$EXPLORER_HOME/profile.sqlite`` (``EXPLORER_HOME`` defaults to ``~/.plan-explorer``)."""
+    home = Path(os.environ.get("EXPLORER_HOME", Path.home() / ".plan-explorer"))
+    return home / "profile.sqlite"
+
+
+# --------------------------------------------------------------------------------------------
+# What a layer's shard computes
+# --------------------------------------------------------------------------------------------
+
+
+def _pool_kind(layer: Layer) -> str:
+    """``"max"`` or ``"avg"``.
+
+    The importer does not record which pooling a ``pool`` layer is; an explicit
+    ``attrs["kind"]``/``attrs["mode"]`` wins, else a name or module path containing ``avg``
+    means average pooling, else max pooling (the two cost about the same).
+    """
+    kind = str(layer.attrs.get("kind", layer.attrs.get("mode", ""))).lower()
+    if kind.startswith(("avg", "mean")):
+        return "avg"
+    if kind.startswith("max"):
+        return "max"
+    return "avg" if "avg" in f"{layer.name} {layer.module}".lower() else "max"
+
+
+def _has_bn(layer: Layer) -> bool:
+    """Whether a BatchNorm (or another per-channel parameter op) was folded into ``layer``.
+
+    Folded BatchNorm shows up as a folded node named like ``bn``/``batch_norm`` or as qualified
+    1-D parameters (``layer1.0.downsample.1.weight``) next to the op's own ``weight``/``bias``.
+    """
+    if layer.op in ("norm", "lstm_cell", "embedding", "input"):
+        return False
+    if any(k in f.lower() for f in layer.folded for k in ("bn", "batch_norm", "batchnorm")):
+        return True
+    return any(k.endswith(("running_mean", "running_var")) or ("." in k and len(s) == 1)
+               for k, s in layer.params.items())
+
+
+def _jsonable(v):
+    if isinstance(v, (list, tuple)):
+        return [_jsonable(x) for x in v]
+    if isinstance(v, (bool, str)) or v is None:
+        return v
+    if isinstance(v, float):
+        return v
+    try:
+        return int(v)
+    except (TypeError, ValueError):
+        return str(v)
+
+
+def signature(layer: Layer, on: str = "") -> str:
+    """Canonical text of what, besides shapes, decides the cost of ``layer``'s shards.
+
+    The op, the attributes that matter (kernel, stride, padding, dilation, groups, fn, dims,
+    ...), parameter facts the shard computation depends on (bias, vocabulary, full hidden size,
+    channel count for grouped convolutions), the folded element-wise epilogue and ``on`` (the
+    device that measured).  Layer names are left out so equal layers share cache entries.
+    """
+    op, a, p = layer.op, layer.attrs, layer.params
+    sig = {"op": op}
+    for k in _SIG_ATTRS.get(op, tuple(sorted(a))):
+        if k in a:
+            sig[k] = _jsonable(a[k])
+    if op in ("conv", "linear"):
+        sig["bias"] = "bias" in p
+        if op == "conv" and a.get("groups", 1) > 1:
+            sig["cout"] = int(layer.out_shape[1])
+    elif op == "pool":
+        sig["kind"] = _pool_kind(layer)
+    elif op == "norm":
+        sig["affine"] = [k for k in ("weight", "bias") if k in p]
+    elif op == "embedding":
+        sig["vocab"] = _vocab(layer)
+    elif op == "lstm_cell":
+        sig["hidden"] = _lstm_hidden(layer)
+        sig["bias"] = sorted(k for k in p if k.startswith("bias"))
+    sig["relu"] = bool(layer.folded)
+    sig["bn"] = _has_bn(layer)
+    if on:
+        sig["on"] = on
+    return json.dumps(sig, sort_keys=True, separators=(",", ":"))
+
+
+def _vocab(layer: Layer) -> int:
+    w = layer.params.get("weight")
+    if w is None:
+        w = next((s for s in layer.params.values() if len(s) == 2), None)
+    if w is None:
+        raise ValueError(f"cannot profile embedding layer {layer.name}: no weight table in "
+                         f"its parameters {list(layer.params)}")
+    return int(w[0])
+
+
+def _lstm_hidden(layer: Layer) -> int:
+    for k, s in layer.params.items():
+        if k.startswith("weight_hh"):
+            return int(s[1])
+    return int(layer.out_shape[1])
+
+
+class _Builder:
+    """Random tensors for one shard on one device; remembers the ones gradients flow to."""
+
+    def __init__(self, device: str, seed: int = 0):
+        self.device = device
+        self.gen = torch.Generator(device=device)
+        self.gen.manual_seed(seed)
+        self.leaves: list = []
+
+    def rand(self, shape, grad: bool = True) -> torch.Tensor:
+        t = torch.randn(tuple(int(s) for s in shape), generator=self.gen, device=self.device,
+                        dtype=torch.float32)
+        if grad:
+            t.requires_grad_(True)
+            self.leaves.append(t)
+        return t
+
+    def ids(self, shape, high: int) -> torch.Tensor:
+        return torch.randint(0, max(int(high), 1), tuple(int(s) for s in shape),
+                             generator=self.gen, device=self.device, dtype=torch.int64)
+
+
+def _window_fit(out: int, region: int, k: int, s: int, d: int, max_pad: int | None = None):
+    """``(input extent, symmetric padding)`` so a window op yields exactly ``out`` outputs.
+
+    The rows the ``out`` windows read are ``needed = (out-1)·s + d·(k-1) + 1``; the region
+    geometry gives lacks only the zero padding at the tensor's borders, so the shard pads it
+    back (symmetrically, as conv/pool padding arguments do, one extra data row when the
+    missing count is odd) or, if the region is larger, reads only ``needed`` rows.
+    """
+    needed = (out - 1) * s + d * (k - 1) + 1
+    missing = needed - region
+    pad = missing // 2 if missing > 0 else 0
+    if max_pad is not None:
+        pad = min(pad, max_pad)
+    return needed - 2 * pad, pad
+
+
+def _conv(layer, out_shape, in_shapes, b):
+    a = layer.attrs
+    nsp = len(out_shape) - 2
+    x_shape = in_shapes[0]
+    k, s = tuple(a["kernel"]), tuple(a["stride"])
+    d = tuple(a.get("dilation", (1,) * nsp))
+    ext, pad = zip(*(_window_fit(out_shape[2 + i], x_shape[2 + i], k[i], s[i], d[i])
+                     for i in range(nsp)))
+    cout, cin = int(out_shape[1]), int(x_shape[1])
+    g = int(a.get("groups", 1))
+    if g > 1:  # the shard's share of the groups, kept a divisor of both channel counts
+        g = math.gcd(max(1, g * cout // layer.out_shape[1]), math.gcd(cin, cout))
+    x = b.rand((x_shape[0], cin) + ext)
+    w = b.rand((cout, cin // g) + k)
+    bias = b.rand((cout,)) if "bias" in layer.params else None
+    conv = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}[nsp]
+    return lambda: [conv(x, w, bias, s, pad, d, g)]
+
+
+def _pool(layer, out_shape, in_shapes, b):
+    a = layer.attrs
+    nsp = len(out_shape) - 2
+    x_shape = in_shapes[0]
+    k, s = tuple(a["kernel"]), tuple(a["stride"])
+    kind = _pool_kind(layer)
+    d = tuple(a.get("dilation", (1,) * nsp)) if kind == "max" else (1,) * nsp
+    ext, pad = zip(*(_window_fit(out_shape[2 + i], x_shape[2 + i], k[i], s[i], d[i],
+                                 max_pad=(d[i] * (k[i] - 1) + 1) // 2 if kind == "max"
+                                 else k[i] // 2)
+                     for i in range(nsp)))
+    x = b.rand(tuple(x_shape[:2]) + ext)
+    if kind == "max":
+        fn = {1: F.max_pool1d, 2: F.max_pool2d, 3: F.max_pool3d}[nsp]
+        return lambda: [fn(x, k, s, pad, d)]
+    fn = {1: F.avg_pool1d, 2: F.avg_pool2d, 3: F.avg_pool3d}[nsp]
+    return lambda: [fn(x, k, s, pad)]
+
+
+def _adaptive_pool(layer, out_shape, in_shapes, b):
+    nsp = len(out_shape) - 2
+    x = b.rand(in_shapes[0])
+    fn = {1: F.adaptive_avg_pool1d, 2: F.adaptive_avg_pool2d, 3: F.adaptive_avg_pool3d}[nsp]
+    size = tuple(int(v) for v in out_shape[2:])
+    return lambda: [fn(x, size)]
+
+
+def _linear(layer, out_shape, in_shapes, b):
+    x = b.rand(in_shapes[0])
+    w = b.rand((out_shape[-1], in_shapes[0][-1]))
+    bias = b.rand((out_shape[-1],)) if "bias" in layer.params else None
+    return lambda: [F.linear(x, w, bias)]
+
+
+def _matmul(layer, out_shape, in_shapes, b):
+    x, y = b.rand(in_shapes[0]), b.rand(in_shapes[1])
+    return lambda: [torch.matmul(x, y)]
+
+
+def _sdpa(layer, out_shape, in_shapes, b):
+    q, k, v = (b.rand(s) for s in in_shapes[:3])
+    return lambda: [F.scaled_dot_product_attention(q, k, v)]
+
+
+_ELTWISE = {"add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div,
+            "max": torch.maximum, "min": torch.minimum}
+
+
+def _eltwise(layer, out_shape, in_shapes, b):
+    xs = [b.rand(s) for s in in_shapes]
+    fn = _ELTWISE.get(layer.attrs.get("fn", "add"), torch.add)  # pow etc.: an add's cost
+    return lambda: [functools.reduce(fn, xs)]
+
+
+def _concat(layer, out_shape, in_shapes, b):
+    xs = [b.rand(s) for s in in_shapes]
+    dim = layer.attrs["dim"]
+    return lambda: [torch.cat(xs, dim)]
+
+
+def _norm(layer, out_shape, in_shapes, b):
+    x = b.rand(in_shapes[0])
+    nshape = tuple(in_shapes[0][-len(layer.attrs["full_axes"]):])
+    w = b.rand(nshape) if "weight" in layer.params else None
+    bias = b.rand(nshape) if "bias" in layer.params else None
+    return lambda: [F.layer_norm(x, nshape, w, bias)]
+
+
+def _softmax(layer, out_shape, in_shapes, b):
+    x = b.rand(in_shapes[0])
+    dim = layer.attrs["full_axes"][0]
+    return lambda: [F.softmax(x, dim)]
+
+
+def _reduce(layer, out_shape, in_shapes, b):
+    x = b.rand(in_shapes[0])
+    dims, keep = tuple(layer.attrs["dims"]), bool(layer.attrs.get("keepdim", True))
+    return lambda: [x.mean(dim=dims, keepdim=keep)]
+
+
+def _embedding(layer, out_shape, in_shapes, b):
+    vocab = _vocab(layer)
+    ids = b.ids(in_shapes[0], vocab)
+    table = b.rand((vocab, out_shape[-1]))
+    return lambda: [F.embedding(ids, table)]
+
+
+def _lstm_cell(layer, out_shape, in_shapes, b):
+    """Gate rows of this device's hidden units: ``gates = x W_ih' + h W_hh' + b``."""
+    n, hid = int(out_shape[0]), int(out_shape[1])
+    full = _lstm_hidden(layer)
+    x = b.rand(in_shapes[0])
+    if len(in_shapes) >= 3:
+        h, c = b.rand(in_shapes[1]), b.rand(in_shapes[2])
+    else:  # no state: nn.LSTMCell still multiplies a zero h
+        h = torch.zeros((n, full), device=b.device)
+        c = torch.zeros((n, hid), device=b.device)
+    w_ih = b.rand((4 * hid, in_shapes[0][1]))
+    w_hh = b.rand((4 * hid, h.shape[1]))
+    biases = [b.rand((4 * hid,)) for k in ("bias_ih", "bias_hh") if k in layer.params]
+
+    def run():
+        gates = F.linear(x, w_ih) + F.linear(h, w_hh)
+        for bb in biases:
+            gates = gates + bb
+        i, f, g, o = gates.chunk(4, 1)
+        c2 = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+        return [torch.sigmoid(o) * torch.tanh(c2), c2]
+    return run
+
+
+_RULES = {"conv": _conv, "pool": _pool, "adaptive_pool": _adaptive_pool, "linear": _linear,
+          "matmul": _matmul, "sdpa": _sdpa, "eltwise": _eltwise, "concat": _concat,
+          "norm": _norm, "softmax": _softmax, "reduce": _reduce, "embedding": _embedding,
+          "lstm_cell": _lstm_cell}
+
+
+def build_shard(layer: Layer, out_shape, in_shapes, device: str = "cpu", seed: int = 0):
+    """``(run, leaves)``: a closure computing the shard's outputs, and its gradient leaves.
+
+    ``run()`` returns a list of output tensors, the first of shape ``out_shape``; folded work
+    is appended to it: a per-channel affine for a folded BatchNorm, then one ReLU for the
+    folded element-wise ops.  ``leaves`` are the inputs and weight shards that need gradients.
+    """
+    rule = _RULES.get(layer.op)
+    if rule is None:
+        raise ValueError(f"cannot profile op {layer.op!r} (layer {layer.name})")
+    b = _Builder(device, seed)
+    if layer.op == "concat":
+        in_shapes = [s for s in in_shapes if all(v > 0 for v in s)]
+    run = rule(layer, tuple(out_shape), [tuple(s) for s in in_shapes], b)
+    affine = None
+    if _has_bn(layer) and "c" in layer.axes:
+        ax = layer.axes.index("c")
+        shp = [1] * len(out_shape)
+        shp[ax] = out_shape[ax]
+        affine = (b.rand(shp), b.rand(shp))
+    relu = bool(layer.folded)
+    if affine is None and not relu:
+        return run, b.leaves
+
+    def run_with_epilogue():
+        outs = run()
+        y = outs[0]
+        if affine is not None:
+            y = y * affine[0] + affine[1]
+        if relu:
+            y = F.relu(y)
+        return [y] + outs[1:]
+    return run_with_epilogue, b.leaves
+
+
+# --------------------------------------------------------------------------------------------
+# The profiler
+# --------------------------------------------------------------------------------------------
+
+
+class Profiler:
+    """Measures forward+backward time of one device's shard of a layer on the local device
+    (CPU here, CUDA when present), caching results in SQLite so the second search is instant.
+
+    Parameters
+    ----------
+    cache_path : path of the SQLite file; ``None`` means ``$EXPLORER_HOME/profile.sqlite``
+        (``EXPLORER_HOME`` defaults to ``~/.plan-explorer``); ``":memory:"`` keeps nothing.
+    reps : timed forward+backward runs; the median is the result.
+    warmup : untimed runs before them (at least one always runs: it allocates the output
+        gradients and warms the allocator and kernel caches).
+    device : ``"cpu"`` or ``"cuda"``; ``None`` picks CUDA when available.
+    budget_s : cap on the timed runs of one shard: when the first run shows that ``reps``
+        runs would take longer, fewer (at least one) are timed and no further warm-up runs
+        happen.  Long runs vary little, and this keeps a CPU profile of a large model from
+        taking hours.  ``None`` always runs ``warmup + reps``.
+
+    Attributes
+    ----------
+    last_profile_s : wall time spent building and running shards in the most recent
+        :meth:`measure` call (0.0 on a cache hit).
+    hits, misses : cache hits and measurements so far.
+    """
+
+    def __init__(self, cache_path=None, reps: int = 5, warmup: int = 2,
+                 device: str | None = None, budget_s: float | None = 5.0):
+        if reps < 1:
+            raise ValueError(f"reps must be ≥ 1, got {reps}")
+        if warmup < 0:
+            raise ValueError(f"warmup must be ≥ 0, got {warmup}")
+        self.reps, self.warmup, self.budget_s = int(reps), int(warmup), budget_s
+        self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        dev_type = torch.device(self.device).type
+        if dev_type == "cuda":
+            if not torch.cuda.is_available():
+                raise ValueError("device 'cuda' asked for but torch sees no CUDA device")
+            self._on = "cuda:" + torch.cuda.get_device_name(torch.device(self.device))
+        else:
+            self._on = dev_type
+        self._cuda = dev_type == "cuda"
+        path = default_cache_path() if cache_path is None else cache_path
+        if str(path) != ":memory:":
+            path = Path(path).expanduser()
+            path.parent.mkdir(parents=True, exist_ok=True)
+        self.cache_path = path
+        self._lock = threading.Lock()
+        self._conn = sqlite3.connect(str(path), timeout=60.0, check_same_thread=False)
+        try:
+            self._conn.execute("PRAGMA journal_mode=WAL")
+        except sqlite3.DatabaseError:  # e.g. a file system without shared memory: keep rollback
+            pass
+        with self._conn:
+            self._conn.execute(_SCHEMA)
+        self.last_profile_s = 0.0
+        self.hits = 0
+        self.misses = 0
+
+    # -- cache -------------------------------------------------------------------------------
+    @staticmethod
+    def _shape_key(out_shape, in_shapes) -> str:
+        return json.dumps([[int(v) for v in out_shape], [[int(v) for v in s] for s in in_shapes]],
+                          separators=(",", ":"))
+
+    def lookup(self, layer: Layer, out_shape, in_shapes, device_kind: str) -> float | None:
+        """The cached time of this shard, or ``None``."""
+        key = (str(device_kind), signature(layer, self._on), self._shape_key(out_shape, in_shapes))
+        with self._lock:
+            row = self._conn.execute(
+                "SELECT seconds FROM profile WHERE device_kind=? AND signature=? AND shape=?",
+                key).fetchone()
+        return None if row is None else float(row[0])
+
+    def clear(self) -> None:
+        """Empty the cache table (every device kind, every op)."""
+        with self._lock, self._conn:
+            self._conn.execute("DELETE FROM profile")
+
+    def __len__(self) -> int:
+        with self._lock:
+            return int(self._conn.execute("SELECT COUNT(*) FROM profile").fetchone()[0])
+
+    def close(self) -> None:
+        """Close the SQLite connection (measure() afterwards raises)."""
+        conn, self._conn = getattr(self, "_conn", None), None
+        if conn is not None:
+            conn.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
+    # -- measuring ---------------------------------------------------------------------------
+    def measure(self, layer: Layer, out_shape, in_shapes, device_kind: str) -> float:
+        """Seconds for forward+backward of ``layer``'s shard whose output box has shape
+        ``out_shape`` and whose input regions have shapes ``in_shapes`` (one per op input, from
+        geometry).  Cached by key ``(device_kind, op signature, shard shape)``.
+
+        Input layers and empty shards (a zero-length output axis) cost 0.0 and run nothing.
+        Raises ``ValueError`` for an op without a profiling rule.
+        """
+        self.last_profile_s = 0.0
+        out_shape = tuple(int(v) for v in out_shape)
+        in_shapes = [tuple(int(v) for v in s) for s in in_shapes]
+        if layer.op == "input":
+            return 0.0
+        if layer.op not in _RULES:
+            raise ValueError(f"cannot profile op {layer.op!r} (layer {layer.name})")
+        if len(in_shapes) != len(layer.in_shapes):
+            raise ValueError(f"layer {layer.name} ({layer.op}) has {len(layer.in_shapes)} "
+                             f"inputs, {len(in_shapes)} region shapes were given")
+        if any(v == 0 for v in out_shape):
+            return 0.0
+        if self._conn is None:
+            raise ValueError("this Profiler was closed")
+        key = (str(device_kind), signature(layer, self._on), self._shape_key(out_shape, in_shapes))
+        with self._lock:
+            row = self._conn.execute(
+                "SELECT seconds FROM profile WHERE device_kind=? AND signature=? AND shape=?",
+                key).fetchone()
+        if row is not None:
+            self.hits += 1
+            return float(row[0])
+        t0 = time.perf_counter()
+        seconds, reps = self._run(layer, out_shape, in_shapes)
+        self.last_profile_s = time.perf_counter() - t0
+        self.misses += 1
+        with self._lock, self._conn:
+            self._conn.execute("INSERT OR REPLACE INTO profile VALUES (?, ?, ?, ?, ?, ?)",
+                               key + (seconds, reps, time.time()))
+        return seconds
+
+    def _sync(self):
+        if self._cuda:
+            torch.cuda.synchronize(self.device)
+
+    def _run(self, layer: Layer, out_shape, in_shapes):
+        """``(median seconds, timed runs)`` of forward+backward of the shard."""
+        threads = torch.get_num_threads()
+        if not self._cuda:
+            torch.set_num_threads(1)  # a CPU worker process of the runtime uses one thread
+        try:
+            run, leaves = build_shard(layer, out_shape, in_shapes, self.device)
+            grads = None
+
+            def once():
+                outs = run()
+                torch.autograd.backward(outs, grads)
+                return outs
+
+            # first untimed run: check the shape, allocate the output gradients
+            self._sync()
+            t = time.perf_counter()
+            outs = run()
+            if tuple(outs[0].shape) != out_shape:
+                raise ValueError(
+                    f"profiling {layer.name} ({layer.op}): the shard computed from input "
+                    f"regions {in_shapes} has output {tuple(outs[0].shape)}, geometry says "
+                    f"{out_shape}")
+            grads = [torch.ones_like(o) for o in outs]
+            torch.autograd.backward(outs, grads)
+            del outs
+            self._sync()
+            first = time.perf_counter() - t
+            reps, warmup = self.reps, self.warmup - 1
+            if self.budget_s is not None and first * (self.reps + max(warmup, 0)) > self.budget_s:
+                reps, warmup = max(1, min(self.reps, int(self.budget_s // max(first, 1e-9)))), 0
+            for _ in range(max(warmup, 0)):
+                for x in leaves:
+                    x.grad = None
+                once()
+            times = []
+            for _ in range(reps):
+                for x in leaves:
+                    x.grad = None
+                self._sync()
+                t = time.perf_counter()
+                once()
+                self._sync()
+                times.append(time.perf_counter() - t)
+            return float(statistics.median(times)), reps
+        finally:
+            if not self._cuda:
+                torch.set_num_threads(threads)

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Set up Plan Explorer on a fresh machine: torch (CPU build, pinned), the package and its test
+# dependencies.  Safe to run again; does nothing that is already done.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY="${PYTHON:-python3}"
+
+# A bare `torch` requirement would resolve a multi-GB CUDA build: install the pinned CPU wheel
+# first when torch is missing, so the package's torch range is already satisfied.
+if ! "$PY" -c "import torch" >/dev/null 2>&1; then
+    echo "setup: installing torch==2.13.0 (CPU build)"
+    "$PY" -m pip install --quiet "torch==2.13.0"
+fi
+if ! "$PY" -c "import explorer, dash, dash_cytoscape, networkx, pytest, pymetis" >/dev/null 2>&1 \
+        || [ pyproject.toml -nt .setup-stamp ]; then
+    echo "setup: installing plan-explorer and its dependencies"
+    "$PY" -m pip install --quiet -e ".[test]"
+    touch .setup-stamp
+fi
+if [ "${WITH_BROWSER:-0}" = "1" ] && ! command -v chromedriver >/dev/null 2>&1; then
+    echo "setup: installing chromium and chromium-driver for browser tests"
+    SUDO=""; [ "$(id -u)" = "0" ] || SUDO="sudo"
+    $SUDO apt-get update -qq && $SUDO apt-get install -y -qq chromium chromium-driver >/dev/null
+fi
+echo "setup: done"
