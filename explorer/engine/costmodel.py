@@ -141,6 +141,10 @@ class CostModel:
         self._box_cache: dict = {}
         self._tile_cache: dict = {}
         self._layer_cache: dict = {}
+        self._bw_cache: dict = {}
+        self._stack_cache: dict = {}
+        self._lat_cache: dict = {}
+        self._cand_cache: dict = {}
 
     # -- candidates --------------------------------------------------------------------------
     def candidates(self, name: str, pin: Pin | None = None) -> list:
@@ -159,7 +163,11 @@ class CostModel:
                     f"pin 1, 2, ... devices that divide {n}")
             cands = G.enumerate_configs(layer, n, devices=devs)
         else:
-            cands = G.enumerate_configs(layer, n)
+            key = (tuple(layer.size(a) for a in layer.dims), layer.dims)
+            cands = self._cand_cache.get(key)
+            if cands is None:
+                cands = G.enumerate_configs(layer, n)
+                self._cand_cache[key] = cands
         if pin is not None:
             allc = cands
             cands = [c for c in cands if pin.matches(c)]
@@ -182,6 +190,14 @@ class CostModel:
             b = G.output_boxes(layer, cfg)
             self._box_cache[key] = b
         return b
+
+    def _stacked(self, layer: Layer, cands: list):
+        key = (layer.name, tuple(cands))
+        v = self._stack_cache.get(key)
+        if v is None:
+            v = G.stacked_output_boxes(layer, cands)
+            self._stack_cache[key] = v
+        return v
 
     def shard_shapes(self, layer: Layer, cfg: G.Config) -> list:
         """Per device of ``cfg``: (output box shape, input region shapes, param shard elems)."""
@@ -208,15 +224,11 @@ class CostModel:
     def _layer_costs(self, layer: Layer, cands: list):
         C = len(cands)
         Dm = max(c.total for c in cands)
-        nd = len(layer.out_shape)
         # every candidate's tiles at once: [C, Dm, nd, 2], padding rows are empty boxes
-        boxes = np.zeros((C, Dm, nd, 2), dtype=np.int64)
+        boxes, used = self._stacked(layer, cands)
         dev = np.zeros((C, Dm), dtype=np.int64)
-        used = np.zeros((C, Dm), dtype=bool)
         for i, c in enumerate(cands):
-            boxes[i, : c.total] = self._boxes(layer, c)
             dev[i, : c.total] = c.devices
-            used[i, : c.total] = True
         db = self.dtype_bytes
         vol = np.where(used, G.volume(boxes), 0).astype(float)
         tc, ts = np.zeros(C), np.zeros(C)
@@ -241,19 +253,56 @@ class CostModel:
             eff = EFFICIENCY.get(layer.op, 0.5)
             t = np.maximum(flops / (peak * eff), traffic / mbw) + LAUNCH_OVERHEAD_S
             tc = np.where(used, t, 0.0).max(axis=1)
-        for i, cfg in enumerate(cands):
-            groups = []
-            for _, reg in shards.values():
-                rows = reg[i, : cfg.total].reshape(cfg.total, -1)
-                pv = G.volume(reg[i, : cfg.total])
-                keyed: dict = {}
-                for k, row in enumerate(rows.tolist()):
-                    keyed.setdefault(tuple(row), []).append(k)
-                groups.extend((int(pv[m[0]]), m) for m in keyed.values())
-            ts[i] = self._sync(cfg, groups)
+        nodes = self._node_structure()
+        if nodes is not None and shards:
+            ts = self._sync_by_node(shards, dev, used, cands, nodes)
+        else:
+            pvols = [G.volume(reg) for _, reg in shards.values()]
+            for i, cfg in enumerate(cands):
+                groups = []
+                for (_, reg), pva in zip(shards.values(), pvols):
+                    rows = reg[i, : cfg.total].reshape(cfg.total, -1)
+                    keyed: dict = {}
+                    for k, row in enumerate(rows.tolist()):
+                        keyed.setdefault(tuple(row), []).append(k)
+                    groups.extend((int(pva[i][m[0]]), m) for m in keyed.values())
+                ts[i] = self._sync(cfg, groups)
         # weights + gradients + momentum, activation + its gradient, fetched inputs
         mem = (3 * pel + 2 * vol + in_el).max(axis=1) * db
         return tc, ts, mem
+
+    def _sync_by_node(self, shards, dev, used, cands, nodes) -> np.ndarray:
+        """Vectorised :meth:`_sync` for two-level device graphs (same numbers, no loops).
+
+        For each device slot, its replica group is the set of slots holding an identical
+        shard; the group's server is its first slot; a group's slowest link is the inter-node
+        one as soon as it spans two nodes.
+        """
+        node_of, bw_in, bw_out, lat_in, lat_out = nodes
+        C, Dm = used.shape
+        load = np.zeros((C, Dm))
+        node = node_of[dev]                                          # [C, Dm]
+        tri = np.tril(np.ones((Dm, Dm), dtype=bool), -1)             # k' < k
+        for _, reg in shards.values():
+            flat = reg.reshape(C, Dm, -1)
+            eq = (flat[:, :, None, :] == flat[:, None, :, :]).all(-1)  # [C, Dm, Dm]
+            eq &= used[:, :, None] & used[:, None, :]
+            r = eq.sum(axis=2)
+            leader = used & ~(eq & tri[None]).any(axis=2)            # first slot of its group
+            span = (eq & (node[:, :, None] != node[:, None, :])).any(axis=2)
+            bw = np.where(span, bw_out, bw_in)
+            s = G.volume(reg).astype(float) * self.dtype_bytes
+            if self.sync == "ps":
+                cost = 2.0 * (r - 1) * s / bw
+            else:
+                cost = 2.0 * (r - 1) / np.maximum(r, 1) * s / bw
+            load += np.where(leader & (r > 1), cost, 0.0)
+        ts = load.max(axis=1)
+        for i, c in enumerate(cands):
+            if ts[i] > 0:
+                steps = 2 if self.sync == "ps" else 2 * (c.total - 1)
+                ts[i] += steps * self._group_lat(c.devices)
+        return ts
 
     def _sync(self, cfg: G.Config, groups) -> float:
         """Synchronisation time of the layer's replicated shards under ``cfg``.
@@ -266,8 +315,8 @@ class CostModel:
             r = len(members)
             if r < 2 or elems == 0:
                 continue
-            devs = [cfg.devices[k] for k in members]
-            bw = float(self.devices.bw[devs][:, devs].min())
+            devs = tuple(cfg.devices[k] for k in members)
+            bw = self._group_bw(devs)
             s = elems * self.dtype_bytes
             if self.sync == "ps":
                 cost = 2.0 * (r - 1) * s / bw
@@ -276,10 +325,26 @@ class CostModel:
             load[devs[0]] = load.get(devs[0], 0.0) + cost
         if not load:
             return 0.0
-        devs = list(cfg.devices)
-        lat = float(self.devices.latency[devs][:, devs].max())
+        lat = self._group_lat(cfg.devices)
         steps = 2 if self.sync == "ps" else 2 * (cfg.total - 1)
         return max(load.values()) + steps * lat
+
+    def _group_bw(self, devs: tuple) -> float:
+        """Slowest link inside a group of devices (cached: groups repeat across layers)."""
+        v = self._bw_cache.get(devs)
+        if v is None:
+            idx = list(devs)
+            v = float(self.devices.bw[idx][:, idx].min())
+            self._bw_cache[devs] = v
+        return v
+
+    def _group_lat(self, devs: tuple) -> float:
+        v = self._lat_cache.get(devs)
+        if v is None:
+            idx = list(devs)
+            v = float(self.devices.latency[idx][:, idx].max())
+            self._lat_cache[devs] = v
+        return v
 
     def _measured(self, layer: Layer, cfg: G.Config) -> float:
         if self._profiler is None:
@@ -331,7 +396,8 @@ class CostModel:
 
         Destination device ``m`` needs region ``R_m`` of the producer's tensor; it receives
         ``R_m`` minus what it already owns, from each owner over that pair's link, one source
-        after another; destinations receive in parallel, so the edge takes the slowest one.
+        after another (plus one link latency, the largest among its sources); destinations
+        receive in parallel, so the edge takes the slowest one.
         """
         key = self._edge_key(edge, src_cands, dst_cands)
         hit = self._xcache.get(key)
@@ -339,10 +405,9 @@ class CostModel:
             return hit
         src, dst = self.graph.layer(edge.src), self.graph.layer(edge.dst)
         Dd = max(c.total for c in dst_cands)
-        db = np.zeros((len(dst_cands), Dd, len(dst.out_shape), 2), dtype=np.int64)
+        db, dused = self._stacked(dst, dst_cands)
         ddev = np.full((len(dst_cands), Dd), -1, dtype=np.int64)
         for j, c in enumerate(dst_cands):
-            db[j, : c.total] = self._boxes(dst, c)
             ddev[j, : c.total] = c.devices
         need = G.edge_regions(self.graph, edge, db)          # [Cd, Dd, nd, 2] on producer
         need[ddev < 0] = 0
@@ -387,9 +452,10 @@ class CostModel:
         inter = np.where(valid, tot[None] - local, 0.0) * self.dtype_bytes
         t = np.zeros_like(intra)
         if np.isfinite(bw_in):
-            t += intra / bw_in + np.where(intra > 0, lat_in, 0.0)
+            t += intra / bw_in
         if np.isfinite(bw_out):
-            t += inter / bw_out + np.where(inter > 0, lat_out, 0.0)
+            t += inter / bw_out
+        t += np.maximum(np.where(intra > 0, lat_in, 0.0), np.where(inter > 0, lat_out, 0.0))
         return 2.0 * t.max(axis=2), 2.0 * (intra + inter).sum(axis=2)
 
     def _node_tiles(self, src, src_cands, node_of):
@@ -437,9 +503,9 @@ class CostModel:
         valid = (sdev[:, :, None, None] >= 0) & (ddev[None, None, :, :] >= 0) & ~same
         nbytes = np.where(valid, vol, 0.0) * self.dtype_bytes
         si, di = np.clip(sdev, 0, None)[:, :, None, None], np.clip(ddev, 0, None)[None, None]
-        per = np.where(nbytes > 0, nbytes / self.devices.bw[si, di] + self.devices.latency[si, di],
-                       0.0)
-        t = per.sum(axis=1).max(axis=2)                       # receive serially, dst parallel
+        per = np.where(nbytes > 0, nbytes / self.devices.bw[si, di], 0.0)
+        lat = np.where(nbytes > 0, self.devices.latency[si, di], 0.0).max(axis=1)
+        t = (per.sum(axis=1) + lat).max(axis=2)           # receive serially, dst parallel
         return 2.0 * t, 2.0 * nbytes.sum(axis=(1, 3))
 
     # -- all tables ------------------------------------------------------------------------

@@ -197,6 +197,32 @@ def output_boxes(layer: Layer, cfg: Config) -> np.ndarray:
     return boxes
 
 
+def stacked_output_boxes(layer: Layer, cfgs: list):
+    """Output boxes of many configurations at once: ``([C, Dmax, nd, 2], used [C, Dmax])``.
+
+    Row ``k`` of configuration ``i`` is the tile of ``cfgs[i].devices[k]`` (same tiling as
+    :func:`output_boxes`); rows past a configuration's device count are empty and unused.
+    """
+    C = len(cfgs)
+    Dm = max(c.total for c in cfgs)
+    nd = len(layer.out_shape)
+    boxes = np.zeros((C, Dm, nd, 2), dtype=np.int64)
+    boxes[..., 1] = np.asarray(layer.out_shape, dtype=np.int64)
+    total = np.array([c.total for c in cfgs])
+    used = np.arange(Dm)[None, :] < total[:, None]
+    rem = np.broadcast_to(np.arange(Dm)[None, :], (C, Dm)).copy()
+    for letter in reversed(layer.dims):          # row-major: last letter varies fastest
+        deg = np.array([c.deg(letter) for c in cfgs])[:, None]
+        idx = rem % deg
+        rem //= deg
+        ax = layer.axis_of(letter)
+        size = layer.out_shape[ax]
+        boxes[:, :, ax, 0] = idx * size // deg
+        boxes[:, :, ax, 1] = (idx + 1) * size // deg
+    boxes[~used] = 0
+    return boxes, used
+
+
 def volume(boxes: np.ndarray) -> np.ndarray:
     """Number of elements in each box (``[...]``); empty boxes count 0."""
     ext = np.maximum(boxes[..., 1] - boxes[..., 0], 0)

@@ -55,6 +55,8 @@ _SIG_ATTRS = {
     "lstm_cell": ("has_state",),
 }
 
+_RUN_LOCK = threading.Lock()
+
 _SCHEMA = """CREATE TABLE IF NOT EXISTS profile (
     device_kind TEXT, signature TEXT, shape TEXT, seconds REAL, reps INTEGER,
     measured_at REAL, PRIMARY KEY(device_kind, signature, shape))"""
@@ -407,6 +409,8 @@ class Profiler:
             raise ValueError(f"reps must be ≥ 1, got {reps}")
         if warmup < 0:
             raise ValueError(f"warmup must be ≥ 0, got {warmup}")
+        if budget_s is not None and not budget_s > 0:
+            raise ValueError(f"budget_s must be > 0 or None, got {budget_s}")
         self.reps, self.warmup, self.budget_s = int(reps), int(warmup), budget_s
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         dev_type = torch.device(self.device).type
@@ -440,23 +444,34 @@ class Profiler:
         return json.dumps([[int(v) for v in out_shape], [[int(v) for v in s] for s in in_shapes]],
                           separators=(",", ":"))
 
-    def lookup(self, layer: Layer, out_shape, in_shapes, device_kind: str) -> float | None:
-        """The cached time of this shard, or ``None``."""
-        key = (str(device_kind), signature(layer, self._on), self._shape_key(out_shape, in_shapes))
+    def _db(self) -> sqlite3.Connection:
+        if self._conn is None:
+            raise ValueError(f"this Profiler ({self.cache_path}) was closed")
+        return self._conn
+
+    def _key(self, layer: Layer, out_shape, in_shapes, device_kind: str) -> tuple:
+        return (str(device_kind), signature(layer, self._on), self._shape_key(out_shape, in_shapes))
+
+    def _get(self, key: tuple) -> float | None:
         with self._lock:
-            row = self._conn.execute(
+            row = self._db().execute(
                 "SELECT seconds FROM profile WHERE device_kind=? AND signature=? AND shape=?",
                 key).fetchone()
         return None if row is None else float(row[0])
 
+    def lookup(self, layer: Layer, out_shape, in_shapes, device_kind: str) -> float | None:
+        """The cached time of this shard, or ``None`` (counts neither a hit nor a miss)."""
+        return self._get(self._key(layer, out_shape, in_shapes, device_kind))
+
     def clear(self) -> None:
         """Empty the cache table (every device kind, every op)."""
-        with self._lock, self._conn:
-            self._conn.execute("DELETE FROM profile")
+        conn = self._db()
+        with self._lock, conn:
+            conn.execute("DELETE FROM profile")
 
     def __len__(self) -> int:
         with self._lock:
-            return int(self._conn.execute("SELECT COUNT(*) FROM profile").fetchone()[0])
+            return int(self._db().execute("SELECT COUNT(*) FROM profile").fetchone()[0])
 
     def close(self) -> None:
         """Close the SQLite connection (measure() afterwards raises)."""
@@ -497,23 +512,20 @@ class Profiler:
                              f"inputs, {len(in_shapes)} region shapes were given")
         if any(v == 0 for v in out_shape):
             return 0.0
-        if self._conn is None:
-            raise ValueError("this Profiler was closed")
-        key = (str(device_kind), signature(layer, self._on), self._shape_key(out_shape, in_shapes))
-        with self._lock:
-            row = self._conn.execute(
-                "SELECT seconds FROM profile WHERE device_kind=? AND signature=? AND shape=?",
-                key).fetchone()
-        if row is not None:
+        key = self._key(layer, out_shape, in_shapes, device_kind)
+        cached = self._get(key)
+        if cached is not None:
             self.hits += 1
-            return float(row[0])
+            return cached
         t0 = time.perf_counter()
-        seconds, reps = self._run(layer, out_shape, in_shapes)
+        with _RUN_LOCK:  # one measurement at a time per process (threads would skew it)
+            seconds, reps = self._run(layer, out_shape, in_shapes)
         self.last_profile_s = time.perf_counter() - t0
         self.misses += 1
-        with self._lock, self._conn:
-            self._conn.execute("INSERT OR REPLACE INTO profile VALUES (?, ?, ?, ?, ?, ?)",
-                               key + (seconds, reps, time.time()))
+        conn = self._db()
+        with self._lock, conn:
+            conn.execute("INSERT OR REPLACE INTO profile VALUES (?, ?, ?, ?, ?, ?)",
+                         key + (seconds, reps, time.time()))
         return seconds
 
     def _sync(self):
