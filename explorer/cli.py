@@ -109,6 +109,10 @@ def cmd_search(args) -> int:
     graph = load_graph(args.model, args.batch, args.model_arg)
     import_s = time.perf_counter() - t0
     devices = device_graph(args.preset, args.devices)
+    if args.cost == "measured" and devices.name != "local":
+        raise ValueError(f"--cost measured times shards on this machine, so it needs --preset "
+                         f"local; the {devices.name} preset's devices are not here and use the "
+                         f"analytic roofline")
     pins = [Pin.parse(p) for p in args.pin]
     cm = CostModel(graph, devices, compute=args.cost, sync=args.sync)
     res = run(args.algo, graph, devices, cm, pins)

@@ -347,16 +347,17 @@ class CostModel:
         return v
 
     def _measured(self, layer: Layer, cfg: G.Config) -> float:
+        """t_C by running the slowest shard shape on this machine (cached in SQLite)."""
         if self._profiler is None:
             from .profile import Profiler
             self._profiler = Profiler(self.profile_cache)
-        t0 = time.perf_counter()
-        shapes = self.shard_shapes(layer, cfg)
         worst = 0.0
-        for out_shape, in_shapes in {(s[0], tuple(s[1])): None for s in shapes}:
-            worst = max(worst, self._profiler.measure(layer, out_shape, list(in_shapes),
-                                                      self.devices.devices[0].kind))
-        self.profile_time_s += self._profiler.last_profile_s
+        shapes = {(s[0], tuple(s[1])) for s in self.shard_shapes(layer, cfg)}
+        for out_shape, in_shapes in sorted(shapes):
+            t = self._profiler.measure(layer, out_shape, list(in_shapes),
+                                       self.devices.devices[0].kind)
+            self.profile_time_s += self._profiler.last_profile_s
+            worst = max(worst, t)
         return worst
 
     # -- per-edge costs --------------------------------------------------------------------

@@ -382,7 +382,8 @@ class _Importer:
             k = _tup(mod.kernel_size, nsp)
             s = _tup(mod.stride if mod.stride is not None else mod.kernel_size, nsp)
             d = _tup(getattr(mod, "dilation", 1), nsp)
-            return self.pool(node, x, k, s, _tup(mod.padding, nsp), d)
+            return self.pool(node, x, k, s, _tup(mod.padding, nsp), d,
+                             "max" if kind == "maxpool" else "avg")
         if kind == "adaptive":
             return self.adaptive(node, x)
         if kind == "batchnorm":
@@ -459,7 +460,8 @@ class _Importer:
             s = get(2, "stride", None)
             s = k if s in (None, [], ()) else _tup(s, nsp)
             d = _tup(get(4, "dilation", 1), nsp) if name.startswith("max") else (1,) * nsp
-            return self.pool(node, x, k, s, _tup(get(3, "padding", 0), nsp), d)
+            return self.pool(node, x, k, s, _tup(get(3, "padding", 0), nsp), d,
+                             "max" if name.startswith("max") else "avg")
         if name in ("adaptive_avg_pool2d", "adaptive_avg_pool1d", "adaptive_max_pool2d",
                     "_adaptive_avg_pool2d"):
             return self.adaptive(node, x)
@@ -527,11 +529,11 @@ class _Importer:
         self.new_layer(node, "linear", shape, axes, [x], p, {},
                        2.0 * math.prod(shape) * x.shape[-1])
 
-    def pool(self, node, x, k, s, pad, dil):
+    def pool(self, node, x, k, s, pad, dil, kind):
         shape = self.shape_of(node)
         axes = ("n", "c") + (("l",) if len(k) == 1 else ("h", "w"))
         self.new_layer(node, "pool", shape, axes, [x], {},
-                       {"kernel": k, "stride": s, "padding": pad, "dilation": dil},
+                       {"kernel": k, "stride": s, "padding": pad, "dilation": dil, "kind": kind},
                        math.prod(shape) * math.prod(k))
 
     def adaptive(self, node, x):

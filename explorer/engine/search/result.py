@@ -49,8 +49,10 @@ def finish(algo, graph, devices, cost_model, tables: CostTables, choice: dict, t
                  "fits_memory": bool(all(mem[d] <= devices.devices[d].memory
                                          for d in range(devices.n)))})
     objective = tables.objective(choice)
+    # profiling a new device is reported apart (info.profile_time_s), not as search time
+    search_s = max(elapsed_s - info["profile_time_s"], 0.0)
     plan = Plan(graph.model, getattr(graph, "spec", graph.model), graph.batch, algo, devices.name,
-                devices.n, layers, objective, objective, elapsed_s, bd,
+                devices.n, layers, objective, objective, search_s, bd,
                 xfer_bytes + sync_bytes, mem.tolist(), dict(getattr(graph, "model_args", {})),
                 [p.text() for p in (pins or [])], info)
     return SearchResult(plan, tables, dict(choice), list(trace), info)

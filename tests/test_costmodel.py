@@ -1,0 +1,155 @@
+"""Cost model: hand-checked t_X, t_S and t_C; the vectorised paths equal the general ones."""
+
+import numpy as np
+import pytest
+
+from explorer.engine import geometry as G
+from explorer.engine.costmodel import CostModel, LAUNCH_OVERHEAD_S, EFFICIENCY
+from explorer.engine.devices import Device, DeviceGraph, preset
+from explorer.engine.graph import Edge, Layer, LayerGraph
+from explorer.engine.importer import import_spec
+from explorer.errors import InfeasiblePlan
+
+BW = 10e9
+
+
+def flat_devices(n, bw=BW, lat=0.0, memory=16e9):
+    devs = [Device(f"d{i}", "toy", 1e12, 100e9, memory, 0) for i in range(n)]
+    return DeviceGraph("toy", devs, np.full((n, n), bw), np.full((n, n), lat))
+
+
+def two_convs(N=4, C=8, H=16, W=16):
+    g = LayerGraph("toy", N)
+    g.add_layer(Layer("x", "input", (N, C, H, W), ("n", "c", "h", "w")))
+    conv = dict(kernel=(3, 3), stride=(1, 1), padding=(1, 1), dilation=(1, 1), groups=1)
+    g.add_layer(Layer("a", "conv", (N, C, H, W), ("n", "c", "h", "w"), ((N, C, H, W),),
+                      {"weight": (C, C, 3, 3)}, dict(conv), flops=2.0 * N * C * H * W * C * 9))
+    g.add_layer(Layer("b", "conv", (N, C, H, W), ("n", "c", "h", "w"), ((N, C, H, W),),
+                      {"weight": (C, C, 3, 3)}, dict(conv), flops=2.0 * N * C * H * W * C * 9))
+    g.add_edge(Edge("x", "a", 0))
+    g.add_edge(Edge("a", "b", 0))
+    return g
+
+
+def cfg(layer, **deg):
+    degrees = tuple((d, deg.get(d, 1)) for d in layer.dims)
+    total = int(np.prod([v for _, v in degrees]))
+    return G.Config(degrees, tuple(range(total)))
+
+
+def test_halo_exchange_bytes_and_time():
+    g = two_convs()
+    cm = CostModel(g, flat_devices(2))
+    a, b = g.layer("a"), g.layer("b")
+    e = g.in_edges("b")[0]
+    same = cfg(a, h=2)
+    t, nbytes = cm.xfer(e, [same, cfg(a, n=2)], [cfg(b, h=2), cfg(b, n=2)])
+    # h=2 -> h=2 with a 3x3 window: each device fetches one row of the other's half:
+    # N*C*1*W floats = 4*8*16 = 512 floats = 2048 bytes, forward and backward.
+    row = 4 * 8 * 1 * 16 * 4
+    assert nbytes[0, 0] == pytest.approx(2 * 2 * row)
+    assert t[0, 0] == pytest.approx(2 * row / BW)
+    # n=2 -> n=2: nothing moves
+    assert t[1, 1] == 0 and nbytes[1, 1] == 0
+    # h=2 -> n=2: each device needs the other half of its samples' rows: N/2*C*(H/2)*W floats
+    half = 2 * 8 * 8 * 16 * 4
+    assert nbytes[0, 1] == pytest.approx(2 * 2 * half)
+    assert t[0, 1] == pytest.approx(2 * half / BW)
+
+
+def test_single_device_configs_never_transfer():
+    g = two_convs()
+    cm = CostModel(g, flat_devices(4))
+    a, b = g.layer("a"), g.layer("b")
+    t, nb = cm.xfer(g.in_edges("b")[0], [cfg(a)], [cfg(b)])
+    assert t[0, 0] == 0 and nb[0, 0] == 0
+
+
+def test_parameter_server_sync_time():
+    g = two_convs()
+    n = 4
+    cm = CostModel(g, flat_devices(n))
+    a = g.layer("a")
+    cands = [cfg(a), cfg(a, n=4), cfg(a, c=4), cfg(a, n=2, c=2)]
+    _, ts, _ = cm.layer_costs("a", cands)
+    w = 8 * 8 * 9 * 4  # weight bytes
+    assert ts[0] == 0                                     # one device: nothing to sync
+    assert ts[1] == pytest.approx(2 * 3 * w / BW)         # 4 replicas: 2 (r-1) s / b
+    assert ts[2] == 0                                     # disjoint shards
+    # two shards of w/2, each replicated twice, on different servers in parallel
+    assert ts[3] == pytest.approx(2 * 1 * (w / 2) / BW)
+    ring = CostModel(g, flat_devices(n), sync="ring")
+    _, tr, _ = ring.layer_costs("a", cands)
+    assert tr[1] == pytest.approx(2 * 3 / 4 * w / BW)
+
+
+def test_analytic_compute_is_the_roofline_of_the_shard():
+    g = two_convs()
+    cm = CostModel(g, flat_devices(4))
+    a = g.layer("a")
+    tc, _, _ = cm.layer_costs("a", [cfg(a), cfg(a, n=4)])
+    # forward + backward = 3x forward FLOPs = 3.54 MFLOP at 60% of 1 TFLOP/s = 5.9 us; memory
+    # traffic 3 x 4 B x (8192 input + 576 weight + 8192 output) = 204 KB at 100 GB/s = 2 us:
+    # compute bound, plus the fixed launch overhead.
+    flops = 3 * a.flops
+    assert flops == 3 * 2 * 4 * 8 * 16 * 16 * 8 * 9
+    assert tc[0] == pytest.approx(flops / (1e12 * EFFICIENCY["conv"]) + LAUNCH_OVERHEAD_S)
+    assert tc[0] > tc[1] > tc[0] / 8        # 4-way split: about 4x faster, never 8x
+
+
+def test_node_structured_paths_equal_pairwise_paths():
+    for model, kw in [("inception_v3", {}), ("transformer", {}), ("lstm", {"steps": 3})]:
+        g = import_spec(model, batch=32, model_args=kw)
+        for n in (4, 8):
+            d = preset("p100-cluster", n)
+            fast = CostModel(g, d).tables()
+            slow_cm = CostModel(g, d)
+            slow_cm._nodes = None                    # force the general, pairwise code
+            slow = slow_cm.tables()
+            for name in fast.names:
+                np.testing.assert_allclose(fast.t_sync[name], slow.t_sync[name], rtol=1e-12)
+            for (e1, m1), (e2, m2) in zip(fast.edges, slow.edges):
+                np.testing.assert_allclose(m1, m2, rtol=1e-9, atol=1e-15)
+
+
+def test_layers_that_do_not_fit_are_rejected_with_the_numbers():
+    g = two_convs(N=64, C=256, H=64, W=64)
+    cm = CostModel(g, flat_devices(2, memory=1e6))
+    with pytest.raises(InfeasiblePlan, match="does not fit in device memory"):
+        cm.tables()
+
+
+def test_candidates_that_do_not_fit_are_dropped():
+    # 4 devices: the unsplit conv output (4·8·16·16 floats ×2) does not fit in 40 KB, the
+    # 4-way split does
+    g = two_convs()
+    cm = CostModel(g, flat_devices(4, memory=40_000))
+    t = cm.tables()
+    assert all(c.total > 1 for c in t.candidates["a"])
+
+
+def test_unknown_modes_raise():
+    g = two_convs()
+    with pytest.raises(ValueError, match="analytic"):
+        CostModel(g, flat_devices(2), compute="guess")
+    with pytest.raises(ValueError, match="ring"):
+        CostModel(g, flat_devices(2), sync="gossip")
+
+
+def test_measured_costs_are_cached_so_the_second_search_is_instant(tmp_path):
+    g = import_spec("lenet5", batch=128)
+    d = preset("local", 2)
+    cache = tmp_path / "profile.sqlite"
+    first = CostModel(g, d, compute="measured", profile_cache=cache)
+    t1 = first.tables()
+    assert first.profile_time_s > 0
+    second = CostModel(g, d, compute="measured", profile_cache=cache)
+    t2 = second.tables()
+    assert second.profile_time_s == 0.0
+    for n in t1.names:
+        np.testing.assert_array_equal(t1.t_compute[n], t2.t_compute[n])
+    # a measured conv shard split 2 ways is cheaper than the whole layer
+    conv = t1.candidates["conv2"]
+    whole = next(i for i, c in enumerate(conv) if c.total == 1)
+    split = next(i for i, c in enumerate(conv) if c.deg("n") == 2)
+    assert t1.t_compute["conv2"][split] < t1.t_compute["conv2"][whole]
