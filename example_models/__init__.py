@@ -18,12 +18,14 @@ import torch
 from torch import nn
 
 from .alexnet import build_alexnet
+from .densenet import build_densenet
 from .inception import build_inception_v3
 from .lenet import build_lenet5
 from .lstm import build_lstm
 from .mlp import build_mlp
 from .resnet import build_resnet50, build_wresnet
 from .transformer import build_transformer
+from .unet import build_unet
 from .vgg import build_vgg16
 
 __all__ = ["ExampleModel", "MODELS", "UnknownModel", "build", "model_params"]
@@ -55,6 +57,10 @@ _ENTRIES = [
     ("mlp", "Multilayer perceptron: layers x Linear(hidden)+ReLU, then Linear(num_classes)", build_mlp, 256),
     ("lstm", "Stacked LSTM (Hochreiter & Schmidhuber 1997) unrolled over time, Tofu-style RNN", build_lstm, 64),
     ("transformer", "Pre-LN Transformer encoder classifier (Vaswani et al. 2017)", build_transformer, 32),
+    ("densenet", "DenseNet (Huang et al. 2017): dense blocks, every layer reads all earlier ones",
+     build_densenet, 64),
+    ("unet", "U-Net (Ronneberger et al. 2015): encoder-decoder with long skip connections",
+     build_unet, 16),
 ]
 
 MODELS: dict[str, ExampleModel] = {name: ExampleModel(name, desc, fn, b) for name, desc, fn, b in _ENTRIES}

@@ -165,8 +165,9 @@ class Inception3(nn.Module):
     """Inception-v3 returning only the main logits [batch, num_classes].
 
     With ``aux_logits=True`` the AuxLogits head exists and, in training mode,
-    is evaluated (so its cost is part of the forward, as in torchvision), but
-    its output is discarded: the model always returns a single tensor.
+    is evaluated, but its output is discarded: the model always returns a single
+    tensor. Since nothing depends on it, graph import drops it as dead code (its
+    parameters still count in ``model.parameters()``).
     """
 
     def __init__(self, num_classes: int = 1000, aux_logits: bool = False, dropout: float = 0.5) -> None:

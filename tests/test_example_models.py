@@ -12,7 +12,8 @@ from torch import nn
 
 import example_models as em
 
-NAMES = ["lenet5", "alexnet", "vgg16", "inception_v3", "resnet50", "wresnet", "mlp", "lstm", "transformer"]
+NAMES = ["lenet5", "alexnet", "vgg16", "inception_v3", "resnet50", "wresnet", "mlp", "lstm", "transformer",
+         "densenet", "unet"]
 
 # Small settings so that a real CPU forward+backward of every model stays fast.
 SMALL = {
@@ -25,7 +26,17 @@ SMALL = {
     "mlp": {"hidden": 64, "layers": 2},
     "lstm": {"hidden": 32, "steps": 3},
     "transformer": {"seq": 16, "hidden": 64, "heads": 4, "vocab": 50},
+    "densenet": {"block": 2, "growth": 8, "image_size": 32, "num_classes": 10},
+    "unet": {"depth": 2, "base": 8, "image_size": 32, "num_classes": 3},
 }
+
+
+def out_shape(name, batch, params):
+    """Classifiers give [batch, classes]; U-Net gives per-pixel scores."""
+    if name == "unet":
+        size = params.get("image_size", 256)
+        return (batch, params["num_classes"], size, size)
+    return (batch, params["num_classes"])
 
 
 def count(model: nn.Module, kind: type) -> int:
@@ -52,7 +63,7 @@ def test_meta_build_defaults_shape(name):
     assert x.device.type == "meta"
     assert all(p.device.type == "meta" for p in model.parameters())
     assert x.shape[0] == batch
-    assert tuple(y.shape) == (batch, em.model_params(name)["num_classes"])
+    assert tuple(y.shape) == out_shape(name, batch, em.model_params(name))
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -61,8 +72,7 @@ def test_cpu_forward_backward_small(name):
     model, x = em.build(name, batch=2, **SMALL[name])
     assert x.device.type == "cpu"
     y = model(x)
-    num_classes = SMALL[name].get("num_classes", em.model_params(name)["num_classes"])
-    assert tuple(y.shape) == (2, num_classes)
+    assert tuple(y.shape) == out_shape(name, 2, dict(em.model_params(name), **SMALL[name]))
     loss = y.pow(2).mean()
     loss.backward()
     assert math.isfinite(loss.item())

@@ -18,13 +18,22 @@ import torch.nn.functional as F
 
 from explorer.engine import geometry as G
 from explorer.engine.geometry import Config
-from explorer.engine.graph import Edge, Layer, LayerGraph
+from explorer.engine.graph import Layer
 from explorer.engine.importer import import_model
 
 
 # --------------------------------------------------------------------------------------------
 # helpers
 # --------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(autouse=True)
+def _one_torch_thread():
+    """Thousands of tiny ops: one intra-op thread avoids contention on a busy 2-core box."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 def cfg(devices=None, **degrees):
@@ -544,9 +553,9 @@ def test_reshape_region_covers_every_element_it_reads(src, dst):
         idx = np.unravel_index(flat[tuple(slice(a, b) for a, b in box)].ravel(), src)
         for ax, ix in enumerate(idx):
             assert got[ax, 0] <= ix.min() and ix.max() < got[ax, 1], (box.tolist(), got.tolist())
-        # a full consumer box must map to the full producer tensor, nothing more
-        full = G.apply_transforms(G.full_box(dst)[None], [("reshape", src, dst)])[0]
-        assert full.tolist() == G.full_box(src).tolist()
+    # a full consumer box must map to the full producer tensor, nothing more
+    full = G.apply_transforms(G.full_box(dst)[None], [("reshape", src, dst)])[0]
+    assert full.tolist() == G.full_box(src).tolist()
 
 
 def test_edge_regions_through_real_attention_edges():
@@ -717,17 +726,20 @@ def test_conv_tiles_from_input_regions_equal_full_conv(spec):
             b_box = shards["bias"][1][k]
             w_local, b_local = W[_sl(w_box)], B[_sl(b_box)]
             tiles = []
-            for o in range(int(box[1, 0]), int(box[1, 1])):
-                grp = o // cout_g
+            o0, o1 = int(box[1, 0]), int(box[1, 1])
+            for grp in range(o0 // cout_g, (o1 - 1) // cout_g + 1):
+                # this device's output channels in group grp, and the input channels they read
+                lo, hi = max(o0, grp * cout_g), min(o1, (grp + 1) * cout_g)
                 ci0, ci1 = grp * cin_g, (grp + 1) * cin_g
                 assert region[1, 0] <= ci0 and ci1 <= region[1, 1], "missing input channels"
-                assert w_box[0, 0] <= o < w_box[0, 1], "missing weight row"
+                assert w_box[0, 0] <= lo and hi <= w_box[0, 1], "missing weight rows"
 
-                def compute(xp, o=o, ci0=ci0, ci1=ci1):
+                def compute(xp, lo=lo, hi=hi, ci0=ci0, ci1=ci1):
                     chans = slice(ci0 - int(region[1, 0]), ci1 - int(region[1, 0]))
-                    return F.conv2d(xp[:, chans], w_local[o - int(w_box[0, 0])][None],
-                                    b_local[o - int(b_box[0, 0])][None], stride=spec["s"],
-                                    dilation=spec.get("d", 1))
+                    rows_ = slice(lo - int(w_box[0, 0]), hi - int(w_box[0, 0]))
+                    return F.conv2d(xp[:, chans], w_local[rows_],
+                                    b_local[lo - int(b_box[0, 0]):hi - int(b_box[0, 0])],
+                                    stride=spec["s"], dilation=spec.get("d", 1))
                 tiles.append(_local_window(x, region, box, layer, compute, 0.0))
             got = torch.cat(tiles, dim=1)
             want = full[_sl(box)]
@@ -857,3 +869,19 @@ def test_regions_equal_true_dependencies_concat_adaptive_norm_lstm():
     _check_dependencies(cell, lambda x, h, c: cell_mod(x, (h, c))[0],
                         [torch.randn(4, 5), torch.randn(4, 8), torch.randn(4, 8)],
                         G.enumerate_configs(cell, 4))
+
+
+@pytest.mark.parametrize("mod, shape", [
+    (nn.Conv1d(4, 6, 3, stride=2, padding=1), (2, 4, 11)),
+    (nn.Conv1d(4, 6, 3, padding=2, dilation=2, groups=2), (2, 4, 9)),
+    (nn.AvgPool1d(3, stride=2, padding=1), (2, 4, 11)),
+    (nn.Conv3d(2, 4, 3, stride=(1, 2, 1), padding=1), (2, 2, 3, 7, 6)),
+], ids=["conv1d", "conv1d-dilated-grouped", "avgpool1d", "conv3d"])
+def test_imported_1d_3d_window_regions_equal_true_dependencies(mod, shape):
+    torch.manual_seed(0)
+    x = torch.randn(shape)
+    g = import_model(mod, x)
+    layer = next(l for l in g.layers() if l.op in ("conv", "pool"))
+    assert layer.out_shape == tuple(mod(x).shape)
+    _check_dependencies(layer, mod, [x], G.enumerate_configs(layer, 4)
+                        + G.enumerate_configs(layer, 3))

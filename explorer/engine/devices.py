@@ -155,8 +155,10 @@ def preset(name: str, n: int | None = None) -> DeviceGraph:
     if name not in PRESETS:
         raise UnknownPreset(f"unknown device preset {name!r}: choose one of "
                             f"{', '.join(PRESETS)} or give a cluster JSON file")
+    if n is not None and n < 1:
+        raise ValueError(f"--devices must be ≥ 1, got {n}")
     if name == "p100-cluster":
-        n = n or 4
+        n = 4 if n is None else n
         nodes = -(-n // 4)
         g = _cluster("p100-cluster", nodes * 4, 4, _p100, 40 * GB, 12.5 * GB, 5e-6, 10e-6,
                      PRESETS[name][0])
@@ -187,7 +189,7 @@ def local(n: int | None = None) -> DeviceGraph:
         ngpu = 0
     cal = _calibration()
     if ngpu:
-        n = n or ngpu
+        n = ngpu if n is None else n
         if n > ngpu:
             raise ValueError(f"{n} devices asked for but this machine has {ngpu} GPUs")
         import torch
@@ -200,7 +202,9 @@ def local(n: int | None = None) -> DeviceGraph:
         return DeviceGraph("local", devs, bw, np.full((n, n), cal.get("latency", 20e-6)),
                            f"{n} local CUDA GPUs", {"backend": "nccl"})
     cores = os.cpu_count() or 1
-    n = n or cores
+    if n is not None and n < 1:
+        raise ValueError(f"--devices must be ≥ 1, got {n}")
+    n = cores if n is None else n
     try:
         total_mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):

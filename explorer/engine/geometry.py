@@ -286,6 +286,11 @@ def input_regions(layer: Layer, index: int, boxes: np.ndarray) -> np.ndarray:
     may map to empty regions (concat inputs a device does not read).
     """
     op, a = layer.op, layer.attrs
+    if op == "input":
+        raise ValueError(f"input layer {layer.name} has no inputs")
+    if not 0 <= index < len(layer.in_shapes):
+        raise ValueError(f"layer {layer.name} ({op}) has {len(layer.in_shapes)} inputs, "
+                         f"asked for input {index}")
     shp = tuple(layer.in_shapes[index])
     lead = boxes.shape[:-2]
     reg = full_box(shp, lead)
@@ -310,6 +315,17 @@ def input_regions(layer: Layer, index: int, boxes: np.ndarray) -> np.ndarray:
                 r0, r1 = _window(lo, hi, shp[ax], a["kernel"][i], a["stride"][i],
                                  a["padding"][i], a.get("dilation", (1,) * nsp)[i])
             reg[..., ax, 0], reg[..., ax, 1] = r0, r1
+    elif op == "upsample":
+        # output row o reads input row floor(o·Hi/Ho) (nearest); (bi)linear also the next one
+        reg[..., 0, :] = boxes[..., 0, :]
+        reg[..., 1, :] = boxes[..., 1, :]
+        for ax in range(2, len(shp)):
+            hi_, ho = shp[ax], layer.out_shape[ax]
+            lo = (boxes[..., ax, 0] * hi_) // ho
+            top = ((boxes[..., ax, 1] - 1) * hi_) // ho + 1
+            if a.get("mode") != "nearest":
+                lo, top = np.maximum(lo - 1, 0), np.minimum(top + 1, hi_)
+            reg[..., ax, 0], reg[..., ax, 1] = lo, np.maximum(top, lo)
     elif op == "linear":
         reg[..., :-1, :] = boxes[..., :-1, :]
     elif op == "matmul":

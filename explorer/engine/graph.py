@@ -132,6 +132,7 @@ class LayerGraph:
         self.source = source  # "fx" or "export"
         self.spec = model      # what to pass to load_model to rebuild it
         self.model_args: dict = {}
+        self.outputs: list = []  # layers whose outputs the model returns
         self.g = nx.MultiDiGraph()
         self._order: list | None = None
 

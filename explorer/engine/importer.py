@@ -23,6 +23,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import networkx as nx
 import torch
 import torch.fx
 import torch.nn as nn
@@ -180,6 +181,7 @@ _MODULE_OPS = {
     nn.LayerNorm: "layernorm", nn.Embedding: "embedding", nn.LSTMCell: "lstm_cell",
     nn.Softmax: "softmax", nn.LogSoftmax: "softmax", nn.Flatten: "flatten",
     nn.Dropout: "dropout", nn.Dropout2d: "dropout", nn.Identity: "identity",
+    nn.Upsample: "upsample",
 }
 _ACT_MODULES = (nn.ReLU, nn.ReLU6, nn.GELU, nn.Sigmoid, nn.Tanh, nn.SiLU, nn.LeakyReLU,
                 nn.ELU, nn.Hardswish, nn.Hardtanh, nn.Mish, nn.Softplus, nn.Hardsigmoid)
@@ -247,6 +249,7 @@ class _Importer:
         self.mods = dict(gm.named_modules())
         self.params = dict(gm.named_parameters())
         self.params.update(dict(gm.named_buffers()))
+        self.outputs: list = []
 
     # -- helpers ---------------------------------------------------------------------------
     def shape_of(self, node):
@@ -271,6 +274,18 @@ class _Importer:
         if isinstance(a, (list, tuple)):
             return _Val("tuple", items=tuple(self.val(x) for x in a))
         return _Val("const", value=a)
+
+    def _flatten_vals(self, a):
+        if isinstance(a, torch.fx.Node):
+            v = self.vals.get(a)
+            if v is None:
+                return []
+            return [v] + [x for it in v.items for x in ([it] if it.kind != "tuple" else [])]
+        if isinstance(a, (list, tuple)):
+            return [x for it in a for x in self._flatten_vals(it)]
+        if isinstance(a, dict):
+            return [x for it in a.values() for x in self._flatten_vals(it)]
+        return []
 
     def tensor_args(self, args):
         return [v for v in (self.val(a) for a in args) if v.kind == "tensor"]
@@ -344,7 +359,8 @@ class _Importer:
                     shape = tuple(obj.shape) if isinstance(obj, torch.Tensor) else ()
                 self.vals[node] = _Val("param", param=str(node.target), shape=shape)
             elif node.op == "output":
-                continue
+                self.outputs = sorted({v.layer for v in self._flatten_vals(node.args[0])
+                                       if v.kind in ("tensor", "tuple") and v.layer})
             elif node.op == "call_module":
                 self.call_module(node)
             else:
@@ -399,6 +415,8 @@ class _Importer:
             return self.softmax(node, x, mod.dim)
         if kind == "flatten":
             return self.flatten(node, x)
+        if kind == "upsample":
+            return self.upsample(node, x, mod.mode)
         return self.fold(node, x, 0.0)  # dropout / identity
 
     def call(self, node, name):
@@ -479,6 +497,11 @@ class _Importer:
             dim = kw.get("dim", args[1] if len(args) > 1 else None)
             keep = kw.get("keepdim", args[2] if len(args) > 2 else False)
             return self.reduce(node, x, dim, keep)
+        if name in ("interpolate", "upsample", "upsample_nearest2d", "upsample_bilinear2d",
+                    "upsample_nearest1d", "upsample_linear1d"):
+            mode = kw.get("mode", args[3] if name == "interpolate" and len(args) > 3 else None)
+            mode = mode or ("bilinear" if "linear" in name else "nearest")
+            return self.upsample(node, x, mode)
         if name in ("scaled_dot_product_attention",):
             return self.sdpa(node, tens[:3])
         if name in ("matmul", "bmm", "mm"):
@@ -541,6 +564,14 @@ class _Importer:
         axes = ("n", "c") + (("l",) if len(shape) == 3 else ("h", "w"))
         self.new_layer(node, "adaptive_pool", shape, axes, [x], {}, {},
                        math.prod(x.shape))
+
+    def upsample(self, node, x, mode):
+        shape = self.shape_of(node)
+        if mode not in ("nearest", "bilinear", "linear"):
+            return self.unsupported(node, f"interpolate(mode={mode!r})")
+        axes = ("n", "c") + (("l",) if len(shape) == 3 else ("h", "w"))
+        self.new_layer(node, "upsample", shape, axes, [x], {}, {"mode": mode},
+                       math.prod(shape) * (1 if mode == "nearest" else 4))
 
     def norm(self, node, x, nnorm, p):
         shape = self.shape_of(node)
@@ -737,23 +768,21 @@ def capture(model: nn.Module, x: torch.Tensor, name: str = "model"):
 def import_model(model: nn.Module, x: torch.Tensor, name: str = "model") -> LayerGraph:
     """Build the :class:`LayerGraph` of ``model`` applied to ``x`` (batch = ``x.shape[0]``)."""
     gm, source = capture(model, x, name)
-    g = _Importer(gm, name, int(x.shape[0]), source).run()
-    _prune(g)
+    imp = _Importer(gm, name, int(x.shape[0]), source)
+    g = imp.run()
+    _prune(g, imp.outputs)
+    g.outputs = [o for o in imp.outputs if o in g]
     return g
 
 
-def _prune(g: LayerGraph):
-    """Drop layers whose output nobody uses and that are not the model's last layer."""
-    names = g.names()
-    last = names[-1]
-    changed = True
-    while changed:
-        changed = False
-        for n in list(g.g.nodes):
-            lay = g.layer(n)
-            if n != last and g.g.out_degree(n) == 0 and lay.op != "input":
-                g.g.remove_node(n)
-                changed = True
+def _prune(g: LayerGraph, outputs):
+    """Dead-code elimination: keep the layers the model's outputs depend on (and inputs)."""
+    keep = set(outputs) if outputs else {g.names()[-1]}
+    for o in list(keep):
+        keep |= nx.ancestors(g.g, o)
+    for n in list(g.g.nodes):
+        if n not in keep and g.layer(n).op != "input":
+            g.g.remove_node(n)
     g._order = None
 
 

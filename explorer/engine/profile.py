@@ -249,6 +249,16 @@ def _adaptive_pool(layer, out_shape, in_shapes, b):
     return lambda: [fn(x, size)]
 
 
+def _upsample(layer, out_shape, in_shapes, b):
+    x = b.rand(in_shapes[0])
+    size = tuple(int(v) for v in out_shape[2:])
+    mode = layer.attrs.get("mode", "nearest")
+    if mode != "nearest":
+        mode = {1: "linear", 2: "bilinear", 3: "trilinear"}[len(size)]
+        return lambda: [F.interpolate(x, size=size, mode=mode, align_corners=False)]
+    return lambda: [F.interpolate(x, size=size, mode="nearest")]
+
+
 def _linear(layer, out_shape, in_shapes, b):
     x = b.rand(in_shapes[0])
     w = b.rand((out_shape[-1], in_shapes[0][-1]))
@@ -334,6 +344,7 @@ def _lstm_cell(layer, out_shape, in_shapes, b):
 
 
 _RULES = {"conv": _conv, "pool": _pool, "adaptive_pool": _adaptive_pool, "linear": _linear,
+          "upsample": _upsample,
           "matmul": _matmul, "sdpa": _sdpa, "eltwise": _eltwise, "concat": _concat,
           "norm": _norm, "softmax": _softmax, "reduce": _reduce, "embedding": _embedding,
           "lstm_cell": _lstm_cell}
