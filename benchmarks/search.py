@@ -25,7 +25,7 @@ from explorer.engine.search import run  # noqa: E402
 from explorer.errors import InfeasiblePlan  # noqa: E402
 
 DEFAULT_MODELS = ["lenet5", "alexnet", "vgg16", "inception_v3", "resnet50", "wresnet", "mlp",
-                  "lstm", "transformer"]
+                  "lstm", "transformer", "densenet", "unet"]
 
 
 def bench(model: str, n: int, repeat: int, cost: str):
@@ -50,7 +50,9 @@ def bench(model: str, n: int, repeat: int, cost: str):
         "model": model, "devices": n, "layers": len(g), "edges": info["edges"],
         "cand_mean": info["candidates_per_layer"]["mean"],
         "cand_max": info["candidates_per_layer"]["max"],
-        "residual": f"{info['residual_nodes']}n/{info['residual_edges']}e",
+        "residual": f"{info['residual_nodes']}n/{info['residual_edges']}e"
+                    + ("" if info["residual_method"] == "enumeration"
+                       else f" {info['residual_method'][:3]}"),
         "method": info["residual_method"], "tables_s": info["tables_time_s"],
         "search_s": best, "optcnn_ms": res.plan.objective_s * 1e3,
         **{f"{k}_ms": v * 1e3 for k, v in objs.items()},

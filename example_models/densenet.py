@@ -61,7 +61,7 @@ class DenseNet(nn.Module):
         return self.fc(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
 
 
-def build_densenet(batch: int, *, block: int = 6, blocks: int = 4, growth: int = 32,
+def build_densenet(batch: int, *, block: int = 4, blocks: int = 4, growth: int = 32,
                    num_classes: int = 1000, image_size: int = 224):
     """DenseNet with ``blocks`` dense blocks of ``block`` layers each (DenseNet-121 has
     6-12-24-16); input ``[batch, 3, image_size, image_size]``."""

@@ -70,6 +70,34 @@ def test_variable_elimination_path_is_exact(seed, monkeypatch):
         assert info["residual_method"] == "variable-elimination"
 
 
+@pytest.mark.parametrize("seed", range(25))
+def test_milp_path_is_exact(seed, monkeypatch):
+    """Force the residual solve through the MILP (as for wide, densely connected graphs)."""
+    monkeypatch.setattr(optcnn, "ENUMERATION_LIMIT", 0)
+    monkeypatch.setattr(optcnn, "VE_LIMIT", 0)
+    rng = random.Random(2000 + seed)
+    t = random_tables(rng, rng.randint(3, 7), 4, rng.randint(3, 9), rng.randint(0, 2))
+    choice, _, info = optcnn.solve(t)
+    assert info["residual_method"] == "milp"
+    assert t.objective(choice) == pytest.approx(brute_force(t), rel=1e-9, abs=1e-12)
+
+
+def test_dominance_pruning_keeps_an_optimum():
+    rng = random.Random(99)
+    for _ in range(20):
+        t = random_tables(rng, 5, 5, 4, 1)
+        nodes = t.names
+        unary = {n: t.node_cost(n) for n in nodes}
+        edges = [(e.src, e.dst, m) for e, m in t.edges]
+        keep = optcnn._prune_dominated(nodes, unary, edges)
+        sub = CostTables(nodes, {n: [t.candidates[n][i] for i in keep[n]] for n in nodes},
+                         {n: t.t_compute[n][keep[n]] for n in nodes},
+                         {n: t.t_sync[n][keep[n]] for n in nodes},
+                         {n: t.memory[n][keep[n]] for n in nodes},
+                         [(e, m[np.ix_(keep[e.src], keep[e.dst])]) for e, m in t.edges])
+        assert brute_force(sub) == pytest.approx(brute_force(t))
+
+
 @pytest.mark.parametrize("seed", range(10))
 def test_exhaustive_dfs_matches_brute_force(seed):
     rng = random.Random(500 + seed)
@@ -167,6 +195,26 @@ def test_data_parallel_rejects_indivisible_batch():
     d = preset("p100-cluster", 4)
     with pytest.raises(InfeasiblePlan, match="batch"):
         run("data", g, d, CostModel(g, d))
+
+
+def test_dense_blocks_get_the_exact_optimum():
+    # a DenseNet block: every layer reads the concat of all earlier ones; the final graph
+    # stays large and wide, and the search still matches exhaustive enumeration
+    g = import_spec("densenet", batch=8, model_args={"block": 3, "blocks": 1, "growth": 4,
+                                                      "image_size": 16})
+    d = preset("p100-cluster", 2)
+    cm = CostModel(g, d)
+    fast = run("optcnn", g, d, cm)
+    slow = run("exhaustive", g, d, cm, options={"max_space": 10 ** 12})
+    assert fast.info["residual_nodes"] > 2
+    assert fast.plan.objective_s == pytest.approx(slow.plan.objective_s, rel=1e-9)
+
+
+def test_unet_skips_nest_and_reduce_to_two_nodes():
+    g = import_spec("unet", batch=4, model_args={"depth": 3, "base": 8, "image_size": 32})
+    d = preset("p100-cluster", 4)
+    r = run("optcnn", g, d, CostModel(g, d))
+    assert r.info["residual_nodes"] == 2
 
 
 def test_models_with_skip_connections_get_exact_optimum_via_residual_solver():

@@ -6,9 +6,11 @@
    and an **edge elimination** (two edges with the same ends merge, equation 3, by summing)
    until neither applies.
 2. Solve the final graph exactly.  The paper enumerates it (every CNN it tried ends with K = 2
-   nodes); graphs with dense or long skip connections leave larger residual graphs, which we
-   solve by min-plus variable elimination along a min-degree order — still exact, with cost
-   ``O(K · C^(w+1))`` for elimination width ``w`` instead of ``C^K``.
+   nodes); graphs with skip connections that do not nest (unrolled RNN state edges, dense
+   blocks) leave larger residual graphs.  Those are first shrunk by removing dominated
+   candidates, then solved by min-plus variable elimination along a min-degree order — exact,
+   with cost ``O(K · C^(w+1))`` for elimination width ``w`` instead of ``C^K`` — or, when the
+   width makes that too large (DenseNet blocks), by an exact mixed-integer program (HiGHS).
 3. Undo the eliminations in reverse, giving each eliminated layer the ``c_j`` that attained the
    minimum of equation 2 for its neighbours' configurations (Theorem 1).
 
@@ -28,8 +30,10 @@ from .result import SearchResult, finish
 
 #: Largest product of residual domains solved by plain enumeration (the paper's line 14).
 ENUMERATION_LIMIT = 200_000
-#: Largest factor (entries) variable elimination may build before giving up.
-FACTOR_LIMIT = 60_000_000
+#: Largest factor (entries) variable elimination builds; wider residual graphs go to the MILP.
+VE_LIMIT = 4_000_000
+#: Seconds the MILP may take before the search gives up (it then says so; never a guess).
+MILP_TIME_LIMIT_S = 600.0
 
 
 def search(graph, devices, cost_model: CostModel, pins=None, options=None) -> SearchResult:
@@ -139,8 +143,23 @@ def solve(tables: CostTables):
         method, width = "enumeration", len(residual)
         assign = _enumerate(residual, unary, res_edges)
     else:
-        method = "variable-elimination"
-        assign, width = _variable_elimination(residual, unary, res_edges)
+        # drop candidates another candidate of the same layer beats whatever its neighbours
+        # choose (exact), then solve over the smaller domains and map indices back
+        keep = _prune_dominated(residual, unary, res_edges)
+        sub_unary = {n: unary[n][keep[n]] for n in residual}
+        sub_edges = [(u, v, m[np.ix_(keep[u], keep[v])]) for u, v, m in res_edges]
+        order, width, biggest = _elimination_order(residual, sub_unary, sub_edges)
+        if biggest <= VE_LIMIT:
+            method = "variable-elimination"
+            sub = _variable_elimination(residual, sub_unary, sub_edges, order)
+        else:
+            # too wide for dynamic programming (dense connections): exact MILP instead
+            method = "milp"
+            sub = _milp(residual, sub_unary, sub_edges)
+        assign = {n: int(keep[n][sub[n]]) for n in residual}
+        pruned = sum(len(unary[n]) - len(keep[n]) for n in residual)
+    if method == "enumeration":
+        pruned = 0
     trace.append({"step": len(trace), "kind": "final", "nodes": residual,
                   "edges": [f"{u}->{v}" for u, v, _ in res_edges], "method": method,
                   "assignment": {n: int(assign[n]) for n in residual}})
@@ -154,6 +173,7 @@ def solve(tables: CostTables):
                           "choice": choice[j]})
     info = {"residual_nodes": len(residual), "residual_edges": len(res_edges),
             "residual_method": method, "elimination_width": width,
+            "dominated_candidates_pruned": pruned,
             "node_eliminations": sum(1 for r in undo if r[0] == "node"),
             "edge_eliminations": sum(1 for r in undo if r[0] == "edge"),
             "max_candidates": max(len(v) for v in unary.values()) if unary else 0}
@@ -183,40 +203,92 @@ def _enumerate(nodes, unary, edges):
     return {n: int(idx[pos[n]]) for n in nodes}
 
 
-def _variable_elimination(nodes, unary, edges):
-    """Exact min-sum over the residual graph by bucket elimination (min-degree order).
+def _prune_dominated(nodes, unary, edges) -> dict:
+    """Candidate indices to keep per node after removing dominated candidates (exact).
 
-    Each factor is ``(scope tuple, ndarray)``; eliminating ``v`` adds every factor that
-    mentions ``v`` over the union of their scopes and minimises ``v`` out, remembering the
-    argmin table for the backward pass.  Returns ``(assignment, width)``.
+    Candidate ``a`` of node ``v`` is dominated by ``b`` when switching ``a`` to ``b`` can never
+    cost more, whatever the neighbours choose:
+    ``u(b) − u(a) + Σ_edges max_w (M[b, w] − M[a, w]) ≤ 0``.  Removing it keeps an optimum (ties
+    keep the lower index).  Repeated until nothing changes, since a neighbour's removals can
+    expose new dominations.
     """
-    factors = [((n,), unary[n]) for n in nodes]
+    keep = {n: np.arange(len(unary[n])) for n in nodes}
+    inc: dict = {n: [] for n in nodes}
     for u, v, m in edges:
-        factors.append(((u, v), m))
+        inc[u].append((v, m))
+        inc[v].append((u, m.T))
+    changed = True
+    while changed:
+        changed = False
+        for n in nodes:
+            idx = keep[n]
+            if len(idx) < 2:
+                continue
+            # D[a, b]: worst-case change of switching a -> b, shape [C, C]
+            D = unary[n][idx][None, :] - unary[n][idx][:, None]
+            for w, m in inc[n]:
+                mm = m[np.ix_(idx, keep[w])]
+                D = D + (mm[None, :, :] - mm[:, None, :]).max(axis=2)
+            alive = np.ones(len(idx), dtype=bool)
+            for i in range(len(idx)):
+                # dominated by a still-alive other candidate (strictly, or tied and earlier)
+                dom = alive & ((D[i] < 0) | ((D[i] <= 0) & (np.arange(len(idx)) < i)))
+                dom[i] = False
+                if dom.any():
+                    alive[i] = False
+            if not alive.all():
+                keep[n] = idx[alive]
+                changed = True
+    return keep
+
+
+def _elimination_order(nodes, unary, edges):
+    """Greedy min-degree order (ties: smallest factor) for variable elimination.
+
+    Returns ``(order, width, largest factor entries)`` without building any factor, so the
+    caller can choose a method before paying for it.
+    """
     dom = {n: len(unary[n]) for n in nodes}
     nbrs = {n: set() for n in nodes}
     for u, v, _ in edges:
         nbrs[u].add(v)
         nbrs[v].add(u)
+    rank = {n: i for i, n in enumerate(nodes)}
     remaining = set(nodes)
-    stack = []
-    width = 0
+    order, width, biggest = [], 0, 1
     while remaining:
-        # min-degree, tie broken by smallest resulting factor
-        v = min(remaining, key=lambda x: (len(nbrs[x] & remaining),
-                                          math.prod(dom[y] for y in nbrs[x] & remaining),
-                                          nodes.index(x)))
+        v = min(remaining, key=lambda x: (len(nbrs[x]), math.prod(dom[y] for y in nbrs[x]),
+                                          rank[x]))
+        width = max(width, len(nbrs[v]))
+        biggest = max(biggest, dom[v] * math.prod(dom[y] for y in nbrs[v]))
+        order.append(v)
+        remaining.discard(v)
+        for a in nbrs[v]:
+            nbrs[a] |= nbrs[v] - {a}
+            nbrs[a].discard(v)
+        del nbrs[v]
+    return order, width, biggest
+
+
+def _variable_elimination(nodes, unary, edges, order):
+    """Exact min-sum over the residual graph by bucket elimination along ``order``.
+
+    Each factor is ``(scope tuple, ndarray)``; eliminating ``v`` adds every factor that
+    mentions ``v`` over the union of their scopes and minimises ``v`` out, remembering the
+    argmin table for the backward pass.
+    """
+    factors = [((n,), unary[n]) for n in nodes]
+    for u, v, m in edges:
+        factors.append(((u, v), m))
+    dom = {n: len(unary[n]) for n in nodes}
+    rank = {n: i for i, n in enumerate(nodes)}
+    stack = []
+    for v in order:
         mine = [f for f in factors if v in f[0]]
         factors = [f for f in factors if v not in f[0]]
-        scope = sorted({x for s, _ in mine for x in s} - {v}, key=nodes.index)
-        width = max(width, len(scope))
+        scope = sorted({x for s, _ in mine for x in s} - {v}, key=rank.get)
         full = [v] + scope
-        size = math.prod(dom[x] for x in full)
-        if size > FACTOR_LIMIT:
-            raise InfeasiblePlan(
-                f"the residual graph after eliminations has {len(nodes)} nodes and elimination "
-                f"width {len(scope)}: a factor of {size:,} entries is too large to solve exactly; "
-                f"use fewer devices (fewer candidates per layer) or pin some layers")
+        # DP table over (v, scope...): shape [C_v, C_s1, C_s2, ...]
         acc = np.zeros([dom[x] for x in full])
         for s, arr in mine:
             perm = sorted(range(len(s)), key=lambda i: full.index(s[i]))
@@ -228,11 +300,65 @@ def _variable_elimination(nodes, unary, edges):
         arg = acc.argmin(axis=0)
         factors.append((tuple(scope), acc.min(axis=0)))
         stack.append((v, scope, arg))
-        remaining.discard(v)
-        for a in nbrs[v]:
-            nbrs[a] |= (nbrs[v] - {a})
-            nbrs[a].discard(v)
     assign = {}
     for v, scope, arg in reversed(stack):
         assign[v] = int(arg[tuple(assign[s] for s in scope)]) if scope else int(arg)
-    return assign, width
+    return assign
+
+
+def _milp(nodes, unary, edges):
+    """Exact min-sum by mixed-integer programming (HiGHS via ``scipy.optimize.milp``).
+
+    Variables: one-hot ``x[v, a]`` per layer (integer) and edge marginals ``y[e, a, b] ≥ 0``
+    with ``Σ_b y[e, a, b] = x[u, a]`` and ``Σ_a y[e, a, b] = x[v, b]`` — the local-polytope
+    formulation, whose LP relaxation is tight on trees and, in practice, on these cost tables
+    (HiGHS closes DenseNet blocks at the root node).  Solved to a zero optimality gap; costs are
+    scaled to microseconds for numerical range.
+    """
+    import scipy.sparse as sp
+    from scipy.optimize import Bounds, LinearConstraint, milp
+
+    scale = 1e6
+    off, k = {}, 0
+    for n in nodes:
+        off[n] = k
+        k += len(unary[n])
+    n_x = k
+    cost = [unary[n] * scale for n in nodes]
+    rows, cols, vals = [], [], []
+    r = len(nodes)
+    for i, n in enumerate(nodes):                   # Σ_a x[v, a] = 1
+        C = len(unary[n])
+        rows.append(np.full(C, i))
+        cols.append(off[n] + np.arange(C))
+        vals.append(np.ones(C))
+    for u, v, m in edges:
+        Cu, Cv = m.shape
+        idx = (k + np.arange(Cu * Cv)).reshape(Cu, Cv)
+        k += Cu * Cv
+        cost.append(m.ravel() * scale)
+        # Σ_b y[a, b] − x[u, a] = 0  (rows r .. r+Cu-1)
+        rows += [np.repeat(r + np.arange(Cu), Cv), r + np.arange(Cu)]
+        cols += [idx.ravel(), off[u] + np.arange(Cu)]
+        vals += [np.ones(Cu * Cv), -np.ones(Cu)]
+        r += Cu
+        # Σ_a y[a, b] − x[v, b] = 0  (rows r .. r+Cv-1)
+        rows += [np.tile(r + np.arange(Cv), Cu), r + np.arange(Cv)]
+        cols += [idx.ravel(), off[v] + np.arange(Cv)]
+        vals += [np.ones(Cu * Cv), -np.ones(Cv)]
+        r += Cv
+    A = sp.csr_matrix((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))),
+                      shape=(r, k))
+    rhs = np.zeros(r)
+    rhs[: len(nodes)] = 1.0
+    integrality = np.zeros(k)
+    integrality[:n_x] = 1
+    res = milp(np.concatenate(cost), constraints=LinearConstraint(A, rhs, rhs),
+               integrality=integrality, bounds=Bounds(0, 1),
+               options={"mip_rel_gap": 0.0, "time_limit": MILP_TIME_LIMIT_S})
+    if res.status != 0 or res.x is None:
+        raise InfeasiblePlan(
+            f"the residual graph ({len(nodes)} layers, {len(edges)} edges) is too densely "
+            f"connected for dynamic programming and the exact MILP did not finish "
+            f"({res.message}); pin some layers or use fewer devices")
+    return {n: int(np.argmax(res.x[off[n]: off[n] + len(unary[n])])) for n in nodes}
