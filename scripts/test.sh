@@ -2,5 +2,5 @@
 # Set up everything, then run the whole test suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+WITH_BROWSER=1 bash scripts/setup.sh
 exec "${PYTHON:-python3}" -m pytest -q "$@"

@@ -55,6 +55,7 @@ class Plan:
     model_args: dict = field(default_factory=dict)
     pins: list = field(default_factory=list)
     info: dict = field(default_factory=dict)
+    edges: list = field(default_factory=list)   # [{src, dst, index, t_xfer_s, bytes}]
 
     def __post_init__(self):
         if self.n_devices < 1:
@@ -84,6 +85,7 @@ class Plan:
             "memory_per_device_bytes": list(self.memory_per_device_bytes),
             "pins": list(self.pins), "info": self.info,
             "layers": [la.to_dict() for la in self.layers],
+            "edges": list(self.edges),
         }
 
     def to_json(self, indent=2) -> str:
@@ -104,7 +106,7 @@ class Plan:
                        float(d["predicted_step_time_s"]), float(d["search_time_s"]),
                        d.get("breakdown", {}), float(d.get("comm_bytes", 0.0)),
                        list(d.get("memory_per_device_bytes", [])), d.get("model_args", {}),
-                       list(d.get("pins", [])), d.get("info", {}))
+                       list(d.get("pins", [])), d.get("info", {}), list(d.get("edges", [])))
         except (KeyError, TypeError) as exc:
             raise ValueError(f"malformed plan: missing or bad field {exc}") from exc
 

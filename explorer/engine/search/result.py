@@ -48,13 +48,17 @@ def finish(algo, graph, devices, cost_model, tables: CostTables, choice: dict, t
                  "transfer_bytes": xfer_bytes, "sync_bytes": sync_bytes,
                  "fits_memory": bool(all(mem[d] <= devices.devices[d].memory
                                          for d in range(devices.n)))})
+    edges = [{"src": e.src, "dst": e.dst, "index": e.index,
+              "t_xfer_s": float(m[choice[e.src], choice[e.dst]]),
+              "bytes": float(nb[choice[e.src], choice[e.dst]])}
+             for (e, m), nb in zip(tables.edges, tables.bytes_xfer)]
     objective = tables.objective(choice)
     # profiling a new device is reported apart (info.profile_time_s), not as search time
     search_s = max(elapsed_s - info["profile_time_s"], 0.0)
     plan = Plan(graph.model, getattr(graph, "spec", graph.model), graph.batch, algo, devices.name,
                 devices.n, layers, objective, objective, search_s, bd,
                 xfer_bytes + sync_bytes, mem.tolist(), dict(getattr(graph, "model_args", {})),
-                [p.text() for p in (pins or [])], info)
+                [p.text() for p in (pins or [])], info, edges)
     return SearchResult(plan, tables, dict(choice), list(trace), info)
 
 

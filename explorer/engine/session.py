@@ -1,0 +1,260 @@
+"""The engine's face towards the app: requests in, JSON-able results out, with caches.
+
+Views never touch graphs or cost models directly; they send a :class:`Request` (plain dict in
+a ``dcc.Store``) and get dicts back.  Imported graphs and cost models are cached per request,
+so re-running a search after a pin only recomputes the pinned layers' tables.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from ..errors import ExplorerError, InfeasiblePlan
+from . import geometry as G
+from .costmodel import CostModel, Pin
+from .devices import DeviceGraph, from_json, preset
+from .graph import LayerGraph
+from .importer import import_spec
+
+
+@dataclass
+class Request:
+    """What to search: model, batch, model args, device preset and count, algorithm."""
+
+    model: str = "vgg16"
+    batch: int | None = None
+    model_args: dict = field(default_factory=dict)
+    preset: str = "p100-nvlink-4"
+    devices: int = 4
+    algo: str = "optcnn"
+    cost: str = "analytic"
+    sync: str = "ps"
+    cluster: dict | None = None       # uploaded cluster JSON (when preset == "custom")
+
+    def __post_init__(self):
+        if self.batch is not None:
+            self.batch = int(self.batch)
+            if self.batch < 1:
+                raise ValueError(f"batch must be ≥ 1, got {self.batch}")
+        self.devices = int(self.devices)
+        if self.devices < 1:
+            raise ValueError(f"devices must be ≥ 1, got {self.devices}")
+        self.model = (self.model or "").strip()
+        if not self.model:
+            raise ValueError("choose a model: an example or path/to/file.py:function")
+
+    @classmethod
+    def from_dict(cls, d: dict | None) -> "Request":
+        d = dict(d or {})
+        known = {k: d[k] for k in cls.__dataclass_fields__ if k in d}
+        return cls(**known)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def graph_key(self) -> tuple:
+        return (self.model, self.batch, tuple(sorted(self.model_args.items())))
+
+    def device_key(self) -> tuple:
+        import json
+        return (self.preset, self.devices, json.dumps(self.cluster, sort_keys=True))
+
+
+_LOCK = threading.RLock()
+_GRAPHS: OrderedDict = OrderedDict()
+_MODELS: OrderedDict = OrderedDict()
+_CACHE_SIZE = 8
+
+
+def _lru(cache, key, make):
+    with _LOCK:
+        if key in cache:
+            cache.move_to_end(key)
+            return cache[key]
+    value = make()
+    with _LOCK:
+        cache[key] = value
+        while len(cache) > _CACHE_SIZE:
+            cache.popitem(last=False)
+    return value
+
+
+def parse_model_args(text: str) -> dict:
+    """``"depth=101, width=8"`` -> ``{"depth": "101", "width": "8"}`` (builders coerce)."""
+    out = {}
+    for part in (text or "").replace(";", ",").split(","):
+        part = part.strip()
+        if not part:
+            continue
+        k, eq, v = part.partition("=")
+        if not eq or not k.strip():
+            raise ValueError(f"model argument {part!r}: write KEY=VALUE, e.g. depth=101")
+        out[k.strip()] = v.strip()
+    return out
+
+
+def graph_for(req: Request) -> LayerGraph:
+    return _lru(_GRAPHS, req.graph_key(),
+                lambda: import_spec(req.model, req.batch, dict(req.model_args)))
+
+
+def devices_for(req: Request) -> DeviceGraph:
+    if req.preset == "custom":
+        if not req.cluster:
+            raise ExplorerError("upload a cluster JSON file for the custom preset")
+        import json
+        import tempfile
+        with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as fh:
+            json.dump(req.cluster, fh)
+        return from_json(fh.name).subset(req.devices)
+    return preset(req.preset, req.devices)
+
+
+def cost_model_for(req: Request) -> CostModel:
+    def make():
+        return CostModel(graph_for(req), devices_for(req), compute=req.cost, sync=req.sync)
+    return _lru(_MODELS, req.graph_key() + req.device_key() + (req.cost, req.sync), make)
+
+
+def summary(req: Request) -> dict:
+    """Layers, parameters, FLOPs and activation memory of the request's model."""
+    g = graph_for(req)
+    s = g.summary()
+    s["source"] = g.source
+    return s
+
+
+def search(req: Request, pins: list | None = None, algo: str | None = None) -> dict:
+    """Run ``algo`` (default ``req.algo``) honouring ``pins``; the plan dict with its trace."""
+    from .search import run
+    g = graph_for(req)
+    cm = cost_model_for(req)
+    parsed = [Pin.parse(p) for p in (pins or [])]
+    res = run(algo or req.algo, g, cm.devices, cm, parsed)
+    doc = res.plan.to_dict()
+    doc["trace"] = res.trace
+    doc["request"] = req.to_dict()
+    return doc
+
+
+def candidates(req: Request, layer: str, plan: dict | None = None) -> list:
+    """Rows for the candidate table of ``layer``: config, devices, t_C, t_S, memory, chosen."""
+    g = graph_for(req)
+    cm = cost_model_for(req)
+    if layer not in g:
+        raise KeyError(f"no layer named {layer!r}")
+    cands = cm.candidates(layer)
+    tc, ts, mem = cm.layer_costs(layer, cands)
+    chosen = None
+    if plan:
+        for la in plan.get("layers", []):
+            if la["name"] == layer:
+                chosen = (tuple(sorted(la["config"].items())), tuple(la["devices"]))
+    rows = []
+    for i, c in enumerate(cands):
+        key = (tuple(sorted(c.as_dict().items())), c.devices)
+        rows.append({"config": c.label(), "degrees": ",".join(f"{k}={v}" for k, v in c.degrees),
+                     "devices": ",".join(map(str, c.devices)),
+                     "t_compute_ms": round(float(tc[i]) * 1e3, 4),
+                     "t_sync_ms": round(float(ts[i]) * 1e3, 4),
+                     "memory_mib": round(float(mem[i]) / 2 ** 20, 2),
+                     "chosen": "✔" if key == chosen else ""})
+    if chosen is not None and not any(r["chosen"] for r in rows):
+        rows.append({"config": "(pinned devices)", "degrees": "", "devices": "",
+                     "t_compute_ms": None, "t_sync_ms": None, "memory_mib": None, "chosen": "✔"})
+    return rows
+
+
+def layer_info(req: Request, layer: str) -> dict:
+    g = graph_for(req)
+    lay = g.layer(layer)
+    d = lay.to_dict()
+    d["inputs"] = [e.src for e in g.in_edges(layer)]
+    d["outputs"] = [e.dst for e in g.out_edges(layer)]
+    return d
+
+
+def plan_changes(old: dict | None, new: dict) -> list:
+    """Layers whose configuration or devices differ between two plan dicts."""
+    if not old:
+        return []
+    before = {la["name"]: (la["config_label"], tuple(la["devices"])) for la in old["layers"]}
+    out = []
+    for la in new["layers"]:
+        b = before.get(la["name"])
+        if b is not None and b != (la["config_label"], tuple(la["devices"])):
+            out.append({"layer": la["name"], "before": b[0], "after": la["config_label"]})
+    return out
+
+
+def compare(req: Request, pins=None, algos=("data", "model", "owt", "optcnn")) -> dict:
+    """Each strategy's plan dict (without trace) or ``{"error": message}``."""
+    out = {}
+    for a in algos:
+        try:
+            doc = search(req, pins, algo=a)
+            doc.pop("trace", None)
+            out[a] = doc
+        except InfeasiblePlan as exc:
+            out[a] = {"error": str(exc)}
+    return out
+
+
+def scaling(req: Request, algos=("data", "model", "owt", "optcnn")) -> dict:
+    """Predicted throughput (samples/s) at 1, 2, 4, ... ``req.devices`` devices per strategy,
+    with the per-device batch held fixed (the paper's Figure 7 setting)."""
+    g = graph_for(req)
+    per_device = max(g.batch // req.devices, 1)
+    counts = [n for n in (1, 2, 4, 8, 16, 32, 64) if n <= req.devices]
+    if req.devices not in counts:
+        counts.append(req.devices)
+    res: dict = {"devices": counts, "per_device_batch": per_device}
+    for a in algos:
+        ys = []
+        for n in counts:
+            sub = Request.from_dict(dict(req.to_dict(), devices=n, batch=per_device * n))
+            try:
+                doc = search(sub, None, algo=a)
+                ys.append(sub.batch / doc["predicted_step_time_s"])
+            except (ExplorerError, ValueError):
+                ys.append(None)
+        res[a] = ys
+    base = res.get("optcnn", [None])[0] or next((v[0] for k, v in res.items()
+                                                  if k in algos and v and v[0]), None)
+    res["ideal"] = [base * n if base else None for n in counts]
+    return res
+
+
+def tiles(req: Request, layer: str, config: dict, devices: list) -> dict:
+    """Geometry of one layer under one configuration, for drawing: per device its output box,
+    its input regions (per input, on the producer's tensor) and its weight shards."""
+    g = graph_for(req)
+    lay = g.layer(layer)
+    cfg = G.Config(tuple((k, config.get(k, 1)) for k in lay.dims), tuple(devices))
+    boxes = G.output_boxes(lay, cfg)
+    ins = []
+    for e in g.in_edges(layer):
+        src = g.layer(e.src)
+        ins.append({"src": e.src, "index": e.index, "shape": list(src.out_shape),
+                    "axes": list(src.axes),
+                    "regions": G.edge_regions(g, e, boxes).tolist()})
+    shards = {k: {"shape": list(shape), "boxes": reg.tolist()}
+              for k, (shape, reg) in G.param_shards(lay, boxes).items()}
+    return {"layer": layer, "op": lay.op, "shape": list(lay.out_shape), "axes": list(lay.axes),
+            "config": cfg.as_dict(), "devices": list(cfg.devices), "boxes": boxes.tolist(),
+            "inputs": ins, "params": shards}
+
+
+def clear_caches():
+    with _LOCK:
+        _GRAPHS.clear()
+        _MODELS.clear()
+
+
+__all__ = ["Request", "search", "candidates", "compare", "scaling", "tiles", "summary",
+           "layer_info", "plan_changes", "parse_model_args", "graph_for", "clear_caches"]
+_ = np  # numpy used by callers through geometry results

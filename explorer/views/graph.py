@@ -1,0 +1,369 @@
+"""Graph panel: the computation graph (dash-cytoscape, preset positions from the server),
+node details with the candidate table, pins, and the plan summary.
+
+Nodes are coloured by their configuration, edges sized by their transfer cost; graphs with
+more than ``layout.COLLAPSE_THRESHOLD`` layers open collapsed by module and expand on click.
+The elimination stepper (``steps.py``) drives highlight classes through ``STORE_STEP``.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+
+import dash
+import dash_cytoscape as cyto
+from dash import Input, Output, State, dash_table, dcc, html, no_update
+
+from ..engine import layout as L
+from ..engine import session
+from . import ids
+
+PALETTE = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1",
+           "#ff9da7", "#9c755f", "#bab0ac", "#1f77b4", "#2ca02c", "#d62728", "#9467bd",
+           "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf", "#aec7e8"]
+
+STYLESHEET = [
+    {"selector": "node", "style": {
+        "label": "data(label)", "font-size": 9, "text-valign": "bottom", "text-halign": "center",
+        "text-margin-y": 3, "width": 18, "height": 18, "text-rotation": "-0.5rad", "background-color": "data(color)",
+        "border-width": 1, "border-color": "#333", "color": "#222"}},
+    {"selector": "node[kind = 'group']", "style": {
+        "shape": "round-rectangle", "width": 34, "height": 22, "border-width": 2,
+        "border-style": "double", "font-weight": "bold"}},
+    {"selector": "node[kind = 'parent']", "style": {
+        "background-color": "#f4f6fa", "background-opacity": 0.6, "border-color": "#99a",
+        "border-style": "dashed", "label": "data(label)", "text-valign": "top",
+        "text-halign": "center", "font-size": 11, "color": "#556"}},
+    {"selector": "node[op = 'input']", "style": {"shape": "diamond"}},
+    {"selector": "edge", "style": {
+        "width": "data(width)", "line-color": "#9aa", "curve-style": "bezier",
+        "target-arrow-shape": "triangle", "target-arrow-color": "#9aa", "arrow-scale": 0.7}},
+    {"selector": ".selected", "style": {"border-width": 4, "border-color": "#000"}},
+    {"selector": ".gone", "style": {"opacity": 0.15}},
+    {"selector": ".current", "style": {"border-width": 5, "border-color": "#d62728",
+                                       "width": 28, "height": 28, "opacity": 1}},
+    {"selector": ".nbr", "style": {"border-width": 4, "border-color": "#ff7f0e", "opacity": 1}},
+    {"selector": ".residual", "style": {"border-width": 5, "border-color": "#2ca02c",
+                                        "opacity": 1}},
+    {"selector": ".assigned", "style": {"border-width": 4, "border-color": "#1f77b4",
+                                        "opacity": 1}},
+    {"selector": "edge.hot", "style": {"line-color": "#d62728", "target-arrow-color": "#d62728",
+                                       "width": 5}},
+    {"selector": "edge.gone", "style": {"opacity": 0.08}},
+]
+
+
+def layout():
+    return html.Div(className="panel graph-panel", children=[
+        html.Div(className="panel-head", children=[
+            html.H3("Computation graph"),
+            html.Button("Expand all", id=ids.EXPAND_ALL, className="small"),
+            html.Button("Collapse all", id=ids.COLLAPSE_ALL, className="small"),
+            html.Span(id=ids.GRAPH_INFO, className="muted"),
+        ]),
+        cyto.Cytoscape(id=ids.GRAPH, layout={"name": "preset", "fit": True, "padding": 20},
+                       style={"width": "100%", "height": "520px"}, stylesheet=STYLESHEET,
+                       elements=[], minZoom=0.05, maxZoom=3, wheelSensitivity=0.2),
+        html.Div(id=ids.GRAPH_LEGEND, className="legend"),
+    ])
+
+
+def details_layout():
+    return html.Div(className="panel details-panel", children=[
+        html.H3("Layer"),
+        html.Div(id=ids.DETAILS, className="details",
+                 children=html.P("Click a layer in the graph.", className="muted")),
+        dash_table.DataTable(
+            id=ids.CANDIDATE_TABLE, data=[], page_action="none", sort_action="native",
+            fixed_rows={"headers": True},
+            columns=[{"name": n, "id": k} for k, n in [
+                ("chosen", ""), ("config", "config"), ("devices", "devices"),
+                ("t_compute_ms", "t_C ms"), ("t_sync_ms", "t_S ms"), ("memory_mib", "MiB")]],
+            style_table={"overflowX": "auto", "maxHeight": "260px", "overflowY": "auto"}, style_cell={"fontSize": 12, "padding": "2px 6px"},
+            style_data_conditional=[{"if": {"filter_query": '{chosen} = "✔"'},
+                                     "backgroundColor": "#e3f1e3", "fontWeight": "bold"}]),
+        html.Div(className="pin-controls", children=[
+            html.H4("Pin this layer"),
+            dcc.Dropdown(id=ids.PIN_CONFIG, placeholder="configuration (degrees)",
+                         clearable=True),
+            dcc.Input(id=ids.PIN_DEVICES, placeholder="devices, e.g. 0,1 (optional)",
+                      type="text", debounce=False),
+            html.Div(className="buttons", children=[
+                html.Button("Pin & re-run", id=ids.PIN_BUTTON, className="primary"),
+                html.Button("Unpin", id=ids.UNPIN_BUTTON),
+                html.Button("Re-run", id=ids.RERUN_BUTTON),
+                html.Button("Clear pins", id=ids.CLEAR_PINS),
+            ]),
+            html.Div(id=ids.PIN_ERROR, className="error"),
+            html.Div(id=ids.PIN_LIST, className="pins"),
+        ]),
+    ])
+
+
+def plan_layout():
+    return html.Div(className="panel plan-panel", children=[
+        html.Div(id=ids.PLAN_SUMMARY),
+        html.Div(id=ids.PLAN_CHANGES),
+    ])
+
+
+# --------------------------------------------------------------------------------------------
+# elements
+# --------------------------------------------------------------------------------------------
+
+
+def config_colors(plan: dict) -> dict:
+    labels = sorted({la["config_label"] for la in plan.get("layers", [])},
+                    key=lambda s: (s.count(" "), s))
+    return {lab: PALETTE[i % len(PALETTE)] for i, lab in enumerate(labels)}
+
+
+@lru_cache(maxsize=32)
+def _positions(graph_key, visible: tuple, unit_edges: tuple):
+    return L.layered_positions(list(visible), list(unit_edges))
+
+
+def step_classes(trace: list, step: int | None) -> tuple:
+    """Per-layer highlight classes and hot edges for trace step ``step``."""
+    if step is None or not trace:
+        return {}, set()
+    step = max(0, min(step, len(trace) - 1))
+    cls: dict = {}
+    hot: set = set()
+    gone = set()
+    for s in trace[:step]:
+        if s["kind"] == "node":
+            gone.add(s["node"])
+        elif s["kind"] == "undo":
+            gone.discard(s["node"])
+    for n in gone:
+        cls[n] = "gone"
+    cur = trace[step]
+    if cur["kind"] == "node":
+        cls[cur["node"]] = "current"
+        cls[cur["src"]] = "nbr"
+        cls[cur["dst"]] = "nbr"
+        hot |= {(cur["src"], cur["node"]), (cur["node"], cur["dst"])}
+    elif cur["kind"] == "edge":
+        cls[cur["src"]] = "nbr"
+        cls[cur["dst"]] = "nbr"
+        hot.add((cur["src"], cur["dst"]))
+    elif cur["kind"] == "final":
+        for n in cur["nodes"]:
+            cls[n] = "residual"
+    elif cur["kind"] == "undo":
+        cls[cur["node"]] = "assigned"
+    return cls, hot
+
+
+def build_elements(req: session.Request, plan: dict, expanded: list, step=None,
+                   selected=None) -> tuple:
+    """``(elements, info)`` for the cytoscape graph of ``req``'s model under ``plan``."""
+    g = session.graph_for(req)
+    order = g.names()
+    modules = {n: g.layer(n).module for n in order}
+    edges = [(e.src, e.dst) for e in g.edges()]
+    collapse = len(order) > L.COLLAPSE_THRESHOLD
+    unit_of, groups = L.units(order, modules, set(expanded or []), collapse=collapse)
+    visible = list(dict.fromkeys(unit_of[n] for n in order))
+    uedges = L.collapsed_edges(edges, unit_of)
+    pos = _positions(req.graph_key(), tuple(visible), tuple(uedges))
+    assign = {la["name"]: la for la in plan.get("layers", [])} if plan else {}
+    colors = config_colors(plan) if plan else {}
+    xcost = {}
+    for e in (plan or {}).get("edges", []):
+        xcost[(e["src"], e["dst"])] = xcost.get((e["src"], e["dst"]), 0.0) + e["t_xfer_s"]
+    cls, hot = step_classes((plan or {}).get("trace", []), step)
+    parent_of = {}
+    for gid, members in groups.items():
+        if all(unit_of[m] == m for m in members):
+            for m in members:
+                parent_of[m] = gid
+    els = []
+    for gid in sorted(set(parent_of.values())):
+        els.append({"data": {"id": gid, "label": gid[6:] + "  (click to collapse)",
+                             "kind": "parent", "color": "#eee"}})
+    for u in visible:
+        x, y = pos[u]
+        if u.startswith("group:"):
+            members = groups[u]
+            labels = [assign[m]["config_label"] for m in members if m in assign]
+            common = max(set(labels), key=labels.count) if labels else ""
+            mixed = len(set(labels)) > 1
+            data = {"id": u, "label": f"{u[6:]} ({len(members)})", "kind": "group",
+                    "op": "group", "config": common + (" …" if mixed else ""),
+                    "color": colors.get(common, "#ccc"), "members": len(members)}
+            c = {cls.get(m) for m in members} - {None}
+            klass = next((k for k in ("current", "nbr", "residual", "assigned") if k in c),
+                         "gone" if c == {"gone"} and all(cls.get(m) == "gone" for m in members)
+                         else "")
+        else:
+            la = assign.get(u)
+            lay = g.layer(u)
+            data = {"id": u, "label": u, "kind": "layer", "op": lay.op,
+                    "config": la["config_label"] if la else "",
+                    "color": colors.get(la["config_label"], "#ccc") if la else "#ccc"}
+            if u in parent_of:
+                data["parent"] = parent_of[u]
+            klass = cls.get(u, "")
+        if selected and (u == selected or (u.startswith("group:") and selected in groups[u])):
+            klass = (klass + " selected").strip()
+        els.append({"data": data, "position": {"x": x, "y": y}, "classes": klass})
+    tmax = max(xcost.values(), default=0.0)
+    for (u, v), lst in uedges.items():
+        t = sum(xcost.get(e, 0.0) for e in set(lst))
+        width = 1.0 + (7.0 * math.sqrt(t / tmax) if tmax > 0 else 0.0)
+        hit = any(e in hot for e in lst)
+        gone = any(cls.get(a) == "gone" or cls.get(b) == "gone" for a, b in lst) and not hit
+        els.append({"data": {"id": f"{u}->{v}", "source": u, "target": v, "width": width,
+                             "t_ms": round(t * 1e3, 4), "n": len(lst)},
+                    "classes": "hot" if hit else ("gone" if gone else "")})
+    info = {"layers": len(order), "shown": len(visible), "collapsed": collapse,
+            "groups": sorted(g_ for g_ in groups if g_ not in parent_of.values()),
+            "colors": colors}
+    return els, info
+
+
+def legend(colors: dict, plan: dict):
+    counts: dict = {}
+    for la in plan.get("layers", []):
+        counts[la["config_label"]] = counts.get(la["config_label"], 0) + 1
+    items = [html.Span(className="legend-item", children=[
+        html.Span(className="swatch", style={"backgroundColor": c}),
+        f"{lab} ({counts.get(lab, 0)})"]) for lab, c in colors.items()]
+    return [html.Span("colour = configuration (degrees per dimension); edge width = transfer "
+                      "time; ", className="muted")] + items
+
+
+# --------------------------------------------------------------------------------------------
+# callbacks
+# --------------------------------------------------------------------------------------------
+
+
+@dash.callback(Output(ids.GRAPH, "elements"), Output(ids.GRAPH_INFO, "children"),
+               Output(ids.GRAPH_LEGEND, "children"),
+               Input(ids.STORE_PLAN, "data"), Input(ids.STORE_EXPANDED, "data"),
+               Input(ids.STORE_STEP, "data"), Input(ids.STORE_SELECTED, "data"),
+               State(ids.STORE_REQUEST, "data"))
+def draw_graph(plan, expanded, step, selected, req_doc):
+    if not plan or "error" in plan or not plan.get("layers"):
+        return [], "", ""
+    req = session.Request.from_dict(plan.get("request") or req_doc)
+    els, info = build_elements(req, plan, expanded or [], step, selected)
+    text = f"{info['layers']} layers"
+    if info["collapsed"]:
+        text += f", shown as {info['shown']} nodes (click a group to open it)"
+    return els, text, legend(info["colors"], plan)
+
+
+@dash.callback(Output(ids.STORE_SELECTED, "data"),
+               Output(ids.STORE_EXPANDED, "data"),
+               Input(ids.GRAPH, "tapNodeData"), Input(ids.EXPAND_ALL, "n_clicks"),
+               Input(ids.COLLAPSE_ALL, "n_clicks"),
+               State(ids.STORE_EXPANDED, "data"), State(ids.STORE_PLAN, "data"),
+               State(ids.STORE_REQUEST, "data"), prevent_initial_call=True)
+def on_tap(node, _expand, _collapse, expanded, plan, req_doc):
+    expanded = list(expanded or [])
+    trig = dash.ctx.triggered_id
+    if trig == ids.EXPAND_ALL:
+        if not plan or "error" in plan:
+            return no_update, no_update
+        req = session.Request.from_dict(plan.get("request") or req_doc)
+        g = session.graph_for(req)
+        order = g.names()
+        _, groups = L.units(order, {n: g.layer(n).module for n in order}, set())
+        return no_update, sorted(groups)
+    if trig == ids.COLLAPSE_ALL:
+        return no_update, []
+    if not node:
+        return no_update, no_update
+    kind = node.get("kind")
+    if kind == "group":
+        return no_update, sorted(set(expanded) | {node["id"]})
+    if kind == "parent":
+        return no_update, [e for e in expanded if e != node["id"]]
+    return node["id"], no_update
+
+
+@dash.callback(Output(ids.DETAILS, "children"), Output(ids.CANDIDATE_TABLE, "data"),
+               Output(ids.PIN_CONFIG, "options"), Output(ids.PIN_CONFIG, "value"),
+               Input(ids.STORE_SELECTED, "data"), Input(ids.STORE_PLAN, "data"),
+               State(ids.STORE_REQUEST, "data"))
+def show_details(selected, plan, req_doc):
+    if not selected or not plan or "error" in plan:
+        return html.P("Click a layer in the graph.", className="muted"), [], [], None
+    req = session.Request.from_dict(plan.get("request") or req_doc)
+    try:
+        info = session.layer_info(req, selected)
+        rows = session.candidates(req, selected, plan)
+    except KeyError:
+        return html.P(f"{selected} is not a layer of this model.", className="muted"), [], [], \
+            None
+    chosen = next((la for la in plan["layers"] if la["name"] == selected), None)
+    flops = info["flops"]
+    items = [
+        html.Div([html.B(selected), f"  {info['op']}", html.Span(f"  ({info['module']})",
+                                                                 className="muted")]),
+        html.Div(f"output {info['out_shape']}  dims {info['axes']}"),
+        html.Div("inputs " + ", ".join(f"{s}" for s in info["in_shapes"]) if info["in_shapes"]
+                 else "model input"),
+        html.Div("params " + (", ".join(f"{k} {v}" for k, v in info["params"].items())
+                              or "none")),
+        html.Div(f"forward {flops / 1e9:.3f} GFLOP" + (
+            f"; folded: {', '.join(info['folded'])}" if info["folded"] else "")),
+    ]
+    if chosen:
+        items.append(html.Div(["plan: ", html.B(chosen["config_label"]),
+                               f" on devices {chosen['devices']}"], className="chosen"))
+    options = [{"label": r["degrees"].replace(",", " "), "value": r["degrees"]}
+               for r in rows if r["degrees"]]
+    seen, uniq = set(), []
+    for o in options:
+        if o["value"] not in seen:
+            seen.add(o["value"])
+            uniq.append(o)
+    value = chosen and ",".join(f"{k}={v}" for k, v in chosen["config"].items())
+    return items, rows, uniq, value if value in seen else None
+
+
+@dash.callback(Output(ids.PLAN_SUMMARY, "children"), Output(ids.PLAN_CHANGES, "children"),
+               Output(ids.PIN_LIST, "children"),
+               Input(ids.STORE_PLAN, "data"), Input(ids.STORE_PINS, "data"))
+def show_summary(plan, pins):
+    pin_items = [html.Span(p, className="pin") for p in (pins or [])]
+    pin_view = [html.Span("pins: ", className="muted")] + pin_items if pin_items else ""
+    if not plan:
+        return "", "", pin_view
+    if "error" in plan:
+        return html.Div(plan["error"], className="error"), "", pin_view
+    b = plan["breakdown"]
+    summary = html.Div(className="plan-summary", children=[
+        html.Div([html.Span("objective (eq. 1) ", className="muted"),
+                  html.B(f"{plan['objective_s'] * 1e3:.3f} ms", id="objective-value"),
+                  html.Span(f"  = compute {b['compute_s'] * 1e3:.3f} + transfer "
+                            f"{b['transfer_s'] * 1e3:.3f} + sync {b['sync_s'] * 1e3:.3f} ms",
+                            className="muted")]),
+        html.Div(f"{plan['model']} · batch {plan['batch']} · {plan['devices']} devices "
+                 f"({plan['preset']}) · {plan['algo']} · search "
+                 f"{plan['search_time_s'] * 1e3:.0f} ms · final graph "
+                 f"{plan['info'].get('residual_nodes', '–')} nodes "
+                 f"({plan['info'].get('residual_method', '–')}) · communication "
+                 f"{plan['comm_bytes'] / 2 ** 20:.1f} MiB/step · peak memory "
+                 f"{max(plan['memory_per_device_bytes'] or [0]) / 2 ** 30:.2f} GiB/device"),
+    ])
+    prev = plan.get("previous")
+    changes = ""
+    if prev:
+        delta = plan["objective_s"] - prev["objective_s"]
+        rows = prev.get("changes", [])
+        changes = html.Div(className="changes", children=[
+            html.Div([f"previous plan {prev['objective_s'] * 1e3:.3f} ms → now "
+                      f"{plan['objective_s'] * 1e3:.3f} ms ",
+                      html.B(f"({'+' if delta >= 0 else ''}{delta * 1e3:.3f} ms)",
+                             id="objective-delta")]),
+            html.Div(f"{len(rows)} layer(s) changed" + (": " if rows else "")),
+            html.Ul([html.Li(f"{r['layer']}: {r['before']} → {r['after']}")
+                     for r in rows[:40]], id="changed-layers"),
+        ])
+    return summary, changes, pin_view

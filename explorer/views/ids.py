@@ -1,0 +1,78 @@
+"""Every component id of the app in one place (views import these, never spell ids inline)."""
+
+# shared stores (created in app.py)
+STORE_REQUEST = "store-request"      # the search request: model, batch, args, preset, devices, algo
+STORE_PLAN = "store-plan"            # current plan dict (+ trace, info, previous objective)
+STORE_PINS = "store-pins"            # list of pin strings "LAYER=n=2,c=2@0,1"
+STORE_SELECTED = "store-selected"    # selected layer name (or None)
+STORE_EXPANDED = "store-expanded"    # list of expanded hierarchy groups
+STORE_STEP = "store-step"            # elimination step index shown on the graph (or None)
+
+# model & devices panel
+MODEL_DROPDOWN = "model-dropdown"
+MODEL_FILE = "model-file"
+BATCH_INPUT = "batch-input"
+MODEL_ARGS = "model-args"
+PRESET_DROPDOWN = "preset-dropdown"
+CLUSTER_UPLOAD = "cluster-upload"
+DEVICES_INPUT = "devices-input"
+ALGO_DROPDOWN = "algo-dropdown"
+SEARCH_BUTTON = "search-button"
+CANCEL_BUTTON = "cancel-button"
+SEARCH_PROGRESS = "search-progress"
+SEARCH_STATUS = "search-status"
+MODEL_SUMMARY = "model-summary"
+REQUEST_ERROR = "request-error"
+
+# graph panel
+GRAPH = "graph"
+GRAPH_LEGEND = "graph-legend"
+GRAPH_INFO = "graph-info"
+EXPAND_ALL = "expand-all"
+COLLAPSE_ALL = "collapse-all"
+
+# node details / pins
+DETAILS = "details"
+CANDIDATE_TABLE = "candidate-table"
+PIN_CONFIG = "pin-config"
+PIN_DEVICES = "pin-devices"
+PIN_BUTTON = "pin-button"
+UNPIN_BUTTON = "unpin-button"
+RERUN_BUTTON = "rerun-button"
+PIN_ERROR = "pin-error"
+PIN_LIST = "pin-list"
+CLEAR_PINS = "clear-pins"
+
+# plan summary
+PLAN_SUMMARY = "plan-summary"
+PLAN_CHANGES = "plan-changes"
+
+# elimination steps
+STEP_SLIDER = "step-slider"
+STEP_PREV = "step-prev"
+STEP_NEXT = "step-next"
+STEP_TEXT = "step-text"
+
+# tiling
+TILING_LAYER = "tiling-layer"
+TILING_DEVICE = "tiling-device"
+TILING_FIGURE = "tiling-figure"
+TILING_STRIP = "tiling-strip"
+
+# compare
+COMPARE_BUTTON = "compare-button"
+COMPARE_TIME = "compare-time"
+COMPARE_BYTES = "compare-bytes"
+COMPARE_SCALING = "compare-scaling"
+COMPARE_STATUS = "compare-status"
+
+# plans (history)
+PLANS_TABLE = "plans-table"
+PLANS_REFRESH = "plans-refresh"
+PLAN_LOAD = "plan-load"
+PLAN_DOWNLOAD_BUTTON = "plan-download-button"
+PLAN_DOWNLOAD = "plan-download"
+PLAN_UPLOAD = "plan-upload"
+PLANS_STATUS = "plans-status"
+
+TABS = "tabs"

@@ -1,0 +1,165 @@
+"""End-to-end: the real app in headless Chromium (dash_duo): click, pin, re-run, step, cancel.
+
+Graph nodes are drawn on a canvas, so clicks on nodes go through cytoscape's own API
+(``element.emit('tap')``), exactly what a mouse click on the node triggers.
+"""
+
+import time
+
+import psutil
+import pytest
+
+from explorer.app import create_app
+from explorer.views import ids
+
+pytestmark = pytest.mark.browser
+
+TAP = """
+const el = document.getElementById(arguments[0]);
+const cy = el && el._cyreg && el._cyreg.cy;
+if (!cy) { return 'no-cy'; }
+const n = cy.getElementById(arguments[1]);
+if (n.empty()) { return 'no-node'; }
+n.emit('tap');
+return 'ok';
+"""
+
+NODE_INFO = """
+const cy = document.getElementById(arguments[0])._cyreg.cy;
+return cy.nodes().map(n => [n.id(), n.classes().join(' '), n.data('config') || '']);
+"""
+
+
+def objective_ms(dash_duo) -> float:
+    txt = dash_duo.find_element("#objective-value").text
+    return float(txt.split()[0])
+
+
+def wait_objective(dash_duo, timeout=30):
+    dash_duo.wait_for_contains_text("#objective-value", "ms", timeout=timeout)
+    return objective_ms(dash_duo)
+
+
+def tap(dash_duo, node, timeout=15):
+    end = time.time() + timeout
+    while time.time() < end:
+        res = dash_duo.driver.execute_script(TAP, ids.GRAPH, node)
+        if res == "ok":
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"could not tap node {node}: {res}")
+
+
+def nodes(dash_duo):
+    return {n: (cls, cfg) for n, cls, cfg in dash_duo.driver.execute_script(NODE_INFO, ids.GRAPH)}
+
+
+@pytest.fixture
+def app_duo(dash_duo):
+    dash_duo.start_server(create_app())
+    wait_objective(dash_duo)
+    return dash_duo
+
+
+def test_app_opens_on_vgg16_with_its_optimal_plan(app_duo):
+    app_duo.wait_for_contains_text(f"#{ids.GRAPH_INFO}", "23 layers")
+    assert 470 < objective_ms(app_duo) < 490
+    shown = nodes(app_duo)
+    assert "features_24" in shown and shown["features_24"][1] == "n2 c2"
+    assert "n4" in app_duo.find_element(f"#{ids.GRAPH_LEGEND}").text
+
+
+def test_clicking_a_layer_shows_its_candidate_table(app_duo):
+    tap(app_duo, "features_24")
+    app_duo.wait_for_contains_text(f"#{ids.DETAILS}", "features_24")
+    app_duo.wait_for_contains_text(f"#{ids.CANDIDATE_TABLE}", "h2 w2")
+    table = app_duo.find_element(f"#{ids.CANDIDATE_TABLE}").text
+    assert "✔" in table and "n2 c2" in table
+
+
+def test_pin_and_rerun_changes_plan_and_objective(app_duo):
+    before = objective_ms(app_duo)
+    tap(app_duo, "features_24")
+    app_duo.wait_for_contains_text(f"#{ids.DETAILS}", "features_24")
+    app_duo.select_dcc_dropdown(f"#{ids.PIN_CONFIG}", value="n=1 c=1 h=2 w=2")
+    app_duo.find_element(f"#{ids.PIN_BUTTON}").click()
+    app_duo.wait_for_contains_text("#objective-delta", "ms", timeout=30)
+    after = objective_ms(app_duo)
+    assert after > before                       # the optimum can only get worse under a pin
+    app_duo.wait_for_contains_text("#changed-layers", "features_24")
+    assert "features_24=" in app_duo.find_element(f"#{ids.PIN_LIST}").text
+    assert nodes(app_duo)["features_24"][1] == "h2 w2"
+
+
+def test_impossible_pin_shows_error_and_keeps_plan(app_duo):
+    before = objective_ms(app_duo)
+    tap(app_duo, "classifier_6")
+    app_duo.wait_for_contains_text(f"#{ids.DETAILS}", "classifier_6")
+    box = app_duo.find_element(f"#{ids.PIN_DEVICES}")
+    box.send_keys("0,9")
+    app_duo.find_element(f"#{ids.PIN_BUTTON}").click()
+    app_duo.wait_for_contains_text(f"#{ids.PIN_ERROR}", "do not exist", timeout=30)
+    assert objective_ms(app_duo) == before
+    assert app_duo.find_element(f"#{ids.PIN_LIST}").text == ""
+
+
+def test_elimination_stepper_advances_and_highlights(app_duo):
+    app_duo.find_element(f"#{ids.TABS} .tab:nth-child(2)").click()
+    app_duo.wait_for_contains_text(f"#{ids.STEP_TEXT}", "node eliminations")
+    app_duo.find_element(f"#{ids.STEP_NEXT}").click()
+    app_duo.wait_for_contains_text(f"#{ids.STEP_TEXT}", "Step 1/")
+    assert "node elimination" in app_duo.find_element(f"#{ids.STEP_TEXT}").text
+    time.sleep(0.5)
+    classes = {n: c for n, (c, _) in nodes(app_duo).items()}
+    assert "current" in classes["features_0"]       # first eliminated: the first conv
+    app_duo.find_element(f"#{ids.STEP_NEXT}").click()
+    app_duo.wait_for_contains_text(f"#{ids.STEP_TEXT}", "Step 2/")
+    time.sleep(0.5)
+    classes = {n: c for n, (c, _) in nodes(app_duo).items()}
+    assert "gone" in classes["features_0"] and "current" in classes["features_2"]
+
+
+def test_tiling_grid_renders_for_spatially_partitioned_conv(app_duo):
+    tap(app_duo, "features_24")
+    app_duo.wait_for_contains_text(f"#{ids.DETAILS}", "features_24")
+    app_duo.select_dcc_dropdown(f"#{ids.PIN_CONFIG}", value="n=1 c=1 h=2 w=2")
+    app_duo.find_element(f"#{ids.PIN_BUTTON}").click()
+    app_duo.wait_for_contains_text("#objective-delta", "ms", timeout=30)
+    app_duo.find_element(f"#{ids.TABS} .tab:nth-child(3)").click()
+    app_duo.wait_for_contains_text(f"#{ids.TILING_FIGURE}", "features_24", timeout=20)
+    assert "h2 w2" in app_duo.find_element(f"#{ids.TILING_FIGURE}").text
+
+
+def test_compare_panel_shows_all_four_strategies(app_duo):
+    app_duo.find_element(f"#{ids.TABS} .tab:nth-child(4)").click()
+    app_duo.find_element(f"#{ids.COMPARE_BUTTON}").click()
+    app_duo.wait_for_contains_text(f"#{ids.COMPARE_TIME}", "(owt)", timeout=60)
+    text = app_duo.find_element(f"#{ids.COMPARE_TIME}").text.lower()
+    for name in ("data", "model", "owt", "optcnn"):
+        assert name in text
+
+
+def test_background_search_can_be_cancelled(app_duo):
+    before = objective_ms(app_duo)
+    app_duo.select_dcc_dropdown(f"#{ids.MODEL_DROPDOWN}", value="densenet")
+    args = app_duo.find_element(f"#{ids.MODEL_ARGS}")
+    args.send_keys("block=12")
+    dev = app_duo.find_element(f"#{ids.DEVICES_INPUT}")
+    dev.clear()
+    dev.send_keys("16")
+    app_duo.select_dcc_dropdown(f"#{ids.PRESET_DROPDOWN}", value="p100-cluster")
+    app_duo.find_element(f"#{ids.SEARCH_BUTTON}").click()
+    app_duo.wait_for_contains_text(f"#{ids.SEARCH_STATUS}", "searching", timeout=10)
+    cancel = app_duo.find_element(f"#{ids.CANCEL_BUTTON}")
+    app_duo.wait_for_element_by_css_selector(f"#{ids.CANCEL_BUTTON}:not([disabled])")
+    time.sleep(1.0)
+    cancel.click()
+    # the search button comes back, the old plan is still shown, and no job process is left
+    app_duo.wait_for_element_by_css_selector(f"#{ids.SEARCH_BUTTON}:not([disabled])",
+                                             timeout=15)
+    assert objective_ms(app_duo) == before
+    assert "vgg16" in app_duo.find_element(f"#{ids.PLAN_SUMMARY}").text
+    time.sleep(1.5)
+    jobs = [p for p in psutil.Process().children(recursive=True)
+            if "chrom" not in p.name().lower()]
+    assert not jobs, f"background job processes left: {[p.name() for p in jobs]}"
