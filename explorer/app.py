@@ -120,13 +120,14 @@ def port_free(host: str, port: int) -> bool:
     return True
 
 
-def serve(host: str = "127.0.0.1", port: int = 8050, debug: bool = False) -> int:
+def serve(host: str = "127.0.0.1", port: int = 8050, debug: bool = False,
+          request: session.Request | None = None) -> int:
     """Start the app; a port already in use is a one-line error, not a traceback."""
     if not port_free(host, port):
         print(f"error: port {port} on {host} is already in use: stop the other server or "
               f"choose another with --port", file=sys.stderr)
         return 2
-    app = create_app()
+    app = create_app(request)
     print(f"Plan Explorer on http://{host}:{port}/  (Ctrl+C stops it)", flush=True)
     app.run(host=host, port=port, debug=debug)
     return 0

@@ -65,9 +65,16 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--json", action="store_true")
 
     v = sub.add_parser("serve", help="start the web app")
-    v.add_argument("--host", default="127.0.0.1")
+    v.add_argument("--host", default="127.0.0.1",
+                   help="address to bind (default 127.0.0.1: this machine only)")
     v.add_argument("--port", type=int, default=8050)
     v.add_argument("--debug", action="store_true")
+    v.add_argument("--model", default="vgg16", help="model the page opens on")
+    v.add_argument("--devices", "-n", type=int, default=4)
+    v.add_argument("--preset", default="p100-nvlink-4")
+    v.add_argument("--batch", "-b", type=int, default=None)
+    v.add_argument("--model-arg", "-a", action="append", default=[], type=_kv)
+    v.add_argument("--algo", default="optcnn", choices=list(ALGORITHMS))
     return p
 
 
@@ -233,13 +240,11 @@ def cmd_graph(args) -> int:
 
 
 def cmd_serve(args) -> int:
-    try:
-        from .app import serve
-    except ImportError:
-        print("error: the web app is not part of this version yet; use `explorer search`",
-              file=sys.stderr)
-        return 2
-    return serve(args.host, args.port, debug=args.debug)
+    from .app import serve
+    from .engine.session import Request
+    req = Request(model=args.model, batch=args.batch, model_args=dict(args.model_arg),
+                  preset=args.preset, devices=args.devices, algo=args.algo)
+    return serve(args.host, args.port, debug=args.debug, request=req)
 
 
 if __name__ == "__main__":

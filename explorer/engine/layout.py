@@ -12,6 +12,7 @@ still too big (an LSTM's layer unrolled over 200 steps) are cut into consecutive
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 
 import networkx as nx
@@ -52,7 +53,31 @@ def layered_positions(nodes: list, edges: list, x_gap: float = 90.0,
         k = len(row)
         for i, n in enumerate(row):
             pos[n] = (r * x_gap, (i - (k - 1) / 2) * y_gap)
-    return pos
+    return _wrap(pos, rank, layers, x_gap, y_gap)
+
+
+def _wrap(pos, rank, layers, x_gap, y_gap, aspect=2.2):
+    """Fold a long, thin drawing into rows (back and forth) so it fills a wide panel.
+
+    A 23-layer chain drawn in one line is unreadable once fitted to the screen; folded into a
+    few rows of ranks it keeps the left-to-right reading order and readable labels.
+    """
+    n_ranks = len(layers)
+    height = max(len(v) for v in layers.values()) * y_gap
+    width = n_ranks * x_gap
+    rows = max(1, round(math.sqrt(width / (aspect * (height + y_gap)))))
+    if rows == 1:
+        return pos
+    per_row = math.ceil(n_ranks / rows)
+    band = height + 1.5 * y_gap
+    out = {}
+    for n, (x, y) in pos.items():
+        r = rank[n]
+        row, col = divmod(r, per_row)
+        if row % 2:                       # boustrophedon: odd rows run right to left
+            col = per_row - 1 - col
+        out[n] = (col * x_gap, row * band + y)
+    return out
 
 
 def choose_depth(modules: dict, min_units: int = 10, max_depth: int = 6) -> int:

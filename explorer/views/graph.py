@@ -26,7 +26,8 @@ PALETTE = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b
 STYLESHEET = [
     {"selector": "node", "style": {
         "label": "data(label)", "font-size": 9, "text-valign": "bottom", "text-halign": "center",
-        "text-margin-y": 3, "width": 18, "height": 18, "text-rotation": "-0.5rad", "background-color": "data(color)",
+        "text-margin-y": 3, "width": 18, "height": 18, "text-wrap": "ellipsis",
+        "text-max-width": "84px", "background-color": "data(color)",
         "border-width": 1, "border-color": "#333", "color": "#222"}},
     {"selector": "node[kind = 'group']", "style": {
         "shape": "round-rectangle", "width": 34, "height": 22, "border-width": 2,
@@ -51,6 +52,10 @@ STYLESHEET = [
     {"selector": "edge.hot", "style": {"line-color": "#d62728", "target-arrow-color": "#d62728",
                                        "width": 5}},
     {"selector": "edge.gone", "style": {"opacity": 0.08}},
+    {"selector": "edge.virtual", "style": {"line-color": "#d62728", "line-style": "dashed",
+                                           "target-arrow-color": "#d62728", "width": 3,
+                                           "curve-style": "unbundled-bezier",
+                                           "control-point-distances": [40]}},
 ]
 
 
@@ -114,9 +119,22 @@ def plan_layout():
 
 
 def config_colors(plan: dict) -> dict:
+    """A colour per configuration label, stable across plans (a pin does not repaint the
+    rest of the graph): the label's hash picks the slot, collisions take the next free one."""
+    import zlib
     labels = sorted({la["config_label"] for la in plan.get("layers", [])},
                     key=lambda s: (s.count(" "), s))
-    return {lab: PALETTE[i % len(PALETTE)] for i, lab in enumerate(labels)}
+    used: dict = {}
+    out = {}
+    for lab in labels:
+        slot = zlib.crc32(lab.encode()) % len(PALETTE)
+        for k in range(len(PALETTE)):
+            cand = (slot + k) % len(PALETTE)
+            if cand not in used:
+                break
+        used[cand] = lab
+        out[lab] = PALETTE[cand]
+    return out
 
 
 @lru_cache(maxsize=32)
@@ -219,6 +237,15 @@ def build_elements(req: session.Request, plan: dict, expanded: list, step=None,
         els.append({"data": {"id": f"{u}->{v}", "source": u, "target": v, "width": width,
                              "t_ms": round(t * 1e3, 4), "n": len(lst)},
                     "classes": "hot" if hit else ("gone" if gone else "")})
+    # the edge the current elimination creates (equation 2's e', or equation 3's merged edge)
+    trace = (plan or {}).get("trace") or []
+    if step is not None and trace:
+        cur = trace[max(0, min(step, len(trace) - 1))]
+        if cur["kind"] in ("node", "edge"):
+            a, b = unit_of.get(cur["src"]), unit_of.get(cur["dst"])
+            if a and b and a != b:
+                els.append({"data": {"id": f"virtual:{a}->{b}", "source": a, "target": b,
+                                     "width": 3, "t_ms": 0, "n": 0}, "classes": "virtual"})
     info = {"layers": len(order), "shown": len(visible), "collapsed": collapse,
             "groups": sorted(g_ for g_ in groups if g_ not in parent_of.values()),
             "colors": colors}

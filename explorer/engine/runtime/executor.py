@@ -1,0 +1,612 @@
+"""One worker's share of a layer-wise plan: forward, backward, gradient sync and SGD update.
+
+Every worker (rank ``r`` of ``N``; the plan's device ``d`` is rank ``d``) builds the same real
+model with the same seed, the same :class:`~explorer.engine.graph.LayerGraph` and the same
+static *schedule* from the plan and :mod:`explorer.engine.geometry` (the single source of
+truth for tiles, regions and shards).  A training step then walks the layers:
+
+Forward, in topological order, for layer ``L``:
+
+1. *Fetch*: for each in-edge ``P -> L`` and each device ``d`` of ``L``'s configuration, the
+   region ``edge_regions(P->L, box_d)`` of ``P``'s output is cut into pieces
+   ``region ∩ box_s`` by the owners ``s`` of ``P``'s tiles.  Every rank posts ``irecv`` for the
+   pieces it needs and ``isend`` for the pieces it owns (same global order and tags on both
+   sides, empty pieces skipped on both), then waits on all of them; local pieces are copied.
+   Because all ranks run the layers in the same order and post every send and receive of a
+   layer before waiting, the exchange cannot deadlock.
+2. The assembled region becomes a leaf tensor (``requires_grad`` when ``P`` depends on
+   parameters); the edge's view ops are applied forward
+   (:mod:`~explorer.engine.runtime.transforms`), and :func:`~explorer.engine.runtime.ops.compute`
+   computes exactly the owned output box, folded BatchNorm/activations included.
+
+Loss: ``Σ_outputs mean(out²)`` over the model's output layers (each worker adds its boxes'
+share); the gradient of an owned output box is ``2·out/numel``.
+
+Backward, in reverse topological order, for layer ``P``:
+
+1. The gradient of ``P``'s owned box is the sum of the pieces of every consumer's region
+   gradient (``leaf.grad`` of the fetched regions), sent back to the owners of ``P``'s tiles
+   by the same exchange in reverse.
+2. ``torch.autograd.backward`` of ``P``'s local output with that gradient fills the weight
+   shards' and input regions' gradients.
+3. Weight shards held by several devices (replica groups: identical shard boxes) are summed
+   with ``all_reduce`` inside the group (one coalesced call per group and layer; one
+   ``dist.new_group`` per distinct group, created in the same order on every rank).  Since
+   each worker back-propagates its part of the *global* loss, the sum is exactly the
+   single-device gradient: no division is needed.
+4. SGD (``p -= lr·grad``, no momentum) on the worker's shards.
+
+Timing: per layer, forward fetch (comm), forward compute, gradient return (comm), backward
+compute, sync (all-reduce) and update, per step.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from ...errors import InfeasiblePlan
+from .. import geometry as G
+from ..importer import capture, import_spec, load_model
+from ..plan import Plan
+from . import ops
+from . import transforms as T
+
+#: Columns of the per-step timing array.
+PHASES = ("fwd_comm", "fwd_compute", "bwd_comm", "bwd_compute", "sync", "update")
+
+
+@dataclass
+class Piece:
+    """Part of a producer's output that moves from rank ``src`` to rank ``dst``."""
+
+    src: int
+    dst: int
+    box: np.ndarray     # on the producer's output tensor
+    edge: int           # index of the consumer's in-edge
+
+
+@dataclass
+class InEdge:
+    """An in-edge of a layer, as seen by this worker."""
+
+    edge: object
+    src: str
+    grad: bool                       # the producer needs a gradient
+    region: np.ndarray | None = None  # box on the producer this worker fetches
+    q_box: np.ndarray | None = None   # the same region in the op's input coordinates
+    steps: list = field(default_factory=list)
+
+
+@dataclass
+class LayerState:
+    name: str
+    layer: object
+    cfg: G.Config
+    boxes: np.ndarray
+    pos: int | None
+    box: np.ndarray | None
+    dtype: torch.dtype
+    ins: list = field(default_factory=list)
+    fwd_pieces: list = field(default_factory=list)
+    bwd_pieces: list = field(default_factory=list)   # (consumer name, edge idx, Piece)
+    needs_grad: bool = False
+    ctx: object = None
+    trainable: list = field(default_factory=list)    # qualified names of my trainable shards
+    sync: list = field(default_factory=list)         # [(ranks, [qualified names])]
+    is_output: bool = False
+
+
+def _slices(piece, box):
+    return tuple(slice(int(a - b), int(c - b)) for (a, c), b in zip(piece, box[:, 0]))
+
+
+def _ext(box):
+    return tuple(int(v) for v in box[:, 1] - box[:, 0])
+
+
+class Fault(RuntimeError):
+    """An injected failure (tests of the launcher's failure handling)."""
+
+
+def parse_fault(text: str | None):
+    """``"RANK:STEP[:MODE]"`` (MODE ``raise`` (default), ``exit`` or ``hang``) or ``None``."""
+    if not text:
+        return None
+    parts = str(text).split(":")
+    try:
+        rank, step = int(parts[0]), int(parts[1])
+    except (IndexError, ValueError):
+        raise ValueError(f"fault spec {text!r}: write RANK:STEP[:raise|exit|hang]") from None
+    mode = parts[2] if len(parts) > 2 else "raise"
+    if mode not in ("raise", "exit", "hang"):
+        raise ValueError(f"fault mode {mode!r}: use raise, exit or hang")
+    return rank, step, mode
+
+
+class Executor:
+    """Executes a :class:`~explorer.engine.plan.Plan` as rank ``rank`` of ``world``.
+
+    Needs an initialised default process group when ``world > 1``.  ``lr`` is the SGD learning
+    rate; ``seed`` seeds the model's initial weights and the input (every rank and the
+    reference build the identical model).
+    """
+
+    def __init__(self, plan: Plan, rank: int, world: int, *, lr: float = 0.01, seed: int = 0,
+                 device: str = "cpu", fault=None):
+        if plan.n_devices != world:
+            raise InfeasiblePlan(f"the plan is for {plan.n_devices} devices, {world} workers "
+                                 f"were started")
+        self.plan, self.rank, self.world = plan, rank, world
+        self.lr, self.seed, self.device = float(lr), int(seed), torch.device(device)
+        self.fault = fault
+        self.step_no = 0
+        self.phase = "setup"
+        torch.manual_seed(self.seed)
+        model, x = load_model(plan.spec, plan.batch, plan.model_args, meta=False)
+        model = model.to(self.device).eval()
+        self.model, self.x = model, x.to(self.device)
+        self.gm, _ = capture(model, self.x, plan.model)
+        self.graph = import_spec(plan.spec, plan.batch, plan.model_args)
+        self.nodes = {n.name: n for n in self.gm.graph.nodes}
+        self.tensors = dict(self.gm.named_parameters(remove_duplicate=False))
+        self.param_names = set(self.tensors)
+        self.tensors.update(dict(self.gm.named_buffers(remove_duplicate=False)))
+        self.shards: dict = {}
+        self._setup()
+
+    # ------------------------------------------------------------------------------------
+    # static schedule
+    # ------------------------------------------------------------------------------------
+    def _setup(self):
+        g, plan = self.graph, self.plan
+        assign = plan.assignment()
+        order = g.names()
+        missing = [n for n in order if n not in assign]
+        extra = [n for n in assign if n not in g]
+        if missing or extra:
+            raise InfeasiblePlan(
+                f"the plan does not match model {plan.model!r} (batch {plan.batch}, args "
+                f"{plan.model_args}): layers without a configuration {missing[:5]}, unknown "
+                f"layers {extra[:5]}")
+        self.order = order
+        self.state: dict = {}
+        self.outputs = set(g.outputs or [order[-1]])
+        used_by: dict = {}
+        groups_all: set = set()
+        self.gather_plan = []   # (qual, logical shape, box, owner rank)
+        for name in order:
+            layer = g.layer(name)
+            cfg = assign[name]
+            bad = [k for k, v in cfg.degrees if v > 1 and k not in layer.dims]
+            if bad:
+                raise InfeasiblePlan(f"layer {name}: the plan splits dimension(s) {bad}, the "
+                                     f"layer has {list(layer.dims)}")
+            for k, v in cfg.degrees:
+                if v > 1 and v > layer.size(k):
+                    raise InfeasiblePlan(f"layer {name}: degree {k}={v} exceeds the size "
+                                         f"{layer.size(k)} of that dimension")
+            boxes = G.output_boxes(layer, cfg)
+            pos = cfg.devices.index(self.rank) if self.rank in cfg.devices else None
+            node = self.nodes.get(name)
+            if node is None:
+                raise InfeasiblePlan(f"layer {name} has no node in the traced model")
+            dtype = self._dtype(node)
+            st = LayerState(name, layer, cfg, boxes, pos, None if pos is None else boxes[pos],
+                            dtype, is_output=name in self.outputs)
+            self.state[name] = st
+            if layer.op == "input":
+                continue
+            if layer.op == "lstm_cell" or any(t[0] == "item" for e in g.out_edges(name)
+                                              for t in e.transforms):
+                raise NotImplementedError(f"layer {name} ({layer.op}): multi-output layers "
+                                          f"are not supported by the runtime yet")
+            # inputs and the pieces to exchange
+            for ei, e in enumerate(g.in_edges(name)):
+                src = self.state[e.src]
+                ie = InEdge(e, e.src, src.needs_grad)
+                regions = G.edge_regions(g, e, boxes)
+                for j, d in enumerate(cfg.devices):
+                    r = regions[j]
+                    if G.volume(r) == 0:
+                        continue
+                    for i, s in enumerate(src.cfg.devices):
+                        p = G.intersect(src.boxes[i], r)
+                        if G.volume(p) > 0:
+                            st.fwd_pieces.append(Piece(s, d, p, ei))
+                if pos is not None:
+                    where = f"edge {e.src}->{name}#{e.index}"
+                    chain, steps = T.plan_edge(layer, e.index, st.box, e.transforms, where)
+                    if G.volume(chain[0]) > 0:
+                        ie.region, ie.q_box, ie.steps = chain[-1], chain[0], steps
+                        if not np.array_equal(ie.region, regions[pos]):
+                            raise RuntimeError(f"{where}: transform chain and geometry "
+                                               f"disagree on the region")
+                st.ins.append(ie)
+            # parameters
+            mapping = self._resolve_params(layer, node)
+            for qual in mapping.values():
+                if qual in used_by:
+                    raise NotImplementedError(
+                        f"parameter {qual} is used by layers {used_by[qual]} and {name} "
+                        f"(weight tying): not supported by the runtime")
+                used_by[qual] = name
+            shards = G.param_shards(layer, boxes)
+            shard_boxes = {}
+            for key, (logical, reg) in shards.items():
+                qual = mapping[key]
+                trainable = qual in self.param_names
+                keyed: dict = {}
+                for k, row in enumerate(reg.reshape(cfg.total, -1).tolist()):
+                    keyed.setdefault(tuple(row), []).append(k)
+                distinct = [reg[m[0]] for m in keyed.values()]
+                for a in range(len(distinct)):
+                    for b in range(a + 1, len(distinct)):
+                        if G.overlap(distinct[a], distinct[b]) > 0:
+                            raise NotImplementedError(
+                                f"layer {name}: shards of {qual} overlap without being equal "
+                                f"({distinct[a].tolist()} vs {distinct[b].tolist()})")
+                if trainable:
+                    for members in keyed.values():
+                        ranks = tuple(sorted(cfg.devices[m] for m in members))
+                        if len(ranks) > 1:
+                            groups_all.add(ranks)
+                        self.gather_plan.append((qual, tuple(logical), reg[members[0]],
+                                                 min(ranks)))
+                if pos is None:
+                    continue
+                full = self.tensors[qual].detach()
+                if tuple(full.shape) != tuple(logical):
+                    full = full.reshape(logical)
+                box = reg[pos]
+                sh = full[tuple(slice(int(a), int(b)) for a, b in box)].clone()
+                if trainable:
+                    sh.requires_grad_(True)
+                    st.trainable.append(qual)
+                self.shards[qual] = sh
+                shard_boxes[qual] = box
+                if trainable:
+                    members = keyed[tuple(box.reshape(-1).tolist())]
+                    ranks = tuple(sorted(cfg.devices[m] for m in members))
+                    if len(ranks) > 1:
+                        for rr, quals in st.sync:
+                            if rr == ranks:
+                                quals.append(qual)
+                                break
+                        else:
+                            st.sync.append((ranks, [qual]))
+            st.sync.sort(key=lambda t: t[0])
+            st.needs_grad = bool(any(mapping[k] in self.param_names for k in shards)
+                                 or any(ie.grad for ie in st.ins))
+            st.needs_grad = st.needs_grad and dtype.is_floating_point
+            if pos is not None:
+                folded = []
+                for fn in layer.folded:
+                    fnode = self.nodes.get(fn)
+                    if fnode is None:
+                        raise NotImplementedError(f"layer {name}: folded node {fn} is not in "
+                                                  f"the traced model")
+                    folded.append(fnode)
+                ctx = ops.LayerContext(layer, node, folded, self.gm, self.tensors,
+                                       {q: self.shards[q] for q in shard_boxes}, shard_boxes)
+                ctx.weight_name = mapping.get("weight")
+                ctx.bias_name = mapping.get("bias")
+                if layer.op == "pool":
+                    ctx.pool_opts = ops._pool_options(ctx)
+                if layer.op == "adaptive_pool":
+                    ctx.adaptive_kind = ops._adaptive_kind(ctx)
+                st.ctx = ctx
+        # backward pieces: for each producer, every consumer's pieces in consumer order
+        for name in order:
+            st = self.state[name]
+            for ei, ie in enumerate(st.ins):
+                for pc in st.fwd_pieces:
+                    if pc.edge == ei:
+                        self.state[ie.src].bwd_pieces.append((name, ei, pc))
+        # process groups (same order on every rank)
+        self.groups = {}
+        for ranks in sorted(groups_all, key=lambda r: (len(r), r)):
+            if len(ranks) == self.world or self.world == 1:
+                self.groups[ranks] = None
+            else:
+                self.groups[ranks] = dist.new_group(list(ranks))
+
+    def _dtype(self, node):
+        tm = node.meta.get("tensor_meta")
+        if tm is not None and hasattr(tm, "dtype"):
+            return tm.dtype
+        v = node.meta.get("val")
+        if isinstance(v, torch.Tensor):
+            return v.dtype
+        return torch.float32
+
+    def _resolve_params(self, layer, node) -> dict:
+        """Layer parameter key -> qualified parameter/buffer name in the model."""
+        out, todo = {}, []
+        for k in layer.params:
+            if node.op == "call_module" and f"{node.target}.{k}" in self.tensors:
+                out[k] = f"{node.target}.{k}"
+            elif k in self.tensors:
+                out[k] = k
+            else:
+                todo.append(k)
+        if todo:
+            attrs = []
+
+            def walk(a):
+                if isinstance(a, torch.fx.Node) and a.op == "get_attr":
+                    attrs.append(str(a.target))
+                elif isinstance(a, (list, tuple)):
+                    for x in a:
+                        walk(x)
+            for a in list(node.args) + list(node.kwargs.values()):
+                walk(a)
+            attrs = [a for a in attrs if a not in out.values()]
+            if len(attrs) < len(todo):
+                raise NotImplementedError(
+                    f"layer {layer.name}: cannot find the model parameters behind {todo}")
+            for k, a in zip(todo, attrs):
+                out[k] = a
+        return out
+
+    # ------------------------------------------------------------------------------------
+    # exchange helpers
+    # ------------------------------------------------------------------------------------
+    @staticmethod
+    def _wait(recvs, sends):
+        works = []
+        for peer, buf, tag in recvs:
+            works.append(dist.irecv(buf, src=peer, tag=tag))
+        for peer, t, tag in sends:
+            works.append(dist.isend(t, dst=peer, tag=tag))
+        for w in works:
+            w.wait()
+
+    def _fetch(self, st, outs, leaves):
+        """Forward exchange for layer ``st``: returns the region tensors (my inputs)."""
+        me = self.rank
+        regions = [None] * len(st.ins)
+        direct = set()     # edges whose region is (part of) my own tile: no copy
+        todo = []          # (edge idx, piece box, tensor) to copy in after the waits
+        recvs, sends = [], []
+        if st.pos is not None:
+            for ei, ie in enumerate(st.ins):
+                if ie.region is None:
+                    continue
+                src = self.state[ie.src]
+                if src.pos is not None and src.cfg.devices[src.pos] == me and \
+                        G.volume(G.intersect(src.box, ie.region)) == G.volume(ie.region):
+                    t = outs[ie.src]
+                    if not np.array_equal(src.box, ie.region):
+                        t = t[_slices(ie.region, src.box)]
+                    regions[ei] = t.detach()
+                    direct.add(ei)
+                    continue
+                regions[ei] = torch.empty(_ext(ie.region), dtype=src.dtype, device=self.device)
+        for tag, pc in enumerate(st.fwd_pieces):
+            ie = st.ins[pc.edge]
+            if pc.dst == me:
+                if pc.edge in direct:
+                    continue
+                reg = regions[pc.edge]
+                src = self.state[ie.src]
+                if pc.src == me:
+                    todo.append((pc.edge, pc.box, outs[ie.src][_slices(pc.box, src.box)]
+                                 .detach()))
+                elif np.array_equal(pc.box, ie.region):
+                    recvs.append((pc.src, reg, tag))
+                else:
+                    buf = torch.empty(_ext(pc.box), dtype=reg.dtype, device=self.device)
+                    recvs.append((pc.src, buf, tag))
+                    todo.append((pc.edge, pc.box, buf))
+            elif pc.src == me:
+                src = self.state[ie.src]
+                t = outs[ie.src][_slices(pc.box, src.box)].detach().contiguous()
+                sends.append((pc.dst, t, tag))
+        if recvs or sends:
+            self._wait(recvs, sends)
+        for ei, box, t in todo:
+            regions[ei][_slices(box, st.ins[ei].region)] = t
+        for ei, ie in enumerate(st.ins):
+            r = regions[ei]
+            if r is not None and ie.grad:
+                r = r.detach().requires_grad_(True)
+                regions[ei] = r
+                leaves[(st.name, ei)] = r
+        return regions
+
+    def _grad_in(self, st, leaves, loss_grads):
+        """Backward exchange for producer ``st``: the gradient of my output box."""
+        me = self.rank
+        g = None
+        if st.pos is not None:
+            g = loss_grads.get(st.name)
+            g = torch.zeros(_ext(st.box), dtype=st.dtype, device=self.device) if g is None \
+                else g.clone()
+        recvs, sends, todo = [], [], []
+        for tag, (cname, ei, pc) in enumerate(st.bwd_pieces):
+            if pc.dst != me and pc.src != me:
+                continue
+            cst = self.state[cname]
+            if pc.dst == me:
+                leaf = leaves.get((cname, ei))
+                region = cst.ins[ei].region
+                gr = None if leaf is None else leaf.grad
+                if gr is None:
+                    gr = torch.zeros(_ext(region), dtype=st.dtype, device=self.device)
+                part = gr[_slices(pc.box, region)]
+                if pc.src == me:
+                    g[_slices(pc.box, st.box)] += part
+                else:
+                    sends.append((pc.src, part.contiguous(), tag))
+            else:
+                buf = torch.empty(_ext(pc.box), dtype=st.dtype, device=self.device)
+                recvs.append((pc.dst, buf, tag))
+                todo.append((pc.box, buf))
+        if recvs or sends:
+            self._wait(recvs, sends)
+        for box, buf in todo:
+            g[_slices(box, st.box)] += buf
+        return g
+
+    def _check_fault(self, where: str):
+        f = self.fault
+        if f is None or f[0] != self.rank or f[1] != self.step_no:
+            return
+        if f[2] == "exit":
+            os._exit(3)
+        if f[2] == "hang":
+            time.sleep(10 ** 6)
+        raise Fault(f"injected fault on rank {self.rank} at step {self.step_no} ({where})")
+
+    # ------------------------------------------------------------------------------------
+    # a training step
+    # ------------------------------------------------------------------------------------
+    def step(self, check: bool = False):
+        """One forward/backward/sync/SGD step.
+
+        Returns ``(timings [layers, len(PHASES)], extra)`` where ``extra`` holds, when
+        ``check``, the loss (all-reduced) and a copy of each trainable shard's synchronised
+        gradient.
+        """
+        tm = np.zeros((len(self.order), len(PHASES)))
+        outs, leaves, loss_grads = {}, {}, {}
+        pc = time.perf_counter
+        mid = len(self.order) // 2
+        for li, name in enumerate(self.order):
+            st = self.state[name]
+            self.phase = f"forward of layer {name}"
+            if li == mid:
+                self._check_fault(self.phase)
+            if st.layer.op == "input":
+                if st.pos is not None:
+                    outs[name] = self.x[tuple(slice(int(a), int(b)) for a, b in st.box)]
+                continue
+            t0 = pc()
+            regions = self._fetch(st, outs, leaves)
+            t1 = pc()
+            if st.pos is not None:
+                ins = [None if r is None else T.forward(r, ie.steps)
+                       for r, ie in zip(regions, st.ins)]
+                y = ops.compute(st.ctx, ins, [ie.q_box for ie in st.ins], st.box)
+                outs[name] = y
+            t2 = pc()
+            tm[li, 0] += t1 - t0
+            tm[li, 1] += t2 - t1
+        extra = {}
+        self.phase = "loss"
+        numel = {o: math.prod(self.graph.layer(o).out_shape) for o in self.outputs}
+        part = torch.zeros(1, dtype=torch.float64)
+        for o in sorted(self.outputs):
+            st = self.state[o]
+            if st.pos is None:
+                continue
+            y = outs[o]
+            loss_grads[o] = y.detach() * (2.0 / numel[o])
+            if check:
+                part += y.detach().double().pow(2).sum() / numel[o]
+        if check:
+            if self.world > 1:
+                dist.all_reduce(part)
+            extra["loss"] = float(part.item())
+            extra["grads"] = {}
+        for li in range(len(self.order) - 1, -1, -1):
+            name = self.order[li]
+            st = self.state[name]
+            if not st.needs_grad:
+                continue
+            self.phase = f"backward of layer {name}"
+            t0 = pc()
+            g = self._grad_in(st, leaves, loss_grads)
+            t1 = pc()
+            if st.pos is not None:
+                y = outs[name]
+                if y.requires_grad:
+                    torch.autograd.backward(y, g)
+                outs[name] = None
+            t2 = pc()
+            for ranks, quals in st.sync:
+                grads = []
+                for q in quals:
+                    p = self.shards[q]
+                    if p.grad is None:
+                        p.grad = torch.zeros_like(p)
+                    grads.append(p.grad)
+                flat = grads[0] if len(grads) == 1 else torch.cat([x.reshape(-1) for x in grads])
+                dist.all_reduce(flat, group=self.groups[ranks])
+                if len(grads) > 1:
+                    o = 0
+                    for x in grads:
+                        x.copy_(flat[o:o + x.numel()].view_as(x))
+                        o += x.numel()
+            t3 = pc()
+            with torch.no_grad():
+                for q in st.trainable:
+                    p = self.shards[q]
+                    if p.grad is None:
+                        continue
+                    if check:
+                        extra["grads"][q] = p.grad.clone()
+                    p.add_(p.grad, alpha=-self.lr)
+                    p.grad = None
+            t4 = pc()
+            tm[li, 2] += t1 - t0
+            tm[li, 3] += t2 - t1
+            tm[li, 4] += t3 - t2
+            tm[li, 5] += t4 - t3
+        self.phase = "between steps"
+        self.step_no += 1
+        return tm, extra
+
+    # ------------------------------------------------------------------------------------
+    # assembling parameters on rank 0
+    # ------------------------------------------------------------------------------------
+    def gather(self, grads: dict | None = None):
+        """Full parameters (and, given this rank's synchronised ``grads``, full gradients) on
+        rank 0 assembled from the shards; other ranks return ``None``."""
+        me = self.rank
+        full: dict = {}
+        recvs, sends, todo = [], [], []
+        tag = 0
+        for qual, logical, box, owner in self.gather_plan:
+            for kind in ("param", "grad"):
+                if kind == "grad" and grads is None:
+                    continue
+                tag += 1
+                if owner == me:
+                    t = self.shards[qual].detach() if kind == "param" else grads[qual]
+                    if me == 0:
+                        todo.append((qual, kind, logical, box, t))
+                    else:
+                        sends.append((0, t.contiguous(), tag))
+                elif me == 0:
+                    buf = torch.empty(_ext(box), dtype=self.tensors[qual].dtype,
+                                      device=self.device)
+                    recvs.append((owner, buf, tag))
+                    todo.append((qual, kind, logical, box, buf))
+        if recvs or sends:
+            self._wait(recvs, sends)
+        if me != 0:
+            return None
+        covered: dict = {}
+        for qual, kind, logical, box, t in todo:
+            key = (qual, kind)
+            if key not in full:
+                full[key] = torch.zeros(logical, dtype=t.dtype, device=self.device)
+                covered[key] = 0
+            full[key][tuple(slice(int(a), int(b)) for a, b in box)] = t
+            covered[key] += t.numel()
+        params, gr = {}, {}
+        for (qual, kind), t in full.items():
+            if covered[(qual, kind)] != t.numel():
+                raise RuntimeError(f"parameter {qual}: the shards cover {covered[(qual, kind)]} "
+                                   f"of {t.numel()} elements")
+            t = t.reshape(self.tensors[qual].shape)
+            (params if kind == "param" else gr)[qual] = t
+        return params, gr

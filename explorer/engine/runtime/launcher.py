@@ -1,0 +1,295 @@
+"""Launching a plan on the local devices: N worker processes, a watchdog, the result.
+
+:func:`launch` validates the plan against the request *before* starting anything (model,
+batch, model arguments, device count; the layer names and configurations against the
+model's graph), starts one process per device with ``torch.multiprocessing`` (spawn, one
+thread each; gloo on CPU, NCCL when there are enough CUDA GPUs), and watches them:
+
+* a worker that raises reports ``(rank, where, error)`` through a queue and exits;
+* a worker that dies (signal, ``os._exit``) is noticed by its exit code;
+* either way the launch stops within a second or two, kills every remaining worker (they
+  also die with the launcher: ``PR_SET_PDEATHSIG``) and raises :class:`RunFailed` naming
+  the rank and the error; a run longer than ``timeout_s`` is killed the same way, and gloo
+  operations time out after ``timeout_s`` inside the workers too.
+
+Several plans for the same device count can share one launch (:func:`launch_many`): the
+processes start once and run the plans one after the other (tests use this to check many
+plans in a few seconds).
+"""
+
+from __future__ import annotations
+
+import os
+import queue as queue_mod
+import socket
+import time
+import warnings
+
+import torch
+
+from ...errors import ExplorerError, InfeasiblePlan
+
+
+class RunFailed(ExplorerError):
+    """A worker raised, died or the run timed out; ``rank`` is the failing rank (or None)."""
+
+    def __init__(self, message, rank=None, pids=()):
+        super().__init__(message)
+        self.rank = rank
+        self.pids = list(pids)
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def validate(plan_dict: dict, expect: dict | None = None, check_local: bool = True):
+    """Check a plan dict before launching; returns ``(Plan, warnings)``.
+
+    ``expect`` may hold ``model`` (name or spec), ``batch``, ``model_args`` and ``devices``:
+    a plan made for anything else is rejected with :class:`InfeasiblePlan`.  The plan's
+    layers must be exactly the model's layers with configurations the layers can take.
+    """
+    from ..importer import import_spec
+    from ..plan import Plan
+    if not isinstance(plan_dict, dict):
+        raise InfeasiblePlan("a plan must be a JSON object written by `explorer search --json`")
+    try:
+        plan = Plan.from_dict(plan_dict)
+    except ValueError as exc:
+        raise InfeasiblePlan(f"not a runnable plan: {exc}") from None
+    expect = dict(expect or {})
+    warns = []
+    want = expect.get("model")
+    if want is not None and want not in (plan.model, plan.spec):
+        raise InfeasiblePlan(f"the plan is for model {plan.model!r}, not {want!r}: search a plan "
+                             f"for {want} first")
+    if expect.get("batch") is not None and int(expect["batch"]) != plan.batch:
+        raise InfeasiblePlan(f"the plan is for batch {plan.batch}, not {expect['batch']}")
+    if expect.get("model_args") is not None:
+        a = {k: str(v) for k, v in (expect["model_args"] or {}).items()}
+        b = {k: str(v) for k, v in (plan.model_args or {}).items()}
+        if a != b:
+            raise InfeasiblePlan(f"the plan is for model arguments {plan.model_args}, not "
+                                 f"{expect['model_args']}")
+    if expect.get("devices") is not None and int(expect["devices"]) != plan.n_devices:
+        raise InfeasiblePlan(f"the plan is for {plan.n_devices} devices, {expect['devices']} "
+                             f"were asked for: search a plan for {expect['devices']} devices")
+    graph = import_spec(plan.spec, plan.batch, plan.model_args)
+    names = set(graph.names())
+    given = [la.name for la in plan.layers]
+    missing = [n for n in graph.names() if n not in given]
+    extra = [n for n in given if n not in names]
+    if missing or extra:
+        raise InfeasiblePlan(
+            f"the plan does not fit model {plan.spec!r} (batch {plan.batch}, args "
+            f"{plan.model_args}): it has no configuration for {missing[:4]}"
+            f"{' ...' if len(missing) > 4 else ''} and unknown layers {extra[:4]}"
+            f"{' ...' if len(extra) > 4 else ''}")
+    for la in plan.layers:
+        layer = graph.layer(la.name)
+        for k, v in la.config.degrees:
+            if v > 1 and k not in layer.dims:
+                raise InfeasiblePlan(f"layer {la.name}: the plan splits {k}={v}, the layer's "
+                                     f"dimensions are {list(layer.dims)}")
+            if v > 1 and v > layer.size(k):
+                raise InfeasiblePlan(f"layer {la.name}: degree {k}={v} exceeds its size "
+                                     f"{layer.size(k)}")
+    if check_local:
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        cores = _cores()
+        if gpus and plan.n_devices > gpus:
+            raise InfeasiblePlan(f"the plan needs {plan.n_devices} devices, this machine has "
+                                 f"{gpus} GPUs")
+        if not gpus and plan.n_devices > cores:
+            warns.append(f"{plan.n_devices} CPU workers on {cores} cores: the processes share "
+                         f"cores, so the measured times mean little")
+        if plan.preset != "local":
+            warns.append(f"the plan's predictions are for preset {plan.preset!r}, not this "
+                         f"machine: search with --preset local to compare with measurements")
+    return plan, warns
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _kill(procs):
+    started = [p for p in procs if p.pid is not None]
+    for p in started:
+        if p.is_alive():
+            p.kill()
+    for p in started:
+        p.join(timeout=5)
+
+
+_PEER_HINTS = ("Connection closed by peer", "Connection reset", "Broken pipe",
+               "ProcessGroupGloo", "Gloo", "gloo", "closed", "timed out", "Timed out")
+
+
+def launch_many(plans: list, steps: int = 20, warmup: int = 5, timeout_s: float = 600.0, *,
+                check: bool = True, expect: dict | None = None, lr: float = 0.01,
+                seed: int = 0, fault: str | None = None, progress=None, store: bool = True,
+                tol: float = 1e-4) -> list:
+    """Run several plans (same device count) in one set of worker processes.
+
+    Returns one result dict per plan (see :func:`launch`).
+    """
+    if not plans:
+        return []
+    if steps < 0 or warmup < 0:
+        raise InfeasiblePlan(f"steps ({steps}) and warmup ({warmup}) must be ≥ 0")
+    checked = [validate(p, expect) for p in plans]
+    n = checked[0][0].n_devices
+    if any(pl.n_devices != n for pl, _ in checked):
+        raise InfeasiblePlan("plans launched together must use the same device count")
+    warns = sorted({w for _, ws in checked for w in ws})
+    for w in warns:
+        warnings.warn(w, RuntimeWarning, stacklevel=2)
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    backend = "nccl" if gpus >= n and gpus > 0 else "gloo"
+    jobs = [{"plan": p, "steps": steps, "warmup": warmup, "check": check, "lr": lr,
+             "seed": seed, "fault": fault, "tol": tol} for p in plans]
+    import torch.multiprocessing as mp
+    from .worker import spawn_entry
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=spawn_entry, name=f"explorer-worker-{r}",
+                         args=(r, n, "127.0.0.1", port, jobs, q, backend, timeout_s))
+             for r in range(n)]
+    t0 = time.monotonic()
+    results: dict = {}
+    done, errors, dead = set(), {}, {}
+    fail_t = None
+    timed_out = False
+    last_progress = None
+    pids: list = []
+    try:
+        for p in procs:
+            p.start()
+        pids = [p.pid for p in procs]
+        while True:
+            try:
+                kind, rank, a, b = q.get(timeout=0.1)
+            except queue_mod.Empty:
+                kind = None
+            now = time.monotonic()
+            if kind == "result":
+                results[a] = b
+            elif kind == "done":
+                done.add(rank)
+            elif kind == "error":
+                errors.setdefault(rank, (a, b))
+            elif kind == "progress":
+                last_progress = (a, b)
+                if progress is not None:
+                    (d, tot) = b
+                    progress(a, d, tot)
+            if kind is not None:
+                continue      # drain the queue before judging the processes
+            for r, p in enumerate(procs):
+                if r not in done and r not in errors and r not in dead and not p.is_alive():
+                    dead[r] = p.exitcode
+            if len(done) == n:
+                break
+            if (errors or dead) and fail_t is None:
+                fail_t = now
+            if fail_t is not None and (now - fail_t > 2.0 or
+                                       all(not p.is_alive() for p in procs)):
+                break
+            if now - t0 > timeout_s:
+                timed_out = True
+                break
+    finally:
+        _kill(procs)
+        q.close()
+        q.cancel_join_thread()
+    elapsed = time.monotonic() - t0
+    if errors or dead or timed_out or len(done) < n:
+        raise RunFailed(_failure_message(errors, dead, timed_out, timeout_s, last_progress,
+                                         len(plans), n, done),
+                        _failed_rank(errors, dead), pids)
+    out = []
+    for i, pl in enumerate(plans):
+        res = results.get(i)
+        if res is None:
+            raise RunFailed(f"rank 0 finished without a result for plan {i}", 0, pids)
+        res["warnings"] = warns
+        res["launch_time_s"] = elapsed
+        res["pids"] = pids
+        if store:
+            try:
+                from .store import RunStore
+                res["run_id"] = RunStore().add(pl, res)
+            except Exception as exc:  # noqa: BLE001 - storing is a convenience
+                res.setdefault("warnings", []).append(f"could not store the run: {exc}")
+        out.append(res)
+    return out
+
+
+def _primary(errors, dead):
+    """The rank whose failure caused the others (not a peer-connection error)."""
+    for r in sorted(dead):
+        return r
+    own = [r for r, (m, _) in sorted(errors.items()) if not any(h in m for h in _PEER_HINTS)]
+    if own:
+        return own[0]
+    return min(errors) if errors else None
+
+
+def _failed_rank(errors, dead):
+    return _primary(errors, dead)
+
+
+def _failure_message(errors, dead, timed_out, timeout_s, last_progress, njobs, n, done):
+    r = _primary(errors, dead)
+    parts = []
+    if r is not None and r in dead:
+        code = dead[r]
+        how = f"killed by signal {-code}" if code is not None and code < 0 else \
+            f"exit code {code}"
+        parts.append(f"worker rank {r} died ({how}) before finishing")
+    elif r is not None:
+        parts.append(f"worker rank {r} failed: {errors[r][0]}")
+    elif timed_out:
+        where = ""
+        if last_progress is not None:
+            where = f" (plan {last_progress[0] + 1} of {njobs}, step {last_progress[1][0]} of " \
+                    f"{last_progress[1][1]})"
+        parts.append(f"the run did not finish within {timeout_s:g} s{where}; every worker was "
+                     f"killed")
+    else:
+        missing = sorted(set(range(n)) - set(done))
+        parts.append(f"workers {missing} exited without finishing")
+    others = [f"rank {k}: {m.splitlines()[0][:160]}" for k, (m, _) in sorted(errors.items())
+              if k != r]
+    others += [f"rank {k} died (exit code {c})" for k, c in sorted(dead.items()) if k != r]
+    if others:
+        parts.append("then " + "; ".join(others))
+    return ". ".join(parts)
+
+
+def launch(plan_dict: dict, steps: int = 20, warmup: int = 5, timeout_s: float = 600.0,
+           **kw) -> dict:
+    """Execute ``plan_dict`` on its device count of local workers and measure it.
+
+    Keyword options: ``check`` (reference check, default True), ``expect`` (dict with
+    ``model``/``batch``/``model_args``/``devices`` the plan must match), ``lr`` (0.01),
+    ``seed`` (0), ``fault`` (``"RANK:STEP[:raise|exit|hang]"``, tests), ``progress``
+    (``callable(plan_index, steps_done, steps_total)``), ``store`` (save the run in
+    ``$EXPLORER_HOME/runs.sqlite``, default True), ``tol`` (1e-4).
+
+    Returns a dict with ``reference_ok``, ``reference`` (errors per parameter),
+    ``predicted_step_time_s``, ``measured_step_time_s``, ``rel_error``
+    (``(predicted − measured) / measured``), ``step_times_s``, ``layers`` (per layer
+    predicted/measured compute and communication), ``edges``, ``warnings`` and more.
+    Raises :class:`InfeasiblePlan` before launching when the plan does not fit, and
+    :class:`RunFailed` when a worker fails, dies or the run exceeds ``timeout_s``.
+    """
+    return launch_many([plan_dict], steps, warmup, timeout_s, **kw)[0]

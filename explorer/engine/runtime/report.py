@@ -1,0 +1,51 @@
+"""Text report of a run result (``explorer run`` without ``--json``)."""
+
+from __future__ import annotations
+
+
+def _ms(v) -> str:
+    return "-" if v is None else f"{v * 1e3:9.3f}"
+
+
+def format_report(res: dict, top: int = 12) -> str:
+    lines = []
+    ref = res.get("reference")
+    head = (f"{res.get('model')} (batch {res.get('batch')}, {res.get('algo')} plan) on "
+            f"{res.get('devices')} workers, backend {res.get('backend')}")
+    lines.append(head)
+    if ref is None:
+        lines.append("reference check: skipped")
+    else:
+        verdict = "OK" if ref["ok"] else "FAILED"
+        lines.append(
+            f"reference check: {verdict}  (loss {ref['loss']:.6g} vs {ref['loss_ref']:.6g}, "
+            f"max rel. error: loss {ref['loss_rel_err']:.2e}, parameters "
+            f"{ref['max_param_rel_err']:.2e}, gradients {ref['max_grad_rel_err']:.2e}; "
+            f"tolerance {ref['tolerance']:.0e}, {ref['params_compared']} tensors)")
+        for p in ref.get("problems", []):
+            lines.append(f"  problem: {p}")
+        if not ref["ok"] and ref.get("worst_grad"):
+            lines.append(f"  worst gradient: {ref['worst_grad']}; worst parameter: "
+                         f"{ref['worst_param']}")
+    pred, meas = res.get("predicted_step_time_s"), res.get("measured_step_time_s")
+    err = res.get("rel_error")
+    lines.append(f"step time: predicted {_ms(pred).strip()} ms, measured {_ms(meas).strip()} ms "
+                 f"(median of {res.get('steps')} steps after {res.get('warmup')} warm-up), "
+                 f"error {'-' if err is None else f'{err * 100:+.1f}%'}")
+    bd = res.get("measured_breakdown_s") or {}
+    if bd:
+        lines.append("measured per step (slowest worker): " + ", ".join(
+            f"{k} {v * 1e3:.2f} ms" for k, v in bd.items()))
+    layers = sorted(res.get("layers", []), key=lambda r: -max(r["measured_s"], r["predicted_s"]))
+    if layers:
+        lines.append(f"{'layer':28s} {'config':10s} {'pred ms':>9s} {'meas ms':>9s} "
+                     f"{'pred comm':>9s} {'meas comm':>9s}")
+        for r in layers[:top]:
+            lines.append(f"{r['name'][:28]:28s} {r['config'][:10]:10s} {_ms(r['predicted_s'])} "
+                         f"{_ms(r['measured_s'])} {_ms(r['predicted_comm_s'])} "
+                         f"{_ms(r['measured_comm_s'])}")
+        if len(layers) > top:
+            lines.append(f"... {len(layers) - top} more layers (--json lists all)")
+    for w in res.get("warnings", []):
+        lines.append(f"warning: {w}")
+    return "\n".join(lines)

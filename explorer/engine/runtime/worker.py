@@ -1,0 +1,300 @@
+"""Worker entry point: runs jobs (plans) as one rank of a process group.
+
+Used two ways:
+
+* by :func:`explorer.engine.runtime.launcher.launch`, which spawns N local processes
+  (``torch.multiprocessing``, one thread each) and calls :func:`spawn_entry` in each;
+* under ``torchrun``, so a plan can span several machines with torchrun's rendezvous::
+
+      torchrun --standalone --nproc_per_node 2 -m explorer.engine.runtime.worker PLAN.json --steps 20
+      # several machines (same command on each, node_rank 0..N-1):
+      torchrun --nnodes 2 --nproc_per_node 4 --node_rank $R --rdzv_backend c10d \\
+               --rdzv_endpoint HOST:29400 -m explorer.engine.runtime.worker PLAN.json
+
+  The worker reads ``RANK``, ``WORLD_SIZE`` and ``LOCAL_RANK`` (and ``MASTER_ADDR``/
+  ``MASTER_PORT``) from the environment; rank 0 prints the report (``--json`` for JSON) and
+  writes it to ``--out``.  Without those variables the command launches the plan locally
+  (same as ``explorer run``).
+
+A job: ``{"plan": plan dict, "steps": 20, "warmup": 5, "check": true, "lr": 0.01, "seed": 0,
+"fault": "RANK:STEP[:raise|exit|hang]" (tests)}``.  The environment variable
+``EXPLORER_RUNTIME_FAULT`` injects the same fault (test hook).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+from datetime import timedelta
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+FAULT_ENV = "EXPLORER_RUNTIME_FAULT"
+
+
+class WorkerError(RuntimeError):
+    """A failure inside a worker, with where it happened."""
+
+
+def _barrier(world):
+    if world > 1:
+        dist.barrier()
+
+
+def run_job(job: dict, rank: int, world: int, device: str = "cpu", progress=None):
+    """Run one job on this rank; rank 0 returns the result dict, other ranks ``None``."""
+    from ..plan import Plan
+    from .executor import PHASES, Executor, parse_fault
+    from .reference import compare, reference_step
+
+    t_start = time.perf_counter()
+    plan = Plan.from_dict(job["plan"])
+    steps, warmup = int(job.get("steps", 20)), int(job.get("warmup", 5))
+    lr = float(job.get("lr", 0.01))
+    fault = parse_fault(job.get("fault") or os.environ.get(FAULT_ENV))
+    ex = None
+    try:
+        ex = Executor(plan, rank, world, lr=lr, seed=int(job.get("seed", 0)), device=device,
+                      fault=fault)
+        setup_s = time.perf_counter() - t_start
+        _barrier(world)
+        gathered, loss = None, None
+        total = warmup + steps + (1 if job.get("check", True) else 0)
+        done = 0
+        if job.get("check", True):
+            _, extra = ex.step(check=True)
+            loss = extra["loss"]
+            ex.phase = "gathering parameters on rank 0"
+            gathered = ex.gather(extra["grads"])
+            done += 1
+            if progress:
+                progress(done, total)
+        step_times, timings = [], []
+        for i in range(warmup + steps):
+            ex.phase = "barrier before a step"
+            _barrier(world)
+            t0 = time.perf_counter()
+            tm, _ = ex.step()
+            t1 = time.perf_counter()
+            if i >= warmup:
+                step_times.append(t1 - t0)
+                timings.append(tm)
+            done += 1
+            if progress:
+                progress(done, total)
+        ex.phase = "collecting timings"
+        payload = (step_times, np.asarray(timings))
+        if world > 1:
+            objs = [None] * world
+            dist.all_gather_object(objs, payload)
+        else:
+            objs = [payload]
+        if rank != 0:
+            return None
+        ref = None
+        if gathered is not None:
+            ex.phase = "reference check"
+            ref_loss, ref_grads, ref_params = reference_step(ex.model, ex.x, lr)
+            params, grads = gathered
+            ref = compare(loss, params, grads, ref_loss, ref_params, ref_grads,
+                          float(job.get("tol", 1e-4)))
+        res = summarize(plan, ex.order, objs, PHASES)
+        res.update({"reference": ref, "reference_ok": None if ref is None else ref["ok"],
+                    "setup_s": setup_s, "steps": steps, "warmup": warmup, "lr": lr,
+                    "backend": dist.get_backend() if world > 1 else "none",
+                    "world": world})
+        return res
+    except Exception as exc:
+        where = "setting up the plan" if ex is None else f"step {ex.step_no}, {ex.phase}"
+        raise WorkerError(f"{where}: {type(exc).__name__}: {exc}") from exc
+
+
+def summarize(plan, order, per_rank, phases) -> dict:
+    """Predicted vs measured: step time (median over steps of the slowest worker) and per
+    layer compute (forward + backward) and communication (fetch + gradient return + sync),
+    each the median over steps, maximum over workers."""
+    steps = np.array([np.asarray(s, dtype=float) for s, _ in per_rank])      # [W, S]
+    nl, npz = len(order), len(phases)
+    tim = np.stack([np.asarray(t, dtype=float).reshape(-1, nl, npz) for _, t in per_rank])
+    per_step = steps.max(axis=0) if steps.size else np.zeros(0)
+    measured = float(np.median(per_step)) if per_step.size else None
+    ph = {p: i for i, p in enumerate(phases)}
+    comp = tim[..., ph["fwd_compute"]] + tim[..., ph["bwd_compute"]]
+    comm = tim[..., ph["fwd_comm"]] + tim[..., ph["bwd_comm"]] + tim[..., ph["sync"]]
+    upd = tim[..., ph["update"]]
+    med = lambda a: np.median(a, axis=1).max(axis=0) if a.shape[1] else np.zeros(a.shape[2])  # noqa: E731
+    comp_m, comm_m, upd_m = med(comp), med(comm), med(upd)
+    xfer_in: dict = {}
+    xfer_out: dict = {}
+    for e in plan.edges:
+        t = float(e.get("t_xfer_s", 0.0))
+        xfer_in[e["dst"]] = xfer_in.get(e["dst"], 0.0) + t
+        xfer_out[e["src"]] = xfer_out.get(e["src"], 0.0) + t
+    by_name = {la.name: la for la in plan.layers}
+    layers = []
+    for i, name in enumerate(order):
+        la = by_name[name]
+        p_comp = float(la.t_compute_s)
+        # t_X counts the forward transfer and the gradient's way back: the forward half is
+        # measured at the consumer (fetch), the backward half at the producer (return)
+        p_comm = float(la.t_sync_s) + 0.5 * xfer_in.get(name, 0.0) + 0.5 * xfer_out.get(name, 0.0)
+        m_comp, m_comm = float(comp_m[i]), float(comm_m[i])
+        layers.append({"name": name, "op": la.op, "config": la.config.label(),
+                       "devices": list(la.config.devices),
+                       "predicted_s": p_comp + p_comm, "measured_s": m_comp + m_comm,
+                       "predicted_compute_s": p_comp, "measured_compute_s": m_comp,
+                       "predicted_comm_s": p_comm, "measured_comm_s": m_comm,
+                       "measured_update_s": float(upd_m[i])})
+    predicted = float(plan.predicted_step_time_s)
+    # the step split by phase (sum over layers of the slowest worker's medians)
+    tot = {p: float(np.median(tim[..., ph[p]].sum(axis=2), axis=1).max()) if tim.shape[1]
+           else 0.0 for p in phases}
+    return {
+        "model": plan.model, "spec": plan.spec, "batch": plan.batch,
+        "model_args": plan.model_args, "algo": plan.algo, "preset": plan.preset,
+        "devices": plan.n_devices,
+        "predicted_step_time_s": predicted, "measured_step_time_s": measured,
+        "rel_error": (predicted - measured) / measured if measured else None,
+        "step_times_s": [float(v) for v in per_step],
+        "measured_breakdown_s": tot,
+        "predicted_breakdown_s": dict(plan.breakdown),
+        "layers": layers,
+        "edges": [{"src": e["src"], "dst": e["dst"], "index": e.get("index", 0),
+                   "predicted_s": float(e.get("t_xfer_s", 0.0))} for e in plan.edges],
+    }
+
+
+def _set_pdeathsig():
+    """Die with the parent (Linux): a killed launcher never leaves workers behind."""
+    try:
+        import ctypes
+        import signal
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)   # PR_SET_PDEATHSIG
+    except Exception:  # noqa: BLE001 - not Linux
+        pass
+
+
+def _threads():
+    torch.set_num_threads(1)
+    try:
+        torch.set_num_interop_threads(1)
+    except RuntimeError:
+        pass
+
+
+def spawn_entry(rank, world, addr, port, jobs, queue, backend, timeout_s):
+    """Process body for :func:`launcher.launch` (one per rank)."""
+    _set_pdeathsig()
+    _threads()
+    os.environ.update({"MASTER_ADDR": addr, "MASTER_PORT": str(port), "RANK": str(rank),
+                       "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank)})
+    device = "cpu"
+    try:
+        if backend == "nccl":
+            torch.cuda.set_device(rank)
+            device = f"cuda:{rank}"
+        if world > 1:
+            dist.init_process_group(backend, rank=rank, world_size=world,
+                                    timeout=timedelta(seconds=float(timeout_s)))
+        for i, job in enumerate(jobs):
+            def progress(done, total, i=i):
+                if rank == 0:
+                    queue.put(("progress", rank, i, (done, total)))
+            res = run_job(job, rank, world, device, progress)
+            if rank == 0:
+                queue.put(("result", rank, i, res))
+        queue.put(("done", rank, None, None))
+        queue.close()
+        queue.join_thread()
+    except BaseException as exc:  # noqa: BLE001 - report everything, then die
+        msg = str(exc) if isinstance(exc, WorkerError) else f"{type(exc).__name__}: {exc}"
+        queue.put(("error", rank, msg, traceback.format_exc()))
+        queue.close()
+        queue.join_thread()
+        os._exit(1)
+    finally:
+        if dist.is_initialized():
+            try:
+                dist.destroy_process_group()
+            except Exception:  # noqa: BLE001
+                pass
+
+
+# --------------------------------------------------------------------------------------------
+# torchrun / command line
+# --------------------------------------------------------------------------------------------
+
+
+def _parser():
+    p = argparse.ArgumentParser(prog="python -m explorer.engine.runtime.worker",
+                                description="run a saved plan (under torchrun: as one rank)")
+    p.add_argument("plan", help="PLAN.json written by `explorer search --out`")
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--timeout", type=float, default=600.0)
+    p.add_argument("--lr", type=float, default=0.01)
+    p.add_argument("--no-check", action="store_true", help="skip the reference check")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--out", help="write the result JSON here (rank 0)")
+    return p
+
+
+def main(argv=None) -> int:
+    args = _parser().parse_args(argv)
+    from ...errors import ExplorerError
+    from .report import format_report
+    try:
+        with open(args.plan) as fh:
+            plan_dict = json.load(fh)
+    except (OSError, ValueError) as exc:
+        print(f"error: cannot read plan {args.plan}: {exc}", file=sys.stderr)
+        return 2
+    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+        from .launcher import launch
+        try:
+            res = launch(plan_dict, steps=args.steps, warmup=args.warmup,
+                         timeout_s=args.timeout, check=not args.no_check, lr=args.lr)
+        except ExplorerError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+    else:
+        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        local = int(os.environ.get("LOCAL_RANK", rank))
+        _threads()
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        device = "cpu"
+        if backend == "nccl":
+            torch.cuda.set_device(local)
+            device = f"cuda:{local}"
+        from .launcher import validate
+        try:
+            validate(plan_dict, {"devices": world}, check_local=False)
+        except ExplorerError as exc:
+            print(f"error (rank {rank}): {exc}", file=sys.stderr)
+            return 2
+        dist.init_process_group(backend, timeout=timedelta(seconds=args.timeout))
+        try:
+            job = {"plan": plan_dict, "steps": args.steps, "warmup": args.warmup,
+                   "check": not args.no_check, "lr": args.lr}
+            res = run_job(job, rank, world, device)
+        finally:
+            dist.destroy_process_group()
+        if rank != 0:
+            return 0
+    if args.out:
+        with open(args.out, "w") as fh:
+            json.dump(res, fh, indent=2)
+    print(json.dumps(res, indent=2) if args.json else format_report(res))
+    return 0 if res.get("reference_ok") in (True, None) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+

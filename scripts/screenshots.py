@@ -1,0 +1,79 @@
+"""Take the README's screenshots from the running app (headless Chromium).
+
+    python scripts/screenshots.py [--out docs/screenshots]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+
+import browser as B  # noqa: E402
+
+
+def tab(drv, n):
+    drv.find_element("css selector", f"#tabs .tab:nth-child({n})").click()
+    time.sleep(1.0)
+
+
+def shot(drv, out, name):
+    path = os.path.join(out, name)
+    drv.save_screenshot(path)
+    print("wrote", path)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=os.path.join(ROOT, "docs", "screenshots"))
+    args = ap.parse_args(argv)
+    os.makedirs(args.out, exist_ok=True)
+    with B.browser(1400, 1250) as drv:
+        with B.server() as url:                       # VGG-16 on 4×P100 NVLink
+            drv.get(url)
+            B.wait(drv, lambda: B.nodes(drv), 60)
+            B.tap(drv, "features_24")
+            B.wait(drv, lambda: "features_24" in B.text(drv, "#details"), 20)
+            time.sleep(1)
+            shot(drv, args.out, "overview.png")
+            B.select(drv, "#pin-config", "n=1 c=1 h=2 w=2")
+            drv.find_element("id", "pin-button").click()
+            B.wait(drv, lambda: "ms" in B.text(drv, "#objective-delta"), 60)
+            time.sleep(1)
+            tab(drv, 1)
+            drv.execute_script("window.scrollTo(0, document.body.scrollHeight)")
+            time.sleep(0.5)
+            shot(drv, args.out, "pinned.png")
+            tab(drv, 3)
+            B.wait(drv, lambda: "features_24" in B.text(drv, "#tiling-figure"), 30)
+            time.sleep(1.5)
+            drv.execute_script(
+                "document.getElementById('tiling-figure').scrollIntoView()")
+            shot(drv, args.out, "tiling.png")
+            tab(drv, 4)
+            drv.find_element("id", "compare-button").click()
+            B.wait(drv, lambda: "(owt)" in B.text(drv, "#compare-time"), 60)
+            time.sleep(2)
+            drv.execute_script("document.getElementById('compare-time').scrollIntoView()")
+            shot(drv, args.out, "compare.png")
+        with B.server("--model", "inception_v3", "--preset", "p100-cluster",
+                      "--devices", "4") as url:
+            drv.get(url)
+            B.wait(drv, lambda: B.nodes(drv), 60)
+            B.tap(drv, "group:Mixed_5b")
+            B.wait(drv, lambda: "mixed_5b_branch1x1_conv" in (B.nodes(drv) or {}), 30)
+            tab(drv, 2)
+            for _ in range(9):
+                drv.find_element("id", "step-next").click()
+                time.sleep(0.15)
+            time.sleep(1.5)
+            drv.execute_script("window.scrollTo(0, 0)")
+            shot(drv, args.out, "inception-steps.png")
+
+
+if __name__ == "__main__":
+    main()
