@@ -27,7 +27,12 @@ def background_manager():
     """``CeleryManager`` when ``REDIS_URL`` is set, else a ``DiskcacheManager``."""
     redis_url = os.environ.get("REDIS_URL")
     if redis_url:
-        from celery import Celery
+        try:
+            from celery import Celery
+        except ImportError:
+            raise SystemExit("REDIS_URL is set but celery is not installed: "
+                             "pip install 'celery[redis]', or unset REDIS_URL to use the "
+                             "disk cache") from None
         celery_app = Celery(__name__, broker=redis_url, backend=redis_url)
         return dash.CeleryManager(celery_app)
     import diskcache
