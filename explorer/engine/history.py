@@ -16,7 +16,6 @@ from contextlib import closing
 from datetime import datetime
 from pathlib import Path
 
-import numpy as np
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS plans (
@@ -48,16 +47,7 @@ def home() -> Path:
     return p
 
 
-def _jsonable(o):
-    if isinstance(o, np.integer):
-        return int(o)
-    if isinstance(o, np.floating):
-        return float(o)
-    if isinstance(o, np.ndarray):
-        return o.tolist()
-    if isinstance(o, (tuple, set)):
-        return list(o)
-    raise TypeError(f"{type(o).__name__} is not JSON serialisable")
+from .plan import _jsonable  # noqa: E402  (one JSON encoder for plans)
 
 
 def dumps(doc) -> str:

@@ -122,7 +122,7 @@ def _jsonable(o):
         return float(o)
     if isinstance(o, np.ndarray):
         return o.tolist()
-    if isinstance(o, tuple):
+    if isinstance(o, (tuple, set)):
         return list(o)
     raise TypeError(f"{type(o).__name__} is not JSON serialisable")
 

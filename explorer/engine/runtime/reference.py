@@ -56,9 +56,11 @@ def reference_step(model, x, lr: float):
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     """``max|a − b| / max|b|`` (absolute difference when ``b`` is all zeros)."""
-    a, b = a.double(), b.double()
-    d = (a - b).abs().max().item() if a.numel() else 0.0
-    scale = b.abs().max().item() if b.numel() else 0.0
+    if not a.numel():
+        return 0.0
+    a, b = a.detach().float(), b.detach().float()
+    d = float((a - b).abs().max().item())
+    scale = float(b.abs().max().item())
     return d / scale if scale > 0 else d
 
 
