@@ -76,3 +76,17 @@ PLAN_UPLOAD = "plan-upload"
 PLANS_STATUS = "plans-status"
 
 TABS = "tabs"
+
+# run (execute the plan on local devices)
+RUN_STEPS = "run-steps"
+RUN_WARMUP = "run-warmup"
+RUN_BUTTON = "run-button"
+RUN_CANCEL = "run-cancel"
+RUN_PROGRESS = "run-progress"
+RUN_STATUS = "run-status"
+RUN_ERROR = "run-error"
+RUN_RESULT = "run-result"
+RUN_LAYERS = "run-layers"
+RUN_SERIES = "run-series"
+RUN_HISTORY = "run-history"
+STORE_RUN = "store-run"

@@ -1,0 +1,172 @@
+"""Run panel: execute the current plan on this machine's devices and overlay measured against
+predicted times (per layer, and the step-time series with the predicted line).
+
+The run is a Dash background job (progress bar, cancel); workers are torch.distributed
+processes (gloo on CPU, NCCL on GPUs) started by :mod:`explorer.engine.runtime`, which also
+checks the result against a single-device run of the same model.
+"""
+
+from __future__ import annotations
+
+import dash
+import plotly.graph_objects as go
+from dash import Input, Output, State, dash_table, dcc, html, no_update
+
+from ..errors import ExplorerError
+from . import ids
+
+
+def layout():
+    return html.Div(className="panel run-panel", children=[
+        html.Div(className="row", children=[
+            html.Label(["Measured steps", dcc.Input(id=ids.RUN_STEPS, type="number", min=1,
+                                                    value=20)]),
+            html.Label(["Warm-up steps", dcc.Input(id=ids.RUN_WARMUP, type="number", min=0,
+                                                   value=5)]),
+            html.Button("Run on local devices", id=ids.RUN_BUTTON, className="primary"),
+            html.Button("Cancel", id=ids.RUN_CANCEL, disabled=True),
+            html.Progress(id=ids.RUN_PROGRESS, value="0", max="100"),
+            html.Span(id=ids.RUN_STATUS, className="muted"),
+        ]),
+        html.Div(id=ids.RUN_ERROR, className="error"),
+        html.Div(id=ids.RUN_RESULT),
+        html.Div(className="run-figures", children=[
+            dcc.Graph(id=ids.RUN_LAYERS, figure=go.Figure(), style={"height": "380px"}),
+            dcc.Graph(id=ids.RUN_SERIES, figure=go.Figure(), style={"height": "300px"}),
+        ]),
+        html.H4("Runs of this plan"),
+        dash_table.DataTable(id=ids.RUN_HISTORY, data=[], page_size=8,
+                             style_cell={"fontSize": 12, "padding": "2px 6px"},
+                             columns=[{"name": n, "id": k} for k, n in [
+                                 ("id", "run"), ("time", "time"), ("devices", "devices"),
+                                 ("predicted_ms", "predicted ms"),
+                                 ("measured_ms", "measured ms"), ("error", "error"),
+                                 ("reference", "reference")]]),
+    ])
+
+
+def layers_figure(res: dict, top: int = 25) -> go.Figure:
+    """Predicted vs measured time per layer (compute + communication), largest first."""
+    rows = sorted(res.get("layers", []), key=lambda r: -max(r["predicted_s"], r["measured_s"]))
+    rows = rows[:top]
+    names = [r["name"] for r in rows]
+    fig = go.Figure([
+        go.Bar(name="predicted", x=names, y=[r["predicted_s"] * 1e3 for r in rows],
+               marker_color="#9ab"),
+        go.Bar(name="measured", x=names, y=[r["measured_s"] * 1e3 for r in rows],
+               marker_color="#2563eb"),
+    ])
+    fig.update_layout(barmode="group", title=f"Per layer: predicted vs measured (ms, top {top})",
+                      yaxis_title="ms", margin=dict(l=50, r=20, t=40, b=90),
+                      legend=dict(orientation="h", y=1.1))
+    return fig
+
+
+def series_figure(res: dict) -> go.Figure:
+    steps = res.get("step_times_s") or []
+    fig = go.Figure([go.Scatter(x=list(range(1, len(steps) + 1)), y=[s * 1e3 for s in steps],
+                                mode="lines+markers", name="measured step")])
+    pred = res.get("predicted_step_time_s")
+    if pred:
+        fig.add_hline(y=pred * 1e3, line_dash="dash", line_color="#d62728",
+                      annotation_text=f"predicted {pred * 1e3:.2f} ms")
+    med = res.get("measured_step_time_s")
+    if med:
+        fig.add_hline(y=med * 1e3, line_dash="dot", line_color="#2563eb",
+                      annotation_text=f"median {med * 1e3:.2f} ms",
+                      annotation_position="bottom right")
+    fig.update_layout(title="Step time per measured step", xaxis_title="step",
+                      yaxis_title="ms", margin=dict(l=50, r=20, t=40, b=40), showlegend=False)
+    return fig
+
+
+def result_view(res: dict):
+    ok = res.get("reference_ok")
+    ref = ("reference check: " + ("passed" if ok else "FAILED") +
+           (f" (max relative error {res.get('reference', {}).get('max_rel_error', 0):.2e})"
+            if isinstance(res.get("reference"), dict) else "")) if ok is not None else ""
+    err = res.get("rel_error")
+    return html.Div([
+        html.Div([html.B(ref, id="run-reference")]),
+        html.Div(f"predicted {res['predicted_step_time_s'] * 1e3:.2f} ms/step, measured "
+                 f"{res['measured_step_time_s'] * 1e3:.2f} ms/step (median of "
+                 f"{len(res.get('step_times_s', []))} steps)"
+                 + (f", error {err * 100:+.1f} %" if err is not None else ""),
+                 id="run-times"),
+        html.Ul([html.Li(w, className="muted") for w in res.get("warnings", [])]),
+    ])
+
+
+def history_rows(plan: dict) -> list:
+    import datetime
+
+    from ..engine.history import digest
+    from ..engine.runtime.store import RunStore
+    rows = RunStore().list(digest=digest(plan), limit=50)
+    out = []
+    for r in rows:
+        p, m = r.get("predicted_s"), r.get("measured_s")
+        out.append({"id": r["id"], "time": datetime.datetime.fromtimestamp(r["ts"]).isoformat(
+            " ", "seconds"), "devices": r["devices"],
+            "predicted_ms": round(p * 1e3, 3) if p else None,
+            "measured_ms": round(m * 1e3, 3) if m else None,
+            "error": f"{(p - m) / m * 100:+.1f} %" if p and m else "",
+            "reference": {1: "ok", 0: "FAILED"}.get(r["reference_ok"], "–")})
+    return out
+
+
+def do_run(plan: dict, steps, warmup, progress=lambda v: None) -> dict:
+    """Launch ``plan`` and return the run result (raises ExplorerError with a message)."""
+    import warnings
+
+    from ..engine.runtime import launch
+    if not plan or "error" in plan:
+        raise ExplorerError("search a plan first")
+    doc = {k: v for k, v in plan.items() if k not in ("trace", "previous", "history_id")}
+    total = (int(steps or 0) + int(warmup or 0)) or 1
+
+    def prog(_i, done, _total):
+        progress(int(100 * done / max(_total or total, 1)))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        res = launch(doc, steps=int(steps or 20), warmup=int(warmup or 0), progress=prog)
+    res.setdefault("warnings", [])
+    res["warnings"] = sorted(set(res["warnings"]) | {str(w.message) for w in caught})
+    return res
+
+
+@dash.callback(
+    Output(ids.STORE_RUN, "data"), Output(ids.RUN_ERROR, "children"),
+    Output(ids.RUN_STATUS, "children"),
+    Input(ids.RUN_BUTTON, "n_clicks"),
+    State(ids.STORE_PLAN, "data"), State(ids.RUN_STEPS, "value"), State(ids.RUN_WARMUP, "value"),
+    background=True, interval=250,
+    progress=[Output(ids.RUN_PROGRESS, "value")],
+    running=[(Output(ids.RUN_BUTTON, "disabled"), True, False),
+             (Output(ids.RUN_CANCEL, "disabled"), False, True),
+             (Output(ids.RUN_STATUS, "children"), "running on local workers…", "")],
+    cancel=[Input(ids.RUN_CANCEL, "n_clicks")],
+    prevent_initial_call=True,
+)
+def run_plan(set_progress, _n, plan, steps, warmup):
+    try:
+        res = do_run(plan, steps, warmup, progress=lambda v: set_progress([str(v)]))
+    except (ExplorerError, ValueError) as exc:
+        return no_update, str(exc), ""
+    return res, "", f"done: {res['devices']} workers"
+
+
+@dash.callback(Output(ids.RUN_RESULT, "children"), Output(ids.RUN_LAYERS, "figure"),
+               Output(ids.RUN_SERIES, "figure"), Output(ids.RUN_HISTORY, "data"),
+               Input(ids.STORE_RUN, "data"), Input(ids.STORE_PLAN, "data"))
+def show_run(res, plan):
+    try:
+        hist = history_rows({k: v for k, v in (plan or {}).items()
+                             if k not in ("trace", "previous", "history_id")}) \
+            if plan and "error" not in plan else []
+    except Exception:  # noqa: BLE001 - history is a convenience, never break the panel
+        hist = []
+    if not res or (plan and res.get("model") != plan.get("model")):
+        return html.P("Run the current plan to compare measured with predicted times.",
+                      className="muted"), go.Figure(), go.Figure(), hist
+    return result_view(res), layers_figure(res), series_figure(res), hist
