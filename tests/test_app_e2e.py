@@ -163,3 +163,21 @@ def test_background_search_can_be_cancelled(app_duo):
     jobs = [p for p in psutil.Process().children(recursive=True)
             if "chrom" not in p.name().lower()]
     assert not jobs, f"background job processes left: {[p.name() for p in jobs]}"
+
+
+def test_run_panel_executes_the_plan_and_checks_it(dash_duo):
+    from explorer.engine.session import Request
+    dash_duo.start_server(create_app(Request(model="lenet5", preset="local", devices=2,
+                                             batch=8)))
+    wait_objective(dash_duo)
+    dash_duo.find_element(f"#{ids.TABS} .tab:nth-child(5)").click()
+    steps = dash_duo.find_element(f"#{ids.RUN_STEPS}")
+    steps.clear()
+    steps.send_keys("3")
+    warm = dash_duo.find_element(f"#{ids.RUN_WARMUP}")
+    warm.clear()
+    warm.send_keys("1")
+    dash_duo.find_element(f"#{ids.RUN_BUTTON}").click()
+    dash_duo.wait_for_contains_text("#run-reference", "passed", timeout=120)
+    assert "measured" in dash_duo.find_element("#run-times").text
+    dash_duo.wait_for_contains_text(f"#{ids.RUN_HISTORY}", "ok", timeout=20)
