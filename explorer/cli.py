@@ -2,6 +2,8 @@
 
     explorer search MODEL --devices N [--preset NAME] [--algo NAME] [--pin LAYER=CONFIG]...
                     [--batch B] [--model-arg KEY=VALUE]... [--json] [--dump-costs FILE]
+    explorer run PLAN.json [--steps K] [--json]
+    explorer calibrate [--devices N]
     explorer models | presets | graph MODEL
     explorer serve [--host 127.0.0.1] [--port 8050]
 
@@ -55,6 +57,23 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--ignore-memory", action="store_true",
                    help="return a plan even if it exceeds device memory")
 
+    r = sub.add_parser("run", help="execute a saved plan on the local devices and check it")
+    r.add_argument("plan", metavar="PLAN.json", help="a plan from `explorer search --out`")
+    r.add_argument("--steps", type=int, default=20, help="measured steps (default 20)")
+    r.add_argument("--warmup", type=int, default=5, help="discarded warm-up steps (default 5)")
+    r.add_argument("--timeout", type=float, default=600.0,
+                   help="seconds before a stuck run is stopped (default 600)")
+    r.add_argument("--no-check", action="store_true", help="skip the single-device check")
+    r.add_argument("--json", action="store_true", help="print the result as JSON")
+
+    c = sub.add_parser("calibrate", help="measure this machine for the `local` preset")
+    c.add_argument("--devices", "-n", type=int, default=None,
+                   help="worker processes to measure links between (default: cores)")
+    c.add_argument("--model", default=None,
+                   help="also profile every layer configuration of this model")
+    c.add_argument("--batch", "-b", type=int, default=None)
+    c.add_argument("--json", action="store_true")
+
     sub.add_parser("models", help="list the built-in example models")
     sub.add_parser("presets", help="list the device presets")
 
@@ -82,7 +101,8 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return {"search": cmd_search, "models": cmd_models, "presets": cmd_presets,
-                "graph": cmd_graph, "serve": cmd_serve}[args.cmd](args)
+                "graph": cmd_graph, "serve": cmd_serve, "run": cmd_run,
+                "calibrate": cmd_calibrate}[args.cmd](args)
     except (ExplorerError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -237,6 +257,16 @@ def cmd_graph(args) -> int:
         print(f"{lay.name[:30]:30s} {lay.op:13s} {str(list(lay.out_shape)):22s} "
               f"dims {''.join(lay.dims):5s} <- {ins}")
     return 0
+
+
+def cmd_run(args) -> int:
+    from .engine.runtime.cli import cmd_run as run
+    return run(args)
+
+
+def cmd_calibrate(args) -> int:
+    from .engine.runtime.cli import cmd_calibrate as calibrate
+    return calibrate(args)
 
 
 def cmd_serve(args) -> int:

@@ -30,8 +30,11 @@ Backward, in reverse topological order, for layer ``P``:
 2. ``torch.autograd.backward`` of ``P``'s local output with that gradient fills the weight
    shards' and input regions' gradients.
 3. Weight shards held by several devices (replica groups: identical shard boxes) are summed
-   with ``all_reduce`` inside the group (one coalesced call per group and layer; one
-   ``dist.new_group`` per distinct group, created in the same order on every rank).  Since
+   inside the group: ``sync="allreduce"`` (default with NCCL) makes one coalesced
+   ``all_reduce`` per group and layer on a ``dist.new_group`` per distinct group (created in
+   the same order on every rank); ``sync="p2p"`` (default with gloo, whose collectives cost
+   ~1 ms even for a few bytes here) swaps gradients point-to-point, see
+   :meth:`Executor._sync_grads`.  Since
    each worker back-propagates its part of the *global* loss, the sum is exactly the
    single-device gradient: no division is needed.
 4. SGD (``p -= lr·grad``, no momentum) on the worker's shards.
@@ -96,6 +99,9 @@ class LayerState:
     ins: list = field(default_factory=list)
     fwd_pieces: list = field(default_factory=list)
     bwd_pieces: list = field(default_factory=list)   # (consumer name, edge idx, Piece)
+    fwd: dict = field(default_factory=dict)          # compiled forward exchange (this rank)
+    bwd: dict = field(default_factory=dict)          # compiled gradient return (this rank)
+    full: tuple | None = None                        # extents of my output box
     needs_grad: bool = False
     ctx: object = None
     trainable: list = field(default_factory=list)    # qualified names of my trainable shards
@@ -139,13 +145,19 @@ class Executor:
     """
 
     def __init__(self, plan: Plan, rank: int, world: int, *, lr: float = 0.01, seed: int = 0,
-                 device: str = "cpu", fault=None):
+                 device: str = "cpu", fault=None, sync: str = "auto"):
         if plan.n_devices != world:
             raise InfeasiblePlan(f"the plan is for {plan.n_devices} devices, {world} workers "
                                  f"were started")
         self.plan, self.rank, self.world = plan, rank, world
         self.lr, self.seed, self.device = float(lr), int(seed), torch.device(device)
         self.fault = fault
+        if sync == "auto":
+            sync = "allreduce" if self.device.type == "cuda" else "p2p"
+        if sync not in ("p2p", "allreduce"):
+            raise ValueError(f"sync mode {sync!r}: use p2p, allreduce or auto")
+        self.sync_mode = sync
+        self._bufs: dict = {}
         self.step_no = 0
         self.phase = "setup"
         torch.manual_seed(self.seed)
@@ -309,6 +321,8 @@ class Executor:
                 for pc in st.fwd_pieces:
                     if pc.edge == ei:
                         self.state[ie.src].bwd_pieces.append((name, ei, pc))
+        for name in order:
+            self._compile(self.state[name])
         # process groups (same order on every rank)
         self.groups = {}
         for ranks in sorted(groups_all, key=lambda r: (len(r), r)):
@@ -368,13 +382,17 @@ class Executor:
         for w in works:
             w.wait()
 
-    def _fetch(self, st, outs, leaves):
-        """Forward exchange for layer ``st``: returns the region tensors (my inputs)."""
+    def _compile(self, st):
+        """Precompute this rank's part of the layer's exchanges (no numpy in the step loop).
+
+        Forward (``st.fwd``): per in-edge whose region is inside my own tile of the producer,
+        a view of it (``direct``); otherwise the region buffer to allocate, the pieces to
+        receive (into the buffer or a temporary), to copy locally and to send.  Backward
+        (``st.bwd``): the pieces of consumers' region gradients to add into my output
+        gradient, to send and to receive.
+        """
         me = self.rank
-        regions = [None] * len(st.ins)
-        direct = set()     # edges whose region is (part of) my own tile: no copy
-        todo = []          # (edge idx, piece box, tensor) to copy in after the waits
-        recvs, sends = [], []
+        fwd = {"direct": [], "alloc": [], "recv": [], "local": [], "send": []}
         if st.pos is not None:
             for ei, ie in enumerate(st.ins):
                 if ie.region is None:
@@ -382,37 +400,85 @@ class Executor:
                 src = self.state[ie.src]
                 if src.pos is not None and src.cfg.devices[src.pos] == me and \
                         G.volume(G.intersect(src.box, ie.region)) == G.volume(ie.region):
-                    t = outs[ie.src]
-                    if not np.array_equal(src.box, ie.region):
-                        t = t[_slices(ie.region, src.box)]
-                    regions[ei] = t.detach()
-                    direct.add(ei)
-                    continue
-                regions[ei] = torch.empty(_ext(ie.region), dtype=src.dtype, device=self.device)
+                    sl = None if np.array_equal(src.box, ie.region) else \
+                        _slices(ie.region, src.box)
+                    fwd["direct"].append((ei, ie.src, sl))
+                else:
+                    fwd["alloc"].append((ei, _ext(ie.region), src.dtype))
+        direct = {d[0] for d in fwd["direct"]}
         for tag, pc in enumerate(st.fwd_pieces):
             ie = st.ins[pc.edge]
+            src = self.state[ie.src]
             if pc.dst == me:
                 if pc.edge in direct:
                     continue
-                reg = regions[pc.edge]
-                src = self.state[ie.src]
                 if pc.src == me:
-                    todo.append((pc.edge, pc.box, outs[ie.src][_slices(pc.box, src.box)]
-                                 .detach()))
-                elif np.array_equal(pc.box, ie.region):
-                    recvs.append((pc.src, reg, tag))
+                    fwd["local"].append((pc.edge, ie.src, _slices(pc.box, src.box),
+                                         _slices(pc.box, ie.region)))
                 else:
-                    buf = torch.empty(_ext(pc.box), dtype=reg.dtype, device=self.device)
-                    recvs.append((pc.src, buf, tag))
-                    todo.append((pc.edge, pc.box, buf))
+                    whole = np.array_equal(pc.box, ie.region)
+                    fwd["recv"].append((pc.edge, pc.src, tag, _ext(pc.box),
+                                        None if whole else _slices(pc.box, ie.region)))
             elif pc.src == me:
-                src = self.state[ie.src]
-                t = outs[ie.src][_slices(pc.box, src.box)].detach().contiguous()
-                sends.append((pc.dst, t, tag))
-        if recvs or sends:
+                fwd["send"].append((ie.src, pc.dst, tag, _slices(pc.box, src.box)))
+        st.fwd = fwd
+        bwd = {"local": [], "send": [], "recv": []}
+        full = None if st.box is None else _ext(st.box)
+        for tag, (cname, ei, pc) in enumerate(st.bwd_pieces):
+            if pc.dst != me and pc.src != me:
+                continue
+            cst = self.state[cname]
+            if pc.dst == me:
+                region = cst.ins[ei].region
+                rsl = None if np.array_equal(pc.box, region) else _slices(pc.box, region)
+                if pc.src == me:
+                    bsl = None if np.array_equal(pc.box, st.box) else _slices(pc.box, st.box)
+                    bwd["local"].append((cname, ei, _ext(region), rsl, bsl))
+                else:
+                    bwd["send"].append((cname, ei, _ext(region), rsl, pc.src, tag))
+            else:
+                bsl = None if np.array_equal(pc.box, st.box) else _slices(pc.box, st.box)
+                bwd["recv"].append((pc.dst, tag, _ext(pc.box), bsl))
+        st.bwd = bwd
+        st.full = full
+
+    def participation(self) -> np.ndarray:
+        """``[layers, 3]`` bool: does this rank exchange data in the layer's forward fetch,
+        gradient return and gradient sync."""
+        out = np.zeros((len(self.order), 3), dtype=bool)
+        for i, name in enumerate(self.order):
+            st = self.state[name]
+            out[i, 0] = bool(st.fwd.get("recv") or st.fwd.get("send"))
+            out[i, 1] = bool(st.bwd.get("recv") or st.bwd.get("send"))
+            out[i, 2] = bool(st.sync)
+        return out
+
+    def _fetch(self, st, outs, leaves):
+        """Forward exchange for layer ``st``: returns the region tensors (my inputs)."""
+        f = st.fwd
+        regions = [None] * len(st.ins)
+        dev = self.device
+        for ei, src, sl in f["direct"]:
+            t = outs[src]
+            regions[ei] = (t if sl is None else t[sl]).detach()
+        for ei, ext, dtype in f["alloc"]:
+            regions[ei] = torch.empty(ext, dtype=dtype, device=dev)
+        if f["recv"] or f["send"]:
+            recvs, sends, todo = [], [], []
+            for ei, peer, tag, ext, rsl in f["recv"]:
+                if rsl is None:
+                    recvs.append((peer, regions[ei], tag))
+                else:
+                    buf = torch.empty(ext, dtype=regions[ei].dtype, device=dev)
+                    recvs.append((peer, buf, tag))
+                    todo.append((ei, rsl, buf))
+            for src, peer, tag, ssl in f["send"]:
+                sends.append((peer, outs[src][ssl].detach().contiguous(), tag))
             self._wait(recvs, sends)
-        for ei, box, t in todo:
-            regions[ei][_slices(box, st.ins[ei].region)] = t
+            for ei, rsl, buf in todo:
+                regions[ei][rsl] = buf
+        for ei, src, ssl, rsl in f["local"]:
+            regions[ei][rsl] = outs[src][ssl].detach()
         for ei, ie in enumerate(st.ins):
             r = regions[ei]
             if r is not None and ie.grad:
@@ -422,38 +488,103 @@ class Executor:
         return regions
 
     def _grad_in(self, st, leaves, loss_grads):
-        """Backward exchange for producer ``st``: the gradient of my output box."""
-        me = self.rank
-        g = None
-        if st.pos is not None:
-            g = loss_grads.get(st.name)
-            g = torch.zeros(_ext(st.box), dtype=st.dtype, device=self.device) if g is None \
-                else g.clone()
-        recvs, sends, todo = [], [], []
-        for tag, (cname, ei, pc) in enumerate(st.bwd_pieces):
-            if pc.dst != me and pc.src != me:
-                continue
-            cst = self.state[cname]
-            if pc.dst == me:
-                leaf = leaves.get((cname, ei))
-                region = cst.ins[ei].region
-                gr = None if leaf is None else leaf.grad
-                if gr is None:
-                    gr = torch.zeros(_ext(region), dtype=st.dtype, device=self.device)
-                part = gr[_slices(pc.box, region)]
-                if pc.src == me:
-                    g[_slices(pc.box, st.box)] += part
-                else:
-                    sends.append((pc.src, part.contiguous(), tag))
+        """Backward exchange for producer ``st``: the gradient of my output box.
+
+        The first contribution that covers the whole box is used as the accumulator (no
+        zero-filled buffer, no copy); the others are added into it.
+        """
+        b = st.bwd
+        dev = self.device
+        g = loss_grads.get(st.name) if st.pos is not None else None
+        owned = g is None          # may g be modified in place?
+        full = st.full
+
+        def add(bsl, part):
+            nonlocal g, owned
+            if g is None:
+                if bsl is None:
+                    g, owned = part, True
+                    return
+                g, owned = torch.zeros(full, dtype=st.dtype, device=dev), True
+            elif not owned:
+                g, owned = g.clone(), True
+            if bsl is None:
+                g += part
             else:
-                buf = torch.empty(_ext(pc.box), dtype=st.dtype, device=self.device)
-                recvs.append((pc.dst, buf, tag))
-                todo.append((pc.box, buf))
-        if recvs or sends:
-            self._wait(recvs, sends)
-        for box, buf in todo:
-            g[_slices(box, st.box)] += buf
+                g[bsl] += part
+
+        def region_grad(cname, ei, ext):
+            leaf = leaves.get((cname, ei))
+            gr = None if leaf is None else leaf.grad
+            return torch.zeros(ext, dtype=st.dtype, device=dev) if gr is None else gr
+
+        if b["send"] or b["recv"]:
+            sends, recvs = [], []
+            for cname, ei, ext, rsl, peer, tag in b["send"]:
+                gr = region_grad(cname, ei, ext)
+                part = gr if rsl is None else gr[rsl]
+                sends.append((peer, part.contiguous(), tag))
+            for peer, tag, ext, bsl in b["recv"]:
+                recvs.append((peer, torch.empty(ext, dtype=st.dtype, device=dev), tag))
+            self._wait([(p, buf, t) for p, buf, t in recvs], sends)
+            for (peer, tag, ext, bsl), (_, buf, _) in zip(b["recv"], recvs):
+                add(bsl, buf)
+        for cname, ei, ext, rsl, bsl in b["local"]:
+            gr = region_grad(cname, ei, ext)
+            add(bsl, gr if rsl is None else gr[rsl])
+        if g is None and st.pos is not None:
+            g = torch.zeros(full, dtype=st.dtype, device=dev)
         return g
+
+    def _sync_grads(self, ranks, grads):
+        """Sum ``grads`` over the replica group ``ranks`` (every member ends with the sum).
+
+        ``sync="allreduce"``: one coalesced ``dist.all_reduce`` on the group's process group.
+        ``sync="p2p"``: point-to-point — two replicas swap their gradients and add; larger
+        groups send to the group's first rank, which adds them in rank order and sends the
+        sum back (the parameter-server pattern of the cost model).  Gloo's collectives cost
+        about 1 ms even for a few bytes on this machine, its send/recv ~0.1 ms, so p2p is the
+        default on gloo.
+        """
+        if self.sync_mode == "allreduce":
+            flat = grads[0] if len(grads) == 1 else torch.cat([x.reshape(-1) for x in grads])
+            dist.all_reduce(flat, group=self.groups[ranks])
+            if len(grads) > 1:
+                o = 0
+                for x in grads:
+                    x.copy_(flat[o:o + x.numel()].view_as(x))
+                    o += x.numel()
+            return
+        me = self.rank
+        if len(ranks) == 2:
+            other = ranks[1] if ranks[0] == me else ranks[0]
+            bufs = [self._buffer(("sync", i), x) for i, x in enumerate(grads)]
+            self._wait([(other, b, i) for i, b in enumerate(bufs)],
+                       [(other, x, i) for i, x in enumerate(grads)])
+            for x, b in zip(grads, bufs):
+                x.add_(b)        # a + b == b + a exactly: both replicas hold the same sum
+            return
+        leader = ranks[0]
+        if me == leader:
+            others = ranks[1:]
+            bufs = {(r, i): self._buffer(("sync", r, i), x) for r in others
+                    for i, x in enumerate(grads)}
+            self._wait([(r, bufs[(r, i)], i) for r in others for i in range(len(grads))], [])
+            for r in others:
+                for i, x in enumerate(grads):
+                    x.add_(bufs[(r, i)])
+            self._wait([], [(r, x, len(grads) + i) for r in others
+                            for i, x in enumerate(grads)])
+        else:
+            self._wait([], [(leader, x, i) for i, x in enumerate(grads)])
+            self._wait([(leader, x, len(grads) + i) for i, x in enumerate(grads)], [])
+
+    def _buffer(self, key, like):
+        b = self._bufs.get(key)
+        if b is None or b.shape != like.shape or b.dtype != like.dtype:
+            b = torch.empty_like(like)
+            self._bufs[key] = b
+        return b
 
     def _check_fault(self, where: str):
         f = self.fault
@@ -538,13 +669,7 @@ class Executor:
                     if p.grad is None:
                         p.grad = torch.zeros_like(p)
                     grads.append(p.grad)
-                flat = grads[0] if len(grads) == 1 else torch.cat([x.reshape(-1) for x in grads])
-                dist.all_reduce(flat, group=self.groups[ranks])
-                if len(grads) > 1:
-                    o = 0
-                    for x in grads:
-                        x.copy_(flat[o:o + x.numel()].view_as(x))
-                        o += x.numel()
+                self._sync_grads(ranks, grads)
             t3 = pc()
             with torch.no_grad():
                 for q in st.trainable:

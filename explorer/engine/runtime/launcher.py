@@ -135,7 +135,8 @@ _PEER_HINTS = ("Connection closed by peer", "Connection reset", "Broken pipe",
 def launch_many(plans: list, steps: int = 20, warmup: int = 5, timeout_s: float = 600.0, *,
                 check: bool = True, expect: dict | None = None, lr: float = 0.01,
                 seed: int = 0, fault: str | None = None, progress=None, store: bool = True,
-                tol: float = 1e-4) -> list:
+                tol: float = 1e-4, sync: str = "auto", dump: str | None = None,
+                reference: str = "both") -> list:
     """Run several plans (same device count) in one set of worker processes.
 
     Returns one result dict per plan (see :func:`launch`).
@@ -154,7 +155,9 @@ def launch_many(plans: list, steps: int = 20, warmup: int = 5, timeout_s: float 
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     backend = "nccl" if gpus >= n and gpus > 0 else "gloo"
     jobs = [{"plan": p, "steps": steps, "warmup": warmup, "check": check, "lr": lr,
-             "seed": seed, "fault": fault, "tol": tol} for p in plans]
+             "seed": seed, "fault": fault, "tol": tol, "sync": sync, "reference": reference,
+             "dump": None if dump is None else (dump if len(plans) == 1 else f"{dump}.{i}")}
+            for i, p in enumerate(plans)]
     import torch.multiprocessing as mp
     from .worker import spawn_entry
     ctx = mp.get_context("spawn")
@@ -207,14 +210,24 @@ def launch_many(plans: list, steps: int = 20, warmup: int = 5, timeout_s: float 
                 timed_out = True
                 break
     finally:
+        stuck = [r for r, p in enumerate(procs)
+                 if p.pid is not None and p.is_alive() and r not in done and r not in errors]
         _kill(procs)
         q.close()
         q.cancel_join_thread()
     elapsed = time.monotonic() - t0
     if errors or dead or timed_out or len(done) < n:
-        raise RunFailed(_failure_message(errors, dead, timed_out, timeout_s, last_progress,
-                                         len(plans), n, done),
-                        _failed_rank(errors, dead), pids)
+        msg = _failure_message(errors, dead, timed_out, timeout_s, last_progress, len(plans),
+                               n, done)
+        if stuck and (errors or dead or timed_out):
+            msg += (f". Rank{'s' if len(stuck) > 1 else ''} {', '.join(map(str, stuck))} "
+                    f"{'were' if len(stuck) > 1 else 'was'} still running without reporting "
+                    f"an error (stuck?) and {'were' if len(stuck) > 1 else 'was'} killed")
+        rank = _failed_rank(errors, dead)
+        if rank is not None and rank in errors and stuck and \
+                any(h in errors[rank][0] for h in _PEER_HINTS):
+            rank = stuck[0]
+        raise RunFailed(msg, rank, pids)
     out = []
     for i, pl in enumerate(plans):
         res = results.get(i)
@@ -281,9 +294,13 @@ def launch(plan_dict: dict, steps: int = 20, warmup: int = 5, timeout_s: float =
 
     Keyword options: ``check`` (reference check, default True), ``expect`` (dict with
     ``model``/``batch``/``model_args``/``devices`` the plan must match), ``lr`` (0.01),
-    ``seed`` (0), ``fault`` (``"RANK:STEP[:raise|exit|hang]"``, tests), ``progress``
-    (``callable(plan_index, steps_done, steps_total)``), ``store`` (save the run in
-    ``$EXPLORER_HOME/runs.sqlite``, default True), ``tol`` (1e-4).
+    ``seed`` (0), ``sync`` (``"auto"``: point-to-point gradient sums on gloo, all-reduce on
+    NCCL; or ``"p2p"`` / ``"allreduce"``), ``fault`` (``"RANK:STEP[:raise|exit|hang]"``,
+    tests), ``progress`` (``callable(plan_index, steps_done, steps_total)``), ``store``
+    (save the run in ``$EXPLORER_HOME/runs.sqlite``, default True), ``tol`` (1e-4), ``reference``
+    (``"both"`` default: the exact float64 single-device step, with the float32 single-device
+    step's own error as the rounding allowance; ``"float64"``: exact step only, tolerance
+    ``tol``; ``"float32"``: the float32 single-device step only).
 
     Returns a dict with ``reference_ok``, ``reference`` (errors per parameter),
     ``predicted_step_time_s``, ``measured_step_time_s``, ``rel_error``

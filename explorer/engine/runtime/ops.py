@@ -332,46 +332,72 @@ RULES = {"conv": _conv, "pool": _pool, "adaptive_pool": _adaptive_pool, "upsampl
 
 
 def _call_node(ctx, ins):
-    """Call the layer's own fx target with its tensor arguments replaced by ``ins``."""
-    node = ctx.node
-    it = iter(ins)
+    """Call the layer's own fx target with its tensor arguments replaced by ``ins``
+    (the argument template is built on the first call)."""
+    fn = getattr(ctx, "_call", None)
+    if fn is None:
+        fn = ctx._call = _compile_call(ctx, len(ins))
+    return fn(ins)
 
-    def sub(a):
+
+def _compile_call(ctx, n_ins):
+    node = ctx.node
+    slots = []            # (kind, position, value): "in" k-th input / "param" getter
+
+    def sub(a, path, top):
         if isinstance(a, torch.fx.Node):
             if a.op == "get_attr":
-                return ctx.param(str(a.target))
-            if _is_tensor_node(a):
-                try:
-                    return next(it)
-                except StopIteration:
+                slots.append((path, "param", str(a.target)))
+                return None
+            if _is_tensor_node(a) and top:
+                k = sum(1 for s_ in slots if s_[1] == "in")
+                if k >= n_ins:
                     raise NotImplementedError(
                         f"{ctx.where}: node {node.name} has more tensor arguments than the "
-                        f"layer's {len(ins)} inputs") from None
+                        f"layer's {n_ins} inputs")
+                slots.append((path, "in", k))
+                return None
             raise NotImplementedError(f"{ctx.where}: argument {a.name} of node {node.name} is "
                                       f"computed at run time (not a tensor input)")
-        if isinstance(a, (list, tuple)):
-            return type(a)(sub(x) for x in a)
+        if isinstance(a, (list, tuple)) and any(isinstance(x, torch.fx.Node) for x in a):
+            if any(isinstance(x, torch.fx.Node) and x.op != "get_attr" for x in a):
+                raise NotImplementedError(f"{ctx.where}: node {node.name} takes a list of "
+                                          f"tensors")
+            return type(a)(ctx.param(str(x.target)) if isinstance(x, torch.fx.Node) else x
+                           for x in a)
         return a
 
-    args = [sub(a) for a in node.args]
-    kwargs = {}
-    for k, v in node.kwargs.items():
-        if isinstance(v, torch.fx.Node) and _is_tensor_node(v):
-            raise NotImplementedError(f"{ctx.where}: tensor keyword argument {k!r}")
-        kwargs[k] = sub(v)
+    args = [sub(a, ("a", i), True) for i, a in enumerate(node.args)]
+    kwargs = {k: sub(v, ("k", k), False) for k, v in node.kwargs.items()}
     if node.op == "call_module":
         mod = ctx.module()
         if isinstance(mod, nn.LayerNorm):
             w = ctx.param(f"{node.target}.weight") if mod.weight is not None else None
             b = ctx.param(f"{node.target}.bias") if mod.bias is not None else None
-            return F.layer_norm(args[0], mod.normalized_shape, w, b, mod.eps)
+            shape, eps = mod.normalized_shape, mod.eps
+            return lambda ins: F.layer_norm(ins[0], shape, w, b, eps)
         if any(True for _ in mod.parameters(recurse=False)):
             raise NotImplementedError(f"{ctx.where}: module {type(mod).__name__} with "
                                       f"parameters has no runtime rule")
-        return mod(*args, **kwargs)
-    if node.op == "call_method":
-        return getattr(args[0], node.target)(*args[1:], **kwargs)
-    return node.target(*args, **kwargs)
+        target = mod
+    elif node.op == "call_method":
+        meth = node.target
+
+        def target(first, *rest, **kw):
+            return getattr(first, meth)(*rest, **kw)
+    else:
+        target = node.target
+
+    def fn(ins):
+        a, k = list(args), dict(kwargs)
+        for (where, i), kind, v in slots:
+            val = ins[v] if kind == "in" else ctx.param(v)
+            if where == "a":
+                a[i] = val
+            else:
+                k[i] = val
+        return target(*a, **k)
+    return fn
 
 
 # --------------------------------------------------------------------------------------------
@@ -380,8 +406,8 @@ def _call_node(ctx, ins):
 
 
 def _broadcast_slice(ctx, qual, t, out_box, nd):
-    """The part of parameter ``qual`` (tensor ``t``, this device's shard if it has one) that
-    broadcasts against the output box."""
+    """``fn() -> tensor``: the part of parameter ``qual`` (tensor ``t``, this device's shard
+    if it has one) that broadcasts against the output box."""
     full_shape = tuple(ctx.tensors[qual].shape) if qual in ctx.tensors else tuple(t.shape)
     if len(full_shape) > nd:
         raise NotImplementedError(f"{ctx.where}: parameter {qual} {full_shape} broadcasts to "
@@ -400,35 +426,57 @@ def _broadcast_slice(ctx, qual, t, out_box, nd):
     else:
         have = np.array([(0, s) for s in full_shape])
     idx = []
+    whole = True
     for ax, ((n0, n1), (h0, h1)) in enumerate(zip(need, have)):
         if n0 < h0 or n1 > h1:
             raise RuntimeError(f"{ctx.where}: parameter {qual} shard {have.tolist()} does not "
                                f"cover the part {need} the output box needs")
         idx.append(slice(int(n0 - h0), int(n1 - h0)))
-    return t[tuple(idx)]
+        whole = whole and n0 == h0 and n1 - h0 == t.shape[ax]
+    return _param_view(ctx, qual, t, None if whole else tuple(idx))
+
+
+def compile_folded(ctx, out_box, nd: int) -> list:
+    """The layer's folded fx nodes as a list of ``fn(y) -> y`` for the output box ``out_box``
+    (every lookup, slice and decision made once)."""
+    chain_names = {ctx.layer.name}
+    fns = []
+    for node in ctx.folded:
+        fn = _compile_one(ctx, node, out_box, nd, chain_names)
+        if fn is not None:
+            fns.append(fn)
+        chain_names.add(node.name)
+    return fns
 
 
 def apply_folded(ctx, y: torch.Tensor, out_box) -> torch.Tensor:
     """Run the layer's folded fx nodes on the local output ``y`` (box ``out_box``)."""
-    chain_names = {ctx.layer.name}
-    nd = y.dim()
-    for node in ctx.folded:
-        y = _apply_one(ctx, node, y, out_box, nd, chain_names)
-        chain_names.add(node.name)
+    for fn in compile_folded(ctx, out_box, y.dim()):
+        y = fn(y)
     return y
 
 
-def _bn(ctx, y, out_box, rm, rv, w, b, eps, quals):
+def _param_view(ctx, qual, t, idx):
+    """``fn() -> tensor``: ``t[idx]`` taken at call time (shards are updated in place)."""
+    if idx is None:
+        return lambda: t
+    return lambda: t[idx]
+
+
+def _bn_fn(ctx, out_box, rm, rv, w, b, eps, quals):
     c0, c1 = int(out_box[1, 0]), int(out_box[1, 1])
     if rm is None or rv is None:
         raise NotImplementedError(f"{ctx.where}: BatchNorm without running statistics "
                                   f"(track_running_stats=False) normalises with batch statistics")
-    rm, rv = rm[c0:c1], rv[c0:c1]
-    if w is not None:
-        w = _channel_slice(ctx, quals[0], w, c0, c1)
-    if b is not None:
-        b = _channel_slice(ctx, quals[1], b, c0, c1)
-    return F.batch_norm(y, rm, rv, w, b, False, 0.0, eps)
+    rm, rv = rm[c0:c1].detach(), rv[c0:c1].detach()
+    wf = None if w is None else _channel_slice(ctx, quals[0], w, c0, c1)
+    bf = None if b is None else _channel_slice(ctx, quals[1], b, c0, c1)
+    eps = float(eps)
+
+    def fn(y):
+        return F.batch_norm(y, rm, rv, None if wf is None else wf(),
+                            None if bf is None else bf(), False, 0.0, eps)
+    return fn
 
 
 def _channel_slice(ctx, qual, t, c0, c1):
@@ -439,36 +487,33 @@ def _channel_slice(ctx, qual, t, c0, c1):
     if c0 < h0 or c1 > h1:
         raise RuntimeError(f"{ctx.where}: BatchNorm parameter {qual} shard [{h0}, {h1}) does "
                            f"not cover channels [{c0}, {c1})")
-    return t[c0 - h0:c1 - h0]
+    idx = None if (c0 - h0 == 0 and c1 - h0 == t.shape[0]) else slice(c0 - h0, c1 - h0)
+    return _param_view(ctx, qual, t, idx)
 
 
-def _apply_one(ctx, node, y, out_box, nd, chain_names):
+def _compile_one(ctx, node, out_box, nd, chain_names):
     if node.op == "call_module":
         mod = ctx.gm.get_submodule(node.target)
         if isinstance(mod, _PASS_MODULES):
-            return y
+            return None
         if isinstance(mod, _BN):
             t = str(node.target)
             w = ctx.param(f"{t}.weight") if mod.weight is not None else None
             b = ctx.param(f"{t}.bias") if mod.bias is not None else None
-            return _bn(ctx, y, out_box, mod.running_mean, mod.running_var, w, b, mod.eps,
-                       (f"{t}.weight", f"{t}.bias"))
+            return _bn_fn(ctx, out_box, mod.running_mean, mod.running_var, w, b, mod.eps,
+                          (f"{t}.weight", f"{t}.bias"))
         if any(True for _ in mod.parameters(recurse=False)):
             raise NotImplementedError(f"{ctx.where}: folded module {node.target} "
                                       f"({type(mod).__name__}) has parameters and no rule")
-        return mod(y)
+        return mod
     name = _target_name(node, ctx.gm)
-    if name in _IDENTITY or "dropout" in name:
-        return y
-    if name == "expand":
-        return y
+    if name in _IDENTITY or "dropout" in name or name == "expand":
+        return None
     if name in ("batch_norm",):
-        args = list(node.args)
-        kw = dict(node.kwargs)
         names = ["input", "running_mean", "running_var", "weight", "bias", "training",
                  "momentum", "eps"]
-        got = dict(zip(names, args))
-        got.update(kw)
+        got = dict(zip(names, node.args))
+        got.update(node.kwargs)
 
         def t(key):
             v = got.get(key)
@@ -477,8 +522,8 @@ def _apply_one(ctx, node, y, out_box, nd, chain_names):
         def q(key):
             v = got.get(key)
             return str(v.target) if isinstance(v, torch.fx.Node) else ""
-        return _bn(ctx, y, out_box, t("running_mean"), t("running_var"), t("weight"),
-                   t("bias"), got.get("eps", 1e-5), (q("weight"), q("bias")))
+        return _bn_fn(ctx, out_box, t("running_mean"), t("running_var"), t("weight"),
+                      t("bias"), got.get("eps", 1e-5), (q("weight"), q("bias")))
     flowing = [a for a in node.args if _is_tensor_node(a)]
     if len(flowing) != 1:
         picked = [a for a in flowing if a.name in chain_names]
@@ -487,44 +532,69 @@ def _apply_one(ctx, node, y, out_box, nd, chain_names):
                                       f"{len(flowing)} tensor arguments")
         flowing = picked
     src = flowing[0]
+    dynamic = []          # positions (in args / kwargs) filled at call time
 
-    def sub(a):
+    def sub(a, path):
         if isinstance(a, torch.fx.Node):
             if a is src:
-                return y
+                dynamic.append((path, None))
+                return None
             if a.op == "get_attr":
                 qual = str(a.target)
-                return _broadcast_slice(ctx, qual, ctx.param(qual), out_box, nd)
+                view = _broadcast_slice(ctx, qual, ctx.param(qual), out_box, nd)
+                dynamic.append((path, view))
+                return None
             raise NotImplementedError(f"{ctx.where}: folded node {node.name} ({name}) reads "
                                       f"{a.name}, computed at run time")
-        if isinstance(a, (list, tuple)):
-            return type(a)(sub(x) for x in a)
+        if isinstance(a, (list, tuple)) and any(isinstance(x, torch.fx.Node) for x in a):
+            raise NotImplementedError(f"{ctx.where}: folded node {node.name} ({name}) takes a "
+                                      f"list of tensors")
         return a
 
-    args = [sub(a) for a in node.args]
-    kwargs = {k: sub(v) for k, v in node.kwargs.items()}
+    args = [sub(a, ("a", i)) for i, a in enumerate(node.args)]
+    kwargs = {k: sub(v, ("k", k)) for k, v in node.kwargs.items()}
     if "inplace" in kwargs:
         kwargs["inplace"] = False
     if node.op == "call_method":
         meth = node.target
         if meth.endswith("_") and not meth.endswith("__"):
             meth = meth[:-1]          # out-of-place variant: keeps autograd simple
-        return getattr(args[0], meth)(*args[1:], **kwargs)
-    return node.target(*args, **kwargs)
+
+        def target(first, *rest, **kw):
+            return getattr(first, meth)(*rest, **kw)
+    else:
+        target = node.target
+
+    def fn(y):
+        a, k = list(args), dict(kwargs)
+        for (where, i), getter in dynamic:
+            v = y if getter is None else getter()
+            if where == "a":
+                a[i] = v
+            else:
+                k[i] = v
+        return target(*a, **k)
+    return fn
 
 
 def compute(ctx, ins, in_boxes, out_box) -> torch.Tensor:
-    """The layer's output box: the op's rule, then the folded nodes."""
+    """The layer's output box: the op's rule, then the folded nodes.
+
+    The first call checks the result's shape against the box and compiles the folded nodes;
+    later calls (the same box) only run them.
+    """
     rule = RULES.get(ctx.layer.op)
     if rule is None:
         raise NotImplementedError(f"{ctx.where}: the runtime has no rule for op "
                                   f"{ctx.layer.op!r}")
     y = rule(ctx, ins, in_boxes, out_box)
-    want = tuple(int(v) for v in out_box[:, 1] - out_box[:, 0])
-    if tuple(y.shape) != want:
-        raise RuntimeError(f"{ctx.where}: local result has shape {tuple(y.shape)}, the owned "
-                           f"box {out_box.tolist()} has {want}")
-    if ctx.folded:
-        y = apply_folded(ctx, y, out_box)
+    fold = getattr(ctx, "_fold", None)
+    if fold is None:
+        want = tuple(int(v) for v in out_box[:, 1] - out_box[:, 0])
+        if tuple(y.shape) != want:
+            raise RuntimeError(f"{ctx.where}: local result has shape {tuple(y.shape)}, the "
+                               f"owned box {out_box.tolist()} has {want}")
+        fold = ctx._fold = compile_folded(ctx, out_box, y.dim())
+    for fn in fold:
+        y = fn(y)
     return y
-

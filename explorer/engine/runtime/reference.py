@@ -7,13 +7,24 @@ the whole batch and a sample-split plan could only reproduce them with an extra 
 cost model does not know about.  Gradients are still computed and one SGD step
 (``p -= lr·grad``, no momentum) is taken.
 
-Loss: ``Σ_outputs mean(out.float()²)`` over the model's outputs (one for every example model).
+Loss: ``Σ_outputs mean(out²)`` over the model's outputs (one for every example model).
 
-Tolerances: the loss, every parameter after the step and every gradient must agree to a
-relative error ``max|a − b| / max|b|`` (the maximum over the tensor, relative to the
-reference tensor's largest magnitude) of at most ``tol`` (1e-4 by default) in float32.
-Comparing the gradients is the strict part: with ``lr = 0.01`` a parameter moves by ~1e-4 of
-its size, so a parameter-only check would hide a wrong gradient.
+Precision: the distributed run computes in float32.  The reference is the same model, input
+and initial weights on one process, run twice: in **float64** (the exact result of the step)
+and in float32 (what one device computes).  A float32 single-device run is not a good
+yardstick on its own: on ResNet-50 its gradients differ from the exact ones by up to 3e-4
+(relative), and on Inception-v3 a few tiny, ill-conditioned gradients (1e-4..1e-8 of the
+largest) by several percent — the distributed run shows exactly the same errors there, since
+float32 rounding, not the plan, decides them.
+
+Criterion (loss, every parameter after the step, every gradient): the distributed run's
+relative error against the exact step, ``max|a − b| / max|b|`` (the maximum over the tensor,
+relative to the exact tensor's largest magnitude; gradients relative to at least
+``GRAD_FLOOR`` × the model's largest gradient), must be at most ``max(tol,
+ROUNDING_FACTOR × the float32 single-device run's error on that tensor)``, ``tol = 1e-4``.
+Comparing gradients is the strict part: with ``lr = 0.01`` a parameter moves by ~1e-4 of its
+size, so a parameter-only check would hide a wrong gradient.  A wrong region, halo, shard or
+synchronisation gives errors of order 1 and fails.
 """
 
 from __future__ import annotations
@@ -21,6 +32,14 @@ from __future__ import annotations
 import torch
 
 DEFAULT_TOL = 1e-4
+#: Gradients are compared relative to max(max|ref grad|, GRAD_FLOOR · largest gradient of the
+#: model): some gradients are zero up to rounding (the key bias of attention: softmax does not
+#: change when a constant is added to every score), and rounding noise relative to ~0 means
+#: nothing.
+GRAD_FLOOR = 1e-3
+#: A tensor may differ from the exact result by up to this many times the error a float32
+#: single-device run makes on it (float32 rounding, not the plan, decides there).
+ROUNDING_FACTOR = 10.0
 
 
 def _tensors(out):
@@ -33,66 +52,140 @@ def _tensors(out):
     return []
 
 
-def reference_step(model, x, lr: float):
-    """``(loss, grads, params_after)`` of one eval-mode SGD step of ``model`` on ``x``.
+def reference_step(model, x, lr: float, dtype=torch.float64):
+    """``(loss, params_after, grads)`` of one eval-mode SGD step of ``model`` on ``x``.
 
-    Modifies ``model``'s parameters in place (call it after the distributed run).
+    ``dtype`` is the precision of the reference (the model and a floating-point input are
+    converted first; ``None`` keeps them).  Modifies ``model`` in place: pass a copy if the
+    model is needed afterwards.
     """
+    if dtype is not None:
+        model = model.to(dtype)
+        if x.is_floating_point():
+            x = x.to(dtype)
     model.eval()
     for p in model.parameters():
         p.grad = None
     out = model(x)
-    loss = sum(o.float().pow(2).mean() for o in _tensors(out))
+    loss = sum(o.pow(2).mean() for o in _tensors(out))
     loss.backward()
-    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()
-             if p.grad is not None}
     with torch.no_grad():
         for p in model.parameters():
             if p.grad is not None:
                 p.add_(p.grad, alpha=-lr)
-    params = {n: p.detach().clone() for n, p in model.named_parameters()}
-    return float(loss.item()), grads, params
+    # the model's own tensors (no copies: the model is not used again, and fresh gigabyte
+    # allocations cost seconds of page faults on a VM)
+    grads = {n: p.grad.detach() for n, p in model.named_parameters() if p.grad is not None}
+    params = {n: p.detach() for n, p in model.named_parameters()}
+    return float(loss.item()), params, grads
 
 
-def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    """``max|a − b| / max|b|`` (absolute difference when ``b`` is all zeros)."""
+_CHUNK = 1 << 20
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor, floor: float = 0.0) -> float:
+    """``max|a − b| / max(max|b|, floor)`` (the absolute difference when both are 0).
+
+    Computed in ``b``'s precision, a million elements at a time (small reused temporaries
+    instead of tensor-sized ones).
+    """
     if not a.numel():
         return 0.0
-    a, b = a.detach().float(), b.detach().float()
-    d = float((a - b).abs().max().item())
-    scale = float(b.abs().max().item())
+    a, b = a.detach().reshape(-1), b.detach().reshape(-1)
+    d = scale = 0.0
+    for i in range(0, a.numel(), _CHUNK):
+        x, y = a[i:i + _CHUNK], b[i:i + _CHUNK]
+        if x.dtype != y.dtype:
+            x = x.to(y.dtype)
+        d = max(d, float(torch.sub(x, y).abs_().max().item()))
+        scale = max(scale, float(y.abs().max().item()))
+    scale = max(scale, floor)
     return d / scale if scale > 0 else d
 
 
-def compare(loss, params, grads, ref_loss, ref_params, ref_grads, tol: float = DEFAULT_TOL
-            ) -> dict:
-    """The reference check document: ``ok``, errors, the worst tensors and any problems."""
-    problems = []
-    rows = []
-    worst_p = worst_g = 0.0
-    worst_p_name = worst_g_name = None
-    for name, ref in ref_params.items():
+def _absmax(t: torch.Tensor) -> float:
+    t = t.detach().reshape(-1)
+    return max((float(t[i:i + _CHUNK].abs().max().item()) for i in range(0, t.numel(), _CHUNK)),
+               default=0.0)
+
+
+def compare(loss, params, grads, ref, ref32=None, tol: float = DEFAULT_TOL) -> dict:
+    """The reference check document.
+
+    ``ref`` = ``(loss, params, grads)`` of the exact (float64) single-device step, ``ref32``
+    the same in float32 (optional).  For the loss and every parameter and gradient, the
+    distributed run's error against ``ref`` must be at most ``max(tol, ROUNDING_FACTOR ×
+    the float32 single-device run's own error)``.
+    """
+    ref_loss, ref_params, ref_grads = ref
+    problems, rows = [], []
+    gmax = max((_absmax(g) for g in ref_grads.values() if g.numel()), default=0.0)
+    floor = GRAD_FLOOR * gmax
+    worst = {"param": (0.0, None), "grad": (0.0, None)}
+    allowance_used = []
+    ok = True
+
+    def judge(kind, name, a, b, b32, fl=0.0):
+        nonlocal ok
+        e = rel_err(a, b, fl)
+        e32 = rel_err(b32, b, fl) if b32 is not None else None
+        allowed = max(tol, ROUNDING_FACTOR * e32) if e32 is not None else tol
+        if e > allowed:
+            ok = False
+        elif e > tol:
+            allowance_used.append(f"{kind} {name}")
+        if e > worst[kind][0]:
+            worst[kind] = (e, name)
+        return e, e32, allowed
+
+    for name, rp in ref_params.items():
         if name not in params:
-            if name in ref_grads and ref_grads[name].abs().max().item() > 0:
+            if name in ref_grads and _absmax(ref_grads[name]) > 0:
                 problems.append(f"parameter {name} has a gradient in the reference but no layer "
                                 f"of the plan owns it")
+                ok = False
             continue
-        pe = rel_err(params[name], ref)
-        if name in ref_grads:
-            ge = rel_err(grads[name], ref_grads[name]) if name in grads else float("inf")
+        r32p = ref32[1].get(name) if ref32 else None
+        r32g = ref32[2].get(name) if ref32 else None
+        pe, pe32, pa = judge("param", name, params[name], rp, r32p)
+        rg = ref_grads.get(name)
+        if rg is None:
+            rg = torch.zeros_like(rp)
+        if name in grads:
+            ge, ge32, ga = judge("grad", name, grads[name], rg, r32g, floor)
         else:
-            ge = rel_err(grads[name], torch.zeros_like(grads[name])) if name in grads else 0.0
-        rows.append({"name": name, "param_rel_err": pe, "grad_rel_err": ge})
-        if pe > worst_p:
-            worst_p, worst_p_name = pe, name
-        if ge > worst_g:
-            worst_g, worst_g_name = ge, name
+            ge, ge32, ga = float("inf"), None, tol
+            ok = False
+        rows.append({"name": name, "param_rel_err": pe, "grad_rel_err": ge,
+                     "float32_param_rel_err": pe32, "float32_grad_rel_err": ge32,
+                     "allowed_param": pa, "allowed_grad": ga})
     loss_err = abs(loss - ref_loss) / max(abs(ref_loss), 1e-30)
-    ok = (not problems and loss_err <= tol and worst_p <= tol and worst_g <= tol
-          and bool(rows))
+    loss32_err = abs(ref32[0] - ref_loss) / max(abs(ref_loss), 1e-30) if ref32 else None
+    if loss_err > max(tol, ROUNDING_FACTOR * (loss32_err or 0.0)):
+        ok = False
     if not rows:
         problems.append("no parameter was compared")
-    return {"ok": bool(ok), "tolerance": tol, "loss": loss, "loss_ref": ref_loss,
-            "loss_rel_err": loss_err, "max_param_rel_err": worst_p, "worst_param": worst_p_name,
-            "max_grad_rel_err": worst_g, "worst_grad": worst_g_name, "params_compared": len(rows),
-            "problems": problems, "params": rows}
+        ok = False
+    doc = {"ok": bool(ok), "tolerance": tol, "rounding_factor": ROUNDING_FACTOR,
+           "precision": "float64" + ("+float32" if ref32 is not None else ""),
+           "loss": loss, "loss_ref": ref_loss, "loss_rel_err": loss_err,
+           "loss_float32": None if ref32 is None else ref32[0],
+           "max_param_rel_err": worst["param"][0], "worst_param": worst["param"][1],
+           "max_grad_rel_err": worst["grad"][0], "worst_grad": worst["grad"][1],
+           "max_rel_error": max(loss_err, worst["param"][0], worst["grad"][0]),
+           "params_compared": len(rows), "rounding_allowance_used": allowance_used,
+           "problems": problems, "params": rows}
+    if ref32 is not None:
+        doc["float32_max_grad_rel_err"] = max(
+            (r["float32_grad_rel_err"] for r in rows if r["float32_grad_rel_err"] is not None),
+            default=0.0)
+        doc["float32_max_param_rel_err"] = max(
+            (r["float32_param_rel_err"] for r in rows if r["float32_param_rel_err"] is not None),
+            default=0.0)
+        # the literal comparison with the single-device float32 run, for information
+        doc["vs_float32_max_grad_rel_err"] = max(
+            (rel_err(grads[n], ref32[2][n], floor) for n in grads if n in ref32[2]),
+            default=0.0)
+        doc["vs_float32_max_param_rel_err"] = max(
+            (rel_err(params[n], ref32[1][n]) for n in params if n in ref32[1]), default=0.0)
+    return doc

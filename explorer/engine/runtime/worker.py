@@ -6,7 +6,8 @@ Used two ways:
   (``torch.multiprocessing``, one thread each) and calls :func:`spawn_entry` in each;
 * under ``torchrun``, so a plan can span several machines with torchrun's rendezvous::
 
-      torchrun --standalone --nproc_per_node 2 -m explorer.engine.runtime.worker PLAN.json --steps 20
+      torchrun --standalone --nproc_per_node 2 \\
+               -m explorer.engine.runtime.worker PLAN.json --steps 20
       # several machines (same command on each, node_rank 0..N-1):
       torchrun --nnodes 2 --nproc_per_node 4 --node_rank $R --rdzv_backend c10d \\
                --rdzv_endpoint HOST:29400 -m explorer.engine.runtime.worker PLAN.json
@@ -17,7 +18,8 @@ Used two ways:
   (same as ``explorer run``).
 
 A job: ``{"plan": plan dict, "steps": 20, "warmup": 5, "check": true, "lr": 0.01, "seed": 0,
-"fault": "RANK:STEP[:raise|exit|hang]" (tests)}``.  The environment variable
+"fault": "RANK:STEP[:raise|exit|hang]" (tests), "dump": path (rank 0 saves the checked
+step's loss, parameters and gradients with ``torch.save``; debugging)}``.  The environment variable
 ``EXPLORER_RUNTIME_FAULT`` injects the same fault (test hook).
 """
 
@@ -61,17 +63,20 @@ def run_job(job: dict, rank: int, world: int, device: str = "cpu", progress=None
     ex = None
     try:
         ex = Executor(plan, rank, world, lr=lr, seed=int(job.get("seed", 0)), device=device,
-                      fault=fault)
+                      fault=fault, sync=job.get("sync", "auto"))
         setup_s = time.perf_counter() - t_start
         _barrier(world)
         gathered, loss = None, None
         total = warmup + steps + (1 if job.get("check", True) else 0)
         done = 0
+        check_s = reference_s = 0.0
         if job.get("check", True):
+            t_check = time.perf_counter()
             _, extra = ex.step(check=True)
             loss = extra["loss"]
             ex.phase = "gathering parameters on rank 0"
             gathered = ex.gather(extra["grads"])
+            check_s = time.perf_counter() - t_check
             done += 1
             if progress:
                 progress(done, total)
@@ -89,7 +94,7 @@ def run_job(job: dict, rank: int, world: int, device: str = "cpu", progress=None
             if progress:
                 progress(done, total)
         ex.phase = "collecting timings"
-        payload = (step_times, np.asarray(timings))
+        payload = (step_times, np.asarray(timings), ex.participation())
         if world > 1:
             objs = [None] * world
             dist.all_gather_object(objs, payload)
@@ -98,16 +103,35 @@ def run_job(job: dict, rank: int, world: int, device: str = "cpu", progress=None
         if rank != 0:
             return None
         ref = None
+        if gathered is not None and job.get("dump"):
+            torch.save({"loss": loss, "params": gathered[0], "grads": gathered[1]}, job["dump"])
+        t_ref = time.perf_counter()
         if gathered is not None:
             ex.phase = "reference check"
-            ref_loss, ref_grads, ref_params = reference_step(ex.model, ex.x, lr)
             params, grads = gathered
-            ref = compare(loss, params, grads, ref_loss, ref_params, ref_grads,
-                          float(job.get("tol", 1e-4)))
+            mode = job.get("reference", "both")
+            ref32 = None
+            if mode in ("both", "float32"):
+                import copy
+                m32 = copy.deepcopy(ex.model) if mode == "both" else ex.model
+                ref32 = reference_step(m32, ex.x, lr, torch.float32)
+                del m32
+            if mode == "float32":
+                ref = compare(loss, params, grads, ref32, None, float(job.get("tol", 1e-4)))
+                ref["precision"] = "float32"
+            else:
+                ref64 = reference_step(ex.model, ex.x, lr, torch.float64)
+                ref = compare(loss, params, grads, ref64, ref32, float(job.get("tol", 1e-4)))
+                del ref64
+            del ref32
+        reference_s = time.perf_counter() - t_ref
         res = summarize(plan, ex.order, objs, PHASES)
         res.update({"reference": ref, "reference_ok": None if ref is None else ref["ok"],
-                    "setup_s": setup_s, "steps": steps, "warmup": warmup, "lr": lr,
+                    "setup_s": setup_s, "job_s": time.perf_counter() - t_start,
+                    "check_s": check_s, "reference_s": reference_s, "steps": steps,
+                    "warmup": warmup, "lr": lr,
                     "backend": dist.get_backend() if world > 1 else "none",
+                    "sync": ex.sync_mode,
                     "world": world})
         return res
     except Exception as exc:
@@ -117,19 +141,36 @@ def run_job(job: dict, rank: int, world: int, device: str = "cpu", progress=None
 
 def summarize(plan, order, per_rank, phases) -> dict:
     """Predicted vs measured: step time (median over steps of the slowest worker) and per
-    layer compute (forward + backward) and communication (fetch + gradient return + sync),
-    each the median over steps, maximum over workers."""
-    steps = np.array([np.asarray(s, dtype=float) for s, _ in per_rank])      # [W, S]
+    layer compute (forward + backward; median over steps, maximum over workers) and
+    communication (fetch + gradient return + sync; median over steps of the last-arriving
+    worker's exchange time, waiting for other workers reported as ``measured_wait_s``)."""
+    steps = np.array([np.asarray(s[0], dtype=float) for s in per_rank])      # [W, S]
     nl, npz = len(order), len(phases)
-    tim = np.stack([np.asarray(t, dtype=float).reshape(-1, nl, npz) for _, t in per_rank])
+    tim = np.stack([np.asarray(s[1], dtype=float).reshape(-1, nl, npz) for s in per_rank])
+    part = np.stack([np.asarray(s[2], dtype=bool) for s in per_rank])        # [W, L, 3]
     per_step = steps.max(axis=0) if steps.size else np.zeros(0)
     measured = float(np.median(per_step)) if per_step.size else None
     ph = {p: i for i, p in enumerate(phases)}
     comp = tim[..., ph["fwd_compute"]] + tim[..., ph["bwd_compute"]]
-    comm = tim[..., ph["fwd_comm"]] + tim[..., ph["bwd_comm"]] + tim[..., ph["sync"]]
     upd = tim[..., ph["update"]]
-    med = lambda a: np.median(a, axis=1).max(axis=0) if a.shape[1] else np.zeros(a.shape[2])  # noqa: E731
-    comp_m, comm_m, upd_m = med(comp), med(comm), med(upd)
+    def med(a):
+        return np.median(a, axis=1).max(axis=0) if a.shape[1] else np.zeros(a.shape[2])
+    comp_m, upd_m = med(comp), med(upd)
+    # communication of a layer: the exchange time of the worker that arrived last (it did not
+    # wait for anyone), i.e. the minimum over the workers taking part; what the others spent
+    # on top of that is waiting for the slowest (load imbalance), reported apart
+    comm_steps = np.zeros(tim.shape[1:3])
+    wait_steps = np.zeros(tim.shape[1:3])
+    for j, p in enumerate(("fwd_comm", "bwd_comm", "sync")):
+        a = tim[..., ph[p]]                                                   # [W, S, L]
+        m = part[:, None, :, j]
+        lo = np.where(m, a, np.inf).min(axis=0)
+        hi = np.where(m, a, -np.inf).max(axis=0)
+        some = np.isfinite(lo)
+        comm_steps += np.where(some, lo, 0.0)
+        wait_steps += np.where(some, hi - lo, 0.0)
+    comm_m = np.median(comm_steps, axis=0) if tim.shape[1] else np.zeros(nl)
+    wait_m = np.median(wait_steps, axis=0) if tim.shape[1] else np.zeros(nl)
     xfer_in: dict = {}
     xfer_out: dict = {}
     for e in plan.edges:
@@ -150,6 +191,7 @@ def summarize(plan, order, per_rank, phases) -> dict:
                        "predicted_s": p_comp + p_comm, "measured_s": m_comp + m_comm,
                        "predicted_compute_s": p_comp, "measured_compute_s": m_comp,
                        "predicted_comm_s": p_comm, "measured_comm_s": m_comm,
+                       "measured_wait_s": float(wait_m[i]),
                        "measured_update_s": float(upd_m[i])})
     predicted = float(plan.predicted_step_time_s)
     # the step split by phase (sum over layers of the slowest worker's medians)
@@ -181,6 +223,26 @@ def _set_pdeathsig():
         pass
 
 
+def _pin(rank: int, world: int) -> bool:
+    """Pin this (main) thread to core ``rank`` when every worker gets its own core.
+
+    Called after ``init_process_group`` so gloo's I/O threads (created there) stay free to run
+    on any core.  Without pinning, the scheduler's wake-affine placement stacks two tightly
+    communicating workers on one core now and then, halving their speed.
+    """
+    try:
+        cores = sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return False
+    if world > len(cores) or os.environ.get("EXPLORER_RUNTIME_NO_PIN"):
+        return False
+    try:
+        os.sched_setaffinity(0, {cores[rank % len(cores)]})
+        return True
+    except OSError:
+        return False
+
+
 def _threads():
     torch.set_num_threads(1)
     try:
@@ -203,6 +265,8 @@ def spawn_entry(rank, world, addr, port, jobs, queue, backend, timeout_s):
         if world > 1:
             dist.init_process_group(backend, rank=rank, world_size=world,
                                     timeout=timedelta(seconds=float(timeout_s)))
+        if backend != "nccl":
+            _pin(rank, world)
         for i, job in enumerate(jobs):
             def progress(done, total, i=i):
                 if rank == 0:

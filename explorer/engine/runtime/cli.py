@@ -1,0 +1,179 @@
+"""``explorer run`` and ``explorer calibrate``: argparse glue around the runtime.
+
+Wiring into ``explorer/cli.py`` (two lines each)::
+
+    from .engine.runtime import cli as runtime_cli
+    runtime_cli.add_run_parser(sub)          # in build_parser()
+    runtime_cli.add_calibrate_parser(sub)
+    ... {"run": runtime_cli.cmd_run, "calibrate": runtime_cli.cmd_calibrate}[args.cmd](args)
+
+Both commands take an ``argparse.Namespace`` and return an exit code; errors the user can fix
+raise :class:`explorer.errors.ExplorerError` subclasses (``main`` prints them, exit 2).
+
+``explorer run PLAN.json [--steps K] [--warmup W] [--timeout S] [--json] [--devices N]
+[--model M] [--no-check] [--sync auto|p2p|allreduce]`` — exit code 0 when the reference check
+passes (or is skipped), 1 when it fails.
+
+``explorer calibrate [--devices N] [--model M [--batch B] [--model-arg K=V]...] [--quick]
+[--json]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from ...errors import ExplorerError, InfeasiblePlan
+
+
+class PlanFileError(InfeasiblePlan):
+    """The plan file is missing or is not a plan."""
+
+
+def _kv(text: str) -> tuple:
+    k, eq, v = text.partition("=")
+    if not eq or not k:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return k, v
+
+
+def add_run_parser(sub) -> argparse.ArgumentParser:
+    r = sub.add_parser("run", help="execute a saved plan on local workers, check it against "
+                                   "one device and measure predicted vs measured step time")
+    r.add_argument("plan", metavar="PLAN.json", help="plan written by `explorer search --out`")
+    r.add_argument("--steps", type=int, default=20, help="measured steps (default 20)")
+    r.add_argument("--warmup", type=int, default=5, help="warm-up steps, discarded (default 5)")
+    r.add_argument("--timeout", type=float, default=600.0,
+                   help="seconds before the run is killed (default 600)")
+    r.add_argument("--json", action="store_true", help="print the result as JSON")
+    r.add_argument("--devices", "-n", type=int, default=None,
+                   help="refuse the plan unless it is for this many devices")
+    r.add_argument("--model", default=None, help="refuse the plan unless it is for this model")
+    r.add_argument("--no-check", action="store_true", help="skip the reference check")
+    r.add_argument("--sync", default="auto", choices=["auto", "p2p", "allreduce"],
+                   help="gradient sync of replicated shards (auto: p2p on gloo, all-reduce on "
+                        "NCCL)")
+    return r
+
+
+def add_calibrate_parser(sub) -> argparse.ArgumentParser:
+    c = sub.add_parser("calibrate", help="measure this machine (compute, memory, links) and "
+                                         "write the `local` device graph")
+    c.add_argument("--devices", "-n", type=int, default=None,
+                   help="worker processes (default: CPU cores or GPUs)")
+    c.add_argument("--model", default=None,
+                   help="also profile every candidate configuration of this model")
+    c.add_argument("--batch", "-b", type=int, default=None)
+    c.add_argument("--model-arg", "-a", action="append", default=[], type=_kv,
+                   metavar="KEY=VALUE")
+    c.add_argument("--quick", action="store_true", help="fewer repetitions (seconds)")
+    c.add_argument("--json", action="store_true")
+    return c
+
+
+def _load_plan(path: str) -> dict:
+    try:
+        with open(path) as fh:
+            doc = json.load(fh)
+    except FileNotFoundError:
+        raise PlanFileError(f"plan file {path!r} not found: write one with `explorer search "
+                            f"MODEL --devices N --preset local --out {path}`") from None
+    except (OSError, ValueError) as exc:
+        raise PlanFileError(f"cannot read plan {path!r}: {exc}") from None
+    if not isinstance(doc, dict) or "layers" not in doc:
+        raise PlanFileError(f"{path} is not a plan (write one with `explorer search --out`)")
+    return doc
+
+
+def cmd_run(args) -> int:
+    from .launcher import launch
+    from .report import format_report
+    plan = _load_plan(args.plan)
+    steps = int(getattr(args, "steps", 20))
+    warmup = int(getattr(args, "warmup", 5))
+    expect = {"devices": getattr(args, "devices", None), "model": getattr(args, "model", None)}
+    quiet = bool(getattr(args, "json", False))
+
+    def progress(i, done, total):
+        if not quiet and sys.stderr.isatty():
+            print(f"\rstep {done}/{total}", end="", file=sys.stderr, flush=True)
+
+    res = launch(plan, steps=steps, warmup=warmup,
+                 timeout_s=float(getattr(args, "timeout", 600.0)),
+                 check=not getattr(args, "no_check", False), expect=expect,
+                 sync=getattr(args, "sync", "auto"), progress=progress)
+    if not quiet and sys.stderr.isatty():
+        print("\r", end="", file=sys.stderr)
+    if quiet:
+        print(json.dumps(res, indent=2, default=_default))
+    else:
+        print(format_report(res))
+    return 0 if res.get("reference_ok") in (True, None) else 1
+
+
+def _default(o):
+    try:
+        import numpy as np
+        if isinstance(o, np.generic):
+            return o.item()
+    except ImportError:  # pragma: no cover
+        pass
+    return str(o)
+
+
+def cmd_calibrate(args) -> int:
+    from .calibrate import calibrate
+    devices = getattr(args, "devices", None)
+    if devices is None:
+        try:
+            import torch
+            devices = torch.cuda.device_count() or len(os.sched_getaffinity(0))
+        except (AttributeError, ImportError):
+            devices = os.cpu_count() or 1
+    if devices < 1:
+        raise ExplorerError(f"--devices must be ≥ 1, got {devices}")
+    model_args = dict(getattr(args, "model_arg", []) or [])
+    quiet = bool(getattr(args, "json", False))
+    say = None if quiet else (lambda msg: print(f"measuring {msg} ...", file=sys.stderr))
+    cal = calibrate(devices, model=getattr(args, "model", None),
+                    batch=getattr(args, "batch", None), model_args=model_args,
+                    quick=bool(getattr(args, "quick", False)), progress=say)
+    if quiet:
+        print(json.dumps(cal, indent=2, default=_default))
+        return 0
+    print(f"wrote {cal['path']}")
+    print(f"  compute  {cal['peak_flops'] / 1e9:8.1f} GFLOP/s per worker thread (matmul "
+          f"{cal['matmul_flops'] / 1e9:.1f}, conv {cal['conv_flops'] / 1e9:.1f})")
+    print(f"  memory   {cal['mem_bw'] / 1e9:8.1f} GB/s (copy, one thread)")
+    print(f"  link     {cal['link_bw'] / 1e9:8.2f} GB/s point-to-point ({cal['backend']})")
+    print(f"  latency  {cal['latency'] * 1e3:8.3f} ms per exchange between computing workers "
+          f"(ping-pong alone {cal['pingpong_latency_s'] * 1e3:.3f} ms)")
+    if cal.get("allreduce_1k_s") is not None:
+        print(f"  all-reduce 1 KB {cal['allreduce_1k_s'] * 1e3:.3f} ms, "
+              f"{cal['allreduce_big_bytes'] / 2 ** 20:.0f} MB "
+              f"{cal['allreduce_big_s'] * 1e3:.1f} ms")
+    if cal.get("profiled"):
+        p = cal["profiled"]
+        print(f"  profiled {p['model']}: {p['layers']} layers, {p['candidates']} candidate "
+              f"configurations ({p['shards']} shard shapes) in {cal['profile_time_s']:.1f} s")
+    return 0
+
+
+def main(argv=None) -> int:
+    """Stand-alone entry (``python -m explorer.engine.runtime.cli run PLAN.json``)."""
+    p = argparse.ArgumentParser(prog="explorer")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    add_run_parser(sub)
+    add_calibrate_parser(sub)
+    args = p.parse_args(argv)
+    try:
+        return {"run": cmd_run, "calibrate": cmd_calibrate}[args.cmd](args)
+    except (ExplorerError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,420 @@
+"""Runtime tests: plans executed on 2 local CPU workers (gloo) against the single-device step.
+
+The reference checks of every (model, strategy) case run in ONE launch (the workers start
+once and run the plans one after the other), so the file stays within a few minutes on 2
+cores.  Each case is still reported as its own test.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+from argparse import Namespace
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+
+from explorer.engine import session
+from explorer.engine.runtime import RunFailed, launch, launch_many, validate
+from explorer.errors import ExplorerError, InfeasiblePlan
+
+REPO = Path(__file__).resolve().parents[1]
+SMALL = {"image_size": 32, "num_classes": 10}
+
+
+def make_plan(model, algo="data", batch=8, model_args=None, pins=None, devices=2):
+    req = session.Request(model=model, preset="local", devices=devices, batch=batch,
+                          algo=algo, model_args=dict(model_args or {}))
+    doc = session.search(req, pins)
+    doc.pop("trace", None)
+    return doc
+
+
+def spatial_pins(model, batch, model_args, letter):
+    """Pin every conv / pool / element-wise / concat layer with that axis ≥ 2 to ``letter``=2."""
+    req = session.Request(model=model, preset="local", devices=2, batch=batch,
+                          model_args=dict(model_args or {}))
+    g = session.graph_for(req)
+    return [f"{l.name}={letter}=2" for l in g.layers()
+            if l.op in ("conv", "pool", "adaptive_pool", "eltwise", "concat")
+            and letter in l.dims and l.size(letter) >= 2]
+
+
+# (case id, model, batch, model args, algo, spatial letter or pins)
+CASES = [
+    ("lenet5-data", "lenet5", 8, {}, "data", None),
+    ("lenet5-model", "lenet5", 8, {}, "model", None),
+    ("lenet5-owt", "lenet5", 8, {}, "owt", None),
+    ("lenet5-spatial-h", "lenet5", 8, {}, "optcnn", "h"),
+    ("lenet5-spatial-w", "lenet5", 8, {}, "optcnn", "w"),
+    ("lenet5-optcnn", "lenet5", 8, {}, "optcnn", None),
+    ("lenet5-mixed", "lenet5", 8, {}, "optcnn",
+     ["conv1=c=2", "pool1=h=2", "conv2=n=2", "pool2=w=2", "fc1=c=2", "fc2=n=2"]),
+    ("alexnet-data", "alexnet", 4, {"image_size": 63, "num_classes": 10}, "data", None),
+    ("alexnet-spatial-h", "alexnet", 4, {"image_size": 63, "num_classes": 10}, "optcnn", "h"),
+    ("vgg16-data", "vgg16", 4, SMALL, "data", None),
+    ("vgg16-spatial-w", "vgg16", 4, SMALL, "optcnn", "w"),
+    ("resnet50-data", "resnet50", 4, SMALL, "data", None),
+    ("resnet50-spatial-h", "resnet50", 4, SMALL, "optcnn", "h"),
+    ("resnet50-model", "resnet50", 4, SMALL, "model", None),
+    ("inception_v3-data", "inception_v3", 4, {"image_size": 75, "num_classes": 10}, "data",
+     None),
+    ("inception_v3-spatial-w", "inception_v3", 4, {"image_size": 75, "num_classes": 10},
+     "optcnn", "w"),
+    ("inception_v3-owt", "inception_v3", 4, {"image_size": 75, "num_classes": 10}, "owt",
+     None),
+]
+
+
+def _case_plan(model, batch, args, algo, spatial):
+    pins = None
+    if isinstance(spatial, str):
+        pins = spatial_pins(model, batch, args, spatial)
+    elif spatial:
+        pins = list(spatial)
+    return make_plan(model, algo, batch, args, pins)
+
+
+@pytest.fixture(scope="module")
+def checked():
+    """Every case's plan and result, from a single launch of 2 workers."""
+    plans = [_case_plan(*c[1:]) for c in CASES]
+    t = time.monotonic()
+    results = launch_many(plans, steps=0, warmup=0, timeout_s=900, store=False)
+    return {c[0]: (p, r) for c, p, r in zip(CASES, plans, results)}, time.monotonic() - t
+
+
+def _children():
+    """Worker processes (spawned by multiprocessing) still alive under this process."""
+    out = []
+    for c in psutil.Process().children(recursive=True):
+        try:
+            if c.status() != psutil.STATUS_ZOMBIE and "spawn_main" in " ".join(c.cmdline()):
+                out.append(c)
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+def _dead(pids):
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                return False
+        except psutil.NoSuchProcess:
+            pass
+    return True
+
+
+# --------------------------------------------------------------------------------------------
+# reference checks
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("case", [c[0] for c in CASES])
+def test_reference_check(checked, case):
+    by_case, _ = checked
+    plan, res = by_case[case]
+    ref = res["reference"]
+    assert ref is not None
+    assert res["reference_ok"], (
+        f"{case}: loss err {ref['loss_rel_err']:.2e}, worst grad {ref['worst_grad']} "
+        f"{ref['max_grad_rel_err']:.2e}, worst param {ref['worst_param']} "
+        f"{ref['max_param_rel_err']:.2e}, problems {ref['problems']}")
+    # every trainable tensor of the model was compared, and the run agrees with a float32
+    # single device as closely as float32 rounding allows
+    model_params = dict(_model_params(plan))
+    assert ref["params_compared"] == len(model_params)
+    assert ref["vs_float32_max_grad_rel_err"] < 1e-3
+    assert ref["loss_rel_err"] < 1e-5
+
+
+def _model_params(plan):
+    from explorer.engine.importer import load_model
+    with torch.device("meta"):
+        m, _ = load_model(plan["spec"], plan["batch"], plan["model_args"], meta=True)
+    return list(m.named_parameters())
+
+
+def test_cases_split_as_intended(checked):
+    """The spatial plans really split height/width, the model plans channels."""
+    by_case, elapsed = checked
+    labels = {case: {la["config_label"] for la in p["layers"]} for case, (p, _) in by_case.items()}
+    for case in labels:
+        if "spatial-h" in case:
+            assert "h2" in labels[case], case
+        if "spatial-w" in case:
+            assert "w2" in labels[case], case
+        if case.endswith("-model"):
+            assert "c2" in labels[case], case
+        if case.endswith("-data"):
+            assert labels[case] <= {"n2"}, case
+    assert elapsed < 600
+
+
+def test_four_workers_two_dimensional_configs():
+    """4 workers (more than the cores: warned): n×h, c×w, c4 and n×c tiles, replica groups of
+    2 and 4 (point-to-point sums through the group's first rank)."""
+    plans = [
+        make_plan("lenet5", "data", 8, devices=4),
+        make_plan("lenet5", "optcnn", 8, devices=4, pins=[
+            "conv1=n=2,h=2", "pool1=c=2,w=2", "conv2=c=4", "fc1=n=2,c=2"]),
+        make_plan("resnet50", "optcnn", 4, SMALL, devices=4, pins=[
+            "layer1_0_conv2=n=2,h=2", "layer2_0_conv1=c=2,w=2", "fc=c=2"]),
+    ]
+    with pytest.warns(RuntimeWarning, match="4 CPU workers"):
+        results = launch_many(plans, steps=1, warmup=0, timeout_s=300, store=False, sync="p2p")
+    for p, r in zip(plans, results):
+        assert r["reference_ok"], (p["algo"], r["reference"]["worst_grad"],
+                                   r["reference"]["max_grad_rel_err"])
+    labels = {la["config_label"] for p in plans for la in p["layers"]}
+    assert {"n2 h2", "c2 w2", "c4", "n2 c2", "n4"} <= labels
+
+
+def test_allreduce_sync_mode():
+    plans = [make_plan("lenet5", "data", 8),
+             make_plan("lenet5", "optcnn", 8, pins=spatial_pins("lenet5", 8, {}, "w"))]
+    results = launch_many(plans, steps=1, warmup=0, timeout_s=120, store=False,
+                          sync="allreduce")
+    assert all(r["reference_ok"] and r["sync"] == "allreduce" for r in results)
+
+
+# --------------------------------------------------------------------------------------------
+# measurement, CLI, store
+# --------------------------------------------------------------------------------------------
+
+
+def test_cli_run_json_measures(tmp_path, capsys):
+    from explorer.engine.runtime.cli import cmd_run
+    from explorer.engine.runtime.store import RunStore
+    plan = make_plan("lenet5", "optcnn", 8, pins=["conv1=h=2", "fc1=c=2"])
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(plan))
+    code = cmd_run(Namespace(plan=str(path), steps=3, warmup=1, json=True, timeout=120.0))
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0
+    assert out["reference_ok"] is True
+    assert out["predicted_step_time_s"] == pytest.approx(plan["predicted_step_time_s"])
+    assert out["measured_step_time_s"] > 0 and len(out["step_times_s"]) == 3
+    assert [la["name"] for la in out["layers"]] == [la["name"] for la in plan["layers"]]
+    for la in out["layers"]:
+        assert {"name", "predicted_s", "measured_s"} <= set(la)
+        assert la["measured_s"] >= 0
+    assert sum(la["predicted_s"] for la in out["layers"]) == pytest.approx(
+        plan["predicted_step_time_s"], rel=1e-6)
+    assert out["rel_error"] == pytest.approx(
+        (out["predicted_step_time_s"] - out["measured_step_time_s"])
+        / out["measured_step_time_s"])
+    runs = RunStore().list()
+    assert runs and runs[0]["model"] == "lenet5" and runs[0]["reference_ok"] == 1
+    # text report
+    code = cmd_run(Namespace(plan=str(path), steps=1, warmup=0, json=False, timeout=120.0,
+                             no_check=True))
+    text = capsys.readouterr().out
+    assert code == 0 and "reference check: skipped" in text and "predicted" in text
+
+
+def test_cli_run_missing_plan_is_user_error(tmp_path):
+    from explorer.engine.runtime.cli import cmd_run
+    with pytest.raises(ExplorerError, match="not found"):
+        cmd_run(Namespace(plan=str(tmp_path / "nope.json"), steps=1, warmup=0, json=True,
+                          timeout=10.0))
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"hello": 1}')
+    with pytest.raises(ExplorerError, match="not a plan"):
+        cmd_run(Namespace(plan=str(bad), steps=1, warmup=0, json=True, timeout=10.0))
+
+
+# --------------------------------------------------------------------------------------------
+# rejection before launch
+# --------------------------------------------------------------------------------------------
+
+
+def test_plan_for_other_model_or_devices_rejected_before_launch():
+    plan = make_plan("lenet5", "data", 8)
+    before = {c.pid for c in psutil.Process().children(recursive=True)}
+    t = time.monotonic()
+    with pytest.raises(InfeasiblePlan, match="resnet50"):
+        launch(plan, expect={"model": "resnet50"})
+    with pytest.raises(InfeasiblePlan, match="4 devices"):
+        launch(plan, expect={"devices": 4})
+    with pytest.raises(InfeasiblePlan, match="batch 8"):
+        launch(plan, expect={"batch": 16})
+    # a plan whose layers are not the model's
+    other = dict(plan, model="mlp", spec="mlp")
+    with pytest.raises(InfeasiblePlan, match="does not fit model 'mlp'"):
+        launch(other)
+    # a layer name the model does not have
+    broken = json.loads(json.dumps(plan))
+    broken["layers"][1]["name"] = "no_such_layer"
+    with pytest.raises(InfeasiblePlan, match="no_such_layer"):
+        launch(broken)
+    # a configuration that splits a dimension the layer does not have
+    bad_cfg = json.loads(json.dumps(plan))
+    fc = next(la for la in bad_cfg["layers"] if la["op"] == "linear")
+    fc["config"] = {"n": 1, "c": 1, "h": 2}
+    with pytest.raises(InfeasiblePlan):
+        launch(bad_cfg)
+    with pytest.raises(InfeasiblePlan, match="not a runnable plan"):
+        launch({"schema": "something else"})
+    assert time.monotonic() - t < 30
+    after = {c.pid for c in psutil.Process().children(recursive=True)}
+    assert after <= before, "nothing may be launched for a rejected plan"
+
+
+def test_more_workers_than_cores_warns():
+    cores = len(os.sched_getaffinity(0))
+    n = cores + 1
+    plan = make_plan("lenet5", "data", 4 * n, devices=n)
+    _, warns = validate(plan)
+    if not torch.cuda.is_available():
+        assert any(f"{n} CPU workers on {cores} cores" in w for w in warns), warns
+
+
+# --------------------------------------------------------------------------------------------
+# failures: clear message, bounded time, nothing left behind
+# --------------------------------------------------------------------------------------------
+
+
+def test_worker_raising_mid_step_fails_cleanly():
+    plan = make_plan("lenet5", "data", 8)
+    t = time.monotonic()
+    with pytest.raises(RunFailed) as info:
+        launch(plan, steps=3, warmup=1, timeout_s=60, fault="1:2:raise", store=False)
+    elapsed = time.monotonic() - t
+    msg = str(info.value)
+    assert "rank 1" in msg and "injected fault" in msg and "step 2" in msg, msg
+    assert info.value.rank == 1
+    assert elapsed < 30
+    assert _dead(info.value.pids)
+    assert not _children()
+
+
+def test_worker_dying_mid_step_fails_cleanly(monkeypatch):
+    """Fault injected through the environment (test hook of the worker entry point)."""
+    monkeypatch.setenv("EXPLORER_RUNTIME_FAULT", "0:1:exit")
+    plan = make_plan("lenet5", "model", 8)
+    t = time.monotonic()
+    with pytest.raises(RunFailed) as info:
+        launch(plan, steps=3, warmup=1, timeout_s=60, store=False)
+    assert time.monotonic() - t < 30
+    msg = str(info.value)
+    assert "rank 0 died" in msg and "exit code 3" in msg, msg
+    assert _dead(info.value.pids)
+    assert not _children()
+
+
+def test_hanging_worker_hits_the_timeout():
+    plan = make_plan("lenet5", "data", 8)
+    t = time.monotonic()
+    with pytest.raises(RunFailed) as info:
+        launch(plan, steps=3, warmup=1, timeout_s=12, fault="1:1:hang", store=False)
+    elapsed = time.monotonic() - t
+    assert elapsed < 25
+    msg = str(info.value)
+    # either the parent's watchdog fired or rank 0's gloo timeout did
+    assert "did not finish within 12" in msg or "rank 0" in msg, msg
+    assert _dead(info.value.pids)
+    assert not _children()
+
+
+# --------------------------------------------------------------------------------------------
+# torchrun
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(shutil.which("torchrun") is None,
+                    reason="torchrun (installed with torch) is not on PATH")
+def test_torchrun_runs_the_worker_entry_point(tmp_path):
+    plan = make_plan("lenet5", "optcnn", 8, pins=["conv1=w=2", "fc1=c=2"])
+    path, out = tmp_path / "plan.json", tmp_path / "result.json"
+    path.write_text(json.dumps(plan))
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               OMP_NUM_THREADS="1")
+    env.pop("EXPLORER_RUNTIME_FAULT", None)
+    proc = subprocess.run(
+        ["torchrun", "--standalone", "--nproc_per_node", "2", "-m",
+         "explorer.engine.runtime.worker", str(path), "--steps", "2", "--warmup", "1",
+         "--out", str(out), "--timeout", "120"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads(out.read_text())
+    assert res["reference_ok"] is True and res["world"] == 2 and res["backend"] == "gloo"
+    assert "reference check: OK" in proc.stdout
+    assert len(res["step_times_s"]) == 2
+
+
+# --------------------------------------------------------------------------------------------
+# calibration
+# --------------------------------------------------------------------------------------------
+
+
+def test_calibrate_writes_local_json(tmp_path, capsys):
+    from explorer.engine.devices import local
+    from explorer.engine.profile import Profiler
+    from explorer.engine.runtime.cli import cmd_calibrate
+    home = Path(os.environ["EXPLORER_HOME"])
+    code = cmd_calibrate(Namespace(devices=2, model="lenet5", batch=8, model_arg=[],
+                                   quick=True, json=True))
+    assert code == 0
+    cal = json.loads(capsys.readouterr().out)
+    doc = json.loads((home / "local.json").read_text())
+    for key in ("peak_flops", "mem_bw", "link_bw", "latency"):
+        assert doc[key] > 0 and doc[key] == pytest.approx(cal[key])
+    d = local(2)
+    assert d.devices[0].peak_flops == pytest.approx(doc["peak_flops"])
+    assert d.bandwidth(0, 1) == pytest.approx(doc["link_bw"])
+    assert d.meta["calibrated"]
+    assert cal["profiled"]["layers"] == 8 and cal["profiled"]["shards"] > 0
+    with Profiler() as p:
+        assert len(p) >= cal["profiled"]["shards"]
+
+
+# --------------------------------------------------------------------------------------------
+# pieces without processes
+# --------------------------------------------------------------------------------------------
+
+
+def test_compare_flags_a_wrong_gradient():
+    from explorer.engine.runtime.reference import compare
+    g = {"w": torch.randn(4, 4, dtype=torch.float64)}
+    p = {"w": torch.randn(4, 4, dtype=torch.float64)}
+    ref = (1.0, p, g)
+    ref32 = (1.0, {k: v.float() for k, v in p.items()}, {k: v.float() for k, v in g.items()})
+    good = compare(1.0, {k: v.float() for k, v in p.items()},
+                   {k: v.float() for k, v in g.items()}, ref, ref32)
+    assert good["ok"]
+    wrong = {"w": g["w"].float().clone()}
+    wrong["w"][0, 0] += 0.01 * g["w"].abs().max().float()
+    bad = compare(1.0, {k: v.float() for k, v in p.items()}, wrong, ref, ref32)
+    assert not bad["ok"] and bad["worst_grad"] == "w"
+    missing = compare(1.0, {}, {}, ref, ref32)
+    assert not missing["ok"] and missing["problems"]
+
+
+def test_reshape_forward_matches_indexing():
+    """Forward replay of a reshape/permute chain on a region equals slicing the full view."""
+    import numpy as np
+
+    from explorer.engine.graph import Layer
+    from explorer.engine.runtime import transforms as T
+    src = torch.arange(2 * 6 * 4, dtype=torch.float32).reshape(2, 6, 4)   # producer (N, L, H*D)
+    # consumer sees q = src.view(2, 6, 2, 2).transpose(1, 2)
+    trans = (("permute", (0, 2, 1, 3)), ("reshape", (2, 6, 4), (2, 6, 2, 2)))
+    lay = Layer("attn", "sdpa", (2, 2, 6, 2), ("n", "c", "l", "-"),
+                in_shapes=((2, 2, 6, 2),) * 3)
+    full_view = src.view(2, 6, 2, 2).permute(0, 2, 1, 3)
+    for box in (np.array([[0, 2], [1, 2], [0, 6], [0, 2]]),
+                np.array([[1, 2], [0, 2], [0, 6], [0, 2]])):
+        boxes, steps = T.plan_edge(lay, 0, box, trans)
+        region = boxes[-1]
+        t = src[tuple(slice(a, b) for a, b in region)]
+        got = T.forward(t, steps)
+        q = boxes[0]
+        want = full_view[tuple(slice(a, b) for a, b in q)]
+        assert torch.equal(got, want)
