@@ -1,0 +1,417 @@
+"""The joint forward + backward (+ SGD update) operator graph of a model.
+
+Tofu partitions and Celeritas places *fine-grained operators* of a training step, not layers.
+This module traces one training step - ``loss = Σ mean(out²)``, gradients of every parameter,
+``p ← p − lr·dp`` - with ``make_fx`` over fake tensors, so even WResNet-152-10 at batch 8 or a
+10-layer 8K LSTM costs no memory.  Every aten node becomes an :class:`Op`; multi-output aten
+ops (``convolution_backward``, ``native_batch_norm``, ``split``...) become one ``Op`` per
+output that is used.  Each op records
+
+* ``fwd`` - the forward op a backward op belongs to (autograd's sequence number, linked with
+  the same hooks AOTAutograd uses), which coarsening groups on (Tofu Section 5.1);
+* ``module`` and ``call`` - the innermost ``nn.Module`` that ran it and which call of that
+  module it was (an unrolled RNN calls the same cell once per time step);
+* shapes, FLOPs and bytes.
+
+Example::
+
+    >>> g = build_opgraph("mlp", batch=8, model_args={"layers": 2, "hidden": 16})
+    >>> g.counts()["ops"] > 10, g.phase_counts()["backward"] > 0
+    (True, True)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass, field
+
+import networkx as nx
+
+from ..errors import UnsupportedModel
+
+__all__ = ["Tensor", "Op", "OpGraph", "build_opgraph", "trace_step"]
+
+#: aten ops that only re-label memory and carry no data dependence worth an operator
+_DROP = {"detach", "alias", "lift_fresh_copy", "_assert_tensor_metadata", "sym_size",
+         "sym_numel", "sym_stride"}
+#: aten ops that create a tensor from nothing (shape-only inputs)
+_SOURCES = {"ones_like", "zeros_like", "full_like", "empty_like", "full", "zeros", "ones",
+            "empty", "scalar_tensor", "new_zeros", "new_ones", "new_empty", "new_full",
+            "arange", "empty_strided", "rand_like", "randn_like", "bernoulli"}
+
+
+@dataclass
+class Tensor:
+    """One tensor of the step: ``kind`` is input | param | activation | grad | update | const."""
+
+    id: str
+    shape: tuple
+    itemsize: int = 4
+    kind: str = "activation"
+    producer: str | None = None
+    grad_of: str | None = None        # for gradients: the forward tensor they are the gradient of
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape) if self.shape else 1
+
+    @property
+    def bytes(self) -> int:
+        return self.numel * self.itemsize
+
+
+@dataclass
+class Op:
+    """One operator: an aten call (or one output of a multi-output aten call)."""
+
+    name: str
+    target: str                       # aten name without overload, e.g. "convolution_backward"
+    inputs: list                      # tensor ids (only tensor arguments, in argument order)
+    output: str                       # tensor id
+    phase: str = "forward"            # forward | backward | update | source
+    fwd: str | None = None            # the forward op this (backward) op belongs to
+    module: str = ""
+    call: int = 0
+    index: int = 0                    # output index of a multi-output aten call
+    args: tuple = ()                  # the aten call's arguments (fx Nodes replaced by tensor ids)
+    kwargs: dict = field(default_factory=dict)
+    flops: float = 0.0
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "target": self.target, "inputs": list(self.inputs),
+                "output": self.output, "phase": self.phase, "fwd": self.fwd,
+                "module": self.module, "call": self.call, "flops": self.flops}
+
+
+class OpGraph:
+    """Operators and tensors of one training step, in execution (topological) order."""
+
+    def __init__(self, model: str, batch: int):
+        self.model, self.batch = model, batch
+        self.ops: dict = {}               # name -> Op (insertion = execution order)
+        self.tensors: dict = {}           # id -> Tensor
+        self.params: dict = {}            # parameter name -> tensor id
+        self.param_grads: dict = {}       # parameter tensor id -> gradient tensor id
+        self.inputs: list = []
+        self.loss: str | None = None
+
+    # -- queries ------------------------------------------------------------------------------
+    def consumers(self) -> dict:
+        out: dict = {t: [] for t in self.tensors}
+        for op in self.ops.values():
+            for t in op.inputs:
+                out[t].append(op.name)
+        return out
+
+    def counts(self) -> dict:
+        return {"ops": len(self.ops), "tensors": len(self.tensors),
+                "params": len(self.params),
+                "param_bytes": sum(self.tensors[t].bytes for t in self.params.values())}
+
+    def phase_counts(self) -> dict:
+        out: dict = {}
+        for op in self.ops.values():
+            out[op.phase] = out.get(op.phase, 0) + 1
+        return out
+
+    def to_networkx(self) -> nx.DiGraph:
+        """Operators as nodes (``target``, ``phase``, ``flops``, ``out_bytes``), an edge per
+        tensor read with its ``bytes`` (several tensors between two ops add up)."""
+        g = nx.DiGraph()
+        for op in self.ops.values():
+            g.add_node(op.name, target=op.target, phase=op.phase, flops=op.flops,
+                       module=op.module, out_bytes=self.tensors[op.output].bytes,
+                       out_shape=list(self.tensors[op.output].shape))
+        for op in self.ops.values():
+            for t in dict.fromkeys(op.inputs):
+                src = self.tensors[t].producer
+                if src is None or src == op.name:
+                    continue
+                b = self.tensors[t].bytes
+                if g.has_edge(src, op.name):
+                    g[src][op.name]["bytes"] += b
+                else:
+                    g.add_edge(src, op.name, bytes=b, tensor=t)
+        return g
+
+
+# ------------------------------------------------------------------------------------------------
+# Tracing
+# ------------------------------------------------------------------------------------------------
+
+
+_STACKS: dict = {}
+
+
+def stack_of(handles) -> list:
+    return _STACKS.get(id(handles), [])
+
+
+def _module_annotations(model):
+    """Forward hooks that annotate every traced node with the innermost module's path and
+    its call count (``fx_traceback.annotate`` puts them into ``node.meta['custom']``)."""
+    import torch.fx.traceback as fxtb
+    calls: dict = {}
+    stacks: list = []
+    handles = []
+
+    def pre(path):
+        def hook(mod, args):
+            n = calls.get(path, 0)
+            calls[path] = n + 1
+            cm = fxtb.annotate({"module": path, "call": n})
+            cm.__enter__()
+            stacks.append(cm)
+        return hook
+
+    def post(mod, args, out):
+        if stacks:
+            stacks.pop().__exit__(None, None, None)
+
+    _STACKS[id(handles)] = stacks
+    for path, mod in model.named_modules():
+        if not path:
+            continue
+        handles.append(mod.register_forward_pre_hook(pre(path)))
+        handles.append(mod.register_forward_hook(post))
+    return handles
+
+
+def trace_step(model, x, lr: float = 0.01):
+    """``make_fx`` graph of one SGD training step over fake tensors.
+
+    Returns ``(graph_module, param_names, buffer_names)``; placeholders are the parameters,
+    the buffers, then ``x``.
+    Backward nodes carry ``meta['seq_nr']`` of the forward node they differentiate.
+    """
+    import torch
+    import torch.fx.traceback as fxtb
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from torch._functorch._aot_autograd.logging_utils import setup_stacktrace_preservation_hooks
+
+    names = [n for n, p in model.named_parameters() if p.requires_grad]
+    if not names:
+        raise UnsupportedModel("the model has no trainable parameters: nothing to partition")
+    bnames = [n for n, _ in model.named_buffers()]
+
+    def step(params, buffers, x):
+        out = torch.func.functional_call(
+            model, {**dict(zip(names, params)), **dict(zip(bnames, buffers))}, (x,))
+        outs = out if isinstance(out, (tuple, list)) else (out,)
+        loss = sum(o.float().pow(2).mean() for o in outs if torch.is_tensor(o)
+                   and o.is_floating_point())
+        if loss.grad_fn is not None:
+            setup_stacktrace_preservation_hooks([loss.grad_fn])
+        grads = torch.autograd.grad(loss, params, allow_unused=True)
+        new = [p - lr * g if g is not None else p for p, g in zip(params, grads)]
+        return loss, grads, new
+
+    params = [p.detach().requires_grad_(True) for n, p in model.named_parameters()
+              if p.requires_grad]
+    handles = _module_annotations(model)
+    try:
+        with fxtb.preserve_node_meta():
+            gm = make_fx(step, tracing_mode="fake")(
+                params, [b.detach() for _, b in model.named_buffers()], x)
+    except Exception as e:  # noqa: BLE001 - any tracing failure is the model's
+        raise UnsupportedModel(
+            f"could not trace a training step of the model with make_fx: "
+            f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}. "
+            f"Data-dependent control flow or in-place ops on inputs are the usual causes; "
+            f"rewrite that part of forward() or pick another model.") from e
+    finally:
+        for h in handles:
+            h.remove()
+        while stack_of(handles):
+            stack_of(handles).pop().__exit__(None, None, None)
+    return gm, names, bnames
+
+
+def _shape(v):
+    return tuple(int(s) for s in v.shape) if hasattr(v, "shape") else None
+
+
+def _itemsize(v) -> int:
+    try:
+        return v.dtype.itemsize
+    except AttributeError:
+        return 4
+
+
+def _target(node) -> str:
+    t = node.target
+    name = getattr(t, "__name__", str(t))
+    if hasattr(t, "_schema"):
+        name = t._schema.name.split("::")[-1]
+    return name
+
+
+def build_from_module(model, x, name: str = "model", lr: float = 0.01) -> OpGraph:
+    """Trace ``model`` on example input ``x`` (its first dimension = global batch)."""
+    import operator
+
+    import torch
+    from .flops import op_flops
+
+    gm, pnames, bnames = trace_step(model, x, lr)
+    g = OpGraph(name, int(x.shape[0]) if x.dim() else 1)
+    nodes = list(gm.graph.nodes)
+    placeholders = [n for n in nodes if n.op == "placeholder"]
+    tid: dict = {}                    # (fx node name, output index) -> tensor id
+    fwd_by_seq: dict = {}             # seq_nr -> first forward op name
+    alias_of: dict = {}               # dropped (detach...) node -> the node it aliases
+
+    for i, n in enumerate(placeholders):
+        v = n.meta.get("val")
+        if i < len(pnames):
+            t = Tensor(f"param:{pnames[i]}", _shape(v), _itemsize(v), "param")
+            g.params[pnames[i]] = t.id
+        elif i < len(pnames) + len(bnames):
+            t = Tensor(f"buffer:{bnames[i - len(pnames)]}", _shape(v), _itemsize(v), "buffer")
+        else:
+            t = Tensor(f"input:{n.name}", _shape(v), _itemsize(v), "input")
+            g.inputs.append(t.id)
+        g.tensors[t.id] = t
+        tid[(n.name, 0)] = t.id
+
+    def resolve(a, idx=0):
+        while a.name in alias_of:
+            a = alias_of[a.name]
+        return tid.get((a.name, idx))
+
+    def tensor_args(args):
+        out = []
+        for a in args:
+            if isinstance(a, torch.fx.Node):
+                t = resolve(a)
+                if t is not None:
+                    out.append(t)
+            elif isinstance(a, (list, tuple)):
+                out.extend(tensor_args(a))
+        return out
+
+    def plain(a):
+        if isinstance(a, torch.fx.Node):
+            return resolve(a)
+        if isinstance(a, (list, tuple)):
+            return type(a)(plain(x) for x in a)
+        return a
+
+    getitems: dict = {}
+    for n in nodes:
+        if n.op == "call_function" and n.target is operator.getitem:
+            getitems.setdefault(n.args[0].name, []).append(n)
+
+    for n in nodes:
+        if n.op != "call_function" or n.target is operator.getitem:
+            continue
+        tname = _target(n)
+        if tname in _DROP and n.args and isinstance(n.args[0], torch.fx.Node):
+            alias_of[n.name] = n.args[0]
+            continue
+        meta = n.meta
+        custom = meta.get("custom") or {}
+        seq = meta.get("seq_nr", -1)
+        in_grad = bool(meta.get("autograd_backward") or meta.get("in_grad_fn"))
+        v = meta.get("val")
+        outs = []                     # (index, fx name for tid, val)
+        if isinstance(v, (tuple, list)):
+            for gi in getitems.get(n.name, []):
+                outs.append((gi.args[1], gi.name, v[gi.args[1]]))
+        elif v is not None and hasattr(v, "shape"):
+            outs.append((0, n.name, v))
+        if not outs:
+            continue
+        ins = tensor_args(n.args) + tensor_args(list(n.kwargs.values()))
+        if tname in _SOURCES:
+            phase = "source"
+        elif in_grad:
+            phase = "backward"
+        else:
+            phase = "forward"
+        for idx, fxname, val in outs:
+            if val is None or not hasattr(val, "shape"):
+                continue
+            opname = fxname
+            t = Tensor(f"{fxname}", _shape(val), _itemsize(val),
+                       "const" if phase == "source" else
+                       ("grad" if phase == "backward" else "activation"), opname)
+            g.tensors[t.id] = t
+            tid[(fxname, 0)] = t.id
+            if fxname != n.name:
+                tid[(n.name, idx)] = t.id
+            fwd = None
+            if phase == "forward" and seq >= 0:
+                fwd_by_seq.setdefault(seq, opname)
+            elif phase == "backward":
+                fwd = fwd_by_seq.get(seq)
+            op = Op(opname, tname, list(dict.fromkeys(ins)), t.id, phase, fwd,
+                    str(custom.get("module", "")), int(custom.get("call", 0)), int(idx),
+                    plain(tuple(n.args)), {k: plain(a) for k, a in n.kwargs.items()})
+            g.ops[opname] = op
+    # the output: loss, grads, updated params
+    out_node = nodes[-1]
+    flat = list(out_node.args[0])
+    npar = len(pnames)
+    loss, grads, new = flat[0], flat[1:1 + npar], flat[1 + npar:1 + 2 * npar]
+    g.loss = resolve(loss) if isinstance(loss, torch.fx.Node) else None
+    for pn, gr, nw in zip(pnames, grads, new):
+        pt = g.params[pn]
+        if isinstance(gr, torch.fx.Node) and resolve(gr) is not None:
+            gt = resolve(gr)
+            g.param_grads[pt] = gt
+            g.tensors[gt].grad_of = pt
+        if isinstance(nw, torch.fx.Node) and resolve(nw) is not None:
+            ut = resolve(nw)
+            g.tensors[ut].kind = "update"
+    _mark_update_ops(g)
+    _link_grads(g)
+    for op in g.ops.values():
+        op.flops = op_flops(op, g)
+    return g
+
+
+def _mark_update_ops(g: OpGraph) -> None:
+    """Ops downstream of a parameter gradient are the optimizer's ("update" phase): in a
+    training step gradients feed nothing else."""
+    cons = g.consumers()
+    frontier = list(g.param_grads.values())
+    seen: set = set()
+    while frontier:
+        t = frontier.pop()
+        for o in cons.get(t, []):
+            if o in seen:
+                continue
+            seen.add(o)
+            g.ops[o].phase = "update"
+            g.tensors[g.ops[o].output].kind = "update"
+            frontier.append(g.ops[o].output)
+
+
+def _link_grads(g: OpGraph) -> None:
+    """``grad_of`` for activation gradients: a backward op's output whose shape matches one
+    input of its forward op (by output index for multi-output backward ops)."""
+    for op in g.ops.values():
+        if op.phase != "backward" or op.fwd is None:
+            continue
+        t = g.tensors[op.output]
+        if t.grad_of is not None:
+            continue
+        f = g.ops[op.fwd]
+        cands = [i for i in f.inputs if g.tensors[i].shape == t.shape
+                 and g.tensors[i].kind in ("activation", "input", "param")]
+        if len(cands) == 1:
+            t.grad_of = cands[0]
+        elif len(cands) > 1 and op.index < len(f.inputs) and f.inputs[op.index] in cands:
+            t.grad_of = f.inputs[op.index]
+
+
+def build_opgraph(spec: str, batch: int | None = None, model_args: dict | None = None,
+                  lr: float = 0.01) -> OpGraph:
+    """Load example / ``file.py:function`` ``spec`` on the meta device and trace its step."""
+    from .importer import load_model
+    model, x = load_model(spec, batch, model_args, meta=True)
+    with contextlib.suppress(Exception):
+        model.train()
+    return build_from_module(model, x, spec, lr)
