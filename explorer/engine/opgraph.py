@@ -77,6 +77,7 @@ class Op:
     args: tuple = ()                  # the aten call's arguments (fx Nodes replaced by tensor ids)
     kwargs: dict = field(default_factory=dict)
     flops: float = 0.0
+    node: str = ""                    # the aten call (fx node) this op is an output of
 
     def to_dict(self) -> dict:
         return {"name": self.name, "target": self.target, "inputs": list(self.inputs),
@@ -348,7 +349,8 @@ def build_from_module(model, x, name: str = "model", lr: float = 0.01) -> OpGrap
                 fwd = fwd_by_seq.get(seq)
             op = Op(opname, tname, list(dict.fromkeys(ins)), t.id, phase, fwd,
                     str(custom.get("module", "")), int(custom.get("call", 0)), int(idx),
-                    plain(tuple(n.args)), {k: plain(a) for k, a in n.kwargs.items()})
+                    plain(tuple(n.args)), {k: plain(a) for k, a in n.kwargs.items()},
+                    node=n.name)
             g.ops[opname] = op
     # the output: loss, grads, updated params
     out_node = nodes[-1]

@@ -389,7 +389,7 @@ class Bound:
             shp = self.shapes[name]
             nd = len(shp)
             accs = found[name]
-            if not accs:  # input never read: empty region
+            if not accs or nd == 0:  # input never read (empty region), or a scalar
                 out[name] = np.zeros(lead + (nd, 2), dtype=np.int64)
                 continue
             size = np.asarray(shp, dtype=np.int64)

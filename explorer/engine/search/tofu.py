@@ -1,0 +1,798 @@
+"""Tofu: coarsening and recursive partitioning of the forward+backward graph (EuroSys 2019, §5).
+
+Every tensor of a training step is partitioned across all workers to cut per-worker memory;
+the objective is the total communication.  Pipeline:
+
+1. **Describe** every operator of the joint graph (:mod:`explorer.engine.tdl.aten`); interval
+   analysis of the description gives its partition-n-reduce strategies (split an output
+   coordinate, or split a reduction variable and sum the partial outputs).
+2. **Coarsen** (Section 5.1): tensors that must share a partition are *coalesced* into one
+   class (input and output of element-wise ops, the same tensor across unrolled time steps of
+   a module, a weight with its update); a forward op and its backward ops form an operator
+   group, a tensor class and its gradient's class a tensor group.  Ops of different time steps
+   of one module are merged into one *template* that must use one strategy.
+3. **Recursive partitioning** (Section 5.2): factor k = k_1·k_2·… (k_i ≥ k_i+1); step i splits
+   every worker group of the previous step into k_i, choosing for every tensor class one axis
+   (the same choice for all groups, "apply the partition result to G1") and for every template
+   one strategy, minimising the communication of the step with a dynamic program.  The DP is
+   exact variable elimination over the tensor classes with each template's cost as a factor;
+   on the coarsened chain of an MLP or CNN it is the chain DP of Jia et al. (ICML 2018).
+
+**Cost accounting.**  At level i each worker group w holds box H_w of every tensor and
+computes box O_w of every op output (whole partial outputs for a split reduction) from input
+regions N_w (interval analysis).  The level's communication is
+
+    F_i = Σ_ops Σ_inputs Σ_w |N_w \\ H_w|  +  Σ_ops Σ_w (Σ_w' |O_w' ∩ H_w| − |O_w ∩ H_w|)
+
+(elements fetched, plus partial or misplaced outputs sent to their holders) times the element
+size.  Data fetched by a group at level i is split among its children for free (Tofu's "extra
+input tensors"), so step i adds δ_i = F_i − F_(i−1) bytes and F_m is the plan's total: the
+same number a flat evaluation of the final tiling gives, so all algorithms are comparable.
+δ_i crosses the links between sibling groups of level i (bandwidth from the device graph);
+``objective_s`` = Σ_i δ_i / bandwidth_i.
+
+Baselines (Section 7.3) under the same accounting: ``allrow-greedy`` (every tensor split on
+its first axis at every step, each op its best strategy), ``spartan`` (one k-way step, largest
+tensor first, greedy), ``equalchop`` (the DP with one k-way step: each tensor chopped along one
+axis), ``icml18`` (the recursive DP without output reduction).
+
+Example::
+
+    >>> from explorer.engine.opgraph import build_opgraph
+    >>> res = search(build_opgraph("mlp", 64), workers=4)                # doctest: +SKIP
+    >>> res.comm_bytes, res.coarse["ops_before"], res.coarse["ops_after"]  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ...errors import InfeasiblePlan
+from ..tdl.aten import UnsupportedOp, describe_op
+
+__all__ = ["ALGOS", "TofuOptions", "TofuResult", "coarsen", "search", "factorize"]
+
+ALGOS = {
+    "tofu": "recursive DP with output reduction (Wang et al., EuroSys 2019)",
+    "icml18": "recursive DP without output reduction (Jia et al., ICML 2018)",
+    "equalchop": "the DP in one k-way step: every tensor chopped along one axis",
+    "spartan": "largest tensor first, greedy, one k-way step (Spartan)",
+    "allrow-greedy": "every tensor split on its first axis, ops pick their best strategy",
+}
+
+REPLICATE = -1                         # a class choice: not split at this step
+
+
+def factorize(k: int) -> list:
+    """``k = k_1·k_2·…`` with prime factors, largest first (Tofu: k_i ≥ k_i+1)."""
+    if k < 1:
+        raise ValueError(f"workers must be ≥ 1, got {k}")
+    out, n, p = [], k, 2
+    while n > 1:
+        while n % p == 0:
+            out.append(p)
+            n //= p
+        p += 1
+    return sorted(out, reverse=True)
+
+
+@dataclass
+class TofuOptions:
+    """``algo`` one of :data:`ALGOS`; ``coalesce`` the element-wise / time-step merging."""
+
+    algo: str = "tofu"
+    coalesce: bool = True
+    max_factor: int = 1 << 22          # largest DP table (entries) before giving up
+
+    def __post_init__(self):
+        if self.algo not in ALGOS:
+            raise ValueError(f"unknown Tofu algorithm {self.algo!r}: choose one of "
+                             f"{', '.join(ALGOS)}")
+        if self.max_factor < 16:
+            raise ValueError(f"max_factor={self.max_factor} is too small (≥ 16)")
+
+
+# ------------------------------------------------------------------------------------------------
+# Coarsening
+# ------------------------------------------------------------------------------------------------
+
+
+class _UF:
+    def __init__(self):
+        self.p: dict = {}
+
+    def find(self, x):
+        p = self.p
+        p.setdefault(x, x)
+        root = x
+        while p[root] != root:
+            root = p[root]
+        while p[x] != root:
+            p[x], x = root, p[x]
+        return root
+
+    def union(self, a, b):
+        ra, rb = self.find(a), self.find(b)
+        if ra != rb:
+            self.p[rb] = ra
+
+
+@dataclass
+class _OpInfo:
+    name: str
+    desc: object                       # Described
+    bound: object                      # intervals.Bound (shared by identical signatures)
+    sig: tuple
+    inputs: list                       # [(input name, tensor id)]
+    output: str
+    template: str = ""
+
+
+@dataclass
+class Coarse:
+    """The coarsened graph: classes, groups, templates and the counts Tofu reports."""
+
+    ops: dict                          # op name -> _OpInfo (described ops only)
+    cls: dict                          # tensor id -> class id
+    class_members: dict                # class id -> [tensor ids]
+    tensor_group: dict                 # class id -> tensor group id
+    op_group: dict                     # op name -> op group id
+    templates: dict                    # template id -> [op names]
+    free_ops: list                     # sources / scalar bookkeeping (no description needed)
+    counts: dict = field(default_factory=dict)
+
+
+def coarsen(g, coalesce: bool = True) -> Coarse:
+    """Describe every op and coarsen the graph (Tofu Section 5.1).
+
+    Raises :class:`UnsupportedOp` naming the first op without a description.
+    """
+    ops: dict = {}
+    free = []
+    for op in g.ops.values():
+        d = describe_op(op, g)
+        if d is None:
+            free.append(op.name)
+            continue
+        ops[op.name] = _OpInfo(op.name, d, d.bound, d.sig, d.bindings, op.output)
+    uf = _UF()
+    for t in g.tensors:
+        uf.find(t)
+    ew: set = set()
+    if coalesce:
+        for name, oi in ops.items():
+            if oi.desc.elementwise_hint or oi.bound.is_elementwise():
+                ew.add(name)
+                oshape = g.tensors[oi.output].shape
+                for _, t in oi.inputs:
+                    if g.tensors[t].shape == oshape:
+                        uf.union(oi.output, t)
+    # templates: one per op, merged across calls of a module (unrolled time steps)
+    calls: dict = {}
+    for op in g.ops.values():
+        if op.phase == "forward" and op.module:
+            calls[op.module] = max(calls.get(op.module, 0), op.call + 1)
+    key_of: dict = {}
+    occ: dict = {}
+    templates: dict = {}
+    for op in g.ops.values():
+        if op.name not in ops:
+            continue
+        anchor = g.ops[op.fwd] if op.fwd and op.fwd in g.ops else op
+        if coalesce and anchor.module and calls.get(anchor.module, 0) > 1 and \
+                op.phase in ("forward", "backward"):
+            base = (anchor.module, anchor.call, op.phase, op.target,
+                    g.tensors[op.output].shape, op.index)
+            n = occ.get(base, 0)
+            occ[base] = n + 1
+            key = (anchor.module, op.phase, op.target, g.tensors[op.output].shape, op.index, n)
+        else:
+            key = ("op", op.name)
+        tid = key_of.setdefault(key, f"T{len(key_of)}")
+        ops[op.name].template = tid
+        templates.setdefault(tid, []).append(op.name)
+    if coalesce:                       # time steps of one template share their output class
+        for names in templates.values():
+            for o in names[1:]:
+                if ops[o].sig == ops[names[0]].sig:
+                    uf.union(ops[names[0]].output, ops[o].output)
+    cls = {t: uf.find(t) for t in g.tensors}
+    members: dict = {}
+    for t, c in cls.items():
+        members.setdefault(c, []).append(t)
+    # tensor groups: a class with its gradient's class
+    ug = _UF()
+    for c in members:
+        ug.find(c)
+    for t, ten in g.tensors.items():
+        if ten.grad_of is not None and ten.grad_of in cls:
+            ug.union(cls[ten.grad_of], cls[t])
+    tgroup = {c: ug.find(c) for c in members}
+    # op groups: forward op + its backward ops; element-wise chains; time steps
+    uo = _UF()
+    for o in ops:
+        uo.find(o)
+    first_of_call: dict = {}
+    for o in ops:
+        f = g.ops[o].fwd
+        if f and f in ops:
+            uo.union(f, o)
+        node = g.ops[o].node
+        if node:                       # outputs of one aten call (e.g. batch norm's stats)
+            uo.union(first_of_call.setdefault(node, o), o)
+    for names in templates.values():
+        for o in names[1:]:
+            uo.union(names[0], o)
+    if coalesce:
+        prod = {oi.output: n for n, oi in ops.items()}
+        for n in ew:
+            for _, t in ops[n].inputs:
+                p = prod.get(t)
+                if p is not None and p in ew:
+                    uo.union(p, n)
+    ogroup = {o: uo.find(o) for o in ops}
+    c = Coarse(ops, cls, members, tgroup, ogroup, templates, free)
+    live = {t for oi in ops.values() for _, t in oi.inputs} | {oi.output for oi in ops.values()}
+    c.counts = {
+        "ops_before": len(g.ops), "tensors_before": len(g.tensors),
+        "ops_after": len(set(ogroup.values())),
+        "tensors_after": len({tgroup[cls[t]] for t in live}),
+        "classes": len({cls[t] for t in live}), "templates": len(templates),
+    }
+    c.counts["linear"] = _is_linear(g, c)
+    return c
+
+
+def _is_linear(g, c: Coarse) -> bool:
+    """Whether the coarsened op-group graph (activations only) is linear in Tofu's sense:
+    homeomorphic to a chain, fork-joins allowed - checked by series-parallel reduction."""
+    import networkx as nx
+    # the forward graph that depends on the model input (Figure 5(c) is isomorphic to it)
+    dep = set(g.inputs)
+    for op in g.ops.values():
+        if op.phase == "forward" and any(t in dep for t in op.inputs):
+            dep.add(op.output)
+    prod = {oi.output: c.op_group[n] for n, oi in c.ops.items()
+            if g.ops[n].phase == "forward"}
+    G = nx.MultiDiGraph()
+    for n, oi in c.ops.items():
+        if g.ops[n].phase != "forward" or oi.output not in dep:
+            continue
+        a = c.op_group[n]
+        G.add_node(a)
+        for _, t in oi.inputs:
+            p = prod.get(t)
+            if t in dep and p is not None and p != a:
+                G.add_edge(p, a)
+    if G.number_of_nodes() <= 2:
+        return True
+    D = nx.DiGraph(G)
+    if not nx.is_directed_acyclic_graph(D):
+        return False
+    srcs = [v for v in D if D.in_degree(v) == 0]
+    sinks = [v for v in D if D.out_degree(v) == 0]
+    D.add_node("_s")
+    D.add_node("_t")
+    for v in srcs:
+        D.add_edge("_s", v)
+    for v in sinks:
+        D.add_edge(v, "_t")
+    changed = True
+    while changed and D.number_of_nodes() > 2:
+        changed = False
+        for v in list(D.nodes):
+            if v in ("_s", "_t"):
+                continue
+            if D.in_degree(v) == 1 and D.out_degree(v) == 1:
+                (u,), (w,) = list(D.predecessors(v)), list(D.successors(v))
+                D.remove_node(v)
+                if u != w:
+                    D.add_edge(u, w)   # parallel edges collapse in a DiGraph
+                changed = True
+    return D.number_of_nodes() == 2
+
+
+# ------------------------------------------------------------------------------------------------
+# Boxes
+# ------------------------------------------------------------------------------------------------
+
+
+def _split_boxes(boxes: np.ndarray, axis: int, k: int) -> np.ndarray:
+    """Split each box ``[G, nd, 2]`` along ``axis`` into k: ``[G*k, nd, 2]`` (group-major)."""
+    G = boxes.shape[0]
+    out = np.repeat(boxes, k, axis=0)
+    if axis == REPLICATE:
+        return out
+    lo, hi = boxes[:, axis, 0], boxes[:, axis, 1]
+    ext = hi - lo
+    i = np.tile(np.arange(k), G)
+    lo_r, ext_r = np.repeat(lo, k), np.repeat(ext, k)
+    out[:, axis, 0] = lo_r + i * ext_r // k
+    out[:, axis, 1] = lo_r + (i + 1) * ext_r // k
+    return out
+
+
+def _vol(boxes: np.ndarray) -> np.ndarray:
+    return np.clip(boxes[..., 1] - boxes[..., 0], 0, None).prod(-1)
+
+
+def _inter_vol(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    lo = np.maximum(a[..., 0], b[..., 0])
+    hi = np.minimum(a[..., 1], b[..., 1])
+    return np.clip(hi - lo, 0, None).prod(-1)
+
+
+# ------------------------------------------------------------------------------------------------
+# One step of the recursion
+# ------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _State:
+    """Per level: every tensor's held box and every op's output box / reduction ranges."""
+
+    held: dict                         # tensor id -> [G, nd, 2]
+    out: dict                          # op name -> [G, nd, 2]
+    red: dict                          # op name -> {var name: [G, 2] half-open}
+    G: int = 1
+
+
+def _strategies(oi: _OpInfo, st: _State, k: int, reduction: bool) -> list:
+    """Strategies at this step: ("split", axis) / ("reduce", var) / ("replicate", None)."""
+    b = oi.bound
+    box = st.out[oi.name][0]
+    res = [("split", a) for a in range(box.shape[0]) if box[a, 1] - box[a, 0] >= k]
+    red_ok = reduction or not res
+    if red_ok:
+        rr = st.red[oi.name]
+        for v in b.reducible():
+            if v.name in rr:
+                ext = rr[v.name][0, 1] - rr[v.name][0, 0]
+            else:
+                ext = b.extent.get(v)
+                if not isinstance(ext, (int, np.integer)):
+                    continue
+            if ext >= k:
+                res.append(("reduce", v.name))
+    if not res:
+        res.append(("replicate", None))
+    return res
+
+
+def _child(oi: _OpInfo, st: _State, s, k: int):
+    """Children's output boxes and reduction ranges under strategy ``s``."""
+    kind, what = s
+    out = st.out[oi.name]
+    red = {v: np.repeat(r, k, axis=0) for v, r in st.red[oi.name].items()}
+    if kind == "split":
+        cout = _split_boxes(out, what, k)
+    else:
+        cout = np.repeat(out, k, axis=0)
+    if kind == "reduce":
+        r = st.red[oi.name].get(what)
+        if r is None:
+            ext = oi.bound.extent[oi.bound.var(what)]
+            r = np.tile(np.array([[0, ext]], dtype=np.int64), (out.shape[0], 1))
+        rb = _split_boxes(r[:, None, :], 0, k)[:, 0, :]
+        red[what] = rb
+    return cout, red
+
+
+_COST_CACHE: dict = {}
+
+
+def _op_vectors(oi: _OpInfo, st: _State, k: int, choices: dict, cls: dict, tensors: dict,
+                strategies: list) -> np.ndarray:
+    """Cost (elements·itemsize) of every strategy × slot × class choice.
+
+    Slots are the op's inputs then its output; returns ``[S, slots, max_choices]`` (padded with
+    +inf) - the factor of this op is ``min_s Σ_slot cost[s, slot, choice(class(slot))]``.
+    """
+    slots = [t for _, t in oi.inputs] + [oi.output]
+    key = (oi.sig, k, st.out[oi.name].tobytes(),
+           tuple(sorted((v, r.tobytes()) for v, r in st.red[oi.name].items())),
+           tuple((st.held[t].tobytes(), tuple(choices[cls[t]])) for t in slots),
+           tuple(strategies))
+    hit = _COST_CACHE.get(key)
+    if hit is not None:
+        return hit
+    nmax = max(len(choices[cls[t]]) for t in slots)
+    S = len(strategies)
+    cost = np.full((S, len(slots), nmax), np.inf)
+    # children's output boxes and reduction ranges of every strategy, stacked: [S, K, ...]
+    kids = [_child(oi, st, s, k) for s in strategies]
+    couts = np.stack([c for c, _ in kids])
+    K = couts.shape[1]
+    if oi.inputs:
+        red_vars = sorted({v for _, r in kids for v in r})
+        red_incl = {}
+        for v in red_vars:
+            full = None
+            lo = np.empty((S, K), dtype=np.int64)
+            hi = np.empty((S, K), dtype=np.int64)
+            for si, (_, r) in enumerate(kids):
+                if v in r:
+                    lo[si], hi[si] = r[v][:, 0], r[v][:, 1] - 1
+                else:
+                    if full is None:
+                        full = oi.bound.extent[oi.bound.var(v)]
+                    lo[si], hi[si] = 0, full - 1
+            red_incl[v] = (lo, hi)
+        regs = oi.bound.regions(couts, red=red_incl)
+    for j, (n, t) in enumerate(oi.inputs):
+        need = regs[n]                                    # [S, K, nd, 2]
+        nv = _vol(need)
+        isz = tensors[t].itemsize
+        for ci, ax in enumerate(choices[cls[t]]):
+            h = _split_boxes(st.held[t], ax, k)           # [K, nd, 2]
+            cost[:, j, ci] = (nv - _inter_vol(need, h[None])).sum(-1) * isz
+    t = oi.output
+    isz = tensors[t].itemsize
+    rep = np.array([s[0] == "replicate" for s in strategies])
+    for ci, ax in enumerate(choices[cls[t]]):
+        h = _split_boxes(st.held[t], ax, k)
+        own = _inter_vol(couts, h[None])                  # [S, K]
+        m = _inter_vol(h[None, :, None], couts[:, None, :]).sum(-1)   # [S, K]
+        m = np.where(rep[:, None], _vol(h)[None], m)
+        cost[:, len(slots) - 1, ci] = (m - own).sum(-1) * isz
+    if len(_COST_CACHE) > 200000:
+        _COST_CACHE.clear()
+    _COST_CACHE[key] = cost
+    return cost
+
+
+class _Factor:
+    __slots__ = ("vars", "table")
+
+    def __init__(self, vars_, table):
+        self.vars, self.table = tuple(vars_), table
+
+
+def _template_factor(names, co: Coarse, st, k, choices, tensors, reduction, dom):
+    """min over the template's shared strategy of the summed cost of its instances."""
+    first = co.ops[names[0]]
+    strategies = _strategies(first, st, k, reduction)
+    vars_: list = []
+    for o in names:
+        oi = co.ops[o]
+        for _, t in oi.inputs + [(None, oi.output)]:
+            c = co.cls[t]
+            if c not in vars_:
+                vars_.append(c)
+    shape = [len(dom[v]) for v in vars_]
+    total = np.zeros([len(strategies)] + shape)
+    pos = {v: i for i, v in enumerate(vars_)}
+    for o in names:
+        oi = co.ops[o]
+        strat = strategies if co.ops[o].sig == first.sig else _strategies(oi, st, k, reduction)
+        if len(strat) != len(strategies):
+            strat = strategies
+        vec = _op_vectors(oi, st, k, choices, co.cls, tensors, strat)
+        for j, t in enumerate([t for _, t in oi.inputs] + [oi.output]):
+            c = co.cls[t]
+            v = vec[:, j, :len(dom[c])]
+            idx = [slice(None)] + [None] * len(vars_)
+            idx[1 + pos[c]] = slice(None)
+            total = total + v[tuple(idx)]
+    best = total.min(0)
+    arg = total.argmin(0)
+    return _Factor(vars_, best), strategies, arg, vars_
+
+
+def _eliminate(factors: list, dom: dict, max_entries: int):
+    """Exact min-sum variable elimination; returns (optimum, assignment {var: choice idx})."""
+    by_var: dict = {}
+    alive = {}
+    for i, f in enumerate(factors):
+        alive[i] = f
+        for v in f.vars:
+            by_var.setdefault(v, set()).add(i)
+    const = 0.0
+    nid = len(factors)
+    trace = []                         # (var, kept vars, argmin table)
+    remaining = set(by_var)
+    import heapq
+
+    def score(v):
+        nb = set()
+        for i in by_var[v]:
+            nb.update(alive[i].vars)
+        return math.prod(len(dom[u]) for u in nb), nb
+    heap = [(score(v)[0], str(v), v) for v in remaining]
+    heapq.heapify(heap)
+    while remaining:
+        sc, _, v = heapq.heappop(heap)
+        if v not in remaining:
+            continue
+        cur, nb = score(v)
+        if cur != sc:
+            heapq.heappush(heap, (cur, str(v), v))
+            continue
+        if cur > max_entries:
+            raise InfeasiblePlan(
+                f"the coarsened graph is too wide for the DP: eliminating a tensor class "
+                f"needs a table of {cur:,} entries (limit {max_entries:,})")
+        keep = [u for u in nb if u != v]
+        axes = keep + [v]
+        shape = [len(dom[u]) for u in axes]
+        acc = np.zeros(shape)
+        for i in list(by_var[v]):
+            f = alive.pop(i)
+            perm = [axes.index(u) for u in f.vars]
+            t = f.table
+            order = np.argsort(perm)
+            t = np.transpose(t, order) if t.ndim > 1 else t
+            sorted_axes = sorted(perm)
+            idx = [None] * len(axes)
+            for a in sorted_axes:
+                idx[a] = slice(None)
+            acc = acc + t[tuple(idx)]
+            for u in f.vars:
+                by_var[u].discard(i)
+        arg = acc.argmin(-1)
+        new = acc.min(-1)
+        trace.append((v, keep, arg))
+        remaining.discard(v)
+        if keep:
+            alive[nid] = _Factor(keep, new)
+            for u in keep:
+                by_var[u].add(nid)
+                heapq.heappush(heap, (score(u)[0], str(u), u))
+            nid += 1
+        else:
+            const += float(new)
+    for f in alive.values():           # factors without variables
+        const += float(f.table)
+    assign: dict = {}
+    for v, keep, arg in reversed(trace):
+        assign[v] = int(arg[tuple(assign[u] for u in keep)]) if keep else int(arg)
+    return const, assign
+
+
+def _domains(co: Coarse, st: _State, k: int, g, live: set) -> dict:
+    """Each class's choices at this step: axes whose held extent is ≥ k (else replicate)."""
+    choices = {}
+    for c, members in co.class_members.items():
+        if not any(t in live for t in members):
+            continue
+        t = members[0]
+        box = st.held[t][0]
+        axes = [a for a in range(box.shape[0]) if box[a, 1] - box[a, 0] >= k]
+        for t2 in members[1:]:
+            b2 = st.held[t2][0]
+            axes = [a for a in axes if a < b2.shape[0] and b2[a, 1] - b2[a, 0] >= k]
+        choices[c] = axes or [REPLICATE]
+    return choices
+
+
+@dataclass
+class StepTrace:
+    """One recursion step: k_i, the bytes it adds, the choices made."""
+
+    k: int
+    groups: int
+    delta_bytes: float
+    total_bytes: float
+    bandwidth: float
+    seconds: float
+    classes: dict                      # class id -> axis (or -1)
+    strategies: dict                   # op name -> "split 0" / "reduce ci" / "replicate"
+    search_time_s: float = 0.0
+
+    def to_dict(self) -> dict:
+        return {"k": self.k, "groups": self.groups, "delta_bytes": self.delta_bytes,
+                "total_bytes": self.total_bytes, "bandwidth_Bps": self.bandwidth,
+                "seconds": self.seconds, "search_time_s": self.search_time_s}
+
+
+@dataclass
+class TofuResult:
+    """A Tofu plan: per-tensor tilings, per-op strategies per step, communication, memory."""
+
+    algo: str
+    model: str
+    workers: int
+    factors: list
+    steps: list
+    comm_bytes: float
+    objective_s: float
+    peak_memory_bytes: list
+    search_time_s: float
+    coarse: dict
+    tilings: dict                      # tensor id -> {"grid": [...], "steps": [axis...]}
+    strategies: dict                   # op name -> ["split 0", ...] per step
+    op_bytes: dict                     # op name -> bytes it moves (all steps)
+    devices: str = ""
+
+    def to_dict(self, tensors: bool = True) -> dict:
+        d = {"schema": "plan-explorer/tofu-plan@1", "model": self.model, "algo": self.algo,
+             "devices": self.workers, "preset": self.devices, "factors": self.factors,
+             "objective_s": self.objective_s, "comm_bytes": self.comm_bytes,
+             "peak_memory_bytes": self.peak_memory_bytes,
+             "search_time_s": self.search_time_s, "coarsening": self.coarse,
+             "steps": [s.to_dict() for s in self.steps]}
+        if tensors:
+            d["tensors"] = [{"name": t, **v} for t, v in self.tilings.items()]
+            d["ops"] = [{"name": o, "strategies": s, "bytes": self.op_bytes.get(o, 0.0)}
+                        for o, s in self.strategies.items()]
+        return d
+
+
+def _initial_state(g, co: Coarse) -> _State:
+    held = {t: np.array([[[0, s] for s in ten.shape]], dtype=np.int64).reshape(1, -1, 2)
+            for t, ten in g.tensors.items()}
+    out = {o: held[oi.output].copy() for o, oi in co.ops.items()}
+    red = {o: {} for o in co.ops}
+    return _State(held, out, red, 1)
+
+
+def _level_bandwidth(devices, n: int, stride: int) -> float:
+    if devices is None or n < 2 or stride >= n:
+        return float("inf")
+    try:
+        return float(devices.bandwidth(0, stride))
+    except Exception:  # noqa: BLE001 - custom graphs without that pair
+        return float("inf")
+
+
+def _greedy_allrow(choices: dict) -> dict:
+    return {c: (0 if 0 in ax else 0) for c, ax in choices.items()}
+
+
+def _greedy_spartan(factors, dom, co, g, live) -> dict:
+    """Largest tensor class first: pick the choice with the least cost of the factors it is
+    in, other undecided classes taken at their best."""
+    size = {}
+    for c, members in co.class_members.items():
+        if c in dom:
+            size[c] = sum(g.tensors[t].bytes for t in members)
+    by_var: dict = {}
+    for f in factors:
+        for v in f.vars:
+            by_var.setdefault(v, []).append(f)
+    fixed: dict = {}
+    for c in sorted(size, key=lambda c: -size[c]):
+        best, bi = None, 0
+        for ci in range(len(dom[c])):
+            tot = 0.0
+            for f in by_var.get(c, []):
+                t = f.table
+                idx = []
+                for v in f.vars:
+                    if v == c:
+                        idx.append(ci)
+                    elif v in fixed:
+                        idx.append(fixed[v])
+                    else:
+                        idx.append(slice(None))
+                sub = t[tuple(idx)]
+                tot += float(np.min(sub)) if np.ndim(sub) else float(sub)
+            if best is None or tot < best:
+                best, bi = tot, ci
+        fixed[c] = bi
+    return fixed
+
+
+def search(g, workers: int, devices=None, pins=None, options: TofuOptions | dict | None = None,
+           progress=None) -> TofuResult:
+    """Partition the operator graph ``g`` over ``workers`` (Tofu or a Section 7.3 baseline).
+
+    Parameters
+    ----------
+    g : OpGraph from :func:`explorer.engine.opgraph.build_opgraph`.
+    workers : number of workers k (≥ 1).
+    devices : optional DeviceGraph - gives each step's link bandwidth for ``objective_s``.
+    pins : not supported by this search (``ValueError`` if given).
+    options : :class:`TofuOptions` or a dict of its fields.
+    """
+    t0 = time.perf_counter()
+    if isinstance(options, dict) or options is None:
+        options = TofuOptions(**(options or {}))
+    if pins:
+        raise ValueError("Tofu partitions every tensor; pins are not supported by this search")
+    if workers < 1:
+        raise ValueError(f"workers must be ≥ 1, got {workers}")
+    if devices is not None and devices.n < workers:
+        raise ValueError(f"{workers} workers exceed the {devices.n} devices of "
+                         f"{devices.name}")
+    algo = options.algo
+    co = coarsen(g, options.coalesce)
+    live = {t for oi in co.ops.values() for _, t in oi.inputs} | \
+        {oi.output for oi in co.ops.values()}
+    factors = [workers] if algo in ("equalchop", "spartan") else factorize(workers)
+    if workers == 1:
+        factors = []
+    reduction = algo != "icml18"
+    st = _initial_state(g, co)
+    steps = []
+    strategies_out: dict = {o: [] for o in co.ops}
+    tiling_steps: dict = {t: [] for t in live}
+    op_bytes: dict = {o: 0.0 for o in co.ops}
+    prev_total = 0.0
+    G = 1
+    for step_i, k in enumerate(factors):
+        ts = time.perf_counter()
+        choices = _domains(co, st, k, g, live)
+        dom = {c: list(range(len(ax))) for c, ax in choices.items()}
+        fac, meta = [], []
+        for tid, names in co.templates.items():
+            f, strat, arg, vars_ = _template_factor(names, co, st, k, choices, g.tensors,
+                                                    reduction, dom)
+            fac.append(f)
+            meta.append((tid, names, strat, arg, vars_))
+        if algo == "allrow-greedy":
+            assign = _greedy_allrow(choices)
+        elif algo == "spartan":
+            assign = _greedy_spartan(fac, dom, co, g, live)
+        else:
+            _, assign = _eliminate(fac, dom, options.max_factor)
+        for c in dom:
+            assign.setdefault(c, 0)
+        # the templates' strategies at the chosen classes, and the new state
+        total = 0.0
+        new_out, new_red = {}, {}
+        for (tid, names, strat, arg, vars_), f in zip(meta, fac):
+            idx = tuple(assign[v] for v in vars_)
+            si = int(arg[idx]) if vars_ else int(arg)
+            total += float(f.table[idx]) if vars_ else float(f.table)
+            s = strat[si]
+            for o in names:
+                oi = co.ops[o]
+                cout, red = _child(oi, st, s, k)
+                new_out[o], new_red[o] = cout, red
+                strategies_out[o].append(f"{s[0]} {s[1]}" if s[1] is not None else s[0])
+                vec = _op_vectors(oi, st, k, choices, co.cls, g.tensors,
+                                  strat if oi.sig == co.ops[names[0]].sig else
+                                  _strategies(oi, st, k, reduction))
+                slots = [t for _, t in oi.inputs] + [oi.output]
+                op_bytes[o] += float(sum(vec[min(si, len(vec) - 1), j, assign[co.cls[t]]]
+                                         for j, t in enumerate(slots)))
+        new_held = {}
+        for t, h in st.held.items():
+            c = co.cls[t]
+            ax = choices[c][assign[c]] if c in choices else REPLICATE
+            new_held[t] = _split_boxes(h, ax, k)
+            if t in tiling_steps:
+                tiling_steps[t].append(int(ax))
+        bw = _level_bandwidth(devices, workers, workers // (G * k))
+        delta = total - prev_total
+        steps.append(StepTrace(k, G, delta, total, bw, delta / bw if bw != float("inf") else 0.0,
+                               {c: int(choices[c][assign[c]]) for c in choices},
+                               {}, time.perf_counter() - ts))
+        prev_total = total
+        G *= k
+        st = _State(new_held, new_out, new_red, G)
+        if progress:
+            progress(step_i + 1, len(factors))
+    # per-tensor tilings and memory
+    tilings = {}
+    for t in live:
+        grid = [1] * len(g.tensors[t].shape)
+        for ax, k in zip(tiling_steps[t], factors):
+            if ax >= 0:
+                grid[ax] *= k
+        tilings[t] = {"shape": list(g.tensors[t].shape), "grid": grid, "steps": tiling_steps[t],
+                      "class": str(co.cls[t]), "kind": g.tensors[t].kind}
+    mem = np.zeros(max(G, 1))
+    for t in live:
+        mem += _vol(st.held[t]) * g.tensors[t].itemsize
+    # communication buffers: the largest per-worker fetch of any op at the last level
+    peak_fetch = np.zeros(max(G, 1))
+    if factors:
+        for o, oi in co.ops.items():
+            regs = oi.bound.regions(st.out[o], red={v: (r[:, 0], r[:, 1] - 1)
+                                                    for v, r in st.red[o].items()})
+            f = np.zeros(G)
+            for n, t in oi.inputs:
+                f += (_vol(regs[n]) - _inter_vol(regs[n], st.held[t])) * g.tensors[t].itemsize
+            peak_fetch = np.maximum(peak_fetch, f)
+    comm = float(prev_total)
+    obj = float(sum(s.seconds for s in steps))
+    return TofuResult(algo, g.model, workers, factors, steps, comm, obj,
+                      [int(x) for x in mem + peak_fetch], time.perf_counter() - t0,
+                      dict(co.counts), tilings, strategies_out, op_bytes,
+                      devices.name if devices is not None else "")
