@@ -37,7 +37,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--devices", "-n", type=int, default=4, help="number of devices (default 4)")
     s.add_argument("--preset", default=None,
                    help="device preset or cluster JSON (default: P100 cluster sized to --devices)")
-    s.add_argument("--algo", default="optcnn", choices=list(ALGORITHMS))
+    from .engine.search.tofu import ALGOS as TOFU_ALGOS
+    s.add_argument("--algo", default="optcnn", choices=list(ALGORITHMS) + list(TOFU_ALGOS),
+                   help="layer-wise: " + ", ".join(ALGORITHMS) + "; operator partitioning "
+                        "(Tofu, Section 7.3 baselines): " + ", ".join(TOFU_ALGOS))
     s.add_argument("--pin", action="append", default=[], metavar="LAYER=CONFIG",
                    help="pin a layer: LAYER=n=2,c=2 and/or LAYER=@0,1 (devices); repeatable")
     s.add_argument("--batch", "-b", type=int, default=None, help="global batch size")
@@ -65,6 +68,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds before a stuck run is stopped (default 600)")
     r.add_argument("--no-check", action="store_true", help="skip the single-device check")
     r.add_argument("--json", action="store_true", help="print the result as JSON")
+    r.add_argument("--devices", "-n", type=int, default=None,
+                   help="refuse the plan before launching unless it is for this many devices")
+    r.add_argument("--model", default=None,
+                   help="refuse the plan before launching unless it is for this model")
+    r.add_argument("--sync", default="auto", choices=["auto", "p2p", "allreduce"],
+                   help="gradient sums of replicated shards: point-to-point or all-reduce "
+                        "(auto: p2p on gloo, all-reduce on NCCL)")
 
     c = sub.add_parser("calibrate", help="measure this machine for the `local` preset")
     c.add_argument("--devices", "-n", type=int, default=None,
@@ -72,6 +82,10 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--model", default=None,
                    help="also profile every layer configuration of this model")
     c.add_argument("--batch", "-b", type=int, default=None)
+    c.add_argument("--model-arg", "-a", action="append", default=[], type=_kv,
+                   metavar="KEY=VALUE", help="model keyword argument for --model; repeatable")
+    c.add_argument("--quick", action="store_true",
+                   help="fewer repetitions: seconds instead of minutes, noisier numbers")
     c.add_argument("--json", action="store_true")
 
     sub.add_parser("models", help="list the built-in example models")
@@ -114,6 +128,70 @@ def main(argv=None) -> int:
 # --------------------------------------------------------------------------------------------
 
 
+def cmd_search_tofu(args) -> int:
+    """``explorer search --algo tofu|icml18|equalchop|spartan|allrow-greedy``: partition every
+    tensor of the joint forward+backward operator graph (Tofu, EuroSys 2019)."""
+    from .engine.opgraph import build_opgraph
+    from .engine.search import tofu
+
+    if args.pin:
+        raise ValueError(f"--algo {args.algo} partitions every tensor of the operator graph; "
+                         f"--pin applies to the layer-wise searches only")
+    if args.batch is not None and args.batch < 1:
+        raise ValueError(f"--batch must be ≥ 1, got {args.batch}")
+    devices = device_graph(args.preset, args.devices)
+    t0 = time.perf_counter()
+    g = build_opgraph(args.model, args.batch, dict(args.model_arg))
+    trace_s = time.perf_counter() - t0
+    res = tofu.search(g, args.devices, devices, options={"algo": args.algo})
+    cap = min(d.memory for d in devices.devices[:args.devices])
+    worst = max(res.peak_memory_bytes) if res.peak_memory_bytes else 0
+    out = res.to_dict()
+    out["trace_time_s"] = trace_s
+    out["fits_memory"] = worst <= cap
+    compare = {}
+    if args.compare:
+        for algo in tofu.ALGOS:
+            r = res if algo == args.algo else tofu.search(g, args.devices, devices,
+                                                          options={"algo": algo})
+            compare[algo] = {"comm_bytes": r.comm_bytes, "objective_s": r.objective_s,
+                             "search_time_s": r.search_time_s,
+                             "peak_memory_bytes": max(r.peak_memory_bytes)}
+        out["compare"] = compare
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(out, f, indent=1)
+    if args.json:
+        print(json.dumps(out, indent=1))
+    else:
+        c = res.coarse
+        print(f"{args.model} batch {g.batch}: {c['ops_before']} ops, {c['tensors_before']} "
+              f"tensors -> coarsened {c['ops_after']} op groups, {c['tensors_after']} tensor "
+              f"groups ({c['classes']} partition classes)  [traced in {trace_s:.2f} s]")
+        print(f"{args.algo} on {args.devices} workers of {devices.name}: k = "
+              f"{' x '.join(map(str, res.factors)) or '1'}, searched in {res.search_time_s:.2f} s")
+        for i, s_ in enumerate(res.steps):
+            print(f"  step {i + 1}: {s_.groups} group(s) -> x{s_.k}: +{s_.delta_bytes / 1e9:.3f} GB"
+                  f"  ({s_.seconds * 1e3:.1f} ms at {s_.bandwidth / 1e9:.1f} GB/s)")
+        print(f"communication {res.comm_bytes / 1e9:.3f} GB per step, {res.objective_s * 1e3:.1f}"
+              f" ms; peak memory per worker {worst / 2**30:.2f} GiB (capacity {cap / 2**30:.0f}"
+              f" GiB)")
+        big = sorted(res.tilings.items(), key=lambda kv: -g.tensors[kv[0]].bytes)[:8]
+        print("largest tensors' tilings (grid per axis):")
+        for t, v in big:
+            print(f"  {t:<40} {str(tuple(v['shape'])):<24} grid {'x'.join(map(str, v['grid']))}")
+        for algo, r in compare.items():
+            print(f"  {algo:<14} {r['comm_bytes'] / 1e9:9.3f} GB  {r['objective_s'] * 1e3:9.1f} ms"
+                  f"  search {r['search_time_s']:.2f} s  peak {r['peak_memory_bytes'] / 2**30:.2f}"
+                  f" GiB")
+    if worst > cap and not args.ignore_memory:
+        print(f"error: the {args.algo} plan needs {worst / 2**30:.2f} GiB on a worker, more than "
+              f"the {cap / 2**30:.0f} GiB of {devices.name}'s devices: use more workers, a "
+              f"smaller --batch, or --ignore-memory to keep the plan", file=sys.stderr)
+        return 3
+    return 0
+
+
 def load_graph(model: str, batch=None, model_args=None):
     from .engine.importer import import_spec
     if batch is not None and batch < 1:
@@ -131,7 +209,10 @@ def device_graph(preset_name, n):
 def cmd_search(args) -> int:
     from .engine.costmodel import CostModel, Pin
     from .engine.search import run
+    from .engine.search.tofu import ALGOS as TOFU_ALGOS
 
+    if args.algo in TOFU_ALGOS:
+        return cmd_search_tofu(args)
     t0 = time.perf_counter()
     graph = load_graph(args.model, args.batch, args.model_arg)
     import_s = time.perf_counter() - t0

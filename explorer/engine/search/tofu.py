@@ -190,6 +190,9 @@ def coarsen(g, coalesce: bool = True) -> Coarse:
             n = occ.get(base, 0)
             occ[base] = n + 1
             key = (anchor.module, op.phase, op.target, g.tensors[op.output].shape, op.index, n)
+        elif coalesce and op.target in ("select", "slice", "unbind", "narrow"):
+            # x[:, t] for every time step t: one template reading x (an unrolled loop's input)
+            key = ("index", op.target, tuple(op.inputs), g.tensors[op.output].shape)
         else:
             key = ("op", op.name)
         tid = key_of.setdefault(key, f"T{len(key_of)}")
@@ -198,7 +201,7 @@ def coarsen(g, coalesce: bool = True) -> Coarse:
     if coalesce:                       # time steps of one template share their output class
         for names in templates.values():
             for o in names[1:]:
-                if ops[o].sig == ops[names[0]].sig:
+                if g.tensors[ops[o].output].shape == g.tensors[ops[names[0]].output].shape:
                     uf.union(ops[names[0]].output, ops[o].output)
     cls = {t: uf.find(t) for t in g.tensors}
     members: dict = {}
@@ -341,8 +344,22 @@ class _State:
     G: int = 1
 
 
+_STRAT_CACHE: dict = {}
+
+
 def _strategies(oi: _OpInfo, st: _State, k: int, reduction: bool) -> list:
     """Strategies at this step: ("split", axis) / ("reduce", var) / ("replicate", None)."""
+    key = (oi.sig, k, reduction, st.out[oi.name][0].tobytes(),
+           tuple(sorted((v, r[0].tobytes()) for v, r in st.red[oi.name].items())))
+    hit = _STRAT_CACHE.get(key)
+    if hit is None:
+        if len(_STRAT_CACHE) > 100000:
+            _STRAT_CACHE.clear()
+        hit = _STRAT_CACHE[key] = _strategies_uncached(oi, st, k, reduction)
+    return hit
+
+
+def _strategies_uncached(oi: _OpInfo, st: _State, k: int, reduction: bool) -> list:
     b = oi.bound
     box = st.out[oi.name][0]
     res = [("split", a) for a in range(box.shape[0]) if box[a, 1] - box[a, 0] >= k]
@@ -677,6 +694,35 @@ def _greedy_spartan(factors, dom, co, g, live) -> dict:
     return fixed
 
 
+def _peak_live_bytes(g, st: _State, live: set, G: int) -> np.ndarray:
+    """Per worker, the peak over the step of the bytes of its shares of the live tensors: a
+    tensor lives from its producer to its last consumer (parameters and their updates for the
+    whole step) - what a memory planner that frees promptly needs."""
+    order = {o: i for i, o in enumerate(g.ops)}
+    n = len(order) + 2
+    delta = np.zeros((n, G))
+    last: dict = {}
+    for o, op in g.ops.items():
+        for t in op.inputs:
+            last[t] = order[o]
+    views = {"t", "view", "_unsafe_view", "transpose", "permute", "expand", "select", "slice",
+             "unsqueeze", "squeeze", "alias", "split", "unsafe_split", "unbind", "narrow",
+             "reshape", "as_strided"}
+    for t in live:
+        ten = g.tensors[t]
+        if ten.producer in g.ops and g.ops[ten.producer].target in views:
+            continue                   # a view shares its base tensor's memory
+        persistent = ten.kind in ("param", "update", "buffer", "input")
+        start = 0 if ten.producer is None else order.get(ten.producer, 0)
+        end = n - 1 if persistent else last.get(t, start) + 1
+        b = _vol(st.held[t]) * ten.itemsize
+        if b.shape[0] != G:
+            b = np.broadcast_to(b[:1], (G,))
+        delta[start] += b
+        delta[end] -= b
+    return np.cumsum(delta, axis=0).max(axis=0)
+
+
 def search(g, workers: int, devices=None, pins=None, options: TofuOptions | dict | None = None,
            progress=None) -> TofuResult:
     """Partition the operator graph ``g`` over ``workers`` (Tofu or a Section 7.3 baseline).
@@ -777,18 +823,24 @@ def search(g, workers: int, devices=None, pins=None, options: TofuOptions | dict
                 grid[ax] *= k
         tilings[t] = {"shape": list(g.tensors[t].shape), "grid": grid, "steps": tiling_steps[t],
                       "class": str(co.cls[t]), "kind": g.tensors[t].kind}
-    mem = np.zeros(max(G, 1))
-    for t in live:
-        mem += _vol(st.held[t]) * g.tensors[t].itemsize
+    mem = _peak_live_bytes(g, st, live, max(G, 1))
     # communication buffers: the largest per-worker fetch of any op at the last level
     peak_fetch = np.zeros(max(G, 1))
     if factors:
+        seen: dict = {}
         for o, oi in co.ops.items():
-            regs = oi.bound.regions(st.out[o], red={v: (r[:, 0], r[:, 1] - 1)
-                                                    for v, r in st.red[o].items()})
-            f = np.zeros(G)
-            for n, t in oi.inputs:
-                f += (_vol(regs[n]) - _inter_vol(regs[n], st.held[t])) * g.tensors[t].itemsize
+            key = (oi.sig, st.out[o].tobytes(),
+                   tuple(sorted((v, r.tobytes()) for v, r in st.red[o].items())),
+                   tuple(st.held[t].tobytes() for _, t in oi.inputs))
+            f = seen.get(key)
+            if f is None:
+                regs = oi.bound.regions(st.out[o], red={v: (r[:, 0], r[:, 1] - 1)
+                                                        for v, r in st.red[o].items()})
+                f = np.zeros(G)
+                for n, t in oi.inputs:
+                    f += (_vol(regs[n]) - _inter_vol(regs[n], st.held[t])) * \
+                        g.tensors[t].itemsize
+                seen[key] = f
             peak_fetch = np.maximum(peak_fetch, f)
     comm = float(prev_total)
     obj = float(sum(s.seconds for s in steps))

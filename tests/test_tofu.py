@@ -1,0 +1,218 @@
+"""Tofu: operator graph, aten descriptions, coarsening, recursive DP, baselines, CLI."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from explorer.engine.opgraph import build_from_module, build_opgraph
+from explorer.engine.search import tofu
+from explorer.engine.tdl.aten import UnsupportedOp, describe_op
+
+
+@pytest.fixture(scope="module")
+def mlp():
+    return build_opgraph("mlp", 8, {"layers": 2, "hidden": 16})
+
+
+def test_opgraph_links_backward_ops_to_their_forward_op(mlp):
+    phases = mlp.phase_counts()
+    assert phases["forward"] > 0 and phases["backward"] > 0 and phases["update"] > 0
+    for op in mlp.ops.values():
+        if op.phase == "backward":
+            assert op.fwd in mlp.ops and mlp.ops[op.fwd].phase == "forward"
+    # every parameter has a gradient and an update
+    assert set(mlp.param_grads) == set(mlp.params.values())
+    addmm = [o for o in mlp.ops.values() if o.target == "addmm"][0]
+    assert addmm.module.startswith("body.0") and addmm.flops == 2 * 8 * 16 * 16
+
+
+def test_opgraph_of_a_huge_model_costs_no_memory():
+    # WResNet-50-10 has 1.1 G parameters = 4.4 GB in float32: traced over fake tensors
+    g = build_opgraph("wresnet", 8, {"depth": 50, "width": 10})
+    assert g.counts()["param_bytes"] > 4e9
+    assert g.phase_counts()["backward"] > 100
+
+
+def test_every_op_of_the_example_models_has_a_description():
+    for spec, batch, args in [("lenet5", 4, {}), ("resnet50", 2, {"image_size": 64}),
+                              ("lstm", 4, {"layers": 2, "hidden": 32, "steps": 3}),
+                              ("transformer", 2, {"layers": 1})]:
+        g = build_opgraph(spec, batch, args)
+        for op in g.ops.values():
+            describe_op(op, g)         # raises UnsupportedOp naming the op otherwise
+
+
+def test_an_op_without_description_is_reported_by_name():
+    class Odd(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(4, 4)
+
+        def forward(self, x):
+            return torch.cumsum(self.fc(x), dim=1)
+    g = build_from_module(Odd(), torch.randn(2, 4), "odd")
+    with pytest.raises(UnsupportedOp, match="cumsum"):
+        tofu.search(g, 2)
+
+
+def test_coarsening_of_an_mlp_follows_figure5(mlp):
+    co = tofu.coarsen(mlp)
+    # forward op + its backward ops form a group: far fewer groups than ops
+    assert co.counts["ops_after"] < co.counts["ops_before"] / 3
+    assert co.counts["linear"]
+    # the weight, its gradient and its SGD update share one partition class (element-wise)
+    for pt, gt in mlp.param_grads.items():
+        assert co.cls[pt] == co.cls[gt]
+    # the matmul of layer 2 and its two backward matmuls (dx, dW) are in one op group
+    fwd = [o for o in mlp.ops.values() if o.target == "addmm" and o.module == "body.2"][0]
+    bwd = [o.name for o in mlp.ops.values() if o.fwd == fwd.name and o.target == "mm"]
+    assert len(bwd) == 2 and {co.op_group[b] for b in bwd} == {co.op_group[fwd.name]}
+
+
+def test_unrolled_time_steps_are_merged_into_one_template():
+    g = build_opgraph("lstm", 4, {"layers": 2, "hidden": 16, "steps": 4})
+    co = tofu.coarsen(g)
+    plain = tofu.coarsen(g, coalesce=False)
+    assert co.counts["classes"] < plain.counts["classes"] / 3
+    # all time steps' hidden-state matmuls of a layer share one template
+    addmm = [o.name for o in g.ops.values() if o.target == "addmm" and o.module == "cells.0"
+             and o.phase == "forward"]
+    assert len(addmm) > 4 and len({co.ops[a].template for a in addmm}) <= 2
+
+
+def _brute_force(factors, dom):
+    """min over every assignment of Σ factors, by broadcasting over all variables."""
+    vars_ = sorted(dom, key=str)
+    pos = {v: i for i, v in enumerate(vars_)}
+    total = np.zeros([len(dom[v]) for v in vars_])
+    for f in factors:
+        t = f.table
+        perm = sorted(range(len(f.vars)), key=lambda i: pos[f.vars[i]])
+        t = np.transpose(t, perm) if t.ndim > 1 else t
+        idx = [None] * len(vars_)
+        for i in sorted(pos[v] for v in f.vars):
+            idx[i] = slice(None)
+        total = total + t[tuple(idx)]
+    return float(total.min())
+
+
+def test_variable_elimination_equals_brute_force_on_random_factor_graphs():
+    rng = np.random.default_rng(0)
+    for trial in range(30):
+        n = int(rng.integers(2, 9))
+        dom = {f"c{i}": list(range(int(rng.integers(1, 4)))) for i in range(n)}
+        factors = []
+        for _ in range(int(rng.integers(1, 12))):
+            vs = list(rng.choice(n, size=int(rng.integers(1, min(4, n) + 1)), replace=False))
+            vs = [f"c{i}" for i in vs]
+            factors.append(tofu._Factor(vs, rng.random([len(dom[v]) for v in vs]) * 10))
+        opt, assign = tofu._eliminate(factors, dom, 1 << 20)
+        assert opt == pytest.approx(_brute_force(factors, dom))
+        # the assignment achieves the optimum
+        val = sum(float(f.table[tuple(assign[v] for v in f.vars)]) for f in factors)
+        assert val == pytest.approx(opt)
+
+
+def test_each_recursive_step_is_optimal_against_brute_force_on_a_small_chain():
+    g = build_opgraph("mlp", 4, {"layers": 1, "hidden": 4})
+    seen = []
+    orig = tofu._eliminate
+
+    def check(factors, dom, mx):
+        opt, assign = orig(factors, dom, mx)
+        assert np.prod([len(d) for d in dom.values()]) < 5e6
+        seen.append((opt, _brute_force(factors, dom)))
+        return opt, assign
+    tofu._eliminate = check
+    try:
+        res = tofu.search(g, 4)
+    finally:
+        tofu._eliminate = orig
+    assert len(seen) == 2 == len(res.steps)
+    for opt, brute in seen:
+        assert opt == pytest.approx(brute)
+    assert res.comm_bytes == pytest.approx(res.steps[-1].total_bytes)
+
+
+def test_hand_checked_plan_for_one_matmul():
+    """y = x·Wᵀ on 2 workers with x [8, 2], W [64, 2]: the cheapest plan splits the batch
+    and fetches half of the (small) weight: no transfer would need x partitioned by batch and
+    W replicated; tofu must find a plan no worse than the data-parallel one."""
+    class One(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(2, 64, bias=False)
+
+        def forward(self, x):
+            return self.fc(x)
+    g = build_from_module(One(), torch.randn(8, 2), "one")
+    res = tofu.search(g, 2)
+    allrow = tofu.search(g, 2, options={"algo": "allrow-greedy"})
+    assert 0 < res.comm_bytes <= allrow.comm_bytes
+    assert res.factors == [2]
+
+
+@pytest.mark.parametrize("spec,batch,args,k", [
+    ("mlp", 16, {"layers": 2, "hidden": 32}, 4),
+    ("lenet5", 8, {}, 4),
+    ("lstm", 8, {"layers": 2, "hidden": 32, "steps": 3}, 4),
+    ("wresnet", 4, {"depth": 50, "width": 1, "image_size": 32}, 8),
+])
+def test_tofu_never_communicates_more_than_a_baseline(spec, batch, args, k):
+    g = build_opgraph(spec, batch, args)
+    res = {a: tofu.search(g, k, options={"algo": a}) for a in tofu.ALGOS}
+    for a, r in res.items():
+        assert r.comm_bytes >= 0 and len(r.peak_memory_bytes) == k
+        assert res["tofu"].comm_bytes <= r.comm_bytes * (1 + 1e-9), a
+    # every live tensor is tiled over the workers (grids multiply to k unless too small)
+    t = res["tofu"].tilings
+    w = [v for v in t.values() if v["kind"] == "param" and min(v["shape"]) >= k]
+    assert w and all(np.prod(v["grid"]) == k for v in w)
+
+
+def test_partitioning_cuts_memory_per_worker():
+    g = build_opgraph("mlp", 64, {"layers": 2, "hidden": 256})
+    one = tofu.search(g, 1)
+    four = tofu.search(g, 4)
+    assert one.comm_bytes == 0 and one.factors == []
+    assert max(four.peak_memory_bytes) < one.peak_memory_bytes[0] / 2
+
+
+def test_factorize_and_options_validation():
+    assert tofu.factorize(8) == [2, 2, 2]
+    assert tofu.factorize(12) == [3, 2, 2]
+    assert tofu.factorize(1) == []
+    with pytest.raises(ValueError, match="unknown Tofu algorithm"):
+        tofu.TofuOptions(algo="nope")
+    with pytest.raises(ValueError, match="workers"):
+        tofu.factorize(0)
+
+
+def test_cli_tofu_json_contract():
+    out = subprocess.run([sys.executable, "-m", "explorer.cli", "search", "mlp", "-n", "4",
+                          "--batch", "16", "-a", "hidden=32", "--algo", "tofu",
+                          "--preset", "k80-pcie-8", "--json"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    d = json.loads(out.stdout)
+    for key in ("objective_s", "comm_bytes", "peak_memory_bytes", "search_time_s", "coarsening",
+                "tensors", "steps"):
+        assert key in d
+    assert len(d["peak_memory_bytes"]) == 4 and d["algo"] == "tofu"
+    assert d["coarsening"]["ops_before"] > d["coarsening"]["ops_after"]
+    assert all("grid" in t and "shape" in t for t in d["tensors"])
+
+
+def test_cli_tofu_rejects_pins_with_a_clear_message():
+    out = subprocess.run([sys.executable, "-m", "explorer.cli", "search", "mlp", "-n", "2",
+                          "--algo", "tofu", "--pin", "fc=n=2"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode != 0 and "pin" in out.stderr
