@@ -65,7 +65,7 @@ def _register_views():
     starts, and tests and benchmarks create several apps in one process."""
     from dash import _callback as registry
 
-    from .views import compare, graph, model, plans, run, steps, tiling  # noqa: F401
+    from .views import compare, graph, model, plans, run, steps, tiling, tofu  # noqa: F401
     global _CALLBACKS
     if _CALLBACKS is None:
         _CALLBACKS = (list(registry.GLOBAL_CALLBACK_LIST), dict(registry.GLOBAL_CALLBACK_MAP),
@@ -78,7 +78,7 @@ def _register_views():
 
 def create_app(request: session.Request | None = None) -> Dash:
     """Build the app (its panels' callbacks are registered when their modules import)."""
-    from .views import compare, graph, model, plans, run, steps, tiling
+    from .views import compare, graph, model, plans, run, steps, tiling, tofu
 
     _register_views()
 
@@ -94,6 +94,7 @@ def create_app(request: session.Request | None = None) -> Dash:
         dcc.Store(id=ids.STORE_EXPANDED, data=[]),
         dcc.Store(id=ids.STORE_STEP, data=None),
         dcc.Store(id=ids.STORE_RUN, data=None),
+        dcc.Store(id=ids.STORE_TOFU, data=None),
         html.Header(className="header", children=[
             html.H1("Plan Explorer"),
             html.Span("layer-wise parallelization plans: inspect, pin, re-run",
@@ -110,6 +111,7 @@ def create_app(request: session.Request | None = None) -> Dash:
             dcc.Tab(label="Tiling", value="tiling", children=[tiling.layout()]),
             dcc.Tab(label="Compare", value="compare", children=[compare.layout()]),
             dcc.Tab(label="Run", value="run", children=[run.layout()]),
+            dcc.Tab(label="Tofu", value="tofu", children=[tofu.layout()]),
             dcc.Tab(label="Plans", value="plans", children=[plans.layout()]),
         ]),
     ])

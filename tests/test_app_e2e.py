@@ -181,3 +181,35 @@ def test_run_panel_executes_the_plan_and_checks_it(dash_duo):
     dash_duo.wait_for_contains_text("#run-reference", "passed", timeout=120)
     assert "measured" in dash_duo.find_element("#run-times").text
     dash_duo.wait_for_contains_text(f"#{ids.RUN_HISTORY}", "ok", timeout=20)
+
+
+def test_tofu_page_partitions_tiles_and_compares(dash_duo):
+    from explorer.engine.session import Request
+    dash_duo.start_server(create_app(Request(model="wresnet", preset="k80-pcie-8", devices=4,
+                                             batch=8, model_args={"depth": "50", "width": "1",
+                                                                  "image_size": "32"})))
+    wait_objective(dash_duo, timeout=60)
+    dash_duo.find_element(f"#{ids.TABS} .tab:nth-child(6)").click()
+    dash_duo.find_element(f"#{ids.TOFU_BUTTON}").click()
+    dash_duo.wait_for_contains_text("#tofu-headline", "GB communicated", timeout=120)
+    assert "k = 2 × 2" in dash_duo.find_element("#tofu-headline").text
+    # Figure 11: tiles coloured by worker, 4 workers after both steps
+    dash_duo.wait_for_element(".tofu-tile", timeout=20)
+    owners = set(dash_duo.driver.execute_script(
+        "return [...document.querySelectorAll('.tofu-tile')].map(e => e.title)"))
+    assert owners == {f"worker {w}" for w in range(4)}
+    rows = dash_duo.find_elements(f"#{ids.TOFU_STEPS} tbody tr")
+    assert len(rows) >= 3                                  # header + 2 steps
+    # step 1 only: activations tiled over two groups (workers 0 and 2)
+    from selenium.webdriver.common.keys import Keys
+    dash_duo.find_element(f"#{ids.TOFU_STEP} [role=slider]").send_keys(Keys.ARROW_LEFT)
+    end = time.time() + 20
+    while time.time() < end:
+        seen = set(dash_duo.driver.execute_script(
+            "return [...document.querySelectorAll('.tofu-tile')].map(e => e.title)"))
+        if seen and seen <= {"worker 0", "worker 2"}:
+            break
+        time.sleep(0.3)
+    assert seen == {"worker 0", "worker 2"}
+    dash_duo.find_element(f"#{ids.TOFU_COMPARE_BUTTON}").click()
+    dash_duo.wait_for_contains_text(f"#{ids.TOFU_COMPARE}", "allrow-greedy", timeout=120)

@@ -249,12 +249,59 @@ def tiles(req: Request, layer: str, config: dict, devices: list) -> dict:
             "inputs": ins, "params": shards}
 
 
+_OPGRAPHS: OrderedDict = OrderedDict()
+_TOFU: OrderedDict = OrderedDict()
+
+
+def opgraph_for(req: Request):
+    """The joint forward+backward operator graph of the request's model (cached)."""
+    from .opgraph import build_opgraph
+    return _lru(_OPGRAPHS, req.graph_key(),
+                lambda: build_opgraph(req.model, req.batch, dict(req.model_args)))
+
+
+def _tofu_result(req: Request, algo: str):
+    from .search import tofu as T
+    return _lru(_TOFU, req.graph_key() + req.device_key() + (algo,),
+                lambda: T.search(opgraph_for(req), req.devices, devices_for(req),
+                                 options={"algo": algo}))
+
+
+def tofu(req: Request, algo: str = "tofu") -> dict:
+    """Tofu (or a Section 7.3 baseline) on the request's model: the plan summary and steps."""
+    res = _tofu_result(req, algo)
+    doc = res.to_dict(tensors=False)
+    doc["request"] = req.to_dict()
+    return doc
+
+
+def tofu_strip(req: Request, algo: str = "tofu", upto: int | None = None) -> list:
+    """Figure 11 blocks (weight and activation tile owners) after the first ``upto`` steps."""
+    from .search import tofu as T
+    return T.strip(_tofu_result(req, algo), opgraph_for(req), upto=upto)
+
+
+def tofu_compare(req: Request) -> dict:
+    """Every Tofu-family algorithm's communication, time and memory (Figure 10)."""
+    from .search import tofu as T
+    out = {}
+    for algo in T.ALGOS:
+        r = _tofu_result(req, algo)
+        out[algo] = {"comm_bytes": r.comm_bytes, "objective_s": r.objective_s,
+                     "search_time_s": r.search_time_s,
+                     "peak_memory_bytes": max(r.peak_memory_bytes)}
+    return out
+
+
 def clear_caches():
     with _LOCK:
         _GRAPHS.clear()
         _MODELS.clear()
+        _OPGRAPHS.clear()
+        _TOFU.clear()
 
 
 __all__ = ["Request", "search", "candidates", "compare", "scaling", "tiles", "summary",
-           "layer_info", "plan_changes", "parse_model_args", "graph_for", "clear_caches"]
+           "layer_info", "plan_changes", "parse_model_args", "graph_for", "clear_caches",
+           "opgraph_for", "tofu", "tofu_strip", "tofu_compare"]
 _ = np  # numpy used by callers through geometry results

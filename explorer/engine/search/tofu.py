@@ -848,3 +848,100 @@ def search(g, workers: int, devices=None, pins=None, options: TofuOptions | dict
                       [int(x) for x in mem + peak_fetch], time.perf_counter() - t0,
                       dict(co.counts), tilings, strategies_out, op_bytes,
                       devices.name if devices is not None else "")
+
+
+# ------------------------------------------------------------------------------------------------
+# Pictures: who owns which tile (Figure 11)
+# ------------------------------------------------------------------------------------------------
+
+
+def tile_owners(steps: list, factors: list, axes=(0, 1), upto: int | None = None) -> list:
+    """Worker owning each tile of a tensor's ``axes`` after the first ``upto`` steps.
+
+    ``steps[s]`` is the axis the tensor was split along at step s (−1: not split); worker ids
+    are mixed-radix numbers over the steps (step 1 most significant), as the recursion numbers
+    its groups.  Returns a 2-D list ``[rows][cols]`` (one row for 1-D tensors); tiles of other
+    axes show the worker holding their first slice.
+
+    >>> tile_owners([0, 1], [2, 2])
+    [[0, 1], [2, 3]]
+    """
+    m = len(factors) if upto is None else min(upto, len(factors))
+    a0 = axes[0]
+    a1 = axes[1] if len(axes) > 1 else None
+    s0 = [s for s in range(m) if steps[s] == a0]
+    s1 = [s for s in range(m) if a1 is not None and steps[s] == a1]
+    n0 = math.prod(factors[s] for s in s0)
+    n1 = math.prod(factors[s] for s in s1)
+
+    def digits(i, ss):
+        out = {}
+        for s in reversed(ss):
+            out[s] = i % factors[s]
+            i //= factors[s]
+        return out
+    grid = []
+    for i in range(n0):
+        row = []
+        d0 = digits(i, s0)
+        for j in range(n1):
+            d = {**d0, **digits(j, s1)}
+            w = 0
+            for s in range(len(factors)):
+                w = w * factors[s] + (d.get(s, 0) if s < m else 0)
+            row.append(w)
+        grid.append(row)
+    return grid
+
+
+def strip(res: TofuResult, g, upto: int | None = None, limit: int = 400) -> list:
+    """Figure 11: for every forward op that reads a weight, in execution order, its weight
+    (top row) and its activation input (bottom row) with tile owners; consecutive blocks that
+    are tiled identically are folded into one with a count ("×N")."""
+    views = {"t", "transpose", "permute", "view", "_unsafe_view", "reshape", "expand"}
+
+    def param_of(t):
+        # a weight read through a transpose/view (nn.Linear reads t(W)) counts as the weight
+        for _ in range(4):
+            ten = g.tensors[t]
+            if ten.kind == "param":
+                return t
+            p = g.ops.get(ten.producer) if ten.producer else None
+            if p is None or p.target not in views or not p.inputs:
+                return None
+            t = p.inputs[0]
+        return None
+
+    blocks = []
+    for op in g.ops.values():
+        if op.phase != "forward":
+            continue
+        w = [param_of(t) for t in op.inputs]
+        w = [t for t in w if t is not None and len(g.tensors[t].shape) >= 2]
+        a = [t for t in op.inputs if g.tensors[t].kind in ("activation", "input")
+             and param_of(t) is None and len(g.tensors[t].shape) >= 2]
+        if not w or not a or w[0] not in res.tilings or a[0] not in res.tilings:
+            continue
+        wt, at = res.tilings[w[0]], res.tilings[a[0]]
+        blk = {"op": op.name, "module": op.module, "target": op.target,
+               "weight": {"name": w[0], "shape": wt["shape"],
+                          "owners": tile_owners(wt["steps"], res.factors, upto=upto)},
+               "activation": {"name": a[0], "shape": at["shape"],
+                              "owners": tile_owners(at["steps"], res.factors, upto=upto)},
+               "count": 1}
+        key = (json_key(blk["weight"]), json_key(blk["activation"]), op.target)
+        if blocks and blocks[-1]["_key"] == key:
+            blocks[-1]["count"] += 1
+            blocks[-1]["last"] = op.module or op.name
+            continue
+        blk["_key"] = key
+        blocks.append(blk)
+        if len(blocks) >= limit:
+            break
+    for b in blocks:
+        b.pop("_key", None)
+    return blocks
+
+
+def json_key(t: dict) -> tuple:
+    return (tuple(t["shape"]), tuple(tuple(r) for r in t["owners"]))

@@ -1,0 +1,210 @@
+"""Tofu page: every tensor of the training step partitioned over all workers.
+
+Partitions the current model's forward+backward operator graph with Tofu (or one of the
+paper's Section 7.3 baselines) as a background job, then shows
+
+* the coarsening counts and the plan's communication and per-worker memory;
+* the recursion steps one by one - a slider re-draws the tilings after step s, and a table
+  gives each step's k_i, the bytes it adds and the link it crosses;
+* Figure 11: every weighted operator's weight (top) and activation input (bottom) as grids of
+  tiles coloured by worker, repeated identically tiled blocks folded "×N";
+* Figure 10: the algorithms' communication side by side.
+"""
+
+from __future__ import annotations
+
+import dash
+import plotly.graph_objects as go
+from dash import Input, Output, State, dash_table, dcc, html, no_update
+
+from ..engine import session
+from ..errors import ExplorerError
+from . import ids
+
+#: one colour per worker (Tableau 20)
+PALETTE = ["#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1",
+           "#ff9da7", "#9c755f", "#bab0ac", "#86bcb6", "#8cd17d", "#b6992d", "#f1ce63",
+           "#499894", "#d37295"]
+
+
+def layout():
+    from ..engine.search.tofu import ALGOS
+    return html.Div(className="panel tofu-panel", children=[
+        html.P("Tofu (Wang et al., EuroSys 2019) partitions every tensor of the training step "
+               "- forward, backward and the SGD update - over all workers to cut per-worker "
+               "memory, minimising total communication by a DP applied recursively "
+               "(k = k1·k2·…).", className="muted"),
+        html.Div(className="row", children=[
+            html.Label(["Algorithm", dcc.Dropdown(
+                id=ids.TOFU_ALGO, value="tofu", clearable=False, style={"width": "260px"},
+                options=[{"label": f"{k}: {v}", "value": k} for k, v in ALGOS.items()])]),
+            html.Button("Partition", id=ids.TOFU_BUTTON, className="primary"),
+            html.Button("Cancel", id=ids.TOFU_CANCEL, disabled=True),
+            html.Progress(id=ids.TOFU_PROGRESS, value="0", max="100"),
+            html.Span(id=ids.TOFU_STATUS, className="muted"),
+            html.Button("Compare algorithms", id=ids.TOFU_COMPARE_BUTTON),
+        ]),
+        html.Div(id=ids.TOFU_ERROR, className="error"),
+        html.Div(id=ids.TOFU_SUMMARY),
+        html.Div(className="row", children=[
+            html.Label("After recursion step"),
+            html.Div(dcc.Slider(id=ids.TOFU_STEP, min=0, max=1, step=1, value=1,
+                                marks={0: "0", 1: "1"}), style={"width": "320px"}),
+        ]),
+        dash_table.DataTable(id=ids.TOFU_STEPS, data=[], style_cell={"fontSize": 12,
+                                                                     "padding": "2px 6px"},
+                             columns=[{"name": n, "id": k} for k, n in [
+                                 ("step", "step"), ("split", "groups → workers"),
+                                 ("delta_gb", "adds GB"), ("total_gb", "total GB"),
+                                 ("link", "link GB/s"), ("ms", "ms"),
+                                 ("search_s", "search s")]]),
+        html.Div(id=ids.TOFU_STRIP, className="tofu-strip"),
+        dcc.Loading(dcc.Graph(id=ids.TOFU_COMPARE, figure=go.Figure(),
+                              style={"height": "340px"})),
+    ])
+
+
+def tensor_grid(t: dict, label: str, px: int = 54):
+    """One tensor as a grid of tiles coloured by owning worker (rows: axis 0, cols: axis 1)."""
+    owners = t["owners"]
+    rows, cols = len(owners), len(owners[0]) if owners else 1
+    cells = [html.Div(str(w), className="tofu-tile", title=f"worker {w}",
+                      style={"background": PALETTE[w % len(PALETTE)]})
+             for row in owners for w in row]
+    return html.Div(className="tofu-tensor", title=f"{t['name']} {tuple(t['shape'])}", children=[
+        html.Div(cells, className="tofu-grid", style={
+            "gridTemplateColumns": f"repeat({cols}, 1fr)",
+            "gridTemplateRows": f"repeat({rows}, 1fr)", "width": f"{px}px",
+            "height": f"{px}px"}),
+        html.Div(label, className="tofu-label"),
+    ])
+
+
+def strip_view(blocks: list):
+    """Figure 11: weights on one row, activations on the other, "×N" for repeated blocks."""
+    cols = []
+    for b in blocks:
+        name = b["module"] or b["op"]
+        if b.get("count", 1) > 1:
+            name = f"{name} … {b.get('last', '')}"
+        cols.append(html.Div(className="tofu-block", title=f"{b['target']} {name}", children=[
+            tensor_grid(b["weight"], "W " + "×".join(map(str, b["weight"]["shape"][:2]))),
+            tensor_grid(b["activation"], "x " + "×".join(map(str,
+                                                            b["activation"]["shape"][:2]))),
+            html.Div((f"×{b['count']}" if b.get("count", 1) > 1 else "") + " " + name[-22:],
+                     className="tofu-name"),
+        ]))
+    return html.Div([
+        html.Div("Top: weights (rows: output channels / rows, columns: input channels); "
+                 "bottom: activations (rows: batch, columns: channels). Colour = worker.",
+                 className="muted"),
+        html.Div(cols, className="tofu-blocks"),
+    ])
+
+
+def summary_view(doc: dict):
+    c = doc["coarsening"]
+    peak = max(doc["peak_memory_bytes"]) if doc["peak_memory_bytes"] else 0
+    return html.Div([
+        html.Div([html.B(f"{doc['algo']}: "), f"{doc['comm_bytes'] / 1e9:.3f} GB communicated "
+                  f"per step ({doc['objective_s'] * 1e3:.1f} ms on the links), peak "
+                  f"{peak / 2**30:.2f} GiB per worker, k = "
+                  f"{' × '.join(map(str, doc['factors'])) or '1'}, searched in "
+                  f"{doc['search_time_s']:.2f} s"], id="tofu-headline"),
+        html.Div(f"coarsening: {c['ops_before']} operators, {c['tensors_before']} tensors → "
+                 f"{c['ops_after']} operator groups, {c['tensors_after']} tensor groups "
+                 f"({c['classes']} partition classes, {c['templates']} strategy templates; "
+                 f"{'linear' if c['linear'] else 'not linear'})", className="muted"),
+    ])
+
+
+def step_rows(doc: dict) -> list:
+    rows = []
+    w = 1
+    for i, s in enumerate(doc["steps"]):
+        rows.append({"step": i + 1, "split": f"{s['groups']} → {s['groups'] * s['k']}",
+                     "delta_gb": round(s["delta_bytes"] / 1e9, 4),
+                     "total_gb": round(s["total_bytes"] / 1e9, 4),
+                     "link": (round(s["bandwidth_Bps"] / 1e9, 1)
+                              if s["bandwidth_Bps"] != float("inf") else "–"),
+                     "ms": round(s["seconds"] * 1e3, 2), "search_s": round(s["search_time_s"], 3)})
+        w *= s["k"]
+    return rows
+
+
+def do_partition(req_doc: dict, algo: str, progress=lambda v: None) -> dict:
+    req = session.Request.from_dict(req_doc)
+    progress(10)
+    session.opgraph_for(req)
+    progress(50)
+    return session.tofu(req, algo)
+
+
+@dash.callback(
+    Output(ids.STORE_TOFU, "data"), Output(ids.TOFU_ERROR, "children"),
+    Output(ids.TOFU_STATUS, "children"),
+    Input(ids.TOFU_BUTTON, "n_clicks"),
+    State(ids.STORE_REQUEST, "data"), State(ids.TOFU_ALGO, "value"),
+    background=True, interval=250,
+    progress=[Output(ids.TOFU_PROGRESS, "value")],
+    running=[(Output(ids.TOFU_BUTTON, "disabled"), True, False),
+             (Output(ids.TOFU_CANCEL, "disabled"), False, True),
+             (Output(ids.TOFU_STATUS, "children"), "tracing and partitioning…", "")],
+    cancel=[Input(ids.TOFU_CANCEL, "n_clicks")],
+    prevent_initial_call=True,
+)
+def partition(set_progress, _n, req_doc, algo):
+    try:
+        doc = do_partition(req_doc, algo or "tofu", lambda v: set_progress([str(v)]))
+    except (ExplorerError, ValueError) as exc:
+        return no_update, str(exc), ""
+    set_progress(["100"])
+    return doc, "", f"done: {doc['model']} on {doc['devices']} workers"
+
+
+@dash.callback(Output(ids.TOFU_SUMMARY, "children"), Output(ids.TOFU_STEPS, "data"),
+               Output(ids.TOFU_STEP, "max"), Output(ids.TOFU_STEP, "marks"),
+               Output(ids.TOFU_STEP, "value"),
+               Input(ids.STORE_TOFU, "data"))
+def show(doc):
+    if not doc:
+        return (html.P("Partition the current model to see its tensors tiled over the workers.",
+                       className="muted"), [], 1, {0: "0", 1: "1"}, 1)
+    m = len(doc["steps"])
+    return (summary_view(doc), step_rows(doc), max(m, 1),
+            {i: str(i) for i in range(m + 1)}, m)
+
+
+@dash.callback(Output(ids.TOFU_STRIP, "children"),
+               Input(ids.TOFU_STEP, "value"), State(ids.STORE_TOFU, "data"))
+def show_strip(step, doc):
+    if not doc:
+        return ""
+    try:
+        req = session.Request.from_dict(doc["request"])
+        blocks = session.tofu_strip(req, doc["algo"], upto=step)
+    except (ExplorerError, ValueError) as exc:
+        return html.Div(str(exc), className="error")
+    return strip_view(blocks)
+
+
+def compare_figure(cmp: dict) -> go.Figure:
+    algos = list(cmp)
+    fig = go.Figure([go.Bar(x=algos, y=[cmp[a]["comm_bytes"] / 1e9 for a in algos],
+                            text=[f"{cmp[a]['comm_bytes'] / 1e9:.2f} GB" for a in algos],
+                            marker_color=["#2563eb" if a == "tofu" else "#9ab" for a in algos])])
+    fig.update_layout(title="Communication per step by algorithm (Tofu Figure 10)",
+                      yaxis_title="GB", margin=dict(l=50, r=20, t=40, b=40))
+    return fig
+
+
+@dash.callback(Output(ids.TOFU_COMPARE, "figure"), Output(ids.TOFU_ERROR, "children",
+                                                          allow_duplicate=True),
+               Input(ids.TOFU_COMPARE_BUTTON, "n_clicks"), State(ids.STORE_REQUEST, "data"),
+               prevent_initial_call=True)
+def compare(_n, req_doc):
+    try:
+        cmp = session.tofu_compare(session.Request.from_dict(req_doc))
+    except (ExplorerError, ValueError) as exc:
+        return no_update, str(exc)
+    return compare_figure(cmp), ""
