@@ -27,6 +27,8 @@ from .resnet import build_resnet50, build_wresnet
 from .transformer import build_transformer
 from .unet import build_unet
 from .vgg import build_vgg16
+from .seq2seq import build_seq2seq
+from .holography import build_holography
 
 __all__ = ["ExampleModel", "MODELS", "UnknownModel", "build", "model_params"]
 
@@ -61,6 +63,8 @@ _ENTRIES = [
      build_densenet, 64),
     ("unet", "U-Net (Ronneberger et al. 2015): encoder-decoder with long skip connections",
      build_unet, 16),
+    ("seq2seq", "LSTM seq2seq (NMT-style, Wu et al. 2016): stacked encoder/decoder LSTMCells", build_seq2seq, 64),
+    ("holography", "Tensor-Holography-like CNN (Shi et al. 2021): 30 full-resolution 3x3 convs", build_holography, 4),
 ]
 
 MODELS: dict[str, ExampleModel] = {name: ExampleModel(name, desc, fn, b) for name, desc, fn, b in _ENTRIES}

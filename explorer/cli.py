@@ -37,10 +37,20 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--devices", "-n", type=int, default=4, help="number of devices (default 4)")
     s.add_argument("--preset", default=None,
                    help="device preset or cluster JSON (default: P100 cluster sized to --devices)")
+    from .engine.search.placement_baselines import PLACEMENT_ALGORITHMS
     from .engine.search.tofu import ALGOS as TOFU_ALGOS
-    s.add_argument("--algo", default="optcnn", choices=list(ALGORITHMS) + list(TOFU_ALGOS),
+    s.add_argument("--algo", default="optcnn",
+                   choices=list(ALGORITHMS) + list(TOFU_ALGOS) + list(PLACEMENT_ALGORITHMS),
                    help="layer-wise: " + ", ".join(ALGORITHMS) + "; operator partitioning "
-                        "(Tofu, Section 7.3 baselines): " + ", ".join(TOFU_ALGOS))
+                        "(Tofu, Section 7.3 baselines): " + ", ".join(TOFU_ALGOS) +
+                        "; device placement (Celeritas, baselines): " +
+                        ", ".join(PLACEMENT_ALGORITHMS))
+    s.add_argument("--memory-per-device", type=float, default=None, metavar="GIB",
+                   help="placement algorithms: memory limit per device in GiB (default: the "
+                        "preset's capacity)")
+    s.add_argument("--dump-graph", metavar="FILE",
+                   help="placement algorithms: write the operator graph the placers saw "
+                        "(node-link JSON with times, memory, bytes and the device graph)")
     s.add_argument("--pin", action="append", default=[], metavar="LAYER=CONFIG",
                    help="pin a layer: LAYER=n=2,c=2 and/or LAYER=@0,1 (devices); repeatable")
     s.add_argument("--batch", "-b", type=int, default=None, help="global batch size")
@@ -192,6 +202,59 @@ def cmd_search_tofu(args) -> int:
     return 0
 
 
+def cmd_place(args) -> int:
+    """``explorer search --algo celeritas|order-place|m-topo|m-etf|m-sct|metis|single``:
+    device placement of the forward+backward operator graph (Celeritas and baselines)."""
+    from .engine.opgraph import build_opgraph
+    from .engine.search.celeritas import placement_graph
+    from .engine.search.placement_baselines import run as place
+
+    if args.batch is not None and args.batch < 1:
+        raise ValueError(f"--batch must be ≥ 1, got {args.batch}")
+    t0 = time.perf_counter()
+    og = build_opgraph(args.model, args.batch, dict(args.model_arg))
+    import_s = time.perf_counter() - t0
+    devices = device_graph(args.preset, args.devices)
+    opts = {"pins": {}}
+    if args.memory_per_device is not None:
+        if args.memory_per_device <= 0:
+            raise ValueError(f"--memory-per-device must be > 0 GiB, got "
+                             f"{args.memory_per_device}")
+        opts["memory_per_device"] = args.memory_per_device * 2 ** 30
+    for p in args.pin:                       # OP=@D, OP=D or cluster:K=@D
+        name, eq, dev = p.rpartition("=")
+        if not eq or not dev.lstrip("@").isdigit():
+            raise ValueError(f"--pin for placement is OP=@DEVICE or cluster:K=@DEVICE, got "
+                             f"{p!r}")
+        opts["pins"][name] = int(dev.lstrip("@"))
+    pg = placement_graph(og, devices, opts)
+    if args.dump_graph:
+        with open(args.dump_graph, "w") as fh:
+            json.dump(pg.to_node_link(), fh)
+    res = place(args.algo, pg, devices, opts)
+    doc = res.to_dict(schedule=args.trace)
+    doc["import_time_s"] = import_s
+    if args.out:
+        with open(args.out, "w") as fh:
+            json.dump(doc, fh, indent=2)
+    if args.json:
+        print(json.dumps(doc, indent=2))
+    else:
+        print(f"{og.model} batch {og.batch} on {devices.n}x {devices.devices[0].kind}: "
+              f"{args.algo}")
+        print(f"ops {doc['ops']}, clusters {len(doc['clusters'])}, predicted step "
+              f"{doc['predicted_step_time_s']:.4f} s, search {doc['search_time_s']:.3f} s, "
+              f"oom {doc['oom']}")
+        print("peak GiB per device: " + " / ".join(f"{b / 2**30:.1f}"
+                                                    for b in doc["peak_memory_bytes"]))
+    if res.oom and not args.ignore_memory:
+        print(f"error: the {args.algo} placement exceeds a device's memory (best effort): "
+              f"use more devices, a smaller --batch, or --ignore-memory to keep it",
+              file=sys.stderr)
+        return 2
+    return 0
+
+
 def load_graph(model: str, batch=None, model_args=None):
     from .engine.importer import import_spec
     if batch is not None and batch < 1:
@@ -211,8 +274,11 @@ def cmd_search(args) -> int:
     from .engine.search import run
     from .engine.search.tofu import ALGOS as TOFU_ALGOS
 
+    from .engine.search.placement_baselines import PLACEMENT_ALGORITHMS
     if args.algo in TOFU_ALGOS:
         return cmd_search_tofu(args)
+    if args.algo in PLACEMENT_ALGORITHMS:
+        return cmd_place(args)
     t0 = time.perf_counter()
     graph = load_graph(args.model, args.batch, args.model_arg)
     import_s = time.perf_counter() - t0

@@ -13,7 +13,7 @@ from torch import nn
 import example_models as em
 
 NAMES = ["lenet5", "alexnet", "vgg16", "inception_v3", "resnet50", "wresnet", "mlp", "lstm", "transformer",
-         "densenet", "unet"]
+         "densenet", "unet", "seq2seq", "holography"]
 
 # Small settings so that a real CPU forward+backward of every model stays fast.
 SMALL = {
@@ -28,6 +28,8 @@ SMALL = {
     "transformer": {"seq": 16, "hidden": 64, "heads": 4, "vocab": 50},
     "densenet": {"block": 2, "growth": 8, "image_size": 32, "num_classes": 10},
     "unet": {"depth": 2, "base": 8, "image_size": 32, "num_classes": 3},
+    "seq2seq": {"layers": 1, "hidden": 16, "src_steps": 2, "tgt_steps": 3, "vocab": 20},
+    "holography": {"layers": 3, "filters": 4, "res": 8},
 }
 
 
@@ -36,6 +38,10 @@ def out_shape(name, batch, params):
     if name == "unet":
         size = params.get("image_size", 256)
         return (batch, params["num_classes"], size, size)
+    if name == "seq2seq":            # next-token scores for every target step
+        return (batch, params["tgt_steps"], params["vocab"])
+    if name == "holography":         # amplitude and phase for 3 colours, per pixel
+        return (batch, 6, params["res"], params["res"])
     return (batch, params["num_classes"])
 
 

@@ -1,0 +1,296 @@
+"""Placing the coarse graph (Celeritas Section 5.2): Order-Place and Adjusting Placement.
+
+* **Order-Place** - clusters in CPD-TOPO order on one device until its memory is full, then the
+  next device (Section 6.2.2); best effort when every device is full.
+* **Adjusting Placement** (Algorithm 2) - clusters in CPD-TOPO order; for each device the
+  earliest start time ``EST = max(pre_t, d_ava)`` (equation 7) where ``pre_t`` waits for every
+  predecessor's finish plus ``c_{p,i}`` when it sits on another device, and ``d_ava`` is the
+  start of the first idle slot of the device, after ``pre_t``, long enough for the cluster
+  (insertion into idle slots); a device whose free memory is below the cluster's gets
+  ``EST = ∞``.  The cluster stays on the previous cluster's device ``d_k`` unless
+  ``EST(d_k) − EST(d_1) > back_cost = max_{s in succ} c_{i,s}`` (equations 8-9), where ``d_1``
+  has the smallest EST; when every device is full, the one using the least memory is taken
+  (best effort).
+
+Co-location (Section 6.1, as Baechi): when the first node of a co-location group is placed on
+``d`` the whole group goes to ``d``.  A cluster's members whose group is already placed are
+*bound* and follow their group; the placer decides the device of the *free* members only, and
+reserves the whole memory of every group it starts.
+
+Memory accounting (both placers and the baselines): a placed operator costs its memory plus
+the tensors it receives from other devices (Section 6.1 models transfers as nodes on the
+receiving device), so a placement that stays within every budget also stays within it in the
+simulator, whose peak is at most that sum.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .order import cpd_topo, tlevel_blevel
+
+__all__ = ["CoarsePlacement", "coarse_order", "order_place", "adjusting_placement"]
+
+
+@dataclass
+class CoarsePlacement:
+    """A device per cluster (of its free members) and per operator, the placer's own schedule
+    and what best effort was needed for."""
+
+    device: np.ndarray
+    node_device: np.ndarray
+    start: np.ndarray
+    finish: np.ndarray
+    order: list
+    best_effort: list = field(default_factory=list)     # clusters placed over a memory limit
+    used: np.ndarray | None = None                      # bytes budgeted per device
+    moves: int = 0                                      # clusters moved off d_k by eq. 9
+    log: list = field(default_factory=list)             # per cluster: d_k, EST, choice
+
+    def __post_init__(self):
+        if self.device.shape != self.start.shape:
+            raise ValueError(f"{self.device.shape} devices vs {self.start.shape} start times")
+        if (self.node_device < 0).any():
+            raise ValueError(f"{int((self.node_device < 0).sum())} operators left unplaced")
+
+
+class _Timeline:
+    """Busy intervals of one device, sorted; finds the first idle slot (insertion)."""
+
+    __slots__ = ("starts", "ends")
+
+    def __init__(self):
+        self.starts: list = []
+        self.ends: list = []
+
+    def slot(self, t: float, dur: float) -> float:
+        """Earliest ``s >= t`` with ``[s, s + dur)`` free."""
+        i = bisect.bisect_right(self.ends, t)
+        while i < len(self.starts):
+            if t + dur <= self.starts[i]:
+                return t
+            if self.ends[i] > t:
+                t = self.ends[i]
+            i += 1
+        return t
+
+    def add(self, s: float, e: float):
+        if e <= s:
+            return
+        i = bisect.bisect_left(self.starts, s)
+        self.starts.insert(i, s)
+        self.ends.insert(i, e)
+
+
+def coarse_order(co, k: float, lat: float) -> list:
+    """CPD-TOPO of the coarse graph (Algorithm 2, line 3)."""
+    topo = list(range(co.n))           # clusters are numbered in a topological order
+    c = {e: k * nb + lat for e, (nb, _) in co.edges.items()}
+    tl, bl = tlevel_blevel(co.n, co.succ, co.pred, topo, co.w.mean(axis=1), c_edge=c)
+    return cpd_topo(co.n, co.succ, co.pred, tl + bl)
+
+
+class _State:
+    """Node-level bookkeeping shared by Order-Place and Adjusting Placement."""
+
+    def __init__(self, co, pg):
+        self.co, self.pg = co, pg
+        n, nd = pg.n, pg.ndev
+        self.node_dev = np.full(n, -1, dtype=np.int64)
+        self.fin = np.zeros(n)
+        self.used = np.zeros(nd)
+        self.recv: set = set()
+        self.tls = [_Timeline() for _ in range(nd)]
+        grp = pg.group
+        ng = int(grp.max()) + 1 if (grp >= 0).any() else 0
+        self.gtotal = np.bincount(grp[grp >= 0], weights=pg.mem[grp >= 0], minlength=ng)
+        self.gdev = np.full(ng, -1, dtype=np.int64)
+        self.pins = None
+
+    def split(self, v, pinned: bool):
+        """(free members, {device: bound members}) of cluster v."""
+        m = self.co.members[v]
+        g = self.pg.group[m]
+        if pinned or len(self.gdev) == 0:
+            return m, {}
+        gd = np.where(g >= 0, self.gdev[np.maximum(g, 0)], -1)
+        bound = gd >= 0
+        parts: dict = {}
+        for b in np.unique(gd[bound]).tolist():
+            parts[b] = m[gd == b]
+        return m[~bound], parts
+
+    def ext_preds(self, members, cid):
+        pg = self.pg
+        ps = {p for x in members.tolist() for p in pg.pred[x] if self.co.cid[p] != cid}
+        return np.fromiter(ps, dtype=np.int64, count=len(ps))
+
+    def pre_t(self, ext) -> np.ndarray:
+        """pre_t per device for a part whose outside predecessors are ``ext`` (eq. 7)."""
+        pg = self.pg
+        if len(ext) == 0:
+            return np.zeros(pg.ndev)
+        dp = self.node_dev[ext]
+        arr = self.fin[ext][:, None] + pg.k[dp] * pg.out_bytes[ext][:, None] + pg.b[dp]
+        return arr.max(axis=0)
+
+    def need(self, free, ext) -> np.ndarray:
+        """Bytes the free part adds on each device: its memory (whole groups it starts)
+        plus the tensors it receives there."""
+        pg = self.pg
+        g = pg.group[free]
+        own = float(pg.mem[free][g < 0].sum())
+        led = np.unique(g[g >= 0])
+        own += float(self.gtotal[led].sum()) if len(led) else 0.0
+        out = np.full(pg.ndev, own)
+        if len(ext):
+            dp = self.node_dev[ext]
+            for d in range(pg.ndev):
+                sel = [p for p, x in zip(ext.tolist(), dp.tolist())
+                       if x != d and (p, d) not in self.recv]
+                if sel:
+                    out[d] += float(pg.out_bytes[sel].sum())
+        return out
+
+    def commit_part(self, members, d, start, dur, ext, free: bool):
+        pg = self.pg
+        self.node_dev[members] = d
+        self.fin[members] = start + dur
+        self.tls[d].add(start, start + dur)
+        if free:
+            g = pg.group[members]
+            led = np.unique(g[g >= 0])
+            if len(led):
+                self.gdev[led] = d
+        else:                                    # bound: memory reserved by the leader
+            pass
+        if len(ext):
+            for p, x in zip(ext.tolist(), self.node_dev[ext].tolist()):
+                if x != d and (p, d) not in self.recv:
+                    self.recv.add((p, d))
+                    if not free:
+                        self.used[d] += pg.out_bytes[p]
+
+    def bound_parts(self, v, parts):
+        for b, mem_b in parts.items():
+            ext = self.ext_preds(mem_b, v)
+            dur = float(self.pg.w[mem_b, b].sum())
+            s = self.tls[b].slot(float(self.pre_t(ext)[b]), dur)
+            self.commit_part(mem_b, b, s, dur, ext, free=False)
+
+
+def _least_used(used, capacity):
+    """Best effort: the device with the lowest memory usage (relative to its capacity)."""
+    return int(np.argmin(np.asarray(used) / np.asarray(capacity)))
+
+
+def _finish(co, st, order, best_effort, moves, log) -> CoarsePlacement:
+    dev = np.zeros(co.n, dtype=np.int64)
+    start, finish = np.zeros(co.n), np.zeros(co.n)
+    for v in range(co.n):
+        m = co.members[v]
+        ds = st.node_dev[m]
+        dev[v] = int(np.bincount(ds, weights=st.pg.w[m, 0] + 1e-12).argmax())
+        finish[v] = float(st.fin[m].max()) if len(m) else 0.0
+        start[v] = finish[v] - float(co.w[v, dev[v]])
+    return CoarsePlacement(dev, st.node_dev.copy(), start, finish, list(order), best_effort,
+                           st.used.copy(), moves, log)
+
+
+def order_place(co, pg, order=None) -> CoarsePlacement:
+    """Order-Place: fill device 0 in CPD-TOPO order up to its memory limit, then device 1, ...
+
+    Pinned clusters go to their device regardless; bound members follow their group.
+    """
+    nd = pg.ndev
+    cap = pg.capacity
+    order = coarse_order(co, pg.k_mean, pg.b_mean) if order is None else order
+    st = _State(co, pg)
+    best_effort = []
+    cur = 0
+    for v in order:
+        pinned = co.pin[v] >= 0
+        free, parts = st.split(v, pinned)
+        st.bound_parts(v, parts)
+        if len(free) == 0:
+            continue
+        ext = st.ext_preds(free, v)
+        need = st.need(free, ext)
+        if pinned:
+            d = int(co.pin[v])
+            if st.used[d] + need[d] > cap[d]:
+                best_effort.append(int(v))
+        else:
+            while cur < nd and st.used[cur] + need[cur] > cap[cur]:
+                cur += 1
+            if cur < nd:
+                d = cur
+            else:
+                fits = [x for x in range(nd) if st.used[x] + need[x] <= cap[x]]
+                d = fits[0] if fits else _least_used(st.used, cap)
+                if not fits:
+                    best_effort.append(int(v))
+        dur = float(pg.w[free, d].sum())
+        s = st.tls[d].slot(float(st.pre_t(ext)[d]), dur)
+        st.used[d] += need[d]
+        st.commit_part(free, d, s, dur, ext, free=True)
+    return _finish(co, st, order, best_effort, 0, [])
+
+
+def adjusting_placement(co, pg, order=None) -> CoarsePlacement:
+    """Algorithm 2 on the coarse graph ``co`` (devices, links and capacity from ``pg``)."""
+    nd = pg.ndev
+    cap = pg.capacity
+    km, bm = pg.k_mean, pg.b_mean
+    order = coarse_order(co, km, bm) if order is None else order
+    st = _State(co, pg)
+    best_effort = []
+    moves = 0
+    prev = 0
+    inf = math.inf
+    log = []
+    for v in order:
+        pinned = co.pin[v] >= 0
+        free, parts = st.split(v, pinned)
+        st.bound_parts(v, parts)
+        if len(free) == 0:
+            continue
+        ext = st.ext_preds(free, v)
+        need = st.need(free, ext)
+        pre = st.pre_t(ext)
+        wf = pg.w[free].sum(axis=0)
+        back_cost = max((km * co.edges[(v, s)][0] + bm for s in co.succ[v]), default=0.0)
+        est = [inf] * nd
+        for d in range(nd):
+            if cap[d] - st.used[d] < need[d]:
+                continue
+            est[d] = st.tls[d].slot(float(pre[d]), float(wf[d]))   # max(pre_t, d_ava)
+        be = False
+        if pinned:
+            d = int(co.pin[v])
+            be = est[d] == inf
+        else:
+            dk = prev
+            d1 = min(range(nd), key=lambda x: (est[x], x))
+            if est[d1] < inf and (est[dk] == inf or est[dk] - est[d1] > back_cost):
+                d = d1
+                moves += d1 != dk
+            elif est[dk] < inf:
+                d = dk
+            else:                                           # all devices out of memory
+                d = _least_used(st.used, cap)
+                be = True
+        if be:
+            best_effort.append(int(v))
+        s = est[d] if est[d] < inf else st.tls[d].slot(float(pre[d]), float(wf[d]))
+        log.append({"cluster": int(v), "d_k": int(prev), "device": int(d),
+                    "est": [x if x < inf else None for x in est], "back_cost": back_cost,
+                    "best_effort": be, "bound_ops": int(sum(len(x) for x in parts.values()))})
+        st.used[d] += need[d]
+        st.commit_part(free, d, s, float(wf[d]), ext, free=True)
+        prev = d
+    return _finish(co, st, order, best_effort, moves, log)
