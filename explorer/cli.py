@@ -157,6 +157,8 @@ def cmd_search_tofu(args) -> int:
     cap = min(d.memory for d in devices.devices[:args.devices])
     worst = max(res.peak_memory_bytes) if res.peak_memory_bytes else 0
     out = res.to_dict()
+    out["batch"] = g.batch
+    out["model_args"] = dict(args.model_arg)
     out["trace_time_s"] = trace_s
     out["fits_memory"] = worst <= cap
     compare = {}
@@ -408,7 +410,53 @@ def cmd_graph(args) -> int:
 
 def cmd_run(args) -> int:
     from .engine.runtime.cli import cmd_run as run
+    try:
+        with open(args.plan) as fh:
+            doc = json.load(fh)
+    except (OSError, ValueError):
+        doc = None                     # the runtime reports unreadable plans
+    if isinstance(doc, dict) and str(doc.get("schema", "")).startswith("plan-explorer/tofu"):
+        return cmd_run_tofu(args, doc)
     return run(args)
+
+
+def cmd_run_tofu(args, doc: dict) -> int:
+    """``explorer run`` of a Tofu plan: re-derive it (the search is deterministic; the
+    communication must equal the file's), run one step on local gloo workers and compare
+    the loss and every updated parameter with one device."""
+    from .engine.opgraph import build_opgraph
+    from .engine.runtime.tofu_exec import run_tofu_plan
+    from .engine.search import tofu
+
+    for key in ("model", "algo", "devices"):
+        if key not in doc:
+            raise ValueError(f"{args.plan}: a Tofu plan needs {key!r}; save plans with "
+                             f"`explorer search --algo tofu --out PLAN.json`")
+    n = int(doc["devices"])
+    if getattr(args, "devices", None) not in (None, n):
+        raise ValueError(f"the plan is for {n} workers, not --devices {args.devices}")
+    if getattr(args, "model", None) not in (None, doc["model"]):
+        raise ValueError(f"the plan is for model {doc['model']}, not {args.model}")
+    margs = dict(doc.get("model_args") or {})
+    g = build_opgraph(doc["model"], doc.get("batch"), margs)
+    res = tofu.search(g, n, options={"algo": doc["algo"]})
+    if abs(res.comm_bytes - float(doc.get("comm_bytes", res.comm_bytes))) > 0.5:
+        raise ValueError(f"{args.plan} does not match {doc['model']} with these arguments: it "
+                         f"communicates {doc['comm_bytes']:.0f} bytes, the same search now "
+                         f"gives {res.comm_bytes:.0f} (a different model version or batch?)")
+    out = run_tofu_plan(doc["model"], doc.get("batch"), margs, n, algo=doc["algo"], plan=res,
+                        timeout_s=float(getattr(args, "timeout", 600.0)))
+    if args.json:
+        print(json.dumps(out, indent=2))
+    else:
+        print(f"{out['model']} {out['algo']} plan on {n} local workers (gloo): reference check "
+              f"{'passed' if out['reference_ok'] else 'FAILED'} (max relative error "
+              f"{out['max_rel_error']:.1e}, float64)")
+        print(f"communication: predicted {out['predicted_comm_bytes'] / 1e6:.3f} MB, measured "
+              f"{out['measured_comm_bytes'] / 1e6:.3f} MB per step")
+        print(f"step wall time {out['step_time_s'] * 1e3:.1f} ms (every worker computes on "
+              f"zero-padded full-size buffers: this checks data movement, not speed)")
+    return 0 if out["reference_ok"] else 1
 
 
 def cmd_calibrate(args) -> int:

@@ -96,6 +96,9 @@ class OpGraph:
         self.param_grads: dict = {}       # parameter tensor id -> gradient tensor id
         self.inputs: list = []
         self.loss: str | None = None
+        self.gm = None                    # the traced fx GraphModule (set by build_from_module)
+        self.param_names: list = []
+        self.buffer_names: list = []
 
     # -- queries ------------------------------------------------------------------------------
     def consumers(self) -> dict:
@@ -200,7 +203,7 @@ def trace_step(model, x, lr: float = 0.01):
         out = torch.func.functional_call(
             model, {**dict(zip(names, params)), **dict(zip(bnames, buffers))}, (x,))
         outs = out if isinstance(out, (tuple, list)) else (out,)
-        loss = sum(o.float().pow(2).mean() for o in outs if torch.is_tensor(o)
+        loss = sum(o.pow(2).mean() for o in outs if torch.is_tensor(o)
                    and o.is_floating_point())
         if loss.grad_fn is not None:
             setup_stacktrace_preservation_hooks([loss.grad_fn])
@@ -257,6 +260,8 @@ def build_from_module(model, x, name: str = "model", lr: float = 0.01) -> OpGrap
 
     gm, pnames, bnames = trace_step(model, x, lr)
     g = OpGraph(name, int(x.shape[0]) if x.dim() else 1)
+    g.gm = gm                         # the traced step: its aten calls run on real tensors too
+    g.param_names, g.buffer_names = pnames, bnames
     nodes = list(gm.graph.nodes)
     placeholders = [n for n in nodes if n.op == "placeholder"]
     tid: dict = {}                    # (fx node name, output index) -> tensor id

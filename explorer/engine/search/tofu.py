@@ -624,6 +624,8 @@ class TofuResult:
     strategies: dict                   # op name -> ["split 0", ...] per step
     op_bytes: dict                     # op name -> bytes it moves (all steps)
     devices: str = ""
+    state: object = field(default=None, repr=False)     # final _State (per-worker boxes)
+    coarse_graph: object = field(default=None, repr=False)
 
     def to_dict(self, tensors: bool = True) -> dict:
         d = {"schema": "plan-explorer/tofu-plan@1", "model": self.model, "algo": self.algo,
@@ -847,7 +849,46 @@ def search(g, workers: int, devices=None, pins=None, options: TofuOptions | dict
     return TofuResult(algo, g.model, workers, factors, steps, comm, obj,
                       [int(x) for x in mem + peak_fetch], time.perf_counter() - t0,
                       dict(co.counts), tilings, strategies_out, op_bytes,
-                      devices.name if devices is not None else "")
+                      devices.name if devices is not None else "", st, co)
+
+
+def execution_plan(res: TofuResult, g) -> dict:
+    """What every worker holds and computes under ``res`` (for the runtime).
+
+    Returns ``{"held": {tensor: [K, nd, 2]}, "ops": {op: {"out": [K, nd, 2], "needs":
+    {tensor: [K, nd, 2]}, "reducer": "sum" | "max" | None, "zero": {tensor: [K] bool}}}}``:
+    ``zero[t][w]`` marks inputs that worker w must not add (terms outside a partitioned sum,
+    e.g. a bias, are added by the first worker of the reduction only).
+    """
+    st, co = res.state, res.coarse_graph
+    K = max(1, math.prod(res.factors))
+    held = {t: st.held[t] for t in res.tilings}
+    ops = {}
+    for o, oi in co.ops.items():
+        red = st.red[o]
+        regs = oi.bound.regions(st.out[o], red={v: (r[:, 0], r[:, 1] - 1)
+                                                for v, r in red.items()})
+        reducible = {v.name: kind for v, kind in oi.bound.reducible().items()}
+        split = [v for v, r in red.items()
+                 if (r[:, 1] - r[:, 0] < oi.bound.extent[oi.bound.var(v)]).any()]
+        reducer = None
+        for v in split:
+            reducer = reducible.get(v, "sum")
+        zero = {}
+        if reducer == "sum":
+            first = np.ones(K, dtype=bool)
+            for v in split:
+                first &= red[v][:, 0] == 0
+            inside = set()
+            for acc, scope in oi.bound.accesses:
+                if any(v.name in split for r in scope for v in getattr(r, "vars", ())):
+                    inside.add(acc.tensor)
+            for n, t in oi.inputs:
+                if n not in inside:
+                    zero[t] = ~first
+        ops[o] = {"out": st.out[o], "needs": {t: regs[n] for n, t in oi.inputs},
+                  "reducer": reducer, "zero": zero}
+    return {"held": held, "ops": ops, "workers": K}
 
 
 # ------------------------------------------------------------------------------------------------

@@ -167,6 +167,28 @@ def avg_pool_backward(nsp: int = 2, kernel=2, stride=None, padding=0, in_size=No
               attrs={"kernel": k, "stride": s, "padding": p})
 
 
+@register("max_pool_backward_indices")
+def max_pool_backward_indices(nsp: int = 2, kernel=2, stride=None, padding=0, dilation=1):
+    """aten's max-pool backward: ``dx[n, c, *y] = Σ_{dy} dout[n, c, o] · (indices[n, c, o] ==
+    y)`` with ``o = (y + p − dy·d) / s`` - the saved arg-max indices replace re-reading x."""
+    k = _tup(kernel, nsp)
+    s = _tup(stride if stride else kernel, nsp)
+    p, d = _tup(padding, nsp), _tup(dilation, nsp)
+    wn = tuple(f"d{a}" for a in range(nsp))
+
+    def fn(dout, x, indices):
+        def out(n, c, *ys):
+            def inner(*dys):
+                os_ = tuple((y + p[i] - dy * d[i]) / s[i] for i, (y, dy) in
+                            enumerate(zip(ys, dys)))
+                return dout[(n, c) + os_] * Opaque("is_argmax", indices[(n, c) + os_],
+                                                   x[(n, c) + tuple(ys)])
+            return reduce_over("sum", wn, inner, dict(zip(wn, k)))
+        return out
+    return Op(f"max_pool{nsp}d_backward", fn, out_shape=lambda dout, x, i: x,
+              attrs={"kernel": k, "stride": s, "padding": p, "dilation": d})
+
+
 @register("adaptive_avg_pool_backward")
 def adaptive_avg_pool_backward():
     """``dx[n, c, *y] = dout[n, c, ⌊y·O/S⌋] / bin size`` (each input element is in one bin
@@ -332,8 +354,8 @@ def describe_op(op, g) -> Described | None:
         nsp = len(shp[x]) - 2
         k = tuple(a[2])
         st = tuple(a[3]) if a[3] else k
-        return ins(describe("max_pool_backward", nsp=nsp, kernel=k, stride=st,
-                            padding=tuple(a[4]), dilation=tuple(a[5])), [dy, x])
+        return ins(describe("max_pool_backward_indices", nsp=nsp, kernel=k, stride=st,
+                            padding=tuple(a[4]), dilation=tuple(a[5])), [dy, x, a[7]])
     if base in ("avg_pool2d", "avg_pool1d", "avg_pool3d"):
         x = a[0]
         nsp = len(shp[x]) - 2
