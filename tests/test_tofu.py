@@ -216,3 +216,26 @@ def test_cli_tofu_rejects_pins_with_a_clear_message():
                           "--algo", "tofu", "--pin", "fc=n=2"],
                          capture_output=True, text=True, timeout=300)
     assert out.returncode != 0 and "pin" in out.stderr
+
+
+@pytest.mark.parametrize("spec,args", [
+    ("mlp", {"layers": 3, "hidden": 16}), ("lenet5", {}),
+    ("wresnet", {"depth": 50, "width": 1, "image_size": 32}),
+    ("lstm", {"layers": 3, "hidden": 16, "steps": 4}), ("transformer", {"layers": 2})])
+def test_coarsened_graphs_are_chains_the_dp_can_walk(spec, args):
+    g = build_opgraph(spec, 2, args)
+    co = tofu.coarsen(g)
+    assert co.counts["linear"], co.counts
+    if spec == "lstm":
+        # every cell with all its time steps (forward and backward) is one group
+        cells = {co.op_group[o] for o, op in g.ops.items() if op.module.startswith("cells.")
+                 and op.name in co.ops}
+        assert len(cells) == 3
+
+
+def test_a_reused_activation_module_is_not_taken_for_time_steps():
+    # ResNet blocks call one nn.ReLU three times; only modules with weights are RNN cells
+    g = build_opgraph("resnet50", 2, {"image_size": 32})
+    co = tofu.coarsen(g)
+    relus = [o for o, op in g.ops.items() if op.target == "relu" and op.phase == "forward"]
+    assert len({co.op_group[o] for o in relus}) == len(relus)

@@ -172,9 +172,12 @@ def coarsen(g, coalesce: bool = True) -> Coarse:
                     if g.tensors[t].shape == oshape:
                         uf.union(oi.output, t)
     # templates: one per op, merged across calls of a module (unrolled time steps)
+    # unrolled time steps: a module *with weights* called several times (weight sharing is
+    # what makes them time steps; a reused ReLU module is not a recurrence)
     calls: dict = {}
+    owners = {pn.rsplit(".", 1)[0] for pn in g.params}
     for op in g.ops.values():
-        if op.phase == "forward" and op.module:
+        if op.phase == "forward" and op.module in owners:
             calls[op.module] = max(calls.get(op.module, 0), op.call + 1)
     key_of: dict = {}
     occ: dict = {}
@@ -222,7 +225,16 @@ def coarsen(g, coalesce: bool = True) -> Coarse:
     first_of_call: dict = {}
     for o in ops:
         f = g.ops[o].fwd
-        if f and f in ops:
+        op = g.ops[o]
+        if op.phase == "backward" and op.target in ("add", "add_") and op.inputs and all(
+                g.tensors[t].producer in g.ops and g.ops[g.tensors[t].producer].phase ==
+                "backward" for t in op.inputs):
+            # summing a tensor's gradient contributions belongs with the gradient (§5.1),
+            # not with whatever forward op autograd's sequence number points at
+            p = g.tensors[op.inputs[0]].producer
+            if p in ops:
+                uo.union(p, o)
+        elif f and f in ops:
             uo.union(f, o)
         node = g.ops[o].node
         if node:                       # outputs of one aten call (e.g. batch norm's stats)
@@ -230,12 +242,26 @@ def coarsen(g, coalesce: bool = True) -> Coarse:
     for names in templates.values():
         for o in names[1:]:
             uo.union(names[0], o)
+    cell_first: dict = {}              # an RNN cell's ops, all time steps: one group (§5.1)
+    for o in ops:
+        anchor = g.ops[o].fwd if g.ops[o].fwd in g.ops else o
+        m = g.ops[anchor].module
+        if m in calls and calls[m] > 1:
+            uo.union(cell_first.setdefault(m, o), o)
     if coalesce:
         prod = {oi.output: n for n, oi in ops.items()}
-        for n in ew:
-            for _, t in ops[n].inputs:
+        readers: dict = {}
+        for n, oi in ops.items():
+            for _, t in oi.inputs:
+                if g.ops[n].phase == g.ops[prod[t]].phase if t in prod else False:
+                    readers.setdefault(t, set()).add(n)
+        for n in ew:                  # consecutive forward (or optimizer) element-wise ops;
+            for _, t in ops[n].inputs:   # backward ones follow their forward op's group
                 p = prod.get(t)
-                if p is not None and p in ew:
+                # only along a chain: merging across a fork (a residual's identity branch)
+                # would put both ends of the fork in one group and make the graph cyclic
+                if p is not None and p in ew and g.ops[p].phase == g.ops[n].phase and \
+                        g.ops[n].phase in ("forward", "update") and len(readers.get(t, ())) == 1:
                     uo.union(p, n)
     ogroup = {o: uo.find(o) for o in ops}
     c = Coarse(ops, cls, members, tgroup, ogroup, templates, free)

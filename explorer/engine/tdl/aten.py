@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .lang import Opaque, Op, TDLError, reduce_over
+from .lang import Concat, Opaque, Op, TDLError, reduce_over
 from .library import _bcast_index, _stats, _tup, describe, register
 
 __all__ = ["UnsupportedOp", "Described", "describe_op", "bound_of", "ELEMENTWISE_FNS"]
@@ -187,6 +187,48 @@ def max_pool_backward_indices(nsp: int = 2, kernel=2, stride=None, padding=0, di
         return out
     return Op(f"max_pool{nsp}d_backward", fn, out_shape=lambda dout, x, i: x,
               attrs={"kernel": k, "stride": s, "padding": p, "dilation": d})
+
+
+@register("stack")
+def stack(dim: int = 0, n_inputs: int = 2):
+    """``out[.., i, ..] = x_i[.., ..]``: concatenation along a new axis ``dim`` (pieces of 1)."""
+    ins = tuple(f"x{j}" for j in range(n_inputs))
+
+    def out_shape(*shapes):
+        s0 = tuple(shapes[0])
+        return s0[:dim] + (len(shapes),) + s0[dim:]
+
+    def fn(*ts):
+        def out(*idx):
+            rest = idx[:dim] + idx[dim + 1:]
+            return Concat(idx[dim], [(1, (lambda t: lambda loc: t[rest])(t)) for t in ts])
+        return out
+    return Op("stack", fn, inputs=ins, out_shape=out_shape, attrs={"dim": dim})
+
+
+@register("slice_backward", "select_backward")
+def slice_backward(dim: int = 0, start: int = 0, stop: int = 1, size: int = 1,
+                   select: bool = False):
+    """``dx[.., i, ..] = dy[.., i − start, ..]`` for start ≤ i < stop, else 0: the gradient
+    of a slice (or of a select, where dy lacks the axis) placed into zeros."""
+    def fn(dy):
+        def out(*idx):
+            rest = idx[:dim] + idx[dim + 1:]
+            pieces = []
+            if start > 0:
+                pieces.append((start, lambda loc: 0))
+            pieces.append((stop - start, (lambda loc: dy[rest]) if select else
+                           (lambda loc: dy[idx[:dim] + (loc,) + idx[dim + 1:]])))
+            if stop < size:
+                pieces.append((size - stop, lambda loc: 0))
+            return Concat(idx[dim], pieces)
+        return out
+
+    def out_shape(dy):
+        dy = tuple(dy)
+        return dy[:dim] + (size,) + (dy[dim:] if select else dy[dim + 1:])
+    return Op("slice_backward", fn, out_shape=out_shape,
+              attrs={"dim": dim, "start": start, "stop": stop, "size": size})
 
 
 @register("adaptive_avg_pool_backward")
@@ -387,6 +429,25 @@ def describe_op(op, g) -> Described | None:
         nd = len(out_shape)
         dim = _norm(int(a[1]) if len(a) > 1 else 0, nd)
         return ins(describe("concat", dim=dim, n_inputs=len(tids)), tids)
+    if base in ("select_backward", "slice_backward"):
+        sizes = tuple(int(v) for v in a[1])
+        nd = len(sizes)
+        dim = _norm(int(a[2]), nd)
+        if base == "select_backward":
+            idx = int(a[3]) % sizes[dim]
+            desc = describe("slice_backward", dim=dim, start=idx, stop=idx + 1,
+                            size=sizes[dim], select=True)
+        else:
+            st_, en_ = int(a[3]), min(int(a[4]), sizes[dim])
+            if len(a) > 5 and int(a[5]) != 1:
+                raise UnsupportedOp(f"op {op.name}: strided slice_backward (step {a[5]})")
+            desc = describe("slice_backward", dim=dim, start=st_, stop=en_, size=sizes[dim])
+        return ins(desc, [a[0]])
+    if base == "stack":
+        tids = [x for x in a[0] if _is_tensor_arg(x, g)]
+        nd = len(out_shape)
+        dim = _norm(int(a[1]) if len(a) > 1 else 0, nd)
+        return ins(describe("stack", dim=dim, n_inputs=len(tids)), tids)
     if base in ("split", "unsafe_split", "split_with_sizes", "unsafe_split_with_sizes",
                 "chunk", "unsafe_chunk"):
         x = a[0]
