@@ -66,6 +66,7 @@ def _register_views():
     from dash import _callback as registry
 
     from .views import compare, graph, model, plans, run, steps, tiling, tofu  # noqa: F401
+    from .views import placement  # noqa: F401
     global _CALLBACKS
     if _CALLBACKS is None:
         _CALLBACKS = (list(registry.GLOBAL_CALLBACK_LIST), dict(registry.GLOBAL_CALLBACK_MAP),
@@ -79,6 +80,7 @@ def _register_views():
 def create_app(request: session.Request | None = None) -> Dash:
     """Build the app (its panels' callbacks are registered when their modules import)."""
     from .views import compare, graph, model, plans, run, steps, tiling, tofu
+    from .views import placement
 
     _register_views()
 
@@ -95,6 +97,7 @@ def create_app(request: session.Request | None = None) -> Dash:
         dcc.Store(id=ids.STORE_STEP, data=None),
         dcc.Store(id=ids.STORE_RUN, data=None),
         dcc.Store(id=ids.STORE_TOFU, data=None),
+        dcc.Store(id=ids.STORE_PLACEMENT, data=None),
         html.Header(className="header", children=[
             html.H1("Plan Explorer"),
             html.Span("layer-wise parallelization plans: inspect, pin, re-run",
@@ -112,6 +115,7 @@ def create_app(request: session.Request | None = None) -> Dash:
             dcc.Tab(label="Compare", value="compare", children=[compare.layout()]),
             dcc.Tab(label="Run", value="run", children=[run.layout()]),
             dcc.Tab(label="Tofu", value="tofu", children=[tofu.layout()]),
+            dcc.Tab(label="Placement", value="placement", children=[placement.layout()]),
             dcc.Tab(label="Plans", value="plans", children=[plans.layout()]),
         ]),
     ])

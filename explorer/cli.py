@@ -236,6 +236,8 @@ def cmd_place(args) -> int:
     res = place(args.algo, pg, devices, opts)
     doc = res.to_dict(schedule=args.trace)
     doc["import_time_s"] = import_s
+    doc["model_args"] = dict(args.model_arg)
+    doc["n_devices"] = devices.n
     if args.out:
         with open(args.out, "w") as fh:
             json.dump(doc, fh, indent=2)
@@ -417,7 +419,50 @@ def cmd_run(args) -> int:
         doc = None                     # the runtime reports unreadable plans
     if isinstance(doc, dict) and str(doc.get("schema", "")).startswith("plan-explorer/tofu"):
         return cmd_run_tofu(args, doc)
+    if isinstance(doc, dict) and str(doc.get("schema", "")).startswith(
+            "plan-explorer/placement"):
+        return cmd_run_placement(args, doc)
     return run(args)
+
+
+def cmd_run_placement(args, doc: dict) -> int:
+    """``explorer run`` of a device placement (Celeritas or a baseline): each worker runs
+    its operators, tensors travel to the devices that read them, the result is compared with
+    one device and the measured step time with the simulator's prediction."""
+    from .engine.runtime.tofu_exec import run_placement
+
+    for key in ("model", "placement"):
+        if key not in doc:
+            raise ValueError(f"{args.plan}: a placement needs {key!r}; save placements with "
+                             f"`explorer search --algo celeritas --out PLAN.json`")
+    names = list(doc["placement"])
+    devs = [int(doc["placement"][n]) for n in names]
+    n = int(doc.get("n_devices") or (max(devs) + 1))
+    if getattr(args, "devices", None) not in (None, n):
+        raise ValueError(f"the placement is for {n} devices, not --devices {args.devices}")
+    if doc.get("devices") not in (None, "local"):
+        print(f"note: the placement was made for the {doc['devices']} preset; its predicted "
+              f"times are for those devices, not this machine", file=sys.stderr)
+    out = run_placement(doc["model"], doc.get("batch"), dict(doc.get("model_args") or {}),
+                        names, devs, n, timeout_s=float(getattr(args, "timeout", 600.0)),
+                        steps=max(1, int(getattr(args, "steps", 3) or 3)))
+    pred = doc.get("predicted_step_time_s")
+    out["predicted_step_time_s"] = pred
+    if pred:
+        out["rel_error"] = (pred - out["measured_step_time_s"]) / out["measured_step_time_s"]
+    if args.json:
+        print(json.dumps(out, indent=2))
+    else:
+        print(f"{out['model']} placement on {n} local workers (gloo): reference check "
+              f"{'passed' if out['reference_ok'] else 'FAILED'} (max relative error "
+              f"{out['max_rel_error']:.1e}, float64)")
+        print(f"communication: predicted {out['predicted_comm_bytes'] / 1e6:.3f} MB, measured "
+              f"{out['measured_comm_bytes'] / 1e6:.3f} MB per step")
+        if pred:
+            print(f"step time: predicted {pred * 1e3:.2f} ms, measured "
+                  f"{out['measured_step_time_s'] * 1e3:.2f} ms ({out['rel_error'] * 100:+.0f} %;"
+                  f" the runtime interprets the step op by op in Python)")
+    return 0 if out["reference_ok"] else 1
 
 
 def cmd_run_tofu(args, doc: dict) -> int:

@@ -213,3 +213,88 @@ def test_tofu_page_partitions_tiles_and_compares(dash_duo):
     assert seen == {"worker 0", "worker 2"}
     dash_duo.find_element(f"#{ids.TOFU_COMPARE_BUTTON}").click()
     dash_duo.wait_for_contains_text(f"#{ids.TOFU_COMPARE}", "allrow-greedy", timeout=120)
+
+
+TAB_INDEX = """
+const tabs = [...document.querySelectorAll('#tabs .tab')];
+return tabs.findIndex(t => t.textContent.trim() === arguments[0]) + 1;
+"""
+
+PLACE_CLUSTERS = """
+const cy = document.getElementById(arguments[0])._cyreg.cy;
+return cy.nodes('[kind = "cluster"]').map(n => [n.id(), n.data('device'), n.data('n_ops'),
+                                                n.classes().join(' ')]);
+"""
+
+PLOT_TRACES = """
+const el = document.querySelector('#' + arguments[0] + ' .js-plotly-plot');
+return el && el.data ? el.data.map(t => [t.name, (t.x || []).length]) : null;
+"""
+
+
+def test_placement_page_places_shows_schedule_and_pins(dash_duo):
+    dash_duo.start_server(create_app())
+    wait_objective(dash_duo)
+    n = dash_duo.driver.execute_script(TAB_INDEX, "Placement")
+    assert n > 0
+    dash_duo.find_element(f"#{ids.TABS} .tab:nth-child({n})").click()
+    dash_duo.find_element(f"#{ids.PLACE_BUTTON}").click()
+    dash_duo.wait_for_contains_text("#place-headline", "predicted step", timeout=90)
+    assert "celeritas" in dash_duo.find_element("#place-headline").text
+
+    def traces(fig_id, timeout=20):
+        end = time.time() + timeout
+        while time.time() < end:
+            got = dash_duo.driver.execute_script(PLOT_TRACES, fig_id)
+            if got:
+                return dict(got)
+            time.sleep(0.3)
+        raise AssertionError(f"{fig_id} did not render")
+    gantt = traces(ids.PLACE_GANTT)
+    assert any(k.startswith("device ") for k in gantt) and sum(gantt.values()) > 100
+    assert "transfers" in gantt
+    assert set(traces(ids.PLACE_MEMORY_FIG)) == {"peak", "capacity"}
+    dash_duo.wait_for_element(f"#{ids.PLACE_GANTT} .bars path", timeout=10)
+
+    def clusters(timeout=20):
+        end = time.time() + timeout
+        while time.time() < end:
+            try:
+                got = dash_duo.driver.execute_script(PLACE_CLUSTERS, ids.PLACE_GRAPH)
+            except Exception:                       # noqa: BLE001 - graph not mounted yet
+                got = None
+            if got:
+                return got
+            time.sleep(0.3)
+        raise AssertionError("no clusters drawn")
+    before = clusters()
+    cid, dev, n_ops, _ = max(before, key=lambda c: c[2])
+    target = (dev + 1) % 4
+    res = dash_duo.driver.execute_script(TAP, ids.PLACE_GRAPH, cid)
+    assert res == "ok"
+    k = cid.split(":")[1]
+    dash_duo.wait_for_contains_text(f"#{ids.PLACE_DETAILS}", f"cluster {k}", timeout=15)
+    dash_duo.wait_for_contains_text(f"#{ids.PLACE_GRAPH_INFO}", "expanded", timeout=15)
+    box = dash_duo.find_element(f"#{ids.PLACE_PIN_DEVICE}")
+    box.clear()
+    box.send_keys(str(target))
+    dash_duo.find_element(f"#{ids.PLACE_PIN_BUTTON}").click()
+    dash_duo.wait_for_contains_text("#place-subline", "pins honoured: 1/1", timeout=60)
+    dash_duo.wait_for_contains_text(f"#{ids.PLACE_PIN_LIST}", "✔ honoured", timeout=10)
+    assert f"device {target}" in dash_duo.find_element(f"#{ids.PLACE_PIN_LIST}").text
+    time.sleep(0.5)
+    pinned = [c for c in clusters() if "pinned" in c[3]]
+    assert pinned and all(c[1] == target for c in pinned)
+    headline = dash_duo.find_element("#place-headline").text
+    # an impossible pin (device 9 of 4): the engine's error next to the control, plan kept
+    cid2 = clusters()[0][0]
+    assert dash_duo.driver.execute_script(TAP, ids.PLACE_GRAPH, cid2) == "ok"
+    dash_duo.wait_for_contains_text(f"#{ids.PLACE_DETAILS}", f"cluster {cid2.split(':')[1]}",
+                                    timeout=15)
+    box = dash_duo.find_element(f"#{ids.PLACE_PIN_DEVICE}")
+    box.clear()
+    box.send_keys("9")
+    dash_duo.find_element(f"#{ids.PLACE_PIN_BUTTON}").click()
+    dash_duo.wait_for_contains_text(f"#{ids.PLACE_PIN_ERROR}", "only 4 devices", timeout=30)
+    assert dash_duo.find_element("#place-headline").text == headline
+    assert len(dash_duo.find_elements(f"#{ids.PLACE_PIN_LIST} .pin-item")) == 1

@@ -24,8 +24,12 @@ MAX_GROUP = 40
 
 
 def layered_positions(nodes: list, edges: list, x_gap: float = 90.0,
-                      y_gap: float = 70.0) -> dict:
+                      y_gap: float = 70.0, pull_sources: bool = False) -> dict:
     """``{node: (x, y)}`` for a DAG drawn left to right (rank along x).
+
+    ``pull_sources`` puts a node without inputs (a parameter, an input tensor) one rank
+    before its first reader instead of at rank 0, so operator graphs with many parameters
+    do not stack them all in the first column.
 
     >>> pos = layered_positions(["a", "b", "c"], [("a", "b"), ("a", "c")])
     >>> pos["a"][0] < pos["b"][0] == pos["c"][0]
@@ -38,6 +42,13 @@ def layered_positions(nodes: list, edges: list, x_gap: float = 90.0,
     for n in nx.topological_sort(g):
         preds = list(g.predecessors(n))
         rank[n] = 1 + max(rank[p] for p in preds) if preds else 0
+    if pull_sources:
+        for n in rank:
+            succ = list(g.successors(n))
+            if not any(True for _ in g.predecessors(n)) and succ:
+                rank[n] = max(min(rank[s] for s in succ) - 1, 0)
+        used = {r: i for i, r in enumerate(sorted(set(rank.values())))}
+        rank = {n: used[r] for n, r in rank.items()}
     layers: dict = defaultdict(list)
     for n in nodes:
         layers[rank[n]].append(n)

@@ -51,6 +51,7 @@ class Tensor:
     kind: str = "activation"
     producer: str | None = None
     grad_of: str | None = None        # for gradients: the forward tensor they are the gradient of
+    dtype: str = "float32"
 
     @property
     def numel(self) -> int:
@@ -146,6 +147,31 @@ class OpGraph:
 
 
 _STACKS: dict = {}
+_TRACE_LOCK = __import__("threading").Lock()
+
+
+def fresh_trace_state() -> None:
+    """``make_fx`` keeps node metadata in module globals of ``torch.fx.traceback``: two
+    threads tracing at once, or a process forked while another thread traces, would attach
+    stale ``seq_nr``s (the wrong forward op for backward ops).  Reset them before a trace."""
+    import sys
+    fxtb = sys.modules.get("torch.fx.traceback")
+    if fxtb is not None:
+        for name, value in (("current_meta", {}), ("current_replay_node", None),
+                            ("should_preserve_node_meta", False),
+                            ("_should_preserve_node_meta", False)):
+            if hasattr(fxtb, name):
+                setattr(fxtb, name, value)
+
+
+def _after_fork_in_child():
+    global _TRACE_LOCK
+    _TRACE_LOCK = __import__("threading").Lock()
+    fresh_trace_state()
+
+
+if hasattr(__import__("os"), "register_at_fork"):
+    __import__("os").register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def stack_of(handles) -> list:
@@ -213,6 +239,8 @@ def trace_step(model, x, lr: float = 0.01):
 
     params = [p.detach().requires_grad_(True) for n, p in model.named_parameters()
               if p.requires_grad]
+    _TRACE_LOCK.acquire()
+    fresh_trace_state()
     handles = _module_annotations(model)
     try:
         with fxtb.preserve_node_meta():
@@ -229,11 +257,17 @@ def trace_step(model, x, lr: float = 0.01):
             h.remove()
         while stack_of(handles):
             stack_of(handles).pop().__exit__(None, None, None)
+        _STACKS.pop(id(handles), None)
+        _TRACE_LOCK.release()
     return gm, names, bnames
 
 
 def _shape(v):
     return tuple(int(s) for s in v.shape) if hasattr(v, "shape") else None
+
+
+def _dt(v) -> str:
+    return str(getattr(v, "dtype", "torch.float32")).replace("torch.", "")
 
 
 def _itemsize(v) -> int:
@@ -271,12 +305,13 @@ def build_from_module(model, x, name: str = "model", lr: float = 0.01) -> OpGrap
     for i, n in enumerate(placeholders):
         v = n.meta.get("val")
         if i < len(pnames):
-            t = Tensor(f"param:{pnames[i]}", _shape(v), _itemsize(v), "param")
+            t = Tensor(f"param:{pnames[i]}", _shape(v), _itemsize(v), "param", dtype=_dt(v))
             g.params[pnames[i]] = t.id
         elif i < len(pnames) + len(bnames):
-            t = Tensor(f"buffer:{bnames[i - len(pnames)]}", _shape(v), _itemsize(v), "buffer")
+            t = Tensor(f"buffer:{bnames[i - len(pnames)]}", _shape(v), _itemsize(v), "buffer",
+                       dtype=_dt(v))
         else:
-            t = Tensor(f"input:{n.name}", _shape(v), _itemsize(v), "input")
+            t = Tensor(f"input:{n.name}", _shape(v), _itemsize(v), "input", dtype=_dt(v))
             g.inputs.append(t.id)
         g.tensors[t.id] = t
         tid[(n.name, 0)] = t.id
@@ -342,7 +377,8 @@ def build_from_module(model, x, name: str = "model", lr: float = 0.01) -> OpGrap
             opname = fxname
             t = Tensor(f"{fxname}", _shape(val), _itemsize(val),
                        "const" if phase == "source" else
-                       ("grad" if phase == "backward" else "activation"), opname)
+                       ("grad" if phase == "backward" else "activation"), opname,
+                       dtype=_dt(val))
             g.tensors[t.id] = t
             tid[(fxname, 0)] = t.id
             if fxname != n.name:

@@ -253,9 +253,21 @@ _OPGRAPHS: OrderedDict = OrderedDict()
 _TOFU: OrderedDict = OrderedDict()
 
 
+def _after_fork_in_child():
+    global _LOCK
+    _LOCK = threading.RLock()          # a forked background job must not inherit a held lock
+
+
+if hasattr(__import__("os"), "register_at_fork"):
+    __import__("os").register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def opgraph_for(req: Request):
-    """The joint forward+backward operator graph of the request's model (cached)."""
+    """The joint forward+backward operator graph of the request's model (cached; traced
+    by one thread at a time)."""
     from .opgraph import build_opgraph
+
+    # build_opgraph traces one graph at a time with fresh torch.fx.traceback state
     return _lru(_OPGRAPHS, req.graph_key(),
                 lambda: build_opgraph(req.model, req.batch, dict(req.model_args)))
 
@@ -293,8 +305,123 @@ def tofu_compare(req: Request) -> dict:
     return out
 
 
+# -- device placement (Celeritas and its baselines) --------------------------------------------
+
+_PLACE_GRAPHS: OrderedDict = OrderedDict()
+_PLACEMENTS: OrderedDict = OrderedDict()
+
+
+def _memory_bytes(memory_gib) -> float | None:
+    if memory_gib in (None, ""):
+        return None
+    m = float(memory_gib)
+    if not m > 0:
+        raise ValueError(f"memory per device must be > 0 GiB, got {memory_gib}")
+    return m * 2 ** 30
+
+
+def placement_pins(pins: list | None) -> dict:
+    """UI pins ``[{"target", "ops", "device"}]`` (a cluster pin lists its operators) as the
+    engine's ``{op name: device}``; the same operator pinned to two devices is an error."""
+    out: dict = {}
+    for p in pins or []:
+        d = int(p["device"])
+        for op in p["ops"]:
+            if op in out and out[op] != d:
+                raise InfeasiblePlan(f"operator {op} is pinned to devices {out[op]} and {d} "
+                                     f"({p['target']} overlaps an earlier pin): unpin one")
+            out[op] = d
+    return out
+
+
+def placement_graph_for(req: Request, memory_gib=None):
+    """The placers' input graph (Standard Evaluation of the operator graph), cached."""
+    from .search.celeritas import placement_graph
+    cap = _memory_bytes(memory_gib)
+    opts = {} if cap is None else {"memory_per_device": cap}
+    return _lru(_PLACE_GRAPHS, req.graph_key() + req.device_key() + (cap,),
+                lambda: placement_graph(opgraph_for(req), devices_for(req), opts))
+
+
+def _placement_result(req: Request, algo: str, memory_gib=None, pins: list | None = None):
+    from .search.placement_baselines import run
+    cap = _memory_bytes(memory_gib)
+    pin_map = placement_pins(pins)
+    opts = {"pins": pin_map}
+    if cap is not None:
+        opts["memory_per_device"] = cap
+    key = req.graph_key() + req.device_key() + (algo, cap, tuple(sorted(pin_map.items())))
+    return _lru(_PLACEMENTS, key, lambda: run(algo, placement_graph_for(req, memory_gib),
+                                              devices_for(req), opts))
+
+
+def placement(req: Request, algo: str = "celeritas", memory_gib=None,
+              pins: list | None = None) -> dict:
+    """Place the request's forward+backward operator graph with ``algo`` (Celeritas or a
+    baseline) honouring ``pins``: the result's JSON with its schedule (Gantt intervals).
+
+    Every cluster gets ``shares`` (operators per device).  Baselines place operators, not
+    clusters, so their graph is drawn over Celeritas' fused clusters (``clusters_from``), each
+    coloured by the devices its operators landed on."""
+    res = _placement_result(req, algo, memory_gib, pins)
+    doc = res.to_dict(schedule=True)
+    doc.pop("trace", None)
+    doc["clusters_from"] = algo
+    if not doc["clusters"]:
+        doc["clusters"] = _placement_result(req, "celeritas", memory_gib,
+                                            pins).to_dict()["clusters"]
+        doc["clusters_from"] = "celeritas"
+    where = doc["placement"]
+    for c in doc["clusters"]:
+        shares = [0] * len(doc["capacity_bytes"])
+        for op in c["ops"]:
+            shares[where[op]] += 1
+        c["shares"] = shares
+        c["device"] = max(range(len(shares)), key=lambda d: (shares[d], -d))
+    doc["request"] = req.to_dict()
+    doc["memory_gib"] = memory_gib
+    doc["pins"] = list(pins or [])
+    return doc
+
+
+def placement_structure(req: Request, memory_gib=None) -> dict:
+    """The operator graph the placers saw, for drawing: names, edges (index pairs), each
+    operator's target, phase, time on device 0 and memory."""
+    pg = placement_graph_for(req, memory_gib)
+    return {"names": list(pg.names), "src": pg.src.tolist(), "dst": pg.dst.tolist(),
+            "out_bytes": pg.out_bytes.tolist(), "target": list(pg.info.get("target", [])),
+            "phase": list(pg.info.get("phase", [])), "time_s": pg.w[:, 0].tolist(),
+            "memory_bytes": pg.mem.tolist()}
+
+
+def placement_compare(req: Request, memory_gib=None, pins: list | None = None, algos=None,
+                      progress=lambda done, total, algo: None) -> list:
+    """Every placement algorithm on the same graph and simulator (Celeritas Tables 3-4):
+    predicted step time, placement time, peak memory, OOM - or the error it raised."""
+    from .search.placement_baselines import PLACEMENT_ALGORITHMS
+    algos = list(algos or PLACEMENT_ALGORITHMS)
+    rows = []
+    for i, a in enumerate(algos):
+        progress(i, len(algos), a)
+        try:
+            r = _placement_result(req, a, memory_gib, pins)
+            rows.append({"algo": a, "description": PLACEMENT_ALGORITHMS.get(a, ""),
+                         "step_time_s": r.predicted_step_time_s,
+                         "search_time_s": float(r.search_time_s),
+                         "peak_memory_bytes": max(r.peak_memory_bytes, default=0.0),
+                         "capacity_bytes": float(min(r.capacity)), "oom": r.oom,
+                         "clusters": len(r.clusters), "comm_bytes": float(r.sim.comm_bytes)})
+        except (ExplorerError, ValueError) as exc:
+            rows.append({"algo": a, "description": PLACEMENT_ALGORITHMS.get(a, ""),
+                         "error": str(exc)})
+    progress(len(algos), len(algos), "")
+    return rows
+
+
 def clear_caches():
     with _LOCK:
+        _PLACE_GRAPHS.clear()
+        _PLACEMENTS.clear()
         _GRAPHS.clear()
         _MODELS.clear()
         _OPGRAPHS.clear()
@@ -303,5 +430,6 @@ def clear_caches():
 
 __all__ = ["Request", "search", "candidates", "compare", "scaling", "tiles", "summary",
            "layer_info", "plan_changes", "parse_model_args", "graph_for", "clear_caches",
-           "opgraph_for", "tofu", "tofu_strip", "tofu_compare"]
+           "opgraph_for", "tofu", "tofu_strip", "tofu_compare", "placement",
+           "placement_compare", "placement_structure", "placement_pins", "placement_graph_for"]
 _ = np  # numpy used by callers through geometry results

@@ -34,6 +34,11 @@ __all__ = ["run_tofu_plan"]
 _NOT_DETERMINISTIC = {"bernoulli", "bernoulli_", "native_dropout", "rand_like", "randn_like"}
 
 
+def _flat(t):
+    """A 0-d tensor as a 1-element view, so a placement's [(0, 1)] box can address it."""
+    return t.reshape(1) if t.dim() == 0 else t
+
+
 def _sl(box):
     return tuple(slice(int(a), int(b)) for a, b in box)
 
@@ -56,6 +61,9 @@ class _Worker:
         self.sent = 0
         self.extra = 0
         self.tag = 0
+        self.delivered: set = set()
+        self.compute_s = 0.0
+        self.received: dict = {}
 
     # -- transfers ---------------------------------------------------------------------------
     def exchange(self, transfers, source):
@@ -79,9 +87,12 @@ class _Worker:
         return got
 
     def fetch(self, t, env_val, needs, fill):
-        """Full-size buffer of tensor ``t`` valid in this worker's needed region."""
+        """Full-size buffer of tensor ``t`` valid in this worker's needed region (None when
+        this worker needs nothing of it).  With ``xplan["cache"]`` a piece delivered once to
+        a worker is not sent again (a placement keeps received tensors)."""
         held = self.x["held"][t]
         K = self.world
+        cache = self.x.get("cache", False)
         transfers = []
         for w in range(K):
             taken = []
@@ -93,14 +104,33 @@ class _Worker:
                         any(_inside(piece, p) for p in taken):
                     continue
                 taken.append(piece)
+                key = (t, w, piece.tobytes())
+                if cache and key in self.delivered:
+                    continue
+                if cache:
+                    self.delivered.add(key)
                 transfers.append((w2, w, piece, env_val))
-        got = self.exchange(transfers, lambda i, box: env_val[_sl(box)])
+        got = self.exchange(transfers, lambda i, box: _flat(env_val)[_sl(box)])
+        if cache:
+            for i, data in got.items():
+                self.received[(t, transfers[i][2].tobytes())] = data
+        if _inter(needs[self.rank], needs[self.rank]) is None:
+            return None
+        if fill == 0.0 and _inside(needs[self.rank], held[self.rank]) and \
+                bool((held[self.rank][:, 0] == 0).all()) and \
+                tuple(held[self.rank][:, 1]) == (tuple(env_val.shape) or (1,)):
+            return env_val                # this worker holds the whole tensor: no copy
         buf = torch.full(env_val.shape, fill, dtype=env_val.dtype)
+        if cache:
+            for (tt, bb), data in self.received.items():
+                if tt == t:
+                    box = np.frombuffer(bb, dtype=np.int64).reshape(-1, 2)
+                    _flat(buf)[_sl(box)] = data
         own = _inter(needs[self.rank], held[self.rank])
         if own is not None:
-            buf[_sl(own)] = env_val[_sl(own)]
+            _flat(buf)[_sl(own)] = _flat(env_val)[_sl(own)]
         for i, data in got.items():
-            buf[_sl(transfers[i][2])] = data
+            _flat(buf)[_sl(transfers[i][2])] = data
         return buf
 
     def distribute(self, t, result, out, reducer):
@@ -121,20 +151,23 @@ class _Worker:
                     continue             # the receiver computed it, or another sender sends it
                 taken.append(piece)
                 transfers.append((src, dst, piece, result))
-        got = self.exchange(transfers, lambda i, box: result[_sl(box)])
+        got = self.exchange(transfers, lambda i, box: _flat(result)[_sl(box)])
+        if reducer is None and not got and np.array_equal(out[self.rank], held[self.rank]):
+            return result                 # computed exactly what this worker holds
         fill = float("-inf") if reducer == "max" else 0.0
         acc = torch.full(result.shape, fill if reducer else 0.0, dtype=result.dtype)
         own = _inter(out[self.rank], held[self.rank])
         if own is not None:
-            acc[_sl(own)] = result[_sl(own)]
+            _flat(acc)[_sl(own)] = _flat(result)[_sl(own)]
         for i, data in got.items():
             box = _sl(transfers[i][2])
+            fa = _flat(acc)
             if reducer == "sum":
-                acc[box] = acc[box] + data
+                fa[box] = fa[box] + data
             elif reducer == "max":
-                acc[box] = torch.maximum(acc[box], data)
+                fa[box] = torch.maximum(fa[box], data)
             else:
-                acc[box] = data
+                fa[box] = data
         if reducer == "max":
             acc = torch.where(torch.isinf(acc), torch.zeros_like(acc), acc)
         return acc
@@ -163,7 +196,7 @@ class _Worker:
             if t in self.x["held"]:       # keep only the worker's box: the plan must bring the rest
                 h = self.x["held"][t][self.rank]
                 mask = torch.zeros_like(v, dtype=torch.bool)
-                mask[_sl(h)] = True
+                _flat(mask)[_sl(h)] = True
                 v = torch.where(mask, v, torch.zeros_like(v))
             tval[t] = v
         by_node: dict = {}
@@ -201,15 +234,22 @@ class _Worker:
                 bufs = {}
                 for t, need in info["needs"].items():
                     b = self.fetch(t, tval[t], need, fill)
-                    if t in info["zero"] and info["zero"][t][self.rank]:
+                    if b is not None and t in info["zero"] and info["zero"][t][self.rank]:
                         b = torch.zeros_like(b)
                     bufs[t] = b
-                for t in sorted(set(o.inputs) - set(bufs)):
-                    # an argument the description of this output does not read (e.g. x for
-                    # convolution_backward's data gradient): its values must not matter
-                    bufs[t] = torch.zeros_like(tval[t])
-                res = n.target(*sub(o.args, bufs), **sub(o.kwargs, bufs))
-                res = res[o.index] if isinstance(res, (tuple, list)) else res
+                if _inter(info["out"][self.rank], info["out"][self.rank]) is None:
+                    # nothing of this output is computed here (e.g. another device's op)
+                    ten = g.tensors[o.output]
+                    res = torch.zeros(ten.shape, dtype=getattr(torch, ten.dtype, torch.float64))
+                else:
+                    for t in sorted(t for t in o.inputs if bufs.get(t) is None):
+                        # an argument the description of this output does not read (e.g. x
+                        # for convolution_backward's data gradient): its values must not matter
+                        bufs[t] = torch.zeros_like(tval[t])
+                    t0 = time.perf_counter()
+                    res = n.target(*sub(o.args, bufs), **sub(o.kwargs, bufs))
+                    res = res[o.index] if isinstance(res, (tuple, list)) else res
+                    self.compute_s += time.perf_counter() - t0
                 tval[o.output] = self.distribute(o.output, res, info["out"], info["reducer"])
         return tval
 
@@ -226,11 +266,11 @@ class _Worker:
                 if src != dst and not _inside(boxes[src], boxes[dst]):
                     transfers.append((src, dst, boxes[src], val))
         before = self.sent
-        got = self.exchange(transfers, lambda i, box: val[_sl(box)])
+        got = self.exchange(transfers, lambda i, box: _flat(val)[_sl(box)])
         self.extra += self.sent - before
-        out[_sl(boxes[self.rank])] = val[_sl(boxes[self.rank])]
+        _flat(out)[_sl(boxes[self.rank])] = _flat(val)[_sl(boxes[self.rank])]
         for i, data in got.items():
-            out[_sl(transfers[i][2])] = data
+            _flat(out)[_sl(transfers[i][2])] = data
         del parts
         return out
 
@@ -276,13 +316,19 @@ def _entry(rank, world, port, job, q, timeout_s):
         w = _Worker(rank, world, g, job["xplan"], timeout_s)
         if job.get("fault") == "raise" and rank == 1:
             raise RuntimeError("injected fault: worker 1 raised mid-step")
-        t0 = time.perf_counter()
-        tval = w.step(params, buffers, x)
-        step_s = time.perf_counter() - t0
-        sent, extra = w.sent, w.extra
+        times = []
+        for i in range(max(1, int(job.get("steps", 1)))):
+            w.delivered.clear()
+            w.received.clear()
+            w.compute_s = 0.0
+            dist.barrier()
+            t0 = time.perf_counter()
+            tval = w.step(params, buffers, x)
+            times.append(time.perf_counter() - t0)
+            if i == 0:
+                sent, extra, compute_s = w.sent, w.extra, w.compute_s
+        step_s = float(np.median(times[1:] if len(times) > 2 else times))
         # updated parameters and the loss back on rank 0 (not part of the step's traffic)
-        new = [t for t in g.tensors if g.tensors[t].kind == "update"
-               and g.tensors[t].producer and g.ops[g.tensors[t].producer].phase == "update"]
         finals = {}
         out_node = list(g.gm.graph.nodes)[-1]
         flat = list(out_node.args[0])
@@ -297,7 +343,10 @@ def _entry(rank, world, port, job, q, timeout_s):
             full = w.gather_full(tid, tval[tid]) if tid in job["xplan"]["held"] else tval[tid]
             finals[pn] = full
         loss_id = g.loss
-        loss = tval[loss_id] if loss_id in tval else None
+        loss = None
+        if loss_id in tval:
+            loss = w.gather_full(loss_id, tval[loss_id]) \
+                if loss_id in job["xplan"]["held"] else tval[loss_id]
         if job.get("debug"):               # every tensor's value inside this worker's box
             dbg = {}
             for t, v in tval.items():
@@ -308,9 +357,10 @@ def _entry(rank, world, port, job, q, timeout_s):
         if rank == 0:
             q.put(("result", rank, {"loss": None if loss is None else float(loss),
                                     "params": {k: v.numpy() for k, v in finals.items()},
-                                    "sent": sent, "extra": extra, "step_s": step_s}, None))
+                                    "sent": sent, "extra": extra, "step_s": step_s,
+                                    "compute_s": compute_s}, None))
         else:
-            q.put(("sent", rank, sent, extra))
+            q.put(("sent", rank, (sent, extra, step_s, compute_s), None))
         q.put(("done", rank, None, None))
         dist.barrier()
     except BaseException as exc:  # noqa: BLE001 - report, then die
@@ -343,9 +393,8 @@ def run_tofu_plan(spec: str, batch: int | None, model_args: dict | None, workers
     ``workers`` gloo CPU processes; compare with one device.
 
     Returns ``reference_ok``, ``loss`` / ``reference_loss``, ``max_rel_error`` over the updated
-    parameters, ``measured_comm_bytes`` (plan-described transfers) against
-    ``predicted_comm_bytes``, ``extra_bytes`` (inputs the descriptions do not cover, fetched
-    whole), and the step's wall time.
+    parameters, ``measured_comm_bytes`` (bytes the workers exchanged) against
+    ``predicted_comm_bytes`` (the plan's), and the step's wall time.
     """
     from ..opgraph import build_opgraph
     from ..search import tofu
@@ -355,10 +404,78 @@ def run_tofu_plan(spec: str, batch: int | None, model_args: dict | None, workers
     res = plan if plan is not None else tofu.search(g, workers, options={"algo": algo})
     if res.workers != workers:
         raise InfeasiblePlan(f"the plan is for {res.workers} workers, not {workers}")
-    xplan = tofu.execution_plan(res, g)
+    out = _launch(spec, batch, model_args, workers, tofu.execution_plan(res, g), g, seed, lr,
+                  timeout_s, tol, fault, debug, steps=1)
+    out.update({"algo": res.algo, "predicted_comm_bytes": res.comm_bytes})
+    return out
+
+
+def placement_xplan(g, names, placement, workers: int) -> dict:
+    """Execution boxes of a device placement: each operator computed whole on its device,
+    each tensor held whole by its producer's device (placeholders: their own node's)."""
+    dev = {nm: int(d) for nm, d in zip(names, placement)}
+    bad = sorted({d for d in dev.values() if not 0 <= d < workers})
+    if bad:
+        raise InfeasiblePlan(f"the placement uses devices {bad}; this run has {workers} "
+                             f"workers (0..{workers - 1})")
+
+    def on(d, shape):
+        shape = tuple(shape) or (1,)  # a 0-d tensor is addressed as one element
+        arr = np.zeros((workers, len(shape), 2), dtype=np.int64)
+        if d is None:
+            arr[:, :, 1] = shape
+        else:
+            arr[d, :, 1] = shape
+        return arr
+    held = {}
+    for t, ten in g.tensors.items():
+        d = dev.get(ten.producer) if ten.producer else dev.get(t)
+        held[t] = on(d, ten.shape)
+    ops = {}
+    for o in g.ops.values():
+        if o.name not in dev:
+            continue
+        d = dev[o.name]
+        ops[o.name] = {"out": on(d, g.tensors[o.output].shape),
+                       "needs": {t: on(d, g.tensors[t].shape) for t in dict.fromkeys(o.inputs)},
+                       "reducer": None, "zero": {}}
+    return {"held": held, "ops": ops, "workers": workers, "cache": True}
+
+
+def run_placement(spec: str, batch: int | None, model_args: dict | None, names, placement,
+                  workers: int = 2, seed: int = 0, lr: float = 0.01, timeout_s: float = 300.0,
+                  tol: float = 1e-4, steps: int = 3, fault: str | None = None) -> dict:
+    """Run a device placement (operator -> device) on ``workers`` gloo processes: each worker
+    computes its operators, tensors go to the devices that consume them (once), and the
+    result is compared with one device.  Returns the :func:`run_tofu_plan` keys plus
+    ``measured_step_time_s`` (median of ``steps``, the slowest worker) and per-worker compute
+    time."""
+    from ..opgraph import build_opgraph
+    g = build_opgraph(spec, batch, model_args)
+    missing = [o for o in g.ops if o not in set(names)]
+    if missing:
+        raise InfeasiblePlan(f"the placement does not cover operator {missing[0]} of "
+                             f"{spec} ({len(missing)} missing): was it made for another model "
+                             f"or batch?")
+    x = placement_xplan(g, names, placement, workers)
+    # bytes a placement must move: each tensor once to every other device that reads it
+    dev = {nm: int(d) for nm, d in zip(names, placement)}
+    pred = 0.0
+    for t, ten in g.tensors.items():
+        src = dev.get(ten.producer) if ten.producer else dev.get(t)
+        readers = {dev[o] for o in g.consumers()[t] if o in dev}
+        pred += ten.bytes * len(readers - {src})
+    out = _launch(spec, batch, model_args, workers, x, g, seed, lr, timeout_s, tol, fault,
+                  False, steps=steps)
+    out["predicted_comm_bytes"] = pred
+    return out
+
+
+def _launch(spec, batch, model_args, workers, xplan, g, seed, lr, timeout_s, tol, fault, debug,
+            steps=1) -> dict:
     job = {"spec": spec, "batch": batch, "model_args": dict(model_args or {}), "seed": seed,
            "lr": lr, "xplan": xplan, "fault": fault, "debug": debug,
-           "digest": graph_digest(g)}
+           "digest": graph_digest(g), "steps": steps}
     import torch.multiprocessing as mp
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
@@ -399,9 +516,9 @@ def run_tofu_plan(spec: str, batch: int | None, model_args: dict | None, workers
                 continue
             if kind == "result":
                 result = a
-                sent[0] = (a["sent"], a["extra"])
+                sent[0] = (a["sent"], a["extra"], a["step_s"], a["compute_s"])
             elif kind == "sent":
-                sent[rank] = (a, b)
+                sent[rank] = a
             elif kind == "debug":
                 debug[rank] = a
             elif kind == "done":
@@ -423,13 +540,14 @@ def run_tofu_plan(spec: str, batch: int | None, model_args: dict | None, workers
         errs.append(float(np.abs(got - v).max() / max(np.abs(v).max(), 1e-12)))
     loss_err = abs(result["loss"] - ref_loss) / max(abs(ref_loss), 1e-12)
     max_err = max(errs + [loss_err])
-    out = {"model": spec, "algo": res.algo, "workers": workers,
+    out = {"model": spec, "workers": workers,
             "reference_ok": bool(max_err <= tol), "max_rel_error": max_err,
             "loss": result["loss"], "reference_loss": ref_loss,
-            "predicted_comm_bytes": res.comm_bytes,
-            "measured_comm_bytes": float(sum(s - e for s, e in sent.values())),
-            "extra_bytes": float(sum(e for _, e in sent.values())),
-            "step_time_s": result["step_s"]}
+            "measured_comm_bytes": float(sum(v[0] - v[1] for v in sent.values())),
+            "extra_bytes": float(sum(v[1] for v in sent.values())),
+            "step_time_s": result["step_s"],
+            "measured_step_time_s": max(v[2] for v in sent.values()),
+            "compute_s": [sent[r][3] for r in sorted(sent)]}
     if debug:
         out["debug"] = debug
     return out

@@ -1,0 +1,696 @@
+"""Placement page: Celeritas device placement of the forward+backward operator graph.
+
+Places the current request's operator graph (model, batch, model args, preset, devices) with
+Celeritas or one of its baselines as a background job, then shows
+
+* the fused graph: one node per Celeritas cluster, coloured by device (baselines, which place
+  operators and not clusters, are drawn over Celeritas' clusters, a pie where a cluster's
+  operators landed on several devices); a click expands that cluster into its operators, one
+  cluster at a time, with positions computed on the server;
+* the predicted schedule of the one simulator: a Gantt chart with a compute row and a receive
+  row (transfers, coloured by sender) per device;
+* peak memory per device against its capacity;
+* every method on the same graph and simulator (the paper's Tables 3 and 4);
+* pin-to-device: pin the selected cluster or operator, re-run; an impossible pin shows the
+  engine's error and keeps the previous placement.
+
+All numbers come from :mod:`explorer.engine.session` (``placement``, ``placement_structure``,
+``placement_compare``); nothing here places anything.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+
+import dash
+import dash_cytoscape as cyto
+import numpy as np
+import plotly.graph_objects as go
+from dash import ALL, Input, Output, State, ctx, dash_table, dcc, html, no_update
+
+from ..engine import layout as L
+from ..engine import session
+from ..errors import ExplorerError
+from . import ids
+
+#: one colour per device (Tableau 10, then lighter variants)
+PALETTE = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1",
+           "#ff9da7", "#9c755f", "#bab0ac", "#86bcb6", "#8cd17d", "#b6992d", "#f1ce63",
+           "#499894", "#d37295"]
+#: above this many operators the Gantt chart draws one bar per run of a cluster on a device
+MAX_GANTT_BARS = 4000
+MAX_PIE = 16
+
+
+def device_color(d: int) -> str:
+    return PALETTE[int(d) % len(PALETTE)]
+
+
+STYLESHEET = [
+    {"selector": "node", "style": {
+        "label": "data(label)", "font-size": 9, "text-valign": "bottom", "text-halign": "center",
+        "text-margin-y": 3, "width": "data(size)", "height": "data(size)",
+        "text-wrap": "ellipsis", "text-max-width": "90px", "background-color": "data(color)",
+        "border-width": 1, "border-color": "#333", "color": "#222"}},
+    {"selector": "node[kind = 'cluster']", "style": {
+        "shape": "round-rectangle", "font-size": 10, "font-weight": "bold"}},
+    {"selector": "node[kind = 'op']", "style": {"shape": "ellipse", "font-size": 8}},
+    {"selector": "node.member", "style": {"border-width": 2, "border-color": "#111",
+                                          "border-style": "dotted"}},
+    {"selector": "node.mixed", "style": dict(
+        {"pie-size": "100%", "background-color": "#fff"},
+        **{f"pie-{i + 1}-background-color": PALETTE[i] for i in range(MAX_PIE)},
+        **{f"pie-{i + 1}-background-size": f"data(p{i})" for i in range(MAX_PIE)})},
+    {"selector": "node.pinned", "style": {"border-width": 4, "border-color": "#b91c1c",
+                                          "border-style": "double"}},
+    {"selector": "node.selected", "style": {"border-width": 5, "border-color": "#000",
+                                            "border-style": "solid"}},
+    {"selector": "edge", "style": {
+        "width": "data(width)", "line-color": "#aab", "curve-style": "bezier",
+        "target-arrow-shape": "triangle", "target-arrow-color": "#aab", "arrow-scale": 0.7}},
+    {"selector": "edge.xdev", "style": {"line-color": "#d62728", "target-arrow-color": "#d62728",
+                                        "line-style": "dashed"}},
+]
+
+
+def layout():
+    from ..engine.search.placement_baselines import PLACEMENT_ALGORITHMS
+    return html.Div(className="panel placement-panel", children=[
+        dcc.Store(id=ids.STORE_PLACE_PINS, data=[]),
+        dcc.Store(id=ids.STORE_PLACE_SELECTED, data=None),
+        dcc.Store(id=ids.STORE_PLACE_EXPANDED, data=None),
+        html.P("Celeritas (Xu et al.) places the operators of the joint forward + backward "
+               "graph on devices under memory limits: CPD-TOPO order, optimal operation fusion "
+               "into clusters, then Adjusting Placement. Baselines (Baechi m-TOPO / m-ETF / "
+               "m-SCT, METIS, one device) are judged by the same simulator.",
+               className="muted"),
+        html.Div(className="row", children=[
+            html.Label(["Algorithm", dcc.Dropdown(
+                id=ids.PLACE_ALGO, value="celeritas", clearable=False, style={"width": "300px"},
+                options=[{"label": f"{k}: {v}", "value": k}
+                         for k, v in PLACEMENT_ALGORITHMS.items()])]),
+            html.Label(["Memory per device (GiB)", dcc.Input(
+                id=ids.PLACE_MEMORY, type="number", placeholder="device memory",
+                debounce=True, style={"width": "130px"})]),
+            html.Button("Place", id=ids.PLACE_BUTTON, className="primary"),
+            html.Button("Cancel", id=ids.PLACE_CANCEL, disabled=True),
+            html.Progress(id=ids.PLACE_PROGRESS, value="0", max="100"),
+            html.Span(id=ids.PLACE_STATUS, className="muted"),
+            html.Button("Compare all", id=ids.PLACE_COMPARE_BUTTON),
+            html.Button("Cancel compare", id=ids.PLACE_COMPARE_CANCEL, disabled=True),
+            html.Progress(id=ids.PLACE_COMPARE_PROGRESS, value="0", max="100"),
+            html.Span(id=ids.PLACE_COMPARE_STATUS, className="muted"),
+        ]),
+        html.Div(id=ids.PLACE_ERROR, className="error"),
+        html.Div(id=ids.PLACE_SUMMARY),
+        html.Div(className="placement-main", children=[
+            html.Div(className="placement-graph", children=[
+                html.Div(className="panel-head", children=[
+                    html.H4("Fused graph (colour = device)"),
+                    html.Button("Collapse", id=ids.PLACE_COLLAPSE, className="small"),
+                    html.Span(id=ids.PLACE_GRAPH_INFO, className="muted"),
+                ]),
+                cyto.Cytoscape(id=ids.PLACE_GRAPH,
+                               layout={"name": "preset", "fit": True, "padding": 20},
+                               style={"width": "100%", "height": "440px"},
+                               stylesheet=STYLESHEET, elements=[], minZoom=0.05, maxZoom=3,
+                               wheelSensitivity=0.2),
+                html.Div(id=ids.PLACE_LEGEND, className="legend"),
+            ]),
+            html.Div(className="placement-side", children=[
+                html.H4("Selection"),
+                html.Div(id=ids.PLACE_DETAILS, className="details",
+                         children=html.P("Click a cluster to expand it into its operators.",
+                                         className="muted")),
+                html.Div(className="placement-pin", children=[
+                    html.Label(["Device", dcc.Input(id=ids.PLACE_PIN_DEVICE, type="number",
+                                                    placeholder="e.g. 1",
+                                                    style={"width": "80px"})]),
+                    html.Button("Pin & re-run", id=ids.PLACE_PIN_BUTTON, className="primary"),
+                    html.Button("Clear pins", id=ids.PLACE_CLEAR_PINS),
+                ]),
+                html.Div(id=ids.PLACE_PIN_ERROR, className="error"),
+                html.Div(id=ids.PLACE_PIN_LIST, className="pins"),
+            ]),
+        ]),
+        html.Div(className="placement-figures", children=[
+            dcc.Graph(id=ids.PLACE_GANTT, figure=go.Figure(), style={"height": "360px"}),
+            dcc.Graph(id=ids.PLACE_MEMORY_FIG, figure=go.Figure(), style={"height": "300px"}),
+        ]),
+        html.H4("All methods on the same graph and simulator (Celeritas Tables 3 and 4)"),
+        dash_table.DataTable(
+            id=ids.PLACE_COMPARE_TABLE, data=[], style_cell={"fontSize": 12,
+                                                             "padding": "2px 6px"},
+            style_cell_conditional=[{"if": {"column_id": c}, "textAlign": "left"}
+                                    for c in ("algo", "note")],
+            columns=[{"name": n, "id": k} for k, n in [
+                ("algo", "method"), ("step_s", "predicted step s"), ("vs", "× Celeritas"),
+                ("search_s", "placement time s"), ("peak_gib", "peak GiB"),
+                ("cap_gib", "capacity GiB"), ("oom", "OOM"), ("clusters", "clusters"),
+                ("comm_gb", "comm GB"), ("note", "")]],
+            style_data_conditional=[
+                {"if": {"filter_query": '{oom} = "yes"'}, "color": "#b91c1c"},
+                {"if": {"filter_query": '{best} = "1"'}, "fontWeight": "bold",
+                 "backgroundColor": "#e3f1e3"}]),
+        dcc.Graph(id=ids.PLACE_COMPARE_FIG, figure=compare_figure([]),
+                  style={"height": "300px"}),
+    ])
+
+
+# --------------------------------------------------------------------------------------------
+# engine calls (session only)
+# --------------------------------------------------------------------------------------------
+
+
+def _memory(memory):
+    return None if memory in (None, "") else float(memory)
+
+
+def do_place(req_doc: dict, algo: str, memory, pins: list, progress=lambda v: None) -> dict:
+    """The placement doc of the current request (raises ExplorerError / ValueError)."""
+    req = session.Request.from_dict(req_doc)
+    progress(10)
+    session.opgraph_for(req)
+    progress(50)
+    session.placement_graph_for(req, _memory(memory))
+    progress(60)
+    return session.placement(req, algo or "celeritas", _memory(memory), pins or [])
+
+
+def pin_for(selected: dict | None, doc: dict | None, device) -> dict:
+    """The UI pin for the selected cluster or operator of ``doc`` (ValueError if none)."""
+    if not doc:
+        raise ValueError("place the model first, then select a cluster or an operator")
+    if not selected:
+        raise ValueError("select a cluster or an operator in the graph first")
+    if device in (None, ""):
+        raise ValueError("choose a device index to pin to")
+    d = int(device)
+    if selected["kind"] == "cluster":
+        k = int(selected["id"])
+        if not 0 <= k < len(doc["clusters"]):
+            raise ValueError(f"cluster {k} is not in the current placement")
+        ops = list(doc["clusters"][k]["ops"])
+        return {"target": f"cluster {k} ({ops[0]} …, {len(ops)} ops)", "ops": ops, "device": d}
+    return {"target": selected["name"], "ops": [selected["name"]], "device": d}
+
+
+def apply_pins(action, pins: list, selected, device, req_doc, algo, memory, doc,
+               unpin_index: int | None = None) -> tuple:
+    """Pin / unpin / clear, then re-run: ``(pins, doc, error)``.  On any error the pins and
+    the placement are ``no_update`` and ``error`` holds the engine's message."""
+    pins = list(pins or [])
+    try:
+        if action == "pin":
+            p = pin_for(selected, doc, device)
+            new = [q for q in pins if q["ops"] != p["ops"]] + [p]
+        elif action == "unpin":
+            new = [q for i, q in enumerate(pins) if i != unpin_index]
+        elif action == "clear":
+            new = []
+        else:
+            return no_update, no_update, ""
+        fresh = do_place(req_doc, algo, memory, new)
+    except (ExplorerError, ValueError) as exc:
+        what = ""
+        if action == "pin" and selected and device not in (None, ""):
+            label = (f"cluster {selected.get('id')}" if selected.get("kind") == "cluster"
+                     else selected.get("name"))
+            what = f"cannot pin {label} to device {device}: "
+        return no_update, no_update, what + str(exc)
+    return new, fresh, ""
+
+
+def honoured(pin: dict, doc: dict | None) -> bool | None:
+    """Whether every operator of ``pin`` sits on its device in ``doc`` (None: not placed)."""
+    if not doc:
+        return None
+    where = doc.get("placement", {})
+    return all(where.get(op) == pin["device"] for op in pin["ops"])
+
+
+# --------------------------------------------------------------------------------------------
+# graph elements
+# --------------------------------------------------------------------------------------------
+
+
+def prepare(structure: dict) -> dict:
+    """Numpy views of :func:`session.placement_structure` used to draw the graph."""
+    s = dict(structure)
+    s["index"] = {nm: i for i, nm in enumerate(s["names"])}
+    s["src_a"] = np.asarray(s["src"], dtype=np.int64)
+    s["dst_a"] = np.asarray(s["dst"], dtype=np.int64)
+    s["bytes_a"] = np.asarray(s["out_bytes"], dtype=np.float64)
+    return s
+
+
+@lru_cache(maxsize=16)
+def _structure(req_json: str, memory):
+    import json
+    req = session.Request.from_dict(json.loads(req_json))
+    return prepare(session.placement_structure(req, memory))
+
+
+def structure_for(doc: dict) -> dict:
+    import json
+    return _structure(json.dumps(doc["request"], sort_keys=True), _memory(doc.get("memory_gib")))
+
+
+@lru_cache(maxsize=32)
+def _positions(nodes: tuple, edges: tuple) -> dict:
+    return L.layered_positions(list(nodes), list(edges), pull_sources=True)
+
+
+def _cluster_of(doc: dict, s: dict) -> np.ndarray:
+    cl = np.full(len(s["names"]), -1, dtype=np.int64)
+    idx = s["index"]
+    for k, c in enumerate(doc["clusters"]):
+        cl[[idx[o] for o in c["ops"] if o in idx]] = k
+    return cl
+
+
+def build_elements(doc: dict, structure: dict, expanded=None, selected=None,
+                   pins=None) -> tuple:
+    """``(elements, info)``: clusters of ``doc`` (one of them, ``expanded``, as its
+    operators) with preset positions, coloured by device; edges sized by bytes, dashed red
+    where they cross devices."""
+    s = structure if "index" in structure else prepare(structure)
+    names = s["names"]
+    ndev = len(doc["capacity_bytes"])
+    clusters = doc["clusters"]
+    where = doc["placement"]
+    cl = _cluster_of(doc, s)
+    exp = expanded if expanded is not None and 0 <= int(expanded) < len(clusters) else None
+    pinned = {op for p in (pins or []) for op in p["ops"]}
+    # unit of every operator: its cluster node, or itself inside the expanded cluster
+    unit = np.array([f"cluster:{k}" for k in cl.tolist()], dtype=object)
+    members = np.flatnonzero(cl == exp) if exp is not None else np.array([], dtype=np.int64)
+    for v in members.tolist():
+        unit[v] = f"op:{names[v]}"
+    ok = (cl[s["src_a"]] >= 0) & (cl[s["dst_a"]] >= 0)
+    us, ud = unit[s["src_a"][ok]], unit[s["dst_a"][ok]]
+    eb = s["bytes_a"][s["src_a"][ok]]
+    agg: dict = {}
+    for a, b, nb in zip(us.tolist(), ud.tolist(), eb.tolist()):
+        if a != b:
+            agg[(a, b)] = agg.get((a, b), 0.0) + nb
+    visible = [f"cluster:{k}" for k in range(len(clusters)) if k != exp]
+    if exp is not None:
+        at = [f"cluster:{k}" for k in range(exp)]
+        visible = at + [f"op:{names[v]}" for v in members.tolist()] + visible[len(at):]
+    pos = _positions(tuple(visible), tuple(sorted(agg)))
+    times = [c.get("time_s", 0.0) for c in clusters]
+    tmax = max(times, default=0.0) or 1.0
+    sel_id = None
+    if selected:
+        sel_id = (f"cluster:{selected['id']}" if selected.get("kind") == "cluster"
+                  else f"op:{selected.get('name')}")
+    els = []
+    for u in visible:
+        x, y = pos[u]
+        klass = []
+        if u.startswith("cluster:"):
+            k = int(u.split(":", 1)[1])
+            c = clusters[k]
+            shares = c.get("shares") or [0] * ndev
+            data = {"id": u, "kind": "cluster", "cluster": k, "device": c["device"],
+                    "label": f"C{k} ({len(c['ops'])})", "n_ops": len(c["ops"]),
+                    "color": device_color(c["device"]),
+                    "size": round(22 + 38 * math.sqrt(max(times[k], 0.0) / tmax), 1)}
+            if sum(1 for x_ in shares if x_) > 1:
+                tot = float(sum(shares))
+                klass.append("mixed")
+                for i in range(MAX_PIE):
+                    data[f"p{i}"] = (100.0 * shares[i] / tot) if i < len(shares) else 0.0
+            if pinned and pinned.issuperset(c["ops"]):
+                klass.append("pinned")
+        else:
+            nm = u[3:]
+            d = where.get(nm, 0)
+            data = {"id": u, "kind": "op", "name": nm, "cluster": exp, "device": d,
+                    "label": nm, "color": device_color(d), "size": 14}
+            klass.append("member")
+            if nm in pinned:
+                klass.append("pinned")
+        if u == sel_id:
+            klass.append("selected")
+        els.append({"data": data, "position": {"x": x, "y": y}, "classes": " ".join(klass)})
+    bmax = max(agg.values(), default=0.0) or 1.0
+    dev_of = {e["data"]["id"]: e["data"]["device"] for e in els}
+    for (a, b), nb in agg.items():
+        cross = dev_of.get(a) != dev_of.get(b)
+        els.append({"data": {"id": f"{a}->{b}", "source": a, "target": b,
+                             "width": round(1 + 4 * math.sqrt(nb / bmax), 2),
+                             "mb": round(nb / 2 ** 20, 3)},
+                    "classes": "xdev" if cross else ""})
+    info = {"clusters": len(clusters), "ops": len(names), "shown": len(visible),
+            "expanded": exp, "edges": len(agg)}
+    return els, info
+
+
+def legend(ndev: int):
+    return [html.Span([html.Span(className="swatch", style={"background": device_color(d)}),
+                       f"device {d}"], className="legend-item") for d in range(ndev)]
+
+
+# --------------------------------------------------------------------------------------------
+# figures
+# --------------------------------------------------------------------------------------------
+
+
+def _gantt_ops(doc: dict) -> list:
+    """Schedule ops, merged into one bar per consecutive run of a cluster on a device when
+    there are more than :data:`MAX_GANTT_BARS` of them."""
+    ops = doc.get("schedule", {}).get("ops", [])
+    if len(ops) <= MAX_GANTT_BARS:
+        return [dict(o, label=o["op"], n=1) for o in ops]
+    cl = {op: k for k, c in enumerate(doc["clusters"]) for op in c["ops"]}
+    runs: list = []
+    last: dict = {}
+    for o in sorted(ops, key=lambda o: (o["device"], o["start"])):
+        k = cl.get(o["op"], -1)
+        r = last.get(o["device"])
+        if r is not None and r["cluster"] == k:
+            r["end"] = max(r["end"], o["end"])
+            r["n"] += 1
+            continue
+        r = {"device": o["device"], "start": o["start"], "end": o["end"], "cluster": k, "n": 1}
+        last[o["device"]] = r
+        runs.append(r)
+    for r in runs:
+        r["label"] = f"cluster {r['cluster']} ({r['n']} ops)"
+    return runs
+
+
+def gantt_figure(doc: dict | None) -> go.Figure:
+    """The simulator's schedule: per device a compute row and a receive row (transfers into
+    that device, coloured by the sending device). Times in ms."""
+    fig = go.Figure()
+    if not doc:
+        fig.update_layout(title="Predicted schedule (place the model first)")
+        return fig
+    ndev = len(doc["capacity_bytes"])
+    rows = []
+    for d in range(ndev):
+        rows += [f"dev {d}", f"dev {d} ← recv"]
+    ops = _gantt_ops(doc)
+    for d in range(ndev):
+        mine = [o for o in ops if o["device"] == d]
+        if not mine:
+            continue
+        fig.add_trace(go.Bar(
+            name=f"device {d}", orientation="h", y=[f"dev {d}"] * len(mine),
+            base=[o["start"] * 1e3 for o in mine],
+            x=[max((o["end"] - o["start"]) * 1e3, 1e-6) for o in mine],
+            marker=dict(color=device_color(d), line=dict(color="#fff", width=0.5)),
+            customdata=[o["label"] for o in mine],
+            hovertemplate="%{customdata}<br>%{base:.3f} → %{x:.3f} ms long<extra></extra>"))
+    tr = doc.get("schedule", {}).get("transfers", [])
+    if tr:
+        fig.add_trace(go.Bar(
+            name="transfers", orientation="h", y=[f"dev {t['dst']} ← recv" for t in tr],
+            base=[t["start"] * 1e3 for t in tr],
+            x=[max((t["end"] - t["start"]) * 1e3, 1e-6) for t in tr],
+            marker=dict(color=[device_color(t["src"]) for t in tr], opacity=0.75,
+                        pattern=dict(shape="/"), line=dict(color="#333", width=0.5)),
+            customdata=[[t["tensor_of"], t["src"], t["dst"], t["bytes"] / 2 ** 20] for t in tr],
+            hovertemplate=("%{customdata[0]}: dev %{customdata[1]} → %{customdata[2]}, "
+                           "%{customdata[3]:.2f} MiB<br>%{base:.3f} ms, %{x:.3f} ms long"
+                           "<extra></extra>")))
+    step = doc["predicted_step_time_s"] * 1e3
+    fig.add_vline(x=step, line_dash="dash", line_color="#333",
+                  annotation_text=f"step {step:.1f} ms")
+    fig.update_layout(
+        barmode="overlay", title=dict(text=f"Predicted schedule ({doc['algo']}): compute and "
+                                      f"received transfers per device", font=dict(size=14)),
+        xaxis_title="ms", margin=dict(l=90, r=20, t=70, b=40), bargap=0.25,
+        legend=dict(orientation="h", y=1.0, yanchor="bottom", x=0),
+        yaxis=dict(categoryorder="array", categoryarray=rows[::-1], type="category",
+                   range=[-0.5, len(rows) - 0.5]))
+    return fig
+
+
+def memory_figure(doc: dict | None) -> go.Figure:
+    """Peak memory per device (bars, red when over) against each device's capacity."""
+    fig = go.Figure()
+    if not doc:
+        fig.update_layout(title="Peak memory per device (place the model first)")
+        return fig
+    peak = [b / 2 ** 30 for b in doc["peak_memory_bytes"]]
+    cap = [b / 2 ** 30 for b in doc["capacity_bytes"]]
+    xs = [f"dev {d}" for d in range(len(peak))]
+    over = [p > c * (1 + 1e-9) for p, c in zip(peak, cap)]
+    fig.add_trace(go.Bar(name="peak", x=xs, y=peak,
+                         marker=dict(color=[("#d62728" if o else device_color(d))
+                                            for d, o in enumerate(over)]),
+                         text=[f"{p:.2f} GiB ({100 * p / c:.0f}%)" for p, c in zip(peak, cap)],
+                         textposition="outside"))
+    fig.add_trace(go.Scatter(name="capacity", x=xs, y=cap, mode="markers+lines",
+                             line=dict(color="#111", dash="dash", shape="hvh"),
+                             marker=dict(symbol="line-ew", size=30,
+                                         line=dict(width=3, color="#111"))))
+    fig.update_layout(title=dict(text="Peak memory per device vs capacity",
+                                 font=dict(size=14)), yaxis_title="GiB",
+                      margin=dict(l=50, r=20, t=70, b=40), showlegend=True,
+                      legend=dict(orientation="h", y=1.0, yanchor="bottom", x=0),
+                      yaxis=dict(range=[0, 1.15 * max(peak + cap + [1e-9])]))
+    return fig
+
+
+def compare_rows(rows: list) -> list:
+    """DataTable rows: seconds, GiB, OOM, and step time relative to Celeritas."""
+    ref = next((r["step_time_s"] for r in rows if r["algo"] == "celeritas"
+                and "error" not in r), None)
+    ok = [r["step_time_s"] for r in rows if "error" not in r and not r["oom"]]
+    best = min(ok) if ok else None
+    out = []
+    for r in rows:
+        if "error" in r:
+            out.append({"algo": r["algo"], "note": r["error"], "oom": "", "best": "0"})
+            continue
+        out.append({"algo": r["algo"], "step_s": round(r["step_time_s"], 4),
+                    "vs": round(r["step_time_s"] / ref, 3) if ref else None,
+                    "search_s": round(r["search_time_s"], 4),
+                    "peak_gib": round(r["peak_memory_bytes"] / 2 ** 30, 2),
+                    "cap_gib": round(r["capacity_bytes"] / 2 ** 30, 2),
+                    "oom": "yes" if r["oom"] else "no", "clusters": r["clusters"] or "",
+                    "comm_gb": round(r["comm_bytes"] / 1e9, 3), "note": r["description"],
+                    "best": "1" if best is not None and not r["oom"]
+                    and r["step_time_s"] <= best * (1 + 1e-9) else "0"})
+    return out
+
+
+def compare_figure(rows: list) -> go.Figure:
+    good = [r for r in rows if "error" not in r]
+    fig = go.Figure([go.Bar(
+        x=[r["algo"] for r in good], y=[r["step_time_s"] for r in good],
+        text=[f"{r['step_time_s']:.3f} s" + (" OOM" if r["oom"] else "") for r in good],
+        textposition="outside",
+        marker=dict(color=["#2563eb" if r["algo"] == "celeritas" else
+                           ("#d62728" if r["oom"] else "#9ab") for r in good]))])
+    fig.update_layout(title="Predicted step time by method (same graph, same simulator)",
+                      yaxis_title="s", margin=dict(l=50, r=20, t=40, b=40))
+    return fig
+
+
+def summary_view(doc: dict):
+    peak = max(doc["peak_memory_bytes"], default=0.0) / 2 ** 30
+    cap = min(doc["capacity_bytes"], default=0.0) / 2 ** 30
+    st = doc.get("stats", {})
+    fused = (f"{st['nodes_before']} operators fused into {st['nodes_after']} clusters "
+             f"(CCR {st['ccr_before']:.2f} → {st['ccr_after']:.2f})"
+             if "nodes_after" in st else
+             f"{doc['ops']} operators (drawn over Celeritas' {len(doc['clusters'])} clusters)")
+    pins = doc.get("pins") or []
+    kept = sum(1 for p in pins if honoured(p, doc))
+    return html.Div([
+        html.Div([html.B(f"{doc['algo']}: "),
+                  f"predicted step {doc['predicted_step_time_s']:.4f} s, placed in "
+                  f"{doc['search_time_s']:.3f} s, peak {peak:.2f} GiB of {cap:.2f} GiB per "
+                  f"device, {doc['comm_bytes'] / 1e9:.3f} GB moved",
+                  html.Span(" OOM (best effort exceeded a limit)" if doc["oom"] else "",
+                            className="error")], id="place-headline"),
+        html.Div(f"{doc['model']} batch {doc['batch']} on {len(doc['capacity_bytes'])}× "
+                 f"{doc['devices']}; {fused}"
+                 + (f"; pins honoured: {kept}/{len(pins)}" if pins else ""),
+                 className="muted", id="place-subline"),
+    ])
+
+
+def pin_items(pins: list, doc: dict | None):
+    out = []
+    for i, p in enumerate(pins or []):
+        ok = honoured(p, doc)
+        mark = "" if ok is None else (" ✔ honoured" if ok else " ✘ not honoured")
+        out.append(html.Div(className="pin-item", children=[
+            html.Span(f"{p['target']} → device {p['device']}{mark}"),
+            html.Button("Unpin", id={"type": ids.PLACE_UNPIN, "index": i}, className="small"),
+        ]))
+    return out
+
+
+def details_view(selected: dict | None, doc: dict | None, structure: dict | None):
+    if not selected or not doc:
+        return html.P("Click a cluster to expand it into its operators; click an operator to "
+                      "select it.", className="muted")
+    if selected["kind"] == "cluster":
+        k = int(selected["id"])
+        if not 0 <= k < len(doc["clusters"]):
+            return html.P("That cluster is not in the current placement.", className="muted")
+        c = doc["clusters"][k]
+        shares = ", ".join(f"dev {d}: {n}" for d, n in enumerate(c.get("shares", [])) if n)
+        return html.Div([
+            html.B(f"cluster {k}"), f": {len(c['ops'])} operators on device {c['device']} "
+            f"({shares}); compute {c['time_s'] * 1e3:.2f} ms, memory "
+            f"{c['memory_bytes'] / 2 ** 30:.3f} GiB",
+            html.Div(", ".join(c["ops"][:12]) + (" …" if len(c["ops"]) > 12 else ""),
+                     className="muted"),
+        ])
+    nm = selected["name"]
+    d = doc["placement"].get(nm)
+    extra = ""
+    if structure is not None and nm in structure["index"]:
+        i = structure["index"][nm]
+        extra = (f" {structure['target'][i]} ({structure['phase'][i]}), "
+                 f"{structure['time_s'][i] * 1e3:.3f} ms, "
+                 f"{structure['memory_bytes'][i] / 2 ** 20:.1f} MiB;")
+    return html.Div([html.B(nm), f":{extra} device {d}, cluster {selected.get('cluster')}"])
+
+
+# --------------------------------------------------------------------------------------------
+# callbacks
+# --------------------------------------------------------------------------------------------
+
+
+@dash.callback(
+    Output(ids.STORE_PLACEMENT, "data"), Output(ids.PLACE_ERROR, "children"),
+    Output(ids.PLACE_STATUS, "children"),
+    Input(ids.PLACE_BUTTON, "n_clicks"),
+    State(ids.STORE_REQUEST, "data"), State(ids.PLACE_ALGO, "value"),
+    State(ids.PLACE_MEMORY, "value"), State(ids.STORE_PLACE_PINS, "data"),
+    background=True, interval=250,
+    progress=[Output(ids.PLACE_PROGRESS, "value")],
+    running=[(Output(ids.PLACE_BUTTON, "disabled"), True, False),
+             (Output(ids.PLACE_CANCEL, "disabled"), False, True),
+             (Output(ids.PLACE_STATUS, "children"), "building the operator graph and placing…",
+              "")],
+    cancel=[Input(ids.PLACE_CANCEL, "n_clicks")],
+    prevent_initial_call=True,
+)
+def place(set_progress, _n, req_doc, algo, memory, pins):
+    try:
+        doc = do_place(req_doc, algo, memory, pins or [], lambda v: set_progress([str(v)]))
+    except (ExplorerError, ValueError) as exc:
+        return no_update, str(exc), ""
+    set_progress(["100"])
+    return doc, "", f"done: {doc['algo']} on {len(doc['capacity_bytes'])} devices"
+
+
+@dash.callback(
+    Output(ids.STORE_PLACE_PINS, "data"),
+    Output(ids.STORE_PLACEMENT, "data", allow_duplicate=True),
+    Output(ids.PLACE_PIN_ERROR, "children"),
+    Input(ids.PLACE_PIN_BUTTON, "n_clicks"), Input(ids.PLACE_CLEAR_PINS, "n_clicks"),
+    Input({"type": ids.PLACE_UNPIN, "index": ALL}, "n_clicks"),
+    State(ids.STORE_PLACE_PINS, "data"), State(ids.STORE_PLACE_SELECTED, "data"),
+    State(ids.PLACE_PIN_DEVICE, "value"), State(ids.STORE_REQUEST, "data"),
+    State(ids.PLACE_ALGO, "value"), State(ids.PLACE_MEMORY, "value"),
+    State(ids.STORE_PLACEMENT, "data"),
+    prevent_initial_call=True,
+)
+def pin(_p, _c, _u, pins, selected, device, req_doc, algo, memory, doc):
+    trig = ctx.triggered_id
+    if isinstance(trig, dict):
+        if not ctx.triggered or not ctx.triggered[0].get("value"):
+            return no_update, no_update, no_update     # unpin buttons just (re)rendered
+        action, index = "unpin", int(trig["index"])
+    else:
+        action = {ids.PLACE_PIN_BUTTON: "pin", ids.PLACE_CLEAR_PINS: "clear"}.get(trig)
+        index = None
+    # a re-run keeps the request the shown placement was made for
+    req = (doc or {}).get("request") or req_doc
+    return apply_pins(action, pins, selected, device, req, algo, memory, doc, index)
+
+
+@dash.callback(
+    Output(ids.STORE_PLACE_SELECTED, "data"), Output(ids.STORE_PLACE_EXPANDED, "data"),
+    Input(ids.PLACE_GRAPH, "tapNodeData"), Input(ids.PLACE_COLLAPSE, "n_clicks"),
+    Input(ids.STORE_PLACEMENT, "data"), State(ids.STORE_PLACE_EXPANDED, "data"),
+    prevent_initial_call=True,
+)
+def select(tap, _collapse, _doc, expanded):
+    trig = ctx.triggered_id
+    if trig == ids.STORE_PLACEMENT:
+        return None, None                        # cluster numbers change with every run
+    if trig == ids.PLACE_COLLAPSE:
+        return no_update, None
+    if not tap:
+        return no_update, no_update
+    if tap.get("kind") == "cluster":
+        return {"kind": "cluster", "id": tap["cluster"]}, tap["cluster"]
+    return {"kind": "op", "name": tap["name"], "cluster": tap.get("cluster")}, expanded
+
+
+@dash.callback(
+    Output(ids.PLACE_GRAPH, "elements"), Output(ids.PLACE_GRAPH_INFO, "children"),
+    Output(ids.PLACE_LEGEND, "children"), Output(ids.PLACE_DETAILS, "children"),
+    Input(ids.STORE_PLACEMENT, "data"), Input(ids.STORE_PLACE_EXPANDED, "data"),
+    Input(ids.STORE_PLACE_SELECTED, "data"), State(ids.STORE_PLACE_PINS, "data"),
+)
+def show_graph(doc, expanded, selected, pins):
+    if not doc:
+        return [], "", [], details_view(None, None, None)
+    try:
+        s = structure_for(doc)
+        els, info = build_elements(doc, s, expanded, selected, pins)
+    except (ExplorerError, ValueError, KeyError) as exc:
+        return [], f"cannot draw the graph: {exc}", [], no_update
+    text = (f"{info['clusters']} clusters, {info['ops']} operators"
+            + (f"; cluster {info['expanded']} expanded ({info['shown']} nodes)"
+               if info["expanded"] is not None else "; click a cluster to expand it")
+            + (f" · clusters from {doc['clusters_from']}"
+               if doc.get("clusters_from") != doc["algo"] else ""))
+    return (els, text, legend(len(doc["capacity_bytes"])),
+            details_view(selected, doc, s))
+
+
+@dash.callback(
+    Output(ids.PLACE_SUMMARY, "children"), Output(ids.PLACE_GANTT, "figure"),
+    Output(ids.PLACE_MEMORY_FIG, "figure"), Output(ids.PLACE_PIN_LIST, "children"),
+    Input(ids.STORE_PLACEMENT, "data"), Input(ids.STORE_PLACE_PINS, "data"),
+)
+def show(doc, pins):
+    if not doc:
+        return (html.P("Place the current model to see its operators on the devices.",
+                       className="muted"), gantt_figure(None), memory_figure(None),
+                pin_items(pins, None))
+    return summary_view(doc), gantt_figure(doc), memory_figure(doc), pin_items(pins, doc)
+
+
+@dash.callback(
+    Output(ids.PLACE_COMPARE_TABLE, "data"), Output(ids.PLACE_COMPARE_FIG, "figure"),
+    Output(ids.PLACE_COMPARE_STATUS, "children"),
+    Input(ids.PLACE_COMPARE_BUTTON, "n_clicks"),
+    State(ids.STORE_REQUEST, "data"), State(ids.PLACE_MEMORY, "value"),
+    State(ids.STORE_PLACE_PINS, "data"),
+    background=True, interval=300,
+    progress=[Output(ids.PLACE_COMPARE_PROGRESS, "value"),
+              Output(ids.PLACE_COMPARE_STATUS, "children")],
+    running=[(Output(ids.PLACE_COMPARE_BUTTON, "disabled"), True, False),
+             (Output(ids.PLACE_COMPARE_CANCEL, "disabled"), False, True)],
+    cancel=[Input(ids.PLACE_COMPARE_CANCEL, "n_clicks")],
+    prevent_initial_call=True,
+)
+def compare(set_progress, _n, req_doc, memory, pins):
+    try:
+        req = session.Request.from_dict(req_doc)
+        set_progress(["5", "building the operator graph…"])
+        session.placement_graph_for(req, _memory(memory))
+        rows = session.placement_compare(
+            req, _memory(memory), pins or [],
+            progress=lambda i, n, a: set_progress([str(int(10 + 90 * i / max(n, 1))),
+                                                   f"placing with {a}…" if a else ""]))
+    except (ExplorerError, ValueError) as exc:
+        return no_update, no_update, f"error: {exc}"
+    return compare_rows(rows), compare_figure(rows), f"{len(rows)} methods compared"
