@@ -429,7 +429,7 @@ def cmd_run_placement(args, doc: dict) -> int:
     """``explorer run`` of a device placement (Celeritas or a baseline): each worker runs
     its operators, tensors travel to the devices that read them, the result is compared with
     one device and the measured step time with the simulator's prediction."""
-    from .engine.runtime.tofu_exec import run_placement
+    from .engine.runtime.opexec import run_placement
 
     for key in ("model", "placement"):
         if key not in doc:
@@ -470,7 +470,7 @@ def cmd_run_tofu(args, doc: dict) -> int:
     communication must equal the file's), run one step on local gloo workers and compare
     the loss and every updated parameter with one device."""
     from .engine.opgraph import build_opgraph
-    from .engine.runtime.tofu_exec import run_tofu_plan
+    from .engine.runtime.opexec import run_tofu_plan
     from .engine.search import tofu
 
     for key in ("model", "algo", "devices"):

@@ -11,7 +11,7 @@ import pytest
 
 from explorer.engine.devices import preset
 from explorer.engine.opgraph import build_opgraph
-from explorer.engine.runtime.tofu_exec import run_placement
+from explorer.engine.runtime.opexec import run_placement
 from explorer.engine.search.celeritas import placement_graph
 from explorer.engine.search.placement_baselines import run as place
 from explorer.errors import InfeasiblePlan

@@ -11,7 +11,7 @@ import psutil
 import pytest
 
 from explorer.engine.runtime.launcher import RunFailed
-from explorer.engine.runtime.tofu_exec import run_tofu_plan
+from explorer.engine.runtime.opexec import run_tofu_plan
 
 
 @pytest.mark.parametrize("spec,batch,args,algo", [

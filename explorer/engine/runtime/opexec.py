@@ -1,4 +1,5 @@
-"""Execute a Tofu plan on local workers and check it against one device.
+"""Execute an operator-level plan (a Tofu partition or a device placement) on local workers
+and check it against one device.
 
 Every worker interprets the traced training step (the same ``make_fx`` graph the plan was
 made from) aten call by aten call.  Each tensor lives on a worker only inside the box the plan
@@ -9,9 +10,12 @@ terms outside the reduction, e.g. a bias, added by one worker only; a partial ma
 max), and sends the parts other workers hold to them, which add the partial results up.
 
 So the run moves exactly the bytes the plan predicts (checked), and the loss and every updated
-parameter are compared with a single-device run of the same step.  Each worker computes its
-ops on full-size zero-padded buffers: the runtime checks a plan's data movement and results,
-it does not make the step faster.
+parameter are compared with a single-device run of the same step.  For a Tofu plan each worker
+computes its ops on full-size zero-padded buffers: the runtime checks a plan's data movement
+and results, it does not make the step faster.  A device placement is the special case where
+every box is a whole tensor on one device (:func:`placement_xplan`): each worker then computes
+only its own operators and tensors travel once to each device that reads them, so the step
+time is measured too.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ import torch.distributed as dist
 from ...errors import InfeasiblePlan
 from .launcher import _PEER_HINTS, RunFailed, _free_port, _kill
 
-__all__ = ["run_tofu_plan"]
+__all__ = ["run_tofu_plan", "run_placement", "placement_xplan", "graph_digest"]
 
 _NOT_DETERMINISTIC = {"bernoulli", "bernoulli_", "native_dropout", "rand_like", "randn_like"}
 
@@ -481,7 +485,7 @@ def _launch(spec, batch, model_args, workers, xplan, g, seed, lr, timeout_s, tol
     q = ctx.Queue()
     port = _free_port()
     procs = [ctx.Process(target=_entry, args=(r, workers, port, job, q, timeout_s),
-                         name=f"explorer-tofu-{r}") for r in range(workers)]
+                         name=f"explorer-op-worker-{r}") for r in range(workers)]
     result, sent, done, errors, tb, debug = None, {}, set(), {}, {}, {}
     t0 = time.monotonic()
     try:
@@ -510,9 +514,9 @@ def _launch(spec, batch, model_args, workers, xplan, g, seed, lr, timeout_s, tol
                         if first is not None else "a worker failed"
                     if os.environ.get("EXPLORER_DEBUG"):
                         print("\n".join(f"--- rank {r}\n{t}" for r, t in tb.items()))
-                    raise RunFailed(f"Tofu run failed: worker {first}: {msg}", first)
+                    raise RunFailed(f"run failed: worker {first}: {msg}", first)
                 if time.monotonic() - t0 > timeout_s:
-                    raise RunFailed(f"Tofu run timed out after {timeout_s:.0f} s", None)
+                    raise RunFailed(f"run timed out after {timeout_s:.0f} s", None)
                 continue
             if kind == "result":
                 result = a
