@@ -38,6 +38,10 @@ def main(argv=None) -> int:
     ap.add_argument("--workers", type=int, default=8)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--variants", action="store_true",
+                    help="also every model of the paper's Table 2 (WResNet-50/101/152 × widening "
+                         "4-10 at batch 8, RNN-6/8/10 × 4K-8K at batch 128): search time, "
+                         "communication, peak memory per worker against a K80's 12 GiB")
     args = ap.parse_args(argv)
     from explorer.engine.devices import preset
     from explorer.engine.opgraph import build_opgraph
@@ -68,8 +72,26 @@ def main(argv=None) -> int:
             cmp_rows.append({"model": label, "algo": algo, "comm_GB": r.comm_bytes / 1e9,
                              "comm_ms": r.objective_s * 1e3, "search_s": r.search_time_s,
                              "vs_tofu": r.comm_bytes / max(res.comm_bytes, 1e-9)})
+    var_rows = []
+    if args.variants:
+        grid = [("WResNet-%d-%d" % (d, w), "wresnet", 8, {"depth": d, "width": w})
+                for d in (50, 101, 152) for w in (4, 6, 8, 10)]
+        grid += [("RNN-%d-%dK" % (L, H // 1024), "lstm", 128,
+                  {"layers": L, "hidden": H, "steps": 20})
+                 for L in (6, 8, 10) for H in (4096, 6144, 8192)]
+        for label, spec, batch, margs in grid:
+            t0 = time.perf_counter()
+            g = build_opgraph(spec, batch, margs)
+            trace_s = time.perf_counter() - t0
+            _clear_caches()
+            r = tofu.search(g, args.workers, dev)
+            var_rows.append({"model": label, "batch": batch, "ops": r.coarse["ops_before"],
+                             "groups": r.coarse["ops_after"], "trace_s": trace_s,
+                             "search_s": r.search_time_s, "comm_GB": r.comm_bytes / 1e9,
+                             "peak_GiB": max(r.peak_memory_bytes) / 2**30,
+                             "params_GB": g.counts()["param_bytes"] / 1e9})
     if args.json:
-        print(json.dumps({"search": rows, "compare": cmp_rows}, indent=1))
+        print(json.dumps({"search": rows, "compare": cmp_rows, "variants": var_rows}, indent=1))
         return 0
     print(f"Tofu search at {args.workers} workers (8×K80 PCIe preset), best of {args.repeat}")
     print(f"{'model':<16}{'batch':>6}{'ops':>7}{'groups':>8}{'trace s':>9}{'search s':>10}"
@@ -84,6 +106,15 @@ def main(argv=None) -> int:
     for r in cmp_rows:
         print(f"{r['model']:<16}{r['algo']:<15}{r['comm_GB']:>9.2f}{r['comm_ms']:>9.0f}"
               f"{r['vs_tofu']:>8.2f}{r['search_s']:>10.2f}")
+    if var_rows:
+        print()
+        print(f"paper Table 2 models at {args.workers} workers (K80: 12 GiB each)")
+        print(f"{'model':<16}{'batch':>6}{'weights GB':>11}{'ops':>7}{'groups':>8}"
+              f"{'search s':>10}{'comm GB':>9}{'peak GiB':>10}{'fits':>6}")
+        for r in var_rows:
+            print(f"{r['model']:<16}{r['batch']:>6}{r['params_GB']:>11.2f}{r['ops']:>7}"
+                  f"{r['groups']:>8}{r['search_s']:>10.2f}{r['comm_GB']:>9.2f}"
+                  f"{r['peak_GiB']:>10.2f}{'yes' if r['peak_GiB'] <= 12 else 'no':>6}")
     return 0
 
 

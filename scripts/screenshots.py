@@ -73,6 +73,22 @@ def main(argv=None):
             time.sleep(1.5)
             drv.execute_script("window.scrollTo(0, 0)")
             shot(drv, args.out, "inception-steps.png")
+        with B.server("--model", "wresnet", "--model-arg", "depth=50", "--model-arg", "width=4",
+                      "--batch", "8", "--preset", "k80-pcie-8", "--devices", "8") as url:
+            drv.get(url)
+            B.wait(drv, lambda: B.nodes(drv), 120)
+            tab(drv, 6)                                   # Tofu
+            drv.find_element("id", "tofu-button").click()
+            B.wait(drv, lambda: "GB communicated" in B.text(drv, "#tofu-headline"), 180)
+            time.sleep(2)
+            drv.execute_script("document.getElementById('tofu-headline').scrollIntoView()")
+            shot(drv, args.out, "tofu.png")
+            tab(drv, 7)                                   # Placement
+            drv.find_element("id", "place-button").click()
+            B.wait(drv, lambda: "predicted step" in B.text(drv, "#place-headline"), 180)
+            time.sleep(2.5)
+            drv.execute_script("document.getElementById('place-headline').scrollIntoView()")
+            shot(drv, args.out, "placement.png")
 
 
 if __name__ == "__main__":
