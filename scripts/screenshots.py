@@ -80,8 +80,10 @@ def main(argv=None):
             tab(drv, 6)                                   # Tofu
             drv.find_element("id", "tofu-button").click()
             B.wait(drv, lambda: "GB communicated" in B.text(drv, "#tofu-headline"), 180)
-            time.sleep(2)
-            drv.execute_script("document.getElementById('tofu-headline').scrollIntoView()")
+            B.wait(drv, lambda: drv.execute_script(
+                "return document.querySelectorAll('.tofu-tile').length"), 60)
+            time.sleep(1.5)
+            drv.execute_script("document.getElementById('tofu-steps').scrollIntoView()")
             shot(drv, args.out, "tofu.png")
             tab(drv, 7)                                   # Placement
             drv.find_element("id", "place-button").click()

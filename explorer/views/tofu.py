@@ -60,7 +60,7 @@ def layout():
                                  ("search_s", "search s")]]),
         html.Div(id=ids.TOFU_STRIP, className="tofu-strip"),
         dcc.Loading(dcc.Graph(id=ids.TOFU_COMPARE, figure=go.Figure(),
-                              style={"height": "340px"})),
+                              style={"height": "340px", "display": "none"})),
     ])
 
 
@@ -198,13 +198,13 @@ def compare_figure(cmp: dict) -> go.Figure:
     return fig
 
 
-@dash.callback(Output(ids.TOFU_COMPARE, "figure"), Output(ids.TOFU_ERROR, "children",
-                                                          allow_duplicate=True),
+@dash.callback(Output(ids.TOFU_COMPARE, "figure"), Output(ids.TOFU_COMPARE, "style"),
+               Output(ids.TOFU_ERROR, "children", allow_duplicate=True),
                Input(ids.TOFU_COMPARE_BUTTON, "n_clicks"), State(ids.STORE_REQUEST, "data"),
                prevent_initial_call=True)
 def compare(_n, req_doc):
     try:
         cmp = session.tofu_compare(session.Request.from_dict(req_doc))
     except (ExplorerError, ValueError) as exc:
-        return no_update, str(exc)
-    return compare_figure(cmp), ""
+        return no_update, no_update, str(exc)
+    return compare_figure(cmp), {"height": "340px"}, ""
