@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from explorer.engine import geometry as G
-from explorer.engine.costmodel import CostModel, LAUNCH_OVERHEAD_S, EFFICIENCY
+from explorer.engine.costmodel import CostModel, LAUNCH_OVERHEAD_S, EFFICIENCY, UPDATE_PASSES
 from explorer.engine.devices import Device, DeviceGraph, preset
 from explorer.engine.graph import Edge, Layer, LayerGraph
 from explorer.engine.importer import import_spec
@@ -83,6 +83,96 @@ def test_parameter_server_sync_time():
     assert tr[1] == pytest.approx(2 * 3 / 4 * w / BW)
 
 
+def test_sync_latency_counts_the_exchanges_the_runtime_makes():
+    # parameter server: gradients in, parameters out = 2 exchanges; with 2 replicas the two
+    # swap in one exchange (same 2 s / b of data); ring: 2 (r-1) steps of the replica group
+    lat = 1e-3
+    g = two_convs()
+    w = 8 * 8 * 9 * 4
+    a = g.layer("a")
+    cm = CostModel(g, flat_devices(4, lat=lat))
+    cands = [cfg(a, n=2), cfg(a, n=4), cfg(a, n=2, c=2)]
+    _, ts, _ = cm.layer_costs("a", cands)
+    assert ts[0] == pytest.approx(2 * w / BW + 1 * lat)
+    assert ts[1] == pytest.approx(2 * 3 * w / BW + 2 * lat)
+    assert ts[2] == pytest.approx(2 * (w / 2) / BW + 1 * lat)     # two groups of 2, parallel
+    ring = CostModel(g, flat_devices(4, lat=lat), sync="ring")
+    _, tr, _ = ring.layer_costs("a", cands)
+    assert tr[0] == pytest.approx(w / BW + 2 * lat)
+    assert tr[1] == pytest.approx(2 * 3 / 4 * w / BW + 6 * lat)
+    assert tr[2] == pytest.approx((w / 2) / BW + 2 * lat)         # groups of 2, not 4 devices
+    # the general (pairwise) path gives the same numbers
+    for model in (cm, ring):
+        slow = CostModel(g, flat_devices(4, lat=lat), sync=model.sync)
+        slow._nodes = None
+        np.testing.assert_allclose(slow.layer_costs("a", cands)[1],
+                                   model.layer_costs("a", cands)[1], rtol=1e-12)
+
+
+def test_no_gradient_flows_back_into_the_model_input():
+    # x -> a: a needs x's region forward, but nothing goes back (x needs no gradient);
+    # a -> b: activations forward and their gradients backward
+    lat = 1e-4
+    g = two_convs()
+    cm = CostModel(g, flat_devices(2, lat=lat))
+    x, a, b = g.layer("x"), g.layer("a"), g.layer("b")
+    assert not cm.needs_grad("x") and cm.needs_grad("a") and cm.needs_grad("b")
+    assert cm.input_grads("a") == (False,) and cm.input_grads("b") == (True,)
+    row = 4 * 8 * 1 * 16 * 4                     # one halo row, as in the test above
+    t_in, b_in = cm.xfer(g.in_edges("a")[0], [cfg(x, h=2)], [cfg(a, h=2)])
+    assert b_in[0, 0] == pytest.approx(2 * row)                   # forward only
+    assert t_in[0, 0] == pytest.approx(row / BW + lat)
+    t_ab, b_ab = cm.xfer(g.in_edges("b")[0], [cfg(a, h=2)], [cfg(b, h=2)])
+    assert b_ab[0, 0] == pytest.approx(2 * 2 * row)
+    assert t_ab[0, 0] == pytest.approx(2 * (row / BW + lat))
+    # a layer without parameters fed only by the input needs no gradient either
+    g2 = LayerGraph("toy", 4)
+    g2.add_layer(Layer("x", "input", (4, 8, 16, 16), ("n", "c", "h", "w")))
+    g2.add_layer(Layer("p", "pool", (4, 8, 8, 8), ("n", "c", "h", "w"), ((4, 8, 16, 16),), {},
+                       dict(kernel=(2, 2), stride=(2, 2), padding=(0, 0), dilation=(1, 1)),
+                       flops=4.0 * 4 * 8 * 8 * 8))
+    g2.add_layer(Layer("c", "conv", (4, 8, 8, 8), ("n", "c", "h", "w"), ((4, 8, 8, 8),),
+                       {"weight": (8, 8, 3, 3)}, dict(kernel=(3, 3), stride=(1, 1),
+                       padding=(1, 1), dilation=(1, 1), groups=1), flops=1.0))
+    g2.add_edge(Edge("x", "p", 0))
+    g2.add_edge(Edge("p", "c", 0))
+    cm2 = CostModel(g2, flat_devices(2))
+    assert not cm2.needs_grad("p") and cm2.needs_grad("c")
+    assert cm2.input_grads("c") == (False,)
+
+
+def test_sgd_update_is_in_t_compute_of_layers_with_parameters():
+    g = two_convs()
+    d = flat_devices(2)
+    cm = CostModel(g, d)
+    a = g.layer("a")
+    whole, split = cfg(a), cfg(a, c=2)
+    tc, _, _ = cm.layer_costs("a", [whole, split])
+    upd = UPDATE_PASSES * 4 * 576 / 100e9
+    flops = 3 * a.flops
+    assert tc[0] == pytest.approx(flops / (1e12 * EFFICIENCY["conv"]) + LAUNCH_OVERHEAD_S + upd)
+    # each device updates its half of the weights
+    assert tc[1] == pytest.approx(flops / 2 / (1e12 * EFFICIENCY["conv"]) + LAUNCH_OVERHEAD_S
+                                  + upd / 2)
+
+
+def test_measured_compute_adds_the_update_and_skips_the_input_gradient(tmp_path):
+    from explorer.engine.profile import Profiler
+    g = two_convs()
+    d = flat_devices(2)
+    cache = tmp_path / "p.sqlite"
+    cm = CostModel(g, d, compute="measured", profile_cache=cache)
+    a = g.layer("a")
+    c = cfg(a)
+    tc, _, _ = cm.layer_costs("a", [c])
+    with Profiler(cache) as p:
+        shard = cm.shard_shapes(a, c)[0]
+        t_no_in = p.lookup(a, shard[0], shard[1], "toy", input_grads=(False,))
+        assert p.lookup(a, shard[0], shard[1], "toy") is None    # never asked with dx
+    upd = UPDATE_PASSES * 4 * 576 / 100e9
+    assert t_no_in is not None and tc[0] == pytest.approx(t_no_in + upd)
+
+
 def test_analytic_compute_is_the_roofline_of_the_shard():
     g = two_convs()
     cm = CostModel(g, flat_devices(4))
@@ -90,10 +180,13 @@ def test_analytic_compute_is_the_roofline_of_the_shard():
     tc, _, _ = cm.layer_costs("a", [cfg(a), cfg(a, n=4)])
     # forward + backward = 3x forward FLOPs = 3.54 MFLOP at 60% of 1 TFLOP/s = 5.9 us; memory
     # traffic 3 x 4 B x (8192 input + 576 weight + 8192 output) = 204 KB at 100 GB/s = 2 us:
-    # compute bound, plus the fixed launch overhead.
+    # compute bound, plus the fixed launch overhead and the SGD update of the 576 weights
+    # (read weights and gradients, write weights: 3 x 2304 B at 100 GB/s).
     flops = 3 * a.flops
     assert flops == 3 * 2 * 4 * 8 * 16 * 16 * 8 * 9
-    assert tc[0] == pytest.approx(flops / (1e12 * EFFICIENCY["conv"]) + LAUNCH_OVERHEAD_S)
+    update = UPDATE_PASSES * 576 * 4 / 100e9
+    assert tc[0] == pytest.approx(flops / (1e12 * EFFICIENCY["conv"]) + LAUNCH_OVERHEAD_S
+                                  + update)
     assert tc[0] > tc[1] > tc[0] / 8        # 4-way split: about 4x faster, never 8x
 
 
@@ -153,3 +246,25 @@ def test_measured_costs_are_cached_so_the_second_search_is_instant(tmp_path):
     whole = next(i for i, c in enumerate(conv) if c.total == 1)
     split = next(i for i, c in enumerate(conv) if c.deg("n") == 2)
     assert t1.t_compute["conv2"][split] < t1.t_compute["conv2"][whole]
+
+
+def test_measured_compute_of_multi_device_configs_uses_the_lockstep_entry(tmp_path):
+    """A configuration on k devices is costed with the time recorded for k workers computing
+    at once (explorer calibrate), a single-device one with the shard alone."""
+    from explorer.engine.profile import Profiler
+    g = two_convs()
+    d = flat_devices(2)
+    cache = tmp_path / "p.sqlite"
+    b = g.layer("b")
+    whole, split = cfg(b), cfg(b, n=2)
+    with Profiler(cache) as p:
+        for c, sec in ((whole, 0.010), (split, 0.004)):
+            out, ins = CostModel(g, d).shard_shapes(b, c)[0]
+            p.record(b, out, ins, "toy", sec)                       # alone
+            p.record(b, out, ins, "toy", 2 * sec, concurrency=2)    # two workers at once
+    cm = CostModel(g, d, compute="measured", profile_cache=cache)
+    tc, _, _ = cm.layer_costs("b", [whole, split])
+    upd = UPDATE_PASSES * 4 * 576 / 100e9
+    assert tc[0] == pytest.approx(0.010 + upd)
+    assert tc[1] == pytest.approx(0.008 + upd)
+    assert cm.profile_time_s == 0.0

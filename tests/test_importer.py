@@ -224,6 +224,64 @@ def test_batchnorm_and_relu_fold_into_conv():
     assert conv.flops == 31104 + 2304 + 576
 
 
+class FunctionalBN(nn.Module):
+    """F.batch_norm takes (input, running_mean, running_var, weight, bias, ...)."""
+
+    def __init__(self, keywords=False):
+        super().__init__()
+        self.keywords = keywords
+        self.conv = nn.Conv2d(3, 8, 3, padding=1, bias=False)
+        self.gamma = nn.Parameter(torch.rand(8) + 0.5)
+        self.beta = nn.Parameter(torch.randn(8))
+        self.register_buffer("mean", torch.zeros(8))
+        self.register_buffer("var", torch.ones(8))
+
+    def forward(self, x):
+        y = self.conv(x)
+        if self.keywords:
+            return F.batch_norm(y, self.mean, self.var, weight=self.gamma, bias=self.beta)
+        return F.batch_norm(y, self.mean, self.var, self.gamma, self.beta, False, 0.1, 1e-5)
+
+
+@pytest.mark.parametrize("keywords", [False, True], ids=["positional", "keywords"])
+def test_functional_batchnorm_folds_its_weight_and_bias_not_running_stats(keywords):
+    g = import_model(FunctionalBN(keywords), torch.randn(2, 3, 6, 6))
+    conv = g.layer("conv")
+    assert conv.params == {"weight": (8, 3, 3, 3), "gamma": (8,), "beta": (8,)}
+    assert conv.param_count == 216 + 16
+    assert conv.folded == ["batch_norm"]
+
+
+class Pools(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.avg = nn.AvgPool2d(2, ceil_mode=True)
+        self.amax = nn.AdaptiveMaxPool2d(2)
+        self.aavg = nn.AdaptiveAvgPool2d(2)
+
+    def forward(self, x):
+        a = F.max_pool2d(x, 3, 2, 1, ceil_mode=True)
+        b = F.avg_pool2d(x, 3, 2, 1, False, False)
+        c = self.avg(x)
+        d = F.adaptive_max_pool2d(a, 2) + F.adaptive_avg_pool2d(b, 2)
+        return d + self.amax(c) + self.aavg(c)
+
+
+def test_pool_modes_are_recorded():
+    g = import_model(Pools(), torch.randn(2, 3, 9, 9))
+    pools = {l.name: l.attrs for l in g.layers() if l.op == "pool"}
+    assert pools["max_pool2d"]["kind"] == "max" and pools["max_pool2d"]["ceil_mode"] is True
+    assert "count_include_pad" not in pools["max_pool2d"]
+    assert pools["avg_pool2d"] == {"kernel": (3, 3), "stride": (2, 2), "padding": (1, 1),
+                                   "dilation": (1, 1), "kind": "avg", "ceil_mode": False,
+                                   "count_include_pad": False}
+    mod_avg = [a for n, a in pools.items() if n not in ("max_pool2d", "avg_pool2d")]
+    assert len(mod_avg) == 1 and mod_avg[0]["ceil_mode"] is True
+    assert mod_avg[0]["count_include_pad"] is True
+    kinds = sorted(l.attrs["kind"] for l in g.layers() if l.op == "adaptive_pool")
+    assert kinds == ["avg", "avg", "max", "max"]
+
+
 class FunctionalConv(nn.Module):
     def __init__(self):
         super().__init__()

@@ -156,3 +156,80 @@ def test_two_profilers_share_one_file(tmp_path):
         b.close()
     with pytest.raises(ValueError, match="closed"):
         a.measure(lay, (2, 4), [(2, 8)], "cpu")
+
+
+def test_inputs_without_gradient_are_a_separate_faster_entry(tmp_path):
+    """A layer fed by the model input computes no input gradient (as the runtime does): its own
+    cache entry, and cheaper than with the input gradient."""
+    from explorer.engine.profile import build_shard, signature
+    lay = Layer("conv1", "conv", (8, 64, 32, 32), ("n", "c", "h", "w"),
+                in_shapes=((8, 3, 64, 64),), params={"weight": (64, 3, 7, 7)},
+                attrs={"kernel": (7, 7), "stride": (2, 2), "padding": (3, 3),
+                       "dilation": (1, 1), "groups": 1}, folded=["relu"])
+    assert signature(lay, "cpu", (True,)) == signature(lay, "cpu")
+    assert '"no_grad_in":[0]' in signature(lay, "cpu", (False,))
+    run, leaves = build_shard(lay, lay.out_shape, [(8, 3, 69, 69)], input_grads=(False,))
+    assert len(leaves) == 1 and tuple(leaves[0].shape) == (64, 3, 7, 7)     # the weight only
+    ins = [(8, 3, 64, 64)]
+    with Profiler(tmp_path / "p.sqlite", reps=5, warmup=1) as p:
+        with_dx = p.measure(lay, lay.out_shape, ins, "cpu")
+        without = p.measure(lay, lay.out_shape, ins, "cpu", input_grads=(False,))
+        assert p.misses == 2 and len(p) == 2
+        assert p.lookup(lay, lay.out_shape, ins, "cpu", input_grads=(False,)) == without
+        with pytest.raises(ValueError, match="input_grads"):
+            p.measure(lay, lay.out_shape, ins, "cpu", input_grads=(False, True))
+    assert without < with_dx
+
+
+def test_forward_only_when_nothing_needs_a_gradient(tmp_path):
+    pool = Layer("pool", "pool", (2, 4, 8, 8), ("n", "c", "h", "w"), in_shapes=((2, 4, 16, 16),),
+                 attrs={"kernel": (2, 2), "stride": (2, 2), "padding": (0, 0),
+                        "dilation": (1, 1)})
+    with Profiler(tmp_path / "p.sqlite", reps=2, warmup=0) as p:
+        assert p.measure(pool, pool.out_shape, [(2, 4, 16, 16)], "cpu",
+                         input_grads=(False,)) > 0
+
+
+def test_record_rows_put_rows_and_merge_caches(tmp_path):
+    from explorer.engine.profile import merge_caches
+    lay = conv_layer()
+    out, ins = lay.out_shape, list(lay.in_shapes)
+    paths = [tmp_path / "a.sqlite", tmp_path / "b.sqlite"]
+    for path, sec in zip(paths, (1.0, 3.0)):
+        with Profiler(path) as p:
+            key = p.record(lay, out, ins, "cpu", sec, reps=4)
+            p.record(lay, out, ins, "cpu", 7.0, input_grads=(False,))
+            assert key == p.key(lay, out, ins, "cpu")
+    into = tmp_path / "into.sqlite"
+    assert merge_caches(paths, into) == 2
+    with Profiler(into, reps=1, warmup=0) as p:
+        assert p.measure(lay, out, ins, "cpu") == pytest.approx(2.0)   # mean, not measured
+        assert p.hits == 1 and p.misses == 0
+        assert p.lookup(lay, out, ins, "cpu", input_grads=(False,)) == pytest.approx(7.0)
+        rows = {r[:3]: r for r in p.rows()}
+        assert rows[key][4] == 8                                         # repetitions add up
+        with pytest.raises(ValueError, match="6 fields"):
+            p.put_rows([("cpu", "sig", "shape")])
+    # merging into an existing cache replaces only the merged keys
+    assert merge_caches([paths[0]], into, device_kind="P100") == 0
+
+
+def test_cold_profiler_evicts_caches_and_measures(tmp_path):
+    lay = conv_layer()
+    with Profiler(tmp_path / "p.sqlite", reps=3, warmup=1, cold=True, flush_bytes=2 ** 20) as p:
+        assert p.cold and p.flush_bytes == 2 ** 20
+        assert p.measure(lay, lay.out_shape, list(lay.in_shapes), "cpu") > 0
+        assert p.rows()[0][4] == 3
+
+
+def test_concurrent_entry_is_used_when_recorded_else_the_shard_alone(tmp_path):
+    lay = conv_layer()
+    out, ins = lay.out_shape, list(lay.in_shapes)
+    with Profiler(tmp_path / "p.sqlite", reps=2, warmup=0) as p:
+        alone = p.measure(lay, out, ins, "cpu", concurrency=2)      # nothing for 2 workers yet
+        assert p.misses == 1 and p.lookup(lay, out, ins, "cpu", concurrency=2) is None
+        assert p.key(lay, out, ins, "cpu", concurrency=2) != p.key(lay, out, ins, "cpu")
+        p.record(lay, out, ins, "cpu", 1.5, reps=3, concurrency=2)
+        assert p.measure(lay, out, ins, "cpu", concurrency=2) == 1.5
+        assert p.measure(lay, out, ins, "cpu") == alone
+        assert p.hits == 2 and p.misses == 1

@@ -267,6 +267,32 @@ def test_plan_for_other_model_or_devices_rejected_before_launch():
     assert after <= before, "nothing may be launched for a rejected plan"
 
 
+def test_plan_for_other_model_args_rejected_by_graph_digest():
+    """The plan records a digest of the graph it was searched on; a plan file whose model
+    arguments or batch were edited (same layer names, other shapes) is refused before launch."""
+    from explorer.engine.plan import Plan, digest_for, graph_digest
+    from explorer.engine.importer import import_spec
+    plan = make_plan("mlp", "data", 8, {"hidden": 64})
+    assert plan["graph_digest"] == graph_digest(import_spec("mlp", 8, {"hidden": 64}))
+    assert plan["graph_digest"] == digest_for("mlp", 8, {"hidden": 64})
+    assert plan["graph_digest"] != digest_for("mlp", 8, {"hidden": 32})
+    assert Plan.from_dict(plan).to_dict()["graph_digest"] == plan["graph_digest"]
+    validate(plan)                                                   # the plan as searched
+    before = {c.pid for c in psutil.Process().children(recursive=True)}
+    for edit in ({"model_args": {"hidden": 32}}, {"batch": 4}):
+        with pytest.raises(InfeasiblePlan, match="another graph"):
+            launch(dict(plan, **edit))
+    after = {c.pid for c in psutil.Process().children(recursive=True)}
+    assert after <= before, "nothing may be launched for a rejected plan"
+    # the same edit is still caught when the caller states what it expects
+    with pytest.raises(InfeasiblePlan, match="model arguments"):
+        validate(plan, {"model_args": {"hidden": 32}})
+    # plans written before the digest existed still validate (nothing to compare)
+    old = {k: v for k, v in plan.items() if k != "graph_digest"}
+    assert Plan.from_dict(old).graph_digest == ""
+    validate(dict(old, model_args={"hidden": 32}))
+
+
 def test_more_workers_than_cores_warns():
     cores = len(os.sched_getaffinity(0))
     n = cores + 1

@@ -1,16 +1,26 @@
 """The OptCNN cost model (paper Section 5.1): t_C, t_S per layer and configuration, t_X per edge.
 
-* ``t_C(l, c)`` – forward + backward time of the slowest device's shard.  ``analytic`` uses a
-  roofline of the device (peak FLOP/s × efficiency vs. memory bandwidth, plus kernel launch
-  overhead); ``measured`` runs the shard on the local device (see :mod:`.profile`), cached in
-  SQLite, as the paper does.
+* ``t_C(l, c)`` – forward + backward time of the slowest device's shard, plus the SGD update of
+  its weight shards (``p -= lr·g``: read the weights and gradients, write the weights, so
+  ``3 · shard bytes / memory bandwidth``; the runtime measures 2–3 % of a step for it).
+  ``analytic`` uses a roofline of the device (peak FLOP/s × efficiency vs. memory bandwidth,
+  plus kernel launch overhead); ``measured`` runs the shard on the local device (see
+  :mod:`.profile`), cached in SQLite, as the paper does — without an input gradient when no
+  gradient flows into the layer's inputs (layers fed by the model input), and, for a
+  configuration on k > 1 devices, with k workers computing their shards at once when
+  ``explorer calibrate`` measured that (they share the memory system; alone otherwise).
 * ``t_X(e, c_i, c_j)`` – each destination device receives the part of the region it needs that
-  other devices own (geometry decides both), over the link's bandwidth; a device receives from
-  its sources one after the other, devices receive in parallel; counted twice, for the
-  activations forward and the gradients of the same region backward.
+  other devices own (geometry decides both), over the link's bandwidth, plus one link latency;
+  a device receives from its sources one after the other, devices receive in parallel; counted
+  twice, for the activations forward and the gradients of the same region backward — once
+  when the producer needs no gradient (the model input, or layers computed from it without
+  parameters): no gradient flows back along that edge.
 * ``t_S(l, c)`` – parameter synchronisation of replicated weight shards: the paper's parameter
   server (every replica sends its gradients to the shard's server and gets the parameters back:
-  ``2 (r-1) s / b``), or ring all-reduce (``2 (r-1)/r · s / b``).
+  ``2 (r-1) s / b``, two exchanges: gradients in, parameters out; with ``r = 2`` the server is
+  one of the replicas and both messages go in one exchange, as the runtime's swap does — the
+  same ``2 s / b`` of data, one latency), or ring all-reduce (``2 (r-1)/r · s / b``,
+  ``2 (r-1)`` steps of the replica group).
 
 All tables are numpy arrays indexed by candidate position, so the search is pure array work.
 """
@@ -32,6 +42,8 @@ from .graph import Edge, Layer, LayerGraph
 EFFICIENCY = {"conv": 0.6, "linear": 0.6, "matmul": 0.6, "sdpa": 0.5, "lstm_cell": 0.5}
 #: Forward+backward kernel launches per layer and their fixed cost (seconds).
 LAUNCH_OVERHEAD_S = 3 * 5e-6
+#: Memory passes of the SGD update per weight byte: read weights, read gradients, write weights.
+UPDATE_PASSES = 3.0
 
 
 @dataclass
@@ -145,6 +157,31 @@ class CostModel:
         self._stack_cache: dict = {}
         self._lat_cache: dict = {}
         self._cand_cache: dict = {}
+        self._grad_cache: dict | None = None
+
+    # -- gradients -------------------------------------------------------------------------
+    def needs_grad(self, name: str) -> bool:
+        """Whether a gradient flows into ``name``'s output: it has parameters or an input that
+        does.  The model input needs none, so no gradient is sent back along its out-edges and
+        layers fed only by it compute no input gradient (as the runtime does)."""
+        if self._grad_cache is None:
+            g = self.graph
+            flags: dict = {}
+            for n in g.names():
+                layer = g.layer(n)
+                flags[n] = layer.op != "input" and (
+                    bool(layer.params) or any(flags.get(e.src, True) for e in g.in_edges(n)))
+            self._grad_cache = flags
+        return self._grad_cache[name]
+
+    def input_grads(self, name: str) -> tuple:
+        """Per input of ``name`` (in op order): does its producer need a gradient."""
+        layer = self.graph.layer(name)
+        flags = [True] * len(layer.in_shapes)
+        for e in self.graph.in_edges(name):
+            if 0 <= e.index < len(flags):
+                flags[e.index] = self.needs_grad(e.src)
+        return tuple(flags)
 
     # -- candidates --------------------------------------------------------------------------
     def candidates(self, name: str, pin: Pin | None = None) -> list:
@@ -214,7 +251,7 @@ class CostModel:
         layer = self.graph.layer(name)
         key = (layer.op, repr(sorted(layer.attrs.items())), tuple(map(tuple, layer.in_shapes)),
                layer.out_shape, layer.axes, repr(sorted(layer.params.items())), layer.flops,
-               tuple(cands))
+               tuple(cands), self.input_grads(name))
         hit = self._layer_cache.get(key)
         if hit is None:
             hit = self._layer_costs(layer, cands)
@@ -241,17 +278,19 @@ class CostModel:
         pel = np.zeros((C, Dm))
         for _, reg in shards.values():
             pel += np.where(used, G.volume(reg), 0)
+        mbw = np.array([d.mem_bw for d in self.devices.devices])[dev]
+        # SGD update of the device's weight shards (read p, read grad, write p)
+        upd = np.where(used, UPDATE_PASSES * db * pel / mbw, 0.0)
         if self.compute == "measured":
             for i, cfg in enumerate(cands):
-                tc[i] = self._measured(layer, cfg)
+                tc[i] = self._measured(layer, cfg) + upd[i].max()
         else:
             out_vol = max(math.prod(layer.out_shape), 1)
             peak = np.array([d.peak_flops for d in self.devices.devices])[dev]
-            mbw = np.array([d.mem_bw for d in self.devices.devices])[dev]
             flops = 3.0 * layer.flops * vol / out_vol          # forward + 2x backward
             traffic = 3.0 * db * (in_el + pel + vol)
             eff = EFFICIENCY.get(layer.op, 0.5)
-            t = np.maximum(flops / (peak * eff), traffic / mbw) + LAUNCH_OVERHEAD_S
+            t = np.maximum(flops / (peak * eff), traffic / mbw) + LAUNCH_OVERHEAD_S + upd
             tc = np.where(used, t, 0.0).max(axis=1)
         nodes = self._node_structure()
         if nodes is not None and shards:
@@ -281,6 +320,7 @@ class CostModel:
         node_of, bw_in, bw_out, lat_in, lat_out = nodes
         C, Dm = used.shape
         load = np.zeros((C, Dm))
+        rmax = np.zeros(C, dtype=np.int64)                           # largest replica group
         node = node_of[dev]                                          # [C, Dm]
         tri = np.tril(np.ones((Dm, Dm), dtype=bool), -1)             # k' < k
         for _, reg in shards.values():
@@ -297,12 +337,24 @@ class CostModel:
             else:
                 cost = 2.0 * (r - 1) / np.maximum(r, 1) * s / bw
             load += np.where(leader & (r > 1), cost, 0.0)
+            rmax = np.maximum(rmax, np.where(leader & (s > 0), r, 0).max(axis=1))
         ts = load.max(axis=1)
         for i, c in enumerate(cands):
             if ts[i] > 0:
-                steps = 2 if self.sync == "ps" else 2 * (c.total - 1)
-                ts[i] += steps * self._group_lat(c.devices)
+                ts[i] += self._sync_steps(int(rmax[i])) * self._group_lat(c.devices)
         return ts
+
+    def _sync_steps(self, r: int) -> int:
+        """Exchanges (each paying one latency) to synchronise a replica group of ``r``.
+
+        Parameter server: gradients to the server, parameters back — two exchanges, or one
+        when ``r = 2`` (the server is one replica: the two swap, as the runtime does).  Ring
+        all-reduce: ``2 (r-1)`` steps."""
+        if r < 2:
+            return 0
+        if self.sync == "ps":
+            return 1 if r == 2 else 2
+        return 2 * (r - 1)
 
     def _sync(self, cfg: G.Config, groups) -> float:
         """Synchronisation time of the layer's replicated shards under ``cfg``.
@@ -311,10 +363,12 @@ class CostModel:
         member; different servers work in parallel, one server handles its groups in turn.
         """
         load: dict = {}
+        rmax = 0
         for elems, members in groups:
             r = len(members)
             if r < 2 or elems == 0:
                 continue
+            rmax = max(rmax, r)
             devs = tuple(cfg.devices[k] for k in members)
             bw = self._group_bw(devs)
             s = elems * self.dtype_bytes
@@ -326,8 +380,7 @@ class CostModel:
         if not load:
             return 0.0
         lat = self._group_lat(cfg.devices)
-        steps = 2 if self.sync == "ps" else 2 * (cfg.total - 1)
-        return max(load.values()) + steps * lat
+        return max(load.values()) + self._sync_steps(rmax) * lat
 
     def _group_bw(self, devs: tuple) -> float:
         """Slowest link inside a group of devices (cached: groups repeat across layers)."""
@@ -353,9 +406,14 @@ class CostModel:
             self._profiler = Profiler(self.profile_cache)
         worst = 0.0
         shapes = {(s[0], tuple(s[1])) for s in self.shard_shapes(layer, cfg)}
+        grads = self.input_grads(layer.name)
+        # the devices of the configuration compute at once (the others wait): the time
+        # measured with that many workers in lockstep when calibrated, else the shard alone
+        conc = cfg.total if cfg.total > 1 else 1
         for out_shape, in_shapes in sorted(shapes):
             t = self._profiler.measure(layer, out_shape, list(in_shapes),
-                                       self.devices.devices[0].kind)
+                                       self.devices.devices[0].kind, input_grads=grads,
+                                       concurrency=conc)
             self.profile_time_s += self._profiler.last_profile_s
             worst = max(worst, t)
         return worst
@@ -390,7 +448,7 @@ class CostModel:
         src, dst = self.graph.layer(edge.src), self.graph.layer(edge.dst)
         return (src.out_shape, src.axes, tuple(src_cands), dst.op, repr(sorted(dst.attrs.items())),
                 tuple(map(tuple, dst.in_shapes)), dst.out_shape, dst.axes, edge.index,
-                edge.transforms, tuple(dst_cands))
+                edge.transforms, tuple(dst_cands), self.needs_grad(edge.src))
 
     def xfer(self, edge: Edge, src_cands: list, dst_cands: list):
         """``(t_xfer [Cs, Cd], bytes [Cs, Cd])`` for one edge (forward + backward).
@@ -398,7 +456,8 @@ class CostModel:
         Destination device ``m`` needs region ``R_m`` of the producer's tensor; it receives
         ``R_m`` minus what it already owns, from each owner over that pair's link, one source
         after another (plus one link latency, the largest among its sources); destinations
-        receive in parallel, so the edge takes the slowest one.
+        receive in parallel, so the edge takes the slowest one.  Twice that (the gradient of
+        the region goes back the same way), or once when the producer needs no gradient.
         """
         key = self._edge_key(edge, src_cands, dst_cands)
         hit = self._xcache.get(key)
@@ -418,6 +477,8 @@ class CostModel:
             res = self._xfer_by_node(src, src_cands, need, ddev, nodes)
         if res is None:
             res = self._xfer_pairwise(src, src_cands, need, ddev)
+        if self.needs_grad(edge.src):
+            res = (2.0 * res[0], 2.0 * res[1])
         self._xcache[key] = res
         return res
 
@@ -457,7 +518,7 @@ class CostModel:
         if np.isfinite(bw_out):
             t += inter / bw_out
         t += np.maximum(np.where(intra > 0, lat_in, 0.0), np.where(inter > 0, lat_out, 0.0))
-        return 2.0 * t.max(axis=2), 2.0 * (intra + inter).sum(axis=2)
+        return t.max(axis=2), (intra + inter).sum(axis=2)
 
     def _node_tiles(self, src, src_cands, node_of):
         """Per source candidate: the tile each device owns ``[Cs, N, nd, 2]`` and the bounding
@@ -507,7 +568,7 @@ class CostModel:
         per = np.where(nbytes > 0, nbytes / self.devices.bw[si, di], 0.0)
         lat = np.where(nbytes > 0, self.devices.latency[si, di], 0.0).max(axis=1)
         t = (per.sum(axis=1) + lat).max(axis=2)           # receive serially, dst parallel
-        return 2.0 * t, 2.0 * nbytes.sum(axis=(1, 3))
+        return t, nbytes.sum(axis=(1, 3))
 
     # -- all tables ------------------------------------------------------------------------
     def tables(self, pins: list | None = None) -> CostTables:

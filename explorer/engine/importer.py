@@ -177,6 +177,7 @@ _MODULE_OPS = {
     nn.Linear: "linear", nn.MaxPool1d: "maxpool", nn.MaxPool2d: "maxpool",
     nn.AvgPool1d: "avgpool", nn.AvgPool2d: "avgpool", nn.AdaptiveAvgPool2d: "adaptive",
     nn.AdaptiveAvgPool1d: "adaptive", nn.AdaptiveMaxPool2d: "adaptive",
+    nn.AdaptiveMaxPool1d: "adaptive",
     nn.BatchNorm1d: "batchnorm", nn.BatchNorm2d: "batchnorm", nn.BatchNorm3d: "batchnorm",
     nn.LayerNorm: "layernorm", nn.Embedding: "embedding", nn.LSTMCell: "lstm_cell",
     nn.Softmax: "softmax", nn.LogSoftmax: "softmax", nn.Flatten: "flatten",
@@ -399,9 +400,11 @@ class _Importer:
             s = _tup(mod.stride if mod.stride is not None else mod.kernel_size, nsp)
             d = _tup(getattr(mod, "dilation", 1), nsp)
             return self.pool(node, x, k, s, _tup(mod.padding, nsp), d,
-                             "max" if kind == "maxpool" else "avg")
+                             "max" if kind == "maxpool" else "avg",
+                             bool(getattr(mod, "ceil_mode", False)),
+                             bool(getattr(mod, "count_include_pad", True)))
         if kind == "adaptive":
-            return self.adaptive(node, x)
+            return self.adaptive(node, x, "max" if "Max" in type(mod).__name__ else "avg")
         if kind == "batchnorm":
             return self.fold(node, x, 4.0, {f"{node.target}.{k}": v for k, v in p.items()})
         if kind == "layernorm":
@@ -477,15 +480,20 @@ class _Importer:
             k = _tup(get(1, "kernel_size", 1), nsp)
             s = get(2, "stride", None)
             s = k if s in (None, [], ()) else _tup(s, nsp)
-            d = _tup(get(4, "dilation", 1), nsp) if name.startswith("max") else (1,) * nsp
+            is_max = name.startswith("max")
+            d = _tup(get(4, "dilation", 1), nsp) if is_max else (1,) * nsp
+            # max: (input, kernel, stride, padding, dilation, ceil_mode, ...);
+            # avg: (input, kernel, stride, padding, ceil_mode, count_include_pad, ...)
+            ceil = bool(get(5 if is_max else 4, "ceil_mode", False))
+            incl = True if is_max else bool(get(5, "count_include_pad", True))
             return self.pool(node, x, k, s, _tup(get(3, "padding", 0), nsp), d,
-                             "max" if name.startswith("max") else "avg")
+                             "max" if is_max else "avg", ceil, incl)
         if name in ("adaptive_avg_pool2d", "adaptive_avg_pool1d", "adaptive_max_pool2d",
-                    "_adaptive_avg_pool2d"):
-            return self.adaptive(node, x)
+                    "adaptive_max_pool1d", "_adaptive_avg_pool2d"):
+            return self.adaptive(node, x, "max" if "max" in name else "avg")
         if name in ("batch_norm", "_native_batch_norm_legit_functional",
                     "_native_batch_norm_legit_no_training", "instance_norm"):
-            return self.fold(node, x, 4.0, {v.param: v.shape for v in params[:2]})
+            return self.fold(node, x, 4.0, self._norm_affine(node, args, kw))
         if name in ("layer_norm", "rms_norm"):
             nshape = kw.get("normalized_shape", args[1] if len(args) > 1 else None)
             p = {v.param: v.shape for v in params}
@@ -524,6 +532,25 @@ class _Importer:
             return self.index_op(node, x, name, args)
         return self.unsupported(node, name)
 
+    def _norm_affine(self, node, args, kw) -> dict:
+        """The learnable ``weight``/``bias`` of a batch/instance norm call (not its running
+        statistics, which are buffers): ``F.batch_norm``/``F.instance_norm`` take
+        ``(input, running_mean, running_var, weight, bias, ...)``, ``torch.batch_norm`` and the
+        aten ops ``(input, weight, bias, running_mean, running_var, ...)``."""
+        if node.target in (F.batch_norm, F.instance_norm):
+            names = ("input", "running_mean", "running_var", "weight", "bias")
+        else:
+            names = ("input", "weight", "bias", "running_mean", "running_var")
+        got = dict(zip(names, args))
+        got.update({k: v for k, v in kw.items() if k in names})
+        out = {}
+        for key in ("weight", "bias"):
+            a = got.get(key)
+            v = None if a is None else self.val(a)
+            if v is not None and v.kind == "param":
+                out[v.param] = v.shape
+        return out
+
     def _param_arg(self, node, args, kw, i, key):
         a = kw.get(key, args[i] if len(args) > i else None)
         if a is None:
@@ -552,17 +579,23 @@ class _Importer:
         self.new_layer(node, "linear", shape, axes, [x], p, {},
                        2.0 * math.prod(shape) * x.shape[-1])
 
-    def pool(self, node, x, k, s, pad, dil, kind):
+    def pool(self, node, x, k, s, pad, dil, kind, ceil_mode=False, count_include_pad=True):
+        """``kind`` ``"max"``/``"avg"``; ``ceil_mode`` (an extra, partial window at the end)
+        and, for average pooling, ``count_include_pad`` (whether padding counts in the
+        divisor) are recorded so costs and the runtime see the same op."""
         shape = self.shape_of(node)
         axes = ("n", "c") + (("l",) if len(k) == 1 else ("h", "w"))
-        self.new_layer(node, "pool", shape, axes, [x], {},
-                       {"kernel": k, "stride": s, "padding": pad, "dilation": dil, "kind": kind},
+        attrs = {"kernel": k, "stride": s, "padding": pad, "dilation": dil, "kind": kind,
+                 "ceil_mode": bool(ceil_mode)}
+        if kind == "avg":
+            attrs["count_include_pad"] = bool(count_include_pad)
+        self.new_layer(node, "pool", shape, axes, [x], {}, attrs,
                        math.prod(shape) * math.prod(k))
 
-    def adaptive(self, node, x):
+    def adaptive(self, node, x, kind="avg"):
         shape = self.shape_of(node)
         axes = ("n", "c") + (("l",) if len(shape) == 3 else ("h", "w"))
-        self.new_layer(node, "adaptive_pool", shape, axes, [x], {}, {},
+        self.new_layer(node, "adaptive_pool", shape, axes, [x], {}, {"kind": kind},
                        math.prod(x.shape))
 
     def upsample(self, node, x, mode):

@@ -1,11 +1,15 @@
 """The :class:`Plan`: a configuration and device set per layer, with its predicted costs.
 
 Plans round-trip through JSON (the command line's ``--json`` output and ``explorer run``'s
-input), so a plan found today can be re-costed, compared or executed later.
+input), so a plan found today can be re-costed, compared or executed later.  A plan carries
+``graph_digest``, a hash of the layer graph it was searched on (layer names, ops, shapes,
+parameter shapes, edges): the runtime refuses a plan whose model, batch or model arguments now
+give another graph (an edited plan file, a changed model file) before starting any worker.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass, field
 
@@ -56,6 +60,9 @@ class Plan:
     pins: list = field(default_factory=list)
     info: dict = field(default_factory=dict)
     edges: list = field(default_factory=list)   # [{src, dst, index, t_xfer_s, bytes}]
+    #: :func:`graph_digest` of the graph searched; ``None``: computed from ``spec``, ``batch``
+    #: and ``model_args`` when first serialised; ``""``: unknown (plans from older versions)
+    graph_digest: str | None = None
 
     def __post_init__(self):
         if self.n_devices < 1:
@@ -86,7 +93,15 @@ class Plan:
             "pins": list(self.pins), "info": self.info,
             "layers": [la.to_dict() for la in self.layers],
             "edges": list(self.edges),
+            "graph_digest": self.digest(),
         }
+
+    def digest(self) -> str:
+        """The graph digest (computed once from the model spec when not given; ``""`` when the
+        model cannot be imported here)."""
+        if self.graph_digest is None:
+            self.graph_digest = digest_for(self.spec, self.batch, self.model_args) or ""
+        return self.graph_digest
 
     def to_json(self, indent=2) -> str:
         return json.dumps(self.to_dict(), indent=indent, default=_jsonable)
@@ -106,13 +121,42 @@ class Plan:
                        float(d["predicted_step_time_s"]), float(d["search_time_s"]),
                        d.get("breakdown", {}), float(d.get("comm_bytes", 0.0)),
                        list(d.get("memory_per_device_bytes", [])), d.get("model_args", {}),
-                       list(d.get("pins", [])), d.get("info", {}), list(d.get("edges", [])))
+                       list(d.get("pins", [])), d.get("info", {}), list(d.get("edges", [])),
+                       str(d.get("graph_digest") or ""))
         except (KeyError, TypeError) as exc:
             raise ValueError(f"malformed plan: missing or bad field {exc}") from exc
 
     @classmethod
     def from_json(cls, text: str) -> "Plan":
         return cls.from_dict(json.loads(text))
+
+
+def graph_digest(graph) -> str:
+    """Hash of what a plan depends on in a layer graph: every layer's name, op, output shape,
+    axes, input shapes and parameter shapes, and every edge (16 hex digits)."""
+    doc = {"layers": [[la.name, la.op, list(la.out_shape), list(la.axes),
+                       [list(s) for s in la.in_shapes],
+                       sorted([k, list(v)] for k, v in la.params.items())]
+                      for la in graph.layers()],
+           "edges": [[e.src, e.dst, e.index] for e in graph.edges()]}
+    return hashlib.sha256(json.dumps(doc, separators=(",", ":"), default=_jsonable)
+                          .encode()).hexdigest()[:16]
+
+
+_DIGESTS: dict = {}
+
+
+def digest_for(spec: str, batch: int, model_args: dict | None = None) -> str | None:
+    """:func:`graph_digest` of ``import_spec(spec, batch, model_args)`` (cached per process),
+    or ``None`` when the model cannot be imported."""
+    key = (spec, int(batch), json.dumps(model_args or {}, sort_keys=True, default=str))
+    if key not in _DIGESTS:
+        from .importer import import_spec
+        try:
+            _DIGESTS[key] = graph_digest(import_spec(spec, batch, dict(model_args or {})))
+        except Exception:  # noqa: BLE001 - any failure of the user's model: digest unknown
+            return None
+    return _DIGESTS[key]
 
 
 def _jsonable(o):

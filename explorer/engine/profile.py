@@ -7,9 +7,19 @@ geometry gives (output box, input regions, parameter shards), runs forward and b
 ``warmup + reps`` times on the local device and returns the median of the timed runs.
 
 Results are cached in SQLite, keyed by ``(device_kind, signature, shape)``: the op with the
-attributes that change its cost, and the shard's output/input shapes.  Equal shards of
-different layers (the 16 identical 3x3 convolutions of a ResNet stage) and the second search
-of the same model therefore cost nothing.
+attributes that change its cost (and which inputs get no gradient, e.g. a layer fed by the
+model input), and the shard's output/input shapes.  Equal shards of different layers (the 16
+identical 3x3 convolutions of a ResNet stage) and the second search of the same model
+therefore cost nothing.
+
+Measurements taken elsewhere (other processes, other machines) go in with
+:meth:`Profiler.record` / :meth:`Profiler.put_rows` and :func:`merge_caches` (the mean of the
+caches' entries); ``Profiler(cold=True)`` evicts the caches before each timed run, as the layers
+before it do in a training step.  A shard can also be stored for ``concurrency`` k > 1: its time
+while k worker processes run their shards of the same layer in lockstep (``explorer
+calibrate`` measures those; the cores share the memory system, and a step waits for the slowest
+worker); :meth:`Profiler.measure` returns that entry when asked for it and present, else the
+time of the shard alone.
 
 Example
 -------
@@ -115,13 +125,15 @@ def _jsonable(v):
         return str(v)
 
 
-def signature(layer: Layer, on: str = "") -> str:
+def signature(layer: Layer, on: str = "", input_grads=None) -> str:
     """Canonical text of what, besides shapes, decides the cost of ``layer``'s shards.
 
     The op, the attributes that matter (kernel, stride, padding, dilation, groups, fn, dims,
     ...), parameter facts the shard computation depends on (bias, vocabulary, full hidden size,
     channel count for grouped convolutions), the folded element-wise epilogue and ``on`` (the
     device that measured).  Layer names are left out so equal layers share cache entries.
+    ``input_grads`` (one bool per op input) marks the inputs that get no gradient; they are
+    named in the signature (``"no_grad_in"``), all-``True`` leaves it unchanged.
     """
     op, a, p = layer.op, layer.attrs, layer.params
     sig = {"op": op}
@@ -134,6 +146,8 @@ def signature(layer: Layer, on: str = "") -> str:
             sig["cout"] = int(layer.out_shape[1])
     elif op == "pool":
         sig["kind"] = _pool_kind(layer)
+    elif op == "adaptive_pool" and a.get("kind") == "max":
+        sig["kind"] = "max"
     elif op == "norm":
         sig["affine"] = [k for k in ("weight", "bias") if k in p]
     elif op == "embedding":
@@ -143,6 +157,8 @@ def signature(layer: Layer, on: str = "") -> str:
         sig["bias"] = sorted(k for k in p if k.startswith("bias"))
     sig["relu"] = bool(layer.folded)
     sig["bn"] = _has_bn(layer)
+    if input_grads is not None and not all(input_grads):
+        sig["no_grad_in"] = [i for i, g in enumerate(input_grads) if not g]
     if on:
         sig["on"] = on
     return json.dumps(sig, sort_keys=True, separators=(",", ":"))
@@ -166,13 +182,22 @@ def _lstm_hidden(layer: Layer) -> int:
 
 
 class _Builder:
-    """Random tensors for one shard on one device; remembers the ones gradients flow to."""
+    """Random tensors for one shard on one device; remembers the ones gradients flow to.
 
-    def __init__(self, device: str, seed: int = 0):
+    ``input_grads`` (one bool per op input, ``None``: all) says which inputs need a gradient;
+    rules create op inputs with :meth:`input`."""
+
+    def __init__(self, device: str, seed: int = 0, input_grads=None):
         self.device = device
         self.gen = torch.Generator(device=device)
         self.gen.manual_seed(seed)
         self.leaves: list = []
+        self.input_grads = None if input_grads is None else [bool(g) for g in input_grads]
+
+    def input(self, i: int, shape) -> torch.Tensor:
+        """Op input ``i`` (a gradient leaf unless ``input_grads[i]`` is false)."""
+        grad = self.input_grads is None or i >= len(self.input_grads) or self.input_grads[i]
+        return self.rand(shape, grad)
 
     def rand(self, shape, grad: bool = True) -> torch.Tensor:
         t = torch.randn(tuple(int(s) for s in shape), generator=self.gen, device=self.device,
@@ -215,7 +240,7 @@ def _conv(layer, out_shape, in_shapes, b):
     g = int(a.get("groups", 1))
     if g > 1:  # the shard's share of the groups, kept a divisor of both channel counts
         g = math.gcd(max(1, g * cout // layer.out_shape[1]), math.gcd(cin, cout))
-    x = b.rand((x_shape[0], cin) + ext)
+    x = b.input(0, (x_shape[0], cin) + ext)
     w = b.rand((cout, cin // g) + k)
     bias = b.rand((cout,)) if "bias" in layer.params else None
     conv = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}[nsp]
@@ -233,7 +258,7 @@ def _pool(layer, out_shape, in_shapes, b):
                                  max_pad=(d[i] * (k[i] - 1) + 1) // 2 if kind == "max"
                                  else k[i] // 2)
                      for i in range(nsp)))
-    x = b.rand(tuple(x_shape[:2]) + ext)
+    x = b.input(0, tuple(x_shape[:2]) + ext)
     if kind == "max":
         fn = {1: F.max_pool1d, 2: F.max_pool2d, 3: F.max_pool3d}[nsp]
         return lambda: [fn(x, k, s, pad, d)]
@@ -243,14 +268,17 @@ def _pool(layer, out_shape, in_shapes, b):
 
 def _adaptive_pool(layer, out_shape, in_shapes, b):
     nsp = len(out_shape) - 2
-    x = b.rand(in_shapes[0])
-    fn = {1: F.adaptive_avg_pool1d, 2: F.adaptive_avg_pool2d, 3: F.adaptive_avg_pool3d}[nsp]
+    x = b.input(0, in_shapes[0])
+    if layer.attrs.get("kind") == "max":
+        fn = {1: F.adaptive_max_pool1d, 2: F.adaptive_max_pool2d, 3: F.adaptive_max_pool3d}[nsp]
+    else:
+        fn = {1: F.adaptive_avg_pool1d, 2: F.adaptive_avg_pool2d, 3: F.adaptive_avg_pool3d}[nsp]
     size = tuple(int(v) for v in out_shape[2:])
     return lambda: [fn(x, size)]
 
 
 def _upsample(layer, out_shape, in_shapes, b):
-    x = b.rand(in_shapes[0])
+    x = b.input(0, in_shapes[0])
     size = tuple(int(v) for v in out_shape[2:])
     mode = layer.attrs.get("mode", "nearest")
     if mode != "nearest":
@@ -260,19 +288,19 @@ def _upsample(layer, out_shape, in_shapes, b):
 
 
 def _linear(layer, out_shape, in_shapes, b):
-    x = b.rand(in_shapes[0])
+    x = b.input(0, in_shapes[0])
     w = b.rand((out_shape[-1], in_shapes[0][-1]))
     bias = b.rand((out_shape[-1],)) if "bias" in layer.params else None
     return lambda: [F.linear(x, w, bias)]
 
 
 def _matmul(layer, out_shape, in_shapes, b):
-    x, y = b.rand(in_shapes[0]), b.rand(in_shapes[1])
+    x, y = b.input(0, in_shapes[0]), b.input(1, in_shapes[1])
     return lambda: [torch.matmul(x, y)]
 
 
 def _sdpa(layer, out_shape, in_shapes, b):
-    q, k, v = (b.rand(s) for s in in_shapes[:3])
+    q, k, v = (b.input(i, s) for i, s in enumerate(in_shapes[:3]))
     return lambda: [F.scaled_dot_product_attention(q, k, v)]
 
 
@@ -281,19 +309,19 @@ _ELTWISE = {"add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.d
 
 
 def _eltwise(layer, out_shape, in_shapes, b):
-    xs = [b.rand(s) for s in in_shapes]
+    xs = [b.input(i, s) for i, s in enumerate(in_shapes)]
     fn = _ELTWISE.get(layer.attrs.get("fn", "add"), torch.add)  # pow etc.: an add's cost
     return lambda: [functools.reduce(fn, xs)]
 
 
 def _concat(layer, out_shape, in_shapes, b):
-    xs = [b.rand(s) for s in in_shapes]
+    xs = [b.input(i, s) for i, s in enumerate(in_shapes)]
     dim = layer.attrs["dim"]
     return lambda: [torch.cat(xs, dim)]
 
 
 def _norm(layer, out_shape, in_shapes, b):
-    x = b.rand(in_shapes[0])
+    x = b.input(0, in_shapes[0])
     nshape = tuple(in_shapes[0][-len(layer.attrs["full_axes"]):])
     w = b.rand(nshape) if "weight" in layer.params else None
     bias = b.rand(nshape) if "bias" in layer.params else None
@@ -301,13 +329,13 @@ def _norm(layer, out_shape, in_shapes, b):
 
 
 def _softmax(layer, out_shape, in_shapes, b):
-    x = b.rand(in_shapes[0])
+    x = b.input(0, in_shapes[0])
     dim = layer.attrs["full_axes"][0]
     return lambda: [F.softmax(x, dim)]
 
 
 def _reduce(layer, out_shape, in_shapes, b):
-    x = b.rand(in_shapes[0])
+    x = b.input(0, in_shapes[0])
     dims, keep = tuple(layer.attrs["dims"]), bool(layer.attrs.get("keepdim", True))
     return lambda: [x.mean(dim=dims, keepdim=keep)]
 
@@ -323,9 +351,9 @@ def _lstm_cell(layer, out_shape, in_shapes, b):
     """Gate rows of this device's hidden units: ``gates = x W_ih' + h W_hh' + b``."""
     n, hid = int(out_shape[0]), int(out_shape[1])
     full = _lstm_hidden(layer)
-    x = b.rand(in_shapes[0])
+    x = b.input(0, in_shapes[0])
     if len(in_shapes) >= 3:
-        h, c = b.rand(in_shapes[1]), b.rand(in_shapes[2])
+        h, c = b.input(1, in_shapes[1]), b.input(2, in_shapes[2])
     else:  # no state: nn.LSTMCell still multiplies a zero h
         h = torch.zeros((n, full), device=b.device)
         c = torch.zeros((n, hid), device=b.device)
@@ -350,19 +378,25 @@ _RULES = {"conv": _conv, "pool": _pool, "adaptive_pool": _adaptive_pool, "linear
           "lstm_cell": _lstm_cell}
 
 
-def build_shard(layer: Layer, out_shape, in_shapes, device: str = "cpu", seed: int = 0):
+def build_shard(layer: Layer, out_shape, in_shapes, device: str = "cpu", seed: int = 0,
+                input_grads=None):
     """``(run, leaves)``: a closure computing the shard's outputs, and its gradient leaves.
 
     ``run()`` returns a list of output tensors, the first of shape ``out_shape``; folded work
     is appended to it: a per-channel affine for a folded BatchNorm, then one ReLU for the
-    folded element-wise ops.  ``leaves`` are the inputs and weight shards that need gradients.
+    folded element-wise ops.  ``leaves`` are the inputs and weight shards that need gradients;
+    ``input_grads`` (one bool per op input, default all ``True``) leaves out the inputs that
+    get no gradient (the model input: backward then skips the input gradient, as in a step).
     """
     rule = _RULES.get(layer.op)
     if rule is None:
         raise ValueError(f"cannot profile op {layer.op!r} (layer {layer.name})")
-    b = _Builder(device, seed)
     if layer.op == "concat":
-        in_shapes = [s for s in in_shapes if all(v > 0 for v in s)]
+        keep = [i for i, s in enumerate(in_shapes) if all(v > 0 for v in s)]
+        in_shapes = [in_shapes[i] for i in keep]
+        if input_grads is not None:
+            input_grads = [input_grads[i] for i in keep]
+    b = _Builder(device, seed, input_grads)
     run = rule(layer, tuple(out_shape), [tuple(s) for s in in_shapes], b)
     affine = None
     if _has_bn(layer) and "c" in layer.axes:
@@ -406,6 +440,11 @@ class Profiler:
         runs would take longer, fewer (at least one) are timed and no further warm-up runs
         happen.  Long runs vary little, and this keeps a CPU profile of a large model from
         taking hours.  ``None`` always runs ``warmup + reps``.
+    cold : write a buffer larger than the last-level cache (``flush_bytes``, default 8 MiB or
+        ``$EXPLORER_PROFILE_FLUSH_MB``) before every run.  In a training step each layer finds
+        its weights and inputs evicted by the layers before it; a hot loop over the same
+        tensors underestimates small layers by 30–50 % on a 2-core VM.  Cold runs all do
+        ``warmup + reps`` (within ``budget_s`` of timed time).
 
     Attributes
     ----------
@@ -415,7 +454,8 @@ class Profiler:
     """
 
     def __init__(self, cache_path=None, reps: int = 5, warmup: int = 2,
-                 device: str | None = None, budget_s: float | None = 5.0):
+                 device: str | None = None, budget_s: float | None = 5.0, cold: bool = False,
+                 flush_bytes: int | None = None):
         if reps < 1:
             raise ValueError(f"reps must be ≥ 1, got {reps}")
         if warmup < 0:
@@ -423,6 +463,9 @@ class Profiler:
         if budget_s is not None and not budget_s > 0:
             raise ValueError(f"budget_s must be > 0 or None, got {budget_s}")
         self.reps, self.warmup, self.budget_s = int(reps), int(warmup), budget_s
+        self.cold = bool(cold)
+        self.flush_bytes = int(flush_bytes if flush_bytes is not None else
+                               int(os.environ.get("EXPLORER_PROFILE_FLUSH_MB", "8")) * 2 ** 20)
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         dev_type = torch.device(self.device).type
         if dev_type == "cuda":
@@ -460,8 +503,18 @@ class Profiler:
             raise ValueError(f"this Profiler ({self.cache_path}) was closed")
         return self._conn
 
-    def _key(self, layer: Layer, out_shape, in_shapes, device_kind: str) -> tuple:
-        return (str(device_kind), signature(layer, self._on), self._shape_key(out_shape, in_shapes))
+    def _key(self, layer: Layer, out_shape, in_shapes, device_kind: str,
+             input_grads=None, concurrency: int = 1) -> tuple:
+        on = self._on if int(concurrency) <= 1 else f"{self._on}|x{int(concurrency)}"
+        return (str(device_kind), signature(layer, on, input_grads),
+                self._shape_key(out_shape, in_shapes))
+
+    def key(self, layer: Layer, out_shape, in_shapes, device_kind: str,
+            input_grads=None, concurrency: int = 1) -> tuple:
+        """The cache key ``(device_kind, signature, shape)`` of a shard (see :meth:`measure`)."""
+        return self._key(layer, [int(v) for v in out_shape],
+                         [[int(v) for v in s] for s in in_shapes], device_kind, input_grads,
+                         concurrency)
 
     def _get(self, key: tuple) -> float | None:
         with self._lock:
@@ -470,9 +523,37 @@ class Profiler:
                 key).fetchone()
         return None if row is None else float(row[0])
 
-    def lookup(self, layer: Layer, out_shape, in_shapes, device_kind: str) -> float | None:
+    def lookup(self, layer: Layer, out_shape, in_shapes, device_kind: str,
+               input_grads=None, concurrency: int = 1) -> float | None:
         """The cached time of this shard, or ``None`` (counts neither a hit nor a miss)."""
-        return self._get(self._key(layer, out_shape, in_shapes, device_kind))
+        return self._get(self.key(layer, out_shape, in_shapes, device_kind, input_grads,
+                                  concurrency))
+
+    def record(self, layer: Layer, out_shape, in_shapes, device_kind: str, seconds: float,
+               reps: int = 1, input_grads=None, concurrency: int = 1) -> tuple:
+        """Store a measurement taken elsewhere under the shard's key; returns the key.
+        ``concurrency`` k > 1: the time while k workers ran the layer's shards together."""
+        key = self.key(layer, out_shape, in_shapes, device_kind, input_grads, concurrency)
+        self.put_rows([key + (float(seconds), int(reps), time.time())])
+        return key
+
+    def rows(self) -> list:
+        """Every cached entry: ``(device_kind, signature, shape, seconds, reps, measured_at)``."""
+        with self._lock:
+            return [tuple(r) for r in self._db().execute(
+                "SELECT device_kind, signature, shape, seconds, reps, measured_at FROM profile")]
+
+    def put_rows(self, rows) -> int:
+        """Insert or replace entries given as :meth:`rows` returns them; returns the count."""
+        rows = [tuple(r) for r in rows]
+        for r in rows:
+            if len(r) != 6:
+                raise ValueError(f"a profile row has 6 fields (device_kind, signature, shape, "
+                                 f"seconds, reps, measured_at), got {r!r}")
+        conn = self._db()
+        with self._lock, conn:
+            conn.executemany("INSERT OR REPLACE INTO profile VALUES (?, ?, ?, ?, ?, ?)", rows)
+        return len(rows)
 
     def clear(self) -> None:
         """Empty the cache table (every device kind, every op)."""
@@ -503,10 +584,16 @@ class Profiler:
             pass
 
     # -- measuring ---------------------------------------------------------------------------
-    def measure(self, layer: Layer, out_shape, in_shapes, device_kind: str) -> float:
+    def measure(self, layer: Layer, out_shape, in_shapes, device_kind: str,
+                input_grads=None, concurrency: int = 1) -> float:
         """Seconds for forward+backward of ``layer``'s shard whose output box has shape
         ``out_shape`` and whose input regions have shapes ``in_shapes`` (one per op input, from
         geometry).  Cached by key ``(device_kind, op signature, shard shape)``.
+        ``input_grads`` (one bool per input; default all ``True``): inputs whose gradient is
+        not computed (their producer needs none); with no parameters and no such input, only
+        the forward pass runs, as in a training step.  ``concurrency`` k > 1: the entry
+        recorded for k workers computing at once when there is one (see :meth:`record`),
+        otherwise the shard alone (one process cannot reproduce the others).
 
         Input layers and empty shards (a zero-length output axis) cost 0.0 and run nothing.
         Raises ``ValueError`` for an op without a profiling rule.
@@ -523,14 +610,25 @@ class Profiler:
                              f"inputs, {len(in_shapes)} region shapes were given")
         if any(v == 0 for v in out_shape):
             return 0.0
-        key = self._key(layer, out_shape, in_shapes, device_kind)
+        if input_grads is not None:
+            input_grads = tuple(bool(g) for g in input_grads)
+            if len(input_grads) != len(in_shapes):
+                raise ValueError(f"layer {layer.name}: {len(input_grads)} input_grads flags for "
+                                 f"{len(in_shapes)} inputs")
+        if int(concurrency) > 1:
+            cached = self._get(self._key(layer, out_shape, in_shapes, device_kind, input_grads,
+                                         concurrency))
+            if cached is not None:
+                self.hits += 1
+                return cached
+        key = self._key(layer, out_shape, in_shapes, device_kind, input_grads)
         cached = self._get(key)
         if cached is not None:
             self.hits += 1
             return cached
         t0 = time.perf_counter()
         with _RUN_LOCK:  # one measurement at a time per process (threads would skew it)
-            seconds, reps = self._run(layer, out_shape, in_shapes)
+            seconds, reps = self._run(layer, out_shape, in_shapes, input_grads)
         self.last_profile_s = time.perf_counter() - t0
         self.misses += 1
         conn = self._db()
@@ -543,18 +641,23 @@ class Profiler:
         if self._cuda:
             torch.cuda.synchronize(self.device)
 
-    def _run(self, layer: Layer, out_shape, in_shapes):
+    def _run(self, layer: Layer, out_shape, in_shapes, input_grads=None):
         """``(median seconds, timed runs)`` of forward+backward of the shard."""
         threads = torch.get_num_threads()
         if not self._cuda:
             torch.set_num_threads(1)  # a CPU worker process of the runtime uses one thread
+        flush = torch.empty(max(self.flush_bytes // 4, 1), device=self.device) \
+            if self.cold else None
         try:
-            run, leaves = build_shard(layer, out_shape, in_shapes, self.device)
+            run, leaves = build_shard(layer, out_shape, in_shapes, self.device,
+                                      input_grads=input_grads)
             grads = None
+            backward = bool(leaves)     # nothing to differentiate: forward only
 
             def once():
                 outs = run()
-                torch.autograd.backward(outs, grads)
+                if backward:
+                    torch.autograd.backward(outs, grads)
                 return outs
 
             # first untimed run: check the shape, allocate the output gradients
@@ -566,11 +669,27 @@ class Profiler:
                     f"profiling {layer.name} ({layer.op}): the shard computed from input "
                     f"regions {in_shapes} has output {tuple(outs[0].shape)}, geometry says "
                     f"{out_shape}")
-            grads = [torch.ones_like(o) for o in outs]
-            torch.autograd.backward(outs, grads)
+            if backward:
+                grads = [torch.ones_like(o) for o in outs]
+                torch.autograd.backward(outs, grads)
             del outs
             self._sync()
             first = time.perf_counter() - t
+            if self.cold:
+                times = []
+                for i in range(self.warmup + self.reps):
+                    for x in leaves:
+                        x.grad = None
+                    flush.fill_(float(i))
+                    self._sync()
+                    t = time.perf_counter()
+                    once()
+                    self._sync()
+                    if i >= self.warmup:
+                        times.append(time.perf_counter() - t)
+                    if self.budget_s is not None and sum(times) > self.budget_s:
+                        break
+                return float(statistics.median(times or [first])), max(len(times), 1)
             reps, warmup = self.reps, self.warmup - 1
             if self.budget_s is not None and first * (self.reps + max(warmup, 0)) > self.budget_s:
                 reps, warmup = max(1, min(self.reps, int(self.budget_s // max(first, 1e-9)))), 0
@@ -591,3 +710,23 @@ class Profiler:
         finally:
             if not self._cuda:
                 torch.set_num_threads(threads)
+
+
+def merge_caches(paths, into, device_kind: str | None = None) -> int:
+    """Merge the profile caches at ``paths`` into the cache ``into`` (created if missing).
+
+    Entries with the same key are averaged (the mean of their seconds, the sum of their
+    repetitions): several processes that measured the same shards at the same time give the
+    time a shard takes while the others compute, as in a run.  ``device_kind`` keeps only that
+    kind.  Returns the number of entries written.
+    """
+    rows: dict = {}
+    for p in paths:
+        with Profiler(p) as src:
+            for kind, sig, shape, sec, reps, at in src.rows():
+                if device_kind is None or kind == device_kind:
+                    rows.setdefault((kind, sig, shape), []).append((sec, reps, at))
+    merged = [key + (statistics.fmean(v[0] for v in vals), int(sum(v[1] for v in vals)),
+                     max(v[2] for v in vals)) for key, vals in rows.items()]
+    with Profiler(into) as dst:
+        return dst.put_rows(merged)

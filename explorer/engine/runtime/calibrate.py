@@ -220,93 +220,53 @@ def calibrate(devices: int = 2, model: str | None = None, batch: int | None = No
 
 
 def _shard_list(g, cm):
-    """Every distinct (layer, output box shape, input region shapes) the cost model asks for."""
+    """Every distinct (layer, output box shape, input region shapes, input gradient flags,
+    device counts of the configurations that use it) the cost model asks for (the keys
+    :meth:`CostModel._measured` looks up)."""
     out = []
     for name in g.names():
         layer = g.layer(name)
         if layer.op == "input":
             continue
-        seen = set()
+        seen: dict = {}
+        grads = cm.input_grads(name)
         for cfg in cm.candidates(name):
             for out_shape, in_shapes in cm.shard_shapes(layer, cfg):
                 key = (tuple(out_shape), tuple(map(tuple, in_shapes)))
                 if key not in seen:
-                    seen.add(key)
-                    out.append((name, out_shape, list(in_shapes)))
+                    seen[key] = (name, out_shape, list(in_shapes), grads, set())
+                    out.append(seen[key])
+                seen[key][4].add(cfg.total)
     return out
 
 
-def _cold_profiler_class():
-    """A :class:`~explorer.engine.profile.Profiler` that evicts the caches before every timed
-    forward+backward run.
-
-    In a training step each layer finds its weights and inputs evicted by the layers before
-    it; the profiler's hot loop (the same tensors over and over) underestimates small layers
-    by 30–50 % on this machine.  Writing a buffer larger than the last-level cache before each
-    run reproduces the step's conditions.
-    """
-    import statistics as st
-
-    from ..profile import Profiler, build_shard
-
-    class ColdProfiler(Profiler):
-        flush_bytes = int(os.environ.get("EXPLORER_PROFILE_FLUSH_MB", "8")) * 2 ** 20
-
-        def _run(self, layer, out_shape, in_shapes):
-            threads = torch.get_num_threads()
-            if not self._cuda:
-                torch.set_num_threads(1)
-            flush = torch.empty(self.flush_bytes // 4, device=self.device)
-            try:
-                run, leaves = build_shard(layer, out_shape, in_shapes, self.device)
-                outs = run()
-                if tuple(outs[0].shape) != tuple(out_shape):
-                    raise ValueError(f"profiling {layer.name} ({layer.op}): the shard has "
-                                     f"output {tuple(outs[0].shape)}, geometry says "
-                                     f"{tuple(out_shape)}")
-                grads = [torch.ones_like(o) for o in outs]
-                torch.autograd.backward(outs, grads)
-                del outs
-                times = []
-                for i in range(self.warmup + self.reps):
-                    for x in leaves:
-                        x.grad = None
-                    flush.fill_(float(i))
-                    self._sync()
-                    t = time.perf_counter()
-                    torch.autograd.backward(run(), grads)
-                    self._sync()
-                    if i >= self.warmup:
-                        times.append(time.perf_counter() - t)
-                    if self.budget_s is not None and sum(times) > self.budget_s:
-                        break
-                return float(st.median(times or [0.0])), len(times)
-            finally:
-                if not self._cuda:
-                    torch.set_num_threads(threads)
-
-    return ColdProfiler
-
-
-def _profile_into(path, model, devices, batch, model_args, reps, warmup, progress=None):
+def _graph_and_shards(model, devices, batch, model_args):
     from ..costmodel import CostModel
     from ..devices import local
     from ..importer import import_spec
-    Profiler = _cold_profiler_class()
     g = import_spec(model, batch, dict(model_args or {}))
     dev = local(devices)
     cm = CostModel(g, dev, compute="measured")
-    shards = _shard_list(g, cm)
-    kind = dev.devices[0].kind
-    with Profiler(path, reps=reps, warmup=warmup, budget_s=10.0) as prof:
-        for i, (name, out_shape, in_shapes) in enumerate(shards):
-            prof.measure(g.layer(name), out_shape, in_shapes, kind)
+    return g, dev.devices[0].kind, _shard_list(g, cm)
+
+
+def _profile_into(path, model, devices, batch, model_args, reps, warmup, progress=None):
+    """Every shard alone (one process), cold, into the cache at ``path``."""
+    from ..profile import Profiler
+    g, kind, shards = _graph_and_shards(model, devices, batch, model_args)
+    # cold: the caches are evicted before every run, as the layers before it do in a step
+    with Profiler(path, reps=reps, warmup=warmup, budget_s=10.0, cold=True) as prof:
+        for i, (name, out_shape, in_shapes, grads, _) in enumerate(shards):
+            prof.measure(g.layer(name), out_shape, in_shapes, kind, input_grads=grads)
             if progress:
                 progress(i + 1, len(shards))
     return len(shards)
 
 
-def _profile_worker(rank, path, model, devices, batch, model_args, reps, warmup, q):
+def _lockstep_worker(rank, k, model, devices, batch, model_args, reps, warmup, barrier, q):
+    """Rank ``rank`` of ``k`` profiling processes: time every shard used by k-device
+    configurations, all processes starting each run together (a barrier before it)."""
+    from ..profile import Profiler, build_shard
     from .worker import _set_pdeathsig, _threads
     _set_pdeathsig()
     _threads()
@@ -315,31 +275,82 @@ def _profile_worker(rank, path, model, devices, batch, model_args, reps, warmup,
     except (AttributeError, OSError, IndexError):
         pass
     try:
-        n = _profile_into(path, model, devices, batch, model_args, reps, warmup)
-        q.put(("ok", rank, n))
+        g, _, shards = _graph_and_shards(model, devices, batch, model_args)
+        shards = [s for s in shards if k in s[4]]
+        flush = torch.empty(Profiler(":memory:").flush_bytes // 4)
+        out = []
+        for (name, out_shape, in_shapes, grads, _), n in zip(shards, reps):
+            run, leaves = build_shard(g.layer(name), out_shape, in_shapes, input_grads=grads)
+            backward = bool(leaves)
+            outs = run()
+            ograds = [torch.ones_like(o) for o in outs]
+            if backward:
+                torch.autograd.backward(outs, ograds)
+            del outs
+            times = []
+            for i in range(warmup + n):
+                for x in leaves:
+                    x.grad = None
+                flush.fill_(float(i))
+                barrier.wait(timeout=600)
+                t = time.perf_counter()
+                outs = run()
+                if backward:
+                    torch.autograd.backward(outs, ograds)
+                if i >= warmup:
+                    times.append(time.perf_counter() - t)
+                del outs
+            out.append(times)
+        q.put(("ok", rank, out))
     except BaseException as exc:  # noqa: BLE001
         q.put(("error", rank, f"{type(exc).__name__}: {exc}"))
 
 
-def _merge(paths, into):
-    """Average the per-process measurements into the profile cache ``into``."""
-    import sqlite3
-    from contextlib import closing
+def _profile_lockstep(k, model, devices, batch, model_args, reps, warmup,
+                      budget_s: float = 5.0) -> int:
+    """Time the shards of every k-device configuration with k processes in lockstep and
+    record, per shard, the median over runs of the slowest process's time (a step waits for
+    the slowest worker) under ``concurrency=k``.  Returns the number of shards."""
+    import torch.multiprocessing as mp
 
-    from ..profile import _SCHEMA
-    rows: dict = {}
-    for p in paths:
-        with closing(sqlite3.connect(str(p))) as c:
-            for kind, sig, shape, sec, reps, at in c.execute("SELECT * FROM profile"):
-                rows.setdefault((kind, sig, shape), []).append((sec, reps, at))
-    Path(into).parent.mkdir(parents=True, exist_ok=True)
-    with closing(sqlite3.connect(str(into), timeout=60.0)) as c, c:
-        c.execute(_SCHEMA)
-        for key, vals in rows.items():
-            sec = statistics.fmean(v[0] for v in vals)
-            c.execute("INSERT OR REPLACE INTO profile VALUES (?, ?, ?, ?, ?, ?)",
-                      key + (sec, sum(v[1] for v in vals), max(v[2] for v in vals)))
-    return len(rows)
+    from ..profile import Profiler, default_cache_path
+    from .launcher import RunFailed, _kill
+    g, kind, shards = _graph_and_shards(model, devices, batch, model_args)
+    shards = [s for s in shards if k in s[4]]
+    if not shards:
+        return 0
+    with Profiler(default_cache_path()) as prof:
+        # as many timed runs as fit in the budget, from the shard's time alone (all
+        # processes must run the same count)
+        counts = []
+        for name, out_shape, in_shapes, grads, _ in shards:
+            alone = prof.lookup(g.layer(name), out_shape, in_shapes, kind, grads) or 0.0
+            counts.append(max(1, min(reps, int(budget_s // max(alone, 1e-9)))))
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    barrier = ctx.Barrier(k)
+    procs = [ctx.Process(target=_lockstep_worker, args=(r, k, model, devices, batch,
+                                                        model_args, counts, warmup, barrier, q))
+             for r in range(k)]
+    res: dict = {}
+    try:
+        for p in procs:
+            p.start()
+        for _ in procs:
+            kind_, rank, val = q.get(timeout=3600)
+            if kind_ == "error":
+                raise RunFailed(f"lockstep profiling on worker {rank} failed: {val}")
+            res[rank] = val
+    finally:
+        _kill(procs)
+        q.close()
+        q.cancel_join_thread()
+    with Profiler(default_cache_path()) as prof:
+        for j, (name, out_shape, in_shapes, grads, _) in enumerate(shards):
+            runs = [max(res[r][j][i] for r in range(k)) for i in range(counts[j])]
+            prof.record(g.layer(name), out_shape, in_shapes, kind, statistics.median(runs),
+                        reps=counts[j], input_grads=grads, concurrency=k)
+    return len(shards)
 
 
 def profile_model(model: str, devices: int, batch: int | None = None,
@@ -347,19 +358,20 @@ def profile_model(model: str, devices: int, batch: int | None = None,
                   progress=None, concurrent: bool | None = None) -> dict:
     """Fill the profile cache for every (layer, candidate) of ``model`` on local workers.
 
-    Each distinct shard shape the cost model will ask for is measured with ``reps`` timed
-    runs (median; the cost model's own default is 5, too few on a noisy 2-core VM), with the
-    caches evicted before each run as in a training step (see ``_cold_profiler_class``).  With
-    ``concurrent`` (default when ``devices`` > 1 and there is a core per worker), one
-    profiling process per worker measures the same shards at the same time, each on its own
-    core, and the cache gets their mean: in a run every worker computes while the others do,
-    and sharing the memory system costs 5–15 % here.  Then the cost tables are built once, so
-    every later lookup is a cache hit.
+    Each distinct shard shape the cost model will ask for is measured alone with ``reps``
+    timed runs (median; the cost model's own default is 5, too few on a noisy 2-core VM), with
+    the caches evicted before each run as in a training step (``Profiler(cold=True)``): in a
+    run, a layer on one device computes while the others wait.  With ``concurrent`` (default
+    when ``devices`` > 1 and there is a core per worker), the shards of configurations that
+    use every worker are measured again with one process per worker, each on its own core,
+    all starting every run together, and the slowest process's time is stored for that
+    worker count: in a run those workers compute at once, share the memory system (5–20 %
+    slower here) and the step waits for the slowest.  Then the cost tables are built once,
+    so every later lookup is a cache hit.
     """
     from ..costmodel import CostModel
     from ..devices import local
     from ..importer import import_spec
-    from ..profile import default_cache_path
     t = time.perf_counter()
     try:
         cores = len(os.sched_getaffinity(0))
@@ -368,42 +380,16 @@ def profile_model(model: str, devices: int, batch: int | None = None,
     nproc = min(devices, cores)
     if concurrent is None:
         concurrent = nproc > 1
+    shards = _profile_into(None, model, devices, batch, model_args, reps, warmup, progress)
+    together = 0
     if concurrent and nproc > 1:
-        import tempfile
-
-        import torch.multiprocessing as mp
-
-        from .launcher import RunFailed, _kill
-        tmp = Path(tempfile.mkdtemp(prefix="explorer-profile-"))
-        paths = [tmp / f"rank{r}.sqlite" for r in range(nproc)]
-        ctx = mp.get_context("spawn")
-        q = ctx.Queue()
-        procs = [ctx.Process(target=_profile_worker, args=(r, str(paths[r]), model, devices,
-                                                          batch, model_args, reps, warmup, q))
-                 for r in range(nproc)]
-        try:
-            for p in procs:
-                p.start()
-            shards = 0
-            for _ in procs:
-                kind, rank, val = q.get(timeout=3600)
-                if kind == "error":
-                    raise RunFailed(f"profiling on worker {rank} failed: {val}")
-                shards = val
-        finally:
-            _kill(procs)
-            q.close()
-            q.cancel_join_thread()
-        _merge(paths, default_cache_path())
-        shutil_rm(tmp)
-    else:
-        shards = _profile_into(None, model, devices, batch, model_args, reps, warmup,
-                               progress)
+        together = _profile_lockstep(nproc, model, devices, batch, model_args, reps, warmup)
     g = import_spec(model, batch, dict(model_args or {}))
     tables = CostModel(g, local(devices), compute="measured").tables()
     n = sum(len(c) for c in tables.candidates.values())
     return {"profiled": {"model": model, "layers": len(tables.names), "candidates": n,
-                         "shards": shards, "concurrent_workers": nproc if concurrent else 1},
+                         "shards": shards, "shards_in_lockstep": together,
+                         "concurrent_workers": nproc if concurrent else 1},
             "profile_time_s": time.perf_counter() - t}
 
 

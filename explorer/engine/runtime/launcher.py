@@ -51,7 +51,9 @@ def validate(plan_dict: dict, expect: dict | None = None, check_local: bool = Tr
 
     ``expect`` may hold ``model`` (name or spec), ``batch``, ``model_args`` and ``devices``:
     a plan made for anything else is rejected with :class:`InfeasiblePlan`.  The plan's
-    layers must be exactly the model's layers with configurations the layers can take.
+    layers must be exactly the model's layers with configurations the layers can take, and
+    its ``graph_digest`` (when it has one) must be that of the graph the plan's model, batch
+    and model arguments give now.
     """
     from ..importer import import_spec
     from ..plan import Plan
@@ -89,6 +91,15 @@ def validate(plan_dict: dict, expect: dict | None = None, check_local: bool = Tr
             f"{plan.model_args}): it has no configuration for {missing[:4]}"
             f"{' ...' if len(missing) > 4 else ''} and unknown layers {extra[:4]}"
             f"{' ...' if len(extra) > 4 else ''}")
+    if plan.graph_digest:
+        from ..plan import graph_digest
+        now = graph_digest(graph)
+        if now != plan.graph_digest:
+            raise InfeasiblePlan(
+                f"the plan was searched on another graph of {plan.spec!r} than batch "
+                f"{plan.batch} and arguments {plan.model_args} give now (layer shapes differ: "
+                f"digest {plan.graph_digest} vs {now}; the plan file was edited or the model "
+                f"changed): search the plan again")
     for la in plan.layers:
         layer = graph.layer(la.name)
         for k, v in la.config.degrees:

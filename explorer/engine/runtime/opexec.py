@@ -337,7 +337,6 @@ def _entry(rank, world, port, job, q, timeout_s):
         out_node = list(g.gm.graph.nodes)[-1]
         flat = list(out_node.args[0])
         npar = len(g.param_names)
-        from ..opgraph import _DROP  # noqa: F401
         new_ids = []
         for a in flat[1 + npar:1 + 2 * npar]:
             new_ids.append(a.name if isinstance(a, torch.fx.Node) else None)

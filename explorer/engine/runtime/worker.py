@@ -125,7 +125,8 @@ def run_job(job: dict, rank: int, world: int, device: str = "cpu", progress=None
                 del ref64
             del ref32
         reference_s = time.perf_counter() - t_ref
-        res = summarize(plan, ex.order, objs, PHASES)
+        no_grad = {n for n in ex.order if not ex.state[n].needs_grad}
+        res = summarize(plan, ex.order, objs, PHASES, no_grad)
         res.update({"reference": ref, "reference_ok": None if ref is None else ref["ok"],
                     "setup_s": setup_s, "job_s": time.perf_counter() - t_start,
                     "check_s": check_s, "reference_s": reference_s, "steps": steps,
@@ -139,11 +140,13 @@ def run_job(job: dict, rank: int, world: int, device: str = "cpu", progress=None
         raise WorkerError(f"{where}: {type(exc).__name__}: {exc}") from exc
 
 
-def summarize(plan, order, per_rank, phases) -> dict:
+def summarize(plan, order, per_rank, phases, no_grad=()) -> dict:
     """Predicted vs measured: step time (median over steps of the slowest worker) and per
-    layer compute (forward + backward; median over steps, maximum over workers) and
-    communication (fetch + gradient return + sync; median over steps of the last-arriving
-    worker's exchange time, waiting for other workers reported as ``measured_wait_s``)."""
+    layer compute (forward + backward + SGD update, as t_C counts them; median over steps,
+    maximum over workers; the update alone is ``measured_update_s``) and communication (fetch
+    + gradient return + sync; median over steps of the last-arriving worker's exchange time,
+    waiting for other workers reported as ``measured_wait_s``).  ``no_grad``: layers that
+    need no gradient (their out-edges' t_X is all forward fetch)."""
     steps = np.array([np.asarray(s[0], dtype=float) for s in per_rank])      # [W, S]
     nl, npz = len(order), len(phases)
     tim = np.stack([np.asarray(s[1], dtype=float).reshape(-1, nl, npz) for s in per_rank])
@@ -155,7 +158,7 @@ def summarize(plan, order, per_rank, phases) -> dict:
     upd = tim[..., ph["update"]]
     def med(a):
         return np.median(a, axis=1).max(axis=0) if a.shape[1] else np.zeros(a.shape[2])
-    comp_m, upd_m = med(comp), med(upd)
+    comp_m, upd_m = med(comp + upd), med(upd)
     # communication of a layer: the exchange time of the worker that arrived last (it did not
     # wait for anyone), i.e. the minimum over the workers taking part; what the others spent
     # on top of that is waiting for the slowest (load imbalance), reported apart
@@ -175,8 +178,9 @@ def summarize(plan, order, per_rank, phases) -> dict:
     xfer_out: dict = {}
     for e in plan.edges:
         t = float(e.get("t_xfer_s", 0.0))
-        xfer_in[e["dst"]] = xfer_in.get(e["dst"], 0.0) + t
-        xfer_out[e["src"]] = xfer_out.get(e["src"], 0.0) + t
+        fwd = t if e["src"] in no_grad else 0.5 * t
+        xfer_in[e["dst"]] = xfer_in.get(e["dst"], 0.0) + fwd
+        xfer_out[e["src"]] = xfer_out.get(e["src"], 0.0) + t - fwd
     by_name = {la.name: la for la in plan.layers}
     layers = []
     for i, name in enumerate(order):
@@ -184,7 +188,8 @@ def summarize(plan, order, per_rank, phases) -> dict:
         p_comp = float(la.t_compute_s)
         # t_X counts the forward transfer and the gradient's way back: the forward half is
         # measured at the consumer (fetch), the backward half at the producer (return)
-        p_comm = float(la.t_sync_s) + 0.5 * xfer_in.get(name, 0.0) + 0.5 * xfer_out.get(name, 0.0)
+        p_comm = float(la.t_sync_s) + xfer_in.get(name, 0.0) + xfer_out.get(name, 0.0)
+        # t_C includes the SGD update of the layer's shards
         m_comp, m_comm = float(comp_m[i]), float(comm_m[i])
         layers.append({"name": name, "op": la.op, "config": la.config.label(),
                        "devices": list(la.config.devices),
