@@ -3,7 +3,7 @@
     explorer search MODEL --devices N [--preset NAME] [--algo NAME] [--pin LAYER=CONFIG]...
                     [--batch B] [--model-arg KEY=VALUE]... [--json] [--dump-costs FILE]
     explorer run PLAN.json [--steps K] [--json]
-    explorer calibrate [--devices N]
+    explorer calibrate [--devices N] [--model MODEL] [--quick]
     explorer models | presets | graph MODEL
     explorer serve [--host 127.0.0.1] [--port 8050]
 
