@@ -288,3 +288,64 @@ def test_memory_regression_extrapolates_linear_sizes():
     assert regress([1, 2, 4, 8], y, 512).tolist() == [10 + 3 * 512, 5]
     with pytest.raises(ValueError, match="two distinct batch sizes"):
         regress([2, 2], np.ones((1, 2)), 8)
+
+
+# -- co-location groups and the placer's own schedule -----------------------------------------
+
+@pytest.fixture(scope="module")
+def tiny_transformer():
+    from explorer.engine.opgraph import build_opgraph
+    return build_opgraph("transformer", 2, {"layers": 2, "heads": 2, "hidden": 16, "seq": 4})
+
+
+def test_gradient_accumulations_are_not_colocated_with_the_loss(tiny_transformer):
+    """autograd's gradient-accumulation adds carry the loss op's sequence number; they must
+    not all join the loss op's co-location group (one device every block's gradients would
+    have to visit), but the group of the tensor whose gradients they sum."""
+    og = tiny_transformer
+    pg = from_opgraph(og, preset("v100-pcie-4"))
+    idx = pg.index()
+    fwd_ops = [o for o in og.ops.values() if o.phase == "forward"]
+    loss = fwd_ops[-1].name
+    accum = [o for o in og.ops.values()
+             if o.phase == "backward" and o.fwd == loss and o.target == "add"]
+    assert len(accum) >= 4           # the residual stream of every block
+    gl = pg.group[idx[loss]]
+    assert not any(pg.group[idx[o.name]] == gl for o in accum)
+    homes = {int(pg.group[idx[o.name]]) for o in accum}
+    assert len(homes) >= 2 and -1 not in homes
+    for o in accum:                  # each joins the group of a forward op or a parameter
+        lead = [pg.names[x] for x in np.nonzero(pg.group == pg.group[idx[o.name]])[0]]
+        assert any(x.startswith("param:") or og.ops[x].phase == "forward"
+                   for x in lead if x.startswith("param:") or x in og.ops)
+    # no group spans more than a few dozen ops (the loss group used to hold all of them)
+    sizes = np.bincount(pg.group[pg.group >= 0])
+    assert sizes.max() < 20
+
+
+def test_placer_schedule_respects_every_edge_when_clusters_split(tiny_transformer):
+    """Backward clusters are split over the devices of their forward ops; the placer's own
+    schedule (Fin_t, hence its ESTs) must still wait for every predecessor, including the
+    ones in the same cluster on another device."""
+    dg = preset("v100-pcie-4")
+    pg = from_opgraph(tiny_transformer, dg)
+    pg = pg.with_capacity(pg.total_memory() / 3)       # forces several devices
+    order, _, _ = graph_order(pg, "cpd")
+    co, _, _ = fuse(pg, order, R=12, M=pg.total_memory() / 12)
+    split = 0
+    for placer in (adjusting_placement, order_place):
+        cp = placer(co, pg)
+        dev = cp.node_device
+        split += sum(len(set(dev[m].tolist())) > 1 for m in co.members)
+        for u, v in zip(pg.src.tolist(), pg.dst.tolist()):
+            if cp.node_run[u] == cp.node_run[v]:
+                continue
+            arrive = cp.node_finish[u] + pg.comm(pg.out_bytes[u], dev[u], dev[v])
+            assert cp.node_start[v] >= arrive - 1e-12, (pg.names[u], pg.names[v])
+        # runs on one device never overlap
+        for d in range(pg.ndev):
+            runs = sorted({(cp.node_start[x], cp.node_finish[x])
+                           for x in np.nonzero(dev == d)[0].tolist()})
+            for (s0, e0), (s1, e1) in zip(runs, runs[1:]):
+                assert s1 >= e0 - 1e-12
+    assert split > 0                 # the case under test happened

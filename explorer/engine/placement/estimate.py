@@ -61,24 +61,83 @@ def _placeholder_kind(tensor) -> str:
     return tensor.kind if tensor.kind in ("param", "buffer", "input") else "input"
 
 
+#: what the autograd engine emits to sum the gradients of a tensor read more than once
+_ACCUMULATE = frozenset({"add", "add_"})
+
+
 def colocation_groups(og, names: list) -> np.ndarray:
     """Co-location group per node: a forward op with its backward ops (``Op.fwd``), a
-    parameter with the updates of it, the update chain with the gradient it consumes.  Returns group ids (-1 = none) aligned with ``names``."""
+    parameter with the updates of it, the update chain with the gradient it consumes.
+    Returns group ids (-1 = none) aligned with ``names``.
+
+    ``Op.fwd`` comes from autograd's sequence number, and the autograd engine's *gradient
+    accumulations* (the ``add`` summing the gradients of a tensor read by several operators:
+    every branch point of an Inception block, a weight shared by all time steps of an RNN,
+    a residual stream) carry the sequence number of whatever forward op was last - the loss
+    ``add`` - so taking ``fwd`` at face value puts every accumulation of the whole backward
+    pass into the loss op's group (35 ops / 14 GiB on Inception-v3, 772 on the LSTM), one
+    device that every block's gradients must then visit and leave.  A backward op is
+    therefore kept with its ``fwd`` unless it is an ``add`` that is not *linked* to it (reads
+    no input or output of that op, no gradient of one of them, no output of a linked
+    backward op of the same op): such an ``add`` is a gradient accumulation, and - as
+    TensorFlow's ``colocate_gradients_with_ops`` colocates the aggregation of ``t``'s
+    gradients with the op producing ``t`` - it joins the group of the producer of the tensor
+    whose gradients it sums (the parameter's group for a shared weight), else no group.
+    """
     idx = {nm: i for i, nm in enumerate(names)}
     group = np.full(len(names), -1, dtype=np.int64)
     gid: dict = {}
+    tensors, ops = og.tensors, og.ops
 
     def g_of(key):
         if key not in gid:
             gid[key] = len(gid)
         return gid[key]
 
-    for op in og.ops.values():
+    pos = {nm: k for k, nm in enumerate(ops)}   # trace (topological) position
+    linked: set = set()                 # backward ops kept with their fwd
+    accum_of: dict = {}                 # accumulation op -> tensor whose grads it sums
+    for op in ops.values():
         i = idx[op.name]
         if op.phase == "forward":
             group[i] = g_of(op.name)
-        elif op.phase == "backward" and op.fwd is not None and op.fwd in idx:
+            continue
+        if op.phase != "backward" or op.fwd is None or op.fwd not in idx:
+            continue
+        f = ops[op.fwd]
+        near = set(f.inputs)
+        near.add(f.output)
+        ok = op.target not in _ACCUMULATE
+        for x in op.inputs:
+            if ok:
+                break
+            t = tensors[x]
+            ok = x in near or t.grad_of in near or (
+                t.producer in linked and ops[t.producer].fwd == op.fwd)
+        if ok:
+            linked.add(op.name)
             group[i] = g_of(op.fwd)
+            continue
+        # a gradient accumulation: the summed tensor is the earliest-produced one among the
+        # tensors its inputs are gradients of (the others lie downstream of it, their
+        # gradients reaching it through identity backward ops such as a residual add's)
+        cands = set()
+        for x in op.inputs:
+            t = tensors[x]
+            tg = t.grad_of if t.grad_of is not None else accum_of.get(t.producer)
+            if tg is not None and tg in tensors:
+                cands.add(tg)
+        target = min(cands, key=lambda x: (pos.get(tensors[x].producer, -1), x), default=None)
+        accum_of[op.name] = target
+        if target is None:
+            continue
+        tp = tensors[target].producer
+        if tp is None:
+            if tensors[target].kind == "param" and target in idx:
+                group[i] = g_of(target)
+                group[idx[target]] = g_of(target)
+        elif tp in idx and ops[tp].phase == "forward":
+            group[i] = g_of(tp)
     for op in og.ops.values():            # updates: with the parameter, else their input
         if op.phase != "update":
             continue

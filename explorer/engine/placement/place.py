@@ -15,7 +15,11 @@
 Co-location (Section 6.1, as Baechi): when the first node of a co-location group is placed on
 ``d`` the whole group goes to ``d``.  A cluster's members whose group is already placed are
 *bound* and follow their group; the placer decides the device of the *free* members only, and
-reserves the whole memory of every group it starts.
+reserves the whole memory of every group it starts.  A cluster whose members end up on several
+devices (in the backward pass every member is bound, to the devices of its forward ops) is
+scheduled as *runs* - maximal stretches of consecutive members on one device, in CPD-TOPO
+order - each waiting for all its predecessors, those in earlier runs of the same cluster
+included, so the placer's own schedule (``Fin_t``, hence every later EST) is feasible.
 
 Memory accounting (both placers and the baselines): a placed operator costs its memory plus
 the tensors it receives from other devices (Section 6.1 models transfers as nodes on the
@@ -50,6 +54,9 @@ class CoarsePlacement:
     used: np.ndarray | None = None                      # bytes budgeted per device
     moves: int = 0                                      # clusters moved off d_k by eq. 9
     log: list = field(default_factory=list)             # per cluster: d_k, EST, choice
+    node_start: np.ndarray | None = None                # start of each operator's run
+    node_finish: np.ndarray | None = None               # end of it (Fin_t of the operator)
+    node_run: np.ndarray | None = None                  # run (block scheduled at once) id
 
     def __post_init__(self):
         if self.device.shape != self.start.shape:
@@ -102,6 +109,9 @@ class _State:
         n, nd = pg.n, pg.ndev
         self.node_dev = np.full(n, -1, dtype=np.int64)
         self.fin = np.zeros(n)
+        self.start = np.zeros(n)
+        self.run = np.full(n, -1, dtype=np.int64)
+        self.nrun = 0
         self.used = np.zeros(nd)
         self.recv: set = set()
         self.tls = [_Timeline() for _ in range(nd)]
@@ -124,23 +134,31 @@ class _State:
             parts[b] = m[gd == b]
         return m[~bound], parts
 
-    def ext_preds(self, members, cid):
+    def ext_preds(self, members):
+        """Predecessors of ``members`` outside that set (in this cluster or earlier ones)."""
         pg = self.pg
-        ps = {p for x in members.tolist() for p in pg.pred[x] if self.co.cid[p] != cid}
+        inside = set(members.tolist())
+        ps = {p for x in inside for p in pg.pred[x] if p not in inside}
         return np.fromiter(ps, dtype=np.int64, count=len(ps))
 
     def pre_t(self, ext) -> np.ndarray:
-        """pre_t per device for a part whose outside predecessors are ``ext`` (eq. 7)."""
+        """pre_t per device for a part whose outside predecessors are ``ext`` (eq. 7).
+
+        Only already scheduled predecessors count (a bound member of the same cluster that
+        is scheduled after the decision is waited for when the part is committed)."""
         pg = self.pg
+        if len(ext):
+            ext = ext[self.node_dev[ext] >= 0]
         if len(ext) == 0:
             return np.zeros(pg.ndev)
         dp = self.node_dev[ext]
         arr = self.fin[ext][:, None] + pg.k[dp] * pg.out_bytes[ext][:, None] + pg.b[dp]
         return arr.max(axis=0)
 
-    def need(self, free, ext) -> np.ndarray:
+    def need(self, free, ext, ext_dev) -> np.ndarray:
         """Bytes the free part adds on each device: its memory (whole groups it starts)
-        plus the tensors it receives there."""
+        plus the tensors it receives there (``ext_dev``: the device of each outside
+        predecessor - placed, or bound to its group's device)."""
         pg = self.pg
         g = pg.group[free]
         own = float(pg.mem[free][g < 0].sum())
@@ -148,9 +166,8 @@ class _State:
         own += float(self.gtotal[led].sum()) if len(led) else 0.0
         out = np.full(pg.ndev, own)
         if len(ext):
-            dp = self.node_dev[ext]
             for d in range(pg.ndev):
-                sel = [p for p, x in zip(ext.tolist(), dp.tolist())
+                sel = [p for p, x in zip(ext.tolist(), ext_dev.tolist())
                        if x != d and (p, d) not in self.recv]
                 if sel:
                     out[d] += float(pg.out_bytes[sel].sum())
@@ -160,27 +177,57 @@ class _State:
         pg = self.pg
         self.node_dev[members] = d
         self.fin[members] = start + dur
+        self.start[members] = start
+        self.run[members] = self.nrun
+        self.nrun += 1
         self.tls[d].add(start, start + dur)
         if free:
             g = pg.group[members]
             led = np.unique(g[g >= 0])
             if len(led):
                 self.gdev[led] = d
-        else:                                    # bound: memory reserved by the leader
-            pass
         if len(ext):
             for p, x in zip(ext.tolist(), self.node_dev[ext].tolist()):
                 if x != d and (p, d) not in self.recv:
                     self.recv.add((p, d))
-                    if not free:
+                    if not free:                 # a free part's were in its need
                         self.used[d] += pg.out_bytes[p]
 
-    def bound_parts(self, v, parts):
-        for b, mem_b in parts.items():
-            ext = self.ext_preds(mem_b, v)
-            dur = float(self.pg.w[mem_b, b].sum())
-            s = self.tls[b].slot(float(self.pre_t(ext)[b]), dur)
-            self.commit_part(mem_b, b, s, dur, ext, free=False)
+    def commit_runs(self, v, dev_of: dict, free_set: set):
+        """Schedule cluster v's members, all of whose devices are now known, as runs of
+        consecutive members (CPD-TOPO order) on one device: each run starts in the first
+        idle slot after its predecessors' data - including those of earlier runs of the same
+        cluster on other devices - has arrived.  Returns the start of the first free run."""
+        m = self.co.members[v].tolist()
+        first_free = None
+        i = 0
+        while i < len(m):
+            d = dev_of[m[i]]
+            fr = m[i] in free_set
+            j = i + 1
+            while j < len(m) and dev_of[m[j]] == d and (m[j] in free_set) == fr:
+                j += 1
+            run = np.asarray(m[i:j], dtype=np.int64)
+            ext = self.ext_preds(run)
+            dur = float(self.pg.w[run, d].sum())
+            s = self.tls[d].slot(float(self.pre_t(ext)[d]), dur)
+            self.commit_part(run, d, s, dur, ext, free=fr)
+            if fr and first_free is None:
+                first_free = s
+            i = j
+        return first_free
+
+    def prepare(self, v, free, parts):
+        """``(dev_of, ext, ext_dev)`` for cluster v: the known device of every bound member,
+        the free part's outside predecessors and their (placed or bound) devices."""
+        dev_of = {}
+        for b, mb in parts.items():
+            for x in mb.tolist():
+                dev_of[x] = b
+        ext = self.ext_preds(free) if len(free) else np.zeros(0, dtype=np.int64)
+        ext_dev = np.array([self.node_dev[p] if self.node_dev[p] >= 0 else dev_of.get(p, -1)
+                            for p in ext.tolist()], dtype=np.int64)
+        return dev_of, ext, ext_dev
 
 
 def _least_used(used, capacity):
@@ -198,7 +245,8 @@ def _finish(co, st, order, best_effort, moves, log) -> CoarsePlacement:
         finish[v] = float(st.fin[m].max()) if len(m) else 0.0
         start[v] = finish[v] - float(co.w[v, dev[v]])
     return CoarsePlacement(dev, st.node_dev.copy(), start, finish, list(order), best_effort,
-                           st.used.copy(), moves, log)
+                           st.used.copy(), moves, log, st.start.copy(), st.fin.copy(),
+                           st.run.copy())
 
 
 def order_place(co, pg, order=None) -> CoarsePlacement:
@@ -215,11 +263,11 @@ def order_place(co, pg, order=None) -> CoarsePlacement:
     for v in order:
         pinned = co.pin[v] >= 0
         free, parts = st.split(v, pinned)
-        st.bound_parts(v, parts)
+        dev_of, ext, ext_dev = st.prepare(v, free, parts)
         if len(free) == 0:
+            st.commit_runs(v, dev_of, set())
             continue
-        ext = st.ext_preds(free, v)
-        need = st.need(free, ext)
+        need = st.need(free, ext, ext_dev)
         if pinned:
             d = int(co.pin[v])
             if st.used[d] + need[d] > cap[d]:
@@ -234,10 +282,10 @@ def order_place(co, pg, order=None) -> CoarsePlacement:
                 d = fits[0] if fits else _least_used(st.used, cap)
                 if not fits:
                     best_effort.append(int(v))
-        dur = float(pg.w[free, d].sum())
-        s = st.tls[d].slot(float(st.pre_t(ext)[d]), dur)
         st.used[d] += need[d]
-        st.commit_part(free, d, s, dur, ext, free=True)
+        for x in free.tolist():
+            dev_of[x] = d
+        st.commit_runs(v, dev_of, set(free.tolist()))
     return _finish(co, st, order, best_effort, 0, [])
 
 
@@ -256,11 +304,11 @@ def adjusting_placement(co, pg, order=None) -> CoarsePlacement:
     for v in order:
         pinned = co.pin[v] >= 0
         free, parts = st.split(v, pinned)
-        st.bound_parts(v, parts)
-        if len(free) == 0:
+        dev_of, ext, ext_dev = st.prepare(v, free, parts)
+        if len(free) == 0:                      # every member follows its group
+            st.commit_runs(v, dev_of, set())
             continue
-        ext = st.ext_preds(free, v)
-        need = st.need(free, ext)
+        need = st.need(free, ext, ext_dev)
         pre = st.pre_t(ext)
         wf = pg.w[free].sum(axis=0)
         back_cost = max((km * co.edges[(v, s)][0] + bm for s in co.succ[v]), default=0.0)
@@ -286,11 +334,13 @@ def adjusting_placement(co, pg, order=None) -> CoarsePlacement:
                 be = True
         if be:
             best_effort.append(int(v))
-        s = est[d] if est[d] < inf else st.tls[d].slot(float(pre[d]), float(wf[d]))
         log.append({"cluster": int(v), "d_k": int(prev), "device": int(d),
                     "est": [x if x < inf else None for x in est], "back_cost": back_cost,
-                    "best_effort": be, "bound_ops": int(sum(len(x) for x in parts.values()))})
+                    "best_effort": be, "bound_ops": int(sum(len(x) for x in parts.values())),
+                    "need": float(need[d]), "free_bytes": (cap - st.used).tolist()})
         st.used[d] += need[d]
-        st.commit_part(free, d, s, float(wf[d]), ext, free=True)
+        for x in free.tolist():
+            dev_of[x] = d
+        st.commit_runs(v, dev_of, set(free.tolist()))
         prev = d
     return _finish(co, st, order, best_effort, moves, log)
