@@ -73,6 +73,29 @@ def test_cpd_topo_follows_the_critical_path():
     assert tl[i["t"]] == pytest.approx(6.0) and bl[i["s"]] == pytest.approx(7.0)
 
 
+def test_cpd_topo_equal_paths_tie_despite_rounding():
+    """Two branches of equal length whose tlevel + blevel differ only by float rounding
+    (0.1 + ((0.3 + 0.2) + 0.1) != 0.1 + ((0.3 + 0.1) + 0.2)): the graph order decides, not the noise; a
+    branch 1 % longer still goes first."""
+    def graph(c2):
+        g = nx.DiGraph()
+        for name, t in (("s", 0.1), ("b1", 0.1), ("b2", 0.2), ("c1", 0.2), ("c2", c2),
+                        ("t", 0.3)):
+            g.add_node(name, time=t)
+        g.add_edges_from([("s", "b1"), ("b1", "b2"), ("b2", "t"),
+                          ("s", "c1"), ("c1", "c2"), ("c2", "t")])
+        return from_networkx(g, two_devices())
+    pg = graph(0.1)
+    order, tl, bl = graph_order(pg, "cpd")
+    i = pg.index()
+    cp = tl + bl
+    assert cp[i["b1"]] != cp[i["c1"]]            # the noise the tie rule must ignore
+    assert [pg.names[v] for v in order][:3] == ["s", "b1", "b2"]
+    pg = graph(0.1 * 1.01 + 0.006)               # c-branch now really longer
+    order, _, _ = graph_order(pg, "cpd")
+    assert [pg.names[v] for v in order][:3] == ["s", "c1", "c2"]
+
+
 # -- fusion ---------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("seed", range(25))

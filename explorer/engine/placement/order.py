@@ -85,14 +85,32 @@ def dfs_topo(n: int, succ, pred) -> list:
     return out
 
 
+#: cpath values closer than this fraction of the largest are the same path length
+CPATH_RTOL = 1e-9
+
+
+def _tie_equal(cp: np.ndarray) -> np.ndarray:
+    """``cpath`` with rounding noise removed: every node on a critical path has the same
+    ``tlevel + blevel`` in exact arithmetic, but the two sums add the same terms in different
+    orders, so in floats they differ in the last bits - and that noise, not the graph,
+    would pick the next node (on an LSTM grid it decided which of ~3,000 equally critical
+    nodes came first).  Values are snapped to multiples of ``CPATH_RTOL`` x the largest, so
+    equal paths tie and ties keep the graph order, as in DFS-TOPO."""
+    if cp.size == 0:
+        return cp
+    scale = float(np.abs(cp).max()) * CPATH_RTOL
+    return np.round(cp / scale) if scale > 0 else cp
+
+
 def cpd_topo(n: int, succ, pred, cpath) -> list:
     """CPD-TOPO, Algorithm 1 lines 8-23.
 
     The queue starts with the 0-indegree nodes by decreasing ``cpath``; after dequeuing a node
     its children are visited by increasing ``cpath`` and each that reaches indegree 0 is
-    appended to the head - the child with the largest ``cpath`` is dequeued next.
+    appended to the head - the child with the largest ``cpath`` is dequeued next.  Equal
+    ``cpath`` (within :data:`CPATH_RTOL`) keeps the graph order among the children.
     """
-    cp = np.asarray(cpath, dtype=np.float64)
+    cp = _tie_equal(np.asarray(cpath, dtype=np.float64))
     indeg = [len(p) for p in pred]
     srcs = [v for v in range(n) if indeg[v] == 0]
     srcs.sort(key=lambda v: (-cp[v], v))
