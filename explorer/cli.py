@@ -453,16 +453,21 @@ def cmd_run_placement(args, doc: dict) -> int:
     if args.json:
         print(json.dumps(out, indent=2))
     else:
-        print(f"{out['model']} placement on {n} local workers (gloo): reference check "
-              f"{'passed' if out['reference_ok'] else 'FAILED'} (max relative error "
-              f"{out['max_rel_error']:.1e}, float64)")
-        print(f"communication: predicted {out['predicted_comm_bytes'] / 1e6:.3f} MB, measured "
-              f"{out['measured_comm_bytes'] / 1e6:.3f} MB per step")
+        _print_opexec_check(out, f"{out['model']} placement", n)
         if pred:
             print(f"step time: predicted {pred * 1e3:.2f} ms, measured "
                   f"{out['measured_step_time_s'] * 1e3:.2f} ms ({out['rel_error'] * 100:+.0f} %;"
                   f" the runtime interprets the step op by op in Python)")
     return 0 if out["reference_ok"] else 1
+
+
+def _print_opexec_check(out: dict, what: str, n: int) -> None:
+    """The reference check and communication lines of an operator-level run."""
+    print(f"{what} on {n} local workers (gloo): reference check "
+          f"{'passed' if out['reference_ok'] else 'FAILED'} (max relative error "
+          f"{out['max_rel_error']:.1e}, float64)")
+    print(f"communication: predicted {out['predicted_comm_bytes'] / 1e6:.3f} MB, measured "
+          f"{out['measured_comm_bytes'] / 1e6:.3f} MB per step")
 
 
 def cmd_run_tofu(args, doc: dict) -> int:
@@ -494,11 +499,7 @@ def cmd_run_tofu(args, doc: dict) -> int:
     if args.json:
         print(json.dumps(out, indent=2))
     else:
-        print(f"{out['model']} {out['algo']} plan on {n} local workers (gloo): reference check "
-              f"{'passed' if out['reference_ok'] else 'FAILED'} (max relative error "
-              f"{out['max_rel_error']:.1e}, float64)")
-        print(f"communication: predicted {out['predicted_comm_bytes'] / 1e6:.3f} MB, measured "
-              f"{out['measured_comm_bytes'] / 1e6:.3f} MB per step")
+        _print_opexec_check(out, f"{out['model']} {out['algo']} plan", n)
         print(f"step wall time {out['step_time_s'] * 1e3:.1f} ms (every worker computes on "
               f"zero-padded full-size buffers: this checks data movement, not speed)")
     return 0 if out["reference_ok"] else 1

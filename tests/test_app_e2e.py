@@ -4,6 +4,7 @@ Graph nodes are drawn on a canvas, so clicks on nodes go through cytoscape's own
 (``element.emit('tap')``), exactly what a mouse click on the node triggers.
 """
 
+import re
 import time
 
 import psutil
@@ -298,3 +299,30 @@ def test_placement_page_places_shows_schedule_and_pins(dash_duo):
     dash_duo.wait_for_contains_text(f"#{ids.PLACE_PIN_ERROR}", "only 4 devices", timeout=30)
     assert dash_duo.find_element("#place-headline").text == headline
     assert len(dash_duo.find_elements(f"#{ids.PLACE_PIN_LIST} .pin-item")) == 1
+
+
+def test_placement_page_runs_the_placement_on_local_workers(dash_duo):
+    from explorer.engine.search.placement_baselines import PLACEMENT_ALGORITHMS
+    from explorer.engine.session import Request
+    dash_duo.start_server(create_app(Request(model="lenet5", preset="local", devices=2,
+                                             batch=8)))
+    wait_objective(dash_duo)
+    n = dash_duo.driver.execute_script(TAB_INDEX, "Placement")
+    dash_duo.find_element(f"#{ids.TABS} .tab:nth-child({n})").click()
+    algos = list(PLACEMENT_ALGORITHMS)           # option text is "name: description"
+    dash_duo.select_dcc_dropdown(f"#{ids.PLACE_ALGO}", index=algos.index("metis"))
+    dash_duo.find_element(f"#{ids.PLACE_BUTTON}").click()
+    dash_duo.wait_for_contains_text("#place-headline", "metis", timeout=90)
+    dash_duo.wait_for_element(f"#{ids.PLACE_RUN_BUTTON}:not([disabled])", timeout=10)
+    dash_duo.find_element(f"#{ids.PLACE_RUN_BUTTON}").click()
+    dash_duo.wait_for_contains_text("#place-run-reference", "passed", timeout=120)
+    assert "measured" in dash_duo.find_element("#place-run-times").text
+    got = dash_duo.find_element("#place-run-bytes").text
+    pred, meas = [float(x) for x in re.findall(r"([0-9.]+) MB", got)]
+    assert pred == meas > 0
+    # another placement hides the stale result
+    dash_duo.select_dcc_dropdown(f"#{ids.PLACE_ALGO}", index=algos.index("single"))
+    dash_duo.find_element(f"#{ids.PLACE_BUTTON}").click()
+    dash_duo.wait_for_contains_text("#place-headline", "single", timeout=60)
+    dash_duo.wait_for_contains_text(f"#{ids.PLACE_RUN_RESULT}", "Run the shown placement",
+                                    timeout=15)

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
+from _helpers import explorer_cli
 from explorer.engine.devices import preset
 from explorer.engine.opgraph import build_opgraph
 from explorer.engine.runtime.opexec import run_placement
@@ -54,12 +53,11 @@ def test_a_placement_for_another_graph_or_device_count_is_refused(lenet):
 
 def test_explorer_run_executes_a_saved_placement(tmp_path):
     plan = tmp_path / "place.json"
-    out = subprocess.run([sys.executable, "-m", "explorer.cli", "search", "lenet5", "-n", "2",
+    out = explorer_cli("search", "lenet5", "-n", "2",
                           "--batch", "8", "--preset", "local", "--algo", "metis", "--out",
-                          str(plan)], capture_output=True, text=True, timeout=300)
+                          str(plan))
     assert out.returncode == 0, out.stderr
-    out = subprocess.run([sys.executable, "-m", "explorer.cli", "run", str(plan), "--json"],
-                         capture_output=True, text=True, timeout=300)
+    out = explorer_cli("run", str(plan), "--json")
     assert out.returncode == 0, out.stderr
     d = json.loads(out.stdout)
     assert d["reference_ok"] and d["predicted_step_time_s"] > 0

@@ -18,6 +18,7 @@ from pathlib import Path
 import psutil
 import pytest
 import torch
+from _helpers import spawned_workers
 
 from explorer.engine import session
 from explorer.engine.runtime import RunFailed, launch, launch_many, validate
@@ -89,16 +90,7 @@ def checked():
     return {c[0]: (p, r) for c, p, r in zip(CASES, plans, results)}, time.monotonic() - t
 
 
-def _children():
-    """Worker processes (spawned by multiprocessing) still alive under this process."""
-    out = []
-    for c in psutil.Process().children(recursive=True):
-        try:
-            if c.status() != psutil.STATUS_ZOMBIE and "spawn_main" in " ".join(c.cmdline()):
-                out.append(c)
-        except psutil.NoSuchProcess:
-            pass
-    return out
+_children = spawned_workers
 
 
 def _dead(pids):

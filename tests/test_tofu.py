@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import itertools
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import torch
 from torch import nn
 
+from _helpers import explorer_cli
 from explorer.engine.opgraph import build_from_module, build_opgraph
 from explorer.engine.search import tofu
 from explorer.engine.tdl.aten import UnsupportedOp, describe_op
@@ -197,10 +195,9 @@ def test_factorize_and_options_validation():
 
 
 def test_cli_tofu_json_contract():
-    out = subprocess.run([sys.executable, "-m", "explorer.cli", "search", "mlp", "-n", "4",
+    out = explorer_cli("search", "mlp", "-n", "4",
                           "--batch", "16", "-a", "hidden=32", "--algo", "tofu",
-                          "--preset", "k80-pcie-8", "--json"],
-                         capture_output=True, text=True, timeout=300)
+                          "--preset", "k80-pcie-8", "--json")
     assert out.returncode == 0, out.stderr
     d = json.loads(out.stdout)
     for key in ("objective_s", "comm_bytes", "peak_memory_bytes", "search_time_s", "coarsening",
@@ -212,9 +209,8 @@ def test_cli_tofu_json_contract():
 
 
 def test_cli_tofu_rejects_pins_with_a_clear_message():
-    out = subprocess.run([sys.executable, "-m", "explorer.cli", "search", "mlp", "-n", "2",
-                          "--algo", "tofu", "--pin", "fc=n=2"],
-                         capture_output=True, text=True, timeout=300)
+    out = explorer_cli("search", "mlp", "-n", "2",
+                          "--algo", "tofu", "--pin", "fc=n=2")
     assert out.returncode != 0 and "pin" in out.stderr
 
 

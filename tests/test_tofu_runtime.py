@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 
-import psutil
 import pytest
 
+from _helpers import explorer_cli, spawned_workers
 from explorer.engine.runtime.launcher import RunFailed
 from explorer.engine.runtime.opexec import run_tofu_plan
 
@@ -37,15 +35,7 @@ def test_a_small_resnet_with_batchnorm_and_residuals_runs_correctly():
 
 
 def _workers():
-    """Worker processes (multiprocessing spawn children) still alive under this process."""
-    out = set()
-    for c in psutil.Process().children(recursive=True):
-        try:
-            if c.status() != psutil.STATUS_ZOMBIE and "spawn_main" in " ".join(c.cmdline()):
-                out.add(c.pid)
-        except psutil.NoSuchProcess:
-            pass
-    return out
+    return {c.pid for c in spawned_workers()}
 
 
 def test_a_worker_that_raises_fails_the_run_quickly_without_orphans():
@@ -60,12 +50,11 @@ def test_a_worker_that_raises_fails_the_run_quickly_without_orphans():
 
 def test_explorer_run_executes_a_saved_tofu_plan(tmp_path):
     plan = tmp_path / "plan.json"
-    out = subprocess.run([sys.executable, "-m", "explorer.cli", "search", "mlp", "-n", "2",
+    out = explorer_cli("search", "mlp", "-n", "2",
                           "--batch", "8", "-a", "hidden=16", "--algo", "tofu", "--out",
-                          str(plan)], capture_output=True, text=True, timeout=300)
+                          str(plan))
     assert out.returncode == 0, out.stderr
-    out = subprocess.run([sys.executable, "-m", "explorer.cli", "run", str(plan), "--json"],
-                         capture_output=True, text=True, timeout=300)
+    out = explorer_cli("run", str(plan), "--json")
     assert out.returncode == 0, out.stderr
     d = json.loads(out.stdout)
     assert d["reference_ok"] and d["measured_comm_bytes"] == d["predicted_comm_bytes"]
@@ -73,6 +62,5 @@ def test_explorer_run_executes_a_saved_tofu_plan(tmp_path):
     doc = json.loads(plan.read_text())
     doc["model_args"] = {"hidden": "32"}
     plan.write_text(json.dumps(doc))
-    out = subprocess.run([sys.executable, "-m", "explorer.cli", "run", str(plan)],
-                         capture_output=True, text=True, timeout=300)
+    out = explorer_cli("run", str(plan))
     assert out.returncode != 0 and "does not match" in out.stderr

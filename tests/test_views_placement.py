@@ -160,3 +160,35 @@ def test_summary_details_and_pin_items(doc, structure):
     pin = {"target": "cluster 0", "ops": doc["clusters"][0]["ops"],
            "device": doc["clusters"][0]["device"]}
     assert "✔ honoured" in str(P.pin_items([pin], doc))
+
+
+# -- running the shown placement on local workers ----------------------------------------------
+
+def test_running_the_shown_placement_checks_it_against_one_device():
+    req = session.Request(model="lenet5", batch=8, preset="local", devices=2)
+    d = session.placement(req, "metis")
+    assert set(d["placement"].values()) == {0, 1}               # really split over 2 workers
+    res = P.do_run(d, 2)
+    assert res["reference_ok"] and res["max_rel_error"] < 1e-10 and res["workers"] == 2
+    assert res["measured_comm_bytes"] == res["predicted_comm_bytes"] > 0
+    assert res["predicted_step_time_s"] == d["predicted_step_time_s"]
+    assert len(res["predicted_busy_s"]) == len(res["compute_s"]) == 2
+    assert all(b > 0 for b in res["predicted_busy_s"])
+    res["placement_id"] = P.placement_id(d)
+    text = str(P.run_view(res, d))
+    assert "passed" in text and "MB per step" in text
+    assert {t.name for t in P.run_figure(res, d).data} == {"predicted busy (simulator)",
+                                                           "measured compute"}
+    # a result belongs to its placement: another placement shows the prompt, not stale numbers
+    other = session.placement(req, "single")
+    assert "Run the shown placement" in str(P.run_view(res, other))
+    assert not P.run_figure(res, other).data
+
+
+def test_running_without_a_placement_or_beyond_free_memory_is_refused(doc):
+    from explorer.errors import ExplorerError
+    with pytest.raises(ExplorerError, match="place the model first"):
+        P.do_run(None, 3)
+    huge = dict(doc, peak_memory_bytes=[2.0 ** 50] * 4)          # 1 PiB per device
+    with pytest.raises(ExplorerError, match="GiB is free"):
+        P.do_run(huge, 3)

@@ -418,6 +418,47 @@ def placement_compare(req: Request, memory_gib=None, pins: list | None = None, a
     return rows
 
 
+def run_placement(doc: dict, steps: int = 3, timeout_s: float = 600.0,
+                  progress=lambda v: None) -> dict:
+    """Execute a placement document (:func:`placement`) on local gloo workers, one per device
+    of the placement: the reference check against one device (float64), the bytes moved, and
+    the measured step time next to the simulator's (per device: predicted busy time vs
+    measured compute).  Refuses, before launching, a run that would not fit in this
+    machine's free memory."""
+    import psutil
+
+    from .runtime.opexec import run_placement as run
+    if not doc or "placement" not in doc or "request" not in doc:
+        raise ExplorerError("place the model first, then run the placement")
+    req = Request.from_dict(doc["request"])
+    names = list(doc["placement"])
+    devs = [int(doc["placement"][nm]) for nm in names]
+    n = len(doc.get("capacity_bytes") or []) or (max(devs) + 1)
+    # float64 run: twice the simulated float32 peaks, all workers on this machine
+    need = 2.0 * float(sum(doc.get("peak_memory_bytes") or []))
+    free = float(psutil.virtual_memory().available)
+    if need > 0.7 * free:
+        raise ExplorerError(
+            f"running this placement needs about {need / 2**30:.1f} GiB here (float64, "
+            f"{n} workers) but {free / 2**30:.1f} GiB is free: choose a smaller batch or "
+            f"model to execute it on this machine")
+    progress(5)
+    out = run(req.model, req.batch, dict(req.model_args), names, devs, n,
+              timeout_s=timeout_s, steps=max(1, int(steps)))
+    progress(95)
+    pred = doc.get("predicted_step_time_s")
+    out["predicted_step_time_s"] = pred
+    if pred and out.get("measured_step_time_s"):
+        out["rel_error"] = (pred - out["measured_step_time_s"]) / out["measured_step_time_s"]
+    busy = [0.0] * n
+    for o in (doc.get("schedule") or {}).get("ops", []):
+        busy[int(o["device"])] += float(o["end"]) - float(o["start"])
+    out["predicted_busy_s"] = busy
+    out["algo"] = doc.get("algo")
+    out["steps"] = max(1, int(steps))
+    return out
+
+
 def clear_caches():
     with _LOCK:
         _PLACE_GRAPHS.clear()
@@ -431,5 +472,6 @@ def clear_caches():
 __all__ = ["Request", "search", "candidates", "compare", "scaling", "tiles", "summary",
            "layer_info", "plan_changes", "parse_model_args", "graph_for", "clear_caches",
            "opgraph_for", "tofu", "tofu_strip", "tofu_compare", "placement",
-           "placement_compare", "placement_structure", "placement_pins", "placement_graph_for"]
+           "placement_compare", "placement_structure", "placement_pins", "placement_graph_for",
+           "run_placement"]
 _ = np  # numpy used by callers through geometry results

@@ -138,6 +138,23 @@ def layout():
             dcc.Graph(id=ids.PLACE_GANTT, figure=go.Figure(), style={"height": "360px"}),
             dcc.Graph(id=ids.PLACE_MEMORY_FIG, figure=go.Figure(), style={"height": "300px"}),
         ]),
+        html.H4("Run the placement on this machine"),
+        html.P("Each device of the placement becomes a gloo worker process here; every worker "
+               "computes its operators, tensors go once to each device that reads them, and "
+               "the loss and every updated parameter are compared with one device (float64).",
+               className="muted"),
+        dcc.Store(id=ids.STORE_PLACE_RUN, data=None),
+        html.Div(className="row", children=[
+            html.Label(["Measured steps", dcc.Input(id=ids.PLACE_RUN_STEPS, type="number",
+                                                    min=1, value=3, style={"width": "70px"})]),
+            html.Button("Run on local workers", id=ids.PLACE_RUN_BUTTON, className="primary"),
+            html.Button("Cancel run", id=ids.PLACE_RUN_CANCEL, disabled=True),
+            html.Progress(id=ids.PLACE_RUN_PROGRESS, value="0", max="100"),
+            html.Span(id=ids.PLACE_RUN_STATUS, className="muted"),
+        ]),
+        html.Div(id=ids.PLACE_RUN_ERROR, className="error"),
+        html.Div(id=ids.PLACE_RUN_RESULT),
+        dcc.Graph(id=ids.PLACE_RUN_FIG, figure=go.Figure(), style={"height": "280px"}),
         html.H4("All methods on the same graph and simulator (Celeritas Tables 3 and 4)"),
         dash_table.DataTable(
             id=ids.PLACE_COMPARE_TABLE, data=[], style_cell={"fontSize": 12,
@@ -558,9 +575,97 @@ def details_view(selected: dict | None, doc: dict | None, structure: dict | None
     return html.Div([html.B(nm), f":{extra} device {d}, cluster {selected.get('cluster')}"])
 
 
+def do_run(doc: dict | None, steps, progress=lambda v: None) -> dict:
+    """Execute the shown placement on local workers (raises ExplorerError / ValueError)."""
+    if not doc:
+        raise ExplorerError("place the model first, then run the placement")
+    return session.run_placement(doc, steps=int(steps or 3), progress=progress)
+
+
+def run_view(res: dict | None, doc: dict | None):
+    """Reference check, bytes and step time of the last run - if it ran the shown placement."""
+    if not res or not doc or res.get("placement_id") != placement_id(doc):
+        return html.P("Run the shown placement to check it against one device and to compare "
+                      "measured with predicted times.", className="muted")
+    ok = res["reference_ok"]
+    pred, meas = res.get("predicted_step_time_s"), res["measured_step_time_s"]
+    return html.Div([
+        html.Div(html.B(f"reference check: {'passed' if ok else 'FAILED'} (max relative "
+                        f"error {res['max_rel_error']:.1e}, float64)",
+                        className="" if ok else "error"), id="place-run-reference"),
+        html.Div(f"communication: predicted {res['predicted_comm_bytes'] / 1e6:.3f} MB, "
+                 f"measured {res['measured_comm_bytes'] / 1e6:.3f} MB per step",
+                 id="place-run-bytes"),
+        html.Div(f"step time: predicted {pred * 1e3:.2f} ms (simulator, {doc['devices']}), "
+                 f"measured {meas * 1e3:.2f} ms on {res['workers']} local workers (median of "
+                 f"{res.get('steps', 1)})" if pred else
+                 f"step time: measured {meas * 1e3:.2f} ms", id="place-run-times"),
+        html.Div("The runtime interprets the step operator by operator in Python and on CPU "
+                 "cores, so the measured time says more about the interpreter than about the "
+                 "placement; the check and the bytes are exact.", className="muted"),
+    ])
+
+
+def run_figure(res: dict | None, doc: dict | None) -> go.Figure:
+    """Per device: the simulator's busy time next to the measured compute time."""
+    fig = go.Figure()
+    if res and doc and res.get("placement_id") == placement_id(doc):
+        n = len(res.get("compute_s") or [])
+        xs = [f"device {d}" for d in range(n)]
+        fig.add_bar(name="predicted busy (simulator)", x=xs,
+                    y=[t * 1e3 for t in (res.get("predicted_busy_s") or [0.0] * n)[:n]],
+                    marker_color="#9ab")
+        fig.add_bar(name="measured compute", x=xs, y=[t * 1e3 for t in res["compute_s"]],
+                    marker_color="#2563eb")
+    fig.update_layout(barmode="group", title="Per device: predicted busy vs measured compute "
+                      "(ms per step)", yaxis_title="ms", margin=dict(l=50, r=20, t=40, b=40),
+                      legend=dict(orientation="h", y=1.15))
+    return fig
+
+
+def placement_id(doc: dict) -> str:
+    """Identifies a placement (model, request and every operator's device)."""
+    import hashlib
+    import json
+    key = json.dumps([doc.get("request"), doc.get("algo"), doc.get("placement")],
+                     sort_keys=True)
+    return hashlib.sha1(key.encode()).hexdigest()[:16]
+
+
 # --------------------------------------------------------------------------------------------
 # callbacks
 # --------------------------------------------------------------------------------------------
+
+
+@dash.callback(
+    Output(ids.STORE_PLACE_RUN, "data"), Output(ids.PLACE_RUN_ERROR, "children"),
+    Output(ids.PLACE_RUN_STATUS, "children"),
+    Input(ids.PLACE_RUN_BUTTON, "n_clicks"),
+    State(ids.STORE_PLACEMENT, "data"), State(ids.PLACE_RUN_STEPS, "value"),
+    background=True, interval=300,
+    progress=[Output(ids.PLACE_RUN_PROGRESS, "value")],
+    running=[(Output(ids.PLACE_RUN_BUTTON, "disabled"), True, False),
+             (Output(ids.PLACE_RUN_CANCEL, "disabled"), False, True),
+             (Output(ids.PLACE_RUN_STATUS, "children"), "running on local workers…", "")],
+    cancel=[Input(ids.PLACE_RUN_CANCEL, "n_clicks")],
+    prevent_initial_call=True,
+)
+def run_placement(set_progress, _n, doc, steps):
+    try:
+        res = do_run(doc, steps, lambda v: set_progress([str(v)]))
+    except (ExplorerError, ValueError) as exc:
+        return no_update, str(exc), ""
+    res["placement_id"] = placement_id(doc)
+    set_progress(["100"])
+    return res, "", f"done: {res['workers']} workers"
+
+
+@dash.callback(
+    Output(ids.PLACE_RUN_RESULT, "children"), Output(ids.PLACE_RUN_FIG, "figure"),
+    Input(ids.STORE_PLACE_RUN, "data"), Input(ids.STORE_PLACEMENT, "data"),
+)
+def show_run(res, doc):
+    return run_view(res, doc), run_figure(res, doc)
 
 
 @dash.callback(

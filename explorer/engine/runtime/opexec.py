@@ -23,7 +23,6 @@ from __future__ import annotations
 import os
 import queue as queue_mod
 import time
-import traceback
 from datetime import timedelta
 
 import numpy as np
@@ -32,6 +31,7 @@ import torch.distributed as dist
 
 from ...errors import InfeasiblePlan
 from .launcher import _PEER_HINTS, RunFailed, _free_port, _kill
+from .worker import _set_pdeathsig, destroy_group, report_and_exit
 
 __all__ = ["run_tofu_plan", "run_placement", "placement_xplan", "graph_digest"]
 
@@ -307,6 +307,7 @@ def graph_digest(g) -> str:
 
 
 def _entry(rank, world, port, job, q, timeout_s):
+    _set_pdeathsig()           # a cancelled or killed launcher takes its workers with it
     os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
     torch.set_num_threads(1)
     try:
@@ -367,16 +368,9 @@ def _entry(rank, world, port, job, q, timeout_s):
         q.put(("done", rank, None, None))
         dist.barrier()
     except BaseException as exc:  # noqa: BLE001 - report, then die
-        q.put(("error", rank, f"{type(exc).__name__}: {exc}", traceback.format_exc()))
-        q.close()
-        q.join_thread()
-        os._exit(1)
+        report_and_exit(q, rank, exc)
     finally:
-        if dist.is_initialized():
-            try:
-                dist.destroy_process_group()
-            except Exception:  # noqa: BLE001
-                pass
+        destroy_group()
 
 
 def _reference(spec, batch, model_args, seed, lr):

@@ -283,17 +283,28 @@ def spawn_entry(rank, world, addr, port, jobs, queue, backend, timeout_s):
         queue.close()
         queue.join_thread()
     except BaseException as exc:  # noqa: BLE001 - report everything, then die
-        msg = str(exc) if isinstance(exc, WorkerError) else f"{type(exc).__name__}: {exc}"
-        queue.put(("error", rank, msg, traceback.format_exc()))
-        queue.close()
-        queue.join_thread()
-        os._exit(1)
+        report_and_exit(queue, rank, exc)
     finally:
-        if dist.is_initialized():
-            try:
-                dist.destroy_process_group()
-            except Exception:  # noqa: BLE001
-                pass
+        destroy_group()
+
+
+def report_and_exit(queue, rank: int, exc: BaseException) -> None:
+    """Send ``exc`` to the launcher (flushing the queue) and end this worker at once: a
+    worker that failed mid-step must not wait in a collective its peers never reach."""
+    msg = str(exc) if isinstance(exc, WorkerError) else f"{type(exc).__name__}: {exc}"
+    queue.put(("error", rank, msg, traceback.format_exc()))
+    queue.close()
+    queue.join_thread()
+    os._exit(1)
+
+
+def destroy_group() -> None:
+    """Tear down the process group if there is one (errors on the way out are moot)."""
+    if dist.is_initialized():
+        try:
+            dist.destroy_process_group()
+        except Exception:  # noqa: BLE001
+            pass
 
 
 # --------------------------------------------------------------------------------------------
