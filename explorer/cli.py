@@ -430,6 +430,7 @@ def cmd_run_placement(args, doc: dict) -> int:
     its operators, tensors travel to the devices that read them, the result is compared with
     one device and the measured step time with the simulator's prediction."""
     from .engine.runtime.opexec import run_placement
+    from .engine.runtime.store import RunStore, placement_key
 
     for key in ("model", "placement"):
         if key not in doc:
@@ -450,6 +451,8 @@ def cmd_run_placement(args, doc: dict) -> int:
     out["predicted_step_time_s"] = pred
     if pred:
         out["rel_error"] = (pred - out["measured_step_time_s"]) / out["measured_step_time_s"]
+    out.update(algo=doc.get("algo"), devices=n)
+    RunStore().add_safely(placement_key(doc), out)
     if args.json:
         print(json.dumps(out, indent=2))
     else:

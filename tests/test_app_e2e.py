@@ -320,6 +320,11 @@ def test_placement_page_runs_the_placement_on_local_workers(dash_duo):
     got = dash_duo.find_element("#place-run-bytes").text
     pred, meas = [float(x) for x in re.findall(r"([0-9.]+) MB", got)]
     assert pred == meas > 0
+    # the run is in this placement's history, and its steps are drawn against the prediction
+    dash_duo.wait_for_contains_text(f"#{ids.PLACE_RUN_HISTORY}", "ok", timeout=15)
+    assert dash_duo.driver.execute_script(
+        f"return document.querySelectorAll('#{ids.PLACE_RUN_SERIES} .scatterlayer .point')"
+        ".length;") >= 1
     # another placement hides the stale result
     dash_duo.select_dcc_dropdown(f"#{ids.PLACE_ALGO}", index=algos.index("single"))
     dash_duo.find_element(f"#{ids.PLACE_BUTTON}").click()

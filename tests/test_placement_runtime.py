@@ -54,11 +54,15 @@ def test_a_placement_for_another_graph_or_device_count_is_refused(lenet):
 def test_explorer_run_executes_a_saved_placement(tmp_path):
     plan = tmp_path / "place.json"
     out = explorer_cli("search", "lenet5", "-n", "2",
-                          "--batch", "8", "--preset", "local", "--algo", "metis", "--out",
-                          str(plan))
+                       "--batch", "8", "--preset", "local", "--algo", "metis", "--out",
+                       str(plan))
     assert out.returncode == 0, out.stderr
     out = explorer_cli("run", str(plan), "--json")
     assert out.returncode == 0, out.stderr
     d = json.loads(out.stdout)
     assert d["reference_ok"] and d["predicted_step_time_s"] > 0
+    # stored with the placement (same store and key as the app's Placement page)
+    from explorer.engine.session import placement_runs
+    hist = placement_runs(json.loads(plan.read_text()))
+    assert [h["id"] for h in hist] == [d["run_id"]] and hist[0]["reference"] == "ok"
     assert d["measured_comm_bytes"] == d["predicted_comm_bytes"]

@@ -196,8 +196,8 @@ def test_factorize_and_options_validation():
 
 def test_cli_tofu_json_contract():
     out = explorer_cli("search", "mlp", "-n", "4",
-                          "--batch", "16", "-a", "hidden=32", "--algo", "tofu",
-                          "--preset", "k80-pcie-8", "--json")
+                       "--batch", "16", "-a", "hidden=32", "--algo", "tofu",
+                       "--preset", "k80-pcie-8", "--json")
     assert out.returncode == 0, out.stderr
     d = json.loads(out.stdout)
     for key in ("objective_s", "comm_bytes", "peak_memory_bytes", "search_time_s", "coarsening",
@@ -210,7 +210,7 @@ def test_cli_tofu_json_contract():
 
 def test_cli_tofu_rejects_pins_with_a_clear_message():
     out = explorer_cli("search", "mlp", "-n", "2",
-                          "--algo", "tofu", "--pin", "fc=n=2")
+                       "--algo", "tofu", "--pin", "fc=n=2")
     assert out.returncode != 0 and "pin" in out.stderr
 
 

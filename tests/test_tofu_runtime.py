@@ -51,8 +51,8 @@ def test_a_worker_that_raises_fails_the_run_quickly_without_orphans():
 def test_explorer_run_executes_a_saved_tofu_plan(tmp_path):
     plan = tmp_path / "plan.json"
     out = explorer_cli("search", "mlp", "-n", "2",
-                          "--batch", "8", "-a", "hidden=16", "--algo", "tofu", "--out",
-                          str(plan))
+                       "--batch", "8", "-a", "hidden=16", "--algo", "tofu", "--out",
+                       str(plan))
     assert out.returncode == 0, out.stderr
     out = explorer_cli("run", str(plan), "--json")
     assert out.returncode == 0, out.stderr

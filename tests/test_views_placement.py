@@ -179,10 +179,21 @@ def test_running_the_shown_placement_checks_it_against_one_device():
     assert "passed" in text and "MB per step" in text
     assert {t.name for t in P.run_figure(res, d).data} == {"predicted busy (simulator)",
                                                            "measured compute"}
+    # every measured step is drawn against the simulator's prediction
+    assert len(res["step_times_s"]) == 2 and all(t > 0 for t in res["step_times_s"])
+    series = P.run_series(res, d)
+    assert list(series.data[0].y) == [t * 1e3 for t in res["step_times_s"]]
+    assert any("predicted" in (s.text or "") for s in series.layout.annotations)
+    # the run is stored with the placement: the history shows it, and only for this placement
+    hist = P.history(d)
+    assert [h["id"] for h in hist] == [res["run_id"]]
+    assert hist[0]["reference"] == "ok" and hist[0]["devices"] == 2
+    assert hist[0]["predicted_ms"] == round(d["predicted_step_time_s"] * 1e3, 3)
     # a result belongs to its placement: another placement shows the prompt, not stale numbers
     other = session.placement(req, "single")
     assert "Run the shown placement" in str(P.run_view(res, other))
     assert not P.run_figure(res, other).data
+    assert not P.run_series(res, other).data and P.history(other) == []
 
 
 def test_running_without_a_placement_or_beyond_free_memory_is_refused(doc):

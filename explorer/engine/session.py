@@ -455,7 +455,32 @@ def run_placement(doc: dict, steps: int = 3, timeout_s: float = 600.0,
         busy[int(o["device"])] += float(o["end"]) - float(o["start"])
     out["predicted_busy_s"] = busy
     out["algo"] = doc.get("algo")
+    out["devices"] = n
     out["steps"] = max(1, int(steps))
+    from .runtime.store import RunStore, placement_key
+    RunStore().add_safely(placement_key(doc), out)
+    return out
+
+
+def placement_runs(doc: dict, limit: int = 50) -> list:
+    """Stored runs of this placement (command line or app), newest first: when, workers,
+    predicted and measured step time, their error and the reference verdict."""
+    import datetime
+
+    from .history import digest
+    from .runtime.store import RunStore, placement_key
+    if not doc or "placement" not in doc:
+        return []
+    rows = RunStore().list(digest=digest(placement_key(doc)), limit=limit)
+    out = []
+    for r in rows:
+        p, m = r.get("predicted_s"), r.get("measured_s")
+        out.append({"id": r["id"], "devices": r["devices"],
+                    "time": datetime.datetime.fromtimestamp(r["ts"]).isoformat(" ", "seconds"),
+                    "predicted_ms": round(p * 1e3, 3) if p else None,
+                    "measured_ms": round(m * 1e3, 3) if m else None,
+                    "error": f"{(p - m) / m * 100:+.0f} %" if p and m else "",
+                    "reference": {1: "ok", 0: "FAILED"}.get(r["reference_ok"], "–")})
     return out
 
 
@@ -473,5 +498,5 @@ __all__ = ["Request", "search", "candidates", "compare", "scaling", "tiles", "su
            "layer_info", "plan_changes", "parse_model_args", "graph_for", "clear_caches",
            "opgraph_for", "tofu", "tofu_strip", "tofu_compare", "placement",
            "placement_compare", "placement_structure", "placement_pins", "placement_graph_for",
-           "run_placement"]
+           "run_placement", "placement_runs"]
 _ = np  # numpy used by callers through geometry results

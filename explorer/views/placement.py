@@ -33,6 +33,7 @@ from ..engine import layout as L
 from ..engine import session
 from ..errors import ExplorerError
 from . import ids
+from .run import history_table, series_figure
 
 #: one colour per device (Tableau 10, then lighter variants)
 PALETTE = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1",
@@ -154,7 +155,12 @@ def layout():
         ]),
         html.Div(id=ids.PLACE_RUN_ERROR, className="error"),
         html.Div(id=ids.PLACE_RUN_RESULT),
-        dcc.Graph(id=ids.PLACE_RUN_FIG, figure=go.Figure(), style={"height": "280px"}),
+        html.Div(className="run-figures", children=[
+            dcc.Graph(id=ids.PLACE_RUN_FIG, figure=go.Figure(), style={"height": "280px"}),
+            dcc.Graph(id=ids.PLACE_RUN_SERIES, figure=go.Figure(), style={"height": "280px"}),
+        ]),
+        html.H5("Runs of this placement"),
+        history_table(ids.PLACE_RUN_HISTORY),
         html.H4("All methods on the same graph and simulator (Celeritas Tables 3 and 4)"),
         dash_table.DataTable(
             id=ids.PLACE_COMPARE_TABLE, data=[], style_cell={"fontSize": 12,
@@ -660,12 +666,29 @@ def run_placement(set_progress, _n, doc, steps):
     return res, "", f"done: {res['workers']} workers"
 
 
+def run_series(res: dict | None, doc: dict | None) -> go.Figure:
+    """Each measured step's wall time (slowest worker) with the simulator's prediction."""
+    if res and doc and res.get("placement_id") == placement_id(doc):
+        return series_figure(res)
+    return go.Figure().update_layout(title="Step time per measured step",
+                                     margin=dict(l=50, r=20, t=40, b=40))
+
+
+def history(doc: dict | None) -> list:
+    """Stored runs of the shown placement (never breaks the panel)."""
+    try:
+        return session.placement_runs(doc) if doc else []
+    except Exception:  # noqa: BLE001 - history is a convenience
+        return []
+
+
 @dash.callback(
     Output(ids.PLACE_RUN_RESULT, "children"), Output(ids.PLACE_RUN_FIG, "figure"),
+    Output(ids.PLACE_RUN_SERIES, "figure"), Output(ids.PLACE_RUN_HISTORY, "data"),
     Input(ids.STORE_PLACE_RUN, "data"), Input(ids.STORE_PLACEMENT, "data"),
 )
 def show_run(res, doc):
-    return run_view(res, doc), run_figure(res, doc)
+    return run_view(res, doc), run_figure(res, doc), run_series(res, doc), history(doc)
 
 
 @dash.callback(

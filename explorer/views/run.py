@@ -35,14 +35,20 @@ def layout():
             dcc.Graph(id=ids.RUN_SERIES, figure=go.Figure(), style={"height": "300px"}),
         ]),
         html.H4("Runs of this plan"),
-        dash_table.DataTable(id=ids.RUN_HISTORY, data=[], page_size=8,
-                             style_cell={"fontSize": 12, "padding": "2px 6px"},
-                             columns=[{"name": n, "id": k} for k, n in [
-                                 ("id", "run"), ("time", "time"), ("devices", "devices"),
-                                 ("predicted_ms", "predicted ms"),
-                                 ("measured_ms", "measured ms"), ("error", "error"),
-                                 ("reference", "reference")]]),
+        history_table(ids.RUN_HISTORY),
     ])
+
+
+def history_table(table_id: str):
+    """The table of stored runs (one row per run, newest first) - layer-wise plans and
+    placements alike."""
+    return dash_table.DataTable(id=table_id, data=[], page_size=8,
+                                style_cell={"fontSize": 12, "padding": "2px 6px"},
+                                columns=[{"name": n, "id": k} for k, n in [
+                                    ("id", "run"), ("time", "time"), ("devices", "devices"),
+                                    ("predicted_ms", "predicted ms"),
+                                    ("measured_ms", "measured ms"), ("error", "error"),
+                                    ("reference", "reference")]])
 
 
 def layers_figure(res: dict, top: int = 25) -> go.Figure:

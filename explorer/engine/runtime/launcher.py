@@ -248,11 +248,8 @@ def launch_many(plans: list, steps: int = 20, warmup: int = 5, timeout_s: float 
         res["launch_time_s"] = elapsed
         res["pids"] = pids
         if store:
-            try:
-                from .store import RunStore
-                res["run_id"] = RunStore().add(pl, res)
-            except Exception as exc:  # noqa: BLE001 - storing is a convenience
-                res.setdefault("warnings", []).append(f"could not store the run: {exc}")
+            from .store import RunStore
+            RunStore().add_safely(pl, res)
         out.append(res)
     return out
 

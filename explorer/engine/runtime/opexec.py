@@ -362,9 +362,9 @@ def _entry(rank, world, port, job, q, timeout_s):
             q.put(("result", rank, {"loss": None if loss is None else float(loss),
                                     "params": {k: v.numpy() for k, v in finals.items()},
                                     "sent": sent, "extra": extra, "step_s": step_s,
-                                    "compute_s": compute_s}, None))
+                                    "compute_s": compute_s, "times": times}, None))
         else:
-            q.put(("sent", rank, (sent, extra, step_s, compute_s), None))
+            q.put(("sent", rank, (sent, extra, step_s, compute_s, times), None))
         q.put(("done", rank, None, None))
         dist.barrier()
     except BaseException as exc:  # noqa: BLE001 - report, then die
@@ -513,7 +513,7 @@ def _launch(spec, batch, model_args, workers, xplan, g, seed, lr, timeout_s, tol
                 continue
             if kind == "result":
                 result = a
-                sent[0] = (a["sent"], a["extra"], a["step_s"], a["compute_s"])
+                sent[0] = (a["sent"], a["extra"], a["step_s"], a["compute_s"], a["times"])
             elif kind == "sent":
                 sent[rank] = a
             elif kind == "debug":
@@ -544,7 +544,9 @@ def _launch(spec, batch, model_args, workers, xplan, g, seed, lr, timeout_s, tol
             "extra_bytes": float(sum(v[1] for v in sent.values())),
             "step_time_s": result["step_s"],
             "measured_step_time_s": max(v[2] for v in sent.values()),
-            "compute_s": [sent[r][3] for r in sorted(sent)]}
+            "compute_s": [sent[r][3] for r in sorted(sent)],
+            # each step's wall time on the slowest worker (the first step includes warm-up)
+            "step_times_s": [max(ts) for ts in zip(*(v[4] for v in sent.values()))]}
     if debug:
         out["debug"] = debug
     return out

@@ -52,6 +52,19 @@ def _default(o):
     raise TypeError(f"{type(o).__name__} is not JSON serialisable")
 
 
+def placement_key(doc: dict) -> dict:
+    """What identifies a placement (a ``plan-explorer/placement`` document from the command
+    line or the app) in the run store: model, batch, model arguments, algorithm and every
+    operator's device - timings, schedule and layout do not count."""
+    args = doc.get("model_args")
+    if args is None:
+        args = (doc.get("request") or {}).get("model_args")
+    return {"kind": "placement", "model": doc.get("model"), "batch": doc.get("batch"),
+            "model_args": {str(k): str(v) for k, v in dict(args or {}).items()},
+            "algo": doc.get("algo"),
+            "placement": {str(k): int(v) for k, v in doc["placement"].items()}}
+
+
 class RunStore:
     """Runs saved at ``path`` (default ``$EXPLORER_HOME/runs.sqlite``)."""
 
@@ -76,6 +89,14 @@ class RunStore:
                  None if result.get("reference_ok") is None else int(bool(result["reference_ok"])),
                  json.dumps(result, default=_default), json.dumps(plan, default=_default)))
             return int(cur.lastrowid)
+
+    def add_safely(self, plan: dict, result: dict) -> None:
+        """:meth:`add`, recording ``run_id`` in ``result`` - or a warning there if the store
+        cannot be written (storing is a convenience; a run never fails for it)."""
+        try:
+            result["run_id"] = self.add(plan, result)
+        except (sqlite3.Error, OSError, TypeError, ValueError) as exc:
+            result.setdefault("warnings", []).append(f"could not store the run: {exc}")
 
     def list(self, digest: str | None = None, limit: int = 100) -> list:
         q = ("SELECT id, ts, model, algo, devices, digest, predicted_s, measured_s, reference_ok "
