@@ -20,6 +20,7 @@ from ..engine.devices import list_presets
 from ..engine.search import ALGORITHMS
 from ..errors import ExplorerError
 from . import ids
+from .controls import job_controls
 
 
 def _examples():
@@ -58,10 +59,8 @@ def layout(req: dict):
                 id=ids.ALGO_DROPDOWN, value=req["algo"], clearable=False,
                 options=[{"label": f"{k}", "value": k, "title": v}
                          for k, v in ALGORITHMS.items()])]),
-            html.Button("Search", id=ids.SEARCH_BUTTON, className="primary"),
-            html.Button("Cancel", id=ids.CANCEL_BUTTON, disabled=True),
-            html.Progress(id=ids.SEARCH_PROGRESS, value="0", max="100"),
-            html.Span(id=ids.SEARCH_STATUS, className="muted"),
+            *job_controls("Search", ids.SEARCH_BUTTON, ids.CANCEL_BUTTON, ids.SEARCH_PROGRESS,
+                          ids.SEARCH_STATUS),
         ]),
         html.Div(id=ids.REQUEST_ERROR, className="error"),
         html.Div(id=ids.MODEL_SUMMARY, className="muted"),

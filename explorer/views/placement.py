@@ -33,6 +33,7 @@ from ..engine import layout as L
 from ..engine import session
 from ..errors import ExplorerError
 from . import ids
+from .controls import job_controls
 from .run import history_table, series_figure
 
 #: one colour per device (Tableau 10, then lighter variants)
@@ -94,14 +95,11 @@ def layout():
             html.Label(["Memory per device (GiB)", dcc.Input(
                 id=ids.PLACE_MEMORY, type="number", placeholder="device memory",
                 debounce=True, style={"width": "130px"})]),
-            html.Button("Place", id=ids.PLACE_BUTTON, className="primary"),
-            html.Button("Cancel", id=ids.PLACE_CANCEL, disabled=True),
-            html.Progress(id=ids.PLACE_PROGRESS, value="0", max="100"),
-            html.Span(id=ids.PLACE_STATUS, className="muted"),
-            html.Button("Compare all", id=ids.PLACE_COMPARE_BUTTON),
-            html.Button("Cancel compare", id=ids.PLACE_COMPARE_CANCEL, disabled=True),
-            html.Progress(id=ids.PLACE_COMPARE_PROGRESS, value="0", max="100"),
-            html.Span(id=ids.PLACE_COMPARE_STATUS, className="muted"),
+            *job_controls("Place", ids.PLACE_BUTTON, ids.PLACE_CANCEL, ids.PLACE_PROGRESS,
+                          ids.PLACE_STATUS),
+            *job_controls("Compare all", ids.PLACE_COMPARE_BUTTON, ids.PLACE_COMPARE_CANCEL,
+                          ids.PLACE_COMPARE_PROGRESS, ids.PLACE_COMPARE_STATUS,
+                          "Cancel compare", primary=False),
         ]),
         html.Div(id=ids.PLACE_ERROR, className="error"),
         html.Div(id=ids.PLACE_SUMMARY),
@@ -148,10 +146,8 @@ def layout():
         html.Div(className="row", children=[
             html.Label(["Measured steps", dcc.Input(id=ids.PLACE_RUN_STEPS, type="number",
                                                     min=1, value=3, style={"width": "70px"})]),
-            html.Button("Run on local workers", id=ids.PLACE_RUN_BUTTON, className="primary"),
-            html.Button("Cancel run", id=ids.PLACE_RUN_CANCEL, disabled=True),
-            html.Progress(id=ids.PLACE_RUN_PROGRESS, value="0", max="100"),
-            html.Span(id=ids.PLACE_RUN_STATUS, className="muted"),
+            *job_controls("Run on local workers", ids.PLACE_RUN_BUTTON, ids.PLACE_RUN_CANCEL,
+                          ids.PLACE_RUN_PROGRESS, ids.PLACE_RUN_STATUS, "Cancel run"),
         ]),
         html.Div(id=ids.PLACE_RUN_ERROR, className="error"),
         html.Div(id=ids.PLACE_RUN_RESULT),

@@ -14,6 +14,7 @@ from dash import Input, Output, State, dash_table, dcc, html, no_update
 
 from ..errors import ExplorerError
 from . import ids
+from .controls import job_controls
 
 
 def layout():
@@ -23,10 +24,8 @@ def layout():
                                                     value=20)]),
             html.Label(["Warm-up steps", dcc.Input(id=ids.RUN_WARMUP, type="number", min=0,
                                                    value=5)]),
-            html.Button("Run on local devices", id=ids.RUN_BUTTON, className="primary"),
-            html.Button("Cancel", id=ids.RUN_CANCEL, disabled=True),
-            html.Progress(id=ids.RUN_PROGRESS, value="0", max="100"),
-            html.Span(id=ids.RUN_STATUS, className="muted"),
+            *job_controls("Run on local devices", ids.RUN_BUTTON, ids.RUN_CANCEL,
+                          ids.RUN_PROGRESS, ids.RUN_STATUS),
         ]),
         html.Div(id=ids.RUN_ERROR, className="error"),
         html.Div(id=ids.RUN_RESULT),

@@ -20,6 +20,7 @@ from dash import Input, Output, State, dash_table, dcc, html, no_update
 from ..engine import session
 from ..errors import ExplorerError
 from . import ids
+from .controls import job_controls
 
 #: one colour per worker (Tableau 20)
 PALETTE = ["#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1",
@@ -38,10 +39,8 @@ def layout():
             html.Label(["Algorithm", dcc.Dropdown(
                 id=ids.TOFU_ALGO, value="tofu", clearable=False, style={"width": "260px"},
                 options=[{"label": f"{k}: {v}", "value": k} for k, v in ALGOS.items()])]),
-            html.Button("Partition", id=ids.TOFU_BUTTON, className="primary"),
-            html.Button("Cancel", id=ids.TOFU_CANCEL, disabled=True),
-            html.Progress(id=ids.TOFU_PROGRESS, value="0", max="100"),
-            html.Span(id=ids.TOFU_STATUS, className="muted"),
+            *job_controls("Partition", ids.TOFU_BUTTON, ids.TOFU_CANCEL, ids.TOFU_PROGRESS,
+                          ids.TOFU_STATUS),
             html.Button("Compare algorithms", id=ids.TOFU_COMPARE_BUTTON),
         ]),
         html.Div(id=ids.TOFU_ERROR, className="error"),
