@@ -620,8 +620,8 @@ def run_figure(res: dict | None, doc: dict | None) -> go.Figure:
         fig.add_bar(name="measured compute", x=xs, y=[t * 1e3 for t in res["compute_s"]],
                     marker_color="#2563eb")
     fig.update_layout(barmode="group", title="Per device: predicted busy vs measured compute "
-                      "(ms per step)", yaxis_title="ms", margin=dict(l=50, r=20, t=40, b=40),
-                      legend=dict(orientation="h", y=1.15))
+                      "(ms per step)", yaxis_title="ms", margin=dict(l=50, r=20, t=40, b=60),
+                      legend=dict(orientation="h", y=-0.12, yanchor="top"))
     return fig
 
 

@@ -80,7 +80,7 @@ def series_figure(res: dict) -> go.Figure:
         fig.add_hline(y=med * 1e3, line_dash="dot", line_color="#2563eb",
                       annotation_text=f"median {med * 1e3:.2f} ms",
                       annotation_position="bottom right")
-    fig.update_layout(title="Step time per measured step", xaxis_title="step",
+    fig.update_layout(title="Step time per measured step", xaxis_title="step", xaxis_dtick=1,
                       yaxis_title="ms", margin=dict(l=50, r=20, t=40, b=40), showlegend=False)
     return fig
 
