@@ -465,23 +465,11 @@ def run_placement(doc: dict, steps: int = 3, timeout_s: float = 600.0,
 def placement_runs(doc: dict, limit: int = 50) -> list:
     """Stored runs of this placement (command line or app), newest first: when, workers,
     predicted and measured step time, their error and the reference verdict."""
-    import datetime
-
     from .history import digest
     from .runtime.store import RunStore, placement_key
     if not doc or "placement" not in doc:
         return []
-    rows = RunStore().list(digest=digest(placement_key(doc)), limit=limit)
-    out = []
-    for r in rows:
-        p, m = r.get("predicted_s"), r.get("measured_s")
-        out.append({"id": r["id"], "devices": r["devices"],
-                    "time": datetime.datetime.fromtimestamp(r["ts"]).isoformat(" ", "seconds"),
-                    "predicted_ms": round(p * 1e3, 3) if p else None,
-                    "measured_ms": round(m * 1e3, 3) if m else None,
-                    "error": f"{(p - m) / m * 100:+.0f} %" if p and m else "",
-                    "reference": {1: "ok", 0: "FAILED"}.get(r["reference_ok"], "–")})
-    return out
+    return RunStore().rows(digest(placement_key(doc)), limit)
 
 
 def clear_caches():

@@ -103,21 +103,9 @@ def result_view(res: dict):
 
 
 def history_rows(plan: dict) -> list:
-    import datetime
-
     from ..engine.history import digest
     from ..engine.runtime.store import RunStore
-    rows = RunStore().list(digest=digest(plan), limit=50)
-    out = []
-    for r in rows:
-        p, m = r.get("predicted_s"), r.get("measured_s")
-        out.append({"id": r["id"], "time": datetime.datetime.fromtimestamp(r["ts"]).isoformat(
-            " ", "seconds"), "devices": r["devices"],
-            "predicted_ms": round(p * 1e3, 3) if p else None,
-            "measured_ms": round(m * 1e3, 3) if m else None,
-            "error": f"{(p - m) / m * 100:+.1f} %" if p and m else "",
-            "reference": {1: "ok", 0: "FAILED"}.get(r["reference_ok"], "–")})
-    return out
+    return RunStore().rows(digest(plan), 50)
 
 
 def do_run(plan: dict, steps, warmup, progress=lambda v: None) -> dict:

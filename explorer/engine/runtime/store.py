@@ -112,6 +112,22 @@ class RunStore:
                 "reference_ok")
         return [dict(zip(keys, r)) for r in rows]
 
+    def rows(self, digest: str, limit: int = 50) -> list:
+        """The runs of one plan or placement for a table, newest first: id, time, devices,
+        predicted and measured ms, their error and the reference verdict."""
+        import datetime
+        out = []
+        for r in self.list(digest=digest, limit=limit):
+            p, m = r.get("predicted_s"), r.get("measured_s")
+            out.append({"id": r["id"], "devices": r["devices"],
+                        "time": datetime.datetime.fromtimestamp(r["ts"]).isoformat(
+                            " ", "seconds"),
+                        "predicted_ms": round(p * 1e3, 3) if p else None,
+                        "measured_ms": round(m * 1e3, 3) if m else None,
+                        "error": f"{(p - m) / m * 100:+.1f} %" if p and m else "",
+                        "reference": {1: "ok", 0: "FAILED"}.get(r["reference_ok"], "–")})
+        return out
+
     def get(self, run_id: int) -> dict | None:
         with closing(self._conn()) as c:
             row = c.execute("SELECT result FROM runs WHERE id = ?", (run_id,)).fetchone()
