@@ -205,7 +205,7 @@ def cmd_search_tofu(args) -> int:
 
 
 def cmd_place(args) -> int:
-    """``explorer search --algo celeritas|order-place|m-topo|m-etf|m-sct|metis|single``:
+    """``explorer search --algo celeritas|celeritas-paper|order-place|m-topo|m-etf|m-sct|metis|single``:
     device placement of the forward+backward operator graph (Celeritas and baselines)."""
     from .engine.opgraph import build_opgraph
     from .engine.search.celeritas import placement_graph
@@ -251,6 +251,12 @@ def cmd_place(args) -> int:
               f"oom {doc['oom']}")
         print("peak GiB per device: " + " / ".join(f"{b / 2**30:.1f}"
                                                     for b in doc["peak_memory_bytes"]))
+        st = doc["stats"]
+        if st.get("refine"):
+            print(f"Adjusting Placement {st['step_before_refine_s']:.4f} s, after simulated "
+                  f"refinement {doc['predicted_step_time_s']:.4f} s ({st['refine_moves']} "
+                  f"moves, {st['refine_evals']} simulations, {st['refine_s']:.2f} s"
+                  + ("; budget spent" if st.get("refine_exhausted") else "") + ")")
     if res.oom and not args.ignore_memory:
         print(f"error: the {args.algo} placement exceeds a device's memory (best effort): "
               f"use more devices, a smaller --batch, or --ignore-memory to keep it",

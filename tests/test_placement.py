@@ -199,7 +199,7 @@ def test_adjusting_never_worse_than_order_place(seed):
     # in the placer's own model (the paper's proof): never worse
     assert adj.finish.max() <= op.finish.max() * (1 + 1e-9)
     # and in the simulator
-    res_adj = celeritas.search(pg, dg, {"R": 6, "M": 1e12})
+    res_adj = celeritas.search(pg, dg, {"R": 6, "M": 1e12, "algo": "celeritas-paper"})
     res_op = celeritas.search(pg, dg, {"R": 6, "M": 1e12, "algo": "order-place"})
     assert res_adj.predicted_step_time_s <= res_op.predicted_step_time_s * (1 + 1e-9)
 
@@ -215,11 +215,13 @@ def test_placements_respect_memory_unless_oom(seed):
         if not res.oom:
             assert max(res.peak_memory_bytes) <= cap * (1 + 1e-9), algo
         assert res.oom == (bool(res.best_effort) or max(res.peak_memory_bytes) > cap * (1 + 1e-9))
-    # the simulated peak never exceeds what Celeritas budgeted
-    res = celeritas.search(pg, dg, {"R": 8})
+    # the simulated peak never exceeds what Adjusting Placement budgeted
+    res = celeritas.search(pg, dg, {"R": 8, "algo": "celeritas-paper"})
     assert (np.array(res.peak_memory_bytes) <=
             np.array(res.stats["placer_memory_bytes"]) * (1 + 1e-9) + 1).all()
     assert not res.oom
+    # and the refinement keeps every simulated peak within capacity
+    assert not celeritas.search(pg, dg, {"R": 8}).oom
     # a device too small for the single-device peak is reported
     one = run("single", pg, dg)
     assert run("single", pg.with_capacity(max(one.peak_memory_bytes) / 2), dg).oom

@@ -84,8 +84,10 @@ def layout():
         dcc.Store(id=ids.STORE_PLACE_EXPANDED, data=None),
         html.P("Celeritas (Xu et al.) places the operators of the joint forward + backward "
                "graph on devices under memory limits: CPD-TOPO order, optimal operation fusion "
-               "into clusters, then Adjusting Placement. Baselines (Baechi m-TOPO / m-ETF / "
-               "m-SCT, METIS, one device) are judged by the same simulator.",
+               "into clusters, then Adjusting Placement; 'celeritas' then revisits each cluster's "
+               "device with the simulator (not in the paper; 'celeritas-paper' stops before). "
+               "Baselines (Baechi m-TOPO / m-ETF / m-SCT, METIS, one device) are judged by the "
+               "same simulator.",
                className="muted"),
         html.Div(className="row", children=[
             html.Label(["Algorithm", dcc.Dropdown(
@@ -521,6 +523,11 @@ def summary_view(doc: dict):
              f"(CCR {st['ccr_before']:.2f} → {st['ccr_after']:.2f})"
              if "nodes_after" in st else
              f"{doc['ops']} operators (drawn over Celeritas' {len(doc['clusters'])} clusters)")
+    if st.get("refine"):
+        fused += (f"; simulated refinement {st['step_before_refine_s']:.4f} → "
+                  f"{doc['predicted_step_time_s']:.4f} s ({st['refine_moves']} moves, "
+                  f"{st['refine_evals']} simulations"
+                  + (", budget spent" if st.get("refine_exhausted") else "") + ")")
     pins = doc.get("pins") or []
     kept = sum(1 for p in pins if honoured(p, doc))
     return html.Div([

@@ -10,7 +10,11 @@ Pipeline (paper Sections 4-5):
    ``M`` (equations 4-6) -> acyclic coarse graph;
 4. Adjusting Placement (Algorithm 2) of the coarse graph - or Order-Place with
    ``algo="order-place"`` - then every operator takes its cluster's device;
-5. the shared simulator predicts step time and per-device peak memory.
+5. (``algo="celeritas"`` only; not in the paper) simulated refinement: each cluster decision
+   is revisited with the shared simulator and moved to another device when that shortens
+   the simulated step without a simulated OOM (:mod:`~explorer.engine.placement.refine`).
+   ``algo="celeritas-paper"`` (or ``refine=False``) stops after step 4, as published;
+6. the shared simulator predicts step time and per-device peak memory.
 
 Example
 -------
@@ -31,12 +35,14 @@ from ..placement.fusion import fuse
 from ..placement.graph import PlacementGraph
 from ..placement.order import graph_order
 from ..placement.place import adjusting_placement, order_place
+from ..placement.refine import placement_units, refine
 from ..placement.result import PlacementResult, finish
 
 __all__ = ["search", "placement_graph", "resolve_pins", "DEFAULTS"]
 
 #: Paper's choices: R = 200 nodes, M = 0.25 of a device's memory (Section 5.1.3)
-DEFAULTS = {"R": 200, "M_fraction": 0.25, "contention": "ports", "algo": "celeritas"}
+DEFAULTS = {"R": 200, "M_fraction": 0.25, "contention": "ports", "algo": "celeritas",
+            "refine": True, "refine_evals": None}
 
 
 def placement_graph(graph, devices, options: dict | None = None) -> PlacementGraph:
@@ -104,7 +110,9 @@ def search(graph, devices, options: dict | None = None) -> PlacementResult:
         The operator graph (a model spec string is traced with fake tensors).
     devices : DeviceGraph
     options : dict, optional
-        ``algo`` ("celeritas" | "order-place"), ``R`` (200), ``M`` (bytes; default
+        ``algo`` ("celeritas" | "celeritas-paper" | "order-place"), ``refine`` (True: the
+        simulated refinement after Adjusting Placement, celeritas only), ``refine_evals``
+        (simulation budget, default by graph size), ``R`` (200), ``M`` (bytes; default
         ``M_fraction`` 0.25 of the smallest capacity), ``memory_per_device`` (bytes),
         ``pins`` ({op name or "cluster:K": device}), ``contention`` ("ports" | "none"),
         ``batch`` / ``model_args`` (for a spec string).
@@ -117,8 +125,9 @@ def search(graph, devices, options: dict | None = None) -> PlacementResult:
     """
     opts = {**DEFAULTS, **(options or {})}
     algo = opts["algo"]
-    if algo not in ("celeritas", "order-place"):
-        raise ValueError(f"celeritas.search handles algo celeritas|order-place, got {algo!r}")
+    if algo not in ("celeritas", "celeritas-paper", "order-place"):
+        raise ValueError(f"celeritas.search handles algo celeritas|celeritas-paper|order-place, "
+                         f"got {algo!r}")
     R = int(opts["R"])
     if R < 1:
         raise ValueError(f"R must be >= 1, got {R}")
@@ -139,26 +148,46 @@ def search(graph, devices, options: dict | None = None) -> PlacementResult:
     t_order = time.perf_counter()
     co, bps, s_n = fuse(pg, order, R, M, pin if (pin >= 0).any() else None)
     t_fuse = time.perf_counter()
-    cp = adjusting_placement(co, pg) if algo == "celeritas" else order_place(co, pg)
+    cp = order_place(co, pg) if algo == "order-place" else adjusting_placement(co, pg)
     placement = cp.node_device
+    t_place = time.perf_counter()
+    ref = None
+    if algo == "celeritas" and opts["refine"]:
+        ref = refine(pg, placement, placement_units(pg, co), pin, opts["refine_evals"],
+                     contention=opts["contention"])
+        placement = ref.placement
     elapsed = time.perf_counter() - t0
-    clusters = [{"ops": [pg.names[v] for v in m.tolist()], "device": int(cp.device[k]),
-                 "devices": sorted(set(cp.node_device[m].tolist())),
-                 "time_s": float(co.w[k, cp.device[k]]), "memory_bytes": float(co.mem[k]),
+    if ref is not None:               # a cluster's device: where most of its work now runs
+        cdev = [int(np.bincount(placement[m], weights=pg.w[m, 0] + 1e-12,
+                                minlength=pg.ndev).argmax()) for m in co.members]
+    else:
+        cdev = [int(x) for x in cp.device]
+    clusters = [{"ops": [pg.names[v] for v in m.tolist()], "device": cdev[k],
+                 "devices": sorted(set(placement[m].tolist())),
+                 "time_s": float(co.w[k, cdev[k]]), "memory_bytes": float(co.mem[k]),
                  "placer_start_s": float(cp.start[k]), "placer_end_s": float(cp.finish[k])}
                 for k, m in enumerate(co.members)]
     stats = {"nodes_before": pg.n, "edges_before": pg.n_edges, "ccr_before": pg.ccr(),
              "nodes_after": co.n, "edges_after": len(co.edges),
              "ccr_after": co.ccr(pg.k_mean, pg.b_mean), "R": R, "M_bytes": M,
              "cut_comm_s": s_n, "order_s": t_order - t0, "fusion_s": t_fuse - t_order,
-             "place_s": elapsed - (t_fuse - t0), "moves": cp.moves,
+             "place_s": t_place - t_fuse, "moves": cp.moves,
              "placer_makespan_s": float(cp.finish.max()) if co.n else 0.0,
-             "placer_memory_bytes": cp.used.tolist() if cp.used is not None else None}
+             "placer_memory_bytes": cp.used.tolist() if cp.used is not None else None,
+             "refine": ref is not None}
+    if ref is not None:
+        stats.update({"step_before_refine_s": ref.before, "refine_moves": len(ref.moves),
+                      "refine_evals": ref.evals, "refine_passes": ref.passes,
+                      "refine_s": ref.seconds, "refine_exhausted": ref.exhausted})
     trace = [{"step": "cpd-topo", "order": [pg.names[v] for v in order[:2000]],
               "truncated": pg.n > 2000},
              {"step": "fusion", "breakpoints": bps, "S_n": s_n, "clusters": co.n},
              {"step": "placement", "algo": algo, "order": [int(x) for x in cp.order],
               "decisions": cp.log}]
+    if ref is not None:
+        trace.append({"step": "refinement", "before_s": ref.before, "after_s": ref.after,
+                      "evals": ref.evals, "exhausted": ref.exhausted,
+                      "moves": [{**m, "first_op": pg.names[m["first_op"]]} for m in ref.moves]})
     best = [f"cluster:{k}" for k in cp.best_effort]
     return finish(algo, pg, placement, elapsed, best, clusters, stats, trace,
                   opts["contention"])

@@ -16,7 +16,10 @@ from . import celeritas
 __all__ = ["PLACEMENT_ALGORITHMS", "search", "run"]
 
 PLACEMENT_ALGORITHMS = {
-    "celeritas": "Celeritas: CPD-TOPO, optimal operation fusion, Adjusting Placement",
+    "celeritas": "Celeritas: CPD-TOPO, optimal operation fusion, Adjusting Placement, then "
+                 "simulated refinement of the cluster decisions",
+    "celeritas-paper": "Celeritas as published: Adjusting Placement of the fused clusters, "
+                       "no simulated refinement",
     "order-place": "fused clusters in CPD-TOPO order, one device filled after another",
     "m-topo": "Baechi m-TOPO: BFS topological order, even memory share per device",
     "m-etf": "Baechi m-ETF: earliest-start-time list scheduling under memory limits",
@@ -48,7 +51,7 @@ def search(graph, devices, options: dict | None = None) -> PlacementResult:
 def run(algo: str, graph, devices, options: dict | None = None) -> PlacementResult:
     """Dispatch by name over :data:`PLACEMENT_ALGORITHMS`."""
     opts = dict(options or {}, algo=algo)
-    if algo in ("celeritas", "order-place"):
+    if algo in ("celeritas", "celeritas-paper", "order-place"):
         return celeritas.search(graph, devices, opts)
     if algo in BASELINES:
         return search(graph, devices, opts)
