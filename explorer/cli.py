@@ -48,6 +48,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--memory-per-device", type=float, default=None, metavar="GIB",
                    help="placement algorithms: memory limit per device in GiB (default: the "
                         "preset's capacity)")
+    s.add_argument("--refine-memory", choices=["budget", "simulated"], default="budget",
+                   help="celeritas: what the simulated refinement keeps within capacity - the "
+                        "placers' whole-step budget (default, as Adjusting Placement) or only "
+                        "each device's simulated peak (looser; the rule oom is judged by)")
     s.add_argument("--dump-graph", metavar="FILE",
                    help="placement algorithms: write the operator graph the placers saw "
                         "(node-link JSON with times, memory, bytes and the device graph)")
@@ -217,7 +221,7 @@ def cmd_place(args) -> int:
     og = build_opgraph(args.model, args.batch, dict(args.model_arg))
     import_s = time.perf_counter() - t0
     devices = device_graph(args.preset, args.devices)
-    opts = {"pins": {}}
+    opts = {"pins": {}, "refine_memory": args.refine_memory}
     if args.memory_per_device is not None:
         if args.memory_per_device <= 0:
             raise ValueError(f"--memory-per-device must be > 0 GiB, got "

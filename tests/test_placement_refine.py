@@ -66,7 +66,7 @@ def test_never_worse_and_a_local_optimum(seed):
     co, _, _ = fuse(pg, order, R=5, M=1e12)
     units = placement_units(pg, co)
     start = adjusting_placement(co, pg).node_device
-    res = refine(pg, start, units, max_evals=10_000)
+    res = refine(pg, start, units, max_evals=10_000, boundary=False)
     assert not res.exhausted
     best = score(pg, res.placement)
     assert best <= score(pg, start)
@@ -86,6 +86,33 @@ def test_never_worse_and_a_local_optimum(seed):
         assert opt <= best
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_boundary_phase_improves_on_cluster_moves_to_a_local_optimum(seed):
+    """On 9 operators (no groups), brute force over all 2^9 placements bounds the result;
+    after both phases no operator touching the cut improves by moving across it."""
+    pg, _ = random_graph(50 + seed, n=9, ndev=2)
+    order, _, _ = graph_order(pg, "cpd")
+    co, _, _ = fuse(pg, order, R=3, M=1e12)
+    units = placement_units(pg, co)
+    start = adjusting_placement(co, pg).node_device
+    phase1 = refine(pg, start, units, max_evals=10_000, boundary=False)
+    both = refine(pg, start, units, max_evals=10_000)
+    assert not both.exhausted
+    best = score(pg, both.placement)
+    assert best <= score(pg, phase1.placement)
+    assert all(m["phase"] in ("cluster", "boundary") for m in both.moves)
+    p = both.placement
+    for s_, t_ in zip(pg.src.tolist(), pg.dst.tolist()):
+        if p[s_] != p[t_]:
+            for v, d in ((s_, p[t_]), (t_, p[s_])):
+                q = p.copy()
+                q[v] = d
+                sc = score(pg, q)
+                assert not (sc < best and (sc[0] < best[0] or sc[1] < best[1] - 1e-12))
+    opt = min(score(pg, np.array(ds)) for ds in itertools.product(range(2), repeat=pg.n))
+    assert opt <= best
+
+
 def test_pinned_units_stay_and_memory_is_not_broken():
     pg, dg = random_graph(3, n=40, ndev=3, mem_scale=1e9)
     start = np.zeros(pg.n, dtype=int)
@@ -94,12 +121,12 @@ def test_pinned_units_stay_and_memory_is_not_broken():
     pins[[0, 5, 9]] = 0
     one = simulate(pg, start)
     tight = pg.with_capacity(one.peak_memory[0] * 0.6)   # everything on one device: OOM
-    res = refine(tight, start, units, pins=pins, max_evals=600)
+    res = refine(tight, start, units, pins=pins, max_evals=600, memory="simulated")
     assert (res.placement[[0, 5, 9]] == 0).all()
     after = simulate(tight, res.placement)
     assert not after.oom(tight.capacity)                 # the overflow was repaired first
     # from a feasible start, every accepted move keeps the simulated peaks within capacity
-    res2 = refine(tight, res.placement, units, max_evals=300)
+    res2 = refine(tight, res.placement, units, max_evals=300, memory="simulated")
     assert not simulate(tight, res2.placement).oom(tight.capacity)
     assert res2.after <= res.after + 1e-12
 
@@ -163,3 +190,33 @@ def test_celeritas_refines_adjusting_placement_and_records_it():
     _, bl = _graph_levels(tp)
     assert res.predicted_step_time_s == pytest.approx(simulate(tp, res.placement,
                                                                priority=bl).makespan)
+
+
+def test_budget_per_device_matches_the_placers_accounting():
+    """a -> b, a -> c, b -> d: a, b on 0; c, d on 1.  Device 1 holds c, d and receives a and
+    b once each."""
+    g = nx.DiGraph([("a", "b"), ("a", "c"), ("b", "d"), ("c", "d")])
+    nx.set_node_attributes(g, {"a": 1.0, "b": 2.0, "c": 4.0, "d": 8.0}, "mem")
+    nx.set_node_attributes(g, {"a": 10.0, "b": 20.0, "c": 40.0, "d": 80.0}, "out_bytes")
+    pg = from_networkx(g, devices(2))
+    i = pg.index()
+    pl = np.zeros(4, dtype=int)
+    pl[[i["c"], i["d"]]] = 1
+    from explorer.engine.placement.refine import budget_per_device
+    assert budget_per_device(pg, pl).tolist() == [3.0, 12.0 + 10.0 + 20.0]
+
+
+def test_budget_memory_rule_is_stricter():
+    """With memory="budget" every accepted placement keeps the placers' whole-step budget."""
+    from explorer.engine.placement.refine import budget_per_device
+    pg, _ = random_graph(6, n=40, ndev=3, mem_scale=1e9)
+    pg = pg.with_capacity(float(pg.mem.sum()) * 0.45)
+    order, _, _ = graph_order(pg, "cpd")
+    co, _, _ = fuse(pg, order, R=6, M=1e12)
+    start = adjusting_placement(co, pg).node_device
+    assert (budget_per_device(pg, start) <= pg.capacity * (1 + 1e-9)).all()
+    res = refine(pg, start, placement_units(pg, co), memory="budget", max_evals=500)
+    assert (budget_per_device(pg, res.placement) <= pg.capacity * (1 + 1e-9)).all()
+    assert res.after <= res.before
+    with pytest.raises(ValueError, match="'simulated' or 'budget'"):
+        refine(pg, start, [], memory="peak")

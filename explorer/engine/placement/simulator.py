@@ -101,26 +101,21 @@ def simulate(pg, placement, priority=None, contention: str = "ports") -> SimResu
     succ, pred = pg.succ, pg.pred
     K, B = pg.k, pg.b
 
-    # readers of each node's output per device, and remote devices needing it
+    # readers of each node's output per device (one count per (node, device) pair: flat
+    # index node * nd + device), and the remote devices needing it
+    cnt = np.bincount(pg.src * nd + dev[pg.dst], minlength=n * nd).reshape(n, nd)
+    own = (np.arange(n), dev)
+    local = cnt[own].copy()
+    cnt[own] = 0
+    ru, rdv = np.nonzero(cnt)                          # sorted by node, then device
+    nrem = np.bincount(ru, minlength=n)
+    cnt[own] = local + nrem                            # remote copies release the original
+    uses = cnt.ravel().tolist()
     remote: list = [None] * n
-    uses: dict = {}            # (node, device) -> outstanding releases of that buffer
-    for u in range(n):
-        du = devl[u]
-        rd = None
-        cnt_local = 0
-        per: dict = {}
-        for v in succ[u]:
-            dv = devl[v]
-            if dv == du:
-                cnt_local += 1
-            else:
-                per[dv] = per.get(dv, 0) + 1
-        if per:
-            rd = sorted(per)
-            for dv, c in per.items():
-                uses[(u, dv)] = c
-        remote[u] = rd
-        uses[(u, du)] = cnt_local + (len(rd) if rd else 0)
+    if len(ru):
+        cuts = np.flatnonzero(np.diff(ru)) + 1
+        for u_, ds_ in zip(ru[np.r_[0, cuts]].tolist(), np.split(rdv, cuts)):
+            remote[u_] = ds_.tolist()
     waiting = [len(p) for p in pred]
     cur = [0.0] * nd
     peak = [0.0] * nd
@@ -143,7 +138,7 @@ def simulate(pg, placement, priority=None, contention: str = "ports") -> SimResu
 
     def release(u, d):
         """One reader/transfer of u's buffer on device d is done."""
-        key = (u, d)
+        key = u * nd + d
         left = uses[key] - 1
         uses[key] = left
         if left > 0:
@@ -167,7 +162,10 @@ def simulate(pg, placement, priority=None, contention: str = "ports") -> SimResu
         f = t + w[v]
         finish[v] = f
         busy[d] += w[v]
-        alloc(d, memv[v])
+        c = cur[d] + memv[v]
+        cur[d] = c
+        if c > peak[d]:
+            peak[d] = c
         seq += 1
         heapq.heappush(events, (f, seq, 0, v, d))
 
@@ -188,7 +186,7 @@ def simulate(pg, placement, priority=None, contention: str = "ports") -> SimResu
                 if alias[v] == p:
                     continue
                 release(p, d)
-            if alias[v] >= 0 and uses[(v, d)] == 0:
+            if alias[v] >= 0 and uses[v * nd + d] == 0:
                 release(alias[v], d)
             for s in succ[v]:
                 if devl[s] == d:

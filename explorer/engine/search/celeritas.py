@@ -35,14 +35,14 @@ from ..placement.fusion import fuse
 from ..placement.graph import PlacementGraph
 from ..placement.order import graph_order
 from ..placement.place import adjusting_placement, order_place
-from ..placement.refine import placement_units, refine
+from ..placement.refine import budget_per_device, placement_units, refine
 from ..placement.result import PlacementResult, finish
 
 __all__ = ["search", "placement_graph", "resolve_pins", "DEFAULTS"]
 
 #: Paper's choices: R = 200 nodes, M = 0.25 of a device's memory (Section 5.1.3)
 DEFAULTS = {"R": 200, "M_fraction": 0.25, "contention": "ports", "algo": "celeritas",
-            "refine": True, "refine_evals": None}
+            "refine": True, "refine_evals": None, "refine_memory": "budget"}
 
 
 def placement_graph(graph, devices, options: dict | None = None) -> PlacementGraph:
@@ -112,7 +112,8 @@ def search(graph, devices, options: dict | None = None) -> PlacementResult:
     options : dict, optional
         ``algo`` ("celeritas" | "celeritas-paper" | "order-place"), ``refine`` (True: the
         simulated refinement after Adjusting Placement, celeritas only), ``refine_evals``
-        (simulation budget, default by graph size), ``R`` (200), ``M`` (bytes; default
+        (simulation budget, default by graph size), ``refine_memory`` ("budget": the
+        placers' whole-step budget | "simulated": only the simulated peaks within capacity), ``R`` (200), ``M`` (bytes; default
         ``M_fraction`` 0.25 of the smallest capacity), ``memory_per_device`` (bytes),
         ``pins`` ({op name or "cluster:K": device}), ``contention`` ("ports" | "none"),
         ``batch`` / ``model_args`` (for a spec string).
@@ -154,7 +155,7 @@ def search(graph, devices, options: dict | None = None) -> PlacementResult:
     ref = None
     if algo == "celeritas" and opts["refine"]:
         ref = refine(pg, placement, placement_units(pg, co), pin, opts["refine_evals"],
-                     contention=opts["contention"])
+                     contention=opts["contention"], memory=opts["refine_memory"])
         placement = ref.placement
     elapsed = time.perf_counter() - t0
     if ref is not None:               # a cluster's device: where most of its work now runs
@@ -176,7 +177,8 @@ def search(graph, devices, options: dict | None = None) -> PlacementResult:
              "placer_memory_bytes": cp.used.tolist() if cp.used is not None else None,
              "refine": ref is not None}
     if ref is not None:
-        stats.update({"step_before_refine_s": ref.before, "refine_moves": len(ref.moves),
+        over = bool((budget_per_device(pg, placement) > pg.capacity * (1 + 1e-9)).any())
+        stats.update({"over_budget": over, "step_before_refine_s": ref.before, "refine_moves": len(ref.moves),
                       "refine_evals": ref.evals, "refine_passes": ref.passes,
                       "refine_s": ref.seconds, "refine_exhausted": ref.exhausted})
     trace = [{"step": "cpd-topo", "order": [pg.names[v] for v in order[:2000]],
