@@ -242,6 +242,9 @@ def test_placement_page_places_shows_schedule_and_pins(dash_duo):
     dash_duo.find_element(f"#{ids.PLACE_BUTTON}").click()
     dash_duo.wait_for_contains_text("#place-headline", "predicted step", timeout=90)
     assert "celeritas" in dash_duo.find_element("#place-headline").text
+    # the subline says what the simulated refinement did to Adjusting Placement's step
+    sub = dash_duo.find_element("#place-subline").text
+    assert "simulated refinement" in sub and "simulations" in sub
 
     def traces(fig_id, timeout=20):
         end = time.time() + timeout
