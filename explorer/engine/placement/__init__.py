@@ -2,8 +2,8 @@
 
 Pipeline: :mod:`.estimate` (Standard Evaluation) -> :class:`.graph.PlacementGraph` ->
 :mod:`.order` (m-TOPO / DFS-TOPO / CPD-TOPO) -> :mod:`.fusion` (optimal operation fusion) ->
-:mod:`.place` (Order-Place, Adjusting Placement) or :mod:`.baselines` -> :mod:`.simulator`
-(one judge for all) -> :class:`.result.PlacementResult`.  The public entry point is
+:mod:`.place` (Order-Place, Adjusting Placement) -> :mod:`.refine` (simulated refinement,
+``celeritas`` only) or :mod:`.baselines` -> :mod:`.simulator` (one judge for all) -> :class:`.result.PlacementResult`.  The public entry point is
 :func:`explorer.engine.search.celeritas.search`.
 """
 
