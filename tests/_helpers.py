@@ -1,8 +1,11 @@
-"""Helpers shared by tests: worker processes left behind, the command line in a subprocess."""
+"""Helpers shared by tests: worker processes left behind, the command line in a subprocess,
+random operator DAGs for the placers."""
 
 import subprocess
 import sys
 
+import networkx as nx
+import numpy as np
 import psutil
 
 
@@ -22,3 +25,22 @@ def explorer_cli(*args, timeout: float = 300) -> subprocess.CompletedProcess:
     """``explorer ARGS`` in a fresh interpreter, output captured as text."""
     return subprocess.run([sys.executable, "-m", "explorer.cli", *map(str, args)],
                           capture_output=True, text=True, timeout=timeout)
+
+
+def random_dag(seed, n=60, p=0.08, ndev=3, mem_scale=1.0, window=12, gb=(0.05, 1.0)):
+    """A random DAG (edges only within ``window`` nodes, probability ``3p``) with per-node
+    time 0.1-1 s, memory 1-10 x ``mem_scale`` and outputs of ``gb`` GB; and ``ndev`` devices
+    at 4 GB/s, 10 µs latency.  Returns ``(networkx graph, DeviceGraph)``."""
+    from explorer.engine.devices import Device, DeviceGraph
+    rng = np.random.default_rng(seed)
+    g = nx.DiGraph()
+    for i in range(n):
+        g.add_node(i, time=float(rng.uniform(0.1, 1.0)), mem=float(rng.uniform(1, 10) * mem_scale),
+                   out_bytes=float(rng.uniform(*gb) * 1e9))
+    for i in range(n):
+        for j in range(i + 1, min(n, i + window)):
+            if rng.random() < p * 3:
+                g.add_edge(i, j)
+    devs = [Device(f"d{i}", "test", 1e12, 1e12, 1e12) for i in range(ndev)]
+    dg = DeviceGraph("rand", devs, np.full((ndev, ndev), 4e9), np.full((ndev, ndev), 1e-5))
+    return g, dg

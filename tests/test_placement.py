@@ -18,27 +18,14 @@ from explorer.engine.search import celeritas
 from explorer.engine.search.placement_baselines import PLACEMENT_ALGORITHMS, run
 from explorer.errors import InfeasiblePlan
 
+from _helpers import random_dag
+
 GB = 1e9
 
 
 def two_devices(bw=1e9, lat=0.0, mem=100.0):
     devs = [Device(f"d{i}", "test", 1e12, 1e12, mem) for i in range(2)]
     return DeviceGraph("t2", devs, np.full((2, 2), bw), np.full((2, 2), lat))
-
-
-def random_dag(seed, n=60, p=0.08, ndev=3, mem_scale=1.0):
-    rng = np.random.default_rng(seed)
-    g = nx.DiGraph()
-    for i in range(n):
-        g.add_node(i, time=float(rng.uniform(0.1, 1.0)), mem=float(rng.uniform(1, 10) * mem_scale),
-                   out_bytes=float(rng.uniform(0.05, 1.0) * 1e9))
-    for i in range(n):
-        for j in range(i + 1, min(n, i + 12)):
-            if rng.random() < p * 3:
-                g.add_edge(i, j)
-    devs = [Device(f"d{i}", "test", 1e12, 1e12, 1e12) for i in range(ndev)]
-    dg = DeviceGraph("rand", devs, np.full((ndev, ndev), 4e9), np.full((ndev, ndev), 1e-5))
-    return g, dg
 
 
 # -- orders -----------------------------------------------------------------------------------

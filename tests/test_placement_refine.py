@@ -17,6 +17,8 @@ from explorer.engine.placement.refine import placement_units, refine
 from explorer.engine.placement.simulator import simulate
 from explorer.engine.search import celeritas
 
+from _helpers import random_dag
+
 
 def devices(n=2, bw=1e9, lat=1e-5, mem=1e12):
     devs = [Device(f"d{i}", "test", 1e12, 1e12, mem) for i in range(n)]
@@ -24,16 +26,9 @@ def devices(n=2, bw=1e9, lat=1e-5, mem=1e12):
 
 
 def random_graph(seed, n=40, ndev=3, mem_scale=1.0):
-    rng = np.random.default_rng(seed)
-    g = nx.DiGraph()
-    for i in range(n):
-        g.add_node(i, time=float(rng.uniform(0.1, 1.0)), mem=float(rng.uniform(1, 10) * mem_scale),
-                   out_bytes=float(rng.uniform(0.01, 0.5) * 1e9))
-    for i in range(n):
-        for j in range(i + 1, min(n, i + 8)):
-            if rng.random() < 0.25:
-                g.add_edge(i, j)
-    return from_networkx(g, devices(ndev, bw=4e9)), devices(ndev, bw=4e9)
+    g, dg = random_dag(seed, n, p=0.25 / 3, ndev=ndev, mem_scale=mem_scale, window=8,
+                       gb=(0.01, 0.5))
+    return from_networkx(g, dg), dg
 
 
 def score(pg, placement):
