@@ -72,7 +72,7 @@ def bench(model: str, devices: int, algo: str, steps: int, warmup: int, sync: st
 
 def _bench_once(model: str, devices: int, algo: str, steps: int, warmup: int,
                 sync: str) -> dict:
-    from explorer.engine import session
+    from explorer import service as session
     from explorer.engine.runtime import launch
     from explorer.engine.runtime.calibrate import profile_model
     cfg = CONFIGS[model]

@@ -16,7 +16,7 @@ import tempfile
 import dash
 from dash import Dash, dcc, html
 
-from .engine import session
+from . import service as session
 from .views import ids
 
 DEFAULT_REQUEST = session.Request(model="vgg16", preset="p100-nvlink-4", devices=4,

@@ -525,7 +525,7 @@ def cmd_calibrate(args) -> int:
 
 def cmd_serve(args) -> int:
     from .app import serve
-    from .engine.session import Request
+    from .service import Request
     req = Request(model=args.model, batch=args.batch, model_args=dict(args.model_arg),
                   preset=args.preset, devices=args.devices, algo=args.algo)
     return serve(args.host, args.port, debug=args.debug, request=req)

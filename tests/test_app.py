@@ -5,7 +5,7 @@ import socket
 import pytest
 
 from explorer import app as A
-from explorer.engine import session
+from explorer import service as session
 from explorer.views import graph, ids, model
 
 

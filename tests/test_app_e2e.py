@@ -167,7 +167,7 @@ def test_background_search_can_be_cancelled(app_duo):
 
 
 def test_run_panel_executes_the_plan_and_checks_it(dash_duo):
-    from explorer.engine.session import Request
+    from explorer.service import Request
     dash_duo.start_server(create_app(Request(model="lenet5", preset="local", devices=2,
                                              batch=8)))
     wait_objective(dash_duo)
@@ -185,7 +185,7 @@ def test_run_panel_executes_the_plan_and_checks_it(dash_duo):
 
 
 def test_tofu_page_partitions_tiles_and_compares(dash_duo):
-    from explorer.engine.session import Request
+    from explorer.service import Request
     dash_duo.start_server(create_app(Request(model="wresnet", preset="k80-pcie-8", devices=4,
                                              batch=8, model_args={"depth": "50", "width": "1",
                                                                   "image_size": "32"})))
@@ -306,7 +306,7 @@ def test_placement_page_places_shows_schedule_and_pins(dash_duo):
 
 def test_placement_page_runs_the_placement_on_local_workers(dash_duo):
     from explorer.engine.search.placement_baselines import PLACEMENT_ALGORITHMS
-    from explorer.engine.session import Request
+    from explorer.service import Request
     dash_duo.start_server(create_app(Request(model="lenet5", preset="local", devices=2,
                                              batch=8)))
     wait_objective(dash_duo)

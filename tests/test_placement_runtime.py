@@ -62,7 +62,7 @@ def test_explorer_run_executes_a_saved_placement(tmp_path):
     d = json.loads(out.stdout)
     assert d["reference_ok"] and d["predicted_step_time_s"] > 0
     # stored with the placement (same store and key as the app's Placement page)
-    from explorer.engine.session import placement_runs
+    from explorer.service import placement_runs
     hist = placement_runs(json.loads(plan.read_text()))
     assert [h["id"] for h in hist] == [d["run_id"]] and hist[0]["reference"] == "ok"
     assert d["measured_comm_bytes"] == d["predicted_comm_bytes"]

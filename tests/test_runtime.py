@@ -20,7 +20,7 @@ import pytest
 import torch
 from _helpers import spawned_workers
 
-from explorer.engine import session
+from explorer import service as session
 from explorer.engine.runtime import RunFailed, launch, launch_many, validate
 from explorer.errors import ExplorerError, InfeasiblePlan
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from explorer.engine import session
+from explorer import service as session
 from explorer.views import compare as C
 
 REQ = dict(model="lenet5", preset="p100-cluster", devices=4)

@@ -4,7 +4,7 @@ one cluster expanded, the Gantt / memory / comparison figures, and pin / unpin /
 import pytest
 from dash import no_update
 
-from explorer.engine import session
+from explorer import service as session
 from explorer.errors import InfeasiblePlan
 from explorer.views import placement as P
 

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from explorer.engine import session
+from explorer import service as session
 from explorer.engine.history import PlanStore
 from explorer.engine.plan import Plan
 from explorer.views import plans as P

@@ -13,7 +13,7 @@ import time
 import pytest
 from dash import dcc, html
 
-from explorer.engine import session
+from explorer import service as session
 from explorer.views import ids, tiling
 
 

@@ -25,7 +25,7 @@ import dash
 import plotly.graph_objects as go
 from dash import Input, Output, State, dcc, html
 
-from ..engine import session
+from .. import service as session
 from ..errors import ExplorerError
 from . import ids
 

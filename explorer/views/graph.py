@@ -15,8 +15,8 @@ import dash
 import dash_cytoscape as cyto
 from dash import Input, Output, State, dash_table, dcc, html, no_update
 
-from ..engine import layout as L
-from ..engine import session
+from . import layout as L
+from .. import service as session
 from . import ids
 
 PALETTE = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1",

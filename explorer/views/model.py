@@ -15,7 +15,7 @@ import json
 import dash
 from dash import Input, Output, State, dcc, html, no_update
 
-from ..engine import session
+from .. import service as session
 from ..engine.devices import list_presets
 from ..engine.search import ALGORITHMS
 from ..errors import ExplorerError

@@ -14,7 +14,7 @@ Celeritas or one of its baselines as a background job, then shows
 * pin-to-device: pin the selected cluster or operator, re-run; an impossible pin shows the
   engine's error and keeps the previous placement.
 
-All numbers come from :mod:`explorer.engine.session` (``placement``, ``placement_structure``,
+All numbers come from :mod:`explorer.service` (``placement``, ``placement_structure``,
 ``placement_compare``); nothing here places anything.
 """
 
@@ -29,8 +29,8 @@ import numpy as np
 import plotly.graph_objects as go
 from dash import ALL, Input, Output, State, ctx, dash_table, dcc, html, no_update
 
-from ..engine import layout as L
-from ..engine import session
+from . import layout as L
+from .. import service as session
 from ..errors import ExplorerError
 from . import ids
 from .controls import job_controls

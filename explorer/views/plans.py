@@ -22,7 +22,7 @@ import re
 import dash
 from dash import Input, Output, State, dash_table, dcc, html
 
-from ..engine import session
+from .. import service as session
 from ..engine.history import PlanStore, dumps
 from ..engine.plan import SCHEMA, Plan
 from . import ids

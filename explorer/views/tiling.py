@@ -28,7 +28,7 @@ Two figures, both drawn from plain dicts so they can be tested without a browser
   are folded into one block labelled ``×N``.  It is a handful of traces whatever the model
   size (one filled trace per device), so Inception's 125 layers draw in milliseconds.
 
-The callbacks at the bottom only pick the layer/device, call :mod:`explorer.engine.session`,
+The callbacks at the bottom only pick the layer/device, call :mod:`explorer.service`,
 and hand the dicts to these functions; they are registered with ``dash.callback`` while the
 undecorated functions (:func:`choose_layer`, :func:`device_choice`, :func:`render_figure`,
 :func:`render_strip`) stay importable for tests.
@@ -843,14 +843,14 @@ def device_choice(plan, layer, current):
 
 
 def _request_of(plan, request):
-    from ..engine import session
+    from .. import service as session
     doc = plan.get("request") if isinstance(plan, dict) and plan.get("request") else request
     return session.Request.from_dict(doc)
 
 
 def layer_geometry(plan, request, layer):
     """``(geom, producers)`` for ``layer`` under its planned configuration, from session."""
-    from ..engine import session
+    from .. import service as session
     req = _request_of(plan, request)
     la = layer_entry(plan, layer)
     geom = session.tiles(req, la["name"], la["config"], la["devices"])

@@ -17,7 +17,7 @@ import dash
 import plotly.graph_objects as go
 from dash import Input, Output, State, dash_table, dcc, html, no_update
 
-from ..engine import session
+from .. import service as session
 from ..errors import ExplorerError
 from . import ids
 from .controls import job_controls

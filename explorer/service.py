@@ -1,6 +1,6 @@
-"""The engine's face towards the app: requests in, JSON-able results out, with caches.
+"""The application service: what the app and the command line call.
 
-Views never touch graphs or cost models directly; they send a :class:`Request` (plain dict in
+Requests in, JSON-able results out, with caches.  Views never touch graphs or cost models directly; they send a :class:`Request` (plain dict in
 a ``dcc.Store``) and get dicts back.  Imported graphs and cost models are cached per request,
 so re-running a search after a pin only recomputes the pinned layers' tables.
 """
@@ -13,12 +13,12 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from ..errors import ExplorerError, InfeasiblePlan
-from . import geometry as G
-from .costmodel import CostModel, Pin
-from .devices import DeviceGraph, from_json, preset
-from .graph import LayerGraph
-from .importer import import_spec
+from .errors import ExplorerError, InfeasiblePlan
+from .engine import geometry as G
+from .engine.costmodel import CostModel, Pin
+from .engine.devices import DeviceGraph, from_json, preset
+from .engine.graph import LayerGraph
+from .engine.importer import import_spec
 
 
 @dataclass
@@ -65,22 +65,49 @@ class Request:
 
 
 _LOCK = threading.RLock()
+_BUILDING: dict = {}                 # key -> lock held while that value is being built
 _GRAPHS: OrderedDict = OrderedDict()
 _MODELS: OrderedDict = OrderedDict()
 _CACHE_SIZE = 8
 
 
 def _lru(cache, key, make):
+    """``cache[key]``, built by ``make()`` once even when many callbacks ask at the same time.
+
+    A per-key lock serialises builders of the same value (the others wait and reuse it);
+    values for different keys build in parallel, except captures, which torch.fx and make_fx
+    only allow one at a time (:data:`_CAPTURE`)."""
     with _LOCK:
         if key in cache:
             cache.move_to_end(key)
             return cache[key]
-    value = make()
-    with _LOCK:
-        cache[key] = value
-        while len(cache) > _CACHE_SIZE:
-            cache.popitem(last=False)
+        building = _BUILDING.setdefault((id(cache), key), threading.Lock())
+    with building:
+        with _LOCK:
+            if key in cache:
+                cache.move_to_end(key)
+                return cache[key]
+        try:
+            value = make()
+        finally:
+            with _LOCK:
+                _BUILDING.pop((id(cache), key), None)
+        with _LOCK:
+            cache[key] = value
+            while len(cache) > _CACHE_SIZE:
+                cache.popitem(last=False)
     return value
+
+
+_CAPTURE = threading.Lock()          # torch.fx tracing is not thread-safe: one capture at a time
+
+
+def _captured(build):
+    """Run a model capture under :data:`_CAPTURE`."""
+    def make():
+        with _CAPTURE:
+            return build()
+    return make
 
 
 def parse_model_args(text: str) -> dict:
@@ -99,7 +126,7 @@ def parse_model_args(text: str) -> dict:
 
 def graph_for(req: Request) -> LayerGraph:
     return _lru(_GRAPHS, req.graph_key(),
-                lambda: import_spec(req.model, req.batch, dict(req.model_args)))
+                _captured(lambda: import_spec(req.model, req.batch, dict(req.model_args))))
 
 
 def devices_for(req: Request) -> DeviceGraph:
@@ -130,7 +157,7 @@ def summary(req: Request) -> dict:
 
 def search(req: Request, pins: list | None = None, algo: str | None = None) -> dict:
     """Run ``algo`` (default ``req.algo``) honouring ``pins``; the plan dict with its trace."""
-    from .search import run
+    from .engine.search import run
     g = graph_for(req)
     cm = cost_model_for(req)
     parsed = [Pin.parse(p) for p in (pins or [])]
@@ -254,8 +281,10 @@ _TOFU: OrderedDict = OrderedDict()
 
 
 def _after_fork_in_child():
-    global _LOCK
+    global _LOCK, _CAPTURE
     _LOCK = threading.RLock()          # a forked background job must not inherit a held lock
+    _CAPTURE = threading.Lock()
+    _BUILDING.clear()
 
 
 if hasattr(__import__("os"), "register_at_fork"):
@@ -265,15 +294,15 @@ if hasattr(__import__("os"), "register_at_fork"):
 def opgraph_for(req: Request):
     """The joint forward+backward operator graph of the request's model (cached; traced
     by one thread at a time)."""
-    from .opgraph import build_opgraph
+    from .engine.opgraph import build_opgraph
 
     # build_opgraph traces one graph at a time with fresh torch.fx.traceback state
     return _lru(_OPGRAPHS, req.graph_key(),
-                lambda: build_opgraph(req.model, req.batch, dict(req.model_args)))
+                _captured(lambda: build_opgraph(req.model, req.batch, dict(req.model_args))))
 
 
 def _tofu_result(req: Request, algo: str):
-    from .search import tofu as T
+    from .engine.search import tofu as T
     return _lru(_TOFU, req.graph_key() + req.device_key() + (algo,),
                 lambda: T.search(opgraph_for(req), req.devices, devices_for(req),
                                  options={"algo": algo}))
@@ -289,13 +318,13 @@ def tofu(req: Request, algo: str = "tofu") -> dict:
 
 def tofu_strip(req: Request, algo: str = "tofu", upto: int | None = None) -> list:
     """Figure 11 blocks (weight and activation tile owners) after the first ``upto`` steps."""
-    from .search import tofu as T
+    from .engine.search import tofu as T
     return T.strip(_tofu_result(req, algo), opgraph_for(req), upto=upto)
 
 
 def tofu_compare(req: Request) -> dict:
     """Every Tofu-family algorithm's communication, time and memory (Figure 10)."""
-    from .search import tofu as T
+    from .engine.search import tofu as T
     out = {}
     for algo in T.ALGOS:
         r = _tofu_result(req, algo)
@@ -336,7 +365,7 @@ def placement_pins(pins: list | None) -> dict:
 
 def placement_graph_for(req: Request, memory_gib=None):
     """The placers' input graph (Standard Evaluation of the operator graph), cached."""
-    from .search.celeritas import placement_graph
+    from .engine.search.celeritas import placement_graph
     cap = _memory_bytes(memory_gib)
     opts = {} if cap is None else {"memory_per_device": cap}
     return _lru(_PLACE_GRAPHS, req.graph_key() + req.device_key() + (cap,),
@@ -344,7 +373,7 @@ def placement_graph_for(req: Request, memory_gib=None):
 
 
 def _placement_result(req: Request, algo: str, memory_gib=None, pins: list | None = None):
-    from .search.placement_baselines import run
+    from .engine.search.placement_baselines import run
     cap = _memory_bytes(memory_gib)
     pin_map = placement_pins(pins)
     opts = {"pins": pin_map}
@@ -398,7 +427,7 @@ def placement_compare(req: Request, memory_gib=None, pins: list | None = None, a
                       progress=lambda done, total, algo: None) -> list:
     """Every placement algorithm on the same graph and simulator (Celeritas Tables 3-4):
     predicted step time, placement time, peak memory, OOM - or the error it raised."""
-    from .search.placement_baselines import PLACEMENT_ALGORITHMS
+    from .engine.search.placement_baselines import PLACEMENT_ALGORITHMS
     algos = list(algos or PLACEMENT_ALGORITHMS)
     rows = []
     for i, a in enumerate(algos):
@@ -427,7 +456,7 @@ def run_placement(doc: dict, steps: int = 3, timeout_s: float = 600.0,
     machine's free memory."""
     import psutil
 
-    from .runtime.opexec import run_placement as run
+    from .engine.runtime.opexec import run_placement as run
     if not doc or "placement" not in doc or "request" not in doc:
         raise ExplorerError("place the model first, then run the placement")
     req = Request.from_dict(doc["request"])
@@ -457,7 +486,7 @@ def run_placement(doc: dict, steps: int = 3, timeout_s: float = 600.0,
     out["algo"] = doc.get("algo")
     out["devices"] = n
     out["steps"] = max(1, int(steps))
-    from .runtime.store import RunStore, placement_key
+    from .engine.runtime.store import RunStore, placement_key
     RunStore().add_safely(placement_key(doc), out)
     return out
 
@@ -465,8 +494,8 @@ def run_placement(doc: dict, steps: int = 3, timeout_s: float = 600.0,
 def placement_runs(doc: dict, limit: int = 50) -> list:
     """Stored runs of this placement (command line or app), newest first: when, workers,
     predicted and measured step time, their error and the reference verdict."""
-    from .history import digest
-    from .runtime.store import RunStore, placement_key
+    from .engine.history import digest
+    from .engine.runtime.store import RunStore, placement_key
     if not doc or "placement" not in doc:
         return []
     return RunStore().rows(digest(placement_key(doc)), limit)

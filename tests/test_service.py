@@ -1,0 +1,67 @@
+"""The application service: captures are built once, even when many callbacks ask at once."""
+
+import threading
+
+import pytest
+
+from explorer import service
+
+
+@pytest.mark.parametrize("fn", [service.graph_for, service.opgraph_for])
+def test_concurrent_first_capture_builds_once(fn, monkeypatch):
+    service.clear_caches()
+    req = service.Request(model="lenet5", batch=8, devices=2)
+    calls = []
+    real = {service.graph_for: "import_spec", service.opgraph_for: None}[fn]
+    if real:
+        orig = service.import_spec
+
+        def counting(*a, **k):
+            calls.append(1)
+            return orig(*a, **k)
+        monkeypatch.setattr(service, "import_spec", counting)
+    results, errors = [], []
+    barrier = threading.Barrier(6)
+
+    def ask():
+        barrier.wait()
+        try:
+            results.append(fn(req))
+        except Exception as exc:  # noqa: BLE001 - the test reports it
+            errors.append(exc)
+    threads = [threading.Thread(target=ask) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors
+    assert len(results) == 6 and all(r is results[0] for r in results)
+    if real:
+        assert len(calls) == 1
+
+
+def test_different_models_at_once_each_get_their_own_graph():
+    service.clear_caches()
+    names = ["lenet5", "alexnet", "mlp", "vgg16"]
+    out, errors = {}, []
+    barrier = threading.Barrier(len(names))
+
+    def ask(name):
+        barrier.wait()
+        try:
+            out[name] = service.summary(service.Request(model=name, devices=2))
+        except Exception as exc:  # noqa: BLE001
+            errors.append(exc)
+    threads = [threading.Thread(target=ask, args=(n,)) for n in names]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    assert not errors, errors
+    assert sorted(out) == sorted(names)
+    assert len({o["parameters"] for o in out.values()}) == len(names)
+
+
+def test_engine_does_not_contain_the_service():
+    import importlib.util
+    assert importlib.util.find_spec("explorer.engine.session") is None
