@@ -29,3 +29,8 @@ class UnknownPreset(ExplorerError, KeyError):
 
     def __str__(self):
         return str(self.args[0]) if self.args else ""
+
+
+class PlanFileError(InfeasiblePlan):
+    """A plan document cannot be used: missing, unreadable, unknown schema, newer version, or
+    edited after it was saved."""

@@ -65,3 +65,18 @@ def test_different_models_at_once_each_get_their_own_graph():
 def test_engine_does_not_contain_the_service():
     import importlib.util
     assert importlib.util.find_spec("explorer.engine.session") is None
+
+
+def test_plan_documents_schema_version_checksum():
+    from explorer.engine import plandoc as P
+    from explorer.errors import PlanFileError
+    doc = P.seal({"model": "mlp", "layers": [], "x": (1, 2)}, "tofu")
+    assert doc["schema"] == "plan-explorer/tofu" and doc["version"] == P.VERSION
+    assert P.open_document(doc) == "tofu"
+    assert P.open_document({"schema": "plan-explorer/plan@1"}) == "layerwise"
+    for bad, words in [({"schema": "other/thing"}, "unknown plan schema"),
+                       (dict(doc, version=P.VERSION + 1), "newer"),
+                       (dict(doc, model="lenet5"), "edited"),
+                       ([1, 2], "not a plan")]:
+        with pytest.raises(PlanFileError, match=words):
+            P.open_document(bad)
