@@ -27,8 +27,16 @@ def _kv(text: str) -> tuple:
     return k, v
 
 
+def _methods_help() -> str:
+    from .engine.search import describe
+    fam = {"layerwise": "layer-wise (OptCNN and baselines)",
+           "tofu": "operator partitioning (Tofu, Section 7.3 baselines)",
+           "placement": "device placement (Celeritas, baselines)"}
+    return "; ".join(f"{label}: {', '.join(describe(f))}" for f, label in fam.items())
+
+
 def build_parser() -> argparse.ArgumentParser:
-    from .engine.search import ALGORITHMS
+    from .engine.search import METHODS, names
     p = argparse.ArgumentParser(prog="explorer", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="cmd", required=True)
 
@@ -37,14 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--devices", "-n", type=int, default=4, help="number of devices (default 4)")
     s.add_argument("--preset", default=None,
                    help="device preset or cluster JSON (default: P100 cluster sized to --devices)")
-    from .engine.search.placement_baselines import PLACEMENT_ALGORITHMS
-    from .engine.search.tofu import ALGOS as TOFU_ALGOS
-    s.add_argument("--algo", default="optcnn",
-                   choices=list(ALGORITHMS) + list(TOFU_ALGOS) + list(PLACEMENT_ALGORITHMS),
-                   help="layer-wise: " + ", ".join(ALGORITHMS) + "; operator partitioning "
-                        "(Tofu, Section 7.3 baselines): " + ", ".join(TOFU_ALGOS) +
-                        "; device placement (Celeritas, baselines): " +
-                        ", ".join(PLACEMENT_ALGORITHMS))
+    s.add_argument("--algo", default="optcnn", choices=list(METHODS), metavar="METHOD",
+                   help=_methods_help())
     s.add_argument("--memory-per-device", type=float, default=None, metavar="GIB",
                    help="placement algorithms: memory limit per device in GiB (default: the "
                         "preset's capacity)")
@@ -55,8 +57,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--dump-graph", metavar="FILE",
                    help="placement algorithms: write the operator graph the placers saw "
                         "(node-link JSON with times, memory, bytes and the device graph)")
-    s.add_argument("--pin", action="append", default=[], metavar="LAYER=CONFIG",
-                   help="pin a layer: LAYER=n=2,c=2 and/or LAYER=@0,1 (devices); repeatable")
+    s.add_argument("--pin", action="append", default=[], metavar="TARGET=SPEC",
+                   help="pin a layer (LAYER=n=2,c=2 and/or LAYER=@0,1), an operator or "
+                        "cluster (OP=@2, cluster:K=@1) or a tensor's Tofu tiling "
+                        "(TENSOR=grid=2x1); repeatable")
     s.add_argument("--batch", "-b", type=int, default=None, help="global batch size")
     s.add_argument("--model-arg", "-a", action="append", default=[], type=_kv,
                    metavar="KEY=VALUE", help="model keyword argument; repeatable")
@@ -121,7 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--preset", default="p100-nvlink-4")
     v.add_argument("--batch", "-b", type=int, default=None)
     v.add_argument("--model-arg", "-a", action="append", default=[], type=_kv)
-    v.add_argument("--algo", default="optcnn", choices=list(ALGORITHMS))
+    v.add_argument("--algo", default="optcnn", choices=names("layerwise"))
     return p
 
 
@@ -142,171 +146,61 @@ def main(argv=None) -> int:
 # --------------------------------------------------------------------------------------------
 
 
-def cmd_search_tofu(args) -> int:
-    """``explorer search --algo tofu|icml18|equalchop|spartan|allrow-greedy``: partition every
-    tensor of the joint forward+backward operator graph (Tofu, EuroSys 2019)."""
-    from .engine.opgraph import build_opgraph
-    from .engine.search import tofu
-
-    if args.pin:
-        raise ValueError(f"--algo {args.algo} partitions every tensor of the operator graph; "
-                         f"--pin applies to the layer-wise searches only")
+def _request(args):
+    """The command line's model and device arguments as the service's request."""
+    from .service import Request
     if args.batch is not None and args.batch < 1:
         raise ValueError(f"--batch must be ≥ 1, got {args.batch}")
-    devices = device_graph(args.preset, args.devices)
-    t0 = time.perf_counter()
-    g = build_opgraph(args.model, args.batch, dict(args.model_arg))
-    trace_s = time.perf_counter() - t0
-    res = tofu.search(g, args.devices, devices, options={"algo": args.algo})
-    cap = min(d.memory for d in devices.devices[:args.devices])
-    worst = max(res.peak_memory_bytes) if res.peak_memory_bytes else 0
-    out = res.to_dict()
-    out["batch"] = g.batch
-    out["model_args"] = dict(args.model_arg)
-    out["trace_time_s"] = trace_s
-    out["fits_memory"] = worst <= cap
-    compare = {}
-    if args.compare:
-        for algo in tofu.ALGOS:
-            r = res if algo == args.algo else tofu.search(g, args.devices, devices,
-                                                          options={"algo": algo})
-            compare[algo] = {"comm_bytes": r.comm_bytes, "objective_s": r.objective_s,
-                             "search_time_s": r.search_time_s,
-                             "peak_memory_bytes": max(r.peak_memory_bytes)}
-        out["compare"] = compare
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(out, f, indent=1)
-    if args.json:
-        print(json.dumps(out, indent=1))
-    else:
-        c = res.coarse
-        print(f"{args.model} batch {g.batch}: {c['ops_before']} ops, {c['tensors_before']} "
-              f"tensors -> coarsened {c['ops_after']} op groups, {c['tensors_after']} tensor "
-              f"groups ({c['classes']} partition classes)  [traced in {trace_s:.2f} s]")
-        print(f"{args.algo} on {args.devices} workers of {devices.name}: k = "
-              f"{' x '.join(map(str, res.factors)) or '1'}, searched in {res.search_time_s:.2f} s")
-        for i, s_ in enumerate(res.steps):
-            print(f"  step {i + 1}: {s_.groups} group(s) -> x{s_.k}: +{s_.delta_bytes / 1e9:.3f} GB"
-                  f"  ({s_.seconds * 1e3:.1f} ms at {s_.bandwidth / 1e9:.1f} GB/s)")
-        print(f"communication {res.comm_bytes / 1e9:.3f} GB per step, {res.objective_s * 1e3:.1f}"
-              f" ms; peak memory per worker {worst / 2**30:.2f} GiB (capacity {cap / 2**30:.0f}"
-              f" GiB)")
-        big = sorted(res.tilings.items(), key=lambda kv: -g.tensors[kv[0]].bytes)[:8]
-        print("largest tensors' tilings (grid per axis):")
-        for t, v in big:
-            print(f"  {t:<40} {str(tuple(v['shape'])):<24} grid {'x'.join(map(str, v['grid']))}")
-        for algo, r in compare.items():
-            print(f"  {algo:<14} {r['comm_bytes'] / 1e9:9.3f} GB  {r['objective_s'] * 1e3:9.1f} ms"
-                  f"  search {r['search_time_s']:.2f} s  peak {r['peak_memory_bytes'] / 2**30:.2f}"
-                  f" GiB")
-    if worst > cap and not args.ignore_memory:
-        print(f"error: the {args.algo} plan needs {worst / 2**30:.2f} GiB on a worker, more than "
-              f"the {cap / 2**30:.0f} GiB of {devices.name}'s devices: use more workers, a "
-              f"smaller --batch, or --ignore-memory to keep the plan", file=sys.stderr)
-        return 3
-    return 0
+    if args.devices < 1:
+        raise ValueError(f"--devices must be ≥ 1, got {args.devices}")
+    return Request(model=args.model, batch=args.batch, model_args=dict(args.model_arg),
+                   preset=args.preset or "p100-cluster", devices=args.devices, algo=args.algo,
+                   cost=getattr(args, "cost", "analytic"), sync=getattr(args, "sync", "ps"))
 
 
-def cmd_place(args) -> int:
-    """``explorer search --algo celeritas|celeritas-paper|order-place|m-topo|m-etf|m-sct|metis|single``:
-    device placement of the forward+backward operator graph (Celeritas and baselines)."""
-    from .engine.opgraph import build_opgraph
-    from .engine.search.celeritas import placement_graph
-    from .engine.search.placement_baselines import run as place
-
-    if args.batch is not None and args.batch < 1:
-        raise ValueError(f"--batch must be ≥ 1, got {args.batch}")
-    t0 = time.perf_counter()
-    og = build_opgraph(args.model, args.batch, dict(args.model_arg))
-    import_s = time.perf_counter() - t0
-    devices = device_graph(args.preset, args.devices)
-    opts = {"pins": {}, "refine_memory": args.refine_memory}
+def _options(args, family: str) -> dict:
+    if family != "placement":
+        return {}
+    opts = {}
     if args.memory_per_device is not None:
         if args.memory_per_device <= 0:
             raise ValueError(f"--memory-per-device must be > 0 GiB, got "
                              f"{args.memory_per_device}")
         opts["memory_per_device"] = args.memory_per_device * 2 ** 30
-    for p in args.pin:                       # OP=@D, OP=D or cluster:K=@D
-        name, eq, dev = p.rpartition("=")
-        if not eq or not dev.lstrip("@").isdigit():
-            raise ValueError(f"--pin for placement is OP=@DEVICE or cluster:K=@DEVICE, got "
-                             f"{p!r}")
-        opts["pins"][name] = int(dev.lstrip("@"))
-    pg = placement_graph(og, devices, opts)
-    if args.dump_graph:
-        with open(args.dump_graph, "w") as fh:
-            json.dump(pg.to_node_link(), fh)
-    res = place(args.algo, pg, devices, opts)
-    doc = res.to_dict(schedule=args.trace)
-    doc["import_time_s"] = import_s
-    doc["model_args"] = dict(args.model_arg)
-    doc["n_devices"] = devices.n
-    if args.out:
-        with open(args.out, "w") as fh:
-            json.dump(doc, fh, indent=2)
-    if args.json:
-        print(json.dumps(doc, indent=2))
-    else:
-        print(f"{og.model} batch {og.batch} on {devices.n}x {devices.devices[0].kind}: "
-              f"{args.algo}")
-        print(f"ops {doc['ops']}, clusters {len(doc['clusters'])}, predicted step "
-              f"{doc['predicted_step_time_s']:.4f} s, search {doc['search_time_s']:.3f} s, "
-              f"oom {doc['oom']}")
-        print("peak GiB per device: " + " / ".join(f"{b / 2**30:.1f}"
-                                                    for b in doc["peak_memory_bytes"]))
-        st = doc["stats"]
-        if st.get("refine"):
-            print(f"Adjusting Placement {st['step_before_refine_s']:.4f} s, after simulated "
-                  f"refinement {doc['predicted_step_time_s']:.4f} s ({st['refine_moves']} "
-                  f"moves, {st['refine_evals']} simulations, {st['refine_s']:.2f} s"
-                  + ("; budget spent" if st.get("refine_exhausted") else "") + ")")
-    if res.oom and not args.ignore_memory:
-        print(f"error: the {args.algo} placement exceeds a device's memory (best effort): "
-              f"use more devices, a smaller --batch, or --ignore-memory to keep it",
-              file=sys.stderr)
-        return 2
-    return 0
+    if args.algo == "celeritas":
+        opts["refine_memory"] = args.refine_memory
+    return opts
 
 
-def load_graph(model: str, batch=None, model_args=None):
-    from .engine.importer import import_spec
-    if batch is not None and batch < 1:
-        raise ValueError(f"--batch must be ≥ 1, got {batch}")
-    return import_spec(model, batch, dict(model_args or {}))
-
-
-def device_graph(preset_name, n):
-    from .engine.devices import preset
-    if n < 1:
-        raise ValueError(f"--devices must be ≥ 1, got {n}")
-    return preset(preset_name or "p100-cluster", n)
+def _write(path: str, doc: dict) -> None:
+    with open(path, "w") as fh:
+        json.dump(doc, fh, indent=1)
 
 
 def cmd_search(args) -> int:
-    from .engine.costmodel import CostModel, Pin
-    from .engine.search import run
-    from .engine.search.tofu import ALGOS as TOFU_ALGOS
-
-    from .engine.search.placement_baselines import PLACEMENT_ALGORITHMS
-    if args.algo in TOFU_ALGOS:
-        return cmd_search_tofu(args)
-    if args.algo in PLACEMENT_ALGORITHMS:
-        return cmd_place(args)
-    t0 = time.perf_counter()
-    graph = load_graph(args.model, args.batch, args.model_arg)
-    import_s = time.perf_counter() - t0
-    devices = device_graph(args.preset, args.devices)
-    if args.cost == "measured" and devices.name != "local":
+    """``explorer search``: any registered method, through the service."""
+    from . import service
+    from .engine.search import family_of
+    req = _request(args)
+    family = family_of(args.algo)
+    if args.cost == "measured" and family == "layerwise" and req.preset != "local":
         raise ValueError(f"--cost measured times shards on this machine, so it needs --preset "
-                         f"local; the {devices.name} preset's devices are not here and use the "
+                         f"local; the {req.preset} preset's devices are not here and use the "
                          f"analytic roofline")
-    pins = [Pin.parse(p) for p in args.pin]
-    cm = CostModel(graph, devices, compute=args.cost, sync=args.sync)
-    res = run(args.algo, graph, devices, cm, pins)
-    plan = res.plan
-    plan.info["import_time_s"] = import_s
-    if not plan.info.get("fits_memory", True) and not args.ignore_memory:
+    t0 = time.perf_counter()
+    capture = {"layerwise": service.graph_for, "tofu": service.opgraph_for,
+               "placement": service.opgraph_for}[family](req)
+    import_s = time.perf_counter() - t0
+    res = service.run_method(req, args.algo, args.pin, _options(args, family))
+    res.info["import_time_s"] = import_s
+    return {"layerwise": _search_layerwise, "tofu": _search_tofu,
+            "placement": _search_placement}[family](args, req, res, capture)
+
+
+def _search_layerwise(args, req, res, graph) -> int:
+    from . import service
+    plan, devices = res.plan, service.devices_for(req)
+    if not res.fits_memory and not args.ignore_memory:
         worst = max(range(devices.n), key=lambda d: plan.memory_per_device_bytes[d]
                     - devices.devices[d].memory)
         raise InfeasiblePlan(
@@ -324,23 +218,117 @@ def cmd_search(args) -> int:
                 compare[algo] = plan
                 continue
             try:
-                compare[algo] = run(algo, graph, devices, cm, pins).plan
+                compare[algo] = service.run_method(req, algo, args.pin).plan
             except InfeasiblePlan as exc:
                 compare[algo] = str(exc)
-    doc = plan.to_dict()
-    if args.trace:
-        doc["trace"] = res.trace
+    doc = res.to_dict(trace=args.trace)
     if compare:
         doc["compare"] = {k: (v.to_dict() if not isinstance(v, str) else {"error": v})
                           for k, v in compare.items()}
     if args.out:
-        with open(args.out, "w") as fh:
-            json.dump(doc, fh, indent=2)
+        _write(args.out, res.document())
     if args.json:
         print(json.dumps(doc, indent=2))
     else:
         print_plan(plan, devices, compare)
     return 0
+
+
+def _search_tofu(args, req, res, g) -> int:
+    """Tofu (EuroSys 2019) or a Section 7.3 baseline: every tensor of the joint
+    forward+backward operator graph partitioned over all workers."""
+    from . import service
+    from .engine.search import names
+    plan, devices = res.plan, service.devices_for(req)
+    cap = min(d.memory for d in devices.devices[:args.devices])
+    worst = max(res.memory_per_device_bytes, default=0)
+    out = res.to_dict()
+    out["trace_time_s"] = res.info["import_time_s"]
+    compare = {}
+    if args.compare:
+        for algo in names("tofu"):
+            r = res if algo == args.algo else service.run_method(req, algo, args.pin)
+            compare[algo] = {"comm_bytes": r.comm_bytes, "objective_s": r.objective_s,
+                             "search_time_s": r.search_time_s,
+                             "peak_memory_bytes": max(r.memory_per_device_bytes)}
+        out["compare"] = compare
+    if args.out:
+        _write(args.out, res.document())
+    if args.json:
+        print(json.dumps(out, indent=1))
+    else:
+        c = plan.coarse
+        print(f"{args.model} batch {g.batch}: {c['ops_before']} ops, {c['tensors_before']} "
+              f"tensors -> coarsened {c['ops_after']} op groups, {c['tensors_after']} tensor "
+              f"groups ({c['classes']} partition classes)  [traced in "
+              f"{res.info['import_time_s']:.2f} s]")
+        print(f"{args.algo} on {args.devices} workers of {devices.name}: k = "
+              f"{' x '.join(map(str, plan.factors)) or '1'}, searched in "
+              f"{res.search_time_s:.2f} s")
+        for i, s_ in enumerate(plan.steps):
+            print(f"  step {i + 1}: {s_.groups} group(s) -> x{s_.k}: +{s_.delta_bytes / 1e9:.3f} GB"
+                  f"  ({s_.seconds * 1e3:.1f} ms at {s_.bandwidth / 1e9:.1f} GB/s)")
+        print(f"communication {res.comm_bytes / 1e9:.3f} GB per step, {res.objective_s * 1e3:.1f}"
+              f" ms; peak memory per worker {worst / 2**30:.2f} GiB (capacity {cap / 2**30:.0f}"
+              f" GiB)")
+        big = sorted(plan.tilings.items(), key=lambda kv: -g.tensors[kv[0]].bytes)[:8]
+        print("largest tensors' tilings (grid per axis):")
+        for t, v in big:
+            print(f"  {t:<40} {str(tuple(v['shape'])):<24} grid {'x'.join(map(str, v['grid']))}")
+        for algo, r in compare.items():
+            print(f"  {algo:<14} {r['comm_bytes'] / 1e9:9.3f} GB  {r['objective_s'] * 1e3:9.1f} ms"
+                  f"  search {r['search_time_s']:.2f} s  peak {r['peak_memory_bytes'] / 2**30:.2f}"
+                  f" GiB")
+    if worst > cap and not args.ignore_memory:
+        print(f"error: the {args.algo} plan needs {worst / 2**30:.2f} GiB on a worker, more than "
+              f"the {cap / 2**30:.0f} GiB of {devices.name}'s devices: use more workers, a "
+              f"smaller --batch, or --ignore-memory to keep the plan", file=sys.stderr)
+        return 3
+    return 0
+
+
+def _search_placement(args, req, res, og) -> int:
+    """Celeritas or a placement baseline: a device per operator of the forward+backward
+    operator graph."""
+    from . import service
+    devices = service.devices_for(req)
+    if args.dump_graph:
+        opts = _options(args, "placement")
+        pg = service.problem_for(req).placement_graph(opts.get("memory_per_device"))
+        with open(args.dump_graph, "w") as fh:
+            json.dump(pg.to_node_link(), fh)
+    doc = res.to_dict(trace=args.trace, schedule=args.trace)
+    if args.out:
+        _write(args.out, res.document())
+    if args.json:
+        print(json.dumps(doc, indent=2))
+    else:
+        print(f"{og.model} batch {og.batch} on {devices.n}x {devices.devices[0].kind}: "
+              f"{args.algo}")
+        print(f"ops {doc['ops']}, clusters {len(doc['clusters'])}, predicted step "
+              f"{doc['predicted_step_time_s']:.4f} s, search {doc['search_time_s']:.3f} s, "
+              f"oom {doc['oom']}")
+        print("peak GiB per device: " + " / ".join(f"{b / 2**30:.1f}"
+                                                    for b in doc["peak_memory_bytes"]))
+        st = doc["stats"]
+        if st.get("refine"):
+            print(f"Adjusting Placement {st['step_before_refine_s']:.4f} s, after simulated "
+                  f"refinement {doc['predicted_step_time_s']:.4f} s ({st['refine_moves']} "
+                  f"moves, {st['refine_evals']} simulations, {st['refine_s']:.2f} s"
+                  + ("; budget spent" if st.get("refine_exhausted") else "") + ")")
+    if res.plan.oom and not args.ignore_memory:
+        print(f"error: the {args.algo} placement exceeds a device's memory (best effort): "
+              f"use more devices, a smaller --batch, or --ignore-memory to keep it",
+              file=sys.stderr)
+        return 2
+    return 0
+
+
+def load_graph(model: str, batch=None, model_args=None):
+    from .engine.importer import import_spec
+    if batch is not None and batch < 1:
+        raise ValueError(f"--batch must be ≥ 1, got {batch}")
+    return import_spec(model, batch, dict(model_args or {}))
 
 
 def _ms(s: float) -> str:
@@ -502,7 +490,7 @@ def cmd_run_tofu(args, doc: dict) -> int:
         raise ValueError(f"the plan is for model {doc['model']}, not {args.model}")
     margs = dict(doc.get("model_args") or {})
     g = build_opgraph(doc["model"], doc.get("batch"), margs)
-    res = tofu.search(g, n, options={"algo": doc["algo"]})
+    res = tofu.partition(g, n, options={"algo": doc["algo"]})
     if abs(res.comm_bytes - float(doc.get("comm_bytes", res.comm_bytes))) > 0.5:
         raise ValueError(f"{args.plan} does not match {doc['model']} with these arguments: it "
                          f"communicates {doc['comm_bytes']:.0f} bytes, the same search now "

@@ -15,7 +15,7 @@ import numpy as np
 
 from .errors import ExplorerError, InfeasiblePlan
 from .engine import geometry as G
-from .engine.costmodel import CostModel, Pin
+from .engine.costmodel import CostModel
 from .engine.devices import DeviceGraph, from_json, preset
 from .engine.graph import LayerGraph
 from .engine.importer import import_spec
@@ -155,15 +155,35 @@ def summary(req: Request) -> dict:
     return s
 
 
-def search(req: Request, pins: list | None = None, algo: str | None = None) -> dict:
-    """Run ``algo`` (default ``req.algo``) honouring ``pins``; the plan dict with its trace."""
+def problem_for(req: Request):
+    """The request as a method's :class:`~explorer.engine.search.Problem`, whose captures
+    come from this service's caches (each built once)."""
+    from .engine.search import Problem
+    return Problem(devices_for(req), req.model, req.batch, dict(req.model_args), req.cost,
+                   req.sync, builders={
+                       "layer_graph": lambda: graph_for(req),
+                       "cost_model": lambda: cost_model_for(req),
+                       "opgraph": lambda: opgraph_for(req),
+                       "placement_graph": lambda cap: _placement_graph(req, cap)})
+
+
+def methods(family: str | None = None) -> dict:
+    """``{name: description}`` of the registered methods (one family or all)."""
+    from .engine.search import describe
+    return describe(family)
+
+
+def run_method(req: Request, algo: str | None = None, pins=None, options=None):
+    """Run any registered method on the request: the :class:`Result`."""
     from .engine.search import run
-    g = graph_for(req)
-    cm = cost_model_for(req)
-    parsed = [Pin.parse(p) for p in (pins or [])]
-    res = run(algo or req.algo, g, cm.devices, cm, parsed)
-    doc = res.plan.to_dict()
-    doc["trace"] = res.trace
+    return run(algo or req.algo, problem_for(req), pins, options)
+
+
+def search(req: Request, pins: list | None = None, algo: str | None = None) -> dict:
+    """Run layer-wise ``algo`` (default ``req.algo``) honouring ``pins``; the plan dict with
+    its trace."""
+    res = run_method(req, algo, pins)
+    doc = res.to_dict(trace=True)
     doc["request"] = req.to_dict()
     return doc
 
@@ -301,16 +321,14 @@ def opgraph_for(req: Request):
                 _captured(lambda: build_opgraph(req.model, req.batch, dict(req.model_args))))
 
 
-def _tofu_result(req: Request, algo: str):
-    from .engine.search import tofu as T
-    return _lru(_TOFU, req.graph_key() + req.device_key() + (algo,),
-                lambda: T.search(opgraph_for(req), req.devices, devices_for(req),
-                                 options={"algo": algo}))
+def _tofu_result(req: Request, algo: str, pins=()):
+    key = req.graph_key() + req.device_key() + (algo, tuple(pins or ()))
+    return _lru(_TOFU, key, lambda: run_method(req, algo, list(pins or ())))
 
 
-def tofu(req: Request, algo: str = "tofu") -> dict:
+def tofu(req: Request, algo: str = "tofu", pins=()) -> dict:
     """Tofu (or a Section 7.3 baseline) on the request's model: the plan summary and steps."""
-    res = _tofu_result(req, algo)
+    res = _tofu_result(req, algo, pins)
     doc = res.to_dict(tensors=False)
     doc["request"] = req.to_dict()
     return doc
@@ -319,18 +337,18 @@ def tofu(req: Request, algo: str = "tofu") -> dict:
 def tofu_strip(req: Request, algo: str = "tofu", upto: int | None = None) -> list:
     """Figure 11 blocks (weight and activation tile owners) after the first ``upto`` steps."""
     from .engine.search import tofu as T
-    return T.strip(_tofu_result(req, algo), opgraph_for(req), upto=upto)
+    return T.strip(_tofu_result(req, algo).plan, opgraph_for(req), upto=upto)
 
 
 def tofu_compare(req: Request) -> dict:
     """Every Tofu-family algorithm's communication, time and memory (Figure 10)."""
-    from .engine.search import tofu as T
+    from .engine.search import names
     out = {}
-    for algo in T.ALGOS:
+    for algo in names("tofu"):
         r = _tofu_result(req, algo)
         out[algo] = {"comm_bytes": r.comm_bytes, "objective_s": r.objective_s,
                      "search_time_s": r.search_time_s,
-                     "peak_memory_bytes": max(r.peak_memory_bytes)}
+                     "peak_memory_bytes": max(r.memory_per_device_bytes)}
     return out
 
 
@@ -349,39 +367,29 @@ def _memory_bytes(memory_gib) -> float | None:
     return m * 2 ** 30
 
 
-def placement_pins(pins: list | None) -> dict:
-    """UI pins ``[{"target", "ops", "device"}]`` (a cluster pin lists its operators) as the
-    engine's ``{op name: device}``; the same operator pinned to two devices is an error."""
-    out: dict = {}
-    for p in pins or []:
-        d = int(p["device"])
-        for op in p["ops"]:
-            if op in out and out[op] != d:
-                raise InfeasiblePlan(f"operator {op} is pinned to devices {out[op]} and {d} "
-                                     f"({p['target']} overlaps an earlier pin): unpin one")
-            out[op] = d
-    return out
+def placement_pins(pins: list | None) -> list:
+    """The Placement page's pins ``[{"target", "ops", "device"}]`` as engine pins."""
+    from .engine.pins import from_placement_ui
+    return from_placement_ui(pins)
+
+
+def _placement_graph(req: Request, cap: float | None):
+    from .engine.placement.estimate import from_opgraph
+    return _lru(_PLACE_GRAPHS, req.graph_key() + req.device_key() + (cap,),
+                lambda: from_opgraph(opgraph_for(req), devices_for(req), cap))
 
 
 def placement_graph_for(req: Request, memory_gib=None):
     """The placers' input graph (Standard Evaluation of the operator graph), cached."""
-    from .engine.search.celeritas import placement_graph
-    cap = _memory_bytes(memory_gib)
-    opts = {} if cap is None else {"memory_per_device": cap}
-    return _lru(_PLACE_GRAPHS, req.graph_key() + req.device_key() + (cap,),
-                lambda: placement_graph(opgraph_for(req), devices_for(req), opts))
+    return _placement_graph(req, _memory_bytes(memory_gib))
 
 
 def _placement_result(req: Request, algo: str, memory_gib=None, pins: list | None = None):
-    from .engine.search.placement_baselines import run
     cap = _memory_bytes(memory_gib)
-    pin_map = placement_pins(pins)
-    opts = {"pins": pin_map}
-    if cap is not None:
-        opts["memory_per_device"] = cap
-    key = req.graph_key() + req.device_key() + (algo, cap, tuple(sorted(pin_map.items())))
-    return _lru(_PLACEMENTS, key, lambda: run(algo, placement_graph_for(req, memory_gib),
-                                              devices_for(req), opts))
+    parsed = placement_pins(pins)
+    opts = {} if cap is None else {"memory_per_device": cap}
+    key = req.graph_key() + req.device_key() + (algo, cap, tuple(p.text() for p in parsed))
+    return _lru(_PLACEMENTS, key, lambda: run_method(req, algo, parsed, opts))
 
 
 def placement(req: Request, algo: str = "celeritas", memory_gib=None,
@@ -398,7 +406,7 @@ def placement(req: Request, algo: str = "celeritas", memory_gib=None,
     doc["clusters_from"] = algo
     if not doc["clusters"]:
         doc["clusters"] = _placement_result(req, "celeritas", memory_gib,
-                                            pins).to_dict()["clusters"]
+                                            pins).plan.to_dict()["clusters"]
         doc["clusters_from"] = "celeritas"
     where = doc["placement"]
     for c in doc["clusters"]:
@@ -427,21 +435,21 @@ def placement_compare(req: Request, memory_gib=None, pins: list | None = None, a
                       progress=lambda done, total, algo: None) -> list:
     """Every placement algorithm on the same graph and simulator (Celeritas Tables 3-4):
     predicted step time, placement time, peak memory, OOM - or the error it raised."""
-    from .engine.search.placement_baselines import PLACEMENT_ALGORITHMS
-    algos = list(algos or PLACEMENT_ALGORITHMS)
+    described = methods("placement")
+    algos = list(algos or described)
     rows = []
     for i, a in enumerate(algos):
         progress(i, len(algos), a)
         try:
-            r = _placement_result(req, a, memory_gib, pins)
-            rows.append({"algo": a, "description": PLACEMENT_ALGORITHMS.get(a, ""),
+            r = _placement_result(req, a, memory_gib, pins).plan
+            rows.append({"algo": a, "description": described.get(a, ""),
                          "step_time_s": r.predicted_step_time_s,
                          "search_time_s": float(r.search_time_s),
                          "peak_memory_bytes": max(r.peak_memory_bytes, default=0.0),
                          "capacity_bytes": float(min(r.capacity)), "oom": r.oom,
                          "clusters": len(r.clusters), "comm_bytes": float(r.sim.comm_bytes)})
         except (ExplorerError, ValueError) as exc:
-            rows.append({"algo": a, "description": PLACEMENT_ALGORITHMS.get(a, ""),
+            rows.append({"algo": a, "description": described.get(a, ""),
                          "error": str(exc)})
     progress(len(algos), len(algos), "")
     return rows

@@ -44,3 +44,17 @@ def random_dag(seed, n=60, p=0.08, ndev=3, mem_scale=1.0, window=12, gb=(0.05, 1
     devs = [Device(f"d{i}", "test", 1e12, 1e12, 1e12) for i in range(ndev)]
     dg = DeviceGraph("rand", devs, np.full((ndev, ndev), 4e9), np.full((ndev, ndev), 1e-5))
     return g, dg
+
+
+def place(algo, pg, dg, options=None):
+    """Placement method ``algo`` on a prebuilt placer graph through the method registry: its
+    :class:`PlacementPlan`.  ``options["pins"]`` is ``{op: device}``; options the method does
+    not take (Celeritas's ``R`` for a baseline) are left out, so one loop covers them all."""
+    from dataclasses import fields
+
+    from explorer.engine.search import METHODS, Problem, run
+    opts = dict(options or {})
+    pins = [f"{k}=@{v}" for k, v in opts.pop("pins", {}).items()]
+    known = {f.name for f in fields(METHODS[algo].options_type)}
+    return run(algo, Problem.of(pg, dg), pins,
+               {k: v for k, v in opts.items() if k in known}).plan

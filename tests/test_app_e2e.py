@@ -305,14 +305,14 @@ def test_placement_page_places_shows_schedule_and_pins(dash_duo):
 
 
 def test_placement_page_runs_the_placement_on_local_workers(dash_duo):
-    from explorer.engine.search.placement_baselines import PLACEMENT_ALGORITHMS
+    from explorer.engine.search import names
     from explorer.service import Request
     dash_duo.start_server(create_app(Request(model="lenet5", preset="local", devices=2,
                                              batch=8)))
     wait_objective(dash_duo)
     n = dash_duo.driver.execute_script(TAB_INDEX, "Placement")
     dash_duo.find_element(f"#{ids.TABS} .tab:nth-child({n})").click()
-    algos = list(PLACEMENT_ALGORITHMS)           # option text is "name: description"
+    algos = names("placement")                   # option text is "name: description"
     dash_duo.select_dcc_dropdown(f"#{ids.PLACE_ALGO}", index=algos.index("metis"))
     dash_duo.find_element(f"#{ids.PLACE_BUTTON}").click()
     dash_duo.wait_for_contains_text("#place-headline", "metis", timeout=90)

@@ -53,7 +53,7 @@ def equation1(plan: dict, dump: dict) -> float:
 
 def test_search_json_contract_fields(capsys):
     doc = search_json(capsys, "lenet5", "--devices", "4")
-    assert doc["schema"] == "plan-explorer/plan@1"
+    assert doc["schema"] == "plan-explorer/layerwise" and doc["version"] == 2
     assert doc["model"] == "lenet5" and doc["algo"] == "optcnn" and doc["devices"] == 4
     assert doc["batch"] == example_models.MODELS["lenet5"].default_batch
     for key in ("objective_s", "predicted_step_time_s", "search_time_s"):

@@ -15,7 +15,10 @@ from explorer.engine.placement.order import dfs_topo, graph_order, m_topo
 from explorer.engine.placement.place import adjusting_placement, order_place
 from explorer.engine.placement.simulator import simulate
 from explorer.engine.search import celeritas
-from explorer.engine.search.placement_baselines import PLACEMENT_ALGORITHMS, run
+from _helpers import place as run
+from explorer.engine.search import names
+
+PLACEMENT_ALGORITHMS = names("placement")
 from explorer.errors import InfeasiblePlan
 
 from _helpers import random_dag
@@ -186,8 +189,8 @@ def test_adjusting_never_worse_than_order_place(seed):
     # in the placer's own model (the paper's proof): never worse
     assert adj.finish.max() <= op.finish.max() * (1 + 1e-9)
     # and in the simulator
-    res_adj = celeritas.search(pg, dg, {"R": 6, "M": 1e12, "algo": "celeritas-paper"})
-    res_op = celeritas.search(pg, dg, {"R": 6, "M": 1e12, "algo": "order-place"})
+    res_adj = celeritas.place(pg, dg, {"R": 6, "M": 1e12, "algo": "celeritas-paper"})
+    res_op = celeritas.place(pg, dg, {"R": 6, "M": 1e12, "algo": "order-place"})
     assert res_adj.predicted_step_time_s <= res_op.predicted_step_time_s * (1 + 1e-9)
 
 
@@ -203,12 +206,12 @@ def test_placements_respect_memory_unless_oom(seed):
             assert max(res.peak_memory_bytes) <= cap * (1 + 1e-9), algo
         assert res.oom == (bool(res.best_effort) or max(res.peak_memory_bytes) > cap * (1 + 1e-9))
     # the simulated peak never exceeds what Adjusting Placement budgeted
-    res = celeritas.search(pg, dg, {"R": 8, "algo": "celeritas-paper"})
+    res = celeritas.place(pg, dg, {"R": 8, "algo": "celeritas-paper"})
     assert (np.array(res.peak_memory_bytes) <=
             np.array(res.stats["placer_memory_bytes"]) * (1 + 1e-9) + 1).all()
     assert not res.oom
     # and the refinement keeps every simulated peak within capacity
-    assert not celeritas.search(pg, dg, {"R": 8}).oom
+    assert not celeritas.place(pg, dg, {"R": 8}).oom
     # a device too small for the single-device peak is reported
     one = run("single", pg, dg)
     assert run("single", pg.with_capacity(max(one.peak_memory_bytes) / 2), dg).oom
@@ -218,7 +221,7 @@ def test_best_effort_when_everything_is_full():
     g, dg = random_dag(7, n=30, mem_scale=1e9)
     total = sum(a["mem"] for _, a in g.nodes(data=True))
     pg = from_networkx(g, dg, capacity=total / 10)
-    res = celeritas.search(pg, dg, {"R": 5})
+    res = celeritas.place(pg, dg, {"R": 5})
     assert res.oom and res.best_effort
     assert len(res.placement) == pg.n
 
@@ -231,8 +234,8 @@ def test_pins_are_respected_for_operators_and_clusters():
         res = run(algo, pg, dg, {"pins": pins, "R": 6})
         for nm, d in pins.items():
             assert res.device_of(nm) == d, algo
-    base = celeritas.search(pg, dg, {"R": 6})
-    res = celeritas.search(pg, dg, {"R": 6, "pins": {"cluster:2": 1}})
+    base = celeritas.place(pg, dg, {"R": 6})
+    res = celeritas.place(pg, dg, {"R": 6, "pins": {"cluster:2": 1}})
     for nm in base.clusters[2]["ops"]:
         assert res.device_of(nm) == 1
 
@@ -241,11 +244,11 @@ def test_impossible_pins_raise_infeasible_plan():
     g, dg = random_dag(12, n=20, mem_scale=1e9)
     pg = from_networkx(g, dg, capacity=5e9)
     with pytest.raises(InfeasiblePlan, match="only 3 devices"):
-        celeritas.search(pg, dg, {"pins": {"1": 7}})
+        celeritas.place(pg, dg, {"pins": {"1": 7}})
     with pytest.raises(InfeasiblePlan, match="no operator"):
-        celeritas.search(pg, dg, {"pins": {"nope": 0}})
+        celeritas.place(pg, dg, {"pins": {"nope": 0}})
     with pytest.raises(InfeasiblePlan, match="pinned to device 0 need"):
-        celeritas.search(pg, dg, {"pins": {str(i): 0 for i in range(20)}})
+        celeritas.place(pg, dg, {"pins": {str(i): 0 for i in range(20)}})
 
 
 def test_validation_errors_carry_numbers():
@@ -255,7 +258,7 @@ def test_validation_errors_carry_numbers():
     with pytest.raises(ValueError, match="cycle"):
         PlacementGraph(["a", "b"], np.zeros(2), np.zeros(2), np.zeros(2), [0, 1], [1, 0], dg)
     with pytest.raises(ValueError, match="R must be >= 1, got 0"):
-        celeritas.search(from_networkx(nx.DiGraph([(0, 1)]), dg), dg, {"R": 0})
+        celeritas.place(from_networkx(nx.DiGraph([(0, 1)]), dg), dg, {"R": 0})
 
 
 # -- real operator graphs --------------------------------------------------------------------

@@ -165,9 +165,9 @@ def test_units_partition_the_graph_and_keep_groups_whole():
 
 def test_celeritas_refines_adjusting_placement_and_records_it():
     pg, dg = random_graph(5, n=60, ndev=3)
-    paper = celeritas.search(pg, dg, {"R": 6, "algo": "celeritas-paper"})
-    off = celeritas.search(pg, dg, {"R": 6, "refine": False})
-    full = celeritas.search(pg, dg, {"R": 6})
+    paper = celeritas.place(pg, dg, {"R": 6, "algo": "celeritas-paper"})
+    off = celeritas.place(pg, dg, {"R": 6, "refine": False})
+    full = celeritas.place(pg, dg, {"R": 6})
     assert (paper.placement == off.placement).all()
     assert full.predicted_step_time_s <= paper.predicted_step_time_s + 1e-12
     assert full.stats["step_before_refine_s"] == pytest.approx(paper.predicted_step_time_s)
@@ -179,7 +179,7 @@ def test_celeritas_refines_adjusting_placement_and_records_it():
     from explorer.engine.opgraph import build_opgraph
     og = build_opgraph("transformer", 2, {"layers": 2, "heads": 2, "hidden": 16, "seq": 4})
     tp = from_opgraph(og, preset("v100-pcie-4"))
-    res = celeritas.search(tp, preset("v100-pcie-4"), {"R": 20})
+    res = celeritas.place(tp, preset("v100-pcie-4"), {"R": 20})
     for gid in np.unique(tp.group[tp.group >= 0]):
         assert len(set(res.placement[tp.group == gid].tolist())) == 1
     _, bl = _graph_levels(tp)

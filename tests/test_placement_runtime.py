@@ -12,7 +12,7 @@ from explorer.engine.devices import preset
 from explorer.engine.opgraph import build_opgraph
 from explorer.engine.runtime.opexec import run_placement
 from explorer.engine.search.celeritas import placement_graph
-from explorer.engine.search.placement_baselines import run as place
+from _helpers import place
 from explorer.errors import InfeasiblePlan
 
 

@@ -11,7 +11,7 @@ from explorer.engine.costmodel import CostModel, CostTables, Pin
 from explorer.engine.devices import preset
 from explorer.engine.graph import Edge
 from explorer.engine.importer import import_spec
-from explorer.engine.search import exhaustive, optcnn, run
+from explorer.engine.search import Problem, exhaustive, optcnn, run
 from explorer.errors import InfeasiblePlan
 
 
@@ -147,25 +147,25 @@ def test_lenet5_matches_exhaustive(n):
     g = import_spec("lenet5", batch=16)
     d = preset("p100-cluster", n)
     cm = CostModel(g, d)
-    fast = run("optcnn", g, d, cm)
-    slow = run("exhaustive", g, d, cm)
+    fast = run("optcnn", Problem.of(g, d, cm))
+    slow = run("exhaustive", Problem.of(g, d, cm))
     assert fast.plan.objective_s == pytest.approx(slow.plan.objective_s, rel=1e-9)
     assert fast.info["residual_nodes"] == 2
     for algo in ("data", "model", "owt"):
-        assert fast.plan.objective_s <= run(algo, g, d, cm).plan.objective_s + 1e-15
+        assert fast.plan.objective_s <= run(algo, Problem.of(g, d, cm)).plan.objective_s + 1e-15
 
 
 def test_pins_are_honoured_and_cost_at_least_the_optimum():
     g = import_spec("lenet5", batch=16)
     d = preset("p100-cluster", 4)
     cm = CostModel(g, d)
-    free = run("optcnn", g, d, cm)
-    pinned = run("optcnn", g, d, cm, [Pin.parse("conv2=c=2"), Pin.parse("fc1=@2,3")])
+    free = run("optcnn", Problem.of(g, d, cm))
+    pinned = run("optcnn", Problem.of(g, d, cm), [Pin.parse("conv2=c=2"), Pin.parse("fc1=@2,3")])
     assert pinned.plan.config_of("conv2").deg("c") == 2
     assert pinned.plan.config_of("fc1").devices == (2, 3)
     assert pinned.plan.objective_s >= free.plan.objective_s - 1e-15
     # the pinned optimum is the best among plans that satisfy the pins
-    slow = run("exhaustive", g, d, cm, [Pin.parse("conv2=c=2"), Pin.parse("fc1=@2,3")])
+    slow = run("exhaustive", Problem.of(g, d, cm), [Pin.parse("conv2=c=2"), Pin.parse("fc1=@2,3")])
     assert pinned.plan.objective_s == pytest.approx(slow.plan.objective_s, rel=1e-9)
 
 
@@ -180,21 +180,21 @@ def test_impossible_pins_raise_clear_errors(pin, words):
     g = import_spec("lenet5", batch=16)
     d = preset("p100-cluster", 4)
     with pytest.raises(InfeasiblePlan, match=words):
-        run("optcnn", g, d, CostModel(g, d), [Pin.parse(pin)])
+        run("optcnn", Problem.of(g, d, CostModel(g, d)), [Pin.parse(pin)])
 
 
 def test_exhaustive_refuses_huge_spaces():
     g = import_spec("vgg16", batch=16)
     d = preset("p100-cluster", 4)
     with pytest.raises(InfeasiblePlan, match="optcnn"):
-        run("exhaustive", g, d, CostModel(g, d))
+        run("exhaustive", Problem.of(g, d, CostModel(g, d)))
 
 
 def test_data_parallel_rejects_indivisible_batch():
     g = import_spec("lenet5", batch=6)
     d = preset("p100-cluster", 4)
     with pytest.raises(InfeasiblePlan, match="batch"):
-        run("data", g, d, CostModel(g, d))
+        run("data", Problem.of(g, d, CostModel(g, d)))
 
 
 def test_dense_blocks_get_the_exact_optimum():
@@ -204,8 +204,8 @@ def test_dense_blocks_get_the_exact_optimum():
                                                       "image_size": 16})
     d = preset("p100-cluster", 2)
     cm = CostModel(g, d)
-    fast = run("optcnn", g, d, cm)
-    slow = run("exhaustive", g, d, cm, options={"max_space": 10 ** 12})
+    fast = run("optcnn", Problem.of(g, d, cm))
+    slow = run("exhaustive", Problem.of(g, d, cm), options={"max_space": 10 ** 12})
     assert fast.info["residual_nodes"] > 2
     assert fast.plan.objective_s == pytest.approx(slow.plan.objective_s, rel=1e-9)
 
@@ -213,7 +213,7 @@ def test_dense_blocks_get_the_exact_optimum():
 def test_unet_skips_nest_and_reduce_to_two_nodes():
     g = import_spec("unet", batch=4, model_args={"depth": 3, "base": 8, "image_size": 32})
     d = preset("p100-cluster", 4)
-    r = run("optcnn", g, d, CostModel(g, d))
+    r = run("optcnn", Problem.of(g, d, CostModel(g, d)))
     assert r.info["residual_nodes"] == 2
 
 
@@ -222,7 +222,7 @@ def test_models_with_skip_connections_get_exact_optimum_via_residual_solver():
     g = import_spec("lstm", batch=8, model_args={"layers": 2, "hidden": 64, "steps": 3})
     d = preset("p100-cluster", 2)
     cm = CostModel(g, d)
-    fast = run("optcnn", g, d, cm)
-    slow = run("exhaustive", g, d, cm)
+    fast = run("optcnn", Problem.of(g, d, cm))
+    slow = run("exhaustive", Problem.of(g, d, cm))
     assert fast.plan.objective_s == pytest.approx(slow.plan.objective_s, rel=1e-9)
     assert fast.info["residual_nodes"] > 2

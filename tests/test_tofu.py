@@ -11,7 +11,7 @@ from torch import nn
 
 from _helpers import explorer_cli
 from explorer.engine.opgraph import build_from_module, build_opgraph
-from explorer.engine.search import tofu
+from explorer.engine.search import names, tofu
 from explorer.engine.tdl.aten import UnsupportedOp, describe_op
 
 
@@ -58,7 +58,7 @@ def test_an_op_without_description_is_reported_by_name():
             return torch.cumsum(self.fc(x), dim=1)
     g = build_from_module(Odd(), torch.randn(2, 4), "odd")
     with pytest.raises(UnsupportedOp, match="cumsum"):
-        tofu.search(g, 2)
+        tofu.partition(g, 2)
 
 
 def test_coarsening_of_an_mlp_follows_figure5(mlp):
@@ -131,7 +131,7 @@ def test_each_recursive_step_is_optimal_against_brute_force_on_a_small_chain():
         return opt, assign
     tofu._eliminate = check
     try:
-        res = tofu.search(g, 4)
+        res = tofu.partition(g, 4)
     finally:
         tofu._eliminate = orig
     assert len(seen) == 2 == len(res.steps)
@@ -152,8 +152,8 @@ def test_hand_checked_plan_for_one_matmul():
         def forward(self, x):
             return self.fc(x)
     g = build_from_module(One(), torch.randn(8, 2), "one")
-    res = tofu.search(g, 2)
-    allrow = tofu.search(g, 2, options={"algo": "allrow-greedy"})
+    res = tofu.partition(g, 2)
+    allrow = tofu.partition(g, 2, options={"algo": "allrow-greedy"})
     assert 0 < res.comm_bytes <= allrow.comm_bytes
     assert res.factors == [2]
 
@@ -166,7 +166,7 @@ def test_hand_checked_plan_for_one_matmul():
 ])
 def test_tofu_never_communicates_more_than_a_baseline(spec, batch, args, k):
     g = build_opgraph(spec, batch, args)
-    res = {a: tofu.search(g, k, options={"algo": a}) for a in tofu.ALGOS}
+    res = {a: tofu.partition(g, k, options={"algo": a}) for a in names("tofu")}
     for a, r in res.items():
         assert r.comm_bytes >= 0 and len(r.peak_memory_bytes) == k
         assert res["tofu"].comm_bytes <= r.comm_bytes * (1 + 1e-9), a
@@ -178,8 +178,8 @@ def test_tofu_never_communicates_more_than_a_baseline(spec, batch, args, k):
 
 def test_partitioning_cuts_memory_per_worker():
     g = build_opgraph("mlp", 64, {"layers": 2, "hidden": 256})
-    one = tofu.search(g, 1)
-    four = tofu.search(g, 4)
+    one = tofu.partition(g, 1)
+    four = tofu.partition(g, 4)
     assert one.comm_bytes == 0 and one.factors == []
     assert max(four.peak_memory_bytes) < one.peak_memory_bytes[0] / 2
 

@@ -37,6 +37,7 @@ from ..errors import InfeasiblePlan
 from . import geometry as G
 from .devices import DeviceGraph
 from .graph import Edge, Layer, LayerGraph
+from .pins import Pin  # noqa: F401 - the one pin type, re-exported for cost-model users
 
 #: Fraction of peak FLOP/s dense kernels reach (cuDNN/cuBLAS on P100 ~ 50-70%).
 EFFICIENCY = {"conv": 0.6, "linear": 0.6, "matmul": 0.6, "sdpa": 0.5, "lstm_cell": 0.5}
@@ -44,39 +45,6 @@ EFFICIENCY = {"conv": 0.6, "linear": 0.6, "matmul": 0.6, "sdpa": 0.5, "lstm_cell
 LAUNCH_OVERHEAD_S = 3 * 5e-6
 #: Memory passes of the SGD update per weight byte: read weights, read gradients, write weights.
 UPDATE_PASSES = 3.0
-
-
-@dataclass
-class Pin:
-    """A user's constraint on one layer: degrees (any subset of letters) and/or devices."""
-
-    layer: str
-    degrees: dict = field(default_factory=dict)
-    devices: tuple | None = None
-
-    def __post_init__(self):
-        if not self.degrees and self.devices is None:
-            raise ValueError(f"pin on {self.layer!r} names neither degrees nor devices")
-
-    @classmethod
-    def parse(cls, text: str) -> "Pin":
-        """``LAYER=n=2,c=2`` / ``LAYER=@0,1`` / ``LAYER=n=2@0,1``."""
-        layer, eq, rhs = text.partition("=")
-        if not eq or not layer or not rhs:
-            raise ValueError(f"cannot read pin {text!r}: write LAYER=n=2,c=1 or LAYER=@0,1")
-        degrees, devices = G.parse_config(rhs)
-        return cls(layer.strip(), degrees, devices)
-
-    def matches(self, cfg: G.Config) -> bool:
-        if self.devices is not None and tuple(self.devices) != cfg.devices:
-            return False
-        return all(cfg.deg(k) == v for k, v in self.degrees.items())
-
-    def text(self) -> str:
-        s = ",".join(f"{k}={v}" for k, v in self.degrees.items())
-        if self.devices is not None:
-            s += "@" + ",".join(map(str, self.devices))
-        return f"{self.layer}={s}"
 
 
 @dataclass

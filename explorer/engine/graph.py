@@ -12,10 +12,14 @@ partitioned is ``"-"``.  Those letters are what configurations are keyed by.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 from dataclasses import dataclass, field
 
 import networkx as nx
+
+from .plandoc import to_jsonable
 
 DIM_LETTERS = ("n", "c", "h", "w", "l")
 
@@ -209,3 +213,15 @@ class LayerGraph:
         return {"model": self.model, "batch": self.batch, "source": self.source,
                 "layers": [l.to_dict() for l in self.layers()],
                 "edges": [e.to_dict() for e in self.edges()]}
+
+
+def graph_digest(graph) -> str:
+    """Hash of what a plan depends on in a layer graph: every layer's name, op, output shape,
+    axes, input shapes and parameter shapes, and every edge (16 hex digits)."""
+    doc = {"layers": [[la.name, la.op, list(la.out_shape), list(la.axes),
+                       [list(s) for s in la.in_shapes],
+                       sorted([k, list(v)] for k, v in la.params.items())]
+                      for la in graph.layers()],
+           "edges": [[e.src, e.dst, e.index] for e in graph.edges()]}
+    return hashlib.sha256(json.dumps(doc, separators=(",", ":"), default=to_jsonable)
+                          .encode()).hexdigest()[:16]

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import importlib.util
 import inspect
+import json
 import math
 import operator
 import sys
@@ -30,7 +31,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..errors import UnknownModel, UnsupportedModel
-from .graph import Edge, Layer, LayerGraph
+from .graph import Edge, Layer, LayerGraph, graph_digest
 
 # --------------------------------------------------------------------------------------------
 # Loading a model from a name
@@ -828,3 +829,18 @@ def import_spec(spec: str, batch: int | None = None, model_args: dict | None = N
     g.spec = spec
     g.model_args = dict(model_args or {})
     return g
+
+
+_DIGESTS: dict = {}
+
+
+def digest_for(spec: str, batch: int, model_args: dict | None = None) -> str | None:
+    """:func:`~explorer.engine.graph.graph_digest` of ``import_spec(spec, batch, model_args)`` (cached per process),
+    or ``None`` when the model cannot be imported."""
+    key = (spec, int(batch), json.dumps(model_args or {}, sort_keys=True, default=str))
+    if key not in _DIGESTS:
+        try:
+            _DIGESTS[key] = graph_digest(import_spec(spec, batch, dict(model_args or {})))
+        except Exception:  # noqa: BLE001 - any failure of the user's model: digest unknown
+            return None
+    return _DIGESTS[key]

@@ -17,8 +17,9 @@ import numpy as np
 
 from ..errors import InfeasiblePlan
 from . import geometry as G
+from .graph import graph_digest  # noqa: F401 - plans record it
 
-SCHEMA = "plan-explorer/plan@1"
+SCHEMA = "plan-explorer/layerwise"
 
 
 @dataclass
@@ -83,7 +84,7 @@ class Plan:
 
     def to_dict(self) -> dict:
         return {
-            "schema": SCHEMA, "model": self.model, "spec": self.spec, "batch": self.batch,
+            "schema": SCHEMA, "version": 2, "model": self.model, "spec": self.spec, "batch": self.batch,
             "model_args": self.model_args, "algo": self.algo, "preset": self.preset,
             "devices": self.n_devices, "objective_s": self.objective_s,
             "predicted_step_time_s": self.predicted_step_time_s,
@@ -97,19 +98,19 @@ class Plan:
         }
 
     def digest(self) -> str:
-        """The graph digest (computed once from the model spec when not given; ``""`` when the
-        model cannot be imported here)."""
-        if self.graph_digest is None:
-            self.graph_digest = digest_for(self.spec, self.batch, self.model_args) or ""
-        return self.graph_digest
+        """The digest of the graph the plan was searched on (``""``: unknown, e.g. a plan
+        built by hand; the searches set it from the graph they used)."""
+        return self.graph_digest or ""
 
     def to_json(self, indent=2) -> str:
         return json.dumps(self.to_dict(), indent=indent, default=_jsonable)
 
     @classmethod
     def from_dict(cls, d: dict) -> "Plan":
-        if d.get("schema") != SCHEMA:
-            raise ValueError(f"not a plan file: schema {d.get('schema')!r}, expected {SCHEMA!r}")
+        from .plandoc import kind_of
+        if kind_of(d) != "layerwise":
+            raise ValueError(f"not a plan file: schema {d.get('schema')!r}, expected "
+                             f"{SCHEMA!r} (a layer-wise plan)")
         try:
             layers = []
             for la in d["layers"]:
@@ -129,34 +130,6 @@ class Plan:
     @classmethod
     def from_json(cls, text: str) -> "Plan":
         return cls.from_dict(json.loads(text))
-
-
-def graph_digest(graph) -> str:
-    """Hash of what a plan depends on in a layer graph: every layer's name, op, output shape,
-    axes, input shapes and parameter shapes, and every edge (16 hex digits)."""
-    doc = {"layers": [[la.name, la.op, list(la.out_shape), list(la.axes),
-                       [list(s) for s in la.in_shapes],
-                       sorted([k, list(v)] for k, v in la.params.items())]
-                      for la in graph.layers()],
-           "edges": [[e.src, e.dst, e.index] for e in graph.edges()]}
-    return hashlib.sha256(json.dumps(doc, separators=(",", ":"), default=_jsonable)
-                          .encode()).hexdigest()[:16]
-
-
-_DIGESTS: dict = {}
-
-
-def digest_for(spec: str, batch: int, model_args: dict | None = None) -> str | None:
-    """:func:`graph_digest` of ``import_spec(spec, batch, model_args)`` (cached per process),
-    or ``None`` when the model cannot be imported."""
-    key = (spec, int(batch), json.dumps(model_args or {}, sort_keys=True, default=str))
-    if key not in _DIGESTS:
-        from .importer import import_spec
-        try:
-            _DIGESTS[key] = graph_digest(import_spec(spec, batch, dict(model_args or {})))
-        except Exception:  # noqa: BLE001 - any failure of the user's model: digest unknown
-            return None
-    return _DIGESTS[key]
 
 
 def _jsonable(o):

@@ -17,7 +17,6 @@ from dash import Input, Output, State, dcc, html, no_update
 
 from .. import service as session
 from ..engine.devices import list_presets
-from ..engine.search import ALGORITHMS
 from ..errors import ExplorerError
 from . import ids
 from .controls import job_controls
@@ -58,7 +57,7 @@ def layout(req: dict):
             html.Label(["Algorithm", dcc.Dropdown(
                 id=ids.ALGO_DROPDOWN, value=req["algo"], clearable=False,
                 options=[{"label": f"{k}", "value": k, "title": v}
-                         for k, v in ALGORITHMS.items()])]),
+                         for k, v in session.methods("layerwise").items()])]),
             *job_controls("Search", ids.SEARCH_BUTTON, ids.CANCEL_BUTTON, ids.SEARCH_PROGRESS,
                           ids.SEARCH_STATUS),
         ]),

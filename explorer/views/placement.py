@@ -77,7 +77,6 @@ STYLESHEET = [
 
 
 def layout():
-    from ..engine.search.placement_baselines import PLACEMENT_ALGORITHMS
     return html.Div(className="panel placement-panel", children=[
         dcc.Store(id=ids.STORE_PLACE_PINS, data=[]),
         dcc.Store(id=ids.STORE_PLACE_SELECTED, data=None),
@@ -93,7 +92,7 @@ def layout():
             html.Label(["Algorithm", dcc.Dropdown(
                 id=ids.PLACE_ALGO, value="celeritas", clearable=False, style={"width": "300px"},
                 options=[{"label": f"{k}: {v}", "value": k}
-                         for k, v in PLACEMENT_ALGORITHMS.items()])]),
+                         for k, v in session.methods("placement").items()])]),
             html.Label(["Memory per device (GiB)", dcc.Input(
                 id=ids.PLACE_MEMORY, type="number", placeholder="device memory",
                 debounce=True, style={"width": "130px"})]),

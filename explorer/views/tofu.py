@@ -29,7 +29,6 @@ PALETTE = ["#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b
 
 
 def layout():
-    from ..engine.search.tofu import ALGOS
     return html.Div(className="panel tofu-panel", children=[
         html.P("Tofu (Wang et al., EuroSys 2019) partitions every tensor of the training step "
                "- forward, backward and the SGD update - over all workers to cut per-worker "
@@ -38,7 +37,7 @@ def layout():
         html.Div(className="row", children=[
             html.Label(["Algorithm", dcc.Dropdown(
                 id=ids.TOFU_ALGO, value="tofu", clearable=False, style={"width": "260px"},
-                options=[{"label": f"{k}: {v}", "value": k} for k, v in ALGOS.items()])]),
+                options=[{"label": f"{k}: {v}", "value": k} for k, v in session.methods("tofu").items()])]),
             *job_controls("Partition", ids.TOFU_BUTTON, ids.TOFU_CANCEL, ids.TOFU_PROGRESS,
                           ids.TOFU_STATUS),
             html.Button("Compare algorithms", id=ids.TOFU_COMPARE_BUTTON),

@@ -3,12 +3,13 @@
 Pipeline: :mod:`.estimate` (Standard Evaluation) -> :class:`.graph.PlacementGraph` ->
 :mod:`.order` (m-TOPO / DFS-TOPO / CPD-TOPO) -> :mod:`.fusion` (optimal operation fusion) ->
 :mod:`.place` (Order-Place, Adjusting Placement) -> :mod:`.refine` (simulated refinement,
-``celeritas`` only) or :mod:`.baselines` -> :mod:`.simulator` (one judge for all) -> :class:`.result.PlacementResult`.  The public entry point is
-:func:`explorer.engine.search.celeritas.search`.
+``celeritas`` only) or :mod:`.heuristics` (m-TOPO, m-ETF, m-SCT, METIS, single) -> :mod:`.simulator` (one judge for all) -> :class:`.result.PlacementPlan`.  The public entry point is
+:func:`explorer.engine.search.celeritas.search` (and
+:func:`explorer.engine.search.placers.search` for the other placers).
 """
 
 from .graph import PlacementGraph, from_networkx
-from .result import PlacementResult
+from .result import PlacementPlan
 from .simulator import SimResult, simulate
 
-__all__ = ["PlacementGraph", "PlacementResult", "SimResult", "from_networkx", "simulate"]
+__all__ = ["PlacementGraph", "PlacementPlan", "SimResult", "from_networkx", "simulate"]

@@ -1,4 +1,5 @@
-"""What every placer returns: :class:`PlacementResult` (placement, simulated cost, trace, JSON)."""
+"""What every placer produces: :class:`PlacementPlan` (placement, simulated cost, trace, JSON),
+and :func:`placement_result`, which wraps it in the methods' one :class:`Result`."""
 
 from __future__ import annotations
 
@@ -8,13 +9,11 @@ import numpy as np
 
 from .simulator import SimResult, simulate
 
-__all__ = ["PlacementResult", "finish", "SCHEMA"]
-
-SCHEMA = "plan-explorer/placement@1"
+__all__ = ["PlacementPlan", "finish", "placement_result"]
 
 
 @dataclass
-class PlacementResult:
+class PlacementPlan:
     """A device per operator and how the one simulator judges it.
 
     ``oom`` is true when a memory limit is exceeded: the placer needed its best-effort rule
@@ -64,7 +63,7 @@ class PlacementResult:
     def to_dict(self, schedule: bool = False) -> dict:
         """JSON document (CLI ``--json``): every operator's device, clusters, time, memory."""
         doc = {
-            "schema": SCHEMA, "algo": self.algo, "model": self.model, "batch": self.batch,
+            "algo": self.algo, "model": self.model, "batch": self.batch,
             "devices": self.devices, "ops": len(self.names),
             "clusters": [{"id": i, "device": int(c["device"]), "ops": list(c["ops"]),
                           "time_s": float(c.get("time_s", 0.0)),
@@ -99,10 +98,25 @@ def _jsonable(x):
 
 
 def finish(algo, pg, placement, search_time_s, best_effort=(), clusters=(), stats=None,
-           trace=None, contention: str = "ports") -> PlacementResult:
-    """Simulate ``placement`` and wrap it in a :class:`PlacementResult`."""
+           trace=None, contention: str = "ports") -> PlacementPlan:
+    """Simulate ``placement`` and wrap it in a :class:`PlacementPlan`."""
     sim = simulate(pg, placement, contention=contention)
-    return PlacementResult(algo, list(pg.names), placement, sim, pg.capacity.copy(),
+    return PlacementPlan(algo, list(pg.names), placement, sim, pg.capacity.copy(),
                            float(search_time_s), list(best_effort), list(clusters),
                            dict(stats or {}), list(trace or []), pg.meta.get("model"),
                            pg.meta.get("batch"), getattr(pg.devices, "name", ""))
+
+
+def placement_result(plan: PlacementPlan, problem, pins=()):
+    """The :class:`~explorer.engine.search.result.Result` of a placement method."""
+    from ..search.result import Result
+    dg = problem.devices
+    info = {"stats": _jsonable(plan.stats), "clusters": len(plan.clusters),
+            "best_effort": [str(x) for x in plan.best_effort],
+            "capacity_bytes": [float(x) for x in plan.capacity], "oom": plan.oom}
+    return Result(plan.algo, "placement", problem.model or plan.model,
+                  problem.batch or plan.batch, dict(problem.model_args or {}),
+                  getattr(dg, "name", ""), int(len(plan.capacity)),
+                  plan.predicted_step_time_s, plan.predicted_step_time_s, plan.search_time_s,
+                  plan.peak_memory_bytes, float(plan.sim.comm_bytes), not plan.oom, plan,
+                  [p.text() for p in (pins or ())], list(plan.trace), info)

@@ -1,31 +1,142 @@
-"""Search algorithms: one module per algorithm, one entry point each.
+"""The one method registry: every search and baseline, its family, description and options.
 
-``run(algo, graph, devices, cost_model, pins, options)`` dispatches by name.
+Each method is registered once here with its family (``layerwise``, ``tofu``,
+``placement``), a one-line description, its options dataclass and its module's one entry
+point ``search(problem, pins, options) -> Result``.  The command line, the app and the
+benchmarks list and call methods only through :data:`METHODS` and :func:`run`.
+
+Example::
+
+    >>> from explorer.engine.devices import preset
+    >>> from explorer.engine.search import METHODS, names, run
+    >>> from explorer.engine.search.problem import Problem
+    >>> names("layerwise")
+    ['optcnn', 'data', 'model', 'owt', 'exhaustive']
+    >>> res = run("optcnn", Problem(preset("p100-nvlink-4", 2), "lenet5", 8))
+    >>> res.family, res.devices, res.objective_s > 0
+    ('layerwise', 2, True)
 """
 
 from __future__ import annotations
 
-from . import baselines, exhaustive, optcnn
-from .result import SearchResult
+from dataclasses import dataclass, field
+from typing import Callable
 
-ALGORITHMS = {
-    "optcnn": "layer-wise parallelism: node/edge elimination (Jia et al., ICML 2018)",
-    "data": "data parallelism: every layer split on the sample dimension",
-    "model": "model parallelism: every layer's channels split over all devices",
-    "owt": "one weird trick: data-parallel convolutions, model-parallel dense layers",
-    "exhaustive": "depth-first search over all strategies (small graphs; verification)",
-}
+from .options import (CeleritasOptions, ClassicOptions, ExhaustiveOptions, OptCNNOptions,
+                      PlacementOptions, TofuOptions, make)
+from .problem import Problem
+from .result import FAMILIES, Result
 
-
-def run(algo: str, graph, devices, cost_model, pins=None, options=None) -> SearchResult:
-    if algo == "optcnn":
-        return optcnn.search(graph, devices, cost_model, pins, options)
-    if algo in baselines.STRATEGIES:
-        return baselines.search(graph, devices, cost_model, pins,
-                                dict(options or {}, strategy=algo))
-    if algo == "exhaustive":
-        return exhaustive.search(graph, devices, cost_model, pins, options)
-    raise ValueError(f"unknown algorithm {algo!r}: choose one of {', '.join(ALGORITHMS)}")
+__all__ = ["Method", "METHODS", "FAMILIES", "Problem", "Result", "run", "get", "names",
+           "describe", "family_of"]
 
 
-__all__ = ["ALGORITHMS", "SearchResult", "run"]
+@dataclass(frozen=True)
+class Method:
+    """A registered method: ``entry(problem, pins, options)`` with ``options`` built from
+    :attr:`options_type` and the ``fixed`` fields that select this method in its module."""
+
+    name: str
+    family: str
+    description: str
+    options_type: type
+    module: str
+    fixed: dict = field(default_factory=dict, hash=False)
+
+    def options(self, options=None):
+        """The validated options dataclass for this method."""
+        return make(self.options_type, options, **self.fixed)
+
+    @property
+    def entry(self) -> Callable:
+        import importlib
+        return importlib.import_module(f"{__name__}.{self.module}").search
+
+
+METHODS: dict = {}
+
+
+def _register(name, family, description, options_type, module, **fixed):
+    if name in METHODS:
+        raise ValueError(f"method {name!r} is registered twice")
+    METHODS[name] = Method(name, family, description, options_type, module, fixed)
+
+
+_register("optcnn", "layerwise", "layer-wise parallelism: node/edge elimination "
+          "(Jia et al., ICML 2018)", OptCNNOptions, "optcnn")
+_register("data", "layerwise", "data parallelism: every layer split on the sample dimension",
+          ClassicOptions, "classic", strategy="data")
+_register("model", "layerwise", "model parallelism: every layer's channels split over all "
+          "devices", ClassicOptions, "classic", strategy="model")
+_register("owt", "layerwise", "one weird trick: data-parallel convolutions, model-parallel "
+          "dense layers", ClassicOptions, "classic", strategy="owt")
+_register("exhaustive", "layerwise", "depth-first search over all strategies (small graphs; "
+          "verification)", ExhaustiveOptions, "exhaustive")
+_register("tofu", "tofu", "recursive DP with output reduction (Wang et al., EuroSys 2019)",
+          TofuOptions, "tofu", algo="tofu")
+_register("allrow-greedy", "tofu", "every tensor split on its first axis, ops pick their best "
+          "strategy", TofuOptions, "tofu", algo="allrow-greedy")
+_register("spartan", "tofu", "largest tensor first, greedy, one k-way step (Spartan)",
+          TofuOptions, "tofu", algo="spartan")
+_register("equalchop", "tofu", "the DP in one k-way step: every tensor chopped along one axis",
+          TofuOptions, "tofu", algo="equalchop")
+_register("icml18", "tofu", "recursive DP without output reduction (Jia et al., ICML 2018)",
+          TofuOptions, "tofu", algo="icml18")
+_register("celeritas", "placement", "Celeritas: CPD-TOPO, optimal operation fusion, Adjusting "
+          "Placement, then simulated refinement of the cluster decisions", CeleritasOptions,
+          "celeritas", algo="celeritas")
+_register("celeritas-paper", "placement", "Celeritas as published: Adjusting Placement of the "
+          "fused clusters, no simulated refinement", CeleritasOptions, "celeritas",
+          algo="celeritas-paper")
+_register("order-place", "placement", "fused clusters in CPD-TOPO order, one device filled "
+          "after another", CeleritasOptions, "celeritas", algo="order-place")
+_register("m-topo", "placement", "Baechi m-TOPO: BFS topological order, even memory share per "
+          "device", PlacementOptions, "placers", algo="m-topo")
+_register("m-etf", "placement", "Baechi m-ETF: earliest-start-time list scheduling under "
+          "memory limits", PlacementOptions, "placers", algo="m-etf")
+_register("m-sct", "placement", "Baechi m-SCT: m-ETF with LP favourite children (small "
+          "communication time)", PlacementOptions, "placers", algo="m-sct")
+_register("metis", "placement", "METIS k-way partition (pymetis) balancing memory, minimising "
+          "bytes cut", PlacementOptions, "placers", algo="metis")
+_register("single", "placement", "every operator on device 0", PlacementOptions, "placers",
+          algo="single")
+
+
+def get(name: str) -> Method:
+    """The method called ``name``; ``ValueError`` listing every method otherwise."""
+    try:
+        return METHODS[name]
+    except KeyError:
+        raise ValueError(f"unknown method {name!r}: choose one of "
+                         f"{', '.join(METHODS)}") from None
+
+
+def names(family: str | None = None) -> list:
+    """Method names, in registration order, of one family or all."""
+    if family is not None and family not in FAMILIES:
+        raise ValueError(f"unknown family {family!r}: one of {', '.join(FAMILIES)}")
+    return [m.name for m in METHODS.values() if family in (None, m.family)]
+
+
+def family_of(name: str) -> str:
+    return get(name).family
+
+
+def describe(family: str | None = None) -> dict:
+    """``{name: description}`` of one family or all."""
+    return {n: METHODS[n].description for n in names(family)}
+
+
+def run(name: str, problem: Problem, pins=None, options=None, progress=None) -> Result:
+    """Run method ``name`` on ``problem`` honouring ``pins`` (strings or
+    :class:`~explorer.engine.pins.Pin`); ``options`` a dict or the method's dataclass.
+
+    Every pin is checked against the method's family first: a family that cannot honour a
+    pin says exactly why (:func:`explorer.engine.pins.check`)."""
+    from ..pins import check
+    method = get(name)
+    opts = method.options(options)
+    parsed = check(pins, method.family)
+    if progress is not None and method.family == "tofu":
+        return method.entry(problem, parsed, opts, progress=progress)
+    return method.entry(problem, parsed, opts)

@@ -1,5 +1,6 @@
 """Celeritas device placement (Xu et al.): CPD-TOPO, optimal operation fusion, Adjusting
-Placement - the one public entry point :func:`search`.
+Placement - the one public entry point :func:`search` (a :class:`Result` for a
+:class:`~explorer.engine.search.problem.Problem`); :func:`place` is the algorithm on a graph.
 
 Pipeline (paper Sections 4-5):
 
@@ -19,9 +20,10 @@ Pipeline (paper Sections 4-5):
 Example
 -------
 >>> from explorer.engine.devices import preset
->>> res = search("mlp", preset("v100-pcie-4"), {"batch": 8, "model_args": {"layers": 2}})
->>> res.predicted_step_time_s > 0, len(res.placement) == len(res.names)
-(True, True)
+>>> from explorer.engine.search.problem import Problem
+>>> res = search(Problem(preset("v100-pcie-4"), "mlp", 8, {"layers": 2}))
+>>> res.family, res.predicted_step_time_s > 0, len(res.plan.placement) == len(res.plan.names)
+('placement', True, True)
 """
 
 from __future__ import annotations
@@ -36,9 +38,11 @@ from ..placement.graph import PlacementGraph
 from ..placement.order import graph_order
 from ..placement.place import adjusting_placement, order_place
 from ..placement.refine import budget_per_device, placement_units, refine
-from ..placement.result import PlacementResult, finish
+from ..placement.result import PlacementPlan, finish, placement_result
+from .options import CeleritasOptions, make
+from .result import Result
 
-__all__ = ["search", "placement_graph", "resolve_pins", "DEFAULTS"]
+__all__ = ["search", "place", "placement_graph", "resolve_pins", "pin_map", "DEFAULTS"]
 
 #: Paper's choices: R = 200 nodes, M = 0.25 of a device's memory (Section 5.1.3)
 DEFAULTS = {"R": 200, "M_fraction": 0.25, "contention": "ports", "algo": "celeritas",
@@ -101,7 +105,24 @@ def resolve_pins(pg: PlacementGraph, pins, clusters=None) -> np.ndarray:
     return out
 
 
-def search(graph, devices, options: dict | None = None) -> PlacementResult:
+def pin_map(pins) -> dict:
+    """Placement pins (``OP=@D`` / ``cluster:K=@D``) as ``{target: device}``."""
+    from ..pins import check
+    return {p.target: int(p.devices[0]) for p in check(pins, "placement")}
+
+
+def search(problem, pins=None, options: CeleritasOptions | None = None) -> Result:
+    """Celeritas, Celeritas as published, or Order-Place (``options.algo``) on the
+    problem's operator graph; ``pins`` put operators or fused clusters on devices."""
+    options = make(CeleritasOptions, options)
+    pg = problem.placement_graph(options.memory_per_device)
+    opts = options.as_dict()
+    opts.pop("memory_per_device")
+    opts["pins"] = pin_map(pins)
+    return placement_result(place(pg, problem.devices, opts), problem, pins)
+
+
+def place(graph, devices, options: dict | None = None) -> PlacementPlan:
     """Place ``graph`` on ``devices`` with Celeritas (or Order-Place).
 
     Parameters
@@ -120,7 +141,7 @@ def search(graph, devices, options: dict | None = None) -> PlacementResult:
 
     Returns
     -------
-    PlacementResult
+    PlacementPlan
         Placement of every operator, clusters with their devices, simulated step time and
         peak memory, ``oom``, and a trace (order, breakpoints, Adjusting Placement steps).
     """

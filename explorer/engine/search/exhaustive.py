@@ -14,19 +14,22 @@ import time
 import numpy as np
 
 from ...errors import InfeasiblePlan
-from ..costmodel import CostModel, CostTables
-from .result import SearchResult, finish
+from ..costmodel import CostTables
+from .options import ExhaustiveOptions
+from .result import Result, finish
 
 #: Refuse search spaces larger than this (number of complete strategies).
 MAX_SPACE = 10 ** 9
 
 
-def search(graph, devices, cost_model: CostModel, pins=None, options=None) -> SearchResult:
+def search(problem, pins=None, options: ExhaustiveOptions | None = None) -> Result:
     """The optimal plan by depth-first enumeration (slow; small graphs only)."""
-    options = dict(options or {})
+    options = options or ExhaustiveOptions()
+    graph, cost_model = problem.layer_graph(), problem.cost_model()
+    devices = cost_model.devices
     t0 = time.perf_counter()
     tables = cost_model.tables(pins)
-    choice, visited = solve(tables, options.get("max_space", MAX_SPACE))
+    choice, visited = solve(tables, options.max_space)
     return finish("exhaustive", graph, devices, cost_model, tables, choice, [],
                   {"visited": visited}, time.perf_counter() - t0, pins)
 

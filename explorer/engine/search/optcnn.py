@@ -25,8 +25,9 @@ import time
 import numpy as np
 
 from ...errors import InfeasiblePlan
-from ..costmodel import CostModel, CostTables
-from .result import SearchResult, finish
+from ..costmodel import CostTables
+from .options import OptCNNOptions
+from .result import Result, finish
 
 #: Largest product of residual domains solved by plain enumeration (the paper's line 14).
 ENUMERATION_LIMIT = 200_000
@@ -36,12 +37,14 @@ VE_LIMIT = 4_000_000
 MILP_TIME_LIMIT_S = 600.0
 
 
-def search(graph, devices, cost_model: CostModel, pins=None, options=None) -> SearchResult:
-    """Find the plan minimising equation 1 (exactly) for ``graph`` on ``devices``.
+def search(problem, pins=None, options: OptCNNOptions | None = None) -> Result:
+    """Find the plan minimising equation 1 (exactly) for the problem's layer graph.
 
-    Returns a :class:`SearchResult` whose ``trace`` lists node eliminations, edge eliminations,
+    Returns a :class:`Result` whose ``trace`` lists node eliminations, edge eliminations,
     the final-graph solve and the undo steps, and whose ``info`` reports the residual graph.
     """
+    graph, cost_model = problem.layer_graph(), problem.cost_model()
+    devices = cost_model.devices
     t0 = time.perf_counter()
     tables = cost_model.tables(pins)
     choice, trace, info = solve(tables)

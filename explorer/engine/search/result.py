@@ -1,4 +1,10 @@
-"""What every search returns: the :class:`Plan`, the cost tables it used and a replayable trace."""
+"""The one result type every method returns: :class:`Result`.
+
+Whatever the family — layer-wise configurations (OptCNN and its baselines), tensor tilings
+(Tofu and its baselines) or device placements (Celeritas and its baselines) — a method returns
+a :class:`Result` with the same common fields, the family's own plan object in ``plan`` and a
+JSON document from :meth:`Result.to_dict` (sealed for a file by :meth:`Result.document`).
+"""
 
 from __future__ import annotations
 
@@ -8,24 +14,105 @@ import numpy as np
 
 from ..costmodel import CostTables
 from ..plan import LayerAssignment, Plan, memory_per_device
+from ..plandoc import VERSION, schema_of, seal, to_jsonable
+
+__all__ = ["Result", "FAMILIES", "finish"]
+
+#: method families and the plan kind each produces
+FAMILIES = {"layerwise": "layerwise", "tofu": "tofu", "placement": "placement"}
 
 
 @dataclass
-class SearchResult:
-    """``plan`` – the chosen strategy; ``tables`` – the cost tables (for ``--dump-costs`` and
-    re-costing); ``choice`` – candidate index per layer; ``trace`` – algorithm steps in order;
-    ``info`` – algorithm facts (residual graph size, method, ...)."""
+class Result:
+    """What a method found and what it predicts.
 
-    plan: Plan
-    tables: CostTables
-    choice: dict
+    Common fields: ``algo``, ``family``, ``model``, ``batch``, ``model_args``, ``preset``
+    (device graph name), ``devices`` (count), ``objective_s`` (the method's own objective:
+    equation 1 for layer-wise methods, Tofu's communication time, the simulated step for
+    placements), ``predicted_step_time_s``, ``search_time_s``, ``memory_per_device_bytes``,
+    ``comm_bytes`` (bytes communicated per step), ``fits_memory``, ``pins`` (as written),
+    ``trace`` (the steps the app replays) and ``info``.  ``plan`` is the family's plan object
+    (:class:`~explorer.engine.plan.Plan`, :class:`~explorer.engine.search.tofu.TofuPlan`,
+    :class:`~explorer.engine.placement.result.PlacementPlan`); ``tables`` and ``choice`` are
+    the layer-wise cost tables and chosen candidate per layer (``--dump-costs``)."""
+
+    algo: str
+    family: str
+    model: str | None
+    batch: int | None
+    model_args: dict
+    preset: str
+    devices: int
+    objective_s: float
+    predicted_step_time_s: float
+    search_time_s: float
+    memory_per_device_bytes: list
+    comm_bytes: float
+    fits_memory: bool
+    plan: object
+    pins: list = field(default_factory=list)
     trace: list = field(default_factory=list)
     info: dict = field(default_factory=dict)
+    tables: CostTables | None = None
+    choice: dict | None = None
+
+    def __post_init__(self):
+        if self.family not in FAMILIES:
+            raise ValueError(f"unknown family {self.family!r}: one of {', '.join(FAMILIES)}")
+        if self.search_time_s < 0:
+            raise ValueError(f"search_time_s={self.search_time_s} must be ≥ 0")
+
+    @property
+    def kind(self) -> str:
+        """The plan kind (document schema) this result saves as."""
+        return FAMILIES[self.family]
+
+    def to_dict(self, trace: bool = False, **body) -> dict:
+        """The plan document: the family's body (``plan.to_dict(**body)``) with the common
+        fields on top, ``schema`` and ``version``; ``trace`` adds the replayable steps."""
+        doc = dict(self.plan.to_dict(**body))
+        doc.update({
+            "schema": schema_of(self.kind), "version": VERSION, "algo": self.algo,
+            "family": self.family, "model": self.model, "batch": self.batch,
+            "model_args": dict(self.model_args or {}), "preset": self.preset,
+            "devices": int(self.devices), "objective_s": float(self.objective_s),
+            "predicted_step_time_s": float(self.predicted_step_time_s),
+            "search_time_s": float(self.search_time_s),
+            "memory_per_device_bytes": [float(x) for x in self.memory_per_device_bytes],
+            "comm_bytes": float(self.comm_bytes), "fits_memory": bool(self.fits_memory),
+            "pins": list(self.pins), "info": to_jsonable_tree(self.info)})
+        if trace:
+            doc["trace"] = to_jsonable_tree(self.trace)
+        return doc
+
+    def document(self) -> dict:
+        """:meth:`to_dict` sealed for a file (checksum over everything)."""
+        return seal(self.to_dict(), self.kind)
+
+    def summary(self) -> dict:
+        """The common fields only (comparisons, tables)."""
+        return {"algo": self.algo, "family": self.family, "objective_s": self.objective_s,
+                "predicted_step_time_s": self.predicted_step_time_s,
+                "search_time_s": self.search_time_s, "comm_bytes": self.comm_bytes,
+                "peak_memory_bytes": max(self.memory_per_device_bytes, default=0.0),
+                "fits_memory": self.fits_memory}
+
+
+def to_jsonable_tree(x):
+    """Nested dicts/lists with numpy values as plain JSON types."""
+    if isinstance(x, dict):
+        return {str(k): to_jsonable_tree(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [to_jsonable_tree(v) for v in x]
+    if isinstance(x, (np.generic, np.ndarray)):
+        return to_jsonable(x)
+    return x
 
 
 def finish(algo, graph, devices, cost_model, tables: CostTables, choice: dict, trace, info,
-           elapsed_s: float, pins=None) -> SearchResult:
-    """Assemble the :class:`Plan` for ``choice`` (objective, breakdown, memory, bytes moved)."""
+           elapsed_s: float, pins=None) -> Result:
+    """A layer-wise :class:`Result`: the :class:`Plan` for ``choice`` (objective,
+    breakdown, memory, bytes moved)."""
     bd = tables.breakdown(choice)
     layers = []
     for n in tables.names:
@@ -59,7 +146,11 @@ def finish(algo, graph, devices, cost_model, tables: CostTables, choice: dict, t
                 devices.n, layers, objective, objective, search_s, bd,
                 xfer_bytes + sync_bytes, mem.tolist(), dict(getattr(graph, "model_args", {})),
                 [p.text() for p in (pins or [])], info, edges)
-    return SearchResult(plan, tables, dict(choice), list(trace), info)
+    from ..plan import graph_digest
+    plan.graph_digest = graph_digest(graph)
+    return Result(algo, "layerwise", plan.spec, plan.batch, plan.model_args, devices.name,
+                  devices.n, objective, objective, search_s, mem.tolist(), plan.comm_bytes,
+                  info["fits_memory"], plan, plan.pins, list(trace), info, tables, dict(choice))
 
 
 def _sync_bytes(graph, tables, choice, cost_model) -> float:

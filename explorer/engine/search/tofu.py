@@ -39,8 +39,9 @@ axis), ``icml18`` (the recursive DP without output reduction).
 Example::
 
     >>> from explorer.engine.opgraph import build_opgraph
-    >>> res = search(build_opgraph("mlp", 64), workers=4)                # doctest: +SKIP
-    >>> res.comm_bytes, res.coarse["ops_before"], res.coarse["ops_after"]  # doctest: +SKIP
+    >>> plan = partition(build_opgraph("mlp", 64, {"layers": 2, "hidden": 32}), workers=4)
+    >>> plan.factors, plan.comm_bytes > 0, plan.coarse["ops_after"] < plan.coarse["ops_before"]
+    ([2, 2], True, True)
 """
 
 from __future__ import annotations
@@ -53,16 +54,10 @@ import numpy as np
 
 from ...errors import InfeasiblePlan
 from ..tdl.aten import UnsupportedOp, describe_op
+from .options import TofuOptions, make
+from .result import Result
 
-__all__ = ["ALGOS", "TofuOptions", "TofuResult", "coarsen", "search", "factorize"]
-
-ALGOS = {
-    "tofu": "recursive DP with output reduction (Wang et al., EuroSys 2019)",
-    "icml18": "recursive DP without output reduction (Jia et al., ICML 2018)",
-    "equalchop": "the DP in one k-way step: every tensor chopped along one axis",
-    "spartan": "largest tensor first, greedy, one k-way step (Spartan)",
-    "allrow-greedy": "every tensor split on its first axis, ops pick their best strategy",
-}
+__all__ = ["TofuOptions", "TofuPlan", "coarsen", "partition", "search", "factorize", "pin_steps"]
 
 REPLICATE = -1                         # a class choice: not split at this step
 
@@ -78,22 +73,6 @@ def factorize(k: int) -> list:
             n //= p
         p += 1
     return sorted(out, reverse=True)
-
-
-@dataclass
-class TofuOptions:
-    """``algo`` one of :data:`ALGOS`; ``coalesce`` the element-wise / time-step merging."""
-
-    algo: str = "tofu"
-    coalesce: bool = True
-    max_factor: int = 1 << 22          # largest DP table (entries) before giving up
-
-    def __post_init__(self):
-        if self.algo not in ALGOS:
-            raise ValueError(f"unknown Tofu algorithm {self.algo!r}: choose one of "
-                             f"{', '.join(ALGOS)}")
-        if self.max_factor < 16:
-            raise ValueError(f"max_factor={self.max_factor} is too small (≥ 16)")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -633,7 +612,7 @@ class StepTrace:
 
 
 @dataclass
-class TofuResult:
+class TofuPlan:
     """A Tofu plan: per-tensor tilings, per-op strategies per step, communication, memory."""
 
     algo: str
@@ -654,7 +633,7 @@ class TofuResult:
     coarse_graph: object = field(default=None, repr=False)
 
     def to_dict(self, tensors: bool = True) -> dict:
-        d = {"schema": "plan-explorer/tofu-plan@1", "model": self.model, "algo": self.algo,
+        d = {"model": self.model, "algo": self.algo,
              "devices": self.workers, "preset": self.devices, "factors": self.factors,
              "objective_s": self.objective_s, "comm_bytes": self.comm_bytes,
              "peak_memory_bytes": self.peak_memory_bytes,
@@ -751,8 +730,76 @@ def _peak_live_bytes(g, st: _State, live: set, G: int) -> np.ndarray:
     return np.cumsum(delta, axis=0).max(axis=0)
 
 
-def search(g, workers: int, devices=None, pins=None, options: TofuOptions | dict | None = None,
-           progress=None) -> TofuResult:
+def search(problem, pins=None, options: TofuOptions | None = None, progress=None) -> Result:
+    """Tofu (or a Section 7.3 baseline, ``options.algo``) on the problem's operator graph,
+    over all of its devices; ``pins`` fix tensors' tilings (``TENSOR=grid=2x1``)."""
+    options = make(TofuOptions, options)
+    g, devices = problem.opgraph(), problem.devices
+    plan = partition(g, devices.n, devices, pins, options, progress)
+    cap = [float(d.memory) for d in devices.devices[:devices.n]]
+    fits = all(m <= c for m, c in zip(plan.peak_memory_bytes, cap))
+    info = {"factors": list(plan.factors), "coarsening": dict(plan.coarse),
+            "capacity_bytes": cap}
+    return Result(options.algo, "tofu", problem.model or g.model, g.batch,
+                  dict(problem.model_args or getattr(g, "model_args", {}) or {}),
+                  devices.name, devices.n, plan.objective_s, plan.objective_s,
+                  plan.search_time_s, [float(x) for x in plan.peak_memory_bytes],
+                  plan.comm_bytes, fits, plan, [p.text() for p in (pins or [])],
+                  [st.to_dict() for st in plan.steps], info)
+
+
+def pin_steps(grid, shape, factors) -> list:
+    """The axis a tensor is split along at each recursion step (−1: not split) so that its
+    tiles form ``grid`` (tiles per axis) after steps of ``factors``; ``InfeasiblePlan`` when
+    the grid cannot be made from those factors.
+
+    >>> pin_steps((2, 2), (8, 8), [2, 2]), pin_steps((4, 1), (8, 8), [2, 2])
+    ([0, 1], [0, 0])
+    """
+    grid = [int(x) for x in grid]
+    if len(grid) != len(shape):
+        raise InfeasiblePlan(f"grid {'x'.join(map(str, grid))} has {len(grid)} axes; the "
+                             f"tensor has {len(shape)} ({list(shape)})")
+    for a, (gs, n) in enumerate(zip(grid, shape)):
+        if gs > n:
+            raise InfeasiblePlan(f"grid {'x'.join(map(str, grid))}: axis {a} has only {n} "
+                                 f"elements")
+    left, out = list(grid), []
+    for k in factors:
+        a = next((a for a in range(len(left)) if left[a] > 1 and left[a] % k == 0), REPLICATE)
+        if a != REPLICATE:
+            left[a] //= k
+        out.append(a)
+    if any(x != 1 for x in left):
+        raise InfeasiblePlan(f"grid {'x'.join(map(str, grid))} cannot be made by the "
+                             f"recursion's steps {' x '.join(map(str, factors)) or '(none)'}: "
+                             f"tiles per axis must multiply out of those factors")
+    return out
+
+
+def _pinned_classes(g, co, pins, factors) -> dict:
+    """Pins as ``{class: [axis per step]}`` (a tensor pins its whole partition class)."""
+    out: dict = {}
+    for p in pins or ():
+        if p.grid is None:
+            raise InfeasiblePlan(f"pin {p.text()}: Tofu takes a tensor's tiling "
+                                 f"(TENSOR=grid=2x1), not degrees or devices")
+        if p.target not in g.tensors or p.target not in co.cls:
+            some = ", ".join(list(g.tensors)[:4])
+            raise InfeasiblePlan(f"pin {p.text()}: no tensor {p.target!r} in the operator "
+                                 f"graph (e.g. {some}; `explorer search MODEL --algo tofu "
+                                 f"--json` lists them)")
+        steps = pin_steps(p.grid, g.tensors[p.target].shape, factors)
+        c = co.cls[p.target]
+        if c in out and out[c] != steps:
+            raise InfeasiblePlan(f"pin {p.text()}: {p.target} shares its partition with "
+                                 f"another pinned tensor that has a different tiling")
+        out[c] = steps
+    return out
+
+
+def partition(g, workers: int, devices=None, pins=None,
+              options: TofuOptions | dict | None = None, progress=None) -> TofuPlan:
     """Partition the operator graph ``g`` over ``workers`` (Tofu or a Section 7.3 baseline).
 
     Parameters
@@ -760,14 +807,11 @@ def search(g, workers: int, devices=None, pins=None, options: TofuOptions | dict
     g : OpGraph from :func:`explorer.engine.opgraph.build_opgraph`.
     workers : number of workers k (≥ 1).
     devices : optional DeviceGraph - gives each step's link bandwidth for ``objective_s``.
-    pins : not supported by this search (``ValueError`` if given).
+    pins : :class:`~explorer.engine.pins.Pin` with ``grid`` - a tensor's tiling.
     options : :class:`TofuOptions` or a dict of its fields.
     """
     t0 = time.perf_counter()
-    if isinstance(options, dict) or options is None:
-        options = TofuOptions(**(options or {}))
-    if pins:
-        raise ValueError("Tofu partitions every tensor; pins are not supported by this search")
+    options = make(TofuOptions, options)
     if workers < 1:
         raise ValueError(f"workers must be ≥ 1, got {workers}")
     if devices is not None and devices.n < workers:
@@ -781,6 +825,7 @@ def search(g, workers: int, devices=None, pins=None, options: TofuOptions | dict
     if workers == 1:
         factors = []
     reduction = algo != "icml18"
+    pinned = _pinned_classes(g, co, pins, factors)
     st = _initial_state(g, co)
     steps = []
     strategies_out: dict = {o: [] for o in co.ops}
@@ -791,6 +836,14 @@ def search(g, workers: int, devices=None, pins=None, options: TofuOptions | dict
     for step_i, k in enumerate(factors):
         ts = time.perf_counter()
         choices = _domains(co, st, k, g, live)
+        for c, axes in pinned.items():
+            want = axes[step_i]
+            if c in choices and want not in choices[c] and want != REPLICATE:
+                raise InfeasiblePlan(f"a pinned tiling splits axis {want} at step "
+                                     f"{step_i + 1} (x{k}), but its tensor's part is too "
+                                     f"small there: choose another grid")
+            if c in choices:
+                choices[c] = [want]
         dom = {c: list(range(len(ax))) for c, ax in choices.items()}
         fac, meta = [], []
         for tid, names in co.templates.items():
@@ -872,13 +925,13 @@ def search(g, workers: int, devices=None, pins=None, options: TofuOptions | dict
             peak_fetch = np.maximum(peak_fetch, f)
     comm = float(prev_total)
     obj = float(sum(s.seconds for s in steps))
-    return TofuResult(algo, g.model, workers, factors, steps, comm, obj,
+    return TofuPlan(algo, g.model, workers, factors, steps, comm, obj,
                       [int(x) for x in mem + peak_fetch], time.perf_counter() - t0,
                       dict(co.counts), tilings, strategies_out, op_bytes,
                       devices.name if devices is not None else "", st, co)
 
 
-def execution_plan(res: TofuResult, g) -> dict:
+def execution_plan(res: TofuPlan, g) -> dict:
     """What every worker holds and computes under ``res`` (for the runtime).
 
     Returns ``{"held": {tensor: [K, nd, 2]}, "ops": {op: {"out": [K, nd, 2], "needs":
@@ -961,7 +1014,7 @@ def tile_owners(steps: list, factors: list, axes=(0, 1), upto: int | None = None
     return grid
 
 
-def strip(res: TofuResult, g, upto: int | None = None, limit: int = 400) -> list:
+def strip(res: TofuPlan, g, upto: int | None = None, limit: int = 400) -> list:
     """Figure 11: for every forward op that reads a weight, in execution order, its weight
     (top row) and its activation input (bottom row) with tile owners; consecutive blocks that
     are tiled identically are folded into one with a count ("×N")."""

@@ -1,4 +1,4 @@
-"""The paper's baselines (OptCNN Section 6): data, model and OWT parallelism.
+"""The strategies practitioners use, OptCNN's baselines (Section 6): data, model and OWT.
 
 * **data** – every layer split on the sample dimension over all devices.
 * **model** – every layer's channels (so its parameters) split equally over all devices
@@ -16,18 +16,17 @@ from __future__ import annotations
 import time
 
 from ...errors import InfeasiblePlan
-from ..costmodel import CostModel
-from .result import SearchResult, finish
+from .options import ClassicOptions
+from .result import Result, finish
 
 STRATEGIES = ("data", "model", "owt")
 
 
-def search(graph, devices, cost_model: CostModel, pins=None, options=None) -> SearchResult:
-    """Build the baseline named ``options["strategy"]`` (data | model | owt)."""
-    options = dict(options or {})
-    strategy = options.get("strategy", "data")
-    if strategy not in STRATEGIES:
-        raise ValueError(f"unknown baseline {strategy!r}: choose one of {STRATEGIES}")
+def search(problem, pins=None, options: ClassicOptions | None = None) -> Result:
+    """Build the strategy named ``options.strategy`` (data | model | owt)."""
+    strategy = (options or ClassicOptions()).strategy
+    graph, cost_model = problem.layer_graph(), problem.cost_model()
+    devices = cost_model.devices
     t0 = time.perf_counter()
     tables = cost_model.tables(pins)
     pinned = {p.layer for p in (pins or [])}

@@ -1,0 +1,121 @@
+"""What a method is asked to solve: a model, a device graph and the cost settings.
+
+Every method takes a :class:`Problem` and asks it for the capture its family works on — the
+layer graph and cost model (layer-wise), the joint forward+backward operator graph (Tofu), or
+the placers' graph (placement).  Captures are built on first use; a caller that caches them
+(the application service) passes its own builders, and tests pass prebuilt graphs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+__all__ = ["Problem"]
+
+
+@dataclass
+class Problem:
+    """A model (``model`` spec, ``batch``, ``model_args``) on ``devices`` (a DeviceGraph).
+
+    ``cost`` ("analytic" | "measured") and ``sync`` ("ps" | "ring") configure the layer-wise
+    cost model.  ``layer_graph``/``cost_model``/``opgraph``/``placement_graphs`` may be given
+    prebuilt; ``builders`` may map ``"layer_graph"``, ``"cost_model"``, ``"opgraph"`` and
+    ``"placement_graph"`` (called with the memory cap in bytes or ``None``) to functions that
+    build (and cache) them."""
+
+    devices: object
+    model: str | None = None
+    batch: int | None = None
+    model_args: dict = field(default_factory=dict)
+    cost: str = "analytic"
+    sync: str = "ps"
+    layer_graph_: object = None
+    cost_model_: object = None
+    opgraph_: object = None
+    placement_graphs: dict = field(default_factory=dict)
+    builders: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.devices is None:
+            raise ValueError("a problem needs a device graph")
+        if self.batch is not None and int(self.batch) < 1:
+            raise ValueError(f"batch must be ≥ 1, got {self.batch}")
+        if self.cost not in ("analytic", "measured"):
+            raise ValueError(f"cost must be analytic or measured, got {self.cost!r}")
+        if self.sync not in ("ps", "ring"):
+            raise ValueError(f"sync must be ps or ring, got {self.sync!r}")
+        if self.model is None:
+            g = self.layer_graph_ or self.opgraph_ or next(iter(self.placement_graphs.values()),
+                                                           None)
+            meta = getattr(g, "meta", {}) or {}
+            self.model = getattr(g, "spec", None) or getattr(g, "model", None) or meta.get(
+                "model")
+            if self.batch is None:
+                self.batch = getattr(g, "batch", None) or meta.get("batch")
+
+    @classmethod
+    def of(cls, graph, devices, cost_model=None) -> "Problem":
+        """A problem around a prebuilt capture (layer graph, operator graph or placer graph)."""
+        from ..placement.graph import PlacementGraph
+        if isinstance(graph, PlacementGraph):
+            return cls(devices, placement_graphs={None: graph})
+        if hasattr(graph, "tensors") and hasattr(graph, "ops"):
+            return cls(devices, opgraph_=graph)
+        return cls(devices, layer_graph_=graph, cost_model_=cost_model,
+                   model_args=dict(getattr(graph, "model_args", {}) or {}))
+
+    def _build(self, what: str, default: Callable, *args):
+        fn = self.builders.get(what)
+        return fn(*args) if fn is not None else default(*args)
+
+    def layer_graph(self):
+        """The layer graph (OptCNN's layers), captured on first use."""
+        if self.layer_graph_ is None:
+            from ..importer import import_spec
+            self.layer_graph_ = self._build(
+                "layer_graph", lambda: import_spec(self._spec(), self.batch,
+                                                   dict(self.model_args)))
+        return self.layer_graph_
+
+    def cost_model(self):
+        """The layer-wise cost model of the layer graph on the devices."""
+        if self.cost_model_ is None:
+            from ..costmodel import CostModel
+            self.cost_model_ = self._build(
+                "cost_model", lambda: CostModel(self.layer_graph(), self.devices,
+                                                compute=self.cost, sync=self.sync))
+        return self.cost_model_
+
+    def opgraph(self):
+        """The joint forward+backward operator graph (Tofu and the placers)."""
+        if self.opgraph_ is None:
+            from ..opgraph import build_opgraph
+            self.opgraph_ = self._build(
+                "opgraph", lambda: build_opgraph(self._spec(), self.batch,
+                                                 dict(self.model_args)))
+        return self.opgraph_
+
+    def placement_graph(self, memory_per_device: float | None = None):
+        """The placers' graph (Standard Evaluation), with ``memory_per_device`` bytes per
+        device when given (else the devices' own capacity)."""
+        if memory_per_device in self.placement_graphs:
+            return self.placement_graphs[memory_per_device]
+        if None in self.placement_graphs and self.opgraph_ is None and self.model is None:
+            pg = self.placement_graphs[None]
+            out = pg if memory_per_device is None else pg.with_capacity(memory_per_device)
+        else:
+            from ..placement.estimate import from_opgraph
+
+            def make(cap):
+                if None in self.placement_graphs:
+                    return self.placement_graphs[None].with_capacity(cap)
+                return from_opgraph(self.opgraph(), self.devices, cap)
+            out = self._build("placement_graph", make, memory_per_device)
+        self.placement_graphs[memory_per_device] = out
+        return out
+
+    def _spec(self) -> str:
+        if not self.model:
+            raise ValueError("the problem names no model and holds no captured graph")
+        return self.model
