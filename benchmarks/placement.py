@@ -32,7 +32,14 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from explorer.engine.devices import preset  # noqa: E402
 from explorer.engine.opgraph import build_opgraph  # noqa: E402
 from explorer.engine.placement.estimate import from_opgraph  # noqa: E402
-from explorer.engine.search.placement_baselines import PLACEMENT_ALGORITHMS, run  # noqa: E402
+from explorer.engine.search import Problem, names, run as run_method  # noqa: E402
+
+PLACEMENT_ALGORITHMS = names("placement")
+
+
+def run(algo, pg, devices, options=None):
+    """Placement method ``algo`` on the prebuilt placer graph ``pg`` through the registry."""
+    return run_method(algo, Problem.of(pg, devices), None, options).plan
 
 GiB = 2 ** 30
 

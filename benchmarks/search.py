@@ -21,7 +21,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from explorer.engine.costmodel import CostModel  # noqa: E402
 from explorer.engine.devices import preset  # noqa: E402
 from explorer.engine.importer import import_spec  # noqa: E402
-from explorer.engine.search import run  # noqa: E402
+from explorer.engine.search import Problem, run  # noqa: E402
 from explorer.errors import InfeasiblePlan  # noqa: E402
 
 DEFAULT_MODELS = ["lenet5", "alexnet", "vgg16", "inception_v3", "resnet50", "wresnet", "mlp",
@@ -35,14 +35,14 @@ def bench(model: str, n: int, repeat: int, cost: str):
     for _ in range(repeat):
         cm = CostModel(g, d, compute=cost)
         t0 = time.perf_counter()
-        r = run("optcnn", g, d, cm)
+        r = run("optcnn", Problem.of(g, d, cm))
         el = time.perf_counter() - t0
         if el < best:
             best, res = el, r
     objs = {}
     for algo in ("data", "model", "owt"):
         try:
-            objs[algo] = run(algo, g, d, cm).plan.objective_s
+            objs[algo] = run(algo, Problem.of(g, d, cm)).objective_s
         except InfeasiblePlan:
             objs[algo] = float("nan")
     info = res.info
@@ -54,7 +54,7 @@ def bench(model: str, n: int, repeat: int, cost: str):
                     + ("" if info["residual_method"] == "enumeration"
                        else f" {info['residual_method'][:3]}"),
         "method": info["residual_method"], "tables_s": info["tables_time_s"],
-        "search_s": best, "optcnn_ms": res.plan.objective_s * 1e3,
+        "search_s": best, "optcnn_ms": res.objective_s * 1e3,
         **{f"{k}_ms": v * 1e3 for k, v in objs.items()},
     }
 

@@ -45,7 +45,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     from explorer.engine.devices import preset
     from explorer.engine.opgraph import build_opgraph
-    from explorer.engine.search import tofu
+    from explorer.engine.search import Problem, names, run
 
     dev = preset("k80-pcie-8", args.workers)
     rows, cmp_rows = [], []
@@ -56,7 +56,7 @@ def main(argv=None) -> int:
         best, res = float("inf"), None
         for _ in range(args.repeat):
             _clear_caches()
-            r = tofu.search(g, args.workers, dev)
+            r = run("tofu", Problem.of(g, dev)).plan
             if r.search_time_s < best:
                 best, res = r.search_time_s, r
         rows.append({"model": label, "batch": batch, "ops": res.coarse["ops_before"],
@@ -65,10 +65,9 @@ def main(argv=None) -> int:
                      "target_s": target, "comm_GB": res.comm_bytes / 1e9,
                      "comm_ms": res.objective_s * 1e3,
                      "peak_GiB": max(res.peak_memory_bytes) / 2**30})
-        for algo in tofu.ALGOS:
+        for algo in names("tofu"):
             _clear_caches()
-            r = res if algo == "tofu" else tofu.search(g, args.workers, dev,
-                                                       options={"algo": algo})
+            r = res if algo == "tofu" else run(algo, Problem.of(g, dev)).plan
             cmp_rows.append({"model": label, "algo": algo, "comm_GB": r.comm_bytes / 1e9,
                              "comm_ms": r.objective_s * 1e3, "search_s": r.search_time_s,
                              "vs_tofu": r.comm_bytes / max(res.comm_bytes, 1e-9)})
@@ -84,7 +83,7 @@ def main(argv=None) -> int:
             g = build_opgraph(spec, batch, margs)
             trace_s = time.perf_counter() - t0
             _clear_caches()
-            r = tofu.search(g, args.workers, dev)
+            r = run("tofu", Problem.of(g, dev)).plan
             var_rows.append({"model": label, "batch": batch, "ops": r.coarse["ops_before"],
                              "groups": r.coarse["ops_after"], "trace_s": trace_s,
                              "search_s": r.search_time_s, "comm_GB": r.comm_bytes / 1e9,

@@ -9,7 +9,7 @@ import numpy as np
 
 from .simulator import SimResult, simulate
 
-__all__ = ["PlacementPlan", "finish", "placement_result"]
+__all__ = ["PlacementPlan", "simulated_plan", "placement_result"]
 
 
 @dataclass
@@ -97,7 +97,7 @@ def _jsonable(x):
     return x
 
 
-def finish(algo, pg, placement, search_time_s, best_effort=(), clusters=(), stats=None,
+def simulated_plan(algo, pg, placement, search_time_s, best_effort=(), clusters=(), stats=None,
            trace=None, contention: str = "ports") -> PlacementPlan:
     """Simulate ``placement`` and wrap it in a :class:`PlacementPlan`."""
     sim = simulate(pg, placement, contention=contention)

@@ -38,7 +38,7 @@ from ..placement.graph import PlacementGraph
 from ..placement.order import graph_order
 from ..placement.place import adjusting_placement, order_place
 from ..placement.refine import budget_per_device, placement_units, refine
-from ..placement.result import PlacementPlan, finish, placement_result
+from ..placement.result import PlacementPlan, placement_result, simulated_plan
 from .options import CeleritasOptions, make
 from .result import Result
 
@@ -212,5 +212,5 @@ def place(graph, devices, options: dict | None = None) -> PlacementPlan:
                       "evals": ref.evals, "exhausted": ref.exhausted,
                       "moves": [{**m, "first_op": pg.names[m["first_op"]]} for m in ref.moves]})
     best = [f"cluster:{k}" for k in cp.best_effort]
-    return finish(algo, pg, placement, elapsed, best, clusters, stats, trace,
+    return simulated_plan(algo, pg, placement, elapsed, best, clusters, stats, trace,
                   opts["contention"])

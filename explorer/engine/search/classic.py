@@ -17,7 +17,7 @@ import time
 
 from ...errors import InfeasiblePlan
 from .options import ClassicOptions
-from .result import Result, finish
+from .result import Result, layerwise_result
 
 STRATEGIES = ("data", "model", "owt")
 
@@ -63,5 +63,5 @@ def search(problem, pins=None, options: ClassicOptions | None = None) -> Result:
             best = max(cands[i].deg("c") for i in only_c)
             want = [i for i in only_c if cands[i].deg("c") == best]
         choice[nm] = want[0]
-    return finish(strategy, graph, devices, cost_model, tables, choice, [], {"strategy": strategy},
+    return layerwise_result(strategy, graph, devices, cost_model, tables, choice, [], {"strategy": strategy},
                   time.perf_counter() - t0, pins)

@@ -16,7 +16,7 @@ import numpy as np
 from ...errors import InfeasiblePlan
 from ..costmodel import CostTables
 from .options import ExhaustiveOptions
-from .result import Result, finish
+from .result import Result, layerwise_result
 
 #: Refuse search spaces larger than this (number of complete strategies).
 MAX_SPACE = 10 ** 9
@@ -30,7 +30,7 @@ def search(problem, pins=None, options: ExhaustiveOptions | None = None) -> Resu
     t0 = time.perf_counter()
     tables = cost_model.tables(pins)
     choice, visited = solve(tables, options.max_space)
-    return finish("exhaustive", graph, devices, cost_model, tables, choice, [],
+    return layerwise_result("exhaustive", graph, devices, cost_model, tables, choice, [],
                   {"visited": visited}, time.perf_counter() - t0, pins)
 
 

@@ -27,7 +27,7 @@ import numpy as np
 from ...errors import InfeasiblePlan
 from ..costmodel import CostTables
 from .options import OptCNNOptions
-from .result import Result, finish
+from .result import Result, layerwise_result
 
 #: Largest product of residual domains solved by plain enumeration (the paper's line 14).
 ENUMERATION_LIMIT = 200_000
@@ -48,7 +48,7 @@ def search(problem, pins=None, options: OptCNNOptions | None = None) -> Result:
     t0 = time.perf_counter()
     tables = cost_model.tables(pins)
     choice, trace, info = solve(tables)
-    return finish("optcnn", graph, devices, cost_model, tables, choice, trace, info,
+    return layerwise_result("optcnn", graph, devices, cost_model, tables, choice, trace, info,
                   time.perf_counter() - t0, pins)
 
 

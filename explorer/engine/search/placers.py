@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 
 from ..placement.heuristics import BASELINES
-from ..placement.result import PlacementPlan, finish, placement_result
+from ..placement.result import PlacementPlan, placement_result, simulated_plan
 from .celeritas import pin_map, resolve_pins
 from .options import PlacementOptions, make
 from .result import Result
@@ -39,5 +39,5 @@ def place(pg, algo: str, pins: dict | None = None, contention: str = "ports") ->
              **{k: v for k, v in info.items() if k != "best_effort"}}
     best = [pg.names[v] if isinstance(v, (int,)) or hasattr(v, "__index__") else str(v)
             for v in info.get("best_effort", [])]
-    return finish(algo, pg, dev, elapsed, best, (), stats,
+    return simulated_plan(algo, pg, dev, elapsed, best, (), stats,
                   [{"step": algo, "info": stats}], contention)

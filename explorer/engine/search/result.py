@@ -16,7 +16,7 @@ from ..costmodel import CostTables
 from ..plan import LayerAssignment, Plan, memory_per_device
 from ..plandoc import VERSION, schema_of, seal, to_jsonable
 
-__all__ = ["Result", "FAMILIES", "finish"]
+__all__ = ["Result", "FAMILIES", "layerwise_result"]
 
 #: method families and the plan kind each produces
 FAMILIES = {"layerwise": "layerwise", "tofu": "tofu", "placement": "placement"}
@@ -109,7 +109,7 @@ def to_jsonable_tree(x):
     return x
 
 
-def finish(algo, graph, devices, cost_model, tables: CostTables, choice: dict, trace, info,
+def layerwise_result(algo, graph, devices, cost_model, tables: CostTables, choice: dict, trace, info,
            elapsed_s: float, pins=None) -> Result:
     """A layer-wise :class:`Result`: the :class:`Plan` for ``choice`` (objective,
     breakdown, memory, bytes moved)."""
