@@ -141,6 +141,10 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:            # `explorer graph big | head`: the reader left
+        import os
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 # --------------------------------------------------------------------------------------------
@@ -324,13 +328,6 @@ def _search_placement(args, req, res, og) -> int:
     return 0
 
 
-def load_graph(model: str, batch=None, model_args=None):
-    from .engine.importer import import_spec
-    if batch is not None and batch < 1:
-        raise ValueError(f"--batch must be ≥ 1, got {batch}")
-    return import_spec(model, batch, dict(model_args or {}))
-
-
 def _ms(s: float) -> str:
     return f"{s * 1e3:9.3f}"
 
@@ -393,7 +390,11 @@ def cmd_presets(args) -> int:
 
 
 def cmd_graph(args) -> int:
-    g = load_graph(args.model, args.batch, args.model_arg)
+    from . import service
+    if args.batch is not None and args.batch < 1:
+        raise ValueError(f"--batch must be ≥ 1, got {args.batch}")
+    g = service.graph_for(service.Request(model=args.model, batch=args.batch,
+                                          model_args=dict(args.model_arg)))
     if args.json:
         print(json.dumps(g.to_dict(), indent=2))
         return 0
