@@ -39,8 +39,9 @@ axis), ``icml18`` (the recursive DP without output reduction).
 Example::
 
     >>> from explorer.engine.opgraph import build_opgraph
-    >>> res = search(build_opgraph("mlp", 64), workers=4)                # doctest: +SKIP
-    >>> res.comm_bytes, res.coarse["ops_before"], res.coarse["ops_after"]  # doctest: +SKIP
+    >>> res = search(build_opgraph("mlp", 64), workers=4)
+    >>> res.comm_bytes, res.coarse["ops_before"], res.coarse["ops_after"]
+    (6986408.0, 85, 26)
 """
 
 from __future__ import annotations
