@@ -17,6 +17,7 @@ import numpy as np
 
 from ..errors import InfeasiblePlan
 from . import geometry as G
+from .plandoc import dumps
 
 SCHEMA = "plan-explorer/plan@1"
 
@@ -104,7 +105,7 @@ class Plan:
         return self.graph_digest
 
     def to_json(self, indent=2) -> str:
-        return json.dumps(self.to_dict(), indent=indent, default=_jsonable)
+        return dumps(self.to_dict(), indent=indent)
 
     @classmethod
     def from_dict(cls, d: dict) -> "Plan":
@@ -139,7 +140,7 @@ def graph_digest(graph) -> str:
                        sorted([k, list(v)] for k, v in la.params.items())]
                       for la in graph.layers()],
            "edges": [[e.src, e.dst, e.index] for e in graph.edges()]}
-    return hashlib.sha256(json.dumps(doc, separators=(",", ":"), default=_jsonable)
+    return hashlib.sha256(dumps(doc, separators=(",", ":"))
                           .encode()).hexdigest()[:16]
 
 
@@ -157,18 +158,6 @@ def digest_for(spec: str, batch: int, model_args: dict | None = None) -> str | N
         except Exception:  # noqa: BLE001 - any failure of the user's model: digest unknown
             return None
     return _DIGESTS[key]
-
-
-def _jsonable(o):
-    if isinstance(o, np.integer):
-        return int(o)
-    if isinstance(o, np.floating):
-        return float(o)
-    if isinstance(o, np.ndarray):
-        return o.tolist()
-    if isinstance(o, (tuple, set)):
-        return list(o)
-    raise TypeError(f"{type(o).__name__} is not JSON serialisable")
 
 
 def choice_for(tables, assignment: dict) -> dict:

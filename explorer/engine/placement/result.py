@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..plandoc import dumps
 from .simulator import SimResult, simulate
 
 __all__ = ["PlacementResult", "finish", "SCHEMA"]
@@ -78,24 +80,12 @@ class PlacementResult:
             "best_effort": [str(x) for x in self.best_effort],
             "comm_bytes": float(self.sim.comm_bytes),
             "placement": {nm: int(d) for nm, d in zip(self.names, self.placement.tolist())},
-            "stats": _jsonable(self.stats),
+            "stats": json.loads(dumps(self.stats)),
         }
         if schedule:
             doc["schedule"] = self.sim.gantt(self.names)
-            doc["trace"] = _jsonable(self.trace)
+            doc["trace"] = json.loads(dumps(self.trace))
         return doc
-
-
-def _jsonable(x):
-    if isinstance(x, dict):
-        return {str(k): _jsonable(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_jsonable(v) for v in x]
-    if isinstance(x, np.ndarray):
-        return x.tolist()
-    if isinstance(x, np.generic):
-        return x.item()
-    return x
 
 
 def finish(algo, pg, placement, search_time_s, best_effort=(), clusters=(), stats=None,
