@@ -13,6 +13,7 @@ partitioned is ``"-"``.  Those letters are what configurations are keyed by.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass, field
 
 import networkx as nx
@@ -194,9 +195,7 @@ class LayerGraph:
 
     def summary(self) -> dict:
         ls = self.layers()
-        ops: dict = {}
-        for lay in ls:
-            ops[lay.op] = ops.get(lay.op, 0) + 1
+        ops = dict(Counter(lay.op for lay in ls))
         return {
             "model": self.model, "batch": self.batch, "layers": len(ls),
             "edges": self.g.number_of_edges(), "ops": ops,
