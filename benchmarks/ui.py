@@ -6,8 +6,11 @@
    (target ≤ 1.5 s).
 3. A 2,000-layer graph (Transformer, 182 blocks): from navigation until the collapsed graph is
    drawn and clickable (target ≤ 3 s).
+4. The tiling strip of 125 layers that do not fold (125 blocks on 4 devices): building the
+   figure and its JSON, in this process (target ≤ 0.5 s; ``--figures`` runs only this one,
+   without a browser).
 
-    python benchmarks/ui.py [--repeat 3]
+    python benchmarks/ui.py [--repeat 3] [--figures]
 
 Each row is the median of --repeat fresh page loads (the server process is started once per
 model and excluded: its start-up, the import and the first search happen before timing).
@@ -61,11 +64,36 @@ def pin_rerun(drv, layer, option_label):
     return dt
 
 
+def strip_figure_time(n_layers: int = 125) -> float:
+    """Seconds to build the tiling strip of ``n_layers`` unfolded layers and its JSON."""
+    from explorer.views import tiling
+    configs = [({"n": 4, "c": 1, "h": 1, "w": 1}, "n4"), ({"n": 2, "c": 2, "h": 1, "w": 1},
+               "n2 c2"), ({"n": 1, "c": 1, "h": 2, "w": 2}, "h2 w2")]
+    layers = [{"name": f"layer_{i}", "op": ("conv", "pool")[i % 2],
+               "config": configs[(i // 3) % 3][0], "config_label": configs[(i // 3) % 3][1],
+               "devices": [0, 1, 2, 3]} for i in range(n_layers)]
+    t0 = time.perf_counter()
+    tiling.strip_figure({"layers": layers, "devices": 4}, f"layer_{n_layers // 2}").to_json()
+    return time.perf_counter() - t0
+
+
+def print_rows(rows):
+    print(f"{'measurement':70s} {'seconds':>8s} {'target':>7s}")
+    for name, t, target in rows:
+        print(f"{name:70s} {t:8.2f} {target:7.1f}  {'ok' if t <= target else 'SLOW'}")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--figures", action="store_true",
+                    help="only the figure builders, in this process (no browser)")
     args = ap.parse_args(argv)
-    rows = []
+    rows = [("Tiling strip of 125 unfolded layers: figure + JSON",
+             statistics.median(strip_figure_time() for _ in range(args.repeat)), 0.5)]
+    if args.figures:
+        print_rows(rows)
+        return rows
     with B.browser() as drv:
         with B.server("--model", "inception_v3", "--devices", "4",
                       "--preset", "p100-cluster") as url:
@@ -86,9 +114,7 @@ def main(argv=None):
             info = B.text(drv, "#graph-info")
             rows.append((f"2,000-layer graph opened collapsed ({info.split(',')[0]}, {n} nodes"
                          f" shown)", statistics.median(ts), 3.0))
-    print(f"{'measurement':70s} {'seconds':>8s} {'target':>7s}")
-    for name, t, target in rows:
-        print(f"{name:70s} {t:8.2f} {target:7.1f}  {'ok' if t <= target else 'SLOW'}")
+    print_rows(rows)
     return rows
 
 

@@ -36,11 +36,10 @@ def background_manager():
         celery_app = Celery(__name__, broker=redis_url, backend=redis_url)
         return dash.CeleryManager(celery_app)
     import diskcache
-    home = os.environ.get("EXPLORER_HOME") or os.path.join(os.path.expanduser("~"),
-                                                           ".plan-explorer")
+
+    from .engine.storage import home
     try:
-        os.makedirs(home, exist_ok=True)
-        path = os.path.join(home, "dash-cache")
+        path = str(home() / "dash-cache")
     except OSError:
         path = os.path.join(tempfile.gettempdir(), "plan-explorer-dash-cache")
     return dash.DiskcacheManager(diskcache.Cache(path))

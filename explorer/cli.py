@@ -1,4 +1,4 @@
-"""The ``explorer`` command line (contract in DESIGN.md).
+"""The ``explorer`` command line.
 
     explorer search MODEL --devices N [--preset NAME] [--algo NAME] [--pin LAYER=CONFIG]...
                     [--batch B] [--model-arg KEY=VALUE]... [--json] [--dump-costs FILE]

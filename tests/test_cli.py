@@ -1,7 +1,7 @@
 """Tests for the `explorer` command line (explorer.cli.main, run in-process).
 
-The JSON printed by `search --json` and the file written by `--dump-costs` are contracts
-(DESIGN.md): other tools parse them, so their fields are checked here, and equation 1 is
+The JSON printed by `search --json` and the file written by `--dump-costs` are contracts:
+other tools parse them, so their fields are checked here, and equation 1 is
 recomputed from the dump alone.
 """
 

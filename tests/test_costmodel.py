@@ -229,16 +229,20 @@ def test_unknown_modes_raise():
         CostModel(g, flat_devices(2), sync="gossip")
 
 
-def test_measured_costs_are_cached_so_the_second_search_is_instant(tmp_path):
+def test_measured_costs_are_cached_so_the_second_search_measures_nothing(tmp_path):
     g = import_spec("lenet5", batch=128)
     d = preset("local", 2)
     cache = tmp_path / "profile.sqlite"
+    from explorer.engine.profile import Profiler
     first = CostModel(g, d, compute="measured", profile_cache=cache)
     t1 = first.tables()
-    assert first.profile_time_s > 0
+    with Profiler(cache) as p:
+        measured = sorted(p.rows())
+    assert measured                                    # the first search measured its shards
     second = CostModel(g, d, compute="measured", profile_cache=cache)
     t2 = second.tables()
-    assert second.profile_time_s == 0.0
+    with Profiler(cache) as p:
+        assert sorted(p.rows()) == measured            # the second one measured nothing again
     for n in t1.names:
         np.testing.assert_array_equal(t1.t_compute[n], t2.t_compute[n])
     # a measured conv shard split 2 ways is cheaper than the whole layer
@@ -262,9 +266,11 @@ def test_measured_compute_of_multi_device_configs_uses_the_lockstep_entry(tmp_pa
             out, ins = CostModel(g, d).shard_shapes(b, c)[0]
             p.record(b, out, ins, "toy", sec)                       # alone
             p.record(b, out, ins, "toy", 2 * sec, concurrency=2)    # two workers at once
+        recorded = sorted(p.rows())
     cm = CostModel(g, d, compute="measured", profile_cache=cache)
     tc, _, _ = cm.layer_costs("b", [whole, split])
     upd = UPDATE_PASSES * 4 * 576 / 100e9
     assert tc[0] == pytest.approx(0.010 + upd)
     assert tc[1] == pytest.approx(0.008 + upd)
-    assert cm.profile_time_s == 0.0
+    with Profiler(cache) as p:
+        assert sorted(p.rows()) == recorded            # costed from the cache: nothing measured

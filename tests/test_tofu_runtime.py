@@ -40,10 +40,10 @@ def _workers():
 
 def test_a_worker_that_raises_fails_the_run_quickly_without_orphans():
     before = _workers()
-    t0 = time.monotonic()
-    with pytest.raises(RunFailed, match="worker 1.*injected fault"):
+    with pytest.raises(RunFailed, match="worker 1.*injected fault") as failed:
         run_tofu_plan("mlp", 8, {"layers": 1, "hidden": 8}, 2, fault="raise", timeout_s=60)
-    assert time.monotonic() - t0 < 60
+    # the fault ended the run, not the clock (a timeout is "run timed out", rank None)
+    assert failed.value.rank == 1 and "timed out" not in str(failed.value)
     time.sleep(0.5)
     assert not _workers() - before
 

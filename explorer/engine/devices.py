@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import UnknownPreset
+from .storage import home
 
 GB = 1e9
 GiB = 1024 ** 3
@@ -220,7 +221,7 @@ def local(n: int | None = None) -> DeviceGraph:
 
 
 def _calibration() -> dict:
-    path = Path(os.environ.get("EXPLORER_HOME", Path.home() / ".plan-explorer")) / "local.json"
+    path = home(create=False) / "local.json"
     if path.is_file():
         try:
             return json.loads(path.read_text())

@@ -13,13 +13,13 @@ partitioned is ``"-"``.  Those letters are what configurations are keyed by.
 from __future__ import annotations
 
 import hashlib
-import json
 import math
+from collections import Counter
 from dataclasses import dataclass, field
 
 import networkx as nx
 
-from .plandoc import to_jsonable
+from .plandoc import dumps
 
 DIM_LETTERS = ("n", "c", "h", "w", "l")
 
@@ -198,9 +198,7 @@ class LayerGraph:
 
     def summary(self) -> dict:
         ls = self.layers()
-        ops: dict = {}
-        for lay in ls:
-            ops[lay.op] = ops.get(lay.op, 0) + 1
+        ops = dict(Counter(lay.op for lay in ls))
         return {
             "model": self.model, "batch": self.batch, "layers": len(ls),
             "edges": self.g.number_of_edges(), "ops": ops,
@@ -223,5 +221,5 @@ def graph_digest(graph) -> str:
                        sorted([k, list(v)] for k, v in la.params.items())]
                       for la in graph.layers()],
            "edges": [[e.src, e.dst, e.index] for e in graph.edges()]}
-    return hashlib.sha256(json.dumps(doc, separators=(",", ":"), default=to_jsonable)
+    return hashlib.sha256(dumps(doc, separators=(",", ":"))
                           .encode()).hexdigest()[:16]

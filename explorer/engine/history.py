@@ -1,8 +1,8 @@
 """Saved plans and their history in SQLite, so nothing is lost when the app restarts.
 
 One table, ``plans``: a row per saved plan with the columns the Plans panel lists and the full
-plan JSON.  Every method opens its own short connection (with a busy timeout), so several
-app processes or threads can share the file.
+plan JSON.  Every method opens its own short connection (with a busy timeout, see
+:mod:`explorer.engine.storage`), so several app processes or threads can share the file.
 """
 
 from __future__ import annotations
@@ -10,12 +10,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import sqlite3
 import time
-from contextlib import closing
 from datetime import datetime
 from pathlib import Path
 
+from .plandoc import dumps
+from .storage import home, transaction
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS plans (
@@ -40,26 +40,11 @@ CREATE INDEX IF NOT EXISTS plans_digest ON plans (digest);
 _VOLATILE = ("trace", "history_id", "search_time_s", "request", "info")
 
 
-def home() -> Path:
-    """``$EXPLORER_HOME`` (default ``~/.plan-explorer``), created if missing."""
-    p = Path(os.environ.get("EXPLORER_HOME") or Path.home() / ".plan-explorer")
-    p.mkdir(parents=True, exist_ok=True)
-    return p
-
-
-from .plan import _jsonable  # noqa: E402  (one JSON encoder for plans)
-
-
-def dumps(doc) -> str:
-    return json.dumps(doc, default=_jsonable)
-
-
 def digest(plan: dict) -> str:
     """Content hash of a plan: same model, devices, pins and per-layer choices → same digest
     (timings, trace and app bookkeeping are ignored)."""
     core = {k: v for k, v in plan.items() if k not in _VOLATILE}
-    return hashlib.sha256(json.dumps(core, sort_keys=True, default=_jsonable)
-                          .encode()).hexdigest()
+    return hashlib.sha256(dumps(core, sort_keys=True).encode()).hexdigest()
 
 
 class PlanStore:
@@ -67,38 +52,27 @@ class PlanStore:
 
     def __init__(self, path: str | os.PathLike | None = None, timeout: float = 10.0):
         self.path = Path(path) if path else home() / "plans.sqlite"
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         self.timeout = timeout
-        with closing(self._connect()) as con, con:
-            con.executescript(_SCHEMA)
+        with self._connect(_SCHEMA):  # creates the file and its table
+            pass
 
-    def _connect(self) -> sqlite3.Connection:
-        con = sqlite3.connect(self.path, timeout=self.timeout)
-        con.row_factory = sqlite3.Row
-        return con
+    def _connect(self, schema_sql: str = "", immediate: bool = False):
+        return transaction(self.path, schema_sql, self.timeout, immediate)
 
     def save(self, plan: dict, note: str = "") -> int:
         """Store ``plan`` (any ``history_id`` key is dropped); returns its new id."""
         row = self._row(plan, note)
-        with closing(self._connect()) as con, con:
+        with self._connect() as con:
             return self._insert(con, row)
 
     def save_new(self, plan: dict, note: str = "") -> tuple[int, bool]:
         """Save ``plan`` unless an identical one is saved (atomic, so two callbacks seeing the
         same plan at once save it once).  Returns ``(id, created)``."""
         row = self._row(plan, note)
-        with closing(self._connect()) as con:
-            con.isolation_level = None
-            con.execute("BEGIN IMMEDIATE")
-            try:
-                r = con.execute("SELECT id FROM plans WHERE digest = ? ORDER BY ts DESC, "
-                                "id DESC LIMIT 1", (row[-2],)).fetchone()
-                out = (int(r["id"]), False) if r else (self._insert(con, row), True)
-                con.execute("COMMIT")
-            except BaseException:
-                con.execute("ROLLBACK")
-                raise
-        return out
+        with self._connect(immediate=True) as con:
+            r = con.execute("SELECT id FROM plans WHERE digest = ? ORDER BY ts DESC, "
+                            "id DESC LIMIT 1", (row[-2],)).fetchone()
+            return (int(r["id"]), False) if r else (self._insert(con, row), True)
 
     @staticmethod
     def _row(plan: dict, note: str) -> tuple:
@@ -121,7 +95,7 @@ class PlanStore:
     def list(self, limit: int = 200) -> list[dict]:
         """Saved plans, newest first: id, time (ISO, local), model, algo, preset, devices,
         batch, objective_ms, pins (list), note."""
-        with closing(self._connect()) as con:
+        with self._connect() as con:
             rows = con.execute("SELECT id, ts, model, algo, preset, devices, batch, objective_s, "
                                "pins, note FROM plans ORDER BY ts DESC, id DESC LIMIT ?",
                                (int(limit),)).fetchall()
@@ -135,7 +109,7 @@ class PlanStore:
 
     def get(self, plan_id: int) -> dict:
         """The saved plan dict; ``KeyError`` if there is no plan ``plan_id``."""
-        with closing(self._connect()) as con:
+        with self._connect() as con:
             r = con.execute("SELECT plan FROM plans WHERE id = ?", (_id(plan_id),)).fetchone()
         if r is None:
             raise KeyError(f"no saved plan with id {plan_id} in {self.path}")
@@ -143,20 +117,20 @@ class PlanStore:
 
     def find(self, plan: dict) -> int | None:
         """Id of the newest saved plan identical to ``plan`` (see :func:`digest`), or None."""
-        with closing(self._connect()) as con:
+        with self._connect() as con:
             r = con.execute("SELECT id FROM plans WHERE digest = ? ORDER BY ts DESC, id DESC "
                             "LIMIT 1", (digest(plan),)).fetchone()
         return None if r is None else int(r["id"])
 
     def delete(self, plan_id: int) -> None:
         """Remove plan ``plan_id``; ``KeyError`` if there is none."""
-        with closing(self._connect()) as con, con:
+        with self._connect() as con:
             cur = con.execute("DELETE FROM plans WHERE id = ?", (_id(plan_id),))
         if cur.rowcount == 0:
             raise KeyError(f"no saved plan with id {plan_id} in {self.path}")
 
     def __len__(self) -> int:
-        with closing(self._connect()) as con:
+        with self._connect() as con:
             return int(con.execute("SELECT COUNT(*) FROM plans").fetchone()[0])
 
 

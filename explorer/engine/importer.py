@@ -15,6 +15,7 @@ has no rule raises :class:`UnsupportedModel` naming the op and the node.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import inspect
 import json
@@ -189,7 +190,10 @@ _ACT_MODULES = (nn.ReLU, nn.ReLU6, nn.GELU, nn.Sigmoid, nn.Tanh, nn.SiLU, nn.Lea
                 nn.ELU, nn.Hardswish, nn.Hardtanh, nn.Mish, nn.Softplus, nn.Hardsigmoid)
 
 
+@functools.cache
 def _function_names():
+    """Callables of torch, torch.nn.functional, operator and Tensor -> their names (built
+    once per process: a traced call's target is looked up here)."""
     names = {}
     for mod in (torch, F, operator, torch.Tensor):
         for k in dir(mod):
@@ -205,11 +209,7 @@ def _function_names():
     return names
 
 
-_FN_NAMES = None
-
-
 def _target_name(node, gm) -> str:
-    global _FN_NAMES
     t = node.target
     if node.op == "call_method":
         return t
@@ -217,10 +217,8 @@ def _target_name(node, gm) -> str:
         return t._schema.name.split("::")[1]
     if isinstance(t, torch._ops.OpOverloadPacket):
         return t._qualified_op_name.split("::")[1]
-    if _FN_NAMES is None:
-        _FN_NAMES = _function_names()
     try:
-        name = _FN_NAMES.get(t)
+        name = _function_names().get(t)
     except TypeError:
         name = None
     return name or getattr(t, "__name__", str(t))

@@ -9,7 +9,6 @@ give another graph (an edited plan file, a changed model file) before starting a
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass, field
 
@@ -18,6 +17,7 @@ import numpy as np
 from ..errors import InfeasiblePlan
 from . import geometry as G
 from .graph import graph_digest  # noqa: F401 - plans record it
+from .plandoc import dumps
 
 SCHEMA = "plan-explorer/layerwise"
 
@@ -103,7 +103,7 @@ class Plan:
         return self.graph_digest or ""
 
     def to_json(self, indent=2) -> str:
-        return json.dumps(self.to_dict(), indent=indent, default=_jsonable)
+        return dumps(self.to_dict(), indent=indent)
 
     @classmethod
     def from_dict(cls, d: dict) -> "Plan":
@@ -132,16 +132,6 @@ class Plan:
         return cls.from_dict(json.loads(text))
 
 
-def _jsonable(o):
-    if isinstance(o, np.integer):
-        return int(o)
-    if isinstance(o, np.floating):
-        return float(o)
-    if isinstance(o, np.ndarray):
-        return o.tolist()
-    if isinstance(o, (tuple, set)):
-        return list(o)
-    raise TypeError(f"{type(o).__name__} is not JSON serialisable")
 
 
 def choice_for(tables, assignment: dict) -> dict:

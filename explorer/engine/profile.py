@@ -47,6 +47,7 @@ import torch
 import torch.nn.functional as F
 
 from .graph import Layer
+from .storage import connect, home
 
 #: Attributes that change an op's cost, per op (the rest of the key is the shard's shapes).
 _SIG_ATTRS = {
@@ -74,8 +75,7 @@ _SCHEMA = """CREATE TABLE IF NOT EXISTS profile (
 
 def default_cache_path() -> Path:
     """``$EXPLORER_HOME/profile.sqlite`` (``EXPLORER_HOME`` defaults to ``~/.plan-explorer``)."""
-    home = Path(os.environ.get("EXPLORER_HOME", Path.home() / ".plan-explorer"))
-    return home / "profile.sqlite"
+    return home(create=False) / "profile.sqlite"
 
 
 # --------------------------------------------------------------------------------------------
@@ -112,9 +112,11 @@ def _has_bn(layer: Layer) -> bool:
                for k, s in layer.params.items())
 
 
-def _jsonable(v):
+def _canonical(v):
+    """A layer attribute as the JSON value its signature holds (sequences as lists, numbers
+    as ints, anything else as its text) - not a JSON encoder: it decides cache keys."""
     if isinstance(v, (list, tuple)):
-        return [_jsonable(x) for x in v]
+        return [_canonical(x) for x in v]
     if isinstance(v, (bool, str)) or v is None:
         return v
     if isinstance(v, float):
@@ -139,7 +141,7 @@ def signature(layer: Layer, on: str = "", input_grads=None) -> str:
     sig = {"op": op}
     for k in _SIG_ATTRS.get(op, tuple(sorted(a))):
         if k in a:
-            sig[k] = _jsonable(a[k])
+            sig[k] = _canonical(a[k])
     if op in ("conv", "linear"):
         sig["bias"] = "bias" in p
         if op == "conv" and a.get("groups", 1) > 1:
@@ -478,16 +480,9 @@ class Profiler:
         path = default_cache_path() if cache_path is None else cache_path
         if str(path) != ":memory:":
             path = Path(path).expanduser()
-            path.parent.mkdir(parents=True, exist_ok=True)
         self.cache_path = path
         self._lock = threading.Lock()
-        self._conn = sqlite3.connect(str(path), timeout=60.0, check_same_thread=False)
-        try:
-            self._conn.execute("PRAGMA journal_mode=WAL")
-        except sqlite3.DatabaseError:  # e.g. a file system without shared memory: keep rollback
-            pass
-        with self._conn:
-            self._conn.execute(_SCHEMA)
+        self._conn = connect(path, _SCHEMA, timeout=60.0, check_same_thread=False)
         self.last_profile_s = 0.0
         self.hits = 0
         self.misses = 0

@@ -38,10 +38,8 @@ def layered_positions(nodes: list, edges: list, x_gap: float = 90.0,
     g = nx.DiGraph()
     g.add_nodes_from(nodes)
     g.add_edges_from((u, v) for u, v in edges if u != v)
-    rank: dict = {}
-    for n in nx.topological_sort(g):
-        preds = list(g.predecessors(n))
-        rank[n] = 1 + max(rank[p] for p in preds) if preds else 0
+    # rank = longest path from an input = the node's topological generation
+    rank = {n: r for r, gen in enumerate(nx.topological_generations(g)) for n in gen}
     if pull_sources:
         for n in rank:
             succ = list(g.successors(n))

@@ -23,7 +23,8 @@ import dash
 from dash import Input, Output, State, dash_table, dcc, html
 
 from .. import service as session
-from ..engine.history import PlanStore, dumps
+from ..engine.history import PlanStore
+from ..engine.plandoc import dumps
 from ..engine.plan import SCHEMA, Plan
 from . import ids
 
@@ -99,7 +100,7 @@ def download_payload(plan) -> dict:
     if not isinstance(plan, dict) or "layers" not in plan:
         raise ValueError("there is no plan to download: run a search first")
     doc = {k: v for k, v in plan.items() if k not in ("trace", "history_id")}
-    return dcc.send_string(json.dumps(json.loads(dumps(doc)), indent=2), download_name(doc),
+    return dcc.send_string(dumps(doc, indent=2), download_name(doc),
                            type="application/json")
 
 

@@ -3,10 +3,12 @@ and :func:`placement_result`, which wraps it in the methods' one :class:`Result`
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..plandoc import dumps
 from .simulator import SimResult, simulate
 
 __all__ = ["PlacementPlan", "simulated_plan", "placement_result"]
@@ -77,24 +79,12 @@ class PlacementPlan:
             "best_effort": [str(x) for x in self.best_effort],
             "comm_bytes": float(self.sim.comm_bytes),
             "placement": {nm: int(d) for nm, d in zip(self.names, self.placement.tolist())},
-            "stats": _jsonable(self.stats),
+            "stats": json.loads(dumps(self.stats)),
         }
         if schedule:
             doc["schedule"] = self.sim.gantt(self.names)
-            doc["trace"] = _jsonable(self.trace)
+            doc["trace"] = json.loads(dumps(self.trace))
         return doc
-
-
-def _jsonable(x):
-    if isinstance(x, dict):
-        return {str(k): _jsonable(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_jsonable(v) for v in x]
-    if isinstance(x, np.ndarray):
-        return x.tolist()
-    if isinstance(x, np.generic):
-        return x.item()
-    return x
 
 
 def simulated_plan(algo, pg, placement, search_time_s, best_effort=(), clusters=(), stats=None,
@@ -111,7 +101,7 @@ def placement_result(plan: PlacementPlan, problem, pins=()):
     """The :class:`~explorer.engine.search.result.Result` of a placement method."""
     from ..search.result import Result
     dg = problem.devices
-    info = {"stats": _jsonable(plan.stats), "clusters": len(plan.clusters),
+    info = {"stats": json.loads(dumps(plan.stats)), "clusters": len(plan.clusters),
             "best_effort": [str(x) for x in plan.best_effort],
             "capacity_bytes": [float(x) for x in plan.capacity], "oom": plan.oom}
     return Result(plan.algo, "placement", problem.model or plan.model,

@@ -27,16 +27,11 @@ import os
 import queue as queue_mod
 import statistics
 import time
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-
-def _home() -> Path:
-    p = Path(os.environ.get("EXPLORER_HOME") or Path.home() / ".plan-explorer")
-    p.mkdir(parents=True, exist_ok=True)
-    return p
+from ..storage import home
 
 
 def _best(fn, reps: int = 5, warm: int = 1) -> float:
@@ -208,7 +203,7 @@ def calibrate(devices: int = 2, model: str | None = None, batch: int | None = No
            "allreduce_big_bytes": link.get("allreduce_big_bytes"),
            "devices": int(devices), "threads_per_worker": 1,
            "backend": "gloo", "measured_at": time.time()}
-    path = _home() / "local.json"
+    path = home() / "local.json"
     if write:
         path.write_text(json.dumps(cal, indent=2))
     cal["path"] = str(path)

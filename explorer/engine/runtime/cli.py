@@ -26,6 +26,7 @@ import os
 import sys
 
 from ...errors import ExplorerError, InfeasiblePlan
+from ..plandoc import dumps
 
 
 class PlanFileError(InfeasiblePlan):
@@ -107,20 +108,10 @@ def cmd_run(args) -> int:
     if not quiet and sys.stderr.isatty():
         print("\r", end="", file=sys.stderr)
     if quiet:
-        print(json.dumps(res, indent=2, default=_default))
+        print(dumps(res, indent=2))
     else:
         print(format_report(res))
     return 0 if res.get("reference_ok") in (True, None) else 1
-
-
-def _default(o):
-    try:
-        import numpy as np
-        if isinstance(o, np.generic):
-            return o.item()
-    except ImportError:  # pragma: no cover
-        pass
-    return str(o)
 
 
 def cmd_calibrate(args) -> int:
@@ -141,7 +132,7 @@ def cmd_calibrate(args) -> int:
                     batch=getattr(args, "batch", None), model_args=model_args,
                     quick=bool(getattr(args, "quick", False)), progress=say)
     if quiet:
-        print(json.dumps(cal, indent=2, default=_default))
+        print(dumps(cal, indent=2))
         return 0
     print(f"wrote {cal['path']}")
     print(f"  compute  {cal['peak_flops'] / 1e9:8.1f} GFLOP/s per worker thread (matmul "

@@ -8,11 +8,12 @@ and measured step time, the reference verdict, the full result JSON and the plan
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
 import time
-from contextlib import closing
 from pathlib import Path
+
+from ..plandoc import dumps
+from ..storage import home, transaction
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -32,26 +33,6 @@ CREATE INDEX IF NOT EXISTS runs_digest ON runs (digest);
 """
 
 
-def _home() -> Path:
-    p = Path(os.environ.get("EXPLORER_HOME") or Path.home() / ".plan-explorer")
-    p.mkdir(parents=True, exist_ok=True)
-    return p
-
-
-def _default(o):
-    try:
-        import numpy as np
-        if isinstance(o, np.generic):
-            return o.item()
-        if isinstance(o, np.ndarray):
-            return o.tolist()
-    except ImportError:  # pragma: no cover
-        pass
-    if isinstance(o, (tuple, set)):
-        return list(o)
-    raise TypeError(f"{type(o).__name__} is not JSON serialisable")
-
-
 def placement_key(doc: dict) -> dict:
     """What identifies a placement (a ``plan-explorer/placement`` document from the command
     line or the app) in the run store: model, batch, model arguments, algorithm and every
@@ -69,17 +50,17 @@ class RunStore:
     """Runs saved at ``path`` (default ``$EXPLORER_HOME/runs.sqlite``)."""
 
     def __init__(self, path=None, timeout: float = 10.0):
-        self.path = Path(path) if path else _home() / "runs.sqlite"
+        self.path = Path(path) if path else home() / "runs.sqlite"
         self.timeout = timeout
-        with closing(self._conn()) as c, c:
-            c.executescript(_SCHEMA)
+        with self._conn(_SCHEMA):  # creates the file and its table
+            pass
 
-    def _conn(self):
-        return sqlite3.connect(str(self.path), timeout=self.timeout)
+    def _conn(self, schema_sql: str = ""):
+        return transaction(self.path, schema_sql, self.timeout)
 
     def add(self, plan: dict, result: dict) -> int:
         from ..history import digest
-        with closing(self._conn()) as c, c:
+        with self._conn() as c:
             cur = c.execute(
                 "INSERT INTO runs (ts, model, algo, devices, digest, predicted_s, measured_s, "
                 "reference_ok, result, plan) VALUES (?,?,?,?,?,?,?,?,?,?)",
@@ -87,7 +68,7 @@ class RunStore:
                  digest(plan), result.get("predicted_step_time_s"),
                  result.get("measured_step_time_s"),
                  None if result.get("reference_ok") is None else int(bool(result["reference_ok"])),
-                 json.dumps(result, default=_default), json.dumps(plan, default=_default)))
+                 dumps(result), dumps(plan)))
             return int(cur.lastrowid)
 
     def add_safely(self, plan: dict, result: dict) -> None:
@@ -106,7 +87,7 @@ class RunStore:
             q += " WHERE digest = ?"
             args = (digest,)
         q += " ORDER BY id DESC LIMIT ?"
-        with closing(self._conn()) as c:
+        with self._conn() as c:
             rows = c.execute(q, args + (limit,)).fetchall()
         keys = ("id", "ts", "model", "algo", "devices", "digest", "predicted_s", "measured_s",
                 "reference_ok")
@@ -129,6 +110,6 @@ class RunStore:
         return out
 
     def get(self, run_id: int) -> dict | None:
-        with closing(self._conn()) as c:
+        with self._conn() as c:
             row = c.execute("SELECT result FROM runs WHERE id = ?", (run_id,)).fetchone()
         return None if row is None else json.loads(row[0])

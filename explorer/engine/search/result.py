@@ -8,13 +8,14 @@ JSON document from :meth:`Result.to_dict` (sealed for a file by :meth:`Result.do
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from ..costmodel import CostTables
 from ..plan import LayerAssignment, Plan, memory_per_device
-from ..plandoc import VERSION, schema_of, seal, to_jsonable
+from ..plandoc import VERSION, dumps, schema_of, seal
 
 __all__ = ["Result", "FAMILIES", "layerwise_result"]
 
@@ -80,9 +81,9 @@ class Result:
             "search_time_s": float(self.search_time_s),
             "memory_per_device_bytes": [float(x) for x in self.memory_per_device_bytes],
             "comm_bytes": float(self.comm_bytes), "fits_memory": bool(self.fits_memory),
-            "pins": list(self.pins), "info": to_jsonable_tree(self.info)})
+            "pins": list(self.pins), "info": json.loads(dumps(self.info))})
         if trace:
-            doc["trace"] = to_jsonable_tree(self.trace)
+            doc["trace"] = json.loads(dumps(self.trace))
         return doc
 
     def document(self) -> dict:
@@ -96,17 +97,6 @@ class Result:
                 "search_time_s": self.search_time_s, "comm_bytes": self.comm_bytes,
                 "peak_memory_bytes": max(self.memory_per_device_bytes, default=0.0),
                 "fits_memory": self.fits_memory}
-
-
-def to_jsonable_tree(x):
-    """Nested dicts/lists with numpy values as plain JSON types."""
-    if isinstance(x, dict):
-        return {str(k): to_jsonable_tree(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [to_jsonable_tree(v) for v in x]
-    if isinstance(x, (np.generic, np.ndarray)):
-        return to_jsonable(x)
-    return x
 
 
 def layerwise_result(algo, graph, devices, cost_model, tables: CostTables, choice: dict, trace, info,

@@ -8,9 +8,11 @@ gradient, output 2 a channel sum).  An op without a description raises
 
 Example::
 
-    >>> d = describe_op(g.ops["convolution"], g)        # doctest: +SKIP
+    >>> from explorer.engine.opgraph import build_opgraph
+    >>> g = build_opgraph("lenet5", batch=4)
+    >>> d = describe_op(g.ops["convolution"], g)
     >>> d.op.name, [t for _, t in d.bindings]
-    ('conv2d', ['input:x_1', 'param:features.0.weight'])
+    ('conv2d', ['input:x_1', 'param:conv1.weight', 'param:conv1.bias'])
 """
 
 from __future__ import annotations

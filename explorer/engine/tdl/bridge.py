@@ -1,6 +1,6 @@
 """Bridge from TDL descriptions to the engine's layers and boxes.
 
-DESIGN.md asks for *one source of truth for geometry*: which input region an output box
+This is the *one source of truth for geometry*: which input region an output box
 needs.  :func:`from_layer` builds the TDL description of a :class:`~explorer.engine.graph.Layer`
 (its activation inputs first, in ``layer.in_shapes`` order, then its parameters) and
 :func:`input_region` / :func:`input_regions` answer region questions by the interval analysis

@@ -1,0 +1,79 @@
+"""Where Plan Explorer keeps its files, and the one way it opens SQLite.
+
+Everything lives in the home directory, ``$EXPLORER_HOME`` (default ``~/.plan-explorer``):
+``plans.sqlite`` (plan history), ``runs.sqlite`` (measured runs), ``profile.sqlite`` (measured
+layer times) and ``local.json`` (calibration).  Every SQLite store opens its file with
+:func:`connect`: a busy timeout, so several app processes and threads can share a file; the
+WAL journal, so readers do not block the writer; rows readable by index or column name; its
+schema created if missing.  :func:`transaction` is a short connection that commits (or rolls
+back) and closes.
+
+    >>> with transaction(":memory:", "CREATE TABLE t (x INTEGER)") as con:
+    ...     _ = con.execute("INSERT INTO t VALUES (1)")
+    ...     con.execute("SELECT x FROM t").fetchone()["x"]
+    1
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from contextlib import contextmanager
+from pathlib import Path
+
+__all__ = ["HOME_ENV", "home", "connect", "transaction"]
+
+HOME_ENV = "EXPLORER_HOME"
+
+
+def home(create: bool = True) -> Path:
+    """The home directory: ``$EXPLORER_HOME``, else ``~/.plan-explorer`` (read at each call,
+    so a process or test can point it elsewhere); created unless ``create`` is false."""
+    p = Path(os.environ.get(HOME_ENV) or Path.home() / ".plan-explorer").expanduser()
+    if create:
+        p.mkdir(parents=True, exist_ok=True)
+    return p
+
+
+def connect(path, schema_sql: str = "", timeout: float = 10.0,
+            check_same_thread: bool = True) -> sqlite3.Connection:
+    """A connection to the SQLite file ``path`` (``":memory:"``: a private in-memory one).
+
+    Its directory is created, the journal switched to WAL where the file system allows it
+    (rollback journal otherwise), rows are :class:`sqlite3.Row` and ``schema_sql`` (``CREATE
+    ... IF NOT EXISTS`` statements) is run.  The caller closes it."""
+    if str(path) != ":memory:":
+        path = Path(path).expanduser()
+        path.parent.mkdir(parents=True, exist_ok=True)
+    con = sqlite3.connect(str(path), timeout=timeout, check_same_thread=check_same_thread)
+    try:
+        con.row_factory = sqlite3.Row
+        if str(path) != ":memory:":
+            try:
+                if con.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
+                    con.execute("PRAGMA journal_mode=WAL")
+            except sqlite3.DatabaseError:  # no shared memory, or busy: keep the rollback journal
+                pass
+        if schema_sql:
+            with con:
+                con.executescript(schema_sql)
+    except BaseException:
+        con.close()
+        raise
+    return con
+
+
+@contextmanager
+def transaction(path, schema_sql: str = "", timeout: float = 10.0, immediate: bool = False):
+    """A short connection (see :func:`connect`) as one transaction: committed when the block
+    ends, rolled back when it raises, closed either way.  ``immediate`` takes the write lock
+    at once, so a read-then-write (e.g. insert unless present) is atomic across processes."""
+    con = connect(path, schema_sql, timeout)
+    try:
+        if immediate:
+            con.isolation_level = None
+            con.execute("BEGIN IMMEDIATE")
+        with con:
+            yield con
+    finally:
+        con.close()

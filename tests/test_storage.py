@@ -1,0 +1,74 @@
+"""The home directory and the one SQLite helper every store uses (explorer.engine.storage)."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import pytest
+
+from explorer.engine import storage
+from explorer.engine.history import PlanStore
+from explorer.engine.profile import Profiler, default_cache_path
+from explorer.engine.runtime.store import RunStore
+
+SCHEMA = "CREATE TABLE IF NOT EXISTS t (x INTEGER PRIMARY KEY)"
+
+
+def test_home_follows_the_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv("EXPLORER_HOME", str(tmp_path / "a"))
+    assert storage.home(create=False) == tmp_path / "a" and not (tmp_path / "a").exists()
+    assert storage.home() == tmp_path / "a" and (tmp_path / "a").is_dir()
+    monkeypatch.setenv("EXPLORER_HOME", "")
+    assert storage.home(create=False).name == ".plan-explorer"
+
+
+def test_every_store_lives_in_the_home(tmp_path, monkeypatch):
+    monkeypatch.setenv("EXPLORER_HOME", str(tmp_path / "h"))
+    assert PlanStore().path == tmp_path / "h" / "plans.sqlite"
+    assert RunStore().path == tmp_path / "h" / "runs.sqlite"
+    assert default_cache_path() == tmp_path / "h" / "profile.sqlite"
+    with Profiler():
+        pass
+    for name in ("plans", "runs", "profile"):
+        con = sqlite3.connect(tmp_path / "h" / f"{name}.sqlite")
+        assert con.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        con.close()
+
+
+def test_connect_creates_directory_schema_and_named_rows(tmp_path):
+    path = tmp_path / "deep" / "er" / "db.sqlite"
+    con = storage.connect(path, SCHEMA)
+    try:
+        with con:
+            con.execute("INSERT INTO t VALUES (7)")
+        row = con.execute("SELECT x FROM t").fetchone()
+        assert row["x"] == 7 and row[0] == 7 and tuple(row) == (7,)
+    finally:
+        con.close()
+
+
+def test_transaction_commits_or_rolls_back_and_closes(tmp_path):
+    path = tmp_path / "db.sqlite"
+    with storage.transaction(path, SCHEMA) as con:
+        con.execute("INSERT INTO t VALUES (1)")
+    with pytest.raises(RuntimeError):
+        with storage.transaction(path) as con:
+            con.execute("INSERT INTO t VALUES (2)")
+            raise RuntimeError("boom")
+    with pytest.raises(sqlite3.ProgrammingError):  # closed after the block
+        con.execute("SELECT 1")
+    with storage.transaction(path, immediate=True) as con:
+        assert [r["x"] for r in con.execute("SELECT x FROM t")] == [1]
+        con.execute("INSERT INTO t VALUES (3)")
+    with storage.transaction(path) as con:
+        assert [r[0] for r in con.execute("SELECT x FROM t ORDER BY x")] == [1, 3]
+
+
+def test_immediate_transaction_holds_the_write_lock(tmp_path):
+    """Two read-then-write blocks cannot interleave: the second waits for the first (here it
+    gives up at once, with a zero timeout)."""
+    path = tmp_path / "db.sqlite"
+    with storage.transaction(path, SCHEMA, immediate=True):
+        with pytest.raises(sqlite3.OperationalError, match="locked"):
+            with storage.transaction(path, timeout=0.0, immediate=True):
+                pass
