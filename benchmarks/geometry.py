@@ -10,7 +10,8 @@ through the TDL oracle (:func:`explorer.engine.tdl.oracle.input_regions`, interv
 the layer's operator description).  Times are the best of ``--repeat`` runs; the TDL time is
 shown cold (descriptions built and bound, as a fresh process pays) and warm (bound
 descriptions cached).  The last column builds OptCNN's cost tables (p100-cluster preset)
-once with geometry's rules and once with TDL's swapped in.  "agree" counts (layer, config, input) queries with identical regions.
+once with geometry's rules and once with TDL's swapped in.  "agree" counts (layer, input)
+queries whose regions are identical for every configuration.
 The decision this supports is written in the geometry package docstring and printed at the end.
 """
 

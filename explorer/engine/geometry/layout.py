@@ -30,6 +30,8 @@ def _as_boxes(boxes, what: str) -> np.ndarray:
     except (TypeError, ValueError):
         raise ValueError(f"{what}: boxes must be nested lists of integers "
                          f"[devices][axes][start, stop]") from None
+    if arr.ndim == 2 and arr.shape[1] == 0:     # JSON of boxes without axes: [[], [], ...]
+        arr = arr.reshape(len(arr), 0, 2)
     if arr.ndim != 3 or arr.shape[2] != 2:
         raise ValueError(f"{what}: boxes have shape {list(arr.shape)}, expected "
                          f"[devices, axes, 2]")
@@ -201,6 +203,8 @@ class ExecutionLayout:
         for o, op in self.ops.items():
             where = f"operator {o}"
             op.out = _as_boxes(op.out, f"{where} output")
+            if op.out.shape[1] == 0:                  # a 0-d output: one element
+                op.out = _one_element(op.out.shape[0])
             if op.out.shape[0] != K:
                 raise ValueError(f"{where}: output boxes for {op.out.shape[0]} workers, the "
                                  f"plan has {K}")
