@@ -8,6 +8,7 @@ input region geometry says it needs, and the result must equal that slice of the
 from __future__ import annotations
 
 import itertools
+import json
 import math
 
 import numpy as np
@@ -885,3 +886,362 @@ def test_imported_1d_3d_window_regions_equal_true_dependencies(mod, shape):
     assert layer.out_shape == tuple(mod(x).shape)
     _check_dependencies(layer, mod, [x], G.enumerate_configs(layer, 4)
                         + G.enumerate_configs(layer, 3))
+
+
+# --------------------------------------------------------------------------------------------
+# boxes: the vectorised arithmetic everything else uses
+# --------------------------------------------------------------------------------------------
+
+
+def test_box_extents_emptiness_containment_and_common_part():
+    a = np.array([[0, 4], [2, 6]])
+    b = np.array([[3, 8], [0, 3]])
+    assert G.extents(a).tolist() == [4, 4] and G.box_shape(a) == (4, 4)
+    assert G.extents(np.array([[3, 1], [0, 2]])).tolist() == [0, 2]   # reversed counts 0
+    assert G.is_empty(np.stack([a, np.array([[3, 3], [0, 2]])])).tolist() == [False, True]
+    assert G.common(a, b).tolist() == [[3, 4], [2, 3]]
+    assert G.common(a, np.array([[4, 8], [0, 9]])) is None             # touching, not sharing
+    assert bool(G.inside(np.array([[1, 2], [3, 6]]), a))
+    assert not bool(G.inside(b, a))
+    # vectorised: every box of a tiling lies inside the whole tensor, and not inside another
+    tiles = G.split(G.full_box((6, 4), (1,)), 0, 3)
+    assert G.inside(tiles, G.full_box((6, 4))).all()
+    assert G.inside(tiles[:, None], tiles[None, :]).tolist() == np.eye(3, dtype=bool).tolist()
+
+
+def test_to_slices_absolute_and_relative_to_a_held_box():
+    x = torch.arange(48).reshape(6, 8)
+    piece = np.array([[2, 4], [3, 7]])
+    held = np.array([[1, 6], [2, 8]])          # a worker holds x[1:6, 2:8] as its local tensor
+    local = x[G.to_slices(held)]
+    assert torch.equal(local[G.to_slices(piece, held)], x[G.to_slices(piece)])
+    assert G.to_slices(piece) == (slice(2, 4), slice(3, 7))
+    assert G.to_slices(piece, held) == (slice(1, 3), slice(1, 5))
+
+
+def test_split_is_balanced_group_major_and_replicates_on_negative_axis():
+    boxes = np.array([[[0, 5], [0, 2]], [[10, 17], [0, 2]]])
+    parts = G.split(boxes, 0, 2)
+    assert parts.tolist() == [[[0, 2], [0, 2]], [[2, 5], [0, 2]],
+                              [[10, 13], [0, 2]], [[13, 17], [0, 2]]]
+    assert G.split(boxes, -1, 3).tolist() == np.repeat(boxes, 3, axis=0).tolist()
+    assert G.split(boxes, None, 2).shape == (4, 2, 2)
+    # random: the k parts of each box are disjoint and cover it (volumes add up)
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        lo = rng.integers(0, 5, (3, 3))
+        box = np.stack([lo, lo + rng.integers(0, 9, (3, 3))], -1)
+        k, ax = int(rng.integers(1, 5)), int(rng.integers(0, 3))
+        p = G.split(box, ax, k).reshape(3, k, 3, 2)
+        assert (G.volume(p).sum(1) == G.volume(box)).all()
+        ov = G.overlap(p[:, :, None], p[:, None, :])
+        assert (ov[:, ~np.eye(k, dtype=bool)] == 0).all()
+        assert G.inside(p, box[:, None]).all()
+        # same balanced ranges as a configuration's split of the same extent
+        ext = box[:, ax, 1] - box[:, ax, 0]
+        for j in range(3):
+            s0, s1 = G.split_range(int(ext[j]), k, np.arange(k))
+            assert (p[j, :, ax, 0] - box[j, ax, 0]).tolist() == s0.tolist()
+            assert (p[j, :, ax, 1] - box[j, ax, 0]).tolist() == s1.tolist()
+
+
+def test_overlap_equals_volume_of_intersection_broadcast_and_0d():
+    rng = np.random.default_rng(3)
+    lo = rng.integers(0, 6, (5, 1, 4, 1))
+    a = np.concatenate([lo, lo + rng.integers(0, 6, lo.shape)], -1)
+    lo = rng.integers(0, 6, (1, 7, 4, 1))
+    b = np.concatenate([lo, lo + rng.integers(0, 6, lo.shape)], -1)
+    assert G.overlap(a, b).shape == (5, 7)
+    assert (G.overlap(a, b) == G.volume(G.intersect(a, b))).all()
+    # boxes without axes (0-d tensors) hold their one element
+    assert G.overlap(np.zeros((3, 0, 2), np.int64), np.zeros((3, 0, 2), np.int64)).tolist() == [1] * 3
+    assert G.volume(np.zeros((2, 0, 2), np.int64)).tolist() == [1, 1]
+
+
+# --------------------------------------------------------------------------------------------
+# windows: conv / pool arithmetic and the pads of a local computation
+# --------------------------------------------------------------------------------------------
+
+
+def test_window_rows_clipped_and_unclipped():
+    # k5 s2 p2 on 32 rows: outputs [0, 8) read -2 .. 16 -> clipped [0, 17)
+    assert [int(v) for v in G.window(0, 8, 32, 5, 2, 2, 1, clip=False)] == [-2, 17]
+    assert [int(v) for v in G.window(0, 8, 32, 5, 2, 2, 1)] == [0, 17]
+    lo, hi = G.window(np.array([0, 8]), np.array([8, 16]), 32, 5, 2, 2, 1)
+    assert lo.tolist() == [0, 14] and hi.tolist() == [17, 32]
+    # adaptive 7 -> 3: [floor(7i/3), ceil(7(i+1)/3))
+    lo, hi = G.adaptive_window(np.arange(3), np.arange(1, 4), 7, 3)
+    assert list(zip(lo.tolist(), hi.tolist())) == [(0, 3), (2, 5), (4, 7)]
+
+
+def test_window_pads_only_at_the_tensors_true_border():
+    layer = conv_layer(k=3, s=1, p=1, size=32)
+    boxes = G.output_boxes(layer, cfg(n=1, c=1, h=2, w=1))
+    reg = G.input_regions(layer, 0, boxes)
+    a = layer.attrs
+    pads = [G.window_pads(boxes[k], reg[k], layer.in_shapes[0], a["kernel"], a["stride"],
+                          a["padding"], a["dilation"]) for k in range(2)]
+    # top half pads above (border) not below (a neighbour's rows); bottom half the reverse
+    assert pads == [[(1, 0), (1, 1)], [(0, 1), (1, 1)]]
+    assert G.full_spatial(boxes[0], reg[0], layer.out_shape, layer.in_shapes[0]) is False
+    whole = G.output_boxes(layer, cfg(n=2, c=1, h=1, w=1))
+    wreg = G.input_regions(layer, 0, whole)
+    assert G.full_spatial(whole[1], wreg[1], layer.out_shape, layer.in_shapes[0]) is True
+
+
+def test_window_pads_reject_a_region_that_is_not_the_window():
+    layer = conv_layer(k=3, s=1, p=1, size=32)
+    box = G.output_boxes(layer, cfg(n=1, c=1, h=2, w=1))[1]
+    region = G.input_regions(layer, 0, box[None])[0].copy()
+    region[2, 0] += 1                                  # one halo row short
+    a = layer.attrs
+    with pytest.raises(ValueError, match=r"axis 2 is \[16, 32\).*reads \[15, 33\)"):
+        G.window_pads(box, region, layer.in_shapes[0], a["kernel"], a["stride"], a["padding"],
+                      a["dilation"])
+
+
+@pytest.mark.parametrize("spec", CONVS[:5], ids=lambda s: ",".join(f"{k}{v}" for k, v in s.items()))
+def test_window_pads_tile_conv_equals_full_conv(spec):
+    """What the runtime does: the input region, padded by window_pads (only at the border),
+    convolved without padding with the device's weight shard = that tile of the full conv."""
+    torch.manual_seed(0)
+    conv = nn.Conv2d(4, 6, spec["k"], stride=spec["s"], padding=spec["p"],
+                     dilation=spec.get("d", 1))
+    x = torch.randn(2, 4, 11, 13)
+    layer = next(l for l in import_model(conv, x, "conv").layers() if l.op == "conv")
+    a = layer.attrs
+    with torch.no_grad():
+        full = conv(x)
+        for c in G.enumerate_configs(layer, 4) + G.enumerate_configs(layer, 6):
+            boxes = G.output_boxes(layer, c)
+            reg = G.input_regions(layer, 0, boxes)
+            shards = G.param_shards(layer, boxes)
+            for k in range(c.total):
+                pads = G.window_pads(boxes[k], reg[k], layer.in_shapes[0], a["kernel"],
+                                     a["stride"], a["padding"], a["dilation"])
+                for ax, (before, after) in zip((2, 3), pads):   # padding only at the border
+                    assert before == 0 or reg[k][ax, 0] == 0
+                    assert after == 0 or reg[k][ax, 1] == x.shape[ax]
+                xp = F.pad(x[G.to_slices(reg[k])],
+                           (pads[1][0], pads[1][1], pads[0][0], pads[0][1]))
+                w = conv.weight[G.to_slices(shards["weight"][1][k])]
+                b = conv.bias[G.to_slices(shards["bias"][1][k])]
+                got = F.conv2d(xp, w, b, stride=spec["s"], dilation=spec.get("d", 1))
+                torch.testing.assert_close(got, full[G.to_slices(boxes[k])], rtol=1e-5,
+                                           atol=1e-5, msg=f"{c.key()} device {k}")
+
+
+def test_window_pads_tile_max_pool_equals_full_pool():
+    torch.manual_seed(0)
+    mod = nn.MaxPool2d(3, stride=2, padding=1)
+    x = torch.randn(2, 3, 13, 11)
+    layer = next(l for l in import_model(mod, x, "pool").layers() if l.op == "pool")
+    a = layer.attrs
+    full = mod(x)
+    for c in G.enumerate_configs(layer, 6):
+        boxes = G.output_boxes(layer, c)
+        reg = G.input_regions(layer, 0, boxes)
+        for k in range(c.total):
+            pads = G.window_pads(boxes[k], reg[k], layer.in_shapes[0], a["kernel"], a["stride"],
+                                 a["padding"], a["dilation"])
+            xp = F.pad(x[G.to_slices(reg[k])], (pads[1][0], pads[1][1], pads[0][0], pads[0][1]),
+                       value=float("-inf"))
+            got = F.max_pool2d(xp, 3, 2, 0)
+            torch.testing.assert_close(got, full[G.to_slices(boxes[k])],
+                                       msg=f"{c.key()} device {k}")
+
+
+# --------------------------------------------------------------------------------------------
+# owners: mixed-radix tile ownership
+# --------------------------------------------------------------------------------------------
+
+
+def test_tile_digits_and_owner_grid_small():
+    assert G.tile_digits([2, 3], [0, 1, 5]).tolist() == [[0, 0], [0, 1], [1, 2]]
+    assert G.tile_digits([], [0]).shape == (1, 0)
+    assert G.owner_grid([2, 2], [0], [1]).tolist() == [[0, 1], [2, 3]]
+    assert G.owner_grid([2, 2], [1], [0]).tolist() == [[0, 2], [1, 3]]
+    assert G.owner_grid([2, 3], [], [1, 0]).tolist() == [[0, 3, 1, 4, 2, 5]]
+    assert G.owner_grid([2, 3], [], []).tolist() == [[0]]        # other digits are 0
+    assert G.owner_grid([], [], []).tolist() == [[0]]
+
+
+def test_owner_grid_agrees_with_configuration_tiles():
+    # the device owning tile (row, col) of a layer's n x c grid is the one whose output box
+    # has those n and c ranges (h split too: the grid shows the first h slice)
+    layer = conv_layer(n=4, cin=4, cout=6, size=8)
+    c = cfg(n=2, c=3, h=2, w=1)
+    boxes = G.output_boxes(layer, c)
+    grid = G.owner_grid([v for _, v in c.degrees], [0], [1])
+    assert grid.shape == (2, 3)
+    for r in range(2):
+        for col in range(3):
+            k = int(grid[r, col])
+            assert boxes[k][0].tolist() == [2 * r, 2 * r + 2]
+            assert boxes[k][1].tolist() == [2 * col, 2 * col + 2]
+            assert boxes[k][2].tolist() == [0, 4]
+    # every device's digits are its tile index
+    assert G.owner_grid([2, 3, 2, 1], [0, 1, 2, 3], []).ravel().tolist() == list(range(12))
+    assert G.tile_indices(c).tolist() == G.tile_digits([2, 3, 2, 1], range(12)).tolist()
+
+
+def test_tile_owners_tofu_steps():
+    assert G.tile_owners([0, 1], [2, 2]) == [[0, 1], [2, 3]]
+    assert G.tile_owners([1, 0], [2, 2]) == [[0, 2], [1, 3]]
+    assert G.tile_owners([0, -1], [2, 2]) == [[0], [2]]        # step 2 not split: its digit 0
+    assert G.tile_owners([0, 0], [2, 2], upto=1) == [[0], [2]]  # after one step only
+    assert G.tile_owners([0, 0], [2, 2]) == [[0], [1], [2], [3]]
+    assert G.tile_owners([0], [4], axes=(0,)) == [[0], [1], [2], [3]]
+
+
+# --------------------------------------------------------------------------------------------
+# layout: one vocabulary for how a tensor lives on devices
+# --------------------------------------------------------------------------------------------
+
+
+def test_tensor_layout_from_config_whole_on_and_from_boxes():
+    layer = conv_layer(n=2, cout=8, size=8)          # out (2, 8, 8, 8)
+    c = cfg(devices=(2, 3), n=1, c=2)
+    lay = G.TensorLayout.from_config(layer, c, 4)
+    assert lay.shape == (2, 8, 8, 8) and lay.boxes.shape == (4, 4, 2)
+    assert lay.holders() == [2, 3]
+    assert lay.bytes_per_device(4).tolist() == [0, 0, 2 * 4 * 64 * 4, 2 * 4 * 64 * 4]
+    assert lay.replication() == 1.0
+    assert lay.boxes[3].tolist() == G.output_boxes(layer, c)[1].tolist()
+    one = G.TensorLayout.whole_on((3, 5), 1, 3)
+    assert one.holders() == [1] and one.replication() == 1.0
+    assert one.bytes_per_device(2).tolist() == [0, 30, 0]
+    every = G.TensorLayout.whole_on((3, 5), None, 3)
+    assert every.holders() == [0, 1, 2] and every.replication() == 3.0
+    scalar = G.TensorLayout.whole_on((), 0, 2)      # 0-d: addressed as one element
+    assert scalar.boxes.tolist() == [[[0, 1]], [[0, 0]]] and scalar.holders() == [0]
+    tiled = G.TensorLayout.from_boxes((6, 4), G.split(G.full_box((6, 4), (1,)), 1, 2))
+    assert tiled.holders() == [0, 1] and tiled.replication() == 1.0
+    assert G.TensorLayout.from_boxes((), np.zeros((2, 0, 2), np.int64)).replication() == 2.0
+
+
+def test_tensor_layout_rejects_bad_boxes_with_the_numbers():
+    with pytest.raises(ValueError, match=r"device 1's box \[\[0, 3\], \[2, 6\]\] is outside "
+                                         r"the tensor's shape \[3, 5\]"):
+        G.TensorLayout((3, 5), [[[0, 3], [0, 5]], [[0, 3], [2, 6]]])
+    with pytest.raises(ValueError, match=r"boxes have 1 axes, the tensor \[3, 5\] has 2"):
+        G.TensorLayout((3, 5), [[[0, 3]]])
+    with pytest.raises(ValueError, match=r"boxes have shape \[2, 3\], expected"):
+        G.TensorLayout((3, 5), [[0, 3, 1], [0, 5, 1]])
+    with pytest.raises(ValueError, match="device 3 is outside 0..2"):
+        G.TensorLayout.whole_on((3,), 3, 3)
+    with pytest.raises(ValueError, match="uses device 3, outside 0..1"):
+        G.TensorLayout.from_config(conv_layer(), cfg(devices=(2, 3), n=1, h=2), 2)
+    # an empty box anywhere is fine: the device holds nothing
+    assert G.TensorLayout((3, 5), [[[0, 0], [9, 9]]]).holders() == []
+
+
+def test_tensor_layout_json_round_trip_and_validation():
+    lay = G.TensorLayout.from_config(conv_layer(), cfg(n=1, h=2, w=2), 4)
+    doc = json.loads(json.dumps(lay.to_json()))
+    assert G.TensorLayout.from_json(doc) == lay
+    assert G.TensorLayout.from_json(doc) != G.TensorLayout.whole_on(lay.shape, 0, 4)
+    for bad, msg in [([1, 2], "an object with"), ({"shape": 3, "boxes": []}, "must be a list"),
+                     ({"shape": [2], "boxes": [[[0, "x"]]]}, "nested lists of integers"),
+                     ({"shape": [2.5], "boxes": [[[0, 1]]]}, "must be an integer")]:
+        with pytest.raises(ValueError, match=msg):
+            G.TensorLayout.from_json(bad)
+
+
+@pytest.fixture(scope="module")
+def mlp_graph():
+    from explorer.engine.opgraph import build_opgraph
+    return build_opgraph("mlp", 8, {"layers": 2, "hidden": 16})
+
+
+def _plans_equal(a, b):
+    def same(x, y):        # boxes without axes (a 0-d tensor) are one element [[0, 1]]
+        x = np.tile([[[0, 1]]], (len(x), 1, 1)) if np.shape(x)[1] == 0 else x
+        return np.array_equal(x, y)
+    assert a["workers"] == b["workers"]
+    assert set(a["held"]) == set(b["held"])
+    for t in a["held"]:
+        assert same(a["held"][t], b["held"][t]), t
+    assert set(a["ops"]) == set(b["ops"])
+    for o, x in a["ops"].items():
+        y = b["ops"][o]
+        assert same(x["out"], y["out"]) and x["reducer"] == y["reducer"]
+        assert set(x["needs"]) == set(y["needs"]) and set(x["zero"]) == set(y["zero"])
+        assert all(same(x["needs"][t], y["needs"][t]) for t in x["needs"])
+        assert all(np.array_equal(x["zero"][t], y["zero"][t]) for t in x["zero"])
+
+
+def test_execution_layout_round_trips_tofu_and_placement_plans(mlp_graph):
+    from explorer.engine.runtime.opexec import placement_xplan
+    from explorer.engine.search import tofu
+    g = mlp_graph
+    shapes = {t: ten.shape for t, ten in g.tensors.items()}
+    res = tofu.partition(g, 4)
+    for plan in (tofu.execution_plan(res, g),
+                 placement_xplan(g, list(g.ops), [i % 3 for i in range(len(g.ops))], 3)):
+        x = G.ExecutionLayout.from_plan(plan, shapes)
+        text = json.dumps(x.to_json(), separators=(",", ":"))
+        back = G.ExecutionLayout.from_json(json.loads(text))
+        assert back.workers == plan["workers"] and back.cache == plan.get("cache", False)
+        _plans_equal(plan, back.to_plan())
+        assert all(isinstance(v, G.TensorLayout) for v in back.held.values())
+        if plan.get("cache"):
+            continue
+        # Tofu at 4 workers splits reductions: reducers and per-worker zero flags survive
+        red = [op for op in back.ops.values() if op.reducer == "sum" and op.zero]
+        assert red and all(z.dtype == bool and z.shape == (4,) for op in red
+                           for z in op.zero.values())
+        # 0-d tensors (the loss) are held as one element
+        assert any(not lay.shape and lay.boxes.shape == (4, 1, 2) for lay in back.held.values())
+
+
+def test_placement_boxes_are_whole_tensors_on_their_device(mlp_graph):
+    from explorer.engine.runtime.opexec import placement_xplan
+    g = mlp_graph
+    names = list(g.ops)
+    x = placement_xplan(g, names, [1] * len(names), 2)
+    for t, boxes in x["held"].items():
+        ten = g.tensors[t]
+        lay = G.TensorLayout(ten.shape, boxes)
+        if ten.producer:                                 # produced on device 1
+            assert lay.holders() == [1] and lay.replication() == 1.0
+        assert lay.holders() in ([1], [0, 1])            # placeholders no op places: everywhere
+
+
+def test_execution_layout_validation_names_what_is_wrong():
+    held = {"a": G.TensorLayout.whole_on((4, 2), 0, 2).to_json()}
+    op = {"out": [[[0, 4], [0, 2]], [[0, 0], [0, 0]]], "needs": {"a": held["a"]["boxes"]},
+          "reducer": None, "zero": {}}
+    good = {"workers": 2, "held": held, "ops": {"mm": op}}
+    assert G.ExecutionLayout.from_json(good).ops["mm"].reducer is None
+    cases = [
+        ({"reducer": "mean"}, r"operator mm: reducer 'mean' is not one of"),
+        ({"out": [[[0, 4], [0, 2]]]}, r"operator mm: output boxes for 1 workers, the plan has 2"),
+        ({"needs": {"b": held["a"]["boxes"]}}, r"reads tensor b, which the plan does not hold"),
+        ({"needs": {"a": [[[0, 5], [0, 2]], [[0, 0], [0, 0]]]}},
+         r"input a: device 0's box \[\[0, 5\], \[0, 2\]\] is outside the tensor's shape \[4, 2\]"),
+        ({"zero": {"a": [True]}}, r"zero flags must be 2 booleans"),
+        ({"zero": {"c": [True, False]}}, r"zero flags for c, which it does not read"),
+    ]
+    for change, msg in cases:
+        with pytest.raises(ValueError, match=msg):
+            G.ExecutionLayout.from_json({**good, "ops": {"mm": {**op, **change}}})
+    with pytest.raises(ValueError, match=r"tensor a has boxes for 2 workers, the plan has 3"):
+        G.ExecutionLayout.from_json({**good, "workers": 3})
+    with pytest.raises(ValueError, match="workers must be ≥ 1"):
+        G.ExecutionLayout.from_json({**good, "workers": 0, "held": {}, "ops": {}})
+    with pytest.raises(ValueError, match="an object with"):
+        G.ExecutionLayout.from_json({"held": {}})
+
+
+def test_engine_paths_do_not_import_the_tdl_oracle():
+    # geometry is the engine; TDL's layer oracle is for tests and the benchmark only
+    import subprocess
+    import sys
+    code = ("import sys; import explorer.engine.search.tofu, explorer.engine.costmodel, "
+            "explorer.engine.runtime.opexec, explorer.engine.runtime.executor; "
+            "print('explorer.engine.tdl.oracle' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"

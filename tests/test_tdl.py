@@ -17,11 +17,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from explorer.engine import geometry as G
-from explorer.engine import tdl
 from explorer.engine.graph import Layer
 from explorer.engine.importer import import_model, import_spec
-from explorer.engine.tdl import (Op, Opaque, Sum, Max, TDLError, describe, input_region,
-                                 strategies)
+from explorer.engine.tdl import Op, Opaque, Sum, Max, TDLError, describe, oracle, strategies
+from explorer.engine.tdl.oracle import input_region
 
 
 @pytest.fixture(autouse=True)
@@ -207,11 +206,11 @@ def test_unknown_operator_raises_keyerror_naming_it():
         strategies("frobnicate", {"x": (2, 2)})
     lay = Layer("f1", "frobnicate", (2, 3), ("n", "c"), in_shapes=((2, 3),))
     with pytest.raises(KeyError, match="frobnicate"):
-        tdl.from_layer(lay)
+        oracle.from_layer(lay)
     with pytest.raises(KeyError, match="frobnicate"):
-        tdl.input_regions(lay, 0, G.full_box((2, 3), (1,)))
+        oracle.input_regions(lay, 0, G.full_box((2, 3), (1,)))
     with pytest.raises(ValueError, match="no inputs"):
-        tdl.from_layer(Layer("x", "input", (2, 3), ("n", "c")))
+        oracle.from_layer(Layer("x", "input", (2, 3), ("n", "c")))
 
 
 def test_non_affine_and_unanalysable_descriptions_are_rejected():
@@ -453,20 +452,20 @@ def test_tdl_regions_equal_geometry_on_real_layers(graphs, spec):
         if lay.op == "input":
             continue
         # the description reproduces the layer's output shape (checked by layer_bound)
-        assert tdl.layer_bound(lay).out_shape == lay.out_shape
+        assert oracle.layer_bound(lay).out_shape == lay.out_shape
         cfg_boxes = np.concatenate([G.output_boxes(lay, c) for c in G.enumerate_configs(lay, 4)])
         rand = _random_boxes(lay.out_shape, 40, lay.axes, rng)
         anyb = _random_boxes(lay.out_shape, 40, None, rng)
         for i in range(len(lay.in_shapes)):
             for boxes in (cfg_boxes, rand):
                 want = G.input_regions(lay, i, boxes)
-                got = tdl.input_regions(lay, i, boxes)
+                got = oracle.input_regions(lay, i, boxes)
                 assert (got == want).all(), (spec, lay.name, lay.op, i)
                 checked += len(boxes)
             # boxes also cutting non-partitionable axes: the one known difference is sdpa's v,
             # where geometry keeps every column of the head dim; TDL is tighter (see below)
             want = G.input_regions(lay, i, anyb)
-            got = tdl.input_regions(lay, i, anyb)
+            got = oracle.input_regions(lay, i, anyb)
             if lay.op == "sdpa" and i == 2:
                 assert all(_contains(w, t) for w, t in zip(want, got))
             else:
@@ -482,11 +481,11 @@ def test_sdpa_value_columns_geometry_is_conservative_tdl_is_exact():
                 in_shapes=((2, 3, 5, 4), (2, 3, 6, 4), (2, 3, 6, 7)))
     box = np.array([[0, 1], [1, 3], [2, 4], [2, 5]])
     _, (dq, dk, dv) = _dependencies(F.scaled_dot_product_attention, list(lay.in_shapes), box)
-    assert (tdl.input_regions(lay, 2, box) == dv).all()
+    assert (oracle.input_regions(lay, 2, box) == dv).all()
     assert dv[3].tolist() == [2, 5]
     assert G.input_regions(lay, 2, box)[3].tolist() == [0, 7]
     for i, d in ((0, dq), (1, dk)):
-        assert (tdl.input_regions(lay, i, box) == d).all()
+        assert (oracle.input_regions(lay, i, box) == d).all()
         assert (G.input_regions(lay, i, box) == d).all()
 
 
@@ -500,7 +499,7 @@ def test_bilinear_upsample_geometry_is_one_row_conservative_tdl_is_exact():
     _, (dx,) = _dependencies(lambda x: F.interpolate(x, size=(8, 8), mode="bilinear"),
                              [(1, 2, 4, 4)], box)
     assert dx[2].tolist() == [1, 4]
-    assert (tdl.input_regions(lay, 0, box) == dx).all()
+    assert (oracle.input_regions(lay, 0, box) == dx).all()
     assert G.input_regions(lay, 0, box)[2].tolist() == [0, 4]
 
 
@@ -512,7 +511,7 @@ def test_param_regions_equal_geometry_param_shards(graphs):
                 continue
             boxes = np.concatenate([G.output_boxes(lay, c)
                                     for c in G.enumerate_configs(lay, 4)])
-            want, got = G.param_shards(lay, boxes), tdl.param_regions(lay, boxes)
+            want, got = G.param_shards(lay, boxes), oracle.param_regions(lay, boxes)
             assert set(want) == set(got)
             for p, (shape, reg) in want.items():
                 assert tuple(got[p][0]) == tuple(shape), (lay.name, p)
@@ -535,7 +534,7 @@ def test_edge_view_transforms_equal_geometry(graphs):
             cons = g.layer(e.dst).in_shapes[e.index]
             boxes = _random_boxes(cons, 60, None, rng)
             want = G.apply_transforms(boxes, e.transforms)
-            got = tdl.transform_regions(e.transforms, boxes, g.layer(e.src).out_shape, cons)
+            got = oracle.transform_regions(e.transforms, boxes, g.layer(e.src).out_shape, cons)
             assert (got == want).all(), (spec, e)
             n += 1
     assert n >= 5
@@ -568,13 +567,13 @@ def test_matmul_softmax_reduce_layers_of_a_tiny_model_equal_geometry():
         boxes = np.concatenate([_random_boxes(lay.out_shape, 50, None, rng)] +
                                [G.output_boxes(lay, c) for c in G.enumerate_configs(lay, 4)])
         for i in range(len(lay.in_shapes)):
-            assert (tdl.input_regions(lay, i, boxes) == G.input_regions(lay, i, boxes)).all(), \
+            assert (oracle.input_regions(lay, i, boxes) == G.input_regions(lay, i, boxes)).all(), \
                 (lay.name, i)
     for e in g.edges():
         if e.transforms:
             cons = g.layer(e.dst).in_shapes[e.index]
             boxes = _random_boxes(cons, 50, None, rng)
-            assert (tdl.transform_regions(e.transforms, boxes, g.layer(e.src).out_shape, cons)
+            assert (oracle.transform_regions(e.transforms, boxes, g.layer(e.src).out_shape, cons)
                     == G.apply_transforms(boxes, e.transforms)).all(), e
 
 
@@ -585,7 +584,7 @@ def test_strategies_of_an_imported_conv_layer():
                 params={"weight": (8, 4, 3, 3), "bn.weight": (8,), "bn.bias": (8,)},
                 attrs={"kernel": (3, 3), "stride": (1, 1), "padding": (1, 1),
                        "dilation": (1, 1), "groups": 1})
-    desc, shapes = tdl.from_layer(lay)
+    desc, shapes = oracle.from_layer(lay)
     assert list(shapes) == ["data", "weight", "bn.weight", "bn.bias"]
     ss = {s.name: s for s in strategies(desc, shapes)}
     assert ss["split co"].layouts["bn.weight"]["axes"] == [0]

@@ -39,10 +39,12 @@ from __future__ import annotations
 import math
 
 import dash
+import numpy as np
 import plotly.express as px
 import plotly.graph_objects as go
 from dash import Input, Output, State, dcc, html
 
+from ..engine import geometry as G
 from . import ids
 
 # --------------------------------------------------------------------------------------------
@@ -222,15 +224,6 @@ def _fmt_range(r) -> str:
 
 def _box_text(box, axes) -> str:
     return " ".join(f"{_axis_name(axes, i)}{_fmt_range(box[i])}" for i in range(len(box)))
-
-
-def _box_volume(box) -> int:
-    return math.prod(max(int(b) - int(a), 0) for a, b in box)
-
-
-def _overlap_volume(a, b) -> int:
-    return math.prod(max(min(int(x1), int(y1)) - max(int(x0), int(y0)), 0)
-                     for (x0, x1), (y0, y1) in zip(a, b))
 
 
 class _Panel:
@@ -563,11 +556,11 @@ def tiling_figure(geom: dict, device="all", producers: dict | None = None) -> go
                 rows, cols = _range(reg, i), _range(reg, j)
                 if rows[1] <= rows[0] or cols[1] <= cols[0]:
                     continue
-                vol = _box_volume(reg)
+                vol = int(G.volume(np.asarray(reg)))
                 hover = (f"device {d} needs {_box_text(reg, inp.get('axes', []))}"
                          f"<br>{vol:,} elements")
                 if d in held:
-                    own = _overlap_volume(reg, held[d])
+                    own = int(G.overlap(np.asarray(reg), np.asarray(held[d])))
                     hover += f", {own:,} already on device {d}, {vol - own:,} received"
                 p.regions.append((rows, cols, d, hover))
         panels.extend(ipanels)
@@ -643,30 +636,10 @@ def strip_grid(config: dict, devices: list):
     else:
         rows, cols = [], []
     cols += [k for k in ranked[2:]]
-    stride, s = {}, 1
-    for k in reversed(letters):
-        stride[k] = s
-        s *= int(config[k])
-
-    def split(idx, group):
-        out = {}
-        for k in reversed(group):
-            d = int(config[k])
-            out[k] = idx % d
-            idx //= d
-        return out
-
-    nr = math.prod(int(config[k]) for k in rows)
-    nc = math.prod(int(config[k]) for k in cols)
-    cells = []
-    for r in range(nr):
-        ri = split(r, rows)
-        line = []
-        for c in range(nc):
-            ci = split(c, cols)
-            k = sum(v * stride[key] for key, v in {**ri, **ci}.items())
-            line.append(int(devices[k]) if k < len(devices) else None)
-        cells.append(line)
+    tiles = G.owner_grid([int(config[k]) for k in letters], [letters.index(k) for k in rows],
+                         [letters.index(k) for k in cols])
+    cells = [[int(devices[k]) if k < len(devices) else None for k in line]
+             for line in tiles.tolist()]
     return rows, cols, cells
 
 

@@ -109,14 +109,6 @@ class LayerState:
     is_output: bool = False
 
 
-def _slices(piece, box):
-    return tuple(slice(int(a - b), int(c - b)) for (a, c), b in zip(piece, box[:, 0]))
-
-
-def _ext(box):
-    return tuple(int(v) for v in box[:, 1] - box[:, 0])
-
-
 class Fault(RuntimeError):
     """An injected failure (tests of the launcher's failure handling)."""
 
@@ -401,10 +393,10 @@ class Executor:
                 if src.pos is not None and src.cfg.devices[src.pos] == me and \
                         G.volume(G.intersect(src.box, ie.region)) == G.volume(ie.region):
                     sl = None if np.array_equal(src.box, ie.region) else \
-                        _slices(ie.region, src.box)
+                        G.to_slices(ie.region, src.box)
                     fwd["direct"].append((ei, ie.src, sl))
                 else:
-                    fwd["alloc"].append((ei, _ext(ie.region), src.dtype))
+                    fwd["alloc"].append((ei, G.box_shape(ie.region), src.dtype))
         direct = {d[0] for d in fwd["direct"]}
         for tag, pc in enumerate(st.fwd_pieces):
             ie = st.ins[pc.edge]
@@ -413,32 +405,32 @@ class Executor:
                 if pc.edge in direct:
                     continue
                 if pc.src == me:
-                    fwd["local"].append((pc.edge, ie.src, _slices(pc.box, src.box),
-                                         _slices(pc.box, ie.region)))
+                    fwd["local"].append((pc.edge, ie.src, G.to_slices(pc.box, src.box),
+                                         G.to_slices(pc.box, ie.region)))
                 else:
                     whole = np.array_equal(pc.box, ie.region)
-                    fwd["recv"].append((pc.edge, pc.src, tag, _ext(pc.box),
-                                        None if whole else _slices(pc.box, ie.region)))
+                    fwd["recv"].append((pc.edge, pc.src, tag, G.box_shape(pc.box),
+                                        None if whole else G.to_slices(pc.box, ie.region)))
             elif pc.src == me:
-                fwd["send"].append((ie.src, pc.dst, tag, _slices(pc.box, src.box)))
+                fwd["send"].append((ie.src, pc.dst, tag, G.to_slices(pc.box, src.box)))
         st.fwd = fwd
         bwd = {"local": [], "send": [], "recv": []}
-        full = None if st.box is None else _ext(st.box)
+        full = None if st.box is None else G.box_shape(st.box)
         for tag, (cname, ei, pc) in enumerate(st.bwd_pieces):
             if pc.dst != me and pc.src != me:
                 continue
             cst = self.state[cname]
             if pc.dst == me:
                 region = cst.ins[ei].region
-                rsl = None if np.array_equal(pc.box, region) else _slices(pc.box, region)
+                rsl = None if np.array_equal(pc.box, region) else G.to_slices(pc.box, region)
                 if pc.src == me:
-                    bsl = None if np.array_equal(pc.box, st.box) else _slices(pc.box, st.box)
-                    bwd["local"].append((cname, ei, _ext(region), rsl, bsl))
+                    bsl = None if np.array_equal(pc.box, st.box) else G.to_slices(pc.box, st.box)
+                    bwd["local"].append((cname, ei, G.box_shape(region), rsl, bsl))
                 else:
-                    bwd["send"].append((cname, ei, _ext(region), rsl, pc.src, tag))
+                    bwd["send"].append((cname, ei, G.box_shape(region), rsl, pc.src, tag))
             else:
-                bsl = None if np.array_equal(pc.box, st.box) else _slices(pc.box, st.box)
-                bwd["recv"].append((pc.dst, tag, _ext(pc.box), bsl))
+                bsl = None if np.array_equal(pc.box, st.box) else G.to_slices(pc.box, st.box)
+                bwd["recv"].append((pc.dst, tag, G.box_shape(pc.box), bsl))
         st.bwd = bwd
         st.full = full
 
@@ -711,7 +703,7 @@ class Executor:
                     else:
                         sends.append((0, t.contiguous(), tag))
                 elif me == 0:
-                    buf = torch.empty(_ext(box), dtype=self.tensors[qual].dtype,
+                    buf = torch.empty(G.box_shape(box), dtype=self.tensors[qual].dtype,
                                       device=self.device)
                     recvs.append((owner, buf, tag))
                     todo.append((qual, kind, logical, box, buf))

@@ -30,6 +30,8 @@ import torch
 import torch.distributed as dist
 
 from ...errors import InfeasiblePlan
+from ..geometry import TensorLayout
+from ..geometry import common as _inter, inside as _inside, to_slices as _sl
 from .launcher import _PEER_HINTS, RunFailed, _free_port, _kill
 from .worker import _set_pdeathsig, destroy_group, report_and_exit
 
@@ -41,22 +43,6 @@ _NOT_DETERMINISTIC = {"bernoulli", "bernoulli_", "native_dropout", "rand_like", 
 def _flat(t):
     """A 0-d tensor as a 1-element view, so a placement's [(0, 1)] box can address it."""
     return t.reshape(1) if t.dim() == 0 else t
-
-
-def _sl(box):
-    return tuple(slice(int(a), int(b)) for a, b in box)
-
-
-def _inter(a, b):
-    lo = np.maximum(a[:, 0], b[:, 0])
-    hi = np.minimum(a[:, 1], b[:, 1])
-    if (hi <= lo).any():
-        return None
-    return np.stack([lo, hi], 1)
-
-
-def _inside(a, b) -> bool:
-    return bool((a[:, 0] >= b[:, 0]).all() and (a[:, 1] <= b[:, 1]).all())
 
 
 class _Worker:
@@ -416,14 +402,8 @@ def placement_xplan(g, names, placement, workers: int) -> dict:
         raise InfeasiblePlan(f"the placement uses devices {bad}; this run has {workers} "
                              f"workers (0..{workers - 1})")
 
-    def on(d, shape):
-        shape = tuple(shape) or (1,)  # a 0-d tensor is addressed as one element
-        arr = np.zeros((workers, len(shape), 2), dtype=np.int64)
-        if d is None:
-            arr[:, :, 1] = shape
-        else:
-            arr[d, :, 1] = shape
-        return arr
+    def on(d, shape):                 # d None: every worker (a placeholder no op places)
+        return TensorLayout.whole_on(shape, d, workers).boxes
     held = {}
     for t, ten in g.tensors.items():
         d = dev.get(ten.producer) if ten.producer else dev.get(t)

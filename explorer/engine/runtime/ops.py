@@ -31,6 +31,7 @@ import torch.fx
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .. import geometry as G
 from ..importer import _IDENTITY, _target_name
 
 _BN = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
@@ -86,29 +87,11 @@ def _is_tensor_node(a) -> bool:
 
 
 def _window_pads(ctx, out_box, in_box, in_shape, k, s, p, d):
-    """Per spatial axis: (pad_before, pad_after) so the region yields exactly ``out_box``."""
-    pads = []
-    for i in range(len(k)):
-        ax = 2 + i
-        lo, hi = int(out_box[ax, 0]), int(out_box[ax, 1])
-        start = lo * s[i] - p[i]
-        end = (hi - 1) * s[i] - p[i] + d[i] * (k[i] - 1) + 1
-        r0, r1 = int(in_box[ax, 0]), int(in_box[ax, 1])
-        if r0 != max(start, 0) or r1 != min(end, in_shape[ax]):
-            raise RuntimeError(
-                f"{ctx.where}: input region {in_box.tolist()} on axis {ax} is [{r0}, {r1}), the "
-                f"window of outputs [{lo}, {hi}) reads [{start}, {end}) (geometry and runtime "
-                f"disagree)")
-        pads.append((r0 - start, end - r1))
-    return pads
-
-
-def _full_spatial(out_box, in_box, out_shape, in_shape) -> bool:
-    for ax in range(2, len(out_shape)):
-        if (out_box[ax, 0] != 0 or out_box[ax, 1] != out_shape[ax] or in_box[ax, 0] != 0
-                or in_box[ax, 1] != in_shape[ax]):
-            return False
-    return True
+    """:func:`geometry.window_pads`, naming the layer when its region is not the window's."""
+    try:
+        return G.window_pads(out_box, in_box, in_shape, k, s, p, d)
+    except ValueError as exc:
+        raise RuntimeError(f"{ctx.where}: {exc}") from None
 
 
 def _pad(x, pads, value=0.0):
@@ -154,7 +137,7 @@ def _conv(ctx, ins, in_boxes, out_box):
     w = ctx.param(ctx.weight_name)
     b = ctx.param(ctx.bias_name) if ctx.bias_name else None
     conv = _CONV[nsp]
-    if _full_spatial(out_box, in_boxes[0], lay.out_shape, in_shape):
+    if G.full_spatial(out_box, in_boxes[0], lay.out_shape, in_shape):
         pad_arg, rest = p, None
     else:
         pads = _window_pads(ctx, out_box, in_boxes[0], in_shape, k, s, p, d)
@@ -216,7 +199,7 @@ def _pool(ctx, ins, in_boxes, out_box):
     o = ctx.pool_opts
     if o["return_indices"]:
         raise NotImplementedError(f"{ctx.where}: max pooling with return_indices")
-    if _full_spatial(out_box, in_boxes[0], lay.out_shape, lay.in_shapes[0]):
+    if G.full_spatial(out_box, in_boxes[0], lay.out_shape, lay.in_shapes[0]):
         if kind == "max":
             return _MAXPOOL[nsp](x, k, s, p, d, o["ceil_mode"])
         return _AVGPOOL[nsp](x, k, s, p, o["ceil_mode"], o["count_include_pad"],
@@ -253,7 +236,7 @@ def _adaptive_pool(ctx, ins, in_boxes, out_box):
     kind = ctx.adaptive_kind
     out_shape, in_shape = lay.out_shape, lay.in_shapes[0]
     nsp = len(out_shape) - 2
-    if _full_spatial(out_box, in_boxes[0], out_shape, in_shape):
+    if G.full_spatial(out_box, in_boxes[0], out_shape, in_shape):
         return _ADAPT[(kind, nsp)](x, tuple(out_shape[2:]))
     for ax in range(2, len(out_shape)):
         lo, hi = int(out_box[ax, 0]), int(out_box[ax, 1])
@@ -262,13 +245,13 @@ def _adaptive_pool(ctx, ins, in_boxes, out_box):
         if kind == "avg":
             m = torch.zeros(hi - lo, x.shape[ax], dtype=x.dtype, device=x.device)
             for o in range(lo, hi):
-                st, en = (o * size) // osz, -((-(o + 1) * size) // osz)
+                st, en = (int(v) for v in G.adaptive_window(o, o + 1, size, osz))
                 m[o - lo, st - r0:en - r0] = 1.0 / (en - st)
             x = torch.movedim(torch.tensordot(x, m, dims=([ax], [1])), -1, ax)
         else:
             parts = []
             for o in range(lo, hi):
-                st, en = (o * size) // osz, -((-(o + 1) * size) // osz)
+                st, en = (int(v) for v in G.adaptive_window(o, o + 1, size, osz))
                 parts.append(x.narrow(ax, st - r0, en - st).amax(dim=ax, keepdim=True))
             x = torch.cat(parts, ax)
     return x
@@ -277,7 +260,7 @@ def _adaptive_pool(ctx, ins, in_boxes, out_box):
 def _upsample(ctx, ins, in_boxes, out_box):
     lay = ctx.layer
     x = ins[0]
-    if _full_spatial(out_box, in_boxes[0], lay.out_shape, lay.in_shapes[0]):
+    if G.full_spatial(out_box, in_boxes[0], lay.out_shape, lay.in_shapes[0]):
         return _call_node(ctx, [x])
     if lay.attrs.get("mode") != "nearest":
         raise NotImplementedError(f"{ctx.where}: {lay.attrs.get('mode')} upsampling on a "

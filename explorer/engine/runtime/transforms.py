@@ -36,10 +36,6 @@ class Step:
     arg: object = None        # permutation / axis / target extents / (index tensor, extents)
 
 
-def _extents(box) -> tuple:
-    return tuple(int(b) for b in (box[:, 1] - box[:, 0]))
-
-
 def chain(layer, index: int, box: np.ndarray, transforms) -> list:
     """Boxes at each stage: ``[consumer input region, ..., producer region]``.
 
@@ -56,8 +52,8 @@ def chain(layer, index: int, box: np.ndarray, transforms) -> list:
 
 def _reshape_step(src_box, dst_box, src_shape, dst_shape, where: str) -> Step:
     """Gather index (into the flattened region tensor) of every element of ``dst_box``."""
-    dst_ext = _extents(dst_box)
-    src_ext = _extents(src_box)
+    dst_ext = G.box_shape(dst_box)
+    src_ext = G.box_shape(src_box)
     n = math.prod(dst_ext)
     if n == 0:
         return Step("reshape", dst_ext)

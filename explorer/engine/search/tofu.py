@@ -51,8 +51,10 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
+from networkx.utils import UnionFind
 
 from ...errors import InfeasiblePlan
+from ..geometry import overlap, split as split_boxes, tile_owners, volume
 from ..tdl.aten import UnsupportedOp, describe_op
 from .options import TofuOptions, make
 from .result import Result
@@ -80,24 +82,13 @@ def factorize(k: int) -> list:
 # ------------------------------------------------------------------------------------------------
 
 
-class _UF:
-    def __init__(self):
-        self.p: dict = {}
-
-    def find(self, x):
-        p = self.p
-        p.setdefault(x, x)
-        root = x
-        while p[root] != root:
-            root = p[root]
-        while p[x] != root:
-            p[x], x = root, p[x]
-        return root
-
-    def union(self, a, b):
-        ra, rb = self.find(a), self.find(b)
-        if ra != rb:
-            self.p[rb] = ra
+def _classes(uf: UnionFind, items) -> dict:
+    """Each item's set in ``uf``, named by its first member in ``items`` order (so names do
+    not depend on the order of the unions)."""
+    rep: dict = {}
+    for x in items:
+        rep.setdefault(uf[x], x)
+    return {x: rep[uf[x]] for x in items}
 
 
 @dataclass
@@ -138,9 +129,7 @@ def coarsen(g, coalesce: bool = True) -> Coarse:
             free.append(op.name)
             continue
         ops[op.name] = _OpInfo(op.name, d, d.bound, d.sig, d.bindings, op.output)
-    uf = _UF()
-    for t in g.tensors:
-        uf.find(t)
+    uf = UnionFind(g.tensors)
     ew: set = set()
     if coalesce:
         for name, oi in ops.items():
@@ -185,22 +174,18 @@ def coarsen(g, coalesce: bool = True) -> Coarse:
             for o in names[1:]:
                 if g.tensors[ops[o].output].shape == g.tensors[ops[names[0]].output].shape:
                     uf.union(ops[names[0]].output, ops[o].output)
-    cls = {t: uf.find(t) for t in g.tensors}
+    cls = _classes(uf, g.tensors)
     members: dict = {}
     for t, c in cls.items():
         members.setdefault(c, []).append(t)
     # tensor groups: a class with its gradient's class
-    ug = _UF()
-    for c in members:
-        ug.find(c)
+    ug = UnionFind(members)
     for t, ten in g.tensors.items():
         if ten.grad_of is not None and ten.grad_of in cls:
             ug.union(cls[ten.grad_of], cls[t])
-    tgroup = {c: ug.find(c) for c in members}
+    tgroup = _classes(ug, members)
     # op groups: forward op + its backward ops; element-wise chains; time steps
-    uo = _UF()
-    for o in ops:
-        uo.find(o)
+    uo = UnionFind(ops)
     first_of_call: dict = {}
     for o in ops:
         f = g.ops[o].fwd
@@ -242,7 +227,7 @@ def coarsen(g, coalesce: bool = True) -> Coarse:
                 if p is not None and p in ew and g.ops[p].phase == g.ops[n].phase and \
                         g.ops[n].phase in ("forward", "update") and len(readers.get(t, ())) == 1:
                     uo.union(p, n)
-    ogroup = {o: uo.find(o) for o in ops}
+    ogroup = _classes(uo, ops)
     c = Coarse(ops, cls, members, tgroup, ogroup, templates, free)
     live = {t for oi in ops.values() for _, t in oi.inputs} | {oi.output for oi in ops.values()}
     c.counts = {
@@ -305,36 +290,6 @@ def _is_linear(g, c: Coarse) -> bool:
 
 
 # ------------------------------------------------------------------------------------------------
-# Boxes
-# ------------------------------------------------------------------------------------------------
-
-
-def _split_boxes(boxes: np.ndarray, axis: int, k: int) -> np.ndarray:
-    """Split each box ``[G, nd, 2]`` along ``axis`` into k: ``[G*k, nd, 2]`` (group-major)."""
-    G = boxes.shape[0]
-    out = np.repeat(boxes, k, axis=0)
-    if axis == REPLICATE:
-        return out
-    lo, hi = boxes[:, axis, 0], boxes[:, axis, 1]
-    ext = hi - lo
-    i = np.tile(np.arange(k), G)
-    lo_r, ext_r = np.repeat(lo, k), np.repeat(ext, k)
-    out[:, axis, 0] = lo_r + i * ext_r // k
-    out[:, axis, 1] = lo_r + (i + 1) * ext_r // k
-    return out
-
-
-def _vol(boxes: np.ndarray) -> np.ndarray:
-    return np.clip(boxes[..., 1] - boxes[..., 0], 0, None).prod(-1)
-
-
-def _inter_vol(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    lo = np.maximum(a[..., 0], b[..., 0])
-    hi = np.minimum(a[..., 1], b[..., 1])
-    return np.clip(hi - lo, 0, None).prod(-1)
-
-
-# ------------------------------------------------------------------------------------------------
 # One step of the recursion
 # ------------------------------------------------------------------------------------------------
 
@@ -391,7 +346,7 @@ def _child(oi: _OpInfo, st: _State, s, k: int):
     out = st.out[oi.name]
     red = {v: np.repeat(r, k, axis=0) for v, r in st.red[oi.name].items()}
     if kind == "split":
-        cout = _split_boxes(out, what, k)
+        cout = split_boxes(out, what, k)
     else:
         cout = np.repeat(out, k, axis=0)
     if kind == "reduce":
@@ -399,7 +354,7 @@ def _child(oi: _OpInfo, st: _State, s, k: int):
         if r is None:
             ext = oi.bound.extent[oi.bound.var(what)]
             r = np.tile(np.array([[0, ext]], dtype=np.int64), (out.shape[0], 1))
-        rb = _split_boxes(r[:, None, :], 0, k)[:, 0, :]
+        rb = split_boxes(r[:, None, :], 0, k)[:, 0, :]
         red[what] = rb
     return cout, red
 
@@ -447,19 +402,19 @@ def _op_vectors(oi: _OpInfo, st: _State, k: int, choices: dict, cls: dict, tenso
         regs = oi.bound.regions(couts, red=red_incl)
     for j, (n, t) in enumerate(oi.inputs):
         need = regs[n]                                    # [S, K, nd, 2]
-        nv = _vol(need)
+        nv = volume(need)
         isz = tensors[t].itemsize
         for ci, ax in enumerate(choices[cls[t]]):
-            h = _split_boxes(st.held[t], ax, k)           # [K, nd, 2]
-            cost[:, j, ci] = (nv - _inter_vol(need, h[None])).sum(-1) * isz
+            h = split_boxes(st.held[t], ax, k)           # [K, nd, 2]
+            cost[:, j, ci] = (nv - overlap(need, h[None])).sum(-1) * isz
     t = oi.output
     isz = tensors[t].itemsize
     rep = np.array([s[0] == "replicate" for s in strategies])
     for ci, ax in enumerate(choices[cls[t]]):
-        h = _split_boxes(st.held[t], ax, k)
-        own = _inter_vol(couts, h[None])                  # [S, K]
-        m = _inter_vol(h[None, :, None], couts[:, None, :]).sum(-1)   # [S, K]
-        m = np.where(rep[:, None], _vol(h)[None], m)
+        h = split_boxes(st.held[t], ax, k)
+        own = overlap(couts, h[None])                  # [S, K]
+        m = overlap(h[None, :, None], couts[:, None, :]).sum(-1)   # [S, K]
+        m = np.where(rep[:, None], volume(h)[None], m)
         cost[:, len(slots) - 1, ci] = (m - own).sum(-1) * isz
     if len(_COST_CACHE) > 200000:
         _COST_CACHE.clear()
@@ -722,7 +677,7 @@ def _peak_live_bytes(g, st: _State, live: set, G: int) -> np.ndarray:
         persistent = ten.kind in ("param", "update", "buffer", "input")
         start = 0 if ten.producer is None else order.get(ten.producer, 0)
         end = n - 1 if persistent else last.get(t, start) + 1
-        b = _vol(st.held[t]) * ten.itemsize
+        b = volume(st.held[t]) * ten.itemsize
         if b.shape[0] != G:
             b = np.broadcast_to(b[:1], (G,))
         delta[start] += b
@@ -882,7 +837,7 @@ def partition(g, workers: int, devices=None, pins=None,
         for t, h in st.held.items():
             c = co.cls[t]
             ax = choices[c][assign[c]] if c in choices else REPLICATE
-            new_held[t] = _split_boxes(h, ax, k)
+            new_held[t] = split_boxes(h, ax, k)
             if t in tiling_steps:
                 tiling_steps[t].append(int(ax))
         bw = _level_bandwidth(devices, workers, workers // (G * k))
@@ -919,7 +874,7 @@ def partition(g, workers: int, devices=None, pins=None,
                                                         for v, r in st.red[o].items()})
                 f = np.zeros(G)
                 for n, t in oi.inputs:
-                    f += (_vol(regs[n]) - _inter_vol(regs[n], st.held[t])) * \
+                    f += (volume(regs[n]) - overlap(regs[n], st.held[t])) * \
                         g.tensors[t].itemsize
                 seen[key] = f
             peak_fetch = np.maximum(peak_fetch, f)
@@ -973,45 +928,6 @@ def execution_plan(res: TofuPlan, g) -> dict:
 # ------------------------------------------------------------------------------------------------
 # Pictures: who owns which tile (Figure 11)
 # ------------------------------------------------------------------------------------------------
-
-
-def tile_owners(steps: list, factors: list, axes=(0, 1), upto: int | None = None) -> list:
-    """Worker owning each tile of a tensor's ``axes`` after the first ``upto`` steps.
-
-    ``steps[s]`` is the axis the tensor was split along at step s (−1: not split); worker ids
-    are mixed-radix numbers over the steps (step 1 most significant), as the recursion numbers
-    its groups.  Returns a 2-D list ``[rows][cols]`` (one row for 1-D tensors); tiles of other
-    axes show the worker holding their first slice.
-
-    >>> tile_owners([0, 1], [2, 2])
-    [[0, 1], [2, 3]]
-    """
-    m = len(factors) if upto is None else min(upto, len(factors))
-    a0 = axes[0]
-    a1 = axes[1] if len(axes) > 1 else None
-    s0 = [s for s in range(m) if steps[s] == a0]
-    s1 = [s for s in range(m) if a1 is not None and steps[s] == a1]
-    n0 = math.prod(factors[s] for s in s0)
-    n1 = math.prod(factors[s] for s in s1)
-
-    def digits(i, ss):
-        out = {}
-        for s in reversed(ss):
-            out[s] = i % factors[s]
-            i //= factors[s]
-        return out
-    grid = []
-    for i in range(n0):
-        row = []
-        d0 = digits(i, s0)
-        for j in range(n1):
-            d = {**d0, **digits(j, s1)}
-            w = 0
-            for s in range(len(factors)):
-                w = w * factors[s] + (d.get(s, 0) if s < m else 0)
-            row.append(w)
-        grid.append(row)
-    return grid
 
 
 def strip(res: TofuPlan, g, upto: int | None = None, limit: int = 400) -> list:

@@ -6,8 +6,9 @@
   box (or each worker's share of a reduction) needs, numerically or as symbolic intervals.
 * :mod:`.strategies` - partition-n-reduce strategy discovery (``strategies(op, shapes, k)``).
 * :mod:`.library` - descriptions of the operators our models use (``describe(name, **attrs)``).
-* :mod:`.bridge` - layers -> descriptions (``from_layer``) and region queries with the box
-  conventions of :mod:`explorer.engine.geometry` (``input_region``, ``input_regions``).
+* :mod:`.oracle` - layers -> descriptions (``from_layer``) and region queries with the box
+  conventions of :mod:`explorer.engine.geometry`: the test oracle geometry is checked against
+  (imported explicitly, ``from explorer.engine.tdl import oracle``; not loaded with the package).
 
 Example (paper Figure 3)::
 
@@ -22,10 +23,7 @@ from .lang import (FULL, Concat, Ix, Max, Min, Op, Opaque, Prod, Sum, TDLError, 
 from .intervals import Bound, Sym, bind
 from .strategies import Strategy, classify, strategies
 from .library import describe, names
-from .bridge import (from_layer, input_region, input_regions, layer_bound, param_regions,
-                     transform_op, transform_regions)
 
 __all__ = ["FULL", "Concat", "Ix", "Max", "Min", "Op", "Opaque", "Prod", "Sum", "TDLError", "Var",
            "reduce_over", "Bound", "Sym", "bind", "Strategy", "classify", "strategies",
-           "describe", "names", "from_layer", "input_region", "input_regions", "layer_bound",
-           "param_regions", "transform_op", "transform_regions"]
+           "describe", "names"]

@@ -1,12 +1,18 @@
-"""Bridge from TDL descriptions to the engine's layers and boxes.
+"""TDL as the oracle of :mod:`explorer.engine.geometry`: the same region questions answered by
+interval analysis of operator descriptions.
 
-This is the *one source of truth for geometry*: which input region an output box
-needs.  :func:`from_layer` builds the TDL description of a :class:`~explorer.engine.graph.Layer`
-(its activation inputs first, in ``layer.in_shapes`` order, then its parameters) and
+:func:`from_layer` builds the TDL description of a :class:`~explorer.engine.graph.Layer` (its
+activation inputs first, in ``layer.in_shapes`` order, then its parameters) and
 :func:`input_region` / :func:`input_regions` answer region questions by the interval analysis
-of Tofu Section 4.2, with the box conventions of :mod:`explorer.engine.geometry` (integer
-arrays ``[..., ndim, 2]`` of half-open ``(start, stop)``, vectorised over leading axes).
-:func:`transform_regions` does the same for the view ops folded onto edges.
+of Tofu Section 4.2, with geometry's box conventions (integer arrays ``[..., ndim, 2]`` of
+half-open ``(start, stop)``, vectorised over leading axes).  :func:`transform_regions` does the
+same for the view ops folded onto edges.
+
+Geometry's closed-form rules are the engine (about ten times faster and what the runtime's
+local computations are written against; numbers in the geometry package docstring and
+``benchmarks/geometry.py``); this module is independent evidence that they are right, used by
+the tests and the benchmark to cross-check every layer of the example models.  Nothing on the
+engine's search or runtime path imports it.
 
 Folded element-wise followers of a layer (activations) do not change regions and are left out;
 folded parameters (BatchNorm scale/shift, a positional-embedding add) are element-wise
