@@ -132,3 +132,29 @@ def test_cli_pins_for_every_family(tmp_path):
     assert bad.returncode == 2 and "one device" in bad.stderr
     bad = explorer_cli("search", "lenet5", "-n", "2", "--pin", "conv1=grid=2x1")
     assert bad.returncode == 2 and "Tofu tiling" in bad.stderr
+
+
+@pytest.mark.parametrize("name", ["optcnn", "tofu", "celeritas"])
+def test_every_plan_kind_speaks_the_one_layout_vocabulary(problem, name):
+    """A layer-wise configuration, a Tofu tiling and a placement all say which box of each
+    tensor each device holds (geometry's TensorLayout)."""
+    import numpy as np
+
+    from explorer.engine.geometry import TensorLayout, volume
+    res = run(name, problem)
+    lay = res.layouts(problem)
+    assert lay and all(isinstance(v, TensorLayout) and v.n_devices == 2 for v in lay.values())
+    for t, v in lay.items():
+        held = volume(v.boxes)
+        total = int(np.prod(v.shape or (1,)))
+        assert held.max() <= total and held.sum() >= total, t     # every element somewhere
+    if name == "celeritas":                                       # each output on one device
+        assert all(len(v.holders()) == 1 for v in lay.values())
+    if name == "optcnn":
+        conv1 = res.plan.config_of("conv1")
+        assert lay["conv1"].holders() == sorted(conv1.devices)
+    if name == "tofu":            # at 2 workers a tensor is halved (disjoint) or replicated
+        for t, v in lay.items():
+            total, vols = int(np.prod(v.shape or (1,))), volume(v.boxes)
+            assert vols.sum() == total or (vols == total).all(), t
+        assert any(volume(v.boxes).sum() == int(np.prod(v.shape)) for v in lay.values())

@@ -90,6 +90,34 @@ class Result:
         """:meth:`to_dict` sealed for a file (checksum over everything)."""
         return seal(self.to_dict(), self.kind)
 
+    def layouts(self, problem) -> dict:
+        """How every tensor of the plan lives on the devices, in the one vocabulary of
+        :class:`~explorer.engine.geometry.TensorLayout` (the box each device holds):
+
+        * layer-wise: each layer's output under its configuration (keyed by layer name);
+        * Tofu: every partitioned tensor's tile per worker (keyed by tensor id);
+        * placement: each operator's output whole on its device (keyed by tensor id).
+
+        ``problem`` supplies the capture the plan was made on."""
+        from ..geometry import TensorLayout
+        n = int(self.devices)
+        if self.family == "layerwise":
+            g = problem.layer_graph()
+            return {la.name: TensorLayout.from_config(g.layer(la.name), la.config, n)
+                    for la in self.plan.layers}
+        og = problem.opgraph()
+        if self.family == "tofu":
+            held = self.plan.state.held
+            return {t: TensorLayout.from_boxes(og.tensors[t].shape, held[t])
+                    for t in self.plan.tilings}
+        where = dict(zip(self.plan.names, self.plan.placement.tolist()))
+        out = {}
+        for op in og.ops.values():
+            if op.name in where:
+                out[op.output] = TensorLayout.whole_on(og.tensors[op.output].shape,
+                                                       where[op.name], n)
+        return out
+
     def summary(self) -> dict:
         """The common fields only (comparisons, tables)."""
         return {"algo": self.algo, "family": self.family, "objective_s": self.objective_s,
