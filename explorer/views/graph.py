@@ -15,13 +15,13 @@ import dash
 import dash_cytoscape as cyto
 from dash import Input, Output, State, dash_table, dcc, html, no_update
 
-from . import layout as L
 from .. import service as session
+from ..errors import ExplorerError
 from . import ids
-
-PALETTE = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1",
-           "#ff9da7", "#9c755f", "#bab0ac", "#1f77b4", "#2ca02c", "#d62728", "#9467bd",
-           "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf", "#aec7e8"]
+from . import layout as L
+from . import palette as P
+from . import state
+from .controls import context
 
 STYLESHEET = [
     {"selector": "node", "style": {
@@ -108,6 +108,7 @@ def details_layout():
 
 def plan_layout():
     return html.Div(className="panel plan-panel", children=[
+        context("plan"),
         html.Div(id=ids.PLAN_SUMMARY),
         html.Div(id=ids.PLAN_CHANGES),
     ])
@@ -119,22 +120,8 @@ def plan_layout():
 
 
 def config_colors(plan: dict) -> dict:
-    """A colour per configuration label, stable across plans (a pin does not repaint the
-    rest of the graph): the label's hash picks the slot, collisions take the next free one."""
-    import zlib
-    labels = sorted({la["config_label"] for la in plan.get("layers", [])},
-                    key=lambda s: (s.count(" "), s))
-    used: dict = {}
-    out = {}
-    for lab in labels:
-        slot = zlib.crc32(lab.encode()) % len(PALETTE)
-        for k in range(len(PALETTE)):
-            cand = (slot + k) % len(PALETTE)
-            if cand not in used:
-                break
-        used[cand] = lab
-        out[lab] = PALETTE[cand]
-    return out
+    """A colour per configuration label of ``plan`` (:func:`palette.config_colors`)."""
+    return P.config_colors(la["config_label"] for la in plan.get("layers", []))
 
 
 @lru_cache(maxsize=32)
@@ -211,7 +198,7 @@ def build_elements(req: session.Request, plan: dict, expanded: list, step=None,
             mixed = len(set(labels)) > 1
             data = {"id": u, "label": f"{u[6:]} ({len(members)})", "kind": "group",
                     "op": "group", "config": common + (" …" if mixed else ""),
-                    "color": colors.get(common, "#ccc"), "members": len(members)}
+                    "color": colors.get(common, P.UNKNOWN), "members": len(members)}
             c = {cls.get(m) for m in members} - {None}
             klass = next((k for k in ("current", "nbr", "residual", "assigned") if k in c),
                          "gone" if c == {"gone"} and all(cls.get(m) == "gone" for m in members)
@@ -221,7 +208,7 @@ def build_elements(req: session.Request, plan: dict, expanded: list, step=None,
             lay = g.layer(u)
             data = {"id": u, "label": u, "kind": "layer", "op": lay.op,
                     "config": la["config_label"] if la else "",
-                    "color": colors.get(la["config_label"], "#ccc") if la else "#ccc"}
+                    "color": colors.get(la["config_label"], P.UNKNOWN) if la else P.UNKNOWN}
             if u in parent_of:
                 data["parent"] = parent_of[u]
             klass = cls.get(u, "")
@@ -268,129 +255,137 @@ def legend(colors: dict, plan: dict):
 # --------------------------------------------------------------------------------------------
 
 
-@dash.callback(Output(ids.GRAPH, "elements"), Output(ids.GRAPH_INFO, "children"),
-               Output(ids.GRAPH_LEGEND, "children"),
-               Input(ids.STORE_PLAN, "data"), Input(ids.STORE_EXPANDED, "data"),
-               Input(ids.STORE_STEP, "data"), Input(ids.STORE_SELECTED, "data"),
-               State(ids.STORE_REQUEST, "data"))
-def draw_graph(plan, expanded, step, selected, req_doc):
-    if not plan or "error" in plan or not plan.get("layers"):
-        return [], "", ""
-    req = session.Request.from_dict(plan.get("request") or req_doc)
-    els, info = build_elements(req, plan, expanded or [], step, selected)
-    text = f"{info['layers']} layers"
-    if info["collapsed"]:
-        text += f", shown as {info['shown']} nodes (click a group to open it)"
-    return els, text, legend(info["colors"], plan)
+def register(app: dash.Dash) -> None:
+    """The panel's callbacks on ``app``."""
 
+    @app.callback(Output(ids.GRAPH, "elements"), Output(ids.GRAPH_INFO, "children"),
+                  Output(ids.GRAPH_LEGEND, "children"),
+                  Input(ids.STORE_PLAN, "data"), Input(ids.STORE_EXPANDED, "data"),
+                  Input(ids.STORE_STEP, "data"), Input(ids.STORE_SELECTED, "data"),
+                  State(ids.STORE_REQUEST, "data"))
+    def draw_graph(plan, expanded, step, selected, req_doc):
+        if not plan or "error" in plan or not plan.get("layers"):
+            return [], "", ""
+        try:
+            req = state.request(plan.get("request") or req_doc)
+            els, info = build_elements(req, plan, expanded or [], step, selected)
+        except (ExplorerError, ValueError) as exc:
+            return [], f"cannot draw the graph: {exc}", ""
+        text = f"{info['layers']} layers"
+        if info["collapsed"]:
+            text += f", shown as {info['shown']} nodes (click a group to open it)"
+        return els, text, legend(info["colors"], plan)
 
-@dash.callback(Output(ids.STORE_SELECTED, "data"),
-               Output(ids.STORE_EXPANDED, "data"),
-               Input(ids.GRAPH, "tapNodeData"), Input(ids.EXPAND_ALL, "n_clicks"),
-               Input(ids.COLLAPSE_ALL, "n_clicks"),
-               State(ids.STORE_EXPANDED, "data"), State(ids.STORE_PLAN, "data"),
-               State(ids.STORE_REQUEST, "data"), prevent_initial_call=True)
-def on_tap(node, _expand, _collapse, expanded, plan, req_doc):
-    expanded = list(expanded or [])
-    trig = dash.ctx.triggered_id
-    if trig == ids.EXPAND_ALL:
-        if not plan or "error" in plan:
+    @app.callback(Output(ids.STORE_SELECTED, "data"),
+                  Output(ids.STORE_EXPANDED, "data"),
+                  Input(ids.GRAPH, "tapNodeData"), Input(ids.EXPAND_ALL, "n_clicks"),
+                  Input(ids.COLLAPSE_ALL, "n_clicks"),
+                  State(ids.STORE_EXPANDED, "data"), State(ids.STORE_PLAN, "data"),
+                  State(ids.STORE_REQUEST, "data"), prevent_initial_call=True)
+    def on_tap(node, _expand, _collapse, expanded, plan, req_doc):
+        expanded = list(expanded or [])
+        trig = dash.ctx.triggered_id
+        if trig == ids.EXPAND_ALL:
+            if not plan or "error" in plan:
+                return no_update, no_update
+            try:
+                g = session.graph_for(state.request(plan.get("request") or req_doc))
+            except (ExplorerError, ValueError):
+                return no_update, no_update
+            order = g.names()
+            _, groups = L.units(order, {n: g.layer(n).module for n in order}, set())
+            return no_update, sorted(groups)
+        if trig == ids.COLLAPSE_ALL:
+            return no_update, []
+        if not node:
             return no_update, no_update
-        req = session.Request.from_dict(plan.get("request") or req_doc)
-        g = session.graph_for(req)
-        order = g.names()
-        _, groups = L.units(order, {n: g.layer(n).module for n in order}, set())
-        return no_update, sorted(groups)
-    if trig == ids.COLLAPSE_ALL:
-        return no_update, []
-    if not node:
-        return no_update, no_update
-    kind = node.get("kind")
-    if kind == "group":
-        return no_update, sorted(set(expanded) | {node["id"]})
-    if kind == "parent":
-        return no_update, [e for e in expanded if e != node["id"]]
-    return node["id"], no_update
+        kind = node.get("kind")
+        if kind == "group":
+            return no_update, sorted(set(expanded) | {node["id"]})
+        if kind == "parent":
+            return no_update, [e for e in expanded if e != node["id"]]
+        return node["id"], no_update
 
+    @app.callback(Output(ids.DETAILS, "children"), Output(ids.CANDIDATE_TABLE, "data"),
+                  Output(ids.PIN_CONFIG, "options"), Output(ids.PIN_CONFIG, "value"),
+                  Input(ids.STORE_SELECTED, "data"), Input(ids.STORE_PLAN, "data"),
+                  State(ids.STORE_REQUEST, "data"))
+    def show_details(selected, plan, req_doc):
+        if not selected or not plan or "error" in plan:
+            return html.P("Click a layer in the graph.", className="muted"), [], [], None
+        try:
+            req = state.request(plan.get("request") or req_doc)
+            info = session.layer_info(req, selected)
+            rows = session.candidates(req, selected, plan)
+        except (ExplorerError, ValueError) as exc:
+            return html.P(str(exc), className="muted"), [], [], None
+        except KeyError:
+            return html.P(f"{selected} is not a layer of this model.", className="muted"), [], [], \
+                None
+        chosen = next((la for la in plan["layers"] if la["name"] == selected), None)
+        flops = info["flops"]
+        items = [
+            html.Div([html.B(selected), f"  {info['op']}", html.Span(f"  ({info['module']})",
+                                                                     className="muted")]),
+            html.Div(f"output {info['out_shape']}  dims {info['axes']}"),
+            html.Div("inputs " + ", ".join(f"{s}" for s in info["in_shapes"]) if info["in_shapes"]
+                     else "model input"),
+            html.Div("params " + (", ".join(f"{k} {v}" for k, v in info["params"].items())
+                                  or "none")),
+            html.Div(f"forward {flops / 1e9:.3f} GFLOP" + (
+                f"; folded: {', '.join(info['folded'])}" if info["folded"] else "")),
+        ]
+        if chosen:
+            items.append(html.Div(["plan: ", html.B(chosen["config_label"]),
+                                   f" on devices {chosen['devices']}"], className="chosen"))
+        options = [{"label": r["degrees"].replace(",", " "), "value": r["degrees"]}
+                   for r in rows if r["degrees"]]
+        seen, uniq = set(), []
+        for o in options:
+            if o["value"] not in seen:
+                seen.add(o["value"])
+                uniq.append(o)
+        value = chosen and ",".join(f"{k}={v}" for k, v in chosen["config"].items())
+        return items, rows, uniq, value if value in seen else None
 
-@dash.callback(Output(ids.DETAILS, "children"), Output(ids.CANDIDATE_TABLE, "data"),
-               Output(ids.PIN_CONFIG, "options"), Output(ids.PIN_CONFIG, "value"),
-               Input(ids.STORE_SELECTED, "data"), Input(ids.STORE_PLAN, "data"),
-               State(ids.STORE_REQUEST, "data"))
-def show_details(selected, plan, req_doc):
-    if not selected or not plan or "error" in plan:
-        return html.P("Click a layer in the graph.", className="muted"), [], [], None
-    req = session.Request.from_dict(plan.get("request") or req_doc)
-    try:
-        info = session.layer_info(req, selected)
-        rows = session.candidates(req, selected, plan)
-    except KeyError:
-        return html.P(f"{selected} is not a layer of this model.", className="muted"), [], [], \
-            None
-    chosen = next((la for la in plan["layers"] if la["name"] == selected), None)
-    flops = info["flops"]
-    items = [
-        html.Div([html.B(selected), f"  {info['op']}", html.Span(f"  ({info['module']})",
-                                                                 className="muted")]),
-        html.Div(f"output {info['out_shape']}  dims {info['axes']}"),
-        html.Div("inputs " + ", ".join(f"{s}" for s in info["in_shapes"]) if info["in_shapes"]
-                 else "model input"),
-        html.Div("params " + (", ".join(f"{k} {v}" for k, v in info["params"].items())
-                              or "none")),
-        html.Div(f"forward {flops / 1e9:.3f} GFLOP" + (
-            f"; folded: {', '.join(info['folded'])}" if info["folded"] else "")),
-    ]
-    if chosen:
-        items.append(html.Div(["plan: ", html.B(chosen["config_label"]),
-                               f" on devices {chosen['devices']}"], className="chosen"))
-    options = [{"label": r["degrees"].replace(",", " "), "value": r["degrees"]}
-               for r in rows if r["degrees"]]
-    seen, uniq = set(), []
-    for o in options:
-        if o["value"] not in seen:
-            seen.add(o["value"])
-            uniq.append(o)
-    value = chosen and ",".join(f"{k}={v}" for k, v in chosen["config"].items())
-    return items, rows, uniq, value if value in seen else None
-
-
-@dash.callback(Output(ids.PLAN_SUMMARY, "children"), Output(ids.PLAN_CHANGES, "children"),
-               Output(ids.PIN_LIST, "children"),
-               Input(ids.STORE_PLAN, "data"), Input(ids.STORE_PINS, "data"))
-def show_summary(plan, pins):
-    pin_items = [html.Span(p, className="pin") for p in (pins or [])]
-    pin_view = [html.Span("pins: ", className="muted")] + pin_items if pin_items else ""
-    if not plan:
-        return "", "", pin_view
-    if "error" in plan:
-        return html.Div(plan["error"], className="error"), "", pin_view
-    b = plan["breakdown"]
-    summary = html.Div(className="plan-summary", children=[
-        html.Div([html.Span("objective (eq. 1) ", className="muted"),
-                  html.B(f"{plan['objective_s'] * 1e3:.3f} ms", id="objective-value"),
-                  html.Span(f"  = compute {b['compute_s'] * 1e3:.3f} + transfer "
-                            f"{b['transfer_s'] * 1e3:.3f} + sync {b['sync_s'] * 1e3:.3f} ms",
-                            className="muted")]),
-        html.Div(f"{plan['model']} · batch {plan['batch']} · {plan['devices']} devices "
-                 f"({plan['preset']}) · {plan['algo']} · search "
-                 f"{plan['search_time_s'] * 1e3:.0f} ms · final graph "
-                 f"{plan['info'].get('residual_nodes', '–')} nodes "
-                 f"({plan['info'].get('residual_method', '–')}) · communication "
-                 f"{plan['comm_bytes'] / 2 ** 20:.1f} MiB/step · peak memory "
-                 f"{max(plan['memory_per_device_bytes'] or [0]) / 2 ** 30:.2f} GiB/device"),
-    ])
-    prev = plan.get("previous")
-    changes = ""
-    if prev:
-        delta = plan["objective_s"] - prev["objective_s"]
-        rows = prev.get("changes", [])
-        changes = html.Div(className="changes", children=[
-            html.Div([f"previous plan {prev['objective_s'] * 1e3:.3f} ms → now "
-                      f"{plan['objective_s'] * 1e3:.3f} ms ",
-                      html.B(f"({'+' if delta >= 0 else ''}{delta * 1e3:.3f} ms)",
-                             id="objective-delta")]),
-            html.Div(f"{len(rows)} layer(s) changed" + (": " if rows else "")),
-            html.Ul([html.Li(f"{r['layer']}: {r['before']} → {r['after']}")
-                     for r in rows[:40]], id="changed-layers"),
+    @app.callback(Output(ids.PLAN_SUMMARY, "children"), Output(ids.PLAN_CHANGES, "children"),
+                  Output(ids.PIN_LIST, "children"),
+                  Input(ids.STORE_PLAN, "data"), Input(ids.STORE_REQUEST, "data"))
+    def show_summary(plan, req_doc):
+        pins = state.pins_of(req_doc)
+        pin_items = [html.Span(p, className="pin") for p in (pins or [])]
+        pin_view = [html.Span("pins: ", className="muted")] + pin_items if pin_items else ""
+        if not plan:
+            return "", "", pin_view
+        if "error" in plan:
+            return html.Div(plan["error"], className="error"), "", pin_view
+        b = plan["breakdown"]
+        summary = html.Div(className="plan-summary", children=[
+            html.Div([html.Span("objective (eq. 1) ", className="muted"),
+                      html.B(f"{plan['objective_s'] * 1e3:.3f} ms", id="objective-value"),
+                      html.Span(f"  = compute {b['compute_s'] * 1e3:.3f} + transfer "
+                                f"{b['transfer_s'] * 1e3:.3f} + sync {b['sync_s'] * 1e3:.3f} ms",
+                                className="muted")]),
+            html.Div(f"{plan['model']} · batch {plan['batch']} · {plan['devices']} devices "
+                     f"({plan['preset']}) · {plan['algo']} · search "
+                     f"{plan['search_time_s'] * 1e3:.0f} ms · final graph "
+                     f"{plan['info'].get('residual_nodes', '–')} nodes "
+                     f"({plan['info'].get('residual_method', '–')}) · communication "
+                     f"{plan['comm_bytes'] / 2 ** 20:.1f} MiB/step · peak memory "
+                     f"{max(plan['memory_per_device_bytes'] or [0]) / 2 ** 30:.2f} GiB/device"),
         ])
-    return summary, changes, pin_view
+        prev = plan.get("previous")
+        changes = ""
+        if prev:
+            delta = plan["objective_s"] - prev["objective_s"]
+            rows = prev.get("changes", [])
+            changes = html.Div(className="changes", children=[
+                html.Div([f"previous plan {prev['objective_s'] * 1e3:.3f} ms → now "
+                          f"{plan['objective_s'] * 1e3:.3f} ms ",
+                          html.B(f"({'+' if delta >= 0 else ''}{delta * 1e3:.3f} ms)",
+                                 id="objective-delta")]),
+                html.Div(f"{len(rows)} layer(s) changed" + (": " if rows else "")),
+                html.Ul([html.Li(f"{r['layer']}: {r['before']} → {r['after']}")
+                         for r in rows[:40]], id="changed-layers"),
+            ])
+        return summary, changes, pin_view
