@@ -444,6 +444,7 @@ def test_saved_tofu_plan_and_placement_fill_the_form(dash_duo, tmp_path):
     dash_duo.wait_for_contains_text(f"#{ids.CONTEXT}tofu", "lenet5 · batch 8 · 2 × local · "
                                                            "icml18", timeout=10)
     _wait(lambda: "algo=icml18" in dash_duo.driver.current_url, 10, "URL")
+    dash_duo.wait_for_contains_text(f"#{ids.GRAPH_INFO}", "lenet5: ", timeout=30)  # the graph too
     _upload(dash_duo, place_path)
     dash_duo.wait_for_contains_text("#place-headline", "metis", timeout=90)
     assert _selected_tab(dash_duo.driver) == "Placement"
@@ -452,6 +453,7 @@ def test_saved_tofu_plan_and_placement_fill_the_form(dash_duo, tmp_path):
     assert dash_duo.find_element(f"#{ids.BATCH_INPUT}").get_attribute("value") == "16"
     assert "metis" in dash_duo.find_element(f"#{ids.ALGO_DROPDOWN}").text
     dash_duo.wait_for_contains_text(f"#{ids.CONTEXT}placement", "alexnet", timeout=10)
+    dash_duo.wait_for_contains_text(f"#{ids.GRAPH_INFO}", "alexnet: ", timeout=30)
     # the placement tab's Place acts on the form (now alexnet), not on the last search
     dash_duo.find_element(f"#{ids.PLACE_BUTTON}").click()
     dash_duo.wait_for_contains_text(f"#{ids.PLACE_STATUS}", "done", timeout=90)

@@ -140,6 +140,9 @@ def test_loading_a_tofu_plan_fills_the_form_and_opens_its_tab(saved, tmp_path):
     assert "tensors" not in got["doc"] and got["doc"]["request"]["model"] == "lenet5"
     o = plans.loaded_outputs("tofu", got["doc"], got["request"])
     assert o["tab"] == "tofu" and o["tofu"] is got["doc"] and o["plan"] is no_update
+    assert got["plan"]["model"] == "lenet5"              # the graph shows the same model
+    assert plans.loaded_outputs("tofu", got["doc"], got["request"], got["plan"])["plan"] \
+        is got["plan"]
     form = dict(zip([key for _, key in model.FORM], o["form"]))
     assert (form["model"], form["devices"], form["preset"], form["algo"]) == (
         "lenet5", 2, "local", "icml18")
@@ -207,10 +210,13 @@ def test_search_runs_the_forms_method_and_opens_its_tab():
                     algo="icml18", cluster=None)
     out = model.do_search(ids.SEARCH_BUTTON, controls, None, None, None, None, None, None)
     assert out["tab"] == "tofu" and out["tofu"]["algo"] == "icml18"
-    assert out["plan"] is no_update and out["request"]["algo"] == "icml18"
+    assert out["request"]["algo"] == "icml18"
+    assert out["plan"]["model"] == "lenet5" and out["plan"]["algo"] == "optcnn"   # the graph
+    shown = out["plan"]
     out = model.do_search(ids.SEARCH_BUTTON, dict(controls, algo="metis"), None, None, None,
-                          None, None, out["request"])
+                          None, shown, out["request"])
     assert out["tab"] == "placement" and out["placement"]["algo"] == "metis"
+    assert out["plan"] is no_update                       # the graph already shows lenet5
     assert out["place_pins"] == [] and out["request_error"] == ""
     # pins re-run the layer-wise search of the form's request, keeping its method
     out = model.do_search(ids.RERUN_BUTTON, {}, None, None, None, None, None, out["request"])

@@ -30,7 +30,7 @@ def job_controls(label: str, start_id: str, cancel_id: str, progress_id: str, st
 def running(start_id: str, cancel_id: str, progress_id: str, status_id: str | None = None,
             text: str | None = None) -> list:
     """Dash ``running=`` for :func:`job_controls`: while the job runs the start button is
-    disabled, cancel enabled, the progress bar shown (at 0) and the status says ``text``;
+    disabled, cancel enabled, the progress bar shown and the status says ``text``;
     afterwards - done, failed or cancelled - all of it goes back."""
     out = [(Output(start_id, "disabled"), True, False),
            (Output(cancel_id, "disabled"), False, True),

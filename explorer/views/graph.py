@@ -271,7 +271,7 @@ def register(app: dash.Dash) -> None:
             els, info = build_elements(req, plan, expanded or [], step, selected)
         except (ExplorerError, ValueError) as exc:
             return [], f"cannot draw the graph: {exc}", ""
-        text = f"{info['layers']} layers"
+        text = f"{plan.get('model')}: {info['layers']} layers"
         if info["collapsed"]:
             text += f", shown as {info['shown']} nodes (click a group to open it)"
         return els, text, legend(info["colors"], plan)

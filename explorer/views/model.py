@@ -163,6 +163,18 @@ def reset_on_change(req_doc, seen) -> dict | None:
             "place_selected": None, "place_expanded": None, "place_pins": []}
 
 
+def layerwise_plan(req_doc: dict) -> dict:
+    """The layer-wise plan the graph shows for a request whose method may be of another
+    family (its own method when layer-wise, else optcnn): ``{"error": ...}`` when there is
+    none, so the graph never shows another model than the form."""
+    try:
+        req = state.request(req_doc)
+        req.algo = state.tab_method("plan", req_doc)
+        return session.search(req, state.pins_of(req_doc))
+    except Exception as exc:  # noqa: BLE001 - shown in the Plan tab instead of a plan
+        return {"error": str(exc)}
+
+
 def _layerwise_request(req_doc, plan) -> session.Request:
     """The form's request for a layer-wise re-run: its method if it is layer-wise, else the
     shown plan's (or optcnn)."""
@@ -255,6 +267,10 @@ def do_search(trigger, controls: dict, pins, selected, pin_config, pin_devices, 
             out.update(plan=new_plan,
                        status=f"{new_plan['algo']}: {new_plan['objective_s'] * 1e3:.3f} ms/step, "
                               f"found in {new_plan['search_time_s'] * 1e3:.0f} ms")
+        if fam != "layerwise" and not state.same_target((plan or {}).get("request"),
+                                                        req.to_dict()):
+            progress(90)                     # the graph shows the same model as the form
+            out["plan"] = layerwise_plan(state.request_doc(req, pins))
         progress(100)
     except (ExplorerError, ValueError, KeyError) as exc:
         out[err_slot] = str(exc.args[0]) if isinstance(exc, KeyError) and exc.args else str(exc)

@@ -20,17 +20,16 @@ from . import compare, graph, ids, model, placement, plans, run, state, steps, t
 PATH = "/"
 TABS = ("plan", "steps", "tiling", "compare", "run", "tofu", "placement", "plans")
 CONFIG_KEY = "EXPLORER_DEFAULT_REQUEST"   # in the Flask server's config: the page's default
-_FALLBACK = {"request": None}             # the default outside a request (tests)
 
 
 def default_request() -> dict:
-    """The request the page opens on without a query: the serving app's own default."""
+    """The request the page opens on without a query: the serving app's own default (the
+    app's default request outside a request, e.g. in tests)."""
     try:
         import flask
         doc = flask.current_app.config.get(CONFIG_KEY)
     except (ImportError, RuntimeError):
         doc = None
-    doc = doc or _FALLBACK["request"]
     if doc is None:
         from ..app import DEFAULT_REQUEST
         doc = state.request_doc(DEFAULT_REQUEST)
@@ -49,11 +48,9 @@ def first_results(doc: dict) -> dict:
         out.update(plan={"error": str(exc)}, error=str(exc))
         return out
     fam = state.family(req.algo)
-    lw = session.Request.from_dict(dict(req.to_dict(), algo=state.tab_method("plan", doc)))
-    try:
-        out["plan"] = session.search(lw, state.pins_of(doc))
-    except Exception as exc:  # noqa: BLE001 - the page still opens and shows the error
-        out.update(plan={"error": str(exc)}, error=str(exc))
+    out["plan"] = model.layerwise_plan(doc)
+    if "error" in out["plan"]:
+        out["error"] = out["plan"]["error"]
     try:
         if fam == "tofu":
             out.update(tofu=session.tofu(req, req.algo), tab="tofu")

@@ -223,14 +223,13 @@ def ingest(contents: str, filename: str | None, store: PlanStore) -> dict:
     except ExplorerError as exc:
         raise ValueError(f"{filename or 'the file'}: {exc}") from None
     label = filename or "upload"
-    if kind == "tofu":
-        shown = tofu_doc(doc, request)
+    if kind in ("tofu", "placement"):
+        from .model import layerwise_plan
+        shown = tofu_doc(doc, request) if kind == "tofu" else placement_doc(doc, request)
+        what = "Tofu plan" if kind == "tofu" else "placement"
         return {"kind": kind, "doc": shown, "request": request,
-                "message": f"{label}: Tofu plan loaded: {_describe_kind(shown, request)}"}
-    if kind == "placement":
-        shown = placement_doc(doc, request)
-        return {"kind": kind, "doc": shown, "request": request,
-                "message": f"{label}: placement loaded: {_describe_kind(shown, request)}"}
+                "plan": layerwise_plan(request),      # the graph shows the same model
+                "message": f"{label}: {what} loaded: {_describe_kind(shown, request)}"}
     warning = check_model(doc, request)
     doc["request"] = request
     pid, created = store.save_new(doc, f"uploaded {filename}" if filename else "uploaded")
@@ -288,9 +287,10 @@ def _describe_kind(doc: dict, request: dict) -> str:
     return f"{doc.get('model')} {doc.get('algo')} on {request['devices']} × {request['preset']}"
 
 
-def loaded_outputs(kind: str, doc: dict, request: dict) -> dict:
-    """What loading a plan of ``kind`` changes on the page: the result store of its kind, the
-    request store, the form, and the tab that shows it."""
+def loaded_outputs(kind: str, doc: dict, request: dict, plan: dict | None = None) -> dict:
+    """What loading a plan of ``kind`` changes on the page: the result store of its kind (and
+    the layer-wise ``plan`` the graph shows for a Tofu plan or a placement), the request
+    store, the form, and the tab that shows it."""
     from . import model
     out = {"plan": dash.no_update, "tofu": dash.no_update, "placement": dash.no_update,
            "place_pins": dash.no_update, "tab": dash.no_update, "request": request,
@@ -301,6 +301,8 @@ def loaded_outputs(kind: str, doc: dict, request: dict) -> dict:
         out.update(placement=doc, place_pins=list(doc.get("pins") or []), tab="placement")
     else:
         out.update(plan=doc, tab="plan")
+    if kind != "layerwise" and plan is not None:
+        out["plan"] = plan
     return out
 
 
@@ -353,12 +355,12 @@ def _load_outputs() -> list:
             *model.form_outputs()]
 
 
-def _load_values(kind=None, doc=None, request=None) -> list:
+def _load_values(kind=None, doc=None, request=None, plan=None) -> list:
     """Values for :func:`_load_outputs` (all ``no_update`` without a plan)."""
     from . import model
     if kind is None:
         return [dash.no_update] * (6 + len(model.FORM))
-    o = loaded_outputs(kind, doc, request)
+    o = loaded_outputs(kind, doc, request, plan)
     return [o["plan"], o["tofu"], o["placement"], o["place_pins"], o["tab"], o["request"],
             *o["form"]]
 
@@ -450,7 +452,8 @@ def register(app: dash.Dash) -> None:
             got = ingest(contents, filename, PlanStore())
         except ValueError as exc:
             return *_load_values(), f"not loaded: {exc}", None
-        return *_load_values(got["kind"], got["doc"], got["request"]), got["message"], None
+        return (*_load_values(got["kind"], got["doc"], got["request"], got.get("plan")),
+                got["message"], None)
 
 
 __all__ = ["layout", "autosave", "load_plan", "download_payload", "download_name",
