@@ -395,7 +395,8 @@ def test_four_sessions_open_four_models_on_one_server(dash_duo, caplog):
     caplog.set_level(logging.INFO)
     dash_duo.start_server(create_app())
     base = dash_duo.server_url.rstrip("/")
-    models = {"lenet5": "devices=2&preset=local&batch=8", "alexnet": "devices=4&preset=p100-cluster",
+    models = {"lenet5": "devices=2&preset=local&batch=8",
+              "alexnet": "devices=4&preset=p100-cluster",
               "mlp": "devices=2&preset=p100-cluster", "vgg16": "devices=4&preset=p100-nvlink-4"}
     drivers = [dash_duo.driver] + [_chrome() for _ in range(3)]
     try:

@@ -255,6 +255,126 @@ def legend(colors: dict, plan: dict):
 # --------------------------------------------------------------------------------------------
 
 
+def graph_view(plan, expanded, step, selected, req_doc):
+    """(elements, info line, legend) of the graph under ``plan``."""
+    if not plan or "error" in plan or not plan.get("layers"):
+        return [], "", ""
+    try:
+        req = state.request(plan.get("request") or req_doc)
+        els, info = build_elements(req, plan, expanded or [], step, selected)
+    except (ExplorerError, ValueError) as exc:
+        return [], f"cannot draw the graph: {exc}", ""
+    text = f"{plan.get('model')}: {info['layers']} layers"
+    if info["collapsed"]:
+        text += f", shown as {info['shown']} nodes (click a group to open it)"
+    return els, text, legend(info["colors"], plan)
+
+
+def tap_result(trig, node, expanded, plan, req_doc):
+    """(selected layer, expanded groups) after a tap, Expand all or Collapse all."""
+    expanded = list(expanded or [])
+    if trig == ids.EXPAND_ALL:
+        if not plan or "error" in plan:
+            return no_update, no_update
+        try:
+            g = session.graph_for(state.request(plan.get("request") or req_doc))
+        except (ExplorerError, ValueError):
+            return no_update, no_update
+        order = g.names()
+        _, groups = L.units(order, {n: g.layer(n).module for n in order}, set())
+        return no_update, sorted(groups)
+    if trig == ids.COLLAPSE_ALL:
+        return no_update, []
+    if not node:
+        return no_update, no_update
+    kind = node.get("kind")
+    if kind == "group":
+        return no_update, sorted(set(expanded) | {node["id"]})
+    if kind == "parent":
+        return no_update, [e for e in expanded if e != node["id"]]
+    return node["id"], no_update
+
+
+def details_view(selected, plan, req_doc):
+    """details, candidate rows and pin options of the selected layer."""
+    if not selected or not plan or "error" in plan:
+        return html.P("Click a layer in the graph.", className="muted"), [], [], None
+    try:
+        req = state.request(plan.get("request") or req_doc)
+        info = session.layer_info(req, selected)
+        rows = session.candidates(req, selected, plan)
+    except (ExplorerError, ValueError) as exc:
+        return html.P(str(exc), className="muted"), [], [], None
+    except KeyError:
+        return html.P(f"{selected} is not a layer of this model.", className="muted"), [], [], \
+            None
+    chosen = next((la for la in plan["layers"] if la["name"] == selected), None)
+    flops = info["flops"]
+    items = [
+        html.Div([html.B(selected), f"  {info['op']}", html.Span(f"  ({info['module']})",
+                                                                 className="muted")]),
+        html.Div(f"output {info['out_shape']}  dims {info['axes']}"),
+        html.Div("inputs " + ", ".join(f"{s}" for s in info["in_shapes"]) if info["in_shapes"]
+                 else "model input"),
+        html.Div("params " + (", ".join(f"{k} {v}" for k, v in info["params"].items())
+                              or "none")),
+        html.Div(f"forward {flops / 1e9:.3f} GFLOP" + (
+            f"; folded: {', '.join(info['folded'])}" if info["folded"] else "")),
+    ]
+    if chosen:
+        items.append(html.Div(["plan: ", html.B(chosen["config_label"]),
+                               f" on devices {chosen['devices']}"], className="chosen"))
+    options = [{"label": r["degrees"].replace(",", " "), "value": r["degrees"]}
+               for r in rows if r["degrees"]]
+    seen, uniq = set(), []
+    for o in options:
+        if o["value"] not in seen:
+            seen.add(o["value"])
+            uniq.append(o)
+    value = chosen and ",".join(f"{k}={v}" for k, v in chosen["config"].items())
+    return items, rows, uniq, value if value in seen else None
+
+
+def summary_view(plan, pins):
+    """plan summary, changes against the previous plan, pin list."""
+    pin_items = [html.Span(p, className="pin") for p in (pins or [])]
+    pin_view = [html.Span("pins: ", className="muted")] + pin_items if pin_items else ""
+    if not plan:
+        return "", "", pin_view
+    if "error" in plan:
+        return html.Div(plan["error"], className="error"), "", pin_view
+    b = plan["breakdown"]
+    summary = html.Div(className="plan-summary", children=[
+        html.Div([html.Span("objective (eq. 1) ", className="muted"),
+                  html.B(f"{plan['objective_s'] * 1e3:.3f} ms", id="objective-value"),
+                  html.Span(f"  = compute {b['compute_s'] * 1e3:.3f} + transfer "
+                            f"{b['transfer_s'] * 1e3:.3f} + sync {b['sync_s'] * 1e3:.3f} ms",
+                            className="muted")]),
+        html.Div(f"{plan['model']} · batch {plan['batch']} · {plan['devices']} devices "
+                 f"({plan['preset']}) · {plan['algo']} · search "
+                 f"{plan['search_time_s'] * 1e3:.0f} ms · final graph "
+                 f"{plan['info'].get('residual_nodes', '–')} nodes "
+                 f"({plan['info'].get('residual_method', '–')}) · communication "
+                 f"{plan['comm_bytes'] / 2 ** 20:.1f} MiB/step · peak memory "
+                 f"{max(plan['memory_per_device_bytes'] or [0]) / 2 ** 30:.2f} GiB/device"),
+    ])
+    prev = plan.get("previous")
+    changes = ""
+    if prev:
+        delta = plan["objective_s"] - prev["objective_s"]
+        rows = prev.get("changes", [])
+        changes = html.Div(className="changes", children=[
+            html.Div([f"previous plan {prev['objective_s'] * 1e3:.3f} ms → now "
+                      f"{plan['objective_s'] * 1e3:.3f} ms ",
+                      html.B(f"({'+' if delta >= 0 else ''}{delta * 1e3:.3f} ms)",
+                             id="objective-delta")]),
+            html.Div(f"{len(rows)} layer(s) changed" + (": " if rows else "")),
+            html.Ul([html.Li(f"{r['layer']}: {r['before']} → {r['after']}")
+                     for r in rows[:40]], id="changed-layers"),
+        ])
+    return summary, changes, pin_view
+
+
 def register(app: dash.Dash) -> None:
     """The panel's callbacks on ``app``."""
 
@@ -264,17 +384,7 @@ def register(app: dash.Dash) -> None:
                   Input(ids.STORE_STEP, "data"), Input(ids.STORE_SELECTED, "data"),
                   State(ids.STORE_REQUEST, "data"))
     def draw_graph(plan, expanded, step, selected, req_doc):
-        if not plan or "error" in plan or not plan.get("layers"):
-            return [], "", ""
-        try:
-            req = state.request(plan.get("request") or req_doc)
-            els, info = build_elements(req, plan, expanded or [], step, selected)
-        except (ExplorerError, ValueError) as exc:
-            return [], f"cannot draw the graph: {exc}", ""
-        text = f"{plan.get('model')}: {info['layers']} layers"
-        if info["collapsed"]:
-            text += f", shown as {info['shown']} nodes (click a group to open it)"
-        return els, text, legend(info["colors"], plan)
+        return graph_view(plan, expanded, step, selected, req_doc)
 
     @app.callback(Output(ids.STORE_SELECTED, "data"),
                   Output(ids.STORE_EXPANDED, "data"),
@@ -283,109 +393,17 @@ def register(app: dash.Dash) -> None:
                   State(ids.STORE_EXPANDED, "data"), State(ids.STORE_PLAN, "data"),
                   State(ids.STORE_REQUEST, "data"), prevent_initial_call=True)
     def on_tap(node, _expand, _collapse, expanded, plan, req_doc):
-        expanded = list(expanded or [])
-        trig = dash.ctx.triggered_id
-        if trig == ids.EXPAND_ALL:
-            if not plan or "error" in plan:
-                return no_update, no_update
-            try:
-                g = session.graph_for(state.request(plan.get("request") or req_doc))
-            except (ExplorerError, ValueError):
-                return no_update, no_update
-            order = g.names()
-            _, groups = L.units(order, {n: g.layer(n).module for n in order}, set())
-            return no_update, sorted(groups)
-        if trig == ids.COLLAPSE_ALL:
-            return no_update, []
-        if not node:
-            return no_update, no_update
-        kind = node.get("kind")
-        if kind == "group":
-            return no_update, sorted(set(expanded) | {node["id"]})
-        if kind == "parent":
-            return no_update, [e for e in expanded if e != node["id"]]
-        return node["id"], no_update
+        return tap_result(dash.ctx.triggered_id, node, expanded, plan, req_doc)
 
     @app.callback(Output(ids.DETAILS, "children"), Output(ids.CANDIDATE_TABLE, "data"),
                   Output(ids.PIN_CONFIG, "options"), Output(ids.PIN_CONFIG, "value"),
                   Input(ids.STORE_SELECTED, "data"), Input(ids.STORE_PLAN, "data"),
                   State(ids.STORE_REQUEST, "data"))
     def show_details(selected, plan, req_doc):
-        if not selected or not plan or "error" in plan:
-            return html.P("Click a layer in the graph.", className="muted"), [], [], None
-        try:
-            req = state.request(plan.get("request") or req_doc)
-            info = session.layer_info(req, selected)
-            rows = session.candidates(req, selected, plan)
-        except (ExplorerError, ValueError) as exc:
-            return html.P(str(exc), className="muted"), [], [], None
-        except KeyError:
-            return html.P(f"{selected} is not a layer of this model.", className="muted"), [], [], \
-                None
-        chosen = next((la for la in plan["layers"] if la["name"] == selected), None)
-        flops = info["flops"]
-        items = [
-            html.Div([html.B(selected), f"  {info['op']}", html.Span(f"  ({info['module']})",
-                                                                     className="muted")]),
-            html.Div(f"output {info['out_shape']}  dims {info['axes']}"),
-            html.Div("inputs " + ", ".join(f"{s}" for s in info["in_shapes"]) if info["in_shapes"]
-                     else "model input"),
-            html.Div("params " + (", ".join(f"{k} {v}" for k, v in info["params"].items())
-                                  or "none")),
-            html.Div(f"forward {flops / 1e9:.3f} GFLOP" + (
-                f"; folded: {', '.join(info['folded'])}" if info["folded"] else "")),
-        ]
-        if chosen:
-            items.append(html.Div(["plan: ", html.B(chosen["config_label"]),
-                                   f" on devices {chosen['devices']}"], className="chosen"))
-        options = [{"label": r["degrees"].replace(",", " "), "value": r["degrees"]}
-                   for r in rows if r["degrees"]]
-        seen, uniq = set(), []
-        for o in options:
-            if o["value"] not in seen:
-                seen.add(o["value"])
-                uniq.append(o)
-        value = chosen and ",".join(f"{k}={v}" for k, v in chosen["config"].items())
-        return items, rows, uniq, value if value in seen else None
+        return details_view(selected, plan, req_doc)
 
     @app.callback(Output(ids.PLAN_SUMMARY, "children"), Output(ids.PLAN_CHANGES, "children"),
                   Output(ids.PIN_LIST, "children"),
                   Input(ids.STORE_PLAN, "data"), Input(ids.STORE_REQUEST, "data"))
     def show_summary(plan, req_doc):
-        pins = state.pins_of(req_doc)
-        pin_items = [html.Span(p, className="pin") for p in (pins or [])]
-        pin_view = [html.Span("pins: ", className="muted")] + pin_items if pin_items else ""
-        if not plan:
-            return "", "", pin_view
-        if "error" in plan:
-            return html.Div(plan["error"], className="error"), "", pin_view
-        b = plan["breakdown"]
-        summary = html.Div(className="plan-summary", children=[
-            html.Div([html.Span("objective (eq. 1) ", className="muted"),
-                      html.B(f"{plan['objective_s'] * 1e3:.3f} ms", id="objective-value"),
-                      html.Span(f"  = compute {b['compute_s'] * 1e3:.3f} + transfer "
-                                f"{b['transfer_s'] * 1e3:.3f} + sync {b['sync_s'] * 1e3:.3f} ms",
-                                className="muted")]),
-            html.Div(f"{plan['model']} · batch {plan['batch']} · {plan['devices']} devices "
-                     f"({plan['preset']}) · {plan['algo']} · search "
-                     f"{plan['search_time_s'] * 1e3:.0f} ms · final graph "
-                     f"{plan['info'].get('residual_nodes', '–')} nodes "
-                     f"({plan['info'].get('residual_method', '–')}) · communication "
-                     f"{plan['comm_bytes'] / 2 ** 20:.1f} MiB/step · peak memory "
-                     f"{max(plan['memory_per_device_bytes'] or [0]) / 2 ** 30:.2f} GiB/device"),
-        ])
-        prev = plan.get("previous")
-        changes = ""
-        if prev:
-            delta = plan["objective_s"] - prev["objective_s"]
-            rows = prev.get("changes", [])
-            changes = html.Div(className="changes", children=[
-                html.Div([f"previous plan {prev['objective_s'] * 1e3:.3f} ms → now "
-                          f"{plan['objective_s'] * 1e3:.3f} ms ",
-                          html.B(f"({'+' if delta >= 0 else ''}{delta * 1e3:.3f} ms)",
-                                 id="objective-delta")]),
-                html.Div(f"{len(rows)} layer(s) changed" + (": " if rows else "")),
-                html.Ul([html.Li(f"{r['layer']}: {r['before']} → {r['after']}")
-                         for r in rows[:40]], id="changed-layers"),
-            ])
-        return summary, changes, pin_view
+        return summary_view(plan, state.pins_of(req_doc))
