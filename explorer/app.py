@@ -1,13 +1,18 @@
-"""The Dash app: shared stores, the background-callback manager, and the page of panels.
+"""The Dash app: the shell (header, page navigation), the background-callback manager, and
+serving it.
 
-Each panel lives in ``explorer/views/<panel>.py`` with its layout and its callbacks side by
-side; this module only assembles them and owns the ``dcc.Store`` components they share.
+The app uses Dash pages: the main page (``/``, :mod:`explorer.views.page`) holds the form,
+the graph and the tabs, and opens on the request in its URL; more pages register the same
+way.  Each panel lives in ``explorer/views/<panel>.py`` with its layout, its pure
+figure-building functions and a ``register(app)`` that adds its callbacks to one app (no
+global callback registry, so tests and benchmarks can build several apps in one process).
 ``explorer serve`` opens it on VGG-16 on the 4×P100 NVLink preset with its optimal plan.
 """
 
 from __future__ import annotations
 
 import errno
+import ipaddress
 import os
 import socket
 import sys
@@ -17,7 +22,7 @@ import dash
 from dash import Dash, dcc, html
 
 from . import service as session
-from .views import ids
+from .views import state
 
 DEFAULT_REQUEST = session.Request(model="vgg16", preset="p100-nvlink-4", devices=4,
                                   algo="optcnn")
@@ -46,100 +51,126 @@ def background_manager():
 
 
 def initial_state(request: session.Request | None):
-    """The request and its plan the page opens with (``None`` plan if it cannot be found)."""
-    req = request or DEFAULT_REQUEST
-    try:
-        plan = session.search(req, [])
-    except Exception as exc:  # noqa: BLE001 - the page still opens and shows the error
-        plan = {"error": str(exc)}
-    return req.to_dict(), plan
+    """The request dict and the layer-wise plan the default page opens with (the plan is
+    ``{"error": ...}`` when it cannot be found)."""
+    from .views import page
+    doc = state.request_doc(request or DEFAULT_REQUEST)
+    return doc, page.first_results(doc)["plan"]
 
 
-_CALLBACKS = None
+def create_app(request: session.Request | None = None, allow_model_files: bool = False) -> Dash:
+    """Build the app: the page opens on ``request`` (default VGG-16 on 4×P100 NVLink) unless
+    its URL says otherwise; ``allow_model_files`` lets the page load ``path.py:function``
+    models, which runs their code on this machine (a process-wide setting, see
+    :mod:`explorer.views.state`)."""
+    from .views import compare, graph, model, page, placement, plans, run, steps, tiling, tofu
 
-
-def _register_views():
-    """Import the panels (their ``@dash.callback``s land in Dash's global registry) and hand
-    every new app its own copy: Dash moves the global callbacks into the first app that
-    starts, and tests and benchmarks create several apps in one process."""
-    from dash import _callback as registry
-
-    from .views import compare, graph, model, plans, run, steps, tiling, tofu  # noqa: F401
-    from .views import placement  # noqa: F401
-    global _CALLBACKS
-    if _CALLBACKS is None:
-        _CALLBACKS = (list(registry.GLOBAL_CALLBACK_LIST), dict(registry.GLOBAL_CALLBACK_MAP),
-                      list(registry.GLOBAL_INLINE_SCRIPTS))
-    registry.GLOBAL_CALLBACK_LIST[:] = list(_CALLBACKS[0])
-    registry.GLOBAL_CALLBACK_MAP.clear()
-    registry.GLOBAL_CALLBACK_MAP.update(_CALLBACKS[1])
-    registry.GLOBAL_INLINE_SCRIPTS[:] = list(_CALLBACKS[2])
-
-
-def create_app(request: session.Request | None = None) -> Dash:
-    """Build the app (its panels' callbacks are registered when their modules import)."""
-    from .views import compare, graph, model, plans, run, steps, tiling, tofu
-    from .views import placement
-
-    _register_views()
-
-    req_doc, plan = initial_state(request)
-    app = Dash(__name__, title="Plan Explorer", suppress_callback_exceptions=True,
+    state.allow_model_files(allow_model_files)
+    app = Dash(__name__, title="Plan Explorer", use_pages=True, pages_folder="",
+               suppress_callback_exceptions=True,
                background_callback_manager=background_manager(),
                assets_folder=os.path.join(os.path.dirname(os.path.dirname(__file__)), "assets"))
+    app.server.config[page.CONFIG_KEY] = state.request_doc(request or DEFAULT_REQUEST)
+    for view in (page, model, graph, steps, tiling, compare, run, tofu, placement, plans):
+        view.register(app)
     app.layout = html.Div(className="app", children=[
-        dcc.Store(id=ids.STORE_REQUEST, data=req_doc),
-        dcc.Store(id=ids.STORE_PLAN, data=plan),
-        dcc.Store(id=ids.STORE_PINS, data=plan.get("pins", []) if plan else []),
-        dcc.Store(id=ids.STORE_SELECTED, data=None),
-        dcc.Store(id=ids.STORE_EXPANDED, data=[]),
-        dcc.Store(id=ids.STORE_STEP, data=None),
-        dcc.Store(id=ids.STORE_RUN, data=None),
-        dcc.Store(id=ids.STORE_TOFU, data=None),
-        dcc.Store(id=ids.STORE_PLACEMENT, data=None),
         html.Header(className="header", children=[
             html.H1("Plan Explorer"),
-            html.Span("layer-wise parallelization plans: inspect, pin, re-run",
+            html.Span("parallelization plans: inspect, pin, re-run, execute",
                       className="subtitle"),
+            html.Nav(className="pages", children=[
+                dcc.Link(p["name"], href=p["relative_path"], className="page-link")
+                for p in dash.page_registry.values()]),
         ]),
-        model.layout(req_doc),
-        html.Div(className="main", children=[
-            html.Div(className="left", children=[graph.layout()]),
-            html.Div(className="right", children=[graph.details_layout()]),
-        ]),
-        dcc.Tabs(id=ids.TABS, value="plan", className="tabs", children=[
-            dcc.Tab(label="Plan", value="plan", children=[graph.plan_layout()]),
-            dcc.Tab(label="Elimination steps", value="steps", children=[steps.layout()]),
-            dcc.Tab(label="Tiling", value="tiling", children=[tiling.layout()]),
-            dcc.Tab(label="Compare", value="compare", children=[compare.layout()]),
-            dcc.Tab(label="Run", value="run", children=[run.layout()]),
-            dcc.Tab(label="Tofu", value="tofu", children=[tofu.layout()]),
-            dcc.Tab(label="Placement", value="placement", children=[placement.layout()]),
-            dcc.Tab(label="Plans", value="plans", children=[plans.layout()]),
-        ]),
+        dash.page_container,
     ])
     return app
 
 
+# -- serving ----------------------------------------------------------------------------------
+
+LOOPBACK_NAMES = ("localhost",)
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` only accepts connections from this machine (127.0.0.0/8, ::1,
+    localhost)."""
+    h = (host or "").strip().strip("[]").lower()
+    if h in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(h).is_loopback
+    except ValueError:
+        return False
+
+
+def check_address(host: str, port) -> str | None:
+    """A one-line error for a host or port the server cannot bind (``None`` when fine)."""
+    if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+        return f"error: port {port} is out of range: choose a port from 1 to 65535"
+    if not (host or "").strip():
+        return "error: give an address to bind with --host, e.g. 127.0.0.1"
+    try:
+        socket.getaddrinfo(host.strip("[]"), port, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError) as exc:
+        why = getattr(exc, "strerror", None) or str(exc)
+        return f"error: cannot serve on host {host!r}: {why}"
+    return None
+
+
+def exposure_warning(host: str, allow_model_files: bool = False) -> str | None:
+    """The warning printed when the server listens beyond this machine."""
+    if is_loopback(host):
+        return None
+    text = (f"warning: serving on {host}, not only on this machine: anyone who can reach this "
+            f"address can use Plan Explorer here - search, place, and run plans on this "
+            f"machine's processors; there is no login")
+    if allow_model_files:
+        text += (" - and, with --allow-model-files, make it import and run any path.py:"
+                 "function model file this server can read")
+    return text + ". Use --host 127.0.0.1 to keep it to this machine."
+
+
 def port_free(host: str, port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind((host, port))
-        except OSError as exc:
-            if exc.errno in (errno.EADDRINUSE, errno.EACCES):
-                return False
-            raise
+    """Whether ``port`` on ``host`` can be bound (in use or forbidden: ``False``)."""
+    for family, kind, proto, _, addr in socket.getaddrinfo(host.strip("[]"), port,
+                                                           type=socket.SOCK_STREAM):
+        with socket.socket(family, kind, proto) as s:
+            try:
+                s.bind(addr)
+            except OSError as exc:
+                if exc.errno in (errno.EADDRINUSE, errno.EACCES):
+                    return False
+                raise
+        return True
     return True
 
 
 def serve(host: str = "127.0.0.1", port: int = 8050, debug: bool = False,
-          request: session.Request | None = None) -> int:
-    """Start the app; a port already in use is a one-line error, not a traceback."""
-    if not port_free(host, port):
-        print(f"error: port {port} on {host} is already in use: stop the other server or "
-              f"choose another with --port", file=sys.stderr)
+          request: session.Request | None = None, allow_model_files: bool = False) -> int:
+    """Start the app.  A bad host or port, a port in use, or ``debug`` beyond this machine
+    (the debugger runs code for whoever reaches it) is a one-line error and exit status 2;
+    a host other than loopback prints a warning first."""
+    err = check_address(host, port)
+    if err is None and debug and not is_loopback(host):
+        err = (f"error: --debug on {host} would let anyone who reaches it run code through "
+               f"the debugger: use --host 127.0.0.1 with --debug")
+    if err is None:
+        try:
+            if not port_free(host, port):
+                err = (f"error: port {port} on {host} is already in use: stop the other "
+                       f"server or choose another with --port")
+        except OSError as exc:
+            err = f"error: cannot serve on {host}:{port}: {exc.strerror or exc}"
+    if err:
+        print(err, file=sys.stderr)
         return 2
-    app = create_app(request)
-    print(f"Plan Explorer on http://{host}:{port}/  (Ctrl+C stops it)", flush=True)
+    warning = exposure_warning(host, allow_model_files)
+    if warning:
+        print(warning, file=sys.stderr, flush=True)
+    app = create_app(request, allow_model_files=allow_model_files)
+    shown = f"[{host}]" if ":" in host else host
+    print(f"Plan Explorer on http://{shown}:{port}/  (Ctrl+C stops it)"
+          + ("; model files allowed" if allow_model_files else ""), flush=True)
     app.run(host=host, port=port, debug=debug)
     return 0

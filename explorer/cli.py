@@ -5,7 +5,7 @@
     explorer run PLAN.json [--steps K] [--json]
     explorer calibrate [--devices N] [--model MODEL] [--quick]
     explorer models | presets | graph MODEL
-    explorer serve [--host 127.0.0.1] [--port 8050]
+    explorer serve [--host 127.0.0.1] [--port 8050] [--allow-model-files]
 
 Errors the user can fix print one line on stderr and exit with status 2.
 """
@@ -117,15 +117,22 @@ def build_parser() -> argparse.ArgumentParser:
 
     v = sub.add_parser("serve", help="start the web app")
     v.add_argument("--host", default="127.0.0.1",
-                   help="address to bind (default 127.0.0.1: this machine only)")
-    v.add_argument("--port", type=int, default=8050)
-    v.add_argument("--debug", action="store_true")
+                   help="address to bind (default 127.0.0.1: this machine only; any other "
+                        "address lets everyone who reaches it use the app)")
+    v.add_argument("--port", type=int, default=8050, help="port, 1-65535 (default 8050)")
+    v.add_argument("--debug", action="store_true",
+                   help="Dash debug mode (this machine only: the debugger runs code)")
+    v.add_argument("--allow-model-files", action="store_true",
+                   help="let the page load path.py:function models (the model box, a plan or "
+                        "a URL naming one), which runs their code on this machine")
     v.add_argument("--model", default="vgg16", help="model the page opens on")
     v.add_argument("--devices", "-n", type=int, default=4)
     v.add_argument("--preset", default="p100-nvlink-4")
     v.add_argument("--batch", "-b", type=int, default=None)
     v.add_argument("--model-arg", "-a", action="append", default=[], type=_kv)
-    v.add_argument("--algo", default="optcnn", choices=names("layerwise"))
+    v.add_argument("--algo", default="optcnn",
+                   help="method the page opens with: a layer-wise search, a Tofu method or a "
+                        "placement method (see `explorer search --help`)")
     return p
 
 
@@ -515,9 +522,16 @@ def cmd_calibrate(args) -> int:
 def cmd_serve(args) -> int:
     from .app import serve
     from .service import Request
+    from .views import state
+    if state.family(args.algo) is None:
+        raise ValueError(f"unknown method {args.algo!r}: one of {', '.join(state.methods())}")
+    if state.is_model_file(args.model) and not args.allow_model_files:
+        raise ValueError(f"--model {args.model} is a model file: the page would run its code "
+                         f"for every visitor; add --allow-model-files to serve it")
     req = Request(model=args.model, batch=args.batch, model_args=dict(args.model_arg),
                   preset=args.preset, devices=args.devices, algo=args.algo)
-    return serve(args.host, args.port, debug=args.debug, request=req)
+    return serve(args.host, args.port, debug=args.debug, request=req,
+                 allow_model_files=args.allow_model_files)
 
 
 if __name__ == "__main__":

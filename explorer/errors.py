@@ -34,3 +34,8 @@ class UnknownPreset(ExplorerError, KeyError):
 class PlanFileError(InfeasiblePlan):
     """A plan document cannot be used: missing, unreadable, unknown schema, newer version, or
     edited after it was saved."""
+
+
+class ModelFilesOff(ExplorerError):
+    """A page asked the server to load a ``path.py:function`` model file, which runs code on
+    the server, and the server was not started with ``--allow-model-files``."""

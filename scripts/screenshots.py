@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import subprocess
 import sys
+import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -91,6 +93,20 @@ def main(argv=None):
             time.sleep(2.5)
             drv.execute_script("document.getElementById('place-headline').scrollIntoView()")
             shot(drv, args.out, "placement.png")
+        # a saved Tofu plan uploaded on the Plans tab fills the form and opens the Tofu tab
+        plan = os.path.join(tempfile.mkdtemp(prefix="explorer-shots-"), "lenet5-tofu.json")
+        subprocess.run([sys.executable, "-m", "explorer", "search", "lenet5", "--devices", "4",
+                        "--preset", "p100-cluster", "--batch", "16", "--algo", "tofu",
+                        "--out", plan], cwd=ROOT, check=False, stdout=subprocess.DEVNULL)
+        with B.server() as url:
+            drv.get(url + "?model=alexnet&devices=4&preset=p100-cluster&batch=64")
+            B.wait(drv, lambda: B.nodes(drv), 60)
+            tab(drv, 8)                                   # Plans
+            drv.find_element("css selector", "#plan-upload input[type=file]").send_keys(plan)
+            B.wait(drv, lambda: drv.execute_script(
+                "return document.querySelectorAll('.tofu-tile').length"), 90)
+            time.sleep(1.5)
+            shot(drv, args.out, "tofu-plan-loaded.png")
 
 
 if __name__ == "__main__":

@@ -6,12 +6,13 @@ import pytest
 
 from explorer import app as A
 from explorer import service as session
-from explorer.views import graph, ids, model
+from explorer.views import graph, ids, model, page
 
 
 def test_app_builds_with_default_plan_and_all_panels():
     dash_app = A.create_app()
-    text = str(dash_app.layout)
+    assert "_pages_content" in str(dash_app.layout)          # the shell routes to the page
+    text = str(page.layout())                                 # the main page, no query
     for panel in (ids.GRAPH, ids.CANDIDATE_TABLE, ids.STEP_SLIDER, ids.TILING_FIGURE,
                   ids.COMPARE_TIME, ids.PLANS_TABLE, ids.SEARCH_BUTTON, ids.CANCEL_BUTTON):
         assert panel in text
@@ -68,7 +69,13 @@ def test_search_logic_keeps_plan_on_impossible_pin():
     assert new["previous"]["objective_s"] == plan["objective_s"]
 
 
-def test_request_from_controls_validates():
+def test_request_from_controls_validates(monkeypatch):
+    from explorer.errors import ModelFilesOff
+    from explorer.views import state
+    with pytest.raises(ModelFilesOff, match="--allow-model-files"):
+        model.request_from_controls("vgg16", " my.py:f ", 8, "a=1", "p100-cluster", 2, "data",
+                                    None)
+    monkeypatch.setitem(state._POLICY, "model_files", True)
     with pytest.raises(ValueError, match="KEY=VALUE"):
         model.request_from_controls("vgg16", "", None, "depth", "p100-cluster", 4, "optcnn", None)
     with pytest.raises(ValueError, match="cluster JSON"):

@@ -55,6 +55,23 @@ def nodes(dash_duo):
     return {n: (cls, cfg) for n, cls, cfg in dash_duo.driver.execute_script(NODE_INFO, ids.GRAPH)}
 
 
+def pick(dash_duo, selector, text, timeout=10):
+    """Choose the dcc.Dropdown option whose label is ``text``, starts with ``text + " "`` (an
+    example model: "lenet5 — LeNet-5 …") or ends with ``" " + text`` (a method: "tensor
+    partitioning · icml18")."""
+    from selenium.webdriver.common.by import By
+    dash_duo.find_element(selector).click()
+    end = time.time() + timeout
+    while time.time() < end:
+        for opt in dash_duo.driver.find_elements(By.CSS_SELECTOR, ".dash-dropdown-option"):
+            label = opt.text.strip()
+            if label == text or label.startswith(text + " ") or label.endswith(" " + text):
+                opt.click()
+                return
+        time.sleep(0.2)
+    raise AssertionError(f"no option {text!r} in {selector}")
+
+
 @pytest.fixture
 def app_duo(dash_duo):
     dash_duo.start_server(create_app())
@@ -142,7 +159,7 @@ def test_compare_panel_shows_all_four_strategies(app_duo):
 
 def test_background_search_can_be_cancelled(app_duo):
     before = objective_ms(app_duo)
-    app_duo.select_dcc_dropdown(f"#{ids.MODEL_DROPDOWN}", value="densenet")
+    pick(app_duo, f"#{ids.MODEL_DROPDOWN}", "densenet")
     args = app_duo.find_element(f"#{ids.MODEL_ARGS}")
     args.send_keys("block=12")
     dev = app_duo.find_element(f"#{ids.DEVICES_INPUT}")
@@ -334,3 +351,171 @@ def test_placement_page_runs_the_placement_on_local_workers(dash_duo):
     dash_duo.wait_for_contains_text("#place-headline", "single", timeout=60)
     dash_duo.wait_for_contains_text(f"#{ids.PLACE_RUN_RESULT}", "Run the shown placement",
                                     timeout=15)
+
+
+# -- one app state: the URL, plans of every kind, reload ----------------------------------------
+
+def _chrome():
+    """Another headless Chromium, like dash_duo's, for sessions running side by side."""
+    import tempfile
+
+    from selenium import webdriver
+    opts = webdriver.ChromeOptions()
+    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--window-size=1280,1000",
+                 f"--user-data-dir={tempfile.mkdtemp(prefix='explorer-e2e-')}"):
+        opts.add_argument(flag)
+    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    return webdriver.Chrome(options=opts)
+
+
+def _wait(predicate, timeout=60, what="condition"):
+    end = time.time() + timeout
+    while time.time() < end:
+        try:
+            got = predicate()
+        except Exception:                      # noqa: BLE001 - page still loading
+            got = None
+        if got:
+            return got
+        time.sleep(0.2)
+    raise AssertionError(f"{what} not met in {timeout} s")
+
+
+def _text(driver, css):
+    els = driver.find_elements("css selector", css)
+    return els[0].text if els else ""
+
+
+def _selected_tab(driver):
+    return _text(driver, f"#{ids.TABS} .tab--selected")
+
+
+def test_four_sessions_open_four_models_on_one_server(dash_duo, caplog):
+    import logging
+    caplog.set_level(logging.INFO)
+    dash_duo.start_server(create_app())
+    base = dash_duo.server_url.rstrip("/")
+    models = {"lenet5": "devices=2&preset=local&batch=8",
+              "alexnet": "devices=4&preset=p100-cluster",
+              "mlp": "devices=2&preset=p100-cluster", "vgg16": "devices=4&preset=p100-nvlink-4"}
+    drivers = [dash_duo.driver] + [_chrome() for _ in range(3)]
+    try:
+        for drv, (name, query) in zip(drivers, models.items()):   # all four load at once
+            drv.get(f"{base}/?model={name}&{query}&algo=optcnn")
+        for drv, name in zip(drivers, models):
+            _wait(lambda: f"{name} · batch" in _text(drv, f"#{ids.PLAN_SUMMARY}"), 120,
+                  f"{name} plan")
+            assert name in _text(drv, f"#{ids.MODEL_DROPDOWN}")
+            assert f"Operates on: {name}" in _text(drv, f"#{ids.CONTEXT}plan")
+            assert f"model={name}" in drv.current_url
+            assert "objective" in _text(drv, f"#{ids.PLAN_SUMMARY}")
+        for drv in drivers[1:]:
+            bad = [e for e in drv.get_log("browser") if e["level"] == "SEVERE"]
+            assert not bad, bad
+    finally:
+        for drv in drivers[1:]:
+            drv.quit()
+    logged = "\n".join(r.getMessage() for r in caplog.records)
+    assert " 500 " not in logged and "Traceback" not in logged and "Exception on" not in logged
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+def _upload(dash_duo, path):
+    n = dash_duo.driver.execute_script(TAB_INDEX, "Plans")
+    dash_duo.find_element(f"#{ids.TABS} .tab:nth-child({n})").click()
+    dash_duo.find_element(f"#{ids.PLAN_UPLOAD} input[type=file]").send_keys(str(path))
+
+
+def test_saved_tofu_plan_and_placement_fill_the_form(dash_duo, tmp_path):
+    from explorer.cli import main
+    tofu_path, place_path = tmp_path / "lenet-tofu.json", tmp_path / "lenet-place.json"
+    assert main(["search", "lenet5", "--devices", "2", "--preset", "local", "--batch", "8",
+                 "--algo", "icml18", "--out", str(tofu_path)]) == 0
+    assert main(["search", "alexnet", "--devices", "2", "--preset", "p100-cluster",
+                 "--batch", "16", "--algo", "metis", "--out", str(place_path)]) == 0
+    dash_duo.start_server(create_app())
+    wait_objective(dash_duo)
+    _upload(dash_duo, tofu_path)
+    dash_duo.wait_for_contains_text("#tofu-headline", "icml18", timeout=60)
+    assert _selected_tab(dash_duo.driver) == "Tofu"
+    assert "lenet5" in dash_duo.find_element(f"#{ids.MODEL_DROPDOWN}").text
+    assert dash_duo.find_element(f"#{ids.DEVICES_INPUT}").get_attribute("value") == "2"
+    assert "local" in dash_duo.find_element(f"#{ids.PRESET_DROPDOWN}").text
+    assert "icml18" in dash_duo.find_element(f"#{ids.ALGO_DROPDOWN}").text
+    dash_duo.wait_for_contains_text(f"#{ids.CONTEXT}tofu", "lenet5 · batch 8 · 2 × local · "
+                                                           "icml18", timeout=10)
+    _wait(lambda: "algo=icml18" in dash_duo.driver.current_url, 10, "URL")
+    dash_duo.wait_for_contains_text(f"#{ids.GRAPH_INFO}", "lenet5: ", timeout=30)  # the graph too
+    _upload(dash_duo, place_path)
+    dash_duo.wait_for_contains_text("#place-headline", "metis", timeout=90)
+    assert _selected_tab(dash_duo.driver) == "Placement"
+    assert "alexnet" in dash_duo.find_element(f"#{ids.MODEL_DROPDOWN}").text
+    assert dash_duo.find_element(f"#{ids.DEVICES_INPUT}").get_attribute("value") == "2"
+    assert dash_duo.find_element(f"#{ids.BATCH_INPUT}").get_attribute("value") == "16"
+    assert "metis" in dash_duo.find_element(f"#{ids.ALGO_DROPDOWN}").text
+    dash_duo.wait_for_contains_text(f"#{ids.CONTEXT}placement", "alexnet", timeout=10)
+    dash_duo.wait_for_contains_text(f"#{ids.GRAPH_INFO}", "alexnet: ", timeout=30)
+    # the placement tab's Place acts on the form (now alexnet), not on the last search
+    dash_duo.find_element(f"#{ids.PLACE_BUTTON}").click()
+    dash_duo.wait_for_contains_text(f"#{ids.PLACE_STATUS}", "done", timeout=90)
+    assert "alexnet" in dash_duo.find_element("#place-subline").text
+    assert dash_duo.get_logs() == []
+
+
+def test_reload_keeps_model_devices_method_and_pins(dash_duo):
+    dash_duo.start_server(create_app())
+    wait_objective(dash_duo)
+    drv = dash_duo.driver
+    pick(dash_duo, f"#{ids.MODEL_DROPDOWN}", "lenet5")
+    pick(dash_duo, f"#{ids.PRESET_DROPDOWN}", "local")
+    for box, value in ((ids.DEVICES_INPUT, "2"), (ids.BATCH_INPUT, "8")):
+        el = dash_duo.find_element(f"#{box}")
+        el.clear()
+        el.send_keys(value)
+    _wait(lambda: "model=lenet5" in drv.current_url and "devices=2" in drv.current_url
+          and "batch=8" in drv.current_url, 15, "URL follows the form")
+    dash_duo.find_element(f"#{ids.SEARCH_BUTTON}").click()
+    dash_duo.wait_for_contains_text(f"#{ids.PLAN_SUMMARY}", "lenet5 · batch 8", timeout=60)
+    tap(dash_duo, "conv2")
+    dash_duo.wait_for_contains_text(f"#{ids.DETAILS}", "conv2")
+    dash_duo.select_dcc_dropdown(f"#{ids.PIN_CONFIG}", value="n=1 c=2 h=1 w=1")
+    dash_duo.find_element(f"#{ids.PIN_BUTTON}").click()
+    dash_duo.wait_for_contains_text(f"#{ids.PIN_LIST}", "conv2=", timeout=30)
+    pick(dash_duo, f"#{ids.ALGO_DROPDOWN}", "icml18")
+    _wait(lambda: "pin=conv2" in drv.current_url and "algo=icml18" in drv.current_url, 15,
+          "URL has the pin and the method")
+    url = drv.current_url
+    drv.refresh()
+    dash_duo.wait_for_contains_text("#tofu-headline", "icml18", timeout=90)
+    assert _selected_tab(drv) == "Tofu"
+    assert drv.current_url == url
+    assert "lenet5" in dash_duo.find_element(f"#{ids.MODEL_DROPDOWN}").text
+    assert dash_duo.find_element(f"#{ids.DEVICES_INPUT}").get_attribute("value") == "2"
+    assert "icml18" in dash_duo.find_element(f"#{ids.ALGO_DROPDOWN}").text
+    dash_duo.wait_for_contains_text(f"#{ids.PIN_LIST}", "conv2=n=1,c=2", timeout=30)
+    _wait(lambda: nodes(dash_duo).get("conv2", ("", ""))[1] == "c2", 30, "pinned conv2 drawn")
+
+
+def test_model_change_and_cancel_reset_the_page(dash_duo):
+    dash_duo.start_server(create_app())
+    wait_objective(dash_duo)
+    tap(dash_duo, "features_24")
+    dash_duo.wait_for_contains_text(f"#{ids.DETAILS}", "features_24")
+    box = dash_duo.find_element(f"#{ids.PIN_DEVICES}")
+    box.send_keys("0,9")
+    dash_duo.find_element(f"#{ids.PIN_BUTTON}").click()
+    dash_duo.wait_for_contains_text(f"#{ids.PIN_ERROR}", "do not exist", timeout=30)
+    # another model: the selection, its error and "not a layer of this model" all go away
+    pick(dash_duo, f"#{ids.MODEL_DROPDOWN}", "lenet5")
+    dash_duo.wait_for_text_to_equal(f"#{ids.PIN_ERROR}", "", timeout=15)
+    dash_duo.wait_for_contains_text(f"#{ids.DETAILS}", "Click a layer", timeout=15)
+    dash_duo.wait_for_contains_text(f"#{ids.CONTEXT}plan", "showing vgg16", timeout=15)
+    # a search that is cancelled leaves no progress bar behind
+    pick(dash_duo, f"#{ids.MODEL_DROPDOWN}", "densenet")
+    dash_duo.find_element(f"#{ids.SEARCH_BUTTON}").click()
+    dash_duo.wait_for_element_by_css_selector(f"#{ids.CANCEL_BUTTON}:not([disabled])")
+    dash_duo.find_element(f"#{ids.CANCEL_BUTTON}").click()
+    dash_duo.wait_for_element_by_css_selector(f"#{ids.SEARCH_BUTTON}:not([disabled])",
+                                              timeout=15)
+    _wait(lambda: dash_duo.find_element(f"#{ids.SEARCH_PROGRESS}").value_of_css_property(
+        "visibility") == "hidden", 10, "progress bar hidden")

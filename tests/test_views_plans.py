@@ -24,14 +24,27 @@ def store(tmp_path, monkeypatch):
     return PlanStore()
 
 
+def _as_saved(obj):
+    """A plan document as the tool saves it (sealed); anything else unchanged."""
+    from explorer.engine.plandoc import kind_of, seal
+    if isinstance(obj, dict) and obj.get("version") == 2 and "checksum" not in obj \
+            and kind_of(obj):
+        return seal(obj, kind_of(obj))
+    return obj
+
+
 def _upload(obj_or_text) -> str:
+    obj_or_text = _as_saved(obj_or_text)
     text = obj_or_text if isinstance(obj_or_text, str) else json.dumps(obj_or_text)
     return "data:application/json;base64," + base64.b64encode(text.encode()).decode()
 
 
 def test_upload_accepts_real_plan(plan):
-    doc = P.parse_upload(_upload(plan), "p.json")
+    saved = P.download_payload(plan)["content"]
+    doc = P.parse_upload(_upload(saved), "p.json")
     assert doc["model"] == "lenet5" and len(doc["layers"]) == len(plan["layers"])
+    with pytest.raises(ValueError, match="edited after it was saved"):
+        P.parse_upload(_upload(saved.replace('"lenet5"', '"alexnet"', 1)), "p.json")
 
 
 @pytest.mark.parametrize("payload, message", [
@@ -46,7 +59,8 @@ def test_upload_rejects_bad_files(payload, message):
 
 
 def test_upload_rejects_missing_field(plan):
-    doc = {k: v for k, v in plan.items() if k != "objective_s"}
+    from explorer.engine.plandoc import seal
+    doc = seal({k: v for k, v in plan.items() if k != "objective_s"}, "layerwise")
     with pytest.raises(ValueError, match="missing or bad field 'objective_s'"):
         P.parse_upload(_upload(doc), "p.json")
 

@@ -28,15 +28,17 @@ from dash import Input, Output, State, dcc, html
 from .. import service as session
 from ..errors import ExplorerError
 from . import ids
+from . import palette as P
+from . import state
+from .controls import context
 
 STRATEGIES = ("data", "model", "owt", "optcnn")
 # what each strategy is, then the name the engine and ``explorer search --algo`` use
 LABELS = {"data": "data parallel", "model": "model parallel", "owt": "one weird trick",
           "optcnn": "layer-wise"}
-STRATEGY_COLORS = {"data": "#4c78a8", "model": "#f58518", "owt": "#54a24b",
-                   "optcnn": "#b279a2"}
-PART_COLORS = {"compute": "#4c78a8", "transfer": "#f58518", "sync": "#54a24b"}
-IDEAL_COLOR = "#d62728"
+STRATEGY_COLORS = P.STRATEGY_COLORS
+PART_COLORS = P.PART_COLORS
+IDEAL_COLOR = P.IDEAL
 MIB = 2.0 ** 20
 
 
@@ -240,8 +242,8 @@ def request_for(plan: dict | None, request: dict | None) -> session.Request:
     """The request to compare: the current plan's own request when it has one (what the other
     panels show), else the request store."""
     if plan and "error" not in plan and plan.get("request"):
-        return session.Request.from_dict(plan["request"])
-    return session.Request.from_dict(request)
+        return state.request(plan["request"])
+    return state.request(request)
 
 
 def compare_key(req: session.Request, pins: list | None) -> str:
@@ -301,6 +303,7 @@ def _best(results: dict):
 def layout():
     blank = message_figure("press “Compare strategies” or open this tab after a search")
     return html.Div(className="panel compare", children=[
+        context("compare"),
         html.Div(className="compare-bar", children=[
             html.Button("Compare strategies", id=ids.COMPARE_BUTTON, n_clicks=0,
                         className="button"),
@@ -314,36 +317,40 @@ def layout():
     ])
 
 
-@dash.callback(
-    Output(ids.COMPARE_TIME, "figure"),
-    Output(ids.COMPARE_BYTES, "figure"),
-    Output(ids.COMPARE_SCALING, "figure"),
-    Output(ids.COMPARE_STATUS, "children"),
-    Input(ids.COMPARE_BUTTON, "n_clicks"),
-    Input(ids.STORE_PLAN, "data"),
-    Input(ids.TABS, "value"),
-    State(ids.STORE_REQUEST, "data"),
-    State(ids.STORE_PINS, "data"),
-    State(ids.COMPARE_TIME, "figure"),
-    running=[(Output(ids.COMPARE_BUTTON, "disabled"), True, False)],
-)
-def _on_compare(_clicks, plan, tab, request, pins, shown):
-    # plan changes and tab switches count only while the tab is shown and when they change what
-    # is compared; the button always recomputes
-    by_button = dash.ctx.triggered_id == ids.COMPARE_BUTTON
-    if not by_button and tab != "compare":
-        raise dash.exceptions.PreventUpdate
-    try:
-        req = request_for(plan, request)
-        if not by_button and shown_key(shown) == compare_key(req, pins):
+def register(app: dash.Dash) -> None:
+    """The panel's callbacks on ``app``."""
+
+    @app.callback(
+        Output(ids.COMPARE_TIME, "figure"),
+        Output(ids.COMPARE_BYTES, "figure"),
+        Output(ids.COMPARE_SCALING, "figure"),
+        Output(ids.COMPARE_STATUS, "children"),
+        Input(ids.COMPARE_BUTTON, "n_clicks"),
+        Input(ids.STORE_PLAN, "data"),
+        Input(ids.TABS, "value"),
+        State(ids.STORE_REQUEST, "data"),
+        State(ids.COMPARE_TIME, "figure"),
+        running=[(Output(ids.COMPARE_BUTTON, "disabled"), True, False)],
+    )
+    def _on_compare(_clicks, plan, tab, request, shown):
+        # plan changes and tab switches count only while the tab is shown and when they change
+        # what is compared; the button always recomputes
+        by_button = dash.ctx.triggered_id == ids.COMPARE_BUTTON
+        if not by_button and tab != "compare":
             raise dash.exceptions.PreventUpdate
-        out = run_compare(req, pins)
-    except dash.exceptions.PreventUpdate:
-        raise
-    except Exception as exc:  # noqa: BLE001 - shown to the user instead of a dead panel
-        msg = f"cannot compare: {exc}"
-        return dash.no_update, dash.no_update, dash.no_update, msg
-    return out["time"], out["bytes"], out["scaling"], out["status"]
+        try:
+            req = request_for(plan, request)
+            pins = state.pins_of(request) if state.same_target(req.to_dict(), request) \
+                else list((plan or {}).get("pins") or [])
+            if not by_button and shown_key(shown) == compare_key(req, pins):
+                raise dash.exceptions.PreventUpdate
+            out = run_compare(req, pins)
+        except dash.exceptions.PreventUpdate:
+            raise
+        except Exception as exc:  # noqa: BLE001 - shown to the user instead of a dead panel
+            msg = f"cannot compare: {exc}"
+            return dash.no_update, dash.no_update, dash.no_update, msg
+        return out["time"], out["bytes"], out["scaling"], out["status"]
 
 
 __all__ = ["layout", "time_figure", "bytes_figure", "scaling_figure", "run_compare",

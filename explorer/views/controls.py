@@ -1,19 +1,45 @@
 """Controls shared by the panels: the start / cancel / progress / status quartet of a
-background job (a search, a partition, a run, a comparison)."""
+background job (a search, a partition, a run, a comparison), and the one line that says what
+a tab operates on."""
 
 from __future__ import annotations
 
-from dash import html
+from dash import Output, html
+
+from . import ids
+
+#: the progress bar is shown only while its job runs, so it never sticks at 10-60 % after an
+#: error or a cancel
+PROGRESS_SHOWN = {"visibility": "visible"}
+PROGRESS_HIDDEN = {"visibility": "hidden"}
 
 
 def job_controls(label: str, start_id: str, cancel_id: str, progress_id: str, status_id: str,
                  cancel_label: str = "Cancel", primary: bool = True) -> list:
-    """The start button, the cancel button (disabled until the job runs), a progress bar and
-    a status text, to put in a row.  The job's callback drives them through Dash's
-    ``running`` / ``progress`` / ``cancel`` arguments."""
+    """The start button, the cancel button (disabled until the job runs), a progress bar
+    (hidden until the job runs) and a status text, to put in a row.  The job's callback drives
+    them through Dash's ``running`` (see :func:`running`) / ``progress`` / ``cancel``."""
     return [
         html.Button(label, id=start_id, className="primary" if primary else None),
         html.Button(cancel_label, id=cancel_id, disabled=True),
-        html.Progress(id=progress_id, value="0", max="100"),
+        html.Progress(id=progress_id, value="0", max="100", style=PROGRESS_HIDDEN),
         html.Span(id=status_id, className="muted"),
     ]
+
+
+def running(start_id: str, cancel_id: str, progress_id: str, status_id: str | None = None,
+            text: str | None = None) -> list:
+    """Dash ``running=`` for :func:`job_controls`: while the job runs the start button is
+    disabled, cancel enabled, the progress bar shown and the status says ``text``;
+    afterwards - done, failed or cancelled - all of it goes back."""
+    out = [(Output(start_id, "disabled"), True, False),
+           (Output(cancel_id, "disabled"), False, True),
+           (Output(progress_id, "style"), PROGRESS_SHOWN, PROGRESS_HIDDEN)]
+    if status_id is not None and text is not None:
+        out.append((Output(status_id, "children"), text, ""))
+    return out
+
+
+def context(tab: str):
+    """The line saying what ``tab`` operates on (filled by ``app.register``)."""
+    return html.Div(id=ids.CONTEXT + tab, className="context-line muted")

@@ -15,13 +15,13 @@ import dash
 import dash_cytoscape as cyto
 from dash import Input, Output, State, dash_table, dcc, html, no_update
 
-from . import layout as L
 from .. import service as session
+from ..errors import ExplorerError
 from . import ids
-
-PALETTE = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1",
-           "#ff9da7", "#9c755f", "#bab0ac", "#1f77b4", "#2ca02c", "#d62728", "#9467bd",
-           "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf", "#aec7e8"]
+from . import layout as L
+from . import palette as P
+from . import state
+from .controls import context
 
 STYLESHEET = [
     {"selector": "node", "style": {
@@ -108,6 +108,7 @@ def details_layout():
 
 def plan_layout():
     return html.Div(className="panel plan-panel", children=[
+        context("plan"),
         html.Div(id=ids.PLAN_SUMMARY),
         html.Div(id=ids.PLAN_CHANGES),
     ])
@@ -119,22 +120,8 @@ def plan_layout():
 
 
 def config_colors(plan: dict) -> dict:
-    """A colour per configuration label, stable across plans (a pin does not repaint the
-    rest of the graph): the label's hash picks the slot, collisions take the next free one."""
-    import zlib
-    labels = sorted({la["config_label"] for la in plan.get("layers", [])},
-                    key=lambda s: (s.count(" "), s))
-    used: dict = {}
-    out = {}
-    for lab in labels:
-        slot = zlib.crc32(lab.encode()) % len(PALETTE)
-        for k in range(len(PALETTE)):
-            cand = (slot + k) % len(PALETTE)
-            if cand not in used:
-                break
-        used[cand] = lab
-        out[lab] = PALETTE[cand]
-    return out
+    """A colour per configuration label of ``plan`` (:func:`palette.config_colors`)."""
+    return P.config_colors(la["config_label"] for la in plan.get("layers", []))
 
 
 @lru_cache(maxsize=32)
@@ -211,7 +198,7 @@ def build_elements(req: session.Request, plan: dict, expanded: list, step=None,
             mixed = len(set(labels)) > 1
             data = {"id": u, "label": f"{u[6:]} ({len(members)})", "kind": "group",
                     "op": "group", "config": common + (" …" if mixed else ""),
-                    "color": colors.get(common, "#ccc"), "members": len(members)}
+                    "color": colors.get(common, P.UNKNOWN), "members": len(members)}
             c = {cls.get(m) for m in members} - {None}
             klass = next((k for k in ("current", "nbr", "residual", "assigned") if k in c),
                          "gone" if c == {"gone"} and all(cls.get(m) == "gone" for m in members)
@@ -221,7 +208,7 @@ def build_elements(req: session.Request, plan: dict, expanded: list, step=None,
             lay = g.layer(u)
             data = {"id": u, "label": u, "kind": "layer", "op": lay.op,
                     "config": la["config_label"] if la else "",
-                    "color": colors.get(la["config_label"], "#ccc") if la else "#ccc"}
+                    "color": colors.get(la["config_label"], P.UNKNOWN) if la else P.UNKNOWN}
             if u in parent_of:
                 data["parent"] = parent_of[u]
             klass = cls.get(u, "")
@@ -268,36 +255,31 @@ def legend(colors: dict, plan: dict):
 # --------------------------------------------------------------------------------------------
 
 
-@dash.callback(Output(ids.GRAPH, "elements"), Output(ids.GRAPH_INFO, "children"),
-               Output(ids.GRAPH_LEGEND, "children"),
-               Input(ids.STORE_PLAN, "data"), Input(ids.STORE_EXPANDED, "data"),
-               Input(ids.STORE_STEP, "data"), Input(ids.STORE_SELECTED, "data"),
-               State(ids.STORE_REQUEST, "data"))
-def draw_graph(plan, expanded, step, selected, req_doc):
+def graph_view(plan, expanded, step, selected, req_doc):
+    """(elements, info line, legend) of the graph under ``plan``."""
     if not plan or "error" in plan or not plan.get("layers"):
         return [], "", ""
-    req = session.Request.from_dict(plan.get("request") or req_doc)
-    els, info = build_elements(req, plan, expanded or [], step, selected)
-    text = f"{info['layers']} layers"
+    try:
+        req = state.request(plan.get("request") or req_doc)
+        els, info = build_elements(req, plan, expanded or [], step, selected)
+    except (ExplorerError, ValueError) as exc:
+        return [], f"cannot draw the graph: {exc}", ""
+    text = f"{plan.get('model')}: {info['layers']} layers"
     if info["collapsed"]:
         text += f", shown as {info['shown']} nodes (click a group to open it)"
     return els, text, legend(info["colors"], plan)
 
 
-@dash.callback(Output(ids.STORE_SELECTED, "data"),
-               Output(ids.STORE_EXPANDED, "data"),
-               Input(ids.GRAPH, "tapNodeData"), Input(ids.EXPAND_ALL, "n_clicks"),
-               Input(ids.COLLAPSE_ALL, "n_clicks"),
-               State(ids.STORE_EXPANDED, "data"), State(ids.STORE_PLAN, "data"),
-               State(ids.STORE_REQUEST, "data"), prevent_initial_call=True)
-def on_tap(node, _expand, _collapse, expanded, plan, req_doc):
+def tap_result(trig, node, expanded, plan, req_doc):
+    """(selected layer, expanded groups) after a tap, Expand all or Collapse all."""
     expanded = list(expanded or [])
-    trig = dash.ctx.triggered_id
     if trig == ids.EXPAND_ALL:
         if not plan or "error" in plan:
             return no_update, no_update
-        req = session.Request.from_dict(plan.get("request") or req_doc)
-        g = session.graph_for(req)
+        try:
+            g = session.graph_for(state.request(plan.get("request") or req_doc))
+        except (ExplorerError, ValueError):
+            return no_update, no_update
         order = g.names()
         _, groups = L.units(order, {n: g.layer(n).module for n in order}, set())
         return no_update, sorted(groups)
@@ -313,17 +295,16 @@ def on_tap(node, _expand, _collapse, expanded, plan, req_doc):
     return node["id"], no_update
 
 
-@dash.callback(Output(ids.DETAILS, "children"), Output(ids.CANDIDATE_TABLE, "data"),
-               Output(ids.PIN_CONFIG, "options"), Output(ids.PIN_CONFIG, "value"),
-               Input(ids.STORE_SELECTED, "data"), Input(ids.STORE_PLAN, "data"),
-               State(ids.STORE_REQUEST, "data"))
-def show_details(selected, plan, req_doc):
+def details_view(selected, plan, req_doc):
+    """details, candidate rows and pin options of the selected layer."""
     if not selected or not plan or "error" in plan:
         return html.P("Click a layer in the graph.", className="muted"), [], [], None
-    req = session.Request.from_dict(plan.get("request") or req_doc)
     try:
+        req = state.request(plan.get("request") or req_doc)
         info = session.layer_info(req, selected)
         rows = session.candidates(req, selected, plan)
+    except (ExplorerError, ValueError) as exc:
+        return html.P(str(exc), className="muted"), [], [], None
     except KeyError:
         return html.P(f"{selected} is not a layer of this model.", className="muted"), [], [], \
             None
@@ -354,10 +335,8 @@ def show_details(selected, plan, req_doc):
     return items, rows, uniq, value if value in seen else None
 
 
-@dash.callback(Output(ids.PLAN_SUMMARY, "children"), Output(ids.PLAN_CHANGES, "children"),
-               Output(ids.PIN_LIST, "children"),
-               Input(ids.STORE_PLAN, "data"), Input(ids.STORE_PINS, "data"))
-def show_summary(plan, pins):
+def summary_view(plan, pins):
+    """plan summary, changes against the previous plan, pin list."""
     pin_items = [html.Span(p, className="pin") for p in (pins or [])]
     pin_view = [html.Span("pins: ", className="muted")] + pin_items if pin_items else ""
     if not plan:
@@ -394,3 +373,37 @@ def show_summary(plan, pins):
                      for r in rows[:40]], id="changed-layers"),
         ])
     return summary, changes, pin_view
+
+
+def register(app: dash.Dash) -> None:
+    """The panel's callbacks on ``app``."""
+
+    @app.callback(Output(ids.GRAPH, "elements"), Output(ids.GRAPH_INFO, "children"),
+                  Output(ids.GRAPH_LEGEND, "children"),
+                  Input(ids.STORE_PLAN, "data"), Input(ids.STORE_EXPANDED, "data"),
+                  Input(ids.STORE_STEP, "data"), Input(ids.STORE_SELECTED, "data"),
+                  State(ids.STORE_REQUEST, "data"))
+    def draw_graph(plan, expanded, step, selected, req_doc):
+        return graph_view(plan, expanded, step, selected, req_doc)
+
+    @app.callback(Output(ids.STORE_SELECTED, "data"),
+                  Output(ids.STORE_EXPANDED, "data"),
+                  Input(ids.GRAPH, "tapNodeData"), Input(ids.EXPAND_ALL, "n_clicks"),
+                  Input(ids.COLLAPSE_ALL, "n_clicks"),
+                  State(ids.STORE_EXPANDED, "data"), State(ids.STORE_PLAN, "data"),
+                  State(ids.STORE_REQUEST, "data"), prevent_initial_call=True)
+    def on_tap(node, _expand, _collapse, expanded, plan, req_doc):
+        return tap_result(dash.ctx.triggered_id, node, expanded, plan, req_doc)
+
+    @app.callback(Output(ids.DETAILS, "children"), Output(ids.CANDIDATE_TABLE, "data"),
+                  Output(ids.PIN_CONFIG, "options"), Output(ids.PIN_CONFIG, "value"),
+                  Input(ids.STORE_SELECTED, "data"), Input(ids.STORE_PLAN, "data"),
+                  State(ids.STORE_REQUEST, "data"))
+    def show_details(selected, plan, req_doc):
+        return details_view(selected, plan, req_doc)
+
+    @app.callback(Output(ids.PLAN_SUMMARY, "children"), Output(ids.PLAN_CHANGES, "children"),
+                  Output(ids.PIN_LIST, "children"),
+                  Input(ids.STORE_PLAN, "data"), Input(ids.STORE_REQUEST, "data"))
+    def show_summary(plan, req_doc):
+        return summary_view(plan, state.pins_of(req_doc))

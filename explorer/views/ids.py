@@ -1,9 +1,13 @@
 """Every component id of the app in one place (views import these, never spell ids inline)."""
 
-# shared stores (created in app.py)
-STORE_REQUEST = "store-request"      # the search request: model, batch, args, preset, devices, algo
+# shared stores (created in page.py)
+STORE_REQUEST = "store-request"      # THE app state: model, batch, args, preset, devices,
+                                     # method (algo) and layer-wise pins ("LAYER=n=2,c=2@0,1")
 STORE_PLAN = "store-plan"            # current plan dict (+ trace, info, previous objective)
-STORE_PINS = "store-pins"            # list of pin strings "LAYER=n=2,c=2@0,1"
+STORE_SEEN = "store-seen"            # the model the page last showed (resets on a change)
+URL_QUERY = "url-query"              # the query string of the request (mirrored into the URL)
+URL_SYNC = "url-sync"                # dummy output of the clientside URL writer
+CONTEXT = "context-"                 # + tab name: the tab's "operates on" line
 STORE_SELECTED = "store-selected"    # selected layer name (or None)
 STORE_EXPANDED = "store-expanded"    # list of expanded hierarchy groups
 STORE_STEP = "store-step"            # elimination step index shown on the graph (or None)
@@ -145,7 +149,7 @@ PLACE_RUN_FIG = "place-run-fig"
 PLACE_RUN_SERIES = "place-run-series"
 PLACE_RUN_HISTORY = "place-run-history"
 STORE_PLACE_RUN = "store-place-run"              # last run_placement result (panel)
-STORE_PLACEMENT = "store-placement"              # current placement doc (app.py)
+STORE_PLACEMENT = "store-placement"              # current placement doc (page.py)
 STORE_PLACE_PINS = "store-place-pins"            # [{"target", "ops", "device"}] (panel)
 STORE_PLACE_SELECTED = "store-place-selected"    # {"kind": "cluster"|"op", ...} (panel)
 STORE_PLACE_EXPANDED = "store-place-expanded"    # expanded cluster index or None (panel)

@@ -29,24 +29,21 @@ import numpy as np
 import plotly.graph_objects as go
 from dash import ALL, Input, Output, State, ctx, dash_table, dcc, html, no_update
 
-from . import layout as L
 from .. import service as session
 from ..errors import ExplorerError
 from . import ids
-from .controls import job_controls
+from . import layout as L
+from . import palette as P
+from . import state
+from .controls import context, job_controls, running
 from .run import history_table, series_figure
 
-#: one colour per device (Tableau 10, then lighter variants)
-PALETTE = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1",
-           "#ff9da7", "#9c755f", "#bab0ac", "#86bcb6", "#8cd17d", "#b6992d", "#f1ce63",
-           "#499894", "#d37295"]
 #: above this many operators the Gantt chart draws one bar per run of a cluster on a device
 MAX_GANTT_BARS = 4000
 MAX_PIE = 16
 
 
-def device_color(d: int) -> str:
-    return PALETTE[int(d) % len(PALETTE)]
+device_color = P.device_color
 
 
 STYLESHEET = [
@@ -62,7 +59,7 @@ STYLESHEET = [
                                           "border-style": "dotted"}},
     {"selector": "node.mixed", "style": dict(
         {"pie-size": "100%", "background-color": "#fff"},
-        **{f"pie-{i + 1}-background-color": PALETTE[i] for i in range(MAX_PIE)},
+        **{f"pie-{i + 1}-background-color": device_color(i) for i in range(MAX_PIE)},
         **{f"pie-{i + 1}-background-size": f"data(p{i})" for i in range(MAX_PIE)})},
     {"selector": "node.pinned", "style": {"border-width": 4, "border-color": "#b91c1c",
                                           "border-style": "double"}},
@@ -76,8 +73,10 @@ STYLESHEET = [
 ]
 
 
-def layout():
+def layout(req: dict | None = None):
+    """The panel; its method dropdown shows ``req``'s method when it is a placement method."""
     return html.Div(className="panel placement-panel", children=[
+        context("placement"),
         dcc.Store(id=ids.STORE_PLACE_PINS, data=[]),
         dcc.Store(id=ids.STORE_PLACE_SELECTED, data=None),
         dcc.Store(id=ids.STORE_PLACE_EXPANDED, data=None),
@@ -89,10 +88,9 @@ def layout():
                "same simulator.",
                className="muted"),
         html.Div(className="row", children=[
-            html.Label(["Algorithm", dcc.Dropdown(
-                id=ids.PLACE_ALGO, value="celeritas", clearable=False, style={"width": "300px"},
-                options=[{"label": f"{k}: {v}", "value": k}
-                         for k, v in session.methods("placement").items()])]),
+            html.Label(["Method", dcc.Dropdown(
+                id=ids.PLACE_ALGO, value=state.tab_method("placement", req), clearable=False,
+                style={"width": "300px"}, options=state.family_options("placement"))]),
             html.Label(["Memory per device (GiB)", dcc.Input(
                 id=ids.PLACE_MEMORY, type="number", placeholder="device memory",
                 debounce=True, style={"width": "130px"})]),
@@ -189,7 +187,7 @@ def _memory(memory):
 
 def do_place(req_doc: dict, algo: str, memory, pins: list, progress=lambda v: None) -> dict:
     """The placement doc of the current request (raises ExplorerError / ValueError)."""
-    req = session.Request.from_dict(req_doc)
+    req = state.request(req_doc)
     progress(10)
     session.opgraph_for(req)
     progress(50)
@@ -222,6 +220,11 @@ def apply_pins(action, pins: list, selected, device, req_doc, algo, memory, doc,
     the placement are ``no_update`` and ``error`` holds the engine's message."""
     pins = list(pins or [])
     try:
+        shown = (doc or {}).get("request")
+        if action in ("pin", "unpin") and shown and not state.same_target(shown, req_doc):
+            raise ValueError(f"the shown placement is of {state.describe(shown, doc['algo'])}; "
+                             f"the form says {state.describe(req_doc, algo)}: press Place "
+                             f"first, then pin")
         if action == "pin":
             p = pin_for(selected, doc, device)
             new = [q for q in pins if q["ops"] != p["ops"]] + [p]
@@ -268,7 +271,7 @@ def prepare(structure: dict) -> dict:
 @lru_cache(maxsize=16)
 def _structure(req_json: str, memory):
     import json
-    req = session.Request.from_dict(json.loads(req_json))
+    req = state.request(json.loads(req_json))
     return prepare(session.placement_structure(req, memory))
 
 
@@ -462,7 +465,7 @@ def memory_figure(doc: dict | None) -> go.Figure:
     xs = [f"dev {d}" for d in range(len(peak))]
     over = [p > c * (1 + 1e-9) for p, c in zip(peak, cap)]
     fig.add_trace(go.Bar(name="peak", x=xs, y=peak,
-                         marker=dict(color=[("#d62728" if o else device_color(d))
+                         marker=dict(color=[(P.ERROR if o else device_color(d))
                                             for d, o in enumerate(over)]),
                          text=[f"{p:.2f} GiB ({100 * p / c:.0f}%)" for p, c in zip(peak, cap)],
                          textposition="outside"))
@@ -507,8 +510,8 @@ def compare_figure(rows: list) -> go.Figure:
         x=[r["algo"] for r in good], y=[r["step_time_s"] for r in good],
         text=[f"{r['step_time_s']:.3f} s" + (" OOM" if r["oom"] else "") for r in good],
         textposition="outside",
-        marker=dict(color=["#2563eb" if r["algo"] == "celeritas" else
-                           ("#d62728" if r["oom"] else "#9ab") for r in good]))])
+        marker=dict(color=[P.HIGHLIGHT if r["algo"] == "celeritas" else
+                           (P.ERROR if r["oom"] else P.PREDICTED) for r in good]))])
     fig.update_layout(title="Predicted step time by method (same graph, same simulator)",
                       yaxis_title="s", margin=dict(l=50, r=20, t=40, b=40))
     return fig
@@ -587,6 +590,7 @@ def do_run(doc: dict | None, steps, progress=lambda v: None) -> dict:
     """Execute the shown placement on local workers (raises ExplorerError / ValueError)."""
     if not doc:
         raise ExplorerError("place the model first, then run the placement")
+    state.request(doc.get("request"))            # a model file only where the server allows
     return session.run_placement(doc, steps=int(steps or 3), progress=progress)
 
 
@@ -620,11 +624,13 @@ def run_figure(res: dict | None, doc: dict | None) -> go.Figure:
     if res and doc and res.get("placement_id") == placement_id(doc):
         n = len(res.get("compute_s") or [])
         xs = [f"device {d}" for d in range(n)]
+        colors = [device_color(d) for d in range(n)]
         fig.add_bar(name="predicted busy (simulator)", x=xs,
                     y=[t * 1e3 for t in (res.get("predicted_busy_s") or [0.0] * n)[:n]],
-                    marker_color="#9ab")
+                    marker=dict(color=[P.rgba(c, 0.35) for c in colors],
+                                line=dict(color=colors, width=1.5), pattern=dict(shape="/")))
         fig.add_bar(name="measured compute", x=xs, y=[t * 1e3 for t in res["compute_s"]],
-                    marker_color="#2563eb")
+                    marker=dict(color=colors))
     fig.update_layout(barmode="group", title="Per device: predicted busy vs measured compute "
                       "(ms per step)", yaxis_title="ms", margin=dict(l=50, r=20, t=40, b=60),
                       legend=dict(orientation="h", y=-0.12, yanchor="top"))
@@ -645,29 +651,6 @@ def placement_id(doc: dict) -> str:
 # --------------------------------------------------------------------------------------------
 
 
-@dash.callback(
-    Output(ids.STORE_PLACE_RUN, "data"), Output(ids.PLACE_RUN_ERROR, "children"),
-    Output(ids.PLACE_RUN_STATUS, "children"),
-    Input(ids.PLACE_RUN_BUTTON, "n_clicks"),
-    State(ids.STORE_PLACEMENT, "data"), State(ids.PLACE_RUN_STEPS, "value"),
-    background=True, interval=300,
-    progress=[Output(ids.PLACE_RUN_PROGRESS, "value")],
-    running=[(Output(ids.PLACE_RUN_BUTTON, "disabled"), True, False),
-             (Output(ids.PLACE_RUN_CANCEL, "disabled"), False, True),
-             (Output(ids.PLACE_RUN_STATUS, "children"), "running on local workers…", "")],
-    cancel=[Input(ids.PLACE_RUN_CANCEL, "n_clicks")],
-    prevent_initial_call=True,
-)
-def run_placement(set_progress, _n, doc, steps):
-    try:
-        res = do_run(doc, steps, lambda v: set_progress([str(v)]))
-    except (ExplorerError, ValueError) as exc:
-        return no_update, str(exc), ""
-    res["placement_id"] = placement_id(doc)
-    set_progress(["100"])
-    return res, "", f"done: {res['workers']} workers"
-
-
 def run_series(res: dict | None, doc: dict | None) -> go.Figure:
     """Each measured step's wall time (slowest worker) with the simulator's prediction."""
     if res and doc and res.get("placement_id") == placement_id(doc):
@@ -684,73 +667,35 @@ def history(doc: dict | None) -> list:
         return []
 
 
-@dash.callback(
-    Output(ids.PLACE_RUN_RESULT, "children"), Output(ids.PLACE_RUN_FIG, "figure"),
-    Output(ids.PLACE_RUN_SERIES, "figure"), Output(ids.PLACE_RUN_HISTORY, "data"),
-    Input(ids.STORE_PLACE_RUN, "data"), Input(ids.STORE_PLACEMENT, "data"),
-)
-def show_run(res, doc):
-    return run_view(res, doc), run_figure(res, doc), run_series(res, doc), history(doc)
-
-
-@dash.callback(
-    Output(ids.STORE_PLACEMENT, "data"), Output(ids.PLACE_ERROR, "children"),
-    Output(ids.PLACE_STATUS, "children"),
-    Input(ids.PLACE_BUTTON, "n_clicks"),
-    State(ids.STORE_REQUEST, "data"), State(ids.PLACE_ALGO, "value"),
-    State(ids.PLACE_MEMORY, "value"), State(ids.STORE_PLACE_PINS, "data"),
-    background=True, interval=250,
-    progress=[Output(ids.PLACE_PROGRESS, "value")],
-    running=[(Output(ids.PLACE_BUTTON, "disabled"), True, False),
-             (Output(ids.PLACE_CANCEL, "disabled"), False, True),
-             (Output(ids.PLACE_STATUS, "children"), "building the operator graph and placing…",
-              "")],
-    cancel=[Input(ids.PLACE_CANCEL, "n_clicks")],
-    prevent_initial_call=True,
-)
-def place(set_progress, _n, req_doc, algo, memory, pins):
+def graph_view(doc: dict | None, expanded, selected, pins) -> tuple:
+    """Elements, info line, legend and details of the fused graph of ``doc``."""
+    if not doc:
+        return [], "", [], details_view(None, None, None)
     try:
-        doc = do_place(req_doc, algo, memory, pins or [], lambda v: set_progress([str(v)]))
-    except (ExplorerError, ValueError) as exc:
-        return no_update, str(exc), ""
-    set_progress(["100"])
-    return doc, "", f"done: {doc['algo']} on {len(doc['capacity_bytes'])} devices"
+        s = structure_for(doc)
+        els, info = build_elements(doc, s, expanded, selected, pins)
+    except (ExplorerError, ValueError, KeyError) as exc:
+        return [], f"cannot draw the graph: {exc}", [], details_view(None, None, None)
+    text = (f"{info['clusters']} clusters, {info['ops']} operators"
+            + (f"; cluster {info['expanded']} expanded ({info['shown']} nodes)"
+               if info["expanded"] is not None else "; click a cluster to expand it")
+            + (f" · clusters from {doc['clusters_from']}"
+               if doc.get("clusters_from", doc["algo"]) != doc["algo"] else ""))
+    return (els, text, legend(len(doc["capacity_bytes"])),
+            details_view(selected, doc, s))
 
 
-@dash.callback(
-    Output(ids.STORE_PLACE_PINS, "data"),
-    Output(ids.STORE_PLACEMENT, "data", allow_duplicate=True),
-    Output(ids.PLACE_PIN_ERROR, "children"),
-    Input(ids.PLACE_PIN_BUTTON, "n_clicks"), Input(ids.PLACE_CLEAR_PINS, "n_clicks"),
-    Input({"type": ids.PLACE_UNPIN, "index": ALL}, "n_clicks"),
-    State(ids.STORE_PLACE_PINS, "data"), State(ids.STORE_PLACE_SELECTED, "data"),
-    State(ids.PLACE_PIN_DEVICE, "value"), State(ids.STORE_REQUEST, "data"),
-    State(ids.PLACE_ALGO, "value"), State(ids.PLACE_MEMORY, "value"),
-    State(ids.STORE_PLACEMENT, "data"),
-    prevent_initial_call=True,
-)
-def pin(_p, _c, _u, pins, selected, device, req_doc, algo, memory, doc):
-    trig = ctx.triggered_id
-    if isinstance(trig, dict):
-        if not ctx.triggered or not ctx.triggered[0].get("value"):
-            return no_update, no_update, no_update     # unpin buttons just (re)rendered
-        action, index = "unpin", int(trig["index"])
-    else:
-        action = {ids.PLACE_PIN_BUTTON: "pin", ids.PLACE_CLEAR_PINS: "clear"}.get(trig)
-        index = None
-    # a re-run keeps the request the shown placement was made for
-    req = (doc or {}).get("request") or req_doc
-    return apply_pins(action, pins, selected, device, req, algo, memory, doc, index)
+def placement_view(doc: dict | None, pins) -> tuple:
+    """Summary, Gantt chart, memory figure and pin list of the shown placement."""
+    if not doc:
+        return (html.P("Place the current model to see its operators on the devices.",
+                       className="muted"), gantt_figure(None), memory_figure(None),
+                pin_items(pins, None))
+    return summary_view(doc), gantt_figure(doc), memory_figure(doc), pin_items(pins, doc)
 
 
-@dash.callback(
-    Output(ids.STORE_PLACE_SELECTED, "data"), Output(ids.STORE_PLACE_EXPANDED, "data"),
-    Input(ids.PLACE_GRAPH, "tapNodeData"), Input(ids.PLACE_COLLAPSE, "n_clicks"),
-    Input(ids.STORE_PLACEMENT, "data"), State(ids.STORE_PLACE_EXPANDED, "data"),
-    prevent_initial_call=True,
-)
-def select(tap, _collapse, _doc, expanded):
-    trig = ctx.triggered_id
+def select_after(trig, tap, expanded) -> tuple:
+    """``(selected, expanded)`` after a tap on the graph, a collapse or a new placement."""
     if trig == ids.STORE_PLACEMENT:
         return None, None                        # cluster numbers change with every run
     if trig == ids.PLACE_COLLAPSE:
@@ -762,65 +707,150 @@ def select(tap, _collapse, _doc, expanded):
     return {"kind": "op", "name": tap["name"], "cluster": tap.get("cluster")}, expanded
 
 
-@dash.callback(
-    Output(ids.PLACE_GRAPH, "elements"), Output(ids.PLACE_GRAPH_INFO, "children"),
-    Output(ids.PLACE_LEGEND, "children"), Output(ids.PLACE_DETAILS, "children"),
-    Input(ids.STORE_PLACEMENT, "data"), Input(ids.STORE_PLACE_EXPANDED, "data"),
-    Input(ids.STORE_PLACE_SELECTED, "data"), State(ids.STORE_PLACE_PINS, "data"),
-)
-def show_graph(doc, expanded, selected, pins):
-    if not doc:
-        return [], "", [], details_view(None, None, None)
+def compare_all(req_doc, memory, pins, progress=lambda pct, text: None) -> tuple:
+    """Table rows, figure and status of every method on the request (never raises)."""
     try:
-        s = structure_for(doc)
-        els, info = build_elements(doc, s, expanded, selected, pins)
-    except (ExplorerError, ValueError, KeyError) as exc:
-        return [], f"cannot draw the graph: {exc}", [], no_update
-    text = (f"{info['clusters']} clusters, {info['ops']} operators"
-            + (f"; cluster {info['expanded']} expanded ({info['shown']} nodes)"
-               if info["expanded"] is not None else "; click a cluster to expand it")
-            + (f" · clusters from {doc['clusters_from']}"
-               if doc.get("clusters_from") != doc["algo"] else ""))
-    return (els, text, legend(len(doc["capacity_bytes"])),
-            details_view(selected, doc, s))
-
-
-@dash.callback(
-    Output(ids.PLACE_SUMMARY, "children"), Output(ids.PLACE_GANTT, "figure"),
-    Output(ids.PLACE_MEMORY_FIG, "figure"), Output(ids.PLACE_PIN_LIST, "children"),
-    Input(ids.STORE_PLACEMENT, "data"), Input(ids.STORE_PLACE_PINS, "data"),
-)
-def show(doc, pins):
-    if not doc:
-        return (html.P("Place the current model to see its operators on the devices.",
-                       className="muted"), gantt_figure(None), memory_figure(None),
-                pin_items(pins, None))
-    return summary_view(doc), gantt_figure(doc), memory_figure(doc), pin_items(pins, doc)
-
-
-@dash.callback(
-    Output(ids.PLACE_COMPARE_TABLE, "data"), Output(ids.PLACE_COMPARE_FIG, "figure"),
-    Output(ids.PLACE_COMPARE_STATUS, "children"),
-    Input(ids.PLACE_COMPARE_BUTTON, "n_clicks"),
-    State(ids.STORE_REQUEST, "data"), State(ids.PLACE_MEMORY, "value"),
-    State(ids.STORE_PLACE_PINS, "data"),
-    background=True, interval=300,
-    progress=[Output(ids.PLACE_COMPARE_PROGRESS, "value"),
-              Output(ids.PLACE_COMPARE_STATUS, "children")],
-    running=[(Output(ids.PLACE_COMPARE_BUTTON, "disabled"), True, False),
-             (Output(ids.PLACE_COMPARE_CANCEL, "disabled"), False, True)],
-    cancel=[Input(ids.PLACE_COMPARE_CANCEL, "n_clicks")],
-    prevent_initial_call=True,
-)
-def compare(set_progress, _n, req_doc, memory, pins):
-    try:
-        req = session.Request.from_dict(req_doc)
-        set_progress(["5", "building the operator graph…"])
+        req = state.request(req_doc)
+        progress(5, "building the operator graph…")
         session.placement_graph_for(req, _memory(memory))
         rows = session.placement_compare(
             req, _memory(memory), pins or [],
-            progress=lambda i, n, a: set_progress([str(int(10 + 90 * i / max(n, 1))),
-                                                   f"placing with {a}…" if a else ""]))
+            progress=lambda i, n, a: progress(int(10 + 90 * i / max(n, 1)),
+                                              f"placing with {a}…" if a else ""))
     except (ExplorerError, ValueError) as exc:
         return no_update, no_update, f"error: {exc}"
     return compare_rows(rows), compare_figure(rows), f"{len(rows)} methods compared"
+
+
+# --------------------------------------------------------------------------------------------
+# callbacks
+# --------------------------------------------------------------------------------------------
+
+
+def register(app: dash.Dash) -> None:
+    """The panel's callbacks on ``app``."""
+
+    @app.callback(
+        Output(ids.STORE_PLACE_RUN, "data"), Output(ids.PLACE_RUN_ERROR, "children"),
+        Output(ids.PLACE_RUN_STATUS, "children"),
+        Input(ids.PLACE_RUN_BUTTON, "n_clicks"),
+        State(ids.STORE_PLACEMENT, "data"), State(ids.PLACE_RUN_STEPS, "value"),
+        background=True, interval=300,
+        progress=[Output(ids.PLACE_RUN_PROGRESS, "value")],
+        running=running(ids.PLACE_RUN_BUTTON, ids.PLACE_RUN_CANCEL, ids.PLACE_RUN_PROGRESS,
+                        ids.PLACE_RUN_STATUS, "running on local workers…"),
+        cancel=[Input(ids.PLACE_RUN_CANCEL, "n_clicks")],
+        prevent_initial_call=True,
+    )
+    def run_placement(set_progress, _n, doc, steps):
+        set_progress(["0"])
+        try:
+            res = do_run(doc, steps, lambda v: set_progress([str(v)]))
+        except (ExplorerError, ValueError) as exc:
+            return no_update, str(exc), ""
+        res["placement_id"] = placement_id(doc)
+        set_progress(["100"])
+        return res, "", f"done: {res['workers']} workers"
+
+    @app.callback(
+        Output(ids.PLACE_RUN_RESULT, "children"), Output(ids.PLACE_RUN_FIG, "figure"),
+        Output(ids.PLACE_RUN_SERIES, "figure"), Output(ids.PLACE_RUN_HISTORY, "data"),
+        Input(ids.STORE_PLACE_RUN, "data"), Input(ids.STORE_PLACEMENT, "data"),
+    )
+    def show_run(res, doc):
+        return run_view(res, doc), run_figure(res, doc), run_series(res, doc), history(doc)
+
+    @app.callback(
+        Output(ids.STORE_PLACEMENT, "data"), Output(ids.PLACE_ERROR, "children"),
+        Output(ids.PLACE_STATUS, "children"),
+        Output(ids.PLACE_PIN_ERROR, "children", allow_duplicate=True),
+        Input(ids.PLACE_BUTTON, "n_clicks"),
+        State(ids.STORE_REQUEST, "data"), State(ids.PLACE_ALGO, "value"),
+        State(ids.PLACE_MEMORY, "value"), State(ids.STORE_PLACE_PINS, "data"),
+        background=True, interval=250,
+        progress=[Output(ids.PLACE_PROGRESS, "value")],
+        running=running(ids.PLACE_BUTTON, ids.PLACE_CANCEL, ids.PLACE_PROGRESS,
+                        ids.PLACE_STATUS, "building the operator graph and placing…"),
+        cancel=[Input(ids.PLACE_CANCEL, "n_clicks")],
+        prevent_initial_call=True,
+    )
+    def place(set_progress, _n, req_doc, algo, memory, pins):
+        set_progress(["0"])
+        try:
+            doc = do_place(req_doc, state.tab_method("placement", req_doc, algo), memory,
+                           pins or [], lambda v: set_progress([str(v)]))
+        except (ExplorerError, ValueError) as exc:
+            return no_update, str(exc), "", ""
+        set_progress(["100"])
+        return doc, "", f"done: {doc['algo']} on {len(doc['capacity_bytes'])} devices", ""
+
+    @app.callback(
+        Output(ids.STORE_PLACE_PINS, "data"),
+        Output(ids.STORE_PLACEMENT, "data", allow_duplicate=True),
+        Output(ids.PLACE_PIN_ERROR, "children"),
+        Output(ids.PLACE_ERROR, "children", allow_duplicate=True),
+        Input(ids.PLACE_PIN_BUTTON, "n_clicks"), Input(ids.PLACE_CLEAR_PINS, "n_clicks"),
+        Input({"type": ids.PLACE_UNPIN, "index": ALL}, "n_clicks"),
+        State(ids.STORE_PLACE_PINS, "data"), State(ids.STORE_PLACE_SELECTED, "data"),
+        State(ids.PLACE_PIN_DEVICE, "value"), State(ids.STORE_REQUEST, "data"),
+        State(ids.PLACE_ALGO, "value"), State(ids.PLACE_MEMORY, "value"),
+        State(ids.STORE_PLACEMENT, "data"),
+        prevent_initial_call=True,
+    )
+    def pin(_p, _c, _u, pins, selected, device, req_doc, algo, memory, doc):
+        trig = ctx.triggered_id
+        if isinstance(trig, dict):
+            if not ctx.triggered or not ctx.triggered[0].get("value"):
+                return no_update, no_update, no_update, no_update   # unpin buttons re-rendered
+            action, index = "unpin", int(trig["index"])
+        else:
+            action = {ids.PLACE_PIN_BUTTON: "pin", ids.PLACE_CLEAR_PINS: "clear"}.get(trig)
+            index = None
+        # pins re-run the form's request (the one app state)
+        return (*apply_pins(action, pins, selected, device, req_doc,
+                            state.tab_method("placement", req_doc, algo), memory, doc, index),
+                "")
+
+    @app.callback(
+        Output(ids.STORE_PLACE_SELECTED, "data"), Output(ids.STORE_PLACE_EXPANDED, "data"),
+        Input(ids.PLACE_GRAPH, "tapNodeData"), Input(ids.PLACE_COLLAPSE, "n_clicks"),
+        Input(ids.STORE_PLACEMENT, "data"), State(ids.STORE_PLACE_EXPANDED, "data"),
+        prevent_initial_call=True,
+    )
+    def select(tap, _collapse, _doc, expanded):
+        return select_after(ctx.triggered_id, tap, expanded)
+
+    @app.callback(
+        Output(ids.PLACE_GRAPH, "elements"), Output(ids.PLACE_GRAPH_INFO, "children"),
+        Output(ids.PLACE_LEGEND, "children"), Output(ids.PLACE_DETAILS, "children"),
+        Input(ids.STORE_PLACEMENT, "data"), Input(ids.STORE_PLACE_EXPANDED, "data"),
+        Input(ids.STORE_PLACE_SELECTED, "data"), State(ids.STORE_PLACE_PINS, "data"),
+    )
+    def show_graph(doc, expanded, selected, pins):
+        return graph_view(doc, expanded, selected, pins)
+
+    @app.callback(
+        Output(ids.PLACE_SUMMARY, "children"), Output(ids.PLACE_GANTT, "figure"),
+        Output(ids.PLACE_MEMORY_FIG, "figure"), Output(ids.PLACE_PIN_LIST, "children"),
+        Input(ids.STORE_PLACEMENT, "data"), Input(ids.STORE_PLACE_PINS, "data"),
+    )
+    def show(doc, pins):
+        return placement_view(doc, pins)
+
+    @app.callback(
+        Output(ids.PLACE_COMPARE_TABLE, "data"), Output(ids.PLACE_COMPARE_FIG, "figure"),
+        Output(ids.PLACE_COMPARE_STATUS, "children"),
+        Input(ids.PLACE_COMPARE_BUTTON, "n_clicks"),
+        State(ids.STORE_REQUEST, "data"), State(ids.PLACE_MEMORY, "value"),
+        State(ids.STORE_PLACE_PINS, "data"),
+        background=True, interval=300,
+        progress=[Output(ids.PLACE_COMPARE_PROGRESS, "value"),
+                  Output(ids.PLACE_COMPARE_STATUS, "children")],
+        running=running(ids.PLACE_COMPARE_BUTTON, ids.PLACE_COMPARE_CANCEL,
+                        ids.PLACE_COMPARE_PROGRESS),
+        cancel=[Input(ids.PLACE_COMPARE_CANCEL, "n_clicks")],
+        prevent_initial_call=True,
+    )
+    def compare(set_progress, _n, req_doc, memory, pins):
+        return compare_all(req_doc, memory, pins,
+                           progress=lambda pct, text: set_progress([str(pct), text]))

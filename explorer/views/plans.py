@@ -1,14 +1,14 @@
 """Plans panel: the history of plans (SQLite, see :mod:`explorer.engine.history`), loading a
-saved plan back into the app, downloading the current plan and uploading a plan file.
+saved plan back into the app, downloading the current plan and uploading a plan file of any
+kind (layer-wise, Tofu, placement): a loaded plan becomes the page's state - its model,
+devices and method fill the form, and its tab shows it.
 
 Every plan that reaches the plan store without an ``"error"`` is saved automatically, unless
 it came from the history (it then carries ``history_id``) or an identical plan is already
-saved (same model, devices, pins and per-layer choices).  ``dcc.Tabs`` mounts only the shown
-tab, and Dash does not run a callback whose outputs are not on the page, so the auto-save is a
-callback *without outputs* on the plan store (it runs whichever tab is open); the table's
-callback saves too (atomically deduplicated), so it never lists the history without the plan
-that just arrived.  The logic lives in plain functions
-(:func:`autosave`, :func:`load_plan`, :func:`parse_upload`, :func:`ingest_upload`,
+saved (same model, devices, pins and per-layer choices).  The auto-save is a callback
+*without outputs* on the plan store; the table's callback saves too (atomically deduplicated),
+so it never lists the history without the plan that just arrived.  The logic lives in plain
+functions (:func:`autosave`, :func:`load_plan`, :func:`parse_upload`, :func:`ingest`,
 :func:`download_payload`); the callbacks only wire them to components.
 """
 
@@ -23,10 +23,13 @@ import dash
 from dash import Input, Output, State, dash_table, dcc, html
 
 from .. import service as session
+from ..engine import plandoc
 from ..engine.history import PlanStore
 from ..engine.plandoc import dumps
 from ..engine.plan import SCHEMA, Plan
-from . import ids
+from ..errors import ExplorerError, PlanFileError
+from . import ids, state
+from .controls import context
 
 COLUMNS = [
     {"id": "id", "name": "#", "type": "numeric"},
@@ -57,16 +60,9 @@ def table_rows(store: PlanStore, limit: int = 200) -> list:
 
 
 def request_of(plan: dict) -> dict:
-    """The search request a plan answers: its own ``request`` when the app made it, else rebuilt
-    from the plan's fields (plans written by ``explorer search --json``)."""
-    if plan.get("request"):
-        return session.Request.from_dict(plan["request"]).to_dict()
-    info = plan.get("info") or {}
-    req = session.Request(model=plan.get("spec") or plan["model"], batch=plan.get("batch"),
-                          model_args=dict(plan.get("model_args") or {}),
-                          preset=plan["preset"], devices=plan["devices"], algo=plan["algo"],
-                          cost=info.get("compute_cost", "analytic"), sync=info.get("sync", "ps"))
-    return req.to_dict()
+    """The request dict (with pins) a layer-wise plan answers: its own ``request`` when the app
+    made it, else rebuilt from the plan's fields (plans written by ``explorer search``)."""
+    return state.request_from_document(plan, "layerwise")
 
 
 def autosave(plan, store: PlanStore, note: str = "search"):
@@ -93,13 +89,14 @@ def load_plan(store: PlanStore, plan_id) -> tuple:
 
 
 def download_payload(plan) -> dict:
-    """``dcc.Download`` data for the current plan: JSON without the trace (and without the
-    local ``history_id``), named ``<model>-<algo>-<devices>dev.json``."""
+    """``dcc.Download`` data for the current plan: a sealed plan document (schema, version,
+    checksum) without the trace and the local ``history_id``, named ``<model>-<algo>-<devices>dev.json``."""
     if isinstance(plan, dict) and "error" in plan:
         raise ValueError(f"the current search failed, nothing to download: {plan['error']}")
     if not isinstance(plan, dict) or "layers" not in plan:
         raise ValueError("there is no plan to download: run a search first")
-    doc = {k: v for k, v in plan.items() if k not in ("trace", "history_id")}
+    doc = {k: v for k, v in plan.items() if k not in ("trace", "history_id", "checksum")}
+    doc = plandoc.seal(doc, plandoc.kind_of(doc) or "layerwise")
     return dcc.send_string(dumps(doc, indent=2), download_name(doc),
                            type="application/json")
 
@@ -111,8 +108,9 @@ def download_name(plan: dict) -> str:
 
 
 def parse_upload(contents: str, filename: str | None = None) -> dict:
-    """The plan dict in a ``dcc.Upload`` ``contents`` string (``data:...;base64,...``), checked
-    with :meth:`Plan.from_dict`.  ``ValueError`` with a message saying what is wrong."""
+    """The plan document in a ``dcc.Upload`` ``contents`` string (``data:...;base64,...``),
+    validated by :func:`parse_plan_text`.  ``ValueError`` with a message saying what is
+    wrong."""
     name = filename or "the file"
     if not contents:
         raise ValueError("no file received")
@@ -126,8 +124,19 @@ def parse_upload(contents: str, filename: str | None = None) -> dict:
     return parse_plan_text(text, name)
 
 
+#: what a document of each kind must hold to be shown
+REQUIRED = {"tofu": ("model", "algo", "factors", "objective_s", "comm_bytes",
+                     "peak_memory_bytes", "search_time_s", "coarsening", "steps"),
+            "placement": ("model", "algo", "placement", "clusters", "capacity_bytes",
+                          "peak_memory_bytes", "predicted_step_time_s", "search_time_s",
+                          "comm_bytes", "oom", "stats")}
+
+
 def parse_plan_text(text: str, name: str = "the file") -> dict:
-    """A plan dict from JSON text, validated (see :func:`parse_upload`)."""
+    """A plan document of any kind from JSON text, validated (see :func:`parse_upload`): its
+    schema names a layer-wise, Tofu or placement plan (:func:`plandoc.open_document`), it
+    holds the fields the app shows, and it says which request it answers.  Plans are data:
+    nothing in them is executed."""
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -138,14 +147,31 @@ def parse_plan_text(text: str, name: str = "the file") -> dict:
                          f"(expected {{\"schema\": \"{SCHEMA}\", ...}})")
     if "error" in doc and "layers" not in doc:
         raise ValueError(f"{name} records a failed search, not a plan: {doc['error']}")
+    kind = plandoc.kind_of(doc)
+    if kind is None and "schema" in doc:
+        raise ValueError(f"{name} is not a plan file: schema {doc.get('schema')!r} is none of "
+                         f"{', '.join(plandoc.schema_of(k) for k in plandoc.KINDS)}")
     try:
-        Plan.from_dict(doc)
+        kind = plandoc.open_document(doc) if kind else "layerwise"
+    except PlanFileError as exc:
+        raise ValueError(f"{name}: {exc}") from None
+    try:
+        if kind == "layerwise":
+            Plan.from_dict(dict(doc, schema=SCHEMA))
+        else:
+            missing = [k for k in REQUIRED[kind] if k not in doc]
+            if missing:
+                raise ValueError(f"missing field(s) {', '.join(map(repr, missing))} of a "
+                                 f"{kind} plan")
+            if kind == "placement" and not all(isinstance(d, int) and not isinstance(d, bool)
+                                               for d in doc["placement"].values()):
+                raise ValueError("'placement' must map every operator to a device index")
     except ValueError as exc:
         raise ValueError(f"{name}: {exc}") from None
     except Exception as exc:  # noqa: BLE001 - any other shape problem is a malformed plan
         raise ValueError(f"{name}: malformed plan: {type(exc).__name__}: {exc}") from None
     try:
-        request_of(doc)
+        state.request_from_document(doc, kind)
     except (KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"{name}: cannot tell which search this plan answers: {exc}") from None
     return doc
@@ -154,6 +180,10 @@ def parse_plan_text(text: str, name: str = "the file") -> dict:
 def check_model(plan: dict, request: dict) -> str | None:
     """Compare the plan's layers with the model it names.  Raises ``ValueError`` if they differ;
     returns a warning when the model cannot be imported here (other panels will say more)."""
+    try:
+        state.check_model(request.get("model"))
+    except ExplorerError as exc:
+        raise ValueError(str(exc)) from None
     try:
         graph = session.graph_for(session.Request.from_dict(request))
     except Exception as exc:  # noqa: BLE001 - a model we cannot import is a warning only
@@ -174,21 +204,108 @@ def check_model(plan: dict, request: dict) -> str | None:
 
 
 def ingest_upload(contents: str, filename: str | None, store: PlanStore) -> tuple:
-    """Validate an uploaded plan, save it (unless an identical one is saved) and return
-    ``(plan, request, pins, message)`` for the stores.  ``ValueError`` if it is not valid."""
+    """Validate an uploaded plan of any kind and return ``(doc, request, pins, message)``
+    (see :func:`ingest`).  ``ValueError`` if it is not valid."""
+    got = ingest(contents, filename, store)
+    return got["doc"], got["request"], state.pins_of(got["request"]), got["message"]
+
+
+def ingest(contents: str, filename: str | None, store: PlanStore) -> dict:
+    """Validate an uploaded plan and make it the page's state: ``{"kind", "doc", "request",
+    "message"}``.  A layer-wise plan is saved in the history (unless an identical one is)
+    and loaded from there; a Tofu plan or a placement is shown as it is, on the request it
+    names.  ``ValueError`` if the file is not a valid plan or names a model file the server
+    does not load."""
     doc = parse_upload(contents, filename)
+    kind = plandoc.kind_of(doc) or "layerwise"
     doc.pop("history_id", None)
-    request = request_of(doc)
+    request = state.request_from_document(doc, kind)
+    try:
+        state.check_model(request["model"])
+    except ExplorerError as exc:
+        raise ValueError(f"{filename or 'the file'}: {exc}") from None
+    label = filename or "upload"
+    if kind in ("tofu", "placement"):
+        from .model import layerwise_plan
+        shown = tofu_doc(doc, request) if kind == "tofu" else placement_doc(doc, request)
+        what = "Tofu plan" if kind == "tofu" else "placement"
+        return {"kind": kind, "doc": shown, "request": request,
+                "plan": layerwise_plan(request),      # the graph shows the same model
+                "message": f"{label}: {what} loaded: {_describe_kind(shown, request)}"}
     warning = check_model(doc, request)
     doc["request"] = request
     pid, created = store.save_new(doc, f"uploaded {filename}" if filename else "uploaded")
     how = f"saved as plan #{pid} and loaded" if created else \
         f"same plan as saved plan #{pid}; loaded it"
-    plan, request, pins = load_plan(store, pid)
-    msg = f"{filename or 'upload'}: {how}: {_describe(plan)}"
+    plan, request, _ = load_plan(store, pid)
+    msg = f"{label}: {how}: {_describe(plan)}"
     if warning:
         msg += f" (warning: {warning})"
-    return plan, request, pins, msg
+    return {"kind": kind, "doc": plan, "request": request, "message": msg}
+
+
+def tofu_doc(doc: dict, request: dict) -> dict:
+    """A Tofu plan document as the Tofu tab shows it: without the per-tensor and per-operator
+    lists (the strip is drawn from the request), with the request it answers."""
+    out = {k: v for k, v in doc.items() if k not in ("tensors", "ops", "checksum")}
+    out["request"] = {k: v for k, v in request.items() if k != "pins"}
+    out["devices"] = request["devices"]
+    return out
+
+
+def placement_doc(doc: dict, request: dict) -> dict:
+    """A placement document as the Placement tab shows it: every cluster with its operators
+    per device (``shares``) and majority ``device``, the request it answers.  A baseline's
+    document has no clusters; the graph is then drawn over Celeritas' clusters."""
+    out = {k: v for k, v in doc.items() if k not in ("trace", "checksum")}
+    out["request"] = {k: v for k, v in request.items() if k != "pins"}
+    out.setdefault("memory_gib", None)
+    out["pins"] = [p for p in out.get("pins") or [] if isinstance(p, dict)]
+    out.setdefault("schedule", {})
+    out["clusters_from"] = out.get("clusters_from") or out["algo"]
+    if not out.get("clusters"):
+        try:
+            req = state.request(out["request"])
+            out["clusters"] = session.placement(req, "celeritas",
+                                                out["memory_gib"])["clusters"]
+            out["clusters_from"] = "celeritas"
+        except (ExplorerError, ValueError):
+            out["clusters"] = []
+    where = out["placement"]
+    n = len(out.get("capacity_bytes") or []) or (max(where.values(), default=0) + 1)
+    clusters = []
+    for c in out["clusters"]:
+        shares = [0] * n
+        for op in c.get("ops", []):
+            if op in where and 0 <= where[op] < n:
+                shares[where[op]] += 1
+        clusters.append(dict(c, shares=shares,
+                             device=max(range(n), key=lambda d: (shares[d], -d))))
+    out["clusters"] = clusters
+    return out
+
+
+def _describe_kind(doc: dict, request: dict) -> str:
+    return f"{doc.get('model')} {doc.get('algo')} on {request['devices']} × {request['preset']}"
+
+
+def loaded_outputs(kind: str, doc: dict, request: dict, plan: dict | None = None) -> dict:
+    """What loading a plan of ``kind`` changes on the page: the result store of its kind (and
+    the layer-wise ``plan`` the graph shows for a Tofu plan or a placement), the request
+    store, the form, and the tab that shows it."""
+    from . import model
+    out = {"plan": dash.no_update, "tofu": dash.no_update, "placement": dash.no_update,
+           "place_pins": dash.no_update, "tab": dash.no_update, "request": request,
+           "form": model.form_update(request)}
+    if kind == "tofu":
+        out.update(tofu=doc, tab="tofu")
+    elif kind == "placement":
+        out.update(placement=doc, place_pins=list(doc.get("pins") or []), tab="placement")
+    else:
+        out.update(plan=doc, tab="plan")
+    if kind != "layerwise" and plan is not None:
+        out["plan"] = plan
+    return out
 
 
 def _describe(plan: dict) -> str:
@@ -204,6 +321,7 @@ def _describe(plan: dict) -> str:
 
 def layout():
     return html.Div(className="panel plans", children=[
+        context("plans"),
         html.Div(className="plans-bar", children=[
             html.Button("Refresh", id=ids.PLANS_REFRESH, n_clicks=0, className="button"),
             html.Button("Load selected", id=ids.PLAN_LOAD, n_clicks=0, className="button"),
@@ -228,90 +346,119 @@ def layout():
     ])
 
 
-@dash.callback(Input(ids.STORE_PLAN, "data"))
-def _autosave(plan):
-    # no outputs: runs even while the Plans tab (and so its table) is not on the page
+def _load_outputs() -> list:
+    from . import model
+    return [Output(ids.STORE_PLAN, "data", allow_duplicate=True),
+            Output(ids.STORE_TOFU, "data", allow_duplicate=True),
+            Output(ids.STORE_PLACEMENT, "data", allow_duplicate=True),
+            Output(ids.STORE_PLACE_PINS, "data", allow_duplicate=True),
+            Output(ids.TABS, "value", allow_duplicate=True),
+            Output(ids.STORE_REQUEST, "data", allow_duplicate=True),
+            *model.form_outputs()]
+
+
+def _load_values(kind=None, doc=None, request=None, plan=None) -> list:
+    """Values for :func:`_load_outputs` (all ``no_update`` without a plan)."""
+    from . import model
+    if kind is None:
+        return [dash.no_update] * (6 + len(model.FORM))
+    o = loaded_outputs(kind, doc, request, plan)
+    return [o["plan"], o["tofu"], o["placement"], o["place_pins"], o["tab"], o["request"],
+            *o["form"]]
+
+
+def load_saved(store: PlanStore, plan_id) -> tuple:
+    """``(plan, request, message)`` for a plan of the history (``ValueError`` / ``KeyError``
+    when it cannot be loaded, e.g. a model file the server does not load)."""
+    plan, request, _ = load_plan(store, plan_id)
     try:
-        autosave(plan, PlanStore())
-    except Exception:  # noqa: BLE001 - the history is best effort; the table reports errors
-        pass
+        state.check_model(request["model"])
+    except ExplorerError as exc:
+        raise ValueError(str(exc)) from None
+    return plan, request, f"loaded plan #{plan['history_id']}: {_describe(plan)}"
 
 
-@dash.callback(
-    Output(ids.PLANS_TABLE, "data"),
-    Output(ids.PLANS_STATUS, "children"),
-    Input(ids.PLANS_REFRESH, "n_clicks"),
-    Input(ids.STORE_PLAN, "data"),
-)
-def _on_plan_or_refresh(_clicks, plan):
-    # while the tab is shown: save (a no-op if _autosave already did) and list
-    try:
-        store = PlanStore()
-        _, msg = autosave(plan, store)
-        rows = table_rows(store)
-    except Exception as exc:  # noqa: BLE001 - a broken history file must not break the app
-        return dash.no_update, f"plan history unavailable: {exc}"
-    if dash.ctx.triggered_id == ids.PLANS_REFRESH:
-        msg = msg or f"{len(rows)} saved plan(s) in {store.path}"
-    return rows, msg if msg else dash.no_update
+def register(app: dash.Dash) -> None:
+    """The panel's callbacks on ``app``."""
 
+    @app.callback(Input(ids.STORE_PLAN, "data"))
+    def _autosave(plan):
+        # no outputs: saves whichever tab is shown
+        try:
+            autosave(plan, PlanStore())
+        except Exception:  # noqa: BLE001 - the history is best effort; the table reports errors
+            pass
 
-@dash.callback(
-    Output(ids.STORE_PLAN, "data", allow_duplicate=True),
-    Output(ids.STORE_REQUEST, "data", allow_duplicate=True),
-    Output(ids.STORE_PINS, "data", allow_duplicate=True),
-    Output(ids.PLANS_STATUS, "children", allow_duplicate=True),
-    Input(ids.PLAN_LOAD, "n_clicks"),
-    State(ids.PLANS_TABLE, "selected_row_ids"),
-    prevent_initial_call=True,
-)
-def _on_load(_clicks, selected):
-    if not selected:
-        return dash.no_update, dash.no_update, dash.no_update, "select a plan in the table first"
-    try:
-        plan, request, pins = load_plan(PlanStore(), selected[0])
-    except (KeyError, ValueError) as exc:
-        msg = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
-        return dash.no_update, dash.no_update, dash.no_update, f"cannot load: {msg}"
-    return plan, request, pins, f"loaded plan #{plan['history_id']}: {_describe(plan)}"
+    @app.callback(
+        Output(ids.PLANS_TABLE, "data"),
+        Output(ids.PLANS_STATUS, "children"),
+        Input(ids.PLANS_REFRESH, "n_clicks"),
+        Input(ids.STORE_PLAN, "data"),
+    )
+    def _on_plan_or_refresh(_clicks, plan):
+        # save (a no-op if _autosave already did) and list
+        try:
+            store = PlanStore()
+            _, msg = autosave(plan, store)
+            rows = table_rows(store)
+        except Exception as exc:  # noqa: BLE001 - a broken history file must not break the app
+            return dash.no_update, f"plan history unavailable: {exc}"
+        if dash.ctx.triggered_id == ids.PLANS_REFRESH:
+            msg = msg or f"{len(rows)} saved plan(s) in {store.path}"
+        return rows, msg if msg else dash.no_update
 
+    @app.callback(
+        *_load_outputs(),
+        Output(ids.PLANS_STATUS, "children", allow_duplicate=True),
+        Input(ids.PLAN_LOAD, "n_clicks"),
+        State(ids.PLANS_TABLE, "selected_row_ids"),
+        prevent_initial_call=True,
+    )
+    def _on_load(_clicks, selected):
+        if not selected:
+            return *_load_values(), "select a plan in the table first"
+        try:
+            plan, request, msg = load_saved(PlanStore(), selected[0])
+        except (KeyError, ValueError) as exc:
+            msg = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
+            return *_load_values(), f"cannot load: {msg}"
+        return *_load_values("layerwise", plan, request), msg
 
-@dash.callback(
-    Output(ids.PLAN_DOWNLOAD, "data"),
-    Output(ids.PLANS_STATUS, "children", allow_duplicate=True),
-    Input(ids.PLAN_DOWNLOAD_BUTTON, "n_clicks"),
-    State(ids.STORE_PLAN, "data"),
-    prevent_initial_call=True,
-)
-def _on_download(_clicks, plan):
-    try:
-        data = download_payload(plan)
-    except ValueError as exc:
-        return dash.no_update, str(exc)
-    return data, f"downloading {data['filename']}"
+    @app.callback(
+        Output(ids.PLAN_DOWNLOAD, "data"),
+        Output(ids.PLANS_STATUS, "children", allow_duplicate=True),
+        Input(ids.PLAN_DOWNLOAD_BUTTON, "n_clicks"),
+        State(ids.STORE_PLAN, "data"),
+        prevent_initial_call=True,
+    )
+    def _on_download(_clicks, plan):
+        try:
+            data = download_payload(plan)
+        except ValueError as exc:
+            return dash.no_update, str(exc)
+        return data, f"downloading {data['filename']}"
 
-
-@dash.callback(
-    Output(ids.STORE_PLAN, "data", allow_duplicate=True),
-    Output(ids.STORE_REQUEST, "data", allow_duplicate=True),
-    Output(ids.STORE_PINS, "data", allow_duplicate=True),
-    Output(ids.PLANS_STATUS, "children", allow_duplicate=True),
-    Output(ids.PLAN_UPLOAD, "contents"),
-    Input(ids.PLAN_UPLOAD, "contents"),
-    State(ids.PLAN_UPLOAD, "filename"),
-    prevent_initial_call=True,
-)
-def _on_upload(contents, filename):
-    if not contents:
-        raise dash.exceptions.PreventUpdate
-    # contents is cleared so that choosing the same file again uploads it again
-    try:
-        plan, request, pins, msg = ingest_upload(contents, filename, PlanStore())
-    except ValueError as exc:
-        return dash.no_update, dash.no_update, dash.no_update, f"not loaded: {exc}", None
-    return plan, request, pins, msg, None
+    @app.callback(
+        *_load_outputs(),
+        Output(ids.PLANS_STATUS, "children", allow_duplicate=True),
+        Output(ids.PLAN_UPLOAD, "contents"),
+        Input(ids.PLAN_UPLOAD, "contents"),
+        State(ids.PLAN_UPLOAD, "filename"),
+        prevent_initial_call=True,
+    )
+    def _on_upload(contents, filename):
+        if not contents:
+            raise dash.exceptions.PreventUpdate
+        # contents is cleared so that choosing the same file again uploads it again
+        try:
+            got = ingest(contents, filename, PlanStore())
+        except ValueError as exc:
+            return *_load_values(), f"not loaded: {exc}", None
+        return (*_load_values(got["kind"], got["doc"], got["request"], got.get("plan")),
+                got["message"], None)
 
 
 __all__ = ["layout", "autosave", "load_plan", "download_payload", "download_name",
-           "parse_upload", "parse_plan_text", "ingest_upload", "request_of", "table_rows",
-           "check_model"]
+           "parse_upload", "parse_plan_text", "ingest_upload", "ingest", "request_of",
+           "table_rows", "check_model", "tofu_doc", "placement_doc", "loaded_outputs",
+           "load_saved"]

@@ -14,11 +14,14 @@ from dash import Input, Output, State, dash_table, dcc, html, no_update
 
 from ..errors import ExplorerError
 from . import ids
-from .controls import job_controls
+from . import palette as P
+from . import state
+from .controls import context, job_controls, running
 
 
 def layout():
     return html.Div(className="panel run-panel", children=[
+        context("run"),
         html.Div(className="row", children=[
             html.Label(["Measured steps", dcc.Input(id=ids.RUN_STEPS, type="number", min=1,
                                                     value=20)]),
@@ -57,9 +60,9 @@ def layers_figure(res: dict, top: int = 25) -> go.Figure:
     names = [r["name"] for r in rows]
     fig = go.Figure([
         go.Bar(name="predicted", x=names, y=[r["predicted_s"] * 1e3 for r in rows],
-               marker_color="#9ab"),
+               marker_color=P.PREDICTED),
         go.Bar(name="measured", x=names, y=[r["measured_s"] * 1e3 for r in rows],
-               marker_color="#2563eb"),
+               marker_color=P.MEASURED),
     ])
     fig.update_layout(barmode="group", title=f"Per layer: predicted vs measured (ms, top {top})",
                       yaxis_title="ms", margin=dict(l=50, r=20, t=40, b=90),
@@ -73,11 +76,11 @@ def series_figure(res: dict) -> go.Figure:
                                 mode="lines+markers", name="measured step")])
     pred = res.get("predicted_step_time_s")
     if pred:
-        fig.add_hline(y=pred * 1e3, line_dash="dash", line_color="#d62728",
+        fig.add_hline(y=pred * 1e3, line_dash="dash", line_color=P.ERROR,
                       annotation_text=f"predicted {pred * 1e3:.2f} ms")
     med = res.get("measured_step_time_s")
     if med:
-        fig.add_hline(y=med * 1e3, line_dash="dot", line_color="#2563eb",
+        fig.add_hline(y=med * 1e3, line_dash="dot", line_color=P.MEASURED,
                       annotation_text=f"median {med * 1e3:.2f} ms",
                       annotation_position="bottom right")
     fig.update_layout(title="Step time per measured step", xaxis_title="step", xaxis_dtick=1,
@@ -115,6 +118,7 @@ def do_run(plan: dict, steps, warmup, progress=lambda v: None) -> dict:
     from ..engine.runtime import launch
     if not plan or "error" in plan:
         raise ExplorerError("search a plan first")
+    state.check_model(plan.get("spec") or plan.get("model"))  # model files where allowed only
     doc = {k: v for k, v in plan.items() if k not in ("trace", "previous", "history_id")}
     total = (int(steps or 0) + int(warmup or 0)) or 1
 
@@ -128,31 +132,8 @@ def do_run(plan: dict, steps, warmup, progress=lambda v: None) -> dict:
     return res
 
 
-@dash.callback(
-    Output(ids.STORE_RUN, "data"), Output(ids.RUN_ERROR, "children"),
-    Output(ids.RUN_STATUS, "children"),
-    Input(ids.RUN_BUTTON, "n_clicks"),
-    State(ids.STORE_PLAN, "data"), State(ids.RUN_STEPS, "value"), State(ids.RUN_WARMUP, "value"),
-    background=True, interval=250,
-    progress=[Output(ids.RUN_PROGRESS, "value")],
-    running=[(Output(ids.RUN_BUTTON, "disabled"), True, False),
-             (Output(ids.RUN_CANCEL, "disabled"), False, True),
-             (Output(ids.RUN_STATUS, "children"), "running on local workers…", "")],
-    cancel=[Input(ids.RUN_CANCEL, "n_clicks")],
-    prevent_initial_call=True,
-)
-def run_plan(set_progress, _n, plan, steps, warmup):
-    try:
-        res = do_run(plan, steps, warmup, progress=lambda v: set_progress([str(v)]))
-    except (ExplorerError, ValueError) as exc:
-        return no_update, str(exc), ""
-    return res, "", f"done: {res['devices']} workers"
-
-
-@dash.callback(Output(ids.RUN_RESULT, "children"), Output(ids.RUN_LAYERS, "figure"),
-               Output(ids.RUN_SERIES, "figure"), Output(ids.RUN_HISTORY, "data"),
-               Input(ids.STORE_RUN, "data"), Input(ids.STORE_PLAN, "data"))
-def show_run(res, plan):
+def run_panel(res, plan) -> tuple:
+    """Result, per-layer figure, step series and run history for the shown plan."""
     try:
         hist = history_rows({k: v for k, v in (plan or {}).items()
                              if k not in ("trace", "previous", "history_id")}) \
@@ -163,3 +144,34 @@ def show_run(res, plan):
         return html.P("Run the current plan to compare measured with predicted times.",
                       className="muted"), go.Figure(), go.Figure(), hist
     return result_view(res), layers_figure(res), series_figure(res), hist
+
+
+def register(app: dash.Dash) -> None:
+    """The panel's callbacks on ``app``."""
+
+    @app.callback(
+        Output(ids.STORE_RUN, "data"), Output(ids.RUN_ERROR, "children"),
+        Output(ids.RUN_STATUS, "children"),
+        Input(ids.RUN_BUTTON, "n_clicks"),
+        State(ids.STORE_PLAN, "data"), State(ids.RUN_STEPS, "value"),
+        State(ids.RUN_WARMUP, "value"),
+        background=True, interval=250,
+        progress=[Output(ids.RUN_PROGRESS, "value")],
+        running=running(ids.RUN_BUTTON, ids.RUN_CANCEL, ids.RUN_PROGRESS, ids.RUN_STATUS,
+                        "running on local workers…"),
+        cancel=[Input(ids.RUN_CANCEL, "n_clicks")],
+        prevent_initial_call=True,
+    )
+    def run_plan(set_progress, _n, plan, steps, warmup):
+        set_progress(["0"])
+        try:
+            res = do_run(plan, steps, warmup, progress=lambda v: set_progress([str(v)]))
+        except (ExplorerError, ValueError) as exc:
+            return no_update, str(exc), ""
+        return res, "", f"done: {res['devices']} workers"
+
+    @app.callback(Output(ids.RUN_RESULT, "children"), Output(ids.RUN_LAYERS, "figure"),
+                  Output(ids.RUN_SERIES, "figure"), Output(ids.RUN_HISTORY, "data"),
+                  Input(ids.STORE_RUN, "data"), Input(ids.STORE_PLAN, "data"))
+    def show_run(res, plan):
+        return run_panel(res, plan)

@@ -29,7 +29,7 @@ Two figures, both drawn from plain dicts so they can be tested without a browser
   size (one filled trace per device), so Inception's 125 layers draw in milliseconds.
 
 The callbacks at the bottom only pick the layer/device, call :mod:`explorer.service`,
-and hand the dicts to these functions; they are registered with ``dash.callback`` while the
+and hand the dicts to these functions; :func:`register` wires them to an app while the
 undecorated functions (:func:`choose_layer`, :func:`device_choice`, :func:`render_figure`,
 :func:`render_strip`) stay importable for tests.
 """
@@ -40,33 +40,25 @@ import math
 
 import dash
 import numpy as np
-import plotly.express as px
 import plotly.graph_objects as go
 from dash import Input, Output, State, dcc, html
 
 from ..engine import geometry as G
 from . import ids
+from . import palette as P
+from . import state
+from .controls import context
 
 # --------------------------------------------------------------------------------------------
-# Device colours
+# Colours (one palette for the whole app)
 # --------------------------------------------------------------------------------------------
 
-
-def _build_palette(n: int = 64) -> list:
-    q = px.colors.qualitative
-    out, seen = [], set()
-    for c in (q.Plotly + q.D3 + q.G10 + q.T10 + q.Dark24 + q.Light24 + q.Alphabet + q.Set3
-              + q.Pastel1):
-        key = c.lower()
-        if key not in seen:
-            seen.add(key)
-            out.append(c)
-    return out[:max(n, 64)]
-
-
-DEVICE_COLORS = _build_palette(64)
-SHARED_FILL = "#d9dce1"   # a cell several devices hold (replica, or split along other axes)
-UNOWNED_FILL = "#f1f2f4"  # an input tensor whose producer is not in the plan
+DEVICE_COLORS = P.DEVICE_COLORS
+SHARED_FILL = P.SHARED_FILL
+UNOWNED_FILL = P.UNOWNED_FILL
+device_color = P.device_color
+_ink = P.ink
+_rgba = P.rgba
 _FONT = "Segoe UI, Roboto, Helvetica, Arial, sans-serif"
 
 
@@ -78,26 +70,6 @@ VALIDATE = False
 
 def _figure(data, layout) -> go.Figure:
     return go.Figure(data=data, layout=layout, _validate=VALIDATE)
-
-
-def device_color(d: int) -> str:
-    """The colour of device ``d`` (the same in every figure of the panel)."""
-    return DEVICE_COLORS[int(d) % len(DEVICE_COLORS)]
-
-
-def _ink(color: str) -> str:
-    """Black or white, whichever reads better on ``color`` (a ``#rrggbb`` string)."""
-    c = color.lstrip("#")
-    if len(c) != 6:
-        return "#111"
-    r, g, b = (int(c[i:i + 2], 16) for i in (0, 2, 4))
-    return "#111" if 0.299 * r + 0.587 * g + 0.114 * b > 150 else "#fff"
-
-
-def _rgba(color: str, alpha: float) -> str:
-    c = color.lstrip("#")
-    r, g, b = (int(c[i:i + 2], 16) for i in (0, 2, 4))
-    return f"rgba({r},{g},{b},{alpha:.2f})"
 
 
 def format_devices(devs, prefix: str = "d") -> str:
@@ -752,6 +724,7 @@ _HELP = ("Each tile of a tensor is coloured by the device that owns it (OptCNN S
 def layout():
     """The tiling panel: layer and device pickers, the layer figure, the strip of all layers."""
     return html.Div(className="panel tiling-panel", children=[
+        context("tiling"),
         html.Div(className="row tiling-controls", children=[
             html.Label(className="grow", children=[
                 "Layer", dcc.Dropdown(id=ids.TILING_LAYER, options=[], value=None,
@@ -816,9 +789,8 @@ def device_choice(plan, layer, current):
 
 
 def _request_of(plan, request):
-    from .. import service as session
     doc = plan.get("request") if isinstance(plan, dict) and plan.get("request") else request
-    return session.Request.from_dict(doc)
+    return state.request(doc)
 
 
 def layer_geometry(plan, request, layer):
@@ -859,9 +831,6 @@ def render_strip(plan, layer):
     return strip_figure(plan, layer)
 
 
-@dash.callback(Output(ids.TILING_LAYER, "options"), Output(ids.TILING_LAYER, "value"),
-               Input(ids.STORE_PLAN, "data"), Input(ids.STORE_SELECTED, "data"),
-               Input(ids.TILING_STRIP, "clickData"), State(ids.TILING_LAYER, "value"))
 def _cb_layer(plan, selected, click, current):
     try:
         trigger = dash.ctx.triggered_id
@@ -870,24 +839,32 @@ def _cb_layer(plan, selected, click, current):
     return choose_layer(plan, selected, click, current, trigger)
 
 
-@dash.callback(Output(ids.TILING_DEVICE, "options"), Output(ids.TILING_DEVICE, "value"),
-               Input(ids.TILING_LAYER, "value"), State(ids.STORE_PLAN, "data"),
-               State(ids.TILING_DEVICE, "value"))
 def _cb_device(layer, plan, current):
     return device_choice(plan, layer, current)
 
 
-@dash.callback(Output(ids.TILING_FIGURE, "children"),
-               Input(ids.TILING_LAYER, "value"), Input(ids.TILING_DEVICE, "value"),
-               Input(ids.STORE_PLAN, "data"), State(ids.STORE_REQUEST, "data"))
 def _cb_figure(layer, device, plan, request):
     return render_figure(plan, request, layer, device)
 
 
-@dash.callback(Output(ids.TILING_STRIP, "figure"), Input(ids.STORE_PLAN, "data"),
-               Input(ids.TILING_LAYER, "value"))
 def _cb_strip(plan, layer):
     return render_strip(plan, layer)
+
+
+def register(app: dash.Dash) -> None:
+    """The panel's callbacks on ``app`` (the functions stay importable for tests)."""
+    app.callback(Output(ids.TILING_LAYER, "options"), Output(ids.TILING_LAYER, "value"),
+                 Input(ids.STORE_PLAN, "data"), Input(ids.STORE_SELECTED, "data"),
+                 Input(ids.TILING_STRIP, "clickData"), State(ids.TILING_LAYER, "value"))(
+        _cb_layer)
+    app.callback(Output(ids.TILING_DEVICE, "options"), Output(ids.TILING_DEVICE, "value"),
+                 Input(ids.TILING_LAYER, "value"), State(ids.STORE_PLAN, "data"),
+                 State(ids.TILING_DEVICE, "value"))(_cb_device)
+    app.callback(Output(ids.TILING_FIGURE, "children"),
+                 Input(ids.TILING_LAYER, "value"), Input(ids.TILING_DEVICE, "value"),
+                 Input(ids.STORE_PLAN, "data"), State(ids.STORE_REQUEST, "data"))(_cb_figure)
+    app.callback(Output(ids.TILING_STRIP, "figure"), Input(ids.STORE_PLAN, "data"),
+                 Input(ids.TILING_LAYER, "value"))(_cb_strip)
 
 
 __all__ = ["layout", "tiling_figure", "strip_figure", "strip_blocks", "strip_grid",

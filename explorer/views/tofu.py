@@ -20,24 +20,22 @@ from dash import Input, Output, State, dash_table, dcc, html, no_update
 from .. import service as session
 from ..errors import ExplorerError
 from . import ids
-from .controls import job_controls
+from . import palette as P
+from . import state
+from .controls import context, job_controls, running
 
-#: one colour per worker (Tableau 20)
-PALETTE = ["#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1",
-           "#ff9da7", "#9c755f", "#bab0ac", "#86bcb6", "#8cd17d", "#b6992d", "#f1ce63",
-           "#499894", "#d37295"]
-
-
-def layout():
+def layout(req: dict | None = None):
+    """The panel; its method dropdown shows ``req``'s method when it is a Tofu method."""
     return html.Div(className="panel tofu-panel", children=[
+        context("tofu"),
         html.P("Tofu (Wang et al., EuroSys 2019) partitions every tensor of the training step "
                "- forward, backward and the SGD update - over all workers to cut per-worker "
                "memory, minimising total communication by a DP applied recursively "
                "(k = k1·k2·…).", className="muted"),
         html.Div(className="row", children=[
-            html.Label(["Algorithm", dcc.Dropdown(
-                id=ids.TOFU_ALGO, value="tofu", clearable=False, style={"width": "260px"},
-                options=[{"label": f"{k}: {v}", "value": k} for k, v in session.methods("tofu").items()])]),
+            html.Label(["Method", dcc.Dropdown(
+                id=ids.TOFU_ALGO, value=state.tab_method("tofu", req), clearable=False,
+                style={"width": "260px"}, options=state.family_options("tofu"))]),
             *job_controls("Partition", ids.TOFU_BUTTON, ids.TOFU_CANCEL, ids.TOFU_PROGRESS,
                           ids.TOFU_STATUS),
             html.Button("Compare algorithms", id=ids.TOFU_COMPARE_BUTTON),
@@ -67,7 +65,7 @@ def tensor_grid(t: dict, label: str, px: int = 54):
     owners = t["owners"]
     rows, cols = len(owners), len(owners[0]) if owners else 1
     cells = [html.Div(str(w), className="tofu-tile", title=f"worker {w}",
-                      style={"background": PALETTE[w % len(PALETTE)]})
+                      style={"background": P.device_color(w), "color": P.ink(P.device_color(w))})
              for row in owners for w in row]
     return html.Div(className="tofu-tensor", title=f"{t['name']} {tuple(t['shape'])}", children=[
         html.Div(cells, className="tofu-grid", style={
@@ -131,40 +129,29 @@ def step_rows(doc: dict) -> list:
 
 
 def do_partition(req_doc: dict, algo: str, progress=lambda v: None) -> dict:
-    req = session.Request.from_dict(req_doc)
+    """Partition the request's model with ``algo`` (raises ExplorerError / ValueError)."""
+    req = state.request(req_doc)
     progress(10)
     session.opgraph_for(req)
     progress(50)
     return session.tofu(req, algo)
 
 
-@dash.callback(
-    Output(ids.STORE_TOFU, "data"), Output(ids.TOFU_ERROR, "children"),
-    Output(ids.TOFU_STATUS, "children"),
-    Input(ids.TOFU_BUTTON, "n_clicks"),
-    State(ids.STORE_REQUEST, "data"), State(ids.TOFU_ALGO, "value"),
-    background=True, interval=250,
-    progress=[Output(ids.TOFU_PROGRESS, "value")],
-    running=[(Output(ids.TOFU_BUTTON, "disabled"), True, False),
-             (Output(ids.TOFU_CANCEL, "disabled"), False, True),
-             (Output(ids.TOFU_STATUS, "children"), "tracing and partitioning…", "")],
-    cancel=[Input(ids.TOFU_CANCEL, "n_clicks")],
-    prevent_initial_call=True,
-)
-def partition(set_progress, _n, req_doc, algo):
+def strip_for(doc: dict | None, step):
+    """The Figure 11 strip of the shown partition after ``step`` recursion steps (a message
+    instead when its model cannot be partitioned here)."""
+    if not doc:
+        return ""
     try:
-        doc = do_partition(req_doc, algo or "tofu", lambda v: set_progress([str(v)]))
-    except (ExplorerError, ValueError) as exc:
-        return no_update, str(exc), ""
-    set_progress(["100"])
-    return doc, "", f"done: {doc['model']} on {doc['devices']} workers"
+        req = state.request(doc["request"])
+        blocks = session.tofu_strip(req, doc["algo"], upto=step)
+    except (ExplorerError, ValueError, KeyError) as exc:
+        return html.Div(str(exc), className="error")
+    return strip_view(blocks)
 
 
-@dash.callback(Output(ids.TOFU_SUMMARY, "children"), Output(ids.TOFU_STEPS, "data"),
-               Output(ids.TOFU_STEP, "max"), Output(ids.TOFU_STEP, "marks"),
-               Output(ids.TOFU_STEP, "value"),
-               Input(ids.STORE_TOFU, "data"))
-def show(doc):
+def show_view(doc: dict | None) -> tuple:
+    """Summary, step rows and the step slider (max, marks, value) for the shown partition."""
     if not doc:
         return (html.P("Partition the current model to see its tensors tiled over the workers.",
                        className="muted"), [], 1, {0: "0", 1: "1"}, 1)
@@ -173,36 +160,61 @@ def show(doc):
             {i: str(i) for i in range(m + 1)}, m)
 
 
-@dash.callback(Output(ids.TOFU_STRIP, "children"),
-               Input(ids.TOFU_STEP, "value"), State(ids.STORE_TOFU, "data"))
-def show_strip(step, doc):
-    if not doc:
-        return ""
-    try:
-        req = session.Request.from_dict(doc["request"])
-        blocks = session.tofu_strip(req, doc["algo"], upto=step)
-    except (ExplorerError, ValueError) as exc:
-        return html.Div(str(exc), className="error")
-    return strip_view(blocks)
-
-
 def compare_figure(cmp: dict) -> go.Figure:
     algos = list(cmp)
     fig = go.Figure([go.Bar(x=algos, y=[cmp[a]["comm_bytes"] / 1e9 for a in algos],
                             text=[f"{cmp[a]['comm_bytes'] / 1e9:.2f} GB" for a in algos],
-                            marker_color=["#2563eb" if a == "tofu" else "#9ab" for a in algos])])
+                            marker_color=[P.HIGHLIGHT if a == "tofu" else P.PREDICTED
+                                          for a in algos])])
     fig.update_layout(title="Communication per step by algorithm (Tofu Figure 10)",
                       yaxis_title="GB", margin=dict(l=50, r=20, t=40, b=40))
     return fig
 
 
-@dash.callback(Output(ids.TOFU_COMPARE, "figure"), Output(ids.TOFU_COMPARE, "style"),
-               Output(ids.TOFU_ERROR, "children", allow_duplicate=True),
-               Input(ids.TOFU_COMPARE_BUTTON, "n_clicks"), State(ids.STORE_REQUEST, "data"),
-               prevent_initial_call=True)
-def compare(_n, req_doc):
-    try:
-        cmp = session.tofu_compare(session.Request.from_dict(req_doc))
-    except (ExplorerError, ValueError) as exc:
-        return no_update, no_update, str(exc)
-    return compare_figure(cmp), {"height": "340px"}, ""
+def register(app: dash.Dash) -> None:
+    """The panel's callbacks on ``app``."""
+
+    @app.callback(
+        Output(ids.STORE_TOFU, "data"), Output(ids.TOFU_ERROR, "children"),
+        Output(ids.TOFU_STATUS, "children"),
+        Input(ids.TOFU_BUTTON, "n_clicks"),
+        State(ids.STORE_REQUEST, "data"), State(ids.TOFU_ALGO, "value"),
+        background=True, interval=250,
+        progress=[Output(ids.TOFU_PROGRESS, "value")],
+        running=running(ids.TOFU_BUTTON, ids.TOFU_CANCEL, ids.TOFU_PROGRESS, ids.TOFU_STATUS,
+                        "tracing and partitioning…"),
+        cancel=[Input(ids.TOFU_CANCEL, "n_clicks")],
+        prevent_initial_call=True,
+    )
+    def partition(set_progress, _n, req_doc, algo):
+        set_progress(["0"])
+        try:
+            doc = do_partition(req_doc, state.tab_method("tofu", req_doc, algo),
+                               lambda v: set_progress([str(v)]))
+        except (ExplorerError, ValueError) as exc:
+            return no_update, str(exc), ""
+        set_progress(["100"])
+        return doc, "", f"done: {doc['model']} on {doc['devices']} workers"
+
+    @app.callback(Output(ids.TOFU_SUMMARY, "children"), Output(ids.TOFU_STEPS, "data"),
+                  Output(ids.TOFU_STEP, "max"), Output(ids.TOFU_STEP, "marks"),
+                  Output(ids.TOFU_STEP, "value"),
+                  Input(ids.STORE_TOFU, "data"))
+    def show(doc):
+        return show_view(doc)
+
+    @app.callback(Output(ids.TOFU_STRIP, "children"),
+                  Input(ids.TOFU_STEP, "value"), State(ids.STORE_TOFU, "data"))
+    def show_strip(step, doc):
+        return strip_for(doc, step)
+
+    @app.callback(Output(ids.TOFU_COMPARE, "figure"), Output(ids.TOFU_COMPARE, "style"),
+                  Output(ids.TOFU_ERROR, "children", allow_duplicate=True),
+                  Input(ids.TOFU_COMPARE_BUTTON, "n_clicks"), State(ids.STORE_REQUEST, "data"),
+                  prevent_initial_call=True)
+    def compare(_n, req_doc):
+        try:
+            cmp = session.tofu_compare(state.request(req_doc))
+        except (ExplorerError, ValueError) as exc:
+            return no_update, no_update, str(exc)
+        return compare_figure(cmp), {"height": "340px"}, ""
