@@ -917,6 +917,24 @@ def execution_plan(res: TofuResult, g) -> dict:
     return {"held": held, "ops": ops, "workers": K}
 
 
+def plan_document(res: TofuResult, g, model_args: dict | None = None) -> dict:
+    """The saved form of ``res`` (a sealed ``plan-explorer/tofu`` document): the plan summary
+    plus everything ``explorer run`` needs to execute it without searching again - the
+    execution layout (:func:`execution_plan`, packed), model, batch, model arguments, worker
+    count, preset and the operator graph's digest."""
+    from ..opgraph import opgraph_digest
+    from ..plandoc import pack_layout, seal
+    doc = res.to_dict()
+    doc.update(model=g.model, batch=g.batch,
+               model_args=dict(model_args if model_args is not None
+                               else getattr(g, "model_args", {}) or {}),
+               devices=int(res.workers), preset=res.devices, algo=res.algo,
+               comm_bytes=float(res.comm_bytes),
+               peak_memory_bytes=[int(b) for b in res.peak_memory_bytes],
+               opgraph_digest=opgraph_digest(g), layout=pack_layout(execution_plan(res, g)))
+    return seal(doc, "tofu")
+
+
 # ------------------------------------------------------------------------------------------------
 # Pictures: who owns which tile (Figure 11)
 # ------------------------------------------------------------------------------------------------
