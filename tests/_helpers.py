@@ -44,3 +44,23 @@ def random_dag(seed, n=60, p=0.08, ndev=3, mem_scale=1.0, window=12, gb=(0.05, 1
     devs = [Device(f"d{i}", "test", 1e12, 1e12, 1e12) for i in range(ndev)]
     dg = DeviceGraph("rand", devs, np.full((ndev, ndev), 4e9), np.full((ndev, ndev), 1e-5))
     return g, dg
+
+
+def forbid_search(monkeypatch) -> None:
+    """Make every search entry point raise: a test that then runs a saved plan proves the
+    runtime executes it without searching again."""
+    import importlib
+
+    def searched(*_a, **_k):
+        raise AssertionError("a search ran while executing a saved plan")
+    for mod, names in {
+            "explorer.engine.search": ["run"],
+            "explorer.engine.search.tofu": ["search", "execution_plan", "plan_document"],
+            "explorer.engine.search.celeritas": ["search", "placement_graph"],
+            "explorer.engine.search.placement_baselines": ["search", "run"],
+            "explorer.engine.search.optcnn": ["search"],
+            "explorer.engine.search.baselines": ["search"],
+            "explorer.engine.search.exhaustive": ["search"]}.items():
+        m = importlib.import_module(mod)
+        for name in names:
+            monkeypatch.setattr(m, name, searched)
