@@ -234,13 +234,13 @@ def test_a_saved_layerwise_plan_runs_without_any_search(tmp_path, capsys, monkey
     capsys.readouterr()
     saved = json.loads(path.read_text())
     assert plandoc.open_document(saved) == "layerwise" and saved["version"] == 2
+    app = make_plan("lenet5", "optcnn", 8, pins=["conv1=h=2"])      # the app's same plan
     forbid_search(monkeypatch)
     code = main(["run", str(path), "--json", "--steps", "1", "--warmup", "0"])
     out, err = capsys.readouterr()
     assert code == 0, err
     d = json.loads(out)
     assert d["reference_ok"] is True and d["kind"] == "layerwise" and d["devices"] == 2
-    app = make_plan("lenet5", "optcnn", 8, pins=["conv1=h=2"])
     assert [r["id"] for r in RunStore().list(digest(run_key(app)))] == [d["run_id"]]
     path.write_text(json.dumps(dict(saved, batch=16)))
     code = main(["run", str(path)])

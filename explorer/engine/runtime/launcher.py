@@ -1,20 +1,22 @@
-"""Launching a plan on the local devices: N worker processes, a watchdog, the result.
+"""Launching workers on the local devices: N processes, a watchdog, the results.
 
-:func:`launch` validates the plan against the request *before* starting anything (model,
-batch, model arguments, device count; the layer names and configurations against the
-model's graph), starts one process per device with ``torch.multiprocessing`` (spawn, one
-thread each; gloo on CPU, NCCL when there are enough CUDA GPUs), and watches them:
+:func:`start_workers` is the one way the runtime starts workers, for both executors (the
+layer executor's :func:`worker.run_jobs`, the operator-level executor's entry in
+:mod:`.opexec`): one process per rank with ``torch.multiprocessing`` (spawn, one thread each;
+the process group is gloo on CPU, NCCL when there is a CUDA GPU per worker), and a watchdog:
 
-* a worker that raises reports ``(rank, where, error)`` through a queue and exits;
+* a worker that raises reports ``(rank, error)`` through a queue and exits;
 * a worker that dies (signal, ``os._exit``) is noticed by its exit code;
 * either way the launch stops within a second or two, kills every remaining worker (they
   also die with the launcher: ``PR_SET_PDEATHSIG``) and raises :class:`RunFailed` naming
   the rank and the error; a run longer than ``timeout_s`` is killed the same way, and gloo
   operations time out after ``timeout_s`` inside the workers too.
 
-Several plans for the same device count can share one launch (:func:`launch_many`): the
-processes start once and run the plans one after the other (tests use this to check many
-plans in a few seconds).
+:func:`launch` validates a layer-wise plan against the request *before* starting anything
+(model, batch, model arguments, device count; the layer names and configurations against the
+model's graph) and runs it.  Several plans for the same device count can share one launch
+(:func:`launch_many`): the processes start once and run the plans one after the other (tests
+use this to check many plans in a few seconds).
 """
 
 from __future__ import annotations

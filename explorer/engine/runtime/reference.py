@@ -1,4 +1,9 @@
-"""The single-device reference step and the comparison with a distributed step.
+"""The single-device reference step and the comparison with a distributed step - for both
+executors: :func:`reference_step` (the layer executor's eval-mode step of the model) and
+:func:`traced_step` (the operator-level executor's traced training step), each compared by
+:func:`compare`.
+
+The rest of this note is about the layer executor.
 
 Both sides train the same model from the same seeded weights on the same input, in
 **eval mode**: dropout is the identity and BatchNorm normalises with its running statistics
