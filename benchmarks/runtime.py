@@ -8,6 +8,7 @@ time and the error, plus where the measured time goes.
 
     python benchmarks/runtime.py [--models vgg16,resnet50,inception_v3] [--devices 2]
                                  [--algo optcnn] [--steps 20] [--warmup 5] [--json]
+    python benchmarks/runtime.py --failures     # how fast a failing worker ends a run
 
 Target (issue 4): within 10% for each model.
 """
@@ -108,6 +109,33 @@ def _bench_once(model: str, devices: int, algo: str, steps: int, warmup: int,
             "reference": {k: v for k, v in (res["reference"] or {}).items() if k != "params"}}
 
 
+def failure_times(timeout_s: float = 12.0) -> list:
+    """Seconds from launch to the one-line failure, per executor and fault (a worker that
+    raises, exits or hangs mid-step; a hang ends at ``timeout_s``).  The tests check the
+    message and that no worker is left; how fast the launcher notices is measured here."""
+    from explorer import service
+    from explorer.engine.runtime import RunFailed, run_document
+    req = service.Request(model="lenet5", preset="local", devices=2, batch=8, algo="data")
+    layer = service.search(req)
+    layer.pop("trace", None)
+    mlp = service.Request(model="mlp", preset="local", devices=2, batch=8,
+                          model_args={"layers": 1, "hidden": 8})
+    op = service.run_method(mlp, "tofu").document()
+    rows = []
+    for name, doc, fault in (("layer", layer, "1:1"), ("operator", op, "1:1")):
+        for mode in ("raise", "exit", "hang"):
+            t = time.monotonic()
+            try:
+                run_document(doc, steps=2, warmup=0, timeout_s=timeout_s, verify=False,
+                             fault=f"{fault}:{mode}")
+                msg = "no failure"
+            except RunFailed as exc:
+                msg = str(exc).splitlines()[0][:90]
+            rows.append({"executor": name, "fault": mode, "seconds": time.monotonic() - t,
+                         "message": msg})
+    return rows
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="vgg16,resnet50,inception_v3")
@@ -126,7 +154,17 @@ def main(argv=None) -> int:
     ap.add_argument("--keep-home", action="store_true",
                     help="use $EXPLORER_HOME as is (default: a fresh temporary one, so every "
                          "model is profiled right before it runs)")
+    ap.add_argument("--failures", action="store_true",
+                    help="only time how fast a failing worker ends a run (raise, exit, hang; "
+                         "layer and operator-level executors)")
     args = ap.parse_args(argv)
+    if args.failures:
+        rows = failure_times()
+        if args.json:
+            print(json.dumps(rows, indent=2))
+        for r in ([] if args.json else rows):
+            print(f"{r['executor']:9s} {r['fault']:6s} {r['seconds']:6.1f} s  {r['message']}")
+        return 0
     if not args.keep_home:
         import tempfile
         os.environ["EXPLORER_HOME"] = tempfile.mkdtemp(prefix="explorer-bench-")

@@ -184,8 +184,11 @@ def _options(args, family: str) -> dict:
 
 
 def _write(path: str, doc: dict) -> None:
+    """Write a sealed plan document (schema, version, checksum: ``explorer run`` refuses an
+    edited file)."""
+    from .engine.plandoc import dumps
     with open(path, "w") as fh:
-        json.dump(doc, fh, indent=1)
+        fh.write(dumps(doc, indent=1))
 
 
 def cmd_search(args) -> int:
@@ -417,101 +420,13 @@ def cmd_graph(args) -> int:
 
 
 def cmd_run(args) -> int:
-    from .engine.runtime.cli import cmd_run as run
-    try:
-        with open(args.plan) as fh:
-            doc = json.load(fh)
-    except (OSError, ValueError):
-        doc = None                     # the runtime reports unreadable plans
-    if isinstance(doc, dict) and str(doc.get("schema", "")).startswith("plan-explorer/tofu"):
-        return cmd_run_tofu(args, doc)
-    if isinstance(doc, dict) and str(doc.get("schema", "")).startswith(
-            "plan-explorer/placement"):
-        return cmd_run_placement(args, doc)
-    return run(args)
-
-
-def cmd_run_placement(args, doc: dict) -> int:
-    """``explorer run`` of a device placement (Celeritas or a baseline): each worker runs
-    its operators, tensors travel to the devices that read them, the result is compared with
-    one device and the measured step time with the simulator's prediction."""
-    from .engine.runtime.opexec import run_placement
-    from .engine.runtime.store import RunStore, placement_key
-
-    for key in ("model", "placement"):
-        if key not in doc:
-            raise ValueError(f"{args.plan}: a placement needs {key!r}; save placements with "
-                             f"`explorer search --algo celeritas --out PLAN.json`")
-    names = list(doc["placement"])
-    devs = [int(doc["placement"][n]) for n in names]
-    n = int(doc.get("n_devices") or (max(devs) + 1))
-    if getattr(args, "devices", None) not in (None, n):
-        raise ValueError(f"the placement is for {n} devices, not --devices {args.devices}")
-    if doc.get("devices") not in (None, "local"):
-        print(f"note: the placement was made for the {doc['devices']} preset; its predicted "
-              f"times are for those devices, not this machine", file=sys.stderr)
-    out = run_placement(doc["model"], doc.get("batch"), dict(doc.get("model_args") or {}),
-                        names, devs, n, timeout_s=float(getattr(args, "timeout", 600.0)),
-                        steps=max(1, int(getattr(args, "steps", 3) or 3)))
-    pred = doc.get("predicted_step_time_s")
-    out["predicted_step_time_s"] = pred
-    if pred:
-        out["rel_error"] = (pred - out["measured_step_time_s"]) / out["measured_step_time_s"]
-    out.update(algo=doc.get("algo"), devices=n)
-    RunStore().add_safely(placement_key(doc), out)
-    if args.json:
-        print(json.dumps(out, indent=2))
-    else:
-        _print_opexec_check(out, f"{out['model']} placement", n)
-        if pred:
-            print(f"step time: predicted {pred * 1e3:.2f} ms, measured "
-                  f"{out['measured_step_time_s'] * 1e3:.2f} ms ({out['rel_error'] * 100:+.0f} %;"
-                  f" the runtime interprets the step op by op in Python)")
-    return 0 if out["reference_ok"] else 1
-
-
-def _print_opexec_check(out: dict, what: str, n: int) -> None:
-    """The reference check and communication lines of an operator-level run."""
-    print(f"{what} on {n} local workers (gloo): reference check "
-          f"{'passed' if out['reference_ok'] else 'FAILED'} (max relative error "
-          f"{out['max_rel_error']:.1e}, float64)")
-    print(f"communication: predicted {out['predicted_comm_bytes'] / 1e6:.3f} MB, measured "
-          f"{out['measured_comm_bytes'] / 1e6:.3f} MB per step")
-
-
-def cmd_run_tofu(args, doc: dict) -> int:
-    """``explorer run`` of a Tofu plan: re-derive it (the search is deterministic; the
-    communication must equal the file's), run one step on local gloo workers and compare
-    the loss and every updated parameter with one device."""
-    from .engine.opgraph import build_opgraph
-    from .engine.runtime.opexec import run_tofu_plan
-    from .engine.search import tofu
-
-    for key in ("model", "algo", "devices"):
-        if key not in doc:
-            raise ValueError(f"{args.plan}: a Tofu plan needs {key!r}; save plans with "
-                             f"`explorer search --algo tofu --out PLAN.json`")
-    n = int(doc["devices"])
-    if getattr(args, "devices", None) not in (None, n):
-        raise ValueError(f"the plan is for {n} workers, not --devices {args.devices}")
-    if getattr(args, "model", None) not in (None, doc["model"]):
-        raise ValueError(f"the plan is for model {doc['model']}, not {args.model}")
-    margs = dict(doc.get("model_args") or {})
-    g = build_opgraph(doc["model"], doc.get("batch"), margs)
-    res = tofu.partition(g, n, options={"algo": doc["algo"]})
-    if abs(res.comm_bytes - float(doc.get("comm_bytes", res.comm_bytes))) > 0.5:
-        raise ValueError(f"{args.plan} does not match {doc['model']} with these arguments: it "
-                         f"communicates {doc['comm_bytes']:.0f} bytes, the same search now "
-                         f"gives {res.comm_bytes:.0f} (a different model version or batch?)")
-    out = run_tofu_plan(doc["model"], doc.get("batch"), margs, n, algo=doc["algo"], plan=res,
-                        timeout_s=float(getattr(args, "timeout", 600.0)))
-    if args.json:
-        print(json.dumps(out, indent=2))
-    else:
-        _print_opexec_check(out, f"{out['model']} {out['algo']} plan", n)
-        print(f"step wall time {out['step_time_s'] * 1e3:.1f} ms (every worker computes on "
-              f"zero-padded full-size buffers: this checks data movement, not speed)")
-    return 0 if out["reference_ok"] else 1
+    """``explorer run PLAN.json``: execute a saved plan of any kind (the executor is chosen by
+    the document's schema; nothing is searched) and store the run."""
+    from . import service
+    from .engine.runtime.cli import print_run, run_options
+    from .engine.runtime.run import read_document
+    doc = read_document(args.plan)
+    return print_run(service.run_plan(doc, **run_options(args)), args)
 
 
 def cmd_calibrate(args) -> int:

@@ -455,22 +455,29 @@ def placement_compare(req: Request, memory_gib=None, pins: list | None = None, a
     return rows
 
 
+def run_plan(doc: dict, **opts) -> dict:
+    """Execute a plan document of any kind (:func:`explorer.engine.runtime.run.run_document`,
+    which never searches) and store the run with its plan (``$EXPLORER_HOME/runs.sqlite``):
+    its ``run_id`` is in the result."""
+    from .engine.runtime.run import run_document
+    from .engine.runtime.store import RunStore, run_key
+    out = run_document(doc, **opts)
+    RunStore().add_safely(run_key(doc), out)
+    return out
+
+
 def run_placement(doc: dict, steps: int = 3, timeout_s: float = 600.0,
                   progress=lambda v: None) -> dict:
     """Execute a placement document (:func:`placement`) on local gloo workers, one per device
-    of the placement: the reference check against one device (float64), the bytes moved, and
-    the measured step time next to the simulator's (per device: predicted busy time vs
-    measured compute).  Refuses, before launching, a run that would not fit in this
-    machine's free memory."""
+    of the placement (:func:`run_plan`): the reference check against one device (float64), the
+    bytes moved, and the measured step time next to the simulator's (per device: predicted
+    busy time vs measured compute).  Refuses, before launching, a run that would not fit in
+    this machine's free memory."""
     import psutil
 
-    from .engine.runtime.opexec import run_placement as run
     if not doc or "placement" not in doc or "request" not in doc:
         raise ExplorerError("place the model first, then run the placement")
-    req = Request.from_dict(doc["request"])
-    names = list(doc["placement"])
-    devs = [int(doc["placement"][nm]) for nm in names]
-    n = len(doc.get("capacity_bytes") or []) or (max(devs) + 1)
+    n = len(doc.get("capacity_bytes") or []) or (max(map(int, doc["placement"].values())) + 1)
     # float64 run: twice the simulated float32 peaks, all workers on this machine
     need = 2.0 * float(sum(doc.get("peak_memory_bytes") or []))
     free = float(psutil.virtual_memory().available)
@@ -480,22 +487,9 @@ def run_placement(doc: dict, steps: int = 3, timeout_s: float = 600.0,
             f"{n} workers) but {free / 2**30:.1f} GiB is free: choose a smaller batch or "
             f"model to execute it on this machine")
     progress(5)
-    out = run(req.model, req.batch, dict(req.model_args), names, devs, n,
-              timeout_s=timeout_s, steps=max(1, int(steps)))
+    # the app's document lives in memory (no checksum to verify)
+    out = run_plan(doc, steps=max(1, int(steps)), timeout_s=timeout_s, verify=False)
     progress(95)
-    pred = doc.get("predicted_step_time_s")
-    out["predicted_step_time_s"] = pred
-    if pred and out.get("measured_step_time_s"):
-        out["rel_error"] = (pred - out["measured_step_time_s"]) / out["measured_step_time_s"]
-    busy = [0.0] * n
-    for o in (doc.get("schedule") or {}).get("ops", []):
-        busy[int(o["device"])] += float(o["end"]) - float(o["start"])
-    out["predicted_busy_s"] = busy
-    out["algo"] = doc.get("algo")
-    out["devices"] = n
-    out["steps"] = max(1, int(steps))
-    from .engine.runtime.store import RunStore, placement_key
-    RunStore().add_safely(placement_key(doc), out)
     return out
 
 
@@ -523,5 +517,5 @@ __all__ = ["Request", "search", "candidates", "compare", "scaling", "tiles", "su
            "layer_info", "plan_changes", "parse_model_args", "graph_for", "clear_caches",
            "opgraph_for", "tofu", "tofu_strip", "tofu_compare", "placement",
            "placement_compare", "placement_structure", "placement_pins", "placement_graph_for",
-           "run_placement", "placement_runs"]
+           "run_plan", "run_placement", "placement_runs"]
 _ = np  # numpy used by callers through geometry results

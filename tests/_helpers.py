@@ -58,3 +58,23 @@ def place(algo, pg, dg, options=None):
     known = {f.name for f in fields(METHODS[algo].options_type)}
     return run(algo, Problem.of(pg, dg), pins,
                {k: v for k, v in opts.items() if k in known}).plan
+
+
+def forbid_search(monkeypatch) -> None:
+    """Make every search entry point raise: a test that then runs a saved plan proves the
+    runtime executes it without searching again."""
+    import importlib
+
+    def searched(*_a, **_k):
+        raise AssertionError("a search ran while executing a saved plan")
+    for mod, names in {
+            "explorer.engine.search": ["run"],
+            "explorer.engine.search.tofu": ["search", "partition", "execution_plan"],
+            "explorer.engine.search.celeritas": ["search", "place", "placement_graph"],
+            "explorer.engine.search.placers": ["search", "place"],
+            "explorer.engine.search.optcnn": ["search", "solve"],
+            "explorer.engine.search.classic": ["search"],
+            "explorer.engine.search.exhaustive": ["search", "solve"]}.items():
+        m = importlib.import_module(mod)
+        for name in names:
+            monkeypatch.setattr(m, name, searched)

@@ -82,9 +82,7 @@ def violations(directory: Path, forbidden, root: Path = ROOT) -> list[str]:
 
 @pytest.mark.parametrize("rule, directory, forbidden", [
     pytest.param(*RULES[0], id="engine-imports-no-app"),
-    pytest.param(*RULES[1], id="runtime-imports-no-method",
-                 marks=pytest.mark.xfail(strict=True, reason="runtime still imports tofu "
-                                                             "(removed by the runtime slice)")),
+    pytest.param(*RULES[1], id="runtime-imports-no-method"),
 ])
 def test_import_rule(rule, directory, forbidden):
     assert (ROOT / directory).is_dir()

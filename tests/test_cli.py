@@ -183,6 +183,22 @@ def test_out_file_equals_printed_json(capsys, tmp_path):
     doc = search_json(capsys, "lenet5", "--devices", "2", "--out", str(out_path))
     saved = json.loads(out_path.read_text())
     assert saved["layers"] == doc["layers"] and saved["objective_s"] == doc["objective_s"]
+    # the file is a sealed plan document (the printed JSON is the plan as before)
+    from explorer.engine import plandoc
+    assert saved["schema"] == "plan-explorer/layerwise" and saved["version"] == 2
+    assert plandoc.open_document(saved) == "layerwise"
+
+
+def test_run_of_a_missing_or_foreign_file_is_one_line(capsys, tmp_path):
+    code, out, err = run(capsys, "run", str(tmp_path / "nope.json"))
+    assert code == 2 and out == "" and "not found" in err and err.count("\n") == 1
+    bad = tmp_path / "bad.json"
+    bad.write_text("{broken")
+    code, _, err = run(capsys, "run", str(bad))
+    assert code == 2 and "cannot read plan" in err and err.count("\n") == 1
+    bad.write_text('{"hello": 1}')
+    code, _, err = run(capsys, "run", str(bad))
+    assert code == 2 and "is not a plan" in err
 
 
 def test_bad_numbers_exit_2(capsys):

@@ -11,7 +11,6 @@ import json
 import os
 import shutil
 import subprocess
-import time
 from argparse import Namespace
 from pathlib import Path
 
@@ -21,6 +20,7 @@ import torch
 from _helpers import spawned_workers
 
 from explorer import service as session
+from explorer.engine import plandoc
 from explorer.engine.runtime import RunFailed, launch, launch_many, validate
 from explorer.errors import ExplorerError, InfeasiblePlan
 
@@ -85,9 +85,8 @@ def _case_plan(model, batch, args, algo, spatial):
 def checked():
     """Every case's plan and result, from a single launch of 2 workers."""
     plans = [_case_plan(*c[1:]) for c in CASES]
-    t = time.monotonic()
     results = launch_many(plans, steps=0, warmup=0, timeout_s=900, store=False)
-    return {c[0]: (p, r) for c, p, r in zip(CASES, plans, results)}, time.monotonic() - t
+    return {c[0]: (p, r) for c, p, r in zip(CASES, plans, results)}
 
 
 _children = spawned_workers
@@ -110,8 +109,7 @@ def _dead(pids):
 
 @pytest.mark.parametrize("case", [c[0] for c in CASES])
 def test_reference_check(checked, case):
-    by_case, _ = checked
-    plan, res = by_case[case]
+    plan, res = checked[case]
     ref = res["reference"]
     assert ref is not None
     assert res["reference_ok"], (
@@ -135,8 +133,7 @@ def _model_params(plan):
 
 def test_cases_split_as_intended(checked):
     """The spatial plans really split height/width, the model plans channels."""
-    by_case, _ = checked
-    labels = {case: {la["config_label"] for la in p["layers"]} for case, (p, _) in by_case.items()}
+    labels = {case: {la["config_label"] for la in p["layers"]} for case, (p, _) in checked.items()}
     for case in labels:
         if "spatial-h" in case:
             assert "h2" in labels[case], case
@@ -187,7 +184,7 @@ def test_cli_run_json_measures(tmp_path, capsys):
     from explorer.engine.runtime.store import RunStore
     plan = make_plan("lenet5", "optcnn", 8, pins=["conv1=h=2", "fc1=c=2"])
     path = tmp_path / "plan.json"
-    path.write_text(json.dumps(plan))
+    path.write_text(json.dumps(plandoc.seal(plan, "layerwise")))          # as the tool saves it
     code = cmd_run(Namespace(plan=str(path), steps=3, warmup=1, json=True, timeout=120.0))
     out = json.loads(capsys.readouterr().out)
     assert code == 0
@@ -223,6 +220,35 @@ def test_cli_run_missing_plan_is_user_error(tmp_path):
         cmd_run(Namespace(plan=str(bad), steps=1, warmup=0, json=True, timeout=10.0))
 
 
+def test_a_saved_layerwise_plan_runs_without_any_search(tmp_path, capsys, monkeypatch):
+    """`explorer search --out` seals the plan; `explorer run` executes it as saved, stores the
+    run under the same digest as the app's plan, and refuses the file once it is edited."""
+    from _helpers import forbid_search
+
+    from explorer.cli import main
+    from explorer.engine import plandoc
+    from explorer.engine.history import digest
+    from explorer.engine.runtime.store import RunStore, run_key
+    path = tmp_path / "plan.json"
+    assert main(["search", "lenet5", "-n", "2", "--batch", "8", "--preset", "local",
+                 "--pin", "conv1=h=2", "--out", str(path)]) == 0
+    capsys.readouterr()
+    saved = json.loads(path.read_text())
+    assert plandoc.open_document(saved) == "layerwise" and saved["version"] == 2
+    app = make_plan("lenet5", "optcnn", 8, pins=["conv1=h=2"])      # the app's same plan
+    forbid_search(monkeypatch)
+    code = main(["run", str(path), "--json", "--steps", "1", "--warmup", "0"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    d = json.loads(out)
+    assert d["reference_ok"] is True and d["kind"] == "layerwise" and d["devices"] == 2
+    assert [r["id"] for r in RunStore().list(digest(run_key(app)))] == [d["run_id"]]
+    path.write_text(json.dumps(dict(saved, batch=16)))
+    code = main(["run", str(path)])
+    err = capsys.readouterr().err
+    assert code == 2 and "edited after it was saved" in err and err.count("\n") == 1
+
+
 # --------------------------------------------------------------------------------------------
 # rejection before launch
 # --------------------------------------------------------------------------------------------
@@ -231,7 +257,6 @@ def test_cli_run_missing_plan_is_user_error(tmp_path):
 def test_plan_for_other_model_or_devices_rejected_before_launch():
     plan = make_plan("lenet5", "data", 8)
     before = {c.pid for c in psutil.Process().children(recursive=True)}
-    t = time.monotonic()
     with pytest.raises(InfeasiblePlan, match="resnet50"):
         launch(plan, expect={"model": "resnet50"})
     with pytest.raises(InfeasiblePlan, match="4 devices"):
@@ -255,7 +280,6 @@ def test_plan_for_other_model_or_devices_rejected_before_launch():
         launch(bad_cfg)
     with pytest.raises(InfeasiblePlan, match="not a runnable plan"):
         launch({"schema": "something else"})
-    assert time.monotonic() - t < 30
     after = {c.pid for c in psutil.Process().children(recursive=True)}
     assert after <= before, "nothing may be launched for a rejected plan"
 
@@ -303,14 +327,13 @@ def test_more_workers_than_cores_warns():
 
 def test_worker_raising_mid_step_fails_cleanly():
     plan = make_plan("lenet5", "data", 8)
-    t = time.monotonic()
     with pytest.raises(RunFailed) as info:
         launch(plan, steps=3, warmup=1, timeout_s=60, fault="1:2:raise", store=False)
-    elapsed = time.monotonic() - t
     msg = str(info.value)
+    # the fault itself is reported (not the 60 s timeout): the launch stopped at the failure
     assert "rank 1" in msg and "injected fault" in msg and "step 2" in msg, msg
+    assert "did not finish" not in msg
     assert info.value.rank == 1
-    assert elapsed < 30
     assert _dead(info.value.pids)
     assert not _children()
 
@@ -319,23 +342,19 @@ def test_worker_dying_mid_step_fails_cleanly(monkeypatch):
     """Fault injected through the environment (test hook of the worker entry point)."""
     monkeypatch.setenv("EXPLORER_RUNTIME_FAULT", "0:1:exit")
     plan = make_plan("lenet5", "model", 8)
-    t = time.monotonic()
     with pytest.raises(RunFailed) as info:
         launch(plan, steps=3, warmup=1, timeout_s=60, store=False)
-    assert time.monotonic() - t < 30
     msg = str(info.value)
     assert "rank 0 died" in msg and "exit code 3" in msg, msg
+    assert "did not finish" not in msg
     assert _dead(info.value.pids)
     assert not _children()
 
 
 def test_hanging_worker_hits_the_timeout():
     plan = make_plan("lenet5", "data", 8)
-    t = time.monotonic()
     with pytest.raises(RunFailed) as info:
         launch(plan, steps=3, warmup=1, timeout_s=12, fault="1:1:hang", store=False)
-    elapsed = time.monotonic() - t
-    assert elapsed < 25
     msg = str(info.value)
     # either the parent's watchdog fired or rank 0's gloo timeout did
     assert "did not finish within 12" in msg or "rank 0" in msg, msg
@@ -353,7 +372,7 @@ def test_hanging_worker_hits_the_timeout():
 def test_torchrun_runs_the_worker_entry_point(tmp_path):
     plan = make_plan("lenet5", "optcnn", 8, pins=["conv1=w=2", "fc1=c=2"])
     path, out = tmp_path / "plan.json", tmp_path / "result.json"
-    path.write_text(json.dumps(plan))
+    path.write_text(json.dumps(plandoc.seal(plan, "layerwise")))
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
                OMP_NUM_THREADS="1")
     env.pop("EXPLORER_RUNTIME_FAULT", None)

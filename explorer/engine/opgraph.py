@@ -30,7 +30,7 @@ import networkx as nx
 
 from ..errors import UnsupportedModel
 
-__all__ = ["Tensor", "Op", "OpGraph", "build_opgraph", "trace_step"]
+__all__ = ["Tensor", "Op", "OpGraph", "build_opgraph", "trace_step", "opgraph_digest"]
 
 #: aten ops that only re-label memory and carry no data dependence worth an operator
 _DROP = {"detach", "alias", "lift_fresh_copy", "_assert_tensor_metadata", "sym_size",
@@ -100,6 +100,7 @@ class OpGraph:
         self.gm = None                    # the traced fx GraphModule (set by build_from_module)
         self.param_names: list = []
         self.buffer_names: list = []
+        self.model_args: dict = {}        # the builder's keyword arguments (build_opgraph)
 
     # -- queries ------------------------------------------------------------------------------
     def consumers(self) -> dict:
@@ -457,4 +458,22 @@ def build_opgraph(spec: str, batch: int | None = None, model_args: dict | None =
     model, x = load_model(spec, batch, model_args, meta=True)
     with contextlib.suppress(Exception):
         model.train()
-    return build_from_module(model, x, spec, lr)
+    g = build_from_module(model, x, spec, lr)
+    g.model_args = dict(model_args or {})
+    return g
+
+
+def opgraph_digest(g: OpGraph) -> str:
+    """Hash of what an operator-level plan depends on (16 hex digits): every operator's name,
+    aten target, output index, inputs and output, and every tensor's id and shape.
+
+    A saved Tofu partition or device placement records it, so a plan whose model, batch or
+    model arguments now give another graph is refused before any worker starts; the workers
+    check their own trace against it too.  Dtypes are left out on purpose: the runtime traces
+    the model in float64, the search on float32 fake tensors."""
+    import hashlib
+    import json
+    doc = {"ops": [[o.name, o.target, o.index, list(o.inputs), o.output]
+                   for o in g.ops.values()],
+           "tensors": [[t.id, list(t.shape or ())] for t in g.tensors.values()]}
+    return hashlib.sha256(json.dumps(doc, separators=(",", ":")).encode()).hexdigest()[:16]

@@ -40,7 +40,7 @@ import numpy as np
 from ..errors import PlanFileError
 
 __all__ = ["KINDS", "VERSION", "schema_of", "seal", "open_document", "checksum", "kind_of",
-           "to_jsonable", "dumps"]
+           "to_jsonable", "dumps", "pack_layout", "unpack_layout"]
 
 KINDS = ("layerwise", "tofu", "placement")
 VERSION = 2
@@ -133,3 +133,71 @@ def open_document(doc, verify: bool = True) -> str:
         raise PlanFileError("the plan has no checksum: save it with `explorer search --out` "
                             "or from the app")
     return kind
+
+
+# -- the execution layout of an operator-level plan ----------------------------------------------
+
+
+def pack_layout(xplan: dict) -> dict:
+    """An execution layout (every tensor's box per worker, every operator's output box, input
+    regions, reducer, zero masks: ``{"held": {t: [K, nd, 2]}, "ops": {op: {"out", "needs",
+    "reducer", "zero"}}, "workers": K}``) as compact JSON.
+
+    Boxes repeat a lot (every tensor of a shape tiled alike), so each distinct ``[K, nd, 2]``
+    box array is stored once in ``boxes`` and referred to by its index; ``reducer`` and
+    ``zero`` are left out where they are empty."""
+    table: dict = {}
+    boxes: list = []
+
+    def ref(arr) -> int:
+        a = np.asarray(arr, dtype=np.int64)
+        key = (a.shape, a.tobytes())
+        if key not in table:
+            table[key] = len(boxes)
+            boxes.append(a.tolist())
+        return table[key]
+
+    ops = {}
+    for name, info in xplan["ops"].items():
+        op = {"out": ref(info["out"]), "needs": {t: ref(n) for t, n in info["needs"].items()}}
+        if info.get("reducer"):
+            op["reducer"] = info["reducer"]
+        if info.get("zero"):
+            op["zero"] = {t: [int(bool(z)) for z in m] for t, m in info["zero"].items()}
+        ops[name] = op
+    held = {t: ref(b) for t, b in xplan["held"].items()}
+    out = {"workers": int(xplan["workers"]), "boxes": boxes, "held": held, "ops": ops}
+    if xplan.get("cache"):
+        out["cache"] = True
+    return out
+
+
+def unpack_layout(layout) -> dict:
+    """:func:`pack_layout` reversed: the execution layout with numpy box arrays.  Raises
+    :class:`~explorer.errors.PlanFileError` for a layout that is not one."""
+    try:
+        k = int(layout["workers"])
+        boxes = []
+        for b in layout["boxes"]:
+            a = np.asarray(b, dtype=np.int64)
+            boxes.append(a.reshape(k, len(b[0]) if k else 0, 2))
+
+        def box(i):
+            if not isinstance(i, int) or not 0 <= i < len(boxes):
+                raise ValueError(f"box index {i!r} out of range")
+            return boxes[i]
+        held = {t: box(i) for t, i in layout["held"].items()}
+        ops = {}
+        for name, op in layout["ops"].items():
+            zero = {t: np.asarray(m, dtype=bool) for t, m in (op.get("zero") or {}).items()}
+            if any(z.shape != (k,) for z in zero.values()):
+                raise ValueError(f"operator {name}: a zero mask is not one flag per worker")
+            ops[name] = {"out": box(op["out"]),
+                         "needs": {t: box(i) for t, i in op["needs"].items()},
+                         "reducer": op.get("reducer"), "zero": zero}
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
+        raise PlanFileError(f"the plan's execution layout is malformed ({exc}): save the plan "
+                            f"again with `explorer search --out`") from None
+    if k < 1:
+        raise PlanFileError(f"the plan's execution layout has {k} workers")
+    return {"held": held, "ops": ops, "workers": k, "cache": bool(layout.get("cache"))}

@@ -109,4 +109,5 @@ def placement_result(plan: PlacementPlan, problem, pins=()):
                   getattr(dg, "name", ""), int(len(plan.capacity)),
                   plan.predicted_step_time_s, plan.predicted_step_time_s, plan.search_time_s,
                   plan.peak_memory_bytes, float(plan.sim.comm_bytes), not plan.oom, plan,
-                  [p.text() for p in (pins or ())], list(plan.trace), info)
+                  [p.text() for p in (pins or ())], list(plan.trace), info,
+                  capture=problem.opgraph if problem.model else None)

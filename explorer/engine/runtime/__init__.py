@@ -1,5 +1,10 @@
-"""Executing a layer-wise plan on local worker processes (``torch.distributed``).
+"""Executing saved plans on local worker processes (``torch.distributed``).
 
+* :func:`run_document` – the entry point for a plan document of any kind (layer-wise, Tofu,
+  placement): checks the document and dispatches on its schema; nothing is searched
+  (:mod:`.run`).  Tofu plans and placements run on the operator-level executor
+  (:mod:`.opexec`), layer-wise plans on the layer executor below; both start their workers
+  with :func:`start_workers` and check against one device through :mod:`.reference`.
 * :func:`launch` / :func:`launch_many` – validate a plan against the model (and an optional
   request) *before* starting anything, start one process per device (``torch.multiprocessing``
   spawn, one thread each, pinned to its own core; gloo on CPU, NCCL when there are enough
@@ -30,12 +35,16 @@ on a height/width split, transposed convolutions — each raises ``NotImplemente
 the layer.
 """
 
-from .launcher import RunFailed, launch, launch_many, validate
+from .launcher import RunFailed, launch, launch_many, start_workers, validate
 
-__all__ = ["RunFailed", "launch", "launch_many", "validate", "calibrate", "Executor"]
+__all__ = ["RunFailed", "launch", "launch_many", "start_workers", "validate", "run_document",
+           "calibrate", "Executor"]
 
 
 def __getattr__(name):
+    if name == "run_document":
+        from .run import run_document
+        return run_document
     if name == "calibrate":
         from .calibrate import calibrate
         return calibrate

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import os
-import queue as queue_mod
 import statistics
 import time
 
@@ -68,115 +67,83 @@ def measure_compute(quick: bool = False) -> dict:
             "mem_bw": mem_bw}
 
 
-def _link_worker(rank, world, port, q, quick):
+def _link_worker(rank, world, device, quick, send):
+    """Rank ``rank`` of the link measurement (an entry of :func:`launcher.start_workers`:
+    gloo group joined, one thread, pinned to its core); rank 0 sends the numbers."""
     import torch.distributed as dist
-    from .worker import _set_pdeathsig, _threads
-    _set_pdeathsig()
-    _threads()
-    os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
-    try:
-        dist.init_process_group("gloo", rank=rank, world_size=world)
-        from .worker import _pin
-        _pin(rank, world)
-        peer = 1 - rank if rank < 2 else None
-        res = {}
-        reps = 20 if quick else 60
-        small, rs = torch.randn(256), torch.empty(256)            # 1 KB
-        x, w = torch.randn(8, 512, 4, 4), torch.randn(1024, 512, 1, 1)   # ~2 ms of compute
-        if rank < 2:
-            # raw ping-pong (nothing else running)
-            ts = []
-            for i in range(reps + 5):
-                t = time.perf_counter()
-                if rank == 0:
-                    dist.send(small, peer)
-                    dist.recv(rs, peer)
-                else:
-                    dist.recv(rs, peer)
-                    dist.send(small, peer)
-                if i >= 5:
-                    ts.append((time.perf_counter() - t) / 2)
-            res["pingpong_latency"] = statistics.median(ts)
-            # exchange while computing between exchanges (what a training step does); the
-            # mean, not the median: a step pays every exchange, tails included
-            ts = []
-            for i in range(reps + 5):
-                F.conv2d(x, w)
-                t = time.perf_counter()
-                ws = [dist.irecv(rs, peer, tag=1), dist.isend(small, peer, tag=1)]
-                for wk in ws:
-                    wk.wait()
-                if i >= 5:
-                    ts.append(time.perf_counter() - t)
-            res["latency"] = statistics.fmean(ts)
-            res["latency_median"] = statistics.median(ts)
-            # bandwidth: 64 MB one way, and both ways at once
-            m = (16 if quick else 64) * 2 ** 20
-            big, rb = torch.randn(m // 4), torch.empty(m // 4)
-            ts = []
-            for i in range(4 if quick else 6):
-                t = time.perf_counter()
-                if rank == 0:
-                    dist.send(big, peer)
-                else:
-                    dist.recv(rb, peer)
-                if i >= 1:
-                    ts.append(time.perf_counter() - t)
-            res["link_bw"] = m / statistics.median(ts)
-            res["link_bytes"] = m
-        dist.barrier()
-        for size, key in ((256, "allreduce_1k_s"), ((4 if quick else 16) * 2 ** 20 // 4,
-                                                    "allreduce_big_s")):
-            t_ = torch.randn(size)
-            ts = []
-            for i in range(reps // 4 + 2):
-                t = time.perf_counter()
-                dist.all_reduce(t_)
-                if i >= 2:
-                    ts.append(time.perf_counter() - t)
-            res[key] = statistics.median(ts)
-            if key == "allreduce_big_s":
-                res["allreduce_big_bytes"] = size * 4
-        if rank == 0:
-            q.put(("ok", res))
-        dist.barrier()
-        dist.destroy_process_group()
-    except BaseException as exc:  # noqa: BLE001
-        q.put(("error", f"rank {rank}: {type(exc).__name__}: {exc}"))
-        os._exit(1)
+    peer = 1 - rank if rank < 2 else None
+    res = {}
+    reps = 20 if quick else 60
+    small, rs = torch.randn(256), torch.empty(256)            # 1 KB
+    x, w = torch.randn(8, 512, 4, 4), torch.randn(1024, 512, 1, 1)   # ~2 ms of compute
+    if rank < 2:
+        # raw ping-pong (nothing else running)
+        ts = []
+        for i in range(reps + 5):
+            t = time.perf_counter()
+            if rank == 0:
+                dist.send(small, peer)
+                dist.recv(rs, peer)
+            else:
+                dist.recv(rs, peer)
+                dist.send(small, peer)
+            if i >= 5:
+                ts.append((time.perf_counter() - t) / 2)
+        res["pingpong_latency"] = statistics.median(ts)
+        # exchange while computing between exchanges (what a training step does); the
+        # mean, not the median: a step pays every exchange, tails included
+        ts = []
+        for i in range(reps + 5):
+            F.conv2d(x, w)
+            t = time.perf_counter()
+            ws = [dist.irecv(rs, peer, tag=1), dist.isend(small, peer, tag=1)]
+            for wk in ws:
+                wk.wait()
+            if i >= 5:
+                ts.append(time.perf_counter() - t)
+        res["latency"] = statistics.fmean(ts)
+        res["latency_median"] = statistics.median(ts)
+        # bandwidth: 64 MB one way, and both ways at once
+        m = (16 if quick else 64) * 2 ** 20
+        big, rb = torch.randn(m // 4), torch.empty(m // 4)
+        ts = []
+        for i in range(4 if quick else 6):
+            t = time.perf_counter()
+            if rank == 0:
+                dist.send(big, peer)
+            else:
+                dist.recv(rb, peer)
+            if i >= 1:
+                ts.append(time.perf_counter() - t)
+        res["link_bw"] = m / statistics.median(ts)
+        res["link_bytes"] = m
+    dist.barrier()
+    for size, key in ((256, "allreduce_1k_s"), ((4 if quick else 16) * 2 ** 20 // 4,
+                                                "allreduce_big_s")):
+        t_ = torch.randn(size)
+        ts = []
+        for i in range(reps // 4 + 2):
+            t = time.perf_counter()
+            dist.all_reduce(t_)
+            if i >= 2:
+                ts.append(time.perf_counter() - t)
+        res[key] = statistics.median(ts)
+        if key == "allreduce_big_s":
+            res["allreduce_big_bytes"] = size * 4
+    if rank == 0:
+        send("result", "link", res)
+    dist.barrier()
 
 
 def measure_link(devices: int = 2, quick: bool = False, timeout_s: float = 120.0) -> dict:
     """Point-to-point and all-reduce numbers between ``devices`` (≥ 2) gloo processes."""
-    import torch.multiprocessing as mp
-    from .launcher import RunFailed, _free_port, _kill
-    n = max(2, int(devices))
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    port = _free_port()
-    procs = [ctx.Process(target=_link_worker, args=(r, n, port, q, quick)) for r in range(n)]
+    from .launcher import RunFailed, start_workers
     try:
-        for p in procs:
-            p.start()
-        t0 = time.monotonic()
-        while True:
-            try:
-                kind, val = q.get(timeout=0.2)
-            except queue_mod.Empty:
-                if time.monotonic() - t0 > timeout_s:
-                    raise RunFailed(f"link calibration did not finish within {timeout_s:g} s")
-                if any(p.exitcode not in (None, 0) for p in procs):
-                    raise RunFailed("a link calibration worker died: " + ", ".join(
-                        f"rank {r} exit code {p.exitcode}" for r, p in enumerate(procs)
-                        if p.exitcode not in (None, 0)))
-                continue
-            if kind == "error":
-                raise RunFailed(f"link calibration failed: {val}")
-            return val
-    finally:
-        _kill(procs)
-        q.close()
-        q.cancel_join_thread()
+        got = start_workers(max(2, int(devices)), _link_worker, quick, timeout_s=timeout_s,
+                            backend="gloo", name="explorer-calibrate")
+    except RunFailed as exc:
+        raise RunFailed(f"link calibration: {exc}", exc.rank, exc.pids) from None
+    return got.results[0]["link"]
 
 
 def calibrate(devices: int = 2, model: str | None = None, batch: int | None = None,
@@ -258,47 +225,39 @@ def _profile_into(path, model, devices, batch, model_args, reps, warmup, progres
     return len(shards)
 
 
-def _lockstep_worker(rank, k, model, devices, batch, model_args, reps, warmup, barrier, q):
-    """Rank ``rank`` of ``k`` profiling processes: time every shard used by k-device
-    configurations, all processes starting each run together (a barrier before it)."""
+def _lockstep_worker(rank, k, device, job, send):
+    """Rank ``rank`` of ``k`` profiling processes (an entry of :func:`launcher.start_workers`,
+    each pinned to its own core): time every shard used by k-device configurations, all
+    processes starting each run together (a barrier before it); sends the times."""
     from ..profile import Profiler, build_shard
-    from .worker import _set_pdeathsig, _threads
-    _set_pdeathsig()
-    _threads()
-    try:
-        os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[rank]})
-    except (AttributeError, OSError, IndexError):
-        pass
-    try:
-        g, _, shards = _graph_and_shards(model, devices, batch, model_args)
-        shards = [s for s in shards if k in s[4]]
-        flush = torch.empty(Profiler(":memory:").flush_bytes // 4)
-        out = []
-        for (name, out_shape, in_shapes, grads, _), n in zip(shards, reps):
-            run, leaves = build_shard(g.layer(name), out_shape, in_shapes, input_grads=grads)
-            backward = bool(leaves)
+    model, devices, batch, model_args, reps, warmup, barrier = job
+    g, _, shards = _graph_and_shards(model, devices, batch, model_args)
+    shards = [s for s in shards if k in s[4]]
+    flush = torch.empty(Profiler(":memory:").flush_bytes // 4)
+    out = []
+    for (name, out_shape, in_shapes, grads, _), n in zip(shards, reps):
+        run, leaves = build_shard(g.layer(name), out_shape, in_shapes, input_grads=grads)
+        backward = bool(leaves)
+        outs = run()
+        ograds = [torch.ones_like(o) for o in outs]
+        if backward:
+            torch.autograd.backward(outs, ograds)
+        del outs
+        times = []
+        for i in range(warmup + n):
+            for x in leaves:
+                x.grad = None
+            flush.fill_(float(i))
+            barrier.wait(timeout=600)
+            t = time.perf_counter()
             outs = run()
-            ograds = [torch.ones_like(o) for o in outs]
             if backward:
                 torch.autograd.backward(outs, ograds)
+            if i >= warmup:
+                times.append(time.perf_counter() - t)
             del outs
-            times = []
-            for i in range(warmup + n):
-                for x in leaves:
-                    x.grad = None
-                flush.fill_(float(i))
-                barrier.wait(timeout=600)
-                t = time.perf_counter()
-                outs = run()
-                if backward:
-                    torch.autograd.backward(outs, ograds)
-                if i >= warmup:
-                    times.append(time.perf_counter() - t)
-                del outs
-            out.append(times)
-        q.put(("ok", rank, out))
-    except BaseException as exc:  # noqa: BLE001
-        q.put(("error", rank, f"{type(exc).__name__}: {exc}"))
+        out.append(times)
+    send("result", "times", out)
 
 
 def _profile_lockstep(k, model, devices, batch, model_args, reps, warmup,
@@ -309,7 +268,7 @@ def _profile_lockstep(k, model, devices, batch, model_args, reps, warmup,
     import torch.multiprocessing as mp
 
     from ..profile import Profiler, default_cache_path
-    from .launcher import RunFailed, _kill
+    from .launcher import RunFailed, start_workers
     g, kind, shards = _graph_and_shards(model, devices, batch, model_args)
     shards = [s for s in shards if k in s[4]]
     if not shards:
@@ -321,25 +280,14 @@ def _profile_lockstep(k, model, devices, batch, model_args, reps, warmup,
         for name, out_shape, in_shapes, grads, _ in shards:
             alone = prof.lookup(g.layer(name), out_shape, in_shapes, kind, grads) or 0.0
             counts.append(max(1, min(reps, int(budget_s // max(alone, 1e-9)))))
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    barrier = ctx.Barrier(k)
-    procs = [ctx.Process(target=_lockstep_worker, args=(r, k, model, devices, batch,
-                                                        model_args, counts, warmup, barrier, q))
-             for r in range(k)]
-    res: dict = {}
+    barrier = mp.get_context("spawn").Barrier(k)
     try:
-        for p in procs:
-            p.start()
-        for _ in procs:
-            kind_, rank, val = q.get(timeout=3600)
-            if kind_ == "error":
-                raise RunFailed(f"lockstep profiling on worker {rank} failed: {val}")
-            res[rank] = val
-    finally:
-        _kill(procs)
-        q.close()
-        q.cancel_join_thread()
+        got = start_workers(k, _lockstep_worker, (model, devices, batch, model_args, counts,
+                                                  warmup, barrier),
+                            timeout_s=3600.0, backend="gloo", name="explorer-profile")
+    except RunFailed as exc:
+        raise RunFailed(f"lockstep profiling: {exc}", exc.rank, exc.pids) from None
+    res = {r: v["times"] for r, v in got.results.items()}
     with Profiler(default_cache_path()) as prof:
         for j, (name, out_shape, in_shapes, grads, _) in enumerate(shards):
             runs = [max(res[r][j][i] for r in range(k)) for i in range(counts[j])]

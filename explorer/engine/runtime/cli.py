@@ -25,12 +25,8 @@ import json
 import os
 import sys
 
-from ...errors import ExplorerError, InfeasiblePlan
+from ...errors import ExplorerError
 from ..plandoc import dumps
-
-
-class PlanFileError(InfeasiblePlan):
-    """The plan file is missing or is not a plan."""
 
 
 def _kv(text: str) -> tuple:
@@ -74,44 +70,43 @@ def add_calibrate_parser(sub) -> argparse.ArgumentParser:
     return c
 
 
-def _load_plan(path: str) -> dict:
-    try:
-        with open(path) as fh:
-            doc = json.load(fh)
-    except FileNotFoundError:
-        raise PlanFileError(f"plan file {path!r} not found: write one with `explorer search "
-                            f"MODEL --devices N --preset local --out {path}`") from None
-    except (OSError, ValueError) as exc:
-        raise PlanFileError(f"cannot read plan {path!r}: {exc}") from None
-    if not isinstance(doc, dict) or "layers" not in doc:
-        raise PlanFileError(f"{path} is not a plan (write one with `explorer search --out`)")
-    return doc
-
-
-def cmd_run(args) -> int:
-    from .launcher import launch
-    from .report import format_report
-    plan = _load_plan(args.plan)
-    steps = int(getattr(args, "steps", 20))
-    warmup = int(getattr(args, "warmup", 5))
-    expect = {"devices": getattr(args, "devices", None), "model": getattr(args, "model", None)}
+def run_options(args) -> dict:
+    """:func:`~explorer.engine.runtime.run.run_document` keywords from ``explorer run``'s
+    arguments (absent ones take their defaults)."""
     quiet = bool(getattr(args, "json", False))
 
     def progress(i, done, total):
         if not quiet and sys.stderr.isatty():
             print(f"\rstep {done}/{total}", end="", file=sys.stderr, flush=True)
+    return {"steps": int(getattr(args, "steps", 20)), "warmup": int(getattr(args, "warmup", 5)),
+            "timeout_s": float(getattr(args, "timeout", 600.0)),
+            "check": not getattr(args, "no_check", False),
+            "expect": {"devices": getattr(args, "devices", None),
+                       "model": getattr(args, "model", None)},
+            "sync": getattr(args, "sync", "auto"), "progress": progress}
 
-    res = launch(plan, steps=steps, warmup=warmup,
-                 timeout_s=float(getattr(args, "timeout", 600.0)),
-                 check=not getattr(args, "no_check", False), expect=expect,
-                 sync=getattr(args, "sync", "auto"), progress=progress)
-    if not quiet and sys.stderr.isatty():
-        print("\r", end="", file=sys.stderr)
-    if quiet:
+
+def print_run(res: dict, args) -> int:
+    """Print a run result (JSON with ``--json``, else the report); the exit code: 0 when the
+    reference check passed or was skipped, 1 when it failed."""
+    from .report import format_run
+    if getattr(args, "json", False):
         print(dumps(res, indent=2))
     else:
-        print(format_report(res))
+        if sys.stderr.isatty():
+            print("\r", end="", file=sys.stderr)
+        print(format_run(res))
     return 0 if res.get("reference_ok") in (True, None) else 1
+
+
+def cmd_run(args) -> int:
+    """``explorer run PLAN.json``: any plan kind, stored in the run store."""
+    from .run import read_document, run_document
+    from .store import RunStore, run_key
+    doc = read_document(args.plan)
+    res = run_document(doc, **run_options(args))
+    RunStore().add_safely(run_key(doc), res)
+    return print_run(res, args)
 
 
 def cmd_calibrate(args) -> int:

@@ -1,20 +1,22 @@
-"""Launching a plan on the local devices: N worker processes, a watchdog, the result.
+"""Launching workers on the local devices: N processes, a watchdog, the results.
 
-:func:`launch` validates the plan against the request *before* starting anything (model,
-batch, model arguments, device count; the layer names and configurations against the
-model's graph), starts one process per device with ``torch.multiprocessing`` (spawn, one
-thread each; gloo on CPU, NCCL when there are enough CUDA GPUs), and watches them:
+:func:`start_workers` is the one way the runtime starts workers, for both executors (the
+layer executor's :func:`worker.run_jobs`, the operator-level executor's entry in
+:mod:`.opexec`): one process per rank with ``torch.multiprocessing`` (spawn, one thread each;
+the process group is gloo on CPU, NCCL when there is a CUDA GPU per worker), and a watchdog:
 
-* a worker that raises reports ``(rank, where, error)`` through a queue and exits;
+* a worker that raises reports ``(rank, error)`` through a queue and exits;
 * a worker that dies (signal, ``os._exit``) is noticed by its exit code;
 * either way the launch stops within a second or two, kills every remaining worker (they
   also die with the launcher: ``PR_SET_PDEATHSIG``) and raises :class:`RunFailed` naming
   the rank and the error; a run longer than ``timeout_s`` is killed the same way, and gloo
   operations time out after ``timeout_s`` inside the workers too.
 
-Several plans for the same device count can share one launch (:func:`launch_many`): the
-processes start once and run the plans one after the other (tests use this to check many
-plans in a few seconds).
+:func:`launch` validates a layer-wise plan against the request *before* starting anything
+(model, batch, model arguments, device count; the layer names and configurations against the
+model's graph) and runs it.  Several plans for the same device count can share one launch
+(:func:`launch_many`): the processes start once and run the plans one after the other (tests
+use this to check many plans in a few seconds).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import queue as queue_mod
 import socket
 import time
 import warnings
+from dataclasses import dataclass
 
 import torch
 
@@ -46,6 +49,17 @@ def _cores() -> int:
         return os.cpu_count() or 1
 
 
+def _as_layer_plan(plan_dict):
+    """A sealed ``plan-explorer/layerwise`` document as the dict :class:`Plan` reads (whose
+    schema string is still version 1's); anything else unchanged."""
+    from ..plan import SCHEMA
+    from ..plandoc import kind_of
+    if kind_of(plan_dict) == "layerwise" and plan_dict.get("schema") != SCHEMA:
+        return {k: v for k, v in plan_dict.items() if k not in ("version", "checksum")} | {
+            "schema": SCHEMA}
+    return plan_dict
+
+
 def validate(plan_dict: dict, expect: dict | None = None, check_local: bool = True):
     """Check a plan dict before launching; returns ``(Plan, warnings)``.
 
@@ -60,7 +74,7 @@ def validate(plan_dict: dict, expect: dict | None = None, check_local: bool = Tr
     if not isinstance(plan_dict, dict):
         raise InfeasiblePlan("a plan must be a JSON object written by `explorer search --json`")
     try:
-        plan = Plan.from_dict(plan_dict)
+        plan = Plan.from_dict(_as_layer_plan(plan_dict))
     except ValueError as exc:
         raise InfeasiblePlan(f"not a runnable plan: {exc}") from None
     expect = dict(expect or {})
@@ -143,39 +157,52 @@ _PEER_HINTS = ("Connection closed by peer", "Connection reset", "Broken pipe",
                "ProcessGroupGloo", "Gloo", "gloo", "closed", "timed out", "Timed out")
 
 
-def launch_many(plans: list, steps: int = 20, warmup: int = 5, timeout_s: float = 600.0, *,
-                check: bool = True, expect: dict | None = None, lr: float = 0.01,
-                seed: int = 0, fault: str | None = None, progress=None, store: bool = True,
-                tol: float = 1e-4, sync: str = "auto", dump: str | None = None,
-                reference: str = "both") -> list:
-    """Run several plans (same device count) in one set of worker processes.
-
-    Returns one result dict per plan (see :func:`launch`).
-    """
-    if not plans:
-        return []
-    if steps < 0 or warmup < 0:
-        raise InfeasiblePlan(f"steps ({steps}) and warmup ({warmup}) must be ≥ 0")
-    checked = [validate(p, expect) for p in plans]
-    n = checked[0][0].n_devices
-    if any(pl.n_devices != n for pl, _ in checked):
-        raise InfeasiblePlan("plans launched together must use the same device count")
-    warns = sorted({w for _, ws in checked for w in ws})
-    for w in warns:
-        warnings.warn(w, RuntimeWarning, stacklevel=2)
+def choose_backend(n: int, backend: str = "auto") -> str:
+    """``"auto"``: NCCL when this machine has a CUDA GPU for each of ``n`` workers, else
+    gloo.  ``"gloo"`` / ``"nccl"`` force one (NCCL only when the GPUs are there)."""
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    backend = "nccl" if gpus >= n and gpus > 0 else "gloo"
-    jobs = [{"plan": p, "steps": steps, "warmup": warmup, "check": check, "lr": lr,
-             "seed": seed, "fault": fault, "tol": tol, "sync": sync, "reference": reference,
-             "dump": None if dump is None else (dump if len(plans) == 1 else f"{dump}.{i}")}
-            for i, p in enumerate(plans)]
+    if backend == "auto":
+        return "nccl" if gpus >= n > 0 else "gloo"
+    if backend == "nccl" and gpus < n:
+        raise InfeasiblePlan(f"NCCL needs a GPU per worker: {n} workers, {gpus} GPUs")
+    if backend not in ("gloo", "nccl"):
+        raise InfeasiblePlan(f"backend {backend!r}: use auto, gloo or nccl")
+    return backend
+
+
+@dataclass
+class Gathered:
+    """What :func:`start_workers` collected: ``results[rank][key]`` for every
+    ``send("result", key, value)``, the workers' pids, the wall time and the backend."""
+
+    results: dict
+    pids: list
+    elapsed_s: float
+    backend: str
+
+
+def start_workers(n: int, entry, payload, *, timeout_s: float, backend: str = "auto",
+                  progress=None, name: str = "explorer-worker", jobs: int = 1) -> Gathered:
+    """Run ``entry(rank, world, device, payload, send)`` in ``n`` new local processes.
+
+    The one way the runtime starts workers: ``torch.multiprocessing`` spawn, a free port on
+    127.0.0.1 for the rendezvous, the process group set up in each worker
+    (:func:`worker.process_main`: gloo on CPU, NCCL with a GPU per worker), one thread each.
+    The launcher then watches: a worker that reports an error or dies stops the run within
+    about two seconds, a run longer than ``timeout_s`` is stopped, and either way every worker
+    is killed (they also die with the launcher) and :class:`RunFailed` names the rank that
+    failed first and why.  ``progress(key, done, total)`` receives the workers' progress
+    reports; ``jobs`` (how many jobs ``payload`` holds) only words the timeout message.
+    """
     import torch.multiprocessing as mp
-    from .worker import spawn_entry
+
+    from .worker import process_main
+    backend = choose_backend(n, backend)
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     port = _free_port()
-    procs = [ctx.Process(target=spawn_entry, name=f"explorer-worker-{r}",
-                         args=(r, n, "127.0.0.1", port, jobs, q, backend, timeout_s))
+    procs = [ctx.Process(target=process_main, name=f"{name}-{r}",
+                         args=(r, n, "127.0.0.1", port, backend, timeout_s, entry, payload, q))
              for r in range(n)]
     t0 = time.monotonic()
     results: dict = {}
@@ -195,7 +222,7 @@ def launch_many(plans: list, steps: int = 20, warmup: int = 5, timeout_s: float 
                 kind = None
             now = time.monotonic()
             if kind == "result":
-                results[a] = b
+                results.setdefault(rank, {})[a] = b
             elif kind == "done":
                 done.add(rank)
             elif kind == "error":
@@ -203,8 +230,7 @@ def launch_many(plans: list, steps: int = 20, warmup: int = 5, timeout_s: float 
             elif kind == "progress":
                 last_progress = (a, b)
                 if progress is not None:
-                    (d, tot) = b
-                    progress(a, d, tot)
+                    progress(a, *b)
             if kind is not None:
                 continue      # drain the queue before judging the processes
             for r, p in enumerate(procs):
@@ -226,10 +252,10 @@ def launch_many(plans: list, steps: int = 20, warmup: int = 5, timeout_s: float 
         _kill(procs)
         q.close()
         q.cancel_join_thread()
-    elapsed = time.monotonic() - t0
     if errors or dead or timed_out or len(done) < n:
-        msg = _failure_message(errors, dead, timed_out, timeout_s, last_progress, len(plans),
-                               n, done)
+        if os.environ.get("EXPLORER_DEBUG"):
+            print("\n".join(f"--- rank {r}\n{tb}" for r, (_, tb) in sorted(errors.items())))
+        msg = _failure_message(errors, dead, timed_out, timeout_s, last_progress, jobs, n, done)
         if stuck and (errors or dead or timed_out):
             msg += (f". Rank{'s' if len(stuck) > 1 else ''} {', '.join(map(str, stuck))} "
                     f"{'were' if len(stuck) > 1 else 'was'} still running without reporting "
@@ -239,17 +265,48 @@ def launch_many(plans: list, steps: int = 20, warmup: int = 5, timeout_s: float 
                 any(h in errors[rank][0] for h in _PEER_HINTS):
             rank = stuck[0]
         raise RunFailed(msg, rank, pids)
+    return Gathered(results, pids, time.monotonic() - t0, backend)
+
+
+def launch_many(plans: list, steps: int = 20, warmup: int = 5, timeout_s: float = 600.0, *,
+                check: bool = True, expect: dict | None = None, lr: float = 0.01,
+                seed: int = 0, fault: str | None = None, progress=None, store: bool = True,
+                tol: float = 1e-4, sync: str = "auto", dump: str | None = None,
+                reference: str = "both") -> list:
+    """Run several plans (same device count) in one set of worker processes.
+
+    Returns one result dict per plan (see :func:`launch`).
+    """
+    if not plans:
+        return []
+    if steps < 0 or warmup < 0:
+        raise InfeasiblePlan(f"steps ({steps}) and warmup ({warmup}) must be ≥ 0")
+    plans = [_as_layer_plan(p) for p in plans]
+    checked = [validate(p, expect) for p in plans]
+    n = checked[0][0].n_devices
+    if any(pl.n_devices != n for pl, _ in checked):
+        raise InfeasiblePlan("plans launched together must use the same device count")
+    warns = sorted({w for _, ws in checked for w in ws})
+    for w in warns:
+        warnings.warn(w, RuntimeWarning, stacklevel=2)
+    jobs = [{"plan": p, "steps": steps, "warmup": warmup, "check": check, "lr": lr,
+             "seed": seed, "fault": fault, "tol": tol, "sync": sync, "reference": reference,
+             "dump": None if dump is None else (dump if len(plans) == 1 else f"{dump}.{i}")}
+            for i, p in enumerate(plans)]
+    from .worker import run_jobs
+    got = start_workers(n, run_jobs, jobs, timeout_s=timeout_s, progress=progress,
+                        jobs=len(plans))
     out = []
     for i, pl in enumerate(plans):
-        res = results.get(i)
+        res = got.results.get(0, {}).get(i)
         if res is None:
-            raise RunFailed(f"rank 0 finished without a result for plan {i}", 0, pids)
+            raise RunFailed(f"rank 0 finished without a result for plan {i}", 0, got.pids)
         res["warnings"] = warns
-        res["launch_time_s"] = elapsed
-        res["pids"] = pids
+        res["launch_time_s"] = got.elapsed_s
+        res["pids"] = got.pids
         if store:
-            from .store import RunStore
-            RunStore().add_safely(pl, res)
+            from .store import RunStore, run_key
+            RunStore().add_safely(run_key(pl), res)
         out.append(res)
     return out
 

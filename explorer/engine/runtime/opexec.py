@@ -21,9 +21,7 @@ time is measured too.
 from __future__ import annotations
 
 import os
-import queue as queue_mod
 import time
-from datetime import timedelta
 
 import numpy as np
 import torch
@@ -32,10 +30,9 @@ import torch.distributed as dist
 from ...errors import InfeasiblePlan
 from ..geometry import TensorLayout
 from ..geometry import common as _inter, inside as _inside, to_slices as _sl
-from .launcher import _PEER_HINTS, RunFailed, _free_port, _kill
-from .worker import _set_pdeathsig, destroy_group, report_and_exit
+from .launcher import RunFailed
 
-__all__ = ["run_tofu_plan", "run_placement", "placement_xplan", "graph_digest"]
+__all__ = ["run_layout", "run_placement", "placement_xplan", "placement_comm_bytes"]
 
 _NOT_DETERMINISTIC = {"bernoulli", "bernoulli_", "native_dropout", "rand_like", "randn_like"}
 
@@ -283,113 +280,110 @@ def _build(spec, batch, model_args, seed, lr, dtype=torch.float64):
     return g, params, buffers, x
 
 
-def graph_digest(g) -> str:
-    """Operators, targets and shapes: the workers' trace must be the plan's graph."""
-    import hashlib
-    h = hashlib.sha256()
-    for o in g.ops.values():
-        h.update(f"{o.name}|{o.target}|{o.index}|{g.tensors[o.output].shape};".encode())
-    return h.hexdigest()[:16]
-
-
-def _entry(rank, world, port, job, q, timeout_s):
-    _set_pdeathsig()           # a cancelled or killed launcher takes its workers with it
-    os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
-    torch.set_num_threads(1)
-    try:
-        dist.init_process_group("gloo", rank=rank, world_size=world,
-                                timeout=timedelta(seconds=float(timeout_s)))
-        g, params, buffers, x = _build(job["spec"], job["batch"], job["model_args"],
-                                       job["seed"], job["lr"])
-        if graph_digest(g) != job["digest"]:
-            raise InfeasiblePlan("the worker's trace of the model differs from the plan's "
-                                 "operator graph (model code or arguments changed?)")
-        w = _Worker(rank, world, g, job["xplan"], timeout_s)
-        if job.get("fault") == "raise" and rank == 1:
-            raise RuntimeError("injected fault: worker 1 raised mid-step")
-        times = []
-        for i in range(max(1, int(job.get("steps", 1)))):
-            w.delivered.clear()
-            w.received.clear()
-            w.compute_s = 0.0
+def _op_entry(rank, world, device, job, send):
+    """One worker of an operator-level run (the entry :func:`launcher.start_workers` calls):
+    trace the step, check the trace is the plan's graph, run ``steps`` steps; rank 0 sends the
+    loss and updated parameters, every rank its bytes and times."""
+    from ..opgraph import opgraph_digest
+    from .executor import parse_fault
+    from .worker import FAULT_ENV, inject_fault
+    fault = parse_fault(job.get("fault") or os.environ.get(FAULT_ENV))
+    g, params, buffers, x = _build(job["spec"], job["batch"], job["model_args"],
+                                   job["seed"], job["lr"])
+    if opgraph_digest(g) != job["digest"]:
+        raise InfeasiblePlan("the worker's trace of the model differs from the plan's "
+                             "operator graph (model code or arguments changed?)")
+    xplan = job["xplan"]
+    w = _Worker(rank, world, g, xplan, job["timeout_s"])
+    times = []
+    for i in range(max(1, int(job.get("steps", 1)))):
+        inject_fault(fault, rank, i + 1, "operator-level step")
+        w.delivered.clear()
+        w.received.clear()
+        w.compute_s = 0.0
+        if world > 1:
             dist.barrier()
-            t0 = time.perf_counter()
-            tval = w.step(params, buffers, x)
-            times.append(time.perf_counter() - t0)
-            if i == 0:
-                sent, extra, compute_s = w.sent, w.extra, w.compute_s
-        step_s = float(np.median(times[1:] if len(times) > 2 else times))
-        # updated parameters and the loss back on rank 0 (not part of the step's traffic)
-        finals = {}
-        out_node = list(g.gm.graph.nodes)[-1]
-        flat = list(out_node.args[0])
-        npar = len(g.param_names)
-        new_ids = []
-        for a in flat[1 + npar:1 + 2 * npar]:
-            new_ids.append(a.name if isinstance(a, torch.fx.Node) else None)
-        for pn, tid in zip(g.param_names, new_ids):
-            if tid is None or tid not in tval:
-                continue
-            full = w.gather_full(tid, tval[tid]) if tid in job["xplan"]["held"] else tval[tid]
-            finals[pn] = full
-        loss_id = g.loss
-        loss = None
-        if loss_id in tval:
-            loss = w.gather_full(loss_id, tval[loss_id]) \
-                if loss_id in job["xplan"]["held"] else tval[loss_id]
-        if job.get("debug"):               # every tensor's value inside this worker's box
-            dbg = {}
-            for t, v in tval.items():
-                h = job["xplan"]["held"].get(t)
-                if h is not None and torch.is_tensor(v):
-                    dbg[t] = (h[rank], v[_sl(h[rank])].detach().numpy())
-            q.put(("debug", rank, dbg, None))
-        if rank == 0:
-            q.put(("result", rank, {"loss": None if loss is None else float(loss),
-                                    "params": {k: v.numpy() for k, v in finals.items()},
-                                    "sent": sent, "extra": extra, "step_s": step_s,
-                                    "compute_s": compute_s, "times": times}, None))
-        else:
-            q.put(("sent", rank, (sent, extra, step_s, compute_s, times), None))
-        q.put(("done", rank, None, None))
-        dist.barrier()
-    except BaseException as exc:  # noqa: BLE001 - report, then die
-        report_and_exit(q, rank, exc)
-    finally:
-        destroy_group()
-
-
-def _reference(spec, batch, model_args, seed, lr):
-    g, params, buffers, x = _build(spec, batch, model_args, seed, lr)
-    out = g.gm(list(params), list(buffers), x)
+        t0 = time.perf_counter()
+        tval = w.step(params, buffers, x)
+        times.append(time.perf_counter() - t0)
+        if i == 0:
+            sent, extra, compute_s = w.sent, w.extra, w.compute_s
+    step_s = float(np.median(times[1:] if len(times) > 2 else times))
+    # updated parameters and the loss back on rank 0 (not part of the step's traffic)
+    finals = {}
+    flat = list(list(g.gm.graph.nodes)[-1].args[0])
     npar = len(g.param_names)
-    loss = float(out[0])
-    new = {pn: v.detach().numpy() for pn, v in zip(g.param_names, out[1 + npar:1 + 2 * npar])}
-    return loss, new
+    new_ids = [a.name if isinstance(a, torch.fx.Node) else None
+               for a in flat[1 + npar:1 + 2 * npar]]
+    for pn, tid in zip(g.param_names, new_ids):
+        if tid is None or tid not in tval:
+            continue
+        finals[pn] = w.gather_full(tid, tval[tid]) if tid in xplan["held"] else tval[tid]
+    loss = None
+    if g.loss in tval:
+        loss = w.gather_full(g.loss, tval[g.loss]) if g.loss in xplan["held"] else tval[g.loss]
+    if job.get("debug"):               # every tensor's value inside this worker's box
+        dbg = {}
+        for t, v in tval.items():
+            h = xplan["held"].get(t)
+            if h is not None and torch.is_tensor(v):
+                dbg[t] = (h[rank], v[_sl(h[rank])].detach().numpy())
+        send("result", "debug", dbg)
+    if rank == 0:
+        send("result", "main", {"loss": None if loss is None else float(loss),
+                                "params": {k: v.numpy() for k, v in finals.items()}})
+    send("result", "stats", (sent, extra, step_s, compute_s, times))
+    if world > 1:
+        dist.barrier()                 # nobody leaves while a peer still gathers
 
 
-def run_tofu_plan(spec: str, batch: int | None, model_args: dict | None, workers: int = 2,
-                  algo: str = "tofu", seed: int = 0, lr: float = 0.01, timeout_s: float = 300.0,
-                  tol: float = 1e-4, fault: str | None = None, plan=None,
-                  debug: bool = False) -> dict:
-    """Search (or take) a Tofu plan for ``spec`` and run one training step of it on
-    ``workers`` gloo CPU processes; compare with one device.
+def run_layout(spec: str, batch: int | None, model_args: dict | None, xplan: dict, *,
+               digest: str, steps: int = 1, seed: int = 0, lr: float = 0.01,
+               timeout_s: float = 300.0, tol: float = 1e-4, check: bool = True,
+               fault: str | None = None, debug: bool = False) -> dict:
+    """Run an execution layout (a Tofu plan's, or :func:`placement_xplan` of a placement) on
+    ``xplan["workers"]`` gloo CPU processes and compare with one device.
 
-    Returns ``reference_ok``, ``loss`` / ``reference_loss``, ``max_rel_error`` over the updated
-    parameters, ``measured_comm_bytes`` (bytes the workers exchanged) against
-    ``predicted_comm_bytes`` (the plan's), and the step's wall time.
+    ``digest`` is the plan's :func:`~explorer.engine.opgraph.opgraph_digest`: every worker
+    refuses a trace that differs.  Returns ``reference_ok`` / ``reference`` (the loss and every
+    updated parameter against the float64 single-device step, :mod:`.reference`),
+    ``max_rel_error``, ``loss`` / ``reference_loss``, ``measured_comm_bytes`` (bytes the
+    workers exchanged during the first step), ``extra_bytes`` (the final gather, not part of
+    the step), ``step_time_s`` (rank 0) and ``measured_step_time_s`` (the slowest worker;
+    median of ``steps``), ``compute_s`` per worker and ``step_times_s``.
     """
-    from ..opgraph import build_opgraph
-    from ..search import tofu
-    if workers < 1:
-        raise InfeasiblePlan(f"workers must be ≥ 1, got {workers}")
-    g = build_opgraph(spec, batch, model_args)
-    res = plan if plan is not None else tofu.search(g, workers, options={"algo": algo})
-    if res.workers != workers:
-        raise InfeasiblePlan(f"the plan is for {res.workers} workers, not {workers}")
-    out = _launch(spec, batch, model_args, workers, tofu.execution_plan(res, g), g, seed, lr,
-                  timeout_s, tol, fault, debug, steps=1)
-    out.update({"algo": res.algo, "predicted_comm_bytes": res.comm_bytes})
+    from .launcher import start_workers
+    from .reference import compare, traced_step
+    workers = int(xplan["workers"])
+    job = {"spec": spec, "batch": batch, "model_args": dict(model_args or {}), "seed": seed,
+           "lr": lr, "xplan": xplan, "fault": fault, "debug": debug, "digest": digest,
+           "steps": max(1, int(steps)), "timeout_s": timeout_s}
+    got = start_workers(workers, _op_entry, job, timeout_s=timeout_s, backend="gloo",
+                        name="explorer-op-worker")
+    main = got.results.get(0, {}).get("main")
+    stats = {r: v["stats"] for r, v in got.results.items() if "stats" in v}
+    if main is None or len(stats) != workers:
+        raise RunFailed("the workers finished without sending their results", 0, got.pids)
+    out = {"model": spec, "workers": workers, "loss": main["loss"],
+           "measured_comm_bytes": float(sum(v[0] - v[1] for v in stats.values())),
+           "extra_bytes": float(sum(v[1] for v in stats.values())),
+           "step_time_s": stats[0][2],
+           "measured_step_time_s": max(v[2] for v in stats.values()),
+           "compute_s": [stats[r][3] for r in sorted(stats)],
+           # each step's wall time on the slowest worker (the first step includes warm-up)
+           "step_times_s": [max(ts) for ts in zip(*(v[4] for v in stats.values()))],
+           "launch_time_s": got.elapsed_s, "pids": got.pids, "backend": got.backend,
+           "reference": None, "reference_ok": None, "max_rel_error": None,
+           "reference_loss": None}
+    if check:
+        g, params, buffers, x = _build(spec, batch, model_args, seed, lr)
+        ref = traced_step(g, params, buffers, x)
+        got_params = {k: torch.from_numpy(v) for k, v in main["params"].items()}
+        doc = compare(main["loss"], got_params, None, ref, None, tol)
+        out.update(reference=doc, reference_ok=doc["ok"], max_rel_error=doc["max_rel_error"],
+                   reference_loss=ref[0])
+    if debug:
+        out["debug"] = {r: v["debug"] for r, v in got.results.items() if "debug" in v}
     return out
 
 
@@ -419,114 +413,38 @@ def placement_xplan(g, names, placement, workers: int) -> dict:
     return {"held": held, "ops": ops, "workers": workers, "cache": True}
 
 
+def placement_comm_bytes(g, names, placement) -> float:
+    """Bytes a placement must move per step: each tensor once to every other device that
+    reads it."""
+    dev = {nm: int(d) for nm, d in zip(names, placement)}
+    consumers = g.consumers()
+    pred = 0.0
+    for t, ten in g.tensors.items():
+        src = dev.get(ten.producer) if ten.producer else dev.get(t)
+        readers = {dev[o] for o in consumers[t] if o in dev}
+        pred += ten.bytes * len(readers - {src})
+    return pred
+
+
 def run_placement(spec: str, batch: int | None, model_args: dict | None, names, placement,
                   workers: int = 2, seed: int = 0, lr: float = 0.01, timeout_s: float = 300.0,
-                  tol: float = 1e-4, steps: int = 3, fault: str | None = None) -> dict:
+                  tol: float = 1e-4, steps: int = 3, fault: str | None = None, g=None,
+                  check: bool = True) -> dict:
     """Run a device placement (operator -> device) on ``workers`` gloo processes: each worker
     computes its operators, tensors go to the devices that consume them (once), and the
-    result is compared with one device.  Returns the :func:`run_tofu_plan` keys plus
-    ``measured_step_time_s`` (median of ``steps``, the slowest worker) and per-worker compute
-    time."""
-    from ..opgraph import build_opgraph
-    g = build_opgraph(spec, batch, model_args)
+    result is compared with one device.  Returns the :func:`run_layout` keys plus
+    ``predicted_comm_bytes``.  ``g``: the model's operator graph when the caller has it."""
+    from ..opgraph import build_opgraph, opgraph_digest
+    if g is None:
+        g = build_opgraph(spec, batch, model_args)
+    names = list(names)
     missing = [o for o in g.ops if o not in set(names)]
     if missing:
         raise InfeasiblePlan(f"the placement does not cover operator {missing[0]} of "
                              f"{spec} ({len(missing)} missing): was it made for another model "
                              f"or batch?")
     x = placement_xplan(g, names, placement, workers)
-    # bytes a placement must move: each tensor once to every other device that reads it
-    dev = {nm: int(d) for nm, d in zip(names, placement)}
-    pred = 0.0
-    for t, ten in g.tensors.items():
-        src = dev.get(ten.producer) if ten.producer else dev.get(t)
-        readers = {dev[o] for o in g.consumers()[t] if o in dev}
-        pred += ten.bytes * len(readers - {src})
-    out = _launch(spec, batch, model_args, workers, x, g, seed, lr, timeout_s, tol, fault,
-                  False, steps=steps)
-    out["predicted_comm_bytes"] = pred
-    return out
-
-
-def _launch(spec, batch, model_args, workers, xplan, g, seed, lr, timeout_s, tol, fault, debug,
-            steps=1) -> dict:
-    job = {"spec": spec, "batch": batch, "model_args": dict(model_args or {}), "seed": seed,
-           "lr": lr, "xplan": xplan, "fault": fault, "debug": debug,
-           "digest": graph_digest(g), "steps": steps}
-    import torch.multiprocessing as mp
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    port = _free_port()
-    procs = [ctx.Process(target=_entry, args=(r, workers, port, job, q, timeout_s),
-                         name=f"explorer-op-worker-{r}") for r in range(workers)]
-    result, sent, done, errors, tb, debug = None, {}, set(), {}, {}, {}
-    t0 = time.monotonic()
-    try:
-        for p in procs:
-            p.start()
-        while len(done) < workers:
-            try:
-                kind, rank, a, b = q.get(timeout=0.2)
-            except queue_mod.Empty:
-                if any(p.exitcode not in (None, 0) for p in procs) or errors:
-                    time.sleep(1.0)
-                    while True:
-                        try:
-                            kind, rank, a, b = q.get_nowait()
-                        except queue_mod.Empty:
-                            break
-                        if kind == "error":
-                            errors.setdefault(rank, a)
-                            tb.setdefault(rank, b)
-                    dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
-                    # the cause, not a peer's "connection closed" that follows it
-                    causes = [r for r in sorted(errors)
-                              if not any(h in errors[r] for h in _PEER_HINTS)]
-                    first = (causes or sorted(errors) or dead or [None])[0]
-                    msg = errors.get(first, f"exited with code {procs[first].exitcode}") \
-                        if first is not None else "a worker failed"
-                    if os.environ.get("EXPLORER_DEBUG"):
-                        print("\n".join(f"--- rank {r}\n{t}" for r, t in tb.items()))
-                    raise RunFailed(f"run failed: worker {first}: {msg}", first)
-                if time.monotonic() - t0 > timeout_s:
-                    raise RunFailed(f"run timed out after {timeout_s:.0f} s", None)
-                continue
-            if kind == "result":
-                result = a
-                sent[0] = (a["sent"], a["extra"], a["step_s"], a["compute_s"], a["times"])
-            elif kind == "sent":
-                sent[rank] = a
-            elif kind == "debug":
-                debug[rank] = a
-            elif kind == "done":
-                done.add(rank)
-            elif kind == "error":
-                errors.setdefault(rank, a)
-                tb.setdefault(rank, b)
-    finally:
-        _kill(procs)
-        q.close()
-        q.cancel_join_thread()
-    ref_loss, ref_params = _reference(spec, batch, model_args, seed, lr)
-    errs = []
-    for k, v in ref_params.items():
-        got = result["params"].get(k)
-        if got is None:
-            errs.append(float("inf"))
-            continue
-        errs.append(float(np.abs(got - v).max() / max(np.abs(v).max(), 1e-12)))
-    loss_err = abs(result["loss"] - ref_loss) / max(abs(ref_loss), 1e-12)
-    max_err = max(errs + [loss_err])
-    out = {"model": spec, "workers": workers,
-            "reference_ok": bool(max_err <= tol), "max_rel_error": max_err,
-            "loss": result["loss"], "reference_loss": ref_loss,
-            "measured_comm_bytes": float(sum(v[0] - v[1] for v in sent.values())),
-            "extra_bytes": float(sum(v[1] for v in sent.values())),
-            "step_time_s": result["step_s"],
-            "measured_step_time_s": max(v[2] for v in sent.values()),
-            "compute_s": [sent[r][3] for r in sorted(sent)],
-            # each step's wall time on the slowest worker (the first step includes warm-up)
-            "step_times_s": [max(ts) for ts in zip(*(v[4] for v in sent.values()))]}
-    if debug:
-        out["debug"] = debug
+    out = run_layout(spec, batch, model_args, x, digest=opgraph_digest(g), steps=steps,
+                     seed=seed, lr=lr, timeout_s=timeout_s, tol=tol, fault=fault, check=check)
+    out["predicted_comm_bytes"] = placement_comm_bytes(g, names, placement)
     return out

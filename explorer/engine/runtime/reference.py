@@ -1,4 +1,9 @@
-"""The single-device reference step and the comparison with a distributed step.
+"""The single-device reference step and the comparison with a distributed step - for both
+executors: :func:`reference_step` (the layer executor's eval-mode step of the model) and
+:func:`traced_step` (the operator-level executor's traced training step), each compared by
+:func:`compare`.
+
+The rest of this note is about the layer executor.
 
 Both sides train the same model from the same seeded weights on the same input, in
 **eval mode**: dropout is the identity and BatchNorm normalises with its running statistics
@@ -80,6 +85,16 @@ def reference_step(model, x, lr: float, dtype=torch.float64):
     return float(loss.item()), params, grads
 
 
+def traced_step(g, params, buffers, x):
+    """``(loss, params_after, None)`` of the traced training step of an operator graph
+    (:func:`explorer.engine.opgraph.trace_step`: the step Tofu partitions and Celeritas
+    places, in the precision ``params`` and ``x`` have) run whole on this process - the
+    reference of the operator-level executor.  Gradients are not returned: that executor
+    brings back the loss and the updated parameters only."""
+    loss, _grads, new = g.gm(list(params), list(buffers), x)     # the step's (loss, grads, new)
+    return float(loss), {pn: v.detach() for pn, v in zip(g.param_names, new)}, None
+
+
 _CHUNK = 1 << 20
 
 
@@ -97,7 +112,10 @@ def rel_err(a: torch.Tensor, b: torch.Tensor, floor: float = 0.0) -> float:
         x, y = a[i:i + _CHUNK], b[i:i + _CHUNK]
         if x.dtype != y.dtype:
             x = x.to(y.dtype)
-        d = max(d, float(torch.sub(x, y).abs_().max().item()))
+        diff = float(torch.sub(x, y).abs_().max().item())
+        if diff != diff:               # NaN: a broken run, never within tolerance
+            return float("nan")
+        d = max(d, diff)
         scale = max(scale, float(y.abs().max().item()))
     scale = max(scale, floor)
     return d / scale if scale > 0 else d
@@ -115,9 +133,13 @@ def compare(loss, params, grads, ref, ref32=None, tol: float = DEFAULT_TOL) -> d
     ``ref`` = ``(loss, params, grads)`` of the exact (float64) single-device step, ``ref32``
     the same in float32 (optional).  For the loss and every parameter and gradient, the
     distributed run's error against ``ref`` must be at most ``max(tol, ROUNDING_FACTOR ×
-    the float32 single-device run's own error)``.
+    the float32 single-device run's own error)``.  ``grads=None`` (a run that brings back
+    only the loss and the updated parameters): parameters and loss only, and every
+    parameter of ``ref`` must be there.
     """
     ref_loss, ref_params, ref_grads = ref
+    check_grads = grads is not None and ref_grads is not None
+    grads, ref_grads = grads or {}, ref_grads or {}
     problems, rows = [], []
     gmax = max((_absmax(g) for g in ref_grads.values() if g.numel()), default=0.0)
     floor = GRAD_FLOOR * gmax
@@ -130,7 +152,7 @@ def compare(loss, params, grads, ref, ref32=None, tol: float = DEFAULT_TOL) -> d
         e = rel_err(a, b, fl)
         e32 = rel_err(b32, b, fl) if b32 is not None else None
         allowed = max(tol, ROUNDING_FACTOR * e32) if e32 is not None else tol
-        if e > allowed:
+        if not e <= allowed:           # NaN fails too
             ok = False
         elif e > tol:
             allowance_used.append(f"{kind} {name}")
@@ -140,7 +162,10 @@ def compare(loss, params, grads, ref, ref32=None, tol: float = DEFAULT_TOL) -> d
 
     for name, rp in ref_params.items():
         if name not in params:
-            if name in ref_grads and _absmax(ref_grads[name]) > 0:
+            if not check_grads:
+                problems.append(f"parameter {name} was not brought back by the run")
+                ok = False
+            elif name in ref_grads and _absmax(ref_grads[name]) > 0:
                 problems.append(f"parameter {name} has a gradient in the reference but no layer "
                                 f"of the plan owns it")
                 ok = False
@@ -151,7 +176,9 @@ def compare(loss, params, grads, ref, ref32=None, tol: float = DEFAULT_TOL) -> d
         rg = ref_grads.get(name)
         if rg is None:
             rg = torch.zeros_like(rp)
-        if name in grads:
+        if not check_grads:
+            ge, ge32, ga = None, None, None
+        elif name in grads:
             ge, ge32, ga = judge("grad", name, grads[name], rg, r32g, floor)
         else:
             ge, ge32, ga = float("inf"), None, tol
@@ -159,9 +186,10 @@ def compare(loss, params, grads, ref, ref32=None, tol: float = DEFAULT_TOL) -> d
         rows.append({"name": name, "param_rel_err": pe, "grad_rel_err": ge,
                      "float32_param_rel_err": pe32, "float32_grad_rel_err": ge32,
                      "allowed_param": pa, "allowed_grad": ga})
-    loss_err = abs(loss - ref_loss) / max(abs(ref_loss), 1e-30)
+    loss_err = abs(loss - ref_loss) / max(abs(ref_loss), 1e-30) if loss is not None \
+        else float("inf")
     loss32_err = abs(ref32[0] - ref_loss) / max(abs(ref_loss), 1e-30) if ref32 else None
-    if loss_err > max(tol, ROUNDING_FACTOR * (loss32_err or 0.0)):
+    if not loss_err <= max(tol, ROUNDING_FACTOR * (loss32_err or 0.0)):
         ok = False
     if not rows:
         problems.append("no parameter was compared")

@@ -1,4 +1,5 @@
-"""Text report of a run result (``explorer run`` without ``--json``)."""
+"""Text report of a run result (``explorer run`` without ``--json``): :func:`format_run` for
+any plan kind, :func:`format_report` for a layer-wise run."""
 
 from __future__ import annotations
 
@@ -46,6 +47,36 @@ def format_report(res: dict, top: int = 12) -> str:
                          f"{_ms(r['measured_comm_s'])}")
         if len(layers) > top:
             lines.append(f"... {len(layers) - top} more layers (--json lists all)")
+    for w in res.get("warnings", []):
+        lines.append(f"warning: {w}")
+    return "\n".join(lines)
+
+
+def format_run(res: dict) -> str:
+    """The report of a :func:`~explorer.engine.runtime.run.run_document` result, by kind."""
+    if res.get("kind", "layerwise") == "layerwise":
+        return format_report(res)
+    n = res.get("devices") or res.get("workers")
+    what = f"{res.get('model')} placement" if res["kind"] == "placement" else \
+        f"{res.get('model')} {res.get('algo')} plan"
+    ok = res.get("reference_ok")
+    check = "skipped" if ok is None else (
+        f"{'passed' if ok else 'FAILED'} (max relative error {res['max_rel_error']:.1e}, "
+        f"float64)")
+    lines = [f"{what} on {n} local workers ({res.get('backend', 'gloo')}): reference check "
+             f"{check}",
+             f"communication: predicted {res['predicted_comm_bytes'] / 1e6:.3f} MB, measured "
+             f"{res['measured_comm_bytes'] / 1e6:.3f} MB per step"]
+    for p in ((res.get("reference") or {}).get("problems") or []):
+        lines.append(f"  problem: {p}")
+    if res["kind"] == "tofu":
+        lines.append(f"step wall time {res['step_time_s'] * 1e3:.1f} ms (every worker computes "
+                     f"on zero-padded full-size buffers: this checks data movement, not speed)")
+    elif res.get("predicted_step_time_s"):
+        pred, meas = res["predicted_step_time_s"], res["measured_step_time_s"]
+        lines.append(f"step time: predicted {pred * 1e3:.2f} ms, measured {meas * 1e3:.2f} ms "
+                     f"({res['rel_error'] * 100:+.0f} %; the runtime interprets the step op by "
+                     f"op in Python)")
     for w in res.get("warnings", []):
         lines.append(f"warning: {w}")
     return "\n".join(lines)

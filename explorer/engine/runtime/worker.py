@@ -1,10 +1,13 @@
-"""Worker entry point: runs jobs (plans) as one rank of a process group.
+"""The worker side: one rank of a process group, running an executor's entry.
 
 Used two ways:
 
-* by :func:`explorer.engine.runtime.launcher.launch`, which spawns N local processes
-  (``torch.multiprocessing``, one thread each) and calls :func:`spawn_entry` in each;
-* under ``torchrun``, so a plan can span several machines with torchrun's rendezvous::
+* by :func:`explorer.engine.runtime.launcher.start_workers`, which spawns N local processes
+  and runs :func:`process_main` in each (:func:`join_group`, then the executor's entry:
+  :func:`run_jobs` for layer-wise plans, the operator-level executor's for Tofu plans and
+  placements);
+* under ``torchrun`` (layer-wise plans), so a plan can span several machines with torchrun's
+  rendezvous::
 
       torchrun --standalone --nproc_per_node 2 \\
                -m explorer.engine.runtime.worker PLAN.json --steps 20
@@ -14,8 +17,8 @@ Used two ways:
 
   The worker reads ``RANK``, ``WORLD_SIZE`` and ``LOCAL_RANK`` (and ``MASTER_ADDR``/
   ``MASTER_PORT``) from the environment; rank 0 prints the report (``--json`` for JSON) and
-  writes it to ``--out``.  Without those variables the command launches the plan locally
-  (same as ``explorer run``).
+  writes it to ``--out``.  Without those variables the command runs the plan locally, of
+  any kind (same as ``explorer run``).
 
 A job: ``{"plan": plan dict, "steps": 20, "warmup": 5, "check": true, "lr": 0.01, "seed": 0,
 "fault": "RANK:STEP[:raise|exit|hang]" (tests), "dump": path (rank 0 saves the checked
@@ -256,36 +259,73 @@ def _threads():
         pass
 
 
-def spawn_entry(rank, world, addr, port, jobs, queue, backend, timeout_s):
-    """Process body for :func:`launcher.launch` (one per rank)."""
-    _set_pdeathsig()
+def join_group(rank: int, world: int, backend: str, timeout_s: float,
+               local_rank: int | None = None) -> str:
+    """Set this process up as rank ``rank`` of ``world``: one compute thread, the process
+    group (``MASTER_ADDR``/``MASTER_PORT`` from the environment: set by the launcher or by
+    torchrun; none for a single worker), pinned to its own core on CPU when the launcher
+    started it (``local_rank`` is None).  Returns the torch
+    device the rank computes on (``cuda:LOCAL_RANK`` with NCCL, else ``cpu``)."""
     _threads()
+    device = "cpu"
+    if backend == "nccl":                  # only chosen when there is a GPU per worker
+        local = rank if local_rank is None else local_rank
+        torch.cuda.set_device(local)
+        device = f"cuda:{local}"
+    if world > 1:
+        dist.init_process_group(backend, rank=rank, world_size=world,
+                                timeout=timedelta(seconds=float(timeout_s)))
+    if backend != "nccl" and local_rank is None:   # torchrun places its processes itself
+        _pin(rank, world)
+    return device
+
+
+def process_main(rank, world, addr, port, backend, timeout_s, entry, payload, queue):
+    """Body of every local worker process (:func:`launcher.start_workers`, one per rank).
+
+    Joins the process group, then calls ``entry(rank, world, device, payload, send)``;
+    ``send(kind, key, value)`` reports to the launcher (``"result"``, ``"progress"``).  Ends by
+    reporting ``done``, or the error, after which the process exits at once."""
+    _set_pdeathsig()
     os.environ.update({"MASTER_ADDR": addr, "MASTER_PORT": str(port), "RANK": str(rank),
                        "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank)})
-    device = "cpu"
+
+    def send(kind, key=None, value=None):
+        queue.put((kind, rank, key, value))
     try:
-        if backend == "nccl":
-            torch.cuda.set_device(rank)
-            device = f"cuda:{rank}"
-        if world > 1:
-            dist.init_process_group(backend, rank=rank, world_size=world,
-                                    timeout=timedelta(seconds=float(timeout_s)))
-        if backend != "nccl":
-            _pin(rank, world)
-        for i, job in enumerate(jobs):
-            def progress(done, total, i=i):
-                if rank == 0:
-                    queue.put(("progress", rank, i, (done, total)))
-            res = run_job(job, rank, world, device, progress)
-            if rank == 0:
-                queue.put(("result", rank, i, res))
-        queue.put(("done", rank, None, None))
+        device = join_group(rank, world, backend, timeout_s)
+        entry(rank, world, device, payload, send)
+        send("done")
         queue.close()
         queue.join_thread()
     except BaseException as exc:  # noqa: BLE001 - report everything, then die
         report_and_exit(queue, rank, exc)
     finally:
         destroy_group()
+
+
+def run_jobs(rank, world, device, jobs, send):
+    """The layer executor's entry for :func:`process_main`: run the jobs (plans) one after
+    the other; rank 0 sends each result under the job's index."""
+    for i, job in enumerate(jobs):
+        def progress(done, total, i=i):
+            if rank == 0:
+                send("progress", i, (done, total))
+        res = run_job(job, rank, world, device, progress)
+        if rank == 0:
+            send("result", i, res)
+
+
+def inject_fault(fault, rank: int, step: int, where: str) -> None:
+    """Test hook: act out ``fault`` = ``(rank, step, mode)`` (:func:`executor.parse_fault`)
+    when this is that rank and step - raise, exit with code 3, or hang."""
+    if fault is None or fault[0] != rank or fault[1] != step:
+        return
+    if fault[2] == "exit":
+        os._exit(3)
+    if fault[2] == "hang":
+        time.sleep(10 ** 6)
+    raise WorkerError(f"injected fault on rank {rank} at step {step} ({where})")
 
 
 def report_and_exit(queue, rank: int, exc: BaseException) -> None:
@@ -329,50 +369,53 @@ def _parser():
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
     from ...errors import ExplorerError
-    from .report import format_report
+    from .report import format_run
     try:
-        with open(args.plan) as fh:
-            plan_dict = json.load(fh)
-    except (OSError, ValueError) as exc:
-        print(f"error: cannot read plan {args.plan}: {exc}", file=sys.stderr)
+        from .run import read_document
+        doc = read_document(args.plan)
+        if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+            from .run import run_document
+            res = run_document(doc, steps=args.steps, warmup=args.warmup,
+                               timeout_s=args.timeout, check=not args.no_check)
+        else:
+            res = _torchrun_rank(doc, args)
+            if res is None:
+                return 0
+    except ExplorerError as exc:
+        rank = os.environ.get("RANK")
+        print(f"error{'' if rank is None else f' (rank {rank})'}: {exc}", file=sys.stderr)
         return 2
-    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
-        from .launcher import launch
-        try:
-            res = launch(plan_dict, steps=args.steps, warmup=args.warmup,
-                         timeout_s=args.timeout, check=not args.no_check, lr=args.lr)
-        except ExplorerError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
-    else:
-        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-        local = int(os.environ.get("LOCAL_RANK", rank))
-        _threads()
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-        device = "cpu"
-        if backend == "nccl":
-            torch.cuda.set_device(local)
-            device = f"cuda:{local}"
-        from .launcher import validate
-        try:
-            validate(plan_dict, {"devices": world}, check_local=False)
-        except ExplorerError as exc:
-            print(f"error (rank {rank}): {exc}", file=sys.stderr)
-            return 2
-        dist.init_process_group(backend, timeout=timedelta(seconds=args.timeout))
-        try:
-            job = {"plan": plan_dict, "steps": args.steps, "warmup": args.warmup,
-                   "check": not args.no_check, "lr": args.lr}
-            res = run_job(job, rank, world, device)
-        finally:
-            dist.destroy_process_group()
-        if rank != 0:
-            return 0
     if args.out:
         with open(args.out, "w") as fh:
             json.dump(res, fh, indent=2)
-    print(json.dumps(res, indent=2) if args.json else format_report(res))
+    print(json.dumps(res, indent=2) if args.json else format_run(res))
     return 0 if res.get("reference_ok") in (True, None) else 1
+
+
+def _torchrun_rank(doc: dict, args):
+    """This process as one rank of a layer-wise plan under torchrun (rendezvous, ranks and
+    world size from its environment); rank 0 returns the result, the others ``None``."""
+    from ...errors import InfeasiblePlan
+    from ..plandoc import open_document
+    from .launcher import _as_layer_plan, validate
+    if open_document(doc) != "layerwise":
+        raise InfeasiblePlan("under torchrun the worker runs layer-wise plans; run Tofu plans "
+                             "and placements with `explorer run`")
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local = int(os.environ.get("LOCAL_RANK", rank))
+    plan_dict = _as_layer_plan(doc)
+    validate(plan_dict, {"devices": world}, check_local=False)
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    device = join_group(rank, world, backend, args.timeout, local)
+    try:
+        job = {"plan": plan_dict, "steps": args.steps, "warmup": args.warmup,
+               "check": not args.no_check, "lr": args.lr}
+        res = run_job(job, rank, world, device)
+    finally:
+        destroy_group()
+    if res is not None:
+        res["kind"] = "layerwise"
+    return res
 
 
 if __name__ == "__main__":

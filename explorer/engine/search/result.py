@@ -56,6 +56,8 @@ class Result:
     info: dict = field(default_factory=dict)
     tables: CostTables | None = None
     choice: dict | None = None
+    #: the graph the plan was made on, or a function returning it (built when first saved)
+    capture: object = field(default=None, repr=False)
 
     def __post_init__(self):
         if self.family not in FAMILIES:
@@ -87,8 +89,25 @@ class Result:
         return doc
 
     def document(self) -> dict:
-        """:meth:`to_dict` sealed for a file (checksum over everything)."""
-        return seal(self.to_dict(), self.kind)
+        """:meth:`to_dict` sealed for a file (checksum over everything): everything needed to
+        execute the plan without searching again.  Operator-level plans add the digest of the
+        operator graph they were made on (``opgraph_digest``: a model that now gives another
+        graph is refused before launch); a Tofu plan adds its execution ``layout`` - every
+        tensor's box per worker, every operator's output box, input regions and reduction."""
+        doc = self.to_dict()
+        if self.family in ("tofu", "placement"):
+            if self.capture is None:
+                raise ValueError(f"this {self.algo} result was made on a prebuilt placer "
+                                 f"graph without its operator graph: it cannot be saved to run")
+            from ..opgraph import opgraph_digest
+            if callable(self.capture):
+                self.capture = self.capture()
+            doc["opgraph_digest"] = opgraph_digest(self.capture)
+        if self.family == "tofu":
+            from ..plandoc import pack_layout
+            from .tofu import execution_plan
+            doc["layout"] = pack_layout(execution_plan(self.plan, self.capture))
+        return seal(doc, self.kind)
 
     def layouts(self, problem) -> dict:
         """How every tensor of the plan lives on the devices, in the one vocabulary of

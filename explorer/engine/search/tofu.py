@@ -700,7 +700,7 @@ def search(problem, pins=None, options: TofuOptions | None = None, progress=None
                   devices.name, devices.n, plan.objective_s, plan.objective_s,
                   plan.search_time_s, [float(x) for x in plan.peak_memory_bytes],
                   plan.comm_bytes, fits, plan, [p.text() for p in (pins or [])],
-                  [st.to_dict() for st in plan.steps], info)
+                  [st.to_dict() for st in plan.steps], info, capture=g)
 
 
 def pin_steps(grid, shape, factors) -> list:

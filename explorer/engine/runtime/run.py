@@ -1,0 +1,196 @@
+"""Executing a saved plan: one entry point for every plan kind, and no search.
+
+:func:`run_document` opens a plan document (:func:`explorer.engine.plandoc.open_document`:
+schema, version, checksum) and hands it to the executor its schema names:
+
+==========================  ============================================================
+``plan-explorer/layerwise`` the layer executor (:func:`.launcher.launch`)
+``plan-explorer/tofu``      the operator-level executor with the document's execution
+                            layout (:func:`.opexec.run_layout`)
+``plan-explorer/placement`` the operator-level executor with the placement's layout
+                            (:func:`.opexec.run_placement`)
+==========================  ============================================================
+
+Everything the run needs comes from the document; nothing is searched again.  A document
+that cannot be run - unknown schema, newer version, edited after saving, a version-1 Tofu
+plan without its layout, made for other devices or another model than the caller expects, or
+whose model, batch and arguments now give another operator graph - is refused with one line
+(:class:`~explorer.errors.PlanFileError` / :class:`~explorer.errors.InfeasiblePlan`) before any
+worker starts.
+"""
+
+from __future__ import annotations
+
+import json
+
+from ...errors import InfeasiblePlan, PlanFileError
+from .. import plandoc
+
+__all__ = ["read_document", "run_document"]
+
+
+def read_document(path: str) -> dict:
+    """The JSON object in ``path`` (:class:`PlanFileError` when it is missing, unreadable or
+    not a plan document)."""
+    try:
+        with open(path) as fh:
+            doc = json.load(fh)
+    except FileNotFoundError:
+        raise PlanFileError(f"plan file {path!r} not found: write one with `explorer search "
+                            f"MODEL --devices N --preset local --out {path}`") from None
+    except (OSError, ValueError) as exc:
+        raise PlanFileError(f"cannot read plan {path!r}: {exc}") from None
+    if not isinstance(doc, dict) or "schema" not in doc:
+        raise PlanFileError(f"{path} is not a plan (write one with `explorer search --out`)")
+    return doc
+
+
+def run_document(doc: dict, *, steps: int = 20, warmup: int = 5, timeout_s: float = 600.0,
+                 check: bool = True, expect: dict | None = None, sync: str = "auto",
+                 progress=None, fault: str | None = None, tol: float = 1e-4,
+                 verify: bool = True) -> dict:
+    """Execute a plan document on local workers and check it against one device.
+
+    ``expect`` (``model``, ``devices``, ``batch``, ``model_args``; ``None`` values ignored):
+    refuse a plan made for anything else.  ``verify``: check the checksum (a document that
+    comes from a file; the app's in-memory documents need not).  ``steps`` / ``warmup`` /
+    ``sync`` / ``progress`` as :func:`.launcher.launch` for a layer-wise plan; a placement runs
+    ``steps`` steps (the first one is its warm-up), a Tofu plan one step (its workers compute on
+    zero-padded full-size buffers: the run checks data movement and results, not speed).
+
+    Returns the executor's result with ``kind`` (the plan kind) and ``warnings``; the caller
+    stores it (:func:`.store.run_key`).
+    """
+    kind = plandoc.open_document(doc, verify=verify)
+    if steps < 0 or warmup < 0:
+        raise InfeasiblePlan(f"steps ({steps}) and warmup ({warmup}) must be ≥ 0")
+    expect = {k: v for k, v in (expect or {}).items() if v is not None}
+    if kind == "layerwise":
+        from .launcher import launch
+        out = launch(doc, steps=steps, warmup=warmup, timeout_s=timeout_s, check=check,
+                     expect=expect, sync=sync, progress=progress, fault=fault, tol=tol,
+                     store=False)
+    elif kind == "tofu":
+        out = _run_tofu(doc, expect, timeout_s=timeout_s, check=check, fault=fault, tol=tol)
+    else:
+        out = _run_placement(doc, expect, steps=max(1, int(steps)), timeout_s=timeout_s,
+                             check=check, fault=fault, tol=tol)
+    out["kind"] = kind
+    out.setdefault("warnings", [])
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+
+
+def _check_expect(what: str, model: str, spec: str | None, batch, model_args: dict, n: int,
+                  expect: dict) -> None:
+    """Refuse a plan made for another model, batch, model arguments or device count."""
+    want = expect.get("model")
+    if want is not None and want not in (model, spec):
+        raise InfeasiblePlan(f"the {what} is for model {model!r}, not {want!r}: search one "
+                             f"for {want} first")
+    if expect.get("devices") is not None and int(expect["devices"]) != n:
+        raise InfeasiblePlan(f"the {what} is for {n} devices, not --devices "
+                             f"{expect['devices']}: search one for {expect['devices']} devices")
+    if expect.get("batch") is not None and batch is not None and int(expect["batch"]) != batch:
+        raise InfeasiblePlan(f"the {what} is for batch {batch}, not {expect['batch']}")
+    if expect.get("model_args") is not None:
+        a = {k: str(v) for k, v in expect["model_args"].items()}
+        if a != {k: str(v) for k, v in model_args.items()}:
+            raise InfeasiblePlan(f"the {what} is for model arguments {model_args}, not "
+                                 f"{expect['model_args']}")
+
+
+def _opgraph(what: str, doc: dict, model: str, batch, model_args: dict):
+    """The model's operator graph now; refused when the document's digest is another's."""
+    from ..opgraph import build_opgraph, opgraph_digest
+    g = build_opgraph(model, batch, model_args)
+    saved = doc.get("opgraph_digest")
+    now = opgraph_digest(g)
+    if saved is not None and saved != now:
+        raise InfeasiblePlan(
+            f"the {what} does not match {model} (batch {batch}, arguments {model_args}) any "
+            f"more: it was made on another operator graph (digest {saved}, now {now}; the "
+            f"model code or the plan file changed): search it again")
+    return g, now
+
+
+def _int(v) -> int | None:
+    return int(v) if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+def _run_tofu(doc: dict, expect: dict, **kw) -> dict:
+    for key in ("model", "devices"):
+        if key not in doc:
+            raise PlanFileError(f"the Tofu plan has no {key!r}: save it with `explorer search "
+                                f"MODEL --algo tofu --out PLAN.json`")
+    algo = doc.get("algo", "tofu")
+    if "layout" not in doc:
+        raise PlanFileError(
+            f"the Tofu plan was saved without its execution layout (a version-1 file): save it "
+            f"again with `explorer search {doc['model']} --devices {doc['devices']} --algo "
+            f"{algo} --out PLAN.json`")
+    n = _int(doc["devices"])
+    if n is None or n < 1:
+        raise PlanFileError(f"the Tofu plan's devices {doc['devices']!r} is not a worker count")
+    margs = dict(doc.get("model_args") or {})
+    batch = doc.get("batch")
+    _check_expect("plan", doc["model"], None, batch, margs, n, expect)
+    xplan = plandoc.unpack_layout(doc["layout"])
+    if xplan["workers"] != n:
+        raise PlanFileError(f"the Tofu plan's layout is for {xplan['workers']} workers, the "
+                            f"plan for {n}")
+    if "opgraph_digest" not in doc:
+        raise PlanFileError("the Tofu plan has no operator graph digest: save it again with "
+                            "`explorer search --out`")
+    g, digest = _opgraph("plan", doc, doc["model"], batch, margs)
+    unknown = sorted(set(xplan["held"]) - set(g.tensors))
+    if unknown:
+        raise PlanFileError(f"the Tofu plan's layout names tensor {unknown[0]!r}, which the "
+                            f"model's operator graph does not have")
+    from .opexec import run_layout
+    out = run_layout(doc["model"], g.batch, margs, xplan, digest=digest, steps=1, **kw)
+    out.update(algo=algo, devices=n, predicted_comm_bytes=float(doc.get("comm_bytes", 0.0)))
+    return out
+
+
+def _run_placement(doc: dict, expect: dict, *, steps: int, **kw) -> dict:
+    req = doc.get("request") or {}
+    model = doc.get("model") or req.get("model")
+    if not model or not isinstance(doc.get("placement"), dict) or not doc["placement"]:
+        raise PlanFileError("the placement needs 'model' and 'placement': save placements with "
+                            "`explorer search MODEL --algo celeritas --out PLAN.json`")
+    batch = doc.get("batch") if doc.get("batch") is not None else req.get("batch")
+    margs = doc.get("model_args")
+    margs = dict((req.get("model_args") if margs is None else margs) or {})
+    names = list(doc["placement"])
+    try:
+        devs = [int(doc["placement"][nm]) for nm in names]
+    except (TypeError, ValueError):
+        raise PlanFileError("the placement maps an operator to something that is not a "
+                            "device number") from None
+    # version 2: devices = count, preset = name; version 1 (and the app): devices = the
+    # preset's name, n_devices or one capacity per device = the count
+    n = _int(doc.get("devices")) or _int(doc.get("n_devices")) or \
+        len(doc.get("capacity_bytes") or []) or (max(devs) + 1)
+    preset = doc.get("preset") or (doc.get("devices") if isinstance(doc.get("devices"), str)
+                                   else None)
+    _check_expect("placement", model, None, batch, margs, n, expect)
+    g, _ = _opgraph("placement", doc, model, batch, margs)
+    from .opexec import run_placement
+    out = run_placement(model, g.batch, margs, names, devs, n, steps=steps, g=g, **kw)
+    pred = doc.get("predicted_step_time_s")
+    out["predicted_step_time_s"] = pred
+    if pred and out.get("measured_step_time_s"):
+        out["rel_error"] = (pred - out["measured_step_time_s"]) / out["measured_step_time_s"]
+    busy = [0.0] * n
+    for o in (doc.get("schedule") or {}).get("ops", []):
+        if 0 <= int(o["device"]) < n:
+            busy[int(o["device"])] += float(o["end"]) - float(o["start"])
+    out.update(predicted_busy_s=busy, algo=doc.get("algo"), devices=n, steps=steps,
+               batch=g.batch, preset=preset)
+    if preset not in (None, "", "local"):
+        out["warnings"] = [f"the placement was made for the {preset} preset: its predicted "
+                           f"times are for those devices, not this machine"]
+    return out
