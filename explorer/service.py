@@ -493,14 +493,23 @@ def run_placement(doc: dict, steps: int = 3, timeout_s: float = 600.0,
     return out
 
 
-def placement_runs(doc: dict, limit: int = 50) -> list:
-    """Stored runs of this placement (command line or app), newest first: when, workers,
-    predicted and measured step time, their error and the reference verdict."""
+def runs(doc: dict, limit: int = 50) -> list:
+    """Stored runs of this plan, of any kind (command line or app), newest first: when,
+    workers, predicted and measured step time, their error and the reference verdict."""
     from .engine.history import digest
-    from .engine.runtime.store import RunStore, placement_key
+    from .engine.plandoc import kind_of
+    from .engine.runtime.store import RunStore, run_key
+    if not isinstance(doc, dict) or "error" in doc or kind_of(doc) is None:
+        return []
+    doc = {k: v for k, v in doc.items() if k not in ("trace", "previous", "history_id")}
+    return RunStore().rows(digest(run_key(doc)), limit)
+
+
+def placement_runs(doc: dict, limit: int = 50) -> list:
+    """Stored runs of this placement (:func:`runs`)."""
     if not doc or "placement" not in doc:
         return []
-    return RunStore().rows(digest(placement_key(doc)), limit)
+    return runs(doc, limit)
 
 
 def clear_caches():

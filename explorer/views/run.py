@@ -12,6 +12,7 @@ import dash
 import plotly.graph_objects as go
 from dash import Input, Output, State, dash_table, dcc, html, no_update
 
+from .. import service as session
 from ..errors import ExplorerError
 from . import ids
 from . import palette as P
@@ -106,16 +107,13 @@ def result_view(res: dict):
 
 
 def history_rows(plan: dict) -> list:
-    from ..engine.history import digest
-    from ..engine.runtime.store import RunStore
-    return RunStore().rows(digest(plan), 50)
+    return session.runs(plan, 50)
 
 
 def do_run(plan: dict, steps, warmup, progress=lambda v: None) -> dict:
     """Launch ``plan`` and return the run result (raises ExplorerError with a message)."""
     import warnings
 
-    from ..engine.runtime import launch
     if not plan or "error" in plan:
         raise ExplorerError("search a plan first")
     state.check_model(plan.get("spec") or plan.get("model"))  # model files where allowed only
@@ -126,7 +124,8 @@ def do_run(plan: dict, steps, warmup, progress=lambda v: None) -> dict:
         progress(int(100 * done / max(_total or total, 1)))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        res = launch(doc, steps=int(steps or 20), warmup=int(warmup or 0), progress=prog)
+        res = session.run_plan(doc, steps=int(steps or 20), warmup=int(warmup or 0),
+                               progress=prog, verify=False)
     res.setdefault("warnings", [])
     res["warnings"] = sorted(set(res["warnings"]) | {str(w.message) for w in caught})
     return res
