@@ -152,6 +152,10 @@ def main(argv=None) -> int:
         import os
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except OSError as exc:             # an output file that cannot be written
+        where = f" {exc.filename}" if getattr(exc, "filename", None) else ""
+        print(f"error: cannot write{where}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
 
 
 # --------------------------------------------------------------------------------------------
@@ -207,21 +211,27 @@ def cmd_search(args) -> int:
     import_s = time.perf_counter() - t0
     res = service.run_method(req, args.algo, args.pin, _options(args, family))
     res.info["import_time_s"] = import_s
+    if not res.fits_memory and not args.ignore_memory:
+        raise InfeasiblePlan(_does_not_fit(res, service.devices_for(req)))
     return {"layerwise": _search_layerwise, "tofu": _search_tofu,
             "placement": _search_placement}[family](args, req, res, capture)
+
+
+def _does_not_fit(res, devices) -> str:
+    """One line: which device the plan overfills, by how much, and what to do."""
+    mem = res.memory_per_device_bytes
+    worst = max(range(len(mem)), key=lambda d: mem[d] - devices.devices[d].memory)
+    what = "placement" if res.family == "placement" else "plan"
+    return (f"the {res.algo} {what} needs {mem[worst] / 2**30:.2f} GiB on device {worst} "
+            f"({devices.devices[worst].name}, {devices.devices[worst].memory / 2**30:.2f} GiB)"
+            + (" (best effort)" if res.family == "placement" and res.info.get("best_effort")
+               else "")
+            + ": use more devices, a smaller --batch, or --ignore-memory to see it anyway")
 
 
 def _search_layerwise(args, req, res, graph) -> int:
     from . import service
     plan, devices = res.plan, service.devices_for(req)
-    if not res.fits_memory and not args.ignore_memory:
-        worst = max(range(devices.n), key=lambda d: plan.memory_per_device_bytes[d]
-                    - devices.devices[d].memory)
-        raise InfeasiblePlan(
-            f"the {args.algo} plan needs {plan.memory_per_device_bytes[worst] / 2**30:.2f} GiB on "
-            f"device {worst} ({devices.devices[worst].name}, "
-            f"{devices.devices[worst].memory / 2**30:.2f} GiB): use more devices, a smaller "
-            f"--batch, or --ignore-memory to see it anyway")
     if args.dump_costs:
         with open(args.dump_costs, "w") as fh:
             json.dump(res.tables.dump(), fh)
@@ -293,11 +303,6 @@ def _search_tofu(args, req, res, g) -> int:
             print(f"  {algo:<14} {r['comm_bytes'] / 1e9:9.3f} GB  {r['objective_s'] * 1e3:9.1f} ms"
                   f"  search {r['search_time_s']:.2f} s  peak {r['peak_memory_bytes'] / 2**30:.2f}"
                   f" GiB")
-    if worst > cap and not args.ignore_memory:
-        print(f"error: the {args.algo} plan needs {worst / 2**30:.2f} GiB on a worker, more than "
-              f"the {cap / 2**30:.0f} GiB of {devices.name}'s devices: use more workers, a "
-              f"smaller --batch, or --ignore-memory to keep the plan", file=sys.stderr)
-        return 3
     return 0
 
 
@@ -330,11 +335,6 @@ def _search_placement(args, req, res, og) -> int:
                   f"refinement {doc['predicted_step_time_s']:.4f} s ({st['refine_moves']} "
                   f"moves, {st['refine_evals']} simulations, {st['refine_s']:.2f} s"
                   + ("; budget spent" if st.get("refine_exhausted") else "") + ")")
-    if res.plan.oom and not args.ignore_memory:
-        print(f"error: the {args.algo} placement exceeds a device's memory (best effort): "
-              f"use more devices, a smaller --batch, or --ignore-memory to keep it",
-              file=sys.stderr)
-        return 2
     return 0
 
 

@@ -11,7 +11,6 @@ import threading
 from collections import OrderedDict
 from dataclasses import asdict, dataclass, field
 
-import numpy as np
 
 from .errors import ExplorerError, InfeasiblePlan
 from .engine import geometry as G
@@ -77,26 +76,33 @@ def _lru(cache, key, make):
     A per-key lock serialises builders of the same value (the others wait and reuse it);
     values for different keys build in parallel, except captures, which torch.fx and make_fx
     only allow one at a time (:data:`_CAPTURE`)."""
-    with _LOCK:
-        if key in cache:
-            cache.move_to_end(key)
-            return cache[key]
-        building = _BUILDING.setdefault((id(cache), key), threading.Lock())
-    with building:
+    while True:
         with _LOCK:
             if key in cache:
                 cache.move_to_end(key)
                 return cache[key]
-        try:
-            value = make()
-        finally:
+            building = _BUILDING.setdefault((id(cache), key), threading.Lock())
+        with building:
             with _LOCK:
-                _BUILDING.pop((id(cache), key), None)
-        with _LOCK:
-            cache[key] = value
-            while len(cache) > _CACHE_SIZE:
-                cache.popitem(last=False)
-    return value
+                if key in cache:
+                    cache.move_to_end(key)
+                    return cache[key]
+                if _BUILDING.get((id(cache), key)) is not building:
+                    continue               # the builder failed or the caches were cleared
+            try:
+                value = make()
+            except BaseException:
+                with _LOCK:                # waiters retry (and see the same error themselves)
+                    if _BUILDING.get((id(cache), key)) is building:
+                        del _BUILDING[(id(cache), key)]
+                raise
+            with _LOCK:                    # publish and release in one step
+                if _BUILDING.get((id(cache), key)) is building:
+                    del _BUILDING[(id(cache), key)]
+                    cache[key] = value
+                    while len(cache) > _CACHE_SIZE:
+                        cache.popitem(last=False)
+            return value
 
 
 _CAPTURE = threading.Lock()          # torch.fx tracing is not thread-safe: one capture at a time
@@ -417,8 +423,17 @@ def placement(req: Request, algo: str = "celeritas", memory_gib=None,
         c["device"] = max(range(len(shares)), key=lambda d: (shares[d], -d))
     doc["request"] = req.to_dict()
     doc["memory_gib"] = memory_gib
-    doc["pins"] = list(pins or [])
-    return doc
+    doc["pins"] = [f"{r['target']}=@{int(r['device'])}" for r in pins or []]  # text, as
+    return doc                                                              # everywhere
+
+
+def placement_pin_rows(doc: dict) -> list:
+    """The Placement page's pin rows of a placement document (its text pins; a
+    ``cluster:K`` pin lists that cluster's operators)."""
+    from .engine.pins import to_placement_ui
+    pins = [p for p in (doc or {}).get("pins") or [] if isinstance(p, str)]
+    legacy = [p for p in (doc or {}).get("pins") or [] if isinstance(p, dict)]
+    return legacy + to_placement_ui(pins, (doc or {}).get("clusters") or [])
 
 
 def placement_structure(req: Request, memory_gib=None) -> dict:
@@ -514,6 +529,7 @@ def placement_runs(doc: dict, limit: int = 50) -> list:
 
 def clear_caches():
     with _LOCK:
+        _BUILDING.clear()
         _PLACE_GRAPHS.clear()
         _PLACEMENTS.clear()
         _GRAPHS.clear()
@@ -527,4 +543,3 @@ __all__ = ["Request", "search", "candidates", "compare", "scaling", "tiles", "su
            "opgraph_for", "tofu", "tofu_strip", "tofu_compare", "placement",
            "placement_compare", "placement_structure", "placement_pins", "placement_graph_for",
            "run_plan", "run_placement", "placement_runs"]
-_ = np  # numpy used by callers through geometry results

@@ -80,3 +80,39 @@ def test_plan_documents_schema_version_checksum():
                        ([1, 2], "not a plan")]:
         with pytest.raises(PlanFileError, match=words):
             P.open_document(bad)
+
+
+def test_placement_pins_are_text_in_documents_and_rows_on_the_page():
+    req = service.Request(model="lenet5", batch=8, devices=2, preset="local")
+    base = service.placement(req, "metis")
+    c0 = base["clusters"][0]["ops"]
+    op = next(o for o in base["placement"] if o not in c0)
+    rows = [{"target": op, "ops": [op], "device": 1},
+            {"target": "cluster:0", "ops": base["clusters"][0]["ops"], "device": 0}]
+    doc = service.placement(req, "metis", pins=rows)
+    assert doc["pins"] == [f"{op}=@1", "cluster:0=@0"]
+    assert doc["placement"][op] == 1
+    back = service.placement_pin_rows(doc)
+    assert [(r["target"], r["device"]) for r in back] == [(op, 1), ("cluster:0", 0)]
+    assert back[1]["ops"] == doc["clusters"][0]["ops"]
+    # a placement saved by the command line names its pins the same way
+    res = service.run_method(req, "metis", [f"{op}=@1"])
+    assert res.to_dict()["pins"] == [f"{op}=@1"]
+    assert service.placement_pin_rows(res.to_dict())[0] == {"target": op, "ops": [op],
+                                                            "device": 1}
+
+
+def test_a_failed_build_is_retried_not_cached():
+    calls = []
+
+    def boom():
+        calls.append(1)
+        raise ValueError("no")
+    cache = {}
+    import collections
+    cache = collections.OrderedDict()
+    for _ in range(2):
+        with pytest.raises(ValueError):
+            service._lru(cache, "k", boom)
+    assert len(calls) == 2 and "k" not in cache and not service._BUILDING
+    assert service._lru(cache, "k", lambda: 5) == 5 and service._lru(cache, "k", boom) == 5

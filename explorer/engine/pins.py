@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 from ..errors import InfeasiblePlan
 
-__all__ = ["Pin", "parse", "parse_all", "check", "from_placement_ui"]
+__all__ = ["Pin", "parse", "parse_all", "check", "from_placement_ui", "to_placement_ui"]
 
 _LETTERS = ("n", "c", "h", "w", "l")
 
@@ -152,6 +152,10 @@ def check(pins, family: str) -> list:
                                       or p.devices is None or len(p.devices) != 1):
             raise InfeasiblePlan(f"pin {p.text()}: placement methods put whole operators on "
                                  f"one device; pin OP=@DEVICE or cluster:K=@DEVICE")
+        if family == "placement" and p.target.startswith("cluster:") and \
+                not p.target[len("cluster:"):].isdigit():
+            raise InfeasiblePlan(f"pin {p.text()}: a cluster is named cluster:K with K its "
+                                 f"number (0, 1, ...)")
         if family == "tofu" and p.grid is None:
             raise InfeasiblePlan(f"pin {p.text()}: Tofu partitions every tensor over all "
                                  f"workers, so it takes a tensor's tiling (TENSOR=grid=2x1), "
@@ -171,3 +175,16 @@ def from_placement_ui(rows) -> list:
                                      f"({r['target']} overlaps an earlier pin): unpin one")
             out[op] = d
     return [Pin(op, {}, (d,)) for op, d in out.items()]
+
+
+def to_placement_ui(pins, clusters=()) -> list:
+    """Placement pins (text or :class:`Pin`) as the Placement page's rows; a
+    ``cluster:K`` pin lists cluster K's operators (``clusters[K]["ops"]``)."""
+    rows = []
+    for p in check(pins, "placement"):
+        ops = [p.target]
+        if p.target.startswith("cluster:"):
+            k = int(p.target.split(":", 1)[1])
+            ops = list(clusters[k]["ops"]) if 0 <= k < len(clusters) else []
+        rows.append({"target": p.target, "ops": ops, "device": int(p.devices[0])})
+    return rows

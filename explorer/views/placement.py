@@ -530,7 +530,7 @@ def summary_view(doc: dict):
                   f"{doc['predicted_step_time_s']:.4f} s ({st['refine_moves']} moves, "
                   f"{st['refine_evals']} simulations"
                   + (", budget spent" if st.get("refine_exhausted") else "") + ")")
-    pins = doc.get("pins") or []
+    pins = session.placement_pin_rows(doc)
     kept = sum(1 for p in pins if honoured(p, doc))
     return html.Div([
         html.Div([html.B(f"{doc['algo']}: "),
@@ -540,7 +540,7 @@ def summary_view(doc: dict):
                   html.Span(" OOM (best effort exceeded a limit)" if doc["oom"] else "",
                             className="error")], id="place-headline"),
         html.Div(f"{doc['model']} batch {doc['batch']} on {len(doc['capacity_bytes'])}× "
-                 f"{doc['devices']}; {fused}"
+                 f"{doc.get('preset') or doc['devices']}; {fused}"
                  + (f"; pins honoured: {kept}/{len(pins)}" if pins else ""),
                  className="muted", id="place-subline"),
     ])
@@ -608,7 +608,7 @@ def run_view(res: dict | None, doc: dict | None):
         html.Div(f"communication: predicted {res['predicted_comm_bytes'] / 1e6:.3f} MB, "
                  f"measured {res['measured_comm_bytes'] / 1e6:.3f} MB per step",
                  id="place-run-bytes"),
-        html.Div(f"step time: predicted {pred * 1e3:.2f} ms (simulator, {doc['devices']}), "
+        html.Div(f"step time: predicted {pred * 1e3:.2f} ms (simulator, {doc.get('preset') or doc['devices']}), "
                  f"measured {meas * 1e3:.2f} ms on {res['workers']} local workers (median of "
                  f"{res.get('steps', 1)})" if pred else
                  f"step time: measured {meas * 1e3:.2f} ms", id="place-run-times"),

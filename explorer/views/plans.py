@@ -260,7 +260,8 @@ def placement_doc(doc: dict, request: dict) -> dict:
     out = {k: v for k, v in doc.items() if k not in ("trace", "checksum")}
     out["request"] = {k: v for k, v in request.items() if k != "pins"}
     out.setdefault("memory_gib", None)
-    out["pins"] = [p for p in out.get("pins") or [] if isinstance(p, dict)]
+    out["pins"] = [p if isinstance(p, str) else f"{p['target']}=@{int(p['device'])}"
+                   for p in out.get("pins") or []]
     out.setdefault("schedule", {})
     out["clusters_from"] = out.get("clusters_from") or out["algo"]
     if not out.get("clusters"):
@@ -300,7 +301,7 @@ def loaded_outputs(kind: str, doc: dict, request: dict, plan: dict | None = None
     if kind == "tofu":
         out.update(tofu=doc, tab="tofu")
     elif kind == "placement":
-        out.update(placement=doc, place_pins=list(doc.get("pins") or []), tab="placement")
+        out.update(placement=doc, place_pins=session.placement_pin_rows(doc), tab="placement")
     else:
         out.update(plan=doc, tab="plan")
     if kind != "layerwise" and plan is not None:

@@ -62,6 +62,7 @@ def run_document(doc: dict, *, steps: int = 20, warmup: int = 5, timeout_s: floa
     stores it (:func:`.store.run_key`).
     """
     kind = plandoc.open_document(doc, verify=verify)
+    _check_fields(doc, kind)
     if steps < 0 or warmup < 0:
         raise InfeasiblePlan(f"steps ({steps}) and warmup ({warmup}) must be ≥ 0")
     expect = {k: v for k, v in (expect or {}).items() if v is not None}
@@ -81,6 +82,30 @@ def run_document(doc: dict, *, steps: int = 20, warmup: int = 5, timeout_s: floa
 
 
 # --------------------------------------------------------------------------------------------
+
+#: field -> (allowed types, what it should be); absent fields and None are checked elsewhere
+_FIELDS = {"model": ((str,), "a model name"), "spec": ((str,), "a model spec"),
+           "batch": ((int,), "a batch size"), "model_args": ((dict,), "an object of arguments"),
+           "request": ((dict,), "an object"), "preset": ((str,), "a preset name"),
+           "algo": ((str,), "a method name"), "layers": ((list,), "a list of layers"),
+           "placement": ((dict,), "an object mapping operators to devices"),
+           "layout": ((dict,), "an execution layout object")}
+
+
+def _check_fields(doc: dict, kind: str) -> None:
+    """A sealed document can still hold hand-written nonsense: one clear line for a field of
+    the wrong type instead of a traceback deep in an executor."""
+    for key, (types, what) in _FIELDS.items():
+        v = doc.get(key)
+        if v is not None and (not isinstance(v, types) or isinstance(v, bool)):
+            raise PlanFileError(f"the plan's {key!r} is {type(v).__name__} {v!r:.40}, not "
+                                f"{what}")
+    if kind == "layerwise":
+        for la in doc.get("layers") or []:
+            if not isinstance(la, dict) or not isinstance(la.get("config"), dict) \
+                    or not isinstance(la.get("devices"), list):
+                raise PlanFileError(f"the plan's layer {str(la)[:60]!r} needs a 'config' object "
+                                    f"and a 'devices' list")
 
 
 def _check_expect(what: str, model: str, spec: str | None, batch, model_args: dict, n: int,

@@ -45,14 +45,12 @@ class Problem:
             raise ValueError(f"cost must be analytic or measured, got {self.cost!r}")
         if self.sync not in ("ps", "ring"):
             raise ValueError(f"sync must be ps or ring, got {self.sync!r}")
-        if self.model is None:
-            g = self.layer_graph_ or self.opgraph_ or next(iter(self.placement_graphs.values()),
-                                                           None)
-            meta = getattr(g, "meta", {}) or {}
-            self.model = getattr(g, "spec", None) or getattr(g, "model", None) or meta.get(
-                "model")
-            if self.batch is None:
-                self.batch = getattr(g, "batch", None) or meta.get("batch")
+        if self.model is None:       # a prebuilt capture names its model (a placer graph
+            g = self.layer_graph_ or self.opgraph_       # alone does not: it cannot be re-traced)
+            if g is not None:
+                self.model = getattr(g, "spec", None) or getattr(g, "model", None)
+                if self.batch is None:
+                    self.batch = getattr(g, "batch", None)
 
     @classmethod
     def of(cls, graph, devices, cost_model=None) -> "Problem":
@@ -61,7 +59,8 @@ class Problem:
         if isinstance(graph, PlacementGraph):
             return cls(devices, placement_graphs={None: graph})
         if hasattr(graph, "tensors") and hasattr(graph, "ops"):
-            return cls(devices, opgraph_=graph)
+            return cls(devices, opgraph_=graph,
+                       model_args=dict(getattr(graph, "model_args", {}) or {}))
         return cls(devices, layer_graph_=graph, cost_model_=cost_model,
                    model_args=dict(getattr(graph, "model_args", {}) or {}))
 
@@ -101,17 +100,13 @@ class Problem:
         device when given (else the devices' own capacity)."""
         if memory_per_device in self.placement_graphs:
             return self.placement_graphs[memory_per_device]
-        if None in self.placement_graphs and self.opgraph_ is None and self.model is None:
-            pg = self.placement_graphs[None]
-            out = pg if memory_per_device is None else pg.with_capacity(memory_per_device)
+        if None in self.placement_graphs:                 # a prebuilt placer graph
+            out = self.placement_graphs[None].with_capacity(memory_per_device)
         else:
             from ..placement.estimate import from_opgraph
-
-            def make(cap):
-                if None in self.placement_graphs:
-                    return self.placement_graphs[None].with_capacity(cap)
-                return from_opgraph(self.opgraph(), self.devices, cap)
-            out = self._build("placement_graph", make, memory_per_device)
+            out = self._build("placement_graph",
+                              lambda cap: from_opgraph(self.opgraph(), self.devices, cap),
+                              memory_per_device)
         self.placement_graphs[memory_per_device] = out
         return out
 

@@ -185,7 +185,7 @@ def layerwise_result(algo, graph, devices, cost_model, tables: CostTables, choic
                 [p.text() for p in (pins or [])], info, edges)
     from ..plan import graph_digest
     plan.graph_digest = graph_digest(graph)
-    return Result(algo, "layerwise", plan.spec, plan.batch, plan.model_args, devices.name,
+    return Result(algo, "layerwise", plan.model, plan.batch, plan.model_args, devices.name,
                   devices.n, objective, objective, search_s, mem.tolist(), plan.comm_bytes,
                   info["fits_memory"], plan, plan.pins, list(trace), info, tables, dict(choice))
 
