@@ -85,16 +85,15 @@ def test_plan_documents_schema_version_checksum():
 def test_placement_pins_are_text_in_documents_and_rows_on_the_page():
     req = service.Request(model="lenet5", batch=8, devices=2, preset="local")
     base = service.placement(req, "metis")
-    c0 = base["clusters"][0]["ops"]
-    op = next(o for o in base["placement"] if o not in c0)
-    rows = [{"target": op, "ops": [op], "device": 1},
-            {"target": "cluster:0", "ops": base["clusters"][0]["ops"], "device": 0}]
-    doc = service.placement(req, "metis", pins=rows)
-    assert doc["pins"] == [f"{op}=@1", "cluster:0=@0"]
-    assert doc["placement"][op] == 1
-    back = service.placement_pin_rows(doc)
-    assert [(r["target"], r["device"]) for r in back] == [(op, 1), ("cluster:0", 0)]
-    assert back[1]["ops"] == doc["clusters"][0]["ops"]
+    op = next(o for o, d in base["placement"].items() if d == 0)
+    doc = service.placement(req, "metis", pins=[{"target": op, "ops": [op], "device": 1}])
+    assert doc["pins"] == [f"{op}=@1"] and doc["placement"][op] == 1
+    assert service.placement_pin_rows(doc) == [{"target": op, "ops": [op], "device": 1}]
+    ops = base["clusters"][0]["ops"]
+    doc = service.placement(req, "metis", pins=[{"target": "cluster:0", "ops": ops,
+                                                 "device": 1}])
+    assert doc["pins"] == ["cluster:0=@1"] and set(doc["placement"].values()) == {1}
+    assert service.placement_pin_rows(doc)[0]["ops"] == doc["clusters"][0]["ops"]
     # a placement saved by the command line names its pins the same way
     res = service.run_method(req, "metis", [f"{op}=@1"])
     assert res.to_dict()["pins"] == [f"{op}=@1"]
