@@ -1209,27 +1209,34 @@ def test_placement_boxes_are_whole_tensors_on_their_device(mlp_graph):
 
 
 def test_execution_layout_validation_names_what_is_wrong():
-    held = {"a": G.TensorLayout.whole_on((4, 2), 0, 2).to_json()}
-    op = {"out": [[[0, 4], [0, 2]], [[0, 0], [0, 0]]], "needs": {"a": held["a"]["boxes"]},
-          "reducer": None, "zero": {}}
-    good = {"workers": 2, "held": held, "ops": {"mm": op}}
+    held = {"a": G.TensorLayout.whole_on((4, 2), 0, 2)}
+    good = G.ExecutionLayout(2, held, {"mm": G.OpLayout(
+        [[[0, 4], [0, 2]], [[0, 0], [0, 0]]], {"a": held["a"].boxes})}).to_json()
     assert G.ExecutionLayout.from_json(good).ops["mm"].reducer is None
+    one_worker = len(good["boxes"])                 # extra boxes a broken file might point at
+    outside = one_worker + 1
+    boxes = good["boxes"] + [[[[0, 4], [0, 2]]], [[[0, 5], [0, 2]], [[0, 0], [0, 0]]]]
+    op = good["ops"]["mm"]
     cases = [
         ({"reducer": "mean"}, r"operator mm: reducer 'mean' is not one of"),
-        ({"out": [[[0, 4], [0, 2]]]}, r"operator mm: output boxes for 1 workers, the plan has 2"),
-        ({"needs": {"b": held["a"]["boxes"]}}, r"reads tensor b, which the plan does not hold"),
-        ({"needs": {"a": [[[0, 5], [0, 2]], [[0, 0], [0, 0]]]}},
+        ({"out": one_worker}, r"operator mm: output boxes for 1 workers, the plan has 2"),
+        ({"needs": {"b": op["needs"]["a"]}}, r"reads tensor b, which the plan does not hold"),
+        ({"needs": {"a": outside}},
          r"input a: device 0's box \[\[0, 5\], \[0, 2\]\] is outside the tensor's shape \[4, 2\]"),
         ({"zero": {"a": [True]}}, r"zero flags must be 2 booleans"),
         ({"zero": {"c": [True, False]}}, r"zero flags for c, which it does not read"),
+        ({"out": 99}, r"operator mm: box index 99 is not one of the"),
     ]
     for change, msg in cases:
         with pytest.raises(ValueError, match=msg):
-            G.ExecutionLayout.from_json({**good, "ops": {"mm": {**op, **change}}})
+            G.ExecutionLayout.from_json({**good, "boxes": boxes,
+                                         "ops": {"mm": {**op, **change}}})
     with pytest.raises(ValueError, match=r"tensor a has boxes for 2 workers, the plan has 3"):
         G.ExecutionLayout.from_json({**good, "workers": 3})
     with pytest.raises(ValueError, match="workers must be ≥ 1"):
         G.ExecutionLayout.from_json({**good, "workers": 0, "held": {}, "ops": {}})
+    with pytest.raises(ValueError, match="held but has no shape"):
+        G.ExecutionLayout.from_json({**good, "shapes": {}})
     with pytest.raises(ValueError, match="an object with"):
         G.ExecutionLayout.from_json({"held": {}})
 

@@ -14,6 +14,7 @@ import pytest
 from _helpers import explorer_cli, forbid_search, spawned_workers
 from explorer.cli import main
 from explorer.engine import plandoc
+from explorer.engine.geometry import ExecutionLayout
 from explorer.engine.opgraph import build_opgraph
 from explorer.engine.runtime.launcher import RunFailed
 from explorer.engine.runtime.run import run_document
@@ -53,18 +54,21 @@ def test_a_small_resnet_with_batchnorm_and_residuals_runs_correctly():
 
 
 def test_the_saved_layout_is_the_search_s_layout_in_compact_form():
-    """pack_layout / unpack_layout round-trip the execution layout; repeated boxes are stored
-    once, so the document stays small."""
+    """The saved layout is geometry's ExecutionLayout in its compact JSON: it round-trips the
+    search's execution plan; repeated boxes are stored once, so the document stays small."""
     from explorer.engine.devices import preset
     result = run("tofu", Problem(preset("local", 2), "lenet5", 8))
     g, res = result.capture, result.plan
-    x = tofu.execution_plan(res, g)
+    raw = tofu.execution_plan(res, g)
+    # the saved form is geometry's vocabulary, where a 0-d tensor (the loss) is one element
+    x = ExecutionLayout.from_plan(raw, {t: g.tensors[t].shape for t in raw["held"]}).to_plan()
+    assert set(x["held"]) == set(raw["held"]) and set(x["ops"]) == set(raw["ops"])
     doc = result.document()
     assert plandoc.open_document(doc) == "tofu"
     assert doc["devices"] == 2 and doc["batch"] == 8 and doc["model_args"] == {}
     assert doc["algo"] == "tofu" and doc["comm_bytes"] == res.comm_bytes
     assert isinstance(doc["preset"], str) and len(doc["peak_memory_bytes"]) == 2
-    back = plandoc.unpack_layout(json.loads(json.dumps(doc["layout"])))
+    back = ExecutionLayout.from_json(json.loads(json.dumps(doc["layout"]))).to_plan()
     assert set(back["held"]) == set(x["held"]) and set(back["ops"]) == set(x["ops"])
     for t, b in x["held"].items():
         assert np.array_equal(back["held"][t], b), t
@@ -76,8 +80,11 @@ def test_the_saved_layout_is_the_search_s_layout_in_compact_form():
         assert {t: z.tolist() for t, z in got["zero"].items()} == \
             {t: np.asarray(z).tolist() for t, z in info["zero"].items()}
     assert len(doc["layout"]["boxes"]) < len(x["held"]) / 2
+    with pytest.raises(ValueError, match="box index 1000000"):
+        ExecutionLayout.from_json(dict(doc["layout"], held={"x": 10 ** 6}))
+    broken = dict(doc, layout=dict(doc["layout"], held={"x": 10 ** 6}))
     with pytest.raises(PlanFileError, match="layout is malformed"):
-        plandoc.unpack_layout(dict(doc["layout"], held={"x": 10 ** 6}))
+        run_document(broken, verify=False)
 
 
 def _workers():

@@ -259,23 +259,60 @@ class ExecutionLayout:
 
     # -- JSON ------------------------------------------------------------------------------
     def to_json(self) -> dict:
-        """Nested lists of ints (boxes) and bools (zero flags)."""
-        return {"workers": self.workers, "cache": self.cache,
-                "held": {t: lay.to_json() for t, lay in self.held.items()},
-                "ops": {o: {"out": op.out.tolist(),
-                            "needs": {t: b.tolist() for t, b in op.needs.items()},
-                            "reducer": op.reducer,
-                            "zero": {t: [bool(x) for x in z] for t, z in op.zero.items()}}
-                        for o, op in self.ops.items()}}
+        """Compact JSON (what a saved plan carries): boxes repeat a lot (every tensor of a
+        shape tiled alike), so each distinct ``[K, nd, 2]`` box array is stored once in
+        ``boxes`` and referred to by index; ``shapes`` gives every held tensor's shape;
+        ``reducer`` and ``zero`` are left out where empty."""
+        table: dict = {}
+        boxes: list = []
+
+        def ref(arr) -> int:
+            a = np.asarray(arr, dtype=np.int64)
+            key = (a.shape, a.tobytes())
+            if key not in table:
+                table[key] = len(boxes)
+                boxes.append(a.tolist())
+            return table[key]
+        ops = {}
+        for o, op in self.ops.items():
+            d = {"out": ref(op.out), "needs": {t: ref(b) for t, b in op.needs.items()}}
+            if op.reducer:
+                d["reducer"] = op.reducer
+            if op.zero:
+                d["zero"] = {t: [bool(x) for x in z] for t, z in op.zero.items()}
+            ops[o] = d
+        held = {t: ref(lay.boxes) for t, lay in self.held.items()}
+        out = {"workers": self.workers, "boxes": boxes,
+               "shapes": {t: list(lay.shape) for t, lay in self.held.items()},
+               "held": held, "ops": ops}
+        if self.cache:
+            out["cache"] = True
+        return out
 
     @classmethod
     def from_json(cls, doc) -> "ExecutionLayout":
-        if not isinstance(doc, dict) or not {"workers", "held", "ops"} <= set(doc):
-            raise ValueError("an execution layout is an object with \"workers\", \"held\" "
-                             "and \"ops\"")
-        if not isinstance(doc["held"], dict) or not isinstance(doc["ops"], dict):
-            raise ValueError("execution layout \"held\" and \"ops\" must be objects")
-        held = {t: TensorLayout.from_json(v) for t, v in doc["held"].items()}
+        """:meth:`to_json` read back and validated; ``ValueError`` naming what is wrong."""
+        if not isinstance(doc, dict) or not {"workers", "boxes", "shapes", "held",
+                                             "ops"} <= set(doc):
+            raise ValueError("an execution layout is an object with \"workers\", \"boxes\", "
+                             "\"shapes\", \"held\" and \"ops\"")
+        for key in ("shapes", "held", "ops"):
+            if not isinstance(doc[key], dict):
+                raise ValueError(f"execution layout \"{key}\" must be an object")
+        if not isinstance(doc["boxes"], list):
+            raise ValueError("execution layout \"boxes\" must be a list")
+
+        def box(i, where):
+            if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < len(doc["boxes"]):
+                raise ValueError(f"{where}: box index {i!r} is not one of the "
+                                 f"{len(doc['boxes'])} boxes")
+            return doc["boxes"][i]
+        held = {}
+        for t, i in doc["held"].items():
+            boxes = box(i, f"tensor {t}")
+            if t not in doc["shapes"]:
+                raise ValueError(f"tensor {t} is held but has no shape")
+            held[t] = TensorLayout(tuple(doc["shapes"][t]), boxes)
         ops = {}
         for o, v in doc["ops"].items():
             if not isinstance(v, dict) or not {"out", "needs"} <= set(v):
@@ -283,6 +320,8 @@ class ExecutionLayout:
             zero = v.get("zero") or {}
             if not isinstance(v["needs"], dict) or not isinstance(zero, dict):
                 raise ValueError(f"operator {o}: \"needs\" and \"zero\" must be objects")
-            ops[o] = OpLayout(v["out"], dict(v["needs"]), v.get("reducer"),
-                              {t: np.asarray(z) for t, z in zero.items()})
+            ops[o] = OpLayout(box(v["out"], f"operator {o}"),
+                              {t: box(i, f"operator {o}, input {t}")
+                               for t, i in v["needs"].items()},
+                              v.get("reducer"), {t: np.asarray(z) for t, z in zero.items()})
         return cls(doc["workers"], held, ops, bool(doc.get("cache", False)))

@@ -25,6 +25,7 @@ import json
 
 from ...errors import InfeasiblePlan, PlanFileError
 from .. import plandoc
+from ..geometry import ExecutionLayout
 
 __all__ = ["read_document", "run_document"]
 
@@ -162,18 +163,28 @@ def _run_tofu(doc: dict, expect: dict, **kw) -> dict:
     margs = dict(doc.get("model_args") or {})
     batch = doc.get("batch")
     _check_expect("plan", doc["model"], None, batch, margs, n, expect)
-    xplan = plandoc.unpack_layout(doc["layout"])
-    if xplan["workers"] != n:
-        raise PlanFileError(f"the Tofu plan's layout is for {xplan['workers']} workers, the "
+    try:
+        layout = ExecutionLayout.from_json(doc["layout"])
+    except (ValueError, TypeError) as exc:
+        raise PlanFileError(f"the plan's execution layout is malformed ({exc}): save the plan "
+                            f"again with `explorer search --out`") from None
+    if layout.workers != n:
+        raise PlanFileError(f"the Tofu plan's layout is for {layout.workers} workers, the "
                             f"plan for {n}")
     if "opgraph_digest" not in doc:
         raise PlanFileError("the Tofu plan has no operator graph digest: save it again with "
                             "`explorer search --out`")
     g, digest = _opgraph("plan", doc, doc["model"], batch, margs)
-    unknown = sorted(set(xplan["held"]) - set(g.tensors))
+    unknown = sorted(set(layout.held) - set(g.tensors))
     if unknown:
         raise PlanFileError(f"the Tofu plan's layout names tensor {unknown[0]!r}, which the "
                             f"model's operator graph does not have")
+    wrong = [t for t, lay in layout.held.items() if lay.shape != tuple(g.tensors[t].shape)]
+    if wrong:
+        raise PlanFileError(f"the Tofu plan's layout gives tensor {wrong[0]!r} the shape "
+                            f"{list(layout.held[wrong[0]].shape)}; the model's is "
+                            f"{list(g.tensors[wrong[0]].shape)}")
+    xplan = layout.to_plan()
     from .opexec import run_layout
     out = run_layout(doc["model"], g.batch, margs, xplan, digest=digest, steps=1, **kw)
     out.update(algo=algo, devices=n, predicted_comm_bytes=float(doc.get("comm_bytes", 0.0)))

@@ -104,9 +104,12 @@ class Result:
                 self.capture = self.capture()
             doc["opgraph_digest"] = opgraph_digest(self.capture)
         if self.family == "tofu":
-            from ..plandoc import pack_layout
+            from ..geometry import ExecutionLayout
             from .tofu import execution_plan
-            doc["layout"] = pack_layout(execution_plan(self.plan, self.capture))
+            g = self.capture
+            plan = execution_plan(self.plan, g)
+            doc["layout"] = ExecutionLayout.from_plan(
+                plan, {t: g.tensors[t].shape for t in plan["held"]}).to_json()
         return seal(doc, self.kind)
 
     def layouts(self, problem) -> dict:
