@@ -21,7 +21,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from explorer.engine.costmodel import CostModel  # noqa: E402
 from explorer.engine.devices import preset  # noqa: E402
 from explorer.engine.importer import import_spec  # noqa: E402
-from explorer.engine.search import Problem, run  # noqa: E402
+from explorer.engine.search import Problem, comparison, run  # noqa: E402
 from explorer.errors import InfeasiblePlan  # noqa: E402
 
 DEFAULT_MODELS = ["lenet5", "alexnet", "vgg16", "inception_v3", "resnet50", "wresnet", "mlp",
@@ -40,7 +40,7 @@ def bench(model: str, n: int, repeat: int, cost: str):
         if el < best:
             best, res = el, r
     objs = {}
-    for algo in ("data", "model", "owt"):
+    for algo in [n for n in comparison("layerwise") if n != "optcnn"]:
         try:
             objs[algo] = run(algo, Problem.of(g, d, cm)).objective_s
         except InfeasiblePlan:

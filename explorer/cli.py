@@ -237,7 +237,7 @@ def _search_layerwise(args, req, res, graph) -> int:
             json.dump(res.tables.dump(), fh)
     compare = {}
     if args.compare:
-        for algo in ("data", "model", "owt", "optcnn"):
+        for algo in service.comparison("layerwise"):
             if algo == args.algo:
                 compare[algo] = plan
                 continue

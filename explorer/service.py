@@ -244,10 +244,22 @@ def plan_changes(old: dict | None, new: dict) -> list:
     return out
 
 
-def compare(req: Request, pins=None, algos=("data", "model", "owt", "optcnn")) -> dict:
+def comparison(family: str = "layerwise") -> list:
+    """The methods a family's comparison shows (baselines, then the searches)."""
+    from .engine.search import comparison as listed
+    return listed(family)
+
+
+def comparison_baselines(family: str = "layerwise") -> list:
+    """The baselines of a family's comparison."""
+    from .engine.search import METHODS
+    return [n for n in comparison(family) if METHODS[n].role == "baseline"]
+
+
+def compare(req: Request, pins=None, algos=None) -> dict:
     """Each strategy's plan dict (without trace) or ``{"error": message}``."""
     out = {}
-    for a in algos:
+    for a in algos or comparison("layerwise"):
         try:
             doc = search(req, pins, algo=a)
             doc.pop("trace", None)
@@ -257,7 +269,7 @@ def compare(req: Request, pins=None, algos=("data", "model", "owt", "optcnn")) -
     return out
 
 
-def scaling(req: Request, algos=("data", "model", "owt", "optcnn")) -> dict:
+def scaling(req: Request, algos=None) -> dict:
     """Predicted throughput (samples/s) at 1, 2, 4, ... ``req.devices`` devices per strategy,
     with the per-device batch held fixed (the paper's Figure 7 setting)."""
     g = graph_for(req)
@@ -266,6 +278,7 @@ def scaling(req: Request, algos=("data", "model", "owt", "optcnn")) -> dict:
     if req.devices not in counts:
         counts.append(req.devices)
     res: dict = {"devices": counts, "per_device_batch": per_device}
+    algos = list(algos or comparison("layerwise"))
     for a in algos:
         ys = []
         for n in counts:
@@ -276,8 +289,8 @@ def scaling(req: Request, algos=("data", "model", "owt", "optcnn")) -> dict:
             except (ExplorerError, ValueError):
                 ys.append(None)
         res[a] = ys
-    base = res.get("optcnn", [None])[0] or next((v[0] for k, v in res.items()
-                                                  if k in algos and v and v[0]), None)
+    searches = [a for a in algos if a not in comparison_baselines()]
+    base = next((res[a][0] for a in searches + algos if res[a] and res[a][0]), None)
     res["ideal"] = [base * n if base else None for n in counts]
     return res
 

@@ -68,7 +68,7 @@ def rows(boxes, ax):
 
 
 # --------------------------------------------------------------------------------------------
-# Config / parse_config
+# Config
 # --------------------------------------------------------------------------------------------
 
 
@@ -113,30 +113,6 @@ def test_config_without_dimensions_runs_on_one_device():
         Config((), (0, 1))
 
 
-@pytest.mark.parametrize("text, degrees, devices", [
-    ("n=2,h=2@0,1,2,3", {"n": 2, "h": 2}, (0, 1, 2, 3)),
-    ("@2,3", {}, (2, 3)),
-    ("c=4", {"c": 4}, None),
-    (" { n=2 , c=1 } ", {"n": 2, "c": 1}, None),
-    ("l=2@1,0", {"l": 2}, (1, 0)),
-    ("", {}, None),
-])
-def test_parse_config_good(text, degrees, devices):
-    assert G.parse_config(text) == (degrees, devices)
-
-
-@pytest.mark.parametrize("text, needle", [
-    ("x=2", "'x=2'"),            # unknown letter
-    ("n2", "'n2'"),              # no '='
-    ("n=two", "n='two'"),        # not an integer
-    ("n=0", "n=0"),              # degree < 1
-    ("c=-2", "c=-2"),
-    ("n=2@a,b", "'a,b'"),        # devices not integers
-])
-def test_parse_config_bad(text, needle):
-    with pytest.raises(ValueError) as ei:
-        G.parse_config(text)
-    assert needle in str(ei.value)
 
 
 # --------------------------------------------------------------------------------------------

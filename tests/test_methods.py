@@ -158,3 +158,39 @@ def test_every_plan_kind_speaks_the_one_layout_vocabulary(problem, name):
             total, vols = int(np.prod(v.shape or (1,))), volume(v.boxes)
             assert vols.sum() == total or (vols == total).all(), t
         assert any(volume(v.boxes).sum() == int(np.prod(v.shape)) for v in lay.values())
+
+
+def test_comparisons_come_from_the_registry():
+    from explorer.engine.search import comparison
+    assert comparison("layerwise") == ["data", "model", "owt", "optcnn"]   # the papers' order
+    assert comparison("tofu")[-1] == "tofu" and len(comparison("tofu")) == 5
+    assert set(comparison("placement")) == set(names("placement"))
+    assert all(get(n).role in ("search", "baseline", "verification") for n in METHODS)
+    assert get("exhaustive").role == "verification"
+
+
+@pytest.mark.parametrize("text, degrees, devices", [
+    ("n=2,h=2@0,1,2,3", {"n": 2, "h": 2}, (0, 1, 2, 3)),
+    ("@2,3", {}, (2, 3)),
+    ("c=4", {"c": 4}, None),
+    (" { n=2 , c=1 } ", {"n": 2, "c": 1}, None),
+    ("l=2@1,0", {"l": 2}, (1, 0)),
+    ])
+def test_pin_spec_good(text, degrees, devices):
+    """A layer pin's right-hand side: degrees and/or devices (once geometry's parse_config)."""
+    pin = P.parse("conv1=" + text)
+    assert (pin.degrees, pin.devices) == (degrees, devices)
+
+
+@pytest.mark.parametrize("text, needle", [
+    ("x=2", "'x=2'"),            # unknown letter
+    ("n2", "'n2'"),              # no '='
+    ("n=two", "n='two'"),        # not an integer
+    ("n=0", "n=0"),              # degree < 1
+    ("c=-2", "c=-2"),
+    ("n=2@a,b", "'a,b'"),        # devices not integers
+])
+def test_pin_spec_bad(text, needle):
+    with pytest.raises(ValueError) as ei:
+        P.parse("conv1=" + text)
+    assert needle in str(ei.value)

@@ -17,9 +17,9 @@ import numpy as np
 from ..errors import InfeasiblePlan
 from . import geometry as G
 from .graph import graph_digest  # noqa: F401 - plans record it
-from .plandoc import dumps
+from .plandoc import VERSION, dumps, schema_of
 
-SCHEMA = "plan-explorer/layerwise"
+SCHEMA = schema_of("layerwise")
 
 
 @dataclass
@@ -84,7 +84,7 @@ class Plan:
 
     def to_dict(self) -> dict:
         return {
-            "schema": SCHEMA, "version": 2, "model": self.model, "spec": self.spec, "batch": self.batch,
+            "schema": SCHEMA, "version": VERSION, "model": self.model, "spec": self.spec, "batch": self.batch,
             "model_args": self.model_args, "algo": self.algo, "preset": self.preset,
             "devices": self.n_devices, "objective_s": self.objective_s,
             "predicted_step_time_s": self.predicted_step_time_s,

@@ -32,7 +32,6 @@ from . import palette as P
 from . import state
 from .controls import context
 
-STRATEGIES = ("data", "model", "owt", "optcnn")
 # what each strategy is, then the name the engine and ``explorer search --algo`` use
 LABELS = {"data": "data parallel", "model": "model parallel", "owt": "one weird trick",
           "optcnn": "layer-wise"}
@@ -44,7 +43,8 @@ MIB = 2.0 ** 20
 
 def _order(results: dict) -> list:
     """Strategies in the paper's order, then any others the engine returned."""
-    return [a for a in STRATEGIES if a in results] + [a for a in results if a not in STRATEGIES]
+    order = session.comparison("layerwise")
+    return [a for a in order if a in results] + [a for a in results if a not in order]
 
 
 def label(algo: str, sep: str = "<br>") -> str:

@@ -52,7 +52,7 @@ several example models; nothing on the search or runtime path imports the oracle
 
 from .boxes import (box_shape, common, extents, full_box, inside, intersect, is_empty, overlap,
                     split, split_range, to_slices, volume)
-from .config import (Config, enumerate_configs, output_boxes, parse_config,
+from .config import (Config, enumerate_configs, output_boxes,
                      stacked_output_boxes, tile_indices)
 from .edges import apply_transforms, edge_regions
 from .layout import REDUCERS, ExecutionLayout, OpLayout, TensorLayout
@@ -63,7 +63,7 @@ from .windows import adaptive_window, full_spatial, window, window_pads
 __all__ = [
     "box_shape", "common", "extents", "full_box", "inside", "intersect", "is_empty", "overlap",
     "split", "split_range", "to_slices", "volume",
-    "Config", "enumerate_configs", "output_boxes", "parse_config", "stacked_output_boxes",
+    "Config", "enumerate_configs", "output_boxes", "stacked_output_boxes",
     "tile_indices",
     "apply_transforms", "edge_regions",
     "REDUCERS", "ExecutionLayout", "OpLayout", "TensorLayout",

@@ -77,41 +77,6 @@ class Config:
             map(str, self.devices))
 
 
-def parse_config(text: str) -> tuple[dict, tuple | None]:
-    """Parse a pin's right-hand side: ``n=2,c=2`` and/or ``@0,1,2,3`` (devices).
-
-    Returns ``(degrees, devices)``; either may be empty/None.
-
-    >>> parse_config("n=2,h=2@0,1,2,3")
-    ({'n': 2, 'h': 2}, (0, 1, 2, 3))
-    >>> parse_config("@2,3")
-    ({}, (2, 3))
-    """
-    text = text.strip().strip("{}").replace(" ", "")
-    degs_txt, _, dev_txt = text.partition("@")
-    degrees: dict = {}
-    if degs_txt:
-        for part in degs_txt.split(","):
-            k, eq, v = part.partition("=")
-            if not eq or k not in ("n", "c", "h", "w", "l"):
-                raise ValueError(
-                    f"cannot read {part!r} in configuration {text!r}: write degrees as "
-                    f"n=2,c=1,h=2,w=1 (letters n,c,h,w,l) and devices after @, e.g. @0,1")
-            try:
-                degrees[k] = int(v)
-            except ValueError:
-                raise ValueError(f"degree {k}={v!r} in {text!r} is not an integer") from None
-            if degrees[k] < 1:
-                raise ValueError(f"degree {k}={degrees[k]} in {text!r} must be ≥ 1")
-    devices = None
-    if dev_txt:
-        try:
-            devices = tuple(int(d) for d in dev_txt.split(","))
-        except ValueError:
-            raise ValueError(f"devices {dev_txt!r} in {text!r} must be integers like @0,1") from None
-    return degrees, devices
-
-
 def _divisors(n: int) -> list:
     return [d for d in range(1, n + 1) if n % d == 0]
 

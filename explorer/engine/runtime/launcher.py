@@ -49,17 +49,6 @@ def _cores() -> int:
         return os.cpu_count() or 1
 
 
-def _as_layer_plan(plan_dict):
-    """A sealed ``plan-explorer/layerwise`` document as the dict :class:`Plan` reads (whose
-    schema string is still version 1's); anything else unchanged."""
-    from ..plan import SCHEMA
-    from ..plandoc import kind_of
-    if kind_of(plan_dict) == "layerwise" and plan_dict.get("schema") != SCHEMA:
-        return {k: v for k, v in plan_dict.items() if k not in ("version", "checksum")} | {
-            "schema": SCHEMA}
-    return plan_dict
-
-
 def validate(plan_dict: dict, expect: dict | None = None, check_local: bool = True):
     """Check a plan dict before launching; returns ``(Plan, warnings)``.
 
@@ -74,7 +63,7 @@ def validate(plan_dict: dict, expect: dict | None = None, check_local: bool = Tr
     if not isinstance(plan_dict, dict):
         raise InfeasiblePlan("a plan must be a JSON object written by `explorer search --json`")
     try:
-        plan = Plan.from_dict(_as_layer_plan(plan_dict))
+        plan = Plan.from_dict(plan_dict)
     except ValueError as exc:
         raise InfeasiblePlan(f"not a runnable plan: {exc}") from None
     expect = dict(expect or {})
@@ -281,7 +270,7 @@ def launch_many(plans: list, steps: int = 20, warmup: int = 5, timeout_s: float 
         return []
     if steps < 0 or warmup < 0:
         raise InfeasiblePlan(f"steps ({steps}) and warmup ({warmup}) must be ≥ 0")
-    plans = [_as_layer_plan(p) for p in plans]
+    plans = list(plans)
     checked = [validate(p, expect) for p in plans]
     n = checked[0][0].n_devices
     if any(pl.n_devices != n for pl, _ in checked):

@@ -49,8 +49,8 @@ def placement_key(doc: dict) -> dict:
 def run_key(doc: dict) -> dict:
     """What a run is stored under, by plan kind: a placement's :func:`placement_key`; a Tofu
     plan's model, batch, arguments, algorithm, worker count and operator graph (the search is
-    deterministic); a layer-wise plan itself, as version 1 wrote it (so a run of a saved file
-    and of the same plan in the app share a digest)."""
+    deterministic); a layer-wise plan itself without its version and checksum (so a run of a
+    saved file and of the same plan in the app share a digest)."""
     from ..plandoc import kind_of
     kind = kind_of(doc)
     if kind == "placement":
@@ -60,10 +60,8 @@ def run_key(doc: dict) -> dict:
                 "model_args": {str(k): str(v) for k, v in (doc.get("model_args") or {}).items()},
                 "algo": doc.get("algo"), "devices": doc.get("devices"),
                 "opgraph_digest": doc.get("opgraph_digest")}
-    if kind == "layerwise":
-        from ..plan import SCHEMA
-        return {k: v for k, v in doc.items() if k not in ("version", "checksum")} | {
-            "schema": SCHEMA}
+    if kind == "layerwise":          # a saved file and the app's same plan share a key
+        return {k: v for k, v in doc.items() if k not in ("version", "checksum")}
     return doc
 
 

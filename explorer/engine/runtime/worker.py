@@ -397,13 +397,13 @@ def _torchrun_rank(doc: dict, args):
     world size from its environment); rank 0 returns the result, the others ``None``."""
     from ...errors import InfeasiblePlan
     from ..plandoc import open_document
-    from .launcher import _as_layer_plan, validate
+    from .launcher import validate
     if open_document(doc) != "layerwise":
         raise InfeasiblePlan("under torchrun the worker runs layer-wise plans; run Tofu plans "
                              "and placements with `explorer run`")
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local = int(os.environ.get("LOCAL_RANK", rank))
-    plan_dict = _as_layer_plan(doc)
+    plan_dict = doc
     validate(plan_dict, {"devices": world}, check_local=False)
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     device = join_group(rank, world, backend, args.timeout, local)

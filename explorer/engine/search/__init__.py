@@ -28,7 +28,7 @@ from .problem import Problem
 from .result import FAMILIES, Result
 
 __all__ = ["Method", "METHODS", "FAMILIES", "Problem", "Result", "run", "get", "names",
-           "describe", "family_of"]
+           "describe", "family_of", "comparison"]
 
 
 @dataclass(frozen=True)
@@ -42,6 +42,9 @@ class Method:
     options_type: type
     module: str
     fixed: dict = field(default_factory=dict, hash=False)
+    #: "search" (a paper's method), "baseline" (what it is compared against) or
+    #: "verification" (exhaustive: small graphs only, never in comparisons)
+    role: str = "baseline"
 
     def options(self, options=None):
         """The validated options dataclass for this method."""
@@ -56,14 +59,16 @@ class Method:
 METHODS: dict = {}
 
 
-def _register(name, family, description, options_type, module, **fixed):
+def _register(name, family, description, options_type, module, role="baseline", **fixed):
     if name in METHODS:
         raise ValueError(f"method {name!r} is registered twice")
-    METHODS[name] = Method(name, family, description, options_type, module, fixed)
+    if role not in ("search", "baseline", "verification"):
+        raise ValueError(f"method {name!r}: unknown role {role!r}")
+    METHODS[name] = Method(name, family, description, options_type, module, fixed, role)
 
 
 _register("optcnn", "layerwise", "layer-wise parallelism: node/edge elimination "
-          "(Jia et al., ICML 2018)", OptCNNOptions, "optcnn")
+          "(Jia et al., ICML 2018)", OptCNNOptions, "optcnn", role="search")
 _register("data", "layerwise", "data parallelism: every layer split on the sample dimension",
           ClassicOptions, "classic", strategy="data")
 _register("model", "layerwise", "model parallelism: every layer's channels split over all "
@@ -71,9 +76,9 @@ _register("model", "layerwise", "model parallelism: every layer's channels split
 _register("owt", "layerwise", "one weird trick: data-parallel convolutions, model-parallel "
           "dense layers", ClassicOptions, "classic", strategy="owt")
 _register("exhaustive", "layerwise", "depth-first search over all strategies (small graphs; "
-          "verification)", ExhaustiveOptions, "exhaustive")
+          "verification)", ExhaustiveOptions, "exhaustive", role="verification")
 _register("tofu", "tofu", "recursive DP with output reduction (Wang et al., EuroSys 2019)",
-          TofuOptions, "tofu", algo="tofu")
+          TofuOptions, "tofu", role="search", algo="tofu")
 _register("allrow-greedy", "tofu", "every tensor split on its first axis, ops pick their best "
           "strategy", TofuOptions, "tofu", algo="allrow-greedy")
 _register("spartan", "tofu", "largest tensor first, greedy, one k-way step (Spartan)",
@@ -87,7 +92,7 @@ _register("celeritas", "placement", "Celeritas: CPD-TOPO, optimal operation fusi
           "celeritas", algo="celeritas")
 _register("celeritas-paper", "placement", "Celeritas as published: Adjusting Placement of the "
           "fused clusters, no simulated refinement", CeleritasOptions, "celeritas",
-          algo="celeritas-paper")
+          role="search", algo="celeritas-paper")
 _register("order-place", "placement", "fused clusters in CPD-TOPO order, one device filled "
           "after another", CeleritasOptions, "celeritas", algo="order-place")
 _register("m-topo", "placement", "Baechi m-TOPO: BFS topological order, even memory share per "
@@ -116,6 +121,14 @@ def names(family: str | None = None) -> list:
     if family is not None and family not in FAMILIES:
         raise ValueError(f"unknown family {family!r}: one of {', '.join(FAMILIES)}")
     return [m.name for m in METHODS.values() if family in (None, m.family)]
+
+
+def comparison(family: str) -> list:
+    """The methods a family's comparison shows: its baselines, then its searches (the
+    papers' order: data, model, OWT, then layer-wise); verification methods are left out."""
+    methods = [METHODS[n] for n in names(family)]
+    return [m.name for m in methods if m.role == "baseline"] + \
+        [m.name for m in methods if m.role == "search"]
 
 
 def family_of(name: str) -> str:
