@@ -288,7 +288,8 @@ def test_plan_for_other_model_args_rejected_by_graph_digest():
     """The plan records a digest of the graph it was searched on; a plan file whose model
     arguments or batch were edited (same layer names, other shapes) is refused before launch."""
     from explorer.engine.importer import digest_for
-    from explorer.engine.plan import Plan, graph_digest
+    from explorer.engine.graph import graph_digest
+    from explorer.engine.plan import Plan
     from explorer.engine.importer import import_spec
     plan = make_plan("mlp", "data", 8, {"hidden": 64})
     assert plan["graph_digest"] == graph_digest(import_spec("mlp", 8, {"hidden": 64}))

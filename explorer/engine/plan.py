@@ -16,7 +16,6 @@ import numpy as np
 
 from ..errors import InfeasiblePlan
 from . import geometry as G
-from .graph import graph_digest  # noqa: F401 - plans record it
 from .plandoc import VERSION, dumps, schema_of
 
 SCHEMA = schema_of("layerwise")
@@ -61,8 +60,8 @@ class Plan:
     pins: list = field(default_factory=list)
     info: dict = field(default_factory=dict)
     edges: list = field(default_factory=list)   # [{src, dst, index, t_xfer_s, bytes}]
-    #: :func:`graph_digest` of the graph searched; ``None``: computed from ``spec``, ``batch``
-    #: and ``model_args`` when first serialised; ``""``: unknown (plans from older versions)
+    #: :func:`~explorer.engine.graph.graph_digest` of the graph searched (set by the search;
+    #: ``None`` or ``""``: unknown - a plan built by hand or from an older version)
     graph_digest: str | None = None
 
     def __post_init__(self):

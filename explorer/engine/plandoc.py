@@ -40,7 +40,7 @@ import numpy as np
 from ..errors import PlanFileError
 
 __all__ = ["KINDS", "VERSION", "schema_of", "seal", "open_document", "checksum", "kind_of",
-           "to_jsonable", "dumps", "pack_layout", "unpack_layout"]
+           "to_jsonable", "dumps"]
 
 KINDS = ("layerwise", "tofu", "placement")
 VERSION = 2

@@ -1,11 +1,5 @@
-"""``explorer run`` and ``explorer calibrate``: argparse glue around the runtime.
-
-Wiring into ``explorer/cli.py`` (two lines each)::
-
-    from .engine.runtime import cli as runtime_cli
-    runtime_cli.add_run_parser(sub)          # in build_parser()
-    runtime_cli.add_calibrate_parser(sub)
-    ... {"run": runtime_cli.cmd_run, "calibrate": runtime_cli.cmd_calibrate}[args.cmd](args)
+"""What ``explorer run`` and ``explorer calibrate`` do with their parsed arguments (the parsers
+are in ``explorer/cli.py``): run options, printing a run, calibrating.
 
 Both commands take an ``argparse.Namespace`` and return an exit code; errors the user can fix
 raise :class:`explorer.errors.ExplorerError` subclasses (``main`` prints them, exit 2).
@@ -21,7 +15,6 @@ passes (or is skipped), 1 when it fails.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
@@ -34,40 +27,6 @@ def _kv(text: str) -> tuple:
     if not eq or not k:
         raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
     return k, v
-
-
-def add_run_parser(sub) -> argparse.ArgumentParser:
-    r = sub.add_parser("run", help="execute a saved plan on local workers, check it against "
-                                   "one device and measure predicted vs measured step time")
-    r.add_argument("plan", metavar="PLAN.json", help="plan written by `explorer search --out`")
-    r.add_argument("--steps", type=int, default=20, help="measured steps (default 20)")
-    r.add_argument("--warmup", type=int, default=5, help="warm-up steps, discarded (default 5)")
-    r.add_argument("--timeout", type=float, default=600.0,
-                   help="seconds before the run is killed (default 600)")
-    r.add_argument("--json", action="store_true", help="print the result as JSON")
-    r.add_argument("--devices", "-n", type=int, default=None,
-                   help="refuse the plan unless it is for this many devices")
-    r.add_argument("--model", default=None, help="refuse the plan unless it is for this model")
-    r.add_argument("--no-check", action="store_true", help="skip the reference check")
-    r.add_argument("--sync", default="auto", choices=["auto", "p2p", "allreduce"],
-                   help="gradient sync of replicated shards (auto: p2p on gloo, all-reduce on "
-                        "NCCL)")
-    return r
-
-
-def add_calibrate_parser(sub) -> argparse.ArgumentParser:
-    c = sub.add_parser("calibrate", help="measure this machine (compute, memory, links) and "
-                                         "write the `local` device graph")
-    c.add_argument("--devices", "-n", type=int, default=None,
-                   help="worker processes (default: CPU cores or GPUs)")
-    c.add_argument("--model", default=None,
-                   help="also profile every candidate configuration of this model")
-    c.add_argument("--batch", "-b", type=int, default=None)
-    c.add_argument("--model-arg", "-a", action="append", default=[], type=_kv,
-                   metavar="KEY=VALUE")
-    c.add_argument("--quick", action="store_true", help="fewer repetitions (seconds)")
-    c.add_argument("--json", action="store_true")
-    return c
 
 
 def run_options(args) -> dict:
@@ -145,21 +104,3 @@ def cmd_calibrate(args) -> int:
         print(f"  profiled {p['model']}: {p['layers']} layers, {p['candidates']} candidate "
               f"configurations ({p['shards']} shard shapes) in {cal['profile_time_s']:.1f} s")
     return 0
-
-
-def main(argv=None) -> int:
-    """Stand-alone entry (``python -m explorer.engine.runtime.cli run PLAN.json``)."""
-    p = argparse.ArgumentParser(prog="explorer")
-    sub = p.add_subparsers(dest="cmd", required=True)
-    add_run_parser(sub)
-    add_calibrate_parser(sub)
-    args = p.parse_args(argv)
-    try:
-        return {"run": cmd_run, "calibrate": cmd_calibrate}[args.cmd](args)
-    except (ExplorerError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -95,7 +95,7 @@ def validate(plan_dict: dict, expect: dict | None = None, check_local: bool = Tr
             f"{' ...' if len(missing) > 4 else ''} and unknown layers {extra[:4]}"
             f"{' ...' if len(extra) > 4 else ''}")
     if plan.graph_digest:
-        from ..plan import graph_digest
+        from ..graph import graph_digest
         now = graph_digest(graph)
         if now != plan.graph_digest:
             raise InfeasiblePlan(
@@ -259,7 +259,7 @@ def start_workers(n: int, entry, payload, *, timeout_s: float, backend: str = "a
 
 def launch_many(plans: list, steps: int = 20, warmup: int = 5, timeout_s: float = 600.0, *,
                 check: bool = True, expect: dict | None = None, lr: float = 0.01,
-                seed: int = 0, fault: str | None = None, progress=None, store: bool = True,
+                seed: int = 0, fault: str | None = None, progress=None, store: bool = False,
                 tol: float = 1e-4, sync: str = "auto", dump: str | None = None,
                 reference: str = "both") -> list:
     """Run several plans (same device count) in one set of worker processes.
@@ -351,7 +351,8 @@ def launch(plan_dict: dict, steps: int = 20, warmup: int = 5, timeout_s: float =
     ``seed`` (0), ``sync`` (``"auto"``: point-to-point gradient sums on gloo, all-reduce on
     NCCL; or ``"p2p"`` / ``"allreduce"``), ``fault`` (``"RANK:STEP[:raise|exit|hang]"``,
     tests), ``progress`` (``callable(plan_index, steps_done, steps_total)``), ``store``
-    (save the run in ``$EXPLORER_HOME/runs.sqlite``, default True), ``tol`` (1e-4), ``reference``
+    (save the run in ``$EXPLORER_HOME/runs.sqlite``, default False: the service stores the
+    runs it makes), ``tol`` (1e-4), ``reference``
     (``"both"`` default: the exact float64 single-device step, with the float32 single-device
     step's own error as the rounding allowance; ``"float64"``: exact step only, tolerance
     ``tol``; ``"float32"``: the float32 single-device step only).

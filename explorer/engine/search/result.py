@@ -186,7 +186,7 @@ def layerwise_result(algo, graph, devices, cost_model, tables: CostTables, choic
                 devices.n, layers, objective, objective, search_s, bd,
                 xfer_bytes + sync_bytes, mem.tolist(), dict(getattr(graph, "model_args", {})),
                 [p.text() for p in (pins or [])], info, edges)
-    from ..plan import graph_digest
+    from ..graph import graph_digest
     plan.graph_digest = graph_digest(graph)
     return Result(algo, "layerwise", plan.model, plan.batch, plan.model_args, devices.name,
                   devices.n, objective, objective, search_s, mem.tolist(), plan.comm_bytes,

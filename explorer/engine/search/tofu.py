@@ -55,7 +55,7 @@ from networkx.utils import UnionFind
 
 from ...errors import InfeasiblePlan
 from ..geometry import overlap, split as split_boxes, tile_owners, volume
-from ..tdl.aten import UnsupportedOp, describe_op
+from ..tdl.aten import describe_op
 from .options import TofuOptions, make
 from .result import Result
 
