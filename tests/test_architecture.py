@@ -4,7 +4,10 @@
 * the engine (``explorer/engine/**``) never imports the application service, the app or the
   views;
 * the runtime (``explorer/engine/runtime/**``) never imports a search method, so executing a
-  plan does not depend on how it was found.
+  plan does not depend on how it was found;
+* the views (``explorer/views/**``) reach methods and runs only through the service;
+* the plan model (``engine/plan.py``, ``engine/plandoc.py``) does not capture models, and the
+  geometry package asks nothing downstream of it.
 
 Every import counts: absolute and relative, at module level or inside a function, and
 ``importlib.import_module("...")`` with a literal name.  A violation names the file and line.
@@ -23,7 +26,14 @@ PACKAGE = ROOT / "explorer"
 #: (rule id, directory the rule applies to, module prefixes it may not import)
 RULES = [
     ("engine", "explorer/engine", ("explorer.service", "explorer.app", "explorer.views")),
-    ("runtime", "explorer/engine/runtime", ("explorer.engine.search", "explorer.engine.methods")),
+    ("runtime", "explorer/engine/runtime", ("explorer.engine.search",)),
+    ("views", "explorer/views", ("explorer.engine.search", "explorer.engine.runtime")),
+    ("plan", "explorer/engine/plan.py", ("explorer.engine.importer", "explorer.engine.opgraph")),
+    ("plandoc", "explorer/engine/plandoc.py", ("explorer.engine.importer",
+                                               "explorer.engine.opgraph")),
+    ("geometry", "explorer/engine/geometry", ("explorer.engine.search", "explorer.engine.runtime",
+                                              "explorer.engine.costmodel",
+                                              "explorer.engine.placement")),
 ]
 
 
@@ -71,7 +81,7 @@ def imported_modules(source: str, module: str, is_package: bool = False):
 def violations(directory: Path, forbidden, root: Path = ROOT) -> list[str]:
     """``file:line: imports X`` for every import under ``directory`` of a forbidden module."""
     found = []
-    for path in sorted(directory.rglob("*.py")):
+    for path in [directory] if directory.is_file() else sorted(directory.rglob("*.py")):
         module = module_name(path, root)
         for line, name in imported_modules(path.read_text(), module,
                                            path.name == "__init__.py"):
@@ -83,9 +93,13 @@ def violations(directory: Path, forbidden, root: Path = ROOT) -> list[str]:
 @pytest.mark.parametrize("rule, directory, forbidden", [
     pytest.param(*RULES[0], id="engine-imports-no-app"),
     pytest.param(*RULES[1], id="runtime-imports-no-method"),
+    pytest.param(*RULES[2], id="views-use-the-service"),
+    pytest.param(*RULES[3], id="plan-captures-nothing"),
+    pytest.param(*RULES[4], id="plandoc-captures-nothing"),
+    pytest.param(*RULES[5], id="geometry-is-upstream"),
 ])
 def test_import_rule(rule, directory, forbidden):
-    assert (ROOT / directory).is_dir()
+    assert (ROOT / directory).exists()
     bad = violations(ROOT / directory, forbidden)
     assert not bad, f"{rule} rule broken:\n" + "\n".join(bad)
 
