@@ -440,6 +440,30 @@ def placement(req: Request, algo: str = "celeritas", memory_gib=None,
     return doc                                                              # everywhere
 
 
+def plan_file(doc: dict) -> dict:
+    """The saved form of a plan the app shows, of any kind: a sealed plan document that
+    ``explorer run`` executes without searching (a Tofu plan with its execution layout, a
+    placement with its operator graph's digest).  Tofu and placement documents are rebuilt
+    from the method's cached result for the document's request (the searches are
+    deterministic)."""
+    from .engine.plandoc import kind_of, seal
+    kind = kind_of(doc) if isinstance(doc, dict) and "error" not in doc else None
+    if kind is None:
+        raise ExplorerError("there is no plan to download: run a search first")
+    if kind == "layerwise":
+        return seal({k: v for k, v in doc.items()
+                     if k not in ("trace", "history_id", "checksum", "previous")}, kind)
+    if not isinstance(doc.get("request"), dict):
+        raise ExplorerError("this plan has no request to rebuild it from: search again")
+    req = Request.from_dict(doc["request"])
+    if kind == "tofu":
+        res = _tofu_result(req, doc["algo"], tuple(doc.get("pins") or ()))
+    else:
+        res = _placement_result(req, doc["algo"], doc.get("memory_gib"),
+                                placement_pin_rows(doc))
+    return res.document()
+
+
 def placement_pin_rows(doc: dict) -> list:
     """The Placement page's pin rows of a placement document (its text pins; a
     ``cluster:K`` pin lists that cluster's operators)."""

@@ -1,5 +1,6 @@
 """The application service: captures are built once, even when many callbacks ask at once."""
 
+import json
 import threading
 
 import pytest
@@ -115,3 +116,29 @@ def test_a_failed_build_is_retried_not_cached():
             service._lru(cache, "k", boom)
     assert len(calls) == 2 and "k" not in cache and not service._BUILDING
     assert service._lru(cache, "k", lambda: 5) == 5 and service._lru(cache, "k", boom) == 5
+
+
+def test_the_app_saves_plans_of_every_kind_as_runnable_documents():
+    from explorer.engine.plandoc import open_document
+    from explorer.errors import ExplorerError
+    from explorer.views.plans import download_payload
+    req = service.Request(model="mlp", batch=8, devices=2, preset="local",
+                          model_args={"layers": 1, "hidden": 8})
+    tofu = service.plan_file(service.tofu(req, "tofu"))
+    assert open_document(tofu) == "tofu" and tofu["layout"]["workers"] == 2
+    assert tofu["opgraph_digest"] and tofu["model_args"] == {"layers": 1, "hidden": 8}
+    op = next(iter(service.placement(req, "metis")["placement"]))
+    place = service.plan_file(service.placement(
+        req, "metis", pins=[{"target": op, "ops": [op], "device": 1}]))
+    assert open_document(place) == "placement" and place["opgraph_digest"]
+    assert place["pins"] == [f"{op}=@1"] and place["placement"][op] == 1
+    layer = service.plan_file(service.search(req))
+    assert open_document(layer) == "layerwise" and "trace" not in layer
+    data = download_payload(service.tofu(req, "tofu"))
+    assert data["filename"] == "mlp-tofu-2dev.json"
+    with pytest.raises(ExplorerError, match="no plan"):
+        service.plan_file({"error": "x"})
+    # and the command line runs the Tofu file without searching
+    from explorer.engine.runtime.run import run_document
+    out = run_document(json.loads(data["content"]), timeout_s=120)
+    assert out["reference_ok"] and out["kind"] == "tofu"

@@ -99,6 +99,9 @@ def layout(req: dict | None = None):
             *job_controls("Compare all", ids.PLACE_COMPARE_BUTTON, ids.PLACE_COMPARE_CANCEL,
                           ids.PLACE_COMPARE_PROGRESS, ids.PLACE_COMPARE_STATUS,
                           "Cancel compare", primary=False),
+            html.Button("Download plan", id=ids.PLACE_DOWNLOAD_BUTTON,
+                        title="the placement as a file `explorer run` executes"),
+            dcc.Download(id=ids.PLACE_DOWNLOAD),
         ]),
         html.Div(id=ids.PLACE_ERROR, className="error"),
         html.Div(id=ids.PLACE_SUMMARY),
@@ -729,6 +732,17 @@ def compare_all(req_doc, memory, pins, progress=lambda pct, text: None) -> tuple
 
 def register(app: dash.Dash) -> None:
     """The panel's callbacks on ``app``."""
+
+    @app.callback(Output(ids.PLACE_DOWNLOAD, "data"),
+                  Output(ids.PLACE_ERROR, "children", allow_duplicate=True),
+                  Input(ids.PLACE_DOWNLOAD_BUTTON, "n_clicks"),
+                  State(ids.STORE_PLACEMENT, "data"), prevent_initial_call=True)
+    def download(_n, doc):
+        from .plans import download_payload
+        try:
+            return download_payload(doc), ""
+        except (ExplorerError, ValueError) as exc:
+            return dash.no_update, str(exc)
 
     @app.callback(
         Output(ids.STORE_PLACE_RUN, "data"), Output(ids.PLACE_RUN_ERROR, "children"),

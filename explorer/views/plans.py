@@ -89,15 +89,16 @@ def load_plan(store: PlanStore, plan_id) -> tuple:
 
 
 def download_payload(plan) -> dict:
-    """``dcc.Download`` data for the current plan: a sealed plan document (schema, version,
-    checksum) without the trace and the local ``history_id``, named ``<model>-<algo>-<devices>dev.json``."""
+    """``dcc.Download`` data for a plan of any kind the app shows: the sealed plan document
+    ``explorer run`` executes (:func:`explorer.service.plan_file`), named ``<model>-<algo>-<devices>dev.json``."""
     if isinstance(plan, dict) and "error" in plan:
         raise ValueError(f"the current search failed, nothing to download: {plan['error']}")
-    if not isinstance(plan, dict) or "layers" not in plan:
+    if not isinstance(plan, dict) or ("layers" not in plan and not plandoc.kind_of(plan)):
         raise ValueError("there is no plan to download: run a search first")
-    doc = {k: v for k, v in plan.items() if k not in ("trace", "history_id", "checksum")}
-    doc = plandoc.seal(doc, plandoc.kind_of(doc) or "layerwise")
-    return dcc.send_string(dumps(doc, indent=2), download_name(doc),
+    if plandoc.kind_of(plan) is None:              # an old in-app layer-wise plan
+        plan = dict(plan, schema=SCHEMA)
+    doc = session.plan_file(plan)
+    return dcc.send_string(dumps(doc, indent=1), download_name(doc),
                            type="application/json")
 
 

@@ -39,6 +39,9 @@ def layout(req: dict | None = None):
             *job_controls("Partition", ids.TOFU_BUTTON, ids.TOFU_CANCEL, ids.TOFU_PROGRESS,
                           ids.TOFU_STATUS),
             html.Button("Compare algorithms", id=ids.TOFU_COMPARE_BUTTON),
+            html.Button("Download plan", id=ids.TOFU_DOWNLOAD_BUTTON,
+                        title="the plan as a file `explorer run` executes"),
+            dcc.Download(id=ids.TOFU_DOWNLOAD),
         ]),
         html.Div(id=ids.TOFU_ERROR, className="error"),
         html.Div(id=ids.TOFU_SUMMARY),
@@ -195,6 +198,17 @@ def register(app: dash.Dash) -> None:
             return no_update, str(exc), ""
         set_progress(["100"])
         return doc, "", f"done: {doc['model']} on {doc['devices']} workers"
+
+    @app.callback(Output(ids.TOFU_DOWNLOAD, "data"),
+                  Output(ids.TOFU_ERROR, "children", allow_duplicate=True),
+                  Input(ids.TOFU_DOWNLOAD_BUTTON, "n_clicks"), State(ids.STORE_TOFU, "data"),
+                  prevent_initial_call=True)
+    def download(_n, doc):
+        from .plans import download_payload
+        try:
+            return download_payload(doc), ""
+        except (ExplorerError, ValueError) as exc:
+            return no_update, str(exc)
 
     @app.callback(Output(ids.TOFU_SUMMARY, "children"), Output(ids.TOFU_STEPS, "data"),
                   Output(ids.TOFU_STEP, "max"), Output(ids.TOFU_STEP, "marks"),
