@@ -173,6 +173,22 @@ def _request(args):
                    cost=getattr(args, "cost", "analytic"), sync=getattr(args, "sync", "ps"))
 
 
+def _check_flags(args, family: str) -> None:
+    """A flag the chosen method does not use is an error, not silently ignored."""
+    only = [("--dump-costs", args.dump_costs, ("layerwise",)),
+            ("--cost measured", args.cost != "analytic", ("layerwise",)),
+            ("--sync ring", args.sync != "ps", ("layerwise",)),
+            ("--dump-graph", args.dump_graph, ("placement",)),
+            ("--memory-per-device", args.memory_per_device is not None, ("placement",)),
+            ("--compare", args.compare, ("layerwise", "tofu"))]
+    for flag, given, families in only:
+        if given and family not in families:
+            raise ValueError(f"{flag} does not apply to {args.algo} (a {family} method); it "
+                             f"is for {' and '.join(families)} methods")
+    if args.refine_memory != "budget" and args.algo != "celeritas":
+        raise ValueError(f"--refine-memory applies to celeritas only, not {args.algo}")
+
+
 def _options(args, family: str) -> dict:
     if family != "placement":
         return {}
@@ -201,6 +217,7 @@ def cmd_search(args) -> int:
     from .engine.search import family_of
     req = _request(args)
     family = family_of(args.algo)
+    _check_flags(args, family)
     if args.cost == "measured" and family == "layerwise" and req.preset != "local":
         raise ValueError(f"--cost measured times shards on this machine, so it needs --preset "
                          f"local; the {req.preset} preset's devices are not here and use the "

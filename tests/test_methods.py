@@ -194,3 +194,23 @@ def test_pin_spec_bad(text, needle):
     with pytest.raises(ValueError) as ei:
         P.parse("conv1=" + text)
     assert needle in str(ei.value)
+
+
+def test_cli_family_flags_work_and_others_are_refused(tmp_path):
+    out = explorer_cli("search", "mlp", "-n", "2", "-a", "layers=1", "-a", "hidden=16",
+                       "--batch", "8", "--algo", "tofu", "--compare", "--json")
+    assert out.returncode == 0, out.stderr
+    assert sorted(json.loads(out.stdout)["compare"]) == sorted(names("tofu"))
+    graph = tmp_path / "g.json"
+    out = explorer_cli("search", "mlp", "-n", "2", "-a", "layers=1", "-a", "hidden=16",
+                       "--batch", "8", "--algo", "metis", "--dump-graph", str(graph),
+                       "--memory-per-device", "4")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(graph.read_text())["nodes"]
+    for argv, words in [(["--algo", "tofu", "--dump-costs", "x.json"], "--dump-costs does not"),
+                        (["--algo", "metis", "--compare"], "--compare does not"),
+                        (["--memory-per-device", "4"], "--memory-per-device does not"),
+                        (["--algo", "metis", "--refine-memory", "simulated"], "celeritas only")]:
+        bad = explorer_cli("search", "lenet5", "-n", "2", *argv)
+        assert bad.returncode == 2 and words in bad.stderr, bad.stderr
+        assert len(bad.stderr.strip().splitlines()) == 1
