@@ -437,7 +437,8 @@ def placement(req: Request, algo: str = "celeritas", memory_gib=None,
     doc["request"] = req.to_dict()
     doc["memory_gib"] = memory_gib
     doc["pins"] = [f"{r['target']}=@{int(r['device'])}" for r in pins or []]  # text, as
-    return doc                                                              # everywhere
+    doc["pin_rows"] = [dict(r) for r in pins or []]   # everywhere; the page's rows keep the
+    return doc                                        # operators a cluster pin stood for
 
 
 def plan_file(doc: dict) -> dict:
@@ -465,9 +466,11 @@ def plan_file(doc: dict) -> dict:
 
 
 def placement_pin_rows(doc: dict) -> list:
-    """The Placement page's pin rows of a placement document (its text pins; a
-    ``cluster:K`` pin lists that cluster's operators)."""
+    """The Placement page's pin rows of a placement document: the rows it was made with, or
+    rows from its text pins (a ``cluster:K`` pin lists that cluster's operators)."""
     from .engine.pins import to_placement_ui
+    if isinstance((doc or {}).get("pin_rows"), list):
+        return [dict(r) for r in doc["pin_rows"]]
     pins = [p for p in (doc or {}).get("pins") or [] if isinstance(p, str)]
     legacy = [p for p in (doc or {}).get("pins") or [] if isinstance(p, dict)]
     return legacy + to_placement_ui(pins, (doc or {}).get("clusters") or [])

@@ -261,6 +261,9 @@ def placement_doc(doc: dict, request: dict) -> dict:
     out = {k: v for k, v in doc.items() if k not in ("trace", "checksum")}
     out["request"] = {k: v for k, v in request.items() if k != "pins"}
     out.setdefault("memory_gib", None)
+    rows = [p for p in out.get("pins") or [] if isinstance(p, dict)]   # older app documents
+    if rows and not out.get("pin_rows"):
+        out["pin_rows"] = rows
     out["pins"] = [p if isinstance(p, str) else f"{p['target']}=@{int(p['device'])}"
                    for p in out.get("pins") or []]
     out.setdefault("schedule", {})
