@@ -1,8 +1,9 @@
 """The application service: what the app and the command line call.
 
-Requests in, JSON-able results out, with caches.  Views never touch graphs or cost models directly; they send a :class:`Request` (plain dict in
-a ``dcc.Store``) and get dicts back.  Imported graphs and cost models are cached per request,
-so re-running a search after a pin only recomputes the pinned layers' tables.
+Requests in, JSON-able results out, with caches.  Views never touch graphs or cost models
+directly; they send a :class:`Request` (plain dict in a ``dcc.Store``) and get dicts back.
+Imported graphs and cost models are cached per request, so re-running a search after a pin
+only recomputes the pinned layers' tables.
 """
 
 from __future__ import annotations

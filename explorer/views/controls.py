@@ -1,10 +1,11 @@
 """Controls shared by the panels: the start / cancel / progress / status quartet of a
-background job (a search, a partition, a run, a comparison), and the one line that says what
-a tab operates on."""
+background job (a search, a partition, a run, a comparison), the one line that says what a tab
+operates on, and a plan's download."""
 
 from __future__ import annotations
 
-from dash import Output, html
+import dash
+from dash import Input, Output, State, dcc, html
 
 from . import ids
 
@@ -43,3 +44,27 @@ def running(start_id: str, cancel_id: str, progress_id: str, status_id: str | No
 def context(tab: str):
     """The line saying what ``tab`` operates on (filled by ``app.register``)."""
     return html.Div(id=ids.CONTEXT + tab, className="context-line muted")
+
+
+def download_controls(button_id: str, download_id: str, what: str) -> list:
+    """A "Download plan" button and its ``dcc.Download``."""
+    return [html.Button("Download plan", id=button_id,
+                        title=f"the {what} as a file `explorer run` executes"),
+            dcc.Download(id=download_id)]
+
+
+def register_download(app, button_id: str, download_id: str, store_id: str,
+                      error_id: str) -> None:
+    """The download's callback: the sealed plan document of the plan in ``store_id``
+    (:func:`explorer.views.plans.download_payload`), or its error next to the tab's others."""
+    from ..errors import ExplorerError
+
+    @app.callback(Output(download_id, "data"), Output(error_id, "children", allow_duplicate=True),
+                  Input(button_id, "n_clicks"), State(store_id, "data"),
+                  prevent_initial_call=True)
+    def download(_n, doc):
+        from .plans import download_payload
+        try:
+            return download_payload(doc), ""
+        except (ExplorerError, ValueError) as exc:
+            return dash.no_update, str(exc)

@@ -35,7 +35,7 @@ from . import ids
 from . import layout as L
 from . import palette as P
 from . import state
-from .controls import context, job_controls, running
+from .controls import context, download_controls, job_controls, register_download, running
 from .run import history_table, series_figure
 
 #: above this many operators the Gantt chart draws one bar per run of a cluster on a device
@@ -99,9 +99,7 @@ def layout(req: dict | None = None):
             *job_controls("Compare all", ids.PLACE_COMPARE_BUTTON, ids.PLACE_COMPARE_CANCEL,
                           ids.PLACE_COMPARE_PROGRESS, ids.PLACE_COMPARE_STATUS,
                           "Cancel compare", primary=False),
-            html.Button("Download plan", id=ids.PLACE_DOWNLOAD_BUTTON,
-                        title="the placement as a file `explorer run` executes"),
-            dcc.Download(id=ids.PLACE_DOWNLOAD),
+            *download_controls(ids.PLACE_DOWNLOAD_BUTTON, ids.PLACE_DOWNLOAD, "placement"),
         ]),
         html.Div(id=ids.PLACE_ERROR, className="error"),
         html.Div(id=ids.PLACE_SUMMARY),
@@ -611,7 +609,8 @@ def run_view(res: dict | None, doc: dict | None):
         html.Div(f"communication: predicted {res['predicted_comm_bytes'] / 1e6:.3f} MB, "
                  f"measured {res['measured_comm_bytes'] / 1e6:.3f} MB per step",
                  id="place-run-bytes"),
-        html.Div(f"step time: predicted {pred * 1e3:.2f} ms (simulator, {doc.get('preset') or doc['devices']}), "
+        html.Div(f"step time: predicted {pred * 1e3:.2f} ms (simulator, "
+                 f"{doc.get('preset') or doc['devices']}), "
                  f"measured {meas * 1e3:.2f} ms on {res['workers']} local workers (median of "
                  f"{res.get('steps', 1)})" if pred else
                  f"step time: measured {meas * 1e3:.2f} ms", id="place-run-times"),
@@ -733,16 +732,8 @@ def compare_all(req_doc, memory, pins, progress=lambda pct, text: None) -> tuple
 def register(app: dash.Dash) -> None:
     """The panel's callbacks on ``app``."""
 
-    @app.callback(Output(ids.PLACE_DOWNLOAD, "data"),
-                  Output(ids.PLACE_ERROR, "children", allow_duplicate=True),
-                  Input(ids.PLACE_DOWNLOAD_BUTTON, "n_clicks"),
-                  State(ids.STORE_PLACEMENT, "data"), prevent_initial_call=True)
-    def download(_n, doc):
-        from .plans import download_payload
-        try:
-            return download_payload(doc), ""
-        except (ExplorerError, ValueError) as exc:
-            return dash.no_update, str(exc)
+    register_download(app, ids.PLACE_DOWNLOAD_BUTTON, ids.PLACE_DOWNLOAD, ids.STORE_PLACEMENT,
+                      ids.PLACE_ERROR)
 
     @app.callback(
         Output(ids.STORE_PLACE_RUN, "data"), Output(ids.PLACE_RUN_ERROR, "children"),

@@ -22,7 +22,7 @@ from ..errors import ExplorerError
 from . import ids
 from . import palette as P
 from . import state
-from .controls import context, job_controls, running
+from .controls import context, download_controls, job_controls, register_download, running
 
 def layout(req: dict | None = None):
     """The panel; its method dropdown shows ``req``'s method when it is a Tofu method."""
@@ -39,9 +39,7 @@ def layout(req: dict | None = None):
             *job_controls("Partition", ids.TOFU_BUTTON, ids.TOFU_CANCEL, ids.TOFU_PROGRESS,
                           ids.TOFU_STATUS),
             html.Button("Compare algorithms", id=ids.TOFU_COMPARE_BUTTON),
-            html.Button("Download plan", id=ids.TOFU_DOWNLOAD_BUTTON,
-                        title="the plan as a file `explorer run` executes"),
-            dcc.Download(id=ids.TOFU_DOWNLOAD),
+            *download_controls(ids.TOFU_DOWNLOAD_BUTTON, ids.TOFU_DOWNLOAD, "Tofu plan"),
         ]),
         html.Div(id=ids.TOFU_ERROR, className="error"),
         html.Div(id=ids.TOFU_SUMMARY),
@@ -199,16 +197,8 @@ def register(app: dash.Dash) -> None:
         set_progress(["100"])
         return doc, "", f"done: {doc['model']} on {doc['devices']} workers"
 
-    @app.callback(Output(ids.TOFU_DOWNLOAD, "data"),
-                  Output(ids.TOFU_ERROR, "children", allow_duplicate=True),
-                  Input(ids.TOFU_DOWNLOAD_BUTTON, "n_clicks"), State(ids.STORE_TOFU, "data"),
-                  prevent_initial_call=True)
-    def download(_n, doc):
-        from .plans import download_payload
-        try:
-            return download_payload(doc), ""
-        except (ExplorerError, ValueError) as exc:
-            return no_update, str(exc)
+    register_download(app, ids.TOFU_DOWNLOAD_BUTTON, ids.TOFU_DOWNLOAD, ids.STORE_TOFU,
+                      ids.TOFU_ERROR)
 
     @app.callback(Output(ids.TOFU_SUMMARY, "children"), Output(ids.TOFU_STEPS, "data"),
                   Output(ids.TOFU_STEP, "max"), Output(ids.TOFU_STEP, "marks"),

@@ -88,7 +88,7 @@ class PlacementPlan:
 
 
 def simulated_plan(algo, pg, placement, search_time_s, best_effort=(), clusters=(), stats=None,
-           trace=None, contention: str = "ports") -> PlacementPlan:
+                   trace=None, contention: str = "ports") -> PlacementPlan:
     """Simulate ``placement`` and wrap it in a :class:`PlacementPlan`."""
     sim = simulate(pg, placement, contention=contention)
     return PlacementPlan(algo, list(pg.names), placement, sim, pg.capacity.copy(),

@@ -213,4 +213,4 @@ def place(graph, devices, options: dict | None = None) -> PlacementPlan:
                       "moves": [{**m, "first_op": pg.names[m["first_op"]]} for m in ref.moves]})
     best = [f"cluster:{k}" for k in cp.best_effort]
     return simulated_plan(algo, pg, placement, elapsed, best, clusters, stats, trace,
-                  opts["contention"])
+                          opts["contention"])

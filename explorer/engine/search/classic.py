@@ -63,5 +63,5 @@ def search(problem, pins=None, options: ClassicOptions | None = None) -> Result:
             best = max(cands[i].deg("c") for i in only_c)
             want = [i for i in only_c if cands[i].deg("c") == best]
         choice[nm] = want[0]
-    return layerwise_result(strategy, graph, devices, cost_model, tables, choice, [], {"strategy": strategy},
-                  time.perf_counter() - t0, pins)
+    return layerwise_result(strategy, graph, devices, cost_model, tables, choice, [],
+                            {"strategy": strategy}, time.perf_counter() - t0, pins)

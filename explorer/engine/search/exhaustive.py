@@ -31,7 +31,7 @@ def search(problem, pins=None, options: ExhaustiveOptions | None = None) -> Resu
     tables = cost_model.tables(pins)
     choice, visited = solve(tables, options.max_space)
     return layerwise_result("exhaustive", graph, devices, cost_model, tables, choice, [],
-                  {"visited": visited}, time.perf_counter() - t0, pins)
+                            {"visited": visited}, time.perf_counter() - t0, pins)
 
 
 def solve(tables: CostTables, max_space: int = MAX_SPACE):

@@ -49,7 +49,7 @@ def search(problem, pins=None, options: OptCNNOptions | None = None) -> Result:
     tables = cost_model.tables(pins)
     choice, trace, info = solve(tables)
     return layerwise_result("optcnn", graph, devices, cost_model, tables, choice, trace, info,
-                  time.perf_counter() - t0, pins)
+                            time.perf_counter() - t0, pins)
 
 
 def solve(tables: CostTables):

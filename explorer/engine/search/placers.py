@@ -40,4 +40,4 @@ def place(pg, algo: str, pins: dict | None = None, contention: str = "ports") ->
     best = [pg.names[v] if isinstance(v, (int,)) or hasattr(v, "__index__") else str(v)
             for v in info.get("best_effort", [])]
     return simulated_plan(algo, pg, dev, elapsed, best, (), stats,
-                  [{"step": algo, "info": stats}], contention)
+                          [{"step": algo, "info": stats}], contention)

@@ -149,8 +149,8 @@ class Result:
                 "fits_memory": self.fits_memory}
 
 
-def layerwise_result(algo, graph, devices, cost_model, tables: CostTables, choice: dict, trace, info,
-           elapsed_s: float, pins=None) -> Result:
+def layerwise_result(algo, graph, devices, cost_model, tables: CostTables, choice: dict, trace,
+                     info, elapsed_s: float, pins=None) -> Result:
     """A layer-wise :class:`Result`: the :class:`Plan` for ``choice`` (objective,
     breakdown, memory, bytes moved)."""
     bd = tables.breakdown(choice)
