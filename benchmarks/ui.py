@@ -66,7 +66,7 @@ def pin_rerun(drv, layer, option_label):
 
 def strip_figure_time(n_layers: int = 125) -> float:
     """Seconds to build the tiling strip of ``n_layers`` unfolded layers and its JSON."""
-    from explorer.views import tiling
+    from explorer.views.figures import tiling
     configs = [({"n": 4, "c": 1, "h": 1, "w": 1}, "n4"), ({"n": 2, "c": 2, "h": 1, "w": 1},
                "n2 c2"), ({"n": 1, "c": 1, "h": 2, "w": 2}, "h2 w2")]
     layers = [{"name": f"layer_{i}", "op": ("conv", "pool")[i % 2],

@@ -1,9 +1,10 @@
-"""Compare panel: figure builders fed by the real engine (session.compare / session.scaling)."""
+"""Compare panel and its figures, fed by the real engine (session.compare / session.scaling)."""
 
 import pytest
 
 from explorer import service as session
 from explorer.views import compare as C
+from explorer.views.figures import compare as F
 
 REQ = dict(model="lenet5", preset="p100-cluster", devices=4)
 
@@ -23,58 +24,58 @@ def _totals(fig):
 
 
 def test_time_figure_four_strategies_three_stacks(results):
-    fig = C.time_figure(results)
+    fig = F.time_figure(results)
     assert [tr.name for tr in fig.data] == ["compute", "transfer", "sync"]
     assert all(tr.type == "bar" for tr in fig.data) and fig.layout.barmode == "stack"
-    cats = [C.label(a) for a in ("data", "model", "owt", "optcnn")]
+    cats = [F.label(a) for a in ("data", "model", "owt", "optcnn")]
     assert list(fig.layout.xaxis.categoryarray) == cats
     totals = _totals(fig)
     assert set(totals) == set(cats)
     for a in ("data", "model", "owt", "optcnn"):
-        assert totals[C.label(a)] == pytest.approx(
+        assert totals[F.label(a)] == pytest.approx(
             results[a]["breakdown"]["total_s"] * 1e3, rel=1e-6)
-    best = totals[C.label("optcnn")]
+    best = totals[F.label("optcnn")]
     for a in ("data", "model", "owt"):
-        assert best <= totals[C.label(a)] * (1 + 1e-9)
+        assert best <= totals[F.label(a)] * (1 + 1e-9)
     # totals printed on top of the bars
     texts = [an.text for an in fig.layout.annotations]
-    assert any(t.startswith(C._num(best)) for t in texts)
+    assert any(t.startswith(F._num(best)) for t in texts)
 
 
 def test_infeasible_strategy_shows_message():
     res = session.compare(session.Request(batch=6, **REQ))
     assert "error" in res["data"]
-    fig = C.time_figure(res)
+    fig = F.time_figure(res)
     xs = {x for tr in fig.data for x in tr.x}
-    assert C.label("data") not in xs and C.label("optcnn") in xs
-    notes = [an for an in fig.layout.annotations if an.x == C.label("data")]
+    assert F.label("data") not in xs and F.label("optcnn") in xs
+    notes = [an for an in fig.layout.annotations if an.x == F.label("data")]
     assert len(notes) == 1 and "infeasible" in notes[0].text
     assert "divisible by 4" in notes[0].text.replace("<br>", " ")
     # the category axis still lists all four strategies
     assert len(fig.layout.xaxis.categoryarray) == 4
-    assert any("infeasible" in an.text for an in C.bytes_figure(res).layout.annotations)
+    assert any("infeasible" in an.text for an in F.bytes_figure(res).layout.annotations)
 
 
 def test_bytes_figure(results):
-    fig = C.bytes_figure(results)
+    fig = F.bytes_figure(results)
     assert [tr.name for tr in fig.data] == ["transfer", "sync"]
     totals = _totals(fig)
     for a in ("data", "model", "owt", "optcnn"):
-        assert totals[C.label(a)] == pytest.approx(results[a]["comm_bytes"] / 2 ** 20)
+        assert totals[F.label(a)] == pytest.approx(results[a]["comm_bytes"] / 2 ** 20)
     # data parallelism only synchronises parameters, model parallelism only transfers
     sync = dict(zip(fig.data[1].x, fig.data[1].y))
     xfer = dict(zip(fig.data[0].x, fig.data[0].y))
-    assert xfer[C.label("data")] == 0 and sync[C.label("data")] > 0
-    assert sync[C.label("model")] == 0 and xfer[C.label("model")] > 0
+    assert xfer[F.label("data")] == 0 and sync[F.label("data")] > 0
+    assert sync[F.label("model")] == 0 and xfer[F.label("model")] > 0
 
 
 def test_scaling_figure():
     scal = session.scaling(session.Request(batch=16, **REQ))
-    fig = C.scaling_figure(scal)
+    fig = F.scaling_figure(scal)
     names = [tr.name for tr in fig.data]
     assert names[-1] == "linear ideal"
-    assert fig.data[-1].line.dash == "dash" and fig.data[-1].line.color == C.IDEAL_COLOR
-    assert names[:4] == [C.label(a, " ") for a in ("data", "model", "owt", "optcnn")]
+    assert fig.data[-1].line.dash == "dash" and fig.data[-1].line.color == F.IDEAL_COLOR
+    assert names[:4] == [F.label(a, " ") for a in ("data", "model", "owt", "optcnn")]
     for tr in fig.data:
         assert list(tr.x) == [1, 2, 4]
     assert list(fig.data[-1].y) == pytest.approx(scal["ideal"])
@@ -83,7 +84,7 @@ def test_scaling_figure():
 def test_scaling_figure_gaps_for_infeasible():
     scal = {"devices": [1, 2, 4], "data": [10.0, None, 35.0], "optcnn": [10.0, 19.0, 38.0],
             "ideal": [10.0, 20.0, 40.0]}
-    fig = C.scaling_figure(scal)
+    fig = F.scaling_figure(scal)
     assert "infeasible at 2" in fig.data[0].name
     assert fig.data[0].y[1] is None and fig.data[0].connectgaps is False
 

@@ -7,6 +7,7 @@ from dash import no_update
 from explorer import service as session
 from explorer.errors import InfeasiblePlan
 from explorer.views import placement as P
+from explorer.views.figures import placement as PF
 
 REQ = session.Request(model="vgg16", preset="p100-nvlink-4", devices=4)   # the app default
 
@@ -68,7 +69,7 @@ def test_compare_runs_every_method_on_the_same_simulator():
     assert cel["vs"] == 1.0 and cel["oom"] == "no"
     single = next(r for r in table if r["algo"] == "single")
     assert single["comm_gb"] == 0 and single["vs"] > 1.0
-    fig = P.compare_figure(rows)
+    fig = PF.compare_figure(rows)
     assert list(fig.data[0].x) == ["celeritas", "m-topo", "metis", "single"]
 
 
@@ -103,20 +104,20 @@ def test_mixed_clusters_get_pies_and_pins_are_marked(structure):
 
 
 def test_gantt_and_memory_figures(doc):
-    fig = P.gantt_figure(doc)
+    fig = PF.gantt_figure(doc)
     names = [t.name for t in fig.data]
     assert "transfers" in names and any(n.startswith("device ") for n in names)
     bars = sum(len(t.x) for t in fig.data if t.name.startswith("device "))
     assert bars == doc["ops"]
-    mem = P.memory_figure(doc)
+    mem = PF.memory_figure(doc)
     assert [t.name for t in mem.data] == ["peak", "capacity"]
     assert len(mem.data[0].y) == 4 and mem.data[1].y[0] == pytest.approx(16.0)
-    assert P.gantt_figure(None).data == () and P.memory_figure(None).data == ()
+    assert PF.gantt_figure(None).data == () and PF.memory_figure(None).data == ()
 
 
 def test_gantt_merges_runs_for_huge_schedules(doc, monkeypatch):
-    monkeypatch.setattr(P, "MAX_GANTT_BARS", 10)
-    fig = P.gantt_figure(doc)
+    monkeypatch.setattr(PF, "MAX_GANTT_BARS", 10)
+    fig = PF.gantt_figure(doc)
     bars = sum(len(t.x) for t in fig.data if t.name.startswith("device "))
     assert bars < doc["ops"]
     assert any("cluster" in str(lbl) for t in fig.data if t.name.startswith("device ")

@@ -13,7 +13,9 @@ from explorer.cli import main
 from explorer.engine import plandoc
 from explorer.engine.history import PlanStore
 from explorer.errors import ModelFilesOff
-from explorer.views import graph, ids, model, palette, placement, plans, state, steps, tiling, tofu
+from explorer.views import graph, ids, model, palette, placement, plans, state, steps, tofu
+from explorer.views.figures import placement as placement_figures
+from explorer.views.figures import tiling as tiling_figures
 
 LENET = session.Request(model="lenet5", batch=8, preset="local", devices=2)
 
@@ -263,7 +265,8 @@ def test_step_highlight_only_on_the_steps_tab():
 def test_one_colour_per_device_everywhere():
     for d in range(20):
         c = palette.device_color(d)
-        assert tiling.device_color(d) == placement.device_color(d) == c
+        assert tiling_figures.device_color(d) == placement.device_color(d) == c
+        assert placement_figures.device_color(d) == c
     grid = tofu.tensor_grid({"name": "w", "shape": [2, 2], "owners": [[0, 1], [2, 3]]}, "W")
     tiles = grid.children[0].children
     assert [t.style["background"] for t in tiles] == [palette.device_color(w) for w in range(4)]

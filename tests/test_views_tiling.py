@@ -1,4 +1,5 @@
-"""Tests for the tiling panel (explorer/views/tiling.py) with real geometry from the session.
+"""Tests for the tiling panel (explorer/views/tiling.py) and its figures
+(explorer/views/figures/tiling.py) with real geometry from the session.
 
 VGG-16 on the 4×P100 preset, batch 8, with ``features_24`` pinned to ``h=2,w=2``: its
 output is [8, 512, 14, 14] in four 7×7 spatial tiles and its 3×3 convolution needs a one-row,
@@ -14,6 +15,7 @@ from dash import dcc, html
 
 from explorer import service as session
 from explorer.views import ids, tiling
+from explorer.views.figures import tiling as TF
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +61,7 @@ def fill_traces(fig, p):
 def test_output_hw_view_has_four_device_tiles(f24):
     geom, producers = f24
     assert geom["config"] == {"n": 1, "c": 1, "h": 2, "w": 2}
-    fig = tiling.tiling_figure(geom, "all", producers)
+    fig = TF.tiling_figure(geom, "all", producers)
     hw = panel(fig, "output", "h × w")
     assert sorted(tile_labels(fig, hw)) == ["d0", "d1", "d2", "d3"]
     fills = fill_traces(fig, hw)
@@ -79,7 +81,7 @@ def test_output_hw_view_has_four_device_tiles(f24):
 
 def test_axis_titles_show_letters_and_sizes(f24):
     geom, producers = f24
-    fig = tiling.tiling_figure(geom, "all", producers)
+    fig = TF.tiling_figure(geom, "all", producers)
     hw = panel(fig, "output", "h × w")
     n = hw["xaxis"][1:] or ""
     assert fig.layout[f"xaxis{n}"].title.text == "w (14)"
@@ -88,7 +90,7 @@ def test_axis_titles_show_letters_and_sizes(f24):
 
 def test_device0_halo_extends_one_row_and_column(f24):
     geom, producers = f24
-    fig = tiling.tiling_figure(geom, 0, producers)
+    fig = TF.tiling_figure(geom, 0, producers)
     # its own output tile: rows/cols [0, 7), outlined solid
     out_hw = panel(fig, "output", "h × w")
     own = [s for s in on(fig.layout.shapes, out_hw) if s.line.dash == "solid"]
@@ -99,7 +101,7 @@ def test_device0_halo_extends_one_row_and_column(f24):
     assert len(dashed) == 1
     (r,) = dashed
     assert (r.y0, r.y1, r.x0, r.x1) == (0, 8, 0, 8)
-    assert r.line.color == tiling.device_color(0)
+    assert r.line.color == TF.device_color(0)
     assert r.y1 - own[0].y1 == 1 and r.x1 - own[0].x1 == 1
     # this layer's own tile boundaries are dotted over the input, so the halo crosses them
     assert any(s.line.dash == "dot" and s.y1 == 7 for s in on(fig.layout.shapes, in_hw))
@@ -111,19 +113,19 @@ def test_device0_halo_extends_one_row_and_column(f24):
 
 def test_all_devices_draw_every_region_in_its_colour(f24):
     geom, producers = f24
-    fig = tiling.tiling_figure(geom, "all", producers)
+    fig = TF.tiling_figure(geom, "all", producers)
     in_hw = panel(fig, "inputs", "h × w")
     dashed = [s for s in on(fig.layout.shapes, in_hw) if s.line.dash == "dash"]
     got = {s.line.color: (s.y0, s.y1, s.x0, s.x1) for s in dashed}
-    assert got == {tiling.device_color(0): (0, 8, 0, 8), tiling.device_color(1): (0, 8, 6, 14),
-                   tiling.device_color(2): (6, 14, 0, 8), tiling.device_color(3): (6, 14, 6, 14)}
+    assert got == {TF.device_color(0): (0, 8, 0, 8), TF.device_color(1): (0, 8, 6, 14),
+                   TF.device_color(2): (6, 14, 0, 8), TF.device_color(3): (6, 14, 6, 14)}
 
 
 def test_weights_of_n_split_layer_are_replicated_x4(plan, req):
     name = next(la["name"] for la in plan["layers"]
                 if la["op"] == "conv" and la["config_label"] == "n4")
     geom, producers = tiling.layer_geometry(plan, req.to_dict(), name)
-    fig = tiling.tiling_figure(geom, "all", producers)
+    fig = TF.tiling_figure(geom, "all", producers)
     wpanels = [p for p in fig.layout.meta["panels"] if p["section"] == "weights"]
     assert wpanels, "conv weights drawn"
     for p in wpanels:
@@ -137,7 +139,7 @@ def test_weights_of_n_split_layer_are_replicated_x4(plan, req):
 
 def test_weights_of_n2c2_layer_are_two_replica_pairs(plan, req):
     geom, producers = tiling.layer_geometry(plan, req.to_dict(), "features_17")
-    fig = tiling.tiling_figure(geom, "all", producers)
+    fig = TF.tiling_figure(geom, "all", producers)
     wt = next(p for p in fig.layout.meta["panels"]
               if p["section"] == "weights" and "weight [" in p["title"])
     assert sorted(tile_labels(fig, wt)) == ["d0,d2 ×2", "d1,d3 ×2"]
@@ -147,7 +149,7 @@ def test_linear_layer_weights_split_by_rows(plan, req):
     name = next(la["name"] for la in plan["layers"] if la["op"] == "linear")
     geom, producers = tiling.layer_geometry(plan, req.to_dict(), name)
     assert entry(plan, name)["config_label"] == "c4"
-    fig = tiling.tiling_figure(geom, 2, producers)
+    fig = TF.tiling_figure(geom, 2, producers)
     wt = next(p for p in fig.layout.meta["panels"]
               if p["section"] == "weights" and "weight [" in p["title"])
     assert sorted(tile_labels(fig, wt)) == ["d0", "d1", "d2", "d3"]
@@ -160,31 +162,31 @@ def test_one_device_layer_is_one_tile():
     geom = {"layer": "fc", "op": "linear", "shape": [8, 10], "axes": ["n", "c"],
             "config": {"n": 1, "c": 1}, "devices": [0], "boxes": [[[0, 8], [0, 10]]],
             "inputs": [], "params": {"weight": {"shape": [10, 20], "boxes": [[[0, 10], [0, 20]]]}}}
-    fig = tiling.tiling_figure(geom, "all")
+    fig = TF.tiling_figure(geom, "all")
     out = panel(fig, "output", "n × c")
     assert tile_labels(fig, out) == ["d0"]
     assert "· 1 on devices 0" in fig.layout.title.text
 
 
 def test_axis_pairs_cover_every_axis():
-    assert tiling.axis_pairs(4) == [(0, 1), (2, 3)]
-    assert tiling.axis_pairs(3) == [(0, 1), (1, 2)]
-    assert tiling.axis_pairs(2) == [(0, 1)]
-    assert tiling.axis_pairs(1) == [(0, None)]
+    assert TF.axis_pairs(4) == [(0, 1), (2, 3)]
+    assert TF.axis_pairs(3) == [(0, 1), (1, 2)]
+    assert TF.axis_pairs(2) == [(0, 1)]
+    assert TF.axis_pairs(1) == [(0, None)]
     for r in range(1, 7):
-        covered = {a for p in tiling.axis_pairs(r) for a in p if a is not None}
+        covered = {a for p in TF.axis_pairs(r) for a in p if a is not None}
         assert covered == set(range(r))
 
 
 def test_device_colours_distinct_for_64():
-    cols = [tiling.device_color(d) for d in range(64)]
+    cols = [TF.device_color(d) for d in range(64)]
     assert len(set(c.lower() for c in cols)) == 64
-    assert tiling.format_devices([0, 2]) == "d0,d2"
-    assert tiling.format_devices([3, 0, 1, 2, 6]) == "d0-3,d6"
+    assert TF.format_devices([0, 2]) == "d0,d2"
+    assert TF.format_devices([3, 0, 1, 2, 6]) == "d0-3,d6"
 
 
 def test_strip_folds_repeated_layers(plan):
-    blocks = tiling.strip_blocks(plan)
+    blocks = TF.strip_blocks(plan)
     # expected folding, computed independently
     expected = []
     for la in plan["layers"]:
@@ -196,7 +198,7 @@ def test_strip_folds_repeated_layers(plan):
     assert [b["count"] for b in blocks] == [n for _, n in expected]
     assert len(blocks) < len(plan["layers"])
     assert sum(b["count"] for b in blocks) == len(plan["layers"])
-    fig = tiling.strip_figure(plan, "features_24")
+    fig = TF.strip_figure(plan, "features_24")
     (labels,) = [t for t in fig.data if t.meta == "strip-labels"]
     assert len(labels.text) == len(blocks)            # one entry per block
     assert any("×2" in t or "×3" in t for t in labels.text)
@@ -211,17 +213,17 @@ def test_strip_folds_repeated_layers(plan):
 
 def test_strip_grid_matches_geometry(f24):
     geom, _ = f24
-    rows, cols, cells = tiling.strip_grid(geom["config"], geom["devices"])
+    rows, cols, cells = TF.strip_grid(geom["config"], geom["devices"])
     assert (rows, cols) == (["h"], ["w"])
     # cell (r, c) belongs to the device whose output box is that h-tile × w-tile
     for d, box in zip(geom["devices"], geom["boxes"]):
         r, c = box[2][0] // 7, box[3][0] // 7
         assert cells[r][c] == d
-    assert tiling.strip_grid({"n": 4, "c": 1}, [0, 1, 2, 3])[2] == [[0], [1], [2], [3]]
-    assert tiling.strip_grid({"n": 1, "c": 4}, [0, 1, 2, 3])[2] == [[0, 1, 2, 3]]
-    r, c, cells = tiling.strip_grid({"n": 2, "c": 2, "h": 2, "w": 1}, list(range(8)))
+    assert TF.strip_grid({"n": 4, "c": 1}, [0, 1, 2, 3])[2] == [[0], [1], [2], [3]]
+    assert TF.strip_grid({"n": 1, "c": 4}, [0, 1, 2, 3])[2] == [[0, 1, 2, 3]]
+    r, c, cells = TF.strip_grid({"n": 2, "c": 2, "h": 2, "w": 1}, list(range(8)))
     assert sorted(d for line in cells for d in line) == list(range(8))   # one cell per device
-    assert tiling.strip_grid({"n": 1}, [5])[2] == [[5]]
+    assert TF.strip_grid({"n": 1}, [5])[2] == [[5]]
 
 
 def strip_plan(n_layers: int = 125) -> dict:
@@ -241,11 +243,11 @@ def test_strip_of_125_layers_draws_a_fixed_number_of_traces():
     for the block borders, one for the labels, one for the click markers, and one outline
     shape (``python benchmarks/ui.py --figures`` times it)."""
     fake = strip_plan(125)
-    fig = tiling.strip_figure(fake, "layer_60")
+    fig = TF.strip_figure(fake, "layer_60")
     assert fig.to_json()
-    assert fig.layout.meta["blocks"] == len(tiling.strip_blocks(fake)) == 125
+    assert fig.layout.meta["blocks"] == len(TF.strip_blocks(fake)) == 125
     assert len(fig.data) == 4 + 3 and len(fig.layout.shapes) == 1
-    assert len(tiling.strip_figure(strip_plan(250)).data) == len(fig.data)
+    assert len(TF.strip_figure(strip_plan(250)).data) == len(fig.data)
 
 
 def test_no_plan_gives_message():
@@ -253,7 +255,7 @@ def test_no_plan_gives_message():
         out = tiling.render_figure(bad, None, None, "all")
         assert isinstance(out, html.Div) and "tiling-message" in out.className
         assert out.children
-        strip = tiling.strip_figure(bad)
+        strip = TF.strip_figure(bad)
         assert strip.layout.annotations and not strip.data
     assert "no feasible" in tiling.render_figure({"error": "no feasible configuration"},
                                                  None, None, "all").children
@@ -293,7 +295,7 @@ def test_callbacks_called_directly(plan, req):
     out = tiling._cb_figure("no_such_layer", "all", plan, req.to_dict())
     assert isinstance(out, dcc.Graph) and "features_24" in out.figure.layout.title.text
     strip = tiling._cb_strip(plan, "features_24")
-    assert strip.layout.meta["blocks"] == len(tiling.strip_blocks(plan))
+    assert strip.layout.meta["blocks"] == len(TF.strip_blocks(plan))
     assert isinstance(tiling._cb_figure(None, "all", {"error": "boom"}, None), html.Div)
 
 
@@ -314,8 +316,8 @@ def test_layout_has_the_panel_ids():
 
 def test_figures_pass_plotly_validation(f24, plan, monkeypatch):
     """Figures are built without plotly's (slow) validation; check the dicts are valid."""
-    monkeypatch.setattr(tiling, "VALIDATE", True)
+    monkeypatch.setattr(TF, "VALIDATE", True)
     geom, producers = f24
     for dev in ("all", 0):
-        tiling.tiling_figure(geom, dev, producers).to_json()
-    tiling.strip_figure(plan, "features_24").to_json()
+        TF.tiling_figure(geom, dev, producers).to_json()
+    TF.strip_figure(plan, "features_24").to_json()

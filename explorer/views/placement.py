@@ -15,7 +15,8 @@ Celeritas or one of its baselines as a background job, then shows
   engine's error and keeps the previous placement.
 
 All numbers come from :mod:`explorer.service` (``placement``, ``placement_structure``,
-``placement_compare``); nothing here places anything.
+``placement_compare``); nothing here places anything.  The figures are pure functions in
+:mod:`explorer.views.figures.placement`.
 """
 
 from __future__ import annotations
@@ -36,10 +37,9 @@ from . import layout as L
 from . import palette as P
 from . import state
 from .controls import context, download_controls, job_controls, register_download, running
-from .run import history_table, series_figure
+from .figures import placement as F
+from .run import history_table
 
-#: above this many operators the Gantt chart draws one bar per run of a cluster on a device
-MAX_GANTT_BARS = 4000
 MAX_PIE = 16
 
 
@@ -172,7 +172,7 @@ def layout(req: dict | None = None):
                 {"if": {"filter_query": '{oom} = "yes"'}, "color": "#b91c1c"},
                 {"if": {"filter_query": '{best} = "1"'}, "fontWeight": "bold",
                  "backgroundColor": "#e3f1e3"}]),
-        dcc.Graph(id=ids.PLACE_COMPARE_FIG, figure=compare_figure([]),
+        dcc.Graph(id=ids.PLACE_COMPARE_FIG, figure=F.compare_figure([]),
                   style={"height": "300px"}),
     ])
 
@@ -379,107 +379,8 @@ def legend(ndev: int):
 
 
 # --------------------------------------------------------------------------------------------
-# figures
+# views (tables and text; the figures are drawn by explorer.views.figures.placement)
 # --------------------------------------------------------------------------------------------
-
-
-def _gantt_ops(doc: dict) -> list:
-    """Schedule ops, merged into one bar per consecutive run of a cluster on a device when
-    there are more than :data:`MAX_GANTT_BARS` of them."""
-    ops = doc.get("schedule", {}).get("ops", [])
-    if len(ops) <= MAX_GANTT_BARS:
-        return [dict(o, label=o["op"], n=1) for o in ops]
-    cl = {op: k for k, c in enumerate(doc["clusters"]) for op in c["ops"]}
-    runs: list = []
-    last: dict = {}
-    for o in sorted(ops, key=lambda o: (o["device"], o["start"])):
-        k = cl.get(o["op"], -1)
-        r = last.get(o["device"])
-        if r is not None and r["cluster"] == k:
-            r["end"] = max(r["end"], o["end"])
-            r["n"] += 1
-            continue
-        r = {"device": o["device"], "start": o["start"], "end": o["end"], "cluster": k, "n": 1}
-        last[o["device"]] = r
-        runs.append(r)
-    for r in runs:
-        r["label"] = f"cluster {r['cluster']} ({r['n']} ops)"
-    return runs
-
-
-def gantt_figure(doc: dict | None) -> go.Figure:
-    """The simulator's schedule: per device a compute row and a receive row (transfers into
-    that device, coloured by the sending device). Times in ms."""
-    fig = go.Figure()
-    if not doc:
-        fig.update_layout(title="Predicted schedule (place the model first)")
-        return fig
-    ndev = len(doc["capacity_bytes"])
-    rows = []
-    for d in range(ndev):
-        rows += [f"dev {d}", f"dev {d} ← recv"]
-    ops = _gantt_ops(doc)
-    for d in range(ndev):
-        mine = [o for o in ops if o["device"] == d]
-        if not mine:
-            continue
-        fig.add_trace(go.Bar(
-            name=f"device {d}", orientation="h", y=[f"dev {d}"] * len(mine),
-            base=[o["start"] * 1e3 for o in mine],
-            x=[max((o["end"] - o["start"]) * 1e3, 1e-6) for o in mine],
-            marker=dict(color=device_color(d), line=dict(color="#fff", width=0.5)),
-            customdata=[o["label"] for o in mine],
-            hovertemplate="%{customdata}<br>%{base:.3f} → %{x:.3f} ms long<extra></extra>"))
-    tr = doc.get("schedule", {}).get("transfers", [])
-    if tr:
-        fig.add_trace(go.Bar(
-            name="transfers", orientation="h", y=[f"dev {t['dst']} ← recv" for t in tr],
-            base=[t["start"] * 1e3 for t in tr],
-            x=[max((t["end"] - t["start"]) * 1e3, 1e-6) for t in tr],
-            marker=dict(color=[device_color(t["src"]) for t in tr], opacity=0.75,
-                        pattern=dict(shape="/"), line=dict(color="#333", width=0.5)),
-            customdata=[[t["tensor_of"], t["src"], t["dst"], t["bytes"] / 2 ** 20] for t in tr],
-            hovertemplate=("%{customdata[0]}: dev %{customdata[1]} → %{customdata[2]}, "
-                           "%{customdata[3]:.2f} MiB<br>%{base:.3f} ms, %{x:.3f} ms long"
-                           "<extra></extra>")))
-    step = doc["predicted_step_time_s"] * 1e3
-    fig.add_vline(x=step, line_dash="dash", line_color="#333",
-                  annotation_text=f"step {step:.1f} ms")
-    fig.update_layout(
-        barmode="overlay", title=dict(text=f"Predicted schedule ({doc['algo']}): compute and "
-                                      f"received transfers per device", font=dict(size=14)),
-        xaxis_title="ms", margin=dict(l=90, r=20, t=70, b=40), bargap=0.25,
-        legend=dict(orientation="h", y=1.0, yanchor="bottom", x=0),
-        yaxis=dict(categoryorder="array", categoryarray=rows[::-1], type="category",
-                   range=[-0.5, len(rows) - 0.5]))
-    return fig
-
-
-def memory_figure(doc: dict | None) -> go.Figure:
-    """Peak memory per device (bars, red when over) against each device's capacity."""
-    fig = go.Figure()
-    if not doc:
-        fig.update_layout(title="Peak memory per device (place the model first)")
-        return fig
-    peak = [b / 2 ** 30 for b in doc["peak_memory_bytes"]]
-    cap = [b / 2 ** 30 for b in doc["capacity_bytes"]]
-    xs = [f"dev {d}" for d in range(len(peak))]
-    over = [p > c * (1 + 1e-9) for p, c in zip(peak, cap)]
-    fig.add_trace(go.Bar(name="peak", x=xs, y=peak,
-                         marker=dict(color=[(P.ERROR if o else device_color(d))
-                                            for d, o in enumerate(over)]),
-                         text=[f"{p:.2f} GiB ({100 * p / c:.0f}%)" for p, c in zip(peak, cap)],
-                         textposition="outside"))
-    fig.add_trace(go.Scatter(name="capacity", x=xs, y=cap, mode="markers+lines",
-                             line=dict(color="#111", dash="dash", shape="hvh"),
-                             marker=dict(symbol="line-ew", size=30,
-                                         line=dict(width=3, color="#111"))))
-    fig.update_layout(title=dict(text="Peak memory per device vs capacity",
-                                 font=dict(size=14)), yaxis_title="GiB",
-                      margin=dict(l=50, r=20, t=70, b=40), showlegend=True,
-                      legend=dict(orientation="h", y=1.0, yanchor="bottom", x=0),
-                      yaxis=dict(range=[0, 1.15 * max(peak + cap + [1e-9])]))
-    return fig
 
 
 def compare_rows(rows: list) -> list:
@@ -503,19 +404,6 @@ def compare_rows(rows: list) -> list:
                     "best": "1" if best is not None and not r["oom"]
                     and r["step_time_s"] <= best * (1 + 1e-9) else "0"})
     return out
-
-
-def compare_figure(rows: list) -> go.Figure:
-    good = [r for r in rows if "error" not in r]
-    fig = go.Figure([go.Bar(
-        x=[r["algo"] for r in good], y=[r["step_time_s"] for r in good],
-        text=[f"{r['step_time_s']:.3f} s" + (" OOM" if r["oom"] else "") for r in good],
-        textposition="outside",
-        marker=dict(color=[P.HIGHLIGHT if r["algo"] == "celeritas" else
-                           (P.ERROR if r["oom"] else P.PREDICTED) for r in good]))])
-    fig.update_layout(title="Predicted step time by method (same graph, same simulator)",
-                      yaxis_title="s", margin=dict(l=50, r=20, t=40, b=40))
-    return fig
 
 
 def summary_view(doc: dict):
@@ -620,23 +508,14 @@ def run_view(res: dict | None, doc: dict | None):
     ])
 
 
+def _shown(res: dict | None, doc: dict | None) -> bool:
+    """Whether ``res`` is a run of the shown placement ``doc``."""
+    return bool(res and doc and res.get("placement_id") == placement_id(doc))
+
+
 def run_figure(res: dict | None, doc: dict | None) -> go.Figure:
-    """Per device: the simulator's busy time next to the measured compute time."""
-    fig = go.Figure()
-    if res and doc and res.get("placement_id") == placement_id(doc):
-        n = len(res.get("compute_s") or [])
-        xs = [f"device {d}" for d in range(n)]
-        colors = [device_color(d) for d in range(n)]
-        fig.add_bar(name="predicted busy (simulator)", x=xs,
-                    y=[t * 1e3 for t in (res.get("predicted_busy_s") or [0.0] * n)[:n]],
-                    marker=dict(color=[P.rgba(c, 0.35) for c in colors],
-                                line=dict(color=colors, width=1.5), pattern=dict(shape="/")))
-        fig.add_bar(name="measured compute", x=xs, y=[t * 1e3 for t in res["compute_s"]],
-                    marker=dict(color=colors))
-    fig.update_layout(barmode="group", title="Per device: predicted busy vs measured compute "
-                      "(ms per step)", yaxis_title="ms", margin=dict(l=50, r=20, t=40, b=60),
-                      legend=dict(orientation="h", y=-0.12, yanchor="top"))
-    return fig
+    """Per device predicted busy vs measured compute - if ``res`` ran the shown placement."""
+    return F.run_figure(res if _shown(res, doc) else None)
 
 
 def placement_id(doc: dict) -> str:
@@ -654,11 +533,8 @@ def placement_id(doc: dict) -> str:
 
 
 def run_series(res: dict | None, doc: dict | None) -> go.Figure:
-    """Each measured step's wall time (slowest worker) with the simulator's prediction."""
-    if res and doc and res.get("placement_id") == placement_id(doc):
-        return series_figure(res)
-    return go.Figure().update_layout(title="Step time per measured step",
-                                     margin=dict(l=50, r=20, t=40, b=40))
+    """The measured step times - if ``res`` ran the shown placement."""
+    return F.run_series(res if _shown(res, doc) else None)
 
 
 def history(doc: dict | None) -> list:
@@ -691,9 +567,9 @@ def placement_view(doc: dict | None, pins) -> tuple:
     """Summary, Gantt chart, memory figure and pin list of the shown placement."""
     if not doc:
         return (html.P("Place the current model to see its operators on the devices.",
-                       className="muted"), gantt_figure(None), memory_figure(None),
+                       className="muted"), F.gantt_figure(None), F.memory_figure(None),
                 pin_items(pins, None))
-    return summary_view(doc), gantt_figure(doc), memory_figure(doc), pin_items(pins, doc)
+    return summary_view(doc), F.gantt_figure(doc), F.memory_figure(doc), pin_items(pins, doc)
 
 
 def select_after(trig, tap, expanded) -> tuple:
@@ -721,7 +597,7 @@ def compare_all(req_doc, memory, pins, progress=lambda pct, text: None) -> tuple
                                               f"placing with {a}…" if a else ""))
     except (ExplorerError, ValueError) as exc:
         return no_update, no_update, f"error: {exc}"
-    return compare_rows(rows), compare_figure(rows), f"{len(rows)} methods compared"
+    return compare_rows(rows), F.compare_figure(rows), f"{len(rows)} methods compared"
 
 
 # --------------------------------------------------------------------------------------------

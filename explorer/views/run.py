@@ -3,7 +3,8 @@ predicted times (per layer, and the step-time series with the predicted line).
 
 The run is a Dash background job (progress bar, cancel); workers are torch.distributed
 processes (gloo on CPU, NCCL on GPUs) started by :mod:`explorer.engine.runtime`, which also
-checks the result against a single-device run of the same model.
+checks the result against a single-device run of the same model.  The two figures are drawn by
+:mod:`explorer.views.figures.run`.
 """
 
 from __future__ import annotations
@@ -15,9 +16,9 @@ from dash import Input, Output, State, dash_table, dcc, html, no_update
 from .. import service as session
 from ..errors import ExplorerError
 from . import ids
-from . import palette as P
 from . import state
 from .controls import context, job_controls, running
+from .figures import run as F
 
 
 def layout():
@@ -52,41 +53,6 @@ def history_table(table_id: str):
                                     ("predicted_ms", "predicted ms"),
                                     ("measured_ms", "measured ms"), ("error", "error"),
                                     ("reference", "reference")]])
-
-
-def layers_figure(res: dict, top: int = 25) -> go.Figure:
-    """Predicted vs measured time per layer (compute + communication), largest first."""
-    rows = sorted(res.get("layers", []), key=lambda r: -max(r["predicted_s"], r["measured_s"]))
-    rows = rows[:top]
-    names = [r["name"] for r in rows]
-    fig = go.Figure([
-        go.Bar(name="predicted", x=names, y=[r["predicted_s"] * 1e3 for r in rows],
-               marker_color=P.PREDICTED),
-        go.Bar(name="measured", x=names, y=[r["measured_s"] * 1e3 for r in rows],
-               marker_color=P.MEASURED),
-    ])
-    fig.update_layout(barmode="group", title=f"Per layer: predicted vs measured (ms, top {top})",
-                      yaxis_title="ms", margin=dict(l=50, r=20, t=40, b=90),
-                      legend=dict(orientation="h", y=1.1))
-    return fig
-
-
-def series_figure(res: dict) -> go.Figure:
-    steps = res.get("step_times_s") or []
-    fig = go.Figure([go.Scatter(x=list(range(1, len(steps) + 1)), y=[s * 1e3 for s in steps],
-                                mode="lines+markers", name="measured step")])
-    pred = res.get("predicted_step_time_s")
-    if pred:
-        fig.add_hline(y=pred * 1e3, line_dash="dash", line_color=P.ERROR,
-                      annotation_text=f"predicted {pred * 1e3:.2f} ms")
-    med = res.get("measured_step_time_s")
-    if med:
-        fig.add_hline(y=med * 1e3, line_dash="dot", line_color=P.MEASURED,
-                      annotation_text=f"median {med * 1e3:.2f} ms",
-                      annotation_position="bottom right")
-    fig.update_layout(title="Step time per measured step", xaxis_title="step", xaxis_dtick=1,
-                      yaxis_title="ms", margin=dict(l=50, r=20, t=40, b=40), showlegend=False)
-    return fig
 
 
 def result_view(res: dict):
@@ -142,7 +108,7 @@ def run_panel(res, plan) -> tuple:
     if not res or (plan and res.get("model") != plan.get("model")):
         return html.P("Run the current plan to compare measured with predicted times.",
                       className="muted"), go.Figure(), go.Figure(), hist
-    return result_view(res), layers_figure(res), series_figure(res), hist
+    return result_view(res), F.layers_figure(res), F.series_figure(res), hist
 
 
 def register(app: dash.Dash) -> None:

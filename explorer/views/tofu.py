@@ -8,7 +8,7 @@ paper's Section 7.3 baselines) as a background job, then shows
   gives each step's k_i, the bytes it adds and the link it crosses;
 * Figure 11: every weighted operator's weight (top) and activation input (bottom) as grids of
   tiles coloured by worker, repeated identically tiled blocks folded "×N";
-* Figure 10: the algorithms' communication side by side.
+* Figure 10: the algorithms' communication side by side (:mod:`explorer.views.figures.tofu`).
 """
 
 from __future__ import annotations
@@ -23,6 +23,8 @@ from . import ids
 from . import palette as P
 from . import state
 from .controls import context, download_controls, job_controls, register_download, running
+from .figures import tofu as F
+
 
 def layout(req: dict | None = None):
     """The panel; its method dropdown shows ``req``'s method when it is a Tofu method."""
@@ -161,17 +163,6 @@ def show_view(doc: dict | None) -> tuple:
             {i: str(i) for i in range(m + 1)}, m)
 
 
-def compare_figure(cmp: dict) -> go.Figure:
-    algos = list(cmp)
-    fig = go.Figure([go.Bar(x=algos, y=[cmp[a]["comm_bytes"] / 1e9 for a in algos],
-                            text=[f"{cmp[a]['comm_bytes'] / 1e9:.2f} GB" for a in algos],
-                            marker_color=[P.HIGHLIGHT if a == "tofu" else P.PREDICTED
-                                          for a in algos])])
-    fig.update_layout(title="Communication per step by algorithm (Tofu Figure 10)",
-                      yaxis_title="GB", margin=dict(l=50, r=20, t=40, b=40))
-    return fig
-
-
 def register(app: dash.Dash) -> None:
     """The panel's callbacks on ``app``."""
 
@@ -221,4 +212,4 @@ def register(app: dash.Dash) -> None:
             cmp = session.tofu_compare(state.request(req_doc))
         except (ExplorerError, ValueError) as exc:
             return no_update, no_update, str(exc)
-        return compare_figure(cmp), {"height": "340px"}, ""
+        return F.compare_figure(cmp), {"height": "340px"}, ""
