@@ -289,9 +289,7 @@ def _search_tofu(args, req, res, g) -> int:
     if args.compare:
         for algo in names("tofu"):
             r = res if algo == args.algo else service.run_method(req, algo, args.pin)
-            compare[algo] = {"comm_bytes": r.comm_bytes, "objective_s": r.objective_s,
-                             "search_time_s": r.search_time_s,
-                             "peak_memory_bytes": max(r.memory_per_device_bytes)}
+            compare[algo] = r.summary()
         out["compare"] = compare
     if args.out:
         _write(args.out, res.document())
@@ -318,7 +316,7 @@ def _search_tofu(args, req, res, g) -> int:
             print(f"  {t:<40} {str(tuple(v['shape'])):<24} grid {'x'.join(map(str, v['grid']))}")
         for algo, r in compare.items():
             print(f"  {algo:<14} {r['comm_bytes'] / 1e9:9.3f} GB  {r['objective_s'] * 1e3:9.1f} ms"
-                  f"  search {r['search_time_s']:.2f} s  peak {r['peak_memory_bytes'] / 2**30:.2f}"
+                  f"  search {r['search_time_s']:.2f} s  peak {r['peak_bytes'] / 2**30:.2f}"
                   f" GiB")
     return 0
 

@@ -366,9 +366,7 @@ def tofu_compare(req: Request) -> dict:
     out = {}
     for algo in names("tofu"):
         r = _tofu_result(req, algo)
-        out[algo] = {"comm_bytes": r.comm_bytes, "objective_s": r.objective_s,
-                     "search_time_s": r.search_time_s,
-                     "peak_memory_bytes": max(r.memory_per_device_bytes)}
+        out[algo] = r.summary()
     return out
 
 
@@ -501,7 +499,7 @@ def placement_compare(req: Request, memory_gib=None, pins: list | None = None, a
             rows.append({"algo": a, "description": described.get(a, ""),
                          "step_time_s": r.predicted_step_time_s,
                          "search_time_s": float(r.search_time_s),
-                         "peak_memory_bytes": max(r.peak_memory_bytes, default=0.0),
+                         "peak_bytes": max(r.peak_memory_bytes, default=0.0),
                          "capacity_bytes": float(min(r.capacity)), "oom": r.oom,
                          "clusters": len(r.clusters), "comm_bytes": float(r.sim.comm_bytes)})
         except (ExplorerError, ValueError) as exc:

@@ -397,7 +397,7 @@ def compare_rows(rows: list) -> list:
         out.append({"algo": r["algo"], "step_s": round(r["step_time_s"], 4),
                     "vs": round(r["step_time_s"] / ref, 3) if ref else None,
                     "search_s": round(r["search_time_s"], 4),
-                    "peak_gib": round(r["peak_memory_bytes"] / 2 ** 30, 2),
+                    "peak_gib": round(r["peak_bytes"] / 2 ** 30, 2),
                     "cap_gib": round(r["capacity_bytes"] / 2 ** 30, 2),
                     "oom": "yes" if r["oom"] else "no", "clusters": r["clusters"] or "",
                     "comm_gb": round(r["comm_bytes"] / 1e9, 3), "note": r["description"],

@@ -37,7 +37,7 @@ class PlacementPlan:
     trace: list = field(default_factory=list)
     model: str | None = None
     batch: int | None = None
-    devices: str = ""
+    preset: str = ""                   # the device graph's name
 
     def __post_init__(self):
         self.placement = np.asarray(self.placement, dtype=np.int64)
@@ -66,7 +66,7 @@ class PlacementPlan:
         """JSON document (CLI ``--json``): every operator's device, clusters, time, memory."""
         doc = {
             "algo": self.algo, "model": self.model, "batch": self.batch,
-            "devices": self.devices, "ops": len(self.names),
+            "devices": len(self.capacity), "preset": self.preset, "ops": len(self.names),
             "clusters": [{"id": i, "device": int(c["device"]), "ops": list(c["ops"]),
                           "time_s": float(c.get("time_s", 0.0)),
                           "memory_bytes": float(c.get("memory_bytes", 0.0))}

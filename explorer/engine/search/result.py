@@ -141,11 +141,11 @@ class Result:
         return out
 
     def summary(self) -> dict:
-        """The common fields only (comparisons, tables)."""
+        """The common fields of a comparison row (``peak_bytes``: the largest device's)."""
         return {"algo": self.algo, "family": self.family, "objective_s": self.objective_s,
                 "predicted_step_time_s": self.predicted_step_time_s,
                 "search_time_s": self.search_time_s, "comm_bytes": self.comm_bytes,
-                "peak_memory_bytes": max(self.memory_per_device_bytes, default=0.0),
+                "peak_bytes": max(self.memory_per_device_bytes, default=0.0),
                 "fits_memory": self.fits_memory}
 
 

@@ -583,13 +583,13 @@ class TofuPlan:
     tilings: dict                      # tensor id -> {"grid": [...], "steps": [axis...]}
     strategies: dict                   # op name -> ["split 0", ...] per step
     op_bytes: dict                     # op name -> bytes it moves (all steps)
-    devices: str = ""
+    preset: str = ""                   # the device graph's name
     state: object = field(default=None, repr=False)     # final _State (per-worker boxes)
     coarse_graph: object = field(default=None, repr=False)
 
     def to_dict(self, tensors: bool = True) -> dict:
         d = {"model": self.model, "algo": self.algo,
-             "devices": self.workers, "preset": self.devices, "factors": self.factors,
+             "devices": self.workers, "preset": self.preset, "factors": self.factors,
              "objective_s": self.objective_s, "comm_bytes": self.comm_bytes,
              "peak_memory_bytes": self.peak_memory_bytes,
              "search_time_s": self.search_time_s, "coarsening": self.coarse,
