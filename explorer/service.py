@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from .errors import ExplorerError, InfeasiblePlan
 from .engine import geometry as G
 from .engine.costmodel import CostModel
-from .engine.devices import DeviceGraph, from_json, preset
+from .engine.devices import DeviceGraph, from_dict, preset
 from .engine.graph import LayerGraph
 from .engine.importer import import_spec
 
@@ -140,11 +140,7 @@ def devices_for(req: Request) -> DeviceGraph:
     if req.preset == "custom":
         if not req.cluster:
             raise ExplorerError("upload a cluster JSON file for the custom preset")
-        import json
-        import tempfile
-        with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as fh:
-            json.dump(req.cluster, fh)
-        return from_json(fh.name).subset(req.devices)
+        return from_dict(req.cluster, "custom", "the uploaded cluster").subset(req.devices)
     return preset(req.preset, req.devices)
 
 

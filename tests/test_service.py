@@ -142,3 +142,15 @@ def test_the_app_saves_plans_of_every_kind_as_runnable_documents():
     from explorer.engine.runtime.run import run_document
     out = run_document(json.loads(data["content"]), timeout_s=120)
     assert out["reference_ok"] and out["kind"] == "tofu"
+
+
+def test_an_uploaded_cluster_is_read_from_its_document():
+    from explorer.errors import UnknownPreset
+    cluster = {"name": "box", "devices": [{"name": f"g{i}", "peak_flops": 1e12, "mem_bw": 1e11,
+                                           "memory": 8e9} for i in range(4)],
+               "intra_node_bw": 1e10}
+    d = service.devices_for(service.Request(preset="custom", devices=2, cluster=cluster))
+    assert d.n == 2 and d.name == "box"
+    with pytest.raises(UnknownPreset, match="the uploaded cluster: KeyError"):
+        service.devices_for(service.Request(preset="custom", devices=2,
+                                            cluster={"devices": [{"name": "x"}]}))

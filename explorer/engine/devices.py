@@ -231,7 +231,20 @@ def _calibration() -> dict:
 
 
 def from_json(path: str) -> DeviceGraph:
-    """Load a custom cluster.
+    """Load a custom cluster from a file (format: :func:`from_dict`)."""
+    p = Path(path)
+    if not p.is_file():
+        raise UnknownPreset(f"cluster file {path!r} not found")
+    try:
+        spec = json.loads(p.read_text())
+    except ValueError as exc:
+        raise UnknownPreset(f"cluster file {path}: not JSON ({exc}); see `explorer presets` "
+                            f"for the format") from None
+    return from_dict(spec, p.stem, f"cluster file {path}")
+
+
+def from_dict(spec: dict, name: str = "custom", where: str = "the cluster") -> DeviceGraph:
+    """A custom cluster from its JSON document.
 
     Format::
 
@@ -241,11 +254,7 @@ def from_json(path: str) -> DeviceGraph:
          "intra_node_bw": 300e9, "inter_node_bw": 25e9,          # or "bandwidth": [[...]]
          "latency": 5e-6}                                         # or a matrix
     """
-    p = Path(path)
-    if not p.is_file():
-        raise UnknownPreset(f"cluster file {path!r} not found")
     try:
-        spec = json.loads(p.read_text())
         devs = [Device(d["name"], d.get("kind", "custom"), float(d["peak_flops"]),
                        float(d["mem_bw"]), float(d["memory"]), int(d.get("node", 0)))
                 for d in spec["devices"]]
@@ -259,13 +268,13 @@ def from_json(path: str) -> DeviceGraph:
                           float(spec.get("inter_node_bw", spec["intra_node_bw"])))
         lat = spec.get("latency", 10e-6)
         lat = np.asarray(lat, dtype=float) if isinstance(lat, list) else np.full((n, n), lat)
-        return DeviceGraph(spec.get("name", p.stem), devs, bw, lat,
-                           spec.get("description", f"custom cluster from {p.name}"))
+        return DeviceGraph(spec.get("name", name), devs, bw, lat,
+                           spec.get("description", f"custom cluster ({name})"))
     except UnknownPreset:
         raise
-    except (KeyError, TypeError, ValueError) as exc:
-        raise UnknownPreset(f"cluster file {path}: {type(exc).__name__}: {exc}; see "
-                            f"`explorer presets` for the format") from exc
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise UnknownPreset(f"{where}: {type(exc).__name__}: {exc}; see `explorer presets` for "
+                            f"the format") from exc
 
 
 def list_presets() -> list:
