@@ -44,10 +44,6 @@ def _examples():
     return example_models
 
 
-def example_names() -> list:
-    return list(_examples().MODELS)
-
-
 def load_model(spec: str, batch: int | None = None, model_args: dict | None = None,
                meta: bool = True):
     """Build ``(module, example_input)`` for an example name or ``file.py:function``.

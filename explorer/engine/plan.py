@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..errors import InfeasiblePlan
 from . import geometry as G
 from .plandoc import VERSION, dumps, schema_of
 
@@ -129,24 +128,6 @@ class Plan:
     @classmethod
     def from_json(cls, text: str) -> "Plan":
         return cls.from_dict(json.loads(text))
-
-
-
-
-def choice_for(tables, assignment: dict) -> dict:
-    """Candidate index of each layer's configuration in ``tables`` (for re-costing a plan)."""
-    out = {}
-    for n in tables.names:
-        cfg = assignment.get(n)
-        if cfg is None:
-            raise InfeasiblePlan(f"plan has no configuration for layer {n}: it was made for "
-                                 f"another model or model arguments")
-        try:
-            out[n] = tables.candidates[n].index(cfg)
-        except ValueError:
-            raise InfeasiblePlan(f"layer {n}: configuration {cfg.key()} is not a candidate on "
-                                 f"this device graph") from None
-    return out
 
 
 def memory_per_device(graph, tables, choice, n_devices: int, dtype_bytes: int = 4) -> np.ndarray:

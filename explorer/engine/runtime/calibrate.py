@@ -335,7 +335,3 @@ def profile_model(model: str, devices: int, batch: int | None = None,
                          "concurrent_workers": nproc if concurrent else 1},
             "profile_time_s": time.perf_counter() - t}
 
-
-def shutil_rm(path):
-    import shutil
-    shutil.rmtree(path, ignore_errors=True)

@@ -432,13 +432,6 @@ def compile_folded(ctx, out_box, nd: int) -> list:
     return fns
 
 
-def apply_folded(ctx, y: torch.Tensor, out_box) -> torch.Tensor:
-    """Run the layer's folded fx nodes on the local output ``y`` (box ``out_box``)."""
-    for fn in compile_folded(ctx, out_box, y.dim()):
-        y = fn(y)
-    return y
-
-
 def _param_view(ctx, qual, t, idx):
     """``fn() -> tensor``: ``t[idx]`` taken at call time (shards are updated in place)."""
     if idx is None:

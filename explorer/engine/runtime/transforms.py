@@ -124,10 +124,3 @@ def forward(region: torch.Tensor, steps) -> torch.Tensor:
             x = x.reshape(-1).index_select(0, idx).view(ext)
     return x
 
-
-def item_of(transforms) -> int:
-    """Which output of a multi-output producer the edge reads (``("item", i)``; default 0)."""
-    for t in reversed(tuple(transforms)):
-        if t[0] == "item":
-            return int(t[1])
-    return 0

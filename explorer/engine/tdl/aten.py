@@ -96,12 +96,6 @@ def addmm():
               inputs=("bias", "a", "b"), out_shape=lambda bias, a, b: (a[0], b[1]))
 
 
-def _channel_stats(t, c, nd, name):
-    """``Σ_{n, *x} t[n, c, *x]`` (a per-channel reduction)."""
-    names_ = (f"{name}n",) + tuple(f"{name}{a}" for a in range(2, nd))
-    return reduce_over("sum", names_, lambda *rs: t[(rs[0], c) + tuple(rs[1:])])
-
-
 @register("batch_norm_backward_data")
 def batch_norm_backward_data():
     """``dx[n, c, *x] = f(dy[n, c, *x], x[n, c, *x], Σ dy[:, c], Σ dy·x[:, c], w[c], mean[c],
