@@ -42,11 +42,7 @@ from ..placement.result import PlacementPlan, placement_result, simulated_plan
 from .options import CeleritasOptions, make
 from .result import Result
 
-__all__ = ["search", "place", "placement_graph", "resolve_pins", "pin_map", "DEFAULTS"]
-
-#: Paper's choices: R = 200 nodes, M = 0.25 of a device's memory (Section 5.1.3)
-DEFAULTS = {"R": 200, "M_fraction": 0.25, "contention": "ports", "algo": "celeritas",
-            "refine": True, "refine_evals": None, "refine_memory": "budget"}
+__all__ = ["search", "place", "placement_graph", "resolve_pins", "pin_map"]
 
 
 def placement_graph(graph, devices, options: dict | None = None) -> PlacementGraph:
@@ -145,21 +141,18 @@ def place(graph, devices, options: dict | None = None) -> PlacementPlan:
         Placement of every operator, clusters with their devices, simulated step time and
         peak memory, ``oom``, and a trace (order, breakpoints, Adjusting Placement steps).
     """
-    opts = {**DEFAULTS, **(options or {})}
-    algo = opts["algo"]
-    if algo not in ("celeritas", "celeritas-paper", "order-place"):
-        raise ValueError(f"celeritas.search handles algo celeritas|celeritas-paper|order-place, "
-                         f"got {algo!r}")
-    R = int(opts["R"])
-    if R < 1:
-        raise ValueError(f"R must be >= 1, got {R}")
-    pg = placement_graph(graph, devices, opts)
+    given = dict(options or {})
+    pins = given.pop("pins", None) or {}
+    graph_opts = {k: given.pop(k) for k in ("batch", "model_args", "times", "memory")
+                  if k in given}
+    checked = make(CeleritasOptions, given)          # validated once (R, M, algo, ...)
+    opts = checked.as_dict()
+    algo, R = checked.algo, int(checked.R)
+    pg = placement_graph(graph, devices, {**graph_opts,
+                                          "memory_per_device": checked.memory_per_device})
     t0 = time.perf_counter()
-    M = float(opts["M"]) if opts.get("M") is not None else (
-        float(opts["M_fraction"]) * float(pg.capacity.min()))
-    if not M > 0:
-        raise ValueError(f"memory cap M must be > 0, got {M}")
-    pins = opts.get("pins") or {}
+    M = float(checked.M) if checked.M is not None else (
+        float(checked.M_fraction) * float(pg.capacity.min()))
     clusters0 = None
     if any(str(k).startswith("cluster:") for k in pins):
         order0, _, _ = graph_order(pg, "cpd")
