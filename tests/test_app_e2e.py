@@ -415,9 +415,12 @@ def test_four_sessions_open_four_models_on_one_server(dash_duo, caplog):
     finally:
         for drv in drivers[1:]:
             drv.quit()
-    logged = "\n".join(r.getMessage() for r in caplog.records)
+    # the server's own log (dash.testing's runner logs and retries its start-up by itself: a
+    # port it could not bind is retried on another and is not the app's error)
+    server = [r for r in caplog.records if not r.name.startswith("dash.testing")]
+    logged = "\n".join(r.getMessage() for r in server)
     assert " 500 " not in logged and "Traceback" not in logged and "Exception on" not in logged
-    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert not [r for r in server if r.levelno >= logging.ERROR]
 
 
 def _upload(dash_duo, path):
