@@ -60,16 +60,14 @@ def intersect(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 def overlap(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Volume of the intersection of (broadcast) boxes ``a`` and ``b``, as float64 (large
-    products of extents do not overflow)."""
-    out = None
-    for ax in range(a.shape[-2]):
-        lo = np.maximum(a[..., ax, 0], b[..., ax, 0])
-        hi = np.minimum(a[..., ax, 1], b[..., ax, 1])
-        ext = np.maximum(hi - lo, 0).astype(np.float64)
-        out = ext if out is None else out * ext
-    if out is None:                     # 0-d tensors: boxes without axes hold one element
-        return np.ones(np.broadcast_shapes(a.shape[:-2], b.shape[:-2]))
-    return out
+    products of extents do not overflow); boxes of 0-d tensors (no axes) hold one element.
+
+    >>> overlap(np.array([[0, 4], [0, 4]]), np.array([[2, 6], [1, 3]])).item()
+    4.0
+    """
+    lo = np.maximum(a[..., 0], b[..., 0])
+    hi = np.minimum(a[..., 1], b[..., 1])
+    return np.maximum(hi - lo, 0).astype(np.float64).prod(axis=-1)
 
 
 def inside(a: np.ndarray, b: np.ndarray) -> np.ndarray:
