@@ -65,9 +65,19 @@ def overlap(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     >>> overlap(np.array([[0, 4], [0, 4]]), np.array([[2, 6], [1, 3]])).item()
     4.0
     """
-    lo = np.maximum(a[..., 0], b[..., 0])
-    hi = np.minimum(a[..., 1], b[..., 1])
-    return np.maximum(hi - lo, 0).astype(np.float64).prod(axis=-1)
+    if a.size + b.size <= 4096:         # few boxes (Tofu's groups): one numpy pass
+        lo = np.maximum(a[..., 0], b[..., 0])
+        hi = np.minimum(a[..., 1], b[..., 1])
+        return np.maximum(hi - lo, 0).astype(np.float64).prod(axis=-1)
+    out = None                          # large broadcasts (cost tables): axis by axis is
+    for ax in range(a.shape[-2]):       # cheaper than one [..., ndim] temporary
+        lo = np.maximum(a[..., ax, 0], b[..., ax, 0])
+        hi = np.minimum(a[..., ax, 1], b[..., ax, 1])
+        ext = np.maximum(hi - lo, 0).astype(np.float64)
+        out = ext if out is None else out * ext
+    if out is None:
+        return np.ones(np.broadcast_shapes(a.shape[:-2], b.shape[:-2]))
+    return out
 
 
 def inside(a: np.ndarray, b: np.ndarray) -> np.ndarray:
