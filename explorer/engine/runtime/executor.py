@@ -46,7 +46,6 @@ compute, sync (all-reduce) and update, per step.
 from __future__ import annotations
 
 import math
-import os
 import time
 from dataclasses import dataclass, field
 
@@ -107,10 +106,6 @@ class LayerState:
     trainable: list = field(default_factory=list)    # qualified names of my trainable shards
     sync: list = field(default_factory=list)         # [(ranks, [qualified names])]
     is_output: bool = False
-
-
-class Fault(RuntimeError):
-    """An injected failure (tests of the launcher's failure handling)."""
 
 
 def parse_fault(text: str | None):
@@ -579,14 +574,8 @@ class Executor:
         return b
 
     def _check_fault(self, where: str):
-        f = self.fault
-        if f is None or f[0] != self.rank or f[1] != self.step_no:
-            return
-        if f[2] == "exit":
-            os._exit(3)
-        if f[2] == "hang":
-            time.sleep(10 ** 6)
-        raise Fault(f"injected fault on rank {self.rank} at step {self.step_no} ({where})")
+        from .worker import inject_fault           # the one fault hook of both executors
+        inject_fault(self.fault, self.rank, self.step_no, where)
 
     # ------------------------------------------------------------------------------------
     # a training step
