@@ -5,7 +5,8 @@
 batch. Models and inputs are created without explicit devices, so building
 inside ``with torch.device("meta"):`` is instant even for huge models (shape
 analysis), and building normally gives a real CPU model. Every model is
-traceable by ``torch.fx.symbolic_trace``.
+traceable by ``torch.fx.symbolic_trace`` (and the transformers and newer CNNs by
+``torch.export.export`` in train mode too).
 """
 
 from __future__ import annotations
@@ -18,15 +19,20 @@ import torch
 from torch import nn
 
 from .alexnet import build_alexnet
+from .bert import build_bert
 from .densenet import build_densenet
+from .gpt2 import build_gpt2
 from .inception import build_inception_v3
 from .lenet import build_lenet5
+from .llama import build_llama
 from .lstm import build_lstm
 from .mlp import build_mlp
+from .mobilenet import build_mobilenet_v2
 from .resnet import build_resnet50, build_wresnet
 from .transformer import build_transformer
 from .unet import build_unet
 from .vgg import build_vgg16
+from .vit import build_vit
 from .seq2seq import build_seq2seq
 from .holography import build_holography
 
@@ -61,10 +67,20 @@ _ENTRIES = [
     ("transformer", "Pre-LN Transformer encoder classifier (Vaswani et al. 2017)", build_transformer, 32),
     ("densenet", "DenseNet (Huang et al. 2017): dense blocks, every layer reads all earlier ones",
      build_densenet, 64),
-    ("unet", "U-Net (Ronneberger et al. 2015): encoder-decoder with long skip connections",
-     build_unet, 16),
+    ("unet", "U-Net (Ronneberger et al. 2015): encoder-decoder with long skip connections, "
+     "up=transpose for 2x2 up-convolutions", build_unet, 16),
     ("seq2seq", "LSTM seq2seq (NMT-style, Wu et al. 2016): stacked encoder/decoder LSTMCells", build_seq2seq, 64),
     ("holography", "Tensor-Holography-like CNN (Shi et al. 2021): 30 full-resolution 3x3 convs", build_holography, 4),
+    ("gpt2", "GPT-2-style decoder (Radford et al. 2019): fused qkv, causal SDPA, pre-LN, GELU MLP, LM head",
+     build_gpt2, 8),
+    ("bert", "BERT-style encoder (Devlin et al. 2019): 3 embeddings, post-LN blocks, tanh pooler, classifier",
+     build_bert, 8),
+    ("llama", "Llama-style decoder (Touvron et al. 2023): RMSNorm, SwiGLU, rotary, causal SDPA, no biases",
+     build_llama, 8),
+    ("vit", "Vision Transformer (Dosovitskiy et al. 2021), torchvision ViT-B/16 layout, nn.MultiheadAttention",
+     build_vit, 32),
+    ("mobilenet_v2", "MobileNetV2 (Sandler et al. 2018): inverted residuals, depthwise 3x3, ReLU6, 224x224",
+     build_mobilenet_v2, 64),
 ]
 
 MODELS: dict[str, ExampleModel] = {name: ExampleModel(name, desc, fn, b) for name, desc, fn, b in _ENTRIES}

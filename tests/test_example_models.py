@@ -13,7 +13,7 @@ from torch import nn
 import example_models as em
 
 NAMES = ["lenet5", "alexnet", "vgg16", "inception_v3", "resnet50", "wresnet", "mlp", "lstm", "transformer",
-         "densenet", "unet", "seq2seq", "holography"]
+         "densenet", "unet", "seq2seq", "holography", "gpt2", "bert", "llama", "vit", "mobilenet_v2"]
 
 # Small settings so that a real CPU forward+backward of every model stays fast.
 SMALL = {
@@ -30,6 +30,12 @@ SMALL = {
     "unet": {"depth": 2, "base": 8, "image_size": 32, "num_classes": 3},
     "seq2seq": {"layers": 1, "hidden": 16, "src_steps": 2, "tgt_steps": 3, "vocab": 20},
     "holography": {"layers": 3, "filters": 4, "res": 8},
+    "gpt2": {"layers": 2, "hidden": 32, "heads": 4, "seq_len": 16, "vocab": 50},
+    "bert": {"layers": 2, "hidden": 32, "heads": 4, "seq_len": 16, "vocab": 50, "num_classes": 3},
+    "llama": {"layers": 2, "hidden": 32, "heads": 4, "intermediate": 48, "seq_len": 16, "vocab": 50},
+    "vit": {"image_size": 32, "patch": 8, "layers": 2, "hidden": 32, "heads": 4, "mlp": 64,
+            "num_classes": 10},
+    "mobilenet_v2": {"width": 0.25, "image_size": 32, "num_classes": 10},
 }
 
 
@@ -42,6 +48,8 @@ def out_shape(name, batch, params):
         return (batch, params["tgt_steps"], params["vocab"])
     if name == "holography":         # amplitude and phase for 3 colours, per pixel
         return (batch, 6, params["res"], params["res"])
+    if name in ("gpt2", "llama"):    # next-token scores for every position
+        return (batch, params["seq_len"], params["vocab"])
     return (batch, params["num_classes"])
 
 
@@ -199,3 +207,99 @@ def test_default_batch():
             assert x.shape[0] == em.MODELS[name].default_batch
             _, x = em.build(name, batch=5)
             assert x.shape[0] == 5
+
+
+# --------------------------------------------------------------------------------------------
+# Today's models: transformers, ViT, MobileNetV2, U-Net with up-convolutions
+# --------------------------------------------------------------------------------------------
+
+# the new examples (and U-Net's transposed-convolution decoder) at tiny sizes
+EXPORTED = [(n, SMALL[n]) for n in ("gpt2", "bert", "llama", "vit", "mobilenet_v2")] + [
+    ("llama", dict(SMALL["llama"], kv_heads=2)),
+    ("unet", dict(SMALL["unet"], up="transpose")),
+]
+
+
+@pytest.mark.parametrize("name,args", EXPORTED, ids=[f"{n}-{i}" for i, (n, _) in enumerate(EXPORTED)])
+def test_fx_and_export_capture_in_train_mode(name, args):
+    """Both capture paths the importer uses follow the model in train mode: symbolic tracing
+    computes what the model computes, and torch.export captures it on the meta device (where
+    the importer builds models)."""
+    torch.manual_seed(0)
+    model, x = em.build(name, batch=2, **args)
+    model.train()
+    want = model(x)
+    gm = torch.fx.symbolic_trace(model)
+    torch.testing.assert_close(gm(x), want)
+    with torch.device("meta"):
+        model, x = em.build(name, batch=2, **args)
+    ep = torch.export.export(model.train(), (x,))
+    assert tuple(ep.module()(x).shape) == tuple(want.shape)
+    assert any(n.op == "call_function" for n in ep.graph.nodes)
+
+
+def test_gpt2_parameter_count_formula():
+    """V*H token + S*H position embeddings, per block 2 LayerNorms (4H), qkv (3H^2+3H), proj
+    (H^2+H), MLP (8H^2+5H); final LayerNorm (2H) and the bias-free LM head (H*V)."""
+    layers, h, heads, s, v = 3, 16, 2, 8, 40
+    model, x = em.build("gpt2", batch=2, layers=layers, hidden=h, heads=heads, seq_len=s, vocab=v)
+    n = sum(p.numel() for p in model.parameters())
+    assert n == v * h + s * h + layers * (12 * h * h + 13 * h) + 2 * h + h * v
+    assert x.dtype == torch.int64 and tuple(x.shape) == (2, s) and int(x.max()) < v
+    assert [b for b, _ in model.named_buffers()] == ["position_ids"]
+
+
+def test_parameter_counts_match_reference_architectures():
+    with torch.device("meta"):
+        vit, _ = em.build("vit")
+        mnv2, _ = em.build("mobilenet_v2")
+        bert, _ = em.build("bert", seq_len=512, num_classes=2)
+    n = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
+    assert n(vit) == 86_567_656  # torchvision vit_b_16
+    assert n(mnv2) == 3_504_872  # torchvision mobilenet_v2
+    assert n(bert) == 109_482_240 + 768 * 2 + 2  # bert-base-uncased + a 2-class classifier
+    assert count(mnv2, nn.ReLU6) == 35
+    depthwise = [m for m in mnv2.modules() if isinstance(m, nn.Conv2d) and m.groups > 1]
+    assert len(depthwise) == 17 and all(m.groups == m.in_channels == m.out_channels for m in depthwise)
+    assert count(vit, nn.MultiheadAttention) == 12
+
+
+def test_llama_grouped_query_attention_and_rotary():
+    model, tokens = em.build("llama", batch=2, **dict(SMALL["llama"], kv_heads=2))
+    attn = model.layers[0].self_attn
+    assert attn.k_proj.out_features == 2 * 8 and attn.q_proj.out_features == 32
+    assert all(m.bias is None for m in model.modules() if isinstance(m, nn.Linear))
+    assert tuple(model.cos.shape) == tuple(model.sin.shape) == (16, 8)
+    # causal: the scores at position t do not depend on tokens after t
+    later = tokens.clone()
+    later[:, 10:] = (later[:, 10:] + 1) % 50
+    torch.testing.assert_close(model(tokens)[:, :10], model(later)[:, :10])
+
+
+def test_unet_transposed_convolutions():
+    args = dict(SMALL["unet"], up="transpose")
+    with torch.device("meta"):
+        model, x = em.build("unet", batch=2, **args)
+        y = model(x)
+    ups = [m for m in model.modules() if isinstance(m, nn.ConvTranspose2d)]
+    assert [(m.in_channels, m.out_channels, m.kernel_size, m.stride) for m in ups] == [
+        (32, 16, (2, 2), (2, 2)), (16, 8, (2, 2), (2, 2))]
+    assert tuple(y.shape) == (2, 3, 32, 32)
+    assert em.model_params("unet")["up"] == "nearest"
+    nearest, _ = em.build("unet", batch=2, **SMALL["unet"])
+    assert count(nearest, nn.ConvTranspose2d) == 0
+
+
+@pytest.mark.parametrize("name,args,match", [
+    ("gpt2", {"hidden": 100, "heads": 12}, r"hidden \(100\).*heads \(12\)"),
+    ("gpt2", {"seq_len": 0}, "seq_len must be >= 1, got 0"),
+    ("bert", {"hidden": 64, "heads": 5}, r"hidden \(64\).*heads \(5\)"),
+    ("llama", {"heads": 12, "kv_heads": 5}, r"heads \(12\).*kv_heads \(5\)"),
+    ("llama", {"hidden": 36, "heads": 12}, "2 \\(rotary"),
+    ("vit", {"image_size": 100, "patch": 16}, r"image_size \(100\).*patch \(16\)"),
+    ("mobilenet_v2", {"width": 0.0}, "width must be > 0, got 0.0"),
+    ("unet", {"up": "bilinear"}, "nearest, transpose.*'bilinear'"),
+])
+def test_new_builders_validate(name, args, match):
+    with pytest.raises(ValueError, match=match):
+        em.build(name, **args)
