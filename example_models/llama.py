@@ -32,9 +32,9 @@ class RMSNorm(nn.Module):
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
 
 
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    """(x1, x2) -> (-x2, x1) on the last dimension's halves."""
-    half = x.shape[-1] // 2
+def rotate_half(x: torch.Tensor, half: int) -> torch.Tensor:
+    """(x1, x2) -> (-x2, x1) on the last dimension's halves (``half`` = head_dim / 2, a Python
+    int so that tracing sees plain slices)."""
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
@@ -64,8 +64,9 @@ class Attention(nn.Module):
         q = self.q_proj(x).view(b, s, self.heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
-        q = q * cos + rotate_half(q) * sin
-        k = k * cos + rotate_half(k) * sin
+        half = self.head_dim // 2
+        q = q * cos + rotate_half(q, half) * sin
+        k = k * cos + rotate_half(k, half) * sin
         k, v = self._repeat_kv(k, b, s), self._repeat_kv(v, b, s)
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return self.o_proj(y.transpose(1, 2).reshape(b, s, self.heads * self.head_dim))

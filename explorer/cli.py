@@ -41,7 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="cmd", required=True)
 
     s = sub.add_parser("search", help="find a parallelization plan for a model")
-    s.add_argument("model", help="example name (see `explorer models`) or path/to/file.py:function")
+    s.add_argument("model", help="example name (see `explorer models`), path/to/file.py:function "
+                   "or hf:NAME (a Hugging Face architecture)")
     s.add_argument("--devices", "-n", type=int, default=4, help="number of devices (default 4)")
     s.add_argument("--preset", default=None,
                    help="device preset or cluster JSON (default: P100 cluster sized to --devices)")
@@ -400,6 +401,8 @@ def cmd_models(args) -> int:
         print(f"{name:14s} batch {m.default_batch:<4d} {m.description}")
         if params:
             print(f"{'':14s} args: {params}")
+    from .engine.hf import USAGE
+    print(f"\n  {USAGE}")             # indented: the first column lists the examples only
     return 0
 
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Set up Plan Explorer on a fresh machine: torch (CPU build, pinned), the package and its test
-# dependencies.  Safe to run again; does nothing that is already done.
+# dependencies (the extras named in EXTRAS, default "test").  Safe to run again; does nothing
+# that is already done.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
@@ -11,10 +12,14 @@ if ! "$PY" -c "import torch" >/dev/null 2>&1; then
     echo "setup: installing torch==2.13.0 (CPU build)"
     "$PY" -m pip install --quiet "torch==2.13.0"
 fi
-if ! "$PY" -c "import explorer, dash, dash_cytoscape, networkx, pytest, pymetis" >/dev/null 2>&1 \
-        || [ pyproject.toml -nt .setup-stamp ]; then
-    echo "setup: installing plan-explorer and its dependencies"
-    "$PY" -m pip install --quiet -e ".[test]"
+# EXTRAS: the optional dependency groups to install (scripts/test.sh adds hf, so that the hf:NAME
+# tests run instead of skipping).
+EXTRAS="${EXTRAS:-test}"
+CHECK="import explorer, dash, dash_cytoscape, networkx, pytest, pymetis"
+case ",$EXTRAS," in *,hf,*) CHECK="$CHECK, transformers" ;; esac
+if ! "$PY" -c "$CHECK" >/dev/null 2>&1 || [ pyproject.toml -nt .setup-stamp ]; then
+    echo "setup: installing plan-explorer and its dependencies (.[$EXTRAS])"
+    "$PY" -m pip install --quiet -e ".[$EXTRAS]"
     touch .setup-stamp
 fi
 if [ "${WITH_BROWSER:-0}" = "1" ] && ! command -v chromedriver >/dev/null 2>&1; then

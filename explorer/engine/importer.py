@@ -32,6 +32,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..errors import UnknownModel, UnsupportedModel
+from . import hf
 from .graph import Edge, Layer, LayerGraph, graph_digest
 
 # --------------------------------------------------------------------------------------------
@@ -46,14 +47,18 @@ def _examples():
 
 def load_model(spec: str, batch: int | None = None, model_args: dict | None = None,
                meta: bool = True):
-    """Build ``(module, example_input)`` for an example name or ``file.py:function``.
+    """Build ``(module, example_input)`` for an example name, ``file.py:function`` or
+    ``hf:NAME`` (a Hugging Face architecture from its config, see :mod:`.hf`).
 
     ``meta=True`` builds under ``torch.device("meta")`` (no memory, instant); the runtime
     passes ``meta=False`` to get real weights.  ``batch`` replaces the input's first dimension.
     """
     model_args = dict(model_args or {})
     ex = _examples()
-    if spec in ex.MODELS:
+    if hf.is_hf(spec):                 # hf:NAME, a Hugging Face architecture
+        name = spec[len(hf.PREFIX):]
+        model, x = _call_builder(lambda: hf.build(name, batch, model_args), meta, spec)
+    elif spec in ex.MODELS:
         def build():
             return ex.build(spec, batch=batch, **model_args)
         model, x = _call_builder(build, meta, spec)
@@ -76,7 +81,8 @@ def load_model(spec: str, batch: int | None = None, model_args: dict | None = No
     else:
         raise UnknownModel(
             f"unknown model {spec!r}: use one of the examples ({', '.join(ex.MODELS)}) or "
-            f"path/to/file.py:function where function() returns (nn.Module, example_input)")
+            f"path/to/file.py:function where function() returns (nn.Module, example_input), "
+            f"or hf:NAME for a Hugging Face architecture (hf:gpt2)")
     return model, x
 
 

@@ -69,10 +69,11 @@ def model_files_allowed() -> bool:
 
 
 def is_model_file(spec: str | None) -> bool:
-    """Whether ``spec`` names a model file (``path.py:function``) rather than an example."""
+    """Whether ``spec`` names a model file (``path.py:function``) rather than an example or
+    ``hf:NAME`` (an installed Transformers architecture, which runs no code from a file)."""
     import example_models as ex
     spec = (spec or "").strip()
-    return spec not in ex.MODELS and ":" in spec
+    return spec not in ex.MODELS and ":" in spec and not spec.startswith("hf:")
 
 
 def check_model(spec: str | None) -> None:
