@@ -112,4 +112,5 @@ def test_hf_specs_are_not_model_files():
     from explorer.views import state
     assert not state.is_model_file("hf:gpt2")
     assert state.is_model_file("models/mine.py:build")
-    assert hf.is_hf("hf:llama") and not hf.is_hf("llama") and issubclass(UnknownModel, ExplorerError)
+    assert hf.is_hf("hf:llama") and not hf.is_hf("llama")
+    assert issubclass(UnknownModel, ExplorerError)
