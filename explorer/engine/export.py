@@ -37,13 +37,14 @@ import inspect
 import os
 import re
 import sys
+import textwrap
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
 from ..errors import PlanFileError
 from . import plandoc
 
-__all__ = ["TARGETS", "Deviation", "MeshPlan", "export_torch", "mesh_plan"]
+__all__ = ["TARGETS", "Deviation", "MeshPlan", "export_torch", "mesh_plan", "program"]
 
 #: what ``explorer export --to`` accepts
 TARGETS = ("torch",)
@@ -345,14 +346,15 @@ def _comment_block(mp: MeshPlan) -> str:
              "them;", "# each is computed in the form shown, which PyTorch computes correctly:"]
     for d in mp.deviations:
         lines.append(f"#   {d.layer:{w}s}  plan: {d.planned}  ->  exported: {d.exported}")
-        lines.append(f"#   {'':{w}s}  because {d.reason}")
+        lines += textwrap.wrap(f"because {d.reason}", 96, initial_indent=f"#   {'':{w}s}  ",
+                               subsequent_indent=f"#   {'':{w}s}    ")
     return "\n".join(lines) + "\n"
 
 
 def render(plan, mp: MeshPlan, model, x) -> str:
     """The program's text (see the module docstring)."""
     n = plan.n_devices
-    tp_lines = [f"        {m!r}: {_style_code(s, a)}," for m, (s, a) in sorted(mp.styles.items())
+    tp_lines = [f"            {m!r}: {_style_code(s, a)}," for m, (s, a) in sorted(mp.styles.items())
                 if s in ("colwise", "rowwise")]
     seq = {m: a for m, (s, a) in sorted(mp.styles.items()) if s == "sequence"}
     head = (f'"""{plan.model}: the {plan.algo} plan for {n} devices (batch {plan.batch}'
@@ -394,14 +396,15 @@ def render(plan, mp: MeshPlan, model, x) -> str:
         "        parallelize_module(model, tp, {\n"
         + ("\n".join(tp_lines) + "\n" if tp_lines else "")
         + "        })\n"
-        f"        for name, dim in {seq!r}.items():\n"
+        "        for name, dim in {" + "".join(f"\n            {m!r}: {d}," for m, d in seq.items())
+        + ("\n        " if seq else "") + "}.items():   # module -> its sequence dimension\n"
         "            sequence_parallel(model.get_submodule(name), tp, dim)\n"
         "    if dp.size() > 1:\n"
         "        fully_shard(model, mesh=dp)\n"
         "    return model\n",
         _RUNNER,
     ]
-    return "\n\n".join(p.rstrip("\n") + "\n" for p in parts)
+    return "\n\n".join(p.strip("\n") + "\n" for p in parts)
 
 
 _RUNNER = r'''
