@@ -3,6 +3,7 @@
     explorer search MODEL --devices N [--preset NAME] [--algo NAME] [--pin LAYER=CONFIG]...
                     [--batch B] [--model-arg KEY=VALUE]... [--json] [--dump-costs FILE]
     explorer run PLAN.json [--steps K] [--json]
+    explorer export PLAN.json --to torch -o FILE.py
     explorer calibrate [--devices N] [--model MODEL] [--quick]
     explorer models | presets | graph MODEL
     explorer serve [--host 127.0.0.1] [--port 8050] [--allow-model-files]
@@ -95,6 +96,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="gradient sums of replicated shards: point-to-point or all-reduce "
                         "(auto: p2p on gloo, all-reduce on NCCL)")
 
+    x = sub.add_parser("export", help="write a layer-wise plan as a PyTorch program using "
+                                      "PyTorch's parallel APIs (run it with torchrun)")
+    x.add_argument("plan", metavar="PLAN.json", help="a layer-wise plan from `explorer search "
+                                                     "--out`")
+    x.add_argument("--to", default="torch", metavar="TARGET",
+                   help="what to export to: torch (DeviceMesh, parallelize_module, FSDP2)")
+    x.add_argument("--out", "-o", metavar="FILE.py", default=None,
+                   help="where to write the program (default: a name from the plan, here)")
+
     c = sub.add_parser("calibrate", help="measure this machine for the `local` preset")
     c.add_argument("--devices", "-n", type=int, default=None,
                    help="worker processes to measure links between (default: cores)")
@@ -142,7 +152,7 @@ def main(argv=None) -> int:
     try:
         return {"search": cmd_search, "models": cmd_models, "presets": cmd_presets,
                 "graph": cmd_graph, "serve": cmd_serve, "run": cmd_run,
-                "calibrate": cmd_calibrate}[args.cmd](args)
+                "calibrate": cmd_calibrate, "export": cmd_export}[args.cmd](args)
     except (ExplorerError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -445,6 +455,22 @@ def cmd_run(args) -> int:
     from .engine.runtime.run import read_document
     doc = read_document(args.plan)
     return print_run(service.run_plan(doc, **run_options(args)), args)
+
+
+def cmd_export(args) -> int:
+    """``explorer export PLAN.json --to torch -o FILE.py``: the plan as a program using
+    PyTorch's own parallel APIs (layer-wise plans only; nothing is searched)."""
+    from . import service
+    from .engine.runtime.run import read_document
+    doc = read_document(args.plan)
+    name, text = service.export(doc, to=args.to)
+    path = args.out or name
+    with open(path, "w") as fh:
+        fh.write(text)
+    n = doc.get("devices")
+    print(f"wrote {path}: run it with `torchrun --standalone --nproc_per_node {n} {path} "
+          f"--steps 3 --check`")
+    return 0
 
 
 def cmd_calibrate(args) -> int:

@@ -460,6 +460,19 @@ def plan_file(doc: dict) -> dict:
     return res.document()
 
 
+def export(doc: dict, to: str = "torch") -> tuple:
+    """``(file name, text)`` of a layer-wise plan exported as a program using PyTorch's own
+    parallel APIs (:func:`explorer.engine.export.export_torch`).  ``doc``: a sealed document
+    read from a file, or the app's plan (sealed here first)."""
+    from .engine.export import TARGETS, export_torch
+    from .engine.plandoc import kind_of
+    if to not in TARGETS:
+        raise ExplorerError(f"cannot export to {to!r}: --to {' or '.join(TARGETS)}")
+    if isinstance(doc, dict) and "checksum" not in doc and kind_of(doc) == "layerwise":
+        doc = plan_file(doc)
+    return export_torch(doc)
+
+
 def placement_pin_rows(doc: dict) -> list:
     """The Placement page's pin rows of a placement document: the rows it was made with, or
     rows from its text pins (a ``cluster:K`` pin lists that cluster's operators)."""

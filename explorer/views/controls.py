@@ -68,3 +68,32 @@ def register_download(app, button_id: str, download_id: str, store_id: str,
             return download_payload(doc), ""
         except (ExplorerError, ValueError) as exc:
             return dash.no_update, str(exc)
+
+
+def export_controls(button_id: str, download_id: str, error_id: str) -> list:
+    """An "Export to PyTorch" button, its ``dcc.Download`` and its error text."""
+    return [html.Button("Export to PyTorch", id=button_id,
+                        title="the plan as a program using PyTorch's parallel APIs "
+                              "(DeviceMesh, parallelize_module, FSDP2); run it with torchrun"),
+            dcc.Download(id=download_id),
+            html.Span(id=error_id, className="error")]
+
+
+def register_export(app, button_id: str, download_id: str, store_id: str,
+                    error_id: str) -> None:
+    """The export's callback: the program :func:`explorer.service.export` writes for the
+    layer-wise plan in ``store_id``, or one line saying why there is none."""
+    from ..errors import ExplorerError
+
+    @app.callback(Output(download_id, "data"), Output(error_id, "children"),
+                  Input(button_id, "n_clicks"), State(store_id, "data"),
+                  prevent_initial_call=True)
+    def export(_n, doc):
+        from .. import service
+        if not isinstance(doc, dict) or "layers" not in doc or "error" in doc:
+            return dash.no_update, "there is no layer-wise plan to export: run a search first"
+        try:
+            name, text = service.export(doc)
+        except (ExplorerError, ValueError) as exc:
+            return dash.no_update, str(exc)
+        return dcc.send_string(text, name, type="text/x-python"), ""

@@ -21,7 +21,7 @@ from . import ids
 from . import layout as L
 from . import palette as P
 from . import state
-from .controls import context
+from .controls import context, export_controls, register_export
 
 STYLESHEET = [
     {"selector": "node", "style": {
@@ -111,6 +111,8 @@ def plan_layout():
         context("plan"),
         html.Div(id=ids.PLAN_SUMMARY),
         html.Div(id=ids.PLAN_CHANGES),
+        html.Div(className="row", children=export_controls(
+            ids.PLAN_EXPORT_BUTTON, ids.PLAN_EXPORT, ids.PLAN_EXPORT_ERROR)),
     ])
 
 
@@ -377,6 +379,8 @@ def summary_view(plan, pins):
 
 def register(app: dash.Dash) -> None:
     """The panel's callbacks on ``app``."""
+    register_export(app, ids.PLAN_EXPORT_BUTTON, ids.PLAN_EXPORT, ids.STORE_PLAN,
+                    ids.PLAN_EXPORT_ERROR)
 
     @app.callback(Output(ids.GRAPH, "elements"), Output(ids.GRAPH_INFO, "children"),
                   Output(ids.GRAPH_LEGEND, "children"),

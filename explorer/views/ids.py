@@ -50,6 +50,9 @@ CLEAR_PINS = "clear-pins"
 # plan summary
 PLAN_SUMMARY = "plan-summary"
 PLAN_CHANGES = "plan-changes"
+PLAN_EXPORT_BUTTON = "plan-export-button"   # the layer-wise plan as a PyTorch program
+PLAN_EXPORT = "plan-export"
+PLAN_EXPORT_ERROR = "plan-export-error"
 
 # elimination steps
 STEP_SLIDER = "step-slider"

@@ -1,0 +1,163 @@
+"""`explorer export PLAN.json --to torch`: the written program applies the plan with PyTorch's
+own parallel APIs and, run under torchrun on 2 gloo processes, matches one process (--check).
+
+Each program runs in a fresh directory without the repository on the path: it must be
+self-contained.  Tiny model sizes keep every torchrun under a few seconds of compute.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from explorer.cli import main
+from explorer.engine import plandoc
+
+MLP = ["-a", "hidden=16", "-a", "layers=2", "-b", "8"]
+TRANSFORMER = {"layers": 1, "hidden": 16, "heads": 2, "seq": 8, "vocab": 32}
+
+
+def cli(capsys, *argv):
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def export(capsys, tmp_path, model, algo, *extra):
+    """Search ``model`` with ``algo`` on 2 local devices, export the plan: the program's path."""
+    plan, prog = tmp_path / f"{model}-{algo}.json", tmp_path / f"{model}_{algo}.py"
+    code, _, err = cli(capsys, "search", model, "-n", 2, "--preset", "local", "--algo", algo,
+                       *extra, "-o", plan)
+    assert code == 0, err
+    code, out, err = cli(capsys, "export", plan, "--to", "torch", "-o", prog)
+    assert code == 0, err
+    assert "torchrun --standalone --nproc_per_node 2" in out
+    return prog
+
+
+def torchrun(prog, *args, n=2):
+    """``torchrun --standalone --nproc_per_node n prog --steps 3 --check`` outside the repo."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(OMP_NUM_THREADS="1", TORCH_CPP_LOG_LEVEL="ERROR")
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                           "--nproc_per_node", str(n), str(prog), "--steps", "3", "--check",
+                           *args], cwd=prog.parent, env=env, capture_output=True, text=True,
+                          timeout=300)
+
+
+def passes(prog):
+    proc = torchrun(prog)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert "check: passed" in proc.stdout
+    return proc.stdout
+
+
+def test_program_is_self_contained(capsys, tmp_path):
+    prog = export(capsys, tmp_path, "transformer", "model", *(
+        x for k, v in TRANSFORMER.items() for x in ("-a", f"{k}={v}")), "-b", "4")
+    text = prog.read_text()
+    imports = {line.split()[1].split(".")[0] for line in text.splitlines()
+               if line.startswith(("import ", "from "))}
+    assert imports <= {"__future__", "argparse", "copy", "os", "sys", "torch", "importlib"}
+    assert "class TransformerClassifier" in text          # the example's source, inlined
+    assert "ColwiseParallel(output_layouts=Replicate())" in text
+    compile(text, str(prog), "exec")
+
+
+@pytest.mark.parametrize("algo", ["data", "model"])
+def test_mlp_plans_match_one_process(capsys, tmp_path, algo):
+    prog = export(capsys, tmp_path, "mlp", algo, *MLP)
+    text = prog.read_text()
+    assert ("fully_shard" in text and "MESH = (2, 1)" in text) if algo == "data" else \
+        ("MESH = (1, 2)" in text and "'body.0': ColwiseParallel" in text)
+    passes(prog)
+
+
+def test_megatron_pairs_and_sequence_parallel_norms(tmp_path):
+    """Column-parallel q/k/v and fc1, row-parallel out and fc2 (the degree letter k),
+    sequence-parallel norms: fc1 hands its shard to fc2, attention gets whole tensors."""
+    from explorer.engine.export import program
+    from explorer.engine.importer import import_spec
+    g = import_spec("transformer", 4, TRANSFORMER)
+    cfg = {}
+    for la in g.layers():
+        leaf = la.name.rsplit("_", 1)[-1]
+        deg = ({"c": 2} if leaf in ("q", "k", "v", "fc1") else {"k": 2} if leaf in ("out", "fc2")
+               else {"l": 2} if la.op == "norm" else {"n": 2})
+        cfg[la.name] = (deg, (0, 1))
+    name, text = program("transformer", 4, TRANSFORMER, 2, cfg, algo="megatron")
+    assert name == "transformer_megatron_2dev.py"
+    assert "'blocks.0.fc1': ColwiseParallel()," in text
+    assert "'blocks.0.fc2': RowwiseParallel()," in text
+    assert "'blocks.0.attn.out': RowwiseParallel(input_layouts=Replicate())," in text
+    assert "'blocks.0.ln1': 1" in text and "'ln_f': 1" in text
+    assert "#   scaled_dot_product_attention  plan: n2" in text     # listed, not hidden
+    prog = tmp_path / name
+    prog.write_text(text)
+    passes(prog)
+
+
+def test_spatial_conv_split_is_listed_and_the_program_still_matches(capsys, tmp_path):
+    prog = export(capsys, tmp_path, "lenet5", "optcnn", "-b", "8", "--pin", "conv1=h=2",
+                  "--pin", "conv2=h=2")
+    text = prog.read_text()
+    head = text[:text.index("from __future__")]
+    assert "#   conv1  plan: h2  ->  exported: n2" in head
+    assert "a conv split on h: DTensor computes it without the halo" in head
+    assert "conv2" in head
+    out = passes(prog)
+    assert "not as planned: conv1: plan h2 -> n2: a conv split on h" in out
+
+
+def test_check_fails_when_the_distributed_step_differs(capsys, tmp_path):
+    """The --check is not vacuous: every rank training on the first half of the batch gives
+    other updates than one process on the whole batch, and the program exits 1."""
+    prog = export(capsys, tmp_path, "mlp", "data", *MLP)
+    text = prog.read_text()
+    wrong = text.replace('[mesh.get_local_rank("dp")]', "[0]")
+    assert wrong != text
+    prog.write_text(wrong)
+    proc = torchrun(prog)
+    assert proc.returncode != 0 and "check: FAILED" in proc.stdout, proc.stdout[-2000:]
+
+
+def test_bad_input_is_one_line(capsys, tmp_path):
+    tofu = tmp_path / "tofu.json"
+    tofu.write_text(json.dumps(plandoc.seal({"model": "mlp", "devices": 2}, "tofu")))
+    place = tmp_path / "place.json"
+    place.write_text(json.dumps(plandoc.seal({"model": "mlp", "placement": {}}, "placement")))
+    junk = tmp_path / "junk.json"
+    junk.write_text("[1, 2]")
+    code, _, err = cli(capsys, "search", "mlp", "-n", 2, "--preset", "local", "--algo", "data",
+                       *MLP, "-o", tmp_path / "p.json")
+    assert code == 0, err
+    cases = [((tofu,), "Tofu plan"), ((place,), "device placement"),
+             ((junk,), "is not a plan"), ((tmp_path / "missing.json",), "not found"),
+             ((tmp_path / "p.json", "--to", "jax"), "cannot export to 'jax'"),
+             ((tmp_path / "p.json", "-o", tmp_path / "no" / "such" / "dir.py"), "cannot write")]
+    for argv, words in cases:
+        code, out, err = cli(capsys, "export", *argv)
+        assert code == 2 and words in err, (argv, err)
+        assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert "layer-wise plans" in cli(capsys, "export", tofu)[2]
+
+
+def test_the_app_offers_the_program_for_its_layerwise_plan():
+    """The Plan tab's "Export to PyTorch" goes through service.export, which seals the app's
+    in-memory plan first; other plan kinds get the one-line refusal."""
+    from explorer import service
+    from explorer.app import create_app
+    from explorer.errors import ExplorerError
+    from explorer.views import ids
+    req = service.Request(model="mlp", batch=8, devices=2, preset="local", algo="data",
+                          model_args={"layers": 1, "hidden": 8})
+    name, text = service.export(service.search(req))
+    assert name == "mlp_data_2dev.py" and "fully_shard(model, mesh=dp)" in text
+    compile(text, name, "exec")
+    with pytest.raises(ExplorerError, match="layer-wise plans"):
+        service.export(service.plan_file(service.tofu(req, "tofu")))
+    assert any(ids.PLAN_EXPORT in key for key in create_app().callback_map)
