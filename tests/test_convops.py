@@ -394,12 +394,17 @@ MODELS = textwrap.dedent('''
 
 
     class TinyUNet(nn.Module):
-        def __init__(self, c=4):
+        """One level: encode, pool + conv, up-sample by a grouped ConvTranspose2d(2, stride
+        2) with BatchNorm, concatenate the skip, decode.  With c=6 and 3 groups (2 output
+        channels each) a 2-way channel split cuts through the middle group."""
+
+        def __init__(self, c=6):
             super().__init__()
             self.enc = nn.Sequential(nn.Conv2d(3, c, 3, padding=1), nn.ReLU())
             self.down = nn.Sequential(nn.MaxPool2d(2), nn.Conv2d(c, 2 * c, 3, padding=1),
                                       nn.BatchNorm2d(2 * c), nn.ReLU())
-            self.up = nn.ConvTranspose2d(2 * c, c, 2, stride=2)
+            self.up = nn.Sequential(nn.ConvTranspose2d(2 * c, c, 2, stride=2, groups=3),
+                                    nn.BatchNorm2d(c), nn.ReLU())
             self.dec = nn.Sequential(nn.Conv2d(2 * c, c, 3, padding=1), nn.ReLU())
             self.head = nn.Conv2d(c, 2, 1)
 
@@ -454,6 +459,10 @@ def test_small_models_import_and_optcnn_equals_exhaustive(model_file, fn, ops_):
     g = import_spec(f"{model_file}:{fn}", batch=4)
     counts = g.summary()["ops"]
     assert all(counts.get(k) == v for k, v in ops_.items()), counts
+    if fn == "unet":
+        up = g.layer("up_0")
+        assert up.out_shape == (4, 6, 8, 8) and up.folded == ["up_1", "up_2"]
+        assert up.params["weight"] == (12, 2, 2, 2) and up.attrs["groups"] == 3
     if fn == "separable":
         dw = g.layer("dw_0")
         assert dw.attrs["groups"] == 8 and dw.folded == ["dw_1", "dw_2"]
@@ -477,11 +486,11 @@ def test_small_models_run_on_two_workers_against_the_reference(model_file):
         doc.pop("trace", None)
         return doc
 
-    plans = [plan("unet"), plan("unet", ["up=c=2", "dec_0=h=2"]), plan("unet", ["up=w=2"]),
+    plans = [plan("unet"), plan("unet", ["up_0=c=2", "dec_0=h=2"]), plan("unet", ["up_0=w=2"]),
              plan("separable", ["dw_0=c=2", "expand_0=h=2"]), plan("separable", ["dw_0=w=2"])]
     labels = [{la["name"]: la["config_label"] for la in p["layers"]} for p in plans]
-    assert labels[1]["up"] == "c2" and labels[1]["dec_0"] == "h2"
-    assert labels[2]["up"] == "w2"
+    assert labels[1]["up_0"] == "c2" and labels[1]["dec_0"] == "h2"
+    assert labels[2]["up_0"] == "w2"
     assert labels[3]["dw_0"] == "c2" and labels[3]["expand_0"] == "h2"
     assert labels[4]["dw_0"] == "w2"
     results = launch_many(plans, steps=1, warmup=0, timeout_s=600, store=False)

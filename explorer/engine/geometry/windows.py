@@ -5,7 +5,9 @@ Output rows ``[lo, hi)`` of a window op (kernel ``k``, stride ``s``, padding ``p
 are the op's zero (or −inf) padding.  :func:`window` gives the rows a device must hold,
 :func:`window_pads` the padding its local computation must add so that running the op on
 just those rows yields exactly its output rows - padding appears only at the tensor's true
-border, never between devices.  Adaptive pooling windows are :func:`adaptive_window`.
+border, never between devices.  Adaptive pooling windows are :func:`adaptive_window`; a
+transposed convolution's rows are :func:`transpose_window` (input row ``i`` feeds output rows
+``i·s − p + j·d``) and :func:`transpose_crop` fits its local result to the owned rows.
 """
 
 from __future__ import annotations
