@@ -3,7 +3,8 @@
 :func:`input_regions` answers, for one layer op, which region of each input a device needs to
 compute its output box: halos for convolution and pooling windows (:mod:`.windows`; the rows
 whose taps reach the box for a transposed convolution), full rows for matrix products,
-per-input slices for concat.  :func:`param_shards` gives the part of each weight it needs, :func:`shard_summary` the replica groups the weight gradients synchronise in.
+per-input slices for concat.  :func:`param_shards` gives the part of each weight it needs,
+:func:`shard_summary` the replica groups the weight gradients synchronise in.
 """
 
 from __future__ import annotations
