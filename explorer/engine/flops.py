@@ -16,6 +16,12 @@ def _numel(shape) -> int:
     return math.prod(shape) if shape else 1
 
 
+def _arg(op, i):
+    """Positional argument ``i`` of the op's aten call (``None`` when not given)."""
+    args = getattr(op, "args", ()) or ()
+    return args[i] if len(args) > i else None
+
+
 def op_flops(op, g) -> float:
     """FLOPs of ``op`` in graph ``g`` (shapes from ``g.tensors``)."""
     shp = [g.tensors[t].shape for t in op.inputs]
@@ -27,13 +33,17 @@ def op_flops(op, g) -> float:
         return 2.0 * _numel(out) * k
     if t == "convolution":
         x, w = shp[0], shp[1]
+        if _arg(op, 6):               # transposed: each input element meets w[1:] weights
+            return 2.0 * _numel(x) * _numel(w[1:])
         return 2.0 * _numel(out) * _numel(w[1:])
     if t == "convolution_backward":
         dy, x, w = shp[0], shp[1], shp[2]
+        # a transposed convolution's multiply-adds are counted per input element
+        per = _numel(x) if _arg(op, 7) else _numel(dy)
         if op.index == 0:             # data gradient: a transposed convolution
-            return 2.0 * _numel(dy) * _numel(w[1:])
+            return 2.0 * per * _numel(w[1:])
         if op.index == 1:             # filter gradient
-            return 2.0 * _numel(dy) * _numel(w[1:])
+            return 2.0 * per * _numel(w[1:])
         return float(_numel(dy))
     if t in ("_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_efficient_attention",
              "scaled_dot_product_attention"):

@@ -375,6 +375,8 @@ class _Importer:
         mod = self.mods[node.target]
         args = node.args
         x = self.val(args[0]) if args else None
+        if isinstance(mod, nn.modules.conv._ConvTransposeNd):
+            return self.conv_transpose_module(node, x, mod)
         for cls, kind in _MODULE_OPS.items():
             if type(mod) is cls or (isinstance(mod, cls) and kind in ("conv", "linear")):
                 break
@@ -451,13 +453,15 @@ class _Importer:
             if params:  # tensor (op) parameter: a bias-like operand folds into the producer
                 return self.fold(node, x, 1.0, {params[0].param: params[0].shape})
             return self.fold(node, x)
+        if name in ("conv_transpose1d", "conv_transpose2d", "conv_transpose3d"):
+            return self.conv_transpose_call(node, x, args, kw, name)
         if name in ("conv1d", "conv2d", "conv3d", "convolution"):
             w = self._param_arg(node, args, kw, 1, "weight")
             b = self._param_arg(node, args, kw, 2, "bias")
             nsp = len(w.shape) - 2
             get = lambda i, k, d: kw.get(k, args[i] if len(args) > i else d)  # noqa: E731
             if name == "convolution" and get(6, "transposed", False):
-                return self.unsupported(node, "conv_transpose")
+                return self.conv_transpose_call(node, x, args, kw, name)
             pad = get(4, "padding", 0)
             if isinstance(pad, str):
                 pad = tuple((k - 1) // 2 for k in w.shape[2:]) if pad == "same" else 0
@@ -571,6 +575,51 @@ class _Importer:
         self.new_layer(node, "conv", shape, axes, [x], p,
                        {"kernel": k, "stride": s, "padding": pad, "dilation": dil,
                         "groups": groups}, fl)
+
+    def conv_transpose(self, node, x, p, k, s, pad, dil, groups):
+        """A transposed convolution (weight ``[Cin, Cout/groups, k...]``) as its own layer op.
+
+        ``output_padding`` is read off the traced output shape (what it adds beyond
+        ``(i−1)·s − 2p + d·(k−1) + 1``), so ``ConvTranspose(x, output_size=...)`` is covered
+        too.  FLOPs: every input element meets ``Cout/groups · prod(k)`` weights.
+        """
+        shape = self.shape_of(node)
+        nsp = len(k)
+        if nsp not in (1, 2, 3) or len(x.shape) != nsp + 2:
+            return self.unsupported(node, f"conv_transpose on a rank-{len(x.shape)} input")
+        axes = ("n", "c") + {1: ("l",), 2: ("h", "w"), 3: ("-", "h", "w")}[nsp]
+        opad = tuple(int(shape[2 + i]) - ((x.shape[2 + i] - 1) * s[i] - 2 * pad[i]
+                                          + dil[i] * (k[i] - 1) + 1) for i in range(nsp))
+        if any(o < 0 or o >= max(s[i], dil[i]) for i, o in enumerate(opad)):
+            return self.unsupported(node, f"conv_transpose with output padding {opad}")
+        fl = 2.0 * math.prod(x.shape) * (shape[1] // groups) * math.prod(k)
+        self.new_layer(node, "conv_transpose", shape, axes, [x], p,
+                       {"kernel": k, "stride": s, "padding": pad, "output_padding": opad,
+                        "dilation": dil, "groups": groups}, fl)
+
+    def conv_transpose_module(self, node, x, mod):
+        p = {k: tuple(v.shape) for k, v in mod.named_parameters(recurse=False)}
+        return self.conv_transpose(node, x, p, tuple(mod.kernel_size), tuple(mod.stride),
+                                   tuple(mod.padding), tuple(mod.dilation), int(mod.groups))
+
+    def conv_transpose_call(self, node, x, args, kw, name):
+        """``F.conv_transpose{1,2,3}d`` / ``aten.conv_transpose*`` take ``(input, weight, bias,
+        stride, padding, output_padding, groups, dilation)``; ``aten.convolution`` takes
+        ``(input, weight, bias, stride, padding, dilation, transposed, output_padding,
+        groups)``."""
+        w = self._param_arg(node, args, kw, 1, "weight")
+        b = self._param_arg(node, args, kw, 2, "bias")
+        nsp = len(w.shape) - 2
+        get = lambda i, k, d: kw.get(k, args[i] if len(args) > i else d)  # noqa: E731
+        if name == "convolution":
+            dil, grp = get(5, "dilation", 1), get(8, "groups", 1)
+        else:
+            dil, grp = get(7, "dilation", 1), get(6, "groups", 1)
+        p = {"weight": w.shape}
+        if b is not None:
+            p["bias"] = b.shape
+        return self.conv_transpose(node, x, p, tuple(w.shape[2:]), _tup(get(3, "stride", 1), nsp),
+                                   _tup(get(4, "padding", 0), nsp), _tup(dil, nsp), int(grp))
 
     def linear(self, node, x, p):
         shape = self.shape_of(node)

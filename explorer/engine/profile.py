@@ -146,6 +146,10 @@ def signature(layer: Layer, on: str = "", input_grads=None) -> str:
         sig["bias"] = "bias" in p
         if op == "conv" and a.get("groups", 1) > 1:
             sig["cout"] = int(layer.out_shape[1])
+    elif op == "conv_transpose":
+        sig["bias"] = "bias" in p
+        if a.get("groups", 1) > 1:
+            sig["cout"] = int(layer.out_shape[1])
     elif op == "pool":
         sig["kind"] = _pool_kind(layer)
     elif op == "adaptive_pool" and a.get("kind") == "max":
@@ -247,6 +251,35 @@ def _conv(layer, out_shape, in_shapes, b):
     bias = b.rand((cout,)) if "bias" in layer.params else None
     conv = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}[nsp]
     return lambda: [conv(x, w, bias, s, pad, d, g)]
+
+
+def _conv_transpose(layer, out_shape, in_shapes, b):
+    """The transposed convolution of the shard's input region without padding, cut (or zero
+    padded) to the output box's extent, as the runtime computes it."""
+    a = layer.attrs
+    nsp = len(out_shape) - 2
+    x_shape = in_shapes[0]
+    k, s = tuple(a["kernel"]), tuple(a["stride"])
+    d = tuple(a.get("dilation", (1,) * nsp))
+    cout, cin = int(out_shape[1]), int(x_shape[1])
+    g = int(a.get("groups", 1))
+    if g > 1:  # the shard's share of the groups, kept a divisor of both channel counts
+        g = math.gcd(max(1, g * cout // layer.out_shape[1]), math.gcd(cin, cout))
+    x = b.input(0, (x_shape[0], cin) + tuple(max(1, int(e)) for e in x_shape[2:]))
+    w = b.rand((cin, cout // g) + k)
+    bias = b.rand((cout,)) if "bias" in layer.params else None
+    conv = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}[nsp]
+    fit = []                 # F.pad order: last axis first, (before, after) each
+    for i in reversed(range(nsp)):
+        made = (x.shape[2 + i] - 1) * s[i] + d[i] * (k[i] - 1) + 1
+        fit += [0, int(out_shape[2 + i]) - made]
+
+    def run():
+        y = F.pad(conv(x, w, None, s, 0, 0, g, d), fit)
+        if bias is not None:
+            y = y + bias.reshape((1, -1) + (1,) * nsp)
+        return [y]
+    return run
 
 
 def _pool(layer, out_shape, in_shapes, b):
@@ -378,6 +411,7 @@ _RULES = {"conv": _conv, "pool": _pool, "adaptive_pool": _adaptive_pool, "linear
           "matmul": _matmul, "sdpa": _sdpa, "eltwise": _eltwise, "concat": _concat,
           "norm": _norm, "softmax": _softmax, "reduce": _reduce, "embedding": _embedding,
           "lstm_cell": _lstm_cell}
+_RULES["conv_transpose"] = _conv_transpose
 
 
 def build_shard(layer: Layer, out_shape, in_shapes, device: str = "cpu", seed: int = 0,

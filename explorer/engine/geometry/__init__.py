@@ -58,7 +58,8 @@ from .edges import apply_transforms, edge_regions
 from .layout import REDUCERS, ExecutionLayout, OpLayout, TensorLayout
 from .owners import owner_grid, tile_digits, tile_owners
 from .regions import input_regions, param_shards, shard_summary
-from .windows import adaptive_window, full_spatial, window, window_pads
+from .windows import (adaptive_window, full_spatial, transpose_crop, transpose_window, window,
+                      window_pads)
 
 __all__ = [
     "box_shape", "common", "extents", "full_box", "inside", "intersect", "is_empty", "overlap",
@@ -69,5 +70,6 @@ __all__ = [
     "REDUCERS", "ExecutionLayout", "OpLayout", "TensorLayout",
     "owner_grid", "tile_digits", "tile_owners",
     "input_regions", "param_shards", "shard_summary",
-    "adaptive_window", "full_spatial", "window", "window_pads",
+    "adaptive_window", "full_spatial", "transpose_crop", "transpose_window", "window",
+    "window_pads",
 ]

@@ -1,9 +1,10 @@
 """Input regions and parameter shards of a layer's output boxes.
 
 :func:`input_regions` answers, for one layer op, which region of each input a device needs to
-compute its output box: halos for convolution and pooling windows (:mod:`.windows`), full rows
-for matrix products, per-input slices for concat.  :func:`param_shards` gives the part of each
-weight it needs, :func:`shard_summary` the replica groups the weight gradients synchronise in.
+compute its output box: halos for convolution and pooling windows (:mod:`.windows`; the rows
+whose taps reach the box for a transposed convolution), full rows for matrix products,
+per-input slices for concat.  :func:`param_shards` gives the part of each weight it needs,
+:func:`shard_summary` the replica groups the weight gradients synchronise in.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import numpy as np
 from ..graph import Layer
 from .boxes import full_box, volume
 from .config import Config, output_boxes
-from .windows import adaptive_window, window
+from .windows import adaptive_window, transpose_window, window
 
 # --------------------------------------------------------------------------------------------
 # Input regions per op
@@ -66,6 +67,21 @@ def input_regions(layer: Layer, index: int, boxes: np.ndarray) -> np.ndarray:
                 r0, r1 = window(lo, hi, shp[ax], a["kernel"][i], a["stride"][i],
                                 a["padding"][i], a.get("dilation", (1,) * nsp)[i])
             reg[..., ax, 0], reg[..., ax, 1] = r0, r1
+    elif op == "conv_transpose":
+        # output rows receive from the input rows whose strided, dilated taps land on them;
+        # channels as for a grouped convolution (an output channel reads its group's inputs)
+        reg[..., 0, :] = boxes[..., 0, :]
+        g = a.get("groups", 1)
+        if g > 1:
+            og, ig = layer.out_shape[1] // g, shp[1] // g
+            reg[..., 1, 0] = (boxes[..., 1, 0] // og) * ig
+            reg[..., 1, 1] = ((boxes[..., 1, 1] - 1) // og + 1) * ig
+        nsp = len(shp) - 2
+        for i in range(nsp):
+            ax = 2 + i
+            reg[..., ax, 0], reg[..., ax, 1] = transpose_window(
+                boxes[..., ax, 0], boxes[..., ax, 1], shp[ax], a["kernel"][i], a["stride"][i],
+                a["padding"][i], a.get("dilation", (1,) * nsp)[i])
     elif op == "upsample":
         # output row o reads input row floor(o·Hi/Ho) (nearest); (bi)linear also the next one
         reg[..., 0, :] = boxes[..., 0, :]
@@ -156,6 +172,9 @@ def param_shards(layer: Layer, boxes: np.ndarray) -> dict:
             reg[..., 1, :] = boxes[..., 1, :]
             out[name] = (logical, reg)
             continue
+        if op == "conv_transpose" and name == "weight":
+            out[name] = _transposed_weight_shards(layer, shape, boxes)
+            continue
         reg = full_box(shape, boxes.shape[:-2])
         if op == "embedding" and name == "weight":
             reg[..., 1, :] = boxes[..., 2, :]
@@ -167,6 +186,58 @@ def param_shards(layer: Layer, boxes: np.ndarray) -> dict:
             reg[..., 0, :] = boxes[..., c_ax, :]
         out[name] = (shape, reg)
     return out
+
+
+def _transposed_weight_shards(layer: Layer, shape, boxes):
+    """``(logical shape, boxes)`` of a transposed convolution's weight ``[Cin, Cout/g, k...]``.
+
+    Ungrouped: the output-channel range on dim 1.  Grouped: the weight in its logical shape
+    ``[g, Cin/g, Cout/g, k...]``; a channel range inside one group holds that group's columns,
+    one made of whole groups those groups.  A range cutting through groups on both sides of a
+    group boundary is no box of that shape: it holds the whole groups it touches, and every
+    device touching those groups the same hull (the tiles connected through shared groups),
+    so shards are equal or disjoint and the hull's holders sum its gradient as replicas.
+    """
+    g = int(layer.attrs.get("groups", 1))
+    lead = boxes.shape[:-2]
+    if g == 1:
+        reg = full_box(shape, lead)
+        reg[..., 1, :] = boxes[..., 1, :]
+        return shape, reg
+    og, ig = int(shape[1]), int(shape[0]) // g
+    logical = (g, ig, og) + tuple(shape[2:])
+    c0, c1 = boxes[..., 1, 0], boxes[..., 1, 1]
+    empty = c1 <= c0
+    g0, g1 = c0 // og, (c1 - 1) // og + 1
+    single = (g1 - g0 == 1) & ~empty
+    cuts = ~single & ~empty & ((c0 % og != 0) | (c1 % og != 0))
+    lo, hi = np.where(empty, 0, g0), np.where(empty, 0, g1)
+    j0, j1 = np.where(single, c0 - g0 * og, 0), np.where(single, c1 - g0 * og, og)
+    if lead and cuts.any():
+        # hulls of the cutting tiles, merged while they share a group (per configuration)
+        s0, s1 = np.where(cuts, g0, 0), np.where(cuts, g1, 0)
+        pair = cuts[..., :, None] & cuts[..., None, :]
+        for _ in range(boxes.shape[-3]):
+            meet = (pair & (s0[..., :, None] < s1[..., None, :])
+                    & (s0[..., None, :] < s1[..., :, None]))
+            n0 = np.where(meet, s0[..., None, :], np.iinfo(np.int64).max).min(-1)
+            n1 = np.where(meet, s1[..., None, :], 0).max(-1)
+            n0, n1 = np.where(cuts, n0, s0), np.where(cuts, n1, s1)
+            if np.array_equal(n0, s0) and np.array_equal(n1, s1):
+                break
+            s0, s1 = n0, n1
+        touch = (cuts[..., None, :] & (s0[..., None, :] < g1[..., :, None])
+                 & (g0[..., :, None] < s1[..., None, :]) & ~empty[..., :, None])
+        hit = touch.any(-1)
+        lo = np.where(hit, np.where(touch, s0[..., None, :], np.iinfo(np.int64).max).min(-1), lo)
+        hi = np.where(hit, np.where(touch, s1[..., None, :], 0).max(-1), hi)
+        j0, j1 = np.where(hit, 0, j0), np.where(hit, og, j1)
+    elif cuts.any():
+        j0, j1 = np.where(cuts, 0, j0), np.where(cuts, og, j1)
+    reg = full_box(logical, lead)
+    reg[..., 0, 0], reg[..., 0, 1] = lo, hi
+    reg[..., 2, 0], reg[..., 2, 1] = np.where(empty, 0, j0), np.where(empty, 0, j1)
+    return logical, reg
 
 
 def shard_summary(layer: Layer, cfg: Config):

@@ -31,8 +31,7 @@
 
 Not supported yet: multi-output layers (``lstm_cell``), weight tying across layers, pooling
 with ``ceil_mode`` or ``count_include_pad=False`` on a height/width split, bilinear upsampling
-on a height/width split, transposed convolutions — each raises ``NotImplementedError`` naming
-the layer.
+on a height/width split — each raises ``NotImplementedError`` naming the layer.
 """
 
 from .launcher import RunFailed, launch, launch_many, start_workers, validate

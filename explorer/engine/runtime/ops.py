@@ -9,6 +9,8 @@ box of the single-device result:
   ``count_include_pad``) or ``-inf`` (max pool) padding is added only where the region touches
   the true tensor border, so the op yields exactly the owned rows; the weight shard holds the
   output-channel rows (grouped convolutions: the groups the rows belong to).
+* ``conv_transpose``: the transposed convolution of the input region without padding, its
+  rows cropped to the owned box (zero rows where no input reaches it), then the bias.
 * ``adaptive_pool``: separable averaging (or max) matrices over the region when h/w is split.
 * ``linear`` (weight rows), ``embedding`` (table columns), ``concat`` (input slices placed),
   ``eltwise`` (broadcasting), ``norm``/``softmax``/``reduce``/``sdpa``/``matmul`` (the
@@ -159,6 +161,76 @@ def _conv(ctx, ins, in_boxes, out_box):
         outs.append(conv(xs, w[r0 - c0:r1 - c0], None if b is None else b[r0 - c0:r1 - c0],
                          s, pad_arg, d, 1))
     return torch.cat(outs, 1)
+
+
+_CONVT = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}
+
+
+def _conv_transpose(ctx, ins, in_boxes, out_box):
+    """Transposed convolution of the fetched input region, cropped to the owned box.
+
+    Run without padding on the region, the local result's row ``t`` is the output row
+    ``start·s − p + t``; :func:`geometry.transpose_crop` gives the rows to cut off and the
+    zero rows to add (box rows no input of the region reaches), then the bias is added.  A
+    box no input row reaches at all (the region is empty) is the bias alone.  Grouped
+    weights arrive in the logical shape ``[g, Cin/g, Cout/g, k...]`` of
+    :func:`geometry.param_shards`; a box cutting through groups runs one convolution each.
+    """
+    lay = ctx.layer
+    a = lay.attrs
+    k, s, p = tuple(a["kernel"]), tuple(a["stride"]), tuple(a["padding"])
+    nsp = len(k)
+    d = tuple(a.get("dilation", (1,) * nsp))
+    opad = tuple(a.get("output_padding", (0,) * nsp))
+    groups = int(a.get("groups", 1))
+    in_shape, out_shape = lay.in_shapes[0], lay.out_shape
+    w = ctx.param(ctx.weight_name)
+    b = ctx.param(ctx.bias_name) if ctx.bias_name else None
+    c0, c1 = int(out_box[1, 0]), int(out_box[1, 1])
+    box_shape = tuple(int(v) for v in out_box[:, 1] - out_box[:, 0])
+    wbox = ctx.shard_boxes.get(ctx.weight_name)
+    og = out_shape[1] // groups
+    ig = in_shape[1] // groups
+    if groups > 1 and w.dim() == nsp + 2:          # the whole tensor, not a logical shard
+        w = w.reshape((groups, ig, og) + k)
+        wbox = None
+    if wbox is None:
+        wbox = np.array([(0, n) for n in w.shape])
+    x = ins[0]
+    if x is None:                                  # no input row reaches the box
+        y = torch.zeros(box_shape, dtype=w.dtype, device=w.device)
+    else:
+        if G.full_spatial(out_box, in_boxes[0], out_shape, in_shape):
+            pads = None
+        else:
+            try:
+                pads = G.transpose_crop(out_box, in_boxes[0], in_shape, k, s, p, d)
+            except ValueError as exc:
+                raise RuntimeError(f"{ctx.where}: {exc}") from None
+
+        def run(xs, ws, g):
+            if pads is None:
+                return _CONVT[nsp](xs, ws, None, s, p, opad, g, d)
+            return _pad(_CONVT[nsp](xs, ws, None, s, 0, 0, g, d), pads)
+        if groups == 1:
+            j0 = int(wbox[1, 0])
+            y = run(x, w[:, c0 - j0:c1 - j0], 1)
+        else:
+            gb, jb = int(wbox[0, 0]), int(wbox[2, 0])
+            g0, g1 = c0 // og, (c1 - 1) // og + 1
+            if c0 % og == 0 and c1 % og == 0:      # whole groups (all columns): one call
+                y = run(x, w[g0 - gb:g1 - gb].reshape(((g1 - g0) * ig, og) + k), g1 - g0)
+            else:
+                outs = []
+                for grp in range(g0, g1):
+                    r0, r1 = max(c0, grp * og) - grp * og, min(c1, (grp + 1) * og) - grp * og
+                    xs = x[:, (grp - g0) * ig:(grp - g0 + 1) * ig]
+                    outs.append(run(xs, w[grp - gb, :, r0 - jb:r1 - jb], 1))
+                y = torch.cat(outs, 1)
+    if b is not None:
+        bb = b if b.shape[0] == c1 - c0 else b[c0:c1]
+        y = y + bb.reshape((1, -1) + (1,) * nsp)
+    return y
 
 
 def _pool_options(ctx) -> dict:
@@ -312,6 +384,7 @@ RULES = {"conv": _conv, "pool": _pool, "adaptive_pool": _adaptive_pool, "upsampl
          "linear": _linear, "embedding": _embedding, "concat": _concat, "eltwise": _generic,
          "norm": _generic, "softmax": _generic, "reduce": _generic, "sdpa": _generic,
          "matmul": _generic, "lstm_cell": _lstm}
+RULES["conv_transpose"] = _conv_transpose
 
 
 def _call_node(ctx, ins):

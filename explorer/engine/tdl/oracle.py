@@ -132,6 +132,15 @@ def from_layer(layer) -> tuple:
         pv = {"weight": take("weight", "weight")}
         if has_b:
             pv["bias"] = take("bias", "bias")
+    elif op == "conv_transpose":
+        # a transposed convolution is a convolution's data gradient: same weight layout
+        # [Cin, Cout/groups, k...]; the output size (output padding included) is given
+        nsp = len(a["kernel"])
+        base = L.conv_backward_data(nsp=nsp, stride=a["stride"], padding=a["padding"],
+                                    dilation=a.get("dilation", 1), groups=a.get("groups", 1),
+                                    in_size=out[2:])
+        act = {"dout": ins[0]}
+        pv = {"weight": take("weight", "weight")}
     elif op == "pool":
         nsp = len(a["kernel"])
         f = L.max_pool if a.get("kind", "max") == "max" else L.avg_pool
