@@ -240,3 +240,15 @@ def test_causal_attention_on_split_rows_is_exact():
         box = np.array([[0, 2], [0, 2], [lo, hi], [0, 4]])
         got = ops._sdpa(ctx, [q[:, :, lo:hi], k, v], None, box)
         torch.testing.assert_close(got, full[:, :, lo:hi])
+
+
+@pytest.mark.parametrize("name, op", [("vit_seq_first", "mha"), ("gpt2", "linear")])
+def test_measured_costs_build_shards_of_the_new_ops(name, op):
+    from explorer.engine.profile import build_shard
+    _, g = _graph(name)
+    lay = next(la for la in g.layers() if la.op == op)
+    cfg = G.Config(tuple((d, 2 if d == lay.dims[0] else 1) for d in lay.dims), (0, 1))
+    box = G.output_boxes(lay, cfg)[:1]
+    ins = [G.box_shape(G.input_regions(lay, i, box)[0]) for i in range(len(lay.in_shapes))]
+    fn, leaves = build_shard(lay, G.box_shape(box[0]), ins)
+    assert tuple(fn()[0].shape) == G.box_shape(box[0]) and leaves

@@ -8,9 +8,17 @@ a 1-billion-parameter network allocates nothing.
 Capture uses ``torch.fx.symbolic_trace`` with shape propagation; models with data-dependent
 Python control flow (which symbolic tracing cannot follow) fall back to ``torch.export``.
 Element-wise activations, BatchNorm and dropout fold into the layer producing their input (the
-paper's layers are "conv + BN + ReLU"); view ops (flatten, view, transpose, select) fold onto
-the consuming edge as transforms so geometry can map regions through them.  Anything else that
-has no rule raises :class:`UnsupportedModel` naming the op and the node.
+paper's layers are "conv + BN + ReLU") when nothing else reads that layer's output (a value read
+twice, like the projection in a written-out tanh GELU, gets an ``eltwise`` layer per op); view
+ops (flatten, view, transpose, select, slice, split/chunk/unbind) fold onto the consuming edge as
+transforms so geometry can map regions through them.  Values computed without the model input
+(causal masks, position ids, rotary ``cos``/``sin`` tables, from buffers, ``arange``, ``triu``,
+``full_like``) are constants, never layers: the element-wise ops, attention and ``baddbmm``
+that read them record it, and the runtime evaluates them once and cuts each device's box out.
+Transformer ops: ``addmm``/``x @ W`` with a parameter (Hugging Face ``Conv1D``) is a ``linear``
+layer with ``attrs["weight_t"]``; ``nn.MultiheadAttention`` an ``mha`` layer; RMSNorm a ``norm``
+(module/functional) or its written-out ``reduce`` + ``eltwise`` layers.  Anything else that has
+no rule raises :class:`UnsupportedModel` naming the op and the node.
 """
 
 from __future__ import annotations
@@ -516,8 +524,9 @@ class _Importer:
         if name in ("cat", "concat", "concatenate") and vals and vals[0].kind == "tuple":
             dim = kw.get("dim", args[1] if len(args) > 1 else 0)
             items = [v for v in vals[0].items if v.kind == "tensor"]
-            if len(items) == 1 and all(v.kind == "tensor" or (v.kind == "const" and v.shape
-                                       and 0 in v.shape) for v in vals[0].items):
+            if len(items) == 1 < len(vals[0].items) and all(
+                    v.kind == "tensor" or (v.kind == "const" and v.shape and 0 in v.shape)
+                    for v in vals[0].items):
                 self.vals[node] = items[0]      # concat with empty tensors (an empty KV cache)
                 return
             return self.concat(node, items, dim)

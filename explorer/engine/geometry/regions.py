@@ -2,8 +2,10 @@
 
 :func:`input_regions` answers, for one layer op, which region of each input a device needs to
 compute its output box: halos for convolution and pooling windows (:mod:`.windows`), full rows
-for matrix products, per-input slices for concat.  :func:`param_shards` gives the part of each
-weight it needs, :func:`shard_summary` the replica groups the weight gradients synchronise in.
+for matrix products, every key position for attention (``sdpa``, ``mha``: the query rows follow
+the box), per-input slices for concat.  :func:`param_shards` gives the part of each weight it
+needs (column ranges for a ``linear`` whose weight is stored ``[in, out]``),
+:func:`shard_summary` the replica groups the weight gradients synchronise in.
 """
 
 from __future__ import annotations

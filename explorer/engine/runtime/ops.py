@@ -14,6 +14,14 @@ box of the single-device result:
   ``eltwise`` (broadcasting), ``norm``/``softmax``/``reduce``/``sdpa``/``matmul`` (the
   reduced axes are whole in the region) call the model's own function on the regions.
 * ``upsample``: nearest-neighbour index arithmetic when h/w is split.
+* ``sdpa``: a constant mask cut to the box's query rows; ``is_causal`` on split rows becomes an
+  explicit mask offset by the first row.  ``mha``: ``F.multi_head_attention_forward`` with the
+  device's weights on its samples and query positions.  ``linear`` with ``weight_t``:
+  ``x @ W[:, cols] + b[cols]``; ``matmul`` from ``baddbmm`` adds its addend's box.
+
+Constant operands (masks, rotary tables: nodes that do not read the model input) are evaluated
+once from the model's buffers (:func:`const_value`) and sliced to the part that broadcasts
+against the output box.
 
 Then the layer's *folded* fx nodes run on the local result in model order: activations call
 the model's own function/module, dropout is the identity (eval semantics), BatchNorm uses its
