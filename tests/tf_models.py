@@ -7,8 +7,8 @@ importer, search and runtime tests (``tests/test_tfops.py``).  Each function ret
   ``masked_fill``, softmax, the written-out tanh GELU (``pow``, ``tanh``), a learned position
   embedding.
 * ``llama``: RMSNorm written out (``float``, ``pow``, ``mean``, ``rsqrt``, ``type_as``) and
-  ``nn.RMSNorm``, rotary embeddings from ``cos``/``sin`` buffers (constants under fx) (``rotate_half`` by slicing
-  and ``cat``), ``sdpa(is_causal=True)``, SwiGLU (``silu(a) * b``).
+  ``nn.RMSNorm``, rotary embeddings from ``cos``/``sin`` buffers (constants under fx;
+  ``rotate_half`` by slicing and ``cat``), ``sdpa(is_causal=True)``, SwiGLU (``silu(a) * b``).
 * ``bert``: post-LN, fused qkv ``view``/``permute``/``unbind``, ``baddbmm`` scores, a
   ``where`` over a ``full_like`` and a causal ``triu`` mask created in forward (``ones_like``),
   exact GELU.
