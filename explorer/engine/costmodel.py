@@ -40,7 +40,8 @@ from .graph import Edge, Layer, LayerGraph
 from .pins import Pin  # noqa: F401 - the one pin type, re-exported for cost-model users
 
 #: Fraction of peak FLOP/s dense kernels reach (cuDNN/cuBLAS on P100 ~ 50-70%).
-EFFICIENCY = {"conv": 0.6, "linear": 0.6, "matmul": 0.6, "sdpa": 0.5, "lstm_cell": 0.5}
+EFFICIENCY = {"conv": 0.6, "linear": 0.6, "matmul": 0.6, "sdpa": 0.5, "lstm_cell": 0.5,
+              "mha": 0.5}
 EFFICIENCY["conv_transpose"] = EFFICIENCY["conv"]   # the same kernels (a data gradient)
 #: Forward+backward kernel launches per layer and their fixed cost (seconds).
 LAUNCH_OVERHEAD_S = 3 * 5e-6

@@ -8,9 +8,17 @@ a 1-billion-parameter network allocates nothing.
 Capture uses ``torch.fx.symbolic_trace`` with shape propagation; models with data-dependent
 Python control flow (which symbolic tracing cannot follow) fall back to ``torch.export``.
 Element-wise activations, BatchNorm and dropout fold into the layer producing their input (the
-paper's layers are "conv + BN + ReLU"); view ops (flatten, view, transpose, select) fold onto
-the consuming edge as transforms so geometry can map regions through them.  Anything else that
-has no rule raises :class:`UnsupportedModel` naming the op and the node.
+paper's layers are "conv + BN + ReLU") when nothing else reads that layer's output (a value read
+twice, like the projection in a written-out tanh GELU, gets an ``eltwise`` layer per op); view
+ops (flatten, view, transpose, select, slice, split/chunk/unbind) fold onto the consuming edge as
+transforms so geometry can map regions through them.  Values computed without the model input
+(causal masks, position ids, rotary ``cos``/``sin`` tables, from buffers, ``arange``, ``triu``,
+``full_like``) are constants, never layers: the element-wise ops, attention and ``baddbmm``
+that read them record it, and the runtime evaluates them once and cuts each device's box out.
+Transformer ops: ``addmm``/``x @ W`` with a parameter (Hugging Face ``Conv1D``) is a ``linear``
+layer with ``attrs["weight_t"]``; ``nn.MultiheadAttention`` an ``mha`` layer; RMSNorm a ``norm``
+(module/functional) or its written-out ``reduce`` + ``eltwise`` layers.  Anything else that has
+no rule raises :class:`UnsupportedModel` naming the op and the node.
 """
 
 from __future__ import annotations
@@ -170,7 +178,16 @@ _ACTIVATIONS = {
 }
 _IDENTITY = {"dropout", "dropout_", "feature_dropout", "alpha_dropout", "identity",
              "contiguous", "clone", "detach", "to", "type_as", "float", "alias",
-             "lift_fresh_copy", "_assert_tensor_metadata"}
+             "lift_fresh_copy", "_assert_tensor_metadata", "_to_copy"}
+#: Element-wise ops whose other operands may be tensors, constants or parameters (masks,
+#: rotary tables): op name -> the ``fn`` recorded on an ``eltwise`` layer.
+_MIXED = {"where": "where", "masked_fill": "masked_fill", "masked_fill_": "masked_fill",
+          "lt": "lt", "le": "le", "gt": "gt", "ge": "ge", "eq": "eq", "ne": "ne",
+          "clamp": "clamp", "clamp_min": "clamp", "clamp_max": "clamp"}
+#: Ops that read only the shape, dtype or device of their tensor argument: their result is a
+#: constant the runtime recomputes (e.g. ``torch.full_like(scores, -inf)``).
+_LIKE = {"zeros_like", "ones_like", "full_like", "empty_like", "new_zeros", "new_ones",
+         "new_full", "new_empty", "new_tensor"}
 _BINARY = {"add": "add", "add_": "add", "iadd": "add", "sub": "sub", "sub_": "sub",
            "mul": "mul", "mul_": "mul", "imul": "mul", "truediv": "div", "div": "div",
            "div_": "div", "rsub": "sub", "pow": "pow", "maximum": "max", "minimum": "min"}
@@ -184,6 +201,7 @@ _MODULE_OPS = {
     nn.AdaptiveMaxPool1d: "adaptive",
     nn.BatchNorm1d: "batchnorm", nn.BatchNorm2d: "batchnorm", nn.BatchNorm3d: "batchnorm",
     nn.LayerNorm: "layernorm", nn.Embedding: "embedding", nn.LSTMCell: "lstm_cell",
+    nn.RMSNorm: "layernorm",
     nn.Softmax: "softmax", nn.LogSoftmax: "softmax", nn.Flatten: "flatten",
     nn.Dropout: "dropout", nn.Dropout2d: "dropout", nn.Identity: "identity",
     nn.Upsample: "upsample",
@@ -252,6 +270,8 @@ class _Importer:
         self.params = dict(gm.named_parameters())
         self.params.update(dict(gm.named_buffers()))
         self.outputs: list = []
+        self.trainable = {k for k, _ in gm.named_parameters(remove_duplicate=False)}
+        self.layer_nodes: dict = {}     # layer -> fx nodes whose value is (a view of) its output
 
     # -- helpers ---------------------------------------------------------------------------
     def shape_of(self, node):
@@ -322,11 +342,23 @@ class _Importer:
         self.vals[node] = _Val("tensor", layer=node.name, shape=tuple(shape))
         return lay
 
-    def fold(self, node, src: _Val, flops_per_elem=1.0, params=None):
-        """Element-wise op: the node's value is its input's value; cost goes to the producer."""
+    def fold(self, node, src: _Val, flops_per_elem=1.0, params=None, check=True):
+        """Element-wise op: the node's value is its input's value; cost goes to the producer.
+
+        With ``check`` (ops that change the value), folding must leave every other reader of
+        the producer's output unaffected (:meth:`_fold_ok`); otherwise, and when a parameter
+        or constant operand broadcasts against a view (not the producer's own output), the op
+        becomes an ``eltwise`` layer of its own.
+        """
         if src.kind != "tensor":
             self.vals[node] = _Val("const")
             return
+        if check and (not self._fold_ok(node, src)
+                      or (src.transforms and (params or self._const_operands(node)))
+                      or tuple(self.shape_of(node) or src.shape) != tuple(src.shape)):
+            fn = _BINARY.get(_target_name(node, self.gm), _target_name(node, self.gm)) \
+                if node.op != "call_module" else type(self.mods[node.target]).__name__.lower()
+            return self.eltwise(node, [src], fn, params)
         lay = self.graph.layer(src.layer)
         lay.flops += flops_per_elem * math.prod(src.shape)
         lay.folded.append(node.name)
@@ -334,6 +366,60 @@ class _Importer:
             for k, shp in params.items():
                 lay.params[k] = shp
         self.vals[node] = src
+
+    def _fold_ok(self, node, src: _Val) -> bool:
+        """Whether ``node`` may be folded into ``src``'s producing layer: that layer is not a
+        model input, nothing reads its output yet (no out-edge), and every other user of the
+        fx values standing for it is a view/fold of that same chain or a shape query.  A value
+        read twice (``gelu_new``: ``x*0.5``, ``x**3``, ``x + ...``) must not be folded."""
+        lay = self.graph.layer(src.layer)
+        if lay.op == "input" or self.graph.g.out_degree(src.layer):
+            return False
+        for v in self.layer_nodes.get(src.layer, ()):
+            for u in v.users:
+                if u is node:
+                    continue
+                uv = self.vals.get(u)
+                if uv is None or not (uv.kind == "const"
+                                      or (uv.kind == "tensor" and uv.layer == src.layer)):
+                    return False
+        return True
+
+    def _const_operands(self, node) -> list:
+        """The fx nodes among ``node``'s arguments that are constant tensors (computed from
+        buffers and shapes only: masks, rotary tables); parameters are not among them."""
+        out = []
+        for a in list(node.args) + list(node.kwargs.values()):
+            for x in (a if isinstance(a, (list, tuple)) else [a]):
+                if isinstance(x, torch.fx.Node):
+                    v = self.vals.get(x)
+                    if v is not None and v.kind == "const" and isinstance(v.value, torch.fx.Node):
+                        if v.param:
+                            raise UnsupportedModel(
+                                f"node {node.name!r}: operand {x.name!r} is computed from "
+                                f"parameter {v.param!r} without reading the model input; the "
+                                f"layer-wise engine cannot train it there")
+                        out.append(x)
+                    elif v is not None and v.kind == "param" and v.param not in self.trainable:
+                        out.append(x)
+        return out
+
+    def const(self, node, vals) -> None:
+        """A value computed without the model input: a constant tensor (masks, positions,
+        rotary tables: ``value`` is the node, which the runtime evaluates from the buffers) or
+        a non-tensor (shapes, scalars).  ``param`` names a trainable parameter it reads."""
+        shape = self.shape_of(node)
+        if shape is None:
+            self.vals[node] = _Val("const")
+            return
+        dep = None
+        for v in vals:
+            for x in ([v] if v.kind != "tuple" else v.items):
+                if x.kind == "param" and x.param in self.trainable:
+                    dep = x.param
+                elif x.kind == "const" and x.param:
+                    dep = x.param
+        self.vals[node] = _Val("const", shape=shape, value=node, param=dep)
 
     def view(self, node, src: _Val, t):
         shape = self.shape_of(node)
@@ -367,6 +453,9 @@ class _Importer:
                 self.call_module(node)
             else:
                 self.call(node, _target_name(node, self.gm))
+            v = self.vals.get(node)
+            if v is not None and v.kind == "tensor":
+                self.layer_nodes.setdefault(v.layer, []).append(node)
         if len(self.graph) == 0:
             raise UnsupportedModel("the model has no tensor input")
         return self.graph
@@ -377,6 +466,8 @@ class _Importer:
         x = self.val(args[0]) if args else None
         if isinstance(mod, nn.modules.conv._ConvTransposeNd):
             return self.conv_transpose_module(node, x, mod)
+        if isinstance(mod, nn.MultiheadAttention):
+            return self.mha(node, mod)
         for cls, kind in _MODULE_OPS.items():
             if type(mod) is cls or (isinstance(mod, cls) and kind in ("conv", "linear")):
                 break
@@ -409,7 +500,8 @@ class _Importer:
         if kind == "adaptive":
             return self.adaptive(node, x, "max" if "Max" in type(mod).__name__ else "avg")
         if kind == "batchnorm":
-            return self.fold(node, x, 4.0, {f"{node.target}.{k}": v for k, v in p.items()})
+            return self.fold(node, x, 4.0, {f"{node.target}.{k}": v for k, v in p.items()},
+                             check=False)
         if kind == "layernorm":
             return self.norm(node, x, len(mod.normalized_shape), p)
         if kind == "embedding":
@@ -423,7 +515,7 @@ class _Importer:
             return self.flatten(node, x)
         if kind == "upsample":
             return self.upsample(node, x, mod.mode)
-        return self.fold(node, x, 0.0)  # dropout / identity
+        return self.fold(node, x, 0.0, check=False)  # dropout / identity
 
     def call(self, node, name):
         args, kw = node.args, node.kwargs
@@ -434,27 +526,43 @@ class _Importer:
             self.vals[node] = _Val("const")
             return
         if name == "getitem":
+            if vals[0].kind in ("const", "param"):
+                return self.const(node, vals)   # an item or slice of a constant / buffer
             return self.getitem(node, vals[0], args[1])
         if name in ("cat", "concat", "concatenate") and vals and vals[0].kind == "tuple":
             dim = kw.get("dim", args[1] if len(args) > 1 else 0)
-            return self.concat(node, [v for v in vals[0].items if v.kind == "tensor"], dim)
-        if not tens:
+            items = [v for v in vals[0].items if v.kind == "tensor"]
+            if len(items) == 1 < len(vals[0].items) and all(
+                    v.kind == "tensor" or (v.kind == "const" and v.shape and 0 in v.shape)
+                    for v in vals[0].items):
+                self.vals[node] = items[0]      # concat with empty tensors (an empty KV cache)
+                return
+            return self.concat(node, items, dim)
+        if not tens or name in _LIKE:
             # shape arithmetic, constants, ops on buffers only (e.g. num_batches_tracked += 1)
-            self.vals[node] = _Val("const")
-            return
+            return self.const(node, vals + [self.val(a) for a in kw.values()])
         x = tens[0]
         if name in _IDENTITY:
-            return self.fold(node, x, 0.0)
+            return self.fold(node, x, 0.0, check=False)
         if name in _ACTIVATIONS or name in ("softmax_fused",):
             return self.fold(node, x)
-        if name in _BINARY:
+        if name in _BINARY or name in _MIXED:
+            fn = _BINARY.get(name) or _MIXED[name]
+            self._const_operands(node)          # refuses constants computed from parameters
+            params = [v for v in params if v.param in self.trainable]
             if len(tens) >= 2:
-                return self.eltwise(node, tens, _BINARY[name])
+                return self.eltwise(node, tens, fn, {v.param: v.shape for v in params})
             if params:  # tensor (op) parameter: a bias-like operand folds into the producer
                 return self.fold(node, x, 1.0, {params[0].param: params[0].shape})
             return self.fold(node, x)
         if name in ("conv_transpose1d", "conv_transpose2d", "conv_transpose3d"):
             return self.conv_transpose_call(node, x, args, kw, name)
+        if name in ("addmm", "mm", "matmul") and len(tens) == 1 and params:
+            return self.linear_t(node, name, args, kw, x)
+        if name == "baddbmm":
+            return self.baddbmm(node, args, kw)
+        if name in ("split", "split_with_sizes", "chunk", "unbind", "unsafe_split"):
+            return self.split(node, x, name, args, kw)
         if name in ("conv1d", "conv2d", "conv3d", "convolution"):
             w = self._param_arg(node, args, kw, 1, "weight")
             b = self._param_arg(node, args, kw, 2, "bias")
@@ -498,7 +606,7 @@ class _Importer:
             return self.adaptive(node, x, "max" if "max" in name else "avg")
         if name in ("batch_norm", "_native_batch_norm_legit_functional",
                     "_native_batch_norm_legit_no_training", "instance_norm"):
-            return self.fold(node, x, 4.0, self._norm_affine(node, args, kw))
+            return self.fold(node, x, 4.0, self._norm_affine(node, args, kw), check=False)
         if name in ("layer_norm", "rms_norm"):
             nshape = kw.get("normalized_shape", args[1] if len(args) > 1 else None)
             p = {v.param: v.shape for v in params}
@@ -516,7 +624,7 @@ class _Importer:
             mode = mode or ("bilinear" if "linear" in name else "nearest")
             return self.upsample(node, x, mode)
         if name in ("scaled_dot_product_attention",):
-            return self.sdpa(node, tens[:3])
+            return self.sdpa(node, tens[:4], args, kw)
         if name in ("matmul", "bmm", "mm"):
             if len(tens) < 2:
                 return self.unsupported(node, f"{name} with a parameter operand")
@@ -685,12 +793,12 @@ class _Importer:
         self.new_layer(node, "reduce", shape, axes, [x], {}, {"dims": dims, "keepdim": bool(keep)},
                        math.prod(x.shape))
 
-    def eltwise(self, node, tens, fn):
+    def eltwise(self, node, tens, fn, params=None):
         shape = self.shape_of(node)
         base = next((v for v in tens if tuple(v.shape) == tuple(shape)), tens[0])
         axes = self.axes_like(base, shape)
-        self.new_layer(node, "eltwise", shape, axes, tens, {}, {"fn": fn},
-                       math.prod(shape) * (len(tens) - 1))
+        self.new_layer(node, "eltwise", shape, axes, tens, dict(params or {}), {"fn": fn},
+                       math.prod(shape) * max(len(tens) - 1, 1))
 
     def concat(self, node, tens, dim):
         shape = self.shape_of(node)
@@ -703,14 +811,142 @@ class _Importer:
         self.new_layer(node, "concat", shape, axes, tens, {}, {"dim": dim, "offsets": tuple(offs)},
                        0.0)
 
-    def sdpa(self, node, tens):
+    def sdpa(self, node, tens, args=(), kw=None):
+        """``scaled_dot_product_attention``: q, k, v (and a mask computed from the input, as a
+        fourth input); a constant mask (``attrs["mask"] == "const"``) and ``is_causal`` are
+        applied by the runtime to each device's query rows."""
         shape = self.shape_of(node)
         if len(shape) != 4:
             return self.unsupported(node, f"scaled_dot_product_attention on rank {len(shape)}")
+        got = dict(zip(("query", "key", "value", "attn_mask", "dropout_p", "is_causal",
+                        "scale", "enable_gqa"), args))
+        got.update(kw or {})
+        if len(tens) < 3 or any(tuple(v.shape[:2]) != tuple(shape[:2]) for v in tens[1:3]):
+            return self.unsupported(node, "scaled_dot_product_attention with grouped or "
+                                          "broadcast keys/values")
+        mask = got.get("attn_mask")
+        mv = self.val(mask) if isinstance(mask, torch.fx.Node) else None
+        kind = None if mv is None else ("tensor" if mv.kind == "tensor" else "const")
+        if kind == "const":
+            self._const_operands(node)
         n, h, lq, d = shape
         lk = tens[1].shape[2]
-        self.new_layer(node, "sdpa", shape, ("n", "c", "l", "-"), tens, {}, {},
+        self.new_layer(node, "sdpa", shape, ("n", "c", "l", "-"), tens[:4 if kind == "tensor"
+                                                                       else 3], {},
+                       {k: v for k, v in (("mask", kind), ("causal", bool(got.get(
+                           "is_causal", False)))) if v},
                        4.0 * n * h * lq * lk * d + 5.0 * n * h * lq * lk)
+
+    def linear_t(self, node, name, args, kw, x):
+        """``addmm(bias, x, W)`` (Hugging Face ``Conv1D``), ``x @ W``, ``mm(x, W)``: a linear
+        layer whose weight is stored transposed, ``[in, out]`` (``attrs["weight_t"]``); its
+        shards are column ranges.  Views around it fold onto the edges as usual."""
+        vals = [self.val(a) for a in args]
+        if name == "addmm":
+            if kw.get("beta", 1) != 1 or kw.get("alpha", 1) != 1:
+                return self.unsupported(node, "addmm with beta or alpha")
+            b, xv, w = (vals + [None] * 3)[:3]
+        else:
+            b, (xv, w) = None, (vals + [None] * 2)[:2]
+        if (xv is None or xv.kind != "tensor" or w is None or w.kind != "param"
+                or len(w.shape) != 2 or (b is not None and b.kind != "param")):
+            return self.unsupported(node, f"{name} with a parameter operand other than "
+                                          f"(bias, input, weight[in, out])")
+        p = {}
+        for key, v in (("bias", b), ("weight", w)) if name == "addmm" else (("weight", w),):
+            p[key] = v.shape
+        shape = self.shape_of(node)
+        axes = ("n", "l", "c") if len(shape) == 3 else _default_axes(len(shape))
+        self.new_layer(node, "linear", shape, axes, [xv], p, {"weight_t": True},
+                       2.0 * math.prod(shape) * xv.shape[-1])
+
+    def baddbmm(self, node, args, kw):
+        """``baddbmm(input, b1, b2, beta, alpha)``: a batched matmul layer whose addend
+        ``input`` is a third input (from the model input) or a constant (``attrs["addend"]``)."""
+        got = dict(zip(("input", "batch1", "batch2", "beta", "alpha"), args))
+        got.update(kw)
+        vals = {k: self.val(got[k]) for k in ("input", "batch1", "batch2")}
+        if vals["batch1"].kind != "tensor" or vals["batch2"].kind != "tensor":
+            return self.unsupported(node, "baddbmm with a parameter or constant factor")
+        ins = [vals["batch1"], vals["batch2"]]
+        addend = vals["input"].kind
+        if addend == "tensor":
+            ins.append(vals["input"])
+        elif addend == "param" and vals["input"].param in self.trainable:
+            return self.unsupported(node, "baddbmm with a parameter addend")
+        else:
+            self._const_operands(node)
+            addend = "const"
+        shape = self.shape_of(node)
+        self.new_layer(node, "matmul", shape, _default_axes(len(shape)), ins, {},
+                       {"addend": addend}, 2.0 * math.prod(shape) * ins[0].shape[-1])
+
+    def split(self, node, x, name, args, kw):
+        """``split``/``chunk``/``unbind`` of a tensor (a fused qkv projection): a tuple of
+        views, each a ``slice`` (``select`` for unbind) of the producer on the split axis."""
+        meta = node.meta.get("tensor_meta", node.meta.get("val"))
+        if not isinstance(meta, (list, tuple)) or not meta:
+            return self.unsupported(node, f"{name} without shapes")
+        shapes = [tuple(int(v) for v in m.shape) for m in meta]
+        dim = kw.get("dim", args[2] if len(args) > 2 and name != "unbind" else
+                     (args[1] if name == "unbind" and len(args) > 1 else 0))
+        dim = dim % len(x.shape)
+        items, off = [], 0
+        for i, shp in enumerate(shapes):
+            t = ("select", dim, i) if name == "unbind" else ("slice", dim, off)
+            items.append(_Val("tensor", layer=x.layer, shape=shp,
+                              transforms=(t,) + tuple(x.transforms)))
+            off += 1 if name == "unbind" else shp[dim]
+        self.vals[node] = _Val("tuple", layer=x.layer, items=tuple(items))
+
+    def mha(self, node, mod):
+        """``nn.MultiheadAttention`` (an fx leaf): one ``mha`` layer with its in/out
+        projections.  The output ``(n, l, e)`` (``(l, n, e)`` unless ``batch_first``) splits on
+        the samples and on the query positions (keys/values then need the whole sequence)."""
+        names = ("query", "key", "value", "key_padding_mask", "need_weights", "attn_mask",
+                 "average_attn_weights", "is_causal")
+        got = dict(zip(names, node.args))
+        got.update(node.kwargs)
+        ins = [self.val(got.get(k)) for k in names[:3]]
+        if any(v.kind != "tensor" for v in ins):
+            return self.unsupported(node, "MultiheadAttention with a non-activation query, "
+                                          "key or value")
+        if got.get("key_padding_mask") is not None:
+            return self.unsupported(node, "MultiheadAttention with key_padding_mask")
+        if mod.bias_k is not None or mod.add_zero_attn:
+            return self.unsupported(node, "MultiheadAttention with add_bias_kv/add_zero_attn")
+        mask = got.get("attn_mask")
+        if isinstance(mask, torch.fx.Node):
+            mv = self.val(mask)
+            if mv.kind == "tensor":
+                return self.unsupported(node, "MultiheadAttention with a mask computed from "
+                                              "the input")
+            self._const_operands(node)
+        weights = [u for u in node.users if u.target is operator.getitem and u.args[1] == 1
+                   and u.users]
+        if weights:
+            return self.unsupported(node, "MultiheadAttention attention weights (output 1)")
+        meta = node.meta.get("tensor_meta", node.meta.get("val"))
+        shape = tuple(int(v) for v in meta[0].shape)
+        if len(shape) != 3:
+            return self.unsupported(node, "unbatched MultiheadAttention")
+        bf = bool(mod.batch_first)
+        n, l, e = (shape[0], shape[1], shape[2]) if bf else (shape[1], shape[0], shape[2])
+        s_len = ins[1].shape[1 if bf else 0]
+        p = {k: tuple(v.shape) for k, v in mod.named_parameters()}
+        fl = (2.0 * n * e * (l * e + 2 * s_len * e) + 4.0 * n * l * s_len * e
+              + 2.0 * n * l * e * e)
+        lay = Layer(node.name, "mha", shape, ("n", "l", "-") if bf else ("l", "n", "-"),
+                    in_shapes=tuple(tuple(v.shape) for v in ins), params=p,
+                    attrs={"batch_first": bf, "heads": int(mod.num_heads),
+                           "mask": "const" if isinstance(mask, torch.fx.Node) else None,
+                           "causal": bool(got.get("is_causal", False))},
+                    flops=fl, module=self.module_path(node))
+        self.graph.add_layer(lay)
+        for i, v in enumerate(ins):
+            self.graph.add_edge(Edge(v.layer, node.name, i, tuple(v.transforms)))
+        out = _Val("tensor", layer=node.name, shape=shape)
+        self.vals[node] = _Val("tuple", layer=node.name, items=(out, _Val("const")))
 
     def matmul(self, node, tens):
         shape = self.shape_of(node)
@@ -755,24 +991,43 @@ class _Importer:
         if src.kind != "tensor":
             self.vals[node] = _Val("const")
             return
-        # tensor indexing: x[:, t] / x[:, a:b] / x[..., None]
+        # tensor indexing: x[:, t] / x[:, a:b] / x[..., :n] / x[:, None]
         idx = idx if isinstance(idx, tuple) else (idx,)
         out_shape = self.shape_of(node)
-        t = src
-        dim = 0
-        trans = list(src.transforms)
+        real = sum(1 for it in idx if it is not None and it is not Ellipsis)
+        items = []
         for it in idx:
-            if isinstance(it, slice) and it == slice(None):
-                dim += 1
+            items += [slice(None)] * (len(src.shape) - real) if it is Ellipsis else [it]
+        dim = 0                     # axis in the tensor indexed so far
+        sdim = 0                    # axis of the source
+        od = 0                      # axis of the result
+        cur = list(src.shape)
+        trans = list(src.transforms)
+        for it in items:
+            if it is None:
+                new = cur[:dim] + [1] + cur[dim:]
+                trans.insert(0, ("reshape", tuple(cur), tuple(new)))
+                cur, dim, od = new, dim + 1, od + 1
+            elif isinstance(it, slice) and it == slice(None):
+                dim, sdim, od = dim + 1, sdim + 1, od + 1
             elif isinstance(it, int):
-                trans.insert(0, ("select", dim, it % src.shape[dim]))
-            elif isinstance(it, slice) and (it.step in (None, 1)):
-                start = (it.start or 0) % max(src.shape[dim], 1)
+                trans.insert(0, ("select", dim, it % src.shape[sdim]))
+                cur.pop(dim)
+                sdim += 1
+            elif isinstance(it, slice) and it.step in (None, 1) and (
+                    not isinstance(it.start, torch.fx.Node) or it.stop is None):
+                size = src.shape[sdim]
+                if isinstance(it.start, torch.fx.Node):     # x[..., n // 2:]
+                    start = size - out_shape[od]
+                else:
+                    start = min(max((it.start or 0) + (size if (it.start or 0) < 0 else 0), 0),
+                                size)
                 trans.insert(0, ("slice", dim, start))
-                dim += 1
+                cur[dim] = out_shape[od]
+                dim, sdim, od = dim + 1, sdim + 1, od + 1
             else:
                 return self.unsupported(node, f"indexing with {it!r}")
-        self.vals[node] = _Val("tensor", layer=t.layer, shape=out_shape, transforms=tuple(trans))
+        self.vals[node] = _Val("tensor", layer=src.layer, shape=out_shape, transforms=tuple(trans))
 
     def index_op(self, node, x, name, args):
         out_shape = self.shape_of(node)
@@ -806,7 +1061,7 @@ class _Importer:
             return self.view(node, x, ("permute", tuple(p % len(src) for p in perm)))
         if name == "expand":
             if tuple(out) == src:
-                return self.fold(node, x, 0.0)
+                return self.fold(node, x, 0.0, check=False)
             return self.unsupported(node, "expand")
         if math.prod(out) != math.prod(src):
             return self.unsupported(node, f"{name} changing element count")

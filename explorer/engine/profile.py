@@ -64,6 +64,7 @@ _SIG_ATTRS = {
     "reduce": ("dims", "keepdim"),
     "embedding": (),
     "lstm_cell": ("has_state",),
+    "mha": ("batch_first", "heads"),
 }
 
 _RUN_LOCK = threading.Lock()
@@ -339,6 +340,19 @@ def _sdpa(layer, out_shape, in_shapes, b):
     return lambda: [F.scaled_dot_product_attention(q, k, v)]
 
 
+def _mha(layer, out_shape, in_shapes, b):
+    """``nn.MultiheadAttention`` on the shard's samples and query rows (whole projections)."""
+    q, k, v = (b.input(i, s) for i, s in enumerate(in_shapes[:3]))
+    if layer.attrs.get("batch_first"):
+        q, k, v = (t.transpose(0, 1) for t in (q, k, v))
+    e, heads = int(out_shape[-1]), int(layer.attrs.get("heads", 1))
+    w_in, b_in = b.rand((3 * e, e)), b.rand((3 * e,))
+    w_out, b_out = b.rand((e, e)), b.rand((e,))
+    return lambda: [F.multi_head_attention_forward(q, k, v, e, heads, w_in, b_in, None, None,
+                                                   False, 0.0, w_out, b_out,
+                                                   need_weights=False)[0]]
+
+
 _ELTWISE = {"add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div,
             "max": torch.maximum, "min": torch.minimum}
 
@@ -410,7 +424,7 @@ _RULES = {"conv": _conv, "pool": _pool, "adaptive_pool": _adaptive_pool, "linear
           "upsample": _upsample,
           "matmul": _matmul, "sdpa": _sdpa, "eltwise": _eltwise, "concat": _concat,
           "norm": _norm, "softmax": _softmax, "reduce": _reduce, "embedding": _embedding,
-          "lstm_cell": _lstm_cell}
+          "lstm_cell": _lstm_cell, "mha": _mha}
 _RULES["conv_transpose"] = _conv_transpose
 
 

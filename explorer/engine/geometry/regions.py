@@ -2,8 +2,10 @@
 
 :func:`input_regions` answers, for one layer op, which region of each input a device needs to
 compute its output box: halos for convolution and pooling windows (:mod:`.windows`; the rows
-whose taps reach the box for a transposed convolution), full rows for matrix products,
-per-input slices for concat.  :func:`param_shards` gives the part of each weight it needs,
+whose taps reach the box for a transposed convolution), full rows for matrix products, every
+key position for attention (``sdpa``, ``mha``: the query rows follow the box), per-input slices
+for concat.  :func:`param_shards` gives the part of each weight it needs (column ranges for a
+``linear`` whose weight is stored ``[in, out]``),
 :func:`shard_summary` the replica groups the weight gradients synchronise in.
 """
 
@@ -95,6 +97,8 @@ def input_regions(layer: Layer, index: int, boxes: np.ndarray) -> np.ndarray:
             reg[..., ax, 0], reg[..., ax, 1] = lo, np.maximum(top, lo)
     elif op == "linear":
         reg[..., :-1, :] = boxes[..., :-1, :]
+    elif op == "matmul" and index == 2:
+        reg = _broadcast_region(boxes, shp)   # baddbmm's addend: its box of the output
     elif op == "matmul":
         # a[..., M, K] @ b[..., K, N]: a needs (batch, M rows, all K); b needs (batch, all K, N cols)
         nd = len(shp)
@@ -105,6 +109,17 @@ def input_regions(layer: Layer, index: int, boxes: np.ndarray) -> np.ndarray:
             reg[..., nd - 2, :] = boxes[..., -2, :]
         else:
             reg[..., nd - 1, :] = boxes[..., -1, :]
+    elif op == "sdpa" and index == 3:
+        # a mask [.., Lq, Lk] computed from the input: the box's query rows, every key
+        reg = _broadcast_region(boxes, shp)
+        reg[..., -1, 0], reg[..., -1, 1] = 0, shp[-1]
+    elif op == "mha":
+        # (n, l, e) or (l, n, e): the query needs the box's samples and positions, keys and
+        # values every position of those samples; the embedding is always whole.
+        n_ax, l_ax = (0, 1) if a.get("batch_first") else (1, 0)
+        reg[..., n_ax, :] = boxes[..., n_ax, :]
+        if index == 0:
+            reg[..., l_ax, :] = boxes[..., l_ax, :]
     elif op == "sdpa":
         # q,k,v [N, H, L, D]: q needs its own query rows; k and v every key row of its heads.
         reg[..., 0, :] = boxes[..., 0, :]
@@ -178,6 +193,8 @@ def param_shards(layer: Layer, boxes: np.ndarray) -> dict:
         reg = full_box(shape, boxes.shape[:-2])
         if op == "embedding" and name == "weight":
             reg[..., 1, :] = boxes[..., 2, :]
+        elif op == "linear" and layer.attrs.get("weight_t") and name == "weight":
+            reg[..., 1, :] = boxes[..., c_ax, :]     # weight [in, out]: output columns
         elif op == "eltwise" or name.startswith("operand"):
             reg = _broadcast_region(boxes, shape)
         elif op == "norm":

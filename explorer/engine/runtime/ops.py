@@ -16,6 +16,14 @@ box of the single-device result:
   ``eltwise`` (broadcasting), ``norm``/``softmax``/``reduce``/``sdpa``/``matmul`` (the
   reduced axes are whole in the region) call the model's own function on the regions.
 * ``upsample``: nearest-neighbour index arithmetic when h/w is split.
+* ``sdpa``: a constant mask cut to the box's query rows; ``is_causal`` on split rows becomes an
+  explicit mask offset by the first row.  ``mha``: ``F.multi_head_attention_forward`` with the
+  device's weights on its samples and query positions.  ``linear`` with ``weight_t``:
+  ``x @ W[:, cols] + b[cols]``; ``matmul`` from ``baddbmm`` adds its addend's box.
+
+Constant operands (masks, rotary tables: nodes that do not read the model input) are evaluated
+once from the model's buffers (:func:`const_value`) and sliced to the part that broadcasts
+against the output box.
 
 Then the layer's *folded* fx nodes run on the local result in model order: activations call
 the model's own function/module, dropout is the identity (eval semantics), BatchNorm uses its
@@ -67,6 +75,10 @@ class LayerContext:
             return self.shards[qual]
         if qual in self.tensors:
             return self.tensors[qual]
+        try:                  # a tensor constant of the traced graph (fx ``_tensor_constant0``)
+            return _fetch(self.gm, qual)
+        except AttributeError:
+            pass
         raise KeyError(f"{self.where}: no parameter or buffer {qual!r} in the model")
 
     def module(self):
@@ -349,12 +361,106 @@ def _upsample(ctx, ins, in_boxes, out_box):
 def _linear(ctx, ins, in_boxes, out_box):
     w = ctx.param(ctx.weight_name)
     b = ctx.param(ctx.bias_name) if ctx.bias_name else None
+    if ctx.layer.attrs.get("weight_t"):      # addmm(b, x, W) / x @ W: W is [in, out]
+        y = torch.matmul(ins[0], w)
+        return y if b is None else y + b
     return F.linear(ins[0], w, b)
+
+
+def _box_slice(t, box, skip=()):
+    """``t[...]`` restricted to the part that broadcasts against the output box ``box``
+    (axes aligned right; size-1 axes and the output axes in ``skip`` are kept whole)."""
+    off = box.shape[0] - t.dim()
+    idx = tuple(slice(None) if (size == 1 or off + ax in skip or off + ax < 0)
+                else slice(int(box[off + ax, 0]), int(box[off + ax, 1]))
+                for ax, size in enumerate(t.shape))
+    return t[idx]
+
+
+def _sdpa(ctx, ins, in_boxes, out_box):
+    """Attention for this device's (sample, head, query-row) box.  ``is_causal`` becomes an
+    explicit mask offset by the first query row when the rows are split (torch aligns the
+    causal triangle to the first row it is given); a constant mask is cut to the box's rows."""
+    lay, node = ctx.layer, ctx.node
+    got = dict(zip(("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale",
+                    "enable_gqa"), node.args))
+    got.update(node.kwargs)
+    q, k, v = ins[:3]
+    kind = lay.attrs.get("mask")
+    mask = None
+    if kind == "tensor":
+        mask = ins[3]
+    elif kind == "const":
+        mask = _box_slice(const_value(ctx, got["attn_mask"]), out_box, skip=(3,))
+    causal = bool(got.get("is_causal", False))
+    l0, l1 = int(out_box[2, 0]), int(out_box[2, 1])
+    if causal and (l0, l1) != (0, lay.out_shape[2]):
+        i = torch.arange(l0, l1, device=q.device)[:, None]
+        mask, causal = torch.arange(k.shape[2], device=q.device)[None, :] <= i, False
+    kw = {"scale": got["scale"]} if got.get("scale") is not None else {}
+    if got.get("enable_gqa"):
+        kw["enable_gqa"] = True
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask,
+                                          dropout_p=float(got.get("dropout_p", 0.0)),
+                                          is_causal=causal, **kw)
+
+
+def _mha(ctx, ins, in_boxes, out_box):
+    """``nn.MultiheadAttention`` on this device's samples and query positions, with the
+    device's (replicated) projection weights and a constant mask cut to its rows."""
+    lay, node, mod = ctx.layer, ctx.node, ctx.module()
+    t = str(node.target)
+    got = dict(zip(("query", "key", "value", "key_padding_mask", "need_weights", "attn_mask",
+                    "average_attn_weights", "is_causal"), node.args))
+    got.update(node.kwargs)
+    bf = lay.attrs["batch_first"]
+    q, k, v = (x.transpose(0, 1) for x in ins) if bf else ins
+
+    def p(name):
+        return ctx.param(f"{t}.{name}") if f"{t}.{name}" in ctx.tensors else None
+    mask = None
+    if lay.attrs.get("mask") == "const":
+        mask = const_value(ctx, got["attn_mask"])
+        n_ax, l_ax = (0, 1) if bf else (1, 0)
+        rows = slice(int(out_box[l_ax, 0]), int(out_box[l_ax, 1]))
+        if mask.dim() == 2:
+            mask = mask[rows]
+        else:                    # [N·heads, L, S]: this device's samples' heads
+            h = mod.num_heads
+            mask = mask[int(out_box[n_ax, 0]) * h:int(out_box[n_ax, 1]) * h, rows]
+    sep = not mod._qkv_same_embed_dim
+    y, _ = F.multi_head_attention_forward(
+        q, k, v, mod.embed_dim, mod.num_heads, p("in_proj_weight"), p("in_proj_bias"),
+        None, None, False, mod.dropout, p("out_proj.weight"), p("out_proj.bias"),
+        training=mod.training, need_weights=False, attn_mask=mask,
+        use_separate_proj_weight=sep, q_proj_weight=p("q_proj_weight"),
+        k_proj_weight=p("k_proj_weight"), v_proj_weight=p("v_proj_weight"), is_causal=False)
+    return y.transpose(0, 1) if bf else y
+
+
+def _matmul(ctx, ins, in_boxes, out_box):
+    """``matmul``/``bmm`` call the model's op; ``baddbmm`` adds its (box of the) addend."""
+    addend = ctx.layer.attrs.get("addend")
+    if addend is None:
+        return _call_node(ctx, ins)
+    got = dict(zip(("input", "batch1", "batch2", "beta", "alpha"), ctx.node.args))
+    got.update(ctx.node.kwargs)
+    if addend == "tensor":
+        inp = ins[2]
+    elif isinstance(got.get("input"), torch.fx.Node):
+        inp = _box_slice(const_value(ctx, got["input"]), out_box)
+    else:
+        inp = torch.as_tensor(got.get("input", 0.0), dtype=ins[0].dtype, device=ins[0].device)
+    return torch.baddbmm(inp, ins[0], ins[1], beta=got.get("beta", 1), alpha=got.get("alpha", 1))
 
 
 def _embedding(ctx, ins, in_boxes, out_box):
     w = ctx.param(ctx.weight_name)
     kw = {}
+    if isinstance(ctx.node.target, torch._ops.OpOverload):   # aten: (weight, ids, padding_idx)
+        pad = dict(zip(("weight", "indices", "padding_idx"), ctx.node.args)).get(
+            "padding_idx", ctx.node.kwargs.get("padding_idx", -1))
+        kw = {"padding_idx": None if pad is None or pad < 0 else int(pad)}
     if ctx.node.op == "call_module":
         m = ctx.module()
         if m.max_norm is not None:
@@ -382,8 +488,8 @@ def _lstm(ctx, ins, in_boxes, out_box):
 
 RULES = {"conv": _conv, "pool": _pool, "adaptive_pool": _adaptive_pool, "upsample": _upsample,
          "linear": _linear, "embedding": _embedding, "concat": _concat, "eltwise": _generic,
-         "norm": _generic, "softmax": _generic, "reduce": _generic, "sdpa": _generic,
-         "matmul": _generic, "lstm_cell": _lstm}
+         "norm": _generic, "softmax": _generic, "reduce": _generic, "sdpa": _sdpa,
+         "matmul": _matmul, "lstm_cell": _lstm, "mha": _mha}
 RULES["conv_transpose"] = _conv_transpose
 
 
@@ -402,9 +508,19 @@ def _compile_call(ctx, n_ins):
 
     def sub(a, path, top):
         if isinstance(a, torch.fx.Node):
-            if a.op == "get_attr":
+            if a.op == "get_attr" and (str(a.target) in ctx.shards
+                                       or ctx.layer.op != "eltwise"):
                 slots.append((path, "param", str(a.target)))
                 return None
+            if is_const(ctx, a):
+                val = const_value(ctx, a)
+                if not isinstance(val, torch.Tensor):
+                    return val
+                if ctx.layer.op != "eltwise":
+                    raise NotImplementedError(f"{ctx.where}: constant operand {a.name} of "
+                                              f"node {node.name} (only element-wise layers "
+                                              f"take constant tensors)")
+                return _box_slice(val, ctx.out_box)
             if _is_tensor_node(a) and top:
                 k = sum(1 for s_ in slots if s_[1] == "in")
                 if k >= n_ins:
@@ -432,6 +548,10 @@ def _compile_call(ctx, n_ins):
             b = ctx.param(f"{node.target}.bias") if mod.bias is not None else None
             shape, eps = mod.normalized_shape, mod.eps
             return lambda ins: F.layer_norm(ins[0], shape, w, b, eps)
+        if isinstance(mod, nn.RMSNorm):
+            w = ctx.param(f"{node.target}.weight") if mod.weight is not None else None
+            shape, eps = mod.normalized_shape, mod.eps
+            return lambda ins: F.rms_norm(ins[0], shape, w, eps)
         if any(True for _ in mod.parameters(recurse=False)):
             raise NotImplementedError(f"{ctx.where}: module {type(mod).__name__} with "
                                       f"parameters has no runtime rule")
@@ -454,6 +574,108 @@ def _compile_call(ctx, n_ins):
                 k[i] = val
         return target(*a, **k)
     return fn
+
+
+# --------------------------------------------------------------------------------------------
+# constant operands (masks, positions, rotary tables)
+# --------------------------------------------------------------------------------------------
+
+#: Ops that read only the shape, dtype or device of a tensor argument.
+_META_READS = {"getattr", "size", "sym_size", "dim", "numel", "zeros_like", "ones_like",
+               "full_like", "empty_like", "new_zeros", "new_ones", "new_full", "new_empty",
+               "new_tensor", "_assert_tensor_metadata"}
+
+
+def _consts(gm) -> dict:
+    c = gm.__dict__.get("_explorer_consts")
+    if c is None:
+        c = gm.__dict__["_explorer_consts"] = {}
+    return c
+
+
+def is_const(ctx, node) -> bool:
+    """Whether ``node``'s value is computed without the model input (from buffers, shapes
+    and constants only); such a tensor is evaluated once by :func:`const_value`."""
+    memo = _consts(ctx.gm).setdefault("_is_const", {})
+    todo = [node]
+    while todo:                                  # iterative post-order (long chains)
+        n = todo[-1]
+        if n in memo:
+            todo.pop()
+            continue
+        if n.op == "placeholder":
+            memo[n] = False
+            todo.pop()
+            continue
+        if n.op == "get_attr":
+            memo[n] = True
+            todo.pop()
+            continue
+        meta_only = _target_name(n, ctx.gm) in _META_READS
+        deps = [a for a in n.all_input_nodes if not meta_only]
+        pending = [a for a in deps if a not in memo]
+        if pending:
+            todo.extend(pending)
+            continue
+        memo[n] = all(memo[a] for a in deps)
+        todo.pop()
+    return memo[node]
+
+
+def _fetch(gm, target: str):
+    obj = gm
+    for part in target.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def const_value(ctx, node):
+    """The value of a constant node, evaluated (once per model) from the model's buffers.
+
+    Tensor arguments of shape/dtype/device queries (``x.size()``, ``torch.full_like(x,
+    v)``) are stand-ins of the traced shape on the model's device.  A constant computed from a
+    trainable parameter is refused: its gradient would be lost.
+    """
+    cache = _consts(ctx.gm)
+    if node in cache:
+        return cache[node]
+    dev = next((t.device for t in ctx.tensors.values()), torch.device("cpu"))
+
+    def ev(n, meta_only):
+        if n in cache:
+            return cache[n]
+        if meta_only and not is_const(ctx, n):
+            m = n.meta.get("val", n.meta.get("tensor_meta"))
+            if m is None or not hasattr(m, "shape"):
+                raise NotImplementedError(f"{ctx.where}: constant {node.name} reads the shape "
+                                          f"of {n.name}, which has none recorded")
+            return torch.empty(tuple(int(v) for v in m.shape), dtype=m.dtype, device=dev)
+        if n.op == "placeholder":
+            raise NotImplementedError(f"{ctx.where}: {node.name} is not a constant: it reads "
+                                      f"the model input")
+        if n.op == "get_attr":
+            v = _fetch(ctx.gm, str(n.target))
+            if isinstance(v, torch.Tensor) and v.requires_grad:
+                raise NotImplementedError(f"{ctx.where}: constant {node.name} is computed "
+                                          f"from parameter {n.target}")
+            cache[n] = v
+            return v
+        name = _target_name(n, ctx.gm)
+        mo = name in _META_READS
+        args = torch.fx.node.map_arg(n.args, lambda a: ev(a, mo))
+        kwargs = torch.fx.node.map_arg(n.kwargs, lambda a: ev(a, mo))
+        with torch.no_grad():
+            if n.op == "call_method":
+                v = getattr(args[0], n.target)(*args[1:], **kwargs)
+            elif n.op == "call_module":
+                v = ctx.gm.get_submodule(n.target)(*args, **kwargs)
+            elif name == "getattr" and args[1] == "device":
+                v = dev
+            else:
+                v = n.target(*args, **kwargs)
+        cache[n] = v
+        return v
+    return ev(node, False)
 
 
 # --------------------------------------------------------------------------------------------
@@ -593,6 +815,9 @@ def _compile_one(ctx, node, out_box, nd, chain_names):
                 view = _broadcast_slice(ctx, qual, ctx.param(qual), out_box, nd)
                 dynamic.append((path, view))
                 return None
+            if is_const(ctx, a):              # a mask / rotary table: its box, once
+                val = const_value(ctx, a)
+                return _box_slice(val, out_box) if isinstance(val, torch.Tensor) else val
             raise NotImplementedError(f"{ctx.where}: folded node {node.name} ({name}) reads "
                                       f"{a.name}, computed at run time")
         if isinstance(a, (list, tuple)) and any(isinstance(x, torch.fx.Node) for x in a):
@@ -636,6 +861,7 @@ def compute(ctx, ins, in_boxes, out_box) -> torch.Tensor:
     if rule is None:
         raise NotImplementedError(f"{ctx.where}: the runtime has no rule for op "
                                   f"{ctx.layer.op!r}")
+    ctx.out_box = out_box
     y = rule(ctx, ins, in_boxes, out_box)
     fold = getattr(ctx, "_fold", None)
     if fold is None:
