@@ -198,7 +198,8 @@ class CostModel:
             allc = cands
             cands = [c for c in cands if pin.matches(c)]
             if not cands:
-                bad = [k for k in pin.degrees if k not in layer.dims]
+                bad = [k for k in pin.degrees if k not in layer.dims
+                       and not (k == G.REDUCE and G.reduction_size(layer))]
                 why = (f"layer {name} ({layer.op}, output {list(layer.out_shape)}) has no "
                        f"dimension {bad}; its dimensions are {list(layer.dims)}" if bad else
                        f"layer {name} ({layer.op}, output {list(layer.out_shape)}) has no such "
