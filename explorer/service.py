@@ -294,19 +294,22 @@ def scaling(req: Request, algos=None) -> dict:
 
 def tiles(req: Request, layer: str, config: dict, devices: list) -> dict:
     """Geometry of one layer under one configuration, for drawing: per device its output box,
-    its input regions (per input, on the producer's tensor) and its weight shards."""
+    its input regions (per input, on the producer's tensor) and its weight shards (a
+    row-parallel ``k`` device: the regions and shards of the partial tile it computes)."""
     g = graph_for(req)
     lay = g.layer(layer)
-    cfg = G.Config(tuple((k, config.get(k, 1)) for k in lay.dims), tuple(devices))
+    letters = lay.dims + ((G.REDUCE,) if G.reduction_size(lay) is not None else ())
+    cfg = G.Config(tuple((k, config.get(k, 1)) for k in letters), tuple(devices))
     boxes = G.output_boxes(lay, cfg)
+    tiles, red = G.compute_boxes(lay, cfg)
     ins = []
     for e in g.in_edges(layer):
         src = g.layer(e.src)
         ins.append({"src": e.src, "index": e.index, "shape": list(src.out_shape),
                     "axes": list(src.axes),
-                    "regions": G.edge_regions(g, e, boxes).tolist()})
+                    "regions": G.edge_regions(g, e, tiles, red).tolist()})
     shards = {k: {"shape": list(shape), "boxes": reg.tolist()}
-              for k, (shape, reg) in G.param_shards(lay, boxes).items()}
+              for k, (shape, reg) in G.param_shards(lay, tiles, red).items()}
     return {"layer": layer, "op": lay.op, "shape": list(lay.out_shape), "axes": list(lay.axes),
             "config": cfg.as_dict(), "devices": list(cfg.devices), "boxes": boxes.tolist(),
             "inputs": ins, "params": shards}
