@@ -174,7 +174,9 @@ def enumerate_configs(layer: Layer, n_devices: int, devices: tuple | None = None
             parts = combo[s_pos] * combo[-1]      # every device owns part of the tile
             if parts > s_size or (layer.axes[s_ax] == "n" and s_size % parts):
                 continue
-        out.append(Config(tuple(zip(letters, combo)), order[:total]))
+        # k=1 is left out: a configuration without a reduction split reads as it always did
+        out.append(Config(tuple((k, v) for k, v in zip(letters, combo)
+                                if k != REDUCE or v > 1), order[:total]))
     out.sort(key=lambda c: (c.total, [-v for _, v in c.degrees]))
     return out
 
