@@ -192,13 +192,16 @@ def search(req: Request, pins: list | None = None, algo: str | None = None) -> d
 
 
 def candidates(req: Request, layer: str, plan: dict | None = None) -> list:
-    """Rows for the candidate table of ``layer``: config, devices, t_C, t_S, memory, chosen."""
+    """Rows for the candidate table of ``layer``: config, devices, t_C, t_S, t_R (the
+    reduce-scatter of a row-parallel configuration), memory, chosen."""
     g = graph_for(req)
     cm = cost_model_for(req)
     if layer not in g:
         raise KeyError(f"no layer named {layer!r}")
     cands = cm.candidates(layer)
     tc, ts, mem = cm.layer_costs(layer, cands)
+    red = cm.reduce_costs(layer, cands)
+    tr = red[0] if red is not None else [0.0] * len(cands)
     chosen = None
     if plan:
         for la in plan.get("layers", []):
@@ -211,11 +214,13 @@ def candidates(req: Request, layer: str, plan: dict | None = None) -> list:
                      "devices": ",".join(map(str, c.devices)),
                      "t_compute_ms": round(float(tc[i]) * 1e3, 4),
                      "t_sync_ms": round(float(ts[i]) * 1e3, 4),
+                     "t_reduce_ms": round(float(tr[i]) * 1e3, 4),
                      "memory_mib": round(float(mem[i]) / 2 ** 20, 2),
                      "chosen": "✔" if key == chosen else ""})
     if chosen is not None and not any(r["chosen"] for r in rows):
         rows.append({"config": "(pinned devices)", "degrees": "", "devices": "",
-                     "t_compute_ms": None, "t_sync_ms": None, "memory_mib": None, "chosen": "✔"})
+                     "t_compute_ms": None, "t_sync_ms": None, "t_reduce_ms": None,
+                     "memory_mib": None, "chosen": "✔"})
     return rows
 
 

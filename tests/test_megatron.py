@@ -216,6 +216,7 @@ def test_views_candidate_table_and_tiles_show_k():
     rows = session.candidates(req, "blocks_0_fc2")
     assert "k2" in [r["config"] for r in rows]
     assert any(r["degrees"].endswith("k=2") for r in rows)
+    assert all((r["t_reduce_ms"] > 0) == r["degrees"].endswith("k=2") for r in rows)
     geom = session.tiles(req, "blocks_0_fc2", {"k": 2}, [0, 1])
     assert geom["config"] == {"n": 1, "l": 1, "c": 1, "k": 2}
     (inp,) = geom["inputs"]
