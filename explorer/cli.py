@@ -59,6 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--dump-graph", metavar="FILE",
                    help="placement algorithms: write the operator graph the placers saw "
                         "(node-link JSON with times, memory, bytes and the device graph)")
+    s.add_argument("--opt", action="append", default=[], type=_kv, metavar="KEY=VALUE",
+                   help="an option of the method, e.g. --algo megatron --opt tp=2 "
+                        "(repeatable; unknown keys are rejected with the valid ones)")
     s.add_argument("--pin", action="append", default=[], metavar="TARGET=SPEC",
                    help="pin a layer (LAYER=n=2,c=2 and/or LAYER=@0,1), an operator or "
                         "cluster (OP=@2, cluster:K=@1) or a tensor's Tofu tiling "
@@ -200,10 +203,24 @@ def _check_flags(args, family: str) -> None:
         raise ValueError(f"--refine-memory applies to celeritas only, not {args.algo}")
 
 
+def _opt_value(text: str):
+    """A ``--opt`` value as the int, float or bool it spells, else the text."""
+    low = text.strip().lower()
+    if low in ("true", "false"):
+        return low == "true"
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
 def _options(args, family: str) -> dict:
+    given = {k: _opt_value(v) for k, v in getattr(args, "opt", None) or []}
     if family != "placement":
-        return {}
-    opts = {}
+        return given
+    opts = given
     if args.memory_per_device is not None:
         if args.memory_per_device <= 0:
             raise ValueError(f"--memory-per-device must be > 0 GiB, got "
@@ -383,7 +400,9 @@ def print_plan(plan, devices, compare=None):
     b = plan.breakdown
     print(f"\nobjective (eq. 1) {plan.objective_s * 1e3:.3f} ms  = compute "
           f"{b['compute_s'] * 1e3:.3f} + transfer {b['transfer_s'] * 1e3:.3f} + sync "
-          f"{b['sync_s'] * 1e3:.3f} ms")
+          f"{b['sync_s'] * 1e3:.3f}"
+          + (f" + reduce-scatter {b['reduce_s'] * 1e3:.3f}" if b.get("reduce_s") else "")
+          + " ms")
     print(f"communication {plan.comm_bytes / 2**20:.1f} MiB/step; peak memory "
           f"{max(plan.memory_per_device_bytes) / 2**30:.2f} GiB/device; search "
           f"{plan.search_time_s * 1e3:.1f} ms", end="")

@@ -192,13 +192,16 @@ def search(req: Request, pins: list | None = None, algo: str | None = None) -> d
 
 
 def candidates(req: Request, layer: str, plan: dict | None = None) -> list:
-    """Rows for the candidate table of ``layer``: config, devices, t_C, t_S, memory, chosen."""
+    """Rows for the candidate table of ``layer``: config, devices, t_C, t_S, t_R (the
+    reduce-scatter of a row-parallel configuration), memory, chosen."""
     g = graph_for(req)
     cm = cost_model_for(req)
     if layer not in g:
         raise KeyError(f"no layer named {layer!r}")
     cands = cm.candidates(layer)
     tc, ts, mem = cm.layer_costs(layer, cands)
+    red = cm.reduce_costs(layer, cands)
+    tr = red[0] if red is not None else [0.0] * len(cands)
     chosen = None
     if plan:
         for la in plan.get("layers", []):
@@ -211,11 +214,13 @@ def candidates(req: Request, layer: str, plan: dict | None = None) -> list:
                      "devices": ",".join(map(str, c.devices)),
                      "t_compute_ms": round(float(tc[i]) * 1e3, 4),
                      "t_sync_ms": round(float(ts[i]) * 1e3, 4),
+                     "t_reduce_ms": round(float(tr[i]) * 1e3, 4),
                      "memory_mib": round(float(mem[i]) / 2 ** 20, 2),
                      "chosen": "✔" if key == chosen else ""})
     if chosen is not None and not any(r["chosen"] for r in rows):
         rows.append({"config": "(pinned devices)", "degrees": "", "devices": "",
-                     "t_compute_ms": None, "t_sync_ms": None, "memory_mib": None, "chosen": "✔"})
+                     "t_compute_ms": None, "t_sync_ms": None, "t_reduce_ms": None,
+                     "memory_mib": None, "chosen": "✔"})
     return rows
 
 
@@ -294,19 +299,22 @@ def scaling(req: Request, algos=None) -> dict:
 
 def tiles(req: Request, layer: str, config: dict, devices: list) -> dict:
     """Geometry of one layer under one configuration, for drawing: per device its output box,
-    its input regions (per input, on the producer's tensor) and its weight shards."""
+    its input regions (per input, on the producer's tensor) and its weight shards (a
+    row-parallel ``k`` device: the regions and shards of the partial tile it computes)."""
     g = graph_for(req)
     lay = g.layer(layer)
-    cfg = G.Config(tuple((k, config.get(k, 1)) for k in lay.dims), tuple(devices))
+    letters = lay.dims + ((G.REDUCE,) if G.reduction_size(lay) is not None else ())
+    cfg = G.Config(tuple((k, config.get(k, 1)) for k in letters), tuple(devices))
     boxes = G.output_boxes(lay, cfg)
+    tiles, red = G.compute_boxes(lay, cfg)
     ins = []
     for e in g.in_edges(layer):
         src = g.layer(e.src)
         ins.append({"src": e.src, "index": e.index, "shape": list(src.out_shape),
                     "axes": list(src.axes),
-                    "regions": G.edge_regions(g, e, boxes).tolist()})
+                    "regions": G.edge_regions(g, e, tiles, red).tolist()})
     shards = {k: {"shape": list(shape), "boxes": reg.tolist()}
-              for k, (shape, reg) in G.param_shards(lay, boxes).items()}
+              for k, (shape, reg) in G.param_shards(lay, tiles, red).items()}
     return {"layer": layer, "op": lay.op, "shape": list(lay.out_shape), "axes": list(lay.axes),
             "config": cfg.as_dict(), "devices": list(cfg.devices), "boxes": boxes.tolist(),
             "inputs": ins, "params": shards}

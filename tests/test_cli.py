@@ -28,7 +28,8 @@ def search_json(capsys, *argv):
 
 
 def equation1(plan: dict, dump: dict) -> float:
-    """Σ_layers (t_C + t_S) + Σ_edges t_X for the plan's configurations, from the dump only."""
+    """Σ_layers (t_C + t_S + t_R) + Σ_edges t_X for the plan's configurations, from the dump
+    only (t_R: the reduce-scatter of a row-parallel configuration)."""
     chosen = {la["name"]: la for la in plan["layers"]}
     assert [la["name"] for la in dump["layers"]] and set(chosen) == {
         la["name"] for la in dump["layers"]}
@@ -40,7 +41,8 @@ def equation1(plan: dict, dump: dict) -> float:
         assert len(hits) == 1, f"{la['name']}: chosen config not among the candidates"
         i = hits[0]
         index[la["name"]] = i
-        total += la["candidates"][i]["t_compute_s"] + la["candidates"][i]["t_sync_s"]
+        total += la["candidates"][i]["t_compute_s"] + la["candidates"][i]["t_sync_s"] + \
+            la["candidates"][i]["t_reduce_s"]
     for e in dump["edges"]:
         total += e["t_xfer_s"][index[e["src"]]][index[e["dst"]]]
     return total

@@ -13,7 +13,7 @@ from explorer.engine.devices import preset
 from explorer.engine.search import METHODS, Problem, Result, describe, get, names, run
 from explorer.errors import InfeasiblePlan
 
-ISSUE_METHODS = ["optcnn", "data", "model", "owt", "exhaustive", "tofu", "allrow-greedy",
+ISSUE_METHODS = ["optcnn", "data", "model", "owt", "megatron", "exhaustive", "tofu", "allrow-greedy",
                  "spartan", "equalchop", "icml18", "celeritas", "celeritas-paper",
                  "order-place", "m-topo", "m-etf", "m-sct", "metis", "single"]
 
@@ -162,7 +162,8 @@ def test_every_plan_kind_speaks_the_one_layout_vocabulary(problem, name):
 
 def test_comparisons_come_from_the_registry():
     from explorer.engine.search import comparison
-    assert comparison("layerwise") == ["data", "model", "owt", "optcnn"]   # the papers' order
+    # the papers' order, with Megatron-LM (issue 13) after the papers' baselines
+    assert comparison("layerwise") == ["data", "model", "owt", "megatron", "optcnn"]
     assert comparison("tofu")[-1] == "tofu" and len(comparison("tofu")) == 5
     assert set(comparison("placement")) == set(names("placement"))
     assert all(get(n).role in ("search", "baseline", "verification") for n in METHODS)

@@ -27,15 +27,15 @@ def test_time_figure_four_strategies_three_stacks(results):
     fig = F.time_figure(results)
     assert [tr.name for tr in fig.data] == ["compute", "transfer", "sync"]
     assert all(tr.type == "bar" for tr in fig.data) and fig.layout.barmode == "stack"
-    cats = [F.label(a) for a in ("data", "model", "owt", "optcnn")]
+    cats = [F.label(a) for a in ("data", "model", "owt", "megatron", "optcnn")]
     assert list(fig.layout.xaxis.categoryarray) == cats
     totals = _totals(fig)
     assert set(totals) == set(cats)
-    for a in ("data", "model", "owt", "optcnn"):
+    for a in ("data", "model", "owt", "megatron", "optcnn"):
         assert totals[F.label(a)] == pytest.approx(
             results[a]["breakdown"]["total_s"] * 1e3, rel=1e-6)
     best = totals[F.label("optcnn")]
-    for a in ("data", "model", "owt"):
+    for a in ("data", "model", "owt", "megatron"):
         assert best <= totals[F.label(a)] * (1 + 1e-9)
     # totals printed on top of the bars
     texts = [an.text for an in fig.layout.annotations]
@@ -51,8 +51,8 @@ def test_infeasible_strategy_shows_message():
     notes = [an for an in fig.layout.annotations if an.x == F.label("data")]
     assert len(notes) == 1 and "infeasible" in notes[0].text
     assert "divisible by 4" in notes[0].text.replace("<br>", " ")
-    # the category axis still lists all four strategies
-    assert len(fig.layout.xaxis.categoryarray) == 4
+    # the category axis still lists all five strategies
+    assert len(fig.layout.xaxis.categoryarray) == 5
     assert any("infeasible" in an.text for an in F.bytes_figure(res).layout.annotations)
 
 
@@ -60,7 +60,7 @@ def test_bytes_figure(results):
     fig = F.bytes_figure(results)
     assert [tr.name for tr in fig.data] == ["transfer", "sync"]
     totals = _totals(fig)
-    for a in ("data", "model", "owt", "optcnn"):
+    for a in ("data", "model", "owt", "megatron", "optcnn"):
         assert totals[F.label(a)] == pytest.approx(results[a]["comm_bytes"] / 2 ** 20)
     # data parallelism only synchronises parameters, model parallelism only transfers
     sync = dict(zip(fig.data[1].x, fig.data[1].y))
@@ -75,7 +75,7 @@ def test_scaling_figure():
     names = [tr.name for tr in fig.data]
     assert names[-1] == "linear ideal"
     assert fig.data[-1].line.dash == "dash" and fig.data[-1].line.color == F.IDEAL_COLOR
-    assert names[:4] == [F.label(a, " ") for a in ("data", "model", "owt", "optcnn")]
+    assert names[:5] == [F.label(a, " ") for a in ("data", "model", "owt", "megatron", "optcnn")]
     for tr in fig.data:
         assert list(tr.x) == [1, 2, 4]
     assert list(fig.data[-1].y) == pytest.approx(scal["ideal"])

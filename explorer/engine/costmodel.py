@@ -21,6 +21,14 @@
   one of the replicas and both messages go in one exchange, as the runtime's swap does — the
   same ``2 s / b`` of data, one latency), or ring all-reduce (``2 (r-1)/r · s / b``,
   ``2 (r-1)`` steps of the replica group).
+* ``t_R(l, c)`` – the reduce-scatter of a row-parallel configuration (a ``k`` degree, see
+  :mod:`.geometry.config`): the ``k`` devices of a group each hold a partial sum of the
+  group's tile and end up owning ``1/k`` of it, a ring reduce-scatter of
+  ``(k-1)/k · tile bytes / b`` over the group's slowest link plus ``k-1`` latencies; the
+  same again backward (the all-gather of the output gradient every member's local matmuls
+  need).  Groups work in parallel, so the slowest group counts.  It is its own term of the
+  node cost (``reduce_s`` in the breakdown).  Such a device computes ``1/k`` of its tile's
+  FLOPs and holds the partial tile and its gathered gradient besides its owned box.
 
 All tables are numpy arrays indexed by candidate position, so the search is pure array work.
 """
@@ -66,9 +74,19 @@ class CostTables:
     edges: list
     build_time_s: float = 0.0
     bytes_xfer: list = field(default_factory=list)  # per edge [C_src, C_dst] bytes moved
+    #: ``t_R`` per layer ``[C]``: reduce-scatter of row-parallel (``k``) candidates (layers
+    #: without any are absent: 0) and the bytes it moves
+    t_reduce: dict = field(default_factory=dict)
+    bytes_reduce: dict = field(default_factory=dict)
 
     def node_cost(self, name: str) -> np.ndarray:
-        return self.t_compute[name] + self.t_sync[name]
+        red = self.t_reduce.get(name)
+        base = self.t_compute[name] + self.t_sync[name]
+        return base if red is None else base + red
+
+    def reduce_time(self, name: str, i: int) -> float:
+        red = self.t_reduce.get(name)
+        return 0.0 if red is None else float(red[i])
 
     def objective(self, choice: dict) -> float:
         """Equation 1 for ``choice`` (layer name -> candidate index)."""
@@ -80,16 +98,18 @@ class CostTables:
     def breakdown(self, choice: dict) -> dict:
         comp = sum(float(self.t_compute[n][choice[n]]) for n in self.names)
         sync = sum(float(self.t_sync[n][choice[n]]) for n in self.names)
+        red = sum(self.reduce_time(n, choice[n]) for n in self.names)
         xfer = sum(float(m[choice[e.src], choice[e.dst]]) for e, m in self.edges)
-        return {"compute_s": comp, "sync_s": sync, "transfer_s": xfer,
-                "total_s": comp + sync + xfer}
+        return {"compute_s": comp, "sync_s": sync, "reduce_s": red, "transfer_s": xfer,
+                "total_s": comp + sync + red + xfer}
 
     def dump(self) -> dict:
         """The ``--dump-costs`` document: enough to recompute equation 1 offline."""
         return {
             "layers": [{"name": n, "candidates": [
                 {"config": c.as_dict(), "devices": list(c.devices),
-                 "t_compute_s": float(self.t_compute[n][i]), "t_sync_s": float(self.t_sync[n][i])}
+                 "t_compute_s": float(self.t_compute[n][i]), "t_sync_s": float(self.t_sync[n][i]),
+                 "t_reduce_s": self.reduce_time(n, i)}
                 for i, c in enumerate(self.candidates[n])]} for n in self.names],
             "edges": [{"src": e.src, "dst": e.dst, "input_index": e.index,
                        "t_xfer_s": m.tolist()} for e, m in self.edges],
@@ -170,7 +190,8 @@ class CostModel:
                     f"pin 1, 2, ... devices that divide {n}")
             cands = G.enumerate_configs(layer, n, devices=devs)
         else:
-            key = (tuple(layer.size(a) for a in layer.dims), layer.dims)
+            key = (tuple(layer.size(a) for a in layer.dims), layer.dims,
+                   G.reduction_size(layer))
             cands = self._cand_cache.get(key)
             if cands is None:
                 cands = G.enumerate_configs(layer, n)
@@ -179,7 +200,8 @@ class CostModel:
             allc = cands
             cands = [c for c in cands if pin.matches(c)]
             if not cands:
-                bad = [k for k in pin.degrees if k not in layer.dims]
+                bad = [k for k in pin.degrees if k not in layer.dims
+                       and not (k == G.REDUCE and G.reduction_size(layer))]
                 why = (f"layer {name} ({layer.op}, output {list(layer.out_shape)}) has no "
                        f"dimension {bad}; its dimensions are {list(layer.dims)}" if bad else
                        f"layer {name} ({layer.op}, output {list(layer.out_shape)}) has no such "
@@ -206,10 +228,19 @@ class CostModel:
             self._stack_cache[key] = v
         return v
 
+    def _stacked_compute(self, layer: Layer, cands: list):
+        key = ("compute", layer.name, tuple(cands))
+        v = self._stack_cache.get(key)
+        if v is None:
+            v = G.stacked_compute_boxes(layer, cands)
+            self._stack_cache[key] = v
+        return v
+
     def shard_shapes(self, layer: Layer, cfg: G.Config) -> list:
-        """Per device of ``cfg``: (output box shape, input region shapes, param shard elems)."""
-        boxes = self._boxes(layer, cfg)
-        ins = [G.input_regions(layer, i, boxes) for i in range(len(layer.in_shapes))]
+        """Per device of ``cfg``: (shape of the box it computes, input region shapes); a
+        row-parallel device computes its group's whole tile over its feature slice."""
+        boxes, red = G.compute_boxes(layer, cfg)
+        ins = [G.input_regions(layer, i, boxes, red) for i in range(len(layer.in_shapes))]
         out = []
         for k in range(cfg.total):
             out.append((tuple(int(x) for x in boxes[k, :, 1] - boxes[k, :, 0]),
@@ -241,10 +272,16 @@ class CostModel:
         tc, ts = np.zeros(C), np.zeros(C)
         if layer.op == "input":
             return tc, ts, vol.max(axis=1) * db
+        # what each device computes: its owned box, or (row-parallel) a partial sum of its
+        # group's tile over its feature slice - same FLOPs as the owned box's share
+        tiles, red, _ = self._stacked_compute(layer, cands)
+        partial = 0.0 if red is None else np.where(used & (red[..., 1] - red[..., 0] <
+                                                           (G.reduction_size(layer) or 0)),
+                                                   G.volume(tiles), 0).astype(float)
         in_el = np.zeros((C, Dm))
         for j in range(len(layer.in_shapes)):
-            in_el += np.where(used, G.volume(G.input_regions(layer, j, boxes)), 0)
-        shards = G.param_shards(layer, boxes)
+            in_el += np.where(used, G.volume(G.input_regions(layer, j, tiles, red)), 0)
+        shards = G.param_shards(layer, tiles, red)
         pel = np.zeros((C, Dm))
         for _, reg in shards.values():
             pel += np.where(used, G.volume(reg), 0)
@@ -258,7 +295,7 @@ class CostModel:
             out_vol = max(math.prod(layer.out_shape), 1)
             peak = np.array([d.peak_flops for d in self.devices.devices])[dev]
             flops = 3.0 * layer.flops * vol / out_vol          # forward + 2x backward
-            traffic = 3.0 * db * (in_el + pel + vol)
+            traffic = 3.0 * db * (in_el + pel + vol + partial)
             eff = EFFICIENCY.get(layer.op, 0.5)
             t = np.maximum(flops / (peak * eff), traffic / mbw) + LAUNCH_OVERHEAD_S + upd
             tc = np.where(used, t, 0.0).max(axis=1)
@@ -276,9 +313,32 @@ class CostModel:
                         keyed.setdefault(tuple(row), []).append(k)
                     groups.extend((int(pva[i][m[0]]), m) for m in keyed.values())
                 ts[i] = self._sync(cfg, groups)
-        # weights + gradients + momentum, activation + its gradient, fetched inputs
-        mem = (3 * pel + 2 * vol + in_el).max(axis=1) * db
+        # weights + gradients + momentum, activation + its gradient, fetched inputs (and a
+        # row-parallel device's partial tile and the gathered gradient of it)
+        mem = (3 * pel + 2 * vol + in_el + 2 * partial).max(axis=1) * db
         return tc, ts, mem
+
+    def reduce_costs(self, name: str, cands: list):
+        """``(t_R [C], bytes [C])``: the reduce-scatter of each row-parallel candidate's
+        partial tiles (and the all-gather of their gradient backward), ``None`` when no
+        candidate has a ``k`` degree.  See the module docstring."""
+        if all(c.deg(G.REDUCE) == 1 for c in cands):
+            return None
+        layer = self.graph.layer(name)
+        passes = 2.0 if self.needs_grad(name) else 1.0
+        t, nbytes = np.zeros(len(cands)), np.zeros(len(cands))
+        for i, cfg in enumerate(cands):
+            k = cfg.deg(G.REDUCE)
+            if k == 1:
+                continue
+            tiles, _ = G.compute_boxes(layer, cfg)
+            for members in G.reduce_groups(cfg):
+                devs = tuple(cfg.devices[m] for m in members)
+                s = float(G.volume(tiles[members[0]])) * self.dtype_bytes
+                one = (k - 1) / k * s / self._group_bw(devs) + (k - 1) * self._group_lat(devs)
+                t[i] = max(t[i], passes * one)
+                nbytes[i] += passes * (k - 1) * s
+        return t, nbytes
 
     def _sync_by_node(self, shards, dev, used, cands, nodes) -> np.ndarray:
         """Vectorised :meth:`_sync` for two-level device graphs (same numbers, no loops).
@@ -435,11 +495,11 @@ class CostModel:
             return hit
         src, dst = self.graph.layer(edge.src), self.graph.layer(edge.dst)
         Dd = max(c.total for c in dst_cands)
-        db, dused = self._stacked(dst, dst_cands)
+        db, dred, dused = self._stacked_compute(dst, dst_cands)   # what each device computes
         ddev = np.full((len(dst_cands), Dd), -1, dtype=np.int64)
         for j, c in enumerate(dst_cands):
             ddev[j, : c.total] = c.devices
-        need = G.edge_regions(self.graph, edge, db)          # [Cd, Dd, nd, 2] on producer
+        need = G.edge_regions(self.graph, edge, db, dred)    # [Cd, Dd, nd, 2] on producer
         need[ddev < 0] = 0
         nodes = self._node_structure()
         res = None
@@ -557,7 +617,7 @@ class CostModel:
                 raise InfeasiblePlan(f"layer {p.layer} is pinned twice")
             by_layer[p.layer] = p
         names = self.graph.names()
-        cands, tc, ts, mem = {}, {}, {}, {}
+        cands, tc, ts, mem, tr, br = {}, {}, {}, {}, {}, {}
         for n in names:
             cs = self.candidates(n, by_layer.get(n))
             a, b, m = self.layer_costs(n, cs)
@@ -573,9 +633,13 @@ class CostModel:
                 cs = [cs[i] for i in keep]
                 a, b, m = a[keep], b[keep], m[keep]
             cands[n], tc[n], ts[n], mem[n] = cs, a, b, m
+            red = self.reduce_costs(n, cs)
+            if red is not None:
+                tr[n], br[n] = red
         edges, nbytes = [], []
         for e in self.graph.edges():
             t, nb = self.xfer(e, cands[e.src], cands[e.dst])
             edges.append((e, t))
             nbytes.append(nb)
-        return CostTables(names, cands, tc, ts, mem, edges, time.perf_counter() - t0, nbytes)
+        return CostTables(names, cands, tc, ts, mem, edges, time.perf_counter() - t0, nbytes,
+                          tr, br)

@@ -4,7 +4,8 @@ A pin is written ``TARGET=SPEC`` (command line ``--pin``, the app, the URL) and 
 only.  The target names a layer (layer-wise methods), an operator or ``cluster:K``
 (placement methods) or a tensor (Tofu); the spec fixes
 
-* degrees of the target's parallel dimensions: ``n=2,c=2`` (letters n, c, h, w, l);
+* degrees of the target's parallel dimensions: ``n=2,c=2`` (letters n, c, h, w, l, and k:
+  the reduction degree of a row-parallel matrix product);
 * devices: ``@0,1`` (a placement pin names exactly one device: ``@3``);
 * a tensor's tiling for Tofu: ``grid=2x1`` (tiles per axis; product = the worker count).
 
@@ -32,7 +33,7 @@ from ..errors import InfeasiblePlan
 
 __all__ = ["Pin", "parse", "parse_all", "check", "from_placement_ui", "to_placement_ui"]
 
-_LETTERS = ("n", "c", "h", "w", "l")
+_LETTERS = ("n", "c", "h", "w", "l", "k")
 
 
 @dataclass(frozen=True)
@@ -85,7 +86,7 @@ def _degrees(text: str, whole: str) -> dict:
         if not eq or k not in _LETTERS:
             raise ValueError(
                 f"cannot read {part!r} in pin {whole!r}: write degrees as n=2,c=1,h=2,w=1 "
-                f"(letters n,c,h,w,l), devices after @ (@0,1), or a tiling as grid=2x1")
+                f"(letters n,c,h,w,l,k), devices after @ (@0,1), or a tiling as grid=2x1")
         try:
             out[k] = int(v)
         except ValueError:

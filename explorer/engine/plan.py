@@ -28,12 +28,13 @@ class LayerAssignment:
     t_compute_s: float = 0.0
     t_sync_s: float = 0.0
     memory_bytes: float = 0.0
+    t_reduce_s: float = 0.0      # reduce-scatter of a row-parallel (k) configuration
 
     def to_dict(self) -> dict:
         return {"name": self.name, "op": self.op, "config": self.config.as_dict(),
                 "config_label": self.config.label(), "devices": list(self.config.devices),
                 "t_compute_s": self.t_compute_s, "t_sync_s": self.t_sync_s,
-                "memory_bytes": self.memory_bytes}
+                "t_reduce_s": self.t_reduce_s, "memory_bytes": self.memory_bytes}
 
 
 @dataclass
@@ -114,7 +115,8 @@ class Plan:
             for la in d["layers"]:
                 cfg = G.Config(tuple(la["config"].items()), tuple(la["devices"]))
                 layers.append(LayerAssignment(la["name"], la["op"], cfg, la.get("t_compute_s", 0.0),
-                                              la.get("t_sync_s", 0.0), la.get("memory_bytes", 0.0)))
+                                              la.get("t_sync_s", 0.0), la.get("memory_bytes", 0.0),
+                                              la.get("t_reduce_s", 0.0)))
             return cls(d["model"], d.get("spec", d["model"]), int(d["batch"]), d["algo"],
                        d["preset"], int(d["devices"]), layers, float(d["objective_s"]),
                        float(d["predicted_step_time_s"]), float(d["search_time_s"]),
@@ -132,16 +134,19 @@ class Plan:
 
 def memory_per_device(graph, tables, choice, n_devices: int, dtype_bytes: int = 4) -> np.ndarray:
     """Bytes each device holds during a step: weights, gradients and momentum of its shards,
-    its activations and their gradients, and the input regions it fetches."""
+    its activations and their gradients, and the input regions it fetches (a row-parallel
+    device: also its partial tile and the gathered gradient of it, as the cost model counts)."""
     mem = np.zeros(n_devices)
     for n in tables.names:
         layer = graph.layer(n)
         cfg = tables.candidates[n][choice[n]]
         boxes, pel, _ = G.shard_summary(layer, cfg)
+        tiles, red = G.compute_boxes(layer, cfg)
         vol = G.volume(boxes).astype(float)
-        in_el = sum(G.volume(G.input_regions(layer, j, boxes)).astype(float)
+        in_el = sum(G.volume(G.input_regions(layer, j, tiles, red)).astype(float)
                     for j in range(len(layer.in_shapes))) if layer.in_shapes else 0.0
-        per = (3 * pel + 2 * vol + in_el) * dtype_bytes
+        partial = 0.0 if red is None else G.volume(tiles).astype(float)
+        per = (3 * pel + 2 * vol + in_el + 2 * partial) * dtype_bytes
         for k, d in enumerate(cfg.devices):
             mem[d] += per[k]
     return mem

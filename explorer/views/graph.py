@@ -84,7 +84,8 @@ def details_layout():
             fixed_rows={"headers": True},
             columns=[{"name": n, "id": k} for k, n in [
                 ("chosen", ""), ("config", "config"), ("devices", "devices"),
-                ("t_compute_ms", "t_C ms"), ("t_sync_ms", "t_S ms"), ("memory_mib", "MiB")]],
+                ("t_compute_ms", "t_C ms"), ("t_sync_ms", "t_S ms"), ("t_reduce_ms", "t_R ms"),
+                ("memory_mib", "MiB")]],
             style_table={"overflowX": "auto", "maxHeight": "260px", "overflowY": "auto"}, style_cell={"fontSize": 12, "padding": "2px 6px"},
             style_data_conditional=[{"if": {"filter_query": '{chosen} = "✔"'},
                                      "backgroundColor": "#e3f1e3", "fontWeight": "bold"}]),

@@ -57,7 +57,8 @@ MEASURED = "#2563eb"        # a measurement
 HIGHLIGHT = "#2563eb"       # the method a comparison is about
 ERROR = "#d62728"           # over capacity, OOM, an impossible pin
 IDEAL = "#d62728"           # linear-scaling ideal
-STRATEGY_COLORS = {"data": "#4c78a8", "model": "#f58518", "owt": "#54a24b", "optcnn": "#b279a2"}
+STRATEGY_COLORS = {"data": "#4c78a8", "model": "#f58518", "owt": "#54a24b", "megatron": "#9d755d",
+                   "optcnn": "#b279a2"}
 PART_COLORS = {"compute": "#4c78a8", "transfer": "#f58518", "sync": "#54a24b"}
 
 

@@ -14,7 +14,9 @@ Modules:
 * :mod:`.windows` - convolution / pooling window arithmetic and the pads a local computation
   of a window op needs (only at the tensor's true border);
 * :mod:`.owners` - mixed-radix tile ownership (which worker owns each tile after splits);
-* :mod:`.config` - :class:`Config`, :func:`enumerate_configs`, :func:`output_boxes`;
+* :mod:`.config` - :class:`Config`, :func:`enumerate_configs`, :func:`output_boxes`, and
+  for row-parallel (``k``) configurations :func:`compute_boxes` (the tile and reduction
+  features a device sums over before the reduce-scatter);
 * :mod:`.regions` / :mod:`.edges` - input regions and parameter shards per op, edge view ops;
 * :mod:`.layout` - :class:`TensorLayout` (how one tensor lives on devices, for every plan
   kind) and :class:`ExecutionLayout` (an operator-level plan for the runtime, JSON-able).
@@ -52,7 +54,8 @@ several example models; nothing on the search or runtime path imports the oracle
 
 from .boxes import (box_shape, common, extents, full_box, inside, intersect, is_empty, overlap,
                     split, split_range, to_slices, volume)
-from .config import (Config, enumerate_configs, output_boxes,
+from .config import (REDUCE, Config, compute_boxes, enumerate_configs, output_boxes,
+                     reduce_groups, reduction_size, scatter_axis, stacked_compute_boxes,
                      stacked_output_boxes, tile_indices)
 from .edges import apply_transforms, edge_regions
 from .layout import REDUCERS, ExecutionLayout, OpLayout, TensorLayout
@@ -65,7 +68,8 @@ __all__ = [
     "box_shape", "common", "extents", "full_box", "inside", "intersect", "is_empty", "overlap",
     "split", "split_range", "to_slices", "volume",
     "Config", "enumerate_configs", "output_boxes", "stacked_output_boxes",
-    "tile_indices",
+    "tile_indices", "REDUCE", "compute_boxes", "reduce_groups", "reduction_size",
+    "scatter_axis", "stacked_compute_boxes",
     "apply_transforms", "edge_regions",
     "REDUCERS", "ExecutionLayout", "OpLayout", "TensorLayout",
     "owner_grid", "tile_digits", "tile_owners",

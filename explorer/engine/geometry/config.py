@@ -4,6 +4,20 @@ A :class:`Config` (paper Section 4) gives a degree per dimension letter of a lay
 devices that run it; device ``devices[k]`` owns tile ``k`` of the row-major tile grid (the
 mixed-radix numbering of :mod:`.owners`).  :func:`enumerate_configs` lists a layer's candidate
 configurations, :func:`output_boxes` / :func:`stacked_output_boxes` the boxes they own.
+
+Reduction (row-parallel) degree ``k``
+-------------------------------------
+Besides the output letters, a matrix product (``linear``, ``matmul``) may split its
+reduction dimension (the input features) ``k`` ways, as Megatron-LM's row-parallel layers
+do: the ``k`` devices of a *group* (the same tile of the other letters; ``k`` is always the
+last, fastest digit, so a group is ``k`` consecutive devices) each multiply their ``1/k``
+slice of the input features by the matching weight columns, giving a partial sum of the
+group's whole tile (:func:`compute_boxes`: the tile and the feature range each device
+computes).  The partials are then reduce-scattered so every output element is still owned
+by exactly one device: member ``j`` owns part ``j`` of the tile along the *scatter axis* -
+the sequence axis ``l`` when the output has one (Megatron's sequence parallelism, which
+leaves the following norms and residual adds split by tokens), else the sample axis ``n``
+(:func:`scatter_axis`).
 """
 
 from __future__ import annotations
@@ -21,6 +35,34 @@ from .owners import tile_digits
 # --------------------------------------------------------------------------------------------
 # Configurations
 # --------------------------------------------------------------------------------------------
+
+#: The letter of the reduction (row-parallel) degree; not an axis of the output.
+REDUCE = "k"
+
+
+def reduction_size(layer: Layer) -> int | None:
+    """Length of the reduction dimension a ``k`` degree may split (input features of a
+    ``linear`` of rank ≤ 3, the inner dimension of a ``matmul``), or ``None``: the op has none
+    (or the output has no scatter axis to keep every element owned by one device)."""
+    if layer.op not in ("linear", "matmul") or not layer.in_shapes:
+        return None
+    if layer.op == "linear" and len(layer.out_shape) > 3:
+        return None
+    if layer.op == "matmul" and (len(layer.in_shapes) != 2 or len(layer.in_shapes[0]) < 2
+                                 or len(layer.in_shapes[1]) < 2):
+        return None
+    if scatter_axis(layer) is None:
+        return None
+    return int(layer.in_shapes[0][-1])
+
+
+def scatter_axis(layer: Layer) -> int | None:
+    """The output axis a ``k`` group reduce-scatters its tile along: ``l`` if the output has
+    one (sequence parallelism), else ``n``; ``None`` when it has neither."""
+    for letter in ("l", "n"):
+        if letter in layer.dims:
+            return layer.axis_of(letter)
+    return None
 
 
 @dataclass(frozen=True)
@@ -40,6 +82,10 @@ class Config:
 
     def __post_init__(self):
         degs = tuple((str(k), int(v)) for k, v in self.degrees)
+        # the reduction degree is always the last (fastest) digit: its groups are
+        # consecutive devices, whatever order a plan file lists the degrees in
+        degs = tuple(d for d in degs if d[0] != REDUCE) + tuple(d for d in degs
+                                                                 if d[0] == REDUCE)
         object.__setattr__(self, "degrees", degs)
         object.__setattr__(self, "devices", tuple(int(d) for d in self.devices))
         for k, v in degs:
@@ -90,13 +136,16 @@ def enumerate_configs(layer: Layer, n_devices: int, devices: tuple | None = None
     (every device then trains on the same number of samples).  A configuration of total degree
     k runs on the first k devices of ``devices`` (default ``0..n_devices-1``; presets order
     devices so that the first k share a node).  Layers without parallelizable dimensions get the
-    single configuration on device 0.
+    single configuration on device 0.  Matrix products also get a reduction degree ``k``
+    (:func:`reduction_size`; at most the feature count) as long as the scatter axis has a part
+    for every member of a group (and, for the sample axis, equal parts).
     """
     if n_devices < 1:
         raise ValueError(f"need at least 1 device, got {n_devices}")
     order = tuple(range(n_devices)) if devices is None else tuple(devices)
     cap = n_devices if max_total is None else max_total
     per_dim = []
+    letters = layer.dims
     for letter in layer.dims:
         size = layer.size(letter)
         opts = []
@@ -107,6 +156,13 @@ def enumerate_configs(layer: Layer, n_devices: int, devices: tuple | None = None
                 continue
             opts.append(d)
         per_dim.append(opts)
+    red = reduction_size(layer)
+    if red is not None:        # row-parallel: the k devices of a group reduce-scatter a tile
+        letters = layer.dims + (REDUCE,)
+        per_dim.append([d for d in _divisors(n_devices) if d <= red and d <= cap])
+        s_ax = scatter_axis(layer)
+        s_pos = layer.dims.index(layer.axes[s_ax])
+        s_size = layer.out_shape[s_ax]
     out = []
     for combo in itertools.product(*per_dim):
         total = math.prod(combo)
@@ -114,7 +170,13 @@ def enumerate_configs(layer: Layer, n_devices: int, devices: tuple | None = None
             continue
         if devices is not None and total != len(order):
             continue
-        out.append(Config(tuple(zip(layer.dims, combo)), order[:total]))
+        if red is not None and combo[-1] > 1:
+            parts = combo[s_pos] * combo[-1]      # every device owns part of the tile
+            if parts > s_size or (layer.axes[s_ax] == "n" and s_size % parts):
+                continue
+        # k=1 is left out: a configuration without a reduction split reads as it always did
+        out.append(Config(tuple((k, v) for k, v in zip(letters, combo)
+                                if k != REDUCE or v > 1), order[:total]))
     out.sort(key=lambda c: (c.total, [-v for _, v in c.degrees]))
     return out
 
@@ -129,30 +191,79 @@ def tile_indices(cfg: Config) -> np.ndarray:
     return tile_digits([v for _, v in cfg.degrees], np.arange(cfg.total))
 
 
-def output_boxes(layer: Layer, cfg: Config) -> np.ndarray:
-    """``[k, ndim, 2]``: the output box owned by ``cfg.devices[k]``.
-
-    Every element of the output is owned by exactly one device of the configuration.
-    """
+def _tiles(layer: Layer, cfg: Config):
+    """``(tiles [k, nd, 2], tile index [k, len(degrees)])``: each device's box of the output
+    letters' tiling (the group's whole tile when the configuration has a ``k`` degree)."""
     nd = len(layer.out_shape)
     boxes = np.zeros((cfg.total, nd, 2), dtype=np.int64)
     boxes[:, :, 1] = np.asarray(layer.out_shape, dtype=np.int64)
     tiles = tile_indices(cfg)
     for j, (letter, deg) in enumerate(cfg.degrees):
-        if deg == 1:
+        if deg == 1 or letter == REDUCE:
             continue
         ax = layer.axis_of(letter)
         lo, hi = split_range(layer.out_shape[ax], deg, tiles[:, j])
         boxes[:, ax, 0], boxes[:, ax, 1] = lo, hi
+    return boxes, tiles
+
+
+def _reduce_range(layer: Layer, kdeg, kidx) -> np.ndarray:
+    """``[..., 2]``: the reduction-feature range of part ``kidx`` of ``kdeg`` (vectorised)."""
+    lo, hi = split_range(reduction_size(layer), kdeg, kidx)
+    return np.stack([lo, hi], axis=-1).astype(np.int64)
+
+
+def _scatter(layer: Layer, boxes: np.ndarray, kdeg, kidx) -> np.ndarray:
+    """Each member's part ``kidx`` of ``kdeg`` of its tile along the scatter axis."""
+    ax = scatter_axis(layer)
+    lo, hi = boxes[..., ax, 0], boxes[..., ax, 1]
+    ext = hi - lo
+    out = boxes.copy()
+    out[..., ax, 0] = lo + kidx * ext // kdeg
+    out[..., ax, 1] = lo + (kidx + 1) * ext // kdeg
+    return out
+
+
+def output_boxes(layer: Layer, cfg: Config) -> np.ndarray:
+    """``[k, ndim, 2]``: the output box owned by ``cfg.devices[k]``.
+
+    Every element of the output is owned by exactly one device of the configuration (with a
+    ``k`` degree: member ``j`` of a group owns part ``j`` of the group's tile along
+    :func:`scatter_axis`).
+    """
+    boxes, tiles = _tiles(layer, cfg)
+    kdeg = cfg.deg(REDUCE)
+    if kdeg > 1:
+        boxes = _scatter(layer, boxes, kdeg, tiles[:, -1])
     return boxes
 
 
-def stacked_output_boxes(layer: Layer, cfgs: list):
-    """Output boxes of many configurations at once: ``([C, Dmax, nd, 2], used [C, Dmax])``.
+def compute_boxes(layer: Layer, cfg: Config):
+    """``(tiles [k, nd, 2], reduce [k, 2] or None)``: the box of the output each device
+    computes and the range of the reduction features it sums over.
 
-    Row ``k`` of configuration ``i`` is the tile of ``cfgs[i].devices[k]`` (same tiling as
-    :func:`output_boxes`); rows past a configuration's device count are empty and unused.
+    Without a ``k`` degree these are the owned boxes and ``None`` (the whole reduction); with
+    one, every member of a group computes a partial sum of the group's whole tile over its
+    ``1/k`` of the features (see the module docstring).
     """
+    boxes, tiles = _tiles(layer, cfg)
+    kdeg = cfg.deg(REDUCE)
+    if kdeg == 1:
+        return boxes, None
+    return boxes, _reduce_range(layer, kdeg, tiles[:, -1])
+
+
+def reduce_groups(cfg: Config) -> list:
+    """Device positions of each ``k`` group (consecutive: ``k`` is the fastest digit); empty
+    without a ``k`` degree.  Member ``j`` of a group owns part ``j`` of its tile."""
+    kdeg = cfg.deg(REDUCE)
+    if kdeg == 1:
+        return []
+    return [list(range(g, g + kdeg)) for g in range(0, cfg.total, kdeg)]
+
+
+def _stacked(layer: Layer, cfgs: list):
+    """Tiles, reduction ranges and owned boxes of many configurations at once."""
     C = len(cfgs)
     Dm = max(c.total for c in cfgs)
     nd = len(layer.out_shape)
@@ -161,6 +272,9 @@ def stacked_output_boxes(layer: Layer, cfgs: list):
     total = np.array([c.total for c in cfgs])
     used = np.arange(Dm)[None, :] < total[:, None]
     rem = np.broadcast_to(np.arange(Dm)[None, :], (C, Dm)).copy()
+    kdeg = np.array([c.deg(REDUCE) for c in cfgs])[:, None]
+    kidx = rem % kdeg                            # k is the fastest digit
+    rem //= kdeg
     for letter in reversed(layer.dims):          # row-major: last letter varies fastest
         deg = np.array([c.deg(letter) for c in cfgs])[:, None]
         idx = rem % deg
@@ -170,5 +284,27 @@ def stacked_output_boxes(layer: Layer, cfgs: list):
         boxes[:, :, ax, 0] = idx * size // deg
         boxes[:, :, ax, 1] = (idx + 1) * size // deg
     boxes[~used] = 0
-    return boxes, used
+    if not (kdeg > 1).any():
+        return boxes, None, boxes, used
+    red = _reduce_range(layer, kdeg, kidx)
+    owned = _scatter(layer, boxes, kdeg, kidx)
+    owned[~used] = 0
+    return boxes, red, owned, used
 
+
+def stacked_output_boxes(layer: Layer, cfgs: list):
+    """Output boxes of many configurations at once: ``([C, Dmax, nd, 2], used [C, Dmax])``.
+
+    Row ``k`` of configuration ``i`` is the tile of ``cfgs[i].devices[k]`` (same tiling as
+    :func:`output_boxes`); rows past a configuration's device count are empty and unused.
+    """
+    _, _, owned, used = _stacked(layer, cfgs)
+    return owned, used
+
+
+def stacked_compute_boxes(layer: Layer, cfgs: list):
+    """:func:`compute_boxes` of many configurations: ``(tiles [C, Dmax, nd, 2], reduce
+    [C, Dmax, 2] or None, used [C, Dmax])``; ``reduce`` is ``None`` when no configuration has
+    a ``k`` degree (rows of those without one span the whole reduction)."""
+    tiles, red, _, used = _stacked(layer, cfgs)
+    return tiles, red, used

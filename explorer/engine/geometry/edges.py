@@ -108,7 +108,10 @@ def apply_transforms(boxes: np.ndarray, transforms) -> np.ndarray:
     return boxes
 
 
-def edge_regions(graph: LayerGraph, edge: Edge, boxes: np.ndarray) -> np.ndarray:
-    """Region of the producer's output that each consumer output box needs through ``edge``."""
-    reg = input_regions(graph.layer(edge.dst), edge.index, boxes)
+def edge_regions(graph: LayerGraph, edge: Edge, boxes: np.ndarray,
+                 reduce: np.ndarray | None = None) -> np.ndarray:
+    """Region of the producer's output that each consumer output box needs through ``edge``
+    (``reduce``: a row-parallel consumer's feature slices, ``boxes`` then its tiles; see
+    :func:`.regions.input_regions`)."""
+    reg = input_regions(graph.layer(edge.dst), edge.index, boxes, reduce)
     return apply_transforms(reg, edge.transforms)

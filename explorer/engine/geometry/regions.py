@@ -15,7 +15,7 @@ import numpy as np
 
 from ..graph import Layer
 from .boxes import full_box, volume
-from .config import Config, output_boxes
+from .config import Config, compute_boxes, output_boxes
 from .windows import adaptive_window, transpose_window, window
 
 # --------------------------------------------------------------------------------------------
@@ -33,11 +33,15 @@ def _broadcast_region(out_box, in_shape):
     return reg
 
 
-def input_regions(layer: Layer, index: int, boxes: np.ndarray) -> np.ndarray:
+def input_regions(layer: Layer, index: int, boxes: np.ndarray,
+                  reduce: np.ndarray | None = None) -> np.ndarray:
     """Region of input ``index`` (in the op's own input coordinates) that each output box needs.
 
     ``boxes`` is ``[..., out_ndim, 2]``; returns ``[..., in_ndim, 2]``.  Boxes with no extent
-    may map to empty regions (concat inputs a device does not read).
+    may map to empty regions (concat inputs a device does not read).  ``reduce``
+    (``[..., 2]``, matrix products only) limits the reduction features a box sums over: the
+    ``k`` slice of a row-parallel device (:func:`.config.compute_boxes`, whose tiles are then
+    the ``boxes``); ``None`` is all of them.
     """
     op, a = layer.op, layer.attrs
     if op == "input":
@@ -97,6 +101,8 @@ def input_regions(layer: Layer, index: int, boxes: np.ndarray) -> np.ndarray:
             reg[..., ax, 0], reg[..., ax, 1] = lo, np.maximum(top, lo)
     elif op == "linear":
         reg[..., :-1, :] = boxes[..., :-1, :]
+        if reduce is not None:
+            reg[..., -1, :] = reduce
     elif op == "matmul" and index == 2:
         reg = _broadcast_region(boxes, shp)   # baddbmm's addend: its box of the output
     elif op == "matmul":
@@ -107,8 +113,12 @@ def input_regions(layer: Layer, index: int, boxes: np.ndarray) -> np.ndarray:
             reg[..., : nd - 2, :] = _broadcast_region(bat, shp[: nd - 2])
         if index == 0:
             reg[..., nd - 2, :] = boxes[..., -2, :]
+            if reduce is not None:
+                reg[..., nd - 1, :] = reduce
         else:
             reg[..., nd - 1, :] = boxes[..., -1, :]
+            if reduce is not None:
+                reg[..., nd - 2, :] = reduce
     elif op == "sdpa" and index == 3:
         # a mask [.., Lq, Lk] computed from the input: the box's query rows, every key
         reg = _broadcast_region(boxes, shp)
@@ -168,12 +178,15 @@ def input_regions(layer: Layer, index: int, boxes: np.ndarray) -> np.ndarray:
 # --------------------------------------------------------------------------------------------
 
 
-def param_shards(layer: Layer, boxes: np.ndarray) -> dict:
+def param_shards(layer: Layer, boxes: np.ndarray, reduce: np.ndarray | None = None) -> dict:
     """For each parameter: ``(logical_shape, [k, pnd, 2] boxes)`` each device needs.
 
     Weight rows follow the output-channel range (conv, linear, folded BatchNorm, LSTM gate
     blocks), embedding tables their column range; other dimensions (sample, height, width,
-    length) replicate the shard.
+    length) replicate the shard.  A row-parallel linear (``reduce`` given, ``boxes`` its
+    tiles) holds the weight columns of its feature slice; its bias (added once, after the
+    reduce-scatter, to the owned box) follows the channel range and so is replicated over the
+    group, whose members' bias gradients sum like any replica group's.
     """
     out = {}
     c_ax = layer.axes.index("c") if "c" in layer.axes else None
@@ -195,12 +208,17 @@ def param_shards(layer: Layer, boxes: np.ndarray) -> dict:
             reg[..., 1, :] = boxes[..., 2, :]
         elif op == "linear" and layer.attrs.get("weight_t") and name == "weight":
             reg[..., 1, :] = boxes[..., c_ax, :]     # weight [in, out]: output columns
+            if reduce is not None:
+                reg[..., 0, :] = reduce              # row-parallel: its input-feature rows
         elif op == "eltwise" or name.startswith("operand"):
             reg = _broadcast_region(boxes, shape)
         elif op == "norm":
             pass  # normalised axes are never split: affine weights replicate
         elif c_ax is not None and shape and shape[0] == layer.out_shape[c_ax]:
             reg[..., 0, :] = boxes[..., c_ax, :]
+            if reduce is not None and op == "linear" and len(shape) == 2 and \
+                    shape[1] == layer.in_shapes[0][-1]:
+                reg[..., 1, :] = reduce
         out[name] = (shape, reg)
     return out
 
@@ -264,7 +282,8 @@ def shard_summary(layer: Layer, cfg: Config):
     ``(param elements of the shard, [device positions holding it])`` over all parameters.
     """
     boxes = output_boxes(layer, cfg)
-    shards = param_shards(layer, boxes)
+    tiles, reduce = compute_boxes(layer, cfg)
+    shards = param_shards(layer, tiles, reduce)
     elems = np.zeros(cfg.total, dtype=np.int64)
     groups = []
     for _, (_, reg) in shards.items():

@@ -19,6 +19,14 @@ Forward, in topological order, for layer ``L``:
    (:mod:`~explorer.engine.runtime.transforms`), and :func:`~explorer.engine.runtime.ops.compute`
    computes exactly the owned output box, folded BatchNorm/activations included.
 
+A row-parallel layer (a ``k`` degree, :func:`~explorer.engine.geometry.compute_boxes`)
+fetches its group's tile rows but only its slice of the input features, computes a partial
+sum of the whole tile with its weight columns, and the ``k`` members reduce-scatter the
+partials so each owns its part of the tile (along ``l``, else ``n``); the bias and the folded
+nodes then run on the owned box.  Backward is the adjoint: the owned box's gradient is
+all-gathered over the group into the tile's gradient, which the local matmul back-propagates
+(:meth:`Executor._reduce_scatter`, :meth:`Executor._all_gather`).
+
 Loss: ``Σ_outputs mean(out²)`` over the model's output layers (each worker adds its boxes'
 share); the gradient of an owned output box is ``2·out/numel``.
 
@@ -106,6 +114,8 @@ class LayerState:
     trainable: list = field(default_factory=list)    # qualified names of my trainable shards
     sync: list = field(default_factory=list)         # [(ranks, [qualified names])]
     is_output: bool = False
+    tile: np.ndarray | None = None                   # the box I compute (k: group's tile)
+    kgroup: tuple | None = None                      # k: (ranks, my index, slices of parts)
 
 
 def parse_fault(text: str | None):
@@ -183,15 +193,19 @@ class Executor:
         for name in order:
             layer = g.layer(name)
             cfg = assign[name]
-            bad = [k for k, v in cfg.degrees if v > 1 and k not in layer.dims]
+            red_size = G.reduction_size(layer)
+            bad = [k for k, v in cfg.degrees if v > 1 and k not in layer.dims
+                   and not (k == G.REDUCE and red_size is not None)]
             if bad:
                 raise InfeasiblePlan(f"layer {name}: the plan splits dimension(s) {bad}, the "
                                      f"layer has {list(layer.dims)}")
             for k, v in cfg.degrees:
-                if v > 1 and v > layer.size(k):
+                size = red_size if k == G.REDUCE else layer.size(k)
+                if v > 1 and v > size:
                     raise InfeasiblePlan(f"layer {name}: degree {k}={v} exceeds the size "
-                                         f"{layer.size(k)} of that dimension")
+                                         f"{size} of that dimension")
             boxes = G.output_boxes(layer, cfg)
+            tiles, red = G.compute_boxes(layer, cfg)
             pos = cfg.devices.index(self.rank) if self.rank in cfg.devices else None
             node = self.nodes.get(name)
             if node is None:
@@ -200,6 +214,15 @@ class Executor:
             st = LayerState(name, layer, cfg, boxes, pos, None if pos is None else boxes[pos],
                             dtype, is_output=name in self.outputs)
             self.state[name] = st
+            if pos is not None:
+                st.tile = tiles[pos]
+                for members in G.reduce_groups(cfg):
+                    if pos in members:
+                        ranks = tuple(cfg.devices[m] for m in members)
+                        parts = [G.to_slices(boxes[m], tiles[pos]) for m in members]
+                        st.kgroup = (ranks, members.index(pos), parts)
+            for members in G.reduce_groups(cfg):
+                groups_all.add(tuple(sorted(cfg.devices[m] for m in members)))
             if layer.op == "input":
                 continue
             if layer.op == "lstm_cell" or any(t[0] == "item" for e in g.out_edges(name)
@@ -210,7 +233,7 @@ class Executor:
             for ei, e in enumerate(g.in_edges(name)):
                 src = self.state[e.src]
                 ie = InEdge(e, e.src, src.needs_grad)
-                regions = G.edge_regions(g, e, boxes)
+                regions = G.edge_regions(g, e, tiles, red)
                 for j, d in enumerate(cfg.devices):
                     r = regions[j]
                     if G.volume(r) == 0:
@@ -221,7 +244,8 @@ class Executor:
                             st.fwd_pieces.append(Piece(s, d, p, ei))
                 if pos is not None:
                     where = f"edge {e.src}->{name}#{e.index}"
-                    chain, steps = T.plan_edge(layer, e.index, st.box, e.transforms, where)
+                    chain, steps = T.plan_edge(layer, e.index, st.tile, e.transforms, where,
+                                               None if red is None else red[pos])
                     if G.volume(chain[0]) > 0:
                         ie.region, ie.q_box, ie.steps = chain[-1], chain[0], steps
                         if not np.array_equal(ie.region, regions[pos]):
@@ -236,7 +260,7 @@ class Executor:
                         f"parameter {qual} is used by layers {used_by[qual]} and {name} "
                         f"(weight tying): not supported by the runtime")
                 used_by[qual] = name
-            shards = G.param_shards(layer, boxes)
+            shards = G.param_shards(layer, tiles, red)
             shard_boxes = {}
             for key, (logical, reg) in shards.items():
                 qual = mapping[key]
@@ -568,6 +592,49 @@ class Executor:
             self._wait([], [(leader, x, i) for i, x in enumerate(grads)])
             self._wait([(leader, x, len(grads) + i) for i, x in enumerate(grads)], [])
 
+    #: message tags of the row-parallel collectives (apart from the exchanges' piece tags)
+    _RS_TAG, _AG_TAG = 1 << 20, (1 << 20) + 1
+
+    def _reduce_scatter(self, st, part):
+        """Sum the ``k`` group's partial tiles; return my part of the sum (a new tensor).
+
+        ``p2p`` (gloo's default): each member sends every other member that member's part of
+        its partial and adds the parts it receives, in member order.  ``allreduce``: one
+        ``all_reduce`` of the tile on the group's process group, then my part (gloo and NCCL
+        both have it; it moves the whole tile instead of ``(k-1)/k`` of it)."""
+        ranks, j, parts = st.kgroup
+        if self.sync_mode == "allreduce":
+            full = part.clone()
+            dist.all_reduce(full, group=self.groups[tuple(sorted(ranks))])
+            return full[parts[j]].clone()
+        bufs = {i: torch.empty_like(part[parts[j]]) for i in range(len(ranks)) if i != j}
+        self._wait([(ranks[i], b, self._RS_TAG) for i, b in bufs.items()],
+                   [(ranks[i], part[parts[i]].contiguous(), self._RS_TAG)
+                    for i in range(len(ranks)) if i != j])
+        out = None
+        for i in range(len(ranks)):
+            piece = part[parts[j]] if i == j else bufs[i]
+            out = piece.clone() if out is None else out.add_(piece)
+        return out
+
+    def _all_gather(self, st, grad):
+        """The adjoint of :meth:`_reduce_scatter`: the whole tile's gradient from every
+        member's part (``allreduce`` mode: an ``all_reduce`` of a zero tile holding mine)."""
+        ranks, j, parts = st.kgroup
+        full = torch.zeros(G.box_shape(st.tile), dtype=grad.dtype, device=grad.device)
+        full[parts[j]] = grad
+        if self.sync_mode == "allreduce":
+            dist.all_reduce(full, group=self.groups[tuple(sorted(ranks))])
+            return full
+        bufs = {i: torch.empty(full[parts[i]].shape, dtype=grad.dtype, device=grad.device)
+                for i in range(len(ranks)) if i != j}
+        self._wait([(ranks[i], b, self._AG_TAG) for i, b in bufs.items()],
+                   [(ranks[i], grad.contiguous(), self._AG_TAG)
+                    for i in range(len(ranks)) if i != j])
+        for i, b in bufs.items():
+            full[parts[i]] = b
+        return full
+
     def _buffer(self, key, like):
         b = self._bufs.get(key)
         if b is None or b.shape != like.shape or b.dtype != like.dtype:
@@ -590,7 +657,7 @@ class Executor:
         gradient.
         """
         tm = np.zeros((len(self.order), len(PHASES)))
-        outs, leaves, loss_grads = {}, {}, {}
+        outs, leaves, loss_grads, partials = {}, {}, {}, {}
         pc = time.perf_counter
         mid = len(self.order) // 2
         for li, name in enumerate(self.order):
@@ -605,14 +672,25 @@ class Executor:
             t0 = pc()
             regions = self._fetch(st, outs, leaves)
             t1 = pc()
+            comm = 0.0
             if st.pos is not None:
                 ins = [None if r is None else T.forward(r, ie.steps)
                        for r, ie in zip(regions, st.ins)]
-                y = ops.compute(st.ctx, ins, [ie.q_box for ie in st.ins], st.box)
+                q_boxes = [ie.q_box for ie in st.ins]
+                if st.kgroup is None:
+                    y = ops.compute(st.ctx, ins, q_boxes, st.box)
+                else:        # row-parallel: partial tile, reduce-scatter, bias and folded ops
+                    part = ops.compute_partial(st.ctx, ins, q_boxes, st.tile)
+                    tr = pc()
+                    z = self._reduce_scatter(st, part.detach())
+                    comm = pc() - tr
+                    z.requires_grad_(part.requires_grad)
+                    y = ops.finish(st.ctx, z, st.box)
+                    partials[name] = (part, z)
                 outs[name] = y
             t2 = pc()
-            tm[li, 0] += t1 - t0
-            tm[li, 1] += t2 - t1
+            tm[li, 0] += t1 - t0 + comm
+            tm[li, 1] += t2 - t1 - comm
         extra = {}
         self.phase = "loss"
         numel = {o: math.prod(self.graph.layer(o).out_shape) for o in self.outputs}
@@ -639,12 +717,22 @@ class Executor:
             t0 = pc()
             g = self._grad_in(st, leaves, loss_grads)
             t1 = pc()
+            comm = 0.0
             if st.pos is not None:
                 y = outs[name]
                 if y.requires_grad:
                     torch.autograd.backward(y, g)
                 outs[name] = None
+                if name in partials:       # row-parallel: gather the tile's gradient
+                    part, z = partials.pop(name)
+                    tr = pc()
+                    gt = self._all_gather(st, z.grad if z.grad is not None
+                                          else torch.zeros_like(z))
+                    comm = pc() - tr
+                    if part.requires_grad:
+                        torch.autograd.backward(part, gt)
             t2 = pc()
+            t1 += comm          # the gather counts as gradient communication
             for ranks, quals in st.sync:
                 grads = []
                 for q in quals:

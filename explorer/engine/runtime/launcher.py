@@ -105,7 +105,14 @@ def validate(plan_dict: dict, expect: dict | None = None, check_local: bool = Tr
                 f"changed): search the plan again")
     for la in plan.layers:
         layer = graph.layer(la.name)
+        from ..geometry import REDUCE, reduction_size
+        red = reduction_size(layer)
         for k, v in la.config.degrees:
+            if k == REDUCE and red is not None:          # row-parallel matrix product
+                if v > red:
+                    raise InfeasiblePlan(f"layer {la.name}: degree k={v} exceeds its "
+                                         f"{red} reduction features")
+                continue
             if v > 1 and k not in layer.dims:
                 raise InfeasiblePlan(f"layer {la.name}: the plan splits {k}={v}, the layer's "
                                      f"dimensions are {list(layer.dims)}")

@@ -873,3 +873,41 @@ def compute(ctx, ins, in_boxes, out_box) -> torch.Tensor:
     for fn in fold:
         y = fn(y)
     return y
+
+
+# --------------------------------------------------------------------------------------------
+# row-parallel (k) layers: partial sum of the group's tile, then bias and folded nodes
+# --------------------------------------------------------------------------------------------
+
+
+def compute_partial(ctx, ins, in_boxes, tile_box) -> torch.Tensor:
+    """A row-parallel device's partial sum of its group's whole tile ``tile_box``: the matrix
+    product over its slice of the reduction features (inputs and weight columns are that
+    slice), without the bias, which :func:`finish` adds once after the reduce-scatter."""
+    op = ctx.layer.op
+    if op == "linear" and ctx.layer.attrs.get("weight_t"):   # W stored [in, out]
+        y = torch.matmul(ins[0], ctx.param(ctx.weight_name))
+    elif op == "linear":
+        y = F.linear(ins[0], ctx.param(ctx.weight_name))
+    elif op == "matmul":
+        y = _call_node(ctx, ins)
+    else:
+        raise NotImplementedError(f"{ctx.where}: no row-parallel (k) rule for op {op!r}")
+    want = G.box_shape(tile_box)
+    if tuple(y.shape) != want:
+        raise RuntimeError(f"{ctx.where}: partial tile has shape {tuple(y.shape)}, the tile "
+                           f"{tile_box.tolist()} has {want}")
+    return y
+
+
+def finish(ctx, z, out_box) -> torch.Tensor:
+    """The owned box of a row-parallel layer from its reduced part ``z``: the bias (this
+    device's shard: the box's channel range), then the layer's folded nodes."""
+    if ctx.layer.op == "linear" and ctx.bias_name:
+        z = z + ctx.param(ctx.bias_name)
+    fold = getattr(ctx, "_fold", None)
+    if fold is None:
+        fold = ctx._fold = compile_folded(ctx, out_box, z.dim())
+    for fn in fold:
+        z = fn(z)
+    return z

@@ -36,13 +36,15 @@ class Step:
     arg: object = None        # permutation / axis / target extents / (index tensor, extents)
 
 
-def chain(layer, index: int, box: np.ndarray, transforms) -> list:
+def chain(layer, index: int, box: np.ndarray, transforms, reduce=None) -> list:
     """Boxes at each stage: ``[consumer input region, ..., producer region]``.
 
-    ``box`` is one output box ``[nd, 2]`` of the consumer layer; the last element equals
+    ``box`` is one output box ``[nd, 2]`` of the consumer layer (a row-parallel layer: the
+    tile it computes, with ``reduce`` its feature range); the last element equals
     :func:`geometry.edge_regions` for it.
     """
-    q = G.input_regions(layer, index, box[None])[0]
+    q = G.input_regions(layer, index, box[None],
+                        None if reduce is None else np.asarray(reduce)[None])[0]
     out = [q]
     for t in transforms:
         q = G.apply_transforms(q[None], (t,))[0]
@@ -76,9 +78,10 @@ def _reshape_step(src_box, dst_box, src_shape, dst_shape, where: str) -> Step:
     return Step("gather", (torch.from_numpy(pos.astype(np.int64)), dst_ext))
 
 
-def plan_edge(layer, index: int, box: np.ndarray, transforms, where: str = "") -> tuple:
+def plan_edge(layer, index: int, box: np.ndarray, transforms, where: str = "",
+              reduce=None) -> tuple:
     """``(boxes, steps)``: the chain of boxes and the forward steps (producer side first)."""
-    boxes = chain(layer, index, box, transforms)
+    boxes = chain(layer, index, box, transforms, reduce)
     steps = []
     # transforms[k] maps boxes[k] (consumer side) -> boxes[k+1] (producer side); replay k = m-1..0
     for k in range(len(transforms) - 1, -1, -1):

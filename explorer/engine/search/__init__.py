@@ -11,7 +11,7 @@ Example::
     >>> from explorer.engine.search import METHODS, names, run
     >>> from explorer.engine.search.problem import Problem
     >>> names("layerwise")
-    ['optcnn', 'data', 'model', 'owt', 'exhaustive']
+    ['optcnn', 'data', 'model', 'owt', 'megatron', 'exhaustive']
     >>> res = run("optcnn", Problem(preset("p100-nvlink-4", 2), "lenet5", 8))
     >>> res.family, res.devices, res.objective_s > 0
     ('layerwise', 2, True)
@@ -22,8 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-from .options import (CeleritasOptions, ClassicOptions, ExhaustiveOptions, OptCNNOptions,
-                      PlacementOptions, TofuOptions, make)
+from .options import (CeleritasOptions, ClassicOptions, ExhaustiveOptions, MegatronOptions,
+                      OptCNNOptions, PlacementOptions, TofuOptions, make)
 from .problem import Problem
 from .result import FAMILIES, Result
 
@@ -75,6 +75,9 @@ _register("model", "layerwise", "model parallelism: every layer's channels split
           "devices", ClassicOptions, "classic", strategy="model")
 _register("owt", "layerwise", "one weird trick: data-parallel convolutions, model-parallel "
           "dense layers", ClassicOptions, "classic", strategy="owt")
+_register("megatron", "layerwise", "Megatron-LM tensor x data parallelism: column- then "
+          "row-parallel linears, attention heads split, sequence-parallel norms (option tp)",
+          MegatronOptions, "classic")
 _register("exhaustive", "layerwise", "depth-first search over all strategies (small graphs; "
           "verification)", ExhaustiveOptions, "exhaustive", role="verification")
 _register("tofu", "tofu", "recursive DP with output reduction (Wang et al., EuroSys 2019)",

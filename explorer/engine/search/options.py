@@ -9,8 +9,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-__all__ = ["OptCNNOptions", "ExhaustiveOptions", "ClassicOptions", "TofuOptions",
-           "CeleritasOptions", "PlacementOptions", "make"]
+__all__ = ["OptCNNOptions", "ExhaustiveOptions", "ClassicOptions", "MegatronOptions",
+           "TofuOptions", "CeleritasOptions", "PlacementOptions", "make"]
 
 
 @dataclass(frozen=True)
@@ -38,6 +38,37 @@ class ClassicOptions:
     def __post_init__(self):
         if self.strategy not in ("data", "model", "owt"):
             raise ValueError(f"unknown strategy {self.strategy!r}: data, model or owt")
+
+
+@dataclass(frozen=True)
+class MegatronOptions:
+    """``tp``: the tensor-parallel degree (the data-parallel degree is devices / tp); ``None``
+    picks the largest divisor of the device count that divides every attention's head count.
+    That it divides the device count is checked by the search, which knows the devices
+    (:func:`check_tp`)."""
+
+    tp: int | None = None
+
+    def __post_init__(self):
+        if self.tp is None:
+            return
+        try:
+            tp = int(self.tp)
+        except (TypeError, ValueError):
+            raise ValueError(f"tp must be an integer, got {self.tp!r}") from None
+        if tp != self.tp and str(tp) != str(self.tp).strip():
+            raise ValueError(f"tp must be an integer, got {self.tp!r}")
+        if tp < 1:
+            raise ValueError(f"tp must be ≥ 1, got {tp}")
+        object.__setattr__(self, "tp", tp)
+
+
+def check_tp(tp: int, devices: int) -> None:
+    """``ValueError`` with the numbers unless the tensor-parallel degree divides the devices."""
+    if tp > devices or devices % tp:
+        ok = [d for d in range(1, devices + 1) if devices % d == 0]
+        raise ValueError(f"tp={tp} does not divide the {devices} devices (tensor-parallel x "
+                         f"data-parallel = devices): choose tp in {ok}")
 
 
 TOFU_ALGOS = ("tofu", "icml18", "equalchop", "spartan", "allrow-greedy")

@@ -159,11 +159,12 @@ def layerwise_result(algo, graph, devices, cost_model, tables: CostTables, choic
         i = choice[n]
         layers.append(LayerAssignment(n, graph.layer(n).op, tables.candidates[n][i],
                                       float(tables.t_compute[n][i]), float(tables.t_sync[n][i]),
-                                      float(tables.memory[n][i])))
+                                      float(tables.memory[n][i]), tables.reduce_time(n, i)))
     mem = memory_per_device(graph, tables, choice, devices.n, cost_model.dtype_bytes)
     xfer_bytes = sum(float(nb[choice[e.src], choice[e.dst]])
                      for (e, _), nb in zip(tables.edges, tables.bytes_xfer))
     sync_bytes = _sync_bytes(graph, tables, choice, cost_model)
+    reduce_bytes = sum(float(nb[choice[n]]) for n, nb in tables.bytes_reduce.items())
     info = dict(info)
     info.update({"compute_cost": cost_model.compute, "sync": cost_model.sync,
                  "tables_time_s": tables.build_time_s,
@@ -173,6 +174,7 @@ def layerwise_result(algo, graph, devices, cost_model, tables: CostTables, choic
                      "max": max(len(c) for c in tables.candidates.values()),
                      "mean": float(np.mean([len(c) for c in tables.candidates.values()]))},
                  "transfer_bytes": xfer_bytes, "sync_bytes": sync_bytes,
+                 "reduce_bytes": reduce_bytes,
                  "fits_memory": bool(all(mem[d] <= devices.devices[d].memory
                                          for d in range(devices.n)))})
     edges = [{"src": e.src, "dst": e.dst, "index": e.index,
@@ -184,7 +186,7 @@ def layerwise_result(algo, graph, devices, cost_model, tables: CostTables, choic
     search_s = max(elapsed_s - info["profile_time_s"], 0.0)
     plan = Plan(graph.model, getattr(graph, "spec", graph.model), graph.batch, algo, devices.name,
                 devices.n, layers, objective, objective, search_s, bd,
-                xfer_bytes + sync_bytes, mem.tolist(), dict(getattr(graph, "model_args", {})),
+                xfer_bytes + sync_bytes + reduce_bytes, mem.tolist(), dict(getattr(graph, "model_args", {})),
                 [p.text() for p in (pins or [])], info, edges)
     from ..graph import graph_digest
     plan.graph_digest = graph_digest(graph)

@@ -1,6 +1,8 @@
-"""Compare figures: data / model / OWT / layer-wise plans side by side (OptCNN Section 6).
+"""Compare figures: data / model / OWT / Megatron / layer-wise plans side by side (OptCNN
+Section 6).
 
 * :func:`time_figure` – predicted step time per strategy, stacked compute / transfer / sync (ms);
+  transfer includes the reduce-scatters of row-parallel (``k``) layers;
 * :func:`bytes_figure` – bytes communicated per step (MiB), transfer / sync (the paper's Fig. 8);
 * :func:`scaling_figure` – throughput against device count with the linear ideal (Fig. 7).
 
@@ -19,7 +21,7 @@ from .. import palette as P
 
 # what each strategy is, then the name the engine and ``explorer search --algo`` use
 LABELS = {"data": "data parallel", "model": "model parallel", "owt": "one weird trick",
-          "optcnn": "layer-wise"}
+          "megatron": "Megatron-LM", "optcnn": "layer-wise"}
 STRATEGY_COLORS = P.STRATEGY_COLORS
 PART_COLORS = P.PART_COLORS
 IDEAL_COLOR = P.IDEAL
@@ -128,12 +130,14 @@ def _log_axis(fig: go.Figure, ytitle: str, lo_v: float, hi_v: float, top: float)
 
 def time_figure(results: dict, order: list | None = None) -> go.Figure:
     """Predicted step time (ms) per strategy from ``session.compare`` results, stacked compute /
-    transfer / sync with the total on top."""
-    def part(key):
-        return lambda p: float((p.get("breakdown") or {}).get(key, 0.0)) * 1e3
+    transfer (between layers, and the reduce-scatters of row-parallel layers) / sync with the
+    total on top."""
+    def part(*keys):
+        return lambda p: sum(float((p.get("breakdown") or {}).get(k, 0.0)) for k in keys) * 1e3
 
     return _stacked(results, [("compute", PART_COLORS["compute"], part("compute_s")),
-                              ("transfer", PART_COLORS["transfer"], part("transfer_s")),
+                              ("transfer", PART_COLORS["transfer"],
+                               part("transfer_s", "reduce_s")),
                               ("sync", PART_COLORS["sync"], part("sync_s"))],
                     "Predicted step time per strategy (lower is better)", "step time (ms)",
                     "ms", ".3f", order=order)
@@ -142,13 +146,14 @@ def time_figure(results: dict, order: list | None = None) -> go.Figure:
 def _xfer_bytes(p: dict) -> float:
     info = p.get("info") or {}
     if "transfer_bytes" in info:
-        return float(info["transfer_bytes"])
+        return float(info["transfer_bytes"]) + float(info.get("reduce_bytes", 0.0))
     return float(p.get("comm_bytes", 0.0)) - float(info.get("sync_bytes", 0.0))
 
 
 def bytes_figure(results: dict, order: list | None = None) -> go.Figure:
-    """Bytes communicated per step (MiB) per strategy, stacked transfer (t_X, between layers)
-    and parameter synchronisation (t_S) – the paper's Figure 8."""
+    """Bytes communicated per step (MiB) per strategy, stacked transfer (t_X, between layers,
+    and t_R, row-parallel reduce-scatters) and parameter synchronisation (t_S) – the paper's
+    Figure 8."""
     return _stacked(results,
                     [("transfer", PART_COLORS["transfer"], lambda p: _xfer_bytes(p) / MIB),
                      ("sync", PART_COLORS["sync"],
