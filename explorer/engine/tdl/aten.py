@@ -72,7 +72,7 @@ ELEMENTWISE_FNS = {
     "addcdiv", "bernoulli", "tril", "triu", "logical_and", "logical_or", "bitwise_not",
     "isinf", "isnan", "softplus", "softplus_backward", "hardswish", "hardswish_backward",
     "hardsigmoid", "hardsigmoid_backward", "elu_backward", "log1p", "expm1", "bitwise_and",
-    "bitwise_or", "bitwise_xor", "logical_xor",
+    "bitwise_or", "bitwise_xor", "logical_xor", "remainder", "fmod", "floor", "ceil", "round",
 }
 _IDENTITY = {"_to_copy", "clone", "copy", "contiguous", "alias"}
 _VIEWS = {"view", "_unsafe_view", "reshape", "squeeze", "unsqueeze", "flatten",
