@@ -415,7 +415,7 @@ _AUTOGRAD_CASES = [
      lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True),
      (2,)),                             # query 0 sees one key: its softmax has no gradient
     ("slice_scatter", describe("slice_scatter", dim=1, start=1, stop=3), [(3, 5, 4), (3, 2, 4)],
-     lambda x, s: torch.slice_scatter(x, s, 1, 1, 3), (1,)),
+     lambda x, s: torch.slice_scatter(x, s, 1, 1, 3), ()),
 ]
 #: integer (index) inputs of the cases above: random indices below 5, no gradient
 _INTS = {"embedding": (0,), "gather": (1,), "index_select": (1,), "scatter_add": (1,),
