@@ -1,13 +1,28 @@
 """Tiny versions of the models people train today, for the operator-level tests (Tofu's
 descriptions, its runtime, Celeritas and METIS): each function returns ``(module, input)``
 and is also a ``file.py:function`` model spec.  Hugging Face models are built from their
-config classes (no weights downloaded) and wrapped to return a tensor."""
+config classes (no weights downloaded) and wrapped to return a tensor.
+
+Every model is built on the CPU even inside the importer's meta-device build: on meta
+tensors ``scaled_dot_product_attention`` takes its decomposed math path, on the CPU the
+fused kernel, so a search and the runtime's workers would trace different graphs."""
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+
+def _on_cpu(build):
+    """``build`` run under ``torch.device("cpu")`` (see the module docstring)."""
+    import functools
+
+    @functools.wraps(build)
+    def wrapped(*args, **kwargs):
+        with torch.device("cpu"):
+            return build(*args, **kwargs)
+    return wrapped
 
 
 class HFLogits(nn.Module):
@@ -21,13 +36,18 @@ class HFLogits(nn.Module):
         return getattr(self.m(ids), self.attr)
 
 
-def gpt2(dropout: float = 0.1):
+@_on_cpu
+def gpt2(dropout: float = 0.1, cache: bool = True):
+    """``cache=True`` (the config's default) concatenates an empty key/value cache constant;
+    the eager attention (bmm, causal mask by tril/where) is what a meta-device build picks."""
     from transformers import GPT2Config, GPT2LMHeadModel
     cfg = GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=64, n_positions=16,
-                     resid_pdrop=dropout, embd_pdrop=dropout, attn_pdrop=dropout)
+                     resid_pdrop=dropout, embd_pdrop=dropout, attn_pdrop=dropout,
+                     use_cache=cache, attn_implementation="eager")
     return HFLogits(GPT2LMHeadModel(cfg)), torch.randint(0, 64, (2, 8))
 
 
+@_on_cpu
 def bert():
     from transformers import BertConfig, BertModel
     cfg = BertConfig(num_hidden_layers=1, hidden_size=32, num_attention_heads=4,
@@ -35,6 +55,7 @@ def bert():
     return HFLogits(BertModel(cfg), "last_hidden_state"), torch.randint(0, 64, (2, 8))
 
 
+@_on_cpu
 def llama():
     from transformers import LlamaConfig, LlamaForCausalLM
     cfg = LlamaConfig(num_hidden_layers=1, hidden_size=32, num_attention_heads=4,
@@ -70,6 +91,7 @@ class ViT(nn.Module):
         return self.head(self.norm(x[:, 0]))
 
 
+@_on_cpu
 def vit():
     return ViT(), torch.randn(2, 3, 8, 8)
 
@@ -95,6 +117,7 @@ class MobileNetV2Block(nn.Module):
         return self.head(F.adaptive_avg_pool2d(x, 1).flatten(1))
 
 
+@_on_cpu
 def mobilenet_v2():
     return MobileNetV2Block(), torch.randn(2, 3, 8, 8)
 
@@ -114,6 +137,7 @@ class UNet(nn.Module):
         return self.out(torch.cat([a, self.up(self.mid(a))], 1))
 
 
+@_on_cpu
 def unet():
     return UNet(), torch.randn(2, 3, 8, 8)
 
@@ -147,5 +171,6 @@ class Zoo(nn.Module):
         return z
 
 
+@_on_cpu
 def zoo():
     return Zoo(), torch.randint(0, 12, (2, 6))
