@@ -364,3 +364,29 @@ def test_placer_schedule_respects_every_edge_when_clusters_split(tiny_transforme
             for (s0, e0), (s1, e1) in zip(runs, runs[1:]):
                 assert s1 >= e0 - 1e-12
     assert split > 0                 # the case under test happened
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama", "vit", "mobilenet_v2", "unet"])
+def test_celeritas_and_metis_place_today_s_models(name):
+    """Operator graphs of a Hugging Face GPT-2 and Llama, a ViT, a MobileNetV2 block and a
+    U-Net with a transposed convolution: every op gets a positive cost (FLOPs known or the
+    element-count fallback), and Celeritas and METIS place every op on 2 devices."""
+    import _tofu_models
+    from explorer.engine.opgraph import build_from_module
+    if name in ("gpt2", "llama"):
+        pytest.importorskip("transformers")
+    model, x = getattr(_tofu_models, name)()
+    g = build_from_module(model.train(), x, name)
+    heavy = {"convolution", "convolution_backward", "mm", "addmm", "bmm",
+             "_scaled_dot_product_flash_attention_for_cpu",
+             "_scaled_dot_product_flash_attention_for_cpu_backward"}
+    for op in g.ops.values():
+        assert op.flops > 0 or g.tensors[op.output].numel == 0, op.name
+        if op.target in heavy and op.index < 2:
+            assert op.flops >= 2 * g.tensors[op.output].numel, op.name
+    dg = preset("v100-pcie-4")
+    pg = from_opgraph(g, dg)
+    for algo in ("celeritas", "metis"):
+        plan = run(algo, pg, dg, {"memory_per_device": pg.total_memory() / 1.5})
+        assert len(plan.placement) == pg.n and plan.predicted_step_time_s > 0, algo
+        assert set(plan.placement.tolist()) <= {0, 1, 2, 3}

@@ -20,6 +20,7 @@ from explorer.engine import geometry as G
 from explorer.engine.graph import Layer
 from explorer.engine.importer import import_model, import_spec
 from explorer.engine.tdl import Op, Opaque, Sum, Max, TDLError, describe, oracle, strategies
+from explorer.engine.tdl import aten  # noqa: F401 - registers the aten-level descriptions
 from explorer.engine.tdl.oracle import input_region
 
 
@@ -391,7 +392,34 @@ _AUTOGRAD_CASES = [
     ("slice", describe("slice", dim=2, start=1, stop=4), [(3, 4, 5)], lambda x: x[:, :, 1:4],
      (0,)),
     ("embedding", describe("embedding"), [(3, 4), (5, 6)], F.embedding, ()),
+    # the operators of today's models (descriptions in tdl/aten.py)
+    ("gather", describe("gather", dim=1), [(3, 6, 4), (3, 5, 4)],
+     lambda x, i: torch.gather(x, 1, i), ()),
+    ("index_select", describe("index_select", dim=1), [(3, 6, 4), (5,)],
+     lambda x, i: torch.index_select(x, 1, i), ()),
+    ("scatter_add", describe("scatter_add", dim=1), [(3, 6, 4), (3, 5, 4), (3, 5, 4)],
+     lambda s, i, src: s.scatter_add(1, i, src), (0,)),
+    ("index_put", describe("index_put", positions=(1,), accumulate=True),
+     [(3, 6, 4), (5,), (3, 5, 4)],
+     lambda s, i, v: torch.ops.aten.index_put(s, [None, i], v, True), (0,)),
+    ("cumsum", describe("cumsum", dim=1), [(3, 5, 4)], lambda x: torch.cumsum(x, 1), (0,)),
+    ("flip", describe("flip", dims=(0, 2)), [(3, 4, 5)], lambda x: x.flip(0, 2), (0,)),
+    ("transposed conv", describe("conv_transpose", stride=2, padding=1, groups=2, bias=True,
+                                 out_size=(10, 10)), [(2, 4, 5, 5), (4, 3, 3, 3), (6,)],
+     lambda x, w, b: F.conv_transpose2d(x, w, b, stride=2, padding=1, output_padding=1,
+                                        groups=2), (0, 2)),
+    ("baddbmm", describe("baddbmm"), [(1, 4, 6), (3, 4, 5), (3, 5, 6)], torch.baddbmm,
+     (0, 1, 2)),
+    ("causal grouped-query attention", describe("flash_attention", causal=True),
+     [(2, 4, 5, 3), (2, 2, 5, 3), (2, 2, 5, 3)],
+     lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True),
+     (2,)),                             # query 0 sees one key: its softmax has no gradient
+    ("slice_scatter", describe("slice_scatter", dim=1, start=1, stop=3), [(3, 5, 4), (3, 2, 4)],
+     lambda x, s: torch.slice_scatter(x, s, 1, 1, 3), ()),
 ]
+#: integer (index) inputs of the cases above: random indices below 5, no gradient
+_INTS = {"embedding": (0,), "gather": (1,), "index_select": (1,), "scatter_add": (1,),
+         "index_put": (1,)}
 
 
 @pytest.mark.parametrize("name, op, shapes, fn, exact", _AUTOGRAD_CASES,
@@ -400,7 +428,7 @@ def test_library_regions_against_autograd(name, op, shapes, fn, exact):
     """Every region contains what autograd says the box depends on; for the listed inputs it
     is exactly that bounding box (elsewhere a region may be larger for a structural reason:
     max/argmax picks, filter taps that only meet padding, data-dependent gather rows)."""
-    ints = (0,) if name == "embedding" else ()
+    ints = _INTS.get(name, ())
     b = op.bind(shapes)
     rng = np.random.default_rng(11)
     for _ in range(12):

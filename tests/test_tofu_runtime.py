@@ -189,3 +189,17 @@ def test_a_tofu_plan_for_other_devices_or_model_is_refused_before_launch(tmp_pat
     with pytest.raises(InfeasiblePlan, match="batch 8, not 16"):
         run_document(doc, expect={"batch": 16})
     assert not _workers() - before
+
+
+@pytest.mark.parametrize("fn,args", [("gpt2", {"dropout": 0.0, "cache": False}), ("vit", {})])
+def test_tofu_plans_of_today_s_models_match_one_device(fn, args):
+    """A Hugging Face GPT-2 (attention masks from tril/where, tied embeddings) and a ViT (class token, nn.MultiheadAttention's fused
+    attention kernel, GELU, LayerNorm) run under their Tofu plans on 2 workers."""
+    from pathlib import Path
+    if fn == "gpt2":
+        pytest.importorskip("transformers")
+    spec = f"{Path(__file__).with_name('_tofu_models.py')}:{fn}"
+    r = run_document(tofu_doc(spec, 2, args), timeout_s=240)
+    assert r["reference_ok"], r
+    assert r["max_rel_error"] < 1e-10 and r["reference"]["params_compared"] > 0
+    assert r["measured_comm_bytes"] == pytest.approx(r["predicted_comm_bytes"])

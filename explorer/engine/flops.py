@@ -48,7 +48,13 @@ def op_flops(op, g) -> float:
     if t in ("_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_efficient_attention",
              "scaled_dot_product_attention"):
         q = shp[0]
-        kv = shp[1]
+        kv = shp[1] if len(shp) > 1 else shp[0]
+        if op.index == 1:              # the log-sum-exp: one exp-sum per score
+            return float(_numel(out) * kv[-2])
         return 4.0 * _numel(q) * kv[-2]
+    if t == "_scaled_dot_product_flash_attention_for_cpu_backward":
+        # dq recomputes the scores, dP = dO·vᵀ and dS·k (3 products); dk and dv one each
+        q, k = g.tensors[op.args[1]].shape, g.tensors[op.args[2]].shape
+        return (6.0 if op.index == 0 else 2.0) * _numel(q) * k[-2]
     biggest = max([_numel(s) for s in shp] + [_numel(out)])
     return float(biggest)

@@ -30,7 +30,8 @@ import networkx as nx
 
 from ..errors import UnsupportedModel
 
-__all__ = ["Tensor", "Op", "OpGraph", "build_opgraph", "trace_step", "opgraph_digest"]
+__all__ = ["Tensor", "Op", "OpGraph", "build_opgraph", "trace_step", "opgraph_digest",
+           "user_line"]
 
 #: aten ops that only re-label memory and carry no data dependence worth an operator
 _DROP = {"detach", "alias", "lift_fresh_copy", "_assert_tensor_metadata", "sym_size",
@@ -79,6 +80,7 @@ class Op:
     kwargs: dict = field(default_factory=dict)
     flops: float = 0.0
     node: str = ""                    # the aten call (fx node) this op is an output of
+    where: str = ""                   # the line of model code that made it (user_line)
 
     def to_dict(self) -> dict:
         return {"name": self.name, "target": self.target, "inputs": list(self.inputs),
@@ -245,7 +247,7 @@ def trace_step(model, x, lr: float = 0.01):
     handles = _module_annotations(model)
     try:
         with fxtb.preserve_node_meta():
-            gm = make_fx(step, tracing_mode="fake")(
+            gm = make_fx(step, tracing_mode="fake", record_stack_traces=True)(
                 params, [b.detach() for _, b in model.named_buffers()], x)
     except Exception as e:  # noqa: BLE001 - any tracing failure is the model's
         raise UnsupportedModel(
@@ -284,6 +286,28 @@ def _target(node) -> str:
     if hasattr(t, "_schema"):
         name = t._schema.name.split("::")[-1]
     return name
+
+
+#: frames of these packages are library internals, not the line of model code to blame
+_INTERNAL = ("torch", "transformers", "explorer", "functorch", "contextlib")
+
+
+def user_line(stack_trace: str | None) -> str:
+    """``file.py:LINE: code`` of the last frame of ``stack_trace`` (an fx node's
+    ``meta["stack_trace"]``) outside library internals - the model's own line; the last
+    frame of any library when the op comes from one (e.g. a Hugging Face model file)."""
+    import re
+    frames = re.findall(r'File "([^"]+)", line (\d+), in [^\n]*\n\s*([^\n]*)', stack_trace or "")
+    if not frames:
+        return ""
+
+    def internal(path):
+        parts = path.replace("\\", "/").split("/")
+        return any(p in _INTERNAL for p in parts[:-1]) or "site-packages" in parts
+    own = [f for f in frames if not internal(f[0])]
+    lib = [f for f in frames if "/torch/" not in f[0].replace("\\", "/")]
+    path, line, code = (own or lib or frames)[-1]
+    return f"{path}:{line}: {code.strip()}"
 
 
 def build_from_module(model, x, name: str = "model", lr: float = 0.01) -> OpGraph:
@@ -393,6 +417,8 @@ def build_from_module(model, x, name: str = "model", lr: float = 0.01) -> OpGrap
                     str(custom.get("module", "")), int(custom.get("call", 0)), int(idx),
                     plain(tuple(n.args)), {k: plain(a) for k, a in n.kwargs.items()},
                     node=n.name)
+            op.where = user_line(meta.get("stack_trace")) or (
+                g.ops[fwd].where if fwd in g.ops else "")
             g.ops[opname] = op
     # the output: loss, grads, updated params
     out_node = nodes[-1]

@@ -35,7 +35,8 @@ _DENSE = {"mm": 0.6, "addmm": 0.6, "bmm": 0.6, "baddbmm": 0.6, "matmul": 0.6,
           "convolution": 0.6, "convolution_backward": 0.6,
           "_scaled_dot_product_flash_attention_for_cpu": 0.5,
           "_scaled_dot_product_efficient_attention": 0.5,
-          "_scaled_dot_product_flash_attention": 0.5}
+          "_scaled_dot_product_flash_attention": 0.5,
+          "_scaled_dot_product_flash_attention_for_cpu_backward": 0.5}
 #: fixed cost of one kernel launch (s)
 LAUNCH_S = 5e-6
 

@@ -201,12 +201,19 @@ class _Worker:
                 raise InfeasiblePlan(f"op {n.name} (aten.{name}) draws random numbers: the "
                                      f"Tofu runtime cannot check a model with dropout")
 
-        def sub(a, bufs):
+        def sub(a, bufs, fa=None):
             if isinstance(a, str) and a in g.tensors:
                 return bufs.get(a, tval.get(a))
+            if a is None and isinstance(fa, torch.fx.Node):
+                return _constant(gm, fa)  # a tensor constant of the trace (no tensor id)
             if isinstance(a, (list, tuple)):
-                return type(a)(sub(b, bufs) for b in a)
+                fas = fa if isinstance(fa, (list, tuple)) else [None] * len(a)
+                return type(a)(sub(b, bufs, fb) for b, fb in zip(a, fas))
             return a
+
+        def call(n, o, bufs):
+            return n.target(*sub(o.args, bufs, n.args),
+                            **{k: sub(v, bufs, n.kwargs.get(k)) for k, v in o.kwargs.items()})
 
         for n in gm.graph.nodes:
             if n.op != "call_function" or n.target is operator.getitem or n.name in alias:
@@ -214,7 +221,7 @@ class _Worker:
             for o in by_node.get(n.name, []):
                 info = self.x["ops"].get(o.name)
                 if info is None:          # a source or scalar bookkeeping: computed everywhere
-                    res = n.target(*sub(o.args, {}), **sub(o.kwargs, {}))
+                    res = call(n, o, {})
                     tval[o.output] = res[o.index] if isinstance(res, (tuple, list)) else res
                     continue
                 fill = float("-inf") if info["reducer"] == "max" else 0.0
@@ -234,7 +241,7 @@ class _Worker:
                         # for convolution_backward's data gradient): its values must not matter
                         bufs[t] = torch.zeros_like(tval[t])
                     t0 = time.perf_counter()
-                    res = n.target(*sub(o.args, bufs), **sub(o.kwargs, bufs))
+                    res = call(n, o, bufs)
                     res = res[o.index] if isinstance(res, (tuple, list)) else res
                     self.compute_s += time.perf_counter() - t0
                 tval[o.output] = self.distribute(o.output, res, info["out"], info["reducer"])
@@ -260,6 +267,17 @@ class _Worker:
             _flat(out)[_sl(transfers[i][2])] = data
         del parts
         return out
+
+
+def _constant(gm, node):
+    """The tensor constant an fx argument refers to (``get_attr``, possibly through dropped
+    aliases such as ``lift_fresh_copy``: an empty key cache of a Hugging Face model), else
+    None."""
+    from ..opgraph import _DROP, _target
+    while node.op == "call_function" and _target(node) in _DROP and node.args and \
+            isinstance(node.args[0], torch.fx.Node):
+        node = node.args[0]
+    return getattr(gm, node.target) if node.op == "get_attr" else None
 
 
 def _build(spec, batch, model_args, seed, lr, dtype=torch.float64):

@@ -326,7 +326,7 @@ def _strategies_uncached(oi: _OpInfo, st: _State, k: int, reduction: bool) -> li
     red_ok = reduction or not res
     if red_ok:
         rr = st.red[oi.name]
-        for v in b.reducible():
+        for v in b.reducible(runnable=True):
             if v.name in rr:
                 ext = rr[v.name][0, 1] - rr[v.name][0, 0]
             else:

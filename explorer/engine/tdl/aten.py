@@ -20,14 +20,16 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ...errors import UnsupportedModel
 from .lang import Concat, Opaque, Op, TDLError, reduce_over
-from .library import _bcast_index, _stats, _tup, describe, register
+from .library import _bcast_index, _bcast_shape, _stats, _tup, describe, register
 
 __all__ = ["UnsupportedOp", "Described", "describe_op", "bound_of", "ELEMENTWISE_FNS"]
 
 
-class UnsupportedOp(TDLError):
-    """An aten operator that has no TDL description (named in the message)."""
+class UnsupportedOp(TDLError, UnsupportedModel):
+    """An aten operator that has no TDL description: the message names it and the line of
+    model code that made it (one line; the CLI exits with 2)."""
 
 
 @dataclass
@@ -48,7 +50,8 @@ _BOUND_CACHE: dict = {}
 def bound_of(desc: Op, shapes: dict):
     """``desc.bind(shapes)``, cached by (name, attributes, shapes): repeated blocks of a
     network share one analysis.  Returns ``(bound, signature)``."""
-    key = (desc.name, repr(sorted(desc.attrs.items())), tuple(sorted(shapes.items())))
+    key = (desc.name, desc.inputs, repr(sorted(desc.attrs.items())),
+           tuple(sorted(shapes.items())))
     b = _BOUND_CACHE.get(key)
     if b is None:
         if len(_BOUND_CACHE) > 50000:
@@ -66,7 +69,10 @@ ELEMENTWISE_FNS = {
     "sigmoid_backward", "tanh_backward", "gelu_backward", "silu_backward",
     "hardtanh_backward", "leaky_relu_backward", "threshold_backward", "native_dropout_backward",
     "_to_copy", "clone", "copy", "contiguous", "native_dropout", "fill", "lerp", "addcmul",
-    "addcdiv", "bernoulli",
+    "addcdiv", "bernoulli", "tril", "triu", "logical_and", "logical_or", "bitwise_not",
+    "isinf", "isnan", "softplus", "softplus_backward", "hardswish", "hardswish_backward",
+    "hardsigmoid", "hardsigmoid_backward", "elu_backward", "log1p", "expm1", "bitwise_and",
+    "bitwise_or", "bitwise_xor", "logical_xor", "remainder", "fmod", "floor", "ceil", "round",
 }
 _IDENTITY = {"_to_copy", "clone", "copy", "contiguous", "alias"}
 _VIEWS = {"view", "_unsafe_view", "reshape", "squeeze", "unsqueeze", "flatten",
@@ -128,20 +134,100 @@ def batch_norm_backward_weight():
 
 
 @register("layer_norm_backward_data")
-def layer_norm_backward_data(nnorm: int = 1):
-    """``dx[*b, *f] = g(dy[*b, *f], x[*b, *f], Σ_f dy·w, Σ_f dy·w·x, mean[*b], rstd[*b])``."""
-    def fn(dy, x, mean, rstd, weight):
+def layer_norm_backward_data(nnorm: int = 1, weight: bool = True):
+    """``dx[*b, *f] = g(dy[*b, *f], x[*b, *f], w[*f], Σ_f w·dy, Σ_f w·dy·x, mean[*b],
+    rstd[*b])``: the two sums read the whole weight, whatever part of f is computed."""
+    has_w = weight
+
+    def fn(dy, x, mean, rstd, *w):
+        wt = w[0] if has_w else None
+
         def out(*idx):
             nd = len(idx)
             axes = list(range(nd - nnorm, nd))
-            s1, s2 = _stats(dy, idx, axes, tuple(f"r{a}" for a in axes))
-            s3, _ = _stats(x, idx, axes, tuple(f"q{a}" for a in axes))
+
+            def at(t, rs):
+                full = list(idx)
+                for a, r in zip(axes, rs):
+                    full[a] = r
+                return t[tuple(full)]
+
+            def wdy(rs):
+                return at(dy, rs) * wt[tuple(rs)] if wt is not None else at(dy, rs)
+            nm = tuple(f"r{a}" for a in axes)
+            s1 = reduce_over("sum", nm, lambda *rs: wdy(rs))
+            s2 = reduce_over("sum", tuple(f"q{a}" for a in axes),
+                             lambda *rs: wdy(rs) * at(x, rs))
             lead = idx[:nd - nnorm] + (0,) * nnorm
-            return Opaque("ln_dx", dy[idx], x[idx], weight[idx[nd - nnorm:]], s1, s2, s3,
-                          mean[lead], rstd[lead])
+            own = dy[idx] * wt[idx[nd - nnorm:]] if wt is not None else dy[idx]
+            return Opaque("ln_dx", own, x[idx], s1, s2, mean[lead], rstd[lead])
         return out
-    return Op("layer_norm_backward_data", fn, out_shape=lambda dy, x, m, r, w: dy,
-              attrs={"nnorm": nnorm})
+    ins = ("dy", "x", "mean", "rstd") + (("weight",) if has_w else ())
+    return Op("layer_norm_backward_data", fn, inputs=ins, out_shape=lambda dy, *r: dy,
+              attrs={"nnorm": nnorm, "weight": has_w})
+
+
+@register("layer_norm_backward_weight")
+def layer_norm_backward_weight(nnorm: int = 1):
+    """``dγ[*f] = Σ_{*b} dy[*b, *f] · (x[*b, *f] − mean[*b]) · rstd[*b]``."""
+    def fn(dy, x, mean, rstd):
+        def out(*f):
+            nb = dy.ndim - nnorm
+
+            def term(*bs):
+                lead = bs + (0,) * nnorm
+                return dy[bs + f] * Opaque("xhat", x[bs + f], mean[lead], rstd[lead])
+            return reduce_over("sum", tuple(f"b{i}" for i in range(nb)), term)
+        return out
+    return Op("layer_norm_backward_weight", fn,
+              out_shape=lambda dy, x, m, r: tuple(dy[len(dy) - nnorm:]), attrs={"nnorm": nnorm})
+
+
+@register("norm_stat")
+def norm_stat(dims=(-1,), keepdim: bool = False, stat: str = "rstd", running: bool = False):
+    """A normalisation's saved statistic other than the mean (``rstd``, a new running mean or
+    variance): ``out[kept] = stat(Σ_dims x, Σ_dims x² [, running[kept]])`` - it reads what
+    the mean reads but is not a sum of partial results (no output reduction)."""
+    dims_ = tuple(dims)
+
+    def out_shape(x, *r):
+        ds = {d % len(x) for d in dims_}
+        return tuple((1 if a in ds else n) for a, n in enumerate(x) if keepdim or a not in ds)
+
+    def fn(x, *r):
+        ds = sorted({d % x.ndim for d in dims_})
+
+        def out(*idx):
+            full, it = [], iter(idx)
+            for a in range(x.ndim):
+                if a in ds:
+                    full.append(None)
+                    if keepdim:
+                        next(it)
+                else:
+                    full.append(next(it))
+            s1, s2 = _stats(x, [0 if f is None else f for f in full], ds,
+                            tuple(f"r{a}" for a in ds))
+            args = [s1, s2] + ([r[0][idx]] if running else [])
+            return Opaque(stat, *args)
+        return out
+    ins = ("x",) + (("running",) if running else ())
+    return Op(stat, fn, inputs=ins, out_shape=out_shape,
+              attrs={"dims": dims_, "keepdim": keepdim, "running": running})
+
+
+@register("max_pool_indices")
+def max_pool_indices(nsp: int = 2, kernel=2, stride=None, padding=0, dilation=1):
+    """Max pooling's saved arg-max: ``out[n, c, *x] = argmax_{dx} data[n, c, x·s − p + dx·d]``
+    - the window of the max pool, but an index, not a max of partial results."""
+    base = describe("max_pool", nsp=nsp, kernel=kernel, stride=stride, padding=padding,
+                    dilation=dilation)
+
+    def fn(data):
+        inner = base.fn(data)
+        return lambda n, c, *xs: Opaque("argmax", inner(n, c, *xs))
+    return Op(f"max_pool{nsp}d_indices", fn, out_shape=base._out_shape,
+              out_names=base.out_names, attrs=dict(base.attrs))
 
 
 @register("avg_pool_backward")
@@ -255,6 +341,299 @@ def reduce_leading(nkeep: int = 1):
 
 
 # --------------------------------------------------------------------------------------------
+# Indexing, scans and attention kernels of today's models (transformers, U-Nets, MobileNets)
+# --------------------------------------------------------------------------------------------
+
+
+def _with(idx, dim, v):
+    """``idx`` with coordinate ``dim`` replaced by ``v``."""
+    return tuple(idx[:dim]) + (v,) + tuple(idx[dim + 1:])
+
+
+@register("gather")
+def gather(dim: int = 0):
+    """``out[*i] = x[i with i_dim → index[*i]]``: along ``dim`` the row is data-dependent."""
+    def fn(x, index):
+        return lambda *i: x[_with(i, dim % x.ndim, Opaque("index", index[i]))]
+    return Op("gather", fn, out_shape=lambda x, index: index, attrs={"dim": dim})
+
+
+@register("scatter_add", "scatter")
+def scatter_add(dim: int = 0, accumulate: bool = True, has_src: bool = True):
+    """``out[*j] = self[*j] + Σ_r src[j with j_dim → r] · (index[j with j_dim → r] == j_dim)``
+    (r over index's axis ``dim``).  ``accumulate=False`` (``scatter``): the matching value
+    replaces self's - the same reads, but not a sum of partial results."""
+    def fn(self_, index, *src):
+        d = dim % self_.ndim
+        ext = {"r": index.shape[d]}
+
+        def out(*j):
+            def term(r):
+                hit = Opaque("eq", index[_with(j, d, r)], j[d])
+                return src[0][_with(j, d, r)] * hit if has_src else hit
+            s = reduce_over("sum", ("r",), term, ext)
+            return self_[j] + s if accumulate else Opaque("put", self_[j], s)
+        return out
+    ins = ("self", "index") + (("src",) if has_src else ())
+    return Op("scatter_add" if accumulate else "scatter", fn, inputs=ins,
+              out_shape=lambda self_, *r: self_,
+              attrs={"dim": dim, "accumulate": accumulate, "has_src": has_src})
+
+
+@register("index_select")
+def index_select(dim: int = 0):
+    """``out[.., i, ..] = x[.., index[i], ..]`` (``index`` 1-D): a gather along ``dim``."""
+    def fn(x, index):
+        d = dim % x.ndim
+        return lambda *i: x[_with(i, d, Opaque("index", index[
+            (i[d],) if index.ndim else ()]))]
+    return Op("index_select", fn, attrs={"dim": dim},
+              out_shape=lambda x, index: _with(x, dim % len(x), math.prod(index)))
+
+
+@register("index_add")
+def index_add(dim: int = 0):
+    """``out[.., j, ..] = self[.., j, ..] + Σ_r source[.., r, ..] · (index[r] == j)`` (the
+    gradient of ``index_select``)."""
+    def fn(self_, index, source):
+        d = dim % self_.ndim
+
+        def out(*j):
+            return self_[j] + reduce_over("sum", ("r",), lambda r: source[_with(j, d, r)]
+                                          * Opaque("eq", index[r], j[d]), {"r": index.shape[0]})
+        return out
+    return Op("index_add", fn, out_shape=lambda self_, i, s: self_, attrs={"dim": dim})
+
+
+def _advanced_layout(xnd: int, positions: tuple, bnd: int) -> list:
+    """Output axes of ``x[indices]`` (NumPy advanced indexing): ``("x", axis)`` or ``("b", j)``
+    for the broadcast index axes - in place of the indexed axes when these are adjacent,
+    else first."""
+    rest = [("x", a) for a in range(xnd) if a not in positions]
+    b = [("b", j) for j in range(bnd)]
+    if list(positions) == list(range(positions[0], positions[0] + len(positions))):
+        p0 = positions[0]
+        return [("x", a) for a in range(p0)] + b + [("x", a) for a in range(
+            positions[-1] + 1, xnd)]
+    return b + rest
+
+
+@register("index", "_unsafe_index")
+def index(positions=(0,)):
+    """``out = x[..., idx_0, ..., idx_1, ...]`` with integer index tensors at ``positions``:
+    each indexed axis of x reads the (broadcast) index value - any row."""
+    positions = tuple(int(p) for p in positions)
+    ins = ("x",) + tuple(f"i{k}" for k in range(len(positions)))
+
+    def layout(xs, ishapes):
+        bshape = _bcast_shape(*ishapes)
+        return bshape, _advanced_layout(len(xs), positions, len(bshape))
+
+    def out_shape(x, *ishapes):
+        bshape, lay = layout(x, ishapes)
+        return tuple(x[a] if kind == "x" else bshape[a] for kind, a in lay)
+
+    def fn(x, *its):
+        bshape, lay = layout(x.shape, [t.shape for t in its])
+
+        def out(*o):
+            b = tuple(o[k] for k, (kind, _) in enumerate(lay) if kind == "b")
+            src = [None] * x.ndim
+            for k, (kind, a) in enumerate(lay):
+                if kind == "x":
+                    src[a] = o[k]
+            for p, t in zip(positions, its):
+                src[p] = Opaque("index", t[_bcast_index(b, t.shape)])
+            return x[tuple(src)]
+        return out
+    return Op("index", fn, inputs=ins, out_shape=out_shape, attrs={"positions": positions})
+
+
+@register("index_put")
+def index_put(positions=(0,), accumulate: bool = False):
+    """``out[*j] = self[*j] (+) Σ_b values[bcast(b, j)] · Π_k (idx_k[b] == j_{pos_k})`` over
+    the broadcast index shape b; without ``accumulate`` the matching value replaces self's
+    (same reads, but not a sum of partial results)."""
+    positions = tuple(int(p) for p in positions)
+    ins = ("self",) + tuple(f"i{k}" for k in range(len(positions))) + ("values",)
+
+    def fn(self_, *rest):
+        its, values = rest[:-1], rest[-1]
+        bshape = _bcast_shape(*(t.shape for t in its))
+        lay = _advanced_layout(self_.ndim, positions, len(bshape))
+        bn = tuple(f"b{j}" for j in range(len(bshape)))
+
+        def out(*j):
+            def term(*b):
+                res = tuple(j[a] if kind == "x" else b[a] for kind, a in lay)
+                v = values[_bcast_index(res, values.shape)]
+                for p, t in zip(positions, its):
+                    v = v * Opaque("eq", t[_bcast_index(b, t.shape)], j[p])
+                return v
+            s = reduce_over("sum", bn, term, dict(zip(bn, bshape)))
+            return self_[j] + s if accumulate else Opaque("put", self_[j], s)
+        return out
+    return Op("index_put", fn, inputs=ins, out_shape=lambda self_, *r: self_,
+              attrs={"positions": positions, "accumulate": accumulate})
+
+
+@register("cumsum")
+def cumsum(dim: int = 0):
+    """``out[.., i, ..] = Σ_{r ≤ i} x[.., r, ..]``: a prefix sum, its range ending at the
+    output coordinate (``[0, i]``) - worker i reads every earlier row."""
+    def fn(x):
+        d = dim % x.ndim
+        return lambda *i: reduce_over("sum", ("r",), lambda r: x[_with(i, d, r)],
+                                      {"r": (0, i[d])})
+    return Op("cumsum", fn, out_shape=lambda x: x, attrs={"dim": dim})
+
+
+@register("flip")
+def flip(dims=(0,)):
+    """``out[.., i, ..] = x[.., S − 1 − i, ..]`` on each flipped axis."""
+    dims_ = tuple(int(d) for d in dims)
+
+    def fn(x):
+        ds = {d % x.ndim for d in dims_}
+        return lambda *i: x[tuple(x.shape[a] - 1 - v if a in ds else v
+                                  for a, v in enumerate(i))]
+    return Op("flip", fn, out_shape=lambda x: x, attrs={"dims": dims_})
+
+
+@register("slice_scatter", "select_scatter")
+def slice_scatter(dim: int = 0, start: int = 0, stop: int = 1, select: bool = False):
+    """``out[.., i, ..] = src[.., i − start, ..]`` for start ≤ i < stop, else ``self``: a
+    piecewise copy (``select``: src lacks the axis)."""
+    def fn(self_, src):
+        d = dim % self_.ndim
+        size = self_.shape[d]
+
+        def out(*i):
+            rest = i[:d] + i[d + 1:]
+            pieces = [(start, lambda loc: self_[_with(i, d, loc)]),
+                      (stop - start, (lambda loc: src[rest]) if select else
+                       (lambda loc: src[_with(i, d, loc)])),
+                      (size - stop, lambda loc: self_[_with(i, d, loc + stop)])]
+            return Concat(i[d], [p for p in pieces if p[0] > 0])
+        return out
+    return Op("slice_scatter", fn, out_shape=lambda self_, src: self_,
+              attrs={"dim": dim, "start": start, "stop": stop, "select": select})
+
+
+@register("baddbmm")
+def baddbmm():
+    """``out[b, i, j] = self[bcast(b, i, j)] + Σ_k b1[b, i, k] · b2[b, k, j]``."""
+    def fn(self_, b1, b2):
+        return lambda b, i, j: self_[_bcast_index((b, i, j), self_.shape)] + reduce_over(
+            "sum", ("k",), lambda k: b1[b, i, k] * b2[b, k, j])
+    return Op("baddbmm", fn, out_shape=lambda s, b1, b2: (b1[0], b1[1], b2[2]))
+
+
+@register("conv_transpose")
+def conv_transpose(nsp: int = 2, stride=1, padding=0, dilation=1, groups: int = 1,
+                   out_size=None, bias: bool = False):
+    """Transposed convolution, PyTorch layout ``weight[ci, co/groups, *k]``: ``out[n, co, *y]
+    = Σ_{ci, *dy} x[n, ci, (y + p − dy·d) / s] · weight[ci, co', *dy] (+ bias[co])`` - the
+    data gradient of the convolution it transposes (exact division by the stride);
+    ``out_size`` (spatial) carries ``output_padding``."""
+    base = describe("conv_backward_data", nsp=nsp, stride=stride, padding=padding,
+                    dilation=dilation, groups=groups, in_size=out_size)
+
+    def fn(x, weight, *b):
+        inner = base.fn(x, weight)
+        if not bias:
+            return inner
+        return lambda n, c, *ys: inner(n, c, *ys) + b[0][c]
+    ins = ("x", "weight") + (("bias",) if bias else ())
+    return Op(f"conv_transpose{nsp}d", fn, inputs=ins,
+              out_shape=lambda x, w, *b: base._out_shape(x, w), out_names=base.out_names,
+              attrs={**base.attrs, "bias": bias})
+
+
+def _attention_parts(q, k, causal, mask):
+    """The score of query l and key j (``Σ_e q·k`` plus the mask), the key range of query l
+    (``j ≤ l`` when causal: PyTorch's top-left aligned mask) and the group size of
+    grouped-query attention (query head h reads key/value head ``h // G``)."""
+    G = max(1, q.shape[1] // k.shape[1])
+
+    def kv_head(h):
+        return h // G if G > 1 else h
+
+    def score(n, h, l, j):
+        s = reduce_over("sum", ("e",), lambda e: q[n, h, l, e] * k[n, kv_head(h), j, e])
+        if mask is not None:
+            s = s + mask[_bcast_index((n, h, l, j), mask.shape)]
+        return s
+
+    def keys(l):
+        return (0, l) if causal else k.shape[2]
+    return G, kv_head, score, keys
+
+
+@register("flash_attention")
+def flash_attention(causal: bool = False, mask: bool = False, part: str = "out"):
+    """PyTorch's fused attention kernel (``_scaled_dot_product_flash_attention_for_cpu``):
+    ``out[n, h, l, d] = Σ_j exp(s_lj) / Σ_j' exp(s_lj') · v[n, h/G, j, d]``, output 1 the
+    log-sum-exp ``lse[n, h, l] = log Σ_j exp(s_lj)``; causal masks keep ``j ≤ l``."""
+    def fn(q, k, v, *m):
+        G, kvh, score, keys = _attention_parts(q, k, causal, m[0] if mask else None)
+
+        def den(n, h, l):
+            return reduce_over("sum", ("j2",), lambda j2: Opaque("exp", score(n, h, l, j2)),
+                               {"j2": keys(l)})
+        if part == "lse":
+            return lambda n, h, l: Opaque("log", den(n, h, l))
+        return lambda n, h, l, d: reduce_over(
+            "sum", ("j",), lambda j: Opaque("exp", score(n, h, l, j)) / den(n, h, l)
+            * v[n, kvh(h), j, d], {"j": keys(l)})
+    ins = ("q", "k", "v") + (("mask",) if mask else ())
+
+    def out_shape(q, k, v, *m):
+        return tuple(q[:3]) if part == "lse" else tuple(q[:3]) + (v[3],)
+    return Op("flash_attention" + ("_lse" if part == "lse" else ""), fn, inputs=ins,
+              out_shape=out_shape, attrs={"causal": causal, "mask": mask, "part": part})
+
+
+@register("flash_attention_backward")
+def flash_attention_backward(causal: bool = False, mask: bool = False, part: str = "dq"):
+    """The fused attention kernel's gradients, with ``P = exp(s − lse)``, ``dP = dO·vᵀ``,
+    ``D = Σ_d dO·O`` and ``dS = P·(dP − D)``: ``dq[l] = Σ_j dS_lj·k[j]``, ``dk[j] = Σ_{g, l}
+    dS_lj·q[l]`` and ``dv[j] = Σ_{g, l} P_lj·dO[l]`` over the G query heads of a key/value
+    head and the queries that see key j (``l ≥ j`` when causal)."""
+    def fn(do, q, k, v, o, lse, *m):
+        G, kvh, score, keys = _attention_parts(q, k, causal, m[0] if mask else None)
+        L = q.shape[2]
+
+        def p(n, h, l, j):
+            return Opaque("p", score(n, h, l, j), lse[n, h, l])
+
+        def ds(n, h, l, j):
+            dp = reduce_over("sum", ("dd",), lambda dd: do[n, h, l, dd] * v[n, kvh(h), j, dd])
+            dsum = reduce_over("sum", ("dd2",), lambda dd: do[n, h, l, dd] * o[n, h, l, dd])
+            return Opaque("ds", p(n, h, l, j), dp, dsum)
+        if part == "dq":
+            return lambda n, h, l, e: reduce_over(
+                "sum", ("j",), lambda j: ds(n, h, l, j) * k[n, kvh(h), j, e], {"j": keys(l)})
+
+        def over_queries(hk, j, body):
+            ext = {"l": (j, L - 1) if causal else L}
+            if G == 1:
+                return reduce_over("sum", ("l",), lambda l: body(hk, l), ext)
+            ext["g"] = G
+            return reduce_over("sum", ("g", "l"), lambda g, l: body(hk * G + g, l), ext)
+        if part == "dk":
+            return lambda n, hk, j, e: over_queries(
+                hk, j, lambda h, l: ds(n, h, l, j) * q[n, h, l, e])
+        return lambda n, hk, j, d: over_queries(hk, j, lambda h, l: p(n, h, l, j) * do[n, h, l, d])
+    ins = ("do", "q", "k", "v", "o", "lse") + (("mask",) if mask else ())
+
+    def out_shape(do, q, k, v, o, lse, *m):
+        return {"dq": q, "dk": k, "dv": v}[part]
+    return Op("flash_attention_" + part, fn, inputs=ins, out_shape=out_shape,
+              attrs={"causal": causal, "mask": mask, "part": part})
+
+
+# --------------------------------------------------------------------------------------------
 # The mapping
 # --------------------------------------------------------------------------------------------
 
@@ -267,8 +646,50 @@ def _norm(d, nd):
     return d % nd if nd else 0
 
 
+def _shared_inputs(desc: Op, names_tids: list):
+    """One input per tensor: an op reading one tensor through several arguments
+    (``cat([x, x])`` in rotary embeddings) gets a description whose repeated arguments are
+    one input, so its region covers every read (the plan fetches a tensor once per op)."""
+    tids = [tid for _, tid in names_tids]
+    uniq = list(dict.fromkeys(tids))
+    if len(uniq) == len(tids):
+        return desc, names_tids
+    pos = [uniq.index(tid) for tid in tids]
+    names_ = [names_tids[tids.index(tid)][0] for tid in uniq]
+    shape_fn = desc._out_shape
+    return Op(desc.name, lambda *refs: desc.fn(*(refs[p] for p in pos)), inputs=names_,
+              out_shape=(lambda *sh: shape_fn(*(sh[p] for p in pos))) if shape_fn else None,
+              out_names=desc.out_names, attrs={**desc.attrs, "shared": tuple(pos)}), \
+        list(zip(names_, uniq))
+
+
+def _int_indices(op, g, tids):
+    """Advanced indexing with boolean masks has a data-dependent shape: refuse it by name."""
+    for t in tids:
+        if not str(g.tensors[t].dtype).startswith(("int", "uint")):
+            raise UnsupportedOp(f"op {op.name}: aten.{op.target} with a {g.tensors[t].dtype} "
+                                f"index (a mask) has no TDL description")
+
+
 def describe_op(op, g) -> Described | None:
-    """The TDL description of ``op`` (``None`` for ops that create a tensor from nothing)."""
+    """The TDL description of ``op`` (``None`` for ops that create a tensor from nothing).
+
+    Raises :class:`UnsupportedOp` naming the aten operator and the line of model code that
+    made it (``op.where``) when there is no description or it does not fit the traced op."""
+    try:
+        return _describe(op, g)
+    except (TDLError, KeyError) as e:
+        msg = str(e.args[0]) if isinstance(e, KeyError) and e.args else str(e)
+        if not isinstance(e, UnsupportedOp):
+            msg = f"op {op.name} (aten.{op.target}): {msg}"
+        where = getattr(op, "where", "")
+        if where and "made by" not in msg:
+            msg = msg.replace("; add one to", f" (made by {where}); add one to") \
+                if "; add one to" in msg else f"{msg} (made by {where})"
+        raise UnsupportedOp(" ".join(msg.split())) from None
+
+
+def _describe(op, g) -> Described | None:
     t = op.target
     base = t[:-1] if t.endswith("_") and not t.startswith("_") else t
     shp = {tid: g.tensors[tid].shape for tid in op.inputs}
@@ -277,6 +698,7 @@ def describe_op(op, g) -> Described | None:
     ten = [x for x in a if _is_tensor_arg(x, g)]
 
     def bind(desc, names_tids):
+        desc, names_tids = _shared_inputs(desc, names_tids)
         shapes = {n: tuple(shp[tid]) for n, tid in names_tids}
         b, sig = bound_of(desc, shapes)
         d = Described(desc, list(names_tids), shapes, bound=b, sig=sig)
@@ -317,13 +739,17 @@ def describe_op(op, g) -> Described | None:
         return ins(describe("batch_matmul"), ten[:2])
     if base == "addmm":
         return ins(describe("addmm"), ten[:3])
+    if base == "baddbmm":
+        return ins(describe("baddbmm"), ten[:3])
     if base == "convolution":
         x, w = a[0], a[1]
         b = a[2] if _is_tensor_arg(a[2], g) else None
-        if a[6]:
-            raise UnsupportedOp(f"op {op.name}: transposed convolution (aten.convolution "
-                                f"transposed=True) has no TDL description yet")
         nsp = len(shp[x]) - 2
+        if a[6]:
+            desc = describe("conv_transpose", nsp=nsp, stride=tuple(a[3]), padding=tuple(a[4]),
+                            dilation=tuple(a[5]), groups=int(a[8]), bias=b is not None,
+                            out_size=tuple(out_shape[2:]))
+            return ins(desc, [x, w] + ([b] if b else []))
         desc = describe("conv", nsp=nsp, stride=tuple(a[3]), padding=tuple(a[4]),
                         dilation=tuple(a[5]), groups=int(a[8]), bias=b is not None)
         return ins(desc, [x, w] + ([b] if b else []))
@@ -332,6 +758,10 @@ def describe_op(op, g) -> Described | None:
         nsp = len(shp[x]) - 2
         kw = dict(nsp=nsp, stride=tuple(a[4]), padding=tuple(a[5]), dilation=tuple(a[6]),
                   groups=int(a[9]))
+        if a[7] and op.index == 0:    # transposed: the input gradient is a convolution
+            return ins(describe("conv", **kw), [dy, w])
+        if a[7] and op.index == 1:    # filter gradient, the roles of x and dy swapped
+            return ins(describe("conv_backward_filter", kernel=tuple(shp[w][2:]), **kw), [dy, x])
         if op.index == 0:
             return ins(describe("conv_backward_data", in_size=tuple(shp[x][2:]), **kw), [dy, w])
         if op.index == 1:
@@ -345,8 +775,14 @@ def describe_op(op, g) -> Described | None:
             if not (_is_tensor_arg(a[1], g) and _is_tensor_arg(a[2], g)):
                 raise UnsupportedOp(f"op {op.name}: batch norm without affine weight/bias")
             return ins(describe("batch_norm"), [x, a[1], a[2]])
-        # saved mean / invstd and the new running statistics: per-channel reductions of x
-        return ins(describe("reduce", dims=(0,) + tuple(range(2, nd)), kind="mean"), [x])
+        dims = (0,) + tuple(range(2, nd))
+        if op.index == 1:             # the saved mean: a per-channel mean of x
+            return ins(describe("reduce", dims=dims, kind="mean"), [x])
+        if op.index == 2:             # the saved inverse deviation
+            return ins(describe("norm_stat", dims=dims, stat="invstd"), [x])
+        # the new running mean / variance (functional variant): old value and batch statistics
+        run_ = a[3] if op.index == 3 else a[4]
+        return ins(describe("norm_stat", dims=dims, stat="running", running=True), [x, run_])
     if base == "native_batch_norm_backward":
         dy, x, w = a[0], a[1], a[2]
         mean, invstd = a[5], a[6]
@@ -365,17 +801,21 @@ def describe_op(op, g) -> Described | None:
             return ins(describe("layer_norm", nnorm=nnorm, weight=w is not None,
                                 bias=b is not None), [x] + [t_ for t_ in (w, b) if t_])
         nd = len(shp[x])
-        return ins(describe("reduce", dims=tuple(range(nd - nnorm, nd)), keepdim=True,
-                            kind="mean"), [x])
+        dims = tuple(range(nd - nnorm, nd))
+        if op.index == 1:
+            return ins(describe("reduce", dims=dims, keepdim=True, kind="mean"), [x])
+        return ins(describe("norm_stat", dims=dims, keepdim=True, stat="rstd"), [x])
     if base == "native_layer_norm_backward":
         dy, x = a[0], a[1]
         nnorm = len(a[2])
         mean, rstd, w = a[3], a[4], a[5]
         nd = len(shp[x])
         if op.index == 0:
-            return ins(describe("layer_norm_backward_data", nnorm=nnorm), [dy, x, mean, rstd, w])
+            has_w = _is_tensor_arg(w, g)
+            return ins(describe("layer_norm_backward_data", nnorm=nnorm, weight=has_w),
+                       [dy, x, mean, rstd] + ([w] if has_w else []))
         if op.index == 1:
-            return ins(describe("reduce_leading", nkeep=nnorm), [dy, x])
+            return ins(describe("layer_norm_backward_weight", nnorm=nnorm), [dy, x, mean, rstd])
         return ins(describe("reduce", dims=tuple(range(nd - nnorm)), kind="sum"), [dy])
     if base in ("max_pool2d_with_indices", "max_pool2d", "max_pool1d_with_indices",
                 "max_pool3d_with_indices"):
@@ -385,8 +825,8 @@ def describe_op(op, g) -> Described | None:
         st = tuple(a[2]) if len(a) > 2 and a[2] else k
         pad = tuple(a[3]) if len(a) > 3 else 0
         dil = tuple(a[4]) if len(a) > 4 else 1
-        return ins(describe("max_pool", nsp=nsp, kernel=k, stride=st, padding=pad,
-                            dilation=dil), [x])
+        return ins(describe("max_pool_indices" if op.index == 1 else "max_pool", nsp=nsp,
+                            kernel=k, stride=st, padding=pad, dilation=dil), [x])
     if base in ("max_pool2d_with_indices_backward", "max_pool3d_with_indices_backward"):
         dy, x = a[0], a[1]
         nsp = len(shp[x]) - 2
@@ -421,7 +861,9 @@ def describe_op(op, g) -> Described | None:
             bool(op.kwargs.get("keepdim", False))
         return ins(describe("reduce", dims=dims, keepdim=keep, kind=base), [x])
     if base in ("cat", "concat"):
-        tids = [x for x in a[0] if _is_tensor_arg(x, g)]
+        # legacy empty operands (shape (0,), e.g. an empty cache) add nothing: not read
+        tids = [x for x in a[0] if _is_tensor_arg(x, g) and not (
+            len(out_shape) > 1 and tuple(shp[x]) == (0,))]
         nd = len(out_shape)
         dim = _norm(int(a[1]) if len(a) > 1 else 0, nd)
         return ins(describe("concat", dim=dim, n_inputs=len(tids)), tids)
@@ -488,6 +930,63 @@ def describe_op(op, g) -> Described | None:
         return ins(describe("embedding"), [a[1], a[0]])
     if base == "embedding_dense_backward":
         return ins(describe("embedding_backward", num_embeddings=int(a[2])), [a[0], a[1]])
+    if base == "gather":
+        return ins(describe("gather", dim=int(a[1])), [a[0], a[2]])
+    if base in ("scatter_add", "scatter"):
+        has_src = _is_tensor_arg(a[3], g) if len(a) > 3 else False
+        if op.kwargs.get("reduce") or (len(a) > 4 and a[4] is not None):
+            raise UnsupportedOp(f"op {op.name}: aten.{t} with reduce= has no TDL description")
+        desc = describe("scatter_add", dim=int(a[1]), accumulate=base == "scatter_add",
+                        has_src=has_src)
+        return ins(desc, [a[0], a[2]] + ([a[3]] if has_src else []))
+    if base == "index_select":
+        return ins(describe("index_select", dim=int(a[1])), [a[0], a[2]])
+    if base == "index_add":
+        return ins(describe("index_add", dim=int(a[1])), [a[0], a[2], a[3]])
+    if base in ("index", "_unsafe_index"):
+        pos = tuple(i for i, x in enumerate(a[1]) if x is not None)
+        _int_indices(op, g, [a[1][i] for i in pos])
+        return ins(describe("index", positions=pos), [a[0]] + [a[1][i] for i in pos])
+    if base in ("index_put", "_unsafe_index_put", "_index_put_impl"):
+        pos = tuple(i for i, x in enumerate(a[1]) if x is not None)
+        _int_indices(op, g, [a[1][i] for i in pos])
+        acc = bool(a[3]) if len(a) > 3 else bool(op.kwargs.get("accumulate", False))
+        return ins(describe("index_put", positions=pos, accumulate=acc),
+                   [a[0]] + [a[1][i] for i in pos] + [a[2]])
+    if base == "cumsum":
+        return ins(describe("cumsum", dim=int(a[1])), [a[0]])
+    if base == "flip":
+        return ins(describe("flip", dims=tuple(a[1])), [a[0]])
+    if base in ("slice_scatter", "select_scatter"):
+        x = a[0]
+        nd = len(shp[x])
+        dim = _norm(int(a[2]) if len(a) > 2 else 0, nd)
+        size = shp[x][dim]
+        if base == "select_scatter":
+            i = int(a[3]) % size
+            return ins(describe("slice_scatter", dim=dim, start=i, stop=i + 1, select=True),
+                       [x, a[1]])
+        st_ = int(a[3]) if len(a) > 3 and a[3] is not None else 0
+        en_ = int(a[4]) if len(a) > 4 and a[4] is not None else size
+        if len(a) > 5 and int(a[5]) != 1:
+            raise UnsupportedOp(f"op {op.name}: strided slice_scatter (step {a[5]})")
+        st_ = min(max(0, st_ + size if st_ < 0 else st_), size)
+        en_ = min(max(st_, en_ + size if en_ < 0 else en_), size)
+        return ins(describe("slice_scatter", dim=dim, start=st_, stop=en_), [x, a[1]])
+    if base == "_scaled_dot_product_flash_attention_for_cpu":
+        mask = op.kwargs.get("attn_mask")
+        mask = mask if _is_tensor_arg(mask, g) else None
+        causal = bool(a[4]) if len(a) > 4 else bool(op.kwargs.get("is_causal", False))
+        desc = describe("flash_attention", causal=causal, mask=mask is not None,
+                        part="lse" if op.index == 1 else "out")
+        return ins(desc, list(a[:3]) + ([mask] if mask else []))
+    if base == "_scaled_dot_product_flash_attention_for_cpu_backward":
+        mask = op.kwargs.get("attn_mask")
+        mask = mask if _is_tensor_arg(mask, g) else None
+        causal = bool(a[7]) if len(a) > 7 else bool(op.kwargs.get("is_causal", False))
+        desc = describe("flash_attention_backward", causal=causal, mask=mask is not None,
+                        part=("dq", "dk", "dv")[op.index])
+        return ins(desc, list(a[:6]) + ([mask] if mask else []))
     if base == "threshold_backward":
         return ins(describe("relu_backward"), [a[0], a[1]])
     if base in ELEMENTWISE_FNS:

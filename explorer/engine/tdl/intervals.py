@@ -303,20 +303,34 @@ class Bound:
         raise KeyError(f"operator {self.op.name} has no index variable {name!r} "
                        f"(has {[v.name for v in list(self.out_vars) + self.red_vars]})")
 
-    def reducible(self) -> dict:
+    def reducible(self, runnable: bool = False) -> dict:
         """Reduction variables whose partitioning gives partition-n-**reduce** (Section 4.2,
         case 2): ``{Var: reducer}``.  The reduction must be reachable from the output through
         operations that distribute over it - nested reductions of the same kind, and for Sum
         ``+``/``-`` (other terms added by one worker, e.g. a bias), ``*`` and division by a
-        factor; not through opaque functions (softmax's denominator, normalisation)."""
+        factor; not through opaque functions (softmax's denominator, normalisation).
+
+        ``runnable=True`` keeps only the reductions the operator itself computes partially
+        when each worker runs it on its input regions, zero elsewhere (what Tofu runs and our
+        runtime does): a Max, or a Sum every term of which is a multiple of a *killing*
+        tensor - one read only with the variable itself on some axis, so its region there is
+        exactly the worker's slice and the terms of other slices read its zeros (matmul's
+        ``A[i, k]``, a convolution's ``weight[co, ci, dx]``).  A window sum such as average
+        pooling's ``x[2y + dy]`` has none: every worker would add whole windows."""
         out: dict = {}
+        killers = self._killers() if runnable else None
 
         def go(node, kind):
             if isinstance(node, Reduce):
                 if kind is None or node.kind == kind:
                     for v in node.vars:
-                        if isinstance(self.extent.get(v), int):
-                            out[v] = node.kind
+                        if not isinstance(self.extent.get(v), int):
+                            continue
+                        if killers is not None and not (
+                                node.kind == "max" or node.kind == "sum" and
+                                _killed(node.body, killers.get(v, ()))):
+                            continue
+                        out[v] = node.kind
                     go(node.body, node.kind)
             elif isinstance(node, Bin) and kind in (None, "sum"):
                 if node.op in ("+", "-", "*"):
@@ -330,6 +344,25 @@ class Bound:
             elif isinstance(node, Call) and node.fn == "neg" and kind in (None, "sum"):
                 go(node.args[0], kind)
         go(self.body, None)
+        return out
+
+    def _killers(self) -> dict:
+        """``{reduction Var: {tensor}}``: tensors every access of which reads the variable
+        itself on one common axis (their region on that axis is exactly its range)."""
+        axes: dict = {}                   # (tensor, var) -> axes where every access has it bare
+        for acc, _ in self.accesses:
+            bare = {}
+            for ax, i in enumerate(acc.idx):
+                v = i.bare_var() if isinstance(i, Ix) else None
+                if v is not None and v.kind == "red":
+                    bare.setdefault(v, set()).add(ax)
+            for v in set(self.red_vars) | set(bare):
+                key = (acc.tensor, v)
+                axes[key] = axes.get(key, bare.get(v, set())) & bare.get(v, set())
+        out: dict = {}
+        for (t, v), ax in axes.items():
+            if ax:
+                out.setdefault(v, set()).add(t)
         return out
 
     def is_elementwise(self) -> bool:
@@ -530,6 +563,28 @@ class Bound:
         else:
             for c in node.children():
                 self._walk_sym(c, env, over, found)
+
+
+def _killed(node, killers) -> bool:
+    """Whether ``node`` is zero wherever one of the ``killers`` tensors reads a zero: it is
+    such a read times anything (numerator of a quotient, every term of a sum, every piece)."""
+    if isinstance(node, Access):
+        return node.tensor in killers
+    if isinstance(node, Bin):
+        if node.op == "*":
+            return _killed(node.a, killers) or _killed(node.b, killers)
+        if node.op == "/":
+            return _killed(node.a, killers)
+        if node.op in ("+", "-"):
+            return _killed(node.a, killers) and _killed(node.b, killers)
+        return False
+    if isinstance(node, Call) and node.fn == "neg":
+        return _killed(node.args[0], killers)
+    if isinstance(node, Reduce) and node.kind == "sum":
+        return _killed(node.body, killers)
+    if isinstance(node, Piecewise):
+        return all(_killed(p[3], killers) for p in node.pieces)
+    return False
 
 
 def _merge(lst, x, pick):

@@ -294,7 +294,8 @@ def conv_backward_data(nsp: int = 2, stride=1, padding=0, dilation=1, groups: in
         return out
     return Op(f"conv{nsp}d_backward_data", fn, out_shape=out_shape,
               out_names=("n", "ci") + _SP_NAMES[nsp],
-              attrs={"stride": s, "padding": p, "dilation": d, "groups": groups})
+              attrs={"stride": s, "padding": p, "dilation": d, "groups": groups,
+                     "in_size": None if in_size is None else _tup(in_size, nsp)})
 
 
 @register("conv_backward_filter", "conv2d_backward_filter")
@@ -325,7 +326,8 @@ def conv_backward_filter(nsp: int = 2, stride=1, padding=0, dilation=1, groups: 
         return out
     return Op(f"conv{nsp}d_backward_filter", fn, out_shape=out_shape,
               out_names=("co", "ci") + _win_names(nsp),
-              attrs={"stride": s, "padding": p, "dilation": d, "groups": groups})
+              attrs={"stride": s, "padding": p, "dilation": d, "groups": groups,
+                     "kernel": None if kernel is None else _tup(kernel, nsp)})
 
 
 # --------------------------------------------------------------------------------------------
@@ -645,7 +647,8 @@ def embedding_backward(num_embeddings: int = None):
             return reduce_over("sum", tuple(f"b{a}" for a in range(nb)), lambda *bs:
                                dy[bs + (c,)] * Opaque("eq", ids[bs], v))
         return out
-    return Op("embedding_backward", fn, out_shape=lambda dy, ids: (num_embeddings, dy[-1]))
+    return Op("embedding_backward", fn, out_shape=lambda dy, ids: (num_embeddings, dy[-1]),
+              attrs={"num_embeddings": int(num_embeddings)})
 
 
 @register("sdpa", "scaled_dot_product_attention")

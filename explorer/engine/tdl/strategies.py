@@ -110,12 +110,14 @@ def _sym_regions(bound: Bound, dim: str, k: int) -> dict:
     return out
 
 
-def strategies(op, shapes, k: int = 2, symbolic: bool = True, **attrs) -> list:
+def strategies(op, shapes, k: int = 2, symbolic: bool = True, runnable: bool = False,
+               **attrs) -> list:
     """Every basic strategy of ``op`` at input ``shapes`` for ``k`` workers (Section 4.2).
 
     ``op`` is an :class:`Op` or a library name (``attrs`` then parameterise it).  One strategy
     per output coordinate of size ≥ k (case 1) and per partitionable reduction variable of
-    extent ≥ k (case 2, flagged by ``reducer``).
+    extent ≥ k (case 2, flagged by ``reducer``); ``runnable=True`` keeps only the reductions
+    the operator computes partially on zero-padded input regions (``Bound.reducible``).
     """
     if isinstance(op, str):
         from .library import describe
@@ -136,7 +138,7 @@ def strategies(op, shapes, k: int = 2, symbolic: bool = True, **attrs) -> list:
             op.name, "split", v.name, ax, k, None, boxes, regs,
             {n: classify(r, bound.shapes[n]) for n, r in regs.items()},
             _sym_regions(bound, v.name, k) if symbolic else {}))
-    reducible = bound.reducible()
+    reducible = bound.reducible(runnable)
     for v in bound.red_vars:
         if v not in reducible:
             continue
