@@ -159,7 +159,7 @@ def param_shards(layer: Layer, boxes: np.ndarray) -> dict:
         reg = full_box(shape, boxes.shape[:-2])
         if op == "embedding" and name == "weight":
             reg[..., 1, :] = boxes[..., 2, :]
-        elif op == "eltwise" or name.startswith("operand"):
+        elif op in ("eltwise", "param") or name.startswith("operand"):
             reg = _broadcast_region(boxes, shape)
         elif op == "norm":
             pass  # normalised axes are never split: affine weights replicate
