@@ -140,9 +140,46 @@ def _is_getitem(node) -> bool:
     return node.target is operator.getitem
 
 
+def _register_outputs(model, x) -> bool:
+    """Register with pytree every ``dict`` subclass in the model's output that it does not
+    know (a ``ModelOutput``-like ``OrderedDict`` subclass), so ``torch.export`` can return
+    it; ``True`` if any was registered.  The forward runs on fake (or meta) tensors."""
+    from torch.utils import _pytree as pytree
+    try:
+        if x.device.type == "meta":
+            out = model(x)
+        else:
+            from torch._subclasses.fake_tensor import FakeTensorMode
+            with FakeTensorMode(allow_non_fake_inputs=True):
+                out = model(x)
+    except Exception:  # noqa: BLE001 - the export error will be reported instead
+        return False
+    found = False
+    todo = [out]
+    while todo:
+        o = todo.pop()
+        if isinstance(o, dict):
+            cls = type(o)
+            if cls not in pytree.SUPPORTED_NODES:
+                pytree.register_pytree_node(
+                    cls, lambda d: (list(d.values()), list(d.keys())),
+                    lambda vals, keys, cls=cls: cls(zip(keys, vals)),
+                    serialized_type_name=f"{cls.__module__}.{cls.__qualname__}")
+                found = True
+            todo.extend(o.values())
+        elif isinstance(o, (list, tuple)):
+            todo.extend(o)
+    return found
+
+
 def _export(model, x, name, fx_exc):
     try:
-        ep = torch.export.export(model, (x,))
+        try:
+            ep = torch.export.export(model, (x,))
+        except Exception as first:  # noqa: BLE001
+            if "pytree" not in str(first) or not _register_outputs(model, x):
+                raise
+            ep = torch.export.export(model, (x,))
     except Exception as ex_exc:  # noqa: BLE001
         where = user_line(ex_exc)
         if _data_dependent_error(ex_exc) and _op_in(where):

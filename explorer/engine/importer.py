@@ -454,6 +454,8 @@ class _Importer:
         mod = self.mods[node.target]
         args = node.args
         x = self.val(args[0]) if args else None
+        if x is not None and x.kind == "param":     # a module applied to a buffer/constant
+            x = self.as_tensor(args[0], x)
         for cls, kind in _MODULE_OPS.items():
             if type(mod) is cls or (isinstance(mod, cls) and kind in ("conv", "linear")):
                 break
@@ -528,6 +530,11 @@ class _Importer:
             return self.concat(node, unsq, dim)
         if name in ("expand", "expand_as", "broadcast_to") and vals and vals[0].kind == "param":
             return self.param_source(node, vals[0], self.shape_of(node))
+        if not tens and vals and vals[0].kind == "param" and (
+                name in _VIEWS or name in _IDENTITY or name in ("select", "slice")):
+            # a view of a parameter/buffer (position_ids[:, :L]): of its "param" layer
+            vals = [self.as_tensor(args[0], vals[0])] + vals[1:]
+            tens, params = [vals[0]], [v for v in vals[1:] if v.kind == "param"]
         if not tens:
             # shape arithmetic, constants, ops on buffers only (e.g. num_batches_tracked += 1)
             self.vals[node] = _Val("const")
@@ -870,6 +877,12 @@ def import_model(model: nn.Module, x: torch.Tensor, name: str = "model",
     _prune(g, imp.outputs)
     g.outputs = [o for o in imp.outputs if o in g]
     _check_parameters(g, model, gm, name)
+    for la in g.layers():
+        # a leading axis of 1 on a batch > 1 is not the sample axis (position ids and their
+        # embedding, a parameter): such a layer is shared by every sample, not split
+        if la.op != "input" and la.axes and la.axes[0] == "n" and la.out_shape[0] == 1 \
+                and g.batch > 1:
+            la.axes = ("-",) + tuple(la.axes[1:])
     return g
 
 

@@ -35,7 +35,7 @@ from .launcher import RunFailed
 __all__ = ["run_layout", "run_placement", "placement_xplan", "placement_comm_bytes"]
 
 #: random ops :class:`~explorer.engine.capture.deterministic` cannot make the identity
-#: (``native_dropout``, how a traced step draws dropout, it can)
+#: (it makes ``native_dropout`` the identity; ``bernoulli_``, which dropout traces to, stays)
 _NOT_DETERMINISTIC = {"bernoulli", "bernoulli_", "rand_like", "randn_like"}
 
 

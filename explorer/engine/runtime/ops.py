@@ -25,6 +25,8 @@ Ops or options without a rule raise ``NotImplementedError`` naming the layer and
 
 from __future__ import annotations
 
+import operator
+
 import numpy as np
 import torch
 import torch.fx
@@ -305,7 +307,10 @@ def _param(ctx, ins, in_boxes, out_box):
     """A parameter/buffer read as an activation: the part of it (this device's shard, or the
     buffer) the output box reads, broadcast to the box (its gradient sums back into it)."""
     qual = ctx.layer.attrs["tensor"]
-    t = ctx.param(qual)
+    if qual in ctx.shards or qual in ctx.tensors:
+        t = ctx.param(qual)
+    else:                               # a constant the tracer made (fx's _tensor_constant0)
+        t = operator.attrgetter(qual)(ctx.gm)
     full = tuple(ctx.tensors[qual].shape) if qual in ctx.tensors else tuple(t.shape)
     need = _broadcast_region(out_box, full)
     have = ctx.shard_boxes.get(qual)
