@@ -5,12 +5,14 @@ where ``function()`` returns ``(torch.nn.Module, example_input)``; the input's f
 is the global batch.  Models are built on the ``meta`` device when possible, so importing even
 a 1-billion-parameter network allocates nothing.
 
-Capture uses ``torch.fx.symbolic_trace`` with shape propagation; models with data-dependent
-Python control flow (which symbolic tracing cannot follow) fall back to ``torch.export``.
-Element-wise activations, BatchNorm and dropout fold into the layer producing their input (the
+Capture is :mod:`explorer.engine.capture`'s, in train mode (the same graph the runtime
+executes): ``torch.fx`` symbolic tracing with shape propagation, falling back to
+``torch.export`` when fx cannot follow the model.  A parameter or buffer read as an activation
+(a class token, position ids) becomes a ``param`` layer that owns it; every import checks that
+the layers own every parameter (:func:`import_model`).  Element-wise activations, BatchNorm and dropout fold into the layer producing their input (the
 paper's layers are "conv + BN + ReLU"); view ops (flatten, view, transpose, select) fold onto
 the consuming edge as transforms so geometry can map regions through them.  Anything else that
-has no rule raises :class:`UnsupportedModel` naming the op and the node.
+has no rule raises :class:`UnsupportedModel` naming the op, the node and the user's line.
 """
 
 from __future__ import annotations

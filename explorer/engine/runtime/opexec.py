@@ -10,7 +10,10 @@ terms outside the reduction, e.g. a bias, added by one worker only; a partial ma
 max), and sends the parts other workers hold to them, which add the partial results up.
 
 So the run moves exactly the bytes the plan predicts (checked), and the loss and every updated
-parameter are compared with a single-device run of the same step.  For a Tofu plan each worker
+parameter are compared with a single-device run of the same step.  Both trace the model in
+train mode (:mod:`explorer.engine.capture`, with the model file's ``loss(output)`` when it has
+one) and compute under its deterministic numerics (dropout the identity, BatchNorm with batch
+statistics); a step that still draws random numbers is refused.  For a Tofu plan each worker
 computes its ops on full-size zero-padded buffers: the runtime checks a plan's data movement
 and results, it does not make the step faster.  A device placement is the special case where
 every box is a whole tensor on one device (:func:`placement_xplan`): each worker then computes
