@@ -450,10 +450,15 @@ def cmd_graph(args) -> int:
     from . import service
     if args.batch is not None and args.batch < 1:
         raise ValueError(f"--batch must be ≥ 1, got {args.batch}")
-    g = service.graph_for(service.Request(model=args.model, batch=args.batch,
-                                          model_args=dict(args.model_arg)))
+    req = service.Request(model=args.model, batch=args.batch, model_args=dict(args.model_arg))
+    g = service.graph_for(req)
     if args.json:
-        print(json.dumps(g.to_dict(), indent=2))
+        # parameters: the layer graph's count (each parameter once), checked on import to
+        # equal the model's, as is the operator graph's (its counts beside)
+        og = service.opgraph_for(req)
+        print(json.dumps({**g.to_dict(), "parameters": g.parameters,
+                          "unused_parameters": sum(g.unused_parameters.values()),
+                          "opgraph": og.counts()}, indent=2))
         return 0
     s = g.summary()
     print(f"{g.model}: {s['layers']} layers, {s['edges']} edges, {s['parameters'] / 1e6:.2f} M "

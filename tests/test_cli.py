@@ -299,3 +299,65 @@ def test_search_on_custom_cluster_file(capsys, tmp_path):
 def test_unknown_preset_exit_2(capsys):
     code, _, err = run(capsys, "search", "lenet5", "--preset", "tpu-v9")
     assert code == 2 and "unknown device preset 'tpu-v9'" in err and "k80-pcie-8" in err
+
+
+def test_graph_json_reports_parameters(capsys):
+    code, out, _ = run(capsys, "graph", "lenet5", "--batch", "2", "--json")
+    assert code == 0
+    doc = json.loads(out)
+    assert doc["parameters"] == 44426 == doc["opgraph"]["parameters"]
+    assert doc["unused_parameters"] == 0
+
+
+# --------------------------------------------------------------------------------------------
+# data-dependent ops and ops without a rule: one line naming the op and the user's line
+# --------------------------------------------------------------------------------------------
+
+DATA_DEPENDENT = '''
+import torch
+from torch import nn
+
+
+class M(nn.Module):
+    def __init__(self, kind):
+        super().__init__()
+        self.kind = kind
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x):
+        y = self.fc(x)
+        if self.kind == "nonzero":
+            return y * (y > 0).nonzero().shape[0]
+        if self.kind == "item":
+            return y[:, :int((y > 0).sum().item())]
+        if self.kind == "mask":
+            return y[y > 0]
+        return torch.logcumsumexp(y, 1)
+
+
+def build(kind="nonzero"):
+    return M(kind), torch.randn(4, 8)
+'''
+
+
+@pytest.mark.parametrize("algo,kind,needle", [
+    ("optcnn", "nonzero", "data-dependent op 'nonzero'"),
+    ("tofu", "nonzero", "data-dependent op 'nonzero'"),
+    ("celeritas", "item", "data-dependent op 'item'"),
+    ("metis", "mask", "data-dependent op 'boolean-mask indexing'"),
+    ("optcnn", "mask", "data-dependent op 'boolean-mask indexing'"),
+    ("optcnn", "norule", "unsupported op 'logcumsumexp'"),
+    ("tofu", "norule", "logcumsumexp"),
+])
+def test_data_dependent_and_unknown_ops_name_the_users_line(capsys, tmp_path, algo, kind,
+                                                            needle):
+    p = tmp_path / "dd.py"
+    p.write_text(DATA_DEPENDENT)
+    code, out, err = run(capsys, "search", f"{p}:build", "--algo", algo, "-a", f"kind={kind}",
+                         "--devices", "2")
+    assert code == 2
+    line = {"nonzero": "return y * (y > 0).nonzero().shape[0]",
+            "item": "return y[:, :int((y > 0).sum().item())]", "mask": "return y[y > 0]",
+            "norule": "return torch.logcumsumexp(y, 1)"}[kind]
+    assert needle in err and "dd.py:" in err and line in err, err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err

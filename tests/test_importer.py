@@ -482,3 +482,188 @@ def test_unknown_example_name_lists_examples():
         assert name in msg
     assert isinstance(ei.value, ExplorerError)
     assert not msg.startswith('"')   # KeyError's quoting is undone
+
+
+# --------------------------------------------------------------------------------------------
+# one capture (train mode), every output, every parameter
+# --------------------------------------------------------------------------------------------
+
+#: A tiny ViT: a class token concatenated to the patches, a position embedding indexed by a
+#: registered buffer, dropout and a train-only ``contiguous`` (as BERT's attention has).
+TINY_VIT = textwrap.dedent('''
+    import torch
+    from torch import nn
+
+
+    class TinyViT(nn.Module):
+        def __init__(self, d=8, patches=4):
+            super().__init__()
+            self.patches = patches
+            self.proj = nn.Linear(6, d)
+            self.cls = nn.Parameter(torch.randn(1, 1, d))
+            self.pos = nn.Embedding(patches + 1, d)
+            self.register_buffer("position_ids", torch.arange(patches + 1).unsqueeze(0))
+            self.drop = nn.Dropout(0.1)
+            self.norm = nn.LayerNorm(d)
+            self.head = nn.Linear(d, 3)
+
+        def forward(self, x):
+            h = self.proj(x)
+            h = torch.cat([self.cls.expand(x.shape[0], -1, -1), h], 1)
+            h = h + self.pos(self.position_ids[:, :self.patches + 1])
+            h = self.drop(h)
+            if self.training:
+                h = h.contiguous()
+            h = self.norm(h)
+            return self.head(h), h
+
+
+    def build():
+        return TinyViT(), torch.randn(4, 4, 6)
+''')
+
+
+@pytest.fixture
+def vit_spec(tmp_path):
+    p = tmp_path / "tinyvit.py"
+    p.write_text(TINY_VIT)
+    return f"{p}:build"
+
+
+def test_search_and_run_capture_the_same_train_mode_graph(vit_spec):
+    from explorer.engine.capture import load
+    from explorer.engine.graph import graph_digest
+    g = import_spec(vit_spec)
+    assert "contiguous" in g.layer("add").folded          # the train-only node is there
+    model, x = load(vit_spec, meta=False)                  # what a worker builds
+    model.eval()                                           # whatever mode it was left in
+    assert graph_digest(import_model(model, x, "vit")) == graph_digest(g)
+
+
+def test_class_token_and_buffer_indexed_embedding_reach_the_graph(vit_spec):
+    from explorer.engine.opgraph import build_opgraph
+    g = import_spec(vit_spec)
+    model, _ = load_model(vit_spec)
+    total = sum(p.numel() for p in model.parameters())
+    assert g.parameters == g.summary()["parameters"] == total
+    cls = g.layer("expand")                                # the class token's source layer
+    assert cls.op == "param" and cls.params == {"cls": (1, 1, 8)} and cls.out_shape == (4, 1, 8)
+    assert g.layer("cat").in_shapes == ((4, 1, 8), (4, 4, 8))
+    (ids,) = [e.src for e in g.in_edges("pos")]            # position ids: a buffer's layer
+    assert g.layer(ids).op == "param" and not g.layer(ids).params
+    assert g.layer("pos").params == {"weight": (5, 8)}
+    assert build_opgraph(vit_spec).parameters == total
+
+
+def test_shared_weights_count_once():
+    args = {"layers": 1, "hidden": 8, "steps": 3, "num_classes": 10}
+    g = import_spec("lstm", batch=2, model_args=args)
+    model, _ = load_model("lstm", 2, args)
+    assert g.parameters == sum(p.numel() for p in model.parameters())
+    assert sum(la.param_count for la in g.layers()) > g.parameters     # the cell, per step
+
+
+@pytest.mark.parametrize("name", sorted(example_models.MODELS))
+def test_parameter_count_invariant_on_every_example(name):
+    g = import_spec(name, batch=2)
+    model, _ = load_model(name, 2)
+    assert g.parameters + sum(g.unused_parameters.values()) == \
+        sum(p.numel() for p in model.parameters())
+
+
+class Scaled(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.w = nn.Parameter(torch.ones(4))
+
+    def forward(self, x):
+        return self.fc(x) + self.w * 2          # a computed parameter: no rule keeps it
+
+
+def test_a_parameter_the_importer_drops_fails_naming_it():
+    with pytest.raises(UnsupportedModel) as ei:
+        import_model(Scaled(), torch.randn(2, 4), "scaled")
+    msg = str(ei.value)
+    assert "do not reach the layer graph: w;" in msg and "test_importer.py:" in msg
+    assert "\n" not in msg
+
+
+class Unused(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.spare = nn.Linear(4, 2)            # never used: gets no gradient in training
+
+    def forward(self, x):
+        return self.fc(x)
+
+
+def test_unused_parameters_are_listed_not_counted():
+    g = import_model(Unused(), torch.randn(2, 4), "unused")
+    assert g.parameters == 20 and g.unused_parameters == {"spare.weight": 8, "spare.bias": 2}
+
+
+class FakeModelOutput(__import__("collections").OrderedDict):
+    """What a Hugging Face ``ModelOutput`` is: an ``OrderedDict`` subclass."""
+
+
+class Outputs(nn.Module):
+    def __init__(self, kind):
+        super().__init__()
+        self.kind = kind
+        self.a, self.b = nn.Linear(4, 3), nn.Linear(4, 2)
+        self.register_buffer("ids", torch.arange(3))       # an integer output: no loss term
+
+    def forward(self, x):
+        a, b = self.a(x), self.b(x)
+        if self.kind == "tuple":
+            return a, (b, self.ids)
+        if self.kind == "dict":
+            return {"a": a, "rest": [b, self.ids]}
+        if self.kind == "fake":
+            return FakeModelOutput(a=a, b=b, ids=self.ids)
+        from transformers.modeling_outputs import BaseModelOutput
+        return BaseModelOutput(last_hidden_state=a, hidden_states=(b,))
+
+
+@pytest.mark.parametrize("kind", ["tuple", "dict", "fake", "hf"])
+def test_loss_covers_every_float_output_leaf(kind):
+    from explorer.engine.opgraph import build_from_module
+    from explorer.engine.runtime.reference import traced_step
+    if kind == "hf":
+        pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    model, x = Outputs(kind), torch.randn(2, 4)
+    g = import_model(model, x, kind)
+    assert len(g.outputs) == 2 and {g.layer(o).op for o in g.outputs} == {"linear"}
+    og = build_from_module(model, x, kind)
+    assert og.parameters == 25 == g.parameters
+    loss, _, _ = traced_step(og, [p.detach() for p in model.parameters()],
+                             [b for b in model.buffers()], x)
+    want = model.a(x).pow(2).mean() + model.b(x).pow(2).mean()
+    assert loss == pytest.approx(float(want.detach()), rel=1e-6)
+
+
+def test_model_file_loss_function_is_used(tmp_path):
+    from explorer.engine.capture import loss_function
+    from explorer.engine.opgraph import build_opgraph, build_from_module
+    from explorer.engine.runtime.reference import traced_step
+    p = tmp_path / "withloss.py"
+    p.write_text(textwrap.dedent('''
+        import torch
+        from torch import nn
+
+        def build():
+            return nn.Linear(4, 3), torch.randn(2, 4)
+
+        def loss(out):
+            return (out - 1.0).abs().sum()
+    '''))
+    spec = f"{p}:build"
+    assert loss_function(spec) is not None and build_opgraph(spec).loss is not None
+    torch.manual_seed(0)
+    model, x = load_model(spec, meta=False)
+    og = build_from_module(model, x, "withloss", loss_fn=loss_function(spec))
+    got, _, _ = traced_step(og, [q.detach() for q in model.parameters()], [], x)
+    assert got == pytest.approx(float((model(x) - 1.0).abs().sum().detach()), rel=1e-6)

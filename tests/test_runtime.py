@@ -458,3 +458,19 @@ def test_reshape_forward_matches_indexing():
         q = boxes[0]
         want = full_view[tuple(slice(a, b) for a, b in q)]
         assert torch.equal(got, want)
+
+
+def test_class_token_and_buffer_indexed_embedding_run_against_the_reference(tmp_path):
+    """A tiny ViT (class token concatenated, position embedding indexed by a buffer, dropout
+    and a train-only node) under data, model and the searched plan on 2 workers: the class
+    token's gradient reaches it, and the workers capture the search's train-mode graph."""
+    from test_importer import TINY_VIT
+    p = tmp_path / "tinyvit.py"
+    p.write_text(TINY_VIT)
+    spec = f"{p}:build"
+    plans = [make_plan(spec, algo, 4) for algo in ("data", "model", "optcnn")]
+    results = launch_many(plans, steps=0, warmup=0, timeout_s=300, store=False)
+    for plan, res in zip(plans, results):
+        assert res["reference_ok"], (plan["algo"], res["reference"]["problems"],
+                                     res["reference"]["worst_grad"])
+        assert res["reference"]["params_compared"] == 8        # cls included

@@ -40,6 +40,14 @@ class Layer:
     flops: forward FLOPs of the whole layer (backward is counted as 2x forward).
     module: dotted path of the owning ``nn.Module`` (for hierarchy in views).
     folded: names of fx nodes folded into this layer (activations, BatchNorm, dropout).
+    qualnames: ``params`` key -> qualified name of the model parameter behind it (buffers
+        left out; ``None`` when unknown, e.g. a hand-built graph): what makes
+        :attr:`LayerGraph.parameters` count a weight used by several layers (an unrolled
+        RNN cell, tied embeddings) once.
+
+    An ``op == "param"`` layer has no inputs: its output is a parameter or buffer
+    (``attrs["tensor"]``) broadcast to ``out_shape`` - a class token, position ids - so a
+    tensor read as an activation still has a producer that owns it.
     """
 
     name: str
@@ -53,6 +61,7 @@ class Layer:
     module: str = ""
     folded: list = field(default_factory=list)
     dtype_bytes: int = 4
+    qualnames: dict | None = None
 
     def __post_init__(self):
         self.out_shape = tuple(int(s) for s in self.out_shape)
@@ -137,6 +146,8 @@ class LayerGraph:
         self.spec = model      # what to pass to load_model to rebuild it
         self.model_args: dict = {}
         self.outputs: list = []  # layers whose outputs the model returns
+        #: parameters that do not affect the output (unused, or dead code): name -> elements
+        self.unused_parameters: dict = {}
         self.g = nx.MultiDiGraph()
         self._order: list | None = None
 
@@ -196,13 +207,27 @@ class LayerGraph:
     def out_edges(self, name: str) -> list:
         return [d["edge"] for _, _, d in self.g.out_edges(name, data=True)]
 
+    @property
+    def parameters(self) -> int:
+        """Parameter count of the graph, each model parameter once (by
+        :attr:`Layer.qualnames`; layers without them count their ``params``)."""
+        unique: dict = {}
+        other = 0
+        for la in self.layers():
+            if la.qualnames is None:
+                other += la.param_count
+                continue
+            for k, q in la.qualnames.items():
+                unique[q] = math.prod(la.params[k])
+        return other + sum(unique.values())
+
     def summary(self) -> dict:
         ls = self.layers()
         ops = dict(Counter(lay.op for lay in ls))
         return {
             "model": self.model, "batch": self.batch, "layers": len(ls),
             "edges": self.g.number_of_edges(), "ops": ops,
-            "parameters": sum(l.param_count for l in ls),
+            "parameters": self.parameters,
             "flops_forward": sum(l.flops for l in ls),
             "activation_bytes": sum(l.out_bytes for l in ls),
         }

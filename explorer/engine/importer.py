@@ -5,20 +5,24 @@ where ``function()`` returns ``(torch.nn.Module, example_input)``; the input's f
 is the global batch.  Models are built on the ``meta`` device when possible, so importing even
 a 1-billion-parameter network allocates nothing.
 
-Capture uses ``torch.fx.symbolic_trace`` with shape propagation; models with data-dependent
-Python control flow (which symbolic tracing cannot follow) fall back to ``torch.export``.
+Capture is :mod:`explorer.engine.capture`'s, in train mode (the same graph the runtime
+executes): ``torch.fx`` symbolic tracing with shape propagation, falling back to
+``torch.export`` when fx cannot follow the model.  A trainable parameter read as an activation
+(a class token) becomes a ``param`` layer that owns it, and so does a constant (a buffer, position
+ids) that an op with a trainable parameter reads (an embedding indexed by position ids); every
+import checks that the layers own every parameter (:func:`import_model`).
 Element-wise activations, BatchNorm and dropout fold into the layer producing their input (the
 paper's layers are "conv + BN + ReLU") when nothing else reads that layer's output (a value read
 twice, like the projection in a written-out tanh GELU, gets an ``eltwise`` layer per op); view
 ops (flatten, view, transpose, select, slice, split/chunk/unbind) fold onto the consuming edge as
-transforms so geometry can map regions through them.  Values computed without the model input
-(causal masks, position ids, rotary ``cos``/``sin`` tables, from buffers, ``arange``, ``triu``,
+transforms so geometry can map regions through them.  Other values computed without the model
+input (causal masks, rotary ``cos``/``sin`` tables, from buffers, ``arange``, ``triu``,
 ``full_like``) are constants, never layers: the element-wise ops, attention and ``baddbmm``
 that read them record it, and the runtime evaluates them once and cuts each device's box out.
 Transformer ops: ``addmm``/``x @ W`` with a parameter (Hugging Face ``Conv1D``) is a ``linear``
 layer with ``attrs["weight_t"]``; ``nn.MultiheadAttention`` an ``mha`` layer; RMSNorm a ``norm``
 (module/functional) or its written-out ``reduce`` + ``eltwise`` layers.  Anything else that has
-no rule raises :class:`UnsupportedModel` naming the op and the node.
+no rule raises :class:`UnsupportedModel` naming the op, the node and the user's line.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ import torch.nn.functional as F
 
 from ..errors import UnknownModel, UnsupportedModel
 from . import hf
+from .capture import capture, node_line, parameter_count  # noqa: F401 - capture re-exported
 from .graph import Edge, Layer, LayerGraph, graph_digest
 
 # --------------------------------------------------------------------------------------------
@@ -261,6 +266,25 @@ def _tup(v, n):
 # --------------------------------------------------------------------------------------------
 
 
+def _arg_nodes(a) -> list:
+    """The fx nodes inside a (nested) argument: lists, tuples, dicts."""
+    if isinstance(a, torch.fx.Node):
+        return [a]
+    if isinstance(a, (list, tuple)):
+        return [n for x in a for n in _arg_nodes(x)]
+    if isinstance(a, dict):
+        return [n for x in a.values() for n in _arg_nodes(x)]
+    return []
+
+
+def _node_dtype(node):
+    tm = node.meta.get("tensor_meta")
+    if tm is not None and hasattr(tm, "dtype"):
+        return tm.dtype
+    v = node.meta.get("val")
+    return v.dtype if isinstance(v, torch.Tensor) else None
+
+
 class _Importer:
     def __init__(self, gm: torch.fx.GraphModule, name: str, batch: int, source: str):
         self.gm = gm
@@ -268,10 +292,12 @@ class _Importer:
         self.vals: dict = {}
         self.mods = dict(gm.named_modules())
         self.params = dict(gm.named_parameters())
+        self.trainable = set(self.params)           # parameters (not buffers)
         self.params.update(dict(gm.named_buffers()))
         self.outputs: list = []
         self.trainable = {k for k, _ in gm.named_parameters(remove_duplicate=False)}
         self.layer_nodes: dict = {}     # layer -> fx nodes whose value is (a view of) its output
+        self.sources: dict = {}                     # parameter/buffer -> its "param" node
 
     # -- helpers ---------------------------------------------------------------------------
     def shape_of(self, node):
@@ -286,6 +312,7 @@ class _Importer:
         raise UnsupportedModel(
             f"unsupported op {what!r} at node {node.name!r}"
             + (f" (module {node.target})" if node.op == "call_module" else "")
+            + (f" ({where})" if (where := node_line(node)) else "")
             + ": the layer-wise engine has no geometry rule for it; rewrite that part of the "
               "model with supported ops (conv, linear, pooling, norms, element-wise, concat, "
               "attention, embedding, LSTMCell) or open an issue")
@@ -334,6 +361,7 @@ class _Importer:
                     in_shapes=tuple(tuple(v.shape) for v in inputs),
                     params=params or {}, attrs=attrs or {}, flops=float(flops),
                     module=self.module_path(node))
+        lay.qualnames = self.qualify(node, lay.params)
         self.graph.add_layer(lay)
         for i, v in enumerate(inputs):
             if v.kind != "tensor":
@@ -365,6 +393,8 @@ class _Importer:
         if params and not src.transforms:
             for k, shp in params.items():
                 lay.params[k] = shp
+                if k in self.trainable and lay.qualnames is not None:
+                    lay.qualnames[k] = k
         self.vals[node] = src
 
     def _fold_ok(self, node, src: _Val) -> bool:
@@ -426,6 +456,77 @@ class _Importer:
         self.vals[node] = _Val("tensor", layer=src.layer, shape=shape,
                                transforms=(t,) + tuple(src.transforms))
 
+    def qualify(self, node, params) -> dict:
+        """Layer parameter key -> qualified model parameter name (parameters only, not
+        buffers): the key itself, the module's own parameter, or the node's ``get_attr``
+        arguments in order."""
+        out, todo = {}, []
+        for k in params:
+            if k in self.params:
+                out[k] = k
+            elif node.op == "call_module" and f"{node.target}.{k}" in self.params:
+                out[k] = f"{node.target}.{k}"
+            else:
+                todo.append(k)
+        if todo:
+            attrs = [str(a.target) for a in _arg_nodes(list(node.args) + list(node.kwargs.values()))
+                     if a.op == "get_attr" and str(a.target) not in out.values()]
+            out.update(zip(todo, attrs))
+        return {k: q for k, q in out.items() if q in self.trainable}
+
+    def as_tensor(self, arg, v: _Val) -> _Val:
+        """A parameter or buffer read as an activation (a class token, position ids): the
+        value of its ``param`` source layer (made once per tensor)."""
+        if (v.kind == "const" and v.shape and isinstance(v.value, torch.fx.Node)
+                and isinstance(arg, torch.fx.Node) and 0 not in v.shape):
+            key = f"const:{v.value.name}"
+            if key not in self.sources:
+                lay = Layer(v.value.name, "param", tuple(v.shape), _default_axes(len(v.shape)),
+                            attrs={"tensor": None, "const": v.value.name},
+                            module=self.module_path(v.value))
+                lay.qualnames = {}
+                self.graph.add_layer(lay)
+                self.sources[key] = _Val("tensor", layer=v.value.name, shape=tuple(v.shape))
+            return self.sources[key]
+        if v.kind != "param" or not isinstance(arg, torch.fx.Node):
+            return v
+        if v.param not in self.sources:
+            self.param_source(arg, v, v.shape)
+        return self.sources[v.param]
+
+    def param_source(self, node, v: _Val, shape) -> _Val:
+        """A ``param`` layer at ``node`` whose output is parameter/buffer ``v`` broadcast to
+        ``shape``: it owns the parameter (costs, sync and memory count it; the runtime
+        slices it and back-propagates into it)."""
+        shape = tuple(int(s) for s in shape)
+        params = {v.param: tuple(v.shape)} if v.param in self.trainable else {}
+        lay = Layer(node.name, "param", shape, _default_axes(len(shape)), params=params,
+                    attrs={"tensor": v.param}, module=self.module_path(node))
+        lay.qualnames = {v.param: v.param} if params else {}
+        self.graph.add_layer(lay)
+        out = _Val("tensor", layer=node.name, shape=shape)
+        if node.op != "get_attr":
+            self.vals[node] = out
+        if shape == tuple(v.shape):
+            self.sources.setdefault(v.param, out)
+        return out
+
+    def output_layers(self, node) -> list:
+        """Layers holding the model's floating-point outputs (tensors, tuples, dicts)."""
+        outs = set()
+        for a in _arg_nodes(node.args[0]):
+            v = self.vals.get(a)
+            dt = _node_dtype(a)
+            if v is None or (dt is not None and not dt.is_floating_point):
+                continue
+            for x in self._flatten_vals(a):
+                if x.kind in ("tensor", "tuple") and x.layer:
+                    outs.add(x.layer)
+        if not outs:
+            raise UnsupportedModel(f"{self.graph.model}: the model's output holds no "
+                                   f"floating-point tensor: there is no loss to train")
+        return sorted(outs)
+
     # -- main loop -------------------------------------------------------------------------
     def run(self) -> LayerGraph:
         for node in self.gm.graph.nodes:
@@ -447,8 +548,7 @@ class _Importer:
                     shape = tuple(obj.shape) if isinstance(obj, torch.Tensor) else ()
                 self.vals[node] = _Val("param", param=str(node.target), shape=shape)
             elif node.op == "output":
-                self.outputs = sorted({v.layer for v in self._flatten_vals(node.args[0])
-                                       if v.kind in ("tensor", "tuple") and v.layer})
+                self.outputs = self.output_layers(node)
             elif node.op == "call_module":
                 self.call_module(node)
             else:
@@ -468,6 +568,8 @@ class _Importer:
             return self.conv_transpose_module(node, x, mod)
         if isinstance(mod, nn.MultiheadAttention):
             return self.mha(node, mod)
+        if x is not None and (x.kind == "param" or (x.kind == "const" and x.shape)):
+            x = self.as_tensor(args[0], x)      # a module applied to a buffer/constant
         for cls, kind in _MODULE_OPS.items():
             if type(mod) is cls or (isinstance(mod, cls) and kind in ("conv", "linear")):
                 break
@@ -526,18 +628,54 @@ class _Importer:
             self.vals[node] = _Val("const")
             return
         if name == "getitem":
-            if vals[0].kind in ("const", "param"):
+            if vals[0].kind == "const" or (vals[0].kind == "param"
+                                           and vals[0].param not in self.trainable):
                 return self.const(node, vals)   # an item or slice of a constant / buffer
-            return self.getitem(node, vals[0], args[1])
+            return self.getitem(node, self.as_tensor(args[0], vals[0]), args[1])
         if name in ("cat", "concat", "concatenate") and vals and vals[0].kind == "tuple":
             dim = kw.get("dim", args[1] if len(args) > 1 else 0)
-            items = [v for v in vals[0].items if v.kind == "tensor"]
-            if len(items) == 1 < len(vals[0].items) and all(
+            raw = list(vals[0].items)
+            trained = [v for v in raw if v.kind == "param" and v.param in self.trainable]
+            if not trained and not any(v.kind == "tensor" for v in raw):
+                return self.const(node, raw)    # a constant made of constants (rotary tables)
+            items = [self.as_tensor(a, v) if v in trained else v for a, v in zip(args[0], raw)]
+            tensors = [v for v in items if v.kind == "tensor"]
+            if len(tensors) == 1 < len(items) and all(
                     v.kind == "tensor" or (v.kind == "const" and v.shape and 0 in v.shape)
-                    for v in vals[0].items):
-                self.vals[node] = items[0]      # concat with empty tensors (an empty KV cache)
+                    for v in items):
+                self.vals[node] = tensors[0]    # concat with empty tensors (an empty KV cache)
                 return
-            return self.concat(node, items, dim)
+            items = [self.as_tensor(a, v) if v.kind != "tensor" else v
+                     for a, v in zip(args[0], items)]
+            return self.concat(node, [v for v in items if v.kind == "tensor"], dim)
+        if name == "stack" and vals and vals[0].kind == "tuple":
+            # stack = concat of the inputs unsqueezed at dim (a reshape on each edge)
+            dim = kw.get("dim", args[1] if len(args) > 1 else 0)
+            items = [self.as_tensor(a, v) for a, v in zip(args[0], vals[0].items)]
+            items = [v for v in items if v.kind == "tensor"]
+            if not items:
+                return self.const(node, list(vals[0].items))
+            dim = dim % (len(items[0].shape) + 1)
+            unsq = [_Val("tensor", layer=v.layer, shape=v.shape[:dim] + (1,) + v.shape[dim:],
+                         transforms=(("reshape", tuple(v.shape), v.shape[:dim] + (1,)
+                                      + v.shape[dim:]),) + tuple(v.transforms)) for v in items]
+            return self.concat(node, unsq, dim)
+        if (name in ("expand", "expand_as", "broadcast_to") and vals and vals[0].kind == "param"
+                and vals[0].param in self.trainable):
+            return self.param_source(node, vals[0], self.shape_of(node))
+        if not tens and vals and vals[0].kind == "param" and vals[0].param in self.trainable and (
+                name in _VIEWS or name in _IDENTITY or name in ("select", "slice")):
+            # a view of a trainable parameter (pos_embedding[:, :L]): of its "param" layer
+            vals = [self.as_tensor(args[0], vals[0])] + vals[1:]
+            tens, params = [vals[0]], [v for v in vals[1:] if v.kind == "param"]
+        if not tens and any(v.kind == "param" and v.param in self.trainable for v in vals):
+            # an op of a trainable parameter on constants (an embedding indexed by position
+            # ids): the constants become "param" layers so the op is a layer that owns it
+            vals = [self.as_tensor(a, v) if (v.kind == "const" and v.shape) or (
+                        v.kind == "param" and v.param not in self.trainable) else v
+                    for a, v in zip(args, vals)]
+            tens = [v for v in vals if v.kind == "tensor"]
+            params = [v for v in vals if v.kind == "param"]
         if not tens or name in _LIKE:
             # shape arithmetic, constants, ops on buffers only (e.g. num_batches_tracked += 1)
             return self.const(node, vals + [self.val(a) for a in kw.values()])
@@ -974,6 +1112,7 @@ class _Importer:
         lay = Layer(node.name, "lstm_cell", (n, hidden), ("n", "c"),
                     in_shapes=tuple(tuple(v.shape) for v in ins), params=p,
                     attrs={"has_state": len(ins) == 3}, flops=fl, module=self.module_path(node))
+        lay.qualnames = self.qualify(node, p)
         self.graph.add_layer(lay)
         for i, v in enumerate(ins):
             self.graph.add_edge(Edge(v.layer, node.name, i, tuple(v.transforms)))
@@ -1068,49 +1207,73 @@ class _Importer:
         return self.view(node, x, ("reshape", src, tuple(out)))
 
 
-def _shape_prop(gm, x):
-    from torch.fx.passes.shape_prop import ShapeProp
-    if x.device.type == "meta":
-        ShapeProp(gm).propagate(x)
-        return
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    fm = FakeTensorMode(allow_non_fake_inputs=True)
-    ShapeProp(gm, fake_mode=fm).propagate(x)
+def import_model(model: nn.Module, x: torch.Tensor, name: str = "model",
+                 captured: tuple | None = None) -> LayerGraph:
+    """Build the :class:`LayerGraph` of ``model`` applied to ``x`` (batch = ``x.shape[0]``),
+    from :func:`~explorer.engine.capture.capture` (or the ``(gm, source)`` it gave).
 
-
-def capture(model: nn.Module, x: torch.Tensor, name: str = "model"):
-    """Trace ``model`` on ``x``: ``(GraphModule, source)`` with shapes on every node.
-
-    Tries ``torch.fx.symbolic_trace`` first; data-dependent control flow and other trace
-    errors fall back to ``torch.export.export``.  Raises :class:`UnsupportedModel` when both
-    fail, quoting both reasons.
-    """
-    model = model.eval() if False else model
-    try:
-        gm = torch.fx.symbolic_trace(model)
-        _shape_prop(gm, x)
-        return gm, "fx"
-    except Exception as fx_exc:  # noqa: BLE001
-        try:
-            ep = torch.export.export(model, (x,))
-            return ep.module(), "export"
-        except Exception as ex_exc:  # noqa: BLE001
-            raise UnsupportedModel(
-                f"{name}: torch.fx could not trace the model ({type(fx_exc).__name__}: "
-                f"{str(fx_exc).splitlines()[0] if str(fx_exc) else ''}) and torch.export failed "
-                f"too ({type(ex_exc).__name__}: "
-                f"{str(ex_exc).splitlines()[0] if str(ex_exc) else ''}). Make forward() "
-                f"traceable: avoid Python control flow on tensor values") from ex_exc
-
-
-def import_model(model: nn.Module, x: torch.Tensor, name: str = "model") -> LayerGraph:
-    """Build the :class:`LayerGraph` of ``model`` applied to ``x`` (batch = ``x.shape[0]``)."""
-    gm, source = capture(model, x, name)
+    Checks the invariant: the graph's parameter count equals the model's (each parameter
+    once); a parameter that does not reach the graph fails the import, naming it."""
+    gm, source = captured if captured is not None else capture(model, x, name)
     imp = _Importer(gm, name, int(x.shape[0]), source)
     g = imp.run()
     _prune(g, imp.outputs)
     g.outputs = [o for o in imp.outputs if o in g]
+    _check_parameters(g, model, gm, name)
+    for la in g.layers():
+        # a leading axis of 1 on a batch > 1 is not the sample axis (position ids and their
+        # embedding, a parameter): such a layer is shared by every sample, not split
+        if la.op != "input" and la.axes and la.axes[0] == "n" and la.out_shape[0] == 1 \
+                and g.batch > 1:
+            la.axes = ("-",) + tuple(la.axes[1:])
     return g
+
+
+def _check_parameters(g: LayerGraph, model: nn.Module, gm, name: str) -> None:
+    """The invariant: the layers own every parameter of ``model`` that affects its output
+    (``g.parameters`` + ``g.unused_parameters`` = the model's count, each parameter once).
+    Parameters forward() never uses, or uses only in dead code (an auxiliary head whose
+    output is discarded), get no gradient in training: they are listed in
+    ``g.unused_parameters``.  Any other parameter missing fails the import, naming it and
+    the line that reads it."""
+    want = parameter_count(model)
+    got = g.parameters
+    if got == want:
+        return
+    reached = {q for la in g.layers() for q in (la.qualnames or {}).values()}
+    out = next(n for n in gm.graph.nodes if n.op == "output")
+    live = {out}
+    todo = [out]
+    while todo:
+        for a in todo.pop().all_input_nodes:
+            if a not in live:
+                live.add(a)
+                todo.append(a)
+    missing = []
+    for n, p in model.named_parameters():
+        if n in reached:
+            continue
+        uses = [u for u in gm.graph.nodes
+                if (u.op == "get_attr" and str(u.target) == n)
+                or (u.op == "call_module" and n.startswith(f"{u.target}."))]
+        if any(u in live for u in uses):
+            missing.append((n, p.numel(), next(u for u in uses if u in live)))
+        else:
+            g.unused_parameters[n] = p.numel()
+    if not missing and got + sum(g.unused_parameters.values()) == want:
+        return
+    if not missing:
+        raise UnsupportedModel(f"{name}: the layer graph counts {got} parameters, the model "
+                               f"has {want}")
+    first = missing[0][2]
+    user = first if first.op == "call_module" else next(iter(first.users), first)
+    line = node_line(user)
+    names = ", ".join(n for n, _, _ in missing[:4]) + (" ..." if len(missing) > 4 else "")
+    raise UnsupportedModel(
+        f"{name}: {len(missing)} parameter(s) ({sum(k for _, k, _ in missing)} elements) do "
+        f"not reach the layer graph: {names}; read by node {user.name!r}"
+        f"{f' at {line}' if line else ''}. The graph has {got} of the model's {want} "
+        f"parameters: a rule for that use is missing")
 
 
 def _prune(g: LayerGraph, outputs):

@@ -1,8 +1,10 @@
 """The joint forward + backward (+ SGD update) operator graph of a model.
 
 Tofu partitions and Celeritas places *fine-grained operators* of a training step, not layers.
-This module traces one training step - ``loss = Σ mean(out²)``, gradients of every parameter,
-``p ← p − lr·dp`` - with ``make_fx`` over fake tensors, so even WResNet-152-10 at batch 8 or a
+This module traces one training step of the model loaded in train mode by
+:mod:`explorer.engine.capture` - the loss of :func:`~explorer.engine.capture.loss_of`
+(``Σ mean(o²)`` over every floating-point output leaf, or the model file's ``loss(output)``),
+gradients of every parameter, ``p ← p − lr·dp`` - with ``make_fx`` over fake tensors, so even WResNet-152-10 at batch 8 or a
 10-layer 8K LSTM costs no memory.  Every aten node becomes an :class:`Op`; multi-output aten
 ops (``convolution_backward``, ``native_batch_norm``, ``split``...) become one ``Op`` per
 output that is used.  Each op records
@@ -13,6 +15,10 @@ output that is used.  Each op records
   module it was (an unrolled RNN calls the same cell once per time step);
 * shapes, FLOPs and bytes.
 
+Every trainable parameter must be read by some operator (checked on every build, naming the
+ones that are not), and a data-dependent op (``nonzero``, ``.item()``...) is refused naming
+the user's line (:meth:`OpGraph.where` gives any operator's line).
+
 Example::
 
     >>> g = build_opgraph("mlp", batch=8, model_args={"layers": 2, "hidden": 16})
@@ -22,7 +28,6 @@ Example::
 
 from __future__ import annotations
 
-import contextlib
 import math
 from dataclasses import dataclass, field
 
@@ -114,8 +119,23 @@ class OpGraph:
 
     def counts(self) -> dict:
         return {"ops": len(self.ops), "tensors": len(self.tensors),
-                "params": len(self.params),
+                "params": len(self.params), "parameters": self.parameters,
                 "param_bytes": sum(self.tensors[t].bytes for t in self.params.values())}
+
+    @property
+    def parameters(self) -> int:
+        """Elements of the trainable parameters some operator reads (each once)."""
+        read = {t for op in self.ops.values() for t in op.inputs}
+        return sum(self.tensors[t].numel for t in self.params.values() if t in read)
+
+    def where(self, op_name: str) -> str | None:
+        """``file:line: code`` of the user's source that made operator ``op_name``."""
+        from .capture import node_line
+        op = self.ops.get(op_name)
+        if op is None or self.gm is None:
+            return None
+        node = next((n for n in self.gm.graph.nodes if n.name == op.node), None)
+        return node_line(node)
 
     def phase_counts(self) -> dict:
         out: dict = {}
@@ -211,8 +231,9 @@ def _module_annotations(model):
     return handles
 
 
-def trace_step(model, x, lr: float = 0.01):
-    """``make_fx`` graph of one SGD training step over fake tensors.
+def trace_step(model, x, lr: float = 0.01, loss_fn=None, name: str = "model"):
+    """``make_fx`` graph of one SGD training step over fake tensors (``loss_fn``: the model
+    file's ``loss(output)``, default ``Σ mean(o²)`` over the float output leaves).
 
     Returns ``(graph_module, param_names, buffer_names)``; placeholders are the parameters,
     the buffers, then ``x``.
@@ -222,6 +243,9 @@ def trace_step(model, x, lr: float = 0.01):
     import torch.fx.traceback as fxtb
     from torch.fx.experimental.proxy_tensor import make_fx
     from torch._functorch._aot_autograd.logging_utils import setup_stacktrace_preservation_hooks
+    from ..errors import ExplorerError
+    from .capture import (DataDependent, _data_dependent_error, _dd_message, _op_in,
+                          check_data_dependent, loss_of, user_line)
 
     names = [n for n, p in model.named_parameters() if p.requires_grad]
     if not names:
@@ -231,11 +255,11 @@ def trace_step(model, x, lr: float = 0.01):
     def step(params, buffers, x):
         out = torch.func.functional_call(
             model, {**dict(zip(names, params)), **dict(zip(bnames, buffers))}, (x,))
-        outs = out if isinstance(out, (tuple, list)) else (out,)
-        loss = sum(o.pow(2).mean() for o in outs if torch.is_tensor(o)
-                   and o.is_floating_point())
-        if loss.grad_fn is not None:
-            setup_stacktrace_preservation_hooks([loss.grad_fn])
+        loss = loss_of(out, loss_fn)
+        if loss.grad_fn is None:
+            raise UnsupportedModel("the loss does not depend on any trainable parameter: "
+                                   "nothing to train")
+        setup_stacktrace_preservation_hooks([loss.grad_fn])
         grads = torch.autograd.grad(loss, params, allow_unused=True)
         new = [p - lr * g if g is not None else p for p, g in zip(params, grads)]
         return loss, grads, new
@@ -245,16 +269,24 @@ def trace_step(model, x, lr: float = 0.01):
     _TRACE_LOCK.acquire()
     fresh_trace_state()
     handles = _module_annotations(model)
+    model.train()
     try:
         with fxtb.preserve_node_meta():
             gm = make_fx(step, tracing_mode="fake", record_stack_traces=True)(
                 params, [b.detach() for _, b in model.named_buffers()], x)
+        check_data_dependent(gm, name)
+    except ExplorerError:
+        raise
     except Exception as e:  # noqa: BLE001 - any tracing failure is the model's
+        where = user_line(e)
+        if _data_dependent_error(e):
+            raise DataDependent(_dd_message(name, _op_in(where), where)) from None
         raise UnsupportedModel(
             f"could not trace a training step of the model with make_fx: "
-            f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}. "
-            f"Data-dependent control flow or in-place ops on inputs are the usual causes; "
-            f"rewrite that part of forward() or pick another model.") from e
+            f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            f"{f' at {where}' if where else ''}. "
+            f"In-place ops on inputs are a usual cause; "
+            f"rewrite that part of forward() or pick another model.") from None
     finally:
         for h in handles:
             h.remove()
@@ -310,14 +342,16 @@ def user_line(stack_trace: str | None) -> str:
     return f"{path}:{line}: {code.strip()}"
 
 
-def build_from_module(model, x, name: str = "model", lr: float = 0.01) -> OpGraph:
-    """Trace ``model`` on example input ``x`` (its first dimension = global batch)."""
+def build_from_module(model, x, name: str = "model", lr: float = 0.01,
+                      loss_fn=None) -> OpGraph:
+    """Trace ``model`` on example input ``x`` (its first dimension = global batch); checks
+    that every trainable parameter reaches the graph."""
     import operator
 
     import torch
     from .flops import op_flops
 
-    gm, pnames, bnames = trace_step(model, x, lr)
+    gm, pnames, bnames = trace_step(model, x, lr, loss_fn, name)
     g = OpGraph(name, int(x.shape[0]) if x.dim() else 1)
     g.gm = gm                         # the traced step: its aten calls run on real tensors too
     g.param_names, g.buffer_names = pnames, bnames
@@ -439,7 +473,23 @@ def build_from_module(model, x, name: str = "model", lr: float = 0.01) -> OpGrap
     _link_grads(g)
     for op in g.ops.values():
         op.flops = op_flops(op, g)
+    _check_parameters(g, model, name)
     return g
+
+
+def _check_parameters(g: OpGraph, model, name: str) -> None:
+    """The invariant: the operators read every trainable parameter (count equal to the
+    model's), else one line naming the ones no operator reads."""
+    from .capture import parameter_count
+    want = parameter_count(model, trainable_only=True)
+    if g.parameters == want:
+        return
+    read = {t for op in g.ops.values() for t in op.inputs}
+    missing = [pn for pn, t in g.params.items() if t not in read]
+    raise UnsupportedModel(
+        f"{name}: the operator graph reads {g.parameters} of the model's {want} trainable "
+        f"parameters; {', '.join(missing[:4]) or '?'}{' ...' if len(missing) > 4 else ''} "
+        f"reach no operator (forward() never uses them)")
 
 
 def _mark_update_ops(g: OpGraph) -> None:
@@ -479,12 +529,11 @@ def _link_grads(g: OpGraph) -> None:
 
 def build_opgraph(spec: str, batch: int | None = None, model_args: dict | None = None,
                   lr: float = 0.01) -> OpGraph:
-    """Load example / ``file.py:function`` ``spec`` on the meta device and trace its step."""
-    from .importer import load_model
-    model, x = load_model(spec, batch, model_args, meta=True)
-    with contextlib.suppress(Exception):
-        model.train()
-    g = build_from_module(model, x, spec, lr)
+    """Load example / ``file.py:function`` ``spec`` on the meta device (train mode, the one
+    loader of :mod:`explorer.engine.capture`) and trace its step with its loss."""
+    from .capture import load, loss_function
+    model, x = load(spec, batch, model_args, meta=True)
+    g = build_from_module(model, x, spec, lr, loss_function(spec))
     g.model_args = dict(model_args or {})
     return g
 

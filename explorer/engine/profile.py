@@ -420,7 +420,16 @@ def _lstm_cell(layer, out_shape, in_shapes, b):
     return run
 
 
-_RULES = {"conv": _conv, "pool": _pool, "adaptive_pool": _adaptive_pool, "linear": _linear,
+def _param(layer, out_shape, in_shapes, b):
+    """A parameter read as an activation: its broadcast (the backward sums it back)."""
+    shape = next(iter(layer.params.values()), out_shape)
+    nd = len(out_shape)
+    part = tuple(1 if s == 1 else o for s, o in zip(shape, tuple(out_shape)[nd - len(shape):]))
+    p = b.rand(part, grad=bool(layer.params))
+    return lambda: [p.expand(tuple(out_shape))]
+
+
+_RULES = {"param": _param, "conv": _conv, "pool": _pool, "adaptive_pool": _adaptive_pool, "linear": _linear,
           "upsample": _upsample,
           "matmul": _matmul, "sdpa": _sdpa, "eltwise": _eltwise, "concat": _concat,
           "norm": _norm, "softmax": _softmax, "reduce": _reduce, "embedding": _embedding,

@@ -210,7 +210,7 @@ def param_shards(layer: Layer, boxes: np.ndarray, reduce: np.ndarray | None = No
             reg[..., 1, :] = boxes[..., c_ax, :]     # weight [in, out]: output columns
             if reduce is not None:
                 reg[..., 0, :] = reduce              # row-parallel: its input-feature rows
-        elif op == "eltwise" or name.startswith("operand"):
+        elif op in ("eltwise", "param") or name.startswith("operand"):
             reg = _broadcast_region(boxes, shape)
         elif op == "norm":
             pass  # normalised axes are never split: affine weights replicate

@@ -27,8 +27,14 @@ nodes then run on the owned box.  Backward is the adjoint: the owned box's gradi
 all-gathered over the group into the tile's gradient, which the local matmul back-propagates
 (:meth:`Executor._reduce_scatter`, :meth:`Executor._all_gather`).
 
-Loss: ``Σ_outputs mean(out²)`` over the model's output layers (each worker adds its boxes'
-share); the gradient of an owned output box is ``2·out/numel``.
+Mode: the model is loaded and captured in train mode by :mod:`explorer.engine.capture` (the
+search's own capture, so the graph digests agree) and computed with deterministic numerics -
+dropout the identity, BatchNorm with its running statistics - as the reference check does.
+
+Loss: ``Σ_outputs mean(out²)`` over the model's floating-point output layers (the rule of
+:func:`~explorer.engine.capture.loss_of`; each worker adds its boxes' share); the gradient of
+an owned output box is ``2·out/numel``.  A model file's own ``loss(output)`` is refused here
+(it would need every output whole on one worker); operator-level plans run it.
 
 Backward, in reverse topological order, for layer ``P``:
 
@@ -63,7 +69,8 @@ import torch.distributed as dist
 
 from ...errors import InfeasiblePlan
 from .. import geometry as G
-from ..importer import capture, import_spec, load_model
+from ..capture import capture, deterministic, load, loss_function
+from ..importer import import_model
 from ..plan import Plan
 from . import ops
 from . import transforms as T
@@ -158,11 +165,22 @@ class Executor:
         self.step_no = 0
         self.phase = "setup"
         torch.manual_seed(self.seed)
-        model, x = load_model(plan.spec, plan.batch, plan.model_args, meta=False)
-        model = model.to(self.device).eval()
+        if loss_function(plan.spec) is not None:
+            raise InfeasiblePlan(f"{plan.spec}: the model file defines loss(output); the "
+                                 f"layer-wise runtime trains with the default loss Σ mean(o²) "
+                                 f"only: run a tofu or placement plan of it instead")
+        model, x = load(plan.spec, plan.batch, plan.model_args, meta=False)   # train mode
+        model = model.to(self.device)
         self.model, self.x = model, x.to(self.device)
-        self.gm, _ = capture(model, self.x, plan.model)
-        self.graph = import_spec(plan.spec, plan.batch, plan.model_args)
+        self.gm, source = capture(model, self.x, plan.model)
+        # the search's graph, from this capture (same train-mode trace: same digest)
+        self.graph = import_model(model, self.x, plan.model, captured=(self.gm, source))
+        if plan.graph_digest:
+            from ..graph import graph_digest
+            if graph_digest(self.graph) != plan.graph_digest:
+                raise InfeasiblePlan(f"the worker's capture of {plan.spec!r} differs from the "
+                                     f"graph the plan was searched on (digest "
+                                     f"{graph_digest(self.graph)} vs {plan.graph_digest})")
         self.nodes = {n.name: n for n in self.gm.graph.nodes}
         self.tensors = dict(self.gm.named_parameters(remove_duplicate=False))
         self.param_names = set(self.tensors)
@@ -650,6 +668,14 @@ class Executor:
     # a training step
     # ------------------------------------------------------------------------------------
     def step(self, check: bool = False):
+        """One forward/backward/sync/SGD step of the train-mode graph under
+        :class:`~explorer.engine.capture.deterministic` numerics (dropout the identity,
+        BatchNorm with running statistics), as :func:`.reference.reference_step` computes it.
+        See :meth:`_step`."""
+        with deterministic(running_stats=True):
+            return self._step(check)
+
+    def _step(self, check: bool = False):
         """One forward/backward/sync/SGD step.
 
         Returns ``(timings [layers, len(PHASES)], extra)`` where ``extra`` holds, when

@@ -10,7 +10,10 @@ terms outside the reduction, e.g. a bias, added by one worker only; a partial ma
 max), and sends the parts other workers hold to them, which add the partial results up.
 
 So the run moves exactly the bytes the plan predicts (checked), and the loss and every updated
-parameter are compared with a single-device run of the same step.  For a Tofu plan each worker
+parameter are compared with a single-device run of the same step.  Both trace the model in
+train mode (:mod:`explorer.engine.capture`, with the model file's ``loss(output)`` when it has
+one) and compute under its deterministic numerics (dropout the identity, BatchNorm with batch
+statistics); a step that still draws random numbers is refused.  For a Tofu plan each worker
 computes its ops on full-size zero-padded buffers: the runtime checks a plan's data movement
 and results, it does not make the step faster.  A device placement is the special case where
 every box is a whole tensor on one device (:func:`placement_xplan`): each worker then computes
@@ -34,7 +37,9 @@ from .launcher import RunFailed
 
 __all__ = ["run_layout", "run_placement", "placement_xplan", "placement_comm_bytes"]
 
-_NOT_DETERMINISTIC = {"bernoulli", "bernoulli_", "native_dropout", "rand_like", "randn_like"}
+#: random ops :class:`~explorer.engine.capture.deterministic` cannot make the identity
+#: (it makes ``native_dropout`` the identity; ``bernoulli_``, which dropout traces to, stays)
+_NOT_DETERMINISTIC = {"bernoulli", "bernoulli_", "rand_like", "randn_like"}
 
 
 def _flat(t):
@@ -165,6 +170,13 @@ class _Worker:
         return val
 
     def step(self, params, buffers, x):
+        """One traced step in the reference's numerics (dropout the identity, BatchNorm with
+        batch statistics: :mod:`explorer.engine.capture`)."""
+        from ..capture import deterministic
+        with deterministic(running_stats=False):
+            return self._step(params, buffers, x)
+
+    def _step(self, params, buffers, x):
         import operator
         g, gm = self.g, self.g.gm
         env: dict = {}
@@ -199,7 +211,8 @@ class _Worker:
                 alias[n.name] = n.args[0].name
             if name in _NOT_DETERMINISTIC:
                 raise InfeasiblePlan(f"op {n.name} (aten.{name}) draws random numbers: the "
-                                     f"Tofu runtime cannot check a model with dropout")
+                                     f"operator-level runtime cannot check it against one "
+                                     f"device")
 
         def sub(a, bufs, fa=None):
             if isinstance(a, str) and a in g.tensors:
@@ -283,16 +296,15 @@ def _constant(gm, node):
 def _build(spec, batch, model_args, seed, lr, dtype=torch.float64):
     """The real model and input (seeded: every worker and the reference get the same), in
     float64 by default so that a wrong region shows as a large error, not as rounding."""
-    from ..importer import load_model
+    from ..capture import load, loss_function
     from ..opgraph import build_from_module
     torch.manual_seed(seed)
-    model, x = load_model(spec, batch, model_args, meta=False)
-    model.train()
+    model, x = load(spec, batch, model_args, meta=False)          # train mode
     if dtype is not None:
         model = model.to(dtype)
         if x.is_floating_point():
             x = x.to(dtype)
-    g = build_from_module(model, x, spec, lr)
+    g = build_from_module(model, x, spec, lr, loss_function(spec))
     params = [p.detach() for n, p in model.named_parameters() if p.requires_grad]
     buffers = [b.detach() for _, b in model.named_buffers()]
     return g, params, buffers, x

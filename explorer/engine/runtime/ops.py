@@ -35,6 +35,8 @@ Ops or options without a rule raise ``NotImplementedError`` naming the layer and
 
 from __future__ import annotations
 
+import operator
+
 import numpy as np
 import torch
 import torch.fx
@@ -42,6 +44,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .. import geometry as G
+from ..geometry.regions import _broadcast_region
 from ..importer import _IDENTITY, _target_name
 
 _BN = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
@@ -478,6 +481,26 @@ def _concat(ctx, ins, in_boxes, out_box):
     return torch.cat(parts, dim)
 
 
+def _param(ctx, ins, in_boxes, out_box):
+    """A parameter/buffer read as an activation: the part of it (this device's shard, or the
+    buffer) the output box reads, broadcast to the box (its gradient sums back into it)."""
+    qual = ctx.layer.attrs["tensor"]
+    if qual is None:                    # a constant computed from buffers (position ids)
+        node = next(n for n in ctx.gm.graph.nodes if n.name == ctx.layer.attrs["const"])
+        t = const_value(ctx, node)
+        return _box_slice(t, out_box).expand(tuple(int(b - a) for a, b in out_box))
+    if qual in ctx.shards or qual in ctx.tensors:
+        t = ctx.param(qual)
+    else:                               # a constant the tracer made (fx's _tensor_constant0)
+        t = operator.attrgetter(qual)(ctx.gm)
+    full = tuple(ctx.tensors[qual].shape) if qual in ctx.tensors else tuple(t.shape)
+    need = _broadcast_region(out_box, full)
+    have = ctx.shard_boxes.get(qual)
+    have = np.array([(0, s) for s in full]) if have is None else have
+    t = t[tuple(slice(int(n0 - h0), int(n1 - h0)) for (n0, n1), (h0, _) in zip(need, have))]
+    return t.expand(tuple(int(b - a) for a, b in out_box))
+
+
 def _generic(ctx, ins, in_boxes, out_box):
     return _call_node(ctx, ins)
 
@@ -486,7 +509,7 @@ def _lstm(ctx, ins, in_boxes, out_box):
     raise NotImplementedError(f"{ctx.where}: the runtime has no rule for lstm_cell yet")
 
 
-RULES = {"conv": _conv, "pool": _pool, "adaptive_pool": _adaptive_pool, "upsample": _upsample,
+RULES = {"param": _param, "conv": _conv, "pool": _pool, "adaptive_pool": _adaptive_pool, "upsample": _upsample,
          "linear": _linear, "embedding": _embedding, "concat": _concat, "eltwise": _generic,
          "norm": _generic, "softmax": _generic, "reduce": _generic, "sdpa": _sdpa,
          "matmul": _matmul, "lstm_cell": _lstm, "mha": _mha}

@@ -1,18 +1,23 @@
 """The single-device reference step and the comparison with a distributed step - for both
-executors: :func:`reference_step` (the layer executor's eval-mode step of the model) and
+executors: :func:`reference_step` (the layer executor's step of the model) and
 :func:`traced_step` (the operator-level executor's traced training step), each compared by
 :func:`compare`.
 
 The rest of this note is about the layer executor.
 
-Both sides train the same model from the same seeded weights on the same input, in
-**eval mode**: dropout is the identity and BatchNorm normalises with its running statistics
-(which therefore do not change), because batch statistics would make every sample depend on
-the whole batch and a sample-split plan could only reproduce them with an extra all-reduce the
-cost model does not know about.  Gradients are still computed and one SGD step
-(``p -= lr·grad``, no momentum) is taken.
+Both sides train the same model from the same seeded weights on the same input, in **train
+mode** (the graph the search captured: train-only branches included) with **deterministic
+numerics** (:class:`explorer.engine.capture.deterministic`): dropout is the identity and
+BatchNorm normalises with its running statistics (which therefore do not change), because
+random masks cannot agree across processes, and batch statistics would make every sample
+depend on the whole batch, which a sample-split plan could only reproduce with an extra
+all-reduce the cost model does not know about.  Gradients are computed and one SGD step
+(``p -= lr·grad``, no momentum) is taken.  The operator-level reference (:func:`traced_step`)
+runs the traced step with dropout the identity too, but keeps BatchNorm's batch statistics
+(Tofu partitions that reduction exactly).
 
-Loss: ``Σ_outputs mean(out²)`` over the model's outputs (one for every example model).
+Loss: :func:`explorer.engine.capture.loss_of` - ``Σ mean(o²)`` over every floating-point
+output leaf (tuple, dict, ``ModelOutput``), or the model file's own ``loss(output)``.
 
 Precision: the distributed run computes in float32.  The reference is the same model, input
 and initial weights on one process, run twice: in **float64** (the exact result of the step)
@@ -36,6 +41,8 @@ from __future__ import annotations
 
 import torch
 
+from ..capture import deterministic, loss_of
+
 DEFAULT_TOL = 1e-4
 #: Gradients are compared relative to max(max|ref grad|, GRAD_FLOOR · largest gradient of the
 #: model): some gradients are zero up to rounding (the key bias of attention: softmax does not
@@ -47,18 +54,9 @@ GRAD_FLOOR = 1e-3
 ROUNDING_FACTOR = 10.0
 
 
-def _tensors(out):
-    if isinstance(out, torch.Tensor):
-        return [out]
-    if isinstance(out, dict):
-        out = list(out.values())
-    if isinstance(out, (list, tuple)):
-        return [t for o in out for t in _tensors(o)]
-    return []
-
-
-def reference_step(model, x, lr: float, dtype=torch.float64):
-    """``(loss, params_after, grads)`` of one eval-mode SGD step of ``model`` on ``x``.
+def reference_step(model, x, lr: float, dtype=torch.float64, loss_fn=None):
+    """``(loss, params_after, grads)`` of one train-mode, deterministic SGD step of ``model``
+    on ``x`` (``loss_fn``: the model file's ``loss(output)``, default ``Σ mean(o²)``).
 
     ``dtype`` is the precision of the reference (the model and a floating-point input are
     converted first; ``None`` keeps them).  Modifies ``model`` in place: pass a copy if the
@@ -68,12 +66,12 @@ def reference_step(model, x, lr: float, dtype=torch.float64):
         model = model.to(dtype)
         if x.is_floating_point():
             x = x.to(dtype)
-    model.eval()
+    model.train()
     for p in model.parameters():
         p.grad = None
-    out = model(x)
-    loss = sum(o.pow(2).mean() for o in _tensors(out))
-    loss.backward()
+    with deterministic(running_stats=True):
+        loss = loss_of(model(x), loss_fn)
+        loss.backward()
     with torch.no_grad():
         for p in model.parameters():
             if p.grad is not None:
@@ -91,7 +89,8 @@ def traced_step(g, params, buffers, x):
     places, in the precision ``params`` and ``x`` have) run whole on this process - the
     reference of the operator-level executor.  Gradients are not returned: that executor
     brings back the loss and the updated parameters only."""
-    loss, _grads, new = g.gm(list(params), list(buffers), x)     # the step's (loss, grads, new)
+    with deterministic(running_stats=False):                    # the step's (loss, grads, new)
+        loss, _grads, new = g.gm(list(params), list(buffers), x)
     return float(loss), {pn: v.detach() for pn, v in zip(g.param_names, new)}, None
 
 

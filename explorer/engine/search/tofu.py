@@ -55,7 +55,7 @@ from networkx.utils import UnionFind
 
 from ...errors import InfeasiblePlan
 from ..geometry import overlap, split as split_boxes, tile_owners, volume
-from ..tdl.aten import describe_op
+from ..tdl.aten import UnsupportedOp, describe_op
 from .options import TofuOptions, make
 from .result import Result
 
@@ -124,7 +124,11 @@ def coarsen(g, coalesce: bool = True) -> Coarse:
     ops: dict = {}
     free = []
     for op in g.ops.values():
-        d = describe_op(op, g)
+        try:
+            d = describe_op(op, g)
+        except UnsupportedOp as exc:       # name the user's line that made the op
+            where = g.where(op.name) if hasattr(g, "where") else None
+            raise UnsupportedOp(f"{exc} (from {where})" if where else str(exc)) from None
         if d is None:
             free.append(op.name)
             continue
