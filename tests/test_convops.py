@@ -262,6 +262,7 @@ def _tiles_equal_torch(model, x, op, counts=(1, 2, 3, 4), letters=None):
     of device boxes checked."""
     model = model.eval()
     gm, source = capture(model, x)
+    gm.eval()          # capture traces in train mode; compare with running statistics, as runs do
     layers = [la for la in _Importer(gm, "m", x.shape[0], source).run().layers()
               if la.op == op]
     nodes = {n.name: n for n in gm.graph.nodes}

@@ -425,10 +425,12 @@ class _Importer:
                     v = self.vals.get(x)
                     if v is not None and v.kind == "const" and isinstance(v.value, torch.fx.Node):
                         if v.param:
+                            where = node_line(x) or node_line(node)
                             raise UnsupportedModel(
-                                f"node {node.name!r}: operand {x.name!r} is computed from "
-                                f"parameter {v.param!r} without reading the model input; the "
-                                f"layer-wise engine cannot train it there")
+                                f"parameters do not reach the layer graph: {v.param}; node "
+                                f"{node.name!r} reads it through {x.name!r}, computed without "
+                                f"the model input" + (f" ({where})" if where else "")
+                                + ": the layer-wise engine cannot train it there")
                         out.append(x)
                     elif v is not None and v.kind == "param" and v.param not in self.trainable:
                         out.append(x)
