@@ -161,3 +161,19 @@ def test_the_app_offers_the_program_for_its_layerwise_plan():
     with pytest.raises(ExplorerError, match="layer-wise plans"):
         service.export(service.plan_file(service.tofu(req, "tofu")))
     assert any(ids.PLAN_EXPORT in key for key in create_app().callback_map)
+
+
+TODAY = {"gpt2": ["-a", "layers=1", "-a", "hidden=32", "-a", "heads=2", "-a", "seq_len=8",
+                  "-a", "vocab=64", "-b", "4"],
+         "bert": ["-a", "layers=1", "-a", "hidden=32", "-a", "heads=2", "-a", "seq_len=8",
+                  "-a", "vocab=64", "-b", "4"]}
+
+
+@pytest.mark.parametrize("model", list(TODAY))
+def test_transformer_megatron_plans_run_under_torchrun(capsys, tmp_path, model):
+    """The GPT-2- and BERT-style examples' megatron plans (column- then row-parallel linears)
+    exported and run for 3 steps on 2 gloo processes match one process."""
+    prog = export(capsys, tmp_path, model, "megatron", *TODAY[model])
+    text = prog.read_text()
+    assert "ColwiseParallel" in text and "RowwiseParallel" in text
+    passes(prog)

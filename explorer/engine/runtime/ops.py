@@ -630,8 +630,14 @@ def is_const(ctx, node) -> bool:
             memo[n] = False
             todo.pop()
             continue
-        if n.op == "get_attr":
-            memo[n] = True
+        if n.op == "get_attr":              # a buffer or constant; a trainable parameter
+            v = _fetch(ctx.gm, str(n.target))   # makes a layer (the importer's rule)
+            memo[n] = not (isinstance(v, torch.Tensor) and v.requires_grad)
+            todo.pop()
+            continue
+        if n.op == "call_module" and any(
+                p.requires_grad for p in ctx.gm.get_submodule(n.target).parameters()):
+            memo[n] = False                     # e.g. an embedding applied to position ids
             todo.pop()
             continue
         meta_only = _target_name(n, ctx.gm) in _META_READS
