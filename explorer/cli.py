@@ -412,7 +412,7 @@ def print_plan(plan, devices, compare=None):
     print()
     if compare:
         print(f"\n{'strategy':10s} {'step ms':>10s} {'compute':>10s} {'transfer':>10s} "
-              f"{'sync':>10s} {'comm MiB':>10s}")
+              f"{'sync':>10s} {'reduce':>10s} {'comm MiB':>10s}")
         for k, v in compare.items():
             if isinstance(v, str):
                 print(f"{k:10s} infeasible: {v}")
@@ -420,7 +420,7 @@ def print_plan(plan, devices, compare=None):
             b = v.breakdown
             print(f"{k:10s} {_ms(v.objective_s):>10s} {_ms(b['compute_s']):>10s} "
                   f"{_ms(b['transfer_s']):>10s} {_ms(b['sync_s']):>10s} "
-                  f"{v.comm_bytes / 2**20:10.1f}")
+                  f"{_ms(b.get('reduce_s', 0.0)):>10s} {v.comm_bytes / 2**20:10.1f}")
 
 
 def cmd_models(args) -> int:

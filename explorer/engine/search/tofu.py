@@ -41,7 +41,7 @@ Example::
     >>> from explorer.engine.opgraph import build_opgraph
     >>> plan = partition(build_opgraph("mlp", 64), workers=4)
     >>> plan.comm_bytes, plan.coarse["ops_before"], plan.coarse["ops_after"]
-    (6986408.0, 85, 26)
+    (6986408.0, 84, 26)
 """
 
 from __future__ import annotations
