@@ -351,7 +351,9 @@ def summary_view(plan, pins):
         html.Div([html.Span("objective (eq. 1) ", className="muted"),
                   html.B(f"{plan['objective_s'] * 1e3:.3f} ms", id="objective-value"),
                   html.Span(f"  = compute {b['compute_s'] * 1e3:.3f} + transfer "
-                            f"{b['transfer_s'] * 1e3:.3f} + sync {b['sync_s'] * 1e3:.3f} ms",
+                            f"{b['transfer_s'] * 1e3:.3f} + sync {b['sync_s'] * 1e3:.3f}"
+                            + (f" + reduce-scatter {b['reduce_s'] * 1e3:.3f}"
+                               if b.get("reduce_s") else "") + " ms",
                             className="muted")]),
         html.Div(f"{plan['model']} · batch {plan['batch']} · {plan['devices']} devices "
                  f"({plan['preset']}) · {plan['algo']} · search "
