@@ -162,6 +162,12 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except MemoryError as exc:         # numpy's _ArrayMemoryError says how much it wanted
+        devices = getattr(args, "devices", None)
+        print(f"error: this machine has not enough memory for the request"
+              + (f" at {devices} devices" if devices else "") + f" ({exc}); ask for fewer "
+              f"devices or a smaller model", file=sys.stderr)
+        return 2
     except BrokenPipeError:            # `explorer graph big | head`: the reader left
         import os
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

@@ -361,3 +361,12 @@ def test_data_dependent_and_unknown_ops_name_the_users_line(capsys, tmp_path, al
             "norule": "return torch.logcumsumexp(y, 1)"}[kind]
     assert needle in err and "dd.py:" in err and line in err, err
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_absurd_device_count_is_one_line(capsys):
+    """A device count whose device graph cannot be allocated here: one line, exit 2, no
+    traceback (the allocation fails at once, so the test is bounded)."""
+    code = main(["search", "mlp", "-a", "layers=1", "-a", "hidden=8", "-n", "1000000"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("error: ") and "Traceback" not in err
+    assert "1000000 devices" in err and len(err.strip().splitlines()) == 1
