@@ -320,6 +320,52 @@ def tiles(req: Request, layer: str, config: dict, devices: list) -> dict:
             "inputs": ins, "params": shards}
 
 
+# -- the Learn page: the papers' worked examples (explorer.engine.lessons) -------------------
+
+def learn_elimination(req: Request) -> dict:
+    """OptCNN Figures 5-6 on the request's model: every node and edge elimination of the
+    optimal search with equations 2 and 3 evaluated at the plan's configurations."""
+    from .engine.lessons import elimination_steps
+    res = run_method(req, "optcnn")
+    out = elimination_steps(res.tables, res.trace, res.choice)
+    out["request"] = req.to_dict()
+    return out
+
+
+def learn_dense(req: Request, layer: str | None = None) -> dict:
+    """OptCNN Section 3 (Figure 2): the request's first fully-connected layer (or ``layer``)
+    under data against channel parallelism on ``req.devices`` devices."""
+    from .engine.lessons import dense_layer
+    g = graph_for(req)
+    if layer is None:
+        layer = next((n for n in g.names() if g.layer(n).op == "linear"), None)
+        if layer is None:
+            raise ExplorerError(f"{req.model} has no fully-connected layer")
+    try:
+        return dense_layer(g, cost_model_for(req).tables(), layer, req.devices)
+    except ValueError as exc:
+        raise ExplorerError(str(exc)) from None
+
+
+def learn_conv1d(batch: int, ci: int, co: int, length: int, window: int, workers: int) -> dict:
+    """Tofu Figures 1-3: conv1d's strategies found by the interval analysis."""
+    from .engine.lessons import conv1d_strategies
+    try:
+        return conv1d_strategies(int(batch), int(ci), int(co), int(length), int(window),
+                                 int(workers))
+    except (ValueError, TypeError) as exc:
+        raise ExplorerError(str(exc)) from None
+
+
+def learn_orders(chains: int, length: int, devices: int) -> dict:
+    """Celeritas Figure 3: M-TOPO, DFS-TOPO and CPD-TOPO on parallel chains, and fusion."""
+    from .engine.lessons import topo_orders
+    try:
+        return topo_orders(int(chains), int(length), int(devices))
+    except (ValueError, TypeError) as exc:
+        raise ExplorerError(str(exc)) from None
+
+
 _OPGRAPHS: OrderedDict = OrderedDict()
 _TOFU: OrderedDict = OrderedDict()
 
