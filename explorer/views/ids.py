@@ -160,3 +160,21 @@ STORE_PLACEMENT = "store-placement"              # current placement doc (page.p
 STORE_PLACE_PINS = "store-place-pins"            # [{"target", "ops", "device"}] (panel)
 STORE_PLACE_SELECTED = "store-place-selected"    # {"kind": "cluster"|"op", ...} (panel)
 STORE_PLACE_EXPANDED = "store-place-expanded"    # expanded cluster index or None (panel)
+
+# Learn page (/learn): the papers' figures as live scenarios
+LEARN_TABS = "learn-tabs"                  # which scenario is shown (value = scenario key)
+LEARN_BODY = "learn-body"                  # the shown scenario's content (built on demand)
+LEARN_TOUR = "learn-tour"                  # the guided tour overlay
+LEARN_TOUR_OPEN = "learn-tour-open"        # header button: take the tour again
+LEARN_TOUR_NEXT = "learn-tour-next"
+LEARN_TOUR_BACK = "learn-tour-back"
+LEARN_TOUR_CLOSE = "learn-tour-close"
+LEARN_TOUR_STEP = "learn-tour-step"        # the tour's text for the current step
+STORE_LEARN_TOUR = "store-learn-tour"      # {"seen": bool} in localStorage: first visit or not
+STORE_LEARN_STEP = "store-learn-step"      # the tour's current step index (or None: closed)
+
+
+def learn(scenario: str, part: str) -> str:
+    """The id of one part (``fig``, ``paper``, ``ours``, ``link``, a control name) of a Learn
+    scenario: ``learn-<scenario>-<part>``."""
+    return f"learn-{scenario}-{part}"

@@ -1,0 +1,250 @@
+"""Learn page figures: the papers' figures redrawn from the plain dicts the service computes
+(``session.candidates``, ``tiles``, ``learn_*``, ``tofu_compare``, ``placement_compare``)."""
+
+from __future__ import annotations
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from .. import palette as P
+
+MB = 1e6
+_LAYOUT = dict(template="plotly_white", margin=dict(l=60, r=20, t=60, b=50), height=380,
+               legend=dict(orientation="h", yanchor="bottom", y=1.02, x=1, xanchor="right"))
+
+
+def _volume(box) -> int:
+    v = 1
+    for lo, hi in box:
+        v *= max(int(hi) - int(lo), 0)
+    return v
+
+
+def config_times_figure(rows: list, selected: str | None = None) -> go.Figure:
+    """OptCNN Figure 1: per-step time of one layer under each configuration on all the
+    devices: t_C (compute) and t_S (parameter synchronisation), the selected one outlined."""
+    rows = [r for r in rows if r.get("t_compute_ms") is not None]
+    xs = [r["config"] for r in rows]
+    line = [3 if x == selected else 0 for x in xs]
+    fig = go.Figure([
+        go.Bar(x=xs, y=[r["t_compute_ms"] for r in rows], name="t_C compute",
+               marker=dict(color=P.PART_COLORS["compute"], line=dict(width=line, color="#111"))),
+        go.Bar(x=xs, y=[r["t_sync_ms"] for r in rows], name="t_S parameter sync",
+               marker=dict(color=P.PART_COLORS["sync"], line=dict(width=line, color="#111"))),
+    ])
+    fig.update_layout(barmode="stack", title="Time of this layer per configuration (Figure 1)",
+                      yaxis_title="ms per step", xaxis_title="configuration", **_LAYOUT)
+    return fig
+
+
+def device_reads_figure(tiles: dict) -> go.Figure:
+    """OptCNN Figures 2 and 4: per device, the output elements it computes, the input
+    elements it must read (its region of each input, halos included) and its parameters."""
+    devs = list(tiles["devices"])
+    names = [f"device {d}" for d in devs]
+    out = [_volume(b) for b in tiles["boxes"]]
+    reads = [sum(_volume(inp["regions"][i]) for inp in tiles["inputs"]) for i in range(len(devs))]
+    params = [sum(_volume(p["boxes"][i]) for p in tiles["params"].values())
+              for i in range(len(devs))]
+    fig = go.Figure()
+    for label, ys, pattern in (("output tile it computes", out, ""),
+                               ("input region it reads", reads, "/"),
+                               ("parameters it holds", params, ".")):
+        fig.add_trace(go.Bar(x=names, y=ys, name=label,
+                             marker=dict(color=[P.device_color(d) for d in devs],
+                                         pattern_shape=pattern),
+                             hovertemplate="%{x}: %{y:,} elements<extra>" + label + "</extra>"))
+    fig.update_layout(barmode="group", yaxis_title="elements (float32: ×4 bytes)",
+                      title=f"What each device computes and reads under {tiles['config']}"
+                            " (Figure 4)", **_LAYOUT)
+    return fig
+
+
+def tile_map_figure(tiles: dict) -> go.Figure:
+    """OptCNN Figure 4: how the output tensor is cut, one rectangle per device, drawn on the
+    (sample, channel) plane and on the (height, width) plane of one sample."""
+    axes = list(tiles["axes"])
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("samples n × channels c",
+                                                        "height h × width w of sample 0"))
+    planes = ((("n", "c"), 1), (("h", "w"), 2))
+    for (ya, xa), col in planes:
+        if ya not in axes or xa not in axes:
+            continue
+        iy, ix = axes.index(ya), axes.index(xa)
+        for k, (d, box) in enumerate(zip(tiles["devices"], tiles["boxes"])):
+            if col == 2 and "n" in axes and box[axes.index("n")][0] != 0:
+                continue
+            (y0, y1), (x0, x1) = box[iy], box[ix]
+            fig.add_trace(go.Scatter(
+                x=[x0, x1, x1, x0, x0], y=[y0, y0, y1, y1, y0], fill="toself", mode="lines",
+                fillcolor=P.rgba(P.device_color(d), 0.55), line=dict(color="#333", width=1),
+                name=f"device {d}", legendgroup=f"d{d}", showlegend=col == 1,
+                hovertemplate=f"device {d}<br>{ya} {y0}:{y1}, {xa} {x0}:{x1}<extra></extra>"),
+                row=1, col=col)
+        fig.update_yaxes(title_text=ya, autorange="reversed", row=1, col=col)
+        fig.update_xaxes(title_text=xa, row=1, col=col)
+    fig.update_layout(**{**_LAYOUT, "height": 340})
+    return fig
+
+
+def dense_figure(doc: dict) -> go.Figure:
+    """OptCNN Figure 2: bytes one fully-connected layer moves per step under data and under
+    channel parallelism: gradient synchronisation against input transfers."""
+    xs = [s["strategy"] + f" ({s['config']})" for s in doc["strategies"]]
+    fig = go.Figure([
+        go.Bar(x=xs, y=[s["sync_bytes"] / MB for s in doc["strategies"]],
+               name="parameter synchronisation", marker_color=P.PART_COLORS["sync"],
+               texttemplate="%{y:,.1f} MB", textposition="auto"),
+        go.Bar(x=xs, y=[s["xfer_bytes"] / MB for s in doc["strategies"]],
+               name="input transfer", marker_color=P.PART_COLORS["transfer"],
+               texttemplate="%{y:,.1f} MB", textposition="auto"),
+    ])
+    fig.update_layout(barmode="stack", yaxis_title="MB per step",
+                      title=f"{doc['layer']} on {doc['devices']} devices: data moved per step",
+                      **_LAYOUT)
+    return fig
+
+
+def elimination_figure(step: dict) -> go.Figure:
+    """OptCNN equation 2 (node elimination: every c_j's four terms, the minimum marked) or
+    equation 3 (edge elimination: the two merged edges and their sum), in microseconds."""
+    us = 1e6
+    if step["kind"] == "node":
+        rows = step["rows"]
+        xs = [r["config"] for r in rows]
+        fig = go.Figure()
+        for key, name, color in (("t_compute_s", "t_C(l_j, c_j)", P.PART_COLORS["compute"]),
+                                 ("t_sync_s", "t_S(l_j, c_j)", P.PART_COLORS["sync"]),
+                                 ("t_reduce_s", "t_R(l_j, c_j)", P.PREDICTED),
+                                 ("t_x_in_s", "t_X(e1, c_i, c_j)", P.PART_COLORS["transfer"]),
+                                 ("t_x_out_s", "t_X(e2, c_j, c_k)", "#f2c14e")):
+            fig.add_trace(go.Bar(x=xs, y=[r[key] * us for r in rows], name=name,
+                                 marker_color=color))
+        best = rows[step["best"]]
+        fig.add_annotation(x=best["config"], y=best["total_s"] * us, text="min: c_j*",
+                           showarrow=True, arrowhead=2, ay=-40)
+        fig.update_layout(barmode="stack", xaxis_title=f"c_j: configuration of {step['node']}",
+                          yaxis_title="µs", title=f"Equation 2: eliminating {step['node']}",
+                          **_LAYOUT)
+        return fig
+    xs = ["t_X(e1, c_i, c_j)", "t_X(e2, c_i, c_j)", "t_X(e', c_i, c_j)"]
+    ys = [step["t_x1_s"] * us, step["t_x2_s"] * us, step["value_s"] * us]
+    fig = go.Figure(go.Bar(x=xs, y=ys, marker_color=[P.PART_COLORS["transfer"], "#f2c14e",
+                                                     P.HIGHLIGHT],
+                           texttemplate="%{y:,.2f} µs", textposition="auto"))
+    fig.update_layout(yaxis_title="µs", showlegend=False,
+                      title=f"Equation 3: merging two edges {step['src']} → {step['dst']}",
+                      **_LAYOUT)
+    return fig
+
+
+def intervals_figure(strategy: dict, shapes: dict) -> go.Figure:
+    """Tofu Figures 1-2: the interval of every axis of each input a worker reads under one
+    strategy (one row per worker and axis, the tensor's full extent in grey)."""
+    inputs = list(strategy["reads"])
+    fig = make_subplots(rows=1, cols=len(inputs), subplot_titles=[
+        f"{n} {tuple(shapes[n])}" for n in inputs], horizontal_spacing=0.12)
+    axes_names = {"data": ("b", "ci", "x+dx"), "filters": ("ci", "co", "dx")}
+    for col, name in enumerate(inputs, 1):
+        regs = strategy["reads"][name]["regions"]
+        shape = shapes[name]
+        labels = axes_names.get(name, tuple(f"axis {a}" for a in range(len(shape))))
+        for w, box in enumerate(regs):
+            for a, (lo, hi) in enumerate(box):
+                y = f"worker {w} · {labels[a]}"
+                fig.add_trace(go.Bar(y=[y], x=[shape[a]], base=[0], orientation="h",
+                                     marker_color=P.UNOWNED_FILL, showlegend=False,
+                                     hoverinfo="skip"), row=1, col=col)
+                fig.add_trace(go.Bar(y=[y], x=[hi - lo], base=[lo], orientation="h",
+                                     marker_color=P.device_color(w), name=f"worker {w}",
+                                     legendgroup=f"w{w}", showlegend=(col == 1 and a == 0),
+                                     hovertemplate=f"worker {w} reads {name}"
+                                                   f"[{labels[a]}] {lo}:{hi}<extra></extra>"),
+                              row=1, col=col)
+        fig.update_yaxes(autorange="reversed", row=1, col=col)
+        fig.update_xaxes(title_text="index", row=1, col=col)
+    title = (f"split output {strategy['dim']}: workers concatenate" if strategy["kind"] == "split"
+             else f"split reduction {strategy['dim']}: workers {strategy['reducer']} partial outputs")
+    fig.update_layout(barmode="overlay", title=title, **{**_LAYOUT, "height": 420})
+    return fig
+
+
+def orders_figure(doc: dict) -> go.Figure:
+    """Celeritas Figure 3: the DAG drawn chain by chain, nodes coloured by the device each
+    topological order sends them to; cut edges (the order's communication) in red."""
+    names = doc["names"]
+    kinds = [k for k in ("M-TOPO", "DFS-TOPO") if k in doc["orders"]]
+    fig = make_subplots(rows=1, cols=len(kinds), subplot_titles=[
+        f"{k}: {doc['orders'][k]['cut_edges']} edges cut" for k in kinds])
+    rowname = [n.rstrip("0123456789") for n in names]
+    chains = list(dict.fromkeys(rowname))
+    pos = {}
+    count: dict = {}
+    for i, r in enumerate(rowname):
+        pos[i] = (count.get(r, 0), chains.index(r))
+        count[r] = count.get(r, 0) + 1
+    for col, k in enumerate(kinds, 1):
+        dev = doc["orders"][k]["device"]
+        rank = {v: i for i, v in enumerate(doc["orders"][k]["order"])}
+        for s, t in zip(doc["src"], doc["dst"]):
+            cut = dev[s] != dev[t]
+            fig.add_trace(go.Scatter(x=[pos[s][0], pos[t][0]], y=[pos[s][1], pos[t][1]],
+                                     mode="lines", showlegend=False, hoverinfo="skip",
+                                     line=dict(color=P.ERROR if cut else "#999",
+                                               width=3 if cut else 1.5,
+                                               dash="dash" if cut else "solid")),
+                          row=1, col=col)
+        for d in sorted(set(dev)):
+            idx = [i for i in range(len(names)) if dev[i] == d]
+            fig.add_trace(go.Scatter(
+                x=[pos[i][0] for i in idx], y=[pos[i][1] for i in idx], mode="markers+text",
+                marker=dict(size=26, color=P.device_color(d), line=dict(color="#333", width=1)),
+                text=[str(rank[i] + 1) for i in idx], textfont=dict(color=P.ink(P.device_color(d))),
+                name=f"device {d}", legendgroup=f"d{d}", showlegend=col == 1,
+                customdata=[names[i] for i in idx],
+                hovertemplate="%{customdata}: position %{text} in the order<extra>"
+                              f"device {d}</extra>"), row=1, col=col)
+        fig.update_xaxes(visible=False, row=1, col=col)
+        fig.update_yaxes(visible=False, autorange="reversed", row=1, col=col)
+    fig.update_layout(**{**_LAYOUT, "height": 320})
+    return fig
+
+
+def tofu_algorithms_figure(cmp: dict) -> go.Figure:
+    """Tofu Figure 10: predicted time per step and bytes moved per step of each partition
+    algorithm on the same model and devices (Tofu highlighted)."""
+    algos = [a for a in cmp if "error" not in cmp[a]]
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("time per step (ms)",
+                                                        "communication per step (MB)"))
+    colors = [P.HIGHLIGHT if a == "tofu" else P.PREDICTED for a in algos]
+    fig.add_trace(go.Bar(x=algos, y=[cmp[a]["predicted_step_time_s"] * 1e3 for a in algos],
+                         marker_color=colors, texttemplate="%{y:,.2f}", textposition="auto",
+                         showlegend=False), row=1, col=1)
+    fig.add_trace(go.Bar(x=algos, y=[cmp[a]["comm_bytes"] / MB for a in algos],
+                         marker_color=colors, texttemplate="%{y:,.1f}", textposition="auto",
+                         showlegend=False), row=1, col=2)
+    fig.update_layout(**_LAYOUT)
+    return fig
+
+
+def placement_algorithms_figure(rows: list) -> go.Figure:
+    """Celeritas Tables 3-4 as bars: simulated step time and placement time per algorithm."""
+    ok = [r for r in rows if "error" not in r]
+    algos = [r["algo"] for r in ok]
+    colors = [P.HIGHLIGHT if a == "celeritas" else (P.ERROR if r.get("oom") else P.PREDICTED)
+              for a, r in zip(algos, ok)]
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("step time (ms) – Table 3",
+                                                        "placement time (s) – Table 4"))
+    fig.add_trace(go.Bar(x=algos, y=[r["step_time_s"] * 1e3 for r in ok], marker_color=colors,
+                         texttemplate="%{y:,.2f}", textposition="auto", showlegend=False),
+                  row=1, col=1)
+    fig.add_trace(go.Bar(x=algos, y=[r["search_time_s"] for r in ok], marker_color=colors,
+                         texttemplate="%{y:,.3f}", textposition="auto", showlegend=False),
+                  row=1, col=2)
+    fig.update_layout(**_LAYOUT)
+    return fig
+
+
+__all__ = ["config_times_figure", "device_reads_figure", "tile_map_figure", "dense_figure",
+           "elimination_figure", "intervals_figure", "orders_figure",
+           "tofu_algorithms_figure", "placement_algorithms_figure"]
