@@ -64,15 +64,15 @@ def tile_map_figure(tiles: dict) -> go.Figure:
     """OptCNN Figure 4: how the output tensor is cut, one rectangle per device, drawn on the
     (sample, channel) plane and on the (height, width) plane of one sample."""
     axes = list(tiles["axes"])
-    fig = make_subplots(rows=1, cols=2, subplot_titles=("samples n × channels c",
-                                                        "height h × width w of sample 0"))
+    fig = make_subplots(rows=1, cols=2, subplot_titles=(
+        "samples n × channels c", "height h × width w of sample 0, channel 0"))
     planes = ((("n", "c"), 1), (("h", "w"), 2))
     for (ya, xa), col in planes:
         if ya not in axes or xa not in axes:
             continue
         iy, ix = axes.index(ya), axes.index(xa)
         for k, (d, box) in enumerate(zip(tiles["devices"], tiles["boxes"])):
-            if col == 2 and "n" in axes and box[axes.index("n")][0] != 0:
+            if col == 2 and any(a in axes and box[axes.index(a)][0] != 0 for a in ("n", "c")):
                 continue
             (y0, y1), (x0, x1) = box[iy], box[ix]
             fig.add_trace(go.Scatter(
@@ -83,7 +83,8 @@ def tile_map_figure(tiles: dict) -> go.Figure:
                 row=1, col=col)
         fig.update_yaxes(title_text=ya, autorange="reversed", row=1, col=col)
         fig.update_xaxes(title_text=xa, row=1, col=col)
-    fig.update_layout(**{**_LAYOUT, "height": 340})
+    fig.update_layout(**{**_LAYOUT, "height": 360, "margin": dict(l=60, r=20, t=40, b=50),
+                         "legend": dict(orientation="h", y=-0.22, x=0.5, xanchor="center")})
     return fig
 
 

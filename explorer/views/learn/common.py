@@ -16,8 +16,9 @@ def table(header: tuple, rows: list, class_name: str = "learn-table") -> html.Ta
         html.Tbody([html.Tr([html.Td(str(c)) for c in r]) for r in rows])])
 
 
-def control(label: str, component) -> html.Label:
-    return html.Label(className="learn-control", children=[html.Span(label), component])
+def control(label: str, component, wide: bool = False) -> html.Label:
+    return html.Label(className="learn-control" + (" learn-wide" if wide else ""),
+                      children=[html.Span(label), component])
 
 
 def number(key: str, part: str, value: int, lo: int, hi: int, step: int = 1):
@@ -33,7 +34,8 @@ def choice(key: str, part: str, options, value, clearable: bool = False):
 
 def graph(key: str, part: str = "fig"):
     return dcc.Graph(id=ids.learn(key, part), figure=message_figure("computing…"),
-                     config={"displaylogo": False}, className="learn-figure")
+                     config={"displaylogo": False}, responsive=True,
+                     className="learn-figure")
 
 
 def frame(key: str, title: str, text: list, controls: list, figures: list, paper) -> html.Section:

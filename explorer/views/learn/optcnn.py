@@ -168,7 +168,7 @@ def _elim_layout():
                                 "inception_v3")),
         control("devices", choice(key, "devices", [2, 4], 4)),
         control("step", dcc.Slider(id=ids.learn(key, "step"), min=0, max=1, step=1, value=0,
-                                   marks=None, tooltip={"placement": "bottom"})),
+                                   marks=None, tooltip={"placement": "bottom"}), wide=True),
         control("kind", choice(key, "kind", [{"label": "any step", "value": "any"},
                                              {"label": "edge eliminations only",
                                               "value": "edge"}], "any")),
