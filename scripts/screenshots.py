@@ -39,7 +39,8 @@ def learn_shots(out):
                 "return document.querySelectorAll('#learn-optcnn-dims-times .bar').length"
                 " || document.querySelectorAll('#learn-optcnn-dims-times .point').length"), 120)
             # a first visit opens the guided tour: close it for the picture
-            B.wait(drv, lambda: drv.find_element("id", "learn-tour-close"), 10).click()
+            B.wait(drv, lambda: drv.find_element("id", "learn-tour-close").is_displayed(), 30)
+            drv.find_element("id", "learn-tour-close").click()
             time.sleep(1.5)
             shot(drv, out, name)
             if w == 1500:

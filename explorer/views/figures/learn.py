@@ -176,7 +176,8 @@ def orders_figure(doc: dict) -> go.Figure:
     names = doc["names"]
     kinds = [k for k in ("M-TOPO", "DFS-TOPO") if k in doc["orders"]]
     fig = make_subplots(rows=1, cols=len(kinds), subplot_titles=[
-        f"{k}: {doc['orders'][k]['cut_edges']} edges cut" for k in kinds])
+        f"{k}: {doc['orders'][k]['cut_edges']} edge"
+        f"{'' if doc['orders'][k]['cut_edges'] == 1 else 's'} cut" for k in kinds])
     rowname = [n.rstrip("0123456789") for n in names]
     chains = list(dict.fromkeys(rowname))
     pos = {}

@@ -34,7 +34,7 @@ def choice(key: str, part: str, options, value, clearable: bool = False):
 
 def graph(key: str, part: str = "fig"):
     return dcc.Graph(id=ids.learn(key, part), figure=message_figure("computing…"),
-                     config={"displaylogo": False}, responsive=True,
+                     config={"displaylogo": False},
                      className="learn-figure")
 
 
