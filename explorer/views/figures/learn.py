@@ -9,6 +9,8 @@ from plotly.subplots import make_subplots
 from .. import palette as P
 
 MB = 1e6
+#: legend under the plot, for figures whose subplot titles sit where a top legend would
+_BOTTOM_LEGEND = dict(orientation="h", y=-0.18, x=0.5, xanchor="center")
 _LAYOUT = dict(template="plotly_white", margin=dict(l=60, r=20, t=60, b=50), height=380,
                legend=dict(orientation="h", yanchor="bottom", y=1.02, x=1, xanchor="right"))
 
@@ -84,7 +86,7 @@ def tile_map_figure(tiles: dict) -> go.Figure:
         fig.update_yaxes(title_text=ya, autorange="reversed", row=1, col=col)
         fig.update_xaxes(title_text=xa, row=1, col=col)
     fig.update_layout(**{**_LAYOUT, "height": 360, "margin": dict(l=60, r=20, t=40, b=50),
-                         "legend": dict(orientation="h", y=-0.22, x=0.5, xanchor="center")})
+                         "legend": _BOTTOM_LEGEND})
     return fig
 
 
@@ -166,7 +168,8 @@ def intervals_figure(strategy: dict, shapes: dict) -> go.Figure:
         fig.update_xaxes(title_text="index", row=1, col=col)
     title = (f"split output {strategy['dim']}: workers concatenate" if strategy["kind"] == "split"
              else f"split reduction {strategy['dim']}: workers {strategy['reducer']} partial outputs")
-    fig.update_layout(barmode="overlay", title=title, **{**_LAYOUT, "height": 420})
+    fig.update_layout(barmode="overlay", title=title,
+                      **{**_LAYOUT, "height": 440, "legend": _BOTTOM_LEGEND})
     return fig
 
 
@@ -208,7 +211,7 @@ def orders_figure(doc: dict) -> go.Figure:
                               f"device {d}</extra>"), row=1, col=col)
         fig.update_xaxes(visible=False, row=1, col=col)
         fig.update_yaxes(visible=False, autorange="reversed", row=1, col=col)
-    fig.update_layout(**{**_LAYOUT, "height": 320})
+    fig.update_layout(**{**_LAYOUT, "height": 340, "legend": _BOTTOM_LEGEND})
     return fig
 
 
