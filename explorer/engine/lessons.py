@@ -118,7 +118,8 @@ def dense_layer(graph, tables: CostTables, layer: str, k: int, dtype_bytes: int 
     cands = tables.candidates[layer]
     ins = [(e, m, nb) for (e, m), nb in zip(tables.edges, tables.bytes_xfer) if e.dst == layer]
     out = {"layer": layer, "devices": k, "in_shape": list(lay.in_shapes[0]),
-           "out_shape": list(lay.out_shape), "params": int(sum(np.prod(s) for s in lay.params.values())),
+           "out_shape": list(lay.out_shape),
+           "params": int(sum(np.prod(s) for s in lay.params.values())),
            "strategies": []}
     for name, cfg in (("data parallelism", {"n": k}), ("channel (model) parallelism", {"c": k})):
         i = _index_of(cands, cfg, k)

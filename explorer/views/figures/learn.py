@@ -167,7 +167,8 @@ def intervals_figure(strategy: dict, shapes: dict) -> go.Figure:
         fig.update_yaxes(autorange="reversed", row=1, col=col)
         fig.update_xaxes(title_text="index", row=1, col=col)
     title = (f"split output {strategy['dim']}: workers concatenate" if strategy["kind"] == "split"
-             else f"split reduction {strategy['dim']}: workers {strategy['reducer']} partial outputs")
+             else f"split reduction {strategy['dim']}: workers {strategy['reducer']} "
+                  "partial outputs")
     fig.update_layout(barmode="overlay", title=title,
                       **{**_LAYOUT, "height": 440, "legend": _BOTTOM_LEGEND})
     return fig

@@ -96,8 +96,9 @@ def dims_figures(devices, batch, layer, degrees):
         ("layer", f"{layer} {tuple(tiles['shape'])} ({', '.join(tiles['axes'])})"),
         ("this configuration", f"{sel['config']}: {tot:.3f} ms (t_C {sel['t_compute_ms']:.3f}"
                                f" + t_S {sel['t_sync_ms']:.3f})"),
-        ("data parallelism", f"{data['config']}: "
-                             f"{data['t_compute_ms'] + data['t_sync_ms']:.3f} ms" if data else "–"),
+        ("data parallelism", (f"{data['config']}: "
+                              f"{data['t_compute_ms'] + data['t_sync_ms']:.3f} ms")
+         if data else "–"),
         ("fastest configuration", f"{best['config']}: "
                                   f"{best['t_compute_ms'] + best['t_sync_ms']:.3f} ms"),
     ])]
@@ -199,7 +200,8 @@ def elim_view(doc, index, kind):
         eq = [html.Code(f"t_X(e', c_i={s['c_i']}, c_k={s['c_k']}) = min over c_j of "
                         f"[t_C + t_S + t_X(e1) + t_X(e2)]"),
               html.Br(),
-              html.Code(f"= {fmt_time(r['t_compute_s'])} + {fmt_time(r['t_sync_s'] + r['t_reduce_s'])}"
+              html.Code(f"= {fmt_time(r['t_compute_s'])} + "
+                        f"{fmt_time(r['t_sync_s'] + r['t_reduce_s'])}"
                         f" + {fmt_time(r['t_x_in_s'])} + {fmt_time(r['t_x_out_s'])} "
                         f"= {fmt_time(s['value_s'])}   at c_j = {r['config']}"),
               html.P(f"Step {s['step'] + 1}: node {s['node']} between {s['src']} and {s['dst']} "
@@ -264,7 +266,8 @@ def scale_figures(model, devices, batch):
     rows = [(f"speed-up at {devices} devices", f"layer-wise {lw[-1] / base:.1f}×" if lw[-1]
              else "–", f"best other ({best_other[1]}) {best_other[0] / base:.1f}×")]
     if owt and comm.get("optcnn"):
-        rows.append(("bytes per step, OWT ÷ layer-wise", f"{owt / comm['optcnn']:.2f}×", "paper: 1.2–2.5×"))
+        rows.append(("bytes per step, OWT ÷ layer-wise", f"{owt / comm['optcnn']:.2f}×",
+                     "paper: 1.2–2.5×"))
     ours = [table(("", "", ""), rows)]
     t5 = table5_rows() if model == "vgg16" else []
     t5_view = [html.H4("Table 5, ours: VGG-16 on 4×P100 NVLink, batch 128"),
