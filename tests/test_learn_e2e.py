@@ -126,7 +126,7 @@ def test_controls_change_the_figures(learn_duo):
     show(duo, "optcnn-elim")
     drawn(duo, "optcnn-elim")
     first = duo.find_element("#" + ids.learn("optcnn-elim", "equation")).text
-    assert "Step 1:" in first and "t_X(e'" in first
+    assert "Elimination 1 of" in first and "t_X(e'" in first
     duo.select_dcc_dropdown("#" + ids.learn("optcnn-elim", "kind"), index=1)
     until(lambda: "merged" in duo.find_element("#" + ids.learn("optcnn-elim",
                                                                "equation")).text)

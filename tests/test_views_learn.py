@@ -72,10 +72,14 @@ def test_dense_and_scale_scenarios_show_the_papers_comparison():
 
 def test_elimination_view_steps_through_equations():
     doc = optcnn.elim_doc("lenet5", 2)
-    eq, fig, ours, last = optcnn.elim_view(doc, 0, "any")
-    assert last == len(doc["steps"]) - 1
+    eq, diagram, fig, ours, last = optcnn.elim_view(doc, 1, "any")
+    assert last == len(doc["steps"])                  # the slider counts from 1, like the text
+    assert f"Elimination 1 of {last}" in str(eq)
     assert "Equation 2" in fig.layout.title.text
-    eq, fig, ours, last = optcnn.elim_view(doc, 0, "edge")    # a chain has no edge step
+    # Figure 5a: l_i -> l_j -> l_k before, one new edge e' after
+    labels = [a.text for a in diagram.layout.annotations]
+    assert {"e1", "e2", "e'"} <= set(labels)
+    eq, diagram, fig, ours, last = optcnn.elim_view(doc, 0, "edge")   # a chain: no edge step
     assert "no such step" in eq
 
 

@@ -141,6 +141,57 @@ def elimination_figure(step: dict) -> go.Figure:
     return fig
 
 
+def _short(name: str, n: int = 22) -> str:
+    return name if len(name) <= n else "…" + name[-(n - 1):]
+
+
+def elimination_diagram(step: dict) -> go.Figure:
+    """OptCNN Figure 5: the step's part of the graph before and after - a node elimination
+    replaces l_i → l_j → l_k by one edge e' = (l_i, l_k); an edge elimination merges two
+    edges (l_i, l_j) into one.  Nodes carry the plan's configurations."""
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("before", "after"),
+                        horizontal_spacing=0.08)
+    if step["kind"] == "node":
+        before = [(step["src"], step["c_i"]), (step["node"], step["chosen"]),
+                  (step["dst"], step["c_k"])]
+        edges_b = [(0, 1, "e1", 0.0), (1, 2, "e2", 0.0)]
+        after = [before[0], None, before[2]]
+        edges_a = [(0, 2, "e'", 0.0)]
+    else:
+        before = [(step["src"], step["c_i"]), None, (step["dst"], step["c_j"])]
+        edges_b = [(0, 2, "e1", 0.35), (0, 2, "e2", -0.35)]
+        after = before
+        edges_a = [(0, 2, "e'", 0.0)]
+    for col, nodes, edges in ((1, before, edges_b), (2, after, edges_a)):
+        xref, yref = ("x", "y") if col == 1 else ("x2", "y2")
+        for a, b, label, bend in edges:
+            xs = [a, (a + b) / 2, b]
+            ys = [0, bend, 0]
+            new = label == "e'"
+            fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", line_shape="spline",
+                                     line=dict(color=P.HIGHLIGHT if new else "#888",
+                                               width=3 if new else 2,
+                                               dash="dash" if new else "solid"),
+                                     hoverinfo="skip", showlegend=False), row=1, col=col)
+            fig.add_annotation(x=(a + b) / 2, y=bend + 0.12, text=label, showarrow=False,
+                               xref=xref, yref=yref, font=dict(size=13))
+        pts = [(i, n) for i, n in enumerate(nodes) if n is not None]
+        colors = [P.ERROR if (step["kind"] == "node" and i == 1) else "#e8eef9" for i, _ in pts]
+        fig.add_trace(go.Scatter(
+            x=[i for i, _ in pts], y=[0] * len(pts), mode="markers+text",
+            marker=dict(size=34, color=colors, line=dict(color="#333", width=1)),
+            text=[c for _, (n, c) in pts], textfont=dict(size=10),
+            hovertext=[n for _, (n, c) in pts], hoverinfo="text", showlegend=False),
+            row=1, col=col)
+        for i, (n, _) in pts:
+            fig.add_annotation(x=i, y=-0.42, text=_short(n), showarrow=False, xref=xref,
+                               yref=yref, font=dict(size=11))
+        fig.update_xaxes(visible=False, range=[-0.5, 2.5], row=1, col=col)
+        fig.update_yaxes(visible=False, range=[-0.6, 0.6], row=1, col=col)
+    fig.update_layout(**{**_LAYOUT, "height": 200, "margin": dict(l=20, r=20, t=30, b=10)})
+    return fig
+
+
 def intervals_figure(strategy: dict, shapes: dict) -> go.Figure:
     """Tofu Figures 1-2: the interval of every axis of each input a worker reads under one
     strategy (one row per worker and axis, the tensor's full extent in grey)."""
@@ -252,5 +303,5 @@ def placement_algorithms_figure(rows: list) -> go.Figure:
 
 
 __all__ = ["config_times_figure", "device_reads_figure", "tile_map_figure", "dense_figure",
-           "elimination_figure", "intervals_figure", "orders_figure",
+           "elimination_figure", "elimination_diagram", "intervals_figure", "orders_figure",
            "tofu_algorithms_figure", "placement_algorithms_figure"]

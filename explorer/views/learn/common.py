@@ -32,9 +32,10 @@ def choice(key: str, part: str, options, value, clearable: bool = False):
                         clearable=clearable, className="learn-dropdown")
 
 
-def graph(key: str, part: str = "fig"):
+def graph(key: str, part: str = "fig", modebar: bool = True):
     return dcc.Graph(id=ids.learn(key, part), figure=message_figure("computing…"),
-                     config={"displaylogo": False},
+                     config={"displaylogo": False, "displayModeBar": "hover" if modebar
+                             else False},
                      className="learn-figure")
 
 

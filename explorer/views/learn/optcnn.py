@@ -5,7 +5,7 @@ example, Figures 5-6 (equations 2 and 3) and Figures 7-8 with Table 5."""
 from __future__ import annotations
 
 import dash
-from dash import Input, Output, State, dcc, html
+from dash import Input, Output, dcc, html
 
 from ... import service as session
 from ...errors import ExplorerError
@@ -168,13 +168,14 @@ def _elim_layout():
                                                for k, v in ELIM_MODELS.items()],
                                 "inception_v3")),
         control("devices", choice(key, "devices", [2, 4], 4)),
-        control("step", dcc.Slider(id=ids.learn(key, "step"), min=0, max=1, step=1, value=0,
+        control("step", dcc.Slider(id=ids.learn(key, "step"), min=1, max=2, step=1, value=1,
                                    marks=None, tooltip={"placement": "bottom"}), wide=True),
         control("kind", choice(key, "kind", [{"label": "any step", "value": "any"},
                                              {"label": "edge eliminations only",
                                               "value": "edge"}], "any")),
         dcc.Store(id=ids.learn(key, "store")),
-    ], [html.Div(id=ids.learn(key, "equation"), className="learn-equation"), graph(key)], [
+    ], [graph(key, "diagram", modebar=False), html.Div(id=ids.learn(key, "equation"),
+                                        className="learn-equation"), graph(key)], [
         html.P("Figure 6 eliminates an Inception module's branches node by node, then merges "
                "the parallel edges, until two nodes remain."),
         html.P(f"Table 3: the final graph has K = {paper.OPTCNN['table3_k']} nodes for every "
@@ -189,12 +190,18 @@ def elim_doc(model, devices):
 
 
 def elim_view(doc, index, kind):
-    """The equation text with the numbers, the figure, our numbers for step ``index`` (of the
-    steps of ``kind``)."""
+    """The equation text with the numbers, the diagram, the figure, our numbers for step
+    ``index`` (1-based, as the slider shows it) of the steps of ``kind``, and the slider's
+    largest value."""
     steps = [s for s in doc["steps"] if kind != "edge" or s["kind"] == "edge"]
     if not steps:
-        return "this graph needs no such step", message_figure("no step of this kind"), [], 0
-    s = steps[min(int(index or 0), len(steps) - 1)]
+        none = message_figure("no step of this kind")
+        return "this graph needs no such step", none, none, [], 1
+    i = max(1, min(int(index or 1), len(steps)))
+    s = steps[i - 1]
+    where = (f"Elimination {i} of {len(steps)}"
+             + (" edge eliminations" if kind == "edge" else "")
+             + f" (step {s['step'] + 1} of Algorithm 1's trace)")
     if s["kind"] == "node":
         r = s["rows"][s["best"]]
         eq = [html.Code(f"t_X(e', c_i={s['c_i']}, c_k={s['c_k']}) = min over c_j of "
@@ -204,7 +211,7 @@ def elim_view(doc, index, kind):
                         f"{fmt_time(r['t_sync_s'] + r['t_reduce_s'])}"
                         f" + {fmt_time(r['t_x_in_s'])} + {fmt_time(r['t_x_out_s'])} "
                         f"= {fmt_time(s['value_s'])}   at c_j = {r['config']}"),
-              html.P(f"Step {s['step'] + 1}: node {s['node']} between {s['src']} and {s['dst']} "
+              html.P(f"{where}: node {s['node']} between {s['src']} and {s['dst']} "
                      f"({s['remaining_nodes']} nodes remain). Equation 2's minimiser "
                      f"{r['config']} {'is' if r['config'] == s['chosen'] else 'is not'} the "
                      f"plan's choice {s['chosen']} (Theorem 1).")]
@@ -212,7 +219,7 @@ def elim_view(doc, index, kind):
         eq = [html.Code(f"t_X(e', c_i={s['c_i']}, c_j={s['c_j']}) = t_X(e1) + t_X(e2) = "
                         f"{fmt_time(s['t_x1_s'])} + {fmt_time(s['t_x2_s'])} = "
                         f"{fmt_time(s['value_s'])}"),
-              html.P(f"Step {s['step'] + 1}: two edges {s['src']} → {s['dst']} merged "
+              html.P(f"{where}: two edges {s['src']} → {s['dst']} merged "
                      f"({s['remaining_nodes']} nodes remain).")]
     nodes = sum(1 for x in doc["steps"] if x["kind"] == "node")
     edges = sum(1 for x in doc["steps"] if x["kind"] == "edge")
@@ -222,7 +229,7 @@ def elim_view(doc, index, kind):
         ("equation 1 on the final graph", fmt_time(doc["check_s"])),
         ("optimal plan's equation 1", fmt_time(doc["objective_s"])),
     ])]
-    return eq, LF.elimination_figure(s), ours, len(steps) - 1
+    return eq, LF.elimination_diagram(s), LF.elimination_figure(s), ours, len(steps)
 
 
 # -- Figures 7-8 and Table 5 ----------------------------------------------------------------
@@ -312,27 +319,26 @@ def register(app: dash.Dash) -> None:
     @app.callback(Output(ids.learn(d, "layer"), "options"), Output(ids.learn(d, "layer"), "value"),
                   Output(ids.learn(d, "config"), "options"),
                   Output(ids.learn(d, "config"), "value"),
-                  Input(ids.learn(d, "devices"), "value"), Input(ids.learn(d, "batch"), "value"),
-                  Input(ids.learn(d, "layer"), "value"))
-    def _dims_options(devices, batch, layer):
-        if not devices or not batch:
-            raise dash.exceptions.PreventUpdate
-        return dims_options(devices, batch, layer)
-
-    @app.callback(Output(ids.learn(d, "times"), "figure"), Output(ids.learn(d, "fig"), "figure"),
+                  Output(ids.learn(d, "times"), "figure"), Output(ids.learn(d, "fig"), "figure"),
                   Output(ids.learn(d, "reads"), "figure"), Output(ids.learn(d, "ours"), "children"),
                   Output(ids.learn(d, "link"), "href"), Output(ids.learn(d, "error"), "children"),
-                  Input(ids.learn(d, "config"), "value"),
-                  State(ids.learn(d, "devices"), "value"), State(ids.learn(d, "batch"), "value"),
-                  State(ids.learn(d, "layer"), "value"))
-    def _dims(degrees, devices, batch, layer):
-        if not degrees or not layer:
-            raise dash.exceptions.PreventUpdate
+                  Input(ids.learn(d, "devices"), "value"), Input(ids.learn(d, "batch"), "value"),
+                  Input(ids.learn(d, "layer"), "value"), Input(ids.learn(d, "config"), "value"))
+    def _dims(devices, batch, layer, degrees):
+        # one callback: a new layer, device count or batch re-lists the configurations (the
+        # shown one kept when it still exists, else the fastest) and redraws at once
+        nothing = (dash.no_update,) * 9
+        if not devices or not batch:
+            return (*nothing, "error: give the batch as a whole number from 1 to 512")
         try:
-            return (*dims_figures(devices, batch, layer, degrees), "")
+            layers, layer, configs, best = dims_options(devices, batch, layer)
+            if degrees not in {c["value"] for c in configs}:
+                degrees = best
+            return (layers, layer, configs, degrees,
+                    *dims_figures(devices, batch, layer, degrees), "")
         except (ExplorerError, ValueError, KeyError, StopIteration) as exc:
             m = message_figure(str(exc))
-            return m, m, m, [], dash.no_update, _err(exc)
+            return (*(dash.no_update,) * 4, m, m, m, [], dash.no_update, _err(exc))
 
     e = K + "dense"
 
@@ -342,7 +348,8 @@ def register(app: dash.Dash) -> None:
                   Input(ids.learn(e, "preset"), "value"))
     def _dense(devices, batch, preset):
         if not devices or not batch or not preset:
-            raise dash.exceptions.PreventUpdate
+            return (dash.no_update,) * 3 + ("error: give the batch as a whole number from 1 "
+                                            "to 1024",)
         try:
             return (*dense_figures(devices, batch, preset), "")
         except (ExplorerError, ValueError) as exc:
@@ -364,7 +371,7 @@ def register(app: dash.Dash) -> None:
             return None, href, _err(exc)
 
     @app.callback(Output(ids.learn(m, "equation"), "children"),
-                  Output(ids.learn(m, "fig"), "figure"), Output(ids.learn(m, "ours"), "children"),
+                  Output(ids.learn(m, "diagram"), "figure"), Output(ids.learn(m, "fig"), "figure"), Output(ids.learn(m, "ours"), "children"),
                   Output(ids.learn(m, "step"), "max"),
                   Input(ids.learn(m, "store"), "data"), Input(ids.learn(m, "step"), "value"),
                   Input(ids.learn(m, "kind"), "value"))
@@ -383,7 +390,8 @@ def register(app: dash.Dash) -> None:
                   Input(ids.learn(s, "batch"), "value"))
     def _scale(model, devices, batch):
         if not model or not devices or not batch:
-            raise dash.exceptions.PreventUpdate
+            return (dash.no_update,) * 5 + ("error: give the batch per device as a whole "
+                                            "number from 1 to 128",)
         try:
             return (*scale_figures(model, devices, batch), "")
         except (ExplorerError, ValueError) as exc:
