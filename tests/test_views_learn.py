@@ -50,7 +50,7 @@ def test_tour_steps():
 
 
 def test_dims_scenario_uses_the_cost_model_and_geometry():
-    layers, layer, configs, best = optcnn.dims_options(4, 8, None)
+    layers, layer, configs, best, rows = optcnn.dims_options(4, 8, None)
     assert layer == "features_17"                         # Conv8, the paper's Figure 1 layer
     assert {c["label"] for c in configs} >= {"n4", "c4", "h4", "w4", "h2 w2"}
     times, tiles, reads, ours, href = optcnn.dims_figures(4, 8, layer, "n=1,c=1,h=2,w=2")

@@ -64,8 +64,9 @@ def _parse(degrees: str) -> dict:
 
 
 def dims_options(devices, batch, layer):
-    """Layer options (VGG-16's convolutions) and configuration options on all ``devices``
-    for ``layer`` (default Conv8, the paper's Figure 1 layer), the fastest selected."""
+    """Layer options (VGG-16's convolutions), the layer shown (default Conv8, the paper's
+    Figure 1 layer), its configuration options on all ``devices``, the fastest one, and the
+    candidate rows they come from."""
     req = _req("vgg16", devices, batch)
     g = session.graph_for(req)
     convs = [n for n in g.names() if g.layer(n).op == "conv"]
@@ -76,15 +77,17 @@ def dims_options(devices, batch, layer):
     rows = [r for r in session.candidates(req, layer) if r["devices"] == full]
     best = min(rows, key=lambda r: r["t_compute_ms"] + r["t_sync_ms"])
     return layers, layer, [{"label": r["config"], "value": r["degrees"]} for r in rows], \
-        best["degrees"]
+        best["degrees"], rows
 
 
-def dims_figures(devices, batch, layer, degrees):
-    """The three figures, our numbers and the explorer link for one layer and configuration."""
+def dims_figures(devices, batch, layer, degrees, rows=None):
+    """The three figures, our numbers and the explorer link for one layer and configuration
+    (``rows``: the layer's candidate rows on all devices when the caller has them)."""
     req = _req("vgg16", devices, batch)
     full = list(range(int(devices)))
-    rows = [r for r in session.candidates(req, layer)
-            if r["devices"] == ",".join(map(str, full))]
+    if rows is None:
+        rows = [r for r in session.candidates(req, layer)
+                if r["devices"] == ",".join(map(str, full))]
     cfg = _parse(degrees)
     sel = next(r for r in rows if r["degrees"] == degrees)
     tiles = session.tiles(req, layer, cfg, full)
@@ -270,12 +273,12 @@ def scale_figures(model, devices, batch):
     base = lw[0] or 1.0
     comm = {a: cmp[a].get("comm_bytes") for a in algos if "error" not in cmp[a]}
     owt = comm.get("owt")
-    rows = [(f"speed-up at {devices} devices", f"layer-wise {lw[-1] / base:.1f}×" if lw[-1]
-             else "–", f"best other ({best_other[1]}) {best_other[0] / base:.1f}×")]
+    rows = [(f"speed-up at {devices} devices", f"{lw[-1] / base:.1f}×" if lw[-1] else "–",
+             f"best other ({best_other[1]}): {best_other[0] / base:.1f}×")]
     if owt and comm.get("optcnn"):
         rows.append(("bytes per step, OWT ÷ layer-wise", f"{owt / comm['optcnn']:.2f}×",
                      "paper: 1.2–2.5×"))
-    ours = [table(("", "", ""), rows)]
+    ours = [table(("ours", "layer-wise", "other"), rows)]
     t5 = table5_rows() if model == "vgg16" else []
     t5_view = [html.H4("Table 5, ours: VGG-16 on 4×P100 NVLink, batch 128"),
                table(("layers", "ours", "paper"), t5)] if t5 else []
@@ -331,11 +334,11 @@ def register(app: dash.Dash) -> None:
         if not devices or not batch:
             return (*nothing, "error: give the batch as a whole number from 1 to 512")
         try:
-            layers, layer, configs, best = dims_options(devices, batch, layer)
+            layers, layer, configs, best, rows = dims_options(devices, batch, layer)
             if degrees not in {c["value"] for c in configs}:
                 degrees = best
             return (layers, layer, configs, degrees,
-                    *dims_figures(devices, batch, layer, degrees), "")
+                    *dims_figures(devices, batch, layer, degrees, rows), "")
         except (ExplorerError, ValueError, KeyError, StopIteration) as exc:
             m = message_figure(str(exc))
             return (*(dash.no_update,) * 4, m, m, m, [], dash.no_update, _err(exc))
