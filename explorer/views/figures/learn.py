@@ -180,7 +180,7 @@ def elimination_diagram(step: dict) -> go.Figure:
         fig.add_trace(go.Scatter(
             x=[i for i, _ in pts], y=[0] * len(pts), mode="markers+text",
             marker=dict(size=34, color=colors, line=dict(color="#333", width=1)),
-            text=[c for _, (n, c) in pts], textfont=dict(size=10),
+            text=[c for _, (n, c) in pts], textfont=dict(size=10, color=[P.ink(c) for c in colors]),
             hovertext=[n for _, (n, c) in pts], hoverinfo="text", showlegend=False),
             row=1, col=col)
         for i, (n, _) in pts:
