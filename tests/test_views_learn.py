@@ -60,6 +60,12 @@ def test_dims_scenario_uses_the_cost_model_and_geometry():
     out_y = reads.data[0].y
     assert all(r > 0 for r in reads_y) and len(set(out_y)) == 1
     assert "pin=features_17" in href and "model=vgg16" in href
+    # what each device must fetch after a data-parallel layer: nothing under n4, three
+    # quarters of the (whole) input under c4
+    fetch = optcnn.dims_figures(4, 8, layer, "n=4,c=1,h=1,w=1", rows)[2].data[2].y
+    assert list(fetch) == [0, 0, 0, 0]
+    reads = optcnn.dims_figures(4, 8, layer, "n=1,c=4,h=1,w=1", rows)[2].data
+    assert [f * 4 for f in reads[2].y] == [r * 3 for r in reads[1].y]
 
 
 def test_dense_and_scale_scenarios_show_the_papers_comparison():

@@ -39,18 +39,35 @@ def config_times_figure(rows: list, selected: str | None = None) -> go.Figure:
     return fig
 
 
+def _fetched(inp: dict, i: int, k: int) -> int:
+    """Elements of device ``i``'s input region that a data-parallel producer on the same ``k``
+    devices (device ``i`` holding samples ``[i·N/k, (i+1)·N/k)``) does not hold there."""
+    region = inp["regions"][i]
+    if "n" not in inp["axes"]:
+        return _volume(region)
+    a = inp["axes"].index("n")
+    n = inp["shape"][a]
+    own = [list(r) for r in region]
+    lo, hi = max(region[a][0], i * n // k), min(region[a][1], (i + 1) * n // k)
+    own[a] = [lo, max(lo, hi)]
+    return _volume(region) - _volume(own)
+
+
 def device_reads_figure(tiles: dict) -> go.Figure:
     """OptCNN Figures 2 and 4: per device, the output elements it computes, the input
-    elements it must read (its region of each input, halos included) and its parameters."""
+    elements it reads (its region of each input, halos included), the part of them it must
+    fetch from other devices when the layer before is data-parallel, and its parameters."""
     devs = list(tiles["devices"])
+    k = len(devs)
     names = [f"device {d}" for d in devs]
     out = [_volume(b) for b in tiles["boxes"]]
-    reads = [sum(_volume(inp["regions"][i]) for inp in tiles["inputs"]) for i in range(len(devs))]
-    params = [sum(_volume(p["boxes"][i]) for p in tiles["params"].values())
-              for i in range(len(devs))]
+    reads = [sum(_volume(inp["regions"][i]) for inp in tiles["inputs"]) for i in range(k)]
+    fetch = [sum(_fetched(inp, i, k) for inp in tiles["inputs"]) for i in range(k)]
+    params = [sum(_volume(p["boxes"][i]) for p in tiles["params"].values()) for i in range(k)]
     fig = go.Figure()
     for label, ys, pattern in (("output tile it computes", out, ""),
                                ("input region it reads", reads, "/"),
+                               ("of which it fetches (producer data-parallel)", fetch, "x"),
                                ("parameters it holds", params, ".")):
         fig.add_trace(go.Bar(x=names, y=ys, name=label,
                              marker=dict(color=[P.device_color(d) for d in devs],
