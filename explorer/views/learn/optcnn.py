@@ -45,7 +45,8 @@ def _dims_layout():
         "Pick a VGG-16 convolution and a configuration: the bars show its time under every "
         "configuration (t_C compute + t_S parameter synchronisation, our cost model on 4×P100 "
         "NVLink), the rectangles which part of the output each device computes, and the last "
-        "chart what each device must read: its input region (halos included) and its "
+        "chart what each device must read: its input region (halos included), the part of it "
+        "to fetch from other devices when the layer before is data-parallel, and its "
         "parameters.",
     ], [
         control("layer", choice(key, "layer", [], None)),
