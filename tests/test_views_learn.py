@@ -96,7 +96,8 @@ def test_tofu_and_celeritas_views():
     assert sel == 0
     fig, ours = celeritas.orders_view(4, 2, 2)
     titles = [a.text for a in fig.layout.annotations]
-    assert titles == ["M-TOPO: 4 edges cut", "DFS-TOPO: 0 edges cut"]
+    assert titles == ["M-TOPO: 4 edges cut", "DFS-TOPO: 0 edges cut",
+                      "fusion: 4 clusters: 0 edges cut"]
 
 
 def test_figures_from_plain_dicts():

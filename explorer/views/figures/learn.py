@@ -242,14 +242,32 @@ def intervals_figure(strategy: dict, shapes: dict) -> go.Figure:
     return fig
 
 
+def _cut_title(name: str, cut: int) -> str:
+    return f"{name}: {cut} edge{'' if cut == 1 else 's'} cut"
+
+
 def orders_figure(doc: dict) -> go.Figure:
-    """Celeritas Figure 3: the DAG drawn chain by chain, nodes coloured by the device each
-    topological order sends them to; cut edges (the order's communication) in red."""
+    """Celeritas Figure 3: the DAG drawn chain by chain; in the first two panels nodes are
+    coloured by the device each topological order sends them to, in the third by the
+    cluster Optimal Operation Fusion puts them in; cut edges (communication) in red.  Node
+    labels are positions in the order (CPD-TOPO for fusion)."""
     names = doc["names"]
-    kinds = [k for k in ("M-TOPO", "DFS-TOPO") if k in doc["orders"]]
-    fig = make_subplots(rows=1, cols=len(kinds), subplot_titles=[
-        f"{k}: {doc['orders'][k]['cut_edges']} edge"
-        f"{'' if doc['orders'][k]['cut_edges'] == 1 else 's'} cut" for k in kinds])
+    panels = []
+    for k in ("M-TOPO", "DFS-TOPO"):
+        if k in doc["orders"]:
+            o = doc["orders"][k]
+            panels.append((_cut_title(k, o["cut_edges"]), o["device"], o["order"],
+                           P.device_color, "device"))
+    if "fusion" in doc and "CPD-TOPO" in doc["orders"]:
+        cluster = [0] * len(names)
+        for c, members in enumerate(doc["fusion"]["clusters"]):
+            for v in members:
+                cluster[v] = c
+        cut = sum(1 for a, b in zip(doc["src"], doc["dst"]) if cluster[a] != cluster[b])
+        panels.append((_cut_title(f"fusion: {len(doc['fusion']['clusters'])} clusters", cut),
+                       cluster, doc["orders"]["CPD-TOPO"]["order"],
+                       lambda c: P.CONFIG_COLORS[c % len(P.CONFIG_COLORS)], "cluster"))
+    fig = make_subplots(rows=1, cols=len(panels), subplot_titles=[p[0] for p in panels])
     rowname = [n.rstrip("0123456789") for n in names]
     chains = list(dict.fromkeys(rowname))
     pos = {}
@@ -257,27 +275,26 @@ def orders_figure(doc: dict) -> go.Figure:
     for i, r in enumerate(rowname):
         pos[i] = (count.get(r, 0), chains.index(r))
         count[r] = count.get(r, 0) + 1
-    for col, k in enumerate(kinds, 1):
-        dev = doc["orders"][k]["device"]
-        rank = {v: i for i, v in enumerate(doc["orders"][k]["order"])}
+    for col, (_, group, order, color, what) in enumerate(panels, 1):
+        rank = {v: i for i, v in enumerate(order)}
         for s, t in zip(doc["src"], doc["dst"]):
-            cut = dev[s] != dev[t]
+            cut = group[s] != group[t]
             fig.add_trace(go.Scatter(x=[pos[s][0], pos[t][0]], y=[pos[s][1], pos[t][1]],
                                      mode="lines", showlegend=False, hoverinfo="skip",
                                      line=dict(color=P.ERROR if cut else "#999",
                                                width=3 if cut else 1.5,
                                                dash="dash" if cut else "solid")),
                           row=1, col=col)
-        for d in sorted(set(dev)):
-            idx = [i for i in range(len(names)) if dev[i] == d]
+        for d in sorted(set(group)):
+            idx = [i for i in range(len(names)) if group[i] == d]
             fig.add_trace(go.Scatter(
                 x=[pos[i][0] for i in idx], y=[pos[i][1] for i in idx], mode="markers+text",
-                marker=dict(size=26, color=P.device_color(d), line=dict(color="#333", width=1)),
-                text=[str(rank[i] + 1) for i in idx], textfont=dict(color=P.ink(P.device_color(d))),
-                name=f"device {d}", legendgroup=f"d{d}", showlegend=col == 1,
-                customdata=[names[i] for i in idx],
+                marker=dict(size=26, color=color(d), line=dict(color="#333", width=1)),
+                text=[str(rank[i] + 1) for i in idx], textfont=dict(color=P.ink(color(d))),
+                name=f"{what} {d}", legendgroup=f"{what}{d}",
+                showlegend=what == "device" and col == 1, customdata=[names[i] for i in idx],
                 hovertemplate="%{customdata}: position %{text} in the order<extra>"
-                              f"device {d}</extra>"), row=1, col=col)
+                              f"{what} {d}</extra>"), row=1, col=col)
         fig.update_xaxes(visible=False, row=1, col=col)
         fig.update_yaxes(visible=False, autorange="reversed", row=1, col=col)
     fig.update_layout(**{**_LAYOUT, "height": 340, "legend": _BOTTOM_LEGEND})
