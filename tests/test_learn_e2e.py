@@ -106,6 +106,13 @@ def test_controls_change_the_figures(learn_duo):
     assert "worker 1" in before and "worker 3" not in before
     duo.select_dcc_dropdown("#" + ids.learn("tofu-conv1d", "workers"), value="4")
     until(lambda: "worker 3" in figure(duo, "tofu-conv1d"))
+    # bad sizes: one line saying why, no traceback
+    box = duo.find_element("#" + ids.learn("tofu-conv1d", "window"))
+    box.clear()
+    box.send_keys("20\n")
+    until(lambda: "longer than the data" in duo.find_element(
+        "#" + ids.learn("tofu-conv1d", "error")).text)
+    assert "Traceback" not in duo.driver.page_source
     # Celeritas Figure 3: the paper's 4 cut edges; five chains cut five
     show(duo, "celeritas-orders")
     drawn(duo, "celeritas-orders")

@@ -44,7 +44,7 @@ def _conv1d_layout():
         control("in channels ci", number(key, "ci", 4, 1, 64)),
         control("out channels co", number(key, "co", 4, 1, 64)),
         control("data length", number(key, "length", 16, 1, 256)),
-        control("window dx", number(key, "window", 3, 1, 16)),
+        control("window dx", number(key, "window", 3, 1, 64)),
         control("workers", choice(key, "workers", [2, 3, 4, 8], 2)),
         control("strategy", choice(key, "strategy", [], None)),
     ], [html.Pre(TDL_SOURCE, className="learn-code"), graph(key)], [
@@ -131,7 +131,7 @@ def register(app: dash.Dash) -> None:
     def _conv1d(*values):
         if any(v in (None, "") for v in values[:-1]):
             return dash.no_update, dash.no_update, dash.no_update, dash.no_update, \
-                "error: fill every size with a whole number ≥ 1"
+                "error: fill every size with a whole number in its range (≥ 1)"
         try:
             return (*conv1d_view(*values), "")
         except (ExplorerError, ValueError) as exc:
