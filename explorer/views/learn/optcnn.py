@@ -22,6 +22,11 @@ SCENARIOS = {"dims": "OptCNN Fig. 1–4: hidden dimensions",
              "elim": "OptCNN Fig. 5–6: eliminations",
              "scale": "OptCNN Fig. 7–8, Table 5"}
 PRESET = "p100-nvlink-4"
+#: the bandwidth control: device presets of the papers' machines
+BANDWIDTHS = [{"label": "4×P100 NVLink (40 GB/s)", "value": "p100-nvlink-4"},
+              {"label": "4×V100 PCIe (16 GB/s)", "value": "v100-pcie-4"},
+              {"label": "P100 nodes over InfiniBand (12.5 GB/s between)",
+               "value": "p100-cluster"}]
 ELIM_MODELS = {"inception_v3": ("Inception-v3 (75×75 input)", {"image_size": "75"}, 8),
                "resnet50": ("ResNet-50 (32×32 input)", {"image_size": "32"}, 8),
                "lenet5": ("LeNet-5", {}, 64)}
@@ -43,8 +48,8 @@ def _dims_layout():
         "height h and width w (Table 1). A configuration gives each a degree; the product is "
         "the number of devices, and every configuration computes the same output.",
         "Pick a VGG-16 convolution and a configuration: the bars show its time under every "
-        "configuration (t_C compute + t_S parameter synchronisation, our cost model on 4×P100 "
-        "NVLink), the rectangles which part of the output each device computes, and the last "
+        "configuration (t_C compute + t_S parameter synchronisation, our cost model on the "
+        "chosen devices and links), the rectangles which part of the output each device computes, and the last "
         "chart what each device must read: its input region (halos included), the part of it "
         "to fetch from other devices when the layer before is data-parallel, and its "
         "parameters.",
@@ -52,6 +57,7 @@ def _dims_layout():
         control("layer", choice(key, "layer", [], None)),
         control("devices", choice(key, "devices", [2, 4], 4)),
         control("batch", number(key, "batch", 32, 1, 512)),
+        control("bandwidth", choice(key, "preset", BANDWIDTHS, PRESET)),
         control("configuration", choice(key, "config", [], None)),
     ], [graph(key, "times"), graph(key), graph(key, "reads")], [
         html.P(paper.OPTCNN["fig1"]),
@@ -64,11 +70,11 @@ def _parse(degrees: str) -> dict:
     return {k: int(v) for k, v in (p.split("=") for p in degrees.split(",") if p)}
 
 
-def dims_options(devices, batch, layer):
+def dims_options(devices, batch, layer, preset=PRESET):
     """Layer options (VGG-16's convolutions), the layer shown (default Conv8, the paper's
     Figure 1 layer), its configuration options on all ``devices``, the fastest one, and the
     candidate rows they come from."""
-    req = _req("vgg16", devices, batch)
+    req = _req("vgg16", devices, batch, preset=preset)
     g = session.graph_for(req)
     convs = [n for n in g.names() if g.layer(n).op == "conv"]
     layers = [{"label": f"Conv{i + 1} ({n})", "value": n} for i, n in enumerate(convs)]
@@ -81,10 +87,10 @@ def dims_options(devices, batch, layer):
         best["degrees"], rows
 
 
-def dims_figures(devices, batch, layer, degrees, rows=None):
+def dims_figures(devices, batch, layer, degrees, rows=None, preset=PRESET):
     """The three figures, our numbers and the explorer link for one layer and configuration
     (``rows``: the layer's candidate rows on all devices when the caller has them)."""
-    req = _req("vgg16", devices, batch)
+    req = _req("vgg16", devices, batch, preset=preset)
     full = list(range(int(devices)))
     if rows is None:
         rows = [r for r in session.candidates(req, layer)
@@ -107,7 +113,7 @@ def dims_figures(devices, batch, layer, degrees, rows=None):
                                   f"{best['t_compute_ms'] + best['t_sync_ms']:.3f} ms"),
     ])]
     pin = f"{layer}={degrees}@{','.join(map(str, full))}"
-    href = explorer_href("vgg16", devices, PRESET, "optcnn", batch, pins=[pin])
+    href = explorer_href("vgg16", devices, preset, "optcnn", batch, pins=[pin])
     return (LF.config_times_figure(rows, sel["config"]), LF.tile_map_figure(tiles),
             LF.device_reads_figure(tiles), ours, href)
 
@@ -127,10 +133,7 @@ def _dense_layout():
     ], [
         control("devices", choice(key, "devices", [2, 4], 2)),
         control("batch", number(key, "batch", 128, 1, 1024)),
-        control("bandwidth", choice(key, "preset", [
-            {"label": "4×P100 NVLink (40 GB/s)", "value": "p100-nvlink-4"},
-            {"label": "4×V100 PCIe (16 GB/s)", "value": "v100-pcie-4"},
-            {"label": "P100 nodes over InfiniBand", "value": "p100-cluster"}], PRESET)),
+        control("bandwidth", choice(key, "preset", BANDWIDTHS, PRESET)),
     ], [graph(key)], [html.P(paper.OPTCNN["fig2"])])
 
 
@@ -172,6 +175,7 @@ def _elim_layout():
                                                for k, v in ELIM_MODELS.items()],
                                 "inception_v3")),
         control("devices", choice(key, "devices", [2, 4], 4)),
+        control("bandwidth", choice(key, "preset", BANDWIDTHS, PRESET)),
         control("step", dcc.Slider(id=ids.learn(key, "step"), min=1, max=2, step=1, value=1,
                                    marks=None, tooltip={"placement": "bottom"}), wide=True),
         control("kind", choice(key, "kind", [{"label": "any step", "value": "any"},
@@ -187,9 +191,9 @@ def _elim_layout():
     ])
 
 
-def elim_doc(model, devices):
+def elim_doc(model, devices, preset=PRESET):
     label, args, batch = ELIM_MODELS[model]
-    req = _req(model, devices, batch, args)
+    req = _req(model, devices, batch, args, preset=preset)
     return session.learn_elimination(req)
 
 
@@ -327,19 +331,20 @@ def register(app: dash.Dash) -> None:
                   Output(ids.learn(d, "reads"), "figure"), Output(ids.learn(d, "ours"), "children"),
                   Output(ids.learn(d, "link"), "href"), Output(ids.learn(d, "error"), "children"),
                   Input(ids.learn(d, "devices"), "value"), Input(ids.learn(d, "batch"), "value"),
-                  Input(ids.learn(d, "layer"), "value"), Input(ids.learn(d, "config"), "value"))
-    def _dims(devices, batch, layer, degrees):
+                  Input(ids.learn(d, "layer"), "value"), Input(ids.learn(d, "config"), "value"),
+                  Input(ids.learn(d, "preset"), "value"))
+    def _dims(devices, batch, layer, degrees, preset):
         # one callback: a new layer, device count or batch re-lists the configurations (the
         # shown one kept when it still exists, else the fastest) and redraws at once
         nothing = (dash.no_update,) * 9
-        if not devices or not batch:
+        if not devices or not batch or not preset:
             return (*nothing, "error: give the batch as a whole number from 1 to 512")
         try:
-            layers, layer, configs, best, rows = dims_options(devices, batch, layer)
+            layers, layer, configs, best, rows = dims_options(devices, batch, layer, preset)
             if degrees not in {c["value"] for c in configs}:
                 degrees = best
             return (layers, layer, configs, degrees,
-                    *dims_figures(devices, batch, layer, degrees, rows), "")
+                    *dims_figures(devices, batch, layer, degrees, rows, preset), "")
         except (ExplorerError, ValueError, KeyError, StopIteration) as exc:
             m = message_figure(str(exc))
             return (*(dash.no_update,) * 4, m, m, m, [], dash.no_update, _err(exc))
@@ -363,19 +368,21 @@ def register(app: dash.Dash) -> None:
 
     @app.callback(Output(ids.learn(m, "store"), "data"), Output(ids.learn(m, "link"), "href"),
                   Output(ids.learn(m, "error"), "children"),
-                  Input(ids.learn(m, "model"), "value"), Input(ids.learn(m, "devices"), "value"))
-    def _elim_doc(model, devices):
-        if model not in ELIM_MODELS or not devices:
+                  Input(ids.learn(m, "model"), "value"), Input(ids.learn(m, "devices"), "value"),
+                  Input(ids.learn(m, "preset"), "value"))
+    def _elim_doc(model, devices, preset):
+        if model not in ELIM_MODELS or not devices or not preset:
             raise dash.exceptions.PreventUpdate
         label, args, batch = ELIM_MODELS[model]
-        href = explorer_href(model, devices, PRESET, "optcnn", batch, args)
+        href = explorer_href(model, devices, preset, "optcnn", batch, args)
         try:
-            return elim_doc(model, devices), href, ""
+            return elim_doc(model, devices, preset), href, ""
         except (ExplorerError, ValueError) as exc:
             return None, href, _err(exc)
 
     @app.callback(Output(ids.learn(m, "equation"), "children"),
-                  Output(ids.learn(m, "diagram"), "figure"), Output(ids.learn(m, "fig"), "figure"), Output(ids.learn(m, "ours"), "children"),
+                  Output(ids.learn(m, "diagram"), "figure"), Output(ids.learn(m, "fig"), "figure"),
+                  Output(ids.learn(m, "ours"), "children"),
                   Output(ids.learn(m, "step"), "max"),
                   Input(ids.learn(m, "store"), "data"), Input(ids.learn(m, "step"), "value"),
                   Input(ids.learn(m, "kind"), "value"))
