@@ -22,11 +22,10 @@ A move is kept when
     (memory overflow = Σ_d max(0, use_d − capacity_d),  simulated step time)
 
 decreases lexicographically, so a placement within its limits never leaves them and one
-over them is repaired first.  ``use_d`` is, by default, the placers' whole-step budget
-(:func:`budget_per_device`: every output for the whole step plus received tensors - the rule
-Adjusting Placement and Baechi keep; a move that breaks it is refused before simulating), or
-with ``memory="simulated"`` the device's simulated peak, the looser rule ``oom`` is judged by
-(and the only one METIS meets).  Passes repeat until no move helps or the budget is spent.
+over them is repaired first.  ``use_d`` is, by default, the device's simulated peak - the
+liveness rule of :mod:`.memory` that ``oom`` is judged by - or with ``memory="budget"`` the
+stricter whole-step sum (:func:`budget_per_device`: every output for the whole step plus
+received tensors; a move that breaks it is refused before simulating).  Passes repeat until no move helps or the budget is spent.
 Units holding a pinned operator never move.
 
 Example
@@ -66,6 +65,7 @@ class Refinement:
     seconds: float
     moves: list = field(default_factory=list)
     exhausted: bool = False            # stopped by the budget, not at a local optimum
+    overflow: float = 0.0              # bytes over capacity at the end (by ``memory``'s rule)
 
     def __post_init__(self):
         if self.evals < 0:
@@ -79,8 +79,9 @@ def default_evals(n: int) -> int:
 
 
 def budget_per_device(pg, placement) -> np.ndarray:
-    """The placers' memory budget of a whole placement: every operator's memory on its device
-    for the whole step plus each tensor received from another device (once per device)."""
+    """The whole-step memory sum of a placement: every operator's memory on its device for the
+    whole step plus each tensor received from another device (once per device) - an upper
+    bound of any schedule's liveness peak (``refine(memory="budget")``)."""
     dev = np.asarray(placement, dtype=np.int64)
     b = np.bincount(dev, weights=pg.mem, minlength=pg.ndev).astype(np.float64)
     s, t = pg.src, pg.dst
@@ -203,7 +204,7 @@ def _boundary_pass(st, fine, fine_of, free) -> bool:
 
 
 def refine(pg, placement, units, pins=None, max_evals: int | None = None, priority=None,
-           contention: str = "ports", max_passes: int = 10, memory: str = "budget",
+           contention: str = "ports", max_passes: int = 10, memory: str = "simulated",
            boundary: bool = True) -> Refinement:
     """Local search over unit moves, then boundary moves (see the module docstring).
 
@@ -220,10 +221,9 @@ def refine(pg, placement, units, pins=None, max_evals: int | None = None, priori
         Simulation budget of both phases; default :func:`default_evals`.
     priority : array, optional
         The simulator's dispatch priority (default blevel, computed once here).
-    memory : {"budget", "simulated"}
-        What must stay within capacity: the placers' whole-step budget
-        (:func:`budget_per_device`, as Adjusting Placement and Baechi keep it) or each
-        device's simulated peak (the looser rule ``oom`` is judged by, as for METIS).
+    memory : {"simulated", "budget"}
+        What must stay within capacity: each device's simulated (liveness) peak, the rule
+        ``oom`` is judged by, or the stricter whole-step sum (:func:`budget_per_device`).
     boundary : bool
         Run the second phase (co-location groups across the cut).
     """
@@ -261,4 +261,4 @@ def refine(pg, placement, units, pins=None, max_evals: int | None = None, priori
                 break
             passes += 1
     return Refinement(st.dev, before, st.best[1], st.evals, passes, time.perf_counter() - t0,
-                      st.moves, st.exhausted)
+                      st.moves, st.exhausted, st.best[0])

@@ -15,11 +15,11 @@ Execution model
   receive port for its whole duration, and transfers are served first come, first served
   (the paper's transfer "tasks on the devices which need to send or receive", Section 6.1).
   ``contention="none"`` lets transfers overlap freely.
-* **Memory**: an operator's output (``mem``; views share storage) is allocated when it starts
-  and freed when its last reader on that device has finished and every copy of it has been
-  sent; a received copy (``out_bytes``) is allocated when the transfer starts and freed after
-  its last reader there.  Persistent outputs (parameters, updated parameters) are never freed.
-  The maximum of the running total is the device's peak.
+* **Memory**: the liveness rule of :mod:`.memory` applied to this schedule (an output lives
+  from its operator's start until its last reader on that device has finished and every copy
+  has been sent; a received copy from the transfer's start until its last reader there
+  finished; views alias their base; parameters, gradients and updates persist).  The maximum
+  of the live bytes is the device's peak (:func:`.memory.schedule_peak`).
 """
 
 from __future__ import annotations
@@ -28,6 +28,8 @@ import heapq
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from .memory import schedule_peak
 
 __all__ = ["SimResult", "simulate"]
 
@@ -94,31 +96,22 @@ def simulate(pg, placement, priority=None, contention: str = "ports") -> SimResu
     rank = rank.tolist()
     devl = dev.tolist()
     w = pg.w[np.arange(n), dev].tolist()
-    memv = pg.mem.tolist()
     ob = pg.out_bytes.tolist()
-    pers = pg.persistent.tolist()
-    alias = pg.alias.tolist()
     succ, pred = pg.succ, pg.pred
     K, B = pg.k, pg.b
 
-    # readers of each node's output per device (one count per (node, device) pair: flat
-    # index node * nd + device), and the remote devices needing it
-    cnt = np.bincount(pg.src * nd + dev[pg.dst], minlength=n * nd).reshape(n, nd)
-    own = (np.arange(n), dev)
-    local = cnt[own].copy()
-    cnt[own] = 0
+    # remote devices needing each node's output (one transfer per (node, device) pair)
+    cnt = np.zeros(n * nd, dtype=bool)
+    cnt[pg.src * nd + dev[pg.dst]] = True
+    cnt = cnt.reshape(n, nd)
+    cnt[np.arange(n), dev] = False
     ru, rdv = np.nonzero(cnt)                          # sorted by node, then device
-    nrem = np.bincount(ru, minlength=n)
-    cnt[own] = local + nrem                            # remote copies release the original
-    uses = cnt.ravel().tolist()
     remote: list = [None] * n
     if len(ru):
         cuts = np.flatnonzero(np.diff(ru)) + 1
         for u_, ds_ in zip(ru[np.r_[0, cuts]].tolist(), np.split(rdv, cuts)):
             remote[u_] = ds_.tolist()
     waiting = [len(p) for p in pred]
-    cur = [0.0] * nd
-    peak = [0.0] * nd
     start = np.zeros(n)
     finish = np.zeros(n)
     ready: list = [[] for _ in range(nd)]
@@ -131,27 +124,6 @@ def simulate(pg, placement, priority=None, contention: str = "ports") -> SimResu
     busy = [0.0] * nd
     comm_bytes = 0.0
 
-    def alloc(d, nb):
-        cur[d] += nb
-        if cur[d] > peak[d]:
-            peak[d] = cur[d]
-
-    def release(u, d):
-        """One reader/transfer of u's buffer on device d is done."""
-        key = u * nd + d
-        left = uses[key] - 1
-        uses[key] = left
-        if left > 0:
-            return
-        if d == devl[u]:
-            if pers[u]:
-                return
-            cur[d] -= memv[u]
-            if alias[u] >= 0:          # a view's storage is its base's (or the received copy's)
-                release(alias[u], d)
-        else:
-            cur[d] -= ob[u]
-
     def try_start(d, t):
         nonlocal seq
         if not idle[d] or not ready[d]:
@@ -162,10 +134,6 @@ def simulate(pg, placement, priority=None, contention: str = "ports") -> SimResu
         f = t + w[v]
         finish[v] = f
         busy[d] += w[v]
-        c = cur[d] + memv[v]
-        cur[d] = c
-        if c > peak[d]:
-            peak[d] = c
         seq += 1
         heapq.heappush(events, (f, seq, 0, v, d))
 
@@ -181,13 +149,6 @@ def simulate(pg, placement, priority=None, contention: str = "ports") -> SimResu
         if kind == 0:
             v = a
             idle[d] = True
-            # inputs of v are released (a view keeps its base alive through its own buffer)
-            for p in pred[v]:
-                if alias[v] == p:
-                    continue
-                release(p, d)
-            if alias[v] >= 0 and uses[v * nd + d] == 0:
-                release(alias[v], d)
             for s in succ[v]:
                 if devl[s] == d:
                     waiting[s] -= 1
@@ -204,7 +165,6 @@ def simulate(pg, placement, priority=None, contention: str = "ports") -> SimResu
                         if recv_free[e] > st:
                             st = recv_free[e]
                         send_free[d] = recv_free[e] = st + dur
-                    alloc(e, nb)
                     comm_bytes += nb
                     transfers.append((v, d, e, st, st + dur, nb))
                     seq += 1
@@ -212,7 +172,6 @@ def simulate(pg, placement, priority=None, contention: str = "ports") -> SimResu
             try_start(d, t)
         else:
             u, e = a, d
-            release(u, devl[u])              # the sender's copy has gone out
             for s in succ[u]:
                 if devl[s] == e:
                     waiting[s] -= 1
@@ -223,5 +182,6 @@ def simulate(pg, placement, priority=None, contention: str = "ports") -> SimResu
         raise ValueError("simulation stalled: the graph or placement is inconsistent")
     makespan = float(max(finish.max() if n else 0.0,
                          max((tr[4] for tr in transfers), default=0.0)))
-    return SimResult(makespan, np.asarray(peak), start, finish, dev, transfers,
+    peak = schedule_peak(pg, dev, start, finish, transfers)
+    return SimResult(makespan, peak, start, finish, dev, transfers,
                      np.asarray(busy), comm_bytes)
