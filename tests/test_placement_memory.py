@@ -163,7 +163,8 @@ def test_no_placer_exceeds_its_budget_without_oom(seed):
             bud = res.stats.get("budget_peak") or res.stats.get("placer_memory_bytes")
             sim_over = max(res.peak_memory_bytes) > p.capacity[0] * (1 + 1e-9)
             assert res.oom == (bool(res.best_effort) or sim_over), algo
-            if algo != "metis" and max(bud) > p.capacity[0] * (1 + 1e-9):
+            # METIS has no budget; celeritas's is the simulated peak (its refinement's rule)
+            if algo not in ("metis", "celeritas") and max(bud) > p.capacity[0] * (1 + 1e-9):
                 assert res.oom, (algo, frac)
 
 

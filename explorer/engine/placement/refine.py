@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .simulator import simulate
+from .simulator import dispatch_priority, simulate
 
 __all__ = ["Refinement", "placement_units", "refine", "default_evals", "budget_per_device"]
 
@@ -220,7 +220,7 @@ def refine(pg, placement, units, pins=None, max_evals: int | None = None, priori
     max_evals : int, optional
         Simulation budget of both phases; default :func:`default_evals`.
     priority : array, optional
-        The simulator's dispatch priority (default blevel, computed once here).
+        The simulator's dispatch priority (default its own, computed once here).
     memory : {"simulated", "budget"}
         What must stay within capacity: each device's simulated (liveness) peak, the rule
         ``oom`` is judged by, or the stricter whole-step sum (:func:`budget_per_device`).
@@ -238,8 +238,7 @@ def refine(pg, placement, units, pins=None, max_evals: int | None = None, priori
     if memory not in ("simulated", "budget"):
         raise ValueError(f"memory must be 'simulated' or 'budget', got {memory!r}")
     if priority is None:
-        from .order import _graph_levels
-        _, priority = _graph_levels(pg)
+        priority = dispatch_priority(pg)
     pinned = (np.asarray(pins) >= 0) if pins is not None else np.zeros(pg.n, dtype=bool)
     movable = [np.asarray(u, dtype=np.int64) for u in units if len(u)]
     movable = [u for u in movable if not pinned[u].any()]

@@ -6,9 +6,13 @@ here, the same way - as the paper judges them all by running them.
 Execution model
 ---------------
 * Each device runs one operator at a time.  When it is idle it starts, among its operators
-  whose inputs are all present, the one with the highest priority (largest ``blevel``: the
-  critical-path-first rule of list schedulers; ties by graph order).  Dispatch does not use
-  the placer's own schedule, so no method is favoured by its own model.
+  whose inputs are all present, the one first in CPD-TOPO order (:func:`dispatch_priority`:
+  the topological order that follows the critical path, Celeritas Algorithm 1).  The order
+  is fixed per graph, never the placer's own schedule, so no method is favoured by its own
+  model; it keeps the critical path first as a ``blevel`` list scheduler does, but a device
+  finishes a branch before starting the next - on Inception-v3 (batch 512, one device) the
+  same step time with a 47.6 GiB instead of a 69.5 GiB peak - which is also how the placers
+  walk the graph when they keep their live budget (:mod:`.memory`).
 * A tensor needed on another device is sent once per receiving device when its producer
   finishes, taking ``k·bytes + b`` on that link.  **Contention**: each device has one send and
   one receive port (full duplex); a transfer holds the sender's send port and the receiver's
@@ -31,7 +35,19 @@ import numpy as np
 
 from .memory import schedule_peak
 
-__all__ = ["SimResult", "simulate"]
+__all__ = ["SimResult", "simulate", "dispatch_priority"]
+
+
+def dispatch_priority(pg) -> np.ndarray:
+    """Per node, larger runs first: minus the node's position in CPD-TOPO (cached on ``pg``)."""
+    pr = pg.meta.get("_dispatch")
+    if pr is None:
+        from .order import graph_order
+        order, _, _ = graph_order(pg, "cpd")
+        pr = np.empty(pg.n)
+        pr[np.asarray(order, dtype=np.int64)] = -np.arange(pg.n, dtype=np.float64)
+        pg.meta["_dispatch"] = pr
+    return pr
 
 
 @dataclass
@@ -75,7 +91,8 @@ def simulate(pg, placement, priority=None, contention: str = "ports") -> SimResu
     pg : PlacementGraph
     placement : array of int, shape (n,)
     priority : array, optional
-        Larger runs first among ready operators of a device; default ``blevel``.
+        Larger runs first among ready operators of a device; default
+        :func:`dispatch_priority`.
     contention : {"ports", "none"}
     """
     n, nd = pg.n, pg.ndev
@@ -87,8 +104,7 @@ def simulate(pg, placement, priority=None, contention: str = "ports") -> SimResu
     if contention not in ("ports", "none"):
         raise ValueError(f"contention must be 'ports' or 'none', got {contention!r}")
     if priority is None:
-        from .order import _graph_levels
-        _, priority = _graph_levels(pg)
+        priority = dispatch_priority(pg)
     prio = np.asarray(priority, dtype=np.float64)
     # rank: smaller = earlier (heap key), ties by node id
     rank = np.empty(n, dtype=np.int64)
