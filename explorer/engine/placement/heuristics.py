@@ -140,32 +140,52 @@ def _etf(pg, pins, favourite=None):
     inf = math.inf
     ar = np.arange(nd)
 
-    def ready_ts(v):
-        """Per device: when v's inputs could be there (dry run on the channels)."""
+    grp = pg.group
+    version = 0                    # bumped when a transfer or a group's device is committed
+    cache: dict = {}                         # node -> (version, ready per device, need)
+
+    def row(v):
+        """(ready time per device - a dry run on the channels -, bytes v needs per device)."""
+        c = cache.get(v)
+        if c is not None and c[0] == version:
+            return c[1], c[2]
         r = np.zeros(nd)
+        need = np.full(nd, live.own(v))
         for p in pg.pred[v]:
             dp = int(dev[p])
+            held = live.held[p]
             for d in range(nd):
                 if d == dp:
-                    t = fin[p]
+                    t_ = fin[p]
                 else:
-                    t = copy_at.get((p, d))
-                    if t is None:
-                        t = max(fin[p], send_free[dp], recv_free[d]) + K[dp, d] * ob[p] + B[dp, d]
-                if t > r[d]:
-                    r[d] = t
-        return r
+                    t_ = copy_at.get((p, d))
+                    if t_ is None:
+                        t_ = max(fin[p], send_free[dp], recv_free[d]) + K[dp, d] * ob[p] \
+                            + B[dp, d]
+                    if not (held and d in held):
+                        need[d] += ob[p]
+                if t_ > r[d]:
+                    r[d] = t_
+        cache[v] = (version, r, need)
+        return r, need
 
-    def allowed(v):
-        """Devices v may go to now: its pin or group's device, else those it fits on."""
-        f = int(pin[v]) if pin[v] >= 0 else live.group_device(v)
-        if f >= 0:
-            m = ar == f
-            return m if live.fits(v, f) else np.zeros(nd, dtype=bool)
-        return np.array([live.fits(v, d) for d in range(nd)])
+    def table(R):
+        """Schedulable time of each ready op on each device (inf: not allowed / no room)."""
+        rts = np.empty((len(R), nd))
+        need = np.empty((len(R), nd))
+        for i, v in enumerate(R):
+            rts[i], need[i] = row(v)
+        Ra = np.asarray(R)
+        g = grp[Ra]
+        f = np.where(g >= 0, live.gdev[np.maximum(g, 0)] if len(live.gdev) else -1, -1)
+        f = np.where(pin[Ra] >= 0, pin[Ra], f)
+        ok = live.cur[None, :] + need <= live.cap[None, :] * (1 + 1e-12)
+        ok &= (f < 0)[:, None] | (ar[None, :] == f[:, None])
+        # a group's leader is admitted by the group's persistent bytes (in ``need``)
+        return np.where(ok, np.maximum(rts, avail[None, :]), inf)
 
-    def commit(v, d, t):
-        nonlocal placed
+    def commit(v, d):
+        nonlocal placed, version
         for p in pg.pred[v]:
             dp = int(dev[p])
             if dp != d and (p, d) not in copy_at:
@@ -173,12 +193,15 @@ def _etf(pg, pins, favourite=None):
                 e = st + K[dp, d] * ob[p] + B[dp, d]
                 send_free[dp] = recv_free[d] = e
                 copy_at[(p, d)] = e
+                version += 1
         rt = max([fin[p] if dev[p] == d else copy_at[(p, d)] for p in pg.pred[v]],
                  default=0.0)
         s = max(rt, avail[d])
         start[v] = s
         fin[v] = s + w[v, d]
         avail[d] = fin[v]
+        if grp[v] >= 0 and live.gdev[grp[v]] < 0:
+            version += 1                            # the group's members now cost less
         if not live.place(v, d):
             best.append(v)
         last_op[d] = v
@@ -194,15 +217,10 @@ def _etf(pg, pins, favourite=None):
                 waiting[s_] -= 1
                 if waiting[s_] == 0:
                     ready.append(s_)
-        progressed = True
-        while progressed and ready:
-            progressed = False
+        ts = None
+        while ready:
             R = list(ready)
-            ts = np.full((len(R), nd), inf)
-            for i, v in enumerate(R):
-                ok = allowed(v)
-                if ok.any():
-                    ts[i] = np.where(ok, np.maximum(ready_ts(v), avail), inf)
+            ts = table(R)
             rk = topo[R]
             choice = None                           # (ts, topo, node, device)
             for d in range(nd):
@@ -214,7 +232,7 @@ def _etf(pg, pins, favourite=None):
                 pick = None
                 fc = favourite.get(last_op[d], -1) if favourite is not None and \
                     last_op[d] >= 0 else -1
-                if fc >= 0 and fc in R and dev[fc] < 0:
+                if fc >= 0 and dev[fc] < 0 and fc in ready:
                     i = R.index(fc)
                     if np.isfinite(ts[i, d]) and ts[i, d] == ts[i].min():
                         # awake: wait for the favourite child unless an urgent op is due
@@ -233,9 +251,10 @@ def _etf(pg, pins, favourite=None):
                         pick = (col[j], rk[j], R[j], d)
                 if pick is not None and (choice is None or pick[:2] < choice[:2]):
                     choice = pick
-            if choice is not None:
-                commit(choice[2], choice[3], t)
-                progressed = True
+            if choice is None:
+                break
+            commit(choice[2], choice[3])
+            ts = None
         if placed >= n:
             break
         # the next instant anything can happen: an op finishes or a schedulable time comes
@@ -243,11 +262,11 @@ def _etf(pg, pins, favourite=None):
         if done:
             nxt.append(done[0][0])
         if ready:
-            for v in ready:
-                ok = allowed(v)
-                if ok.any():
-                    r = np.maximum(ready_ts(v), avail)[ok]
-                    nxt.extend(x for x in r.tolist() if x > t)
+            if ts is None:
+                ts = table(list(ready))
+            later = ts[np.isfinite(ts) & (ts > t)]
+            if len(later):
+                nxt.append(float(later.min()))
         if nxt:
             t = min(nxt)
             continue
@@ -256,7 +275,7 @@ def _etf(pg, pins, favourite=None):
         f = int(pin[v]) if pin[v] >= 0 else live.group_device(v)
         d = f if f >= 0 else _least_used(live)
         avail[d] = max(avail[d], t)
-        commit(v, d, t)
+        commit(v, d)
         if not best or best[-1] != v:
             best.append(v)
     return dev.copy(), {"best_effort": best, "budget_peak": live.peak.tolist(),
