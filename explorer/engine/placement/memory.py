@@ -59,7 +59,8 @@ def buffer_intervals(pg, placement, start, finish, transfers):
     own = np.arange(n) * nd + dev
     free_own = last[own].copy()
     nread = np.bincount(src, minlength=n)
-    tr = np.asarray([t[:5] for t in transfers], dtype=np.float64).reshape(-1, 5)
+    tr = (np.asarray(transfers, dtype=np.float64)[:, :5] if len(transfers)
+          else np.zeros((0, 5)))
     tu = tr[:, 0].astype(np.int64)
     te = tr[:, 2].astype(np.int64)
     if len(tr):                                    # the sender's copy until it has gone out
@@ -68,25 +69,28 @@ def buffer_intervals(pg, placement, start, finish, transfers):
     rkey = tu * nd + te
     free_rcv = last[rkey].copy() if len(tr) else np.zeros(0)
     # views keep their base (or the received copy of it) alive: children before parents
-    alias = pg.alias
-    views = np.nonzero(alias >= 0)[0]
-    if len(views):
-        pos = np.empty(n, dtype=np.int64)
-        pos[pg.topo] = np.arange(n)
-        rpos = {int(k): i for i, k in enumerate(rkey.tolist())}
-        free_v = free_own                          # view entries are updated in place
-        for v in views[np.argsort(-pos[views])].tolist():
-            b = int(alias[v])
-            fv = free_v[v] if nread[v] else inf    # an unread view holds its base to the end
-            if pg.persistent[v]:
-                fv = inf
-            if dev[b] == dev[v]:
-                if fv > free_own[b]:
-                    free_own[b] = fv
+    views = _views_children_first(pg)
+    if views:
+        alias = pg.alias.tolist()
+        devl = dev.tolist()
+        fo = free_own.tolist()
+        fr = free_rcv.tolist()
+        rpos = None
+        pers = pg.persistent
+        for v in views:
+            b = alias[v]
+            fv = fo[v] if nread[v] and not pers[v] else inf   # unread: holds its base
+            if devl[b] == devl[v]:
+                if fv > fo[b]:
+                    fo[b] = fv
             else:
-                i = rpos.get(b * nd + int(dev[v]))
-                if i is not None and fv > free_rcv[i]:
-                    free_rcv[i] = fv
+                if rpos is None:
+                    rpos = {k: i for i, k in enumerate(rkey.tolist())}
+                i = rpos.get(b * nd + devl[v])
+                if i is not None and fv > fr[i]:
+                    fr[i] = fv
+        free_own = np.asarray(fo)
+        free_rcv = np.asarray(fr)
     unread = nread == 0
     free_own[unread | pg.persistent] = inf
     d = np.concatenate([dev, te])
@@ -94,6 +98,18 @@ def buffer_intervals(pg, placement, start, finish, transfers):
     t0 = np.concatenate([start, tr[:, 3]])
     t1 = np.concatenate([np.maximum(free_own, start), np.maximum(free_rcv, tr[:, 3])])
     return d, nb, t0, t1
+
+
+def _views_children_first(pg) -> list:
+    """View nodes, each after the views that alias it (reverse topological order; cached)."""
+    vs = pg.meta.get("_views")
+    if vs is None:
+        views = np.nonzero(pg.alias >= 0)[0]
+        pos = np.empty(pg.n, dtype=np.int64)
+        pos[pg.topo] = np.arange(pg.n)
+        vs = views[np.argsort(-pos[views])].tolist() if len(views) else []
+        pg.meta["_views"] = vs
+    return vs
 
 
 def live_peak(nd: int, device, nbytes, alloc, free) -> np.ndarray:
