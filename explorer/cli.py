@@ -52,10 +52,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--memory-per-device", type=float, default=None, metavar="GIB",
                    help="placement algorithms: memory limit per device in GiB (default: the "
                         "preset's capacity)")
-    s.add_argument("--refine-memory", choices=["budget", "simulated"], default="budget",
-                   help="celeritas: what the simulated refinement keeps within capacity - the "
-                        "placers' whole-step budget (default, as Adjusting Placement) or only "
-                        "each device's simulated peak (looser; the rule oom is judged by)")
+    s.add_argument("--refine-memory", choices=["budget", "simulated"], default="simulated",
+                   help="celeritas: what the simulated refinement keeps within capacity - each "
+                        "device's simulated peak by liveness (default; the rule oom is judged "
+                        "by) or the stricter whole-step sum of every output")
     s.add_argument("--dump-graph", metavar="FILE",
                    help="placement algorithms: write the operator graph the placers saw "
                         "(node-link JSON with times, memory, bytes and the device graph)")
@@ -205,7 +205,7 @@ def _check_flags(args, family: str) -> None:
         if given and family not in families:
             raise ValueError(f"{flag} does not apply to {args.algo} (a {family} method); it "
                              f"is for {' and '.join(families)} methods")
-    if args.refine_memory != "budget" and args.algo != "celeritas":
+    if args.refine_memory != "simulated" and args.algo != "celeritas":
         raise ValueError(f"--refine-memory applies to celeritas only, not {args.algo}")
 
 
