@@ -95,6 +95,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="refuse the plan before launching unless it is for this many devices")
     r.add_argument("--model", default=None,
                    help="refuse the plan before launching unless it is for this model")
+    r.add_argument("--memory-per-worker", type=float, default=None, metavar="GIB",
+                   help="per-worker memory limit (Tofu plans, placements): a plan predicted "
+                        "over it is refused before launch, a worker going over it stops the run")
     r.add_argument("--sync", default="auto", choices=["auto", "p2p", "allreduce"],
                    help="gradient sums of replicated shards: point-to-point or all-reduce "
                         "(auto: p2p on gloo, all-reduce on NCCL)")
