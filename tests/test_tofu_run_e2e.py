@@ -22,6 +22,10 @@ def _open_tofu(dash_duo):
     dash_duo.wait_for_contains_text("#tofu-headline", "GB communicated", timeout=120)
 
 
+def _text(dash_duo, selector):
+    return dash_duo.find_element(selector).get_attribute("innerText")
+
+
 def _number(text, pattern):
     m = re.search(pattern, text)
     assert m, text
@@ -34,13 +38,14 @@ def test_run_a_tofu_plan_from_its_page(dash_duo):
     mem.send_keys("1")
     dash_duo.find_element(f"#{ids.TOFU_RUN_BUTTON}").click()
     dash_duo.wait_for_contains_text("#tofu-run-reference", "passed", timeout=180)
-    memory = dash_duo.find_element("#tofu-run-memory").text
+    dash_duo.wait_for_contains_text("#tofu-run-peak", "predicted peak", timeout=30)
+    memory = _text(dash_duo, "#tofu-run-peak")
     assert _number(memory, r"predicted peak ([\d.]+) MiB") > 0
     assert "limit 1 GiB" in memory
-    times = dash_duo.find_element("#tofu-run-times").text
+    times = _text(dash_duo, "#tofu-run-times")
     assert _number(times, r"measured ([\d.]+) ms") > 0
     assert _number(times, r"predicted ([\d.]+) ms") >= 0
-    bytes_ = dash_duo.find_element("#tofu-run-bytes").text
+    bytes_ = _text(dash_duo, "#tofu-run-bytes")
     pred = _number(bytes_, r"predicted ([\d.]+) MB")
     assert _number(bytes_, r"measured ([\d.]+) MB") == pytest.approx(pred, rel=1e-3)
     dash_duo.wait_for_contains_text(f"#{ids.TOFU_RUN_HISTORY}", "ok", timeout=30)

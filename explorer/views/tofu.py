@@ -240,7 +240,7 @@ def run_view(res: dict | None, doc: dict | None):
              html.Div(f"communication: predicted {doc.get('comm_bytes', 0) / 1e6:.3f} MB, "
                       f"measured {res.get('measured_comm_bytes', 0) / 1e6:.3f} MB per step",
                       id="tofu-run-bytes"),
-             html.Div(mem, id="tofu-run-memory"),
+             html.Div(mem, id="tofu-run-peak"),
              html.Div(times, id="tofu-run-times")]
     if doc.get("preset") not in (None, "", "local"):
         items.append(html.Div(f"the plan was made for {doc['preset']}: its predictions are "
