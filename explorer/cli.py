@@ -344,6 +344,10 @@ def _search_tofu(args, req, res, g) -> int:
         for i, s_ in enumerate(plan.steps):
             print(f"  step {i + 1}: {s_.groups} group(s) -> x{s_.k}: +{s_.delta_bytes / 1e9:.3f} GB"
                   f"  ({s_.seconds * 1e3:.1f} ms at {s_.bandwidth / 1e9:.1f} GB/s)")
+        if plan.levels and plan.levels != sorted(plan.levels):
+            print(f"  steps matched to link levels: device numbers take the steps' digits in "
+                  f"the order {'-'.join(str(i + 1) for i in plan.levels)} (slowest links "
+                  f"first)")
         print(f"communication {res.comm_bytes / 1e9:.3f} GB per step, {res.objective_s * 1e3:.1f}"
               f" ms; peak memory per worker {worst / 2**30:.2f} GiB (capacity {cap / 2**30:.0f}"
               f" GiB)")
