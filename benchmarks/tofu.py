@@ -9,7 +9,7 @@ search; the search time is the best of ``--repeat`` runs in fresh processes' wor
 (caches are cleared between runs).  Targets on a 2-core machine: 2 s and 10 s.
 
 Time on the links by preset (``--presets``, ``all`` for every preset with more than one
-device, each at ``min(--workers, its size)``): every Tofu-family algorithm's bytes and
+device, each at its own size; ``p100-cluster``, sized by the device count, at ``--workers``): every Tofu-family algorithm's bytes and
 seconds under the same link model; on a preset with several link levels (``p100-cluster``:
 NVLink in a node, InfiniBand between) Tofu matches its recursion steps to the levels.
 Target: tofu ≤ every baseline in time on every preset.
@@ -151,8 +151,7 @@ def _link_rows(label, g, name, workers) -> list:
     from explorer.engine.devices import preset
     from explorer.engine.search import Problem, names, run
     dev = preset(name, workers) if name == "p100-cluster" else preset(name)
-    n = min(workers, dev.n)
-    dev = dev.subset(n)
+    n = dev.n
     if n < 2:
         return []
     res = {}
