@@ -647,7 +647,7 @@ def _multi_level(devices, workers: int) -> bool:
         return False
     bw = devices.bw[:workers, :workers]
     off = bw[~np.eye(workers, dtype=bool)]
-    return bool(off.size) and not np.allclose(off, off[0])
+    return bool(off.size) and not np.allclose(off, off[0], rtol=1e-9, atol=0.0)
 
 
 _PAIR_CACHE: dict = {}
@@ -689,31 +689,56 @@ def _pair_bytes(oi: _OpInfo, st: _State, k: int, s, axis_of: dict, tensors: dict
     return out
 
 
+def _pair_inv(factors, dev, inv, i) -> np.ndarray:
+    """``[G, k, k]``: mean 1/bandwidth from sender child j' to receiver child j at step ``i``
+    over the device pairs with the same offset inside both (devices ``dev`` per worker)."""
+    K = len(dev)
+    G = math.prod(factors[:i])
+    k = factors[i]
+    w = np.arange(K).reshape(G, k, K // (G * k))       # [group, child, offset]
+    recv = dev[w][:, :, None, :]
+    send = dev[w][:, None, :, :]
+    return inv[send, recv].mean(-1)
+
+
+def _orders(m: int) -> list:
+    """The orders :func:`level_order` tries."""
+    return [list(p) for p in itertools.permutations(range(m))] if m <= 7 else [list(range(m))]
+
+
+def _pairs_matter(factors, bw) -> list:
+    """Per step: whether its sibling pairs see different bandwidths under some order (only
+    then are the bytes per pair needed; otherwise δ_i crosses one kind of link)."""
+    if len(factors) > 7:               # level_order sorts by bytes: every order possible
+        return [True] * len(factors)
+    inv = 1.0 / np.asarray(bw, dtype=np.float64)
+    out = [False] * len(factors)
+    for order in _orders(len(factors)):
+        dev = device_of(factors, order)
+        for i, k in enumerate(factors):
+            p = _pair_inv(factors, dev, inv, i)[:, ~np.eye(k, dtype=bool)]
+            out[i] |= not np.allclose(p, p.flat[0], rtol=1e-9, atol=0.0)
+    return out
+
+
 def step_seconds(factors, order, deltas, pair_bytes, bw) -> np.ndarray:
     """Seconds on the links of every step when the steps' digits number the devices in
     ``order``: δ_i spread over sibling pairs in proportion to ``pair_bytes[i]`` (``[G, k,
-    k]``, receiver × sender), each pair at the mean of 1/bandwidth over the device pairs that
-    carry it (the same offset inside both sibling groups)."""
+    k]``, receiver × sender; ``None`` when every pair sees one bandwidth), each pair at the
+    mean of 1/bandwidth over the device pairs that carry it (the same offset inside both
+    sibling groups)."""
     dev = device_of(factors, order)
-    K = len(dev)
     inv = 1.0 / np.asarray(bw, dtype=np.float64)
     out = np.zeros(len(factors))
-    G = 1
     for i, k in enumerate(factors):
-        E = K // (G * k)                          # workers inside one child
-        w = np.arange(K).reshape(G, k, E)          # [group, child, offset]
-        # inverse bandwidth from sender child j' to receiver child j, per offset
-        recv = dev[w][:, :, None, :]               # [G, k, 1, E]
-        send = dev[w][:, None, :, :]               # [G, 1, k, E]
-        pair_inv = inv[send, recv].mean(-1)        # [G, k(recv), k(send)]
+        pair_inv = _pair_inv(factors, dev, inv, i)
         off = ~np.eye(k, dtype=bool)
-        b = np.asarray(pair_bytes[i], dtype=np.float64)
+        b = np.zeros(1) if pair_bytes[i] is None else np.asarray(pair_bytes[i], dtype=np.float64)
         tot = b.sum()
         if tot > 0:
             out[i] = deltas[i] * float((b * pair_inv).sum()) / tot
         else:
             out[i] = deltas[i] * float(pair_inv[:, off].mean())
-        G *= k
     return out
 
 
@@ -727,10 +752,10 @@ def level_order(factors, deltas, pair_bytes, bw) -> list:
     if m > 7:
         return sorted(ident, key=lambda i: (deltas[i], i))
     best, best_t = ident, float(step_seconds(factors, ident, deltas, pair_bytes, bw).sum())
-    for perm in itertools.permutations(ident):
-        t = float(step_seconds(factors, list(perm), deltas, pair_bytes, bw).sum())
+    for perm in _orders(m):
+        t = float(step_seconds(factors, perm, deltas, pair_bytes, bw).sum())
         if t < best_t * (1 - 1e-12):
-            best, best_t = list(perm), t
+            best, best_t = perm, t
     return best
 
 
@@ -919,6 +944,7 @@ def partition(g, workers: int, devices=None, pins=None,
     G = 1
     multi = _multi_level(devices, workers)
     pair_bytes: list = []              # per step [G, k, k] (receiver, sender) when multi-level
+    matter = _pairs_matter(factors, devices.bw[:workers, :workers]) if multi else []
     for step_i, k in enumerate(factors):
         ts = time.perf_counter()
         choices = _domains(co, st, k, g, live)
@@ -973,7 +999,9 @@ def partition(g, workers: int, devices=None, pins=None,
             new_held[t] = split_boxes(h, ax, k)
             if t in tiling_steps:
                 tiling_steps[t].append(int(ax))
-        if multi:
+        if multi and not matter[step_i]:
+            pair_bytes.append(None)    # one kind of link between siblings under every order
+        elif multi:
             pb = np.zeros((G, k, k))
             for (tid, names, strat, arg, vars_) in meta:
                 idx = tuple(assign[v] for v in vars_)
