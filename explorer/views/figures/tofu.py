@@ -13,8 +13,10 @@ def compare_figure(cmp: dict) -> go.Figure:
     also says its time on the links (one link model for every algorithm)."""
     algos = list(cmp)
     fig = go.Figure([go.Bar(x=algos, y=[cmp[a]["comm_bytes"] / 1e9 for a in algos],
-                            text=[f"{cmp[a]['comm_bytes'] / 1e9:.2f} GB · "
-                                  f"{cmp[a]['objective_s'] * 1e3:.0f} ms" for a in algos],
+                            text=[f"{cmp[a]['comm_bytes'] / 1e9:.2f} GB" +
+                                  (f" · {cmp[a]['objective_s'] * 1e3:.0f} ms"
+                                   if cmp[a].get("objective_s") is not None else "")
+                                  for a in algos],
                             marker_color=[P.HIGHLIGHT if a == "tofu" else P.PREDICTED
                                           for a in algos])])
     fig.update_layout(title="Communication per step by algorithm (Tofu Figure 10)",
