@@ -62,8 +62,9 @@ def test_a_plan_predicted_over_the_limit_never_starts_a_worker(doc):
 def test_a_worker_over_the_limit_stops_the_run_and_leaves_no_process(doc, monkeypatch):
     # the plan fits 64 MiB; rank 1 then allocates 256 MiB more in its first step
     monkeypatch.setenv("EXPLORER_RUNTIME_FAULT", "1:1:alloc")
-    with pytest.raises(RunFailed, match=r"rank 1 failed: .*over --memory-per-worker 0\.0625 "
-                                        r"GiB; the run was stopped") as err:
+    with pytest.raises(RunFailed, match=r"rank 1 failed: its steps allocated 0\.0[6-9]\d* GiB, "
+                                        r"over --memory-per-worker 0\.0625 GiB; the run was "
+                                        r"stopped") as err:
         run_document(doc, memory_per_worker=64 * 1024 ** 2, verify=False, timeout_s=120)
     assert len(err.value.pids) == 2 and _gone(err.value.pids)
     assert "\n" not in str(err.value)
@@ -74,6 +75,26 @@ def test_a_run_within_the_limit_checks_against_one_device(doc):
     assert res["reference_ok"] is True
     assert res["memory_per_worker_bytes"] == GiB
     assert _gone(res["pids"])
+
+
+def test_one_allocation_past_the_limit_fails_and_says_why():
+    """RLIMIT_DATA catches a burst the watchdog would only see afterwards."""
+    import subprocess
+    import sys
+    code = (
+        "import torch\n"
+        "from explorer.engine.runtime.memlimit import MemoryGuard\n"
+        "g = MemoryGuard(32 * 1024 ** 2, 0, print, interval_s=60)\n"
+        "g.arm()\n"
+        "try:\n"
+        "    x = torch.ones(64 * 1024 ** 2, dtype=torch.float64)\n"
+        "    print('allocated')\n"
+        "except BaseException as exc:\n"
+        "    print('refused:', g.translate(exc))\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=120)
+    assert "refused: an allocation was refused, over --memory-per-worker 0.0312 GiB" in \
+        r.stdout, (r.stdout, r.stderr)
 
 
 def test_the_watchdog_sees_growth_beyond_its_baseline():

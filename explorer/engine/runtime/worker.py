@@ -331,12 +331,14 @@ def run_jobs(rank, world, device, jobs, send):
 def inject_fault(fault, rank: int, step: int, where: str) -> None:
     """Test hook: act out ``fault`` = ``(rank, step, mode)`` (:func:`executor.parse_fault`)
     when this is that rank and step - raise, exit with code 3, hang, or allocate (and touch)
-    256 MiB more for a moment (a step over ``--memory-per-worker``)."""
+    256 MiB more, 16 MiB at a time, for a moment (a step over ``--memory-per-worker``)."""
     if fault is None or fault[0] != rank or fault[1] != step:
         return
     if fault[2] == "alloc":
-        extra = torch.ones(32 * 1024 ** 2, dtype=torch.float64)
-        time.sleep(0.2)                # the memory guard looks every few milliseconds
+        extra = []
+        for _ in range(16):
+            extra.append(torch.ones(2 * 1024 ** 2, dtype=torch.float64))
+            time.sleep(0.02)           # the memory guard looks every few milliseconds
         del extra
         return
     if fault[2] == "exit":
