@@ -605,10 +605,6 @@ class TofuPlan:
     coarse_graph: object = field(default=None, repr=False)
     levels: list = field(default_factory=list)  # steps, most significant device digit first
 
-    def worker_devices(self) -> np.ndarray:
-        """``[K]``: the device of each worker numbered over the steps (step 1 first)."""
-        return device_of(self.factors, self.levels or list(range(len(self.factors))))
-
     def to_dict(self, tensors: bool = True) -> dict:
         d = {"model": self.model, "algo": self.algo,
              "devices": self.workers, "preset": self.preset, "factors": self.factors,
