@@ -78,7 +78,8 @@ def test_a_run_within_the_limit_checks_against_one_device(doc):
 
 
 def test_one_allocation_past_the_limit_fails_and_says_why():
-    """RLIMIT_DATA catches a burst the watchdog would only see afterwards."""
+    """RLIMIT_DATA catches a burst the watchdog would only see afterwards; disarming (after
+    the last step, before the result is gathered) lifts it."""
     import subprocess
     import sys
     code = (
@@ -90,11 +91,15 @@ def test_one_allocation_past_the_limit_fails_and_says_why():
         "    x = torch.ones(64 * 1024 ** 2, dtype=torch.float64)\n"
         "    print('allocated')\n"
         "except BaseException as exc:\n"
-        "    print('refused:', g.translate(exc))\n")
+        "    print('refused:', g.translate(exc))\n"
+        "g.disarm()\n"
+        "x = torch.ones(64 * 1024 ** 2, dtype=torch.float64)\n"
+        "print('after disarm: allocated')\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        timeout=120)
     assert "refused: an allocation was refused, over --memory-per-worker 0.0312 GiB" in \
         r.stdout, (r.stdout, r.stderr)
+    assert "after disarm: allocated" in r.stdout        # the steps are over: no limit
 
 
 def test_the_watchdog_sees_growth_beyond_its_baseline():

@@ -6,8 +6,8 @@ Two checks, one number:
   document's ``peak_memory_bytes`` / ``memory_per_device_bytes``) is over the limit is refused
   with one line, and no worker starts;
 * **during the run** (:class:`MemoryGuard`, in every worker): once a worker has built its
-  model and joined its group it arms the guard, which measures what the worker's steps
-  allocate beyond that point - anonymous resident memory (``RssAnon``: tensors, buffers,
+  model and joined its group it arms the guard (and disarms it after its last step, before
+  the result is gathered), which measures what the worker's steps allocate beyond that point - anonymous resident memory (``RssAnon``: tensors, buffers,
   received parts; not code pages) - from a watchdog thread every few milliseconds, and sets
   ``RLIMIT_DATA`` a little above the limit so that even a burst between two looks fails its
   allocation.  Either way the worker reports one clear line and exits; the launcher then kills
@@ -101,6 +101,7 @@ class MemoryGuard:
         self.base = None
         self.peak = 0
         self._stop = threading.Event()
+        self._saved = None             # RLIMIT_DATA before arm()
 
     def arm(self) -> None:
         """Measure from now: the baseline is what the worker holds after setting up."""
@@ -111,10 +112,11 @@ class MemoryGuard:
         if data is not None:
             try:
                 import resource
-                _, hard = resource.getrlimit(resource.RLIMIT_DATA)
+                old, hard = resource.getrlimit(resource.RLIMIT_DATA)
                 soft = int(data + self.limit + SLACK)
                 if hard == resource.RLIM_INFINITY or soft <= hard:
                     resource.setrlimit(resource.RLIMIT_DATA, (soft, hard))
+                    self._saved = (old, hard)
             except (ImportError, ValueError, OSError):
                 pass
         threading.Thread(target=self._watch, name="explorer-memory-guard", daemon=True).start()
@@ -147,8 +149,17 @@ class MemoryGuard:
                 self.report(self.message(u))
                 os._exit(3)
 
-    def stop(self) -> None:
+    def disarm(self) -> None:
+        """Stop watching and lift ``RLIMIT_DATA`` again: the steps are over (what follows -
+        gathering the result on rank 0 - is not part of them)."""
         self._stop.set()
+        if self._saved is not None:
+            import resource
+            try:
+                resource.setrlimit(resource.RLIMIT_DATA, self._saved)
+            except (ValueError, OSError):
+                pass
+            self._saved = None
 
 
 _GUARD: MemoryGuard | None = None
@@ -166,6 +177,12 @@ def arm() -> None:
     first step)."""
     if _GUARD is not None:
         _GUARD.arm()
+
+
+def disarm() -> None:
+    """Disarm this worker's guard, if it has one (executors call it after the last step)."""
+    if _GUARD is not None:
+        _GUARD.disarm()
 
 
 def current() -> MemoryGuard | None:

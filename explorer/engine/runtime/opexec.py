@@ -325,8 +325,8 @@ def _op_entry(rank, world, device, job, send):
                              "operator graph (model code or arguments changed?)")
     xplan = job["xplan"]
     w = _Worker(rank, world, g, xplan, job["timeout_s"])
-    from .memlimit import arm
-    arm()                              # --memory-per-worker counts from here (set up done)
+    from .memlimit import arm, disarm
+    arm()                              # --memory-per-worker counts the steps (set up done)
     times = []
     for i in range(max(1, int(job.get("steps", 1)))):
         inject_fault(fault, rank, i + 1, "operator-level step")
@@ -340,6 +340,7 @@ def _op_entry(rank, world, device, job, send):
         times.append(time.perf_counter() - t0)
         if i == 0:
             sent, extra, compute_s = w.sent, w.extra, w.compute_s
+    disarm()                           # the final gather is not part of the steps
     step_s = float(np.median(times[1:] if len(times) > 2 else times))
     # updated parameters and the loss back on rank 0 (not part of the step's traffic)
     finals = {}
