@@ -138,3 +138,10 @@ def test_cli_stops_a_run_over_the_limit_with_exit_2(doc, tmp_path):
             os.environ["EXPLORER_RUNTIME_FAULT"] = env_before
     assert r.returncode == 2, (r.stdout, r.stderr)
     assert "over --memory-per-worker 0.0625 GiB" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_a_placement_is_checked_against_the_limit_too():
+    g = build_opgraph("mlp", 16, {"layers": 2, "hidden": 64})
+    doc = run_method("m-topo", Problem.of(g, preset("local", 2))).document()
+    with pytest.raises(InfeasiblePlan, match="over --memory-per-worker"):
+        run_document(doc, memory_per_worker=max(doc["peak_memory_bytes"]) / 2, verify=False)
