@@ -99,7 +99,6 @@ class MemoryGuard:
         self.limit, self.rank, self.report = float(limit), int(rank), report
         self.interval_s = float(interval_s)
         self.base = None
-        self.peak = 0
         self._stop = threading.Event()
         self._saved = None             # RLIMIT_DATA before arm()
 
@@ -144,7 +143,6 @@ class MemoryGuard:
     def _watch(self) -> None:
         while not self._stop.wait(self.interval_s):
             u = self.used()
-            self.peak = max(self.peak, u)
             if u > self.limit:
                 self.report(self.message(u))
                 os._exit(3)
@@ -183,7 +181,3 @@ def disarm() -> None:
     """Disarm this worker's guard, if it has one (executors call it after the last step)."""
     if _GUARD is not None:
         _GUARD.disarm()
-
-
-def current() -> MemoryGuard | None:
-    return _GUARD
