@@ -95,6 +95,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="refuse the plan before launching unless it is for this many devices")
     r.add_argument("--model", default=None,
                    help="refuse the plan before launching unless it is for this model")
+    r.add_argument("--memory-per-worker", type=float, default=None, metavar="GIB",
+                   help="per-worker memory limit (Tofu plans, placements): a plan predicted "
+                        "over it is refused before launch, a worker going over it stops the run")
     r.add_argument("--sync", default="auto", choices=["auto", "p2p", "allreduce"],
                    help="gradient sums of replicated shards: point-to-point or all-reduce "
                         "(auto: p2p on gloo, all-reduce on NCCL)")
@@ -341,6 +344,10 @@ def _search_tofu(args, req, res, g) -> int:
         for i, s_ in enumerate(plan.steps):
             print(f"  step {i + 1}: {s_.groups} group(s) -> x{s_.k}: +{s_.delta_bytes / 1e9:.3f} GB"
                   f"  ({s_.seconds * 1e3:.1f} ms at {s_.bandwidth / 1e9:.1f} GB/s)")
+        if plan.levels and plan.levels != sorted(plan.levels):
+            print(f"  steps matched to link levels: device numbers take the steps' digits in "
+                  f"the order {'-'.join(str(i + 1) for i in plan.levels)} (slowest links "
+                  f"first)")
         print(f"communication {res.comm_bytes / 1e9:.3f} GB per step, {res.objective_s * 1e3:.1f}"
               f" ms; peak memory per worker {worst / 2**30:.2f} GiB (capacity {cap / 2**30:.0f}"
               f" GiB)")

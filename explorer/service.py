@@ -397,11 +397,51 @@ def _tofu_result(req: Request, algo: str, pins=()):
 
 
 def tofu(req: Request, algo: str = "tofu", pins=()) -> dict:
-    """Tofu (or a Section 7.3 baseline) on the request's model: the plan summary and steps."""
+    """Tofu (or a Section 7.3 baseline) on the request's model: the plan summary and steps,
+    with the digest of the operator graph it was made on (its runs are stored under it)."""
+    from .engine.opgraph import opgraph_digest
     res = _tofu_result(req, algo, pins)
     doc = res.to_dict(tensors=False)
     doc["request"] = req.to_dict()
+    doc["opgraph_digest"] = opgraph_digest(opgraph_for(req))
     return doc
+
+
+def run_tofu(doc: dict, timeout_s: float = 600.0, memory_gib=None,
+             progress=lambda v: None) -> dict:
+    """Execute the Tofu plan the Tofu page shows (:func:`tofu`) on local gloo workers, one per
+    worker of the plan (:func:`run_plan` on its sealed document, :func:`plan_file`): the
+    reference check against one device (float64), bytes moved, step time and whatever the
+    runtime measures per worker.  ``memory_gib``: the per-worker limit
+    (``--memory-per-worker``).  Refuses, before launching, a run that would not fit in this
+    machine's free memory.  The result carries ``plan_predicted_step_time_s`` (the plan's
+    own prediction: time on the links) next to the runtime's fields."""
+    import psutil
+
+    from .engine.plandoc import kind_of
+    if not isinstance(doc, dict) or kind_of(doc) != "tofu" or "request" not in doc:
+        raise ExplorerError("partition the model first, then run the Tofu plan")
+    n = int(doc.get("devices") or 1)
+    peaks = [float(x) for x in doc.get("peak_memory_bytes") or []]
+    # float64 (twice the plan's float32 bytes) on every worker, full-size buffers in the worst
+    # case, plus the single-device reference
+    need = 2.0 * (n + 1) * sum(peaks)
+    free = float(psutil.virtual_memory().available)
+    if need > 0.7 * free:
+        raise ExplorerError(
+            f"running this Tofu plan needs up to {need / 2**30:.1f} GiB here (float64, {n} "
+            f"workers and the reference) but {free / 2**30:.1f} GiB is free: choose a smaller "
+            f"batch or model to execute it on this machine")
+    limit = _memory_bytes(memory_gib)
+    progress(5)
+    sealed = plan_file(doc)
+    progress(20)
+    out = run_plan(sealed, steps=3, timeout_s=timeout_s, verify=False,
+                   memory_per_worker=limit)
+    out["plan_predicted_step_time_s"] = float(doc.get("predicted_step_time_s") or 0.0)
+    out["plan_peak_memory_bytes"] = peaks
+    progress(95)
+    return out
 
 
 def tofu_strip(req: Request, algo: str = "tofu", upto: int | None = None) -> list:

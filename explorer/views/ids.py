@@ -114,6 +114,17 @@ TOFU_COMPARE = "tofu-compare"
 TOFU_DOWNLOAD_BUTTON = "tofu-download-button"
 TOFU_DOWNLOAD = "tofu-download"
 STORE_TOFU = "store-tofu"
+TOFU_RUN_BUTTON = "tofu-run-button"
+TOFU_RUN_CANCEL = "tofu-run-cancel"
+TOFU_RUN_PROGRESS = "tofu-run-progress"
+TOFU_RUN_STATUS = "tofu-run-status"
+TOFU_RUN_MEMORY = "tofu-run-memory"             # --memory-per-worker (GiB), optional
+TOFU_RUN_ERROR = "tofu-run-error"
+TOFU_RUN_RESULT = "tofu-run-result"
+TOFU_RUN_MEMORY_FIG = "tofu-run-memory-fig"
+TOFU_RUN_TIME_FIG = "tofu-run-time-fig"
+TOFU_RUN_HISTORY = "tofu-run-history"
+STORE_TOFU_RUN = "store-tofu-run"               # last run of a Tofu plan (panel)
 
 # placement (Celeritas device placement of the operator graph, and its baselines)
 PLACE_ALGO = "place-algo"

@@ -3,7 +3,8 @@ saved plan back into the app, downloading the current plan and uploading a plan 
 kind (layer-wise, Tofu, placement): a loaded plan becomes the page's state - its model,
 devices and method fill the form, and its tab shows it.
 
-Every plan that reaches the plan store without an ``"error"`` is saved automatically, unless
+Every plan that reaches the plan store (layer-wise) or the Tofu store without an ``"error"``
+is saved automatically, unless
 it came from the history (it then carries ``history_id``) or an identical plan is already
 saved (same model, devices, pins and per-layer choices).  The auto-save is a callback
 *without outputs* on the plan store; the table's callback saves too (atomically deduplicated),
@@ -60,16 +61,23 @@ def table_rows(store: PlanStore, limit: int = 200) -> list:
 
 
 def request_of(plan: dict) -> dict:
-    """The request dict (with pins) a layer-wise plan answers: its own ``request`` when the app
-    made it, else rebuilt from the plan's fields (plans written by ``explorer search``)."""
-    return state.request_from_document(plan, "layerwise")
+    """The request dict (with pins) a saved plan answers (layer-wise or Tofu): its own
+    ``request`` when the app made it, else rebuilt from the plan's fields (plans written by
+    ``explorer search``)."""
+    return state.request_from_document(plan, _kind(plan))
+
+
+def _kind(plan: dict) -> str:
+    """A saved plan's kind: ``tofu`` or ``layerwise`` (old in-app plans carry no schema)."""
+    return "tofu" if plandoc.kind_of(plan) == "tofu" else "layerwise"
 
 
 def autosave(plan, store: PlanStore, note: str = "search"):
     """Save a plan that just landed in the plan store.  Returns ``(id, message)``; ``(None,
     None)`` when there is nothing to save (no plan, an error, or a plan loaded from the history,
     which carries ``history_id``).  A plan identical to a saved one is not saved twice."""
-    if not isinstance(plan, dict) or "error" in plan or "layers" not in plan:
+    if not isinstance(plan, dict) or "error" in plan or \
+            ("layers" not in plan and plandoc.kind_of(plan) != "tofu"):
         return None, None
     if plan.get("history_id") is not None:
         return None, None
@@ -81,11 +89,17 @@ def autosave(plan, store: PlanStore, note: str = "search"):
 
 def load_plan(store: PlanStore, plan_id) -> tuple:
     """``(plan, request, pins)`` for the stores from saved plan ``plan_id``; the plan carries
-    ``history_id`` (so it is not saved again) and ``request``."""
+    ``history_id`` (so it is not saved again) and ``request``.  A Tofu plan comes back as the
+    Tofu tab shows it (:func:`tofu_doc`)."""
     plan = store.get(plan_id)
+    request = request_of(plan)
+    if _kind(plan) == "tofu":
+        plan = tofu_doc(plan, request)
     plan["history_id"] = int(plan_id)
-    plan["request"] = request_of(plan)
-    return plan, plan["request"], list(plan.get("pins") or [])
+    if _kind(plan) == "tofu":
+        return plan, request, []
+    plan["request"] = request
+    return plan, request, list(plan.get("pins") or [])
 
 
 def download_payload(plan) -> dict:
@@ -386,11 +400,12 @@ def load_saved(store: PlanStore, plan_id) -> tuple:
 def register(app: dash.Dash) -> None:
     """The panel's callbacks on ``app``."""
 
-    @app.callback(Input(ids.STORE_PLAN, "data"))
-    def _autosave(plan):
+    @app.callback(Input(ids.STORE_PLAN, "data"), Input(ids.STORE_TOFU, "data"))
+    def _autosave(plan, tofu_plan):
         # no outputs: saves whichever tab is shown
         try:
             autosave(plan, PlanStore())
+            autosave(tofu_plan, PlanStore(), "tofu")
         except Exception:  # noqa: BLE001 - the history is best effort; the table reports errors
             pass
 
@@ -399,12 +414,16 @@ def register(app: dash.Dash) -> None:
         Output(ids.PLANS_STATUS, "children"),
         Input(ids.PLANS_REFRESH, "n_clicks"),
         Input(ids.STORE_PLAN, "data"),
+        Input(ids.STORE_TOFU, "data"),
     )
-    def _on_plan_or_refresh(_clicks, plan):
+    def _on_plan_or_refresh(_clicks, plan, tofu_plan):
         # save (a no-op if _autosave already did) and list
         try:
             store = PlanStore()
             _, msg = autosave(plan, store)
+            _, tmsg = autosave(tofu_plan, store, "tofu")
+            if dash.ctx.triggered_id == ids.STORE_TOFU:
+                msg = tmsg
             rows = table_rows(store)
         except Exception as exc:  # noqa: BLE001 - a broken history file must not break the app
             return dash.no_update, f"plan history unavailable: {exc}"
@@ -427,6 +446,9 @@ def register(app: dash.Dash) -> None:
         except (KeyError, ValueError) as exc:
             msg = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
             return *_load_values(), f"cannot load: {msg}"
+        if _kind(plan) == "tofu":
+            from .model import layerwise_plan
+            return *_load_values("tofu", plan, request, layerwise_plan(request)), msg
         return *_load_values("layerwise", plan, request), msg
 
     @app.callback(
