@@ -225,6 +225,14 @@ def _connect():
         return connect(f, _SCHEMA)
 
 
+def _kind_type(kind: str) -> type:
+    if kind == "layers":
+        from .graph import LayerGraph
+        return LayerGraph
+    from .opgraph import OpGraph
+    return OpGraph
+
+
 def _get(key: str, kind: str):
     try:
         con = _connect()
@@ -237,7 +245,7 @@ def _get(key: str, kind: str):
             return None
         try:
             obj = _loads(row["blob"]) if row["kind"] == kind else None
-            ok = obj is not None and _deps_hold(json.loads(row["deps"]))
+            ok = isinstance(obj, _kind_type(kind)) and _deps_hold(json.loads(row["deps"]))
         except Exception:  # noqa: BLE001 - a corrupt or foreign entry: rebuild it
             ok = False
         if not ok:
