@@ -33,6 +33,7 @@ import torch.distributed as dist
 from ...errors import InfeasiblePlan
 from ..geometry import TensorLayout
 from ..geometry import common as _inter, inside as _inside, to_slices as _sl
+from ..opgraph import TorchValue
 from .launcher import RunFailed
 
 __all__ = ["run_layout", "run_placement", "placement_xplan", "placement_comm_bytes"]
@@ -222,6 +223,8 @@ class _Worker:
             if isinstance(a, (list, tuple)):
                 fas = fa if isinstance(fa, (list, tuple)) else [None] * len(a)
                 return type(a)(sub(b, bufs, fb) for b, fb in zip(a, fas))
+            if isinstance(a, TorchValue):          # a dtype, device... by name
+                return a.value()
             return a
 
         def call(n, o, bufs):
