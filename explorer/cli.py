@@ -341,7 +341,7 @@ def _search_tofu(args, req, res, g) -> int:
         c = plan.coarse
         print(f"{args.model} batch {g.batch}: {c['ops_before']} ops, {c['tensors_before']} "
               f"tensors -> coarsened {c['ops_after']} op groups, {c['tensors_after']} tensor "
-              f"groups ({c['classes']} partition classes)  [traced in "
+              f"groups ({c['classes']} partition classes)  [captured in "
               f"{res.info['import_time_s']:.2f} s]")
         print(f"{args.algo} on {args.devices} workers of {devices.name}: k = "
               f"{' x '.join(map(str, plan.factors)) or '1'}, searched in "
