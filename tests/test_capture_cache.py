@@ -138,6 +138,12 @@ def test_cached_operator_graph_equals_fresh(spec, batch, args, tmp_path):
         assert cached.where(name) == (fresh.ops[name].where or None)
 
 
+@pytest.mark.parametrize("name", sorted(example_models.MODELS))
+def test_every_example_layer_graph_is_stored(name):
+    """Nothing in any example's layer graph is refused by the cache's reader."""
+    assert cc._dumps(import_spec(name, 2)) is not None
+
+
 def test_operator_arguments_are_plain_data():
     """Torch enums in an operator's arguments are TorchValue (torch-free), and name the same
     torch object; fx's immutable lists are lists."""

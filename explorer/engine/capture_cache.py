@@ -180,7 +180,7 @@ def _deps_hold(deps: dict) -> bool:
 # Reading and writing entries
 # --------------------------------------------------------------------------------------------
 
-_BUILTINS = {"set", "frozenset", "slice", "complex", "object", "bytearray", "range"}
+_BUILTINS = {"set", "frozenset", "slice", "complex", "object", "bytearray", "range", "Ellipsis"}
 
 
 class _Unpickler(pickle.Unpickler):
