@@ -467,9 +467,10 @@ def run_placement(spec: str, batch: int | None, model_args: dict | None, names, 
     computes its operators, tensors go to the devices that consume them (once), and the
     result is compared with one device.  Returns the :func:`run_layout` keys plus
     ``predicted_comm_bytes``.  ``g``: the model's operator graph when the caller has it."""
-    from ..opgraph import build_opgraph, opgraph_digest
+    from ..capture_cache import op_graph
+    from ..opgraph import opgraph_digest
     if g is None:
-        g = build_opgraph(spec, batch, model_args)
+        g = op_graph(spec, batch, model_args)
     names = list(names)
     missing = [o for o in g.ops if o not in set(names)]
     if missing:
