@@ -299,6 +299,24 @@ def test_imported_user_module_edit_invalidates(tmp_path, monkeypatch):
     assert cc.layer_graph(spec).layer("fc").out_shape[-1] == 120
 
 
+def test_capture_with_a_stale_loaded_module_is_not_stored(tmp_path, monkeypatch):
+    """A user module this process loaded before its file changed: the capture uses the code
+    in memory, which the file no longer holds, so it is returned but not stored."""
+    import importlib
+    lib = tmp_path / "stale_for_cache_test.py"
+    lib.write_text("HIDDEN = 12\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    importlib.import_module("stale_for_cache_test")
+    lib.write_text("HIDDEN = 120\n")            # edited after this process loaded it
+    spec = _model_file(tmp_path, hidden="stale_for_cache_test.HIDDEN",
+                       extra="import stale_for_cache_test")
+    try:
+        assert cc.layer_graph(spec).layer("fc").out_shape[-1] == 12
+        assert cc.info()["entries"] == {}
+    finally:
+        sys.modules.pop("stale_for_cache_test", None)
+
+
 def test_capture_code_edit_changes_the_key(tmp_path, monkeypatch):
     """Every module of explorer/engine is in the code digest: editing one changes the key."""
     copy = tmp_path / "explorer"
@@ -397,3 +415,15 @@ def test_cache_command_info_and_clear(capsys):
     assert main(["cache", "clear"]) == 0
     assert "removed 2 cached captures" in capsys.readouterr().out
     assert cc.info()["entries"] == {}
+
+
+def test_cache_clear_that_cannot_write_is_one_line(capsys, monkeypatch):
+    from explorer.cli import main
+    cc.layer_graph("lenet5", 4)
+
+    def locked():
+        raise sqlite3.OperationalError("attempt to write a readonly database")
+    monkeypatch.setattr(cc, "_connect", locked)
+    assert main(["cache", "clear"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: cannot clear the capture cache") and err.count("\n") == 1

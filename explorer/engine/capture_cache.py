@@ -10,8 +10,9 @@ build and store it otherwise.  The digest covers everything the capture is compu
 * the versions of Python, torch and (for ``hf:NAME``) transformers, read from their files
   without importing them;
 * the model's source: every file of ``example_models`` for an example, the file itself for
-  ``file.py:function`` (whose other user modules imported while building are recorded with
-  their hashes and checked on every read), nothing more for ``hf:NAME``.
+  ``file.py:function`` (and every other user module loaded when it was built, recorded with
+  its hash and checked on every read; a capture built with a module that changed on disk
+  after this process loaded it is not stored), nothing more for ``hf:NAME``.
 
 An entry is a zlib-compressed pickle read back by an unpickler that only constructs our graph
 classes, networkx graphs and builtin containers (no torch, no code of the file); one that is
@@ -140,26 +141,34 @@ def key_of(kind: str, spec: str, batch, model_args: dict | None) -> tuple:
     return _sha(json.dumps(parts, sort_keys=True).encode()), request
 
 
-def _user_modules(model_file: Path) -> dict:
-    """``{path: sha256}`` of the model file and every other user module imported now (not
-    the standard library, an installed package, explorer or the examples)."""
+def _user_modules(model_file: Path, before: set) -> dict | None:
+    """``{path: sha256}`` of the model file and every user module loaded now (not the standard
+    library, an installed package, explorer or the examples), or ``None`` when one that was
+    already loaded before this capture changed on disk since this process started: the
+    capture then used code the file no longer holds, so it must not be stored."""
     import sysconfig
+
+    import psutil
     skip = [str(_PACKAGE) + "/", str(_EXAMPLES) + "/"]
     for key in ("stdlib", "platstdlib", "purelib", "platlib"):
         p = sysconfig.get_paths().get(key)
         if p:
             skip.append(str(Path(p).resolve()) + "/")
-    out = {str(model_file): None}
-    for mod in list(sys.modules.values()):
+    started = psutil.Process().create_time()
+    files = {str(model_file): False}
+    for name, mod in list(sys.modules.items()):
         f = getattr(mod, "__file__", None)
         if not f or not f.endswith(".py") or "-packages" in f:
             continue
         f = str(Path(f).resolve())
-        if not any(f.startswith(s) for s in skip):
-            out[f] = None
+        if not any(f.startswith(s) for s in skip) and f not in files:
+            # the model file itself is executed afresh by every load; others are reused
+            files[f] = name in before and not name.startswith("_explorer_user_")
     deps = {}
-    for f in out:
+    for f, reused in files.items():
         try:
+            if reused and Path(f).stat().st_mtime > started:
+                return None
             deps[f] = _sha(Path(f).read_bytes())
         except OSError:
             pass
@@ -285,9 +294,12 @@ def _cached(kind: str, spec: str, batch, model_args: dict | None, build):
     hit = _get(key, kind)
     if hit is not None:
         return hit
+    before = set(sys.modules)
     obj = build()
     f = _model_file(spec)
-    _put(key, kind, request, _user_modules(f) if f is not None else {}, obj)
+    deps = _user_modules(f, before) if f is not None else {}
+    if deps is not None:
+        _put(key, kind, request, deps, obj)
     return obj
 
 
@@ -335,14 +347,20 @@ def info() -> dict:
 
 
 def clear() -> int:
-    """Remove every entry; the number removed."""
+    """Remove every entry; the number removed (:class:`ExplorerError` when the file cannot
+    be written)."""
+    from ..errors import ExplorerError
     if not path().exists():
         return 0
-    con = _connect()
     try:
-        with con:
-            n = con.execute("DELETE FROM captures").rowcount
-        con.execute("VACUUM")
-    finally:
-        con.close()
+        con = _connect()
+        try:
+            with con:
+                n = con.execute("DELETE FROM captures").rowcount
+            con.execute("VACUUM")
+        finally:
+            con.close()
+    except (sqlite3.Error, OSError) as exc:
+        raise ExplorerError(f"cannot clear the capture cache {path()}: {exc}; delete the "
+                            f"file instead") from None
     return n
