@@ -7,8 +7,8 @@ torch; reading the result back takes milliseconds and needs neither.  :func:`lay
 build and store it otherwise.  The digest covers everything the capture is computed from:
 
 * our capture code (every module of ``explorer/engine``) and this cache's format;
-* the versions of Python, torch and (for ``hf:NAME``) transformers, read from their files
-  without importing them;
+* the versions of Python, torch, networkx (whose graphs are stored) and, for ``hf:NAME``,
+  transformers, read from their files without importing them;
 * the model's source: every file of ``example_models`` for an example, the file itself for
   ``file.py:function`` (and every other user module loaded when it was built, recorded with
   its hash and checked on every read; a capture built with a module that changed on disk
@@ -129,7 +129,8 @@ def key_of(kind: str, spec: str, batch, model_args: dict | None) -> tuple:
                           "args": {str(k): str(v) for k, v in (model_args or {}).items()}},
                          sort_keys=True)
     parts = {"format": FORMAT, "kind": kind, "request": request, "code": _code_digest(),
-             "python": list(sys.version_info[:2]), "torch": _library("torch", "version.py")}
+             "python": list(sys.version_info[:2]), "torch": _library("torch", "version.py"),
+             "networkx": _library("networkx", "__init__.py")}     # it pickles graph internals
     f = _model_file(spec)
     if spec.startswith("hf:"):
         parts["transformers"] = _library("transformers", "__init__.py")
