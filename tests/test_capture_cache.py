@@ -138,6 +138,17 @@ def test_cached_operator_graph_equals_fresh(spec, batch, args, tmp_path):
         assert cached.where(name) == (fresh.ops[name].where or None)
 
 
+@pytest.mark.parametrize("spec,args", [("inception_v3", {"image_size": 75}),
+                                       ("gpt2", TINY_GPT2), ("lstm", {"layers": 1})])
+def test_import_without_source_lines_gives_the_same_graph(spec, args):
+    """The importer traces without recording source lines (only errors need them): the
+    graph is the one a trace with them gives."""
+    from explorer.engine.capture import capture, load
+    from explorer.engine.importer import _import, import_model
+    model, x = load(spec, 2, args)
+    _same(import_model(model, x, spec), _import(model, x, spec, capture(model, x, spec)))
+
+
 @pytest.mark.parametrize("name", sorted(example_models.MODELS))
 def test_every_example_layer_graph_is_stored(name):
     """Nothing in any example's layer graph is refused by the cache's reader."""
