@@ -7,34 +7,20 @@ inside ``with torch.device("meta"):`` is instant even for huge models (shape
 analysis), and building normally gives a real CPU model. Every model is
 traceable by ``torch.fx.symbolic_trace`` (and the transformers and newer CNNs by
 ``torch.export.export`` in train mode too).
+
+The registry itself does not import torch: a builder's module is imported when the builder is
+first used, and :func:`model_params` reads the builder's keyword defaults from its source, so
+listing the models (``explorer models``) starts in a fraction of a second.
 """
 
 from __future__ import annotations
 
-import inspect
+import ast
+import functools
+import importlib
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
-
-import torch
-from torch import nn
-
-from .alexnet import build_alexnet
-from .bert import build_bert
-from .densenet import build_densenet
-from .gpt2 import build_gpt2
-from .inception import build_inception_v3
-from .lenet import build_lenet5
-from .llama import build_llama
-from .lstm import build_lstm
-from .mlp import build_mlp
-from .mobilenet import build_mobilenet_v2
-from .resnet import build_resnet50, build_wresnet
-from .transformer import build_transformer
-from .unet import build_unet
-from .vgg import build_vgg16
-from .vit import build_vit
-from .seq2seq import build_seq2seq
-from .holography import build_holography
 
 __all__ = ["ExampleModel", "MODELS", "UnknownModel", "build", "model_params"]
 
@@ -43,8 +29,19 @@ __all__ = ["ExampleModel", "MODELS", "UnknownModel", "build", "model_params"]
 class ExampleModel:
     name: str  # e.g. "vgg16"
     description: str  # one line
-    builder: Callable  # builder(batch=..., **kwargs) -> (nn.Module, example_input)
+    module: str  # the submodule defining the builder, e.g. "vgg"
+    function: str  # builder(batch=..., **kwargs) -> (nn.Module, example_input)
     default_batch: int
+
+    @property
+    def builder(self) -> Callable:
+        """The builder function (its module, and torch, imported on first use)."""
+        return getattr(importlib.import_module(f"{__name__}.{self.module}"), self.function)
+
+    @property
+    def source(self) -> Path:
+        """The file defining the builder."""
+        return Path(__file__).with_name(f"{self.module}.py")
 
 
 class UnknownModel(KeyError, ValueError):
@@ -55,35 +52,36 @@ class UnknownModel(KeyError, ValueError):
 
 
 _ENTRIES = [
-    ("lenet5", "LeNet-5 (LeCun et al. 1998), 1x28x28 MNIST-style input", build_lenet5, 64),
-    ("alexnet", "AlexNet (Krizhevsky et al. 2012), torchvision layout, 224x224 ImageNet", build_alexnet, 128),
-    ("vgg16", "VGG-16 (Simonyan & Zisserman 2014), 224x224 ImageNet", build_vgg16, 128),
-    ("inception_v3", "Inception-v3 (Szegedy et al. 2016), full network, 299x299 ImageNet", build_inception_v3, 128),
-    ("resnet50", "ResNet-50 v1.5 (He et al. 2016), 224x224 ImageNet", build_resnet50, 128),
+    ("lenet5", "LeNet-5 (LeCun et al. 1998), 1x28x28 MNIST-style input", ("lenet", "build_lenet5"), 64),
+    ("alexnet", "AlexNet (Krizhevsky et al. 2012), torchvision layout, 224x224 ImageNet", ("alexnet", "build_alexnet"), 128),
+    ("vgg16", "VGG-16 (Simonyan & Zisserman 2014), 224x224 ImageNet", ("vgg", "build_vgg16"), 128),
+    ("inception_v3", "Inception-v3 (Szegedy et al. 2016), full network, 299x299 ImageNet", ("inception", "build_inception_v3"), 128),
+    ("resnet50", "ResNet-50 v1.5 (He et al. 2016), 224x224 ImageNet", ("resnet", "build_resnet50"), 128),
     ("wresnet", "Wide-ResNet (Zagoruyko & Komodakis 2016), bottleneck ResNet-50/101/152 x width, 224x224",
-     build_wresnet, 32),
-    ("mlp", "Multilayer perceptron: layers x Linear(hidden)+ReLU, then Linear(num_classes)", build_mlp, 256),
-    ("lstm", "Stacked LSTM (Hochreiter & Schmidhuber 1997) unrolled over time, Tofu-style RNN", build_lstm, 64),
-    ("transformer", "Pre-LN Transformer encoder classifier (Vaswani et al. 2017)", build_transformer, 32),
+     ("resnet", "build_wresnet"), 32),
+    ("mlp", "Multilayer perceptron: layers x Linear(hidden)+ReLU, then Linear(num_classes)", ("mlp", "build_mlp"), 256),
+    ("lstm", "Stacked LSTM (Hochreiter & Schmidhuber 1997) unrolled over time, Tofu-style RNN", ("lstm", "build_lstm"), 64),
+    ("transformer", "Pre-LN Transformer encoder classifier (Vaswani et al. 2017)", ("transformer", "build_transformer"), 32),
     ("densenet", "DenseNet (Huang et al. 2017): dense blocks, every layer reads all earlier ones",
-     build_densenet, 64),
+     ("densenet", "build_densenet"), 64),
     ("unet", "U-Net (Ronneberger et al. 2015): encoder-decoder with long skip connections, "
-     "up=transpose for 2x2 up-convolutions", build_unet, 16),
-    ("seq2seq", "LSTM seq2seq (NMT-style, Wu et al. 2016): stacked encoder/decoder LSTMCells", build_seq2seq, 64),
-    ("holography", "Tensor-Holography-like CNN (Shi et al. 2021): 30 full-resolution 3x3 convs", build_holography, 4),
+     "up=transpose for 2x2 up-convolutions", ("unet", "build_unet"), 16),
+    ("seq2seq", "LSTM seq2seq (NMT-style, Wu et al. 2016): stacked encoder/decoder LSTMCells", ("seq2seq", "build_seq2seq"), 64),
+    ("holography", "Tensor-Holography-like CNN (Shi et al. 2021): 30 full-resolution 3x3 convs", ("holography", "build_holography"), 4),
     ("gpt2", "GPT-2-style decoder (Radford et al. 2019): fused qkv, causal SDPA, pre-LN, GELU MLP, LM head",
-     build_gpt2, 8),
+     ("gpt2", "build_gpt2"), 8),
     ("bert", "BERT-style encoder (Devlin et al. 2019): 3 embeddings, post-LN blocks, tanh pooler, classifier",
-     build_bert, 8),
+     ("bert", "build_bert"), 8),
     ("llama", "Llama-style decoder (Touvron et al. 2023): RMSNorm, SwiGLU, rotary, causal SDPA, no biases",
-     build_llama, 8),
+     ("llama", "build_llama"), 8),
     ("vit", "Vision Transformer (Dosovitskiy et al. 2021), torchvision ViT-B/16 layout, nn.MultiheadAttention",
-     build_vit, 32),
+     ("vit", "build_vit"), 32),
     ("mobilenet_v2", "MobileNetV2 (Sandler et al. 2018): inverted residuals, depthwise 3x3, ReLU6, 224x224",
-     build_mobilenet_v2, 64),
+     ("mobilenet", "build_mobilenet_v2"), 64),
 ]
 
-MODELS: dict[str, ExampleModel] = {name: ExampleModel(name, desc, fn, b) for name, desc, fn, b in _ENTRIES}
+MODELS: dict[str, ExampleModel] = {name: ExampleModel(name, desc, mod, fn, b)
+                                   for name, desc, (mod, fn), b in _ENTRIES}
 
 
 def _get(name: str) -> ExampleModel:
@@ -94,9 +92,24 @@ def _get(name: str) -> ExampleModel:
 
 
 def model_params(name: str) -> dict[str, object]:
-    """The builder's keyword arguments other than ``batch``, with their defaults."""
-    sig = inspect.signature(_get(name).builder)
-    return {p.name: p.default for p in sig.parameters.values() if p.name != "batch"}
+    """The builder's keyword arguments other than ``batch``, with their defaults (read from
+    the builder's source, so torch is not imported)."""
+    entry = _get(name)
+    return dict(_source_params(entry.source, entry.function))
+
+
+@functools.cache
+def _source_params(path: Path, function: str) -> tuple:
+    """``((name, default), ...)`` of ``function``'s parameters after ``batch`` in ``path``
+    (every builder's defaults are literals)."""
+    tree = ast.parse(path.read_text(), str(path))
+    fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == function)
+    a = fn.args
+    positional = a.posonlyargs + a.args
+    pos_defaults = [None] * (len(positional) - len(a.defaults)) + list(a.defaults)
+    pairs = list(zip(positional, pos_defaults)) + list(zip(a.kwonlyargs, a.kw_defaults))
+    return tuple((arg.arg, ast.literal_eval(d)) for arg, d in pairs
+                 if arg.arg != "batch" and d is not None)
 
 
 _TRUE = {"true", "1", "yes", "y", "on"}
@@ -132,7 +145,7 @@ def _coerce(model: str, key: str, value: object, default: object) -> object:
     return value
 
 
-def build(name: str, batch: int | str | None = None, **kwargs) -> tuple[nn.Module, torch.Tensor]:
+def build(name: str, batch: int | str | None = None, **kwargs) -> tuple:
     """Build model ``name`` and its example input (first dimension = ``batch``).
 
     Unknown name -> :class:`UnknownModel` listing the known names. Unknown kwarg

@@ -6,6 +6,7 @@
     explorer export PLAN.json --to torch -o FILE.py
     explorer calibrate [--devices N] [--model MODEL] [--quick]
     explorer models | presets | graph MODEL
+    explorer cache [info | clear]
     explorer serve [--host 127.0.0.1] [--port 8050] [--allow-model-files]
 
 Errors the user can fix print one line on stderr and exit with status 2.
@@ -126,6 +127,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("models", help="list the built-in example models")
     sub.add_parser("presets", help="list the device presets")
 
+    k = sub.add_parser("cache", help="show or clear the capture cache (traced models kept "
+                                     "across runs)")
+    k.add_argument("action", nargs="?", default="info", choices=["info", "clear"],
+                   help="info (default): where it is, entries and size; clear: remove every "
+                        "entry (the next search traces its model again)")
+
     g = sub.add_parser("graph", help="print a model's layer graph")
     g.add_argument("model")
     g.add_argument("--batch", "-b", type=int, default=None)
@@ -158,7 +165,8 @@ def main(argv=None) -> int:
     try:
         return {"search": cmd_search, "models": cmd_models, "presets": cmd_presets,
                 "graph": cmd_graph, "serve": cmd_serve, "run": cmd_run,
-                "calibrate": cmd_calibrate, "export": cmd_export}[args.cmd](args)
+                "calibrate": cmd_calibrate, "export": cmd_export,
+                "cache": cmd_cache}[args.cmd](args)
     except (ExplorerError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -336,7 +344,7 @@ def _search_tofu(args, req, res, g) -> int:
         c = plan.coarse
         print(f"{args.model} batch {g.batch}: {c['ops_before']} ops, {c['tensors_before']} "
               f"tensors -> coarsened {c['ops_after']} op groups, {c['tensors_after']} tensor "
-              f"groups ({c['classes']} partition classes)  [traced in "
+              f"groups ({c['classes']} partition classes)  [captured in "
               f"{res.info['import_time_s']:.2f} s]")
         print(f"{args.algo} on {args.devices} workers of {devices.name}: k = "
               f"{' x '.join(map(str, plan.factors)) or '1'}, searched in "
@@ -456,6 +464,23 @@ def cmd_presets(args) -> int:
     print("\nA custom cluster: --preset path/to/cluster.json with "
           '{"devices": [{"name", "kind", "peak_flops", "mem_bw", "memory", "node"}], '
           '"intra_node_bw", "inter_node_bw", "latency"} (bytes/s, bytes, seconds)')
+    return 0
+
+
+def cmd_cache(args) -> int:
+    """``explorer cache [info|clear]``: the capture cache (layer and operator graphs kept in
+    ``$EXPLORER_HOME/captures.sqlite``, reused while the model and our code are unchanged)."""
+    from .engine import capture_cache
+    if args.action == "clear":
+        n = capture_cache.clear()
+        print(f"removed {n} cached capture{'s' if n != 1 else ''} from {capture_cache.path()}")
+        return 0
+    i = capture_cache.info()
+    kinds = {"layers": "layer graph", "ops": "operator graph"}
+    what = ", ".join(f"{n} {kinds.get(k, k)}{'s' if n != 1 else ''}"
+                     for k, n in sorted(i["entries"].items()))
+    print(f"{i['path']}: {what or 'empty'}, {i['bytes'] / 2**20:.2f} MiB "
+          f"(`explorer cache clear` empties it)")
     return 0
 
 

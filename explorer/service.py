@@ -3,7 +3,9 @@
 Requests in, JSON-able results out, with caches.  Views never touch graphs or cost models
 directly; they send a :class:`Request` (plain dict in a ``dcc.Store``) and get dicts back.
 Imported graphs and cost models are cached per request, so re-running a search after a pin
-only recomputes the pinned layers' tables.
+only recomputes the pinned layers' tables; captures also persist across processes
+(:mod:`explorer.engine.capture_cache`), so a second ``explorer search`` of a model neither
+traces it again nor imports torch.
 """
 
 from __future__ import annotations
@@ -14,11 +16,11 @@ from dataclasses import asdict, dataclass, field
 
 
 from .errors import ExplorerError, InfeasiblePlan
+from .engine import capture_cache
 from .engine import geometry as G
 from .engine.costmodel import CostModel
 from .engine.devices import DeviceGraph, from_dict, preset
 from .engine.graph import LayerGraph
-from .engine.importer import import_spec
 
 
 @dataclass
@@ -132,8 +134,9 @@ def parse_model_args(text: str) -> dict:
 
 
 def graph_for(req: Request) -> LayerGraph:
-    return _lru(_GRAPHS, req.graph_key(),
-                _captured(lambda: import_spec(req.model, req.batch, dict(req.model_args))))
+    """The request's layer graph (cached here and in the capture cache)."""
+    return _lru(_GRAPHS, req.graph_key(), _captured(
+        lambda: capture_cache.layer_graph(req.model, req.batch, dict(req.model_args))))
 
 
 def devices_for(req: Request) -> DeviceGraph:
@@ -382,13 +385,11 @@ if hasattr(__import__("os"), "register_at_fork"):
 
 
 def opgraph_for(req: Request):
-    """The joint forward+backward operator graph of the request's model (cached; traced
-    by one thread at a time)."""
-    from .engine.opgraph import build_opgraph
-
+    """The joint forward+backward operator graph of the request's model (cached here and in
+    the capture cache; traced by one thread at a time)."""
     # build_opgraph traces one graph at a time with fresh torch.fx.traceback state
-    return _lru(_OPGRAPHS, req.graph_key(),
-                _captured(lambda: build_opgraph(req.model, req.batch, dict(req.model_args))))
+    return _lru(_OPGRAPHS, req.graph_key(), _captured(
+        lambda: capture_cache.op_graph(req.model, req.batch, dict(req.model_args))))
 
 
 def _tofu_result(req: Request, algo: str, pins=()):

@@ -14,13 +14,14 @@ def test_concurrent_first_capture_builds_once(fn, monkeypatch):
     req = service.Request(model="lenet5", batch=8, devices=2)
     calls = []
     real = {service.graph_for: "import_spec", service.opgraph_for: None}[fn]
-    if real:
-        orig = service.import_spec
+    if real:                          # the capture cache builds with the importer's
+        from explorer.engine import importer
+        orig = importer.import_spec
 
         def counting(*a, **k):
             calls.append(1)
             return orig(*a, **k)
-        monkeypatch.setattr(service, "import_spec", counting)
+        monkeypatch.setattr(importer, "import_spec", counting)
     results, errors = [], []
     barrier = threading.Barrier(6)
 

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from _helpers import explorer_cli
-from explorer.engine.opgraph import build_from_module, build_opgraph
+from explorer.engine.opgraph import TorchValue, build_from_module, build_opgraph
 from explorer.engine.search import names, tofu
 from explorer.engine.tdl.aten import UnsupportedOp, describe_op
 
@@ -293,6 +293,8 @@ def _runs_as_described(op, g, vals, d) -> list:
                     return _constant(g.gm, fa)
                 if isinstance(a, (list, tuple)):
                     return type(a)(sub(b, fb) for b, fb in zip(a, fa))
+                if isinstance(a, TorchValue):          # a dtype, memory format... by name
+                    return a.value()
                 return a
             res = node.target(*sub(op.args, node.args),
                               **{k: sub(v, node.kwargs[k]) for k, v in op.kwargs.items()})

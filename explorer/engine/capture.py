@@ -101,26 +101,29 @@ def _shape_prop(gm, x):
         raise
 
 
-def _fx_trace(model: nn.Module, name: str) -> torch.fx.GraphModule:
-    """``torch.fx.symbolic_trace`` recording each node's source lines (``stack_trace``)."""
+def _fx_trace(model: nn.Module, name: str, stack_traces: bool = True) -> torch.fx.GraphModule:
+    """``torch.fx.symbolic_trace`` recording each node's source lines (``stack_trace``) unless
+    ``stack_traces`` is false (the first recording in a process costs about a second)."""
     tracer = torch.fx.Tracer()
-    tracer.record_stack_traces = True
+    tracer.record_stack_traces = stack_traces
     graph = tracer.trace(model)
     return torch.fx.GraphModule(tracer.root, graph, type(model).__name__)
 
 
-def capture(model: nn.Module, x: torch.Tensor, name: str = "model"):
+def capture(model: nn.Module, x: torch.Tensor, name: str = "model", stack_traces: bool = True):
     """Trace ``model`` (put in train mode) on ``x``: ``(GraphModule, source)`` with shapes
     on every node.
 
     Tries ``torch.fx`` symbolic tracing first; data-dependent Python control flow and other
     trace errors fall back to ``torch.export.export``.  A data-dependent op raises
     :class:`DataDependent` naming it and the user's line; when both tracers fail,
-    :class:`UnsupportedModel` quotes both reasons.
+    :class:`UnsupportedModel` quotes both reasons.  ``stack_traces=False`` leaves the fx
+    nodes without source lines (faster; errors then name no line: the importer traces again
+    with them to report one).
     """
     model.train()
     try:
-        gm = _fx_trace(model, name)
+        gm = _fx_trace(model, name, stack_traces)
     except Exception as fx_exc:  # noqa: BLE001
         return _export(model, x, name, fx_exc)
     check_data_dependent(gm, name)

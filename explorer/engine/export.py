@@ -247,8 +247,9 @@ def program(spec: str, batch: int, model_args: dict, n: int, configs: dict, *,
     """``(file name, text)`` of the program for per-layer ``configs`` (layer -> ({letter:
     degree > 1}, devices)) of model ``spec`` on ``n`` processes; :func:`export_torch` after
     its checks (tests call it with configurations no search makes yet)."""
-    from .importer import import_spec, load_model
-    graph = import_spec(spec, batch, model_args)
+    from .capture_cache import layer_graph
+    from .importer import load_model
+    graph = layer_graph(spec, batch, model_args)       # the search's capture, when cached
     module, x = load_model(spec, batch, model_args, meta=True)
     mp = mesh_plan(graph, configs, n, module)
     info = SimpleNamespace(spec=spec, model=model or spec, batch=int(batch), algo=algo,

@@ -27,8 +27,6 @@ import contextlib
 import difflib
 import inspect
 
-import torch
-
 from ..errors import UnknownModel, UnsupportedModel
 
 PREFIX = "hf:"
@@ -181,6 +179,7 @@ def _model(transformers, name: str, task: str, config):
 
 
 def _example_input(name: str, model, config, batch: int, seq_len: int | None):
+    import torch
     kind = getattr(model, "main_input_name", "input_ids")
     if kind == "input_ids":
         vocab = getattr(config, "vocab_size", None)

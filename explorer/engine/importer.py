@@ -1215,8 +1215,21 @@ def import_model(model: nn.Module, x: torch.Tensor, name: str = "model",
     from :func:`~explorer.engine.capture.capture` (or the ``(gm, source)`` it gave).
 
     Checks the invariant: the graph's parameter count equals the model's (each parameter
-    once); a parameter that does not reach the graph fails the import, naming it."""
-    gm, source = captured if captured is not None else capture(model, x, name)
+    once); a parameter that does not reach the graph fails the import, naming it.
+
+    Without ``captured`` the model is traced without source lines (recording them is the
+    slowest part of a first trace); only a model the import refuses is traced again with
+    them, so the error names the user's line."""
+    if captured is None:
+        try:
+            return _import(model, x, name, capture(model, x, name, stack_traces=False))
+        except UnsupportedModel:
+            captured = capture(model, x, name)
+    return _import(model, x, name, captured)
+
+
+def _import(model: nn.Module, x: torch.Tensor, name: str, captured: tuple) -> LayerGraph:
+    gm, source = captured
     imp = _Importer(gm, name, int(x.shape[0]), source)
     g = imp.run()
     _prune(g, imp.outputs)

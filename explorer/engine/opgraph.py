@@ -35,8 +35,8 @@ import networkx as nx
 
 from ..errors import UnsupportedModel
 
-__all__ = ["Tensor", "Op", "OpGraph", "build_opgraph", "trace_step", "opgraph_digest",
-           "user_line"]
+__all__ = ["Tensor", "Op", "OpGraph", "TorchValue", "build_opgraph", "trace_step",
+           "opgraph_digest", "user_line"]
 
 #: aten ops that only re-label memory and carry no data dependence worth an operator
 _DROP = {"detach", "alias", "lift_fresh_copy", "_assert_tensor_metadata", "sym_size",
@@ -68,6 +68,34 @@ class Tensor:
         return self.numel * self.itemsize
 
 
+@dataclass(frozen=True)
+class TorchValue:
+    """A torch dtype, device, layout or memory format in an operator's arguments, by name
+    (``TorchValue("dtype", "float32")``), so an :class:`OpGraph` is plain data that is stored
+    and read back without importing torch; :meth:`value` is the torch object again."""
+
+    kind: str                         # dtype | device | layout | memory_format
+    name: str                         # "float32", "cpu", "strided", "preserve_format"
+
+    @classmethod
+    def of(cls, v) -> "TorchValue | None":
+        """The name of torch object ``v``, or ``None`` when it is not one of the four kinds."""
+        import torch
+        for kind, typ in (("dtype", torch.dtype), ("device", torch.device),
+                          ("layout", torch.layout), ("memory_format", torch.memory_format)):
+            if isinstance(v, typ):
+                return cls(kind, str(v).removeprefix("torch."))
+        return None
+
+    def value(self):
+        """The torch object this names."""
+        import torch
+        return torch.device(self.name) if self.kind == "device" else getattr(torch, self.name)
+
+    def __repr__(self) -> str:
+        return f"torch.device({self.name!r})" if self.kind == "device" else f"torch.{self.name}"
+
+
 @dataclass
 class Op:
     """One operator: an aten call (or one output of a multi-output aten call)."""
@@ -81,7 +109,8 @@ class Op:
     module: str = ""
     call: int = 0
     index: int = 0                    # output index of a multi-output aten call
-    args: tuple = ()                  # the aten call's arguments (fx Nodes replaced by tensor ids)
+    args: tuple = ()                  # the aten call's arguments (fx Nodes replaced by tensor
+    #                                   ids, lists plain, torch enums as TorchValue)
     kwargs: dict = field(default_factory=dict)
     flops: float = 0.0
     node: str = ""                    # the aten call (fx node) this op is an output of
@@ -104,7 +133,8 @@ class OpGraph:
         self.param_grads: dict = {}       # parameter tensor id -> gradient tensor id
         self.inputs: list = []
         self.loss: str | None = None
-        self.gm = None                    # the traced fx GraphModule (set by build_from_module)
+        self.gm = None                    # the traced fx GraphModule (set by build_from_module;
+        #                                   None for a graph read from the capture cache)
         self.param_names: list = []
         self.buffer_names: list = []
         self.model_args: dict = {}        # the builder's keyword arguments (build_opgraph)
@@ -130,10 +160,12 @@ class OpGraph:
 
     def where(self, op_name: str) -> str | None:
         """``file:line: code`` of the user's source that made operator ``op_name``."""
-        from .capture import node_line
         op = self.ops.get(op_name)
-        if op is None or self.gm is None:
+        if op is None:
             return None
+        if self.gm is None:               # read from the capture cache: the line recorded
+            return op.where or None
+        from .capture import node_line
         node = next((n for n in self.gm.graph.nodes if n.name == op.node), None)
         return node_line(node)
 
@@ -392,11 +424,12 @@ def build_from_module(model, x, name: str = "model", lr: float = 0.01,
         return out
 
     def plain(a):
+        """Arguments as plain data: tensor ids, numbers, lists and tuples, TorchValue."""
         if isinstance(a, torch.fx.Node):
             return resolve(a)
-        if isinstance(a, (list, tuple)):
-            return type(a)(plain(x) for x in a)
-        return a
+        if isinstance(a, (list, tuple)):          # fx's immutable_list becomes a list
+            return (tuple if isinstance(a, tuple) else list)(plain(x) for x in a)
+        return TorchValue.of(a) or a
 
     getitems: dict = {}
     for n in nodes:

@@ -2,7 +2,7 @@
 
 Everything lives in the home directory, ``$EXPLORER_HOME`` (default ``~/.plan-explorer``):
 ``plans.sqlite`` (plan history), ``runs.sqlite`` (measured runs), ``profile.sqlite`` (measured
-layer times) and ``local.json`` (calibration).  Every SQLite store opens its file with
+layer times), ``captures.sqlite`` (traced models) and ``local.json`` (calibration).  Every SQLite store opens its file with
 :func:`connect`: a busy timeout, so several app processes and threads can share a file; the
 WAL journal, so readers do not block the writer; rows readable by index or column name; its
 schema created if missing.  :func:`transaction` is a short connection that commits (or rolls

@@ -321,6 +321,8 @@ def measure_ops(og, reps: int = 3, warmup: int = 1, seed: int = 0) -> dict:
     Returns ``{"time": {name: s}, "memory": {name: bytes}, "failed": [names]}``.
     """
     import torch
+
+    from ..opgraph import TorchValue
     torch.manual_seed(seed)
     env: dict = {}
     for t in og.tensors.values():
@@ -334,6 +336,8 @@ def measure_ops(og, reps: int = 3, warmup: int = 1, seed: int = 0) -> dict:
             return env[a]
         if isinstance(a, (list, tuple)):
             return type(a)(sub(x) for x in a)
+        if isinstance(a, TorchValue):                 # a dtype, device... by name
+            return a.value()
         return a
 
     times: dict = {}

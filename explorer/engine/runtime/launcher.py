@@ -58,7 +58,7 @@ def validate(plan_dict: dict, expect: dict | None = None, check_local: bool = Tr
     its ``graph_digest`` (when it has one) must be that of the graph the plan's model, batch
     and model arguments give now.
     """
-    from ..importer import import_spec
+    from ..capture_cache import layer_graph
     from ..plan import Plan
     if not isinstance(plan_dict, dict):
         raise InfeasiblePlan("a plan must be a JSON object written by `explorer search --json`")
@@ -83,7 +83,7 @@ def validate(plan_dict: dict, expect: dict | None = None, check_local: bool = Tr
     if expect.get("devices") is not None and int(expect["devices"]) != plan.n_devices:
         raise InfeasiblePlan(f"the plan is for {plan.n_devices} devices, {expect['devices']} "
                              f"were asked for: search a plan for {expect['devices']} devices")
-    graph = import_spec(plan.spec, plan.batch, plan.model_args)
+    graph = layer_graph(plan.spec, plan.batch, plan.model_args)   # (cached: shapes only)
     names = set(graph.names())
     given = [la.name for la in plan.layers]
     missing = [n for n in graph.names() if n not in given]

@@ -33,6 +33,7 @@ import torch.distributed as dist
 from ...errors import InfeasiblePlan
 from ..geometry import TensorLayout
 from ..geometry import common as _inter, inside as _inside, to_slices as _sl
+from ..opgraph import TorchValue
 from .launcher import RunFailed
 
 __all__ = ["run_layout", "run_placement", "placement_xplan", "placement_comm_bytes"]
@@ -222,6 +223,8 @@ class _Worker:
             if isinstance(a, (list, tuple)):
                 fas = fa if isinstance(fa, (list, tuple)) else [None] * len(a)
                 return type(a)(sub(b, bufs, fb) for b, fb in zip(a, fas))
+            if isinstance(a, TorchValue):          # a dtype, device... by name
+                return a.value()
             return a
 
         def call(n, o, bufs):
@@ -469,9 +472,10 @@ def run_placement(spec: str, batch: int | None, model_args: dict | None, names, 
     computes its operators, tensors go to the devices that consume them (once), and the
     result is compared with one device.  Returns the :func:`run_layout` keys plus
     ``predicted_comm_bytes``.  ``g``: the model's operator graph when the caller has it."""
-    from ..opgraph import build_opgraph, opgraph_digest
+    from ..capture_cache import op_graph
+    from ..opgraph import opgraph_digest
     if g is None:
-        g = build_opgraph(spec, batch, model_args)
+        g = op_graph(spec, batch, model_args)
     names = list(names)
     missing = [o for o in g.ops if o not in set(names)]
     if missing:

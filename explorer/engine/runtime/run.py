@@ -145,9 +145,12 @@ def _check_expect(what: str, model: str, spec: str | None, batch, model_args: di
 
 
 def _opgraph(what: str, doc: dict, model: str, batch, model_args: dict):
-    """The model's operator graph now; refused when the document's digest is another's."""
-    from ..opgraph import build_opgraph, opgraph_digest
-    g = build_opgraph(model, batch, model_args)
+    """The model's operator graph now (from the capture cache when the search stored it: the
+    workers trace their real model themselves); refused when the document's digest is
+    another's."""
+    from ..capture_cache import op_graph
+    from ..opgraph import opgraph_digest
+    g = op_graph(model, batch, model_args)
     saved = doc.get("opgraph_digest")
     now = opgraph_digest(g)
     if saved is not None and saved != now:

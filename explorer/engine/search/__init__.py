@@ -25,7 +25,9 @@ from typing import Callable
 from .options import (CeleritasOptions, ClassicOptions, ExhaustiveOptions, MegatronOptions,
                       OptCNNOptions, PlacementOptions, TofuOptions, make)
 from .problem import Problem
-from .result import FAMILIES, Result
+
+# ``Result`` and ``FAMILIES`` (from .result, which imports numpy and the cost model) load on
+# first use, so listing the registry (``explorer --help``) imports neither.
 
 __all__ = ["Method", "METHODS", "FAMILIES", "Problem", "Result", "run", "get", "names",
            "describe", "family_of", "comparison"]
@@ -110,6 +112,13 @@ _register("single", "placement", "every operator on device 0", PlacementOptions,
           algo="single")
 
 
+def __getattr__(name: str):
+    if name in ("Result", "FAMILIES"):
+        from . import result
+        return getattr(result, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def get(name: str) -> Method:
     """The method called ``name``; ``ValueError`` listing every method otherwise."""
     try:
@@ -121,8 +130,9 @@ def get(name: str) -> Method:
 
 def names(family: str | None = None) -> list:
     """Method names, in registration order, of one family or all."""
-    if family is not None and family not in FAMILIES:
-        raise ValueError(f"unknown family {family!r}: one of {', '.join(FAMILIES)}")
+    families = dict.fromkeys(m.family for m in METHODS.values())
+    if family is not None and family not in families:
+        raise ValueError(f"unknown family {family!r}: one of {', '.join(families)}")
     return [m.name for m in METHODS.values() if family in (None, m.family)]
 
 

@@ -71,10 +71,10 @@ class Problem:
     def layer_graph(self):
         """The layer graph (OptCNN's layers), captured on first use."""
         if self.layer_graph_ is None:
-            from ..importer import import_spec
-            self.layer_graph_ = self._build(
-                "layer_graph", lambda: import_spec(self._spec(), self.batch,
-                                                   dict(self.model_args)))
+            def build():                 # torch is imported only when nothing is cached
+                from ..importer import import_spec
+                return import_spec(self._spec(), self.batch, dict(self.model_args))
+            self.layer_graph_ = self._build("layer_graph", build)
         return self.layer_graph_
 
     def cost_model(self):
@@ -89,10 +89,10 @@ class Problem:
     def opgraph(self):
         """The joint forward+backward operator graph (Tofu and the placers)."""
         if self.opgraph_ is None:
-            from ..opgraph import build_opgraph
-            self.opgraph_ = self._build(
-                "opgraph", lambda: build_opgraph(self._spec(), self.batch,
-                                                 dict(self.model_args)))
+            def build():
+                from ..opgraph import build_opgraph
+                return build_opgraph(self._spec(), self.batch, dict(self.model_args))
+            self.opgraph_ = self._build("opgraph", build)
         return self.opgraph_
 
     def placement_graph(self, memory_per_device: float | None = None):
