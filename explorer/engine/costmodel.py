@@ -36,7 +36,9 @@ All tables are numpy arrays indexed by candidate position, so the search is pure
 from __future__ import annotations
 
 import math
+import os
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -125,26 +127,30 @@ class CostModel:
     compute: ``"analytic"`` (roofline) or ``"measured"`` (profile the local device).
     sync: ``"ps"`` (parameter server, the paper) or ``"ring"`` (all-reduce).
     profile_cache: path of the SQLite profile cache (measured mode).
+    degrees: the degrees a dimension may take (:func:`.geometry.degree_values`): ``"auto"``
+        (every divisor up to 16 devices, powers of two beyond), ``"divisors"``, ``"pow2"`` or
+        explicit degrees such as ``"1,4,16,64"``.  Pinned layers always get every divisor.
     """
 
     def __init__(self, graph: LayerGraph, devices: DeviceGraph, compute: str = "analytic",
-                 sync: str = "ps", profile_cache=None, dtype_bytes: int = 4):
+                 sync: str = "ps", profile_cache=None, dtype_bytes: int = 4,
+                 degrees="auto"):
         if compute not in ("analytic", "measured"):
             raise ValueError(f"compute cost mode {compute!r}: use 'analytic' or 'measured'")
         if sync not in ("ps", "ring"):
             raise ValueError(f"sync mode {sync!r}: use 'ps' or 'ring'")
         self.graph, self.devices = graph, devices
         self.compute, self.sync = compute, sync
+        self.degrees = G.degree_values(degrees, devices.n)     # ValueError with the numbers
         self.dtype_bytes = dtype_bytes
         self.profile_cache = profile_cache
         self._profiler = None
         self.profile_time_s = 0.0
         self._xcache: dict = {}
-        self._box_cache: dict = {}
-        self._tile_cache: dict = {}
+        self._tile_cache: OrderedDict = OrderedDict()   # big per-layout arrays: a few, LRU
         self._layer_cache: dict = {}
         self._bw_cache: dict = {}
-        self._stack_cache: dict = {}
+        self._stack_cache: OrderedDict = OrderedDict()
         self._lat_cache: dict = {}
         self._cand_cache: dict = {}
         self._grad_cache: dict | None = None
@@ -189,12 +195,14 @@ class CostModel:
                     f"pin {pin.text()}: {len(devs)} devices do not divide the {n} available; "
                     f"pin 1, 2, ... devices that divide {n}")
             cands = G.enumerate_configs(layer, n, devices=devs)
+        elif pin is not None:               # a pinned layer may take any divisor
+            cands = G.enumerate_configs(layer, n)
         else:
             key = (tuple(layer.size(a) for a in layer.dims), layer.dims,
                    G.reduction_size(layer))
             cands = self._cand_cache.get(key)
             if cands is None:
-                cands = G.enumerate_configs(layer, n)
+                cands = G.enumerate_configs(layer, n, degrees=self.degrees)
                 self._cand_cache[key] = cands
         if pin is not None:
             allc = cands
@@ -212,29 +220,33 @@ class CostModel:
         return cands
 
     # -- per-layer costs -------------------------------------------------------------------
-    def _boxes(self, layer: Layer, cfg: G.Config):
-        key = (layer.name, cfg)
-        b = self._box_cache.get(key)
-        if b is None:
-            b = G.output_boxes(layer, cfg)
-            self._box_cache[key] = b
-        return b
+    @staticmethod
+    def _layout_key(layer: Layer, cands: list) -> tuple:
+        """What a layer's boxes under ``cands`` depend on: layers with the same output shape,
+        axes and reduction share them (repeated blocks)."""
+        return (layer.out_shape, layer.axes, G.reduction_size(layer), tuple(cands))
+
+    @staticmethod
+    def _lru(cache: OrderedDict, key, make, size: int = 12):
+        """``cache[key]`` or ``make()``, keeping the ``size`` most recent: these arrays are
+        ``[C, devices, ndim, 2]``, tens of MiB each at 1,024 devices."""
+        v = cache.get(key)
+        if v is None:
+            v = make()
+            cache[key] = v
+            while len(cache) > size:
+                cache.popitem(last=False)
+        else:
+            cache.move_to_end(key)
+        return v
 
     def _stacked(self, layer: Layer, cands: list):
-        key = (layer.name, tuple(cands))
-        v = self._stack_cache.get(key)
-        if v is None:
-            v = G.stacked_output_boxes(layer, cands)
-            self._stack_cache[key] = v
-        return v
+        return self._lru(self._stack_cache, ("owned",) + self._layout_key(layer, cands),
+                         lambda: G.stacked_output_boxes(layer, cands))
 
     def _stacked_compute(self, layer: Layer, cands: list):
-        key = ("compute", layer.name, tuple(cands))
-        v = self._stack_cache.get(key)
-        if v is None:
-            v = G.stacked_compute_boxes(layer, cands)
-            self._stack_cache[key] = v
-        return v
+        return self._lru(self._stack_cache, ("compute",) + self._layout_key(layer, cands),
+                         lambda: G.stacked_compute_boxes(layer, cands))
 
     def shard_shapes(self, layer: Layer, cfg: G.Config) -> list:
         """Per device of ``cfg``: (shape of the box it computes, input region shapes); a
@@ -327,9 +339,24 @@ class CostModel:
         layer = self.graph.layer(name)
         passes = 2.0 if self.needs_grad(name) else 1.0
         t, nbytes = np.zeros(len(cands)), np.zeros(len(cands))
+        nodes = self._node_structure()
+        if nodes is not None:
+            node_of, bw_in, bw_out, lat_in, lat_out = nodes
+            tiles, _, _ = self._stacked_compute(layer, cands)
+            vols = G.volume(tiles).astype(float) * self.dtype_bytes     # [C, Dm]
         for i, cfg in enumerate(cands):
             k = cfg.deg(G.REDUCE)
             if k == 1:
+                continue
+            if nodes is not None:      # every group at once: slowest link = node structure
+                nn_ = np.sort(node_of[np.asarray(cfg.devices)].reshape(-1, k), axis=1)
+                out = nn_[:, 0] != nn_[:, -1]
+                inn = (nn_[:, 1:] == nn_[:, :-1]).any(axis=1)
+                bw = np.minimum(np.where(inn, bw_in, np.inf), np.where(out, bw_out, np.inf))
+                lat = np.maximum(np.where(inn, lat_in, 0.0), np.where(out, lat_out, 0.0))
+                sz = vols[i, : cfg.total: k]
+                t[i] = (passes * ((k - 1) / k * sz / bw + (k - 1) * lat)).max()
+                nbytes[i] = (passes * (k - 1) * sz).sum()     # whole bytes: exact in any order
                 continue
             tiles, _ = G.compute_boxes(layer, cfg)
             for members in G.reduce_groups(cfg):
@@ -343,31 +370,38 @@ class CostModel:
     def _sync_by_node(self, shards, dev, used, cands, nodes) -> np.ndarray:
         """Vectorised :meth:`_sync` for two-level device graphs (same numbers, no loops).
 
-        For each device slot, its replica group is the set of slots holding an identical
-        shard; the group's server is its first slot; a group's slowest link is the inter-node
-        one as soon as it spans two nodes.
+        For each device slot, its replica group is the set of slots of its candidate holding
+        an identical shard (found by sorting the shards, ``O(C·D log)`` rather than comparing
+        every pair of slots); the group's server is its first slot; a group's slowest link is
+        the inter-node one as soon as it spans two nodes.
         """
         node_of, bw_in, bw_out, lat_in, lat_out = nodes
         C, Dm = used.shape
         load = np.zeros((C, Dm))
         rmax = np.zeros(C, dtype=np.int64)                           # largest replica group
         node = node_of[dev]                                          # [C, Dm]
-        tri = np.tril(np.ones((Dm, Dm), dtype=bool), -1)             # k' < k
+        ci, slot = np.nonzero(used)                                  # candidate-major order
         for _, reg in shards.values():
-            flat = reg.reshape(C, Dm, -1)
-            eq = (flat[:, :, None, :] == flat[:, None, :, :]).all(-1)  # [C, Dm, Dm]
-            eq &= used[:, :, None] & used[:, None, :]
-            r = eq.sum(axis=2)
-            leader = used & ~(eq & tri[None]).any(axis=2)            # first slot of its group
-            span = (eq & (node[:, :, None] != node[:, None, :])).any(axis=2)
+            flat = reg.reshape(C, Dm, -1)[ci, slot]                  # [U, P]
+            keys = np.column_stack([ci, flat[:, (flat != flat[:1]).any(axis=0)]])
+            order = np.lexsort(keys.T[::-1])                         # stable: slots in order
+            ks = keys[order]
+            start = np.ones(len(ks), dtype=bool)
+            start[1:] = (ks[1:] != ks[:-1]).any(axis=1)
+            first = np.flatnonzero(start)
+            r = np.diff(np.append(first, len(ks)))                   # group sizes
+            nn_ = node[ci, slot][order]
+            span = np.minimum.reduceat(nn_, first) != np.maximum.reduceat(nn_, first)
+            lead = order[first]                                      # the group's first slot
+            s = G.volume(reg)[ci[lead], slot[lead]].astype(float) * self.dtype_bytes
             bw = np.where(span, bw_out, bw_in)
-            s = G.volume(reg).astype(float) * self.dtype_bytes
             if self.sync == "ps":
                 cost = 2.0 * (r - 1) * s / bw
             else:
                 cost = 2.0 * (r - 1) / np.maximum(r, 1) * s / bw
-            load += np.where(leader & (r > 1), cost, 0.0)
-            rmax = np.maximum(rmax, np.where(leader & (s > 0), r, 0).max(axis=1))
+            many = r > 1
+            load[ci[lead][many], slot[lead][many]] += cost[many]
+            np.maximum.at(rmax, ci[lead], np.where(s > 0, r, 0))
         ts = load.max(axis=1)
         for i, c in enumerate(cands):
             if ts[i] > 0:
@@ -474,12 +508,6 @@ class CostModel:
         self._nodes = res
         return res
 
-    def _edge_key(self, edge, src_cands, dst_cands):
-        src, dst = self.graph.layer(edge.src), self.graph.layer(edge.dst)
-        return (src.out_shape, src.axes, tuple(src_cands), dst.op, repr(sorted(dst.attrs.items())),
-                tuple(map(tuple, dst.in_shapes)), dst.out_shape, dst.axes, edge.index,
-                edge.transforms, tuple(dst_cands), self.needs_grad(edge.src))
-
     def xfer(self, edge: Edge, src_cands: list, dst_cands: list):
         """``(t_xfer [Cs, Cd], bytes [Cs, Cd])`` for one edge (forward + backward).
 
@@ -488,11 +516,11 @@ class CostModel:
         after another (plus one link latency, the largest among its sources); destinations
         receive in parallel, so the edge takes the slowest one.  Twice that (the gradient of
         the region goes back the same way), or once when the producer needs no gradient.
+
+        Tables depend only on the producer's box layout and the regions the consumer's
+        devices need, so edges with the same pair of layouts (repeated blocks, a tensor read
+        by several branches alike) share one table, found by the layouts' contents.
         """
-        key = self._edge_key(edge, src_cands, dst_cands)
-        hit = self._xcache.get(key)
-        if hit is not None:
-            return hit
         src, dst = self.graph.layer(edge.src), self.graph.layer(edge.dst)
         Dd = max(c.total for c in dst_cands)
         db, dred, dused = self._stacked_compute(dst, dst_cands)   # what each device computes
@@ -501,6 +529,11 @@ class CostModel:
             ddev[j, : c.total] = c.devices
         need = G.edge_regions(self.graph, edge, db, dred)    # [Cd, Dd, nd, 2] on producer
         need[ddev < 0] = 0
+        key = (self._layout_key(src, src_cands), need.shape, need.tobytes(), ddev.tobytes(),
+               self.needs_grad(edge.src))
+        hit = self._xcache.get(key)
+        if hit is not None:
+            return hit
         nodes = self._node_structure()
         res = None
         if nodes is not None:
@@ -512,15 +545,40 @@ class CostModel:
         self._xcache[key] = res
         return res
 
+    #: Elements of the largest temporary a per-edge kernel builds (bounded memory whatever
+    #: the device count: the work is cut into blocks of source candidates).
+    BLOCK = 1 << 20
+
     def _src_tiles(self, src, src_cands):
-        Ds = max(c.total for c in src_cands)
-        nd = len(src.out_shape)
-        sb = np.zeros((len(src_cands), Ds, nd, 2), dtype=np.int64)
-        sdev = np.full((len(src_cands), Ds), -1, dtype=np.int64)
+        """``(tiles [Cs, Ds, nd, 2], device [Cs, Ds])`` of the producer (device -1: unused)."""
+        sb, used = self._stacked(src, src_cands)
+        sdev = np.full(used.shape, -1, dtype=np.int64)
         for i, c in enumerate(src_cands):
-            sb[i, : c.total] = self._boxes(src, c)
             sdev[i, : c.total] = c.devices
         return sb, sdev
+
+    @staticmethod
+    def _axes(boxes: np.ndarray) -> list:
+        """Per axis ``(lo, hi)`` as contiguous int32 arrays (half the memory traffic of int64;
+        tensor extents are far below 2**31)."""
+        return [(np.ascontiguousarray(boxes[..., ax, 0], dtype=np.int32),
+                 np.ascontiguousarray(boxes[..., ax, 1], dtype=np.int32))
+                for ax in range(boxes.shape[-2])]
+
+    @staticmethod
+    def _ov(a: list, b: list, shape) -> np.ndarray:
+        """Volume of the intersection of broadcast boxes given per axis (:meth:`_axes`), as
+        float64 (exact: products of integers below 2**53)."""
+        out = None
+        for (alo, ahi), (blo, bhi) in zip(a, b):
+            ext = np.minimum(ahi, bhi)
+            ext -= np.maximum(alo, blo)
+            np.maximum(ext, 0, out=ext)
+            if out is None:
+                out = ext.astype(np.float64)
+            else:
+                out *= ext
+        return np.ones(shape) if out is None else out
 
     def _xfer_by_node(self, src, src_cands, need, ddev, nodes):
         """Fast path for two-level (node-local / remote) links.
@@ -528,77 +586,110 @@ class CostModel:
         Bytes a destination gets from its own node = |R ∩ node's tiles| − |R ∩ own tile|, from
         other nodes = |R| − |R ∩ node's tiles| (the tiles partition the tensor).  Needs each
         node's tiles to form a box, which holds for the presets' power-of-two configurations;
-        returns ``None`` otherwise and the pairwise path is used.
+        returns ``None`` otherwise and the pairwise path is used.  Work is
+        ``Σ_dst Cs · devices(dst)`` (a destination on ``k`` devices costs ``k``), in blocks of
+        at most :data:`BLOCK` elements.
         """
         node_of, bw_in, bw_out, lat_in, lat_out = nodes
         tiles = self._node_tiles(src, src_cands, node_of)
         if tiles is None:
             return None
-        own, nbox = tiles
-        dd = np.clip(ddev, 0, None)
-        valid = ddev >= 0                                                 # [Cd, Dd]
-        tot = G.volume(need).astype(np.float64)                           # [Cd, Dd]
-        mine = G.overlap(need[None], own[:, dd])                          # [Cs, Cd, Dd]
-        local = G.overlap(need[None], nbox[:, node_of[dd]])
-        intra = np.where(valid, local - mine, 0.0) * self.dtype_bytes    # [Cs, Cd, Dd]
-        inter = np.where(valid, tot[None] - local, 0.0) * self.dtype_bytes
-        t = np.zeros_like(intra)
-        if np.isfinite(bw_in):
-            t += intra / bw_in
-        if np.isfinite(bw_out):
-            t += inter / bw_out
-        t += np.maximum(np.where(intra > 0, lat_in, 0.0), np.where(inter > 0, lat_out, 0.0))
-        return t.max(axis=2), (intra + inter).sum(axis=2)
+        own, nbox = tiles                                           # [Cs, N|nodes, nd, 2]
+        Cs, Cd = own.shape[0], need.shape[0]
+        item = float(self.dtype_bytes)
+        t = np.zeros((Cs, Cd))
+        nbytes = np.zeros((Cs, Cd))
+        kd = (ddev >= 0).sum(axis=1)
+        for K in np.unique(kd):
+            K = int(K)
+            js = np.flatnonzero(kd == K)
+            dv = ddev[js, :K]
+            if (dv == np.arange(K)).all():      # unpinned: devices 0..K-1, no gathers
+                groups = [(js, np.arange(K))]
+            else:                               # pinned devices: one destination at a time
+                groups = [(js[i:i + 1], dv[i]) for i in range(len(js))]
+            for jj, devs in groups:
+                nd_ = need[jj][:, :K]                                 # [g, K, nd, 2]
+                B = self._axes(nd_[None])                             # [1, g, K]
+                tot = G.volume(nd_).astype(np.float64)[None]          # [1, g, K]
+                own_k = self._axes(own[:, devs][:, None])             # [Cs, 1, K]
+                nb_k = self._axes(nbox[:, node_of[devs]][:, None])
+                step = max(1, self.BLOCK // max(1, len(jj) * K))
+                for a in range(0, Cs, step):
+                    sl = slice(a, a + step)
+                    shape = (min(Cs, a + step) - a, len(jj), K)
+                    mine = self._ov([(lo[sl], hi[sl]) for lo, hi in own_k], B, shape)
+                    local = self._ov([(lo[sl], hi[sl]) for lo, hi in nb_k], B, shape)
+                    intra = (local - mine) * item
+                    inter = (tot - local) * item
+                    tm = np.zeros(shape)
+                    if np.isfinite(bw_in):
+                        tm += intra / bw_in
+                    if np.isfinite(bw_out):
+                        tm += inter / bw_out
+                    tm += np.maximum(np.where(intra > 0, lat_in, 0.0),
+                                     np.where(inter > 0, lat_out, 0.0))
+                    t[sl, jj] = tm.max(axis=2)
+                    intra += inter
+                    nbytes[sl, jj] = intra.sum(axis=2)
+        return t, nbytes
 
     def _node_tiles(self, src, src_cands, node_of):
         """Per source candidate: the tile each device owns ``[Cs, N, nd, 2]`` and the bounding
         box of each node's tiles ``[Cs, nodes, nd, 2]``; ``None`` if some node's tiles are not
-        a box."""
-        key = (src.name, tuple(src_cands))
-        if key in self._tile_cache:
-            return self._tile_cache[key]
-        n_nodes = int(node_of.max()) + 1
-        nd = len(src.out_shape)
-        Cs = len(src_cands)
-        own = np.zeros((Cs, self.devices.n, nd, 2), dtype=np.int64)
-        nbox = np.zeros((Cs, n_nodes, nd, 2), dtype=np.int64)
-        res = (own, nbox)
-        for i, c in enumerate(src_cands):
-            boxes = self._boxes(src, c)
-            devs = np.asarray(c.devices)
-            own[i, devs] = boxes
-            nn_ = node_of[devs]
-            for x in set(nn_.tolist()):
-                sel = boxes[nn_ == x]
-                bb = np.empty((nd, 2), dtype=np.int64)
-                bb[:, 0], bb[:, 1] = sel[:, :, 0].min(axis=0), sel[:, :, 1].max(axis=0)
-                if G.volume(bb) != G.volume(sel).sum():
-                    res = None
-                    break
-                nbox[i, x] = bb
-            if res is None:
-                break
-        self._tile_cache[key] = res
-        return res
+        a box (vectorised over candidates and devices)."""
+        def make():
+            sb, sdev = self._src_tiles(src, src_cands)          # [Cs, Ds, nd, 2], [Cs, Ds]
+            n_nodes = int(node_of.max()) + 1
+            Cs, Ds, nd = sb.shape[0], sb.shape[1], sb.shape[2]
+            used = sdev >= 0
+            ci = np.broadcast_to(np.arange(Cs)[:, None], (Cs, Ds))[used]
+            dv = sdev[used]
+            own = np.zeros((Cs, self.devices.n, nd, 2), dtype=np.int64)
+            own[ci, dv] = sb[used]
+            nn_ = node_of[dv]
+            big = np.iinfo(np.int64).max
+            lo = np.full((Cs, n_nodes, nd), big, dtype=np.int64)
+            hi = np.full((Cs, n_nodes, nd), -1, dtype=np.int64)
+            np.minimum.at(lo, (ci, nn_), sb[used][:, :, 0])
+            np.maximum.at(hi, (ci, nn_), sb[used][:, :, 1])
+            vol = np.zeros((Cs, n_nodes))
+            np.add.at(vol, (ci, nn_), G.volume(sb[used]).astype(np.float64))
+            present = hi[..., 0] >= 0 if nd else vol > 0
+            nbox = np.zeros((Cs, n_nodes, nd, 2), dtype=np.int64)
+            nbox[present, :, 0] = lo[present]
+            nbox[present, :, 1] = hi[present]
+            if not np.array_equal(G.volume(nbox[present]).astype(np.float64), vol[present]):
+                return False
+            return own, nbox
+        res = self._lru(self._tile_cache, ("nodes",) + self._layout_key(src, src_cands), make,
+                        size=4)
+        return None if res is False else res
 
     def _xfer_pairwise(self, src, src_cands, need, ddev):
-        """General path: every (source device, destination device) pair, any bandwidths."""
+        """General path: every (source device, destination device) pair, any bandwidths; in
+        blocks of source candidates so no temporary exceeds :data:`BLOCK` elements."""
         sb, sdev = self._src_tiles(src, src_cands)
-        nd = sb.shape[2]
-        vol = None
-        for ax in range(nd):     # overlap volume [Cs, Ds, Cd, Dd] = prod of 1-D overlaps
-            lo = np.maximum(sb[:, :, None, None, ax, 0], need[None, None, :, :, ax, 0])
-            hi = np.minimum(sb[:, :, None, None, ax, 1], need[None, None, :, :, ax, 1])
-            ov = np.maximum(hi - lo, 0).astype(np.float64)
-            vol = ov if vol is None else vol * ov
-        same = sdev[:, :, None, None] == ddev[None, None, :, :]
-        valid = (sdev[:, :, None, None] >= 0) & (ddev[None, None, :, :] >= 0) & ~same
-        nbytes = np.where(valid, vol, 0.0) * self.dtype_bytes
-        si, di = np.clip(sdev, 0, None)[:, :, None, None], np.clip(ddev, 0, None)[None, None]
-        per = np.where(nbytes > 0, nbytes / self.devices.bw[si, di], 0.0)
-        lat = np.where(nbytes > 0, self.devices.latency[si, di], 0.0).max(axis=1)
-        t = (per.sum(axis=1) + lat).max(axis=2)           # receive serially, dst parallel
-        return t, nbytes.sum(axis=(1, 3))
+        Cs, Ds = sdev.shape
+        Cd, Dd = ddev.shape
+        A = self._axes(sb[:, :, None, None])
+        B = self._axes(need[None, None])
+        t, nb = np.zeros((Cs, Cd)), np.zeros((Cs, Cd))
+        step = max(1, self.BLOCK // max(1, Ds * Cd * Dd))
+        di = np.clip(ddev, 0, None)[None, None]
+        for a in range(0, Cs, step):
+            sl = slice(a, a + step)
+            sd = sdev[sl][:, :, None, None]
+            vol = self._ov([(lo[sl], hi[sl]) for lo, hi in A], B,
+                           (len(sdev[sl]), Ds, Cd, Dd))        # [cs, Ds, Cd, Dd]
+            valid = (sd >= 0) & (ddev[None, None] >= 0) & (sd != ddev[None, None])
+            nbytes = np.where(valid, vol, 0.0) * self.dtype_bytes
+            si = np.clip(sd, 0, None)
+            per = np.where(nbytes > 0, nbytes / self.devices.bw[si, di], 0.0)
+            lat = np.where(nbytes > 0, self.devices.latency[si, di], 0.0).max(axis=1)
+            t[sl] = (per.sum(axis=1) + lat).max(axis=2)      # receive serially, dst parallel
+            nb[sl] = nbytes.sum(axis=(1, 3))
+        return t, nb
 
     # -- all tables ------------------------------------------------------------------------
     def tables(self, pins: list | None = None) -> CostTables:
