@@ -57,6 +57,12 @@ EFFICIENCY["conv_transpose"] = EFFICIENCY["conv"]   # the same kernels (a data g
 LAUNCH_OVERHEAD_S = 3 * 5e-6
 #: Memory passes of the SGD update per weight byte: read weights, read gradients, write weights.
 UPDATE_PASSES = 3.0
+#: Largest work (:meth:`CostModel.estimate`'s ``work``: per-edge kernel elements plus
+#: elimination steps / 16) a search may start: about ten minutes on a busy 2-core machine.
+MAX_WORK = 5e9
+#: ``degrees="auto"`` beyond 16 devices takes powers of two, or the first coarser ladder
+#: (powers of 4, 8, ...) whose work is at most this (about a minute on a 2-core machine).
+AUTO_WORK = 1e9
 
 
 @dataclass
@@ -80,6 +86,8 @@ class CostTables:
     #: without any are absent: 0) and the bytes it moves
     t_reduce: dict = field(default_factory=dict)
     bytes_reduce: dict = field(default_factory=dict)
+    #: :meth:`CostModel.estimate` made before building (candidates, bytes, work)
+    estimate: dict = field(default_factory=dict)
 
     def node_cost(self, name: str) -> np.ndarray:
         red = self.t_reduce.get(name)
@@ -128,7 +136,8 @@ class CostModel:
     sync: ``"ps"`` (parameter server, the paper) or ``"ring"`` (all-reduce).
     profile_cache: path of the SQLite profile cache (measured mode).
     degrees: the degrees a dimension may take (:func:`.geometry.degree_values`): ``"auto"``
-        (every divisor up to 16 devices, powers of two beyond), ``"divisors"``, ``"pow2"`` or
+        (every divisor up to 16 devices; beyond, powers of two, or of 4, 8, ... when powers
+        of two would take more than :data:`AUTO_WORK`), ``"divisors"``, ``"pow2"`` or
         explicit degrees such as ``"1,4,16,64"``.  Pinned layers always get every divisor.
     """
 
@@ -142,6 +151,8 @@ class CostModel:
         self.graph, self.devices = graph, devices
         self.compute, self.sync = compute, sync
         self.degrees = G.degree_values(degrees, devices.n)     # ValueError with the numbers
+        if degrees in (None, "auto") and devices.n > G.ALL_DIVISORS_UP_TO:
+            self.degrees = self._auto_degrees()
         self.dtype_bytes = dtype_bytes
         self.profile_cache = profile_cache
         self._profiler = None
@@ -153,7 +164,10 @@ class CostModel:
         self._stack_cache: OrderedDict = OrderedDict()
         self._lat_cache: dict = {}
         self._cand_cache: dict = {}
+        self._ctok: dict = {}
+        self._ctok_content: dict = {}
         self._grad_cache: dict | None = None
+        self._memory = None
 
     # -- gradients -------------------------------------------------------------------------
     def needs_grad(self, name: str) -> bool:
@@ -220,11 +234,20 @@ class CostModel:
         return cands
 
     # -- per-layer costs -------------------------------------------------------------------
-    @staticmethod
-    def _layout_key(layer: Layer, cands: list) -> tuple:
+    def _layout_key(self, layer: Layer, cands: list) -> tuple:
         """What a layer's boxes under ``cands`` depend on: layers with the same output shape,
         axes and reduction share them (repeated blocks)."""
-        return (layer.out_shape, layer.axes, G.reduction_size(layer), tuple(cands))
+        return (layer.out_shape, layer.axes, G.reduction_size(layer), self._ckey(cands))
+
+    def _ckey(self, cands: list) -> int:
+        """A small key for a candidate list's contents (hashing hundreds of configurations
+        of 1,024 devices each on every cache lookup would cost seconds)."""
+        hit = self._ctok.get(id(cands))
+        if hit is not None and hit[0] is cands:
+            return hit[1]
+        tok = self._ctok_content.setdefault(tuple(cands), len(self._ctok_content))
+        self._ctok[id(cands)] = (cands, tok)      # holds the list: its id stays unique
+        return tok
 
     @staticmethod
     def _lru(cache: OrderedDict, key, make, size: int = 12):
@@ -264,7 +287,7 @@ class CostModel:
         layer = self.graph.layer(name)
         key = (layer.op, repr(sorted(layer.attrs.items())), tuple(map(tuple, layer.in_shapes)),
                layer.out_shape, layer.axes, repr(sorted(layer.params.items())), layer.flops,
-               tuple(cands), self.input_grads(name))
+               self._ckey(cands), self.input_grads(name))
         hit = self._layer_cache.get(key)
         if hit is None:
             hit = self._layer_costs(layer, cands)
@@ -446,6 +469,16 @@ class CostModel:
         lat = self._group_lat(cfg.devices)
         return max(load.values()) + self._sync_steps(rmax) * lat
 
+    def _capacity(self, devs: tuple) -> float:
+        """Smallest memory among ``devs`` (cached: configurations share device blocks)."""
+        v = self._lat_cache.get(("memory", devs))
+        if v is None:
+            if self._memory is None:
+                self._memory = np.array([d.memory for d in self.devices.devices], dtype=float)
+            v = float(self._memory[list(devs)].min())
+            self._lat_cache[("memory", devs)] = v
+        return v
+
     def _group_bw(self, devs: tuple) -> float:
         """Slowest link inside a group of devices (cached: groups repeat across layers)."""
         v = self._bw_cache.get(devs)
@@ -566,11 +599,22 @@ class CostModel:
                 for ax in range(boxes.shape[-2])]
 
     @staticmethod
-    def _ov(a: list, b: list, shape) -> np.ndarray:
-        """Volume of the intersection of broadcast boxes given per axis (:meth:`_axes`), as
-        float64 (exact: products of integers below 2**53)."""
+    def _ov(a: list, b: list, shape, sizes) -> np.ndarray:
+        """Volume of the intersection of broadcast boxes given per axis (:meth:`_axes`) of a
+        tensor of ``sizes``, as float64 (exact: products of integers below 2**53).
+
+        An axis one side covers whole everywhere (an unsplit axis, a full input-channel
+        range) contributes the other side's extent, multiplied on that side's smaller array;
+        only axes both sides cut pay the full-size ``max / min / clip``."""
         out = None
-        for (alo, ahi), (blo, bhi) in zip(a, b):
+        small = 1.0
+        for (alo, ahi), (blo, bhi), size in zip(a, b, sizes):
+            if not blo.any() and (bhi == size).all():
+                small = small * (ahi - alo).astype(np.float64)
+                continue
+            if not alo.any() and (ahi == size).all():
+                small = small * (bhi - blo).astype(np.float64)
+                continue
             ext = np.minimum(ahi, bhi)
             ext -= np.maximum(alo, blo)
             np.maximum(ext, 0, out=ext)
@@ -578,7 +622,10 @@ class CostModel:
                 out = ext.astype(np.float64)
             else:
                 out *= ext
-        return np.ones(shape) if out is None else out
+        if out is None:
+            return np.broadcast_to(small, shape) * 1.0
+        out *= small
+        return out
 
     def _xfer_by_node(self, src, src_cands, need, ddev, nodes):
         """Fast path for two-level (node-local / remote) links.
@@ -596,6 +643,7 @@ class CostModel:
             return None
         own, nbox = tiles                                           # [Cs, N|nodes, nd, 2]
         Cs, Cd = own.shape[0], need.shape[0]
+        sizes = src.out_shape
         item = float(self.dtype_bytes)
         t = np.zeros((Cs, Cd))
         nbytes = np.zeros((Cs, Cd))
@@ -618,17 +666,18 @@ class CostModel:
                 for a in range(0, Cs, step):
                     sl = slice(a, a + step)
                     shape = (min(Cs, a + step) - a, len(jj), K)
-                    mine = self._ov([(lo[sl], hi[sl]) for lo, hi in own_k], B, shape)
-                    local = self._ov([(lo[sl], hi[sl]) for lo, hi in nb_k], B, shape)
-                    intra = (local - mine) * item
-                    inter = (tot - local) * item
+                    mine = self._ov([(lo[sl], hi[sl]) for lo, hi in own_k], B, shape, sizes)
+                    local = self._ov([(lo[sl], hi[sl]) for lo, hi in nb_k], B, shape, sizes)
+                    intra = local - mine
+                    intra *= item
+                    inter = np.subtract(tot, local, out=local)
+                    inter *= item
                     tm = np.zeros(shape)
                     if np.isfinite(bw_in):
                         tm += intra / bw_in
                     if np.isfinite(bw_out):
                         tm += inter / bw_out
-                    tm += np.maximum(np.where(intra > 0, lat_in, 0.0),
-                                     np.where(inter > 0, lat_out, 0.0))
+                    tm += np.maximum(lat_in * (intra > 0), lat_out * (inter > 0))
                     t[sl, jj] = tm.max(axis=2)
                     intra += inter
                     nbytes[sl, jj] = intra.sum(axis=2)
@@ -681,7 +730,7 @@ class CostModel:
             sl = slice(a, a + step)
             sd = sdev[sl][:, :, None, None]
             vol = self._ov([(lo[sl], hi[sl]) for lo, hi in A], B,
-                           (len(sdev[sl]), Ds, Cd, Dd))        # [cs, Ds, Cd, Dd]
+                           (len(sdev[sl]), Ds, Cd, Dd), src.out_shape)   # [cs, Ds, Cd, Dd]
             valid = (sd >= 0) & (ddev[None, None] >= 0) & (sd != ddev[None, None])
             nbytes = np.where(valid, vol, 0.0) * self.dtype_bytes
             si = np.clip(sd, 0, None)
@@ -692,12 +741,89 @@ class CostModel:
         return t, nb
 
     # -- all tables ------------------------------------------------------------------------
-    def tables(self, pins: list | None = None) -> CostTables:
-        """Build every table the search needs, honouring ``pins`` (unknown layers rejected)."""
-        t0 = time.perf_counter()
-        pins = list(pins or [])
+    def _auto_degrees(self) -> tuple:
+        """Powers of two, else of 4, 8, ...: the finest ladder whose work fits
+        :data:`AUTO_WORK` (the coarsest one tried when none does)."""
+        n, base, vals = self.devices.n, 2, self.degrees
+        while True:
+            vals = tuple(d for d in G.degree_values("divisors", n)
+                         if d == 1 or round(math.log(d, base), 9).is_integer())
+            sizes = {}
+            for name in self.graph.names():
+                layer = self.graph.layer(name)
+                key = (tuple(layer.size(a) for a in layer.dims), layer.dims,
+                       G.reduction_size(layer))
+                if key not in sizes:
+                    sizes[key] = G.count_configs(layer, n, vals)
+            per = {nm: sizes[(tuple(self.graph.layer(nm).size(a)
+                                    for a in self.graph.layer(nm).dims),
+                              self.graph.layer(nm).dims,
+                              G.reduction_size(self.graph.layer(nm)))]
+                   for nm in self.graph.names()}
+            if self._work(per) <= AUTO_WORK or base >= n or len(vals) <= 2:
+                return vals
+            base *= 2
+
+    def _work(self, per: dict) -> float:
+        """:meth:`estimate`'s work from ``{layer: (candidates, Σ total, max total)}``."""
+        two_level = self._node_structure() is not None
+        work = sum(float(per[e.src][0]) * per[e.dst][1] * (1 if two_level else per[e.src][2])
+                   for e in self.graph.edges())
+        return work + sum(float(c) ** 3 for c, _, _ in per.values()) / 16
+
+    def estimate(self, pins: list | None = None) -> dict:
+        """Size of the search before any table is built: candidates per layer, bytes of the
+        tables, peak bytes of building and solving them, and work.
+
+        ``table_bytes`` counts ``t_xfer`` and bytes ``[Cs, Cd]`` per edge and the per-layer
+        vectors; ``peak_bytes`` adds the search's merged edge tables (as many again), the
+        per-edge kernels' blocks and the cached box layouts; ``work`` is the per-edge kernel
+        elements (``Cs`` times the devices of every destination candidate; times the source
+        devices when links are not two-level) plus the node eliminations' ``C³`` steps / 16
+        (cheaper per step).  Counts are before the memory filter, so upper bounds.
+        """
+        by_layer = self._pins_by_layer(pins)
+        per, sizes = {}, {}
+        for n in self.graph.names():
+            cs = self.candidates(n, by_layer.get(n))
+            per[n] = (len(cs), sum(c.total for c in cs), max(c.total for c in cs))
+            sizes[n] = len(cs)
+        table = sum(16.0 * sizes[e.src] * sizes[e.dst] for e in self.graph.edges())
+        table += sum(48.0 * c for c in sizes.values())
+        work = self._work(per)
+        cmax = max(sizes.values())
+        nd = max((len(self.graph.layer(n).out_shape) for n in sizes), default=1)
+        layouts = 20.0 * cmax * self.devices.n * max(nd, 1) * 2 * 8
+        peak = 2 * table + 12 * 8.0 * self.BLOCK + layouts
+        return {"degrees": list(self.degrees), "candidates_mean": sum(sizes.values()) / len(sizes),
+                "candidates_max": cmax, "table_bytes": table, "peak_bytes": peak,
+                "work": work}
+
+    def check_fits(self, est: dict) -> None:
+        """``InfeasiblePlan`` naming the estimate when the search cannot fit this machine: peak
+        bytes over the memory available now (psutil), or work over :data:`MAX_WORK`."""
+        import psutil
+        avail = float(psutil.virtual_memory().available)
+        over_mem = est["peak_bytes"] > avail
+        if not over_mem and est["work"] <= MAX_WORK:
+            return
+        what = (f"≈ {est['peak_bytes'] / 2**30:.1f} GiB at peak (tables "
+                f"{est['table_bytes'] / 2**30:.1f} GiB) but {avail / 2**30:.1f} GiB is "
+                f"available" if over_mem else
+                f"work ≈ {est['work']:.2g} steps, over the limit of {MAX_WORK:.2g} (about ten "
+                f"minutes here)")
+        degs = est["degrees"]
+        coarse = ",".join(str(d) for d in degs if d == 1 or math.log(d, 4).is_integer())
+        raise InfeasiblePlan(
+            f"{getattr(self.graph, 'spec', None) or 'the model'} on {self.devices.n} devices "
+            f"is too big a search for this machine: {est['candidates_mean']:.0f} candidates per "
+            f"layer on average (max {est['candidates_max']}, degrees "
+            f"{','.join(map(str, degs[:8]))}{',...' if len(degs) > 8 else ''}), {what}; "
+            f"use coarser degrees (--degrees {coarse}) or fewer devices")
+
+    def _pins_by_layer(self, pins) -> dict:
         by_layer: dict = {}
-        for p in pins:
+        for p in list(pins or []):
             if p.layer not in self.graph:
                 close = [n for n in self.graph.names() if p.layer.lower() in n.lower()][:8]
                 raise InfeasiblePlan(
@@ -707,14 +833,23 @@ class CostModel:
             if p.layer in by_layer:
                 raise InfeasiblePlan(f"layer {p.layer} is pinned twice")
             by_layer[p.layer] = p
+        return by_layer
+
+    def tables(self, pins: list | None = None) -> CostTables:
+        """Build every table the search needs, honouring ``pins`` (unknown layers rejected);
+        refused with the :meth:`estimate` first when it cannot fit this machine."""
+        t0 = time.perf_counter()
+        est = self.estimate(pins)
+        self.check_fits(est)
+        by_layer = self._pins_by_layer(pins)
         names = self.graph.names()
         cands, tc, ts, mem, tr, br = {}, {}, {}, {}, {}, {}
         for n in names:
             cs = self.candidates(n, by_layer.get(n))
             a, b, m = self.layer_costs(n, cs)
-            cap = min(self.devices.devices[d].memory for c in cs for d in c.devices)
-            keep = [i for i, c in enumerate(cs)
-                    if m[i] <= min(self.devices.devices[d].memory for d in c.devices)]
+            cap_of = np.array([self._capacity(c.devices) for c in cs])
+            cap = float(cap_of.min())
+            keep = np.flatnonzero(m <= cap_of).tolist()
             if not keep:
                 raise InfeasiblePlan(
                     f"layer {n} does not fit in device memory under any allowed configuration "
@@ -733,4 +868,4 @@ class CostModel:
             edges.append((e, t))
             nbytes.append(nb)
         return CostTables(names, cands, tc, ts, mem, edges, time.perf_counter() - t0, nbytes,
-                          tr, br)
+                          tr, br, est)

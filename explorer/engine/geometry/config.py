@@ -184,6 +184,24 @@ def enumerate_configs(layer: Layer, n_devices: int, devices: tuple | None = None
     if n_devices < 1:
         raise ValueError(f"need at least 1 device, got {n_devices}")
     order = tuple(range(n_devices)) if devices is None else tuple(devices)
+    want = None if devices is None else len(order)
+    out = [Config(tuple((k, v) for k, v in zip(letters, combo) if k != REDUCE or v > 1),
+                  order[:total])
+           for letters, combo, total in _combos(layer, n_devices, max_total, degrees, want)]
+    out.sort(key=lambda c: (c.total, [-v for _, v in c.degrees]))
+    return out
+
+
+def count_configs(layer: Layer, n_devices: int, degrees=None) -> tuple:
+    """``(count, Σ total degree, max total degree)`` of :func:`enumerate_configs` without
+    building them (sizing a search before it starts)."""
+    totals = [t for _, _, t in _combos(layer, n_devices, None, degrees, None)]
+    return len(totals), sum(totals), max(totals)
+
+
+def _combos(layer: Layer, n_devices: int, max_total, degrees, want):
+    """``(letters, degrees, total)`` of every valid configuration (see
+    :func:`enumerate_configs`); ``want``: only those of that total."""
     cap = n_devices if max_total is None else max_total
     allowed = _divisors(n_devices) if degrees is None else degree_values(degrees, n_devices)
     per_dim = []
@@ -205,22 +223,19 @@ def enumerate_configs(layer: Layer, n_devices: int, devices: tuple | None = None
         s_ax = scatter_axis(layer)
         s_pos = layer.dims.index(layer.axes[s_ax])
         s_size = layer.out_shape[s_ax]
-    out = []
     for combo in itertools.product(*per_dim):
         total = math.prod(combo)
         if total > cap or n_devices % total:
             continue
-        if devices is not None and total != len(order):
+        if want is not None and total != want:
             continue
         if red is not None and combo[-1] > 1:
             parts = combo[s_pos] * combo[-1]      # every device owns part of the tile
             if parts > s_size or (layer.axes[s_ax] == "n" and s_size % parts):
                 continue
-        # k=1 is left out: a configuration without a reduction split reads as it always did
-        out.append(Config(tuple((k, v) for k, v in zip(letters, combo)
-                                if k != REDUCE or v > 1), order[:total]))
-    out.sort(key=lambda c: (c.total, [-v for _, v in c.degrees]))
-    return out
+        # k=1 is left out (by the caller): a configuration without a reduction split reads
+        # as it always did
+        yield letters, combo, total
 
 
 # --------------------------------------------------------------------------------------------
