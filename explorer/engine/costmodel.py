@@ -35,8 +35,8 @@ All tables are numpy arrays indexed by candidate position, so the search is pure
 
 from __future__ import annotations
 
+import hashlib
 import math
-import os
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -555,6 +555,12 @@ class CostModel:
         by several branches alike) share one table, found by the layouts' contents.
         """
         src, dst = self.graph.layer(edge.src), self.graph.layer(edge.dst)
+        skey = (self._layout_key(src, src_cands), dst.op, repr(sorted(dst.attrs.items())),
+                tuple(map(tuple, dst.in_shapes)), self._layout_key(dst, dst_cands), edge.index,
+                edge.transforms, self.needs_grad(edge.src))
+        hit = self._xcache.get(skey)            # the same edge signature: no geometry at all
+        if hit is not None:
+            return hit
         Dd = max(c.total for c in dst_cands)
         db, dred, dused = self._stacked_compute(dst, dst_cands)   # what each device computes
         ddev = np.full((len(dst_cands), Dd), -1, dtype=np.int64)
@@ -562,10 +568,13 @@ class CostModel:
             ddev[j, : c.total] = c.devices
         need = G.edge_regions(self.graph, edge, db, dred)    # [Cd, Dd, nd, 2] on producer
         need[ddev < 0] = 0
-        key = (self._layout_key(src, src_cands), need.shape, need.tobytes(), ddev.tobytes(),
+        digest = hashlib.blake2b(np.ascontiguousarray(need), digest_size=20)
+        digest.update(np.ascontiguousarray(ddev))
+        key = (self._layout_key(src, src_cands), need.shape, digest.digest(),
                self.needs_grad(edge.src))
-        hit = self._xcache.get(key)
+        hit = self._xcache.get(key)             # another consumer needing the same regions
         if hit is not None:
+            self._xcache[skey] = hit
             return hit
         nodes = self._node_structure()
         res = None
@@ -575,7 +584,7 @@ class CostModel:
             res = self._xfer_pairwise(src, src_cands, need, ddev)
         if self.needs_grad(edge.src):
             res = (2.0 * res[0], 2.0 * res[1])
-        self._xcache[key] = res
+        self._xcache[key] = self._xcache[skey] = res
         return res
 
     #: Elements of the largest temporary a per-edge kernel builds (bounded memory whatever
