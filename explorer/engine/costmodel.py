@@ -608,15 +608,16 @@ class CostModel:
                 for ax in range(boxes.shape[-2])]
 
     @staticmethod
-    def _ov(a: list, b: list, shape, sizes) -> np.ndarray:
+    def _ov(a: list, b: list, shape, sizes, scale: float = 1.0) -> np.ndarray:
         """Volume of the intersection of broadcast boxes given per axis (:meth:`_axes`) of a
-        tensor of ``sizes``, as float64 (exact: products of integers below 2**53).
+        tensor of ``sizes``, times ``scale`` (bytes per element), as float64 (exact: products
+        of integers below 2**53).
 
         An axis one side covers whole everywhere (an unsplit axis, a full input-channel
         range) contributes the other side's extent, multiplied on that side's smaller array;
         only axes both sides cut pay the full-size ``max / min / clip``."""
         out = None
-        small = 1.0
+        small = float(scale)
         for (alo, ahi), (blo, bhi), size in zip(a, b, sizes):
             if not blo.any() and (bhi == size).all():
                 small = small * (ahi - alo).astype(np.float64)
@@ -668,28 +669,35 @@ class CostModel:
             for jj, devs in groups:
                 nd_ = need[jj][:, :K]                                 # [g, K, nd, 2]
                 B = self._axes(nd_[None])                             # [1, g, K]
-                tot = G.volume(nd_).astype(np.float64)[None]          # [1, g, K]
+                tot = G.volume(nd_).astype(np.float64)[None] * item   # [1, g, K] bytes
+                tot_b = tot.sum(axis=2)
                 own_k = self._axes(own[:, devs][:, None])             # [Cs, 1, K]
                 nb_k = self._axes(nbox[:, node_of[devs]][:, None])
                 step = max(1, self.BLOCK // max(1, len(jj) * K))
                 for a in range(0, Cs, step):
                     sl = slice(a, a + step)
                     shape = (min(Cs, a + step) - a, len(jj), K)
-                    mine = self._ov([(lo[sl], hi[sl]) for lo, hi in own_k], B, shape, sizes)
-                    local = self._ov([(lo[sl], hi[sl]) for lo, hi in nb_k], B, shape, sizes)
-                    intra = local - mine
-                    intra *= item
+                    # bytes (whole numbers: every sum and difference below is exact)
+                    mine = self._ov([(lo[sl], hi[sl]) for lo, hi in own_k], B, shape, sizes,
+                                    item)
+                    local = self._ov([(lo[sl], hi[sl]) for lo, hi in nb_k], B, shape, sizes,
+                                     item)
+                    nbytes[sl, jj] = tot_b - mine.sum(axis=2)     # Σ (intra + inter)
+                    intra = np.subtract(local, mine, out=mine)
                     inter = np.subtract(tot, local, out=local)
-                    inter *= item
-                    tm = np.zeros(shape)
+                    tm = None
                     if np.isfinite(bw_in):
-                        tm += intra / bw_in
+                        tm = intra / bw_in
                     if np.isfinite(bw_out):
-                        tm += inter / bw_out
-                    tm += np.maximum(lat_in * (intra > 0), lat_out * (inter > 0))
+                        tm = inter / bw_out if tm is None else tm + inter / bw_out
+                    if tm is None:
+                        tm = np.zeros(shape)
+                    far = inter > 0
+                    if lat_out >= lat_in:      # max(lat_in [intra], lat_out [inter])
+                        tm += np.where(far, lat_out, lat_in * (intra > 0))
+                    else:
+                        tm += np.maximum(lat_in * (intra > 0), lat_out * far)
                     t[sl, jj] = tm.max(axis=2)
-                    intra += inter
-                    nbytes[sl, jj] = intra.sum(axis=2)
         return t, nbytes
 
     def _node_tiles(self, src, src_cands, node_of):
