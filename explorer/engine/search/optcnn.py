@@ -183,10 +183,14 @@ def solve(tables: CostTables):
 def _min_plus(a: np.ndarray, b: np.ndarray):
     """``(m, arg)`` with ``m[i, k] = min_j a[i, j] + b[j, k]`` and the first ``j`` attaining it.
 
-    One ``[C_i, C_k]`` pass per ``j`` instead of a ``[C_i, C_j, C_k]`` temporary: the same
-    sums in the same order (so the same numbers and ties as ``argmin``), in cache, with
-    memory ``O(C²)`` at any candidate count.
+    Small tables use one ``[C_i, C_j, C_k]`` temporary; larger ones one ``[C_i, C_k]`` pass
+    per ``j``: the same sums in the same order (so the same numbers and ties as ``argmin``),
+    in cache, with memory ``O(C²)`` at any candidate count.
     """
+    if a.size * b.shape[1] <= 1 << 19:
+        tot = a[:, :, None] + b[None, :, :]
+        arg = tot.argmin(axis=1)
+        return np.take_along_axis(tot, arg[:, None, :], axis=1)[:, 0, :], arg
     m = a[:, :1] + b[:1, :]
     arg = np.zeros(m.shape, dtype=np.int64)
     cand = np.empty_like(m)
