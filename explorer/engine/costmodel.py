@@ -658,6 +658,13 @@ class CostModel:
         t = np.zeros((Cs, Cd))
         nbytes = np.zeros((Cs, Cd))
         kd = (ddev >= 0).sum(axis=1)
+        # a source candidate's tiles lie on the nodes of its devices: a destination device
+        # past ``cut`` (the end of the last such node) owns nothing and has no node-mate
+        # that does, so it receives its whole region remotely - no kernel needed there
+        cut = np.full(Cs, self.devices.n)
+        if np.isfinite(bw_out) and (np.diff(node_of) >= 0).all():
+            node_end = np.searchsorted(node_of, np.arange(int(node_of.max()) + 1), "right")
+            cut = node_end[node_of[[max(c.devices) for c in src_cands]]]
         for K in np.unique(kd):
             K = int(K)
             js = np.flatnonzero(kd == K)
@@ -668,37 +675,59 @@ class CostModel:
                 groups = [(js[i:i + 1], dv[i]) for i in range(len(js))]
             for jj, devs in groups:
                 nd_ = need[jj][:, :K]                                 # [g, K, nd, 2]
-                B = self._axes(nd_[None])                             # [1, g, K]
                 tot = G.volume(nd_).astype(np.float64)[None] * item   # [1, g, K] bytes
                 tot_b = tot.sum(axis=2)
-                own_k = self._axes(own[:, devs][:, None])             # [Cs, 1, K]
-                nb_k = self._axes(nbox[:, node_of[devs]][:, None])
-                step = max(1, self.BLOCK // max(1, len(jj) * K))
-                for a in range(0, Cs, step):
-                    sl = slice(a, a + step)
-                    shape = (min(Cs, a + step) - a, len(jj), K)
-                    # bytes (whole numbers: every sum and difference below is exact)
-                    mine = self._ov([(lo[sl], hi[sl]) for lo, hi in own_k], B, shape, sizes,
-                                    item)
-                    local = self._ov([(lo[sl], hi[sl]) for lo, hi in nb_k], B, shape, sizes,
-                                     item)
-                    nbytes[sl, jj] = tot_b - mine.sum(axis=2)     # Σ (intra + inter)
-                    intra = np.subtract(local, mine, out=mine)
-                    inter = np.subtract(tot, local, out=local)
-                    tm = None
-                    if np.isfinite(bw_in):
-                        tm = intra / bw_in
-                    if np.isfinite(bw_out):
-                        tm = inter / bw_out if tm is None else tm + inter / bw_out
-                    if tm is None:
-                        tm = np.zeros(shape)
-                    far = inter > 0
-                    if lat_out >= lat_in:      # max(lat_in [intra], lat_out [inter])
-                        tm += np.where(far, lat_out, lat_in * (intra > 0))
-                    else:
-                        tm += np.maximum(lat_in * (intra > 0), lat_out * far)
-                    t[sl, jj] = tm.max(axis=2)
+                ident = devs[-1] == K - 1 and (devs == np.arange(K)).all()
+                # what a device past the cut costs (the kernel's own formula with
+                # intra = 0, inter = |R|), and its suffix maximum over devices
+                far = tot[0] / bw_out + np.where(tot[0] > 0, lat_out, 0.0)      # [g, K]
+                sfx = np.maximum.accumulate(far[:, ::-1], axis=1)[:, ::-1]
+                for u in np.unique(np.minimum(cut, K) if ident else [K]):
+                    u = int(u)
+                    ss = np.flatnonzero(np.minimum(cut, K) == u) if ident else np.arange(Cs)
+                    self._xfer_block(t, nbytes, ss, jj, nd_[:, :u], tot[:, :, :u], tot_b,
+                                     own[ss][:, devs[:u]], nbox[ss][:, node_of[devs[:u]]],
+                                     sizes, item, nodes)
+                    if u < K:
+                        t[np.ix_(ss, jj)] = np.maximum(t[np.ix_(ss, jj)], sfx[None, :, u])
         return t, nbytes
+
+    def _xfer_block(self, t, nbytes, ss, jj, nd_, tot, tot_b, own, nbox, sizes, item, nodes):
+        """The by-node kernel for source candidates ``ss`` and destinations ``jj`` over the
+        devices given (``own`` / ``nbox`` ``[len(ss), K, nd, 2]``, ``nd_`` ``[g, K, nd, 2]``),
+        in blocks of at most :data:`BLOCK` elements; writes ``t`` and ``nbytes``."""
+        _, bw_in, bw_out, lat_in, lat_out = nodes
+        K = nd_.shape[1]
+        B = self._axes(nd_[None])                                     # [1, g, K]
+        own_k = self._axes(own[:, None])                              # [s, 1, K]
+        nb_k = self._axes(nbox[:, None])
+        Cs = len(ss)
+        step = max(1, self.BLOCK // max(1, len(jj) * K))
+        for a in range(0, Cs, step):
+            sl = slice(a, a + step)
+            rows = ss[sl]
+            shape = (len(rows), len(jj), K)
+            # bytes (whole numbers: every sum and difference below is exact)
+            mine = self._ov([(lo[sl], hi[sl]) for lo, hi in own_k], B, shape, sizes,
+                            item)
+            local = self._ov([(lo[sl], hi[sl]) for lo, hi in nb_k], B, shape, sizes,
+                             item)
+            nbytes[np.ix_(rows, jj)] = tot_b - mine.sum(axis=2)  # Σ (intra + inter)
+            intra = np.subtract(local, mine, out=mine)
+            inter = np.subtract(tot, local, out=local)
+            tm = None
+            if np.isfinite(bw_in):
+                tm = intra / bw_in
+            if np.isfinite(bw_out):
+                tm = inter / bw_out if tm is None else tm + inter / bw_out
+            if tm is None:
+                tm = np.zeros(shape)
+            far = inter > 0
+            if lat_out >= lat_in:      # max(lat_in [intra], lat_out [inter])
+                tm += np.where(far, lat_out, lat_in * (intra > 0))
+            else:
+                tm += np.maximum(lat_in * (intra > 0), lat_out * far)
+            t[np.ix_(rows, jj)] = tm.max(axis=2)
 
     def _node_tiles(self, src, src_cands, node_of):
         """Per source candidate: the tile each device owns ``[Cs, N, nd, 2]`` and the bounding
