@@ -95,27 +95,42 @@ def independent_solve(doc: dict):
     return const, time.perf_counter() - t0
 
 
+#: runs ``explorer search`` and reports its own peak RSS at exit: the high-water mark of its
+#: memory map (``VmHWM``), which exec resets; ``ru_maxrss`` of a child would also count the
+#: benchmark process it was forked from
+_CHILD = ("import atexit, resource, sys\n"
+          "def peak():\n"
+          "    try:\n"
+          "        kb = [int(l.split()[1]) for l in open('/proc/self/status')\n"
+          "              if l.startswith('VmHWM:')][0]\n"
+          "    except (OSError, IndexError):\n"
+          "        kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+          "    sys.stderr.write(f'\\npeak_kib={kb}\\n')\n"
+          "atexit.register(peak)\n"
+          "from explorer.cli import main\n"
+          "sys.exit(main(sys.argv[1:]))\n")
+
+
 def end_to_end(model: str, n: int, degrees: str):
-    """Wall time and peak RSS of ``explorer search`` (second of two runs), or an error."""
-    cmd = [sys.executable, "-m", "explorer", "search", model, "--devices", str(n), "--json"]
+    """Wall time and peak RSS of ``explorer search`` (second of two runs), or its error."""
+    cmd = [sys.executable, "-c", _CHILD, "search", model, "--devices", str(n), "--json"]
     if degrees != "auto":
         cmd += ["--degrees", degrees]
     env = dict(os.environ, PYTHONPATH=ROOT)
     out = None
     for _ in range(2):
         t0 = time.perf_counter()
-        p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env,
-                             cwd=ROOT)
-        _, status, usage = os.wait4(p.pid, 0)
+        p = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env,
+                           cwd=ROOT, text=True)
         wall = time.perf_counter() - t0
-        err = p.stderr.read().decode()
-        p.stderr.close()
-        p.returncode = os.waitstatus_to_exitcode(status)
+        lines = p.stderr.strip().splitlines()
+        peak = [int(x.split("=")[1]) / 1024 for x in lines if x.startswith("peak_kib=")]
+        peak_mib = peak[-1] if peak else float("nan")
         if p.returncode != 0:
-            return {"e2e_s": float("nan"), "peak_MiB": usage.ru_maxrss / 1024,
-                    "e2e_error": err.strip().splitlines()[-1][:200] if err.strip() else
-                    f"exit {p.returncode}"}
-        out = {"e2e_s": wall, "peak_MiB": usage.ru_maxrss / 1024}
+            msg = [x for x in lines if x and not x.startswith("peak_kib=")]
+            return {"e2e_s": float("nan"), "peak_MiB": peak_mib,
+                    "e2e_error": (msg[-1] if msg else f"exit {p.returncode}")[:200]}
+        out = {"e2e_s": wall, "peak_MiB": peak_mib}
     return out
 
 
