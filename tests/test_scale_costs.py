@@ -137,6 +137,18 @@ def test_tables_equal_the_reference_on_irregular_links_and_pins():
     assert t.estimate["candidates_max"] == max(len(c) for c in t.candidates.values())
 
 
+def test_layer_costs_by_total_degree_equal_all_at_once():
+    g = import_spec("resnet50")
+    grouped = CostModel(g, preset("p100-cluster", 64))
+    grouped.GROUP_ROWS = 0
+    whole = CostModel(g, preset("p100-cluster", 64))
+    whole.GROUP_ROWS = 10 ** 12
+    for name in g.names()[:20]:
+        cs = grouped.candidates(name)
+        for a, b in zip(grouped.layer_costs(name, cs), whole.layer_costs(name, cs)):
+            assert np.array_equal(a, b), name
+
+
 def test_min_plus_matches_the_cubic_temporary_with_ties():
     rng = np.random.default_rng(1)
     a = np.round(rng.random((9, 7)), 1)

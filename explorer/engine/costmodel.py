@@ -290,7 +290,19 @@ class CostModel:
                self._ckey(cands), self.input_grads(name))
         hit = self._layer_cache.get(key)
         if hit is None:
-            hit = self._layer_costs(layer, cands)
+            totals = np.array([c.total for c in cands])
+            if len(cands) * totals.max() <= self.GROUP_ROWS or len(set(totals.tolist())) < 2:
+                hit = self._layer_costs(layer, cands)
+            else:
+                # the arrays are [C, most devices]: by total degree, a candidate on k devices
+                # costs k rows, not the largest candidate's count (each candidate's costs are
+                # its own, so the numbers are the same)
+                hit = tuple(np.empty(len(cands)) for _ in range(3))
+                for k in np.unique(totals):
+                    idx = np.flatnonzero(totals == k)
+                    for out, part in zip(hit, self._layer_costs(layer, [cands[i]
+                                                                        for i in idx])):
+                        out[idx] = part
             self._layer_cache[key] = hit
         return tuple(a.copy() for a in hit)
 
@@ -587,6 +599,8 @@ class CostModel:
         self._xcache[key] = self._xcache[skey] = res
         return res
 
+    #: Candidates × devices above which a layer's costs are computed per total degree
+    GROUP_ROWS = 1 << 16
     #: Elements of the largest temporary a per-edge kernel builds (bounded memory whatever
     #: the device count: the work is cut into blocks of source candidates).
     BLOCK = 1 << 20
