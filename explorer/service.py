@@ -47,6 +47,8 @@ class Request:
         self.model = (self.model or "").strip()
         if not self.model:
             raise ValueError("choose a model: an example or path/to/file.py:function")
+        if not isinstance(self.degrees, str):                 # a list from a plan or the app
+            self.degrees = ",".join(str(d) for d in self.degrees)
         G.degree_values(self.degrees, self.devices)          # ValueError with the numbers
 
     @classmethod

@@ -263,3 +263,14 @@ def test_cli_refuses_a_search_too_big_in_one_line():
     assert len(lines) == 1 and "Traceback" not in proc.stderr
     assert "candidates per layer" in lines[0] and "work" in lines[0]
     assert "--degrees 1,4,16,64,256,1024" in lines[0]
+
+
+def test_service_request_carries_the_degrees():
+    from explorer import service
+    req = service.Request(model="lenet5", preset="p100-cluster", devices=32, degrees=[4, 16])
+    assert req.degrees == "4,16"
+    res = service.run_method(req, "optcnn")
+    assert res.info["degrees"] == [1, 4, 16]
+    assert all(v in (1, 4, 16) for la in res.plan.layers for _, v in la.config.degrees)
+    with pytest.raises(ValueError, match="degree 5 does not divide the 32 devices"):
+        service.Request(model="lenet5", devices=32, degrees="5")
