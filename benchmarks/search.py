@@ -1,22 +1,35 @@
-"""Search benchmark: every example model at 4, 8 and 16 devices on the P100 cluster preset.
+"""Search benchmark: example models on the P100 cluster preset, from 4 to 1,024 devices.
 
-Prints, per (model, devices): layers, candidates per layer (mean / max), the final graph left
-by node/edge elimination, the optcnn search time (cost tables + search, fresh cost model, best
-of --repeat runs) and the objective (equation 1) of optcnn against data / model / OWT.
+Prints, per (model, devices): the degrees used, layers, candidates per layer (mean / max), the
+final graph left by node/edge elimination, the optcnn cost-table and search time (fresh cost
+model, best of --repeat runs), an independent exact solve of the same tables (bucket
+elimination written here, over the ``--dump-costs`` document; ``x_indep`` = search_s /
+indep_s), the end-to-end wall time of the ``explorer search`` process (second run, so the
+import caches are warm) and its peak memory, and the objective (equation 1) of optcnn against
+data / model / OWT.
 
     python benchmarks/search.py [--models inception_v3,vgg16] [--devices 4,8,16] [--repeat 3]
+                                [--scale-models inception_v3,resnet50,gpt2]
+                                [--scale-devices 32,64,256,1024] [--no-e2e]
 
-Targets on a 2-core machine: Inception-v3 at 4 devices ≤ 0.2 s, at 16 devices ≤ 2 s.
+Targets on a 2-core machine: Inception-v3 at 4 devices ≤ 0.2 s, at 16 devices ≤ 2 s;
+``search_s`` at 16 devices ≤ 3× ``indep_s``; 1,024 devices ≤ 60 s and ≤ 4 GiB; Inception-v3
+end to end ≤ 2.5 s at 16 devices and ≤ 4 s at 64.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
+import subprocess
 import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+import numpy as np
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+sys.path.insert(0, ROOT)
 
 from explorer.engine.costmodel import CostModel  # noqa: E402
 from explorer.engine.devices import preset  # noqa: E402
@@ -26,70 +39,209 @@ from explorer.errors import InfeasiblePlan  # noqa: E402
 
 DEFAULT_MODELS = ["lenet5", "alexnet", "vgg16", "inception_v3", "resnet50", "wresnet", "mlp",
                   "lstm", "transformer", "densenet", "unet"]
+SCALE_MODELS = ["inception_v3", "resnet50", "gpt2"]
+#: largest factor (entries) the independent solve builds before giving up on a row
+INDEP_LIMIT = 60_000_000
 
 
-def bench(model: str, n: int, repeat: int, cost: str):
-    g = import_spec(model)
+def independent_solve(doc: dict):
+    """Exact minimum of equation 1 over a ``--dump-costs`` document, by bucket elimination
+    along a greedy min-degree order (written independently of the search: no node/edge
+    elimination, no pruning).  Returns ``(objective, seconds)`` or ``(None, seconds)`` when
+    a factor would exceed :data:`INDEP_LIMIT` entries."""
+    t0 = time.perf_counter()
+    names = [la["name"] for la in doc["layers"]]
+    dom = {la["name"]: len(la["candidates"]) for la in doc["layers"]}
+    factors = [((la["name"],), np.array([c["t_compute_s"] + c["t_sync_s"] + c["t_reduce_s"]
+                                         for c in la["candidates"]]))
+               for la in doc["layers"]]
+    factors += [((e["src"], e["dst"]), np.asarray(e["t_xfer_s"], dtype=float))
+                for e in doc["edges"]]
+    nbrs = {n: set() for n in names}
+    for e in doc["edges"]:
+        nbrs[e["src"]].add(e["dst"])
+        nbrs[e["dst"]].add(e["src"])
+    remaining = set(names)
+    const = 0.0
+    while remaining:
+        v = min(remaining, key=lambda x: (len(nbrs[x]), math.prod(dom[y] for y in nbrs[x])))
+        scope = sorted(nbrs[v])
+        if dom[v] * math.prod(dom[y] for y in scope) > INDEP_LIMIT:
+            return None, time.perf_counter() - t0
+        full = [v] + scope
+        acc = np.zeros([dom[x] for x in full])
+        keep = []
+        for s, arr in factors:
+            if v not in s:
+                keep.append((s, arr))
+                continue
+            order = sorted(range(len(s)), key=lambda i: full.index(s[i]))
+            a = np.transpose(arr, order)
+            shape = [1] * len(full)
+            for i in order:
+                shape[full.index(s[i])] = dom[s[i]]
+            acc = acc + a.reshape(shape)
+        reduced = acc.min(axis=0)
+        if scope:
+            keep.append((tuple(scope), reduced))
+        else:
+            const += float(reduced)
+        factors = keep
+        remaining.discard(v)
+        for a in scope:
+            nbrs[a] |= set(scope) - {a}
+            nbrs[a].discard(v)
+        del nbrs[v]
+    return const, time.perf_counter() - t0
+
+
+#: runs ``explorer search`` and reports its own peak RSS at exit: the high-water mark of its
+#: memory map (``VmHWM``), which exec resets; ``ru_maxrss`` of a child would also count the
+#: benchmark process it was forked from
+_CHILD = ("import atexit, resource, sys\n"
+          "def peak():\n"
+          "    try:\n"
+          "        kb = [int(l.split()[1]) for l in open('/proc/self/status')\n"
+          "              if l.startswith('VmHWM:')][0]\n"
+          "    except (OSError, IndexError):\n"
+          "        kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+          "    sys.stderr.write(f'\\npeak_kib={kb}\\n')\n"
+          "atexit.register(peak)\n"
+          "from explorer.cli import main\n"
+          "sys.exit(main(sys.argv[1:]))\n")
+
+
+def end_to_end(model: str, n: int, degrees: str):
+    """Wall time and peak RSS of ``explorer search`` (second of two runs), or its error."""
+    cmd = [sys.executable, "-c", _CHILD, "search", model, "--devices", str(n), "--json"]
+    if degrees != "auto":
+        cmd += ["--degrees", degrees]
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    out = None
+    for _ in range(2):
+        t0 = time.perf_counter()
+        p = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env,
+                           cwd=ROOT, text=True)
+        wall = time.perf_counter() - t0
+        lines = p.stderr.strip().splitlines()
+        peak = [int(x.split("=")[1]) / 1024 for x in lines if x.startswith("peak_kib=")]
+        peak_mib = peak[-1] if peak else float("nan")
+        if p.returncode != 0:
+            msg = [x for x in lines if x and not x.startswith("peak_kib=")]
+            return {"e2e_s": float("nan"), "peak_MiB": peak_mib,
+                    "e2e_error": (msg[-1] if msg else f"exit {p.returncode}")[:200]}
+        out = {"e2e_s": wall, "peak_MiB": peak_mib}
+    return out
+
+
+def bench(model: str, n: int, repeat: int, cost: str, degrees: str = "auto", e2e: bool = True,
+          graph=None):
+    g = graph if graph is not None else import_spec(model)
     d = preset("p100-cluster", n)
     best, res = float("inf"), None
-    for _ in range(repeat):
-        cm = CostModel(g, d, compute=cost)
-        t0 = time.perf_counter()
-        r = run("optcnn", Problem.of(g, d, cm))
-        el = time.perf_counter() - t0
-        if el < best:
-            best, res = el, r
+    try:
+        for _ in range(repeat):
+            cm = CostModel(g, d, compute=cost, degrees=degrees)
+            t0 = time.perf_counter()
+            r = run("optcnn", Problem.of(g, d, cm))
+            el = time.perf_counter() - t0
+            if el < best:
+                best, res = el, r
+    except InfeasiblePlan as exc:
+        return {"model": model, "devices": n, "error": str(exc)}
     objs = {}
-    for algo in [n for n in comparison("layerwise") if n != "optcnn"]:
+    for algo in [a for a in comparison("layerwise") if a != "optcnn"]:
         try:
             objs[algo] = run(algo, Problem.of(g, d, cm)).objective_s
         except InfeasiblePlan:
             objs[algo] = float("nan")
+    indep, indep_s = independent_solve(res.tables.dump())
     info = res.info
-    return {
-        "model": model, "devices": n, "layers": len(g), "edges": info["edges"],
+    row = {
+        "model": model, "devices": n, "degrees": _degrees_label(info["degrees"]),
+        "layers": len(g), "edges": info["edges"],
         "cand_mean": info["candidates_per_layer"]["mean"],
         "cand_max": info["candidates_per_layer"]["max"],
         "residual": f"{info['residual_nodes']}n/{info['residual_edges']}e"
                     + ("" if info["residual_method"] == "enumeration"
                        else f" {info['residual_method'][:3]}"),
         "method": info["residual_method"], "tables_s": info["tables_time_s"],
-        "search_s": best, "optcnn_ms": res.objective_s * 1e3,
+        "search_s": best, "indep_s": indep_s if indep is not None else float("nan"),
+        "x_indep": best / indep_s if indep is not None else float("nan"),
+        "agree": ("yes" if indep is not None and math.isclose(indep, res.objective_s,
+                                                                rel_tol=1e-9)
+                  else "-" if indep is None else "NO"),
+        "optcnn_ms": res.objective_s * 1e3,
         **{f"{k}_ms": v * 1e3 for k, v in objs.items()},
     }
+    row.update(end_to_end(model, n, degrees) if e2e else {"e2e_s": float("nan"),
+                                                          "peak_MiB": float("nan")})
+    return row
+
+
+def _degrees_label(degs) -> str:
+    degs = list(degs)
+    if len(degs) > 2 and all(b == degs[1] * a for a, b in zip(degs, degs[1:])):
+        return f"pow{degs[1]}"
+    return ",".join(map(str, degs)) if len(degs) <= 4 else f"{len(degs)} divisors"
+
+
+COLS = ["model", "devices", "degrees", "layers", "edges", "cand_mean", "cand_max", "residual",
+        "tables_s", "search_s", "indep_s", "x_indep", "agree", "e2e_s", "peak_MiB",
+        "optcnn_ms", "data_ms", "model_ms", "owt_ms"]
+
+
+def _cells(r: dict) -> list:
+    cells = []
+    for c in COLS:
+        v = r.get(c, "")
+        if isinstance(v, float):
+            v = ("-" if math.isnan(v) else f"{v:.3f}" if c.endswith("_s") else
+                 f"{v:.2f}" if c.endswith("_ms") or c == "x_indep" else f"{v:.0f}"
+                 if c == "peak_MiB" else f"{v:.1f}")
+        cells.append(str(v))
+    return cells
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default=",".join(DEFAULT_MODELS))
     ap.add_argument("--devices", default="4,8,16")
+    ap.add_argument("--scale-models", default=",".join(SCALE_MODELS),
+                    help="models also run at --scale-devices ('' for none)")
+    ap.add_argument("--scale-devices", default="32,64,256,1024")
+    ap.add_argument("--degrees", default="auto", help="as `explorer search --degrees`")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--cost", default="analytic", choices=["analytic", "measured"])
+    ap.add_argument("--no-e2e", action="store_true",
+                    help="skip the end-to-end `explorer search` subprocess runs")
     ap.add_argument("--markdown", action="store_true", help="print a Markdown table")
     args = ap.parse_args(argv)
-    rows = []
-    cols = ["model", "devices", "layers", "edges", "cand_mean", "cand_max", "residual",
-            "tables_s", "search_s", "optcnn_ms", "data_ms", "model_ms", "owt_ms"]
+    jobs = [(m, int(n)) for m in args.models.split(",") if m
+            for n in args.devices.split(",") if n]
+    jobs += [(m, int(n)) for m in args.scale_models.split(",") if m
+             for n in args.scale_devices.split(",") if n]
     if args.markdown:
-        print("| " + " | ".join(cols) + " |")
-        print("|" + "---|" * len(cols))
+        print("| " + " | ".join(COLS) + " |")
+        print("|" + "---|" * len(COLS))
     else:
-        print(" ".join(f"{c:>12s}" for c in cols))
-    for m in args.models.split(","):
-        for n in (int(x) for x in args.devices.split(",")):
-            r = bench(m, n, args.repeat, args.cost)
-            rows.append(r)
-            cells = []
-            for c in cols:
-                v = r[c]
-                if isinstance(v, float):
-                    v = f"{v:.3f}" if c.endswith("_s") else f"{v:.2f}" if c.endswith("_ms") \
-                        else f"{v:.1f}"
-                cells.append(str(v))
-            if args.markdown:
-                print("| " + " | ".join(cells) + " |", flush=True)
-            else:
-                print(" ".join(f"{c:>12s}" for c in cells), flush=True)
+        print(" ".join(f"{c:>12s}" for c in COLS))
+    rows, graphs = [], {}
+    for m, n in jobs:
+        if m not in graphs:
+            graphs[m] = import_spec(m)
+        r = bench(m, n, args.repeat, args.cost, args.degrees, not args.no_e2e, graphs[m])
+        rows.append(r)
+        if "error" in r:
+            print(f"{m} at {n} devices: {r['error']}", flush=True)
+            continue
+        cells = _cells(r)
+        if args.markdown:
+            print("| " + " | ".join(cells) + " |", flush=True)
+        else:
+            print(" ".join(f"{c:>12s}" for c in cells), flush=True)
+        if r.get("e2e_error"):
+            print(f"  explorer search failed: {r['e2e_error']}", flush=True)
     return rows
 
 

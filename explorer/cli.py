@@ -75,6 +75,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "on the local device (measured, cached in SQLite)")
     s.add_argument("--sync", default="ps", choices=["ps", "ring"],
                    help="parameter synchronisation model: parameter server (paper) or ring")
+    s.add_argument("--degrees", default="auto", metavar="SPEC",
+                   help="degrees a layer's dimensions may take: auto (every divisor up to 16 "
+                        "devices; beyond, powers of two, or of 4, 8... when powers of two "
+                        "would take minutes), divisors, pow2, or a list such as 1,4,16,64")
     s.add_argument("--json", action="store_true", help="print the plan as JSON")
     s.add_argument("--dump-costs", metavar="FILE", help="write the cost tables as JSON")
     s.add_argument("--out", "-o", metavar="PLAN.json", help="also save the plan JSON to a file")
@@ -201,7 +205,8 @@ def _request(args):
         raise ValueError(f"--devices must be ≥ 1, got {args.devices}")
     return Request(model=args.model, batch=args.batch, model_args=dict(args.model_arg),
                    preset=args.preset or "p100-cluster", devices=args.devices, algo=args.algo,
-                   cost=getattr(args, "cost", "analytic"), sync=getattr(args, "sync", "ps"))
+                   cost=getattr(args, "cost", "analytic"), sync=getattr(args, "sync", "ps"),
+                   degrees=getattr(args, "degrees", "auto"))
 
 
 def _check_flags(args, family: str) -> None:
@@ -209,6 +214,7 @@ def _check_flags(args, family: str) -> None:
     only = [("--dump-costs", args.dump_costs, ("layerwise",)),
             ("--cost measured", args.cost != "analytic", ("layerwise",)),
             ("--sync ring", args.sync != "ps", ("layerwise",)),
+            ("--degrees", args.degrees != "auto", ("layerwise",)),
             ("--dump-graph", args.dump_graph, ("placement",)),
             ("--memory-per-device", args.memory_per_device is not None, ("placement",)),
             ("--compare", args.compare, ("layerwise", "tofu"))]

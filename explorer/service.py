@@ -36,6 +36,7 @@ class Request:
     cost: str = "analytic"
     sync: str = "ps"
     cluster: dict | None = None       # uploaded cluster JSON (when preset == "custom")
+    degrees: str = "auto"             # layer-wise degrees (see geometry.degree_values)
 
     def __post_init__(self):
         if self.batch is not None:
@@ -48,6 +49,9 @@ class Request:
         self.model = (self.model or "").strip()
         if not self.model:
             raise ValueError("choose a model: an example or path/to/file.py:function")
+        if not isinstance(self.degrees, str):                 # a list from a plan or the app
+            self.degrees = ",".join(str(d) for d in self.degrees)
+        G.degree_values(self.degrees, self.devices)          # ValueError with the numbers
 
     @classmethod
     def from_dict(cls, d: dict | None) -> "Request":
@@ -149,8 +153,10 @@ def devices_for(req: Request) -> DeviceGraph:
 
 def cost_model_for(req: Request) -> CostModel:
     def make():
-        return CostModel(graph_for(req), devices_for(req), compute=req.cost, sync=req.sync)
-    return _lru(_MODELS, req.graph_key() + req.device_key() + (req.cost, req.sync), make)
+        return CostModel(graph_for(req), devices_for(req), compute=req.cost, sync=req.sync,
+                         degrees=req.degrees)
+    return _lru(_MODELS, req.graph_key() + req.device_key() + (req.cost, req.sync, req.degrees),
+                make)
 
 
 def summary(req: Request) -> dict:
@@ -166,7 +172,7 @@ def problem_for(req: Request):
     come from this service's caches (each built once)."""
     from .engine.search import Problem
     return Problem(devices_for(req), req.model, req.batch, dict(req.model_args), req.cost,
-                   req.sync, builders={
+                   req.sync, degrees=req.degrees, builders={
                        "layer_graph": lambda: graph_for(req),
                        "cost_model": lambda: cost_model_for(req),
                        "opgraph": lambda: opgraph_for(req),

@@ -35,8 +35,10 @@ All tables are numpy arrays indexed by candidate position, so the search is pure
 
 from __future__ import annotations
 
+import hashlib
 import math
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -55,6 +57,12 @@ EFFICIENCY["conv_transpose"] = EFFICIENCY["conv"]   # the same kernels (a data g
 LAUNCH_OVERHEAD_S = 3 * 5e-6
 #: Memory passes of the SGD update per weight byte: read weights, read gradients, write weights.
 UPDATE_PASSES = 3.0
+#: Largest work (:meth:`CostModel.estimate`'s ``work``: per-edge kernel elements plus
+#: elimination steps / 16) a search may start: about ten minutes on a busy 2-core machine.
+MAX_WORK = 5e9
+#: ``degrees="auto"`` beyond 16 devices takes powers of two, or the first coarser ladder
+#: (powers of 4, 8, ...) whose work is at most this (about a minute on a 2-core machine).
+AUTO_WORK = 1e9
 
 
 @dataclass
@@ -78,6 +86,8 @@ class CostTables:
     #: without any are absent: 0) and the bytes it moves
     t_reduce: dict = field(default_factory=dict)
     bytes_reduce: dict = field(default_factory=dict)
+    #: :meth:`CostModel.estimate` made before building (candidates, bytes, work)
+    estimate: dict = field(default_factory=dict)
 
     def node_cost(self, name: str) -> np.ndarray:
         red = self.t_reduce.get(name)
@@ -125,29 +135,39 @@ class CostModel:
     compute: ``"analytic"`` (roofline) or ``"measured"`` (profile the local device).
     sync: ``"ps"`` (parameter server, the paper) or ``"ring"`` (all-reduce).
     profile_cache: path of the SQLite profile cache (measured mode).
+    degrees: the degrees a dimension may take (:func:`.geometry.degree_values`): ``"auto"``
+        (every divisor up to 16 devices; beyond, powers of two, or of 4, 8, ... when powers
+        of two would take more than :data:`AUTO_WORK`), ``"divisors"``, ``"pow2"`` or
+        explicit degrees such as ``"1,4,16,64"``.  Pinned layers always get every divisor.
     """
 
     def __init__(self, graph: LayerGraph, devices: DeviceGraph, compute: str = "analytic",
-                 sync: str = "ps", profile_cache=None, dtype_bytes: int = 4):
+                 sync: str = "ps", profile_cache=None, dtype_bytes: int = 4,
+                 degrees="auto"):
         if compute not in ("analytic", "measured"):
             raise ValueError(f"compute cost mode {compute!r}: use 'analytic' or 'measured'")
         if sync not in ("ps", "ring"):
             raise ValueError(f"sync mode {sync!r}: use 'ps' or 'ring'")
         self.graph, self.devices = graph, devices
         self.compute, self.sync = compute, sync
+        self.degrees = G.degree_values(degrees, devices.n)     # ValueError with the numbers
+        if degrees in (None, "auto") and devices.n > G.ALL_DIVISORS_UP_TO:
+            self.degrees = self._auto_degrees()
         self.dtype_bytes = dtype_bytes
         self.profile_cache = profile_cache
         self._profiler = None
         self.profile_time_s = 0.0
         self._xcache: dict = {}
-        self._box_cache: dict = {}
-        self._tile_cache: dict = {}
+        self._tile_cache: OrderedDict = OrderedDict()   # big per-layout arrays: a few, LRU
         self._layer_cache: dict = {}
         self._bw_cache: dict = {}
-        self._stack_cache: dict = {}
+        self._stack_cache: OrderedDict = OrderedDict()
         self._lat_cache: dict = {}
         self._cand_cache: dict = {}
+        self._ctok: dict = {}
+        self._ctok_content: dict = {}
         self._grad_cache: dict | None = None
+        self._memory = None
 
     # -- gradients -------------------------------------------------------------------------
     def needs_grad(self, name: str) -> bool:
@@ -189,12 +209,14 @@ class CostModel:
                     f"pin {pin.text()}: {len(devs)} devices do not divide the {n} available; "
                     f"pin 1, 2, ... devices that divide {n}")
             cands = G.enumerate_configs(layer, n, devices=devs)
+        elif pin is not None:               # a pinned layer may take any divisor
+            cands = G.enumerate_configs(layer, n)
         else:
             key = (tuple(layer.size(a) for a in layer.dims), layer.dims,
                    G.reduction_size(layer))
             cands = self._cand_cache.get(key)
             if cands is None:
-                cands = G.enumerate_configs(layer, n)
+                cands = G.enumerate_configs(layer, n, degrees=self.degrees)
                 self._cand_cache[key] = cands
         if pin is not None:
             allc = cands
@@ -212,29 +234,42 @@ class CostModel:
         return cands
 
     # -- per-layer costs -------------------------------------------------------------------
-    def _boxes(self, layer: Layer, cfg: G.Config):
-        key = (layer.name, cfg)
-        b = self._box_cache.get(key)
-        if b is None:
-            b = G.output_boxes(layer, cfg)
-            self._box_cache[key] = b
-        return b
+    def _layout_key(self, layer: Layer, cands: list) -> tuple:
+        """What a layer's boxes under ``cands`` depend on: layers with the same output shape,
+        axes and reduction share them (repeated blocks)."""
+        return (layer.out_shape, layer.axes, G.reduction_size(layer), self._ckey(cands))
+
+    def _ckey(self, cands: list) -> int:
+        """A small key for a candidate list's contents (hashing hundreds of configurations
+        of 1,024 devices each on every cache lookup would cost seconds)."""
+        hit = self._ctok.get(id(cands))
+        if hit is not None and hit[0] is cands:
+            return hit[1]
+        tok = self._ctok_content.setdefault(tuple(cands), len(self._ctok_content))
+        self._ctok[id(cands)] = (cands, tok)      # holds the list: its id stays unique
+        return tok
+
+    @staticmethod
+    def _lru(cache: OrderedDict, key, make, size: int = 12):
+        """``cache[key]`` or ``make()``, keeping the ``size`` most recent: these arrays are
+        ``[C, devices, ndim, 2]``, tens of MiB each at 1,024 devices."""
+        v = cache.get(key)
+        if v is None:
+            v = make()
+            cache[key] = v
+            while len(cache) > size:
+                cache.popitem(last=False)
+        else:
+            cache.move_to_end(key)
+        return v
 
     def _stacked(self, layer: Layer, cands: list):
-        key = (layer.name, tuple(cands))
-        v = self._stack_cache.get(key)
-        if v is None:
-            v = G.stacked_output_boxes(layer, cands)
-            self._stack_cache[key] = v
-        return v
+        return self._lru(self._stack_cache, ("owned",) + self._layout_key(layer, cands),
+                         lambda: G.stacked_output_boxes(layer, cands))
 
     def _stacked_compute(self, layer: Layer, cands: list):
-        key = ("compute", layer.name, tuple(cands))
-        v = self._stack_cache.get(key)
-        if v is None:
-            v = G.stacked_compute_boxes(layer, cands)
-            self._stack_cache[key] = v
-        return v
+        return self._lru(self._stack_cache, ("compute",) + self._layout_key(layer, cands),
+                         lambda: G.stacked_compute_boxes(layer, cands))
 
     def shard_shapes(self, layer: Layer, cfg: G.Config) -> list:
         """Per device of ``cfg``: (shape of the box it computes, input region shapes); a
@@ -252,10 +287,22 @@ class CostModel:
         layer = self.graph.layer(name)
         key = (layer.op, repr(sorted(layer.attrs.items())), tuple(map(tuple, layer.in_shapes)),
                layer.out_shape, layer.axes, repr(sorted(layer.params.items())), layer.flops,
-               tuple(cands), self.input_grads(name))
+               self._ckey(cands), self.input_grads(name))
         hit = self._layer_cache.get(key)
         if hit is None:
-            hit = self._layer_costs(layer, cands)
+            totals = np.array([c.total for c in cands])
+            if len(cands) * totals.max() <= self.GROUP_ROWS or len(set(totals.tolist())) < 2:
+                hit = self._layer_costs(layer, cands)
+            else:
+                # the arrays are [C, most devices]: by total degree, a candidate on k devices
+                # costs k rows, not the largest candidate's count (each candidate's costs are
+                # its own, so the numbers are the same)
+                hit = tuple(np.empty(len(cands)) for _ in range(3))
+                for k in np.unique(totals):
+                    idx = np.flatnonzero(totals == k)
+                    for out, part in zip(hit, self._layer_costs(layer, [cands[i]
+                                                                        for i in idx])):
+                        out[idx] = part
             self._layer_cache[key] = hit
         return tuple(a.copy() for a in hit)
 
@@ -327,9 +374,24 @@ class CostModel:
         layer = self.graph.layer(name)
         passes = 2.0 if self.needs_grad(name) else 1.0
         t, nbytes = np.zeros(len(cands)), np.zeros(len(cands))
+        nodes = self._node_structure()
+        if nodes is not None:
+            node_of, bw_in, bw_out, lat_in, lat_out = nodes
+            tiles, _, _ = self._stacked_compute(layer, cands)
+            vols = G.volume(tiles).astype(float) * self.dtype_bytes     # [C, Dm]
         for i, cfg in enumerate(cands):
             k = cfg.deg(G.REDUCE)
             if k == 1:
+                continue
+            if nodes is not None:      # every group at once: slowest link = node structure
+                nn_ = np.sort(node_of[np.asarray(cfg.devices)].reshape(-1, k), axis=1)
+                out = nn_[:, 0] != nn_[:, -1]
+                inn = (nn_[:, 1:] == nn_[:, :-1]).any(axis=1)
+                bw = np.minimum(np.where(inn, bw_in, np.inf), np.where(out, bw_out, np.inf))
+                lat = np.maximum(np.where(inn, lat_in, 0.0), np.where(out, lat_out, 0.0))
+                sz = vols[i, : cfg.total: k]
+                t[i] = (passes * ((k - 1) / k * sz / bw + (k - 1) * lat)).max()
+                nbytes[i] = (passes * (k - 1) * sz).sum()     # whole bytes: exact in any order
                 continue
             tiles, _ = G.compute_boxes(layer, cfg)
             for members in G.reduce_groups(cfg):
@@ -343,31 +405,38 @@ class CostModel:
     def _sync_by_node(self, shards, dev, used, cands, nodes) -> np.ndarray:
         """Vectorised :meth:`_sync` for two-level device graphs (same numbers, no loops).
 
-        For each device slot, its replica group is the set of slots holding an identical
-        shard; the group's server is its first slot; a group's slowest link is the inter-node
-        one as soon as it spans two nodes.
+        For each device slot, its replica group is the set of slots of its candidate holding
+        an identical shard (found by sorting the shards, ``O(C·D log)`` rather than comparing
+        every pair of slots); the group's server is its first slot; a group's slowest link is
+        the inter-node one as soon as it spans two nodes.
         """
         node_of, bw_in, bw_out, lat_in, lat_out = nodes
         C, Dm = used.shape
         load = np.zeros((C, Dm))
         rmax = np.zeros(C, dtype=np.int64)                           # largest replica group
         node = node_of[dev]                                          # [C, Dm]
-        tri = np.tril(np.ones((Dm, Dm), dtype=bool), -1)             # k' < k
+        ci, slot = np.nonzero(used)                                  # candidate-major order
         for _, reg in shards.values():
-            flat = reg.reshape(C, Dm, -1)
-            eq = (flat[:, :, None, :] == flat[:, None, :, :]).all(-1)  # [C, Dm, Dm]
-            eq &= used[:, :, None] & used[:, None, :]
-            r = eq.sum(axis=2)
-            leader = used & ~(eq & tri[None]).any(axis=2)            # first slot of its group
-            span = (eq & (node[:, :, None] != node[:, None, :])).any(axis=2)
+            flat = reg.reshape(C, Dm, -1)[ci, slot]                  # [U, P]
+            keys = np.column_stack([ci, flat[:, (flat != flat[:1]).any(axis=0)]])
+            order = np.lexsort(keys.T[::-1])                         # stable: slots in order
+            ks = keys[order]
+            start = np.ones(len(ks), dtype=bool)
+            start[1:] = (ks[1:] != ks[:-1]).any(axis=1)
+            first = np.flatnonzero(start)
+            r = np.diff(np.append(first, len(ks)))                   # group sizes
+            nn_ = node[ci, slot][order]
+            span = np.minimum.reduceat(nn_, first) != np.maximum.reduceat(nn_, first)
+            lead = order[first]                                      # the group's first slot
+            s = G.volume(reg)[ci[lead], slot[lead]].astype(float) * self.dtype_bytes
             bw = np.where(span, bw_out, bw_in)
-            s = G.volume(reg).astype(float) * self.dtype_bytes
             if self.sync == "ps":
                 cost = 2.0 * (r - 1) * s / bw
             else:
                 cost = 2.0 * (r - 1) / np.maximum(r, 1) * s / bw
-            load += np.where(leader & (r > 1), cost, 0.0)
-            rmax = np.maximum(rmax, np.where(leader & (s > 0), r, 0).max(axis=1))
+            many = r > 1
+            load[ci[lead][many], slot[lead][many]] += cost[many]
+            np.maximum.at(rmax, ci[lead], np.where(s > 0, r, 0))
         ts = load.max(axis=1)
         for i, c in enumerate(cands):
             if ts[i] > 0:
@@ -411,6 +480,16 @@ class CostModel:
             return 0.0
         lat = self._group_lat(cfg.devices)
         return max(load.values()) + self._sync_steps(rmax) * lat
+
+    def _capacity(self, devs: tuple) -> float:
+        """Smallest memory among ``devs`` (cached: configurations share device blocks)."""
+        v = self._lat_cache.get(("memory", devs))
+        if v is None:
+            if self._memory is None:
+                self._memory = np.array([d.memory for d in self.devices.devices], dtype=float)
+            v = float(self._memory[list(devs)].min())
+            self._lat_cache[("memory", devs)] = v
+        return v
 
     def _group_bw(self, devs: tuple) -> float:
         """Slowest link inside a group of devices (cached: groups repeat across layers)."""
@@ -474,12 +553,6 @@ class CostModel:
         self._nodes = res
         return res
 
-    def _edge_key(self, edge, src_cands, dst_cands):
-        src, dst = self.graph.layer(edge.src), self.graph.layer(edge.dst)
-        return (src.out_shape, src.axes, tuple(src_cands), dst.op, repr(sorted(dst.attrs.items())),
-                tuple(map(tuple, dst.in_shapes)), dst.out_shape, dst.axes, edge.index,
-                edge.transforms, tuple(dst_cands), self.needs_grad(edge.src))
-
     def xfer(self, edge: Edge, src_cands: list, dst_cands: list):
         """``(t_xfer [Cs, Cd], bytes [Cs, Cd])`` for one edge (forward + backward).
 
@@ -488,12 +561,18 @@ class CostModel:
         after another (plus one link latency, the largest among its sources); destinations
         receive in parallel, so the edge takes the slowest one.  Twice that (the gradient of
         the region goes back the same way), or once when the producer needs no gradient.
+
+        Tables depend only on the producer's box layout and the regions the consumer's
+        devices need, so edges with the same pair of layouts (repeated blocks, a tensor read
+        by several branches alike) share one table, found by the layouts' contents.
         """
-        key = self._edge_key(edge, src_cands, dst_cands)
-        hit = self._xcache.get(key)
+        src, dst = self.graph.layer(edge.src), self.graph.layer(edge.dst)
+        skey = (self._layout_key(src, src_cands), dst.op, repr(sorted(dst.attrs.items())),
+                tuple(map(tuple, dst.in_shapes)), self._layout_key(dst, dst_cands), edge.index,
+                edge.transforms, self.needs_grad(edge.src))
+        hit = self._xcache.get(skey)            # the same edge signature: no geometry at all
         if hit is not None:
             return hit
-        src, dst = self.graph.layer(edge.src), self.graph.layer(edge.dst)
         Dd = max(c.total for c in dst_cands)
         db, dred, dused = self._stacked_compute(dst, dst_cands)   # what each device computes
         ddev = np.full((len(dst_cands), Dd), -1, dtype=np.int64)
@@ -501,6 +580,14 @@ class CostModel:
             ddev[j, : c.total] = c.devices
         need = G.edge_regions(self.graph, edge, db, dred)    # [Cd, Dd, nd, 2] on producer
         need[ddev < 0] = 0
+        digest = hashlib.blake2b(np.ascontiguousarray(need), digest_size=20)
+        digest.update(np.ascontiguousarray(ddev))
+        key = (self._layout_key(src, src_cands), need.shape, digest.digest(),
+               self.needs_grad(edge.src))
+        hit = self._xcache.get(key)             # another consumer needing the same regions
+        if hit is not None:
+            self._xcache[skey] = hit
+            return hit
         nodes = self._node_structure()
         res = None
         if nodes is not None:
@@ -509,18 +596,60 @@ class CostModel:
             res = self._xfer_pairwise(src, src_cands, need, ddev)
         if self.needs_grad(edge.src):
             res = (2.0 * res[0], 2.0 * res[1])
-        self._xcache[key] = res
+        self._xcache[key] = self._xcache[skey] = res
         return res
 
+    #: Candidates × devices above which a layer's costs are computed per total degree
+    GROUP_ROWS = 1 << 16
+    #: Elements of the largest temporary a per-edge kernel builds (bounded memory whatever
+    #: the device count: the work is cut into blocks of source candidates).
+    BLOCK = 1 << 20
+
     def _src_tiles(self, src, src_cands):
-        Ds = max(c.total for c in src_cands)
-        nd = len(src.out_shape)
-        sb = np.zeros((len(src_cands), Ds, nd, 2), dtype=np.int64)
-        sdev = np.full((len(src_cands), Ds), -1, dtype=np.int64)
+        """``(tiles [Cs, Ds, nd, 2], device [Cs, Ds])`` of the producer (device -1: unused)."""
+        sb, used = self._stacked(src, src_cands)
+        sdev = np.full(used.shape, -1, dtype=np.int64)
         for i, c in enumerate(src_cands):
-            sb[i, : c.total] = self._boxes(src, c)
             sdev[i, : c.total] = c.devices
         return sb, sdev
+
+    @staticmethod
+    def _axes(boxes: np.ndarray) -> list:
+        """Per axis ``(lo, hi)`` as contiguous int32 arrays (half the memory traffic of int64;
+        tensor extents are far below 2**31)."""
+        return [(np.ascontiguousarray(boxes[..., ax, 0], dtype=np.int32),
+                 np.ascontiguousarray(boxes[..., ax, 1], dtype=np.int32))
+                for ax in range(boxes.shape[-2])]
+
+    @staticmethod
+    def _ov(a: list, b: list, shape, sizes, scale: float = 1.0) -> np.ndarray:
+        """Volume of the intersection of broadcast boxes given per axis (:meth:`_axes`) of a
+        tensor of ``sizes``, times ``scale`` (bytes per element), as float64 (exact: products
+        of integers below 2**53).
+
+        An axis one side covers whole everywhere (an unsplit axis, a full input-channel
+        range) contributes the other side's extent, multiplied on that side's smaller array;
+        only axes both sides cut pay the full-size ``max / min / clip``."""
+        out = None
+        small = float(scale)
+        for (alo, ahi), (blo, bhi), size in zip(a, b, sizes):
+            if not blo.any() and (bhi == size).all():
+                small = small * (ahi - alo).astype(np.float64)
+                continue
+            if not alo.any() and (ahi == size).all():
+                small = small * (bhi - blo).astype(np.float64)
+                continue
+            ext = np.minimum(ahi, bhi)
+            ext -= np.maximum(alo, blo)
+            np.maximum(ext, 0, out=ext)
+            if out is None:
+                out = ext.astype(np.float64)
+            else:
+                out *= ext
+        if out is None:
+            return np.broadcast_to(small, shape) * 1.0
+        out *= small
+        return out
 
     def _xfer_by_node(self, src, src_cands, need, ddev, nodes):
         """Fast path for two-level (node-local / remote) links.
@@ -528,85 +657,233 @@ class CostModel:
         Bytes a destination gets from its own node = |R ∩ node's tiles| − |R ∩ own tile|, from
         other nodes = |R| − |R ∩ node's tiles| (the tiles partition the tensor).  Needs each
         node's tiles to form a box, which holds for the presets' power-of-two configurations;
-        returns ``None`` otherwise and the pairwise path is used.
+        returns ``None`` otherwise and the pairwise path is used.  Work is
+        ``Σ_dst Cs · devices(dst)`` (a destination on ``k`` devices costs ``k``), in blocks of
+        at most :data:`BLOCK` elements.
         """
         node_of, bw_in, bw_out, lat_in, lat_out = nodes
         tiles = self._node_tiles(src, src_cands, node_of)
         if tiles is None:
             return None
-        own, nbox = tiles
-        dd = np.clip(ddev, 0, None)
-        valid = ddev >= 0                                                 # [Cd, Dd]
-        tot = G.volume(need).astype(np.float64)                           # [Cd, Dd]
-        mine = G.overlap(need[None], own[:, dd])                          # [Cs, Cd, Dd]
-        local = G.overlap(need[None], nbox[:, node_of[dd]])
-        intra = np.where(valid, local - mine, 0.0) * self.dtype_bytes    # [Cs, Cd, Dd]
-        inter = np.where(valid, tot[None] - local, 0.0) * self.dtype_bytes
-        t = np.zeros_like(intra)
-        if np.isfinite(bw_in):
-            t += intra / bw_in
-        if np.isfinite(bw_out):
-            t += inter / bw_out
-        t += np.maximum(np.where(intra > 0, lat_in, 0.0), np.where(inter > 0, lat_out, 0.0))
-        return t.max(axis=2), (intra + inter).sum(axis=2)
+        own, nbox = tiles                                           # [Cs, N|nodes, nd, 2]
+        Cs, Cd = own.shape[0], need.shape[0]
+        sizes = src.out_shape
+        item = float(self.dtype_bytes)
+        t = np.zeros((Cs, Cd))
+        nbytes = np.zeros((Cs, Cd))
+        kd = (ddev >= 0).sum(axis=1)
+        # a source candidate's tiles lie on the nodes of its devices: a destination device
+        # past ``cut`` (the end of the last such node) owns nothing and has no node-mate
+        # that does, so it receives its whole region remotely - no kernel needed there
+        cut = np.full(Cs, self.devices.n)
+        if np.isfinite(bw_out) and (np.diff(node_of) >= 0).all():
+            node_end = np.searchsorted(node_of, np.arange(int(node_of.max()) + 1), "right")
+            cut = node_end[node_of[[max(c.devices) for c in src_cands]]]
+        for K in np.unique(kd):
+            K = int(K)
+            js = np.flatnonzero(kd == K)
+            dv = ddev[js, :K]
+            if (dv == np.arange(K)).all():      # unpinned: devices 0..K-1, no gathers
+                groups = [(js, np.arange(K))]
+            else:                               # pinned devices: one destination at a time
+                groups = [(js[i:i + 1], dv[i]) for i in range(len(js))]
+            for jj, devs in groups:
+                nd_ = need[jj][:, :K]                                 # [g, K, nd, 2]
+                tot = G.volume(nd_).astype(np.float64)[None] * item   # [1, g, K] bytes
+                tot_b = tot.sum(axis=2)
+                ident = devs[-1] == K - 1 and (devs == np.arange(K)).all()
+                # what a device past the cut costs (the kernel's own formula with
+                # intra = 0, inter = |R|), and its suffix maximum over devices
+                far = tot[0] / bw_out + np.where(tot[0] > 0, lat_out, 0.0)      # [g, K]
+                sfx = np.maximum.accumulate(far[:, ::-1], axis=1)[:, ::-1]
+                for u in np.unique(np.minimum(cut, K) if ident else [K]):
+                    u = int(u)
+                    ss = np.flatnonzero(np.minimum(cut, K) == u) if ident else np.arange(Cs)
+                    self._xfer_block(t, nbytes, ss, jj, nd_[:, :u], tot[:, :, :u], tot_b,
+                                     own[ss][:, devs[:u]], nbox[ss][:, node_of[devs[:u]]],
+                                     sizes, item, nodes)
+                    if u < K:
+                        t[np.ix_(ss, jj)] = np.maximum(t[np.ix_(ss, jj)], sfx[None, :, u])
+        return t, nbytes
+
+    def _xfer_block(self, t, nbytes, ss, jj, nd_, tot, tot_b, own, nbox, sizes, item, nodes):
+        """The by-node kernel for source candidates ``ss`` and destinations ``jj`` over the
+        devices given (``own`` / ``nbox`` ``[len(ss), K, nd, 2]``, ``nd_`` ``[g, K, nd, 2]``),
+        in blocks of at most :data:`BLOCK` elements; writes ``t`` and ``nbytes``."""
+        _, bw_in, bw_out, lat_in, lat_out = nodes
+        K = nd_.shape[1]
+        B = self._axes(nd_[None])                                     # [1, g, K]
+        own_k = self._axes(own[:, None])                              # [s, 1, K]
+        nb_k = self._axes(nbox[:, None])
+        Cs = len(ss)
+        step = max(1, self.BLOCK // max(1, len(jj) * K))
+        for a in range(0, Cs, step):
+            sl = slice(a, a + step)
+            rows = ss[sl]
+            shape = (len(rows), len(jj), K)
+            # bytes (whole numbers: every sum and difference below is exact)
+            mine = self._ov([(lo[sl], hi[sl]) for lo, hi in own_k], B, shape, sizes,
+                            item)
+            local = self._ov([(lo[sl], hi[sl]) for lo, hi in nb_k], B, shape, sizes,
+                             item)
+            nbytes[np.ix_(rows, jj)] = tot_b - mine.sum(axis=2)  # Σ (intra + inter)
+            intra = np.subtract(local, mine, out=mine)
+            inter = np.subtract(tot, local, out=local)
+            tm = None
+            if np.isfinite(bw_in):
+                tm = intra / bw_in
+            if np.isfinite(bw_out):
+                tm = inter / bw_out if tm is None else tm + inter / bw_out
+            if tm is None:
+                tm = np.zeros(shape)
+            far = inter > 0
+            if lat_out >= lat_in:      # max(lat_in [intra], lat_out [inter])
+                tm += np.where(far, lat_out, lat_in * (intra > 0))
+            else:
+                tm += np.maximum(lat_in * (intra > 0), lat_out * far)
+            t[np.ix_(rows, jj)] = tm.max(axis=2)
 
     def _node_tiles(self, src, src_cands, node_of):
         """Per source candidate: the tile each device owns ``[Cs, N, nd, 2]`` and the bounding
         box of each node's tiles ``[Cs, nodes, nd, 2]``; ``None`` if some node's tiles are not
-        a box."""
-        key = (src.name, tuple(src_cands))
-        if key in self._tile_cache:
-            return self._tile_cache[key]
-        n_nodes = int(node_of.max()) + 1
-        nd = len(src.out_shape)
-        Cs = len(src_cands)
-        own = np.zeros((Cs, self.devices.n, nd, 2), dtype=np.int64)
-        nbox = np.zeros((Cs, n_nodes, nd, 2), dtype=np.int64)
-        res = (own, nbox)
-        for i, c in enumerate(src_cands):
-            boxes = self._boxes(src, c)
-            devs = np.asarray(c.devices)
-            own[i, devs] = boxes
-            nn_ = node_of[devs]
-            for x in set(nn_.tolist()):
-                sel = boxes[nn_ == x]
-                bb = np.empty((nd, 2), dtype=np.int64)
-                bb[:, 0], bb[:, 1] = sel[:, :, 0].min(axis=0), sel[:, :, 1].max(axis=0)
-                if G.volume(bb) != G.volume(sel).sum():
-                    res = None
-                    break
-                nbox[i, x] = bb
-            if res is None:
-                break
-        self._tile_cache[key] = res
-        return res
+        a box (vectorised over candidates and devices)."""
+        def make():
+            sb, sdev = self._src_tiles(src, src_cands)          # [Cs, Ds, nd, 2], [Cs, Ds]
+            n_nodes = int(node_of.max()) + 1
+            Cs, Ds, nd = sb.shape[0], sb.shape[1], sb.shape[2]
+            used = sdev >= 0
+            ci = np.broadcast_to(np.arange(Cs)[:, None], (Cs, Ds))[used]
+            dv = sdev[used]
+            own = np.zeros((Cs, self.devices.n, nd, 2), dtype=np.int64)
+            own[ci, dv] = sb[used]
+            nn_ = node_of[dv]
+            big = np.iinfo(np.int64).max
+            lo = np.full((Cs, n_nodes, nd), big, dtype=np.int64)
+            hi = np.full((Cs, n_nodes, nd), -1, dtype=np.int64)
+            np.minimum.at(lo, (ci, nn_), sb[used][:, :, 0])
+            np.maximum.at(hi, (ci, nn_), sb[used][:, :, 1])
+            vol = np.zeros((Cs, n_nodes))
+            np.add.at(vol, (ci, nn_), G.volume(sb[used]).astype(np.float64))
+            present = hi[..., 0] >= 0 if nd else vol > 0
+            nbox = np.zeros((Cs, n_nodes, nd, 2), dtype=np.int64)
+            nbox[present, :, 0] = lo[present]
+            nbox[present, :, 1] = hi[present]
+            if not np.array_equal(G.volume(nbox[present]).astype(np.float64), vol[present]):
+                return False
+            return own, nbox
+        res = self._lru(self._tile_cache, ("nodes",) + self._layout_key(src, src_cands), make,
+                        size=4)
+        return None if res is False else res
 
     def _xfer_pairwise(self, src, src_cands, need, ddev):
-        """General path: every (source device, destination device) pair, any bandwidths."""
+        """General path: every (source device, destination device) pair, any bandwidths; in
+        blocks of source candidates so no temporary exceeds :data:`BLOCK` elements."""
         sb, sdev = self._src_tiles(src, src_cands)
-        nd = sb.shape[2]
-        vol = None
-        for ax in range(nd):     # overlap volume [Cs, Ds, Cd, Dd] = prod of 1-D overlaps
-            lo = np.maximum(sb[:, :, None, None, ax, 0], need[None, None, :, :, ax, 0])
-            hi = np.minimum(sb[:, :, None, None, ax, 1], need[None, None, :, :, ax, 1])
-            ov = np.maximum(hi - lo, 0).astype(np.float64)
-            vol = ov if vol is None else vol * ov
-        same = sdev[:, :, None, None] == ddev[None, None, :, :]
-        valid = (sdev[:, :, None, None] >= 0) & (ddev[None, None, :, :] >= 0) & ~same
-        nbytes = np.where(valid, vol, 0.0) * self.dtype_bytes
-        si, di = np.clip(sdev, 0, None)[:, :, None, None], np.clip(ddev, 0, None)[None, None]
-        per = np.where(nbytes > 0, nbytes / self.devices.bw[si, di], 0.0)
-        lat = np.where(nbytes > 0, self.devices.latency[si, di], 0.0).max(axis=1)
-        t = (per.sum(axis=1) + lat).max(axis=2)           # receive serially, dst parallel
-        return t, nbytes.sum(axis=(1, 3))
+        Cs, Ds = sdev.shape
+        Cd, Dd = ddev.shape
+        A = self._axes(sb[:, :, None, None])
+        B = self._axes(need[None, None])
+        t, nb = np.zeros((Cs, Cd)), np.zeros((Cs, Cd))
+        step = max(1, self.BLOCK // max(1, Ds * Cd * Dd))
+        di = np.clip(ddev, 0, None)[None, None]
+        for a in range(0, Cs, step):
+            sl = slice(a, a + step)
+            sd = sdev[sl][:, :, None, None]
+            vol = self._ov([(lo[sl], hi[sl]) for lo, hi in A], B,
+                           (len(sdev[sl]), Ds, Cd, Dd), src.out_shape)   # [cs, Ds, Cd, Dd]
+            valid = (sd >= 0) & (ddev[None, None] >= 0) & (sd != ddev[None, None])
+            nbytes = np.where(valid, vol, 0.0) * self.dtype_bytes
+            si = np.clip(sd, 0, None)
+            per = np.where(nbytes > 0, nbytes / self.devices.bw[si, di], 0.0)
+            lat = np.where(nbytes > 0, self.devices.latency[si, di], 0.0).max(axis=1)
+            t[sl] = (per.sum(axis=1) + lat).max(axis=2)      # receive serially, dst parallel
+            nb[sl] = nbytes.sum(axis=(1, 3))
+        return t, nb
 
     # -- all tables ------------------------------------------------------------------------
-    def tables(self, pins: list | None = None) -> CostTables:
-        """Build every table the search needs, honouring ``pins`` (unknown layers rejected)."""
-        t0 = time.perf_counter()
-        pins = list(pins or [])
+    def _auto_degrees(self) -> tuple:
+        """Powers of two, else of 4, 8, ...: the finest ladder whose work fits
+        :data:`AUTO_WORK` (the coarsest one tried when none does)."""
+        n, base, vals = self.devices.n, 2, self.degrees
+        while True:
+            vals = tuple(d for d in G.degree_values("divisors", n)
+                         if d == 1 or round(math.log(d, base), 9).is_integer())
+            sizes = {}
+            for name in self.graph.names():
+                layer = self.graph.layer(name)
+                key = (tuple(layer.size(a) for a in layer.dims), layer.dims,
+                       G.reduction_size(layer))
+                if key not in sizes:
+                    sizes[key] = G.count_configs(layer, n, vals)
+            per = {nm: sizes[(tuple(self.graph.layer(nm).size(a)
+                                    for a in self.graph.layer(nm).dims),
+                              self.graph.layer(nm).dims,
+                              G.reduction_size(self.graph.layer(nm)))]
+                   for nm in self.graph.names()}
+            if self._work(per) <= AUTO_WORK or base >= n or len(vals) <= 2:
+                return vals
+            base *= 2
+
+    def _work(self, per: dict) -> float:
+        """:meth:`estimate`'s work from ``{layer: (candidates, Σ total, max total)}``."""
+        two_level = self._node_structure() is not None
+        work = sum(float(per[e.src][0]) * per[e.dst][1] * (1 if two_level else per[e.src][2])
+                   for e in self.graph.edges())
+        return work + sum(float(c) ** 3 for c, _, _ in per.values()) / 16
+
+    def estimate(self, pins: list | None = None) -> dict:
+        """Size of the search before any table is built: candidates per layer, bytes of the
+        tables, peak bytes of building and solving them, and work.
+
+        ``table_bytes`` counts ``t_xfer`` and bytes ``[Cs, Cd]`` per edge and the per-layer
+        vectors; ``peak_bytes`` adds the search's merged edge tables (as many again), the
+        per-edge kernels' blocks and the cached box layouts; ``work`` is the per-edge kernel
+        elements (``Cs`` times the devices of every destination candidate; times the source
+        devices when links are not two-level) plus the node eliminations' ``C³`` steps / 16
+        (cheaper per step).  Counts are before the memory filter, so upper bounds.
+        """
+        by_layer = self._pins_by_layer(pins)
+        per, sizes = {}, {}
+        for n in self.graph.names():
+            cs = self.candidates(n, by_layer.get(n))
+            per[n] = (len(cs), sum(c.total for c in cs), max(c.total for c in cs))
+            sizes[n] = len(cs)
+        table = sum(16.0 * sizes[e.src] * sizes[e.dst] for e in self.graph.edges())
+        table += sum(48.0 * c for c in sizes.values())
+        work = self._work(per)
+        cmax = max(sizes.values())
+        nd = max((len(self.graph.layer(n).out_shape) for n in sizes), default=1)
+        layouts = 20.0 * cmax * self.devices.n * max(nd, 1) * 2 * 8
+        peak = 2 * table + 12 * 8.0 * self.BLOCK + layouts
+        return {"degrees": list(self.degrees), "candidates_mean": sum(sizes.values()) / len(sizes),
+                "candidates_max": cmax, "table_bytes": table, "peak_bytes": peak,
+                "work": work}
+
+    def check_fits(self, est: dict) -> None:
+        """``InfeasiblePlan`` naming the estimate when the search cannot fit this machine: peak
+        bytes over the memory available now (psutil), or work over :data:`MAX_WORK`."""
+        import psutil
+        avail = float(psutil.virtual_memory().available)
+        over_mem = est["peak_bytes"] > avail
+        if not over_mem and est["work"] <= MAX_WORK:
+            return
+        what = (f"≈ {est['peak_bytes'] / 2**30:.1f} GiB at peak (tables "
+                f"{est['table_bytes'] / 2**30:.1f} GiB) but {avail / 2**30:.1f} GiB is "
+                f"available" if over_mem else
+                f"work ≈ {est['work']:.2g} steps, over the limit of {MAX_WORK:.2g} (about ten "
+                f"minutes here)")
+        degs = est["degrees"]
+        coarse = ",".join(str(d) for d in degs if d == 1 or math.log(d, 4).is_integer())
+        raise InfeasiblePlan(
+            f"{getattr(self.graph, 'spec', None) or 'the model'} on {self.devices.n} devices "
+            f"is too big a search for this machine: {est['candidates_mean']:.0f} candidates per "
+            f"layer on average (max {est['candidates_max']}, degrees "
+            f"{','.join(map(str, degs[:8]))}{',...' if len(degs) > 8 else ''}), {what}; "
+            f"use coarser degrees (--degrees {coarse}) or fewer devices")
+
+    def _pins_by_layer(self, pins) -> dict:
         by_layer: dict = {}
-        for p in pins:
+        for p in list(pins or []):
             if p.layer not in self.graph:
                 close = [n for n in self.graph.names() if p.layer.lower() in n.lower()][:8]
                 raise InfeasiblePlan(
@@ -616,14 +893,23 @@ class CostModel:
             if p.layer in by_layer:
                 raise InfeasiblePlan(f"layer {p.layer} is pinned twice")
             by_layer[p.layer] = p
+        return by_layer
+
+    def tables(self, pins: list | None = None) -> CostTables:
+        """Build every table the search needs, honouring ``pins`` (unknown layers rejected);
+        refused with the :meth:`estimate` first when it cannot fit this machine."""
+        t0 = time.perf_counter()
+        est = self.estimate(pins)
+        self.check_fits(est)
+        by_layer = self._pins_by_layer(pins)
         names = self.graph.names()
         cands, tc, ts, mem, tr, br = {}, {}, {}, {}, {}, {}
         for n in names:
             cs = self.candidates(n, by_layer.get(n))
             a, b, m = self.layer_costs(n, cs)
-            cap = min(self.devices.devices[d].memory for c in cs for d in c.devices)
-            keep = [i for i, c in enumerate(cs)
-                    if m[i] <= min(self.devices.devices[d].memory for d in c.devices)]
+            cap_of = np.array([self._capacity(c.devices) for c in cs])
+            cap = float(cap_of.min())
+            keep = np.flatnonzero(m <= cap_of).tolist()
             if not keep:
                 raise InfeasiblePlan(
                     f"layer {n} does not fit in device memory under any allowed configuration "
@@ -642,4 +928,4 @@ class CostModel:
             edges.append((e, t))
             nbytes.append(nb)
         return CostTables(names, cands, tc, ts, mem, edges, time.perf_counter() - t0, nbytes,
-                          tr, br)
+                          tr, br, est)

@@ -54,7 +54,8 @@ several example models; nothing on the search or runtime path imports the oracle
 
 from .boxes import (box_shape, common, extents, full_box, inside, intersect, is_empty, overlap,
                     split, split_range, to_slices, volume)
-from .config import (REDUCE, Config, compute_boxes, enumerate_configs, output_boxes,
+from .config import (ALL_DIVISORS_UP_TO, REDUCE, Config, compute_boxes, degree_values,
+                     count_configs, enumerate_configs, output_boxes,
                      reduce_groups, reduction_size, scatter_axis, stacked_compute_boxes,
                      stacked_output_boxes, tile_indices)
 from .edges import apply_transforms, edge_regions
@@ -67,7 +68,8 @@ from .windows import (adaptive_window, full_spatial, transpose_crop, transpose_w
 __all__ = [
     "box_shape", "common", "extents", "full_box", "inside", "intersect", "is_empty", "overlap",
     "split", "split_range", "to_slices", "volume",
-    "Config", "enumerate_configs", "output_boxes", "stacked_output_boxes",
+    "Config", "enumerate_configs", "output_boxes", "stacked_output_boxes", "degree_values",
+    "ALL_DIVISORS_UP_TO", "count_configs",
     "tile_indices", "REDUCE", "compute_boxes", "reduce_groups", "reduction_size",
     "scatter_axis", "stacked_compute_boxes",
     "apply_transforms", "edge_regions",

@@ -127,8 +127,48 @@ def _divisors(n: int) -> list:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
+#: Up to this many devices every divisor is a candidate degree ("auto"); beyond, powers of two.
+ALL_DIVISORS_UP_TO = 16
+
+
+def degree_values(spec, n_devices: int) -> tuple:
+    """The degrees a dimension may take on ``n_devices`` under ``spec``, validated.
+
+    ``"auto"`` (default): every divisor up to :data:`ALL_DIVISORS_UP_TO` devices, powers of two
+    beyond (candidates then grow like ``log(n)^dims`` instead of ``divisors(n)^dims``);
+    ``"divisors"``; ``"pow2"``; or explicit degrees (``"1,4,16"`` or a sequence of ints), each
+    dividing ``n_devices`` (1 is always allowed).  Raises ``ValueError`` with the numbers.
+
+    >>> degree_values("auto", 12), degree_values("pow2", 12), degree_values("1,4", 16)
+    ((1, 2, 3, 4, 6, 12), (1, 2, 4), (1, 4))
+    """
+    divs = _divisors(n_devices)
+    if spec is None or spec == "auto":
+        spec = "divisors" if n_devices <= ALL_DIVISORS_UP_TO else "pow2"
+    if spec == "divisors":
+        return tuple(divs)
+    if spec == "pow2":
+        return tuple(d for d in divs if d & (d - 1) == 0)
+    items = spec.replace(" ", "").split(",") if isinstance(spec, str) else list(spec)
+    vals = set()
+    for it in items:
+        try:
+            v = int(it)
+        except (TypeError, ValueError):
+            raise ValueError(f"degrees {spec!r}: {it!r} is not an integer; use auto, divisors, "
+                             f"pow2 or a list such as 1,2,4,8") from None
+        if isinstance(it, float) and it != v:
+            raise ValueError(f"degrees {spec!r}: {it!r} is not an integer")
+        if v < 1 or n_devices % v:
+            raise ValueError(f"degree {v} does not divide the {n_devices} devices; the "
+                             f"divisors are {', '.join(map(str, divs[:24]))}"
+                             f"{' ...' if len(divs) > 24 else ''}")
+        vals.add(v)
+    return tuple(sorted(vals | {1}))
+
+
 def enumerate_configs(layer: Layer, n_devices: int, devices: tuple | None = None,
-                      max_total: int | None = None) -> list:
+                      max_total: int | None = None, degrees=None) -> list:
     """Every configuration of ``layer`` whose degrees multiply to a divisor of ``n_devices``.
 
     Degrees are divisors of the device count (so device blocks tile the machine evenly), no
@@ -138,18 +178,38 @@ def enumerate_configs(layer: Layer, n_devices: int, devices: tuple | None = None
     devices so that the first k share a node).  Layers without parallelizable dimensions get the
     single configuration on device 0.  Matrix products also get a reduction degree ``k``
     (:func:`reduction_size`; at most the feature count) as long as the scatter axis has a part
-    for every member of a group (and, for the sample axis, equal parts).
+    for every member of a group (and, for the sample axis, equal parts).  ``degrees`` restricts
+    the degree of every dimension (:func:`degree_values`; default all divisors).
     """
     if n_devices < 1:
         raise ValueError(f"need at least 1 device, got {n_devices}")
     order = tuple(range(n_devices)) if devices is None else tuple(devices)
+    want = None if devices is None else len(order)
+    out = [Config(tuple((k, v) for k, v in zip(letters, combo) if k != REDUCE or v > 1),
+                  order[:total])
+           for letters, combo, total in _combos(layer, n_devices, max_total, degrees, want)]
+    out.sort(key=lambda c: (c.total, [-v for _, v in c.degrees]))
+    return out
+
+
+def count_configs(layer: Layer, n_devices: int, degrees=None) -> tuple:
+    """``(count, Σ total degree, max total degree)`` of :func:`enumerate_configs` without
+    building them (sizing a search before it starts)."""
+    totals = [t for _, _, t in _combos(layer, n_devices, None, degrees, None)]
+    return len(totals), sum(totals), max(totals)
+
+
+def _combos(layer: Layer, n_devices: int, max_total, degrees, want):
+    """``(letters, degrees, total)`` of every valid configuration (see
+    :func:`enumerate_configs`); ``want``: only those of that total."""
     cap = n_devices if max_total is None else max_total
+    allowed = _divisors(n_devices) if degrees is None else degree_values(degrees, n_devices)
     per_dim = []
     letters = layer.dims
     for letter in layer.dims:
         size = layer.size(letter)
         opts = []
-        for d in _divisors(n_devices):
+        for d in allowed:
             if d > size or d > cap:
                 continue
             if letter == "n" and size % d:
@@ -159,26 +219,23 @@ def enumerate_configs(layer: Layer, n_devices: int, devices: tuple | None = None
     red = reduction_size(layer)
     if red is not None:        # row-parallel: the k devices of a group reduce-scatter a tile
         letters = layer.dims + (REDUCE,)
-        per_dim.append([d for d in _divisors(n_devices) if d <= red and d <= cap])
+        per_dim.append([d for d in allowed if d <= red and d <= cap])
         s_ax = scatter_axis(layer)
         s_pos = layer.dims.index(layer.axes[s_ax])
         s_size = layer.out_shape[s_ax]
-    out = []
     for combo in itertools.product(*per_dim):
         total = math.prod(combo)
         if total > cap or n_devices % total:
             continue
-        if devices is not None and total != len(order):
+        if want is not None and total != want:
             continue
         if red is not None and combo[-1] > 1:
             parts = combo[s_pos] * combo[-1]      # every device owns part of the tile
             if parts > s_size or (layer.axes[s_ax] == "n" and s_size % parts):
                 continue
-        # k=1 is left out: a configuration without a reduction split reads as it always did
-        out.append(Config(tuple((k, v) for k, v in zip(letters, combo)
-                                if k != REDUCE or v > 1), order[:total]))
-    out.sort(key=lambda c: (c.total, [-v for _, v in c.degrees]))
-    return out
+        # k=1 is left out (by the caller): a configuration without a reduction split reads
+        # as it always did
+        yield letters, combo, total
 
 
 # --------------------------------------------------------------------------------------------

@@ -96,10 +96,7 @@ def solve(tables: CostTables):
                 _, k, b, lb = edges[k2]
                 if i == k:
                     continue
-                # equation 2: [C_i, C_j, C_k] -> min over C_j
-                tot = a[:, :, None] + unary[j][None, :, None] + b[None, :, :]
-                arg = tot.argmin(axis=1)
-                m = np.take_along_axis(tot, arg[:, None, :], axis=1)[:, 0, :]
+                m, arg = _min_plus(a + unary[j][None, :], b)      # equation 2
                 drop_edge(k1)
                 drop_edge(k2)
                 alive.discard(j)
@@ -181,6 +178,29 @@ def solve(tables: CostTables):
             "edge_eliminations": sum(1 for r in undo if r[0] == "edge"),
             "max_candidates": max(len(v) for v in unary.values()) if unary else 0}
     return choice, trace, info
+
+
+def _min_plus(a: np.ndarray, b: np.ndarray):
+    """``(m, arg)`` with ``m[i, k] = min_j a[i, j] + b[j, k]`` and the first ``j`` attaining it.
+
+    Small tables use one ``[C_i, C_j, C_k]`` temporary; larger ones one ``[C_i, C_k]`` pass
+    per ``j``: the same sums in the same order (so the same numbers and ties as ``argmin``),
+    in cache, with memory ``O(C²)`` at any candidate count.
+    """
+    if a.size * b.shape[1] <= 1 << 19:
+        tot = a[:, :, None] + b[None, :, :]
+        arg = tot.argmin(axis=1)
+        return np.take_along_axis(tot, arg[:, None, :], axis=1)[:, 0, :], arg
+    m = a[:, :1] + b[:1, :]
+    arg = np.zeros(m.shape, dtype=np.int64)
+    cand = np.empty_like(m)
+    better = np.empty(m.shape, dtype=bool)
+    for j in range(1, a.shape[1]):
+        np.add(a[:, j, None], b[None, j, :], out=cand)
+        np.less(cand, m, out=better)
+        np.copyto(m, cand, where=better)
+        arg[better] = j
+    return m, arg
 
 
 def _enumerate(nodes, unary, edges):

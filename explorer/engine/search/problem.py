@@ -18,8 +18,9 @@ __all__ = ["Problem"]
 class Problem:
     """A model (``model`` spec, ``batch``, ``model_args``) on ``devices`` (a DeviceGraph).
 
-    ``cost`` ("analytic" | "measured") and ``sync`` ("ps" | "ring") configure the layer-wise
-    cost model.  ``layer_graph``/``cost_model``/``opgraph``/``placement_graphs`` may be given
+    ``cost`` ("analytic" | "measured"), ``sync`` ("ps" | "ring") and ``degrees`` (the degrees a
+    layer's dimensions may take, :func:`~explorer.engine.geometry.degree_values`) configure
+    the layer-wise cost model.  ``layer_graph``/``cost_model``/``opgraph``/``placement_graphs`` may be given
     prebuilt; ``builders`` may map ``"layer_graph"``, ``"cost_model"``, ``"opgraph"`` and
     ``"placement_graph"`` (called with the memory cap in bytes or ``None``) to functions that
     build (and cache) them."""
@@ -35,6 +36,7 @@ class Problem:
     opgraph_: object = None
     placement_graphs: dict = field(default_factory=dict)
     builders: dict = field(default_factory=dict)
+    degrees: str = "auto"
 
     def __post_init__(self):
         if self.devices is None:
@@ -83,7 +85,8 @@ class Problem:
             from ..costmodel import CostModel
             self.cost_model_ = self._build(
                 "cost_model", lambda: CostModel(self.layer_graph(), self.devices,
-                                                compute=self.cost, sync=self.sync))
+                                                compute=self.cost, sync=self.sync,
+                                                degrees=self.degrees))
         return self.cost_model_
 
     def opgraph(self):

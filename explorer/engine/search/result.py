@@ -167,6 +167,8 @@ def layerwise_result(algo, graph, devices, cost_model, tables: CostTables, choic
     reduce_bytes = sum(float(nb[choice[n]]) for n, nb in tables.bytes_reduce.items())
     info = dict(info)
     info.update({"compute_cost": cost_model.compute, "sync": cost_model.sync,
+                 "degrees": list(getattr(cost_model, "degrees", ())),
+                 "estimate": dict(tables.estimate),
                  "tables_time_s": tables.build_time_s,
                  "profile_time_s": getattr(cost_model, "profile_time_s", 0.0),
                  "layers": len(tables.names), "edges": len(tables.edges),

@@ -1,0 +1,276 @@
+"""Cost tables at scale: the fast tables equal a straightforward reference, degrees beyond 16
+devices, the estimate made before building, and a request too big for the machine refused
+in one line."""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from explorer.engine import geometry as G
+from explorer.engine.costmodel import CostModel
+from explorer.engine.devices import Device, DeviceGraph, preset
+from explorer.engine.importer import import_spec
+from explorer.engine.search import Problem, run
+from explorer.engine.search.optcnn import _min_plus
+from explorer.errors import InfeasiblePlan
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+# -- a straightforward reference: one configuration pair and one device pair at a time ------
+
+def ref_xfer(cm: CostModel, edge, cs: G.Config, cd: G.Config):
+    """Equation of :meth:`CostModel.xfer` for one pair, device by device, any links."""
+    g, d = cm.graph, cm.devices
+    src, dst = g.layer(edge.src), g.layer(edge.dst)
+    own = G.output_boxes(src, cs)
+    tiles, red = G.compute_boxes(dst, cd)
+    need = G.edge_regions(g, edge, tiles, red)
+    worst, moved = 0.0, 0.0
+    for k, dv in enumerate(cd.devices):
+        t, lat = 0.0, 0.0
+        for s, sv in enumerate(cs.devices):
+            if sv == dv:
+                continue
+            v = float(G.overlap(own[s], need[k])) * cm.dtype_bytes
+            if v > 0:
+                t += v / d.bw[sv, dv]
+                lat = max(lat, float(d.latency[sv, dv]))
+                moved += v
+        worst = max(worst, t + lat)
+    passes = 2.0 if cm.needs_grad(edge.src) else 1.0
+    return passes * worst, passes * moved
+
+
+def ref_sync(cm: CostModel, layer, cfg: G.Config) -> float:
+    """t_S of one configuration from :func:`geometry.shard_summary`'s replica groups."""
+    _, _, groups = G.shard_summary(layer, cfg)
+    load, rmax = {}, 0
+    for elems, members in groups:
+        r = len(members)
+        if r < 2 or elems == 0:
+            continue
+        rmax = max(rmax, r)
+        devs = [cfg.devices[m] for m in members]
+        bw = float(cm.devices.bw[np.ix_(devs, devs)].min())
+        s = elems * cm.dtype_bytes
+        cost = 2.0 * (r - 1) * s / bw if cm.sync == "ps" else 2.0 * (r - 1) / r * s / bw
+        load[devs[0]] = load.get(devs[0], 0.0) + cost
+    if not load:
+        return 0.0
+    steps = (1 if rmax == 2 else 2) if cm.sync == "ps" else 2 * (rmax - 1)
+    lat = float(cm.devices.latency[np.ix_(cfg.devices, cfg.devices)].max())
+    return max(load.values()) + steps * lat
+
+
+def check_against_reference(cm: CostModel, pairs_per_edge: int = 40, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    t = cm.tables()
+    for (e, m), nb in zip(t.edges, t.bytes_xfer):
+        cs, cd = t.candidates[e.src], t.candidates[e.dst]
+        idx = [(i, j) for i in range(len(cs)) for j in range(len(cd))]
+        for p in rng.permutation(len(idx))[:pairs_per_edge]:
+            i, j = idx[p]
+            want_t, want_b = ref_xfer(cm, e, cs[i], cd[j])
+            assert nb[i, j] == want_b, (e, cs[i].key(), cd[j].key())
+            assert m[i, j] == pytest.approx(want_t, rel=1e-12, abs=1e-18), (e, cs[i].key(),
+                                                                            cd[j].key())
+    for n in t.names:
+        layer = cm.graph.layer(n)
+        for i, c in enumerate(t.candidates[n]):
+            assert t.t_sync[n][i] == pytest.approx(ref_sync(cm, layer, c), rel=1e-12,
+                                                   abs=1e-18), (n, c.key())
+        for i, c in enumerate(t.candidates[n]):
+            k = c.deg(G.REDUCE)
+            if k == 1:
+                continue
+            tiles, _ = G.compute_boxes(layer, c)
+            want = 0.0
+            for members in G.reduce_groups(c):
+                devs = [c.devices[x] for x in members]
+                s = float(G.volume(tiles[members[0]])) * cm.dtype_bytes
+                bw = float(cm.devices.bw[np.ix_(devs, devs)].min())
+                lat = float(cm.devices.latency[np.ix_(devs, devs)].max())
+                want = max(want, (2.0 if cm.needs_grad(n) else 1.0)
+                           * ((k - 1) / k * s / bw + (k - 1) * lat))
+            assert t.t_reduce[n][i] == pytest.approx(want, rel=1e-12), (n, c.key())
+    return t
+
+
+@pytest.mark.parametrize("model,n,pre", [("lenet5", 16, "p100-cluster"),
+                                         ("resnet50", 8, "p100-cluster"),
+                                         ("inception_v3", 4, "p100-nvlink-4"),
+                                         ("transformer", 8, "k80-pcie-8"),
+                                         ("lstm", 4, "p100-cluster")])
+def test_tables_equal_the_reference(model, n, pre):
+    g = import_spec(model)
+    check_against_reference(CostModel(g, preset(pre, n)))
+
+
+def test_tables_equal_the_reference_on_irregular_links_and_pins():
+    # links that are not two-level take the pairwise path; a pin gives other device orders
+    from explorer.engine.pins import Pin
+    n = 6
+    rng = np.random.default_rng(3)
+    bw = rng.uniform(5e9, 50e9, (n, n))
+    bw = (bw + bw.T) / 2
+    np.fill_diagonal(bw, np.inf)
+    lat = rng.uniform(1e-6, 9e-6, (n, n))
+    np.fill_diagonal(lat, 0.0)
+    devs = [Device(f"d{i}", "toy", 10e12, 500e9, 16e9, i // 2) for i in range(n)]
+    g = import_spec("lenet5")
+    cm = CostModel(g, DeviceGraph("irregular", devs, bw, lat), sync="ring")
+    t = check_against_reference(cm)
+    cm2 = CostModel(g, preset("p100-cluster", 8))
+    pins = [Pin.parse("conv2=@5,2"), Pin.parse("fc1=@7,6,1,0")]
+    t2 = cm2.tables(pins)
+    assert [c.devices for c in t2.candidates["fc1"]][0] == (7, 6, 1, 0)
+    for (e, m), nb in zip(t2.edges, t2.bytes_xfer):
+        for i, cs in enumerate(t2.candidates[e.src][:6]):
+            for j, cd in enumerate(t2.candidates[e.dst][:6]):
+                want_t, want_b = ref_xfer(cm2, e, cs, cd)
+                assert nb[i, j] == want_b
+                assert m[i, j] == pytest.approx(want_t, rel=1e-12, abs=1e-18)
+    assert t.estimate["candidates_max"] == max(len(c) for c in t.candidates.values())
+
+
+def test_layer_costs_by_total_degree_equal_all_at_once():
+    g = import_spec("resnet50")
+    grouped = CostModel(g, preset("p100-cluster", 64))
+    grouped.GROUP_ROWS = 0
+    whole = CostModel(g, preset("p100-cluster", 64))
+    whole.GROUP_ROWS = 10 ** 12
+    for name in g.names()[:20]:
+        cs = grouped.candidates(name)
+        for a, b in zip(grouped.layer_costs(name, cs), whole.layer_costs(name, cs)):
+            assert np.array_equal(a, b), name
+
+
+def test_min_plus_matches_the_cubic_temporary_with_ties():
+    rng = np.random.default_rng(1)
+    a = np.round(rng.random((9, 7)), 1)
+    b = np.round(rng.random((7, 5)), 1)       # rounding makes ties
+    m, arg = _min_plus(a, b)
+    tot = a[:, :, None] + b[None]
+    assert np.array_equal(m, tot.min(axis=1)) and np.array_equal(arg, tot.argmin(axis=1))
+
+
+# -- degrees --------------------------------------------------------------------------------
+
+def test_degree_values():
+    assert G.degree_values("auto", 16) == (1, 2, 4, 8, 16)
+    assert G.degree_values("auto", 12) == (1, 2, 3, 4, 6, 12)
+    assert G.degree_values("auto", 48) == (1, 2, 4, 8, 16)
+    assert G.degree_values("divisors", 48)[-3:] == (16, 24, 48)
+    assert G.degree_values("4, 16", 64) == (1, 4, 16)
+    assert G.degree_values([2, 8], 64) == (1, 2, 8)
+    with pytest.raises(ValueError, match="degree 3 does not divide the 64 devices"):
+        G.degree_values("1,3", 64)
+    with pytest.raises(ValueError, match="'x' is not an integer"):
+        G.degree_values("2,x", 64)
+    with pytest.raises(ValueError, match="degree 0 does not divide"):
+        G.degree_values([0], 8)
+
+
+def test_up_to_16_devices_every_divisor_so_plans_do_not_change():
+    g = import_spec("lenet5")
+    for n in (6, 12, 16):
+        cm = CostModel(g, preset("p100-cluster", n))
+        for name in g.names():
+            assert cm.candidates(name) == G.enumerate_configs(g.layer(name), n)
+
+
+def test_beyond_16_devices_powers_of_two_bounded_by_the_dimension():
+    g = import_spec("lenet5")
+    cm = CostModel(g, preset("p100-cluster", 48))
+    assert cm.degrees == (1, 2, 4, 8, 16)
+    for name in g.names():
+        layer = g.layer(name)
+        for c in cm.candidates(name):
+            for letter, v in c.degrees:
+                assert v in cm.degrees and v <= (layer.size(letter) if letter != G.REDUCE
+                                                 else G.reduction_size(layer))
+    # a pin is the user's explicit choice: any divisor
+    from explorer.engine.pins import Pin
+    assert CostModel(g, preset("p100-cluster", 48)).candidates(
+        "fc1", Pin.parse("fc1=c=3"))[0].deg("c") == 3
+    # explicit sets are honoured and validated
+    assert CostModel(g, preset("p100-cluster", 64), degrees="1,8,64").degrees == (1, 8, 64)
+    with pytest.raises(ValueError, match="does not divide the 64 devices"):
+        CostModel(g, preset("p100-cluster", 64), degrees="1,6")
+
+
+def test_auto_degrees_coarsen_when_powers_of_two_would_take_too_long():
+    g = import_spec("resnet50")
+    cm = CostModel(g, preset("p100-cluster", 1024))
+    assert cm.degrees == (1, 4, 16, 64, 256, 1024)
+    est = cm.estimate()
+    pow2 = CostModel(g, preset("p100-cluster", 1024), degrees="pow2").estimate()
+    assert est["work"] < pow2["work"] and est["candidates_max"] < pow2["candidates_max"]
+
+
+@pytest.mark.parametrize("n", [4, 8])
+def test_objectives_at_small_counts_equal_exhaustive(n):
+    g = import_spec("lenet5")
+    d = preset("p100-cluster", n)
+    fast = run("optcnn", Problem.of(g, d, CostModel(g, d)))
+    slow = run("exhaustive", Problem.of(g, d, CostModel(g, d)),
+               options={"max_space": 10 ** 12})
+    assert fast.objective_s == pytest.approx(slow.objective_s, rel=1e-12)
+
+
+# -- the estimate and the refusal -------------------------------------------------------------
+
+def test_estimate_is_what_gets_built():
+    g = import_spec("resnet50")
+    cm = CostModel(g, preset("p100-cluster", 32))
+    est = cm.estimate()
+    t = cm.tables()
+    sizes = [len(t.candidates[n]) for n in t.names]
+    assert est["candidates_max"] == max(sizes)
+    assert est["candidates_mean"] == pytest.approx(np.mean(sizes))
+    built = sum(m.nbytes + nb.nbytes for (_, m), nb in zip(t.edges, t.bytes_xfer))
+    assert built <= est["table_bytes"] <= built + 48 * sum(sizes)
+    assert t.estimate == est
+
+
+def test_too_little_memory_is_refused_before_building(monkeypatch):
+    import psutil
+
+    class Mem:
+        available = 64 * 2 ** 20
+
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: Mem())
+    g = import_spec("resnet50")
+    cm = CostModel(g, preset("p100-cluster", 64))
+    built = []
+    monkeypatch.setattr(cm, "layer_costs", lambda *a: built.append(a))
+    with pytest.raises(InfeasiblePlan, match=r"GiB at peak .* but 0\.1 GiB is available"):
+        cm.tables()
+    assert not built
+
+
+def test_cli_refuses_a_search_too_big_in_one_line():
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    proc = subprocess.run([sys.executable, "-m", "explorer", "search", "resnet50", "--devices",
+                           "1024", "--degrees", "pow2"], capture_output=True, text=True,
+                          timeout=600, env=env, cwd=ROOT)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in proc.stderr
+    assert "candidates per layer" in lines[0] and "work" in lines[0]
+    assert "--degrees 1,4,16,64,256,1024" in lines[0]
+
+
+def test_service_request_carries_the_degrees():
+    from explorer import service
+    req = service.Request(model="lenet5", preset="p100-cluster", devices=32, degrees=[4, 16])
+    assert req.degrees == "4,16"
+    res = service.run_method(req, "optcnn")
+    assert res.info["degrees"] == [1, 4, 16]
+    assert all(v in (1, 4, 16) for la in res.plan.layers for _, v in la.config.degrees)
+    with pytest.raises(ValueError, match="degree 5 does not divide the 32 devices"):
+        service.Request(model="lenet5", devices=32, degrees="5")
