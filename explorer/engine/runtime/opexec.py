@@ -459,12 +459,20 @@ def placement_comm_bytes(g, names, placement) -> float:
 def run_placement(spec: str, batch: int | None, model_args: dict | None, names, placement,
                   workers: int = 2, seed: int = 0, lr: float = 0.01, timeout_s: float = 300.0,
                   tol: float = 1e-4, steps: int = 3, fault: str | None = None, g=None,
-                  check: bool = True) -> dict:
-    """Run a device placement (operator -> device) on ``workers`` gloo processes: each worker
-    computes its operators, tensors go to the devices that consume them (once), and the
-    result is compared with one device.  Returns the :func:`run_layout` keys plus
-    ``predicted_comm_bytes``.  ``g``: the model's operator graph when the caller has it."""
+                  check: bool = True, warmup: int = 1, executor: str = "compiled",
+                  dtype: str = "float32") -> dict:
+    """Run a device placement (operator -> device) on ``workers`` gloo processes and compare
+    the result with one device.  ``g``: the model's operator graph when the caller has it.
+
+    ``executor="compiled"`` (default): one fx program per device with send/recv
+    (:func:`.compiled.run_compiled`, ``warmup`` + ``steps`` steps in ``dtype``): the step
+    time can be held against the prediction.  ``"interpreted"``: this module's aten-call
+    interpreter (float64, ``steps`` steps, the first its warm-up) - it checks the data
+    movement of the placement's layout, not its speed.  Returns the executor's keys plus
+    ``predicted_comm_bytes``."""
     from ..opgraph import build_opgraph, opgraph_digest
+    if executor not in ("compiled", "interpreted"):
+        raise InfeasiblePlan(f"executor must be compiled or interpreted, not {executor!r}")
     if g is None:
         g = build_opgraph(spec, batch, model_args)
     names = list(names)
@@ -473,8 +481,15 @@ def run_placement(spec: str, batch: int | None, model_args: dict | None, names, 
         raise InfeasiblePlan(f"the placement does not cover operator {missing[0]} of "
                              f"{spec} ({len(missing)} missing): was it made for another model "
                              f"or batch?")
+    if executor == "compiled":
+        from .compiled import run_compiled
+        return run_compiled(spec, batch, model_args, names, placement, workers, g=g,
+                            digest=opgraph_digest(g), steps=steps, warmup=warmup, seed=seed,
+                            lr=lr, timeout_s=timeout_s, tol=tol, fault=fault, check=check,
+                            dtype=dtype)
     x = placement_xplan(g, names, placement, workers)
     out = run_layout(spec, batch, model_args, x, digest=opgraph_digest(g), steps=steps,
                      seed=seed, lr=lr, timeout_s=timeout_s, tol=tol, fault=fault, check=check)
     out["predicted_comm_bytes"] = placement_comm_bytes(g, names, placement)
+    out["executor"] = "interpreted"
     return out
