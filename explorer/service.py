@@ -396,9 +396,13 @@ def placement_pins(pins: list | None) -> list:
 
 
 def _placement_graph(req: Request, cap: float | None):
-    from .engine.placement.estimate import from_opgraph
-    return _lru(_PLACE_GRAPHS, req.graph_key() + req.device_key() + (cap,),
-                lambda: from_opgraph(opgraph_for(req), devices_for(req), cap))
+    from .engine.placement.estimate import from_opgraph, measured_times
+
+    def make():
+        og, dev = opgraph_for(req), devices_for(req)
+        times = measured_times(og, dev) if req.cost == "measured" else None
+        return from_opgraph(og, dev, cap, times=times)
+    return _lru(_PLACE_GRAPHS, req.graph_key() + req.device_key() + (cap, req.cost), make)
 
 
 def placement_graph_for(req: Request, memory_gib=None):

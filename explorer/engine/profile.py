@@ -782,3 +782,152 @@ def merge_caches(paths, into, device_kind: str | None = None) -> int:
                      max(v[2] for v in vals)) for key, vals in rows.items()]
     with Profiler(into) as dst:
         return dst.put_rows(merged)
+
+
+# --------------------------------------------------------------------------------------------
+# Per-operator times of the training step (the placers' measured costs)
+# --------------------------------------------------------------------------------------------
+
+_OP_SCHEMA = """CREATE TABLE IF NOT EXISTS op_profile (
+    device_kind TEXT, signature TEXT, seconds REAL, reps INTEGER, measured_at REAL,
+    PRIMARY KEY(device_kind, signature))"""
+
+
+def _arg_key(a):
+    """An aten call's argument as JSON: a tensor as ``["T", shape, dtype, stride]`` (from the
+    trace's fake value), other values as themselves or their text."""
+    if isinstance(a, torch.fx.Node):
+        v = a.meta.get("val")
+        if isinstance(v, torch.Tensor):
+            return ["T", list(v.shape), str(v.dtype).replace("torch.", ""), list(v.stride())]
+        return ["N", str(v)]
+    if isinstance(a, (list, tuple)):
+        return [_arg_key(x) for x in a]
+    if isinstance(a, dict):
+        return {str(k): _arg_key(v) for k, v in sorted(a.items())}
+    if a is None or isinstance(a, (bool, int, float, str)):
+        return a
+    return str(a)
+
+
+def op_signature(node) -> str:
+    """The cache key of one aten call of a traced step: the overload and every argument
+    (tensors by shape, dtype and stride)."""
+    return json.dumps([str(node.target), _arg_key(tuple(node.args)), _arg_key(node.kwargs)],
+                      separators=(",", ":"))
+
+
+def step_op_times(og, reps: int = 7, warmup: int = 2, seed: int = 0) -> dict:
+    """Seconds of every aten call of ``og``'s training step, run in the step's order on real
+    tensors in this process with one thread (as a worker runs), each intermediate freed after
+    its last reader (so caches and the allocator see what a step does, not a hot loop over
+    one op); the median over ``reps`` timed replays after ``warmup``.  Dropout follows the
+    deterministic numerics (:data:`~explorer.engine.capture.DETERMINISTIC_ATEN`).
+
+    Returns ``{fx node name: seconds}`` for the calls that are operators of ``og``."""
+    import operator
+
+    from .capture import DETERMINISTIC_ATEN, load, loss_function
+    from .opgraph import _DROP, _target, build_from_module, opgraph_digest
+    torch.manual_seed(seed)
+    model, x = load(og.model, og.batch, dict(og.model_args or {}), meta=False)
+    g = build_from_module(model, x, og.model, loss_fn=loss_function(og.model))
+    if opgraph_digest(g) != opgraph_digest(og):
+        raise ValueError(f"{og.model}: the step traced on real tensors is not the operator "
+                         f"graph being placed (model code changed?)")
+    gm = g.gm
+    nodes = list(gm.graph.nodes)
+    flat = [p.detach() for n, p in model.named_parameters() if p.requires_grad] + \
+        [b.detach() for _, b in model.named_buffers()] + [x]
+    wanted = {o.node for o in g.ops.values()}
+    last: dict = {}
+    for i, n in enumerate(nodes):
+        for a in n.all_input_nodes:
+            last[a.name] = i
+    calls = []
+    for i, n in enumerate(nodes):
+        if n.op == "call_function":
+            name = _target(n)
+            fn = DETERMINISTIC_ATEN.get(name, n.target) if n.target is not operator.getitem \
+                else n.target
+            calls.append((i, n, fn, n.name in wanted and name not in _DROP))
+        elif n.op == "get_attr":
+            calls.append((i, n, None, False))
+    dead = {}
+    for i, n in enumerate(nodes):
+        dead.setdefault(last.get(n.name, i), []).append(n.name)
+    runs: dict = {n.name: [] for _, n, _, timed in calls if timed}
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for rep in range(warmup + reps):
+            env = {n.name: v for n, v in zip((n for n in nodes if n.op == "placeholder"),
+                                              flat)}
+            for i, n, fn, timed in calls:
+                if fn is None:
+                    env[n.name] = getattr(gm, n.target)
+                    continue
+                args = torch.fx.node.map_arg(n.args, lambda a: env[a.name])
+                kwargs = torch.fx.node.map_arg(n.kwargs, lambda a: env[a.name])
+                t0 = time.perf_counter()
+                env[n.name] = fn(*args, **kwargs)
+                dt = time.perf_counter() - t0
+                if timed and rep >= warmup:
+                    runs[n.name].append(dt)
+                for d in dead.get(i, ()):
+                    env.pop(d, None)
+    finally:
+        torch.set_num_threads(threads)
+    return {nm: float(statistics.median(ts)) for nm, ts in runs.items()}
+
+
+def op_times(og, device_kind: str, cache_path=None, reps: int = 7, warmup: int = 2,
+             progress=None) -> dict:
+    """``{operator name: seconds}`` for every operator of ``og`` on this machine, from the
+    profile cache (table ``op_profile`` of ``$EXPLORER_HOME/profile.sqlite``, keyed by
+    ``device_kind`` and :func:`op_signature`); when any call is missing the whole step is
+    measured once (:func:`step_op_times`) and stored.  A multi-output aten call's time goes
+    to its first operator (its other outputs cost nothing more); placeholders cost 0.
+    Returns ``(times, info)``, ``info`` = ``{"measured": whether the step was timed now,
+    "ops": n, "seconds": time spent}``."""
+    import sqlite3
+    path = default_cache_path() if cache_path is None else cache_path
+    conn = connect(path, _OP_SCHEMA, timeout=60.0)
+    try:
+        node_of = {n.name: n for n in og.gm.graph.nodes}
+        sig = {o.node: op_signature(node_of[o.node]) for o in og.ops.values()}
+        got = {}
+        for s in set(sig.values()):
+            row = conn.execute("SELECT seconds FROM op_profile WHERE device_kind=? AND "
+                               "signature=?", (device_kind, s)).fetchone()
+            if row is not None:
+                got[s] = float(row[0])
+        measured = len(got) < len(set(sig.values()))
+        t0 = time.perf_counter()
+        if measured:
+            if progress:
+                progress(f"timing the {len(sig)} aten calls of {og.model}'s step")
+            per_node = step_op_times(og, reps=reps, warmup=warmup)
+            by_sig: dict = {}
+            for node, s in sig.items():
+                if node in per_node:
+                    by_sig.setdefault(s, []).append(per_node[node])
+            rows = [(device_kind, s, statistics.fmean(v), reps, time.time())
+                    for s, v in by_sig.items()]
+            try:
+                with conn:
+                    conn.executemany("INSERT OR REPLACE INTO op_profile VALUES (?, ?, ?, ?, ?)",
+                                     rows)
+            except sqlite3.OperationalError:
+                pass                          # a read-only cache: the times are still used
+            got.update({s: statistics.fmean(v) for s, v in by_sig.items()})
+    finally:
+        conn.close()
+    out: dict = {t.id: 0.0 for t in og.tensors.values() if t.producer is None}
+    first: set = set()
+    for o in og.ops.values():
+        s = sig[o.node]
+        out[o.name] = 0.0 if o.node in first else float(got.get(s, 0.0))
+        first.add(o.node)
+    return out, {"measured": measured, "ops": len(og.ops),
+                 "seconds": time.perf_counter() - t0}

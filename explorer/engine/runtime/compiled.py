@@ -85,19 +85,6 @@ def _wait_sends(*works):
     return None
 
 
-def _dropout_identity(x, p=0.5, train=None):
-    """``native_dropout`` under the deterministic numerics: the input and an all-ones mask."""
-    return x.clone(), torch.ones_like(x, dtype=torch.bool)
-
-
-def _dropout_identity_backward(grad, mask, scale=1.0):
-    return grad * mask
-
-
-_REWRITE = {"native_dropout": _dropout_identity,
-            "native_dropout_backward": _dropout_identity_backward}
-
-
 # --------------------------------------------------------------------------------------------
 # The plan of transfers and the per-device programs
 # --------------------------------------------------------------------------------------------
@@ -174,6 +161,7 @@ def device_program(g, dev: dict, rank: int, workers: int):
     for n in nodes:
         if n.op == "call_function" and n.name in g.tensors:
             tid_of[n.name] = n.name
+    from ..capture import DETERMINISTIC_ATEN
     from ..opgraph import _DROP
 
     new = fx.Graph()
@@ -242,9 +230,9 @@ def device_program(g, dev: dict, rank: int, workers: int):
             raise InfeasiblePlan(f"op {n.name} (aten.{name}) draws random numbers: a "
                                  f"placement cannot be checked against one device")
         if rank in computed[n.name]:
-            if name in _REWRITE:
+            if name in DETERMINISTIC_ATEN:
                 env[n.name] = new.call_function(
-                    _REWRITE[name], tuple(fx.node.map_arg(n.args, value)),
+                    DETERMINISTIC_ATEN[name], tuple(fx.node.map_arg(n.args, value)),
                     dict(fx.node.map_arg(n.kwargs, value)))
                 env[n.name].meta = dict(n.meta)
             else:

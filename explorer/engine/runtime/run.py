@@ -228,7 +228,7 @@ def _run_placement(doc: dict, expect: dict, *, steps: int, warmup: int, **kw) ->
             busy[int(o["device"])] += float(o["end"]) - float(o["start"])
     peaks = doc.get("peak_memory_bytes")
     out.update(predicted_busy_s=busy, algo=doc.get("algo"), devices=n, steps=steps,
-               batch=g.batch, preset=preset, cost=(doc.get("request") or {}).get("cost"),
+               batch=g.batch, preset=preset, cost=(doc.get("info") or {}).get("cost"),
                predicted_peak_memory_bytes=list(peaks) if isinstance(peaks, list) else None)
     if preset not in (None, "", "local"):
         out["warnings"] = [f"the placement was made for the {preset} preset: its predicted "

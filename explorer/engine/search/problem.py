@@ -19,7 +19,8 @@ class Problem:
     """A model (``model`` spec, ``batch``, ``model_args``) on ``devices`` (a DeviceGraph).
 
     ``cost`` ("analytic" | "measured") and ``sync`` ("ps" | "ring") configure the layer-wise
-    cost model.  ``layer_graph``/``cost_model``/``opgraph``/``placement_graphs`` may be given
+    cost model; ``cost="measured"`` also gives the placers each operator's time measured on
+    this machine (``local`` preset, after ``explorer calibrate``).  ``layer_graph``/``cost_model``/``opgraph``/``placement_graphs`` may be given
     prebuilt; ``builders`` may map ``"layer_graph"``, ``"cost_model"``, ``"opgraph"`` and
     ``"placement_graph"`` (called with the memory cap in bytes or ``None``) to functions that
     build (and cache) them."""
@@ -103,10 +104,13 @@ class Problem:
         if None in self.placement_graphs:                 # a prebuilt placer graph
             out = self.placement_graphs[None].with_capacity(memory_per_device)
         else:
-            from ..placement.estimate import from_opgraph
-            out = self._build("placement_graph",
-                              lambda cap: from_opgraph(self.opgraph(), self.devices, cap),
-                              memory_per_device)
+            from ..placement.estimate import from_opgraph, measured_times
+
+            def make(cap):
+                og = self.opgraph()
+                times = measured_times(og, self.devices) if self.cost == "measured" else None
+                return from_opgraph(og, self.devices, cap, times=times)
+            out = self._build("placement_graph", make, memory_per_device)
         self.placement_graphs[memory_per_device] = out
         return out
 
