@@ -818,28 +818,26 @@ def op_signature(node) -> str:
 
 
 def step_op_times(og, reps: int = 7, warmup: int = 2, seed: int = 0) -> dict:
-    """Seconds of every aten call of ``og``'s training step, run in the step's order on real
+    """Seconds of every aten call of ``og``'s training step (its own graph, made runnable on
+    real tensors by :func:`~explorer.engine.opgraph.runnable`), run in the step's order on real
     tensors in this process with one thread (as a worker runs), each intermediate freed after
     its last reader (so caches and the allocator see what a step does, not a hot loop over
-    one op); the median over ``reps`` timed replays after ``warmup``.  Dropout follows the
+    one op); each call's median over ``reps`` timed replays after ``warmup``, scaled so that
+    they add up to the median replay.  Dropout follows the
     deterministic numerics (:data:`~explorer.engine.capture.DETERMINISTIC_ATEN`).
 
     Returns ``{fx node name: seconds}`` for the calls that are operators of ``og``."""
     import operator
 
-    from .capture import DETERMINISTIC_ATEN, load, loss_function
-    from .opgraph import _DROP, _target, build_from_module, opgraph_digest
+    from .capture import DETERMINISTIC_ATEN, load
+    from .opgraph import _DROP, _target, runnable
     torch.manual_seed(seed)
     model, x = load(og.model, og.batch, dict(og.model_args or {}), meta=False)
-    g = build_from_module(model, x, og.model, loss_fn=loss_function(og.model))
-    if opgraph_digest(g) != opgraph_digest(og):
-        raise ValueError(f"{og.model}: the step traced on real tensors is not the operator "
-                         f"graph being placed (model code changed?)")
-    gm = g.gm
+    gm = runnable(og.gm)                  # the very graph being placed, on real tensors
     nodes = list(gm.graph.nodes)
     flat = [p.detach() for n, p in model.named_parameters() if p.requires_grad] + \
         [b.detach() for _, b in model.named_buffers()] + [x]
-    wanted = {o.node for o in g.ops.values()}
+    wanted = {o.node for o in og.ops.values()}
     last: dict = {}
     for i, n in enumerate(nodes):
         for a in n.all_input_nodes:
@@ -878,7 +876,12 @@ def step_op_times(og, reps: int = 7, warmup: int = 2, seed: int = 0) -> dict:
                     env.pop(d, None)
     finally:
         torch.set_num_threads(threads)
-    return {nm: float(statistics.median(ts)) for nm, ts in runs.items()}
+    med = {nm: float(statistics.median(ts)) for nm, ts in runs.items()}
+    # a step pays its calls' occasional slow runs (a page fault, a preempted core), which
+    # per-call medians drop: scale them so they add up to the median step
+    total = statistics.median(sum(ts[k] for ts in runs.values()) for k in range(reps))
+    scale = total / sum(med.values()) if sum(med.values()) > 0 else 1.0
+    return {nm: v * scale for nm, v in med.items()}
 
 
 def op_times(og, device_kind: str, cache_path=None, reps: int = 7, warmup: int = 2,

@@ -18,9 +18,11 @@ whose outputs lie on several devices is computed by each of them.  Dropout is th
 (:mod:`explorer.engine.capture`'s deterministic numerics, rewritten into the graph rather
 than intercepted at run time); an op that still draws random numbers is refused.
 
-The run is checked against one device: the loss and every updated parameter of the first
-step against the same traced step run whole in this process, in the same precision (float32
-by default: the checked program is the timed one).  Per worker it reports the measured step
+Every worker runs the graph the plan was made on (:func:`~explorer.engine.opgraph.runnable`:
+the meta-device trace of :func:`~explorer.engine.opgraph.build_opgraph`, on real tensors) in
+the model's precision (float32), with the same seeded parameters and input.  The run is
+checked against one device: the loss and every updated parameter of the first step against
+the same step run whole in this process (the checked program is the timed one).  Per worker it reports the measured step
 time, the time spent waiting for transfers, bytes sent, and the peak of live tensor bytes
 (:class:`LiveBytes`), next to the plan's predictions.
 """
@@ -326,39 +328,54 @@ class LiveBytes(TorchDispatchMode):
 # The run
 # --------------------------------------------------------------------------------------------
 
+def _real_step(spec, batch, model_args, seed: int, lr: float, g=None):
+    """``(g, params, buffers, x)``: the plan's operator graph (:func:`build_opgraph`, the
+    meta-device trace the plan was made on, runnable on real tensors) and the real model's
+    seeded parameters, buffers and input - the same on every worker and the reference."""
+    from ..capture import load
+    from ..opgraph import build_opgraph, runnable
+    if g is None:
+        g = build_opgraph(spec, batch, model_args, lr)
+    torch.manual_seed(seed)
+    model, x = load(spec, batch, model_args, meta=False)            # train mode
+    params = [p.detach() for _, p in model.named_parameters() if p.requires_grad]
+    buffers = [b.detach() for _, b in model.named_buffers()]
+    return g, runnable(g.gm), params, buffers, x
+
+
 def _entry(rank, world, device, job, send):
     """One worker (an entry of :func:`launcher.start_workers`): trace the step, check it is
     the plan's graph, build this device's program, run it ``warmup + steps`` times and once
     more counting live bytes; send the held finals, times, bytes and memory."""
     from ..opgraph import opgraph_digest
     from .executor import parse_fault
-    from .opexec import _build
     from .worker import FAULT_ENV, inject_fault
     fault = parse_fault(job.get("fault") or os.environ.get(FAULT_ENV))
-    dtype = getattr(torch, job["dtype"])
-    g, params, buffers, x = _build(job["spec"], job["batch"], job["model_args"], job["seed"],
-                                   job["lr"], dtype=dtype)
+    g, gm, params, buffers, x = _real_step(job["spec"], job["batch"], job["model_args"],
+                                           job["seed"], job["lr"])
     if opgraph_digest(g) != job["digest"]:
         raise InfeasiblePlan("the worker's trace of the model differs from the plan's "
                              "operator graph (model code or arguments changed?)")
+    g.gm = gm
     dev = job["placement"]
     prog = device_program(g, dev, rank, world)
     flat = list(params) + list(buffers) + [x]
-    times, waits, finals, sent = [], [], None, 0
+    times, waits, cpus, finals, sent = [], [], [], None, 0
     warmup, steps = int(job["warmup"]), int(job["steps"])
     for i in range(warmup + steps):
         inject_fault(fault, rank, i + 1, "compiled placement step")
         _Stats.sent, _Stats.wait_s = 0, 0.0
         if world > 1:
             dist.barrier()
-        t0 = time.perf_counter()
+        c0, t0 = time.process_time(), time.perf_counter()
         outs, _ = prog(*flat)
-        dt = time.perf_counter() - t0
+        dt, cpu = time.perf_counter() - t0, time.process_time() - c0
         if i == 0:
             finals, sent = outs, _Stats.sent
         if i >= warmup:
             times.append(dt)
             waits.append(_Stats.wait_s)
+            cpus.append(cpu)
         del outs
     # one more step counting live tensor bytes (not timed: the mode costs time per op)
     idx = {t: k for k, t in enumerate(_placeholder_ids(g))}
@@ -371,7 +388,7 @@ def _entry(rank, world, device, job, send):
     del outs
     held = {k: v.detach().numpy() for k, v in zip(prog.meta["finals"], finals)}
     send("result", "main", held)
-    send("result", "stats", {"sent": sent, "times": times, "waits": waits,
+    send("result", "stats", {"sent": sent, "times": times, "waits": waits, "cpu": cpus,
                              "peak": mem.peak, "nodes": len(prog.graph.nodes),
                              "transfers": sum(1 for t in prog.meta["transfers"]
                                               if rank in (t[1], t[2]))})
@@ -379,19 +396,26 @@ def _entry(rank, world, device, job, send):
         dist.barrier()                 # nobody leaves while a peer still waits
 
 
+class _Whole:
+    """``g`` with its step runnable on real tensors, for :func:`.reference.traced_step`."""
+
+    def __init__(self, g, gm):
+        self.gm, self.param_names = gm, g.param_names
+
+
 def run_compiled(spec: str, batch: int | None, model_args: dict | None, names, placement,
                  workers: int = 2, *, g, digest: str, steps: int = 20, warmup: int = 3,
                  seed: int = 0, lr: float = 0.01, timeout_s: float = 300.0,
-                 tol: float = 1e-4, fault: str | None = None, check: bool = True,
-                 dtype: str = "float32") -> dict:
+                 tol: float = 1e-4, fault: str | None = None, check: bool = True) -> dict:
     """Run placement ``names[i] -> placement[i]`` of ``spec``'s step as one compiled program
     per device on ``workers`` gloo processes, ``warmup`` discarded and ``steps`` timed steps.
 
     Returns ``reference_ok`` / ``reference`` / ``max_rel_error`` / ``loss`` /
-    ``reference_loss`` (first step against the whole step in this process, same ``dtype``),
+    ``reference_loss`` (the first step against the whole step run in this process),
     ``measured_step_time_s`` (median over the timed steps of the slowest worker's time),
     ``step_times_s``, per worker ``compute_s`` (step time minus time waiting for transfers)
-    and ``wait_s``, ``peak_memory_bytes`` (live tensor bytes), ``measured_comm_bytes``,
+    and ``wait_s``, ``cpu_s`` (the process's CPU time per step: below ``compute_s`` when
+    other processes take the core), ``peak_memory_bytes`` (live tensor bytes), ``measured_comm_bytes``,
     ``transfers`` and ``program_nodes``."""
     from .launcher import start_workers
     from .reference import compare, traced_step
@@ -400,11 +424,9 @@ def run_compiled(spec: str, batch: int | None, model_args: dict | None, names, p
     if bad:
         raise InfeasiblePlan(f"the placement uses devices {bad}; this run has {workers} "
                              f"workers (0..{workers - 1})")
-    if dtype not in ("float32", "float64"):
-        raise InfeasiblePlan(f"dtype must be float32 or float64, not {dtype!r}")
     plan = transfers(g, dev, workers)
     job = {"spec": spec, "batch": batch, "model_args": dict(model_args or {}), "seed": seed,
-           "lr": lr, "placement": dev, "fault": fault, "digest": digest, "dtype": dtype,
+           "lr": lr, "placement": dev, "fault": fault, "digest": digest,
            "steps": max(1, int(steps)), "warmup": max(0, int(warmup))}
     got = start_workers(workers, _entry, job, timeout_s=timeout_s, backend="gloo",
                         name="explorer-place-worker")
@@ -415,7 +437,8 @@ def run_compiled(spec: str, batch: int | None, model_args: dict | None, names, p
     for r in sorted(got.results):
         held.update(got.results[r]["main"])
     per_step = [max(ts) for ts in zip(*(stats[r]["times"] for r in sorted(stats)))]
-    out = {"model": spec, "workers": workers, "executor": "compiled", "dtype": dtype,
+    out = {"model": spec, "workers": workers, "executor": "compiled",
+           "dtype": g.tensors[next(iter(g.params.values()))].dtype,
            "loss": float(held["loss"]) if "loss" in held else None,
            "measured_step_time_s": statistics.median(per_step),
            "step_time_s": statistics.median(stats[0]["times"]),
@@ -424,23 +447,21 @@ def run_compiled(spec: str, batch: int | None, model_args: dict | None, names, p
                                                                   stats[r]["waits"]))
                          for r in sorted(stats)],
            "wait_s": [statistics.median(stats[r]["waits"]) for r in sorted(stats)],
+           "cpu_s": [statistics.median(stats[r]["cpu"]) for r in sorted(stats)],
            "peak_memory_bytes": [float(stats[r]["peak"]) for r in sorted(stats)],
            "measured_comm_bytes": float(sum(s["sent"] for s in stats.values())),
-           "predicted_comm_bytes": float(sum(g.tensors[t].numel * getattr(
-               torch, dtype).itemsize for t, *_ in plan)),
+           "predicted_comm_bytes": float(sum(g.tensors[t].bytes for t, *_ in plan)),
            "transfers": len(plan),
            "program_nodes": [stats[r]["nodes"] for r in sorted(stats)],
            "launch_time_s": got.elapsed_s, "pids": got.pids, "backend": got.backend,
            "reference": None, "reference_ok": None, "max_rel_error": None,
            "reference_loss": None}
     if check:
-        from .opexec import _build
-        g1, params, buffers, x = _build(spec, batch, model_args, seed, lr,
-                                        dtype=getattr(torch, dtype))
+        _, gm, params, buffers, x = _real_step(spec, batch, model_args, seed, lr, g)
         threads = torch.get_num_threads()
         torch.set_num_threads(1)               # as the workers: the same kernels' rounding
         try:
-            ref = traced_step(g1, params, buffers, x)
+            ref = traced_step(_Whole(g, gm), params, buffers, x)
         finally:
             torch.set_num_threads(threads)
         got_params = {k: torch.from_numpy(v) for k, v in held.items() if k != "loss"}

@@ -459,14 +459,13 @@ def placement_comm_bytes(g, names, placement) -> float:
 def run_placement(spec: str, batch: int | None, model_args: dict | None, names, placement,
                   workers: int = 2, seed: int = 0, lr: float = 0.01, timeout_s: float = 300.0,
                   tol: float = 1e-4, steps: int = 3, fault: str | None = None, g=None,
-                  check: bool = True, warmup: int = 1, executor: str = "compiled",
-                  dtype: str = "float32") -> dict:
+                  check: bool = True, warmup: int = 1, executor: str = "compiled") -> dict:
     """Run a device placement (operator -> device) on ``workers`` gloo processes and compare
     the result with one device.  ``g``: the model's operator graph when the caller has it.
 
     ``executor="compiled"`` (default): one fx program per device with send/recv
-    (:func:`.compiled.run_compiled`, ``warmup`` + ``steps`` steps in ``dtype``): the step
-    time can be held against the prediction.  ``"interpreted"``: this module's aten-call
+    (:func:`.compiled.run_compiled`, ``warmup`` + ``steps`` steps, float32): the step time
+    can be held against the prediction.  ``"interpreted"``: this module's aten-call
     interpreter (float64, ``steps`` steps, the first its warm-up) - it checks the data
     movement of the placement's layout, not its speed.  Returns the executor's keys plus
     ``predicted_comm_bytes``."""
@@ -485,8 +484,7 @@ def run_placement(spec: str, batch: int | None, model_args: dict | None, names, 
         from .compiled import run_compiled
         return run_compiled(spec, batch, model_args, names, placement, workers, g=g,
                             digest=opgraph_digest(g), steps=steps, warmup=warmup, seed=seed,
-                            lr=lr, timeout_s=timeout_s, tol=tol, fault=fault, check=check,
-                            dtype=dtype)
+                            lr=lr, timeout_s=timeout_s, tol=tol, fault=fault, check=check)
     x = placement_xplan(g, names, placement, workers)
     out = run_layout(spec, batch, model_args, x, digest=opgraph_digest(g), steps=steps,
                      seed=seed, lr=lr, timeout_s=timeout_s, tol=tol, fault=fault, check=check)

@@ -226,6 +226,9 @@ def _run_placement(doc: dict, expect: dict, *, steps: int, warmup: int, **kw) ->
     for o in (doc.get("schedule") or {}).get("ops", []):
         if 0 <= int(o["device"]) < n:
             busy[int(o["device"])] += float(o["end"]) - float(o["start"])
+    saved = doc.get("busy_s")
+    if not any(busy) and isinstance(saved, list) and len(saved) == n:
+        busy = [float(b) for b in saved]       # the simulator's compute time per device
     peaks = doc.get("peak_memory_bytes")
     out.update(predicted_busy_s=busy, algo=doc.get("algo"), devices=n, steps=steps,
                batch=g.batch, preset=preset, cost=(doc.get("info") or {}).get("cost"),
