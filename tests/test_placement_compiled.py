@@ -38,6 +38,16 @@ def _run(model, batch, args, names, devs, **kw):
     return _RUNS[key]
 
 
+def _moves_the_planned_bytes(og, names, devs, r):
+    """The workers send exactly the transfers' bytes: the simulator's rule (each tensor once
+    to each other device reading it), less the outputs of a multi-output call that the
+    reading device computes itself because it holds another of its outputs."""
+    plan = transfers(og, dict(zip(names, (int(d) for d in devs))), 2)
+    assert r["measured_comm_bytes"] == sum(og.tensors[t].bytes for t, *_ in plan)
+    assert r["measured_comm_bytes"] <= r["predicted_comm_bytes"] == pytest.approx(
+        placement_comm_bytes(og, names, devs))
+
+
 @pytest.fixture(scope="module")
 def graphs():
     return {m: build_opgraph(m, b, a) for m, b, a in MODELS}
@@ -55,7 +65,7 @@ def test_every_placement_method_runs_compiled_and_matches_one_device(graphs, mod
     assert r["executor"] == "compiled"
     assert r["reference_ok"], r["reference"]
     assert r["max_rel_error"] < 1e-5
-    assert r["measured_comm_bytes"] == pytest.approx(placement_comm_bytes(og, names, devs))
+    _moves_the_planned_bytes(og, names, devs, r)
     assert r["measured_step_time_s"] > 0 and len(r["compute_s"]) == 2
 
 
@@ -71,7 +81,7 @@ def test_an_alternating_placement_sends_every_crossing_tensor_and_matches(graphs
     r = _run(model, batch, args, names, devs)
     assert r["reference_ok"], r["reference"]
     assert r["transfers"] == len(transfers(og, dict(zip(names, devs)), 2)) > 20
-    assert r["measured_comm_bytes"] == pytest.approx(placement_comm_bytes(og, names, devs))
+    _moves_the_planned_bytes(og, names, devs, r)
     assert min(r["compute_s"]) > 0 and all(w >= 0 for w in r["wait_s"])
     assert all(p > 0 for p in r["peak_memory_bytes"])
 

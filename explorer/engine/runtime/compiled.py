@@ -414,9 +414,9 @@ def run_compiled(spec: str, batch: int | None, model_args: dict | None, names, p
     ``reference_loss`` (the first step against the whole step run in this process),
     ``measured_step_time_s`` (median over the timed steps of the slowest worker's time),
     ``step_times_s``, per worker ``compute_s`` (step time minus time waiting for transfers)
-    and ``wait_s``, ``cpu_s`` (the process's CPU time per step: below ``compute_s`` when
-    other processes take the core), ``peak_memory_bytes`` (live tensor bytes), ``measured_comm_bytes``,
-    ``transfers`` and ``program_nodes``."""
+    and ``wait_s``, ``measured_comm_bytes`` (sent during the first step) and
+    ``planned_comm_bytes`` (:func:`transfers`), ``cpu_s`` (the process's CPU time per step: below ``compute_s`` when
+    other processes take the core), ``peak_memory_bytes`` (live tensor bytes), ``transfers`` and ``program_nodes``."""
     from .launcher import start_workers
     from .reference import compare, traced_step
     dev = {str(nm): int(d) for nm, d in zip(names, placement)}
@@ -450,7 +450,7 @@ def run_compiled(spec: str, batch: int | None, model_args: dict | None, names, p
            "cpu_s": [statistics.median(stats[r]["cpu"]) for r in sorted(stats)],
            "peak_memory_bytes": [float(stats[r]["peak"]) for r in sorted(stats)],
            "measured_comm_bytes": float(sum(s["sent"] for s in stats.values())),
-           "predicted_comm_bytes": float(sum(g.tensors[t].bytes for t, *_ in plan)),
+           "planned_comm_bytes": float(sum(g.tensors[t].bytes for t, *_ in plan)),
            "transfers": len(plan),
            "program_nodes": [stats[r]["nodes"] for r in sorted(stats)],
            "launch_time_s": got.elapsed_s, "pids": got.pids, "backend": got.backend,

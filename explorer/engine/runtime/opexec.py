@@ -468,7 +468,9 @@ def run_placement(spec: str, batch: int | None, model_args: dict | None, names, 
     can be held against the prediction.  ``"interpreted"``: this module's aten-call
     interpreter (float64, ``steps`` steps, the first its warm-up) - it checks the data
     movement of the placement's layout, not its speed.  Returns the executor's keys plus
-    ``predicted_comm_bytes``."""
+    ``predicted_comm_bytes`` (the simulator's rule, :func:`placement_comm_bytes`; the compiled
+    programs move less when a device computes a multi-output call whose other output it
+    holds, instead of receiving that output)."""
     from ..opgraph import build_opgraph, opgraph_digest
     if executor not in ("compiled", "interpreted"):
         raise InfeasiblePlan(f"executor must be compiled or interpreted, not {executor!r}")
@@ -482,9 +484,11 @@ def run_placement(spec: str, batch: int | None, model_args: dict | None, names, 
                              f"or batch?")
     if executor == "compiled":
         from .compiled import run_compiled
-        return run_compiled(spec, batch, model_args, names, placement, workers, g=g,
-                            digest=opgraph_digest(g), steps=steps, warmup=warmup, seed=seed,
-                            lr=lr, timeout_s=timeout_s, tol=tol, fault=fault, check=check)
+        out = run_compiled(spec, batch, model_args, names, placement, workers, g=g,
+                           digest=opgraph_digest(g), steps=steps, warmup=warmup, seed=seed,
+                           lr=lr, timeout_s=timeout_s, tol=tol, fault=fault, check=check)
+        out["predicted_comm_bytes"] = placement_comm_bytes(g, names, placement)
+        return out
     x = placement_xplan(g, names, placement, workers)
     out = run_layout(spec, batch, model_args, x, digest=opgraph_digest(g), steps=steps,
                      seed=seed, lr=lr, timeout_s=timeout_s, tol=tol, fault=fault, check=check)
