@@ -97,6 +97,9 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--no-calibrate", action="store_true",
                     help="do not calibrate even when this machine has no calibration")
+    ap.add_argument("--keep-profile", action="store_true",
+                    help="reuse operator times cached by earlier runs (default: time every "
+                         "operator again, so the prediction is of the machine as it is now)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     from explorer.engine.storage import home
@@ -105,6 +108,9 @@ def main(argv=None) -> int:
         from explorer.engine.runtime.calibrate import calibrate
         print("calibrating this machine (explorer calibrate) ...", file=sys.stderr)
         calibrate(args.devices)
+    if not args.keep_profile:
+        from explorer.engine.profile import clear_op_times
+        clear_op_times()
     rows = []
     for model in args.models.split(","):
         for algo in args.algos.split(","):

@@ -934,3 +934,13 @@ def op_times(og, device_kind: str, cache_path=None, reps: int = 7, warmup: int =
         first.add(o.node)
     return out, {"measured": measured, "ops": len(og.ops),
                  "seconds": time.perf_counter() - t0}
+
+
+def clear_op_times(cache_path=None) -> None:
+    """Forget every cached operator time (:func:`op_times` measures again)."""
+    conn = connect(default_cache_path() if cache_path is None else cache_path, _OP_SCHEMA)
+    try:
+        with conn:
+            conn.execute("DELETE FROM op_profile")
+    finally:
+        conn.close()
