@@ -6,7 +6,9 @@ unless ``$EXPLORER_HOME/local.json`` exists or ``--no-calibrate``), search the p
 machine, cached in the profile SQLite), save it as a plan document, run it with ``explorer
 run``'s entry (one fx program per device with send/recv, reference check against one
 device) and print predicted and measured step time, their error, the reference verdict,
-transfers and peak memory per worker (measured live bytes / simulated).
+transfers, per worker the simulator's busy time next to the measured CPU time of a step (the
+process's CPU time: what the prediction is of when other processes take the cores), and peak
+memory per worker (measured live bytes / simulated).
 
     python benchmarks/placement_run.py [--models resnet50,transformer] [--algos celeritas]
                                        [--steps 10] [--warmup 3] [--json]
@@ -62,7 +64,7 @@ def bench(model: str, algo: str, devices: int, steps: int, warmup: int) -> dict:
             "reference_ok": run["reference_ok"], "max_rel_error": run["max_rel_error"],
             "peak_measured_bytes": run["peak_memory_bytes"],
             "peak_predicted_bytes": run.get("predicted_peak_memory_bytes"),
-            "compute_s": run["compute_s"], "wait_s": run["wait_s"],
+            "compute_s": run["compute_s"], "wait_s": run["wait_s"], "cpu_s": run["cpu_s"],
             "predicted_busy_s": run.get("predicted_busy_s"),
             "step_times_s": run["step_times_s"], "search_s": search_s,
             "canary_before": before, "canary_after": after}
@@ -70,8 +72,8 @@ def bench(model: str, algo: str, devices: int, steps: int, warmup: int) -> dict:
 
 def table(rows: list) -> str:
     head = (f"{'model':<13} {'algo':<15} {'ops/dev':<11} {'xfers':>5} {'pred ms':>9} "
-            f"{'meas ms':>9} {'error':>7} {'ref':>5} {'peak MiB meas/pred per worker':<32}"
-            f" {'canary':>13}")
+            f"{'meas ms':>9} {'error':>7} {'ref':>5} {'busy/cpu ms per worker':<22} "
+            f"{'peak MiB meas/pred':<18} {'canary':>13}")
     out = [head, "-" * len(head)]
     for r in rows:
         if "error_text" in r:
@@ -81,10 +83,12 @@ def table(rows: list) -> str:
                        zip(r["peak_measured_bytes"], r["peak_predicted_bytes"] or
                            [None] * len(r["peak_measured_bytes"])))
         err = f"{100 * r['error']:+.1f}%" if r["error"] is not None else "-"
+        busy = " ".join(f"{b * 1e3:.0f}/{c * 1e3:.0f}" for b, c in
+                        zip(r["predicted_busy_s"] or [0.0] * len(r["cpu_s"]), r["cpu_s"]))
         out.append(f"{r['model']:<13} {r['algo']:<15} {'/'.join(map(str, r['ops_per_device'])):<11}"
                    f" {r['transfers']:>5} {r['predicted_s'] * 1e3:>9.1f} "
                    f"{r['measured_s'] * 1e3:>9.1f} {err:>7} {str(r['reference_ok']):>5} "
-                   f"{mem:<32} {r['canary_before']:>6.0f}/{r['canary_after']:<6.0f}")
+                   f"{busy:<22} {mem:<18} {r['canary_before']:>6.0f}/{r['canary_after']:<6.0f}")
     return "\n".join(out)
 
 
