@@ -242,3 +242,16 @@ def test_cli_search_measured_then_run_reports_both(_isolated_home, tmp_path):
     assert "compiled fx program per device" in out.stdout
     assert "measured operator costs" in out.stdout
     assert "peak memory per worker" in out.stdout and "passed" in out.stdout
+
+
+def test_calibrate_times_a_models_operators_for_the_placers(graphs):
+    """``explorer calibrate --model`` also times the step's operators (afresh), so the
+    placers' measured costs then need no measuring."""
+    from explorer.engine.profile import op_times
+    from explorer.engine.runtime.calibrate import profile_ops
+    got = profile_ops("lenet5", 8, {}, quick=True)
+    assert got["ops"] == len(graphs["lenet5"].ops) and got["step_s"] > 0
+    times, info = op_times(graphs["lenet5"], local(1).devices[0].kind)
+    assert not info["measured"] and sum(times.values()) == pytest.approx(got["step_s"])
+    assert op_times(graphs["lenet5"], local(1).devices[0].kind, reps=1, warmup=0,
+                    fresh=True)[1]["measured"]

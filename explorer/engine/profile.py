@@ -885,11 +885,12 @@ def step_op_times(og, reps: int = 7, warmup: int = 2, seed: int = 0) -> dict:
 
 
 def op_times(og, device_kind: str, cache_path=None, reps: int = 7, warmup: int = 2,
-             progress=None) -> dict:
+             progress=None, fresh: bool = False) -> dict:
     """``{operator name: seconds}`` for every operator of ``og`` on this machine, from the
     profile cache (table ``op_profile`` of ``$EXPLORER_HOME/profile.sqlite``, keyed by
     ``device_kind`` and :func:`op_signature`); when any call is missing the whole step is
-    measured once (:func:`step_op_times`) and stored.  A multi-output aten call's time goes
+    measured once (:func:`step_op_times`) and stored (``fresh``: measured and stored in any
+    case).  A multi-output aten call's time goes
     to its first operator (its other outputs cost nothing more); placeholders cost 0.
     Returns ``(times, info)``, ``info`` = ``{"measured": whether the step was timed now,
     "ops": n, "seconds": time spent}``."""
@@ -905,7 +906,7 @@ def op_times(og, device_kind: str, cache_path=None, reps: int = 7, warmup: int =
                                "signature=?", (device_kind, s)).fetchone()
             if row is not None:
                 got[s] = float(row[0])
-        measured = len(got) < len(set(sig.values()))
+        measured = fresh or len(got) < len(set(sig.values()))
         t0 = time.perf_counter()
         if measured:
             if progress:
