@@ -1,14 +1,14 @@
 """Placement run benchmark: predicted vs measured step time of placements run as compiled code.
 
-For each model and placement method: calibrate the machine once (``explorer calibrate``,
-unless ``$EXPLORER_HOME/local.json`` exists or ``--no-calibrate``), search the placement for
+For each model and placement method: calibrate the machine once (``explorer calibrate``;
+``--keep-calibration`` reuses ``$EXPLORER_HOME/local.json``), search the placement for
 2 local CPU workers with ``--cost measured`` (every aten call of the step timed on this
 machine, cached in the profile SQLite), save it as a plan document, run it with ``explorer
 run``'s entry (one fx program per device with send/recv, reference check against one
 device) and print predicted and measured step time, their error, the reference verdict,
-transfers, per worker the simulator's busy time next to the measured CPU time of a step (the
-process's CPU time: what the prediction is of when other processes take the cores), and peak
-memory per worker (measured live bytes / simulated).
+transfers, per worker the simulator's busy time next to the worker thread's CPU time in a
+step (operator times are CPU times too: on a shared machine the wall time also holds the time
+other processes took the core), and peak memory per worker (measured live bytes / simulated).
 
     python benchmarks/placement_run.py [--models resnet50,transformer] [--algos celeritas]
                                        [--steps 10] [--warmup 3] [--json]
@@ -99,8 +99,9 @@ def main(argv=None) -> int:
     ap.add_argument("--devices", type=int, default=2)
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--no-calibrate", action="store_true",
-                    help="do not calibrate even when this machine has no calibration")
+    ap.add_argument("--keep-calibration", action="store_true",
+                    help="use $EXPLORER_HOME/local.json when present instead of calibrating "
+                         "again (the links' latency decides where placements cut)")
     ap.add_argument("--keep-profile", action="store_true",
                     help="reuse operator times cached by earlier runs (default: time every "
                          "operator again, so the prediction is of the machine as it is now)")
@@ -108,7 +109,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     from explorer.engine.storage import home
     from explorer.errors import ExplorerError
-    if not (home() / "local.json").exists() and not args.no_calibrate:
+    if not (home() / "local.json").exists() or not args.keep_calibration:
         from explorer.engine.runtime.calibrate import calibrate
         print("calibrating this machine (explorer calibrate) ...", file=sys.stderr)
         calibrate(args.devices)

@@ -823,7 +823,10 @@ def step_op_times(og, reps: int = 7, warmup: int = 2, seed: int = 0) -> dict:
     tensors in this process with one thread (as a worker runs), each intermediate freed after
     its last reader (so caches and the allocator see what a step does, not a hot loop over
     one op); each call's median over ``reps`` timed replays after ``warmup``, scaled so that
-    they add up to the median replay.  Dropout follows the
+    they add up to the median replay.  The clock is this thread's CPU time: on a machine
+    shared with other processes, wall time would charge an operator for the time others held
+    the core (up to 4× here) - the prediction is of a worker that has its core, as on a quiet
+    machine, and a run reports its workers' CPU time (``cpu_s``) beside their wall time.  Dropout follows the
     deterministic numerics (:data:`~explorer.engine.capture.DETERMINISTIC_ATEN`).
 
     Returns ``{fx node name: seconds}`` for the calls that are operators of ``og``."""
@@ -867,9 +870,9 @@ def step_op_times(og, reps: int = 7, warmup: int = 2, seed: int = 0) -> dict:
                     continue
                 args = torch.fx.node.map_arg(n.args, lambda a: env[a.name])
                 kwargs = torch.fx.node.map_arg(n.kwargs, lambda a: env[a.name])
-                t0 = time.perf_counter()
+                t0 = time.thread_time()
                 env[n.name] = fn(*args, **kwargs)
-                dt = time.perf_counter() - t0
+                dt = time.thread_time() - t0
                 if timed and rep >= warmup:
                     runs[n.name].append(dt)
                 for d in dead.get(i, ()):

@@ -367,9 +367,9 @@ def _entry(rank, world, device, job, send):
         _Stats.sent, _Stats.wait_s = 0, 0.0
         if world > 1:
             dist.barrier()
-        c0, t0 = time.process_time(), time.perf_counter()
+        c0, t0 = time.thread_time(), time.perf_counter()
         outs, _ = prog(*flat)
-        dt, cpu = time.perf_counter() - t0, time.process_time() - c0
+        dt, cpu = time.perf_counter() - t0, time.thread_time() - c0
         if i == 0:
             finals, sent = outs, _Stats.sent
         if i >= warmup:
@@ -415,8 +415,8 @@ def run_compiled(spec: str, batch: int | None, model_args: dict | None, names, p
     ``measured_step_time_s`` (median over the timed steps of the slowest worker's time),
     ``step_times_s``, per worker ``compute_s`` (step time minus time waiting for transfers)
     and ``wait_s``, ``measured_comm_bytes`` (sent during the first step) and
-    ``planned_comm_bytes`` (:func:`transfers`), ``cpu_s`` (the process's CPU time per step: below ``compute_s`` when
-    other processes take the core), ``peak_memory_bytes`` (live tensor bytes), ``transfers`` and ``program_nodes``."""
+    ``planned_comm_bytes`` (:func:`transfers`), ``cpu_s`` (the worker thread's CPU time per step: below ``compute_s``
+    when other processes take the core), ``peak_memory_bytes`` (live tensor bytes), ``transfers`` and ``program_nodes``."""
     from .launcher import start_workers
     from .reference import compare, traced_step
     dev = {str(nm): int(d) for nm, d in zip(names, placement)}
