@@ -255,3 +255,12 @@ def test_calibrate_times_a_models_operators_for_the_placers(graphs):
     assert not info["measured"] and sum(times.values()) == pytest.approx(got["step_s"])
     assert op_times(graphs["lenet5"], local(1).devices[0].kind, reps=1, warmup=0,
                     fresh=True)[1]["measured"]
+
+
+def test_device_program_refuses_an_incomplete_or_out_of_range_placement(graphs):
+    og = graphs["mlp"]
+    names = [t.id for t in og.tensors.values() if t.producer is None] + list(og.ops)
+    with pytest.raises(InfeasiblePlan, match="does not place operator"):
+        device_program(og, {nm: 0 for nm in names[:-1]}, 0, 2)
+    with pytest.raises(InfeasiblePlan, match=r"devices \[2\]"):
+        transfers(og, {nm: 2 for nm in names}, 2)

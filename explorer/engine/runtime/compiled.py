@@ -105,13 +105,21 @@ def _layout(g, dev: dict, workers: int):
     """``(owner, computed, readers)``: the device holding each tensor (None: every device, a
     placeholder the placement does not name), the devices computing each aten call, and the
     devices whose operators read each tensor."""
+    missing = [o for o in g.ops if o not in dev]
+    if missing:
+        raise InfeasiblePlan(f"the placement does not place operator {missing[0]} "
+                             f"({len(missing)} missing): was it made for another graph?")
+    bad = sorted({int(d) for d in dev.values() if not 0 <= int(d) < workers})
+    if bad:
+        raise InfeasiblePlan(f"the placement uses devices {bad}; this run has {workers} "
+                             f"workers (0..{workers - 1})")
     owner: dict = {}
     for t in _placeholder_ids(g):
         owner[t] = dev.get(t)
     computed: dict = {}
     readers: dict = {}
     for o in g.ops.values():
-        d = dev[o.name]
+        d = int(dev[o.name])
         owner[o.output] = d
         computed.setdefault(o.node, set()).add(d)
         for t in o.inputs:
@@ -139,9 +147,9 @@ def transfers(g, dev: dict, workers: int) -> list:
 
 def device_program(g, dev: dict, rank: int, workers: int):
     """The fx ``GraphModule`` device ``rank`` runs: its aten calls in the step's order with
-    sends and receives; called with the step's placeholders (parameters, buffers, input)
-    flattened, it returns the tensors of ``finals(g)`` it holds (``program.meta["finals"]``
-    names them) and waits for its sends at the end.  ``program.meta`` also holds the
+    sends and receives.  Called with the step's placeholders (parameters, buffers, input)
+    flattened, it returns ``(held, None)``: the loss and the updated parameters this device
+    holds (``program.meta["finals"]`` names them), after waiting for its sends.  ``program.meta`` also holds the
     transfers and the placeholders this device owns."""
     gm = g.gm
     owner, computed, _ = _layout(g, dev, workers)
