@@ -546,8 +546,8 @@ def run_placement(doc: dict, steps: int = 3, timeout_s: float = 600.0,
     """Execute a placement document (:func:`placement`) on local gloo workers, one per device
     of the placement (:func:`run_plan`, one compiled program per device): the reference check
     against one device, the bytes moved, and the measured step time next to the simulator's
-    (per device: predicted busy time vs measured compute).  Refuses, before launching, a run that would not fit in
-    this machine's free memory."""
+    (per device: predicted busy time vs measured compute).  Refuses, before launching, a run
+    that would not fit in this machine's free memory."""
     import psutil
 
     if not doc or "placement" not in doc or "request" not in doc:

@@ -826,8 +826,9 @@ def step_op_times(og, reps: int = 7, warmup: int = 2, seed: int = 0) -> dict:
     they add up to the median replay.  The clock is this thread's CPU time: on a machine
     shared with other processes, wall time would charge an operator for the time others held
     the core (up to 4× here) - the prediction is of a worker that has its core, as on a quiet
-    machine, and a run reports its workers' CPU time (``cpu_s``) beside their wall time.  Dropout follows the
-    deterministic numerics (:data:`~explorer.engine.capture.DETERMINISTIC_ATEN`).
+    machine, and a run reports its workers' CPU time (``cpu_s``) beside their wall time.
+    Dropout follows the deterministic numerics
+    (:data:`~explorer.engine.capture.DETERMINISTIC_ATEN`).
 
     Returns ``{fx node name: seconds}`` for the calls that are operators of ``og``."""
     import operator

@@ -22,9 +22,9 @@ Every worker runs the graph the plan was made on (:func:`~explorer.engine.opgrap
 the meta-device trace of :func:`~explorer.engine.opgraph.build_opgraph`, on real tensors) in
 the model's precision (float32), with the same seeded parameters and input.  The run is
 checked against one device: the loss and every updated parameter of the first step against
-the same step run whole in this process (the checked program is the timed one).  Per worker it reports the measured step
-time, the time spent waiting for transfers, bytes sent, and the peak of live tensor bytes
-(:class:`LiveBytes`), next to the plan's predictions.
+the same step run whole in this process (the checked program is the timed one).  Per worker
+it reports the measured step time, the time spent waiting for transfers, bytes sent, and the
+peak of live tensor bytes (:class:`LiveBytes`), next to the plan's predictions.
 """
 
 from __future__ import annotations
@@ -149,8 +149,8 @@ def device_program(g, dev: dict, rank: int, workers: int):
     """The fx ``GraphModule`` device ``rank`` runs: its aten calls in the step's order with
     sends and receives.  Called with the step's placeholders (parameters, buffers, input)
     flattened, it returns ``(held, None)``: the loss and the updated parameters this device
-    holds (``program.meta["finals"]`` names them), after waiting for its sends.  ``program.meta`` also holds the
-    transfers and the placeholders this device owns."""
+    holds (``program.meta["finals"]`` names them), after waiting for its sends.
+    ``program.meta`` also holds the transfers and the placeholders this device owns."""
     gm = g.gm
     owner, computed, _ = _layout(g, dev, workers)
     plan = transfers(g, dev, workers)
@@ -423,8 +423,9 @@ def run_compiled(spec: str, batch: int | None, model_args: dict | None, names, p
     ``measured_step_time_s`` (median over the timed steps of the slowest worker's time),
     ``step_times_s``, per worker ``compute_s`` (step time minus time waiting for transfers)
     and ``wait_s``, ``measured_comm_bytes`` (sent during the first step) and
-    ``planned_comm_bytes`` (:func:`transfers`), ``cpu_s`` (the worker thread's CPU time per step: below ``compute_s``
-    when other processes take the core), ``peak_memory_bytes`` (live tensor bytes), ``transfers`` and ``program_nodes``."""
+    ``planned_comm_bytes`` (:func:`transfers`), ``cpu_s`` (the worker thread's CPU time per
+    step: below ``compute_s`` when other processes take the core), ``peak_memory_bytes``
+    (live tensor bytes), ``transfers`` and ``program_nodes``."""
     from .launcher import start_workers
     from .reference import compare, traced_step
     dev = {str(nm): int(d) for nm, d in zip(names, placement)}

@@ -20,8 +20,9 @@ class Problem:
 
     ``cost`` ("analytic" | "measured") and ``sync`` ("ps" | "ring") configure the layer-wise
     cost model; ``cost="measured"`` also gives the placers each operator's time measured on
-    this machine (``local`` preset, after ``explorer calibrate``).  ``layer_graph``/``cost_model``/``opgraph``/``placement_graphs`` may be given
-    prebuilt; ``builders`` may map ``"layer_graph"``, ``"cost_model"``, ``"opgraph"`` and
+    this machine (``local`` preset, after ``explorer calibrate``).
+    ``layer_graph``/``cost_model``/``opgraph``/``placement_graphs`` may be given prebuilt;
+    ``builders`` may map ``"layer_graph"``, ``"cost_model"``, ``"opgraph"`` and
     ``"placement_graph"`` (called with the memory cap in bytes or ``None``) to functions that
     build (and cache) them."""
 
