@@ -264,3 +264,16 @@ def test_device_program_refuses_an_incomplete_or_out_of_range_placement(graphs):
         device_program(og, {nm: 0 for nm in names[:-1]}, 0, 2)
     with pytest.raises(InfeasiblePlan, match=r"devices \[2\]"):
         transfers(og, {nm: 2 for nm in names}, 2)
+
+
+def test_a_hanging_worker_ends_the_compiled_run_with_one_error_and_no_orphans(graphs):
+    from _helpers import spawned_workers
+    from explorer.engine.runtime.launcher import RunFailed
+    og = graphs["lenet5"]
+    names = [t.id for t in og.tensors.values() if t.producer is None] + list(og.ops)
+    devs = [i % 2 for i in range(len(names))]
+    before = {c.pid for c in spawned_workers()}
+    with pytest.raises(RunFailed, match="did not finish within|timed out|Timed out"):
+        run_placement("lenet5", 8, {}, names, devs, 2, steps=1, warmup=0, g=og,
+                      fault="1:1:hang", timeout_s=45)
+    assert not {c.pid for c in spawned_workers()} - before
