@@ -212,7 +212,7 @@ def _request(args):
 def _check_flags(args, family: str) -> None:
     """A flag the chosen method does not use is an error, not silently ignored."""
     only = [("--dump-costs", args.dump_costs, ("layerwise",)),
-            ("--cost measured", args.cost != "analytic", ("layerwise",)),
+            ("--cost measured", args.cost != "analytic", ("layerwise", "placement")),
             ("--sync ring", args.sync != "ps", ("layerwise",)),
             ("--degrees", args.degrees != "auto", ("layerwise",)),
             ("--dump-graph", args.dump_graph, ("placement",)),
@@ -269,8 +269,10 @@ def cmd_search(args) -> int:
     req = _request(args)
     family = family_of(args.algo)
     _check_flags(args, family)
-    if args.cost == "measured" and family == "layerwise" and req.preset != "local":
-        raise ValueError(f"--cost measured times shards on this machine, so it needs --preset "
+    if args.cost == "measured" and family in ("layerwise", "placement") and \
+            req.preset != "local":
+        what = "shards" if family == "layerwise" else "operators"
+        raise ValueError(f"--cost measured times {what} on this machine, so it needs --preset "
                          f"local; the {req.preset} preset's devices are not here and use the "
                          f"analytic roofline")
     t0 = time.perf_counter()

@@ -39,3 +39,8 @@ class PlanFileError(InfeasiblePlan):
 class ModelFilesOff(ExplorerError):
     """A page asked the server to load a ``path.py:function`` model file, which runs code on
     the server, and the server was not started with ``--allow-model-files``."""
+
+
+class NotCalibrated(ExplorerError):
+    """Measured costs were asked for devices that are not this machine's calibrated ``local``
+    preset (run ``explorer calibrate`` first, or use ``--cost analytic``)."""

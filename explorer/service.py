@@ -489,9 +489,13 @@ def placement_pins(pins: list | None) -> list:
 
 
 def _placement_graph(req: Request, cap: float | None):
-    from .engine.placement.estimate import from_opgraph
-    return _lru(_PLACE_GRAPHS, req.graph_key() + req.device_key() + (cap,),
-                lambda: from_opgraph(opgraph_for(req), devices_for(req), cap))
+    from .engine.placement.estimate import from_opgraph, measured_times
+
+    def make():
+        og, dev = opgraph_for(req), devices_for(req)
+        times = measured_times(og, dev) if req.cost == "measured" else None
+        return from_opgraph(og, dev, cap, times=times)
+    return _lru(_PLACE_GRAPHS, req.graph_key() + req.device_key() + (cap, req.cost), make)
 
 
 def placement_graph_for(req: Request, memory_gib=None):
@@ -633,23 +637,23 @@ def run_plan(doc: dict, **opts) -> dict:
 def run_placement(doc: dict, steps: int = 3, timeout_s: float = 600.0,
                   progress=lambda v: None) -> dict:
     """Execute a placement document (:func:`placement`) on local gloo workers, one per device
-    of the placement (:func:`run_plan`): the reference check against one device (float64), the
-    bytes moved, and the measured step time next to the simulator's (per device: predicted
-    busy time vs measured compute).  Refuses, before launching, a run that would not fit in
-    this machine's free memory."""
+    of the placement (:func:`run_plan`, one compiled program per device): the reference check
+    against one device, the bytes moved, and the measured step time next to the simulator's
+    (per device: predicted busy time vs measured compute).  Refuses, before launching, a run
+    that would not fit in this machine's free memory."""
     import psutil
 
     if not doc or "placement" not in doc or "request" not in doc:
         raise ExplorerError("place the model first, then run the placement")
     n = len(doc.get("capacity_bytes") or []) or (max(map(int, doc["placement"].values())) + 1)
-    # float64 run: twice the simulated float32 peaks, all workers on this machine
+    # the workers' simulated peaks plus the single-device reference step in this process
     need = 2.0 * float(sum(doc.get("peak_memory_bytes") or []))
     free = float(psutil.virtual_memory().available)
     if need > 0.7 * free:
         raise ExplorerError(
-            f"running this placement needs about {need / 2**30:.1f} GiB here (float64, "
-            f"{n} workers) but {free / 2**30:.1f} GiB is free: choose a smaller batch or "
-            f"model to execute it on this machine")
+            f"running this placement needs about {need / 2**30:.1f} GiB here ({n} workers "
+            f"and the reference) but {free / 2**30:.1f} GiB is free: choose a smaller batch "
+            f"or model to execute it on this machine")
     progress(5)
     # the app's document lives in memory (no checksum to verify)
     out = run_plan(doc, steps=max(1, int(steps)), timeout_s=timeout_s, verify=False)

@@ -1,4 +1,4 @@
-"""Device placements executed on 2 gloo CPU workers against one device (float64)."""
+"""Device placements executed on 2 gloo CPU workers against one device."""
 
 from __future__ import annotations
 
@@ -34,7 +34,8 @@ def test_placement_matches_one_device_and_moves_the_predicted_bytes(lenet, algo)
     r = run_placement("lenet5", 8, {}, res.names, res.placement, 2, steps=2, timeout_s=120)
     assert r["reference_ok"], r
     assert r["max_rel_error"] < 1e-10
-    assert r["measured_comm_bytes"] == pytest.approx(r["predicted_comm_bytes"])
+    # the simulator's bytes, less outputs of a multi-output call a device computes itself
+    assert r["measured_comm_bytes"] == r["planned_comm_bytes"] <= r["predicted_comm_bytes"]
     assert r["measured_step_time_s"] > 0 and len(r["compute_s"]) == 2
 
 
@@ -98,7 +99,7 @@ def test_a_saved_placement_runs_without_any_search(saved, tmp_path, capsys, monk
     assert code == 0, err
     d = json.loads(out)
     assert d["reference_ok"] and d["algo"] == "m-etf" and d["devices"] == 2
-    assert d["measured_comm_bytes"] == d["predicted_comm_bytes"]
+    assert d["measured_comm_bytes"] == d["planned_comm_bytes"] <= d["predicted_comm_bytes"]
     assert len(d["step_times_s"]) == 2 and d["predicted_step_time_s"] > 0
     code = main(["run", str(path), "--steps", "1", "--timeout", "120"])   # the text report
     out, err = capsys.readouterr()

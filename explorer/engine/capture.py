@@ -48,7 +48,7 @@ from torch.utils._pytree import tree_leaves
 from ..errors import UnsupportedModel
 
 __all__ = ["load", "capture", "deterministic", "float_leaves", "loss_of", "loss_function",
-           "parameter_count", "user_line", "DataDependent", "DATA_DEPENDENT",
+           "DETERMINISTIC_ATEN", "parameter_count", "user_line", "DataDependent", "DATA_DEPENDENT",
            "check_data_dependent"]
 
 
@@ -306,6 +306,23 @@ class deterministic(TorchFunctionMode):
                 got["momentum"] = 0.1 if got["momentum"] is None else got["momentum"]
             return func(**got)
         return func(*args, **kwargs)
+
+
+def _dropout_identity(x, p=0.5, train=None):
+    """``aten.native_dropout`` in the deterministic numerics: the input and an all-ones mask."""
+    return x.clone(), torch.ones_like(x, dtype=torch.bool)
+
+
+def _dropout_identity_backward(grad, mask, scale=1.0):
+    """``aten.native_dropout_backward`` in the deterministic numerics (no scale)."""
+    return grad * mask
+
+
+#: aten call -> its replacement in the deterministic numerics, for code that runs a traced
+#: step's aten calls directly (no :class:`deterministic` mode and its cost per call): the
+#: placement runtime's compiled programs and the per-operator profile
+DETERMINISTIC_ATEN = {"native_dropout": _dropout_identity,
+                      "native_dropout_backward": _dropout_identity_backward}
 
 
 # --------------------------------------------------------------------------------------------

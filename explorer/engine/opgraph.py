@@ -36,7 +36,7 @@ import networkx as nx
 from ..errors import UnsupportedModel
 
 __all__ = ["Tensor", "Op", "OpGraph", "TorchValue", "build_opgraph", "trace_step",
-           "opgraph_digest", "user_line"]
+           "opgraph_digest", "user_line", "runnable"]
 
 #: aten ops that only re-label memory and carry no data dependence worth an operator
 _DROP = {"detach", "alias", "lift_fresh_copy", "_assert_tensor_metadata", "sym_size",
@@ -585,3 +585,28 @@ def opgraph_digest(g: OpGraph) -> str:
                    for o in g.ops.values()],
            "tensors": [[t.id, list(t.shape or ())] for t in g.tensors.values()]}
     return hashlib.sha256(json.dumps(doc, separators=(",", ":")).encode()).hexdigest()[:16]
+
+
+def runnable(gm, device: str = "cpu"):
+    """A copy of a traced step (:func:`build_opgraph` traces on the meta device) whose
+    tensor-creating calls name ``device`` instead of ``meta``, so the very graph a plan was
+    made on runs on real tensors (the placement runtime, per-operator profiling).  A trace
+    on real tensors may differ: on the meta device ``scaled_dot_product_attention`` is traced
+    as its math decomposition, on the CPU as one fused call."""
+    import torch
+    graph = torch.fx.Graph()
+    graph.output(graph.graph_copy(gm.graph, {}))
+    graph._codegen = gm.graph._codegen        # the step's calling convention (pytree)
+    real = torch.device(device)
+
+    def fix(v):
+        if isinstance(v, torch.device) and v.type == "meta":
+            return real
+        if isinstance(v, (list, tuple)):
+            return type(v)(fix(x) for x in v)
+        return v
+    for n in graph.nodes:
+        if n.op == "call_function":
+            n.args = fix(n.args)
+            n.kwargs = {k: fix(v) for k, v in n.kwargs.items()}
+    return torch.fx.GraphModule(gm, graph)

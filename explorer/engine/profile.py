@@ -782,3 +782,170 @@ def merge_caches(paths, into, device_kind: str | None = None) -> int:
                      max(v[2] for v in vals)) for key, vals in rows.items()]
     with Profiler(into) as dst:
         return dst.put_rows(merged)
+
+
+# --------------------------------------------------------------------------------------------
+# Per-operator times of the training step (the placers' measured costs)
+# --------------------------------------------------------------------------------------------
+
+_OP_SCHEMA = """CREATE TABLE IF NOT EXISTS op_profile (
+    device_kind TEXT, signature TEXT, seconds REAL, reps INTEGER, measured_at REAL,
+    PRIMARY KEY(device_kind, signature))"""
+
+
+def _arg_key(a):
+    """An aten call's argument as JSON: a tensor as ``["T", shape, dtype, stride]`` (from the
+    trace's fake value), other values as themselves or their text."""
+    if isinstance(a, torch.fx.Node):
+        v = a.meta.get("val")
+        if isinstance(v, torch.Tensor):
+            return ["T", list(v.shape), str(v.dtype).replace("torch.", ""), list(v.stride())]
+        return ["N", str(v)]
+    if isinstance(a, (list, tuple)):
+        return [_arg_key(x) for x in a]
+    if isinstance(a, dict):
+        return {str(k): _arg_key(v) for k, v in sorted(a.items())}
+    if a is None or isinstance(a, (bool, int, float, str)):
+        return a
+    return str(a)
+
+
+def op_signature(node) -> str:
+    """The cache key of one aten call of a traced step: the overload and every argument
+    (tensors by shape, dtype and stride)."""
+    return json.dumps([str(node.target), _arg_key(tuple(node.args)), _arg_key(node.kwargs)],
+                      separators=(",", ":"))
+
+
+def step_op_times(og, reps: int = 7, warmup: int = 2, seed: int = 0) -> dict:
+    """Seconds of every aten call of ``og``'s training step (its own graph, made runnable on
+    real tensors by :func:`~explorer.engine.opgraph.runnable`), run in the step's order on real
+    tensors in this process with one thread (as a worker runs), each intermediate freed after
+    its last reader (so caches and the allocator see what a step does, not a hot loop over
+    one op); each call's median over ``reps`` timed replays after ``warmup``, scaled so that
+    they add up to the median replay.  The clock is this thread's CPU time: on a machine
+    shared with other processes, wall time would charge an operator for the time others held
+    the core (up to 4× here) - the prediction is of a worker that has its core, as on a quiet
+    machine, and a run reports its workers' CPU time (``cpu_s``) beside their wall time.
+    Dropout follows the deterministic numerics
+    (:data:`~explorer.engine.capture.DETERMINISTIC_ATEN`).
+
+    Returns ``{fx node name: seconds}`` for the calls that are operators of ``og``."""
+    import operator
+
+    from .capture import DETERMINISTIC_ATEN, load
+    from .opgraph import _DROP, _target, runnable
+    torch.manual_seed(seed)
+    model, x = load(og.model, og.batch, dict(og.model_args or {}), meta=False)
+    gm = runnable(og.gm)                  # the very graph being placed, on real tensors
+    nodes = list(gm.graph.nodes)
+    flat = [p.detach() for n, p in model.named_parameters() if p.requires_grad] + \
+        [b.detach() for _, b in model.named_buffers()] + [x]
+    wanted = {o.node for o in og.ops.values()}
+    last: dict = {}
+    for i, n in enumerate(nodes):
+        for a in n.all_input_nodes:
+            last[a.name] = i
+    calls = []
+    for i, n in enumerate(nodes):
+        if n.op == "call_function":
+            name = _target(n)
+            fn = DETERMINISTIC_ATEN.get(name, n.target) if n.target is not operator.getitem \
+                else n.target
+            calls.append((i, n, fn, n.name in wanted and name not in _DROP))
+        elif n.op == "get_attr":
+            calls.append((i, n, None, False))
+    dead = {}
+    for i, n in enumerate(nodes):
+        dead.setdefault(last.get(n.name, i), []).append(n.name)
+    runs: dict = {n.name: [] for _, n, _, timed in calls if timed}
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for rep in range(warmup + reps):
+            env = {n.name: v for n, v in zip((n for n in nodes if n.op == "placeholder"),
+                                              flat)}
+            for i, n, fn, timed in calls:
+                if fn is None:
+                    env[n.name] = getattr(gm, n.target)
+                    continue
+                args = torch.fx.node.map_arg(n.args, lambda a: env[a.name])
+                kwargs = torch.fx.node.map_arg(n.kwargs, lambda a: env[a.name])
+                t0 = time.thread_time()
+                env[n.name] = fn(*args, **kwargs)
+                dt = time.thread_time() - t0
+                if timed and rep >= warmup:
+                    runs[n.name].append(dt)
+                for d in dead.get(i, ()):
+                    env.pop(d, None)
+    finally:
+        torch.set_num_threads(threads)
+    med = {nm: float(statistics.median(ts)) for nm, ts in runs.items()}
+    # a step pays its calls' occasional slow runs (a page fault, a preempted core), which
+    # per-call medians drop: scale them so they add up to the median step
+    total = statistics.median(sum(ts[k] for ts in runs.values()) for k in range(reps))
+    scale = total / sum(med.values()) if sum(med.values()) > 0 else 1.0
+    return {nm: v * scale for nm, v in med.items()}
+
+
+def op_times(og, device_kind: str, cache_path=None, reps: int = 7, warmup: int = 2,
+             progress=None, fresh: bool = False) -> dict:
+    """``{operator name: seconds}`` for every operator of ``og`` on this machine, from the
+    profile cache (table ``op_profile`` of ``$EXPLORER_HOME/profile.sqlite``, keyed by
+    ``device_kind`` and :func:`op_signature`); when any call is missing the whole step is
+    measured once (:func:`step_op_times`) and stored (``fresh``: measured and stored in any
+    case).  A multi-output aten call's time goes
+    to its first operator (its other outputs cost nothing more); placeholders cost 0.
+    Returns ``(times, info)``, ``info`` = ``{"measured": whether the step was timed now,
+    "ops": n, "seconds": time spent}``."""
+    import sqlite3
+    path = default_cache_path() if cache_path is None else cache_path
+    conn = connect(path, _OP_SCHEMA, timeout=60.0)
+    try:
+        node_of = {n.name: n for n in og.gm.graph.nodes}
+        sig = {o.node: op_signature(node_of[o.node]) for o in og.ops.values()}
+        got = {}
+        for s in set(sig.values()):
+            row = conn.execute("SELECT seconds FROM op_profile WHERE device_kind=? AND "
+                               "signature=?", (device_kind, s)).fetchone()
+            if row is not None:
+                got[s] = float(row[0])
+        measured = fresh or len(got) < len(set(sig.values()))
+        t0 = time.perf_counter()
+        if measured:
+            if progress:
+                progress(f"timing the {len(sig)} aten calls of {og.model}'s step")
+            per_node = step_op_times(og, reps=reps, warmup=warmup)
+            by_sig: dict = {}
+            for node, s in sig.items():
+                if node in per_node:
+                    by_sig.setdefault(s, []).append(per_node[node])
+            rows = [(device_kind, s, statistics.fmean(v), reps, time.time())
+                    for s, v in by_sig.items()]
+            try:
+                with conn:
+                    conn.executemany("INSERT OR REPLACE INTO op_profile VALUES (?, ?, ?, ?, ?)",
+                                     rows)
+            except sqlite3.OperationalError:
+                pass                          # a read-only cache: the times are still used
+            got.update({s: statistics.fmean(v) for s, v in by_sig.items()})
+    finally:
+        conn.close()
+    out: dict = {t.id: 0.0 for t in og.tensors.values() if t.producer is None}
+    first: set = set()
+    for o in og.ops.values():
+        s = sig[o.node]
+        out[o.name] = 0.0 if o.node in first else float(got.get(s, 0.0))
+        first.add(o.node)
+    return out, {"measured": measured, "ops": len(og.ops),
+                 "seconds": time.perf_counter() - t0}
+
+
+def clear_op_times(cache_path=None) -> None:
+    """Forget every cached operator time (:func:`op_times` measures again)."""
+    conn = connect(default_cache_path() if cache_path is None else cache_path, _OP_SCHEMA)
+    try:
+        with conn:
+            conn.execute("DELETE FROM op_profile")
+    finally:
+        conn.close()

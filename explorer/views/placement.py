@@ -138,10 +138,10 @@ def layout(req: dict | None = None):
             dcc.Graph(id=ids.PLACE_MEMORY_FIG, figure=go.Figure(), style={"height": "300px"}),
         ]),
         html.H4("Run the placement on this machine"),
-        html.P("Each device of the placement becomes a gloo worker process here; every worker "
-               "computes its operators, tensors go once to each device that reads them, and "
-               "the loss and every updated parameter are compared with one device (float64).",
-               className="muted"),
+        html.P("Each device of the placement becomes a gloo worker process here running its "
+               "operators as one compiled fx program; tensors go once to each device that "
+               "reads them, and the loss and every updated parameter are compared with one "
+               "device.", className="muted"),
         dcc.Store(id=ids.STORE_PLACE_RUN, data=None),
         html.Div(className="row", children=[
             html.Label(["Measured steps", dcc.Input(id=ids.PLACE_RUN_STEPS, type="number",
@@ -492,7 +492,7 @@ def run_view(res: dict | None, doc: dict | None):
     pred, meas = res.get("predicted_step_time_s"), res["measured_step_time_s"]
     return html.Div([
         html.Div(html.B(f"reference check: {'passed' if ok else 'FAILED'} (max relative "
-                        f"error {res['max_rel_error']:.1e}, float64)",
+                        f"error {res['max_rel_error']:.1e}, {res.get('dtype', 'float64')})",
                         className="" if ok else "error"), id="place-run-reference"),
         html.Div(f"communication: predicted {res['predicted_comm_bytes'] / 1e6:.3f} MB, "
                  f"measured {res['measured_comm_bytes'] / 1e6:.3f} MB per step",
@@ -502,9 +502,10 @@ def run_view(res: dict | None, doc: dict | None):
                  f"measured {meas * 1e3:.2f} ms on {res['workers']} local workers (median of "
                  f"{res.get('steps', 1)})" if pred else
                  f"step time: measured {meas * 1e3:.2f} ms", id="place-run-times"),
-        html.Div("The runtime interprets the step operator by operator in Python and on CPU "
-                 "cores, so the measured time says more about the interpreter than about the "
-                 "placement; the check and the bytes are exact.", className="muted"),
+        html.Div("Each worker runs its device's operators as one compiled program; the "
+                 "prediction is comparable when the placement was searched for the local "
+                 "preset with measured costs (explorer search --preset local --cost measured).",
+                 className="muted"),
     ])
 
 

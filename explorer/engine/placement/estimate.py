@@ -22,7 +22,7 @@ import numpy as np
 from .graph import PlacementGraph
 
 __all__ = ["VIEW_OPS", "analytic_times", "from_opgraph", "regress", "memory_regression",
-           "measure_ops", "time_regression"]
+           "measure_ops", "time_regression", "measured_times"]
 
 #: aten ops whose output shares its input's storage: no kernel, no new memory.
 VIEW_OPS = frozenset({
@@ -233,6 +233,26 @@ def from_opgraph(og, devices, capacity=None, times: dict | None = None,
                           np.array(dst, dtype=np.int64), devices, capacity, persistent, alias,
                           {"target": targets, "phase": phase, "module": module},
                           {"model": og.model, "batch": og.batch}, group)
+
+
+def measured_times(og, devices, progress=None) -> dict:
+    """Every operator's time measured on this machine for the ``local`` preset (``--cost
+    measured``): the step's aten calls timed in order with real tensors, cached in the
+    profile SQLite (:func:`explorer.engine.profile.op_times`), so the placers, the simulator
+    and ``explorer run`` see the same hardware.  :class:`~explorer.errors.NotCalibrated` for
+    another preset or before ``explorer calibrate`` (the links' latency and bandwidth come
+    from there)."""
+    from ...errors import NotCalibrated
+    from ..profile import op_times
+    if getattr(devices, "name", None) != "local":
+        raise NotCalibrated(f"--cost measured times operators on this machine, so it needs "
+                            f"--preset local; the {getattr(devices, 'name', '?')} preset's "
+                            f"devices are not here (use --cost analytic)")
+    if not (devices.meta or {}).get("calibrated"):
+        raise NotCalibrated("--cost measured needs this machine's link and compute figures: "
+                            "run `explorer calibrate` first")
+    times, _ = op_times(og, devices.devices[0].kind, progress=progress)
+    return times
 
 
 # ------------------------------------------------------------------------------------------

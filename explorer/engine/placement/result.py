@@ -78,6 +78,7 @@ class PlacementPlan:
             "oom": self.oom,
             "best_effort": [str(x) for x in self.best_effort],
             "comm_bytes": float(self.sim.comm_bytes),
+            "busy_s": [float(b) for b in (self.sim.busy if self.sim.busy is not None else [])],
             "placement": {nm: int(d) for nm, d in zip(self.names, self.placement.tolist())},
             "stats": json.loads(dumps(self.stats)),
         }

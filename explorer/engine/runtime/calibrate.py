@@ -16,8 +16,9 @@ Writes ``$EXPLORER_HOME/local.json`` with the keys :func:`explorer.engine.device
 
 plus the raw measurements (ping-pong latency, all-reduce times, matmul/conv FLOP/s) for
 reference.  With ``model`` it also fills the profile cache (SQLite) with the measured
-forward+backward time of every candidate configuration of every layer, so
-``explorer search MODEL --preset local --cost measured`` needs no further profiling.
+forward+backward time of every candidate configuration of every layer and the time of every
+operator of the training step, so ``explorer search MODEL --preset local --cost measured``
+needs no further profiling, layer-wise or placement.
 """
 
 from __future__ import annotations
@@ -178,7 +179,23 @@ def calibrate(devices: int = 2, model: str | None = None, batch: int | None = No
         say(f"profiling every candidate configuration of {model}")
         cal.update(profile_model(model, devices, batch, model_args,
                                  reps=5 if quick else 15, warmup=1 if quick else 3))
+        say(f"timing every operator of {model}'s training step (placement methods)")
+        cal["op_profile"] = profile_ops(model, batch, model_args, quick)
     return cal
+
+
+def profile_ops(model: str, batch: int | None = None, model_args: dict | None = None,
+                quick: bool = False) -> dict:
+    """Time every aten call of the model's training step on this machine into the profile
+    cache (:func:`explorer.engine.profile.op_times`), so a placement search with ``--cost
+    measured`` needs no further measuring.  Returns ``{"ops", "seconds", "step_s"}``."""
+    from ..devices import local
+    from ..opgraph import build_opgraph
+    from ..profile import op_times
+    g = build_opgraph(model, batch, dict(model_args or {}))
+    times, info = op_times(g, local(1).devices[0].kind, reps=3 if quick else 7,
+                           fresh=True)    # this machine now, not an earlier measurement
+    return {"ops": info["ops"], "seconds": info["seconds"], "step_s": sum(times.values())}
 
 
 def _shard_list(g, cm):

@@ -105,4 +105,8 @@ def cmd_calibrate(args) -> int:
         p = cal["profiled"]
         print(f"  profiled {p['model']}: {p['layers']} layers, {p['candidates']} candidate "
               f"configurations ({p['shards']} shard shapes) in {cal['profile_time_s']:.1f} s")
+    if cal.get("op_profile"):
+        o = cal["op_profile"]
+        print(f"  timed {o['ops']} operators of the step ({o['step_s'] * 1e3:.1f} ms in all) "
+              f"in {o['seconds']:.1f} s")
     return 0

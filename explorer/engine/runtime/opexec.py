@@ -467,13 +467,24 @@ def placement_comm_bytes(g, names, placement) -> float:
 def run_placement(spec: str, batch: int | None, model_args: dict | None, names, placement,
                   workers: int = 2, seed: int = 0, lr: float = 0.01, timeout_s: float = 300.0,
                   tol: float = 1e-4, steps: int = 3, fault: str | None = None, g=None,
-                  check: bool = True, memory_limit: float | None = None) -> dict:
-    """Run a device placement (operator -> device) on ``workers`` gloo processes: each worker
-    computes its operators, tensors go to the devices that consume them (once), and the
-    result is compared with one device.  Returns the :func:`run_layout` keys plus
-    ``predicted_comm_bytes``.  ``g``: the model's operator graph when the caller has it."""
+                  check: bool = True, memory_limit: float | None = None, warmup: int = 1,
+                  executor: str = "compiled") -> dict:
+    """Run a device placement (operator -> device) on ``workers`` gloo processes and compare
+    the result with one device.  ``g``: the model's operator graph when the caller has it;
+    ``memory_limit`` (bytes): stop a worker whose steps allocate more (:mod:`.memlimit`).
+
+    ``executor="compiled"`` (default): one fx program per device with send/recv
+    (:func:`.compiled.run_compiled`, ``warmup`` + ``steps`` steps, float32): the step time
+    can be held against the prediction.  ``"interpreted"``: this module's aten-call
+    interpreter (float64, ``steps`` steps, the first its warm-up) - it checks the data
+    movement of the placement's layout, not its speed.  Returns the executor's keys plus
+    ``predicted_comm_bytes`` (the simulator's rule, :func:`placement_comm_bytes`; the compiled
+    programs move less when a device computes a multi-output call whose other output it
+    holds, instead of receiving that output)."""
     from ..capture_cache import op_graph
     from ..opgraph import opgraph_digest
+    if executor not in ("compiled", "interpreted"):
+        raise InfeasiblePlan(f"executor must be compiled or interpreted, not {executor!r}")
     if g is None:
         g = op_graph(spec, batch, model_args)
     names = list(names)
@@ -482,9 +493,18 @@ def run_placement(spec: str, batch: int | None, model_args: dict | None, names, 
         raise InfeasiblePlan(f"the placement does not cover operator {missing[0]} of "
                              f"{spec} ({len(missing)} missing): was it made for another model "
                              f"or batch?")
+    if executor == "compiled":
+        from .compiled import run_compiled
+        out = run_compiled(spec, batch, model_args, names, placement, workers, g=g,
+                           digest=opgraph_digest(g), steps=steps, warmup=warmup, seed=seed,
+                           lr=lr, timeout_s=timeout_s, tol=tol, fault=fault, check=check,
+                           memory_limit=memory_limit)
+        out["predicted_comm_bytes"] = placement_comm_bytes(g, names, placement)
+        return out
     x = placement_xplan(g, names, placement, workers)
     out = run_layout(spec, batch, model_args, x, digest=opgraph_digest(g), steps=steps,
                      seed=seed, lr=lr, timeout_s=timeout_s, tol=tol, fault=fault, check=check,
                      memory_limit=memory_limit)
     out["predicted_comm_bytes"] = placement_comm_bytes(g, names, placement)
+    out["executor"] = "interpreted"
     return out

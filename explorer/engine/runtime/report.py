@@ -62,7 +62,7 @@ def format_run(res: dict) -> str:
     ok = res.get("reference_ok")
     check = "skipped" if ok is None else (
         f"{'passed' if ok else 'FAILED'} (max relative error {res['max_rel_error']:.1e}, "
-        f"float64)")
+        f"{res.get('dtype', 'float64')})")
     lines = [f"{what} on {n} local workers ({res.get('backend', 'gloo')}): reference check "
              f"{check}",
              f"communication: predicted {res['predicted_comm_bytes'] / 1e6:.3f} MB, measured "
@@ -74,9 +74,16 @@ def format_run(res: dict) -> str:
                      f"on zero-padded full-size buffers: this checks data movement, not speed)")
     elif res.get("predicted_step_time_s"):
         pred, meas = res["predicted_step_time_s"], res["measured_step_time_s"]
+        how = ("one compiled fx program per device" if res.get("executor") == "compiled"
+               else "the runtime interprets the step op by op in Python")
         lines.append(f"step time: predicted {pred * 1e3:.2f} ms, measured {meas * 1e3:.2f} ms "
-                     f"({res['rel_error'] * 100:+.0f} %; the runtime interprets the step op by "
-                     f"op in Python)")
+                     f"({res['rel_error'] * 100:+.0f} %; {how}; "
+                     f"{res.get('cost') or 'analytic'} operator costs)")
+    if res.get("peak_memory_bytes") and res.get("predicted_peak_memory_bytes"):
+        lines.append("peak memory per worker (MiB, measured live tensors / simulated): " +
+                     "  ".join(f"{d}: {m / 2**20:.1f} / {p / 2**20:.1f}" for d, (m, p) in
+                               enumerate(zip(res["peak_memory_bytes"],
+                                             res["predicted_peak_memory_bytes"]))))
     for w in res.get("warnings", []):
         lines.append(f"warning: {w}")
     return "\n".join(lines)

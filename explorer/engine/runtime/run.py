@@ -56,7 +56,8 @@ def run_document(doc: dict, *, steps: int = 20, warmup: int = 5, timeout_s: floa
     refuse a plan made for anything else.  ``verify``: check the checksum (a document that
     comes from a file; the app's in-memory documents need not).  ``steps`` / ``warmup`` /
     ``sync`` / ``progress`` as :func:`.launcher.launch` for a layer-wise plan; a placement runs
-    ``steps`` steps (the first one is its warm-up), a Tofu plan one step (its workers compute on
+    as one compiled program per device (:mod:`.compiled`), ``warmup`` + ``steps`` steps, a
+    Tofu plan one step (its workers compute on
     zero-padded full-size buffers: the run checks data movement and results, not speed).
     ``memory_per_worker`` (bytes; Tofu plans and placements): refuse a plan predicted over it
     before launching, stop a run whose worker goes over it (:mod:`.memlimit`).
@@ -89,8 +90,8 @@ def run_document(doc: dict, *, steps: int = 20, warmup: int = 5, timeout_s: floa
         out = _run_tofu(doc, expect, timeout_s=timeout_s, check=check, fault=fault, tol=tol,
                         **mem)
     else:
-        out = _run_placement(doc, expect, steps=max(1, int(steps)), timeout_s=timeout_s,
-                             check=check, fault=fault, tol=tol, **mem)
+        out = _run_placement(doc, expect, steps=max(1, int(steps)), warmup=warmup,
+                             timeout_s=timeout_s, check=check, fault=fault, tol=tol, **mem)
     if mem:
         out["memory_per_worker_bytes"] = mem["memory_limit"]
     out["kind"] = kind
@@ -210,7 +211,7 @@ def _run_tofu(doc: dict, expect: dict, **kw) -> dict:
     return out
 
 
-def _run_placement(doc: dict, expect: dict, *, steps: int, **kw) -> dict:
+def _run_placement(doc: dict, expect: dict, *, steps: int, warmup: int, **kw) -> dict:
     req = doc.get("request") or {}
     model = doc.get("model") or req.get("model")
     if not model or not isinstance(doc.get("placement"), dict) or not doc["placement"]:
@@ -234,7 +235,8 @@ def _run_placement(doc: dict, expect: dict, *, steps: int, **kw) -> dict:
     _check_expect("placement", model, None, batch, margs, n, expect)
     g, _ = _opgraph("placement", doc, model, batch, margs)
     from .opexec import run_placement
-    out = run_placement(model, g.batch, margs, names, devs, n, steps=steps, g=g, **kw)
+    out = run_placement(model, g.batch, margs, names, devs, n, steps=steps, warmup=warmup,
+                        g=g, **kw)
     pred = doc.get("predicted_step_time_s")
     out["predicted_step_time_s"] = pred
     if pred and out.get("measured_step_time_s"):
@@ -243,8 +245,13 @@ def _run_placement(doc: dict, expect: dict, *, steps: int, **kw) -> dict:
     for o in (doc.get("schedule") or {}).get("ops", []):
         if 0 <= int(o["device"]) < n:
             busy[int(o["device"])] += float(o["end"]) - float(o["start"])
+    saved = doc.get("busy_s")
+    if not any(busy) and isinstance(saved, list) and len(saved) == n:
+        busy = [float(b) for b in saved]       # the simulator's compute time per device
+    peaks = doc.get("peak_memory_bytes")
     out.update(predicted_busy_s=busy, algo=doc.get("algo"), devices=n, steps=steps,
-               batch=g.batch, preset=preset)
+               batch=g.batch, preset=preset, cost=(doc.get("info") or {}).get("cost"),
+               predicted_peak_memory_bytes=list(peaks) if isinstance(peaks, list) else None)
     if preset not in (None, "", "local"):
         out["warnings"] = [f"the placement was made for the {preset} preset: its predicted "
                            f"times are for those devices, not this machine"]

@@ -165,4 +165,7 @@ def run(name: str, problem: Problem, pins=None, options=None, progress=None) -> 
     parsed = check(pins, method.family)
     if progress is not None and method.family == "tofu":
         return method.entry(problem, parsed, opts, progress=progress)
-    return method.entry(problem, parsed, opts)
+    res = method.entry(problem, parsed, opts)
+    if method.family == "placement":       # which operator times the prediction rests on
+        res.info.setdefault("cost", problem.cost)
+    return res

@@ -20,8 +20,10 @@ class Problem:
 
     ``cost`` ("analytic" | "measured"), ``sync`` ("ps" | "ring") and ``degrees`` (the degrees a
     layer's dimensions may take, :func:`~explorer.engine.geometry.degree_values`) configure
-    the layer-wise cost model.  ``layer_graph``/``cost_model``/``opgraph``/``placement_graphs`` may be given
-    prebuilt; ``builders`` may map ``"layer_graph"``, ``"cost_model"``, ``"opgraph"`` and
+    the layer-wise cost model; ``cost="measured"`` also gives the placers each operator's time
+    measured on this machine (``local`` preset, after ``explorer calibrate``).
+    ``layer_graph``/``cost_model``/``opgraph``/``placement_graphs`` may be given prebuilt;
+    ``builders`` may map ``"layer_graph"``, ``"cost_model"``, ``"opgraph"`` and
     ``"placement_graph"`` (called with the memory cap in bytes or ``None``) to functions that
     build (and cache) them."""
 
@@ -106,10 +108,13 @@ class Problem:
         if None in self.placement_graphs:                 # a prebuilt placer graph
             out = self.placement_graphs[None].with_capacity(memory_per_device)
         else:
-            from ..placement.estimate import from_opgraph
-            out = self._build("placement_graph",
-                              lambda cap: from_opgraph(self.opgraph(), self.devices, cap),
-                              memory_per_device)
+            from ..placement.estimate import from_opgraph, measured_times
+
+            def make(cap):
+                og = self.opgraph()
+                times = measured_times(og, self.devices) if self.cost == "measured" else None
+                return from_opgraph(og, self.devices, cap, times=times)
+            out = self._build("placement_graph", make, memory_per_device)
         self.placement_graphs[memory_per_device] = out
         return out
 

@@ -1,0 +1,484 @@
+"""Execute a device placement as compiled code: one fx ``GraphModule`` per device.
+
+A placement (operator -> device) of the traced training step (the ``make_fx`` graph the
+operator graph comes from, :mod:`explorer.engine.opgraph`) is cut into one program per
+device: :func:`device_program` copies, in the step's order, the aten calls placed on that
+device into a new ``torch.fx`` graph and inserts point-to-point communication where a tensor
+crosses devices - an ``isend`` (``torch.distributed``, gloo on CPU) right after its producer
+ran, one per device that reads it, and on the reader an ``irecv`` posted where the tensor is
+produced in the step's order and waited for just before its first reader.  Every device
+follows the one global topological order and sends never block, so the programs cannot
+deadlock.  fx generates plain Python for each program (no interpreter loop: the aten calls
+run back to back, as the per-operator times the placers were given were measured), so
+``explorer run`` measures a step that can be held against the simulator's prediction.
+
+A tensor moves once to each device that reads it (the simulator's rule), parameters, buffers
+and the input start on the device the placement gives them, and a multi-output aten call
+whose outputs lie on several devices is computed by each of them.  Dropout is the identity
+(:mod:`explorer.engine.capture`'s deterministic numerics, rewritten into the graph rather
+than intercepted at run time); an op that still draws random numbers is refused.
+
+Every worker runs the graph the plan was made on (:func:`~explorer.engine.opgraph.runnable`:
+the meta-device trace of :func:`~explorer.engine.opgraph.build_opgraph`, on real tensors) in
+the model's precision (float32), with the same seeded parameters and input.  The run is
+checked against one device: the loss and every updated parameter of the first step against
+the same step run whole in this process (the checked program is the timed one).  Per worker
+it reports the measured step time, the time spent waiting for transfers, bytes sent, and the
+peak of live tensor bytes (:class:`LiveBytes`), next to the plan's predictions.
+"""
+
+from __future__ import annotations
+
+import operator
+import os
+import statistics
+import time
+import weakref
+
+import torch
+import torch.distributed as dist
+import torch.fx as fx
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+from ...errors import InfeasiblePlan
+from .launcher import RunFailed
+
+__all__ = ["device_program", "transfers", "run_compiled", "LiveBytes"]
+
+#: random ops the deterministic numerics cannot make the identity
+_RANDOM = {"bernoulli", "bernoulli_", "rand_like", "randn_like", "rand", "randn",
+           "randint", "normal", "uniform_", "normal_"}
+
+
+# --------------------------------------------------------------------------------------------
+# Communication and dropout helpers (the programs call them as fx call_function nodes)
+# --------------------------------------------------------------------------------------------
+
+class _Stats:
+    """Per-process counters of the current step (bytes sent, seconds waiting)."""
+    sent = 0
+    wait_s = 0.0
+
+
+def _isend(t, dst: int, tag: int):
+    t = t.contiguous()
+    _Stats.sent += t.numel() * t.element_size()
+    return dist.isend(t, dst, tag=tag)
+
+
+def _irecv(shape, dtype, src: int, tag: int):
+    buf = torch.empty(shape, dtype=dtype)
+    return buf, dist.irecv(buf, src, tag=tag)
+
+
+def _wait(handle):
+    t0 = time.perf_counter()
+    handle[1].wait()
+    _Stats.wait_s += time.perf_counter() - t0
+    return handle[0]
+
+
+def _wait_sends(*works):
+    t0 = time.perf_counter()
+    for w in works:
+        w.wait()
+    _Stats.wait_s += time.perf_counter() - t0
+    return None
+
+
+# --------------------------------------------------------------------------------------------
+# The plan of transfers and the per-device programs
+# --------------------------------------------------------------------------------------------
+
+def _target_name(n) -> str:
+    from ..opgraph import _target
+    return _target(n)
+
+
+def _placeholder_ids(g) -> list:
+    """Tensor ids of the step's placeholders, in order: parameters, buffers, input."""
+    return list(g.params.values()) + [f"buffer:{b}" for b in g.buffer_names] + list(g.inputs)
+
+
+def _layout(g, dev: dict, workers: int):
+    """``(owner, computed, readers)``: the device holding each tensor (None: every device, a
+    placeholder the placement does not name), the devices computing each aten call, and the
+    devices whose operators read each tensor."""
+    missing = [o for o in g.ops if o not in dev]
+    if missing:
+        raise InfeasiblePlan(f"the placement does not place operator {missing[0]} "
+                             f"({len(missing)} missing): was it made for another graph?")
+    bad = sorted({int(d) for d in dev.values() if not 0 <= int(d) < workers})
+    if bad:
+        raise InfeasiblePlan(f"the placement uses devices {bad}; this run has {workers} "
+                             f"workers (0..{workers - 1})")
+    owner: dict = {}
+    for t in _placeholder_ids(g):
+        owner[t] = dev.get(t)
+    computed: dict = {}
+    readers: dict = {}
+    for o in g.ops.values():
+        d = int(dev[o.name])
+        owner[o.output] = d
+        computed.setdefault(o.node, set()).add(d)
+        for t in o.inputs:
+            readers.setdefault(t, set()).add(d)
+    return owner, computed, readers
+
+
+def transfers(g, dev: dict, workers: int) -> list:
+    """``[(tensor id, src, dst, tag)]``: every tensor once to every other device whose
+    operators read it and that does not compute it itself, in the step's order (the same list
+    on every worker; ``tag`` is its index)."""
+    owner, computed, readers = _layout(g, dev, workers)
+    out = []
+    for t, ten in g.tensors.items():
+        src = owner.get(t)
+        if src is None:
+            continue
+        node = g.ops[ten.producer].node if ten.producer else None
+        have = computed.get(node, set()) | {src}
+        for d in sorted(readers.get(t, ())):
+            if d not in have:
+                out.append((t, src, d, len(out)))
+    return out
+
+
+def device_program(g, dev: dict, rank: int, workers: int):
+    """The fx ``GraphModule`` device ``rank`` runs: its aten calls in the step's order with
+    sends and receives.  Called with the step's placeholders (parameters, buffers, input)
+    flattened, it returns ``(held, None)``: the loss and the updated parameters this device
+    holds (``program.meta["finals"]`` names them), after waiting for its sends.
+    ``program.meta`` also holds the transfers and the placeholders this device owns."""
+    gm = g.gm
+    owner, computed, _ = _layout(g, dev, workers)
+    plan = transfers(g, dev, workers)
+    sends: dict = {}
+    recvs: dict = {}
+    for t, src, dst, tag in plan:
+        if src == rank:
+            sends.setdefault(t, []).append((dst, tag))
+        if dst == rank:
+            recvs[t] = (src, tag)
+    by_node: dict = {}
+    for o in g.ops.values():
+        by_node.setdefault(o.node, []).append(o)
+    pids = _placeholder_ids(g)
+    nodes = list(gm.graph.nodes)
+    placeholders = [n for n in nodes if n.op == "placeholder"]
+    tid_of = {n.name: t for n, t in zip(placeholders, pids)}
+    for n in nodes:
+        if n.op == "call_function" and n.name in g.tensors:
+            tid_of[n.name] = n.name
+    from ..capture import DETERMINISTIC_ATEN
+    from ..opgraph import _DROP
+
+    new = fx.Graph()
+    env: dict = {}                       # original node name -> node of the new graph
+    pending: dict = {}                   # tensor id -> irecv handle node
+    send_works: list = []
+    by_name = {n.name: n for n in nodes}
+
+    def base_of(n):
+        while n.op == "call_function" and _target_name(n) in _DROP and n.args and \
+                isinstance(n.args[0], fx.Node):
+            n = n.args[0]
+        return n
+
+    def value(a):
+        b = base_of(a)
+        if b.name in env:
+            return env[b.name]
+        t = tid_of.get(b.name)
+        if t is not None and t in pending:
+            env[b.name] = new.call_function(_wait, (pending.pop(t),))
+            return env[b.name]
+        if b.op == "get_attr" or (b.op == "call_function" and b.name not in by_node
+                                  and b.target is not operator.getitem):
+            env[b.name] = new.node_copy(b, value)   # a constant or scalar bookkeeping
+            return env[b.name]
+        raise InfeasiblePlan(f"device {rank} needs tensor {t or b.name} but the placement "
+                             f"neither computes nor sends it there")
+
+    def produced(t, node):
+        """``t`` exists in the step's order now: send it, or post its receive."""
+        for dst, tag in sends.get(t, ()):
+            send_works.append(new.call_function(_isend, (node, dst, tag)))
+        if t in recvs:
+            src, tag = recvs[t]
+            v = g.tensors[t]
+            meta = by_name[_node_of(g, t, placeholders, pids)].meta.get("val")
+            dtype = getattr(meta, "dtype", None) or getattr(torch, v.dtype)
+            pending[t] = new.call_function(_irecv, (tuple(v.shape), dtype, src, tag))
+
+    owned_ph = []
+    for n, t in zip(placeholders, pids):
+        p = new.placeholder(n.name)
+        p.meta = dict(n.meta)
+        if owner.get(t) in (None, rank):
+            env[n.name] = p
+            owned_ph.append(t)
+        produced(t, p)
+    for n in nodes:
+        if n.op != "call_function":
+            continue
+        if n.target is operator.getitem:
+            src = n.args[0]
+            if src.name in env and rank in computed.get(src.name, ()):
+                env[n.name] = new.node_copy(n, value)
+            t = tid_of.get(n.name)
+            if t is not None and (t in recvs or n.name in env):
+                produced(t, env.get(n.name))
+            continue
+        name = _target_name(n)
+        if name in _DROP:
+            continue
+        if n.name not in by_node:
+            continue
+        if name in _RANDOM:
+            raise InfeasiblePlan(f"op {n.name} (aten.{name}) draws random numbers: a "
+                                 f"placement cannot be checked against one device")
+        if rank in computed[n.name]:
+            if name in DETERMINISTIC_ATEN:
+                env[n.name] = new.call_function(
+                    DETERMINISTIC_ATEN[name], tuple(fx.node.map_arg(n.args, value)),
+                    dict(fx.node.map_arg(n.kwargs, value)))
+                env[n.name].meta = dict(n.meta)
+            else:
+                env[n.name] = new.node_copy(n, value)
+        t = tid_of.get(n.name)
+        if t is not None and (t in recvs or n.name in env):
+            produced(t, env.get(n.name))
+    # what this device returns: the loss and the updated parameters it holds
+    flat = list(nodes[-1].args[0])
+    npar = len(g.param_names)
+    wanted = [("loss", flat[0])] + [(pn, a) for pn, a in
+                                    zip(g.param_names, flat[1 + npar:1 + 2 * npar])]
+    names, outs = [], []
+    for key, a in wanted:
+        if not isinstance(a, fx.Node):
+            continue
+        b = base_of(a)
+        t = tid_of.get(b.name)
+        if t is None or owner.get(t) not in (None, rank):
+            continue
+        if owner.get(t) is None and rank != 0:
+            continue
+        names.append(key)
+        outs.append(value(b))
+    done = new.call_function(_wait_sends, tuple(send_works))
+    new.output((tuple(outs), done))
+    if pending:
+        stray = sorted(pending)[0]
+        raise InfeasiblePlan(f"device {rank} receives tensor {stray} but no operator there "
+                             f"reads it")
+    new.lint()
+    prog = fx.GraphModule(gm, new, class_name=f"Device{rank}Step")
+    prog.meta["finals"] = names
+    prog.meta["transfers"] = plan
+    prog.meta["owned_placeholders"] = owned_ph
+    return prog
+
+
+def _node_of(g, t: str, placeholders, pids) -> str:
+    """The fx node name holding tensor ``t``."""
+    if t in g.tensors and g.tensors[t].producer is not None:
+        return t
+    return placeholders[pids.index(t)].name
+
+
+# --------------------------------------------------------------------------------------------
+# Measured live bytes
+# --------------------------------------------------------------------------------------------
+
+class LiveBytes(TorchDispatchMode):
+    """Peak bytes of live tensor storage created while the mode is on (plus ``base``): every
+    aten call's outputs are counted once per storage and freed when the last tensor object
+    counted on it is collected.  What a worker's step really keeps alive, without an
+    allocator hook (CPU tensors have none)."""
+
+    def __init__(self, base: float = 0.0):
+        super().__init__()
+        self.live = self.peak = float(base)
+        self.refs: dict = {}
+
+    def _drop(self, ptr):
+        e = self.refs.get(ptr)
+        if e is None:
+            return
+        e[1] -= 1
+        if e[1] == 0:
+            self.live -= e[0]
+            del self.refs[ptr]
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_leaves(out):
+            if not isinstance(t, torch.Tensor):
+                continue
+            st = t.untyped_storage()
+            ptr, nb = st.data_ptr(), st.nbytes()
+            if not ptr or not nb:
+                continue
+            e = self.refs.get(ptr)
+            if e is None:
+                self.refs[ptr] = [float(nb), 1]
+                self.live += nb
+                self.peak = max(self.peak, self.live)
+            else:
+                e[1] += 1
+            weakref.finalize(t, self._drop, ptr)
+        return out
+
+
+# --------------------------------------------------------------------------------------------
+# The run
+# --------------------------------------------------------------------------------------------
+
+def _real_step(spec, batch, model_args, seed: int, lr: float, g=None):
+    """``(g, params, buffers, x)``: the plan's operator graph (:func:`build_opgraph`, the
+    meta-device trace the plan was made on, runnable on real tensors) and the real model's
+    seeded parameters, buffers and input - the same on every worker and the reference."""
+    from ..capture import load
+    from ..opgraph import build_opgraph, runnable
+    if g is None:
+        g = build_opgraph(spec, batch, model_args, lr)
+    torch.manual_seed(seed)
+    model, x = load(spec, batch, model_args, meta=False)            # train mode
+    params = [p.detach() for _, p in model.named_parameters() if p.requires_grad]
+    buffers = [b.detach() for _, b in model.named_buffers()]
+    return g, runnable(g.gm), params, buffers, x
+
+
+def _entry(rank, world, device, job, send):
+    """One worker (an entry of :func:`launcher.start_workers`): trace the step, check it is
+    the plan's graph, build this device's program, run it ``warmup + steps`` times and once
+    more counting live bytes; send the held finals, times, bytes and memory."""
+    from ..opgraph import opgraph_digest
+    from .executor import parse_fault
+    from .worker import FAULT_ENV, inject_fault
+    fault = parse_fault(job.get("fault") or os.environ.get(FAULT_ENV))
+    g, gm, params, buffers, x = _real_step(job["spec"], job["batch"], job["model_args"],
+                                           job["seed"], job["lr"])
+    if opgraph_digest(g) != job["digest"]:
+        raise InfeasiblePlan("the worker's trace of the model differs from the plan's "
+                             "operator graph (model code or arguments changed?)")
+    g.gm = gm
+    dev = job["placement"]
+    prog = device_program(g, dev, rank, world)
+    flat = list(params) + list(buffers) + [x]
+    times, waits, cpus, finals, sent = [], [], [], None, 0
+    warmup, steps = int(job["warmup"]), int(job["steps"])
+    from .memlimit import arm, disarm
+    arm()                              # --memory-per-worker counts the steps (set up done)
+    for i in range(warmup + steps):
+        inject_fault(fault, rank, i + 1, "compiled placement step")
+        _Stats.sent, _Stats.wait_s = 0, 0.0
+        if world > 1:
+            dist.barrier()
+        c0, t0 = time.thread_time(), time.perf_counter()
+        outs, _ = prog(*flat)
+        dt, cpu = time.perf_counter() - t0, time.thread_time() - c0
+        if i == 0:
+            finals, sent = outs, _Stats.sent
+        if i >= warmup:
+            times.append(dt)
+            waits.append(_Stats.wait_s)
+            cpus.append(cpu)
+        del outs
+    # one more step counting live tensor bytes (not timed: the mode costs time per op)
+    idx = {t: k for k, t in enumerate(_placeholder_ids(g))}
+    base = sum(flat[idx[t]].untyped_storage().nbytes()
+               for t in prog.meta["owned_placeholders"])
+    if world > 1:
+        dist.barrier()
+    with LiveBytes(base) as mem:
+        outs, _ = prog(*flat)
+    del outs
+    disarm()                           # sending the results is not part of the steps
+    held = {k: v.detach().numpy() for k, v in zip(prog.meta["finals"], finals)}
+    send("result", "main", held)
+    send("result", "stats", {"sent": sent, "times": times, "waits": waits, "cpu": cpus,
+                             "peak": mem.peak, "nodes": len(prog.graph.nodes),
+                             "transfers": sum(1 for t in prog.meta["transfers"]
+                                              if rank in (t[1], t[2]))})
+    if world > 1:
+        dist.barrier()                 # nobody leaves while a peer still waits
+
+
+class _Whole:
+    """``g`` with its step runnable on real tensors, for :func:`.reference.traced_step`."""
+
+    def __init__(self, g, gm):
+        self.gm, self.param_names = gm, g.param_names
+
+
+def run_compiled(spec: str, batch: int | None, model_args: dict | None, names, placement,
+                 workers: int = 2, *, g, digest: str, steps: int = 20, warmup: int = 3,
+                 seed: int = 0, lr: float = 0.01, timeout_s: float = 300.0,
+                 tol: float = 1e-4, fault: str | None = None, check: bool = True,
+                 memory_limit: float | None = None) -> dict:
+    """Run placement ``names[i] -> placement[i]`` of ``spec``'s step as one compiled program
+    per device on ``workers`` gloo processes, ``warmup`` discarded and ``steps`` timed steps.
+
+    Returns ``reference_ok`` / ``reference`` / ``max_rel_error`` / ``loss`` /
+    ``reference_loss`` (the first step against the whole step run in this process),
+    ``measured_step_time_s`` (median over the timed steps of the slowest worker's time),
+    ``step_times_s``, per worker ``compute_s`` (step time minus time waiting for transfers)
+    and ``wait_s``, ``measured_comm_bytes`` (sent during the first step) and
+    ``planned_comm_bytes`` (:func:`transfers`), ``cpu_s`` (the worker thread's CPU time per
+    step: below ``compute_s`` when other processes take the core), ``peak_memory_bytes``
+    (live tensor bytes), ``transfers`` and ``program_nodes``."""
+    from .launcher import start_workers
+    from .reference import compare, traced_step
+    dev = {str(nm): int(d) for nm, d in zip(names, placement)}
+    bad = sorted({d for d in dev.values() if not 0 <= d < workers})
+    if bad:
+        raise InfeasiblePlan(f"the placement uses devices {bad}; this run has {workers} "
+                             f"workers (0..{workers - 1})")
+    plan = transfers(g, dev, workers)
+    job = {"spec": spec, "batch": batch, "model_args": dict(model_args or {}), "seed": seed,
+           "lr": lr, "placement": dev, "fault": fault, "digest": digest,
+           "steps": max(1, int(steps)), "warmup": max(0, int(warmup))}
+    got = start_workers(workers, _entry, job, timeout_s=timeout_s, backend="gloo",
+                        name="explorer-place-worker", memory_limit=memory_limit)
+    stats = {r: v["stats"] for r, v in got.results.items() if "stats" in v}
+    if len(stats) != workers or any("main" not in v for v in got.results.values()):
+        raise RunFailed("the workers finished without sending their results", 0, got.pids)
+    held: dict = {}
+    for r in sorted(got.results):
+        held.update(got.results[r]["main"])
+    per_step = [max(ts) for ts in zip(*(stats[r]["times"] for r in sorted(stats)))]
+    out = {"model": spec, "workers": workers, "executor": "compiled",
+           "dtype": g.tensors[next(iter(g.params.values()))].dtype,
+           "loss": float(held["loss"]) if "loss" in held else None,
+           "measured_step_time_s": statistics.median(per_step),
+           "step_time_s": statistics.median(stats[0]["times"]),
+           "step_times_s": per_step,
+           "compute_s": [statistics.median(t - w for t, w in zip(stats[r]["times"],
+                                                                  stats[r]["waits"]))
+                         for r in sorted(stats)],
+           "wait_s": [statistics.median(stats[r]["waits"]) for r in sorted(stats)],
+           "cpu_s": [statistics.median(stats[r]["cpu"]) for r in sorted(stats)],
+           "peak_memory_bytes": [float(stats[r]["peak"]) for r in sorted(stats)],
+           "measured_comm_bytes": float(sum(s["sent"] for s in stats.values())),
+           "planned_comm_bytes": float(sum(g.tensors[t].bytes for t, *_ in plan)),
+           "transfers": len(plan),
+           "program_nodes": [stats[r]["nodes"] for r in sorted(stats)],
+           "launch_time_s": got.elapsed_s, "pids": got.pids, "backend": got.backend,
+           "reference": None, "reference_ok": None, "max_rel_error": None,
+           "reference_loss": None}
+    if check:
+        _, gm, params, buffers, x = _real_step(spec, batch, model_args, seed, lr, g)
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)               # as the workers: the same kernels' rounding
+        try:
+            ref = traced_step(_Whole(g, gm), params, buffers, x)
+        finally:
+            torch.set_num_threads(threads)
+        got_params = {k: torch.from_numpy(v) for k, v in held.items() if k != "loss"}
+        doc = compare(out["loss"], got_params, None, ref, None, tol)
+        out.update(reference=doc, reference_ok=doc["ok"], max_rel_error=doc["max_rel_error"],
+                   reference_loss=ref[0])
+    return out

@@ -1,0 +1,279 @@
+"""Placements run as compiled code (one fx program per device with send/recv) and the
+placers' measured per-operator costs (``--cost measured``)."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+
+import numpy as np
+import pytest
+import torch
+
+from _helpers import explorer_cli
+from explorer.engine.devices import local, preset
+from explorer.engine.opgraph import build_opgraph
+from explorer.engine.runtime.compiled import _real_step, device_program, transfers
+from explorer.engine.runtime.opexec import placement_comm_bytes, run_placement
+from explorer.engine.runtime.reference import compare, traced_step
+from explorer.engine.search import Problem, run as run_method
+from explorer.errors import InfeasiblePlan, NotCalibrated
+
+#: small models the placement methods are run on (model, batch, arguments)
+MODELS = [("lenet5", 8, {}),
+          ("transformer", 4, {"layers": 1, "hidden": 32, "heads": 2, "seq": 8, "vocab": 50,
+                              "num_classes": 5}),
+          ("mlp", 8, {"layers": 3, "hidden": 32})]
+METHODS = ["celeritas", "celeritas-paper", "m-topo", "m-etf", "m-sct", "metis",
+           "order-place", "single"]
+
+_RUNS: dict = {}          # (model, placement) -> run result: equal placements run once
+
+
+def _run(model, batch, args, names, devs, **kw):
+    key = (model, tuple(names), tuple(int(d) for d in devs), tuple(sorted(kw.items())))
+    if key not in _RUNS:
+        _RUNS[key] = run_placement(model, batch, args, names, devs, 2, steps=1, warmup=0,
+                                   timeout_s=300, **kw)
+    return _RUNS[key]
+
+
+def _moves_the_planned_bytes(og, names, devs, r):
+    """The workers send exactly the transfers' bytes: the simulator's rule (each tensor once
+    to each other device reading it), less the outputs of a multi-output call that the
+    reading device computes itself because it holds another of its outputs."""
+    plan = transfers(og, dict(zip(names, (int(d) for d in devs))), 2)
+    assert r["measured_comm_bytes"] == sum(og.tensors[t].bytes for t, *_ in plan)
+    assert r["measured_comm_bytes"] <= r["predicted_comm_bytes"] == pytest.approx(
+        placement_comm_bytes(og, names, devs))
+
+
+@pytest.fixture(scope="module")
+def graphs():
+    return {m: build_opgraph(m, b, a) for m, b, a in MODELS}
+
+
+@pytest.mark.parametrize("algo", METHODS)
+@pytest.mark.parametrize("model,batch,args", MODELS[:2], ids=[m for m, *_ in MODELS[:2]])
+def test_every_placement_method_runs_compiled_and_matches_one_device(graphs, model, batch,
+                                                                     args, algo):
+    og = graphs[model]
+    res = run_method(algo, Problem(preset("local", 2), model, batch, dict(args),
+                                   opgraph_=og), options={"memory_per_device": 2 ** 30})
+    names, devs = res.plan.names, res.plan.placement
+    r = _run(model, batch, args, names, devs)
+    assert r["executor"] == "compiled"
+    assert r["reference_ok"], r["reference"]
+    assert r["max_rel_error"] < 1e-5
+    _moves_the_planned_bytes(og, names, devs, r)
+    assert r["measured_step_time_s"] > 0 and len(r["compute_s"]) == 2
+
+
+@pytest.mark.parametrize("model,batch,args", MODELS, ids=[m for m, *_ in MODELS])
+def test_an_alternating_placement_sends_every_crossing_tensor_and_matches(graphs, model,
+                                                                          batch, args):
+    """Every other operator (and parameter) on the other device: most tensors cross, and
+    multi-output calls, views and parameters read on the other device all go through
+    send/recv; the result is still the single-device step."""
+    og = graphs[model]
+    names = [t.id for t in og.tensors.values() if t.producer is None] + list(og.ops)
+    devs = [i % 2 for i in range(len(names))]
+    r = _run(model, batch, args, names, devs)
+    assert r["reference_ok"], r["reference"]
+    assert r["transfers"] == len(transfers(og, dict(zip(names, devs)), 2)) > 20
+    _moves_the_planned_bytes(og, names, devs, r)
+    assert min(r["compute_s"]) > 0 and all(w >= 0 for w in r["wait_s"])
+    assert all(p > 0 for p in r["peak_memory_bytes"])
+
+
+def test_a_one_device_program_is_the_whole_step(graphs):
+    """All on device 0: its program (no communication) computes exactly the traced step, and
+    device 1's program computes nothing and returns nothing."""
+    og = graphs["lenet5"]
+    g, gm, params, buffers, x = _real_step("lenet5", 8, {}, 0, 0.01)
+    g.gm = gm
+    dev = {nm: 0 for nm in list(og.ops) + [t.id for t in og.tensors.values()
+                                            if t.producer is None]}
+    p0, p1 = device_program(g, dev, 0, 2), device_program(g, dev, 1, 2)
+    assert p0.meta["transfers"] == [] and "isend" not in p0.code and "irecv" not in p0.code
+    (outs, _), flat = p0(*params, *buffers, x), params + buffers + [x]
+    got = dict(zip(p0.meta["finals"], outs))
+    ref = traced_step(g, params, buffers, x)
+    doc = compare(float(got.pop("loss")), got, None, ref, None, 1e-6)
+    assert doc["ok"] and doc["max_rel_error"] == 0.0 and len(got) == len(g.param_names)
+    outs1, _ = p1(*flat)
+    assert outs1 == () and p1.meta["finals"] == []
+    assert not any(n.op == "call_function" and str(n.target).startswith("aten.")
+                   for n in p1.graph.nodes)
+
+
+def test_transfers_send_each_tensor_once_to_each_reading_device(graphs):
+    """Hand-checked on the MLP: the input x (device 0) read on device 1 only crosses once
+    however many device-1 operators read it; a tensor read only where it is made never
+    crosses; tags are the list's indices."""
+    og = graphs["mlp"]
+    names = [t.id for t in og.tensors.values() if t.producer is None] + list(og.ops)
+    dev = {nm: 1 for nm in names}
+    x = og.inputs[0]
+    dev[x] = 0
+    plan = transfers(og, dev, 2)
+    assert [(t, s, d) for t, s, d, _ in plan] == [(x, 0, 1)]
+    assert [tag for *_, tag in plan] == list(range(len(plan)))
+    everything_on_0 = {nm: 0 for nm in names}
+    assert transfers(og, everything_on_0, 2) == []
+
+
+def test_a_placement_on_more_devices_than_workers_is_refused(graphs):
+    og = graphs["lenet5"]
+    names = list(og.ops)
+    with pytest.raises(InfeasiblePlan, match="devices"):
+        run_placement("lenet5", 8, {}, names, [5] * len(names), 2, g=og)
+    with pytest.raises(InfeasiblePlan, match="executor"):
+        run_placement("lenet5", 8, {}, names, [0] * len(names), 2, g=og, executor="jit")
+
+
+def test_a_random_op_is_refused_before_it_runs(tmp_path):
+    f = tmp_path / "noisy.py"
+    f.write_text("import torch\nfrom torch import nn\n"
+                 "class M(nn.Module):\n"
+                 "    def __init__(self):\n        super().__init__()\n"
+                 "        self.l = nn.Linear(4, 4)\n"
+                 "    def forward(self, x):\n        return self.l(x) * torch.rand_like(x)\n"
+                 "def build(batch=2):\n    return M(), torch.randn(batch, 4)\n")
+    og = build_opgraph(f"{f}:build", 2)
+    dev = {nm: 0 for nm in list(og.ops) + [t.id for t in og.tensors.values()
+                                            if t.producer is None]}
+    with pytest.raises(InfeasiblePlan, match="random"):
+        device_program(og, dev, 0, 2)
+
+
+# --------------------------------------------------------------------------------------------
+# Measured per-operator costs
+# --------------------------------------------------------------------------------------------
+
+def test_op_times_are_measured_once_then_read_from_the_profile_cache(graphs, tmp_path):
+    from explorer.engine.profile import op_signature, op_times
+    og = graphs["lenet5"]
+    cache = tmp_path / "profile.sqlite"
+    t1, info1 = op_times(og, "cpu-worker", cache, reps=2, warmup=1)
+    t2, info2 = op_times(og, "cpu-worker", cache, reps=2, warmup=1)
+    assert info1["measured"] and not info2["measured"]
+    assert t1 == t2                                     # the second came from the cache
+    ph = {t.id for t in og.tensors.values() if t.producer is None}
+    assert set(t1) == set(og.ops) | ph
+    assert all(t1[p] == 0.0 for p in ph)
+    assert sum(t1.values()) > 0 and all(v >= 0 for v in t1.values())
+    # a multi-output call is timed once: its later outputs cost nothing more
+    seen = set()
+    for o in og.ops.values():
+        if o.node in seen:
+            assert t1[o.name] == 0.0
+        seen.add(o.node)
+    rows = sqlite3.connect(cache).execute("SELECT COUNT(*) FROM op_profile").fetchone()[0]
+    node = {n.name: n for n in og.gm.graph.nodes}
+    assert rows == len({op_signature(node[o.node]) for o in og.ops.values()})
+    # another device kind is measured apart
+    assert op_times(og, "other-kind", cache, reps=1, warmup=0)[1]["measured"]
+
+
+def test_op_signatures_tell_shapes_apart():
+    from explorer.engine.profile import op_signature
+    a, b = build_opgraph("mlp", 8, {"hidden": 16}), build_opgraph("mlp", 16, {"hidden": 16})
+    def first(g):                # the first call reading the input (a batch-sized tensor)
+        x = next(n for n in g.gm.graph.nodes if n.op == "placeholder" and
+                 n.name.startswith("x"))
+        return next(iter(x.users))
+    assert op_signature(first(a)) == op_signature(first(build_opgraph("mlp", 8,
+                                                                      {"hidden": 16})))
+    assert op_signature(first(a)) != op_signature(first(b))
+
+
+def _calibrated(home):
+    (home / "local.json").write_text(json.dumps({"peak_flops": 5e10, "mem_bw": 1e10,
+                                                 "link_bw": 1e9, "latency": 1e-3}))
+
+
+def test_measured_costs_reach_the_placers_graph(_isolated_home):
+    _calibrated(_isolated_home)
+    dev = local(2)
+    prob = Problem(dev, "lenet5", 8, {}, cost="measured")
+    pg = prob.placement_graph()
+    from explorer.engine.profile import op_times
+    times, info = op_times(prob.opgraph(), dev.devices[0].kind)
+    assert not info["measured"]                 # the placers' graph filled the cache
+    idx = pg.index()
+    assert all(pg.w[idx[nm], 0] == pytest.approx(s) for nm, s in times.items())
+    res = run_method("celeritas", prob)
+    assert res.info["cost"] == "measured" and res.predicted_step_time_s > 0
+    analytic = Problem(dev, "lenet5", 8, {}).placement_graph()
+    assert not np.allclose(analytic.w, pg.w)
+
+
+def test_measured_costs_need_the_calibrated_local_preset(_isolated_home):
+    from explorer.engine.placement.estimate import measured_times
+    og = build_opgraph("lenet5", 8)
+    with pytest.raises(NotCalibrated, match="--preset local"):
+        measured_times(og, preset("p100-cluster", 2))
+    with pytest.raises(NotCalibrated, match="explorer calibrate"):
+        measured_times(og, local(2))            # this home has no calibration
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["--preset", "p100-cluster"], "needs --preset local"),
+    (["--preset", "local"], "run `explorer calibrate` first")])
+def test_cli_measured_placement_errors_are_one_line(extra, message):
+    out = explorer_cli("search", "lenet5", "-n", "2", "--batch", "8", "--algo", "m-etf",
+                       "--cost", "measured", *extra)
+    assert out.returncode == 2
+    assert message in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
+
+
+def test_cli_search_measured_then_run_reports_both(_isolated_home, tmp_path):
+    """``explorer search --cost measured`` on a calibrated home, then ``explorer run``: the
+    report names the compiled executor and the measured costs, with memory per worker."""
+    _calibrated(_isolated_home)
+    plan = tmp_path / "place.json"
+    out = explorer_cli("search", "lenet5", "-n", "2", "--batch", "8", "--preset", "local",
+                       "--algo", "celeritas", "--cost", "measured", "--out", str(plan))
+    assert out.returncode == 0, out.stderr
+    assert json.loads(plan.read_text())["info"]["cost"] == "measured"
+    out = explorer_cli("run", str(plan), "--steps", "2", "--warmup", "1")
+    assert out.returncode == 0, out.stderr
+    assert "compiled fx program per device" in out.stdout
+    assert "measured operator costs" in out.stdout
+    assert "peak memory per worker" in out.stdout and "passed" in out.stdout
+
+
+def test_calibrate_times_a_models_operators_for_the_placers(graphs):
+    """``explorer calibrate --model`` also times the step's operators (afresh), so the
+    placers' measured costs then need no measuring."""
+    from explorer.engine.profile import op_times
+    from explorer.engine.runtime.calibrate import profile_ops
+    got = profile_ops("lenet5", 8, {}, quick=True)
+    assert got["ops"] == len(graphs["lenet5"].ops) and got["step_s"] > 0
+    times, info = op_times(graphs["lenet5"], local(1).devices[0].kind)
+    assert not info["measured"] and sum(times.values()) == pytest.approx(got["step_s"])
+    assert op_times(graphs["lenet5"], local(1).devices[0].kind, reps=1, warmup=0,
+                    fresh=True)[1]["measured"]
+
+
+def test_device_program_refuses_an_incomplete_or_out_of_range_placement(graphs):
+    og = graphs["mlp"]
+    names = [t.id for t in og.tensors.values() if t.producer is None] + list(og.ops)
+    with pytest.raises(InfeasiblePlan, match="does not place operator"):
+        device_program(og, {nm: 0 for nm in names[:-1]}, 0, 2)
+    with pytest.raises(InfeasiblePlan, match=r"devices \[2\]"):
+        transfers(og, {nm: 2 for nm in names}, 2)
+
+
+def test_a_hanging_worker_ends_the_compiled_run_with_one_error_and_no_orphans(graphs):
+    from _helpers import spawned_workers
+    from explorer.engine.runtime.launcher import RunFailed
+    og = graphs["lenet5"]
+    names = [t.id for t in og.tensors.values() if t.producer is None] + list(og.ops)
+    devs = [i % 2 for i in range(len(names))]
+    before = {c.pid for c in spawned_workers()}
+    with pytest.raises(RunFailed, match="did not finish within|timed out|Timed out"):
+        run_placement("lenet5", 8, {}, names, devs, 2, steps=1, warmup=0, g=og,
+                      fault="1:1:hang", timeout_s=45)
+    assert not {c.pid for c in spawned_workers()} - before
