@@ -36,7 +36,7 @@ import networkx as nx
 from ..errors import UnsupportedModel
 
 __all__ = ["Tensor", "Op", "OpGraph", "TorchValue", "build_opgraph", "trace_step",
-           "opgraph_digest", "user_line", "runnable"]
+           "opgraph_digest", "user_line", "runnable", "with_step"]
 
 #: aten ops that only re-label memory and carry no data dependence worth an operator
 _DROP = {"detach", "alias", "lift_fresh_copy", "_assert_tensor_metadata", "sym_size",
@@ -569,6 +569,20 @@ def build_opgraph(spec: str, batch: int | None = None, model_args: dict | None =
     g = build_from_module(model, x, spec, lr, loss_function(spec))
     g.model_args = dict(model_args or {})
     return g
+
+
+def with_step(g: OpGraph) -> OpGraph:
+    """``g`` when it carries its traced step (``g.gm``), else the same model traced again: a
+    graph read back from the capture cache holds no GraphModule.  A retrace that gives
+    another graph (the model's code changed since) is refused."""
+    if getattr(g, "gm", None) is not None:
+        return g
+    fresh = build_opgraph(g.model, g.batch, dict(g.model_args or {}))
+    if opgraph_digest(fresh) != opgraph_digest(g):
+        from ..errors import InfeasiblePlan
+        raise InfeasiblePlan(f"{g.model}'s trace now differs from its cached operator graph "
+                             f"(model code changed?): run `explorer cache clear`")
+    return fresh
 
 
 def opgraph_digest(g: OpGraph) -> str:

@@ -834,7 +834,8 @@ def step_op_times(og, reps: int = 7, warmup: int = 2, seed: int = 0) -> dict:
     import operator
 
     from .capture import DETERMINISTIC_ATEN, load
-    from .opgraph import _DROP, _target, runnable
+    from .opgraph import _DROP, _target, runnable, with_step
+    og = with_step(og)
     torch.manual_seed(seed)
     model, x = load(og.model, og.batch, dict(og.model_args or {}), meta=False)
     gm = runnable(og.gm)                  # the very graph being placed, on real tensors
@@ -900,6 +901,8 @@ def op_times(og, device_kind: str, cache_path=None, reps: int = 7, warmup: int =
     "ops": n, "seconds": time spent}``."""
     import sqlite3
     path = default_cache_path() if cache_path is None else cache_path
+    from .opgraph import with_step
+    og = with_step(og)                    # signatures read the traced step's arguments
     conn = connect(path, _OP_SCHEMA, timeout=60.0)
     try:
         node_of = {n.name: n for n in og.gm.graph.nodes}

@@ -341,9 +341,10 @@ def _real_step(spec, batch, model_args, seed: int, lr: float, g=None):
     meta-device trace the plan was made on, runnable on real tensors) and the real model's
     seeded parameters, buffers and input - the same on every worker and the reference."""
     from ..capture import load
-    from ..opgraph import build_opgraph, runnable
+    from ..opgraph import build_opgraph, runnable, with_step
     if g is None:
         g = build_opgraph(spec, batch, model_args, lr)
+    g = with_step(g)                   # a graph from the capture cache has no traced step
     torch.manual_seed(seed)
     model, x = load(spec, batch, model_args, meta=False)            # train mode
     params = [p.detach() for _, p in model.named_parameters() if p.requires_grad]
