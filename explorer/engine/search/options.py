@@ -130,7 +130,7 @@ class CeleritasOptions(PlacementOptions):
     refine: bool = True
     refine_evals: int | None = None
     refine_memory: str = "simulated"
-    split_R: int = 20
+    split_R: int = 10
 
     def __post_init__(self):
         super().__post_init__()
