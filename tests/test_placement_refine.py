@@ -296,3 +296,19 @@ def test_celeritas_split_option():
     assert on.predicted_step_time_s <= on.stats["step_before_refine_s"] + 1e-12
     with pytest.raises(ValueError, match="split_R"):
         CeleritasOptions(split_R=-1)
+
+
+def test_a_rejected_move_of_a_unit_across_devices_restores_each_operator():
+    """s -> {b, c} with b on 0 and c on 1 (1.01 s): the unit {b, c} straddles the devices;
+    moving it whole to either device is slower, so the placement stays exactly as it was."""
+    g = nx.DiGraph([("s", "b"), ("s", "c")])
+    nx.set_node_attributes(g, {"s": 0.01, "b": 1.0, "c": 1.0}, "time")
+    nx.set_node_attributes(g, 1e3, "out_bytes")
+    pg = from_networkx(g, devices(2))
+    i = pg.index()
+    start = np.zeros(3, dtype=int)
+    start[i["c"]] = 1
+    res = refine(pg, start, [], max_evals=50, boundary=False,
+                 split_units=[np.array([i["b"], i["c"]])], split_tries=2)
+    assert res.evals >= 1 and not res.moves
+    assert (res.placement == start).all()

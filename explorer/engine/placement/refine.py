@@ -160,13 +160,14 @@ class _Search:
         """Move unit ``u`` to device ``d`` if that scores better; False when it does not (or
         the budget is spent - ``exhausted``)."""
         cur = int(self.dev[u[0]])
+        was = self.dev[u].copy()         # a finer unit may straddle devices: restore each
         if self.evals >= self.max_evals:
             self.exhausted = True
             return False
         self.dev[u] = d
         # the budget is cheap to check: a move that breaks it is refused without simulating
         if self.memory == "budget" and self.best[0] == 0.0 and self.over_budget() > 0.0:
-            self.dev[u] = cur
+            self.dev[u] = was
             return False
         sc = self.score()
         self.evals += 1
@@ -177,7 +178,7 @@ class _Search:
             self.best = sc
             self.sim = self._last
             return True
-        self.dev[u] = cur
+        self.dev[u] = was
         return False
 
 
