@@ -193,37 +193,49 @@ def _cluster_pass(st, movable, phase: str = "cluster") -> bool:
     return improved
 
 
+class DeviceBusy:
+    """Each device's cumulative busy time in a simulated schedule (piecewise linear: a device
+    runs one operator at a time), to ask how busy a device is while given operators run."""
+
+    def __init__(self, sim, ndev: int):
+        self.sim, self.ndev = sim, ndev
+        self.per = []
+        for d in range(ndev):
+            on = np.flatnonzero(sim.placement == d)
+            o = on[np.argsort(sim.start[on], kind="stable")]
+            st, du = sim.start[o], sim.finish[o] - sim.start[o]
+            self.per.append((st, du, np.concatenate([[0.0], np.cumsum(du)])))
+
+    def _cum(self, d, t):
+        st, du, before = self.per[d]
+        if len(st) == 0:
+            return np.zeros_like(t)
+        i = np.searchsorted(st, t, side="right")                # operators started by t
+        j = np.maximum(i - 1, 0)
+        return before[j] + np.where(i > 0, np.clip(t - st[j], 0.0, du[j]), 0.0)
+
+    def overlap(self, nodes) -> np.ndarray:
+        """Per device, the sum over ``nodes`` of its busy time within ``[start_v, finish_v)``."""
+        s, f = self.sim.start[nodes], self.sim.finish[nodes]
+        return np.array([float((self._cum(d, f) - self._cum(d, s)).sum())
+                         for d in range(self.ndev)])
+
+
 def busy_overlap(sim, ndev: int, nodes) -> np.ndarray:
-    """Per device, the time it computes while ``nodes`` run in ``sim``: the sum over the
-    nodes of the device's busy time within ``[start_v, finish_v)`` (a device runs one
-    operator at a time, so its cumulative busy time is piecewise linear)."""
-    s, f = sim.start[nodes], sim.finish[nodes]
-    out = np.zeros(ndev)
-    for d in range(ndev):
-        on = np.flatnonzero(sim.placement == d)
-        if len(on) == 0:
-            continue
-        o = on[np.argsort(sim.start[on], kind="stable")]
-        st, du = sim.start[o], sim.finish[o] - sim.start[o]
-        before = np.concatenate([[0.0], np.cumsum(du)])
-
-        def cum(t):
-            i = np.searchsorted(st, t, side="right")          # ops started by t
-            j = np.maximum(i - 1, 0)
-            part = np.where(i > 0, np.clip(t - st[j], 0.0, du[j]), 0.0)
-            return before[j] + part if len(st) else np.zeros_like(t)
-
-        out[d] = float((cum(f) - cum(s)).sum())
-    return out
+    """:meth:`DeviceBusy.overlap` of ``nodes`` in ``sim``."""
+    return DeviceBusy(sim, ndev).overlap(nodes)
 
 
 def _split_pass(st, movable, tries: int) -> bool:
     """Finer units, each tried on the ``tries`` other devices that are least busy while it
     runs in the current schedule (where a branch could overlap the rest of its block)."""
     improved = False
+    db = None
     for u in movable:
         cur = int(st.dev[u[0]])
-        busy = busy_overlap(st.sim, st.pg.ndev, u)
+        if db is None or db.sim is not st.sim:                  # after an accepted move
+            db = DeviceBusy(st.sim, st.pg.ndev)
+        busy = db.overlap(u)
         busy[cur] = np.inf
         for d in np.argsort(busy, kind="stable")[:tries].tolist():
             if d == cur:
@@ -289,8 +301,9 @@ def refine(pg, placement, units, pins=None, max_evals: int | None = None, priori
         ``oom`` is judged by, or the stricter whole-step sum (:func:`budget_per_device`).
     boundary : bool
         Run the third phase (co-location groups across the cut).
-    split_units : list of int arrays, optional
-        Units of the second phase (:func:`placement_units` of a finer fusion); none: skipped.
+    split_units : list of int arrays, or a function returning it, optional
+        Units of the second phase (:func:`placement_units` of a finer fusion); a function is
+        called only when the phase runs (the budget may be spent before); none: skipped.
     """
     t0 = time.perf_counter()
     dev = np.array(placement, dtype=np.int64, copy=True)
@@ -314,7 +327,7 @@ def refine(pg, placement, units, pins=None, max_evals: int | None = None, priori
         if not _cluster_pass(st, movable):
             break
     if split_units is not None and not st.exhausted:
-        finer = _movable(split_units, pinned)
+        finer = _movable(split_units() if callable(split_units) else split_units, pinned)
         for _ in range(max_passes):
             if st.exhausted or not _split_pass(st, finer, split_tries):
                 break

@@ -173,9 +173,10 @@ def place(graph, devices, options: dict | None = None) -> PlacementPlan:
     if algo == "celeritas" and opts["refine"]:
         split = None
         if 0 < int(checked.split_R) < R:
-            fine, _, _ = fuse(pg, order, int(checked.split_R), M,
-                              pin if (pin >= 0).any() else None)
-            split = placement_units(pg, fine)
+            def split():                # only when the budget lasts to the split moves
+                fine, _, _ = fuse(pg, order, int(checked.split_R), M,
+                                  pin if (pin >= 0).any() else None)
+                return placement_units(pg, fine)
         ref = refine(pg, placement, placement_units(pg, co), pin, opts["refine_evals"],
                      contention=opts["contention"], memory=opts["refine_memory"],
                      split_units=split)
