@@ -145,7 +145,10 @@ class CeleritasOptions(PlacementOptions):
             raise ValueError(f"M_fraction must be in (0, 1], got {self.M_fraction}")
         if self.refine_evals is not None and int(self.refine_evals) < 0:
             raise ValueError(f"refine_evals must be ≥ 0, got {self.refine_evals}")
-        if int(self.split_R) < 0:
+        if isinstance(self.split_R, bool) or not isinstance(self.split_R, int):
+            raise ValueError(f"split_R must be a whole number of nodes (0: no split moves), "
+                             f"got {self.split_R!r}")
+        if self.split_R < 0:
             raise ValueError(f"split_R must be >= 0 (0: no split moves), got {self.split_R}")
         if self.refine_memory not in ("budget", "simulated"):
             raise ValueError(f"refine_memory must be budget or simulated, got "
