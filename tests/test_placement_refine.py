@@ -252,9 +252,9 @@ def test_busy_overlap_by_hand():
     assert busy_overlap(sim, 3, np.array([1, 2])).tolist() == [2.0, 2.0, 0.0]   # z ends at 3
 
 
-def test_split_moves_try_the_least_busy_device_first():
-    """Three devices: device 1 computes a long independent chain while the block runs,
-    device 2 is idle.  With one try per unit the branch goes to device 2, in one simulation."""
+def least_busy_case():
+    """Three devices: device 1 computes an independent chain p -> q (1.2 s) while the block
+    s -> {b, c} -> j runs on device 0 (2.02 s); device 2 is idle."""
     g = nx.DiGraph([("s", "b"), ("s", "c"), ("b", "j"), ("c", "j"), ("p", "q")])
     nx.set_node_attributes(g, {"s": 0.01, "b": 1.0, "c": 1.0, "j": 0.01, "p": 0.6, "q": 0.6},
                            "time")
@@ -263,12 +263,27 @@ def test_split_moves_try_the_least_busy_device_first():
     i = pg.index()
     start = np.zeros(6, dtype=int)
     start[[i["p"], i["q"]]] = 1
-    fine = [np.array([i[x]]) for x in ("b",)]
-    res = refine(pg, start, [], max_evals=100, split_units=fine, split_tries=1,
-                 boundary=False)
+    return pg, i, start
+
+
+def test_split_moves_try_the_least_busy_device_first():
+    """With one try per unit the branch goes to device 2, not to the busy device 1."""
+    pg, i, start = least_busy_case()
+    res = refine(pg, start, [], max_evals=100, split_units=[np.array([i["b"]])],
+                 split_tries=1, boundary=False)
     assert res.placement[i["b"]] == 2
     assert res.after == pytest.approx(1.2)          # device 1's chain is the step now
     assert res.evals == 2            # the move, then one try of a pass that finds nothing more
+
+
+def test_cluster_moves_try_the_least_busy_device_first():
+    """A budget of one simulation: the cluster phase's first try is the idle device 2."""
+    pg, i, start = least_busy_case()
+    res = refine(pg, start, [np.array([i["b"]])], max_evals=1, boundary=False)
+    assert res.evals == 1
+    assert res.placement[i["b"]] == 2 and res.after == pytest.approx(1.2)
+
+
 
 
 @pytest.mark.parametrize("seed", range(6))

@@ -11,10 +11,14 @@ Three phases share one budget of ``max_evals`` simulations:
 
 1. **Cluster moves** - the *units* are the decisions Adjusting Placement made: a fused
    cluster's free operators together with every co-location group they lead (the backward
-   operators and updates that follow them).  A pass tries each unit on every other device.
+   operators and updates that follow them).  A pass tries each unit on every other device,
+   the least busy while the unit runs in the current schedule first (:class:`DeviceBusy`):
+   with a budget smaller than a pass (29 simulations for 187 clusters on a 33,651-node
+   graph) the first tries are the likely ones.
 2. **Split moves** (optional ``split_units``) - the same moves with the units of a finer
-   fusion (a smaller window ``R``), so a cluster that holds a whole block of parallel
-   branches can give one branch to another device.  Fusion minimises the cut, so coarse
+   fusion (a smaller window ``R``), each tried on the ``split_tries`` least busy devices
+   only (one by default: a finer fusion has many units), so a cluster that holds a whole
+   block of parallel branches can give one branch to another device.  Fusion minimises the cut, so coarse
    clusters keep parallel branches together (Inception-v3's blocks); the first phase moves
    whole blocks and stops at a local optimum that this phase leaves, a level down as in
    multilevel partitioning (METIS's uncoarsening).
@@ -182,17 +186,6 @@ class _Search:
         return False
 
 
-def _cluster_pass(st, movable, phase: str = "cluster") -> bool:
-    improved = False
-    for u in movable:
-        for d in range(st.pg.ndev):
-            if d != int(st.dev[u[0]]):
-                improved |= st.try_move(u, d, phase)
-                if st.exhausted:
-                    return improved
-    return improved
-
-
 class DeviceBusy:
     """Each device's cumulative busy time in a simulated schedule (piecewise linear: a device
     runs one operator at a time), to ask how busy a device is while given operators run."""
@@ -226,9 +219,9 @@ def busy_overlap(sim, ndev: int, nodes) -> np.ndarray:
     return DeviceBusy(sim, ndev).overlap(nodes)
 
 
-def _split_pass(st, movable, tries: int) -> bool:
-    """Finer units, each tried on the ``tries`` other devices that are least busy while it
-    runs in the current schedule (where a branch could overlap the rest of its block)."""
+def _idle_first_pass(st, movable, tries: int, phase: str = "split") -> bool:
+    """Units, each tried on the ``tries`` other devices that are least busy while it runs in
+    the current schedule (where a branch could overlap the rest of its block)."""
     improved = False
     db = None
     for u in movable:
@@ -240,7 +233,7 @@ def _split_pass(st, movable, tries: int) -> bool:
         for d in np.argsort(busy, kind="stable")[:tries].tolist():
             if d == cur:
                 continue
-            if st.try_move(u, d, "split"):
+            if st.try_move(u, d, phase):
                 improved = True
                 break
             if st.exhausted:
@@ -324,12 +317,12 @@ def refine(pg, placement, units, pins=None, max_evals: int | None = None, priori
     passes = 0
     while passes < max_passes and not st.exhausted:
         passes += 1
-        if not _cluster_pass(st, movable):
+        if not _idle_first_pass(st, movable, pg.ndev, "cluster"):
             break
     if split_units is not None and not st.exhausted:
         finer = _movable(split_units() if callable(split_units) else split_units, pinned)
         for _ in range(max_passes):
-            if st.exhausted or not _split_pass(st, finer, split_tries):
+            if st.exhausted or not _idle_first_pass(st, finer, split_tries):
                 break
             passes += 1
     if boundary and not st.exhausted and pg.n:
