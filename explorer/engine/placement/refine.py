@@ -18,10 +18,10 @@ Three phases share one budget of ``max_evals`` simulations:
 2. **Split moves** (optional ``split_units``) - the same moves with the units of a finer
    fusion (a smaller window ``R``), each tried on the ``split_tries`` least busy devices
    only (one by default: a finer fusion has many units), so a cluster that holds a whole
-   block of parallel branches can give one branch to another device.  Fusion minimises the cut, so coarse
-   clusters keep parallel branches together (Inception-v3's blocks); the first phase moves
-   whole blocks and stops at a local optimum that this phase leaves, a level down as in
-   multilevel partitioning (METIS's uncoarsening).
+   block of parallel branches can give one branch to another device.  Fusion minimises the
+   cut, so coarse clusters keep parallel branches together (Inception-v3's blocks); the
+   first phase moves whole blocks and stops at a local optimum that this phase leaves, a
+   level down as in multilevel partitioning (METIS's uncoarsening).
 3. **Boundary moves** - the finest units co-location allows (a group, or an operator in
    none) that have an edge to another device are tried on that device, the pairs with the
    most bytes across the cut first (the Kernighan-Lin / Fiduccia-Mattheyses idea of moving

@@ -30,6 +30,7 @@ Example
 
 from __future__ import annotations
 
+import functools
 import time
 
 import numpy as np
@@ -120,6 +121,12 @@ def search(problem, pins=None, options: CeleritasOptions | None = None) -> Resul
     return placement_result(place(pg, problem.devices, opts), problem, pins)
 
 
+def _finer_units(pg, order, R, M, pin) -> list:
+    """The refinement's split units: the placement units of a fusion with window ``R``."""
+    fine, _, _ = fuse(pg, order, R, M, pin if (pin >= 0).any() else None)
+    return placement_units(pg, fine)
+
+
 def place(graph, devices, options: dict | None = None) -> PlacementPlan:
     """Place ``graph`` on ``devices`` with Celeritas (or Order-Place).
 
@@ -131,8 +138,9 @@ def place(graph, devices, options: dict | None = None) -> PlacementPlan:
     options : dict, optional
         ``algo`` ("celeritas" | "celeritas-paper" | "order-place"), ``refine`` (True: the
         simulated refinement after Adjusting Placement, celeritas only), ``refine_evals``
-        (simulation budget, default by graph size), ``split_R`` (window of the finer
-        fusion whose clusters the refinement moves next; 0: none), ``refine_memory`` ("budget": the
+        (simulation budget, default by graph size), ``split_R`` (10: window of the finer
+        fusion whose clusters the refinement moves next; 0: none), ``refine_memory``
+        ("budget": the
         placers' whole-step budget | "simulated": only the simulated peaks within capacity), ``R`` (200), ``M`` (bytes; default
         ``M_fraction`` 0.25 of the smallest capacity), ``memory_per_device`` (bytes),
         ``pins`` ({op name or "cluster:K": device}), ``contention`` ("ports" | "none"),
@@ -171,12 +179,9 @@ def place(graph, devices, options: dict | None = None) -> PlacementPlan:
     t_place = time.perf_counter()
     ref = None
     if algo == "celeritas" and opts["refine"]:
-        split = None
+        split = None                    # fused only when the budget lasts to the split moves
         if 0 < int(checked.split_R) < R:
-            def split():                # only when the budget lasts to the split moves
-                fine, _, _ = fuse(pg, order, int(checked.split_R), M,
-                                  pin if (pin >= 0).any() else None)
-                return placement_units(pg, fine)
+            split = functools.partial(_finer_units, pg, order, int(checked.split_R), M, pin)
         ref = refine(pg, placement, placement_units(pg, co), pin, opts["refine_evals"],
                      contention=opts["contention"], memory=opts["refine_memory"],
                      split_units=split)
