@@ -214,3 +214,116 @@ def test_budget_memory_rule_is_stricter():
     assert res.after <= res.before
     with pytest.raises(ValueError, match="'simulated' or 'budget'"):
         refine(pg, start, [], memory="peak")
+
+
+def block_graph():
+    """s -> {b, c} -> j (b, c: 1 s each, tiny tensors), all on device 0 of 2: 2.02 s."""
+    g = nx.DiGraph([("s", "b"), ("s", "c"), ("b", "j"), ("c", "j")])
+    nx.set_node_attributes(g, {"s": 0.01, "b": 1.0, "c": 1.0, "j": 0.01}, "time")
+    nx.set_node_attributes(g, 1e3, "out_bytes")
+    return from_networkx(g, devices(2))
+
+
+def test_split_moves_give_a_branch_of_a_block_to_the_idle_device():
+    """One coarse unit holds the whole block: moving it only swaps devices (no gain) and no
+    edge crosses devices (no boundary move).  The finer units let a branch go: ~1.02 s."""
+    pg = block_graph()
+    i = pg.index()
+    start = np.zeros(4, dtype=int)
+    whole = [np.arange(4)]
+    alone = refine(pg, start, whole, max_evals=100)
+    assert alone.after == pytest.approx(2.02) and not alone.moves
+    fine = [np.array([i[x]]) for x in ("s", "b", "c", "j")]
+    res = refine(pg, start, whole, max_evals=100, split_units=fine)
+    assert res.after == pytest.approx(1.02, rel=1e-2)
+    assert res.placement[i["b"]] != res.placement[i["c"]]
+    assert res.moves and {m["phase"] for m in res.moves} == {"split"}
+
+
+def test_busy_overlap_by_hand():
+    """Device 0 runs x in [0, 2) and y in [3, 4); device 1 runs z in [1, 3).  While z runs,
+    device 0 is busy 1 s (of x) and device 1 for z's own 2 s."""
+    from types import SimpleNamespace
+
+    from explorer.engine.placement.refine import busy_overlap
+    sim = SimpleNamespace(start=np.array([0.0, 3.0, 1.0]), finish=np.array([2.0, 4.0, 3.0]),
+                          placement=np.array([0, 0, 1]))
+    assert busy_overlap(sim, 3, np.array([2])).tolist() == [1.0, 2.0, 0.0]
+    assert busy_overlap(sim, 3, np.array([1, 2])).tolist() == [2.0, 2.0, 0.0]   # z ends at 3
+
+
+def least_busy_case():
+    """Three devices: device 1 computes an independent chain p -> q (1.2 s) while the block
+    s -> {b, c} -> j runs on device 0 (2.02 s); device 2 is idle."""
+    g = nx.DiGraph([("s", "b"), ("s", "c"), ("b", "j"), ("c", "j"), ("p", "q")])
+    nx.set_node_attributes(g, {"s": 0.01, "b": 1.0, "c": 1.0, "j": 0.01, "p": 0.6, "q": 0.6},
+                           "time")
+    nx.set_node_attributes(g, 1e3, "out_bytes")
+    pg = from_networkx(g, devices(3))
+    i = pg.index()
+    start = np.zeros(6, dtype=int)
+    start[[i["p"], i["q"]]] = 1
+    return pg, i, start
+
+
+def test_split_moves_try_the_least_busy_device_first():
+    """With one try per unit the branch goes to device 2, not to the busy device 1."""
+    pg, i, start = least_busy_case()
+    res = refine(pg, start, [], max_evals=100, split_units=[np.array([i["b"]])],
+                 split_tries=1, boundary=False)
+    assert res.placement[i["b"]] == 2
+    assert res.after == pytest.approx(1.2)          # device 1's chain is the step now
+    assert res.evals == 2            # the move, then one try of a pass that finds nothing more
+
+
+def test_cluster_moves_try_the_least_busy_device_first():
+    """A budget of one simulation: the cluster phase's first try is the idle device 2."""
+    pg, i, start = least_busy_case()
+    res = refine(pg, start, [np.array([i["b"]])], max_evals=1, boundary=False)
+    assert res.evals == 1
+    assert res.placement[i["b"]] == 2 and res.after == pytest.approx(1.2)
+
+
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_split_phase_never_worse_than_its_start(seed):
+    """Random DAGs, coarse units of R=8, split units of R=2: the result is never worse than
+    the placement it starts from, and co-location-free units stay within capacity."""
+    pg, _ = random_graph(seed, n=40, ndev=3)
+    order, _, _ = graph_order(pg, "cpd")
+    co, _, _ = fuse(pg, order, R=8, M=1e12)
+    fine, _, _ = fuse(pg, order, R=2, M=1e12)
+    start = adjusting_placement(co, pg).node_device
+    res = refine(pg, start, placement_units(pg, co), max_evals=300,
+                 split_units=placement_units(pg, fine))
+    assert score(pg, res.placement) <= score(pg, start)
+    assert res.after == pytest.approx(simulate(pg, res.placement).makespan)
+
+
+def test_celeritas_split_option():
+    """split_R=0 turns the split moves off; a negative window is refused."""
+    from explorer.engine.search.options import CeleritasOptions
+    pg, dg = random_graph(3, n=60, ndev=3)
+    on = celeritas.place(pg, dg, {"R": 30, "split_R": 3})
+    off = celeritas.place(pg, dg, {"R": 30, "split_R": 0})
+    assert not [m for m in off.trace[-1]["moves"] if m["phase"] == "split"]
+    assert on.predicted_step_time_s <= on.stats["step_before_refine_s"] + 1e-12
+    with pytest.raises(ValueError, match="split_R"):
+        CeleritasOptions(split_R=-1)
+
+
+def test_a_rejected_move_of_a_unit_across_devices_restores_each_operator():
+    """s -> {b, c} with b on 0 and c on 1 (1.01 s): the unit {b, c} straddles the devices;
+    moving it whole to either device is slower, so the placement stays exactly as it was."""
+    g = nx.DiGraph([("s", "b"), ("s", "c")])
+    nx.set_node_attributes(g, {"s": 0.01, "b": 1.0, "c": 1.0}, "time")
+    nx.set_node_attributes(g, 1e3, "out_bytes")
+    pg = from_networkx(g, devices(2))
+    i = pg.index()
+    start = np.zeros(3, dtype=int)
+    start[i["c"]] = 1
+    res = refine(pg, start, [], max_evals=50, boundary=False,
+                 split_units=[np.array([i["b"], i["c"]])], split_tries=2)
+    assert res.evals >= 1 and not res.moves
+    assert (res.placement == start).all()

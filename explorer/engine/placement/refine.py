@@ -7,12 +7,22 @@ second LSTM layer on another device could start after the first time step of the
 (a layer pipeline), nor what its choice does to the backward pass that co-location ties to
 it.  This step revisits those decisions with the simulator every method is judged by.
 
-Two phases share one budget of ``max_evals`` simulations:
+Three phases share one budget of ``max_evals`` simulations:
 
 1. **Cluster moves** - the *units* are the decisions Adjusting Placement made: a fused
    cluster's free operators together with every co-location group they lead (the backward
-   operators and updates that follow them).  A pass tries each unit on every other device.
-2. **Boundary moves** - the finest units co-location allows (a group, or an operator in
+   operators and updates that follow them).  A pass tries each unit on every other device,
+   the least busy while the unit runs in the current schedule first (:class:`DeviceBusy`):
+   with a budget smaller than a pass (29 simulations for 187 clusters on a 33,651-node
+   graph) the first tries are the likely ones.
+2. **Split moves** (optional ``split_units``) - the same moves with the units of a finer
+   fusion (a smaller window ``R``), each tried on the ``split_tries`` least busy devices
+   only (one by default: a finer fusion has many units), so a cluster that holds a whole
+   block of parallel branches can give one branch to another device.  Fusion minimises the
+   cut, so coarse clusters keep parallel branches together (Inception-v3's blocks); the
+   first phase moves whole blocks and stops at a local optimum that this phase leaves, a
+   level down as in multilevel partitioning (METIS's uncoarsening).
+3. **Boundary moves** - the finest units co-location allows (a group, or an operator in
    none) that have an edge to another device are tried on that device, the pairs with the
    most bytes across the cut first (the Kernighan-Lin / Fiduccia-Mattheyses idea of moving
    boundary vertices, judged here by the simulator instead of the cut).
@@ -73,11 +83,11 @@ class Refinement:
 
 
 def default_evals(n: int) -> int:
-    """Simulation budget for an ``n``-operator graph: about 10^6 simulated operators (397
-    simulations for Inception-v3's 2,514 nodes - its search stops at a local optimum after
-    about 210 -, 142 for NMT's 7,016, 29 for 33,651).  The liveness peak made a simulation
-    cheaper than the 3·10^5 budget was sized for, and NMT needs ~150 to find its pipeline."""
-    return int(min(400, max(10, 1_000_000 // max(n, 1))))
+    """Simulation budget for an ``n``-operator graph: about 10^6 simulated operators, at most
+    200 (200 simulations for Inception-v3's 2,514 nodes, 142 for NMT's 7,016, 29 for
+    33,651).  NMT needs ~150 to find its layer pipeline; Inception-v3's cluster moves stop
+    at a local optimum after about 40 and its split moves gain most in the next 100."""
+    return int(min(200, max(10, 1_000_000 // max(n, 1))))
 
 
 def budget_per_device(pg, placement) -> np.ndarray:
@@ -134,11 +144,14 @@ class _Search:
         self.pg, self.dev, self.priority = pg, dev, priority
         self.contention, self.memory, self.max_evals = contention, memory, max_evals
         self.evals, self.moves, self.exhausted = 0, [], False
+        self.sim = None                        # the simulation of the current placement
         self.best = self.score()
+        self.sim = self._last
 
     def score(self):
         pg = self.pg
         s = simulate(pg, self.dev, priority=self.priority, contention=self.contention)
+        self._last = s
         use = s.peak_memory if self.memory == "simulated" else budget_per_device(pg, self.dev)
         over = float(np.maximum(use - pg.capacity * (1 + 1e-9), 0.0).sum())
         return (over, float(s.makespan))
@@ -151,13 +164,14 @@ class _Search:
         """Move unit ``u`` to device ``d`` if that scores better; False when it does not (or
         the budget is spent - ``exhausted``)."""
         cur = int(self.dev[u[0]])
+        was = self.dev[u].copy()         # a finer unit may straddle devices: restore each
         if self.evals >= self.max_evals:
             self.exhausted = True
             return False
         self.dev[u] = d
         # the budget is cheap to check: a move that breaks it is refused without simulating
         if self.memory == "budget" and self.best[0] == 0.0 and self.over_budget() > 0.0:
-            self.dev[u] = cur
+            self.dev[u] = was
             return False
         sc = self.score()
         self.evals += 1
@@ -166,20 +180,71 @@ class _Search:
                                "from": cur, "to": int(d), "step_s": sc[1],
                                "overflow_bytes": sc[0]})
             self.best = sc
+            self.sim = self._last
             return True
-        self.dev[u] = cur
+        self.dev[u] = was
         return False
 
 
-def _cluster_pass(st, movable) -> bool:
+class DeviceBusy:
+    """Each device's cumulative busy time in a simulated schedule (piecewise linear: a device
+    runs one operator at a time), to ask how busy a device is while given operators run."""
+
+    def __init__(self, sim, ndev: int):
+        self.sim, self.ndev = sim, ndev
+        self.per = []
+        for d in range(ndev):
+            on = np.flatnonzero(sim.placement == d)
+            o = on[np.argsort(sim.start[on], kind="stable")]
+            st, du = sim.start[o], sim.finish[o] - sim.start[o]
+            self.per.append((st, du, np.concatenate([[0.0], np.cumsum(du)])))
+
+    def _cum(self, d, t):
+        st, du, before = self.per[d]
+        if len(st) == 0:
+            return np.zeros_like(t)
+        i = np.searchsorted(st, t, side="right")                # operators started by t
+        j = np.maximum(i - 1, 0)
+        return before[j] + np.where(i > 0, np.clip(t - st[j], 0.0, du[j]), 0.0)
+
+    def overlap(self, nodes) -> np.ndarray:
+        """Per device, the sum over ``nodes`` of its busy time within ``[start_v, finish_v)``."""
+        s, f = self.sim.start[nodes], self.sim.finish[nodes]
+        return np.array([float((self._cum(d, f) - self._cum(d, s)).sum())
+                         for d in range(self.ndev)])
+
+
+def busy_overlap(sim, ndev: int, nodes) -> np.ndarray:
+    """:meth:`DeviceBusy.overlap` of ``nodes`` in ``sim``."""
+    return DeviceBusy(sim, ndev).overlap(nodes)
+
+
+def _idle_first_pass(st, movable, tries: int, phase: str = "split") -> bool:
+    """Units, each tried on the ``tries`` other devices that are least busy while it runs in
+    the current schedule (where a branch could overlap the rest of its block)."""
     improved = False
+    db = None
     for u in movable:
-        for d in range(st.pg.ndev):
-            if d != int(st.dev[u[0]]):
-                improved |= st.try_move(u, d, "cluster")
-                if st.exhausted:
-                    return improved
+        cur = int(st.dev[u[0]])
+        if db is None or db.sim is not st.sim:                  # after an accepted move
+            db = DeviceBusy(st.sim, st.pg.ndev)
+        busy = db.overlap(u)
+        busy[cur] = np.inf
+        for d in np.argsort(busy, kind="stable")[:tries].tolist():
+            if d == cur:
+                continue
+            if st.try_move(u, d, phase):
+                improved = True
+                break
+            if st.exhausted:
+                return improved
     return improved
+
+
+def _movable(units, pinned) -> list:
+    """The non-empty units holding no pinned operator."""
+    out = [np.asarray(u, dtype=np.int64) for u in units if len(u)]
+    return [u for u in out if not pinned[u].any()]
 
 
 def _boundary_pass(st, fine, fine_of, free) -> bool:
@@ -207,8 +272,9 @@ def _boundary_pass(st, fine, fine_of, free) -> bool:
 
 def refine(pg, placement, units, pins=None, max_evals: int | None = None, priority=None,
            contention: str = "ports", max_passes: int = 10, memory: str = "simulated",
-           boundary: bool = True) -> Refinement:
-    """Local search over unit moves, then boundary moves (see the module docstring).
+           boundary: bool = True, split_units=None, split_tries: int = 1) -> Refinement:
+    """Local search over unit moves, then split moves, then boundary moves (see the module
+    docstring).
 
     Parameters
     ----------
@@ -227,7 +293,10 @@ def refine(pg, placement, units, pins=None, max_evals: int | None = None, priori
         What must stay within capacity: each device's simulated (liveness) peak, the rule
         ``oom`` is judged by, or the stricter whole-step sum (:func:`budget_per_device`).
     boundary : bool
-        Run the second phase (co-location groups across the cut).
+        Run the third phase (co-location groups across the cut).
+    split_units : list of int arrays, or a function returning it, optional
+        Units of the second phase (:func:`placement_units` of a finer fusion); a function is
+        called only when the phase runs (the budget may be spent before); none: skipped.
     """
     t0 = time.perf_counter()
     dev = np.array(placement, dtype=np.int64, copy=True)
@@ -242,15 +311,20 @@ def refine(pg, placement, units, pins=None, max_evals: int | None = None, priori
     if priority is None:
         priority = dispatch_priority(pg)
     pinned = (np.asarray(pins) >= 0) if pins is not None else np.zeros(pg.n, dtype=bool)
-    movable = [np.asarray(u, dtype=np.int64) for u in units if len(u)]
-    movable = [u for u in movable if not pinned[u].any()]
+    movable = _movable(units, pinned)
     st = _Search(pg, dev, priority, contention, memory, max_evals)
     before = st.best[1]
     passes = 0
     while passes < max_passes and not st.exhausted:
         passes += 1
-        if not _cluster_pass(st, movable):
+        if not _idle_first_pass(st, movable, pg.ndev, "cluster"):
             break
+    if split_units is not None and not st.exhausted:
+        finer = _movable(split_units() if callable(split_units) else split_units, pinned)
+        for _ in range(max_passes):
+            if st.exhausted or not _idle_first_pass(st, finer, split_tries):
+                break
+            passes += 1
     if boundary and not st.exhausted and pg.n:
         fine = group_units(pg)
         fine_of = np.empty(pg.n, dtype=np.int64)

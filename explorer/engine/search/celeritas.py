@@ -13,7 +13,9 @@ Pipeline (paper Sections 4-5):
    ``algo="order-place"`` - then every operator takes its cluster's device;
 5. (``algo="celeritas"`` only; not in the paper) simulated refinement: each cluster decision
    is revisited with the shared simulator and moved to another device when that shortens
-   the simulated step without a simulated OOM (:mod:`~explorer.engine.placement.refine`).
+   the simulated step without a simulated OOM, then the clusters of a finer fusion (window
+   ``split_R``: a block's parallel branches apart) and the operators on the cut
+   (:mod:`~explorer.engine.placement.refine`).
    ``algo="celeritas-paper"`` (or ``refine=False``) stops after step 4, as published;
 6. the shared simulator predicts step time and per-device peak memory.
 
@@ -28,6 +30,7 @@ Example
 
 from __future__ import annotations
 
+import functools
 import time
 
 import numpy as np
@@ -118,6 +121,12 @@ def search(problem, pins=None, options: CeleritasOptions | None = None) -> Resul
     return placement_result(place(pg, problem.devices, opts), problem, pins)
 
 
+def _finer_units(pg, order, R, M, pin) -> list:
+    """The refinement's split units: the placement units of a fusion with window ``R``."""
+    fine, _, _ = fuse(pg, order, R, M, pin if (pin >= 0).any() else None)
+    return placement_units(pg, fine)
+
+
 def place(graph, devices, options: dict | None = None) -> PlacementPlan:
     """Place ``graph`` on ``devices`` with Celeritas (or Order-Place).
 
@@ -129,7 +138,9 @@ def place(graph, devices, options: dict | None = None) -> PlacementPlan:
     options : dict, optional
         ``algo`` ("celeritas" | "celeritas-paper" | "order-place"), ``refine`` (True: the
         simulated refinement after Adjusting Placement, celeritas only), ``refine_evals``
-        (simulation budget, default by graph size), ``refine_memory`` ("budget": the
+        (simulation budget, default by graph size), ``split_R`` (10: window of the finer
+        fusion whose clusters the refinement moves next; 0: none), ``refine_memory``
+        ("budget": the
         placers' whole-step budget | "simulated": only the simulated peaks within capacity), ``R`` (200), ``M`` (bytes; default
         ``M_fraction`` 0.25 of the smallest capacity), ``memory_per_device`` (bytes),
         ``pins`` ({op name or "cluster:K": device}), ``contention`` ("ports" | "none"),
@@ -168,8 +179,12 @@ def place(graph, devices, options: dict | None = None) -> PlacementPlan:
     t_place = time.perf_counter()
     ref = None
     if algo == "celeritas" and opts["refine"]:
+        split = None                    # fused only when the budget lasts to the split moves
+        if 0 < int(checked.split_R) < R:
+            split = functools.partial(_finer_units, pg, order, int(checked.split_R), M, pin)
         ref = refine(pg, placement, placement_units(pg, co), pin, opts["refine_evals"],
-                     contention=opts["contention"], memory=opts["refine_memory"])
+                     contention=opts["contention"], memory=opts["refine_memory"],
+                     split_units=split)
         placement = ref.placement
     elapsed = time.perf_counter() - t0
     if ref is not None:               # a cluster's device: where most of its work now runs

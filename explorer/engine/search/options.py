@@ -119,7 +119,9 @@ class CeleritasOptions(PlacementOptions):
     refinement after Adjusting Placement (``celeritas`` only, not in the paper) with a budget
     of ``refine_evals`` simulations (default by graph size) keeping ``refine_memory``
     ("simulated": each device's simulated peak, the liveness rule ``oom`` is judged by |
-    "budget": the stricter whole-step sum of every output and received tensor)."""
+    "budget": the stricter whole-step sum of every output and received tensor) and, between
+    its cluster and boundary moves, the moves of a finer fusion's clusters (window
+    ``split_R``, 0: none) that can split a block of parallel branches over devices."""
 
     algo: str = "celeritas"
     R: int = 200
@@ -128,6 +130,7 @@ class CeleritasOptions(PlacementOptions):
     refine: bool = True
     refine_evals: int | None = None
     refine_memory: str = "simulated"
+    split_R: int = 10
 
     def __post_init__(self):
         super().__post_init__()
@@ -142,6 +145,11 @@ class CeleritasOptions(PlacementOptions):
             raise ValueError(f"M_fraction must be in (0, 1], got {self.M_fraction}")
         if self.refine_evals is not None and int(self.refine_evals) < 0:
             raise ValueError(f"refine_evals must be ≥ 0, got {self.refine_evals}")
+        if isinstance(self.split_R, bool) or not isinstance(self.split_R, int):
+            raise ValueError(f"split_R must be a whole number of nodes (0: no split moves), "
+                             f"got {self.split_R!r}")
+        if self.split_R < 0:
+            raise ValueError(f"split_R must be >= 0 (0: no split moves), got {self.split_R}")
         if self.refine_memory not in ("budget", "simulated"):
             raise ValueError(f"refine_memory must be budget or simulated, got "
                              f"{self.refine_memory!r}")
