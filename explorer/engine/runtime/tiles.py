@@ -196,8 +196,9 @@ def _factory(target, fn, args, kwargs, index, tile_of, out_box, out_shape):
     return fn(*args, **kwargs)
 
 
-def _conv_args(args, n):
-    stride, padding, dilation = (list(args[i]) for i in (3, 4, 5))
+def _conv_args(args, n, first=3):
+    """Stride, padding and dilation (one per spatial axis) from ``args[first:first + 3]``."""
+    stride, padding, dilation = (list(args[i]) for i in (first, first + 1, first + 2))
     stride = stride * n if len(stride) == 1 else stride
     padding = padding * n if len(padding) == 1 else padding
     dilation = dilation * n if len(dilation) == 1 else dilation
@@ -234,7 +235,7 @@ def _convolution_backward(target, fn, args, kwargs, index, tile_of, out_box, out
         raise Fallback("aten.convolution_backward: transposed or grouped")
     gbox, gshape = tile_of(go)
     n = len(gshape) - 2
-    s, p, d = _conv_args(args, n)
+    s, p, d = _conv_args(args, n, 4)
     if index == 2:                                   # bias: sum over all but the channels
         return go.sum([0] + list(range(2, go.dim())))
     if index == 1:                                   # weight: as the forward on go's window

@@ -663,7 +663,10 @@ def _greedy_spartan(factors, dom, co, g, live) -> dict:
 def _peak_live_bytes(g, st: _State, live: set, G: int) -> np.ndarray:
     """Per worker, the peak over the step of the bytes of its shares of the live tensors: a
     tensor lives from its producer to its last consumer (parameters and their updates for the
-    whole step) - what a memory planner that frees promptly needs."""
+    whole step) - what a memory planner that frees promptly needs.  A view shares its base
+    tensor's memory and keeps it alive until the view's own last consumer (a weight
+    gradient read through ``t`` by the update at the end of the step holds the ``mm`` result
+    it views until then: the tile-local runtime measures exactly that)."""
     order = {o: i for i, o in enumerate(g.ops)}
     n = len(order) + 2
     delta = np.zeros((n, G))
@@ -674,9 +677,19 @@ def _peak_live_bytes(g, st: _State, live: set, G: int) -> np.ndarray:
     views = {"t", "view", "_unsafe_view", "transpose", "permute", "expand", "select", "slice",
              "unsqueeze", "squeeze", "alias", "split", "unsafe_split", "unbind", "narrow",
              "reshape", "as_strided"}
+
+    def is_view(t):
+        p = g.tensors[t].producer
+        return p in g.ops and g.ops[p].target in views and bool(g.ops[p].inputs)
+    for t in g.tensors:                  # a view's last read keeps its base alive
+        if t in last and is_view(t):
+            base, seen = t, 0
+            while is_view(base) and seen < 64:
+                base, seen = g.ops[g.tensors[base].producer].inputs[0], seen + 1
+            last[base] = max(last.get(base, -1), last[t])
     for t in live:
         ten = g.tensors[t]
-        if ten.producer in g.ops and g.ops[ten.producer].target in views:
+        if is_view(t):
             continue                   # a view shares its base tensor's memory
         persistent = ten.kind in ("param", "update", "buffer", "input")
         start = 0 if ten.producer is None else order.get(ten.producer, 0)
