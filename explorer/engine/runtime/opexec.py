@@ -280,30 +280,55 @@ class _Worker:
         return out.movedim(0, axis).contiguous()
 
     # -- the step ----------------------------------------------------------------------------
-    def step(self, params, buffers, x):
-        """One traced step in the reference's numerics (dropout the identity, BatchNorm with
-        batch statistics: :mod:`explorer.engine.capture`)."""
-        from ..capture import deterministic
-        with deterministic(running_stats=False):
-            return self._step(params, buffers, x)
+    def placeholders(self) -> list:
+        """Tensor ids of the step's inputs in order: parameters, buffers, the data."""
+        g = self.g
+        return list(g.params.values()) + [f"buffer:{b}" for b in g.buffer_names] + g.inputs
 
-    def _step(self, params, buffers, x):
-        import operator
-        g, gm = self.g, self.g.gm
-        for t in list(self.tiles):
-            self.drop(t)
-        self.peak_bytes = self.live_bytes
-        ph = [n for n in gm.graph.nodes if n.op == "placeholder"]
-        values = list(params) + list(buffers) + [x]
-        # placeholders -> tensor ids in order
-        pids = list(g.params.values()) + [f"buffer:{b}" for b in g.buffer_names] + g.inputs
-        for t, v in zip(pids, values):
-            if t in self.x["held"]:       # keep only the worker's box: the plan brings the rest
+    def load(self, params, buffers, x):
+        """Hold the worker's boxes of the parameters, buffers and input (the plan brings the
+        rest); a tensor the plan does not partition is held whole."""
+        for t, v in zip(self.placeholders(), list(params) + list(buffers) + [x]):
+            v = v.detach()
+            if t in self.x["held"]:
                 h = self.x["held"][t][self.rank]
                 self.hold(t, h, _flat(v)[_sl(h)].clone())
             else:
-                self.hold(t, _full(v), v.detach().clone())
-        del ph
+                self.hold(t, _full(v), v.clone())
+
+    def advance(self, new_ids):
+        """Training: each parameter's box from its update's tiles (moved where the update is
+        tiled differently; counted apart from the step's traffic)."""
+        before = self.sent
+        for p, u in zip(self.g.params.values(), new_ids):
+            if u is None or u not in self.tiles:
+                continue
+            if p in self.x["held"] and u in self.x["held"]:
+                v = self.fetch(u, self.x["held"][p], 0.0)
+                box = self.x["held"][p][self.rank]
+                self.hold(p, box, v.clone() if v is not None else
+                          torch.zeros(_extent(box), dtype=self.tiles[u][1].dtype))
+            else:
+                v = self.whole(u)
+                box = self.x["held"][p][self.rank] if p in self.x["held"] else _full(v)
+                self.hold(p, box, _flat(v)[_sl(box)].clone())
+        self.extra += self.sent - before
+
+    def step(self):
+        """One traced step from the held placeholders, in the reference's numerics (dropout
+        the identity, BatchNorm with batch statistics: :mod:`explorer.engine.capture`)."""
+        from ..capture import deterministic
+        with deterministic(running_stats=False):
+            return self._step()
+
+    def _step(self):
+        import operator
+        g, gm = self.g, self.g.gm
+        inputs = set(self.placeholders())
+        for t in list(self.tiles):
+            if t not in inputs:
+                self.drop(t)
+        self.peak_bytes = self.live_bytes
         by_node: dict = {}
         for o in g.ops.values():
             by_node.setdefault(o.node, []).append(o)
@@ -395,7 +420,8 @@ class _Worker:
         kwargs = {k: sub(v, bufs, n.kwargs.get(k)) for k, v in o.kwargs.items()}
         tile_of = (lambda v: shape_of.get(id(v), (None, None)))
         try:
-            if o.target in tiles.GENERIC and any(v is None for v in bufs.values()):
+            if o.target in tiles.GENERIC and o.target not in tiles.NONE_OK and \
+                    any(v is None for v in bufs.values()):
                 raise tiles.Fallback("an input without a region")
             res = tiles.compute(o.target, n.target, args, kwargs, o.index, tile_of, out_box,
                                 ten.shape)
@@ -613,8 +639,15 @@ def _op_entry(rank, world, device, job, send):
     xplan = job["xplan"]
     w = _Worker(rank, world, g, xplan, job["timeout_s"],
                 make_groups(g, xplan, world) if job.get("collectives", True) else {})
+    w.load(params, buffers, x)
+    del params, buffers, x            # the worker keeps its boxes only
+    flat = list(list(g.gm.graph.nodes)[-1].args[0])
+    npar = len(g.param_names)
+    new_ids = [a.name if isinstance(a, torch.fx.Node) else None
+               for a in flat[1 + npar:1 + 2 * npar]]
     times, peak = [], 0
-    for i in range(max(1, int(job.get("steps", 1)))):
+    steps = max(1, int(job.get("steps", 1)))
+    for i in range(steps):
         inject_fault(fault, rank, i + 1, "operator-level step")
         w.delivered.clear()
         w.received.clear()
@@ -622,18 +655,16 @@ def _op_entry(rank, world, device, job, send):
         if world > 1:
             dist.barrier()
         t0 = time.perf_counter()
-        tval = w.step(params, buffers, x)
+        tval = w.step()
         times.append(time.perf_counter() - t0)
         if i == 0:
             sent, extra, compute_s = w.sent, w.extra, w.compute_s
-        peak = max(peak, w.peak_bytes) if i else w.peak_bytes
+        peak = max(peak, w.peak_bytes)
+        if job.get("train") and i + 1 < steps:
+            w.advance(new_ids)        # the next step starts from the updated parameters
     step_s = float(np.median(times[1:] if len(times) > 2 else times))
     # updated parameters and the loss back on rank 0 (not part of the step's traffic)
     finals = {}
-    flat = list(list(g.gm.graph.nodes)[-1].args[0])
-    npar = len(g.param_names)
-    new_ids = [a.name if isinstance(a, torch.fx.Node) else None
-               for a in flat[1 + npar:1 + 2 * npar]]
     for pn, tid in zip(g.param_names, new_ids):
         if tid is None or tid not in tval:
             continue
@@ -662,7 +693,7 @@ def _op_entry(rank, world, device, job, send):
 def run_layout(spec: str, batch: int | None, model_args: dict | None, xplan: dict, *,
                digest: str, steps: int = 1, seed: int = 0, lr: float = 0.01,
                timeout_s: float = 300.0, tol: float = 1e-4, check: bool = True,
-               fault: str | None = None, debug: bool = False) -> dict:
+               fault: str | None = None, debug: bool = False, train: bool = False) -> dict:
     """Run an execution layout (a Tofu plan's, or :func:`placement_xplan` of a placement) on
     ``xplan["workers"]`` gloo CPU processes and compare with one device.
 
@@ -672,7 +703,9 @@ def run_layout(spec: str, batch: int | None, model_args: dict | None, xplan: dic
     ``max_rel_error``, ``loss`` / ``reference_loss``, ``measured_comm_bytes`` (bytes the
     workers exchanged during the first step), ``extra_bytes`` (the final gather, not part of
     the step), ``step_time_s`` (rank 0) and ``measured_step_time_s`` (the slowest worker;
-    median of ``steps``), ``compute_s`` per worker and ``step_times_s``;
+    median of ``steps``), ``compute_s`` per worker and ``step_times_s``.  ``train``: each step
+    starts from the parameters the previous one updated (checked against as many reference
+    steps); otherwise every step repeats the first;
     ``measured_peak_memory_bytes`` per worker (the largest sum of its live tiles and the
     operator in flight's buffers, floating point at 4 bytes an element as the plan counts),
     ``tile_local_ops`` / ``fallback_ops`` (aten target -> operators per worker computed on
@@ -684,7 +717,7 @@ def run_layout(spec: str, batch: int | None, model_args: dict | None, xplan: dic
     workers = int(xplan["workers"])
     job = {"spec": spec, "batch": batch, "model_args": dict(model_args or {}), "seed": seed,
            "lr": lr, "xplan": xplan, "fault": fault, "debug": debug, "digest": digest,
-           "steps": max(1, int(steps)), "timeout_s": timeout_s}
+           "steps": max(1, int(steps)), "timeout_s": timeout_s, "train": bool(train)}
     got = start_workers(workers, _op_entry, job, timeout_s=timeout_s, backend="gloo",
                         name="explorer-op-worker")
     main = got.results.get(0, {}).get("main")
@@ -721,6 +754,9 @@ def run_layout(spec: str, batch: int | None, model_args: dict | None, xplan: dic
     if check:
         g, params, buffers, x = _build(spec, batch, model_args, seed, lr)
         ref = traced_step(g, params, buffers, x)
+        for _ in range(max(1, int(steps)) - 1 if train else 0):
+            params = [ref[1][pn] for pn in g.param_names]
+            ref = traced_step(g, params, buffers, x)
         got_params = {k: torch.from_numpy(v) for k, v in main["params"].items()}
         doc = compare(main["loss"], got_params, None, ref, None, tol)
         out.update(reference=doc, reference_ok=doc["ok"], max_rel_error=doc["max_rel_error"],

@@ -48,6 +48,9 @@ GENERIC = {
 CROP = {"native_layer_norm", "native_layer_norm_backward", "native_batch_norm",
         "native_batch_norm_backward", "_softmax", "_log_softmax",
         "_softmax_backward_data", "_log_softmax_backward_data"}
+#: of those, the ones that take ``None`` for an input the description does not read (the
+#: running statistics of a batch norm in training, its weight for the weight's gradient)
+NONE_OK = {"native_batch_norm", "native_batch_norm_backward"}
 #: tensor factories whose first size argument becomes the local box's shape
 _FACTORIES = {"zeros": 0, "ones": 0, "empty": 0, "full": 0, "new_zeros": 1, "new_ones": 1,
               "new_empty": 1, "new_full": 1}
