@@ -38,8 +38,8 @@ from .launcher import RunFailed
 __all__ = ["run_layout", "run_placement", "placement_xplan", "placement_comm_bytes"]
 
 #: random ops :class:`~explorer.engine.capture.deterministic` cannot make the identity
-#: (it makes ``native_dropout`` the identity; ``bernoulli_``, which dropout traces to, stays)
-_NOT_DETERMINISTIC = {"bernoulli", "bernoulli_", "rand_like", "randn_like"}
+#: (it makes ``native_dropout`` and the ``bernoulli_`` mask a dropout traces to the identity)
+_NOT_DETERMINISTIC = {"rand_like", "randn_like"}
 
 
 def _flat(t):

@@ -53,17 +53,19 @@ TOFU_STEPS = 3
 def run_document(doc: dict, *, steps: int = 20, warmup: int = 5, timeout_s: float = 600.0,
                  check: bool = True, expect: dict | None = None, sync: str = "auto",
                  progress=None, fault: str | None = None, tol: float = 1e-4,
-                 verify: bool = True) -> dict:
+                 verify: bool = True, train: bool = False) -> dict:
     """Execute a plan document on local workers and check it against one device.
 
     ``expect`` (``model``, ``devices``, ``batch``, ``model_args``; ``None`` values ignored):
     refuse a plan made for anything else.  ``verify``: check the checksum (a document that
     comes from a file; the app's in-memory documents need not).  ``steps`` / ``warmup`` /
     ``sync`` / ``progress`` as :func:`.launcher.launch` for a layer-wise plan; a placement runs
-    ``steps`` steps (the first one is its warm-up), a Tofu plan trains for ``steps`` steps (at
-    most ``TOFU_STEPS``; each from the parameters the last one updated, checked against as
-    many reference steps) with every worker holding only its tiles, and reports its measured
-    peak memory per worker and step time next to the plan's.
+    ``steps`` steps (the first one is its warm-up), a Tofu plan ``steps`` steps (at most
+    ``TOFU_STEPS``) with every worker holding only its tiles, and reports its measured peak
+    memory per worker and step time next to the plan's; each step repeats the first (checked
+    against one reference step) unless ``train``: then each starts from the parameters the
+    last one updated, checked against as many reference steps (a model whose training is
+    chaotic, e.g. BatchNorm over two values, amplifies rounding step by step).
 
     Returns the executor's result with ``kind`` (the plan kind) and ``warnings``; the caller
     stores it (:func:`.store.run_key`).
@@ -80,7 +82,7 @@ def run_document(doc: dict, *, steps: int = 20, warmup: int = 5, timeout_s: floa
                      store=False)
     elif kind == "tofu":
         out = _run_tofu(doc, expect, steps=max(1, min(int(steps), TOFU_STEPS)),
-                        timeout_s=timeout_s, check=check, fault=fault, tol=tol)
+                        timeout_s=timeout_s, check=check, fault=fault, tol=tol, train=train)
     else:
         out = _run_placement(doc, expect, steps=max(1, int(steps)), timeout_s=timeout_s,
                              check=check, fault=fault, tol=tol)
@@ -153,7 +155,7 @@ def _int(v) -> int | None:
     return int(v) if isinstance(v, int) and not isinstance(v, bool) else None
 
 
-def _run_tofu(doc: dict, expect: dict, steps: int = 1, **kw) -> dict:
+def _run_tofu(doc: dict, expect: dict, steps: int = 1, train: bool = False, **kw) -> dict:
     for key in ("model", "devices"):
         if key not in doc:
             raise PlanFileError(f"the Tofu plan has no {key!r}: save it with `explorer search "
@@ -194,9 +196,9 @@ def _run_tofu(doc: dict, expect: dict, steps: int = 1, **kw) -> dict:
     xplan = layout.to_plan()
     from .opexec import run_layout
     out = run_layout(doc["model"], g.batch, margs, xplan, digest=digest, steps=steps,
-                     train=True, **kw)
+                     train=train, **kw)
     pred = doc.get("predicted_step_time_s")
-    out.update(algo=algo, devices=n, steps=steps, batch=g.batch, preset=doc.get("preset"),
+    out.update(algo=algo, devices=n, steps=steps, train=bool(train), batch=g.batch, preset=doc.get("preset"),
                predicted_comm_bytes=float(doc.get("comm_bytes", 0.0)),
                peak_memory_bytes=list(doc.get("peak_memory_bytes") or []),
                predicted_step_time_s=pred,

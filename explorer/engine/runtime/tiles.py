@@ -42,7 +42,7 @@ GENERIC = {
     "matmul", "sum", "amax", "amin", "native_layer_norm", "native_layer_norm_backward",
     "native_batch_norm", "native_batch_norm_backward", "hardswish", "hardswish_backward",
     "hardsigmoid", "hardsigmoid_backward", "mish", "softplus", "softplus_backward",
-    "detach", "alias"}
+    "detach", "alias", "bernoulli_", "bernoulli"}
 #: of those, the ones whose result may cover the first input's whole region and is then cut
 #: to the output box (a normalisation reads whole rows / channels for its statistics)
 CROP = {"native_layer_norm", "native_layer_norm_backward", "native_batch_norm",
@@ -109,6 +109,16 @@ def _generic(target, fn, args, kwargs, index, tile_of, out_box, out_shape):
             res = res[tuple(slice(int(a - o), int(b - o))
                             for (a, b), o in zip(out_box, box[:, 0]))]
     return res
+
+
+def _bn_backward(target, fn, args, kwargs, index, tile_of, out_box, out_shape):
+    """A batch norm's bias gradient is a sum of the output gradient (all its description
+    reads); its other gradients run unchanged on the tiles."""
+    if index == 2 and args[0] is not None:
+        return args[0].sum([0] + list(range(2, args[0].dim())))
+    if args[0] is None or args[1] is None or (index == 0 and args[2] is None):
+        raise Fallback(f"aten.{target}: an input the description does not read")
+    return _generic(target, fn, args, kwargs, index, tile_of, out_box, out_shape)
 
 
 def _view(target, fn, args, kwargs, index, tile_of, out_box, out_shape):
@@ -334,7 +344,7 @@ def _max_pool_backward(target, fn, args, kwargs, index, tile_of, out_box, out_sh
     return out.reshape(n, c, hb, wb)
 
 
-_RULES = {"view": _view, "_unsafe_view": _view, "reshape": _view, "expand": _expand,
+_RULES = {"native_batch_norm_backward": _bn_backward, "view": _view, "_unsafe_view": _view, "reshape": _view, "expand": _expand,
           "mean": _mean, "select": _select, "slice": _slice, "split": _split,
           "unsafe_split": _split, "split_with_sizes": _split, "unbind": _unbind,
           "cat": _cat, "convolution": _convolution,
