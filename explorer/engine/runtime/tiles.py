@@ -344,7 +344,118 @@ def _max_pool_backward(target, fn, args, kwargs, index, tile_of, out_box, out_sh
     return out.reshape(n, c, hb, wb)
 
 
-_RULES = {"native_batch_norm_backward": _bn_backward, "view": _view, "_unsafe_view": _view, "reshape": _view, "expand": _expand,
+def _window_grad(go, gbox, out_box, k, s, p, d, grad_of):
+    """The input gradient of a window op for the input rows ``out_box`` from the output
+    gradient rows ``gbox`` (all that reach them): ``grad_of(go, window_shape)`` is the
+    gradient over the window those rows read (no padding), cut to the box."""
+    n = len(k)
+    start = [int(gbox[2 + i, 0]) * s[i] - p[i] for i in range(n)]
+    length = [(int(gbox[2 + i, 1] - gbox[2 + i, 0]) - 1) * s[i] + d[i] * (k[i] - 1) + 1
+              for i in range(n)]
+    out = go.new_zeros(extents(out_box))
+    if any(L <= 0 for L in length) or go.numel() == 0:
+        return out
+    gw = grad_of(go, length)
+    src, dst = [slice(None), slice(None)], [slice(None), slice(None)]
+    for i in range(n):
+        lo = max(int(out_box[2 + i, 0]), start[i])
+        hi = min(int(out_box[2 + i, 1]), start[i] + length[i])
+        if hi <= lo:
+            return out
+        src.append(slice(lo - start[i], hi - start[i]))
+        dst.append(slice(lo - int(out_box[2 + i, 0]), hi - int(out_box[2 + i, 0])))
+    if gw.shape[:2] != out.shape[:2]:
+        raise Fallback("window gradient: batch or channel regions differ")
+    out[tuple(dst)] = gw[tuple(src)]
+    return out
+
+
+def _avg_pool_args(args):
+    """Kernel, stride, padding, ceil mode, count_include_pad, divisor of ``avg_pool2d``."""
+    k = list(args[1])
+    k = k * 2 if len(k) == 1 else k
+    s = list(args[2]) if len(args) > 2 and args[2] else k
+    s = s * 2 if len(s) == 1 else s
+    p = list(args[3]) if len(args) > 3 else [0]
+    p = p * 2 if len(p) == 1 else p
+    ceil = bool(args[4]) if len(args) > 4 else False
+    cip = bool(args[5]) if len(args) > 5 else True
+    div = args[6] if len(args) > 6 else None
+    return k, s, p, ceil, cip, div
+
+
+def _avg_pool(target, fn, args, kwargs, index, tile_of, out_box, out_shape):
+    x = args[0]
+    k, s, p, ceil, cip, div = _avg_pool_args(args)
+    xbox, xshape = tile_of(x)
+    if ceil or kwargs or len(xshape) != 4 or (any(p) and not cip):
+        raise Fallback("aten.avg_pool2d: ceil mode, padding left out of the count, or not 2-d")
+    try:
+        pads = window_pads(out_box, xbox, xshape, k, s, p, [1, 1])
+    except ValueError as exc:
+        raise Fallback(str(exc)) from None
+    return torch.ops.aten.avg_pool2d(_pad(x, pads), k, s, [0, 0], False, True, div)
+
+
+def _avg_pool_backward(target, fn, args, kwargs, index, tile_of, out_box, out_shape):
+    go = args[0]
+    k, s, p, ceil, cip, div = _avg_pool_args((args[1],) + tuple(args[2:]))
+    if go is None or ceil or kwargs or len(out_shape) != 4 or (any(p) and not cip):
+        raise Fallback("aten.avg_pool2d_backward: ceil mode, padding left out of the count, "
+                       "or not 2-d")
+    gbox, _ = tile_of(go)
+
+    def grad_of(g, length):
+        xl = g.new_zeros(()).expand(g.shape[0], g.shape[1], *length)
+        return torch.ops.aten.avg_pool2d_backward(g, xl, k, s, [0, 0], False, True, div)
+    return _window_grad(go, gbox, out_box, k, s, p, [1, 1], grad_of)
+
+
+def _embedding(target, fn, args, kwargs, index, tile_of, out_box, out_shape):
+    w, idx = args[0], args[1]
+    wbox, wshape = tile_of(w)
+    if w is None or idx is None or wbox is None or \
+            (int(wbox[0, 0]), int(wbox[0, 1])) != (0, wshape[0]):
+        raise Fallback("aten.embedding: the weight's rows are split")
+    return fn(*args, **kwargs)
+
+
+def _embedding_backward(target, fn, args, kwargs, index, tile_of, out_box, out_shape):
+    """Rows ``[v0, v1)`` of an embedding's weight gradient: the output-gradient rows of the
+    indices in that range, summed."""
+    go, idx = args[0], args[1]
+    pad = args[3] if len(args) > 3 else -1
+    if go is None or idx is None or (len(args) > 4 and args[4]) or kwargs:
+        raise Fallback("aten.embedding_dense_backward: scaled by frequency or inputs not read")
+    v0, v1 = int(out_box[0, 0]), int(out_box[0, 1])
+    sel = (idx >= v0) & (idx < v1) & (idx != pad)
+    out = go.new_zeros(extents(out_box))
+    out.index_add_(0, (idx[sel] - v0).reshape(-1), go[sel].reshape(-1, go.shape[-1]))
+    return out
+
+
+def _select_backward(target, fn, args, kwargs, index, tile_of, out_box, out_shape):
+    grad, dim, i = args[0], int(args[2]), int(args[3])
+    dim %= len(out_shape)
+    i %= out_shape[dim]
+    out = grad.new_zeros(extents(out_box))
+    if int(out_box[dim, 0]) <= i < int(out_box[dim, 1]):
+        out.select(dim, i - int(out_box[dim, 0])).copy_(grad)
+    return out
+
+
+def _stack(target, fn, args, kwargs, index, tile_of, out_box, out_shape):
+    dim = int(args[1]) if len(args) > 1 else int(kwargs.get("dim", 0))
+    parts = [t for t in args[0] if t is not None]
+    if not parts:
+        raise Fallback("aten.stack: no input region")
+    return torch.stack(parts, dim % (parts[0].dim() + 1))
+
+
+_RULES = {"native_batch_norm_backward": _bn_backward, "avg_pool2d": _avg_pool,
+          "avg_pool2d_backward": _avg_pool_backward, "embedding": _embedding,
+          "embedding_dense_backward": _embedding_backward,
+          "select_backward": _select_backward, "stack": _stack, "view": _view, "_unsafe_view": _view, "reshape": _view, "expand": _expand,
           "mean": _mean, "select": _select, "slice": _slice, "split": _split,
           "unsafe_split": _split, "split_with_sizes": _split, "unbind": _unbind,
           "cat": _cat, "convolution": _convolution,
