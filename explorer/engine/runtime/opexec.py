@@ -2,23 +2,29 @@
 and check it against one device.
 
 Every worker interprets the traced training step (the same ``make_fx`` graph the plan was
-made from) aten call by aten call.  Each tensor lives on a worker only inside the box the plan
-gives it; before an operator runs, the worker receives exactly the parts of the input regions
-it needs that other workers hold (the plan's ``N_w \\ H_w``), runs the aten call on
-zero-padded full-size buffers, keeps its output box (a partial sum for a split reduction -
-terms outside the reduction, e.g. a bias, added by one worker only; a partial max for a split
-max), and sends the parts other workers hold to them, which add the partial results up.
+made from) aten call by aten call, holding each tensor only as a *tile*: the box the plan
+gives it, nothing else.  Before an operator runs, the worker receives exactly the parts of
+the input regions it needs that other workers hold (the plan's ``N_w \\ H_w``) into a buffer of
+the region's shape (a view of its own tile when that covers the region), and computes the
+operator on those local shapes (:mod:`.tiles`: element-wise ops on tiles, matrix products on
+row / column blocks, convolutions and pools on a tile with its halo - padding only at the
+tensor's true border -, views on local boxes).  Its output box is then sent to the workers
+that hold parts of it; a split reduction's partial results are summed - by one
+``reduce_scatter`` (``all_reduce``) over the group the plan reduces over when the pattern is
+a collective's, else point to point (terms outside the reduction, e.g. a bias, added by one
+worker only; a partial max for a split max).  A tile is freed after the last operator that
+reads it.  An operator without a tile rule runs on full-size zero-padded buffers (correct, not
+tile-local); the run lists such targets (``fallback_ops``).
 
-So the run moves exactly the bytes the plan predicts (checked), and the loss and every updated
-parameter are compared with a single-device run of the same step.  Both trace the model in
-train mode (:mod:`explorer.engine.capture`, with the model file's ``loss(output)`` when it has
-one) and compute under its deterministic numerics (dropout the identity, BatchNorm with batch
-statistics); a step that still draws random numbers is refused.  For a Tofu plan each worker
-computes its ops on full-size zero-padded buffers: the runtime checks a plan's data movement
-and results, it does not make the step faster.  A device placement is the special case where
-every box is a whole tensor on one device (:func:`placement_xplan`): each worker then computes
-only its own operators and tensors travel once to each device that reads them, so the step
-time is measured too.
+So the run moves exactly the bytes the plan predicts (checked), each worker's peak memory is
+measured (its live tiles and the operator in flight's buffers, per storage) next to the
+plan's, and the loss and every updated parameter are compared with a single-device run of the
+same step.  Both trace the model in train mode (:mod:`explorer.engine.capture`, with the
+model file's ``loss(output)`` when it has one) and compute under its deterministic numerics
+(dropout the identity, BatchNorm with batch statistics); a step that still draws random
+numbers is refused.  A device placement is the special case where every box is a whole
+tensor on one device (:func:`placement_xplan`): each worker computes only its own operators
+and tensors travel once to each device that reads them.
 """
 
 from __future__ import annotations
