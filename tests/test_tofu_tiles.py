@@ -82,6 +82,32 @@ def test_convolution_and_its_backward_run_on_tiles_with_halos():
         assert torch.allclose(got, gx[:, :, lo:hi], atol=1e-10), (lo, hi)
 
 
+def test_a_depthwise_convolution_split_by_channel_runs_one_group_per_channel():
+    torch.manual_seed(4)
+    x = torch.randn(2, 6, 7, 7, dtype=torch.float64)
+    w = torch.randn(6, 1, 3, 3, dtype=torch.float64)
+    args = ([1, 1], [1, 1], [1, 1], False, [0, 0], 6)
+    y = aten.convolution(x, w, None, *args)
+    go = torch.randn_like(y)
+    gx, gw, _ = aten.convolution_backward(go, x, w, None, *args, [True, True, False])
+    for c0, c1 in [(0, 2), (2, 6)]:
+        xt, wt, gt = x[:, c0:c1].clone(), w[c0:c1].clone(), go[:, c0:c1].clone()
+        xb = np.array([[0, 2], [c0, c1], [0, 7], [0, 7]])
+        wb = np.array([[c0, c1], [0, 1], [0, 3], [0, 3]])
+        tile_of = _tiles([(xt, xb, x.shape), (wt, wb, w.shape), (gt, xb, y.shape)])
+        got = tiles.compute("convolution", aten.convolution, (xt, wt, None, *args), {}, 0,
+                            tile_of, xb, y.shape)
+        assert torch.allclose(got, y[:, c0:c1], atol=1e-12)
+        got = tiles.compute("convolution_backward", aten.convolution_backward,
+                            (gt, xt, wt, None, *args, [True, True, False]), {}, 1, tile_of,
+                            wb, w.shape)
+        assert torch.allclose(got, gw[c0:c1], atol=1e-12)
+        got = tiles.compute("convolution_backward", aten.convolution_backward,
+                            (gt, None, wt, None, *args, [True, True, False]), {}, 0, tile_of,
+                            xb, x.shape)
+        assert torch.allclose(got, gx[:, c0:c1], atol=1e-12)
+
+
 def test_max_pooling_on_tiles_keeps_the_whole_tensor_s_indices():
     torch.manual_seed(1)
     x = torch.randn(2, 2, 9, 8, dtype=torch.float64)

@@ -225,12 +225,25 @@ def _pad(x, pads, value=0.0):
     return F.pad(x, flat, value=value) if any(flat) else x
 
 
+def _local_groups(groups: int, cin: int, cin_local: int) -> int:
+    """The groups of a grouped convolution's tile: its input channels must be whole groups
+    (a depthwise convolution split by channel: one group per channel of the tile)."""
+    groups = int(groups)
+    if groups == 1:
+        return 1
+    per = cin // groups
+    if per <= 0 or cin_local % per or cin_local == 0:
+        raise Fallback("aten.convolution: the tile's channels split a group")
+    return cin_local // per
+
+
 def _convolution(target, fn, args, kwargs, index, tile_of, out_box, out_shape):
     x, w, b = args[0], args[1], args[2]
-    if x is None or w is None or args[6] or int(args[8]) != 1:
-        raise Fallback("aten.convolution: transposed or grouped, or an input not read")
+    if x is None or w is None or args[6]:
+        raise Fallback("aten.convolution: transposed, or an input not read")
     xbox, xshape = tile_of(x)
     _, wshape = tile_of(w)
+    groups = _local_groups(args[8], xshape[1], x.shape[1])
     n = len(xshape) - 2
     s, p, d = _conv_args(args, n)
     try:
@@ -239,13 +252,14 @@ def _convolution(target, fn, args, kwargs, index, tile_of, out_box, out_shape):
         raise Fallback(str(exc)) from None
     common = [min(a, c) for a, c in pads]
     rest = [(a - m, c - m) for (a, c), m in zip(pads, common)]
-    return torch.ops.aten.convolution(_pad(x, rest), w, b, s, common, d, False, [0] * n, 1)
+    return torch.ops.aten.convolution(_pad(x, rest), w, b, s, common, d, False, [0] * n,
+                                      groups)
 
 
 def _convolution_backward(target, fn, args, kwargs, index, tile_of, out_box, out_shape):
     go, x, w = args[0], args[1], args[2]
-    if args[7] or int(args[9]) != 1 or go is None:
-        raise Fallback("aten.convolution_backward: transposed or grouped")
+    if args[7] or go is None:
+        raise Fallback("aten.convolution_backward: transposed")
     gbox, gshape = tile_of(go)
     n = len(gshape) - 2
     s, p, d = _conv_args(args, n, 4)
@@ -261,9 +275,10 @@ def _convolution_backward(target, fn, args, kwargs, index, tile_of, out_box, out
         except ValueError as exc:
             raise Fallback(str(exc)) from None
         xp = _pad(x, pads)
-        wl = xp.new_zeros(()).expand(go.shape[1], xp.shape[1], *out_shape[2:])
+        groups = _local_groups(args[9], xshape[1], x.shape[1])
+        wl = xp.new_zeros(()).expand(go.shape[1], xp.shape[1] // groups, *out_shape[2:])
         return torch.ops.aten.convolution_backward(
-            go, xp, wl, None, s, [0] * n, d, False, [0] * n, 1, [False, True, False])[1]
+            go, xp, wl, None, s, [0] * n, d, False, [0] * n, groups, [False, True, False])[1]
     if w is None:
         raise Fallback("aten.convolution_backward: the input gradient without the weight")
     # input: the gradient of a local convolution over the window go's rows read, cut to
@@ -275,9 +290,10 @@ def _convolution_backward(target, fn, args, kwargs, index, tile_of, out_box, out
               for i in range(n)]
     if any(L <= 0 for L in length):
         return go.new_zeros(extents(out_box))
-    xl = go.new_zeros(()).expand(go.shape[0], w.shape[1], *length)
+    groups = _local_groups(args[9], out_shape[1], int(out_box[1, 1] - out_box[1, 0]))
+    xl = go.new_zeros(()).expand(go.shape[0], w.shape[1] * groups, *length)
     gw = torch.ops.aten.convolution_backward(
-        go, xl, w, None, s, [0] * n, d, False, [0] * n, 1, [True, False, False])[0]
+        go, xl, w, None, s, [0] * n, d, False, [0] * n, groups, [True, False, False])[0]
     out = go.new_zeros(extents(out_box))
     src, dst = [slice(None), slice(None)], [slice(None), slice(None)]
     for i in range(n):
