@@ -12,8 +12,9 @@ float64 so that the reference check is exact: measured step times are those of f
 kernels.  "one device" is the same step's peak on one worker by the plan's memory model.
 
 Models sized for a 2-core machine: a Wide-ResNet (depth 50, width 2, 64x64 images) and a
-2-layer LSTM (1024 hidden, 10 steps).  ``--big`` adds an MLP whose step needs ~4 GiB on one
-worker (8 layers of 4096, batch 1024): it runs across 2 and 4 workers each under half of that.
+2-layer LSTM (1024 hidden, 10 steps).  ``--big`` adds an MLP whose step needs 1.5 GiB on one
+worker by the plan (8 layers of 4096, batch 1024): it runs across 2 and 4 workers each under
+half of that (the parent's float64 reference step needs about 5 GiB more).
 """
 
 from __future__ import annotations
