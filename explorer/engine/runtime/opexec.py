@@ -122,12 +122,6 @@ class _Worker:
                 if k not in self.store and k not in seen:
                     seen.add(k)
                     extra += k[1]
-        if self.live_bytes + extra > self.peak_bytes and os.environ.get("TT_DEBUG") and self.rank == 0:
-            import sys
-            import json
-            json.dump([(t, self._key(v)[1], self._key(v)[0]) for t, (b, v) in self.tiles.items() if torch.is_tensor(v)], open("/tmp/tt_live.json", "w"))
-            print("PEAK", self.live_bytes + extra, "live", self.live_bytes, "extra", extra, self.cur,
-                  sorted(((self.store[self._key(v)][0], t) for t, (b, v) in self.tiles.items() if torch.is_tensor(v)), reverse=True)[:8], file=sys.stderr)
         self.peak_bytes = max(self.peak_bytes, self.live_bytes + extra)
 
     def piece(self, t, box):
@@ -371,12 +365,11 @@ class _Worker:
             return n.target(*sub(o.args, bufs, n.args),
                             **{k: sub(v, bufs, n.kwargs.get(k)) for k, v in o.kwargs.items()})
 
-        for i_node, n in enumerate(gm.graph.nodes):
+        for n in gm.graph.nodes:
             if n.op != "call_function" or n.target is operator.getitem or n.name in alias:
                 continue
             for o in by_node.get(n.name, []):
                 info = self.x["ops"].get(o.name)
-                self.cur = (o.name, o.target)
                 ten = g.tensors[o.output]
                 if info is None:          # a source or scalar bookkeeping: computed everywhere
                     full = {t: self.whole(t) for t in o.inputs}
@@ -555,12 +548,12 @@ def make_groups(g, xplan, world):
     out = {}
     for t, pattern in plans.items():
         for members, axis in pattern:
-            if self_in(members):
+            if _member(members):
                 out[("op", t)] = (made[members], axis, members)
     return out
 
 
-def self_in(members) -> bool:
+def _member(members) -> bool:
     return dist.get_rank() in members
 
 

@@ -87,16 +87,6 @@ def _pick(res, index):
     return res[index] if isinstance(res, (tuple, list)) else res
 
 
-def _tensors(args):
-    out = []
-    for a in args:
-        if torch.is_tensor(a):
-            out.append(a)
-        elif isinstance(a, (list, tuple)):
-            out += _tensors(a)
-    return out
-
-
 def _generic(target, fn, args, kwargs, index, tile_of, out_box, out_shape):
     if any(a is None for a in args[:1]):
         raise Fallback(f"aten.{target}: an input the description does not read")
