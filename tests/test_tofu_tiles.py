@@ -163,6 +163,28 @@ def test_average_pooling_and_its_gradient_on_tiles():
         assert torch.allclose(got, gx[:, :, lo:hi], atol=1e-12)
 
 
+def test_adaptive_pooling_of_whole_images_runs_on_channel_blocks_and_a_split_image_falls_back():
+    torch.manual_seed(5)
+    x = torch.randn(2, 4, 9, 7, dtype=torch.float64)
+    y = aten._adaptive_avg_pool2d(x, [3, 2])
+    go = torch.randn_like(y)
+    gx = aten._adaptive_avg_pool2d_backward(go, x)
+    xt, gt = x[:, 1:3].clone(), go[:, 1:3].clone()
+    xb, yb = np.array([[0, 2], [1, 3], [0, 9], [0, 7]]), np.array([[0, 2], [1, 3], [0, 3], [0, 2]])
+    tile_of = _tiles([(xt, xb, x.shape), (gt, yb, y.shape)])
+    got = tiles.compute("_adaptive_avg_pool2d", aten._adaptive_avg_pool2d, (xt, [3, 2]), {}, 0,
+                        tile_of, yb, y.shape)
+    assert torch.allclose(got, y[:, 1:3])
+    got = tiles.compute("_adaptive_avg_pool2d_backward", aten._adaptive_avg_pool2d_backward,
+                        (gt, None), {}, 0, tile_of, xb, x.shape)
+    assert torch.allclose(got, gx[:, 1:3])
+    half = x[:, :, :5].clone()
+    with pytest.raises(tiles.Fallback, match="image is split"):
+        tiles.compute("_adaptive_avg_pool2d", aten._adaptive_avg_pool2d, (half, [3, 2]), {},
+                      0, _tiles([(half, [[0, 2], [0, 4], [0, 5], [0, 7]], x.shape)]),
+                      np.array([[0, 2], [0, 4], [0, 2], [0, 2]]), y.shape)
+
+
 def test_embedding_gradient_rows_on_tiles():
     torch.manual_seed(3)
     idx = torch.tensor([[1, 5, 5, 0], [7, 2, 1, 5]])

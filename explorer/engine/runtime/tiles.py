@@ -417,6 +417,30 @@ def _avg_pool_backward(target, fn, args, kwargs, index, tile_of, out_box, out_sh
     return _window_grad(go, gbox, out_box, k, s, p, [1, 1], grad_of)
 
 
+def _adaptive_pool(target, fn, args, kwargs, index, tile_of, out_box, out_shape):
+    """Adaptive average pooling of tiles that hold whole images (batch / channel blocks)."""
+    x = args[0]
+    box, shape = tile_of(x)
+    if x is None or box is None or any(int(box[a, 0]) != 0 or int(box[a, 1]) != shape[a]
+                                       for a in range(2, len(shape))) or \
+            any(int(out_box[a, 0]) != 0 or int(out_box[a, 1]) != out_shape[a]
+                for a in range(2, len(out_shape))):
+        raise Fallback(f"aten.{target}: the image is split")
+    return fn(*args, **kwargs)
+
+
+def _adaptive_pool_backward(target, fn, args, kwargs, index, tile_of, out_box, out_shape):
+    go = args[0]
+    box, shape = tile_of(go)
+    if go is None or box is None or any(int(box[a, 0]) != 0 or int(box[a, 1]) != shape[a]
+                                        for a in range(2, len(shape))) or \
+            any(int(out_box[a, 0]) != 0 or int(out_box[a, 1]) != out_shape[a]
+                for a in range(2, len(out_shape))):
+        raise Fallback(f"aten.{target}: the image is split")
+    like = go.new_zeros(()).expand(extents(out_box))       # only its shape is read
+    return fn(go, like)
+
+
 def _embedding(target, fn, args, kwargs, index, tile_of, out_box, out_shape):
     w, idx = args[0], args[1]
     wbox, wshape = tile_of(w)
@@ -458,7 +482,9 @@ def _stack(target, fn, args, kwargs, index, tile_of, out_box, out_shape):
     return torch.stack(parts, dim % (parts[0].dim() + 1))
 
 
-_RULES = {"native_batch_norm_backward": _bn_backward, "avg_pool2d": _avg_pool,
+_RULES = {"_adaptive_avg_pool2d": _adaptive_pool, "adaptive_avg_pool2d": _adaptive_pool,
+          "_adaptive_avg_pool2d_backward": _adaptive_pool_backward,
+          "native_batch_norm_backward": _bn_backward, "avg_pool2d": _avg_pool,
           "avg_pool2d_backward": _avg_pool_backward, "embedding": _embedding,
           "embedding_dense_backward": _embedding_backward,
           "select_backward": _select_backward, "stack": _stack, "view": _view, "_unsafe_view": _view, "reshape": _view, "expand": _expand,
