@@ -273,7 +273,8 @@ _DROPOUT = {"dropout", "dropout_", "dropout1d", "dropout2d", "dropout3d", "alpha
 
 class deterministic(TorchFunctionMode):
     """Context: dropout is the identity (``native_dropout`` gives an all-ones mask, its
-    backward no scale); with ``running_stats`` BatchNorm uses its running statistics and does
+    backward no scale; a dropout traced as ``bernoulli_(p)`` then ``div_(p)`` gets the mask
+    ``p``); with ``running_stats`` BatchNorm uses its running statistics and does
     not update them.  See the module note for who uses which."""
 
     def __init__(self, running_stats: bool = True):
@@ -290,6 +291,14 @@ class deterministic(TorchFunctionMode):
             return x.clone(), torch.ones_like(x, dtype=torch.bool)
         if name == "native_dropout_backward.default":
             return args[0] * args[1]
+        if name.startswith(("bernoulli_.", "bernoulli.p")) and args:
+            # dropout traced as bernoulli_ + div_ (p kept): the mask's expected value, so
+            # the dropout is the identity here too
+            p = args[1] if len(args) > 1 else kwargs.get("p", 0.5)
+            if isinstance(p, (int, float)):
+                if name.startswith("bernoulli_."):
+                    return args[0].fill_(p)
+                return torch.full_like(args[0], p)
         if func is F.scaled_dot_product_attention:
             if len(args) > 4:
                 args = args[:4] + (0.0,) + tuple(args[5:])

@@ -2,23 +2,29 @@
 and check it against one device.
 
 Every worker interprets the traced training step (the same ``make_fx`` graph the plan was
-made from) aten call by aten call.  Each tensor lives on a worker only inside the box the plan
-gives it; before an operator runs, the worker receives exactly the parts of the input regions
-it needs that other workers hold (the plan's ``N_w \\ H_w``), runs the aten call on
-zero-padded full-size buffers, keeps its output box (a partial sum for a split reduction -
-terms outside the reduction, e.g. a bias, added by one worker only; a partial max for a split
-max), and sends the parts other workers hold to them, which add the partial results up.
+made from) aten call by aten call, holding each tensor only as a *tile*: the box the plan
+gives it, nothing else.  Before an operator runs, the worker receives exactly the parts of
+the input regions it needs that other workers hold (the plan's ``N_w \\ H_w``) into a buffer of
+the region's shape (a view of its own tile when that covers the region), and computes the
+operator on those local shapes (:mod:`.tiles`: element-wise ops on tiles, matrix products on
+row / column blocks, convolutions and pools on a tile with its halo - padding only at the
+tensor's true border -, views on local boxes).  Its output box is then sent to the workers
+that hold parts of it; a split reduction's partial results are summed - by one
+``reduce_scatter`` (``all_reduce``) over the group the plan reduces over when the pattern is
+a collective's, else point to point (terms outside the reduction, e.g. a bias, added by one
+worker only; a partial max for a split max).  A tile is freed after the last operator that
+reads it.  An operator without a tile rule runs on full-size zero-padded buffers (correct, not
+tile-local); the run lists such targets (``fallback_ops``).
 
-So the run moves exactly the bytes the plan predicts (checked), and the loss and every updated
-parameter are compared with a single-device run of the same step.  Both trace the model in
-train mode (:mod:`explorer.engine.capture`, with the model file's ``loss(output)`` when it has
-one) and compute under its deterministic numerics (dropout the identity, BatchNorm with batch
-statistics); a step that still draws random numbers is refused.  For a Tofu plan each worker
-computes its ops on full-size zero-padded buffers: the runtime checks a plan's data movement
-and results, it does not make the step faster.  A device placement is the special case where
-every box is a whole tensor on one device (:func:`placement_xplan`): each worker then computes
-only its own operators and tensors travel once to each device that reads them, so the step
-time is measured too.
+So the run moves exactly the bytes the plan predicts (checked), each worker's peak memory is
+measured (its live tiles and the operator in flight's buffers, per storage) next to the
+plan's, and the loss and every updated parameter are compared with a single-device run of the
+same step.  Both trace the model in train mode (:mod:`explorer.engine.capture`, with the
+model file's ``loss(output)`` when it has one) and compute under its deterministic numerics
+(dropout the identity, BatchNorm with batch statistics); a step that still draws random
+numbers is refused.  A device placement is the special case where every box is a whole
+tensor on one device (:func:`placement_xplan`): each worker computes only its own operators
+and tensors travel once to each device that reads them.
 """
 
 from __future__ import annotations
@@ -39,8 +45,8 @@ from .launcher import RunFailed
 __all__ = ["run_layout", "run_placement", "placement_xplan", "placement_comm_bytes"]
 
 #: random ops :class:`~explorer.engine.capture.deterministic` cannot make the identity
-#: (it makes ``native_dropout`` the identity; ``bernoulli_``, which dropout traces to, stays)
-_NOT_DETERMINISTIC = {"bernoulli", "bernoulli_", "rand_like", "randn_like"}
+#: (it makes ``native_dropout`` and the ``bernoulli_`` mask a dropout traces to the identity)
+_NOT_DETERMINISTIC = {"rand_like", "randn_like"}
 
 
 def _flat(t):
@@ -49,7 +55,12 @@ def _flat(t):
 
 
 class _Worker:
-    def __init__(self, rank, world, g, xplan, timeout_s):
+    """One worker's tiles: ``tiles[t] = (box, tensor)`` - the box of ``t`` it holds (global
+    coordinates) and a tensor of just that box's shape.  Bytes are accounted per storage (a
+    view of a tile costs nothing); ``peak_bytes`` is the largest sum over the step of the live
+    tiles and the operator in flight's region buffers and result."""
+
+    def __init__(self, rank, world, g, xplan, timeout_s, groups=None):
         self.rank, self.world, self.g, self.x = rank, world, g, xplan
         self.sent = 0
         self.extra = 0
@@ -57,13 +68,75 @@ class _Worker:
         self.delivered: set = set()
         self.compute_s = 0.0
         self.received: dict = {}
+        self.groups = groups or {}
+        self.tiles: dict = {}
+        self.store: dict = {}           # storage key -> [bytes, references]
+        self.live_bytes = 0
+        self.peak_bytes = 0
+        self.fallback: dict = {}        # aten target -> ops computed on full buffers
+        self.local_ops: dict = {}       # aten target -> ops computed on tiles
+        self.collectives = 0
+        self.why: dict = {}             # aten target -> why its first fallback happened
+
+    # -- tiles and their bytes ---------------------------------------------------------------
+    @staticmethod
+    def _key(v):
+        """(storage, bytes at the model's precision): the run computes in float64 to check
+        against the reference, floating-point elements count at 4 bytes as the plan's
+        (and as the bytes moved are counted)."""
+        st = v.untyped_storage()
+        n = st.nbytes()
+        if v.is_floating_point() and v.element_size() > 4:
+            n = n // v.element_size() * 4
+        return st.data_ptr(), n
+
+    def hold(self, t, box, v):
+        """Keep tile ``v`` (of ``box``) as tensor ``t``'s value on this worker."""
+        self.drop(t)
+        v = self.shaped(t, v)
+        self.tiles[t] = (None if box is None else np.asarray(box), v)
+        if torch.is_tensor(v):
+            k = self._key(v)
+            ent = self.store.setdefault(k, [k[1], 0])
+            if ent[1] == 0:
+                self.live_bytes += ent[0]
+            ent[1] += 1
+            self.peak_bytes = max(self.peak_bytes, self.live_bytes)
+
+    def drop(self, t):
+        got = self.tiles.pop(t, None)
+        if got is None or not torch.is_tensor(got[1]):
+            return
+        k = self._key(got[1])
+        ent = self.store[k]
+        ent[1] -= 1
+        if ent[1] == 0:
+            self.live_bytes -= ent[0]
+            del self.store[k]
+
+    def in_flight(self, tensors):
+        """Account the operator in flight's temporaries (region buffers, result) at once."""
+        extra, seen = 0, set()
+        for v in tensors:
+            if torch.is_tensor(v):
+                k = self._key(v)
+                if k not in self.store and k not in seen:
+                    seen.add(k)
+                    extra += k[1]
+        self.peak_bytes = max(self.peak_bytes, self.live_bytes + extra)
+
+    def piece(self, t, box):
+        """This worker's data of tensor ``t`` inside ``box`` (a view of its tile)."""
+        own, v = self.tiles[t]
+        return _flat(v)[_sl(box, own)]
 
     # -- transfers ---------------------------------------------------------------------------
     def exchange(self, transfers, source):
-        """``transfers``: [(src, dst, box)] in the same order on every worker; ``source(box)``
-        gives this worker's data for a box it sends.  Returns {index: received tensor}."""
+        """``transfers``: [(src, dst, box, dtype)] in the same order on every worker;
+        ``source(i, box)`` gives this worker's data for a box it sends.  Returns {index:
+        received tensor}."""
         reqs, got = [], {}
-        for i, (src, dst, box, like) in enumerate(transfers):
+        for i, (src, dst, box, dtype) in enumerate(transfers):
             tag = (self.tag + i) % (1 << 30)
             if src == self.rank:
                 data = source(i, box).contiguous()
@@ -71,7 +144,7 @@ class _Worker:
                                              else data.element_size())
                 reqs.append(dist.isend(data, dst, tag=tag))
             elif dst == self.rank:
-                buf = torch.empty(tuple(int(b - a) for a, b in box), dtype=like.dtype)
+                buf = torch.empty(tuple(int(b - a) for a, b in box), dtype=dtype)
                 got[i] = buf
                 reqs.append(dist.irecv(buf, src, tag=tag))
         for r in reqs:
@@ -79,13 +152,16 @@ class _Worker:
         self.tag += len(transfers)
         return got
 
-    def fetch(self, t, env_val, needs, fill):
-        """Full-size buffer of tensor ``t`` valid in this worker's needed region (None when
-        this worker needs nothing of it).  With ``xplan["cache"]`` a piece delivered once to
-        a worker is not sent again (a placement keeps received tensors)."""
+    def fetch(self, t, needs, fill):
+        """Tensor ``t``'s region ``needs[rank]`` as a tile of that shape (None when this worker
+        needs nothing of it): a view of its own tile when that covers the region, else a new
+        buffer of the region's shape filled from its tile and the pieces peers send.  With
+        ``xplan["cache"]`` a piece delivered once to a worker is not sent again (a placement
+        keeps received tensors)."""
         held = self.x["held"][t]
         K = self.world
         cache = self.x.get("cache", False)
+        dtype = self.tiles[t][1].dtype
         transfers = []
         for w in range(K):
             taken = []
@@ -102,34 +178,49 @@ class _Worker:
                     continue
                 if cache:
                     self.delivered.add(key)
-                transfers.append((w2, w, piece, env_val))
-        got = self.exchange(transfers, lambda i, box: _flat(env_val)[_sl(box)])
+                transfers.append((w2, w, piece, dtype))
+        got = self.exchange(transfers, lambda i, box: self.piece(t, box))
         if cache:
             for i, data in got.items():
                 self.received[(t, transfers[i][2].tobytes())] = data
-        if _inter(needs[self.rank], needs[self.rank]) is None:
+        need = needs[self.rank]
+        if _inter(need, need) is None:
             return None
-        if fill == 0.0 and _inside(needs[self.rank], held[self.rank]) and \
-                bool((held[self.rank][:, 0] == 0).all()) and \
-                tuple(held[self.rank][:, 1]) == (tuple(env_val.shape) or (1,)):
-            return env_val                # this worker holds the whole tensor: no copy
-        buf = torch.full(env_val.shape, fill, dtype=env_val.dtype)
+        own_box, own = self.tiles[t]
+        if _inside(need, own_box):
+            return self.shaped(t, _flat(own)[_sl(need, own_box)])     # a view: no copy
+        buf = torch.full(_extent(need), fill, dtype=dtype)
         if cache:
             for (tt, bb), data in self.received.items():
                 if tt == t:
-                    box = np.frombuffer(bb, dtype=np.int64).reshape(-1, 2)
-                    _flat(buf)[_sl(box)] = data
-        own = _inter(needs[self.rank], held[self.rank])
-        if own is not None:
-            _flat(buf)[_sl(own)] = _flat(env_val)[_sl(own)]
+                    src = np.frombuffer(bb, dtype=np.int64).reshape(-1, 2)
+                    box = _inter(src, need)
+                    if box is not None:
+                        buf[_sl(box, need)] = data[_sl(box, src)]
+        mine = _inter(need, own_box)
+        if mine is not None:
+            buf[_sl(mine, need)] = _flat(own)[_sl(mine, own_box)]
         for i, data in got.items():
-            _flat(buf)[_sl(transfers[i][2])] = data
-        return buf
+            buf[_sl(transfers[i][2], need)] = data
+        return self.shaped(t, buf)
+
+    def shaped(self, t, v):
+        """A 0-d tensor's one-element tile as a 0-d tensor again."""
+        ten = self.g.tensors.get(t)
+        if ten is not None and not ten.shape and torch.is_tensor(v) and v.numel() == 1:
+            return v.reshape(())
+        return v
 
     def distribute(self, t, result, out, reducer):
-        """Send the parts of this worker's output box others hold; combine what arrives."""
+        """Send the parts of this worker's output tile (box ``out[rank]``) others hold and
+        combine what arrives into this worker's held tile.  A split sum whose partial results
+        every member of a group computes for the same box and holds a balanced slice of is
+        combined by one ``reduce_scatter`` (``all_reduce`` when each holds it whole) over that
+        group; other patterns move the same pieces point to point."""
         held = self.x["held"][t]
         K = self.world
+        me = held[self.rank]
+        coll = self.groups.get(("op", t))
         transfers = []
         for dst in range(K):
             taken = []
@@ -143,62 +234,102 @@ class _Worker:
                                         any(_inside(piece, p) for p in taken)):
                     continue             # the receiver computed it, or another sender sends it
                 taken.append(piece)
-                transfers.append((src, dst, piece, result))
-        got = self.exchange(transfers, lambda i, box: _flat(result)[_sl(box)])
-        if reducer is None and not got and np.array_equal(out[self.rank], held[self.rank]):
+                transfers.append((src, dst, piece, None))
+        dtype = result.dtype if result is not None else _dtype(self.g.tensors[t])
+        if coll is not None and reducer == "sum" and result is not None:
+            return self.collective(coll, transfers, result, out[self.rank], me)
+        transfers = [(s, d, b, dtype) for s, d, b, _ in transfers]
+        got = self.exchange(transfers, lambda i, box: _flat(result)[_sl(box, out[self.rank])])
+        if result is not None and reducer is None and not got and \
+                np.array_equal(out[self.rank], me):
             return result                 # computed exactly what this worker holds
         fill = float("-inf") if reducer == "max" else 0.0
-        acc = torch.full(result.shape, fill if reducer else 0.0, dtype=result.dtype)
-        own = _inter(out[self.rank], held[self.rank])
+        acc = torch.full(_extent(me), fill if reducer else 0.0, dtype=dtype)
+        own = _inter(out[self.rank], me) if result is not None else None
         if own is not None:
-            _flat(acc)[_sl(own)] = _flat(result)[_sl(own)]
+            acc[_sl(own, me)] = _flat(result)[_sl(own, out[self.rank])]
         for i, data in got.items():
-            box = _sl(transfers[i][2])
-            fa = _flat(acc)
+            box = _sl(transfers[i][2], me)
             if reducer == "sum":
-                fa[box] = fa[box] + data
+                acc[box] = acc[box] + data
             elif reducer == "max":
-                fa[box] = torch.maximum(fa[box], data)
+                acc[box] = torch.maximum(acc[box], data)
             else:
-                fa[box] = data
+                acc[box] = data
         if reducer == "max":
             acc = torch.where(torch.isinf(acc), torch.zeros_like(acc), acc)
         return acc
 
-    # -- the step ----------------------------------------------------------------------------
-    def full_value(self, val):
-        """Every worker gets the whole of a tensor the plan does not describe (counted apart)."""
-        return val
+    def collective(self, coll, transfers, result, box, me):
+        """A split sum as one collective over ``coll = (group, axis, members)``: the bytes
+        counted are the plan's pieces this worker would send point to point."""
+        group, axis, members = coll
+        for src, dst, piece, _ in transfers:
+            if src == self.rank:
+                self.sent += int(np.prod(_extent(piece))) * \
+                    (4 if result.is_floating_point() else result.element_size())
+        self.collectives += 1
+        if axis is None:
+            out = result.contiguous()
+            dist.all_reduce(out, group=group)
+            return out
+        moved = result.movedim(axis, 0).contiguous()
+        out = torch.empty((moved.shape[0] // len(members),) + tuple(moved.shape[1:]),
+                          dtype=result.dtype)
+        rs = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+        rs(out, moved, group=group)
+        return out.movedim(0, axis).contiguous()
 
-    def step(self, params, buffers, x):
-        """One traced step in the reference's numerics (dropout the identity, BatchNorm with
-        batch statistics: :mod:`explorer.engine.capture`)."""
+    # -- the step ----------------------------------------------------------------------------
+    def placeholders(self) -> list:
+        """Tensor ids of the step's inputs in order: parameters, buffers, the data."""
+        g = self.g
+        return list(g.params.values()) + [f"buffer:{b}" for b in g.buffer_names] + g.inputs
+
+    def load(self, params, buffers, x):
+        """Hold the worker's boxes of the parameters, buffers and input (the plan brings the
+        rest); a tensor the plan does not partition is held whole."""
+        for t, v in zip(self.placeholders(), list(params) + list(buffers) + [x]):
+            v = v.detach()
+            if t in self.x["held"]:
+                h = self.x["held"][t][self.rank]
+                self.hold(t, h, _flat(v)[_sl(h)].clone())
+            else:
+                self.hold(t, _full(v), v.clone())
+
+    def advance(self, new_ids):
+        """Training: each parameter's box from its update's tiles (moved where the update is
+        tiled differently; counted apart from the step's traffic)."""
+        before = self.sent
+        for p, u in zip(self.g.params.values(), new_ids):
+            if u is None or u not in self.tiles:
+                continue
+            if p in self.x["held"] and u in self.x["held"]:
+                v = self.fetch(u, self.x["held"][p], 0.0)
+                box = self.x["held"][p][self.rank]
+                self.hold(p, box, v.clone() if v is not None else
+                          torch.zeros(_extent(box), dtype=self.tiles[u][1].dtype))
+            else:
+                v = self.whole(u)
+                box = self.x["held"][p][self.rank] if p in self.x["held"] else _full(v)
+                self.hold(p, box, _flat(v)[_sl(box)].clone())
+        self.extra += self.sent - before
+
+    def step(self):
+        """One traced step from the held placeholders, in the reference's numerics (dropout
+        the identity, BatchNorm with batch statistics: :mod:`explorer.engine.capture`)."""
         from ..capture import deterministic
         with deterministic(running_stats=False):
-            return self._step(params, buffers, x)
+            return self._step()
 
-    def _step(self, params, buffers, x):
+    def _step(self):
         import operator
         g, gm = self.g, self.g.gm
-        env: dict = {}
-        tensor_of: dict = {}            # fx node name -> tensor id
-        for t in g.tensors:
-            tensor_of[t] = t
-        ph = [n for n in gm.graph.nodes if n.op == "placeholder"]
-        values = list(params) + list(buffers) + [x]
-        for n, v in zip(ph, values):
-            env[n.name] = v
-        # placeholders -> tensor ids in order
-        pids = list(g.params.values()) + [f"buffer:{b}" for b in g.buffer_names] + g.inputs
-        tval: dict = {}
-        for t, v in zip(pids, values):
-            v = v.detach().clone()
-            if t in self.x["held"]:       # keep only the worker's box: the plan must bring the rest
-                h = self.x["held"][t][self.rank]
-                mask = torch.zeros_like(v, dtype=torch.bool)
-                _flat(mask)[_sl(h)] = True
-                v = torch.where(mask, v, torch.zeros_like(v))
-            tval[t] = v
+        inputs = set(self.placeholders())
+        for t in list(self.tiles):
+            if t not in inputs:
+                self.drop(t)
+        self.peak_bytes = self.live_bytes
         by_node: dict = {}
         for o in g.ops.values():
             by_node.setdefault(o.node, []).append(o)
@@ -214,10 +345,16 @@ class _Worker:
                 raise InfeasiblePlan(f"op {n.name} (aten.{name}) draws random numbers: the "
                                      f"operator-level runtime cannot check it against one "
                                      f"device")
+        last = self._last_reads(by_node, alias)
+        keep = self._kept()
+        shape_of = {}                     # id(tile) -> (region box, the tensor's shape)
+
+        def tile(t):
+            return self.tiles[t][1] if t in self.tiles else None
 
         def sub(a, bufs, fa=None):
             if isinstance(a, str) and a in g.tensors:
-                return bufs.get(a, tval.get(a))
+                return bufs[a] if a in bufs else tile(a)
             if a is None and isinstance(fa, torch.fx.Node):
                 return _constant(gm, fa)  # a tensor constant of the trace (no tensor id)
             if isinstance(a, (list, tuple)):
@@ -236,53 +373,228 @@ class _Worker:
                 continue
             for o in by_node.get(n.name, []):
                 info = self.x["ops"].get(o.name)
+                ten = g.tensors[o.output]
                 if info is None:          # a source or scalar bookkeeping: computed everywhere
-                    res = call(n, o, {})
-                    tval[o.output] = res[o.index] if isinstance(res, (tuple, list)) else res
+                    full = {t: self.whole(t) for t in o.inputs}
+                    res = call(n, o, full)
+                    res = res[o.index] if isinstance(res, (tuple, list)) else res
+                    del full
+                    if o.output in self.x["held"] and torch.is_tensor(res):
+                        h = self.x["held"][o.output][self.rank]
+                        self.hold(o.output, h, _flat(res)[_sl(h)].clone())
+                    else:
+                        self.hold(o.output, _full(res) if torch.is_tensor(res) else None, res)
                     continue
                 fill = float("-inf") if info["reducer"] == "max" else 0.0
                 bufs = {}
                 for t, need in info["needs"].items():
-                    b = self.fetch(t, tval[t], need, fill)
+                    b = self.fetch(t, need, fill)
                     if b is not None and t in info["zero"] and info["zero"][t][self.rank]:
                         b = torch.zeros_like(b)
                     bufs[t] = b
-                if _inter(info["out"][self.rank], info["out"][self.rank]) is None:
-                    # nothing of this output is computed here (e.g. another device's op)
-                    ten = g.tensors[o.output]
-                    res = torch.zeros(ten.shape, dtype=getattr(torch, ten.dtype, torch.float64))
-                else:
-                    for t in sorted(t for t in o.inputs if bufs.get(t) is None):
-                        # an argument the description of this output does not read (e.g. x
-                        # for convolution_backward's data gradient): its values must not matter
-                        bufs[t] = torch.zeros_like(tval[t])
+                    if b is not None:
+                        shape_of[id(b)] = (need[self.rank], g.tensors[t].shape)
+                for t in o.inputs:
+                    bufs.setdefault(t, None)
+                out_box = info["out"][self.rank]
+                res = None
+                if _inter(out_box, out_box) is not None:
                     t0 = time.perf_counter()
-                    res = call(n, o, bufs)
-                    res = res[o.index] if isinstance(res, (tuple, list)) else res
+                    res = self.compute(n, o, bufs, sub, out_box, ten, fill, shape_of)
                     self.compute_s += time.perf_counter() - t0
-                tval[o.output] = self.distribute(o.output, res, info["out"], info["reducer"])
-        return tval
+                self.in_flight(list(bufs.values()) + [res])
+                val = self.distribute(o.output, res, info["out"], info["reducer"])
+                self.in_flight(list(bufs.values()) + [res, val])
+                self.hold(o.output, self.x["held"][o.output][self.rank], val)
+                for t in bufs:
+                    shape_of.pop(id(bufs[t]), None)
+                del bufs, res, val
+            for t in last.get(n.name, ()):
+                if t not in keep:
+                    self.drop(t)
+        return {t: v for t, (_, v) in self.tiles.items()}
+
+    def compute(self, n, o, bufs, sub, out_box, ten, fill, shape_of):
+        """Operator ``o``'s output tile on region tiles (:mod:`.tiles`); an op without a tile
+        rule runs on full-size buffers of its regions (``fill`` outside) and is cut to the box."""
+        from . import tiles
+        args = sub(o.args, bufs, n.args)
+        kwargs = {k: sub(v, bufs, n.kwargs.get(k)) for k, v in o.kwargs.items()}
+        tile_of = (lambda v: shape_of.get(id(v), (None, None)))
+        try:
+            if o.target in tiles.GENERIC and o.target not in tiles.NONE_OK and \
+                    any(v is None for v in bufs.values()):
+                raise tiles.Fallback("an input without a region")
+            res = tiles.compute(o.target, n.target, args, kwargs, o.index, tile_of, out_box,
+                                ten.shape)
+            self.local_ops[o.target] = self.local_ops.get(o.target, 0) + 1
+            return res
+        except tiles.Fallback as exc:
+            why = str(exc)
+        except (RuntimeError, ValueError, IndexError, TypeError) as exc:
+            why = f"aten.{o.target} refused the tiles: {str(exc).splitlines()[0][:160]}"
+        self.fallback[o.target] = self.fallback.get(o.target, 0) + 1
+        self.why.setdefault(o.target, why)
+        full = {}
+        for t, b in bufs.items():
+            shape = tuple(self.g.tensors[t].shape)
+            dtype = self.tiles[t][1].dtype
+            buf = torch.full(shape, fill, dtype=dtype) if shape else \
+                torch.full((), fill, dtype=dtype)
+            if b is not None:
+                need = shape_of[id(b)][0]
+                _flat(buf)[_sl(need)] = b
+            full[t] = buf
+        self.in_flight(list(bufs.values()) + list(full.values()))
+        res = n.target(*sub(o.args, full, n.args),
+                       **{k: sub(v, full, n.kwargs.get(k)) for k, v in o.kwargs.items()})
+        res = res[o.index] if isinstance(res, (tuple, list)) else res
+        self.in_flight(list(bufs.values()) + list(full.values()) + [res])
+        return _flat(res)[_sl(out_box)].clone()
+
+    def whole(self, t):
+        """The whole of tensor ``t`` on this worker (for the few bookkeeping ops the plan does
+        not describe; gathered when partitioned, counted apart)."""
+        box, v = self.tiles[t]
+        if not torch.is_tensor(v) or t not in self.x["held"]:
+            return v
+        return self.gather_full(t, v)
+
+    def _last_reads(self, by_node, alias):
+        """fx node -> tensors it is the last reader of (freed once it ran)."""
+        import operator
+        last: dict = {}
+        for n in self.g.gm.graph.nodes:
+            if n.op != "call_function" or n.target is operator.getitem or n.name in alias:
+                continue
+            for o in by_node.get(n.name, []):
+                for t in o.inputs:
+                    last[t] = n.name
+        out: dict = {}
+        for t, nn in last.items():
+            out.setdefault(nn, []).append(t)
+        return out
+
+    def _kept(self):
+        """Tensors alive the whole step: parameters, buffers, the input, the updated parameters
+        and the loss (what the plan's memory model keeps)."""
+        g = self.g
+        keep = {t for t, ten in g.tensors.items()
+                if ten.kind in ("param", "update", "buffer", "input")}
+        keep |= set(g.params.values()) | set(g.inputs)
+        if g.loss:
+            keep.add(g.loss)
+        return keep
 
     def gather_full(self, t, val):
         held = self.x["held"].get(t)
         if held is None:
             return val
-        out = torch.zeros_like(val)
-        parts = [None] * self.world
+        shape = tuple(self.g.tensors[t].shape)
+        out = torch.zeros(shape, dtype=val.dtype)
         boxes = [held[w] for w in range(self.world)]
         transfers = []
         for dst in range(self.world):
             for src in range(self.world):
                 if src != dst and not _inside(boxes[src], boxes[dst]):
-                    transfers.append((src, dst, boxes[src], val))
+                    transfers.append((src, dst, boxes[src], val.dtype))
         before = self.sent
-        got = self.exchange(transfers, lambda i, box: _flat(val)[_sl(box)])
+        got = self.exchange(transfers, lambda i, box: _flat(val))
         self.extra += self.sent - before
-        _flat(out)[_sl(boxes[self.rank])] = _flat(val)[_sl(boxes[self.rank])]
+        if _inter(boxes[self.rank], boxes[self.rank]) is not None:
+            _flat(out)[_sl(boxes[self.rank])] = _flat(val).reshape(_extent(boxes[self.rank]))
         for i, data in got.items():
             _flat(out)[_sl(transfers[i][2])] = data
-        del parts
         return out
+
+
+def _extent(box) -> tuple:
+    return tuple(int(b - a) for a, b in np.asarray(box))
+
+
+def _full(v):
+    """The box of a whole tensor ``v`` (a 0-d tensor is one element)."""
+    return np.array([[0, s] for s in v.shape] or [[0, 1]], dtype=np.int64)
+
+
+def _dtype(ten):
+    """The run's dtype of a tensor of the trace (floating point runs in float64)."""
+    dt = getattr(torch, ten.dtype, None)
+    return torch.float64 if not isinstance(dt, torch.dtype) or dt.is_floating_point else dt
+
+
+def make_groups(g, xplan, world):
+    """Process groups for the split sums a collective can combine (created on every worker
+    in the same order): ``{("op", tensor): (group, axis or None, members)}``.
+
+    A tensor qualifies when its producing op's reducer is ``sum`` and the workers fall into
+    groups that each compute one box together, hold no part of another group's box, and hold
+    that box either whole (``all_reduce``) or in equal slices along one axis in rank order
+    (``reduce_scatter``)."""
+    if world < 2 or not dist.is_initialized():
+        return {}
+    plans, wanted = {}, {}
+    for o, info in xplan["ops"].items():
+        if info.get("reducer") != "sum":
+            continue
+        t = g.ops[o].output if o in g.ops else None
+        if t is None or t not in xplan["held"]:
+            continue
+        got = _pattern(info["out"], xplan["held"][t], world)
+        if got is not None:
+            plans[t] = got
+            for members, _ in got:
+                wanted[members] = None
+    made = {}
+    for members in sorted(wanted):
+        made[members] = dist.new_group(list(members))   # every rank, same order
+    out = {}
+    for t, pattern in plans.items():
+        for members, axis in pattern:
+            if _member(members):
+                out[("op", t)] = (made[members], axis, members)
+    return out
+
+
+def _member(members) -> bool:
+    return dist.get_rank() in members
+
+
+def _pattern(out, held, world):
+    """[(members, axis)] when the split sum of boxes ``out`` into ``held`` is one collective per
+    group of workers computing the same box (see :func:`make_groups`), else None."""
+    groups: dict = {}
+    for w in range(world):
+        if _inter(out[w], out[w]) is None:
+            return None
+        groups.setdefault(np.asarray(out[w]).tobytes(), []).append(w)
+    result = []
+    for key, members in groups.items():
+        box = np.frombuffer(key, dtype=np.int64).reshape(-1, 2)
+        if len(members) < 2:
+            return None
+        for w in range(world):            # nobody outside holds part of this box
+            if w not in members and _inter(held[w], box) is not None:
+                return None
+        hs = [np.asarray(held[w]) for w in members]
+        if all(np.array_equal(h, box) for h in hs):
+            result.append((tuple(members), None))
+            continue
+        diff = [a for a in range(box.shape[0])
+                if any(not np.array_equal(h[a], box[a]) for h in hs)]
+        if len(diff) != 1:
+            return None
+        a = diff[0]
+        size = (box[a, 1] - box[a, 0]) // len(members)
+        if size * len(members) != box[a, 1] - box[a, 0]:
+            return None
+        for i, h in enumerate(hs):
+            want = box.copy()
+            want[a] = (box[a, 0] + i * size, box[a, 0] + (i + 1) * size)
+            if not np.array_equal(h, want):
+                return None
+        result.append((tuple(members), a))
+    return result
 
 
 def _constant(gm, node):
@@ -327,11 +639,19 @@ def _op_entry(rank, world, device, job, send):
         raise InfeasiblePlan("the worker's trace of the model differs from the plan's "
                              "operator graph (model code or arguments changed?)")
     xplan = job["xplan"]
-    w = _Worker(rank, world, g, xplan, job["timeout_s"])
+    w = _Worker(rank, world, g, xplan, job["timeout_s"],
+                make_groups(g, xplan, world) if job.get("collectives", True) else {})
+    w.load(params, buffers, x)
+    del params, buffers, x            # the worker keeps its boxes only
+    flat = list(list(g.gm.graph.nodes)[-1].args[0])
+    npar = len(g.param_names)
+    new_ids = [a.name if isinstance(a, torch.fx.Node) else None
+               for a in flat[1 + npar:1 + 2 * npar]]
     from .memlimit import arm, disarm
     arm()                              # --memory-per-worker counts the steps (set up done)
-    times = []
-    for i in range(max(1, int(job.get("steps", 1)))):
+    times, peak = [], 0
+    steps = max(1, int(job.get("steps", 1)))
+    for i in range(steps):
         inject_fault(fault, rank, i + 1, "operator-level step")
         w.delivered.clear()
         w.received.clear()
@@ -339,18 +659,17 @@ def _op_entry(rank, world, device, job, send):
         if world > 1:
             dist.barrier()
         t0 = time.perf_counter()
-        tval = w.step(params, buffers, x)
+        tval = w.step()
         times.append(time.perf_counter() - t0)
         if i == 0:
             sent, extra, compute_s = w.sent, w.extra, w.compute_s
+        peak = max(peak, w.peak_bytes)
+        if job.get("train") and i + 1 < steps:
+            w.advance(new_ids)        # the next step starts from the updated parameters
     disarm()                           # the final gather is not part of the steps
     step_s = float(np.median(times[1:] if len(times) > 2 else times))
     # updated parameters and the loss back on rank 0 (not part of the step's traffic)
     finals = {}
-    flat = list(list(g.gm.graph.nodes)[-1].args[0])
-    npar = len(g.param_names)
-    new_ids = [a.name if isinstance(a, torch.fx.Node) else None
-               for a in flat[1 + npar:1 + 2 * npar]]
     for pn, tid in zip(g.param_names, new_ids):
         if tid is None or tid not in tval:
             continue
@@ -363,12 +682,15 @@ def _op_entry(rank, world, device, job, send):
         for t, v in tval.items():
             h = xplan["held"].get(t)
             if h is not None and torch.is_tensor(v):
-                dbg[t] = (h[rank], v[_sl(h[rank])].detach().numpy())
+                dbg[t] = (h[rank], v.detach().reshape(_extent(h[rank])).numpy())
         send("result", "debug", dbg)
     if rank == 0:
         send("result", "main", {"loss": None if loss is None else float(loss),
                                 "params": {k: v.numpy() for k, v in finals.items()}})
     send("result", "stats", (sent, extra, step_s, compute_s, times))
+    send("result", "memory", {"peak_bytes": int(peak), "fallback": dict(w.fallback),
+                              "local": dict(w.local_ops), "collectives": w.collectives,
+                              "why": dict(w.why)})
     if world > 1:
         dist.barrier()                 # nobody leaves while a peer still gathers
 
@@ -376,7 +698,7 @@ def _op_entry(rank, world, device, job, send):
 def run_layout(spec: str, batch: int | None, model_args: dict | None, xplan: dict, *,
                digest: str, steps: int = 1, seed: int = 0, lr: float = 0.01,
                timeout_s: float = 300.0, tol: float = 1e-4, check: bool = True,
-               fault: str | None = None, debug: bool = False,
+               fault: str | None = None, debug: bool = False, train: bool = False,
                memory_limit: float | None = None) -> dict:
     """Run an execution layout (a Tofu plan's, or :func:`placement_xplan` of a placement) on
     ``xplan["workers"]`` gloo CPU processes and compare with one device.
@@ -387,7 +709,14 @@ def run_layout(spec: str, batch: int | None, model_args: dict | None, xplan: dic
     ``max_rel_error``, ``loss`` / ``reference_loss``, ``measured_comm_bytes`` (bytes the
     workers exchanged during the first step), ``extra_bytes`` (the final gather, not part of
     the step), ``step_time_s`` (rank 0) and ``measured_step_time_s`` (the slowest worker;
-    median of ``steps``), ``compute_s`` per worker and ``step_times_s``.
+    median of ``steps``), ``compute_s`` per worker and ``step_times_s``.  ``train``: each step
+    starts from the parameters the previous one updated (checked against as many reference
+    steps); otherwise every step repeats the first;
+    ``measured_peak_memory_bytes`` per worker (the largest sum of its live tiles and the
+    operator in flight's buffers, floating point at 4 bytes an element as the plan counts),
+    ``tile_local_ops`` / ``fallback_ops`` (aten target -> operators per worker computed on
+    tiles / on full-size buffers) and ``collectives`` (split sums combined by one
+    ``reduce_scatter`` or ``all_reduce``).
     ``memory_limit`` (bytes): stop a worker whose steps allocate more (:mod:`.memlimit`).
     """
     from .launcher import start_workers
@@ -395,14 +724,30 @@ def run_layout(spec: str, batch: int | None, model_args: dict | None, xplan: dic
     workers = int(xplan["workers"])
     job = {"spec": spec, "batch": batch, "model_args": dict(model_args or {}), "seed": seed,
            "lr": lr, "xplan": xplan, "fault": fault, "debug": debug, "digest": digest,
-           "steps": max(1, int(steps)), "timeout_s": timeout_s}
+           "steps": max(1, int(steps)), "timeout_s": timeout_s, "train": bool(train)}
     got = start_workers(workers, _op_entry, job, timeout_s=timeout_s, backend="gloo",
                         name="explorer-op-worker", memory_limit=memory_limit)
     main = got.results.get(0, {}).get("main")
     stats = {r: v["stats"] for r, v in got.results.items() if "stats" in v}
     if main is None or len(stats) != workers:
         raise RunFailed("the workers finished without sending their results", 0, got.pids)
+    mem = {r: got.results[r].get("memory", {}) for r in sorted(stats)}
+    fallback: dict = {}
+    local: dict = {}
+    why: dict = {}
+    for m in mem.values():
+        for k, v in m.get("why", {}).items():
+            why.setdefault(k, v)
+        for k, v in m.get("fallback", {}).items():
+            fallback[k] = max(fallback.get(k, 0), v)
+        for k, v in m.get("local", {}).items():
+            local[k] = max(local.get(k, 0), v)
     out = {"model": spec, "workers": workers, "loss": main["loss"],
+           "measured_peak_memory_bytes": [int(m.get("peak_bytes", 0)) for m in mem.values()],
+           "tile_local_ops": dict(sorted(local.items())),
+           "fallback_ops": dict(sorted(fallback.items())),
+           "fallback_reasons": dict(sorted(why.items())),
+           "collectives": sum(m.get("collectives", 0) for m in mem.values()),
            "measured_comm_bytes": float(sum(v[0] - v[1] for v in stats.values())),
            "extra_bytes": float(sum(v[1] for v in stats.values())),
            "step_time_s": stats[0][2],
@@ -416,6 +761,9 @@ def run_layout(spec: str, batch: int | None, model_args: dict | None, xplan: dic
     if check:
         g, params, buffers, x = _build(spec, batch, model_args, seed, lr)
         ref = traced_step(g, params, buffers, x)
+        for _ in range(max(1, int(steps)) - 1 if train else 0):
+            params = [ref[1][pn] for pn in g.param_names]
+            ref = traced_step(g, params, buffers, x)
         got_params = {k: torch.from_numpy(v) for k, v in main["params"].items()}
         doc = compare(main["loss"], got_params, None, ref, None, tol)
         out.update(reference=doc, reference_ok=doc["ok"], max_rel_error=doc["max_rel_error"],

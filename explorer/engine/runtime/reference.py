@@ -49,6 +49,10 @@ DEFAULT_TOL = 1e-4
 #: change when a constant is added to every score), and rounding noise relative to ~0 means
 #: nothing.
 GRAD_FLOOR = 1e-3
+#: the same for updated parameters, relative to the largest one: a zero bias whose gradient is
+#: zero up to rounding (a BatchNorm's shift followed by another normalisation) stays zero up to
+#: rounding, and a tile-local run sums in another order
+PARAM_FLOOR = 1e-9
 #: A tensor may differ from the exact result by up to this many times the error a float32
 #: single-device run makes on it (float32 rounding, not the plan, decides there).
 ROUNDING_FACTOR = 10.0
@@ -142,6 +146,8 @@ def compare(loss, params, grads, ref, ref32=None, tol: float = DEFAULT_TOL) -> d
     problems, rows = [], []
     gmax = max((_absmax(g) for g in ref_grads.values() if g.numel()), default=0.0)
     floor = GRAD_FLOOR * gmax
+    pfloor = PARAM_FLOOR * max((_absmax(p) for p in ref_params.values() if p.numel()),
+                               default=0.0)
     worst = {"param": (0.0, None), "grad": (0.0, None)}
     allowance_used = []
     ok = True
@@ -171,7 +177,7 @@ def compare(loss, params, grads, ref, ref32=None, tol: float = DEFAULT_TOL) -> d
             continue
         r32p = ref32[1].get(name) if ref32 else None
         r32g = ref32[2].get(name) if ref32 else None
-        pe, pe32, pa = judge("param", name, params[name], rp, r32p)
+        pe, pe32, pa = judge("param", name, params[name], rp, r32p, pfloor)
         rg = ref_grads.get(name)
         if rg is None:
             rg = torch.zeros_like(rp)

@@ -70,8 +70,23 @@ def format_run(res: dict) -> str:
     for p in ((res.get("reference") or {}).get("problems") or []):
         lines.append(f"  problem: {p}")
     if res["kind"] == "tofu":
-        lines.append(f"step wall time {res['step_time_s'] * 1e3:.1f} ms (every worker computes "
-                     f"on zero-padded full-size buffers: this checks data movement, not speed)")
+        mib = 2 ** 20
+        pred = res.get("peak_memory_bytes") or []
+        for w, got in enumerate(res.get("measured_peak_memory_bytes") or []):
+            want = pred[w] if w < len(pred) else None
+            lines.append(f"worker {w} peak memory: measured {got / mib:.1f} MiB" +
+                         (f", predicted {want / mib:.1f} MiB ({(got - want) / want * 100:+.1f} %)"
+                          if want else ""))
+        if res.get("predicted_step_time_s"):
+            lines.append(f"step time: predicted {res['predicted_step_time_s'] * 1e3:.2f} ms "
+                         f"(compute + communication), measured "
+                         f"{res['measured_step_time_s'] * 1e3:.2f} ms (float64, op by op in "
+                         f"Python)")
+        else:
+            lines.append(f"step time: measured {res['measured_step_time_s'] * 1e3:.2f} ms")
+        if res.get("fallback_ops"):
+            lines.append("on full-size buffers (no tile rule): " + ", ".join(
+                f"{k} ×{v}" for k, v in res["fallback_ops"].items()))
     elif res.get("predicted_step_time_s"):
         pred, meas = res["predicted_step_time_s"], res["measured_step_time_s"]
         how = ("one compiled fx program per device" if res.get("executor") == "compiled"

@@ -46,10 +46,15 @@ def read_document(path: str) -> dict:
     return doc
 
 
+#: training steps a Tofu run takes at most (the first is its warm-up)
+TOFU_STEPS = 3
+
+
 def run_document(doc: dict, *, steps: int = 20, warmup: int = 5, timeout_s: float = 600.0,
                  check: bool = True, expect: dict | None = None, sync: str = "auto",
                  progress=None, fault: str | None = None, tol: float = 1e-4,
-                 verify: bool = True, memory_per_worker: float | None = None) -> dict:
+                 verify: bool = True, memory_per_worker: float | None = None,
+                 train: bool = False) -> dict:
     """Execute a plan document on local workers and check it against one device.
 
     ``expect`` (``model``, ``devices``, ``batch``, ``model_args``; ``None`` values ignored):
@@ -57,8 +62,12 @@ def run_document(doc: dict, *, steps: int = 20, warmup: int = 5, timeout_s: floa
     comes from a file; the app's in-memory documents need not).  ``steps`` / ``warmup`` /
     ``sync`` / ``progress`` as :func:`.launcher.launch` for a layer-wise plan; a placement runs
     as one compiled program per device (:mod:`.compiled`), ``warmup`` + ``steps`` steps, a
-    Tofu plan one step (its workers compute on
-    zero-padded full-size buffers: the run checks data movement and results, not speed).
+    Tofu plan ``steps`` steps (at most
+    ``TOFU_STEPS``) with every worker holding only its tiles, and reports its measured peak
+    memory per worker and step time next to the plan's; each step repeats the first (checked
+    against one reference step) unless ``train``: then each starts from the parameters the
+    last one updated, checked against as many reference steps (a model whose training is
+    chaotic, e.g. BatchNorm over two values, amplifies rounding step by step).
     ``memory_per_worker`` (bytes; Tofu plans and placements): refuse a plan predicted over it
     before launching, stop a run whose worker goes over it (:mod:`.memlimit`).
 
@@ -87,7 +96,8 @@ def run_document(doc: dict, *, steps: int = 20, warmup: int = 5, timeout_s: floa
                      expect=expect, sync=sync, progress=progress, fault=fault, tol=tol,
                      store=False)
     elif kind == "tofu":
-        out = _run_tofu(doc, expect, timeout_s=timeout_s, check=check, fault=fault, tol=tol,
+        out = _run_tofu(doc, expect, steps=max(1, min(int(steps), TOFU_STEPS)),
+                        timeout_s=timeout_s, check=check, fault=fault, tol=tol, train=train,
                         **mem)
     else:
         out = _run_placement(doc, expect, steps=max(1, int(steps)), warmup=warmup,
@@ -166,7 +176,7 @@ def _int(v) -> int | None:
     return int(v) if isinstance(v, int) and not isinstance(v, bool) else None
 
 
-def _run_tofu(doc: dict, expect: dict, **kw) -> dict:
+def _run_tofu(doc: dict, expect: dict, steps: int = 1, train: bool = False, **kw) -> dict:
     for key in ("model", "devices"):
         if key not in doc:
             raise PlanFileError(f"the Tofu plan has no {key!r}: save it with `explorer search "
@@ -206,8 +216,17 @@ def _run_tofu(doc: dict, expect: dict, **kw) -> dict:
                             f"{list(g.tensors[wrong[0]].shape)}")
     xplan = layout.to_plan()
     from .opexec import run_layout
-    out = run_layout(doc["model"], g.batch, margs, xplan, digest=digest, steps=1, **kw)
-    out.update(algo=algo, devices=n, predicted_comm_bytes=float(doc.get("comm_bytes", 0.0)))
+    out = run_layout(doc["model"], g.batch, margs, xplan, digest=digest, steps=steps,
+                     train=train, **kw)
+    pred = doc.get("predicted_step_time_s")
+    out.update(algo=algo, devices=n, steps=steps, train=bool(train), batch=g.batch, preset=doc.get("preset"),
+               predicted_comm_bytes=float(doc.get("comm_bytes", 0.0)),
+               peak_memory_bytes=list(doc.get("peak_memory_bytes") or []),
+               predicted_step_time_s=pred,
+               predicted_compute_s=doc.get("predicted_compute_s"),
+               predicted_comm_s=doc.get("objective_s"))
+    if pred and out.get("measured_step_time_s"):
+        out["rel_error"] = (pred - out["measured_step_time_s"]) / out["measured_step_time_s"]
     return out
 
 

@@ -604,6 +604,7 @@ class TofuPlan:
     state: object = field(default=None, repr=False)     # final _State (per-device boxes)
     coarse_graph: object = field(default=None, repr=False)
     levels: list = field(default_factory=list)  # steps, most significant device digit first
+    compute_s: list | None = None      # per worker, predicted compute seconds of its shards
 
     def to_dict(self, tensors: bool = True) -> dict:
         d = {"model": self.model, "algo": self.algo,
@@ -612,6 +613,7 @@ class TofuPlan:
              "objective_s": self.objective_s, "comm_bytes": self.comm_bytes,
              "peak_memory_bytes": self.peak_memory_bytes,
              "search_time_s": self.search_time_s, "coarsening": self.coarse,
+             "predicted_compute_s": self.compute_s,
              "steps": [s.to_dict() for s in self.steps]}
         if tensors:
             d["tensors"] = [{"name": t, **v} for t, v in self.tilings.items()]
@@ -809,7 +811,10 @@ def _greedy_spartan(factors, dom, co, g, live) -> dict:
 def _peak_live_bytes(g, st: _State, live: set, G: int) -> np.ndarray:
     """Per worker, the peak over the step of the bytes of its shares of the live tensors: a
     tensor lives from its producer to its last consumer (parameters and their updates for the
-    whole step) - what a memory planner that frees promptly needs."""
+    whole step) - what a memory planner that frees promptly needs.  A view shares its base
+    tensor's memory and keeps it alive until the view's own last consumer (a weight
+    gradient read through ``t`` by the update at the end of the step holds the ``mm`` result
+    it views until then: the tile-local runtime measures exactly that)."""
     order = {o: i for i, o in enumerate(g.ops)}
     n = len(order) + 2
     delta = np.zeros((n, G))
@@ -820,9 +825,19 @@ def _peak_live_bytes(g, st: _State, live: set, G: int) -> np.ndarray:
     views = {"t", "view", "_unsafe_view", "transpose", "permute", "expand", "select", "slice",
              "unsqueeze", "squeeze", "alias", "split", "unsafe_split", "unbind", "narrow",
              "reshape", "as_strided"}
+
+    def is_view(t):
+        p = g.tensors[t].producer
+        return p in g.ops and g.ops[p].target in views and bool(g.ops[p].inputs)
+    for t in g.tensors:                  # a view's last read keeps its base alive
+        if t in last and is_view(t):
+            base, seen = t, 0
+            while is_view(base) and seen < 64:
+                base, seen = g.ops[g.tensors[base].producer].inputs[0], seen + 1
+            last[base] = max(last.get(base, -1), last[t])
     for t in live:
         ten = g.tensors[t]
-        if ten.producer in g.ops and g.ops[ten.producer].target in views:
+        if is_view(t):
             continue                   # a view shares its base tensor's memory
         persistent = ten.kind in ("param", "update", "buffer", "input")
         start = 0 if ten.producer is None else order.get(ten.producer, 0)
@@ -841,16 +856,51 @@ def search(problem, pins=None, options: TofuOptions | None = None, progress=None
     options = make(TofuOptions, options)
     g, devices = problem.opgraph(), problem.devices
     plan = partition(g, devices.n, devices, pins, options, progress)
+    plan.compute_s = [float(x) for x in compute_seconds(g, execution_plan(plan, g), devices)]
+    step_s = plan.objective_s + max(plan.compute_s, default=0.0)
     cap = [float(d.memory) for d in devices.devices[:devices.n]]
     fits = all(m <= c for m, c in zip(plan.peak_memory_bytes, cap))
     info = {"factors": list(plan.factors), "coarsening": dict(plan.coarse),
             "capacity_bytes": cap}
     return Result(options.algo, "tofu", problem.model or g.model, g.batch,
                   dict(problem.model_args or getattr(g, "model_args", {}) or {}),
-                  devices.name, devices.n, plan.objective_s, plan.objective_s,
+                  devices.name, devices.n, plan.objective_s, step_s,
                   plan.search_time_s, [float(x) for x in plan.peak_memory_bytes],
                   plan.comm_bytes, fits, plan, [p.text() for p in (pins or [])],
                   [st.to_dict() for st in plan.steps], info, capture=g)
+
+
+def compute_seconds(g, xplan: dict, devices) -> np.ndarray:
+    """Per worker, the roofline seconds of the operator shards it computes under ``xplan``
+    (:func:`execution_plan`): an operator's FLOPs and bytes scaled by the share of its output
+    box the worker computes, divided among the workers of a split reduction computing the
+    same box (:func:`..placement.estimate.analytic_times`; ``local`` devices take their
+    calibrated FLOP/s).  Operators the plan leaves out run whole on every worker."""
+    from ..placement.estimate import analytic_times
+    K = int(xplan["workers"])
+    names = list(g.ops)
+    share = np.ones((len(names), K))
+    for i, o in enumerate(names):
+        info = xplan["ops"].get(o)
+        if info is None:
+            continue
+        out = np.asarray(info["out"])
+        full = max(float(np.prod(g.tensors[g.ops[o].output].shape or (1,))), 1.0)
+        vol = volume(out).astype(float) / full
+        if info.get("reducer"):
+            keys = [out[w].tobytes() for w in range(K)]
+            vol = vol / np.array([keys.count(k) for k in keys])
+        share[i] = vol
+    flops = np.array([g.ops[o].flops for o in names], dtype=float)
+    nbytes = np.array([sum(g.tensors[t].bytes for t in g.ops[o].inputs) +
+                       g.tensors[g.ops[o].output].bytes for o in names], dtype=float)
+    targets = [g.ops[o].target for o in names]
+    sub = devices.subset(K) if devices.n > K else devices
+    t = np.zeros(K)
+    for w in range(K):
+        tw = analytic_times(flops * share[:, w], nbytes * share[:, w], targets, sub)
+        t[w] = float(tw[:, min(w, tw.shape[1] - 1)].sum())
+    return t
 
 
 def pin_steps(grid, shape, factors) -> list:

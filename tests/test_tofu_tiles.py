@@ -1,0 +1,337 @@
+"""Tofu plans executed tile-local: each worker holds only its boxes and computes each
+operator on local shapes (:mod:`explorer.engine.runtime.tiles`).
+
+The first tests check the tile rules against the whole-tensor op in this process (no
+workers); the others run saved plans on 2 and 4 gloo workers against the float64 reference:
+bytes moved equal the plan's, no operator falls back to full-size buffers, the measured
+per-worker peak is within 10 % of the plan's ``peak_memory_bytes`` and well below one
+device's.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from _helpers import explorer_cli
+from explorer.engine.geometry import window
+from explorer.engine.geometry.windows import transpose_window
+from explorer.engine.runtime import tiles
+from explorer.engine.runtime.run import run_document
+from explorer.engine.search import Problem, run, tofu
+
+aten = torch.ops.aten
+
+
+def _tiles(pairs):
+    """``tile_of`` for the tests: {id(tensor): (box, whole shape)}."""
+    table = {id(t): (np.asarray(box), tuple(shape)) for t, box, shape in pairs}
+    return lambda v: table.get(id(v), (None, None))
+
+
+def _rows(box_rows, shape, axis=2):
+    box = np.array([[0, s] for s in shape])
+    box[axis] = box_rows
+    return box
+
+
+def test_convolution_and_its_backward_run_on_tiles_with_halos():
+    """Output rows of a strided, dilated, padded convolution from the input rows of their
+    window only (padding at the true border), and both gradients from tiles, equal the
+    whole-tensor op's."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 11, 9, dtype=torch.float64)
+    w = torch.randn(4, 3, 3, 3, dtype=torch.float64)
+    b = torch.randn(4, dtype=torch.float64)
+    s, p, d = [2, 1], [1, 1], [2, 1]
+    y = aten.convolution(x, w, b, s, p, d, False, [0, 0], 1)
+    go = torch.randn_like(y)
+    gx, gw, gb = aten.convolution_backward(go, x, w, [4], s, p, d, False, [0, 0], 1,
+                                           [True, True, True])
+    H, Ho = x.shape[2], y.shape[2]
+    pw = torch.zeros_like(gw)
+    for lo, hi in [(0, 2), (2, 4), (4, Ho)]:
+        a, z = (int(v) for v in window(lo, hi, H, 3, s[0], p[0], d[0]))
+        xt = x[:, :, a:z].clone()
+        out = _rows((lo, hi), y.shape)
+        got = tiles.compute("convolution", aten.convolution,
+                            (xt, w, b, s, p, d, False, [0, 0], 1), {}, 0,
+                            _tiles([(xt, _rows((a, z), x.shape), x.shape),
+                                    (w, [[0, n] for n in w.shape], w.shape)]),
+                            out, y.shape)
+        assert torch.allclose(got, y[:, :, lo:hi], atol=1e-12), (lo, hi)
+        # the weight gradient of these output rows: a partial sum over the row tiles
+        gt = go[:, :, lo:hi].clone()
+        args = (gt, xt, None, [4], s, p, d, False, [0, 0], 1, [False, True, False])
+        pw += tiles.compute("convolution_backward", aten.convolution_backward, args, {}, 1,
+                            _tiles([(gt, out, y.shape), (xt, _rows((a, z), x.shape),
+                                                         x.shape)]),
+                            np.array([[0, n] for n in w.shape]), w.shape)
+    assert torch.allclose(pw, gw, atol=1e-10)
+    for lo, hi in [(0, 4), (4, 7), (7, H)]:
+        a, z = (int(v) for v in transpose_window(lo, hi, Ho, 3, s[0], p[0], d[0]))
+        gt = go[:, :, a:z].clone()
+        args = (gt, None, w, [4], s, p, d, False, [0, 0], 1, [True, False, False])
+        got = tiles.compute("convolution_backward", aten.convolution_backward, args, {}, 0,
+                            _tiles([(gt, _rows((a, z), y.shape), y.shape),
+                                    (w, [[0, n] for n in w.shape], w.shape)]),
+                            _rows((lo, hi), x.shape), x.shape)
+        assert torch.allclose(got, gx[:, :, lo:hi], atol=1e-10), (lo, hi)
+
+
+def test_a_depthwise_convolution_split_by_channel_runs_one_group_per_channel():
+    torch.manual_seed(4)
+    x = torch.randn(2, 6, 7, 7, dtype=torch.float64)
+    w = torch.randn(6, 1, 3, 3, dtype=torch.float64)
+    args = ([1, 1], [1, 1], [1, 1], False, [0, 0], 6)
+    y = aten.convolution(x, w, None, *args)
+    go = torch.randn_like(y)
+    gx, gw, _ = aten.convolution_backward(go, x, w, None, *args, [True, True, False])
+    for c0, c1 in [(0, 2), (2, 6)]:
+        xt, wt, gt = x[:, c0:c1].clone(), w[c0:c1].clone(), go[:, c0:c1].clone()
+        xb = np.array([[0, 2], [c0, c1], [0, 7], [0, 7]])
+        wb = np.array([[c0, c1], [0, 1], [0, 3], [0, 3]])
+        tile_of = _tiles([(xt, xb, x.shape), (wt, wb, w.shape), (gt, xb, y.shape)])
+        got = tiles.compute("convolution", aten.convolution, (xt, wt, None, *args), {}, 0,
+                            tile_of, xb, y.shape)
+        assert torch.allclose(got, y[:, c0:c1], atol=1e-12)
+        got = tiles.compute("convolution_backward", aten.convolution_backward,
+                            (gt, xt, wt, None, *args, [True, True, False]), {}, 1, tile_of,
+                            wb, w.shape)
+        assert torch.allclose(got, gw[c0:c1], atol=1e-12)
+        got = tiles.compute("convolution_backward", aten.convolution_backward,
+                            (gt, None, wt, None, *args, [True, True, False]), {}, 0, tile_of,
+                            xb, x.shape)
+        assert torch.allclose(got, gx[:, c0:c1], atol=1e-12)
+
+
+def test_max_pooling_on_tiles_keeps_the_whole_tensor_s_indices():
+    torch.manual_seed(1)
+    x = torch.randn(2, 2, 9, 8, dtype=torch.float64)
+    k, s, p = [3, 3], [2, 2], [1, 1]
+    val, idx = aten.max_pool2d_with_indices(x, k, s, p, [1, 1], False)
+    go = torch.randn_like(val)
+    gx = aten.max_pool2d_with_indices_backward(go, x, k, s, p, [1, 1], False, idx)
+    Ho = val.shape[2]
+    for lo, hi in [(0, 2), (2, Ho)]:
+        a, z = (int(v) for v in window(lo, hi, x.shape[2], 3, 2, 1))
+        xt = x[:, :, a:z].clone()
+        tile_of = _tiles([(xt, _rows((a, z), x.shape), x.shape)])
+        out = _rows((lo, hi), val.shape)
+        args = (xt, k, s, p, [1, 1], False)
+        got_v = tiles.compute("max_pool2d_with_indices", aten.max_pool2d_with_indices, args,
+                              {}, 0, tile_of, out, val.shape)
+        got_i = tiles.compute("max_pool2d_with_indices", aten.max_pool2d_with_indices, args,
+                              {}, 1, tile_of, out, val.shape)
+        assert torch.equal(got_v, val[:, :, lo:hi]) and torch.equal(got_i, idx[:, :, lo:hi])
+    # the input gradient of rows [3, 9) from the pooled rows that reach them
+    gt, it = go[:, :, 1:].clone(), idx[:, :, 1:].clone()
+    got = tiles.compute("max_pool2d_with_indices_backward",
+                        aten.max_pool2d_with_indices_backward,
+                        (gt, None, k, s, p, [1, 1], False, it), {}, 0,
+                        _tiles([(gt, _rows((1, Ho), val.shape), val.shape),
+                                (it, _rows((1, Ho), val.shape), val.shape)]),
+                        _rows((3, 9), x.shape), x.shape)
+    assert torch.equal(got, gx[:, :, 3:9])
+
+
+def test_average_pooling_and_its_gradient_on_tiles():
+    torch.manual_seed(2)
+    x = torch.randn(2, 3, 10, 7, dtype=torch.float64)
+    k, s, p = [3, 3], [2, 2], [1, 1]
+    y = aten.avg_pool2d(x, k, s, p, False, True, None)
+    go = torch.randn_like(y)
+    gx = aten.avg_pool2d_backward(go, x, k, s, p, False, True, None)
+    Ho, H = y.shape[2], x.shape[2]
+    for lo, hi in [(0, 2), (2, Ho)]:
+        a, z = (int(v) for v in window(lo, hi, H, 3, 2, 1))
+        xt = x[:, :, a:z].clone()
+        got = tiles.compute("avg_pool2d", aten.avg_pool2d, (xt, k, s, p, False, True, None),
+                            {}, 0, _tiles([(xt, _rows((a, z), x.shape), x.shape)]),
+                            _rows((lo, hi), y.shape), y.shape)
+        assert torch.allclose(got, y[:, :, lo:hi], atol=1e-12)
+    for lo, hi in [(0, 3), (3, H)]:
+        a, z = (int(v) for v in transpose_window(lo, hi, Ho, 3, 2, 1))
+        gt = go[:, :, a:z].clone()
+        got = tiles.compute("avg_pool2d_backward", aten.avg_pool2d_backward,
+                            (gt, None, k, s, p, False, True, None), {}, 0,
+                            _tiles([(gt, _rows((a, z), y.shape), y.shape)]),
+                            _rows((lo, hi), x.shape), x.shape)
+        assert torch.allclose(got, gx[:, :, lo:hi], atol=1e-12)
+
+
+def test_adaptive_pooling_of_whole_images_runs_on_channel_blocks_and_a_split_image_falls_back():
+    torch.manual_seed(5)
+    x = torch.randn(2, 4, 9, 7, dtype=torch.float64)
+    y = aten._adaptive_avg_pool2d(x, [3, 2])
+    go = torch.randn_like(y)
+    gx = aten._adaptive_avg_pool2d_backward(go, x)
+    xt, gt = x[:, 1:3].clone(), go[:, 1:3].clone()
+    xb, yb = np.array([[0, 2], [1, 3], [0, 9], [0, 7]]), np.array([[0, 2], [1, 3], [0, 3], [0, 2]])
+    tile_of = _tiles([(xt, xb, x.shape), (gt, yb, y.shape)])
+    got = tiles.compute("_adaptive_avg_pool2d", aten._adaptive_avg_pool2d, (xt, [3, 2]), {}, 0,
+                        tile_of, yb, y.shape)
+    assert torch.allclose(got, y[:, 1:3])
+    got = tiles.compute("_adaptive_avg_pool2d_backward", aten._adaptive_avg_pool2d_backward,
+                        (gt, None), {}, 0, tile_of, xb, x.shape)
+    assert torch.allclose(got, gx[:, 1:3])
+    half = x[:, :, :5].clone()
+    with pytest.raises(tiles.Fallback, match="image is split"):
+        tiles.compute("_adaptive_avg_pool2d", aten._adaptive_avg_pool2d, (half, [3, 2]), {},
+                      0, _tiles([(half, [[0, 2], [0, 4], [0, 5], [0, 7]], x.shape)]),
+                      np.array([[0, 2], [0, 4], [0, 2], [0, 2]]), y.shape)
+
+
+def test_embedding_gradient_rows_on_tiles():
+    torch.manual_seed(3)
+    idx = torch.tensor([[1, 5, 5, 0], [7, 2, 1, 5]])
+    go = torch.randn(2, 4, 6, dtype=torch.float64)
+    whole = aten.embedding_dense_backward(go, idx, 8, -1, False)
+    for v0, v1 in [(0, 3), (3, 8)]:
+        got = tiles.compute("embedding_dense_backward", aten.embedding_dense_backward,
+                            (go, idx, 8, -1, False), {}, 0, _tiles([]),
+                            np.array([[v0, v1], [0, 6]]), (8, 6))
+        assert torch.allclose(got, whole[v0:v1])
+
+
+def test_mean_of_a_tile_is_a_partial_sum_of_the_whole_mean_and_unknown_ops_fall_back():
+    x = torch.arange(24, dtype=torch.float64).reshape(4, 6)
+    parts = []
+    for r in ((0, 1), (1, 4)):
+        xt = x[r[0]:r[1]].clone()
+        parts.append(tiles.compute("mean", aten.mean.default, (xt,), {}, 0,
+                                   _tiles([(xt, [r, (0, 6)], x.shape)]), np.array([[0, 1]]),
+                                   ()))
+    assert torch.allclose(sum(parts), x.mean())
+    with pytest.raises(tiles.Fallback, match="no tile rule for aten.cumsum"):
+        tiles.compute("cumsum", aten.cumsum, (x, 0), {}, 0, _tiles([]),
+                      np.array([[0, 4], [0, 6]]), (4, 6))
+    with pytest.raises(tiles.Fallback, match="preimage"):
+        tiles.compute("view", aten.view, (x[:, :3].clone(), [24]), {}, 0, _tiles([]),
+                      np.array([[0, 6]]), (24,))
+
+
+# --------------------------------------------------------------------------------------------
+# plans on workers
+# --------------------------------------------------------------------------------------------
+
+RESNET = {"depth": 50, "width": 1, "image_size": 32, "num_classes": 10}
+FOUR = [("mlp", 16, {"layers": 2, "hidden": 64}), ("lenet5", 8, {}), ("wresnet", 2, RESNET),
+        ("lstm", 4, {"layers": 1, "hidden": 32, "steps": 3})]
+
+
+def _doc(spec, batch, args, k, algo="tofu"):
+    from explorer.engine.devices import preset
+    res = run(algo, Problem(preset("local", k), spec, batch, dict(args)))
+    return res, res.document()
+
+
+def _one_device_peak(res) -> int:
+    """The same step's peak on one worker by the plan's memory model (nothing split)."""
+    return int(tofu.partition(res.capture, 1).peak_memory_bytes[0])
+
+
+def _check(r, doc, err=1e-10):
+    assert r["reference_ok"], (r["max_rel_error"], r["reference"]["worst_param"])
+    assert r["max_rel_error"] < err and r["reference"]["params_compared"] > 0
+    assert r["measured_comm_bytes"] == pytest.approx(r["predicted_comm_bytes"])
+    assert r["predicted_comm_bytes"] > 0 and r["extra_bytes"] == 0
+    assert r["fallback_ops"] == {}, r["fallback_reasons"]
+    assert r["peak_memory_bytes"] == doc["peak_memory_bytes"]
+    assert r["steps"] == 3 and len(r["step_times_s"]) == 3
+
+
+@pytest.mark.parametrize("spec,batch,args", FOUR, ids=[m[0] for m in FOUR])
+def test_tofu_runs_tile_local_and_its_memory_is_the_plan_s(spec, batch, args):
+    """At 2 workers: every operator on tiles, three training steps against the reference,
+    the predicted bytes, and each worker's measured peak within 10 % of the plan's and at
+    most 70 % of one device's."""
+    res, doc = _doc(spec, batch, args, 2)
+    r = run_document(doc, steps=3, timeout_s=600)
+    # BatchNorm over two values per channel in the last stage: rounding shows at 1e-8
+    _check(r, doc, 1e-6 if spec == "wresnet" else 1e-10)
+    one = _one_device_peak(res)
+    for got, want in zip(r["measured_peak_memory_bytes"], doc["peak_memory_bytes"]):
+        assert abs(got - want) <= 0.10 * want, (got, want)
+        assert got <= 0.70 * one, (got, one)
+    assert r["predicted_step_time_s"] == pytest.approx(
+        doc["objective_s"] + max(doc["predicted_compute_s"]))
+    assert r["measured_step_time_s"] > 0
+
+
+@pytest.mark.parametrize("spec,batch,args,k,algo", [
+    ("mlp", 16, {"layers": 2, "hidden": 64}, 4, "tofu"),
+    ("lenet5", 8, {}, 4, "tofu"),
+    ("lstm", 4, {"layers": 1, "hidden": 32, "steps": 3}, 4, "tofu"),
+    ("wresnet", 2, RESNET, 4, "tofu"),
+    ("mlp", 16, {"layers": 2, "hidden": 64}, 2, "allrow-greedy"),
+    ("mlp", 16, {"layers": 2, "hidden": 64}, 4, "equalchop"),
+    ("lenet5", 8, {}, 2, "equalchop"),
+    ("lenet5", 8, {}, 4, "allrow-greedy"),
+    ("lenet5", 8, {}, 2, "icml18"),
+    ("mlp", 16, {"layers": 2, "hidden": 64}, 4, "icml18"),
+])
+def test_tofu_and_baseline_plans_run_tile_local_on_2_and_4_workers(spec, batch, args, k, algo):
+    _, doc = _doc(spec, batch, args, k, algo)
+    r = run_document(doc, steps=3, timeout_s=600)
+    _check(r, doc, 1e-6 if spec == "wresnet" else 1e-10)
+    assert len(r["measured_peak_memory_bytes"]) == k
+
+
+#: example models whose Tofu plan runs here; the transformer-style examples (transformer, gpt2,
+#: bert, llama, vit) trace another graph on the meta device the search builds on than on the
+#: workers' CPU (attention kernels), so their runs are refused before any step (the tests use
+#: ``_tofu_models``' CPU-built versions: tests/test_tofu_runtime.py); unet has no description
+#: for upsample_nearest2d
+EXAMPLES = ["lenet5", "alexnet", "vgg16", "inception_v3", "resnet50", "densenet", "seq2seq",
+            "holography", "mobilenet_v2"]
+
+
+@pytest.mark.parametrize("name", EXAMPLES)
+def test_every_example_model_s_tofu_plan_runs_against_the_reference(name):
+    from test_example_models import SMALL
+    _, doc = _doc(name, 2, SMALL[name], 2)
+    r = run_document(doc, steps=1, timeout_s=900)
+    assert r["reference_ok"], (r["max_rel_error"], r["reference"]["worst_param"])
+    assert r["measured_comm_bytes"] == pytest.approx(r["predicted_comm_bytes"])
+    # the ops still computed on full buffers are listed with a reason
+    assert set(r["fallback_reasons"]) == set(r["fallback_ops"])
+
+
+def test_a_model_that_does_not_fit_one_worker_trains_across_2_and_4():
+    """A limit below one worker's peak for the step: split over 2 and then 4 workers every
+    worker stays under it while three training steps match the reference."""
+    spec, batch, args = "mlp", 64, {"layers": 3, "hidden": 256}
+    res, _ = _doc(spec, batch, args, 2)
+    one = _one_device_peak(res)
+    limit = 0.6 * one
+    assert one > limit
+    for k in (2, 4):
+        res, doc = _doc(spec, batch, args, k)
+        r = run_document(doc, steps=3, timeout_s=600, train=True)
+        _check(r, doc)
+        assert r["train"]
+        assert max(r["measured_peak_memory_bytes"]) < limit, (k, r["measured_peak_memory_bytes"])
+
+
+def test_explorer_run_of_the_issue_s_mlp_reports_measured_against_predicted(tmp_path):
+    """The issue's command: `explorer search mlp --batch 256 -a layers=6 -a hidden=2048
+    --devices 2 --preset local --algo tofu`, then `explorer run --json`."""
+    plan = tmp_path / "t.json"
+    out = explorer_cli("search", "mlp", "--batch", "256", "-a", "layers=6", "-a",
+                       "hidden=2048", "--devices", "2", "--preset", "local", "--algo", "tofu",
+                       "--out", str(plan), timeout=900)
+    assert out.returncode == 0, out.stderr
+    out = explorer_cli("run", str(plan), "--json", timeout=1200)
+    assert out.returncode == 0, out.stderr
+    d = json.loads(out.stdout)
+    assert d["reference_ok"] and d["fallback_ops"] == {}
+    res = run("tofu", Problem(__import__("explorer.engine.devices", fromlist=["preset"])
+                              .preset("local", 2), "mlp", 256, {"layers": 6, "hidden": 2048}))
+    one = _one_device_peak(res)
+    for got, want in zip(d["measured_peak_memory_bytes"], d["peak_memory_bytes"]):
+        assert abs(got - want) <= 0.10 * want and got <= 0.70 * one, (got, want, one)
+    assert d["predicted_step_time_s"] > 0 and d["measured_step_time_s"] > 0
