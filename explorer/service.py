@@ -193,7 +193,12 @@ def search(req: Request, pins: list | None = None, algo: str | None = None) -> d
 
 def candidates(req: Request, layer: str, plan: dict | None = None) -> list:
     """Rows for the candidate table of ``layer``: config, devices, t_C, t_S, t_R (the
-    reduce-scatter of a row-parallel configuration), memory, chosen."""
+    reduce-scatter of a row-parallel configuration), memory, chosen - and, given ``plan``,
+    each candidate's transfer in from and out to the neighbours' chosen configurations
+    (``t_xin_ms``, ``t_xout_ms``, ``None`` when a neighbour's choice is not a candidate, e.g.
+    pinned to other devices) and ``total_ms`` = t_C + t_S + t_R + transfer in + out: the part
+    of equation 1 that changes with this layer's choice alone, so the chosen row is the
+    smallest unless a neighbour's choice is what made it so."""
     g = graph_for(req)
     cm = cost_model_for(req)
     if layer not in g:
@@ -203,25 +208,59 @@ def candidates(req: Request, layer: str, plan: dict | None = None) -> list:
     red = cm.reduce_costs(layer, cands)
     tr = red[0] if red is not None else [0.0] * len(cands)
     chosen = None
+    picked: dict = {}
     if plan:
         for la in plan.get("layers", []):
-            if la["name"] == layer:
-                chosen = (tuple(sorted(la["config"].items())), tuple(la["devices"]))
+            picked[la["name"]] = (tuple(sorted(la["config"].items())), tuple(la["devices"]))
+        chosen = picked.get(layer)
+    xin, xout = _neighbour_xfer(g, cm, layer, cands, picked) if picked else (None, None)
     rows = []
     for i, c in enumerate(cands):
         key = (tuple(sorted(c.as_dict().items())), c.devices)
-        rows.append({"config": c.label(), "degrees": ",".join(f"{k}={v}" for k, v in c.degrees),
-                     "devices": ",".join(map(str, c.devices)),
-                     "t_compute_ms": round(float(tc[i]) * 1e3, 4),
-                     "t_sync_ms": round(float(ts[i]) * 1e3, 4),
-                     "t_reduce_ms": round(float(tr[i]) * 1e3, 4),
-                     "memory_mib": round(float(mem[i]) / 2 ** 20, 2),
-                     "chosen": "✔" if key == chosen else ""})
+        row = {"config": c.label(), "degrees": ",".join(f"{k}={v}" for k, v in c.degrees),
+               "devices": ",".join(map(str, c.devices)),
+               "t_compute_ms": round(float(tc[i]) * 1e3, 4),
+               "t_sync_ms": round(float(ts[i]) * 1e3, 4),
+               "t_reduce_ms": round(float(tr[i]) * 1e3, 4),
+               "memory_mib": round(float(mem[i]) / 2 ** 20, 2),
+               "chosen": "✔" if key == chosen else ""}
+        if xin is not None:
+            row["t_xin_ms"] = round(float(xin[i]) * 1e3, 4)
+            row["t_xout_ms"] = round(float(xout[i]) * 1e3, 4)
+            row["total_ms"] = round(float(tc[i] + ts[i] + tr[i] + xin[i] + xout[i]) * 1e3, 4)
+        rows.append(row)
     if chosen is not None and not any(r["chosen"] for r in rows):
         rows.append({"config": "(pinned devices)", "degrees": "", "devices": "",
                      "t_compute_ms": None, "t_sync_ms": None, "t_reduce_ms": None,
                      "memory_mib": None, "chosen": "✔"})
     return rows
+
+
+def _neighbour_xfer(g, cm, layer: str, cands: list, picked: dict) -> tuple:
+    """``(t_in [C], t_out [C])`` seconds: each candidate's transfers (equation 1's t_X, forward
+    and backward) from its producers' and to its consumers' configurations in ``picked``
+    (``None, None`` when a neighbour's choice is not among its candidates)."""
+    import numpy as np
+
+    def index(name):
+        want = picked.get(name)
+        for j, c in enumerate(cm.candidates(name)):
+            if (tuple(sorted(c.as_dict().items())), c.devices) == want:
+                return j
+        return None
+    t_in = np.zeros(len(cands))
+    t_out = np.zeros(len(cands))
+    for e in g.in_edges(layer):
+        j = index(e.src)
+        if j is None:
+            return None, None
+        t_in += cm.xfer(e, cm.candidates(e.src), cands)[0][j, :]
+    for e in g.out_edges(layer):
+        j = index(e.dst)
+        if j is None:
+            return None, None
+        t_out += cm.xfer(e, cands, cm.candidates(e.dst))[0][:, j]
+    return t_in, t_out
 
 
 def layer_info(req: Request, layer: str) -> dict:

@@ -68,7 +68,7 @@ def test_compare_runs_every_method_on_the_same_simulator():
     cel = next(r for r in table if r["algo"] == "celeritas")
     assert cel["vs"] == 1.0 and cel["oom"] == "no"
     single = next(r for r in table if r["algo"] == "single")
-    assert single["comm_gb"] == 0 and single["vs"] > 1.0
+    assert single["moved"] == "0 B" and single["vs"] > 1.0
     fig = PF.compare_figure(rows)
     assert list(fig.data[0].x) == ["celeritas", "m-topo", "metis", "single"]
 

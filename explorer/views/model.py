@@ -22,7 +22,7 @@ from .. import service as session
 from ..engine.devices import list_presets
 from ..errors import ExplorerError
 from . import controls as C
-from . import ids, state
+from . import fmt, ids, state
 
 
 def _examples():
@@ -101,9 +101,9 @@ def pin_text(layer: str, config: str | None, devices: str | None) -> str:
 def summary_text(req: session.Request) -> str:
     s = session.summary(req)
     return (f"{s['model']}: {s['layers']} layers, {s['edges']} edges, "
-            f"{s['parameters'] / 1e6:.2f} M parameters, {s['flops_forward'] / 1e9:.2f} GFLOP "
-            f"forward at batch {s['batch']}, activations {s['activation_bytes'] / 2 ** 20:.0f} "
-            f"MiB (captured with {s['source']})")
+            f"{s['parameters'] / 1e6:.3g} M parameters, {fmt.flops(s['flops_forward'])} "
+            f"forward at batch {s['batch']}, activations {fmt.bytes_(s['activation_bytes'])} "
+            f"(captured with {s['source']})")
 
 
 def safe_summary(req_doc: dict | None) -> str:
@@ -242,7 +242,7 @@ def do_search(trigger, controls: dict, pins, selected, pin_config, pin_devices, 
             progress(50)
             doc = session.tofu(req, req.algo)
             out.update(tofu=doc, tab="tofu",
-                       status=f"{doc['algo']}: {doc['comm_bytes'] / 1e9:.3f} GB communicated "
+                       status=f"{doc['algo']}: {fmt.bytes_(doc['comm_bytes'])} communicated "
                               f"per step, k = {' × '.join(map(str, doc['factors'])) or '1'}")
         elif fam == "placement":
             session.opgraph_for(req)
@@ -252,7 +252,7 @@ def do_search(trigger, controls: dict, pins, selected, pin_config, pin_devices, 
             doc = session.placement(req, req.algo, _memory(memory), [])
             out.update(placement=doc, place_pins=[], tab="placement",
                        status=f"{doc['algo']}: predicted step "
-                              f"{doc['predicted_step_time_s']:.4f} s")
+                              f"{fmt.seconds(doc['predicted_step_time_s'])}")
         else:
             session.graph_for(req)
             progress(40)

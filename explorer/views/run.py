@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import dash
 import plotly.graph_objects as go
-from dash import Input, Output, State, dash_table, dcc, html, no_update
+from dash import Input, Output, State, dcc, html, no_update
 
 from .. import service as session
 from ..errors import ExplorerError
 from . import ids
+from . import tables as T
 from . import state
 from .controls import context, job_controls, running
 from .figures import run as F
@@ -43,16 +44,15 @@ def layout():
     ])
 
 
+HISTORY_COLUMNS = [("id", "run"), ("time", "time"), ("devices", "devices"),
+                   ("predicted_ms", "predicted ms"), ("measured_ms", "measured ms"),
+                   ("error", "error"), ("reference", "reference")]
+
+
 def history_table(table_id: str):
     """The table of stored runs (one row per run, newest first) - layer-wise plans and
     placements alike."""
-    return dash_table.DataTable(id=table_id, data=[], page_size=8,
-                                style_cell={"fontSize": 12, "padding": "2px 6px"},
-                                columns=[{"name": n, "id": k} for k, n in [
-                                    ("id", "run"), ("time", "time"), ("devices", "devices"),
-                                    ("predicted_ms", "predicted ms"),
-                                    ("measured_ms", "measured ms"), ("error", "error"),
-                                    ("reference", "reference")]])
+    return T.grid(table_id, HISTORY_COLUMNS, height=230)
 
 
 def result_view(res: dict):
@@ -136,7 +136,7 @@ def register(app: dash.Dash) -> None:
         return res, "", f"done: {res['devices']} workers"
 
     @app.callback(Output(ids.RUN_RESULT, "children"), Output(ids.RUN_LAYERS, "figure"),
-                  Output(ids.RUN_SERIES, "figure"), Output(ids.RUN_HISTORY, "data"),
+                  Output(ids.RUN_SERIES, "figure"), Output(ids.RUN_HISTORY, "rowData"),
                   Input(ids.STORE_RUN, "data"), Input(ids.STORE_PLAN, "data"))
     def show_run(res, plan):
         return run_panel(res, plan)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
+from .. import fmt
 from .. import palette as P
 from .run import series_figure
 
@@ -96,21 +97,23 @@ def memory_figure(doc: dict | None) -> go.Figure:
     if not doc:
         fig.update_layout(title="Peak memory per device (place the model first)")
         return fig
-    peak = [b / 2 ** 30 for b in doc["peak_memory_bytes"]]
-    cap = [b / 2 ** 30 for b in doc["capacity_bytes"]]
+    unit, div = fmt.scale(max(doc["capacity_bytes"] + doc["peak_memory_bytes"] + [0.0]))
+    peak = [b / div for b in doc["peak_memory_bytes"]]
+    cap = [b / div for b in doc["capacity_bytes"]]
     xs = [f"dev {d}" for d in range(len(peak))]
     over = [p > c * (1 + 1e-9) for p, c in zip(peak, cap)]
     fig.add_trace(go.Bar(name="peak", x=xs, y=peak,
                          marker=dict(color=[(P.ERROR if o else device_color(d))
                                             for d, o in enumerate(over)]),
-                         text=[f"{p:.2f} GiB ({100 * p / c:.0f}%)" for p, c in zip(peak, cap)],
+                         text=[f"{fmt.bytes_(p * div)} ({fmt.percent(p, c)})"
+                               for p, c in zip(peak, cap)],
                          textposition="outside"))
     fig.add_trace(go.Scatter(name="capacity", x=xs, y=cap, mode="markers+lines",
                              line=dict(color="#111", dash="dash", shape="hvh"),
                              marker=dict(symbol="line-ew", size=30,
                                          line=dict(width=3, color="#111"))))
     fig.update_layout(title=dict(text="Peak memory per device vs capacity",
-                                 font=dict(size=14)), yaxis_title="GiB",
+                                 font=dict(size=14)), yaxis_title=unit,
                       margin=dict(l=50, r=20, t=70, b=40), showlegend=True,
                       legend=dict(orientation="h", y=1.0, yanchor="bottom", x=0),
                       yaxis=dict(range=[0, 1.15 * max(peak + cap + [1e-9])]))
@@ -127,8 +130,12 @@ def compare_figure(rows: list) -> go.Figure:
         textposition="outside",
         marker=dict(color=[P.HIGHLIGHT if r["algo"] == "celeritas" else
                            (P.ERROR if r["oom"] else P.PREDICTED) for r in good]))])
+    unit, div = fmt.scale(max([r["step_time_s"] for r in good] + [0.0]), fmt.TIME_UNITS)
+    fig.data[0].y = [r["step_time_s"] / div for r in good]
+    fig.data[0].text = [fmt.seconds(r["step_time_s"]) + (" OOM" if r["oom"] else "")
+                        for r in good]
     fig.update_layout(title="Predicted step time by method (same graph, same simulator)",
-                      yaxis_title="s", margin=dict(l=50, r=20, t=40, b=40))
+                      yaxis_title=unit, margin=dict(l=50, r=20, t=40, b=40))
     return fig
 
 
