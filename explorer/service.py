@@ -622,6 +622,77 @@ def placement_runs(doc: dict, limit: int = 50) -> list:
     return runs(doc, limit)
 
 
+def cost_model_info(doc: dict | None) -> dict:
+    """Which cost model made a plan's predictions: ``{"cost", "preset", "calibrated",
+    "text"}``.  ``cost`` is ``analytic`` (roofline: FLOPs and bytes over the devices' peak
+    rates) or ``measured`` (every layer's configurations profiled on this machine);
+    ``calibrated`` says whether the ``local`` preset's rates were measured here
+    (``explorer calibrate``, or Calibrate in the app) or are defaults."""
+    doc = doc or {}
+    req = doc.get("request") or {}
+    info = doc.get("info") or {}
+    cost = req.get("cost") or info.get("compute_cost") or "analytic"
+    preset_name = doc.get("preset") or req.get("preset") or ""
+    calibrated = None
+    if preset_name == "local":
+        from .engine.devices import local
+        try:
+            calibrated = bool(local(int(doc.get("devices") or 1)).meta.get("calibrated"))
+        except (ValueError, ExplorerError):
+            calibrated = False
+    if cost == "measured":
+        text = ("measured: every layer's configurations were profiled on this machine, "
+                "transfers use the " + ("calibrated" if calibrated else "default")
+                + " link rates")
+    elif preset_name == "local":
+        text = ("roofline (FLOPs and bytes over peak rates), "
+                + ("calibrated on this machine" if calibrated else
+                   "uncalibrated: default rates, not this machine's"))
+    else:
+        text = (f"roofline (FLOPs and bytes over peak rates) of the {preset_name or '?'} "
+                f"preset's devices, not this machine")
+    return {"cost": cost, "preset": preset_name, "calibrated": calibrated, "text": text}
+
+
+def calibrate_local(req: Request, quick: bool = True, progress=None) -> dict:
+    """Measure this machine for the ``local`` preset (compute, memory, links) and profile
+    every candidate configuration of ``req``'s model on ``req.devices`` local workers - what
+    ``explorer calibrate --model`` does - then search ``req``'s layer-wise method on
+    ``local`` with the measured costs.  ``progress(percent, message)`` follows the phases and
+    the profiled shapes.  Returns ``{"calibration", "plan"}`` (the plan dict with its
+    request)."""
+    from .engine.runtime.calibrate import calibrate
+    say = progress or (lambda pct, msg: None)
+    phase = {"n": 0}
+
+    def message(msg):
+        phase["n"] += 1
+        say(min(5 + 10 * phase["n"], 30), msg)
+
+    def profiled(done, total):
+        say(30 + int(60 * done / max(total, 1)), f"profiling {done}/{total} layer shapes")
+    graph_for(req)                                   # an unknown model fails before measuring
+    cal = calibrate(req.devices, model=req.model, batch=req.batch,
+                    model_args=dict(req.model_args), quick=quick, progress=message,
+                    profiled=profiled)
+    with _LOCK:                                      # local's rates changed: rebuild its costs
+        for key in [k for k in _MODELS if "local" in k]:
+            _MODELS.pop(key, None)
+    say(92, "searching with the measured costs")
+    algo = req.algo if _family(req.algo) == "layerwise" else "optcnn"
+    local_req = Request.from_dict(dict(req.to_dict(), preset="local", cost="measured",
+                                       algo=algo, cluster=None))
+    plan = search(local_req)
+    say(100, f"calibrated; {plan['algo']} searched on {local_req.devices} local workers with "
+             f"measured costs")
+    return {"calibration": cal, "plan": plan}
+
+
+def _family(algo: str) -> str | None:
+    from .engine.search import METHODS
+    return METHODS[algo].family if algo in METHODS else None
+
+
 def clear_caches():
     with _LOCK:
         _BUILDING.clear()
@@ -637,4 +708,4 @@ __all__ = ["Request", "search", "candidates", "compare", "scaling", "tiles", "su
            "layer_info", "plan_changes", "parse_model_args", "graph_for", "clear_caches",
            "opgraph_for", "tofu", "tofu_strip", "tofu_compare", "placement",
            "placement_compare", "placement_structure", "placement_pins", "placement_graph_for",
-           "run_plan", "run_placement", "placement_runs"]
+           "run_plan", "run_placement", "placement_runs", "cost_model_info", "calibrate_local"]

@@ -25,10 +25,37 @@ from . import controls as C
 from . import fmt, ids, state
 
 
+def first_clause(text: str) -> str:
+    """``text`` up to its first comma or colon outside parentheses (a model's short name).
+
+    >>> first_clause("LSTM seq2seq (NMT-style, Wu et al. 2016): stacked LSTMCells")
+    'LSTM seq2seq (NMT-style, Wu et al. 2016)'
+    """
+    depth = 0
+    for i, ch in enumerate(text):
+        depth += {"(": 1, ")": -1}.get(ch, 0)
+        if ch in ",:" and depth <= 0:
+            return text[:i].strip()
+    return text.strip()
+
+
 def _examples():
     import example_models as ex
-    return [{"label": f"{k} — {m.description.split(',')[0]}", "value": k}
+    return [{"label": f"{k} — {first_clause(m.description)}", "value": k}
             for k, m in ex.MODELS.items()]
+
+
+def args_placeholder(model: str | None) -> str:
+    """The model-args box's hint: the chosen example's own arguments with their defaults
+    (``"none for this model"`` when it takes none; a file's builder is not inspected)."""
+    import example_models as ex
+    if not model or model not in ex.MODELS:
+        return "key=value, ... (the builder's keyword arguments)"
+    params = ex.model_params(model)
+    if not params:
+        return "none for this model"
+    return ", ".join(f"{k}={v}" for k, v in list(params.items())[:4]) + \
+        (", …" if len(params) > 4 else "")
 
 
 def layout(req: dict, error: str = "", summary: str = ""):
@@ -50,7 +77,7 @@ def layout(req: dict, error: str = "", summary: str = ""):
             html.Label(["Batch", dcc.Input(id=ids.BATCH_INPUT, type="number", min=1,
                                            value=v["batch"], placeholder="default")]),
             html.Label(["Model args", dcc.Input(id=ids.MODEL_ARGS, type="text", value=v["args"],
-                                                placeholder="depth=101, width=8")]),
+                                                placeholder=args_placeholder(v["model"]))]),
         ]),
         html.Div(className="row", children=[
             html.Label(["Devices", dcc.Dropdown(id=ids.PRESET_DROPDOWN, options=presets,
@@ -305,6 +332,13 @@ def form_update(req_doc: dict) -> list:
 
 
 def register(app: dash.Dash) -> None:
+    """The panel's callbacks on ``app``."""
+    app.callback(Output(ids.MODEL_ARGS, "placeholder"),
+                 Input(ids.MODEL_DROPDOWN, "value"))(args_placeholder)
+    _register(app)
+
+
+def _register(app: dash.Dash) -> None:
     """The panel's callbacks on ``app``."""
 
     @app.callback(
