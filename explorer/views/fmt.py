@@ -85,8 +85,12 @@ def of(part, whole) -> str:
 
 
 def percent(part, whole) -> str:
-    """``part / whole`` as a whole percentage (``–`` when ``whole`` is 0)."""
-    return f"{100 * float(part) / float(whole):.0f} %" if whole else "–"
+    """``part / whole`` as a whole percentage (``–`` when ``whole`` is 0, ``<1 %`` for a
+    sliver, never a misleading ``0 %``)."""
+    if not whole:
+        return "–"
+    p = 100 * float(part) / float(whole)
+    return "<1 %" if 0 < p < 0.5 else f"{p:.0f} %"
 
 
 __all__ = ["BYTE_UNITS", "TIME_UNITS", "FLOP_UNITS", "scale", "quantity", "bytes_", "seconds",

@@ -89,10 +89,10 @@ def layout():
 #: the candidate table's columns: the plan's choice, the costs of equation 1 that depend on
 #: this layer's configuration alone, and why (its cost against the chosen row's)
 CANDIDATE_COLUMNS = [
-    ("chosen", ""), ("config", "config"), ("devices", "devices"),
-    ("t_compute_ms", "t_C ms"), ("t_sync_ms", "t_S ms"), ("t_reduce_ms", "t_R ms"),
-    ("t_xin_ms", "t_X in ms"), ("t_xout_ms", "t_X out ms"), ("total_ms", "total ms"),
-    ("memory_mib", "MiB"), ("why", "why (given the neighbours' choices)")]
+    ("chosen", ""), ("config", "config"), ("devices", "devices"), ("memory_mib", "MiB"),
+    ("total_ms", "total ms"), ("t_compute_ms", "t_C ms"), ("t_sync_ms", "t_S ms"),
+    ("t_reduce_ms", "t_R ms"), ("t_xin_ms", "t_X in ms"), ("t_xout_ms", "t_X out ms"),
+    ("why", "why (given the neighbours' choices)")]
 CANDIDATE_TIPS = dict(
     G.header_tips({"t_compute_ms": "t_C", "t_sync_ms": "t_S", "t_reduce_ms": "t_R",
                    "t_xin_ms": "t_X", "t_xout_ms": "t_X"}),

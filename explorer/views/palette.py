@@ -65,7 +65,7 @@ def _spread(colors, apart: float) -> tuple:
 CONFIG_COLORS = _spread(_unique(_Q.Set3, _Q.Pastel1, _Q.Pastel2, _Q.Pastel,
                                 exclude=DEVICE_COLORS), 40)
 #: two configurations of one plan are drawn at least this far apart (RGB) while colours allow
-CONFIG_APART = 70.0
+CONFIG_APART = 60.0
 
 SHARED_FILL = "#d9dce1"     # a tile several devices hold (replica, or split along other axes)
 UNOWNED_FILL = "#f1f2f4"    # an input tensor whose producer is not in the plan
@@ -103,7 +103,13 @@ def config_colors(labels) -> dict:
         apart = [i for i in free
                  if all(distance(CONFIG_COLORS[i], CONFIG_COLORS[u]) >= CONFIG_APART
                         for u in used)]
-        cand = (apart or free or [slot])[0]
+        if apart:
+            cand = apart[0]
+        elif free:      # none far enough: the free colour farthest from those used
+            cand = max(free, key=lambda i: min((distance(CONFIG_COLORS[i], CONFIG_COLORS[u])
+                                                for u in used), default=0.0))
+        else:
+            cand = slot
         used.add(cand)
         out[lab] = CONFIG_COLORS[cand]
     return out
