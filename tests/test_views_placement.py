@@ -111,7 +111,8 @@ def test_gantt_and_memory_figures(doc):
     assert bars == doc["ops"]
     mem = PF.memory_figure(doc)
     assert [t.name for t in mem.data] == ["peak", "capacity"]
-    assert len(mem.data[0].y) == 4 and mem.data[1].y[0] == pytest.approx(16.0)
+    assert len(mem.data[0].y) == 4 and mem.data[1].y[0] == pytest.approx(100.0)
+    assert mem.layout.yaxis.title.text == "% of device memory"
     assert PF.gantt_figure(None).data == () and PF.memory_figure(None).data == ()
 
 

@@ -349,7 +349,7 @@ def layout():
                                           html.A("choose a file")])),
         ]),
         html.Div(id=ids.PLANS_STATUS, className="status plans-status"),
-        T.grid(ids.PLANS_TABLE, COLUMNS, height=440, selectable=True, row_id="id",
+        T.grid(ids.PLANS_TABLE, COLUMNS, height=440, selectable=True,
                wrap=("pins",)),
         html.Div(className="row", children=T.csv_button(ids.PLANS_CSV_BUTTON, ids.PLANS_CSV,
                                                          "Download history as CSV")),
@@ -399,8 +399,8 @@ def load_values(plan: dict, request: dict) -> list:
 
 
 def _arrived(*docs):
-    """The documents among the page's stores a callback was triggered by (all on the first
-    call)."""
+    """The documents among the page's stores a callback was triggered by (whose saving the
+    status line reports; all on a call Dash reports no trigger for)."""
     trig = {t["prop_id"].split(".")[0] for t in (dash.ctx.triggered or [])}
     names = (ids.STORE_PLAN, ids.STORE_TOFU, ids.STORE_PLACEMENT)
     return [d for n, d in zip(names, docs) if not trig or n in trig or "." in trig]
@@ -418,7 +418,7 @@ def register(app: dash.Dash) -> None:
         # no outputs: saves whichever tab is shown, every plan kind
         try:
             store = PlanStore()
-            for doc in _arrived(plan, tofu_doc, placement_doc):
+            for doc in (plan, tofu_doc, placement_doc):
                 autosave(doc, store)
         except Exception:  # noqa: BLE001 - the history is best effort; the table reports errors
             pass
@@ -437,6 +437,8 @@ def register(app: dash.Dash) -> None:
             msg = None
             for doc in _arrived(plan, tofu_doc, placement_doc):
                 msg = autosave(doc, store)[1] or msg
+            for doc in (plan, tofu_doc, placement_doc):     # idempotent: identical plans
+                autosave(doc, store)                        # are saved once
             rows = table_rows(store)
         except Exception as exc:  # noqa: BLE001 - a broken history file must not break the app
             return dash.no_update, f"plan history unavailable: {exc}"
