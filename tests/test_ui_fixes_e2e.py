@@ -73,6 +73,15 @@ def start(duo, request=None, width=1500, height=1100):
     duo.wait_for_contains_text("#objective-value", "ms", timeout=90)
 
 
+def shown(duo, elem_id) -> bool:
+    """Whether the element with ``elem_id`` is on the page and displayed (by id, so a
+    re-rendered element is never stale)."""
+    return bool(duo.driver.execute_script(
+        "const e = document.getElementById(arguments[0]);"
+        "return !!e && e.offsetParent !== null && getComputedStyle(e).display !== 'none';",
+        elem_id))
+
+
 def rgb_hex(css: str) -> str:
     nums = [int(float(v)) for v in css[css.index("(") + 1:css.index(")")].split(",")[:3]]
     return "#" + "".join(f"{v:02x}" for v in nums)
@@ -121,9 +130,9 @@ def test_steps_legend_equations_one_based_slider_and_colours(dash_duo):
     dash_duo.wait_for_contains_text(f"#{ids.STEP_TEXT}", "node eliminations")
     legend = dash_duo.find_element(f"#{ids.STEP_LEGEND}").text
     assert "eliminated" in legend and "neighbours" in legend and "final graph" in legend
-    for _ in range(3):
+    for k in (1, 2, 3):
         dash_duo.find_element(f"#{ids.STEP_NEXT}").click()
-    dash_duo.wait_for_contains_text(f"#{ids.STEP_TEXT}", "Step 3/")
+        dash_duo.wait_for_contains_text(f"#{ids.STEP_TEXT}", f"Step {k}/")
     handle = dash_duo.find_element(f"#{ids.STEP_SLIDER} [role=slider]")
     assert handle.get_attribute("aria-valuenow") == "3"           # slider and text agree
     eq = dash_duo.find_element(f"#{ids.STEP_EQUATIONS}")
@@ -277,15 +286,14 @@ def test_run_says_its_cost_model_moves_its_bar_and_calibrates(dash_duo):
     line = dash_duo.find_element("#cost-model-text").text
     assert "roofline" in line and "not this machine" in line
     # no empty charts before a run
-    assert not dash_duo.find_element(f"#{ids.RUN_LAYERS}").is_displayed()
-    assert not dash_duo.find_element(f"#{ids.RUN_SERIES}").is_displayed()
+    assert not shown(dash_duo, ids.RUN_LAYERS) and not shown(dash_duo, ids.RUN_SERIES)
     steps = dash_duo.find_element(f"#{ids.RUN_STEPS}")
     steps.clear()
     steps.send_keys("30")
     dash_duo.find_element(f"#{ids.RUN_BUTTON}").click()
     seen = set()
     end = time.time() + 180
-    while time.time() < end and not dash_duo.find_element(f"#{ids.RUN_LAYERS}").is_displayed():
+    while time.time() < end and not shown(dash_duo, ids.RUN_LAYERS):
         v = dash_duo.driver.execute_script(
             "const p = document.getElementById(arguments[0]);"
             "return p && getComputedStyle(p).visibility === 'visible' ? "
@@ -294,7 +302,7 @@ def test_run_says_its_cost_model_moves_its_bar_and_calibrates(dash_duo):
         if v is not None:
             seen.add(v)
         time.sleep(0.1)
-    assert dash_duo.find_element(f"#{ids.RUN_LAYERS}").is_displayed()
+    assert shown(dash_duo, ids.RUN_LAYERS) and shown(dash_duo, ids.RUN_SERIES)
     assert len(seen) >= 2, f"the progress bar did not move: {seen}"
     dash_duo.wait_for_contains_text("#run-times", "measured")
     warnings = dash_duo.find_element(f"#{ids.RUN_RESULT}").text

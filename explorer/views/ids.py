@@ -181,3 +181,4 @@ CALIB_CANCEL = "calib-cancel"
 CALIB_PROGRESS = "calib-progress"
 CALIB_STATUS = "calib-status"
 CALIB_ERROR = "calib-error"
+RUN_FIGURES = "run-figures"                      # the run's charts, hidden before a run

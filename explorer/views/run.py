@@ -46,9 +46,9 @@ def layout():
         ]),
         html.Div(id=ids.RUN_ERROR, className="error"),
         html.Div(id=ids.RUN_RESULT),
-        html.Div(className="run-figures", children=[
-            dcc.Graph(id=ids.RUN_LAYERS, figure=go.Figure(), style=HIDDEN),
-            dcc.Graph(id=ids.RUN_SERIES, figure=go.Figure(), style=HIDDEN),
+        html.Div(id=ids.RUN_FIGURES, className="run-figures", style=HIDDEN, children=[
+            dcc.Graph(id=ids.RUN_LAYERS, figure=go.Figure(), style={"height": "380px"}),
+            dcc.Graph(id=ids.RUN_SERIES, figure=go.Figure(), style={"height": "300px"}),
         ]),
         html.H4("Runs of this plan"),
         history_table(ids.RUN_HISTORY),
@@ -141,9 +141,8 @@ def run_panel(res, plan) -> tuple:
         hist = []
     if not res or (plan and res.get("model") != plan.get("model")):
         return (html.P("Run the current plan to compare measured with predicted times.",
-                       className="muted"), go.Figure(), go.Figure(), hist, HIDDEN, HIDDEN)
-    return (result_view(res), F.layers_figure(res), F.series_figure(res), hist,
-            {"height": "380px"}, {"height": "300px"})
+                       className="muted"), go.Figure(), go.Figure(), hist, HIDDEN)
+    return result_view(res), F.layers_figure(res), F.series_figure(res), hist, {}
 
 
 def do_calibrate(req_doc: dict, progress=lambda pct, msg: None) -> dict:
@@ -180,7 +179,7 @@ def register(app: dash.Dash) -> None:
 
     @app.callback(Output(ids.RUN_RESULT, "children"), Output(ids.RUN_LAYERS, "figure"),
                   Output(ids.RUN_SERIES, "figure"), Output(ids.RUN_HISTORY, "rowData"),
-                  Output(ids.RUN_LAYERS, "style"), Output(ids.RUN_SERIES, "style"),
+                  Output(ids.RUN_FIGURES, "style"),
                   Input(ids.STORE_RUN, "data"), Input(ids.STORE_PLAN, "data"))
     def show_run(res, plan):
         return run_panel(res, plan)
