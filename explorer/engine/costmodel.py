@@ -148,6 +148,7 @@ class CostModel:
         self._lat_cache: dict = {}
         self._cand_cache: dict = {}
         self._grad_cache: dict | None = None
+        self._tables_cache: dict = {}      # pins' text -> CostTables (shared by the methods)
 
     # -- gradients -------------------------------------------------------------------------
     def needs_grad(self, name: str) -> bool:
@@ -601,10 +602,25 @@ class CostModel:
         return t, nbytes.sum(axis=(1, 3))
 
     # -- all tables ------------------------------------------------------------------------
+    #: how many pin sets' tables one cost model keeps
+    TABLES_KEPT = 8
+
     def tables(self, pins: list | None = None) -> CostTables:
-        """Build every table the search needs, honouring ``pins`` (unknown layers rejected)."""
-        t0 = time.perf_counter()
+        """Every table the search needs, honouring ``pins`` (unknown layers rejected).  Built
+        once per pin set and shared: a comparison's baselines and searches read the same
+        tables (the methods never modify them)."""
         pins = list(pins or [])
+        key = tuple(p.text() for p in pins)
+        hit = self._tables_cache.get(key)
+        if hit is None:
+            hit = self._build_tables(pins)
+            if len(self._tables_cache) >= self.TABLES_KEPT:
+                self._tables_cache.pop(next(iter(self._tables_cache)))
+            self._tables_cache[key] = hit
+        return hit
+
+    def _build_tables(self, pins: list) -> CostTables:
+        t0 = time.perf_counter()
         by_layer: dict = {}
         for p in pins:
             if p.layer not in self.graph:
