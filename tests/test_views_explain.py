@@ -144,3 +144,18 @@ def test_run_panel_names_the_cost_model_without_cli_flags(plan):
     warn = ("the plan's predictions are for preset 'p100-nvlink-4', not this machine: search "
             "with --preset local to compare with measurements")
     assert "--" not in run.ui_text(warn) and "'local' devices preset" in run.ui_text(warn)
+
+
+def test_tiling_regions_are_shaded_labelled_hover_boxes():
+    from explorer.views import tiling
+    from explorer.views.figures import tiling as TF
+    plan = session.search(REQ)
+    geom, producers = tiling.layer_geometry(plan, REQ.to_dict(), "features_24")
+    one = TF.tiling_figure(geom, 0, producers)
+    regions = [t for t in one.data if t.meta == "needed region"]
+    assert regions and all(t.fill == "toself" and t.hoveron == "fills" for t in regions)
+    assert "needs" in regions[0].name                       # the hover says what is read
+    assert any("halo" in a.text for a in one.layout.annotations)
+    every = TF.tiling_figure(geom, "all", producers)
+    colors = {t.fillcolor for t in every.data if t.meta == "needed region"}
+    assert len(colors) == 4                                 # every device's region shaded

@@ -270,9 +270,14 @@ def pinned_layers(plan: dict | None) -> set:
             if isinstance(p, str) and "=" in p}
 
 
-def _prefix(names: list) -> str:
-    """The common prefix of a group's layer names, cut back to a ``_`` or ``.`` boundary."""
+def _prefix(names: list, gid: str = "") -> str:
+    """What a group's layer names share: its module path as layer names spell it
+    (``group:Mixed_5b`` -> ``mixed_5b_``) when most members start with it, else their
+    common prefix cut back to a ``_`` or ``.`` boundary."""
     import os
+    module = gid[6:].split("#")[0].lower().replace(".", "_")
+    if module and sum(n.lower().startswith(module + "_") for n in names) * 2 > len(names):
+        return module + "_"
     pre = os.path.commonprefix(list(names)) if len(names) > 1 else ""
     cut = max(pre.rfind("_"), pre.rfind("."))
     return pre[:cut + 1] if cut >= 0 else ""
@@ -285,7 +290,9 @@ def short_label(name: str, prefix: str) -> str:
     >>> short_label("mixed_5b_branch3x3dbl_2", "mixed_5b_")
     'branch3x3dbl_2'
     """
-    return name[len(prefix):] if prefix and name.startswith(prefix) and name != prefix else name
+    if prefix and name.lower().startswith(prefix.lower()) and len(name) > len(prefix):
+        return name[len(prefix):]
+    return name
 
 
 def build_elements(req: session.Request, plan: dict, expanded: list, step=None,
@@ -316,7 +323,7 @@ def build_elements(req: session.Request, plan: dict, expanded: list, step=None,
     for gid in sorted(set(parent_of.values())):
         els.append({"data": {"id": gid, "label": gid[6:] + "  (click to collapse)",
                              "kind": "parent", "color": "#eee"}})
-    prefix = {gid: _prefix(groups[gid]) for gid in set(parent_of.values())}
+    prefix = {gid: _prefix(groups[gid], gid) for gid in set(parent_of.values())}
     for u in visible:
         x, y = pos[u]
         if u.startswith("group:"):

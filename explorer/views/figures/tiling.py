@@ -393,21 +393,27 @@ def _assemble(panels, title, selected, legend_devices):
                                y0=rows[0], y1=rows[1], line=dict(color=color, dash=dash_,
                                                                  width=width),
                                fillcolor="rgba(0,0,0,0)", layer="above", name="outline"))
-        rx, ry, rh, rc = [], [], [], []
+        # the regions each device reads: dashed outline (a shape), lightly shaded, with the
+        # whole shaded box as the hover target (not a corner marker) and a label while few
+        many = len(p.regions) > 4
         for rows, cols, d, hover in p.regions:
+            color = device_color(d)
             shapes.append(dict(type="rect", xref=xref, yref=yref, x0=cols[0], x1=cols[1],
                                y0=rows[0], y1=rows[1],
-                               line=dict(color=device_color(d), dash="dash", width=2.5),
+                               line=dict(color=color, dash="dash", width=1.2 if many else 2.5),
                                fillcolor="rgba(0,0,0,0)", layer="above", name=f"region d{d}"))
-            rx.append(cols[0] + (cols[1] - cols[0]) * 0.04)
-            ry.append(rows[0] + (rows[1] - rows[0]) * 0.04)
-            rh.append(hover)
-            rc.append(device_color(d))
-        if rx:
-            data.append(dict(type="scatter", x=rx, y=ry, xaxis=xref, yaxis=yref,
-                             mode="markers", marker=dict(symbol="square-open", size=7, color=rc),
-                             hovertext=rh, hoverinfo="text", showlegend=False,
-                             name="needed regions"))
+            data.append(dict(type="scatter", xaxis=xref, yaxis=yref, mode="lines",
+                             x=[cols[0], cols[1], cols[1], cols[0], cols[0]],
+                             y=[rows[0], rows[0], rows[1], rows[1], rows[0]],
+                             fill="toself", fillcolor=_rgba(color, 0.06 if many else 0.16),
+                             line=dict(width=0), hoveron="fills", hoverinfo="name",
+                             name=hover, showlegend=False, legendgroup=f"d{d}",
+                             meta="needed region"))
+            if not many:
+                annotations.append(dict(
+                    text=f"d{d} reads (halo: beyond its tile)", xref=xref, yref=yref,
+                    x=cols[0], y=rows[0], xanchor="left", yanchor="top", showarrow=False,
+                    font=dict(size=9, color=color), bgcolor="rgba(255,255,255,0.75)"))
 
     few = len(legend_devices) <= 8    # a short legend sits top-right, a long one on the right
     for d in sorted(legend_devices):  # legend entries in full colour (click: hide a device)
