@@ -336,3 +336,42 @@ def test_a_step_inside_a_collapsed_group_opens_it(dash_duo):
     # labels inside an opened group are not cut to one identical prefix
     members = [v[1] for v in shown.values() if v[3] == "layer"]
     assert len(set(members)) == len(members)
+    # an opened group's box holds only its own layers
+    strays = """
+    const cy = document.getElementById(arguments[0])._cyreg.cy;
+    const out = [];
+    cy.nodes('[kind = "parent"]').forEach(g => {
+        const bb = g.boundingBox({includeLabels: false});
+        cy.nodes().forEach(n => {
+            if (n.isParent() || n.data('parent') === g.id()) { return; }
+            const p = n.position();
+            if (p.x > bb.x1 && p.x < bb.x2 && p.y > bb.y1 && p.y < bb.y2) { out.push(n.id()); }
+        });
+    });
+    return out;
+    """
+    time.sleep(0.5)
+    assert dash_duo.driver.execute_script(strays, ids.GRAPH) == []
+
+
+def test_tiling_halo_is_shaded_labelled_and_hoverable(dash_duo):
+    start(dash_duo)
+    tap(dash_duo, "features_24")
+    dash_duo.wait_for_contains_text(f"#{ids.DETAILS}", "features_24")
+    tab(dash_duo, "Tiling")
+    info = """
+    const g = document.getElementById(arguments[0]);
+    const p = g && g.querySelector('.js-plotly-plot');
+    if (!p || !p.data) { return null; }
+    const regions = p.data.filter(t => t.meta === 'needed region');
+    if (!regions.length) { return null; }
+    return [regions.length, regions.every(t => t.fill === 'toself' && t.hoveron === 'fills'),
+            (p.layout.annotations || []).some(a => (a.text || '').includes('halo'))];
+    """
+    n, filled, labelled = until(lambda: dash_duo.driver.execute_script(
+        info, ids.TILING_FIGURE), 60, "the tiling figure's regions")
+    assert n >= 1 and filled and labelled
+    # the shaded region is the hover target: its fill is drawn on the page
+    assert dash_duo.driver.execute_script(
+        "return document.getElementById(arguments[0]).querySelectorAll('.js-fill').length",
+        ids.TILING_FIGURE) >= n

@@ -264,6 +264,29 @@ def step_classes(trace: list, step: int | None) -> tuple:
     return cls, hot
 
 
+def clear_boxes(pos: dict, parent_of: dict, pad: float = 30.0) -> dict:
+    """Positions where no node sits inside an opened group's box unless it belongs to the
+    group: the box is drawn around its members, so an outsider within it would look like one
+    of them.  Outsiders inside a box move below it (the layout keeps its columns).
+
+    >>> p = clear_boxes({"a": (0, 0), "b": (100, 0), "m": (50, 0)}, {"a": "g", "b": "g"})
+    >>> p["m"][1] > 0
+    True
+    """
+    out = dict(pos)
+    boxes: dict = {}
+    for node, gid in parent_of.items():
+        if node in out:
+            boxes.setdefault(gid, []).append(out[node])
+    for gid, pts in boxes.items():
+        x0, x1 = min(x for x, _ in pts) - pad, max(x for x, _ in pts) + pad
+        y0, y1 = min(y for _, y in pts) - pad, max(y for _, y in pts) + pad
+        for node, (x, y) in list(out.items()):
+            if parent_of.get(node) != gid and x0 <= x <= x1 and y0 <= y <= y1:
+                out[node] = (x, y1 + pad)
+    return out
+
+
 def pinned_layers(plan: dict | None) -> set:
     """The layers the plan's pins name (``LAYER=…`` pins)."""
     return {p.split("=", 1)[0].strip() for p in (plan or {}).get("pins") or []
@@ -324,6 +347,7 @@ def build_elements(req: session.Request, plan: dict, expanded: list, step=None,
         els.append({"data": {"id": gid, "label": gid[6:] + "  (click to collapse)",
                              "kind": "parent", "color": "#eee"}})
     prefix = {gid: _prefix(groups[gid], gid) for gid in set(parent_of.values())}
+    pos = clear_boxes(pos, parent_of)
     for u in visible:
         x, y = pos[u]
         if u.startswith("group:"):
