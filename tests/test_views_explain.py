@@ -159,3 +159,14 @@ def test_tiling_regions_are_shaded_labelled_hover_boxes():
     every = TF.tiling_figure(geom, "all", producers)
     colors = {t.fillcolor for t in every.data if t.meta == "needed region"}
     assert len(colors) == 4                                 # every device's region shaded
+
+
+def test_strip_thumbnails_name_the_split_dimensions():
+    from explorer.views.figures import tiling as TF
+    layers = [{"name": "a", "op": "conv", "config": {"n": 4, "c": 4, "h": 1, "w": 1},
+               "config_label": "n4 c4", "devices": list(range(16))},
+              {"name": "b", "op": "conv", "config": {"n": 1, "c": 1, "h": 4, "w": 4},
+               "config_label": "h4 w4", "devices": list(range(16))}]
+    fig = TF.strip_figure({"layers": layers, "devices": 16})
+    dims = next(t for t in fig.data if t.meta == "strip-dimensions")
+    assert list(dims.text) == ["n", "c", "h", "w"]

@@ -608,6 +608,7 @@ def strip_figure(plan: dict, selected: str | None = None, per_row: int = 12) -> 
     paths: dict = {}
     bx_, by_ = [], []
     lx, ly, lt, cx, cy, cd, ch = [], [], [], [], [], [], []
+    ex, ey, et = [], [], []     # the dimension letters along each thumbnail's edges
     shapes = []
     for b_i, blk in enumerate(blocks):
         r_i, c_i = divmod(b_i, per_row)
@@ -620,6 +621,16 @@ def strip_figure(plan: dict, selected: str | None = None, per_row: int = 12) -> 
                 _rect_path(*paths.setdefault(d, ([], [])), x0 + c * w, x0 + (c + 1) * w,
                            y0 + r * h, y0 + (r + 1) * h)
         _rect_path(bx_, by_, x0, x0 + size, y0, y0 + size)
+        # which dimensions the rows and columns split: n4 c4 and h4 w4 draw the same 4×4
+        # grid, the letters on the edges tell them apart
+        if rows:
+            ex.append(x0 - 0.1)
+            ey.append(y0 + size / 2)
+            et.append("×".join(rows))
+        if cols:
+            ex.append(x0 + size / 2)
+            ey.append(y0 - 0.09)
+            et.append("×".join(cols))
         first = blk["names"][0]
         name = _short(first)
         extra = f" ×{blk['count']}" if blk["count"] > 1 else ""
@@ -651,6 +662,9 @@ def strip_figure(plan: dict, selected: str | None = None, per_row: int = 12) -> 
     data.append(dict(type="scatter", x=lx, y=ly, mode="text", text=lt,
                      textposition="bottom center", textfont=dict(size=10, color="#223"),
                      hoverinfo="skip", showlegend=False, name="labels", meta="strip-labels"))
+    data.append(dict(type="scatter", x=ex, y=ey, mode="text", text=et,
+                     textfont=dict(size=9, color="#556"), hoverinfo="skip", showlegend=False,
+                     name="dimensions", meta="strip-dimensions"))
     data.append(dict(type="scatter", x=cx, y=cy, mode="markers", customdata=cd,
                      hovertext=ch, hoverinfo="text", showlegend=False, name="blocks-hover",
                      marker=dict(size=30, symbol="square", color="rgba(0,0,0,0)")))
