@@ -375,3 +375,21 @@ def test_tiling_halo_is_shaded_labelled_and_hoverable(dash_duo):
     assert dash_duo.driver.execute_script(
         "return document.getElementById(arguments[0]).querySelectorAll('.js-fill').length",
         ids.TILING_FIGURE) >= n
+    # the strip's thumbnails say which dimensions their rows and columns split
+    letters = """
+    const p = document.getElementById(arguments[0]).querySelector('.js-plotly-plot');
+    const t = p && p.data && p.data.find(d => d.meta === 'strip-dimensions');
+    return t ? t.text : null;
+    """
+    got = until(lambda: dash_duo.driver.execute_script(letters, ids.TILING_STRIP), 30,
+                "the strip's dimension letters")
+    assert {"n", "c", "h×w"} & set(got) and "n" in got
+    # "all devices": every device's region shaded in its own colour
+    dash_duo.select_dcc_dropdown(f"#{ids.TILING_DEVICE}", value="all devices")
+    colours = """
+    const p = document.getElementById(arguments[0]).querySelector('.js-plotly-plot');
+    return p ? [...new Set(p.data.filter(t => t.meta === 'needed region')
+                                 .map(t => t.fillcolor))].length : 0;
+    """
+    until(lambda: dash_duo.driver.execute_script(colours, ids.TILING_FIGURE) == 4, 30,
+          "four devices' regions")
