@@ -1,12 +1,18 @@
 """Tofu benchmark: search time and communication at 8 workers (paper Table 1 and Figure 10).
 
-    python benchmarks/tofu.py [--workers 8] [--repeat 3] [--json]
+    python benchmarks/tofu.py [--workers 8] [--repeat 3] [--json] [--presets k80-pcie-8,p100-cluster]
 
 Models as in the paper's Section 7: WResNet-152 widened 10× at batch 8 and the 10-layer LSTM
 with 8K hidden units unrolled 20 steps at batch 128 (the batch Tofu fits for RNN-10-8K), on
 the 8×K80 PCIe preset.  Tracing (make_fx over fake tensors) is timed separately from the
 search; the search time is the best of ``--repeat`` runs in fresh processes' worth of caches
 (caches are cleared between runs).  Targets on a 2-core machine: 2 s and 10 s.
+
+Time on the links by preset (``--presets``, ``all`` for every preset with more than one
+device, each at its own size; ``p100-cluster``, sized by the device count, at ``--workers``): every Tofu-family algorithm's bytes and
+seconds under the same link model; on a preset with several link levels (``p100-cluster``:
+NVLink in a node, InfiniBand between) Tofu matches its recursion steps to the levels.
+Target: tofu ≤ every baseline in time on every preset.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ def _clear_caches():
     from explorer.engine.tdl import aten
     tofu._COST_CACHE.clear()
     tofu._STRAT_CACHE.clear()
+    tofu._PAIR_CACHE.clear()
     aten._BOUND_CACHE.clear()
 
 
@@ -42,17 +49,24 @@ def main(argv=None) -> int:
                     help="also every model of the paper's Table 2 (WResNet-50/101/152 × widening "
                          "4-10 at batch 8, RNN-6/8/10 × 4K-8K at batch 128): search time, "
                          "communication, peak memory per worker against a K80's 12 GiB")
+    ap.add_argument("--presets", default="k80-pcie-8,p100-cluster",
+                    help="comma-separated presets for the time-on-the-links table ('all': "
+                         "every preset of more than one device)")
     args = ap.parse_args(argv)
-    from explorer.engine.devices import preset
+    from explorer.engine.devices import PRESETS, preset
     from explorer.engine.opgraph import build_opgraph
     from explorer.engine.search import Problem, names, run
 
     dev = preset("k80-pcie-8", args.workers)
-    rows, cmp_rows = [], []
+    presets = [p for p in PRESETS if p != "local"] if args.presets == "all" else \
+        [p.strip() for p in args.presets.split(",") if p.strip()]
+    rows, cmp_rows, link_rows = [], [], []
     for label, spec, batch, margs, paper_s, target in MODELS:
         t0 = time.perf_counter()
         g = build_opgraph(spec, batch, margs)
         trace_s = time.perf_counter() - t0
+        for name in presets:
+            link_rows += _link_rows(label, g, name, args.workers)
         best, res = float("inf"), None
         for _ in range(args.repeat):
             _clear_caches()
@@ -90,7 +104,8 @@ def main(argv=None) -> int:
                              "peak_GiB": max(r.peak_memory_bytes) / 2**30,
                              "params_GB": g.counts()["param_bytes"] / 1e9})
     if args.json:
-        print(json.dumps({"search": rows, "compare": cmp_rows, "variants": var_rows}, indent=1))
+        print(json.dumps({"search": rows, "compare": cmp_rows, "variants": var_rows,
+                          "links": link_rows}, indent=1))
         return 0
     print(f"Tofu search at {args.workers} workers (8×K80 PCIe preset), best of {args.repeat}")
     print(f"{'model':<16}{'batch':>6}{'ops':>7}{'groups':>8}{'trace s':>9}{'search s':>10}"
@@ -105,6 +120,19 @@ def main(argv=None) -> int:
     for r in cmp_rows:
         print(f"{r['model']:<16}{r['algo']:<15}{r['comm_GB']:>9.2f}{r['comm_ms']:>9.0f}"
               f"{r['vs_tofu']:>8.2f}{r['search_s']:>10.2f}")
+    if link_rows:
+        print()
+        print("time on the links by preset (same link model for every algorithm)")
+        print(f"{'model':<16}{'preset':<14}{'n':>3}  {'algo':<15}{'comm GB':>9}{'links ms':>10}"
+              f"{'x tofu':>8}  levels")
+        for r in link_rows:
+            print(f"{r['model']:<16}{r['preset']:<14}{r['workers']:>3}  {r['algo']:<15}"
+                  f"{r['comm_GB']:>9.2f}{r['links_ms']:>10.0f}{r['time_vs_tofu']:>8.2f}  "
+                  f"{r['levels']}")
+        worse = [r for r in link_rows if r["time_vs_tofu"] < 1 - 1e-9]
+        print("tofu ≤ every baseline in time on the links: " +
+              ("yes" if not worse else "NO: " + ", ".join(
+                  f"{r['model']}/{r['preset']}/{r['algo']}" for r in worse)))
     if var_rows:
         print()
         print(f"paper Table 2 models at {args.workers} workers (K80: 12 GiB each)")
@@ -115,6 +143,27 @@ def main(argv=None) -> int:
                   f"{r['groups']:>8}{r['search_s']:>10.2f}{r['comm_GB']:>9.2f}"
                   f"{r['peak_GiB']:>10.2f}{'yes' if r['peak_GiB'] <= 12 else 'no':>6}")
     return 0
+
+
+def _link_rows(label, g, name, workers) -> list:
+    """Every Tofu-family algorithm on preset ``name``: bytes, seconds on the links, the
+    step-to-level order (most significant device digit first) and the time against Tofu's."""
+    from explorer.engine.devices import preset
+    from explorer.engine.search import Problem, names, run
+    dev = preset(name, workers) if name == "p100-cluster" else preset(name)
+    n = dev.n
+    if n < 2:
+        return []
+    res = {}
+    for algo in names("tofu"):
+        _clear_caches()
+        res[algo] = run(algo, Problem.of(g, dev)).plan
+    t = max(res["tofu"].objective_s, 1e-12)
+    return [{"model": label, "preset": name, "workers": n, "algo": a,
+             "comm_GB": r.comm_bytes / 1e9, "links_ms": r.objective_s * 1e3,
+             "time_vs_tofu": r.objective_s / t, "search_s": r.search_time_s,
+             "levels": "-".join(str(i + 1) for i in r.levels) if r.levels else "-"}
+            for a, r in res.items()]
 
 
 if __name__ == "__main__":

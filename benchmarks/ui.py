@@ -9,13 +9,17 @@
 4. The tiling strip of 125 layers that do not fold (125 blocks on 4 devices): building the
    figure and its JSON, in this process (target ≤ 0.5 s; ``--figures`` runs only this one,
    without a browser).
-5. Compare on Inception-v3 at 16 devices (p100-cluster): what the Compare tab's callback does
+5. The Learn page (``/learn``): from navigation until its tabs and first scenario (text and
+   controls) are shown (target ≤ 2 s), and until that scenario's live figures are drawn
+   (OptCNN Figures 1-4 on VGG-16; target ≤ 2 s once the server has captured the model -
+   the median of --repeat loads).  ``--learn`` runs only these.
+6. Compare on Inception-v3 at 16 devices (p100-cluster): what the Compare tab's callback does
    once the page has searched its plan - every method's plan, the time and bytes figures
    (target ≤ 2 s); then the scaling figure the page draws next (every method at 1, 2, 4, 8,
    16 devices: a capture per batch size; no target, reported).  In this process, fresh
    caches each repetition (``--compare`` runs only these).
 
-    python benchmarks/ui.py [--repeat 3] [--figures]
+    python benchmarks/ui.py [--repeat 3] [--figures] [--learn] [--compare]
 
 Each row is the median of --repeat fresh page loads (the server process is started once per
 model and excluded: its start-up, the import and the first search happen before timing).
@@ -41,6 +45,41 @@ const o = document.getElementById('objective-value');
 if (!o) { return null; }
 return performance.now();
 """
+
+
+LEARN_SHOWN = """
+const t = document.getElementById('learn-tabs');
+const s = document.querySelector('#learn-optcnn-dims-section h2');
+const c = document.getElementById('learn-optcnn-dims-devices');
+return (t && s && c) ? performance.now() : null;
+"""
+LEARN_DRAWN = """
+const ids = ['learn-optcnn-dims-times', 'learn-optcnn-dims-fig', 'learn-optcnn-dims-reads'];
+for (const id of ids) {
+    const el = document.querySelector('#' + id + ' .js-plotly-plot');
+    if (!el || !el.data || !el.data.length) { return null; }
+}
+return performance.now();
+"""
+
+
+def learn_first_render(drv, url):
+    """``(shown, drawn)``: seconds from navigation to /learn until its first scenario is
+    shown, and until that scenario's three figures hold data."""
+    drv.get("about:blank")
+    drv.get(url + "learn")
+    shown = B.wait(drv, lambda: drv.execute_script(LEARN_SHOWN), 60, poll=0.01)
+    drawn = B.wait(drv, lambda: drv.execute_script(LEARN_DRAWN), 120, poll=0.01)
+    return shown / 1000.0, drawn / 1000.0
+
+
+def learn_rows(drv, repeat):
+    with B.server() as url:
+        ts = [learn_first_render(drv, url) for _ in range(repeat)]
+    return [("Learn page first render (tabs, first scenario's text and controls)",
+             statistics.median(t[0] for t in ts), 2.0),
+            ("Learn page first scenario's live figures drawn (VGG-16 captured)",
+             statistics.median(t[1] for t in ts), 2.0)]
 
 
 def time_to_interactive(drv, url, min_nodes):
@@ -119,11 +158,17 @@ def main(argv=None):
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--figures", action="store_true",
                     help="only the figure builders, in this process (no browser)")
+    ap.add_argument("--learn", action="store_true", help="only the Learn page's rows")
     ap.add_argument("--compare", action="store_true",
                     help="only the Compare tab on Inception-v3 at 16 devices, in this process")
     args = ap.parse_args(argv)
     if args.compare:
         rows = compare_times(args.repeat)
+        print_rows(rows)
+        return rows
+    if args.learn:
+        with B.browser() as drv:
+            rows = learn_rows(drv, args.repeat)
         print_rows(rows)
         return rows
     rows = [("Tiling strip of 125 unfolded layers: figure + JSON",
@@ -152,6 +197,7 @@ def main(argv=None):
             info = B.text(drv, "#graph-info")
             rows.append((f"2,000-layer graph opened collapsed ({info.split(',')[0]}, {n} nodes"
                          f" shown)", statistics.median(ts), 3.0))
+        rows += learn_rows(drv, args.repeat)
     print_rows(rows)
     return rows
 

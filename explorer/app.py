@@ -63,7 +63,8 @@ def create_app(request: session.Request | None = None, allow_model_files: bool =
     its URL says otherwise; ``allow_model_files`` lets the page load ``path.py:function``
     models, which runs their code on this machine (a process-wide setting, see
     :mod:`explorer.views.state`)."""
-    from .views import compare, graph, model, page, placement, plans, run, steps, tiling, tofu
+    from .views import (compare, graph, learn, model, page, placement, plans, run, steps,
+                        tiling, tofu)
 
     state.allow_model_files(allow_model_files)
     app = Dash(__name__, title="Plan Explorer", use_pages=True, pages_folder="",
@@ -71,7 +72,7 @@ def create_app(request: session.Request | None = None, allow_model_files: bool =
                background_callback_manager=background_manager(),
                assets_folder=os.path.join(os.path.dirname(os.path.dirname(__file__)), "assets"))
     app.server.config[page.CONFIG_KEY] = state.request_doc(request or DEFAULT_REQUEST)
-    for view in (page, model, graph, steps, tiling, compare, run, tofu, placement, plans):
+    for view in (page, model, graph, steps, tiling, compare, run, tofu, placement, plans, learn):
         view.register(app)
     app.layout = html.Div(className="app", children=[
         html.Header(className="header", children=[

@@ -52,10 +52,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--memory-per-device", type=float, default=None, metavar="GIB",
                    help="placement algorithms: memory limit per device in GiB (default: the "
                         "preset's capacity)")
-    s.add_argument("--refine-memory", choices=["budget", "simulated"], default="budget",
-                   help="celeritas: what the simulated refinement keeps within capacity - the "
-                        "placers' whole-step budget (default, as Adjusting Placement) or only "
-                        "each device's simulated peak (looser; the rule oom is judged by)")
+    s.add_argument("--refine-memory", choices=["budget", "simulated"], default="simulated",
+                   help="celeritas: what the simulated refinement keeps within capacity - each "
+                        "device's simulated peak by liveness (default; the rule oom is judged "
+                        "by) or the stricter whole-step sum of every output")
     s.add_argument("--dump-graph", metavar="FILE",
                    help="placement algorithms: write the operator graph the placers saw "
                         "(node-link JSON with times, memory, bytes and the device graph)")
@@ -95,6 +95,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="refuse the plan before launching unless it is for this many devices")
     r.add_argument("--model", default=None,
                    help="refuse the plan before launching unless it is for this model")
+    r.add_argument("--memory-per-worker", type=float, default=None, metavar="GIB",
+                   help="per-worker memory limit (Tofu plans, placements): a plan predicted "
+                        "over it is refused before launch, a worker going over it stops the run")
     r.add_argument("--sync", default="auto", choices=["auto", "p2p", "allreduce"],
                    help="gradient sums of replicated shards: point-to-point or all-reduce "
                         "(auto: p2p on gloo, all-reduce on NCCL)")
@@ -205,7 +208,7 @@ def _check_flags(args, family: str) -> None:
         if given and family not in families:
             raise ValueError(f"{flag} does not apply to {args.algo} (a {family} method); it "
                              f"is for {' and '.join(families)} methods")
-    if args.refine_memory != "budget" and args.algo != "celeritas":
+    if args.refine_memory != "simulated" and args.algo != "celeritas":
         raise ValueError(f"--refine-memory applies to celeritas only, not {args.algo}")
 
 
@@ -341,6 +344,10 @@ def _search_tofu(args, req, res, g) -> int:
         for i, s_ in enumerate(plan.steps):
             print(f"  step {i + 1}: {s_.groups} group(s) -> x{s_.k}: +{s_.delta_bytes / 1e9:.3f} GB"
                   f"  ({s_.seconds * 1e3:.1f} ms at {s_.bandwidth / 1e9:.1f} GB/s)")
+        if plan.levels and plan.levels != sorted(plan.levels):
+            print(f"  steps matched to link levels: device numbers take the steps' digits in "
+                  f"the order {'-'.join(str(i + 1) for i in plan.levels)} (slowest links "
+                  f"first)")
         print(f"communication {res.comm_bytes / 1e9:.3f} GB per step, {res.objective_s * 1e3:.1f}"
               f" ms; peak memory per worker {worst / 2**30:.2f} GiB (capacity {cap / 2**30:.0f}"
               f" GiB)")

@@ -359,6 +359,52 @@ def tiles(req: Request, layer: str, config: dict, devices: list) -> dict:
             "inputs": ins, "params": shards}
 
 
+# -- the Learn page: the papers' worked examples (explorer.engine.lessons) -------------------
+
+def learn_elimination(req: Request) -> dict:
+    """OptCNN Figures 5-6 on the request's model: every node and edge elimination of the
+    optimal search with equations 2 and 3 evaluated at the plan's configurations."""
+    from .engine.lessons import elimination_steps
+    res = run_method(req, "optcnn")
+    out = elimination_steps(res.tables, res.trace, res.choice)
+    out["request"] = req.to_dict()
+    return out
+
+
+def learn_dense(req: Request, layer: str | None = None) -> dict:
+    """OptCNN Section 3 (Figure 2): the request's first fully-connected layer (or ``layer``)
+    under data against channel parallelism on ``req.devices`` devices."""
+    from .engine.lessons import dense_layer
+    g = graph_for(req)
+    if layer is None:
+        layer = next((n for n in g.names() if g.layer(n).op == "linear"), None)
+        if layer is None:
+            raise ExplorerError(f"{req.model} has no fully-connected layer")
+    try:
+        return dense_layer(g, cost_model_for(req).tables(), layer, req.devices)
+    except ValueError as exc:
+        raise ExplorerError(str(exc)) from None
+
+
+def learn_conv1d(batch: int, ci: int, co: int, length: int, window: int, workers: int) -> dict:
+    """Tofu Figures 1-3: conv1d's strategies found by the interval analysis."""
+    from .engine.lessons import conv1d_strategies
+    try:
+        return conv1d_strategies(int(batch), int(ci), int(co), int(length), int(window),
+                                 int(workers))
+    except (ValueError, TypeError) as exc:
+        raise ExplorerError(str(exc)) from None
+
+
+def learn_orders(chains: int, length: int, devices: int) -> dict:
+    """Celeritas Figure 3: M-TOPO, DFS-TOPO and CPD-TOPO on parallel chains, and fusion."""
+    from .engine.lessons import topo_orders
+    try:
+        return topo_orders(int(chains), int(length), int(devices))
+    except (ValueError, TypeError) as exc:
+        raise ExplorerError(str(exc)) from None
+
+
 _OPGRAPHS: OrderedDict = OrderedDict()
 _TOFU: OrderedDict = OrderedDict()
 
@@ -390,11 +436,51 @@ def _tofu_result(req: Request, algo: str, pins=()):
 
 
 def tofu(req: Request, algo: str = "tofu", pins=()) -> dict:
-    """Tofu (or a Section 7.3 baseline) on the request's model: the plan summary and steps."""
+    """Tofu (or a Section 7.3 baseline) on the request's model: the plan summary and steps,
+    with the digest of the operator graph it was made on (its runs are stored under it)."""
+    from .engine.opgraph import opgraph_digest
     res = _tofu_result(req, algo, pins)
     doc = res.to_dict(tensors=False)
     doc["request"] = req.to_dict()
+    doc["opgraph_digest"] = opgraph_digest(opgraph_for(req))
     return doc
+
+
+def run_tofu(doc: dict, timeout_s: float = 600.0, memory_gib=None,
+             progress=lambda v: None) -> dict:
+    """Execute the Tofu plan the Tofu page shows (:func:`tofu`) on local gloo workers, one per
+    worker of the plan (:func:`run_plan` on its sealed document, :func:`plan_file`): the
+    reference check against one device (float64), bytes moved, step time and whatever the
+    runtime measures per worker.  ``memory_gib``: the per-worker limit
+    (``--memory-per-worker``).  Refuses, before launching, a run that would not fit in this
+    machine's free memory.  The result carries ``plan_predicted_step_time_s`` (the plan's
+    own prediction: time on the links) next to the runtime's fields."""
+    import psutil
+
+    from .engine.plandoc import kind_of
+    if not isinstance(doc, dict) or kind_of(doc) != "tofu" or "request" not in doc:
+        raise ExplorerError("partition the model first, then run the Tofu plan")
+    n = int(doc.get("devices") or 1)
+    peaks = [float(x) for x in doc.get("peak_memory_bytes") or []]
+    # float64 (twice the plan's float32 bytes) on every worker, full-size buffers in the worst
+    # case, plus the single-device reference
+    need = 2.0 * (n + 1) * sum(peaks)
+    free = float(psutil.virtual_memory().available)
+    if need > 0.7 * free:
+        raise ExplorerError(
+            f"running this Tofu plan needs up to {need / 2**30:.1f} GiB here (float64, {n} "
+            f"workers and the reference) but {free / 2**30:.1f} GiB is free: choose a smaller "
+            f"batch or model to execute it on this machine")
+    limit = _memory_bytes(memory_gib)
+    progress(5)
+    sealed = plan_file(doc)
+    progress(20)
+    out = run_plan(sealed, steps=3, timeout_s=timeout_s, verify=False,
+                   memory_per_worker=limit)
+    out["plan_predicted_step_time_s"] = float(doc.get("predicted_step_time_s") or 0.0)
+    out["plan_peak_memory_bytes"] = peaks
+    progress(95)
+    return out
 
 
 def tofu_strip(req: Request, algo: str = "tofu", upto: int | None = None) -> list:

@@ -29,11 +29,37 @@ def shot(drv, out, name):
     print("wrote", path)
 
 
+def learn_shots(out):
+    """The Learn page (/learn) at 1500×1100 and 1024×768: the first scenario (OptCNN Figures
+    1-4) once its figures are drawn, and the elimination scenario (equations 2 and 3)."""
+    for (w, h), name in (((1500, 1100), "learn.png"), ((1024, 768), "learn-1024.png")):
+        with B.browser(w, h) as drv, B.server() as url:
+            drv.get(url + "learn")
+            B.wait(drv, lambda: drv.execute_script(
+                "return document.querySelectorAll('#learn-optcnn-dims-times .bar').length"
+                " || document.querySelectorAll('#learn-optcnn-dims-times .point').length"), 120)
+            # a first visit opens the guided tour: close it for the picture
+            B.wait(drv, lambda: drv.find_element("id", "learn-tour-close").is_displayed(), 30)
+            drv.find_element("id", "learn-tour-close").click()
+            time.sleep(1.5)
+            shot(drv, out, name)
+            if w == 1500:
+                drv.find_element("css selector", "#learn-tabs .tab:nth-child(3)").click()
+                B.wait(drv, lambda: "Equation" in B.text(drv, "#learn-optcnn-elim-fig"), 120)
+                time.sleep(1.5)
+                shot(drv, out, "learn-elimination.png")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.path.join(ROOT, "docs", "screenshots"))
+    ap.add_argument("--only", choices=("learn",), default=None,
+                    help="take only the Learn page's screenshots")
     args = ap.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
+    learn_shots(args.out)
+    if args.only == "learn":
+        return
     with B.browser(1400, 1250) as drv:
         with B.server() as url:                       # VGG-16 on 4×P100 NVLink
             drv.get(url)

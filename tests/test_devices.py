@@ -56,6 +56,8 @@ def test_v100_pcie_4():
     g = preset("v100-pcie-4")
     assert g.n == 4 and g.devices[0].peak_flops == pytest.approx(14e12)
     assert (off_diagonal(g) == 16e9).all()
+    # Celeritas Section 6.1: "4 NVIDIA Tesla V100 GPUs (each has 32GB memory)"
+    assert all(d.memory == 32 * 1024 ** 3 for d in g.devices)
 
 
 @pytest.mark.parametrize("n, nodes", [(1, [0]), (4, [0] * 4), (6, [0] * 4 + [1] * 2),

@@ -211,7 +211,7 @@ def test_cli_family_flags_work_and_others_are_refused(tmp_path):
     for argv, words in [(["--algo", "tofu", "--dump-costs", "x.json"], "--dump-costs does not"),
                         (["--algo", "metis", "--compare"], "--compare does not"),
                         (["--memory-per-device", "4"], "--memory-per-device does not"),
-                        (["--algo", "metis", "--refine-memory", "simulated"], "celeritas only")]:
+                        (["--algo", "metis", "--refine-memory", "budget"], "celeritas only")]:
         bad = explorer_cli("search", "lenet5", "-n", "2", *argv)
         assert bad.returncode == 2 and words in bad.stderr, bad.stderr
         assert len(bad.stderr.strip().splitlines()) == 1

@@ -182,12 +182,10 @@ def test_celeritas_refines_adjusting_placement_and_records_it():
     res = celeritas.place(tp, preset("v100-pcie-4"), {"R": 20})
     for gid in np.unique(tp.group[tp.group >= 0]):
         assert len(set(res.placement[tp.group == gid].tolist())) == 1
-    _, bl = _graph_levels(tp)
-    assert res.predicted_step_time_s == pytest.approx(simulate(tp, res.placement,
-                                                               priority=bl).makespan)
+    assert res.predicted_step_time_s == pytest.approx(simulate(tp, res.placement).makespan)
 
 
-def test_budget_per_device_matches_the_placers_accounting():
+def test_budget_per_device_is_the_whole_step_sum():
     """a -> b, a -> c, b -> d: a, b on 0; c, d on 1.  Device 1 holds c, d and receives a and
     b once each."""
     g = nx.DiGraph([("a", "b"), ("a", "c"), ("b", "d"), ("c", "d")])
@@ -202,13 +200,14 @@ def test_budget_per_device_matches_the_placers_accounting():
 
 
 def test_budget_memory_rule_is_stricter():
-    """With memory="budget" every accepted placement keeps the placers' whole-step budget."""
+    """With memory="budget" a placement within the whole-step sum stays within it."""
     from explorer.engine.placement.refine import budget_per_device
     pg, _ = random_graph(6, n=40, ndev=3, mem_scale=1e9)
-    pg = pg.with_capacity(float(pg.mem.sum()) * 0.45)
+    pg = pg.with_capacity(float(pg.mem.sum()) * 0.7)
     order, _, _ = graph_order(pg, "cpd")
     co, _, _ = fuse(pg, order, R=6, M=1e12)
-    start = adjusting_placement(co, pg).node_device
+    start = np.zeros(pg.n, dtype=np.int64)           # Adjusting Placement keeps liveness only:
+    start[pg.topo[pg.n // 2:]] = 1                    # a start within the whole-step sum
     assert (budget_per_device(pg, start) <= pg.capacity * (1 + 1e-9)).all()
     res = refine(pg, start, placement_units(pg, co), memory="budget", max_evals=500)
     assert (budget_per_device(pg, res.placement) <= pg.capacity * (1 + 1e-9)).all()

@@ -6,7 +6,7 @@ Presets reproduce the papers' hardware from the vendors' published figures:
   InfiniBand between nodes; as many nodes as the device count needs (OptCNN Section 6).
 * ``p100-nvlink-4``: one such node.  ``p100-ib-16``: 16 P100s on 4 nodes.
 * ``k80-pcie-8``: 8 K80 GPUs (GK210 dies) on PCIe, 21 GB/s peer to peer (Tofu Section 7).
-* ``v100-pcie-4``: 4 V100 PCIe cards.
+* ``v100-pcie-4``: 4 V100 PCIe cards of 32 GB on PCIe (Celeritas Section 6.1).
 * ``local``: this machine's CUDA GPUs, or CPU worker processes when there are none.
 
 Custom clusters come from a JSON file (see :func:`from_json`).
@@ -119,11 +119,17 @@ def _cluster(name, n, per_node, make_dev, intra_bw, inter_bw, intra_lat, inter_l
     return DeviceGraph(name, devs, bw, lat, desc)
 
 
-# Vendor figures (FP32 peak, memory bandwidth, capacity):
-#  P100 SXM2: 10.6 TFLOP/s, 732 GB/s HBM2, 16 GB; NVLink 1.0 with 4 links of 20 GB/s per
+# Each figure, and where it comes from (the papers give the machine and the memory; the speeds
+# are the vendors' data sheets for that card):
+#  P100 SXM2 (OptCNN Section 6: "four NVIDIA Tesla P100 GPUs" per node, NVLink inside a node,
+#    "100Gb/s EDR Infiniband" between nodes; the paper gives no capacity: the P100 SXM2 has
+#    16 GB): 10.6 TFLOP/s FP32, 732 GB/s HBM2, 16 GB; NVLink 1.0 with 4 links of 20 GB/s per
 #    direction; in a 4-GPU node each pair is joined by one link pair -> 40 GB/s.
-#  K80 (per GK210 die, boost): 4.37 TFLOP/s, 240 GB/s, 12 GB.
-#  V100 PCIe: 14 TFLOP/s, 900 GB/s, 16 GB; PCIe 3.0 x16 16 GB/s per direction.
+#  K80 (Tofu Section 7: "8 K80 GPUs with 12GB memory each", "PCI-e bus with 21GB/s
+#    peer-to-peer bandwidth"; per GK210 die, boost clock): 4.37 TFLOP/s, 240 GB/s, 12 GB.
+#  V100 PCIe (Celeritas Section 6.1: "4 NVIDIA Tesla V100 GPUs (each has 32GB memory)",
+#    "interconnected via the PCIe bus"): 14 TFLOP/s FP32, 900 GB/s HBM2, 32 GB (the 32 GB
+#    card's 32 GiB); PCIe 3.0 x16 16 GB/s per direction.
 #  EDR InfiniBand 100 Gb/s = 12.5 GB/s.
 def _p100(i, node):
     return Device(f"p100:{i}", "P100", 10.6e12, 732 * GB, 16 * GiB, node)
@@ -134,7 +140,7 @@ def _k80(i, node):
 
 
 def _v100(i, node):
-    return Device(f"v100:{i}", "V100-PCIe", 14.0e12, 900 * GB, 16 * GiB, node)
+    return Device(f"v100:{i}", "V100-PCIe", 14.0e12, 900 * GB, 32 * GiB, node)
 
 
 PRESETS = {
@@ -143,7 +149,7 @@ PRESETS = {
     "p100-nvlink-4": ("one node, 4×P100 SXM2 with NVLink (OptCNN Table 5)", 4),
     "p100-ib-16": ("16×P100 on 4 nodes, NVLink inside, 100 Gb/s EDR InfiniBand between", 16),
     "k80-pcie-8": ("8×K80 (GK210) on PCIe, 21 GB/s peer-to-peer (Tofu's machine)", 8),
-    "v100-pcie-4": ("4×V100 PCIe, 16 GB/s PCIe 3.0 x16", 4),
+    "v100-pcie-4": ("4×V100 PCIe 32 GB, 16 GB/s PCIe 3.0 x16 (Celeritas's machine)", 4),
     "local": ("this machine: CUDA GPUs, or CPU worker processes when there are none", None),
 }
 

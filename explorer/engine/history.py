@@ -45,6 +45,9 @@ def digest(plan: dict) -> str:
     """Content hash of a plan: same model, devices, pins and per-layer choices → same digest
     (timings, trace and app bookkeeping are ignored)."""
     core = {k: v for k, v in plan.items() if k not in _VOLATILE}
+    if isinstance(core.get("steps"), list):      # a Tofu plan's steps carry their search time
+        core["steps"] = [{k: v for k, v in s.items() if k != "search_time_s"}
+                         if isinstance(s, dict) else s for s in core["steps"]]
     return hashlib.sha256(dumps(core, sort_keys=True).encode()).hexdigest()
 
 

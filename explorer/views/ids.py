@@ -114,6 +114,17 @@ TOFU_COMPARE = "tofu-compare"
 TOFU_DOWNLOAD_BUTTON = "tofu-download-button"
 TOFU_DOWNLOAD = "tofu-download"
 STORE_TOFU = "store-tofu"
+TOFU_RUN_BUTTON = "tofu-run-button"
+TOFU_RUN_CANCEL = "tofu-run-cancel"
+TOFU_RUN_PROGRESS = "tofu-run-progress"
+TOFU_RUN_STATUS = "tofu-run-status"
+TOFU_RUN_MEMORY = "tofu-run-memory"             # --memory-per-worker (GiB), optional
+TOFU_RUN_ERROR = "tofu-run-error"
+TOFU_RUN_RESULT = "tofu-run-result"
+TOFU_RUN_MEMORY_FIG = "tofu-run-memory-fig"
+TOFU_RUN_TIME_FIG = "tofu-run-time-fig"
+TOFU_RUN_HISTORY = "tofu-run-history"
+STORE_TOFU_RUN = "store-tofu-run"               # last run of a Tofu plan (panel)
 
 # placement (Celeritas device placement of the operator graph, and its baselines)
 PLACE_ALGO = "place-algo"
@@ -182,3 +193,21 @@ CALIB_PROGRESS = "calib-progress"
 CALIB_STATUS = "calib-status"
 CALIB_ERROR = "calib-error"
 RUN_FIGURES = "run-figures"                      # the run's charts, hidden before a run
+
+# Learn page (/learn): the papers' figures as live scenarios
+LEARN_TABS = "learn-tabs"                  # which scenario is shown (value = scenario key)
+LEARN_BODY = "learn-body"                  # the shown scenario's content (built on demand)
+LEARN_TOUR = "learn-tour"                  # the guided tour overlay
+LEARN_TOUR_OPEN = "learn-tour-open"        # header button: take the tour again
+LEARN_TOUR_NEXT = "learn-tour-next"
+LEARN_TOUR_BACK = "learn-tour-back"
+LEARN_TOUR_CLOSE = "learn-tour-close"
+LEARN_TOUR_STEP = "learn-tour-step"        # the tour's text for the current step
+STORE_LEARN_TOUR = "store-learn-tour"      # {"seen": bool} in localStorage: first visit or not
+STORE_LEARN_STEP = "store-learn-step"      # the tour's current step index (or None: closed)
+
+
+def learn(scenario: str, part: str) -> str:
+    """The id of one part (``fig``, ``paper``, ``ours``, ``link``, a control name) of a Learn
+    scenario: ``learn-<scenario>-<part>``."""
+    return f"learn-{scenario}-{part}"

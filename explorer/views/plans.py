@@ -3,7 +3,8 @@ saved plan back into the app, downloading the current plan and uploading a plan 
 kind (layer-wise, Tofu, placement): a loaded plan becomes the page's state - its model,
 devices and method fill the form, and its tab shows it.
 
-Every plan that reaches the plan store without an ``"error"`` is saved automatically, unless
+Every plan that reaches the plan store (layer-wise) or the Tofu store without an ``"error"``
+is saved automatically, unless
 it came from the history (it then carries ``history_id``) or an identical plan is already
 saved (same model, devices, pins and per-layer choices).  The auto-save is a callback
 *without outputs* on the plan store; the table's callback saves too (atomically deduplicated),
@@ -61,9 +62,17 @@ def table_rows(store: PlanStore, limit: int = 200) -> list:
 
 
 def request_of(plan: dict) -> dict:
-    """The request dict (with pins) a layer-wise plan answers: its own ``request`` when the app
-    made it, else rebuilt from the plan's fields (plans written by ``explorer search``)."""
-    return state.request_from_document(plan, "layerwise")
+    """The request dict (with pins) a saved plan answers (any kind): its own
+    ``request`` when the app made it, else rebuilt from the plan's fields (plans written by
+    ``explorer search``)."""
+    return state.request_from_document(plan, _kind(plan))
+
+
+def _kind(plan: dict) -> str:
+    """A saved plan's kind: ``tofu``, ``placement`` or ``layerwise`` (old in-app plans carry
+    no schema)."""
+    kind = plandoc.kind_of(plan)
+    return kind if kind in ("tofu", "placement") else "layerwise"
 
 
 def autosave(plan, store: PlanStore, note: str = "search"):
@@ -85,15 +94,17 @@ def autosave(plan, store: PlanStore, note: str = "search"):
 
 def load_plan(store: PlanStore, plan_id) -> tuple:
     """``(plan, request, pins)`` for the stores from saved plan ``plan_id``; the plan carries
-    ``history_id`` (so it is not saved again) and ``request``."""
+    ``history_id`` (so it is not saved again) and ``request``.  A Tofu plan comes back as the
+    Tofu tab shows it (:func:`tofu_doc`), a placement as the Placement tab does."""
     plan = store.get(plan_id)
+    request = request_of(plan)
+    if _kind(plan) == "tofu":
+        plan = tofu_doc(plan, request)
     plan["history_id"] = int(plan_id)
-    kind = plandoc.kind_of(plan) or "layerwise"
-    if kind == "layerwise":
-        plan["request"] = request_of(plan)
-    elif not isinstance(plan.get("request"), dict):
-        plan["request"] = state.request_from_document(plan, kind)
-    return plan, plan["request"], list(plan.get("pins") or [])
+    if _kind(plan) != "layerwise":
+        return plan, request, []
+    plan["request"] = request
+    return plan, request, list(plan.get("pins") or [])
 
 
 def download_payload(plan) -> dict:
@@ -418,8 +429,9 @@ def register(app: dash.Dash) -> None:
         # no outputs: saves whichever tab is shown, every plan kind
         try:
             store = PlanStore()
-            for doc in (plan, tofu_doc, placement_doc):
-                autosave(doc, store)
+            for doc, note in ((plan, "search"), (tofu_doc, "tofu"),
+                              (placement_doc, "placement")):
+                autosave(doc, store, note)
         except Exception:  # noqa: BLE001 - the history is best effort; the table reports errors
             pass
 
@@ -435,10 +447,11 @@ def register(app: dash.Dash) -> None:
         try:
             store = PlanStore()
             msg = None
+            notes = {id(plan): "search", id(tofu_doc): "tofu", id(placement_doc): "placement"}
             for doc in _arrived(plan, tofu_doc, placement_doc):
-                msg = autosave(doc, store)[1] or msg
+                msg = autosave(doc, store, notes.get(id(doc), "search"))[1] or msg
             for doc in (plan, tofu_doc, placement_doc):     # idempotent: identical plans
-                autosave(doc, store)                        # are saved once
+                autosave(doc, store, notes.get(id(doc), "search"))   # are saved once
             rows = table_rows(store)
         except Exception as exc:  # noqa: BLE001 - a broken history file must not break the app
             return dash.no_update, f"plan history unavailable: {exc}"

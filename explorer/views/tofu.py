@@ -8,7 +8,10 @@ paper's Section 7.3 baselines) as a background job, then shows
   gives each step's k_i, the bytes it adds and the link it crosses;
 * Figure 11: every weighted operator's weight (top) and activation input (bottom) as grids of
   tiles coloured by worker, repeated identically tiled blocks folded "×N";
-* Figure 10: the algorithms' communication side by side (:mod:`explorer.views.figures.tofu`).
+* Figure 10: the algorithms' communication side by side (:mod:`explorer.views.figures.tofu`);
+* **Run on local workers**: the shown plan executed as a background job through the service
+  (optionally under a per-worker memory limit), then measured against predicted memory per
+  worker and step time, the reference check, and the runs of this plan so far.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from . import palette as P
 from . import state
 from .controls import context, download_controls, job_controls, register_download, running
 from .figures import tofu as F
+from .run import history_table
 
 
 STEP_COLUMNS = [("step", "step"), ("split", "groups → workers"), ("delta", "adds"),
@@ -61,6 +65,23 @@ def layout(req: dict | None = None):
         html.Div(id=ids.TOFU_STRIP, className="tofu-strip"),
         dcc.Loading(dcc.Graph(id=ids.TOFU_COMPARE, figure=go.Figure(),
                               style={"height": "340px", "display": "none"})),
+        html.H4("Run the plan"),
+        dcc.Store(id=ids.STORE_TOFU_RUN, data=None),
+        html.Div(className="row", children=[
+            html.Label(["Memory per worker (GiB, optional)",
+                        dcc.Input(id=ids.TOFU_RUN_MEMORY, type="number", min=0,
+                                  placeholder="no limit", style={"width": "110px"})]),
+            *job_controls("Run on local workers", ids.TOFU_RUN_BUTTON, ids.TOFU_RUN_CANCEL,
+                          ids.TOFU_RUN_PROGRESS, ids.TOFU_RUN_STATUS, "Cancel run"),
+        ]),
+        html.Div(id=ids.TOFU_RUN_ERROR, className="error"),
+        html.Div(id=ids.TOFU_RUN_RESULT),
+        html.Div(className="run-figures", children=[
+            dcc.Graph(id=ids.TOFU_RUN_MEMORY_FIG, figure=go.Figure(), style={"height": "300px"}),
+            dcc.Graph(id=ids.TOFU_RUN_TIME_FIG, figure=go.Figure(), style={"height": "300px"}),
+        ]),
+        html.H4("Runs of this plan"),
+        history_table(ids.TOFU_RUN_HISTORY),
     ])
 
 
@@ -164,6 +185,79 @@ def show_view(doc: dict | None) -> tuple:
             {i: str(i) for i in range(m + 1)}, m)
 
 
+def tofu_id(doc: dict | None) -> str:
+    """Identifies the shown Tofu plan (request and algorithm: the search is deterministic)."""
+    import hashlib
+    import json
+    key = json.dumps([(doc or {}).get("request"), (doc or {}).get("algo")], sort_keys=True,
+                     default=str)
+    return hashlib.sha1(key.encode()).hexdigest()[:16]
+
+
+def _shown(res: dict | None, doc: dict | None) -> bool:
+    return bool(res and doc and res.get("tofu_id") == tofu_id(doc))
+
+
+def do_run(doc: dict | None, memory_gib=None, progress=lambda v: None) -> dict:
+    """Execute the shown Tofu plan on local workers (raises ExplorerError / ValueError)."""
+    if not doc:
+        raise ExplorerError("partition the model first, then run the plan")
+    state.request(doc.get("request"))            # a model file only where the server allows
+    res = session.run_tofu(doc, memory_gib=memory_gib, progress=progress)
+    res["tofu_id"] = tofu_id(doc)
+    return res
+
+
+def run_view(res: dict | None, doc: dict | None):
+    """Reference check, bytes, memory per worker and step time of the last run - if it ran
+    the shown plan."""
+    if not _shown(res, doc):
+        return html.P("Run the shown plan to check it against one device and to compare "
+                      "measured with predicted memory per worker and step time.",
+                      className="muted")
+    ok = res.get("reference_ok")
+    err = res.get("max_rel_error")
+    ref = ("reference check: skipped" if ok is None else
+           f"reference check: {'passed' if ok else 'FAILED'}"
+           + (f" (max relative error {err:.1e}, float64)" if err is not None else ""))
+    pred_mem = [float(x) for x in doc.get("peak_memory_bytes") or []]
+    meas_mem = F.measured_peaks(res)
+    mem = (f"memory per worker: predicted peak {fmt.bytes_(max(pred_mem))}"
+           if pred_mem else "memory per worker: no prediction")
+    if meas_mem:
+        mem += f", measured peak {fmt.bytes_(max(meas_mem))} (largest worker)"
+    else:
+        mem += " (this run reports no per-worker measurement)"
+    if res.get("memory_per_worker_bytes"):
+        mem += f", limit {fmt.bytes_(res['memory_per_worker_bytes'])}"
+    pred_t, what = F.predicted_step(res, doc)
+    meas_t = res.get("measured_step_time_s")
+    times = "step time: " + ", ".join(
+        ([f"predicted {pred_t * 1e3:.2f} ms ({what})"] if pred_t is not None else []) +
+        ([f"measured {meas_t * 1e3:.2f} ms on {res.get('workers', doc.get('devices'))} "
+          f"local workers"] if meas_t is not None else []))
+    items = [html.Div(html.B(ref, className="" if ok in (True, None) else "error"),
+                      id="tofu-run-reference"),
+             html.Div(f"communication: predicted {doc.get('comm_bytes', 0) / 1e6:.3f} MB, "
+                      f"measured {res.get('measured_comm_bytes', 0) / 1e6:.3f} MB per step",
+                      id="tofu-run-bytes"),
+             html.Div(mem, id="tofu-run-peak"),
+             html.Div(times, id="tofu-run-times")]
+    if doc.get("preset") not in (None, "", "local"):
+        items.append(html.Div(f"the plan was made for {doc['preset']}: its predictions are "
+                              f"for those devices, not this machine", className="muted"))
+    items += [html.Div(w, className="muted") for w in res.get("warnings", [])]
+    return html.Div(items)
+
+
+def run_history(doc: dict | None) -> list:
+    """Stored runs of the shown plan (never breaks the panel)."""
+    try:
+        return session.runs(doc) if doc else []
+    except Exception:  # noqa: BLE001 - history is a convenience
+        return []
+
+
 def register(app: dash.Dash) -> None:
     """The panel's callbacks on ``app``."""
     T.register_csv(app, ids.TOFU_CSV_BUTTON, ids.TOFU_CSV, ids.TOFU_STEPS, STEP_COLUMNS,
@@ -205,6 +299,37 @@ def register(app: dash.Dash) -> None:
                   Input(ids.TOFU_STEP, "value"), State(ids.STORE_TOFU, "data"))
     def show_strip(step, doc):
         return strip_for(doc, step)
+
+    @app.callback(
+        Output(ids.STORE_TOFU_RUN, "data"), Output(ids.TOFU_RUN_ERROR, "children"),
+        Output(ids.TOFU_RUN_STATUS, "children"),
+        Input(ids.TOFU_RUN_BUTTON, "n_clicks"),
+        State(ids.STORE_TOFU, "data"), State(ids.TOFU_RUN_MEMORY, "value"),
+        background=True, interval=300,
+        progress=[Output(ids.TOFU_RUN_PROGRESS, "value")],
+        running=running(ids.TOFU_RUN_BUTTON, ids.TOFU_RUN_CANCEL, ids.TOFU_RUN_PROGRESS,
+                        ids.TOFU_RUN_STATUS, "running on local workers…"),
+        cancel=[Input(ids.TOFU_RUN_CANCEL, "n_clicks")],
+        prevent_initial_call=True,
+    )
+    def run_plan(set_progress, _n, doc, memory_gib):
+        set_progress(["0"])
+        try:
+            res = do_run(doc, memory_gib, lambda v: set_progress([str(v)]))
+        except (ExplorerError, ValueError) as exc:
+            return no_update, str(exc), ""
+        set_progress(["100"])
+        return res, "", f"done: {res.get('workers', doc.get('devices'))} workers"
+
+    @app.callback(
+        Output(ids.TOFU_RUN_RESULT, "children"), Output(ids.TOFU_RUN_MEMORY_FIG, "figure"),
+        Output(ids.TOFU_RUN_TIME_FIG, "figure"), Output(ids.TOFU_RUN_HISTORY, "rowData"),
+        Input(ids.STORE_TOFU_RUN, "data"), Input(ids.STORE_TOFU, "data"),
+    )
+    def show_run(res, doc):
+        shown = res if _shown(res, doc) else None
+        return (run_view(res, doc), F.run_memory_figure(shown, doc),
+                F.run_time_figure(shown, doc) if shown else go.Figure(), run_history(doc))
 
     @app.callback(Output(ids.TOFU_COMPARE, "figure"), Output(ids.TOFU_COMPARE, "style"),
                   Output(ids.TOFU_ERROR, "children", allow_duplicate=True),

@@ -59,7 +59,7 @@ from .config import (REDUCE, Config, compute_boxes, enumerate_configs, output_bo
                      stacked_output_boxes, tile_indices)
 from .edges import apply_transforms, edge_regions
 from .layout import REDUCERS, ExecutionLayout, OpLayout, TensorLayout
-from .owners import owner_grid, tile_digits, tile_owners
+from .owners import device_of, owner_grid, tile_digits, tile_owners
 from .regions import input_regions, param_shards, shard_summary
 from .windows import (adaptive_window, full_spatial, transpose_crop, transpose_window, window,
                       window_pads)
@@ -72,7 +72,7 @@ __all__ = [
     "scatter_axis", "stacked_compute_boxes",
     "apply_transforms", "edge_regions",
     "REDUCERS", "ExecutionLayout", "OpLayout", "TensorLayout",
-    "owner_grid", "tile_digits", "tile_owners",
+    "device_of", "owner_grid", "tile_digits", "tile_owners",
     "input_regions", "param_shards", "shard_summary",
     "adaptive_window", "full_spatial", "transpose_crop", "transpose_window", "window",
     "window_pads",

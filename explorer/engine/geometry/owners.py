@@ -54,7 +54,25 @@ def owner_grid(radices, rows, cols) -> np.ndarray:
     return np.ravel_multi_index(tuple(digits), radices).astype(np.int64)
 
 
-def tile_owners(steps: list, factors: list, axes=(0, 1), upto: int | None = None) -> list:
+def device_of(radices, order) -> np.ndarray:
+    """``[K]``: the device of each worker (numbered in mixed radix, first digit most
+    significant) when device numbers take the same digits in ``order`` (most significant
+    first).  Tofu matches its recursion steps to link levels this way; the identity order is
+    the recursion's own numbering.
+
+    >>> device_of([2, 2], [0, 1]).tolist(), device_of([2, 2], [1, 0]).tolist()
+    ([0, 1, 2, 3], [0, 2, 1, 3])
+    """
+    radices = [int(r) for r in radices]
+    if not radices:
+        return np.zeros(1, dtype=np.int64)
+    digits = tile_digits(radices, np.arange(math.prod(radices)))
+    return np.ravel_multi_index(tuple(digits[:, list(order)].T),
+                                [radices[i] for i in order]).astype(np.int64)
+
+
+def tile_owners(steps: list, factors: list, axes=(0, 1), upto: int | None = None,
+                order=None) -> list:
     """Worker owning each tile of a tensor's ``axes`` after the first ``upto`` Tofu steps.
 
     ``steps[s]`` is the axis the tensor was split along at step s (−1: not split); worker ids
@@ -62,12 +80,18 @@ def tile_owners(steps: list, factors: list, axes=(0, 1), upto: int | None = None
     its groups.  Returns a 2-D list ``[rows][cols]`` (one row for 1-D tensors); tiles of other
     axes show the worker holding their first slice.
 
-    >>> tile_owners([0, 1], [2, 2])
-    [[0, 1], [2, 3]]
+    ``order`` (see :func:`device_of`) names devices instead of workers when the steps were
+    matched to link levels.
+
+    >>> tile_owners([0, 1], [2, 2]), tile_owners([0, 1], [2, 2], order=[1, 0])
+    ([[0, 1], [2, 3]], [[0, 2], [1, 3]])
     """
     m = len(factors) if upto is None else min(upto, len(factors))
     a0 = axes[0]
     a1 = axes[1] if len(axes) > 1 else None
     rows = [s for s in range(m) if steps[s] == a0]
     cols = [s for s in range(m) if a1 is not None and steps[s] == a1]
-    return owner_grid(factors, rows, cols).tolist()
+    owners = owner_grid(factors, rows, cols)
+    if order is not None and list(order) != list(range(len(factors))):
+        owners = device_of(factors, order)[owners]
+    return owners.tolist()

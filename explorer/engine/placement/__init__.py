@@ -3,7 +3,8 @@
 Pipeline: :mod:`.estimate` (Standard Evaluation) -> :class:`.graph.PlacementGraph` ->
 :mod:`.order` (m-TOPO / DFS-TOPO / CPD-TOPO) -> :mod:`.fusion` (optimal operation fusion) ->
 :mod:`.place` (Order-Place, Adjusting Placement) -> :mod:`.refine` (simulated refinement,
-``celeritas`` only) or :mod:`.heuristics` (m-TOPO, m-ETF, m-SCT, METIS, single) -> :mod:`.simulator` (one judge for all) -> :class:`.result.PlacementPlan`.  The public entry point is
+``celeritas`` only) or :mod:`.heuristics` (m-TOPO, m-ETF, m-SCT, METIS, single) -> :mod:`.simulator` (one judge for all) -> :class:`.result.PlacementPlan`; :mod:`.memory` is the
+one liveness rule behind the simulator's peak and every placer's memory budget.  The public entry point is
 :func:`explorer.engine.search.celeritas.search` (and
 :func:`explorer.engine.search.placers.search` for the other placers).
 """

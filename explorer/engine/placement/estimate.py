@@ -196,6 +196,7 @@ def from_opgraph(og, devices, capacity=None, times: dict | None = None,
         module.append("")
         persistent[i] = t.kind in ("param", "buffer")
     base = len(ph)
+    grads = set(og.param_grads.values())
     for j, op in enumerate(ops):
         i = base + j
         out = og.tensors[op.output]
@@ -208,7 +209,8 @@ def from_opgraph(og, devices, capacity=None, times: dict | None = None,
         nbytes[i] = sum(x.bytes for x in ins) + out.bytes
         view = op.target in VIEW_OPS
         mem[i] = 0.0 if view else out.bytes
-        persistent[i] = out.kind == "update"
+        # parameter gradients and optimizer updates persist (the liveness rule, .memory)
+        persistent[i] = out.kind == "update" or op.output in grads
         for k, x in enumerate(ins):
             p = x.producer if x.producer is not None else x.id
             if p == op.name or p not in idx:

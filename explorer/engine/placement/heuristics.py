@@ -1,224 +1,312 @@
 """Baseline placers on the original (unfused) graph, with the same estimates and simulator.
 
-* ``m_topo`` - Baechi's m-TOPO: m-TOPO order, each device filled up to an even share of the
-  total memory (``total / D``, never above its capacity), then the next.
-* ``m_etf`` - Baechi's m-ETF: list scheduling; among the ready operators and the devices with
-  room for them, the pair with the earliest start time is placed next (ties: larger blevel).
-* ``m_sct`` - Baechi's m-SCT: m-ETF plus the *favourite child* of Hanen-Munier's small
-  communication time LP relaxation (solved with HiGHS through ``scipy.optimize.linprog``):
-  an operator whose incoming edge has ``x < 0.5`` joins its parent's device when it fits.
+Baechi's placers (Jeon et al., SoCC 2020) as the paper describes and its code implements them:
+
+* ``m_topo`` - m-TOPO: the Kahn/BFS topological order; device 0 is filled up to Baechi's own
+  cap, ``total memory / D + the largest operator's memory`` (a co-location group is admitted
+  by its persistent memory and then placed whole), then device 1, and so on.
+* ``m_etf`` - m-ETF: event-driven list scheduling.  At each instant every idle device takes,
+  among the ready operators (all inputs finished) it may hold, the one with the earliest
+  schedulable time ``max(ready on this device, device free)`` - ties by topological order -
+  if that time has come; transfers queue on one send channel of the sender and one receive
+  channel of the receiver, and a tensor is sent once per receiving device.
+* ``m_sct`` - m-SCT: m-ETF plus the *favourite child* of the small-communication-time LP
+  relaxation (Hanen & Munier; solved with HiGHS through ``scipy.optimize.linprog``): an edge
+  whose ``x`` is below the threshold 0.1 makes the child the parent's favourite.  A device whose
+  last operator's favourite child could start there earliest *waits* for it, unless an
+  *urgent* operator (one whose latest schedulable time over all devices has come) is due:
+  a preference, not a forced co-location.
 * ``metis`` - k-way METIS (``pymetis``) on the undirected graph, vertex weight = memory,
   edge weight = bytes, minimising the cut under METIS's balance constraint.
 * ``single`` - everything on device 0.
 
-Every placer honours pins (node -> device) and counts received tensors in a device's memory
-like Celeritas, falling back to the least used device (best effort) when nothing fits.
+Memory: every placer keeps :class:`~.memory.LiveBudget` - the liveness rule along its own
+order (its schedule for m-ETF / m-SCT, the topological order for m-TOPO and single): an
+output is charged from its operator until all its consumers are placed, a received copy
+likewise, persistent memory (parameters, gradients, updates) for good, a co-location group
+admitted by its persistent memory.  An operator that fits nowhere (or only where a pin or its
+group forbids) is placed by the best-effort rule and listed in ``best_effort``, so
+``oom`` is true.  METIS has no memory rule: it is judged by the simulated peak only.
 """
 
 from __future__ import annotations
 
+import heapq
 import math
 
 import numpy as np
 
-from .order import _graph_levels, m_topo as _m_topo_order
+from .memory import LiveBudget
+from .order import m_topo as _m_topo_order
 
-__all__ = ["m_topo", "m_etf", "m_sct", "metis", "single", "BASELINES"]
+__all__ = ["m_topo", "m_etf", "m_sct", "metis", "single", "BASELINES", "sct_favourites",
+           "SCT_THRESHOLD"]
 
-
-class _Mem:
-    """Per-device memory use with received-tensor accounting and co-location groups (the
-    group's first placed node reserves the whole group; later members follow it)."""
-
-    def __init__(self, pg):
-        self.pg = pg
-        self.used = np.zeros(pg.ndev)
-        self.recv: set = set()
-        self.best_effort: list = []
-        grp = pg.group
-        ng = int(grp.max()) + 1 if (grp >= 0).any() else 0
-        self.gtotal = np.bincount(grp[grp >= 0], weights=pg.mem[grp >= 0], minlength=ng)
-        self.gdev = np.full(ng, -1, dtype=np.int64)
-
-    def forced(self, v) -> int:
-        """Device v must go to because its group is placed (-1: free)."""
-        g = self.pg.group[v]
-        return int(self.gdev[g]) if g >= 0 else -1
-
-    def own(self, v) -> float:
-        g = self.pg.group[v]
-        if g < 0:
-            return self.pg.mem[v]
-        return 0.0 if self.gdev[g] >= 0 else self.gtotal[g]
-
-    def need(self, v, d, dev) -> float:
-        m = self.own(v)
-        ob = self.pg.out_bytes
-        for p in self.pg.pred[v]:
-            if dev[p] != d and (p, d) not in self.recv:
-                m += ob[p]
-        return m
-
-    def fits(self, v, d, dev) -> bool:
-        return self.used[d] + self.need(v, d, dev) <= self.pg.capacity[d]
-
-    def commit(self, v, d, dev):
-        self.used[d] += self.need(v, d, dev)
-        for p in self.pg.pred[v]:
-            if dev[p] != d:
-                self.recv.add((p, d))
-        g = self.pg.group[v]
-        if g >= 0 and self.gdev[g] < 0:
-            self.gdev[g] = d
-
-    def least_used(self) -> int:
-        return int(np.argmin(self.used / self.pg.capacity))
+#: Baechi's rounding threshold of the SCT relaxation: ``x < 0.1`` marks a favourite child
+SCT_THRESHOLD = 0.1
 
 
 def _pins(pg, pins):
     return np.full(pg.n, -1, dtype=np.int64) if pins is None else np.asarray(pins)
 
 
+def _least_used(live) -> int:
+    return int(np.argmin(live.cur / live.cap))
+
+
+def _place_forced(live, v, d, best_effort):
+    if not live.place(v, d):
+        best_effort.append(v)
+
+
 def single(pg, pins=None, **_):
     """All operators on device 0 (pins still honoured, and groups follow pinned leaders)."""
     p = _pins(pg, pins)
-    dev = np.full(pg.n, -1, dtype=np.int64)
-    mem = _Mem(pg)
+    live = LiveBudget(pg)
+    best = []
     for x in pg.topo.tolist():
-        d = int(p[x]) if p[x] >= 0 else (mem.forced(x) if mem.forced(x) >= 0 else 0)
-        mem.commit(x, d, dev)
-        dev[x] = d
-    return dev, {"used": mem.used.tolist()}
+        gd = live.group_device(x)
+        d = int(p[x]) if p[x] >= 0 else (gd if gd >= 0 else 0)
+        _place_forced(live, x, d, best)
+    return live.dev.copy(), {"best_effort": best, "budget_peak": live.peak.tolist()}
 
 
 def m_topo(pg, pins=None, **_):
-    """Baechi m-TOPO: BFS topological order, devices filled to an even memory share."""
+    """Baechi m-TOPO: BFS topological order; each device filled to ``total / D + max op``
+    (Baechi's cap, whole-step sums as Baechi counts them), then the next; the device's
+    capacity is kept by the liveness budget."""
     pin = _pins(pg, pins)
     nd = pg.ndev
     order = _m_topo_order(pg.n, pg.succ, pg.pred)
-    share = np.minimum(pg.capacity, pg.mem.sum() / nd * 1.0 + 1.0)
-    mem = _Mem(pg)
-    dev = np.full(pg.n, -1, dtype=np.int64)
+    cap = pg.mem.sum() / nd + (pg.mem.max() if pg.n else 0.0)
+    grp = pg.group
+    ng = int(grp.max()) + 1 if (grp >= 0).any() else 0
+    sel = grp >= 0
+    gsum = np.bincount(grp[sel], weights=pg.mem[sel], minlength=ng)
+    gpers = np.bincount(grp[sel], weights=np.where(pg.persistent, pg.mem, 0.0)[sel],
+                        minlength=ng)
+    share = np.zeros(nd)            # what Baechi's cap counts: placed memory, whole step
+    live = LiveBudget(pg)
+    best = []
     cur = 0
     for v in order:
-        if pin[v] >= 0 or mem.forced(v) >= 0:
-            d = int(pin[v]) if pin[v] >= 0 else mem.forced(v)
-            if not mem.fits(v, d, dev):
-                mem.best_effort.append(v)
-        else:
-            while cur < nd - 1 and mem.used[cur] + mem.need(v, cur, dev) > share[cur]:
-                cur += 1
-            d = cur
-            if not mem.fits(v, d, dev):
-                fits = [x for x in range(nd) if mem.fits(v, x, dev)]
-                d = fits[0] if fits else mem.least_used()
-                if not fits:
-                    mem.best_effort.append(v)
-        mem.commit(v, d, dev)
-        dev[v] = d
-    return dev, {"best_effort": mem.best_effort, "used": mem.used.tolist()}
+        g = int(grp[v])
+        forced = int(pin[v]) if pin[v] >= 0 else live.group_device(v)
+        if forced >= 0:
+            d = forced
+            if g < 0 or live.gdev[g] >= 0:
+                share[d] += pg.mem[v] if g < 0 else 0.0
+            else:
+                share[d] += gsum[g]
+            _place_forced(live, v, d, best)
+            continue
+        admit = gpers[g] if g >= 0 else pg.mem[v]
+        while cur < nd - 1 and share[cur] + admit > cap:
+            cur += 1
+        d = cur
+        if not live.fits(v, d):
+            fits = [x for x in range(nd) if live.fits(v, x)]
+            d = fits[0] if fits else _least_used(live)
+        share[d] += gsum[g] if g >= 0 else pg.mem[v]
+        _place_forced(live, v, d, best)
+    return live.dev.copy(), {"best_effort": best, "budget_peak": live.peak.tolist(),
+                             "topo_cap": float(cap)}
 
 
 def _etf(pg, pins, favourite=None):
-    """ETF list scheduling with memory (and favourite-child restriction for m-SCT)."""
+    """Event-driven ETF (m-ETF), or SCT with ``favourite`` (parent -> child), under the
+    liveness budget.  Returns ``(device per node, info)``."""
     n, nd = pg.n, pg.ndev
     pin = _pins(pg, pins)
     K, B = pg.k, pg.b
     ob = pg.out_bytes
-    _, bl = _graph_levels(pg)
-    mem = _Mem(pg)
-    group = pg.group
-    dev = np.full(n, -1, dtype=np.int64)
+    w = pg.w
+    topo = np.empty(n, dtype=np.int64)
+    topo[_m_topo_order(n, pg.succ, pg.pred)] = np.arange(n)
+    live = LiveBudget(pg)
+    dev = live.dev
     fin = np.zeros(n)
+    start = np.zeros(n)
     avail = np.zeros(nd)
-    arrival = np.zeros((n, nd))
-    allowed = np.ones((n, nd), dtype=bool)
-    waiting = np.array([len(p) for p in pg.pred])
-    ready = [v for v in range(n) if waiting[v] == 0]
-    for v in ready:
-        if pin[v] >= 0:
-            allowed[v] = False
-            allowed[v, pin[v]] = True
-    inf = math.inf
+    send_free = np.zeros(nd)
+    recv_free = np.zeros(nd)
+    copy_at: dict = {}                       # (node, device) -> arrival of its copy there
+    last_op = [-1] * nd
+    waiting = [len(p) for p in pg.pred]
+    ready: list = [v for v in range(n) if waiting[v] == 0]
+    done: list = []                          # (finish, node): successors become ready
+    best = []
     placed = 0
-    while ready:
-        r = np.asarray(ready)
-        est = np.maximum(arrival[r], avail[None, :])
-        forced = np.where(group[r] >= 0, mem.gdev[np.maximum(group[r], 0)], -1) \
-            if len(mem.gdev) else np.full(len(r), -1)
-        forced = np.where(pin[r] >= 0, pin[r], forced)
-        allow = np.where((forced >= 0)[:, None], np.arange(nd)[None, :] == forced[:, None],
-                         allowed[r])
-        est = np.where(allow, est, inf)
-        # memory: (ignores copies already received) need per device; forced nodes must go
-        room = pg.capacity - mem.used
-        own = np.array([mem.own(x) for x in r.tolist()])
-        est = np.where((own[:, None] <= room[None, :]) | (forced >= 0)[:, None], est, inf)
-        flat = est.min(axis=1)
-        if np.isinf(flat).all():
-            # nothing fits anywhere (or only on a disallowed device): best effort on the
-            # most urgent ready node
-            i = int(np.argmax(bl[r]))
-            v = int(r[i])
-            d = int(forced[i]) if forced[i] >= 0 else mem.least_used()
-            mem.best_effort.append(v)
-        else:
-            best = flat.min()
-            cand = np.nonzero(flat <= best * (1 + 1e-12) + 1e-15)[0]
-            i = int(cand[np.argmax(bl[r[cand]])])
-            v = int(r[i])
-            d = int(np.argmin(est[i]))
-            if not mem.fits(v, d, dev) and forced[i] < 0:
-                fits = [x for x in range(nd) if allow[i, x] and mem.fits(v, x, dev)]
-                if fits:
-                    d = min(fits, key=lambda x: max(arrival[v, x], avail[x]))
+    inf = math.inf
+    ar = np.arange(nd)
+
+    grp = pg.group
+    version = 0                    # bumped when a transfer or a group's device is committed
+    cache: dict = {}                         # node -> (version, ready per device, need)
+
+    def row(v):
+        """(ready time per device - a dry run on the channels -, bytes v needs per device)."""
+        c = cache.get(v)
+        if c is not None and c[0] == version:
+            return c[1], c[2]
+        r = np.zeros(nd)
+        need = np.full(nd, live.own(v))
+        for p in pg.pred[v]:
+            dp = int(dev[p])
+            held = live.held[p]
+            for d in range(nd):
+                if d == dp:
+                    t_ = fin[p]
                 else:
-                    mem.best_effort.append(v)
-        start = max(arrival[v, d], avail[d])
-        fin[v] = start + pg.w[v, d]
+                    t_ = copy_at.get((p, d))
+                    if t_ is None:
+                        t_ = max(fin[p], send_free[dp], recv_free[d]) + K[dp, d] * ob[p] \
+                            + B[dp, d]
+                    if not (held and d in held):
+                        need[d] += ob[p]
+                if t_ > r[d]:
+                    r[d] = t_
+        cache[v] = (version, r, need)
+        return r, need
+
+    def table(R):
+        """Schedulable time of each ready op on each device (inf: not allowed / no room)."""
+        rts = np.empty((len(R), nd))
+        need = np.empty((len(R), nd))
+        for i, v in enumerate(R):
+            rts[i], need[i] = row(v)
+        Ra = np.asarray(R)
+        g = grp[Ra]
+        f = np.where(g >= 0, live.gdev[np.maximum(g, 0)] if len(live.gdev) else -1, -1)
+        f = np.where(pin[Ra] >= 0, pin[Ra], f)
+        ok = live.cur[None, :] + need <= live.cap[None, :] * (1 + 1e-12)
+        ok &= (f < 0)[:, None] | (ar[None, :] == f[:, None])
+        # a group's leader is admitted by the group's persistent bytes (in ``need``)
+        return np.where(ok, np.maximum(rts, avail[None, :]), inf)
+
+    def commit(v, d):
+        nonlocal placed, version
+        for p in pg.pred[v]:
+            dp = int(dev[p])
+            if dp != d and (p, d) not in copy_at:
+                st = max(fin[p], send_free[dp], recv_free[d])
+                e = st + K[dp, d] * ob[p] + B[dp, d]
+                send_free[dp] = recv_free[d] = e
+                copy_at[(p, d)] = e
+                version += 1
+        rt = max([fin[p] if dev[p] == d else copy_at[(p, d)] for p in pg.pred[v]],
+                 default=0.0)
+        s = max(rt, avail[d])
+        start[v] = s
+        fin[v] = s + w[v, d]
         avail[d] = fin[v]
-        mem.commit(v, d, dev)
-        dev[v] = d
+        if grp[v] >= 0 and live.gdev[grp[v]] < 0:
+            version += 1                            # the group's members now cost less
+        if not live.place(v, d):
+            best.append(v)
+        last_op[d] = v
         ready.remove(v)
+        heapq.heappush(done, (fin[v], v))
         placed += 1
-        for s in pg.succ[v]:
-            waiting[s] -= 1
-            if waiting[s] == 0:
-                ps = pg.pred[s]
-                dp = dev[ps]
-                arr = fin[ps][:, None] + K[dp] * ob[ps][:, None] + B[dp]
-                arrival[s] = arr.max(axis=0)
-                if pin[s] >= 0:
-                    allowed[s] = False
-                    allowed[s, pin[s]] = True
-                elif favourite is not None:
-                    par = favourite.get(s)
-                    if par is not None and mem.fits(s, dev[par], dev):
-                        allowed[s] = False
-                        allowed[s, dev[par]] = True
-                ready.append(s)
-    return dev, {"best_effort": mem.best_effort, "used": mem.used.tolist(),
-                 "etf_makespan_s": float(fin.max()) if n else 0.0}
+
+    t = 0.0
+    while placed < n:
+        while done and done[0][0] <= t:
+            _, v = heapq.heappop(done)
+            for s_ in pg.succ[v]:
+                waiting[s_] -= 1
+                if waiting[s_] == 0:
+                    ready.append(s_)
+        ts = None
+        while ready:
+            R = list(ready)
+            ts = table(R)
+            rk = topo[R]
+            choice = None                           # (ts, topo, node, device)
+            for d in range(nd):
+                if avail[d] > t:
+                    continue
+                col = ts[:, d]
+                if not np.isfinite(col).any():
+                    continue
+                pick = None
+                fc = favourite.get(last_op[d], -1) if favourite is not None and \
+                    last_op[d] >= 0 else -1
+                if fc >= 0 and dev[fc] < 0 and fc in ready:
+                    i = R.index(fc)
+                    if np.isfinite(ts[i, d]) and ts[i, d] == ts[i].min():
+                        # awake: wait for the favourite child unless an urgent op is due
+                        urg = np.where(np.isfinite(col), np.where(np.isfinite(ts), ts, -inf)
+                                       .max(axis=1), inf)
+                        j = int(np.lexsort((rk, urg))[0])
+                        if urg[j] <= t:
+                            pick = (ts[j, d], rk[j], R[j], d)
+                        elif ts[i, d] <= t:
+                            pick = (ts[i, d], rk[i], fc, d)
+                        else:
+                            continue
+                if pick is None:
+                    j = int(np.lexsort((rk, col))[0])
+                    if col[j] <= t:
+                        pick = (col[j], rk[j], R[j], d)
+                if pick is not None and (choice is None or pick[:2] < choice[:2]):
+                    choice = pick
+            if choice is None:
+                break
+            commit(choice[2], choice[3])
+            ts = None
+        if placed >= n:
+            break
+        # the next instant anything can happen: an op finishes or a schedulable time comes
+        nxt = [x for x in avail.tolist() if x > t]
+        if done:
+            nxt.append(done[0][0])
+        if ready:
+            if ts is None:
+                ts = table(list(ready))
+            later = ts[np.isfinite(ts) & (ts > t)]
+            if len(later):
+                nxt.append(float(later.min()))
+        if nxt:
+            t = min(nxt)
+            continue
+        # nothing can ever run: a ready op fits nowhere - best effort on the least used device
+        v = min(ready, key=lambda x: topo[x])
+        f = int(pin[v]) if pin[v] >= 0 else live.group_device(v)
+        d = f if f >= 0 else _least_used(live)
+        avail[d] = max(avail[d], t)
+        commit(v, d)
+        if not best or best[-1] != v:
+            best.append(v)
+    return dev.copy(), {"best_effort": best, "budget_peak": live.peak.tolist(),
+                        "etf_makespan_s": float(fin.max()) if n else 0.0}
 
 
 def m_etf(pg, pins=None, **_):
-    """Baechi m-ETF: earliest-start-time list scheduling under memory limits."""
+    """Baechi m-ETF: event-driven earliest-schedulable-time list scheduling under memory."""
     return _etf(pg, pins)
 
 
-def sct_favourites(pg, time_limit: float = 60.0) -> dict:
-    """Favourite parent of each node from the SCT LP relaxation (Hanen & Munier).
+def sct_favourites(pg, threshold: float = SCT_THRESHOLD, time_limit: float = 60.0,
+                   x=None) -> dict:
+    """Favourite child of each node from the SCT LP relaxation (Hanen & Munier).
 
     Variables: edge ``x_e ∈ [0, 1]`` (1 = communication paid), start ``s_v``, makespan ``W``.
     Minimise ``W`` s.t. ``s_u + w_u + c_e x_e <= s_v``, ``Σ_out x >= outdeg − 1``,
-    ``Σ_in x >= indeg − 1``, ``s_v + w_v <= W``.  An edge with ``x < 0.5`` marks ``v`` as
-    the favourite child of ``u``.  Returns ``{child: parent}``.
+    ``Σ_in x >= indeg − 1``, ``s_v + w_v <= W``.  An edge ``u -> v`` with ``x < threshold``
+    (Baechi rounds with 0.1) makes ``v`` the favourite child of ``u``; going through the edges
+    in order, a later favourite replaces an earlier one of the same parent, and a child keeps
+    only its last parent (the earlier parent loses its favourite), as Baechi assigns them.
+    ``x`` gives the relaxation's values instead of solving it (tests).
+    Returns ``{parent: child}``.
     """
     from scipy.optimize import linprog
     from scipy.sparse import coo_matrix
     n, m = pg.n, pg.n_edges
     if m == 0:
         return {}
+    if x is not None:
+        return _favourites(pg, np.asarray(x, dtype=np.float64), threshold)
     w = pg.w_ref()
     c = pg.edge_comm()
     nv = m + n + 1                               # [x_e..., s_v..., W]
@@ -260,20 +348,25 @@ def sct_favourites(pg, time_limit: float = 60.0) -> dict:
                   options={"time_limit": time_limit})
     if res.x is None:
         return {}
-    x = res.x[:m]
+    return _favourites(pg, res.x[:m], threshold)
+
+
+def _favourites(pg, x, threshold) -> dict:
     fav: dict = {}
-    best: dict = {}
-    for e in np.nonzero(x < 0.5)[0].tolist():
+    parent: dict = {}
+    for e in np.nonzero(x < threshold)[0].tolist():
         u, v = int(pg.src[e]), int(pg.dst[e])
-        if v not in best or x[e] < best[v]:
-            best[v] = x[e]
-            fav[v] = u
+        fav[u] = v
+        old = parent.get(v)
+        if old is not None and old != u and fav.get(old) == v:
+            del fav[old]
+        parent[v] = u
     return fav
 
 
-def m_sct(pg, pins=None, **_):
-    """Baechi m-SCT: m-ETF with favourite children from the SCT LP relaxation."""
-    fav = sct_favourites(pg)
+def m_sct(pg, pins=None, threshold: float = SCT_THRESHOLD, **_):
+    """Baechi m-SCT: m-ETF where a device prefers its last operator's favourite child."""
+    fav = sct_favourites(pg, threshold=threshold)
     dev, info = _etf(pg, pins, favourite=fav)
     info["favourite_children"] = len(fav)
     return dev, info
@@ -318,14 +411,14 @@ def metis(pg, pins=None, seed: int = 0, **_):
         relabel[rows] = cols
         dev = relabel[dev]
         dev = np.where(pin >= 0, pin, dev)
-    mem = _Mem(pg)
+    live = LiveBudget(pg)
     for x in pg.topo.tolist():               # co-location: follow the group's first node
-        if pin[x] < 0 and mem.forced(x) >= 0:
-            dev[x] = mem.forced(x)
-        mem.commit(x, dev[x], dev)
+        gd = live.group_device(x)
+        if pin[x] < 0 and gd >= 0:
+            dev[x] = gd
+        live.place(x, int(dev[x]))
     # METIS has no memory rule of its own: its OOM is judged by the simulator only
-    return dev, {"used": mem.used.tolist(),
-                 "over_budget": bool((mem.used > pg.capacity).any())}
+    return dev, {"budget_peak": live.peak.tolist()}
 
 
 BASELINES = {"m-topo": m_topo, "m-etf": m_etf, "m-sct": m_sct, "metis": metis,

@@ -21,10 +21,13 @@ scheduled as *runs* - maximal stretches of consecutive members on one device, in
 order - each waiting for all its predecessors, those in earlier runs of the same cluster
 included, so the placer's own schedule (``Fin_t``, hence every later EST) is feasible.
 
-Memory accounting (both placers and the baselines): a placed operator costs its memory plus
-the tensors it receives from other devices (Section 6.1 models transfers as nodes on the
-receiving device), so a placement that stays within every budget also stays within it in the
-simulator, whose peak is at most that sum.
+Memory (both placers): the liveness rule as a placer can keep it (:class:`~.memory.LiveBudget`)
+along the CPD-TOPO order: an output is charged from its operator until all its consumers are
+placed, a tensor received from another device likewise (Section 6.1 models transfers as
+nodes on the receiving device), persistent memory for good, and a co-location group is
+admitted by its persistent memory.  A cluster is admitted on a device when the live bytes
+there plus everything its free members allocate (no frees counted inside the cluster) fit;
+bound members that take their group's device over its capacity make the cluster best effort.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .memory import LiveBudget
 from .order import cpd_topo, tlevel_blevel
 
 __all__ = ["CoarsePlacement", "coarse_order", "order_place", "adjusting_placement"]
@@ -51,7 +55,7 @@ class CoarsePlacement:
     finish: np.ndarray
     order: list
     best_effort: list = field(default_factory=list)     # clusters placed over a memory limit
-    used: np.ndarray | None = None                      # bytes budgeted per device
+    used: np.ndarray | None = None                      # peak of the live budget per device
     moves: int = 0                                      # clusters moved off d_k by eq. 9
     log: list = field(default_factory=list)             # per cluster: d_k, EST, choice
     node_start: np.ndarray | None = None                # start of each operator's run
@@ -112,13 +116,11 @@ class _State:
         self.start = np.zeros(n)
         self.run = np.full(n, -1, dtype=np.int64)
         self.nrun = 0
-        self.used = np.zeros(nd)
-        self.recv: set = set()
+        self.live = LiveBudget(pg)
+        self.used = self.live.cur                 # live bytes per device (the budget)
+        self.gdev = self.live.gdev
         self.tls = [_Timeline() for _ in range(nd)]
-        grp = pg.group
-        ng = int(grp.max()) + 1 if (grp >= 0).any() else 0
-        self.gtotal = np.bincount(grp[grp >= 0], weights=pg.mem[grp >= 0], minlength=ng)
-        self.gdev = np.full(ng, -1, dtype=np.int64)
+        self.over: set = set()                    # clusters whose bound members overflowed
         self.pins = None
 
     def split(self, v, pinned: bool):
@@ -156,42 +158,35 @@ class _State:
         return arr.max(axis=0)
 
     def need(self, free, ext, ext_dev) -> np.ndarray:
-        """Bytes the free part adds on each device: its memory (whole groups it starts)
-        plus the tensors it receives there (``ext_dev``: the device of each outside
-        predecessor - placed, or bound to its group's device)."""
-        pg = self.pg
+        """Bytes the free part allocates on each device with no frees inside it: its
+        members' outputs (the persistent bytes of every group it starts, once) plus the
+        tensors it receives there (``ext_dev``: the device of each outside predecessor -
+        placed, or bound to its group's device)."""
+        pg, live = self.pg, self.live
         g = pg.group[free]
-        own = float(pg.mem[free][g < 0].sum())
+        pers = pg.persistent[free]
+        own = float(pg.mem[free][(g < 0) | ~pers].sum())
         led = np.unique(g[g >= 0])
-        own += float(self.gtotal[led].sum()) if len(led) else 0.0
+        led = led[self.gdev[led] < 0] if len(led) else led
+        own += float(live.gpers[led].sum()) if len(led) else 0.0
         out = np.full(pg.ndev, own)
-        if len(ext):
+        for p, x in zip(ext.tolist(), ext_dev.tolist()):
+            held = live.held[p]
             for d in range(pg.ndev):
-                sel = [p for p, x in zip(ext.tolist(), ext_dev.tolist())
-                       if x != d and (p, d) not in self.recv]
-                if sel:
-                    out[d] += float(pg.out_bytes[sel].sum())
+                if x != d and not (held and d in held):
+                    out[d] += pg.out_bytes[p]
         return out
 
-    def commit_part(self, members, d, start, dur, ext, free: bool):
-        pg = self.pg
+    def commit_part(self, members, d, start, dur, ext, free: bool, cluster: int = -1):
         self.node_dev[members] = d
         self.fin[members] = start + dur
         self.start[members] = start
         self.run[members] = self.nrun
         self.nrun += 1
         self.tls[d].add(start, start + dur)
-        if free:
-            g = pg.group[members]
-            led = np.unique(g[g >= 0])
-            if len(led):
-                self.gdev[led] = d
-        if len(ext):
-            for p, x in zip(ext.tolist(), self.node_dev[ext].tolist()):
-                if x != d and (p, d) not in self.recv:
-                    self.recv.add((p, d))
-                    if not free:                 # a free part's were in its need
-                        self.used[d] += pg.out_bytes[p]
+        for x in members.tolist():
+            if not self.live.place(x, d):
+                self.over.add(cluster)
 
     def commit_runs(self, v, dev_of: dict, free_set: set):
         """Schedule cluster v's members, all of whose devices are now known, as runs of
@@ -211,7 +206,7 @@ class _State:
             ext = self.ext_preds(run)
             dur = float(self.pg.w[run, d].sum())
             s = self.tls[d].slot(float(self.pre_t(ext)[d]), dur)
-            self.commit_part(run, d, s, dur, ext, free=fr)
+            self.commit_part(run, d, s, dur, ext, free=fr, cluster=int(v))
             if fr and first_free is None:
                 first_free = s
             i = j
@@ -236,6 +231,7 @@ def _least_used(used, capacity):
 
 
 def _finish(co, st, order, best_effort, moves, log) -> CoarsePlacement:
+    best_effort = sorted(set(best_effort) | (st.over - {-1}))
     dev = np.zeros(co.n, dtype=np.int64)
     start, finish = np.zeros(co.n), np.zeros(co.n)
     for v in range(co.n):
@@ -245,7 +241,7 @@ def _finish(co, st, order, best_effort, moves, log) -> CoarsePlacement:
         finish[v] = float(st.fin[m].max()) if len(m) else 0.0
         start[v] = finish[v] - float(co.w[v, dev[v]])
     return CoarsePlacement(dev, st.node_dev.copy(), start, finish, list(order), best_effort,
-                           st.used.copy(), moves, log, st.start.copy(), st.fin.copy(),
+                           st.live.peak.copy(), moves, log, st.start.copy(), st.fin.copy(),
                            st.run.copy())
 
 
@@ -282,7 +278,6 @@ def order_place(co, pg, order=None) -> CoarsePlacement:
                 d = fits[0] if fits else _least_used(st.used, cap)
                 if not fits:
                     best_effort.append(int(v))
-        st.used[d] += need[d]
         for x in free.tolist():
             dev_of[x] = d
         st.commit_runs(v, dev_of, set(free.tolist()))
@@ -338,7 +333,6 @@ def adjusting_placement(co, pg, order=None) -> CoarsePlacement:
                     "est": [x if x < inf else None for x in est], "back_cost": back_cost,
                     "best_effort": be, "bound_ops": int(sum(len(x) for x in parts.values())),
                     "need": float(need[d]), "free_bytes": (cap - st.used).tolist()})
-        st.used[d] += need[d]
         for x in free.tolist():
             dev_of[x] = d
         st.commit_runs(v, dev_of, set(free.tolist()))

@@ -5,7 +5,7 @@ Both commands take an ``argparse.Namespace`` and return an exit code; errors the
 raise :class:`explorer.errors.ExplorerError` subclasses (``main`` prints them, exit 2).
 
 ``explorer run PLAN.json [--steps K] [--warmup W] [--timeout S] [--json] [--devices N]
-[--model M] [--no-check] [--sync auto|p2p|allreduce]`` — exit code 0 when the reference check
+[--model M] [--no-check] [--sync auto|p2p|allreduce] [--memory-per-worker GIB]`` — exit code 0 when the reference check
 passes (or is skipped), 1 when it fails.
 
 ``explorer calibrate [--devices N] [--model M [--batch B] [--model-arg K=V]...] [--quick]
@@ -20,6 +20,7 @@ import sys
 
 from ...errors import ExplorerError
 from ..plandoc import dumps
+from .memlimit import parse_gib
 
 
 def _kv(text: str) -> tuple:
@@ -42,7 +43,8 @@ def run_options(args) -> dict:
             "check": not getattr(args, "no_check", False),
             "expect": {"devices": getattr(args, "devices", None),
                        "model": getattr(args, "model", None)},
-            "sync": getattr(args, "sync", "auto"), "progress": progress}
+            "sync": getattr(args, "sync", "auto"), "progress": progress,
+            "memory_per_worker": parse_gib(getattr(args, "memory_per_worker", None))}
 
 
 def print_run(res: dict, args) -> int:

@@ -126,17 +126,19 @@ class LayerState:
 
 
 def parse_fault(text: str | None):
-    """``"RANK:STEP[:MODE]"`` (MODE ``raise`` (default), ``exit`` or ``hang``) or ``None``."""
+    """``"RANK:STEP[:MODE]"`` (MODE ``raise`` (default), ``exit``, ``hang`` or ``alloc``: 256 MiB
+    more, for the memory limit) or ``None``."""
     if not text:
         return None
     parts = str(text).split(":")
     try:
         rank, step = int(parts[0]), int(parts[1])
     except (IndexError, ValueError):
-        raise ValueError(f"fault spec {text!r}: write RANK:STEP[:raise|exit|hang]") from None
+        raise ValueError(f"fault spec {text!r}: write RANK:STEP[:raise|exit|hang|alloc]") \
+            from None
     mode = parts[2] if len(parts) > 2 else "raise"
-    if mode not in ("raise", "exit", "hang"):
-        raise ValueError(f"fault mode {mode!r}: use raise, exit or hang")
+    if mode not in ("raise", "exit", "hang", "alloc"):
+        raise ValueError(f"fault mode {mode!r}: use raise, exit, hang or alloc")
     return rank, step, mode
 
 

@@ -178,7 +178,8 @@ class Gathered:
 
 
 def start_workers(n: int, entry, payload, *, timeout_s: float, backend: str = "auto",
-                  progress=None, name: str = "explorer-worker", jobs: int = 1) -> Gathered:
+                  progress=None, name: str = "explorer-worker", jobs: int = 1,
+                  memory_limit: float | None = None) -> Gathered:
     """Run ``entry(rank, world, device, payload, send)`` in ``n`` new local processes.
 
     The one way the runtime starts workers: ``torch.multiprocessing`` spawn, a free port on
@@ -189,6 +190,8 @@ def start_workers(n: int, entry, payload, *, timeout_s: float, backend: str = "a
     is killed (they also die with the launcher) and :class:`RunFailed` names the rank that
     failed first and why.  ``progress(key, done, total)`` receives the workers' progress
     reports; ``jobs`` (how many jobs ``payload`` holds) only words the timeout message.
+    ``memory_limit`` (bytes): each worker's :class:`.memlimit.MemoryGuard` (armed by the
+    entry once set up); a worker over it reports so and exits, and the run stops as above.
     """
     import torch.multiprocessing as mp
 
@@ -198,7 +201,8 @@ def start_workers(n: int, entry, payload, *, timeout_s: float, backend: str = "a
     q = ctx.Queue()
     port = _free_port()
     procs = [ctx.Process(target=process_main, name=f"{name}-{r}",
-                         args=(r, n, "127.0.0.1", port, backend, timeout_s, entry, payload, q))
+                         args=(r, n, "127.0.0.1", port, backend, timeout_s, entry, payload, q,
+                               memory_limit))
              for r in range(n)]
     t0 = time.monotonic()
     results: dict = {}

@@ -325,6 +325,8 @@ def _op_entry(rank, world, device, job, send):
                              "operator graph (model code or arguments changed?)")
     xplan = job["xplan"]
     w = _Worker(rank, world, g, xplan, job["timeout_s"])
+    from .memlimit import arm, disarm
+    arm()                              # --memory-per-worker counts the steps (set up done)
     times = []
     for i in range(max(1, int(job.get("steps", 1)))):
         inject_fault(fault, rank, i + 1, "operator-level step")
@@ -338,6 +340,7 @@ def _op_entry(rank, world, device, job, send):
         times.append(time.perf_counter() - t0)
         if i == 0:
             sent, extra, compute_s = w.sent, w.extra, w.compute_s
+    disarm()                           # the final gather is not part of the steps
     step_s = float(np.median(times[1:] if len(times) > 2 else times))
     # updated parameters and the loss back on rank 0 (not part of the step's traffic)
     finals = {}
@@ -370,7 +373,8 @@ def _op_entry(rank, world, device, job, send):
 def run_layout(spec: str, batch: int | None, model_args: dict | None, xplan: dict, *,
                digest: str, steps: int = 1, seed: int = 0, lr: float = 0.01,
                timeout_s: float = 300.0, tol: float = 1e-4, check: bool = True,
-               fault: str | None = None, debug: bool = False) -> dict:
+               fault: str | None = None, debug: bool = False,
+               memory_limit: float | None = None) -> dict:
     """Run an execution layout (a Tofu plan's, or :func:`placement_xplan` of a placement) on
     ``xplan["workers"]`` gloo CPU processes and compare with one device.
 
@@ -381,6 +385,7 @@ def run_layout(spec: str, batch: int | None, model_args: dict | None, xplan: dic
     workers exchanged during the first step), ``extra_bytes`` (the final gather, not part of
     the step), ``step_time_s`` (rank 0) and ``measured_step_time_s`` (the slowest worker;
     median of ``steps``), ``compute_s`` per worker and ``step_times_s``.
+    ``memory_limit`` (bytes): stop a worker whose steps allocate more (:mod:`.memlimit`).
     """
     from .launcher import start_workers
     from .reference import compare, traced_step
@@ -389,7 +394,7 @@ def run_layout(spec: str, batch: int | None, model_args: dict | None, xplan: dic
            "lr": lr, "xplan": xplan, "fault": fault, "debug": debug, "digest": digest,
            "steps": max(1, int(steps)), "timeout_s": timeout_s}
     got = start_workers(workers, _op_entry, job, timeout_s=timeout_s, backend="gloo",
-                        name="explorer-op-worker")
+                        name="explorer-op-worker", memory_limit=memory_limit)
     main = got.results.get(0, {}).get("main")
     stats = {r: v["stats"] for r, v in got.results.items() if "stats" in v}
     if main is None or len(stats) != workers:
@@ -459,7 +464,7 @@ def placement_comm_bytes(g, names, placement) -> float:
 def run_placement(spec: str, batch: int | None, model_args: dict | None, names, placement,
                   workers: int = 2, seed: int = 0, lr: float = 0.01, timeout_s: float = 300.0,
                   tol: float = 1e-4, steps: int = 3, fault: str | None = None, g=None,
-                  check: bool = True) -> dict:
+                  check: bool = True, memory_limit: float | None = None) -> dict:
     """Run a device placement (operator -> device) on ``workers`` gloo processes: each worker
     computes its operators, tensors go to the devices that consume them (once), and the
     result is compared with one device.  Returns the :func:`run_layout` keys plus
@@ -475,6 +480,7 @@ def run_placement(spec: str, batch: int | None, model_args: dict | None, names, 
                              f"or batch?")
     x = placement_xplan(g, names, placement, workers)
     out = run_layout(spec, batch, model_args, x, digest=opgraph_digest(g), steps=steps,
-                     seed=seed, lr=lr, timeout_s=timeout_s, tol=tol, fault=fault, check=check)
+                     seed=seed, lr=lr, timeout_s=timeout_s, tol=tol, fault=fault, check=check,
+                     memory_limit=memory_limit)
     out["predicted_comm_bytes"] = placement_comm_bytes(g, names, placement)
     return out

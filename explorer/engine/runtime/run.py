@@ -49,7 +49,7 @@ def read_document(path: str) -> dict:
 def run_document(doc: dict, *, steps: int = 20, warmup: int = 5, timeout_s: float = 600.0,
                  check: bool = True, expect: dict | None = None, sync: str = "auto",
                  progress=None, fault: str | None = None, tol: float = 1e-4,
-                 verify: bool = True) -> dict:
+                 verify: bool = True, memory_per_worker: float | None = None) -> dict:
     """Execute a plan document on local workers and check it against one device.
 
     ``expect`` (``model``, ``devices``, ``batch``, ``model_args``; ``None`` values ignored):
@@ -58,6 +58,8 @@ def run_document(doc: dict, *, steps: int = 20, warmup: int = 5, timeout_s: floa
     ``sync`` / ``progress`` as :func:`.launcher.launch` for a layer-wise plan; a placement runs
     ``steps`` steps (the first one is its warm-up), a Tofu plan one step (its workers compute on
     zero-padded full-size buffers: the run checks data movement and results, not speed).
+    ``memory_per_worker`` (bytes; Tofu plans and placements): refuse a plan predicted over it
+    before launching, stop a run whose worker goes over it (:mod:`.memlimit`).
 
     Returns the executor's result with ``kind`` (the plan kind) and ``warnings``; the caller
     stores it (:func:`.store.run_key`).
@@ -67,16 +69,30 @@ def run_document(doc: dict, *, steps: int = 20, warmup: int = 5, timeout_s: floa
     if steps < 0 or warmup < 0:
         raise InfeasiblePlan(f"steps ({steps}) and warmup ({warmup}) must be ≥ 0")
     expect = {k: v for k, v in (expect or {}).items() if v is not None}
+    mem = {}
+    if memory_per_worker is not None:
+        from .memlimit import check_predicted
+        if kind == "layerwise":
+            raise InfeasiblePlan("--memory-per-worker applies to Tofu plans and placements "
+                                 "(operator-level runs); a layer-wise run checks one device "
+                                 "inside rank 0")
+        if not float(memory_per_worker) > 0:
+            raise InfeasiblePlan(f"--memory-per-worker must be > 0, got {memory_per_worker}")
+        check_predicted(doc, float(memory_per_worker))
+        mem = {"memory_limit": float(memory_per_worker)}
     if kind == "layerwise":
         from .launcher import launch
         out = launch(doc, steps=steps, warmup=warmup, timeout_s=timeout_s, check=check,
                      expect=expect, sync=sync, progress=progress, fault=fault, tol=tol,
                      store=False)
     elif kind == "tofu":
-        out = _run_tofu(doc, expect, timeout_s=timeout_s, check=check, fault=fault, tol=tol)
+        out = _run_tofu(doc, expect, timeout_s=timeout_s, check=check, fault=fault, tol=tol,
+                        **mem)
     else:
         out = _run_placement(doc, expect, steps=max(1, int(steps)), timeout_s=timeout_s,
-                             check=check, fault=fault, tol=tol)
+                             check=check, fault=fault, tol=tol, **mem)
+    if mem:
+        out["memory_per_worker_bytes"] = mem["memory_limit"]
     out["kind"] = kind
     out.setdefault("warnings", [])
     return out

@@ -280,18 +280,27 @@ def join_group(rank: int, world: int, backend: str, timeout_s: float,
     return device
 
 
-def process_main(rank, world, addr, port, backend, timeout_s, entry, payload, queue):
+def process_main(rank, world, addr, port, backend, timeout_s, entry, payload, queue,
+                 memory_limit=None):
     """Body of every local worker process (:func:`launcher.start_workers`, one per rank).
 
     Joins the process group, then calls ``entry(rank, world, device, payload, send)``;
     ``send(kind, key, value)`` reports to the launcher (``"result"``, ``"progress"``).  Ends by
-    reporting ``done``, or the error, after which the process exits at once."""
+    reporting ``done``, or the error, after which the process exits at once.
+    ``memory_limit`` (bytes): a :class:`.memlimit.MemoryGuard` the entry arms once set up."""
+    from . import memlimit
     _set_pdeathsig()
     os.environ.update({"MASTER_ADDR": addr, "MASTER_PORT": str(port), "RANK": str(rank),
                        "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank)})
 
     def send(kind, key=None, value=None):
         queue.put((kind, rank, key, value))
+
+    def over_limit(message):
+        queue.put(("error", rank, message, ""))
+        queue.close()
+        queue.join_thread()
+    guard = memlimit.install(memory_limit, rank, over_limit)
     try:
         device = join_group(rank, world, backend, timeout_s)
         entry(rank, world, device, payload, send)
@@ -299,6 +308,9 @@ def process_main(rank, world, addr, port, backend, timeout_s, entry, payload, qu
         queue.close()
         queue.join_thread()
     except BaseException as exc:  # noqa: BLE001 - report everything, then die
+        msg = guard.translate(exc) if guard is not None else None
+        if msg is not None:
+            exc = WorkerError(msg)
         report_and_exit(queue, rank, exc)
     finally:
         destroy_group()
@@ -318,8 +330,16 @@ def run_jobs(rank, world, device, jobs, send):
 
 def inject_fault(fault, rank: int, step: int, where: str) -> None:
     """Test hook: act out ``fault`` = ``(rank, step, mode)`` (:func:`executor.parse_fault`)
-    when this is that rank and step - raise, exit with code 3, or hang."""
+    when this is that rank and step - raise, exit with code 3, hang, or allocate (and touch)
+    256 MiB more, 16 MiB at a time, for a moment (a step over ``--memory-per-worker``)."""
     if fault is None or fault[0] != rank or fault[1] != step:
+        return
+    if fault[2] == "alloc":
+        extra = []
+        for _ in range(16):
+            extra.append(torch.ones(2 * 1024 ** 2, dtype=torch.float64))
+            time.sleep(0.02)           # the memory guard looks every few milliseconds
+        del extra
         return
     if fault[2] == "exit":
         os._exit(3)

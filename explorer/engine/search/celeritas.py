@@ -37,7 +37,7 @@ from ..placement.fusion import fuse
 from ..placement.graph import PlacementGraph
 from ..placement.order import graph_order
 from ..placement.place import adjusting_placement, order_place
-from ..placement.refine import budget_per_device, placement_units, refine
+from ..placement.refine import placement_units, refine
 from ..placement.result import PlacementPlan, placement_result, simulated_plan
 from .options import CeleritasOptions, make
 from .result import Result
@@ -191,8 +191,7 @@ def place(graph, devices, options: dict | None = None) -> PlacementPlan:
              "placer_memory_bytes": cp.used.tolist() if cp.used is not None else None,
              "refine": ref is not None}
     if ref is not None:
-        over = bool((budget_per_device(pg, placement) > pg.capacity * (1 + 1e-9)).any())
-        stats.update({"over_budget": over, "step_before_refine_s": ref.before, "refine_moves": len(ref.moves),
+        stats.update({"step_before_refine_s": ref.before, "refine_moves": len(ref.moves),
                       "refine_evals": ref.evals, "refine_passes": ref.passes,
                       "refine_s": ref.seconds, "refine_exhausted": ref.exhausted})
     trace = [{"step": "cpd-topo", "order": [pg.names[v] for v in order[:2000]],
@@ -205,5 +204,11 @@ def place(graph, devices, options: dict | None = None) -> PlacementPlan:
                       "evals": ref.evals, "exhausted": ref.exhausted,
                       "moves": [{**m, "first_op": pg.names[m["first_op"]]} for m in ref.moves]})
     best = [f"cluster:{k}" for k in cp.best_effort]
+    if ref is not None:
+        # the refined placement is held to the simulated (liveness) peaks: Adjusting
+        # Placement's best effort is resolved when the refinement ends within every capacity
+        stats["placer_best_effort"] = best
+        if ref.overflow == 0.0 and opts["refine_memory"] == "simulated":
+            best = []
     return simulated_plan(algo, pg, placement, elapsed, best, clusters, stats, trace,
                           opts["contention"])

@@ -118,7 +118,8 @@ class CeleritasOptions(PlacementOptions):
     (bytes; default ``M_fraction`` 0.25 of the smallest capacity); ``refine`` the simulated
     refinement after Adjusting Placement (``celeritas`` only, not in the paper) with a budget
     of ``refine_evals`` simulations (default by graph size) keeping ``refine_memory``
-    ("budget": the placers' whole-step budget | "simulated": each device's simulated peak)."""
+    ("simulated": each device's simulated peak, the liveness rule ``oom`` is judged by |
+    "budget": the stricter whole-step sum of every output and received tensor)."""
 
     algo: str = "celeritas"
     R: int = 200
@@ -126,7 +127,7 @@ class CeleritasOptions(PlacementOptions):
     M_fraction: float = 0.25
     refine: bool = True
     refine_evals: int | None = None
-    refine_memory: str = "budget"
+    refine_memory: str = "simulated"
 
     def __post_init__(self):
         super().__post_init__()

@@ -31,6 +31,17 @@ same number a flat evaluation of the final tiling gives, so all algorithms are c
 δ_i crosses the links between sibling groups of level i (bandwidth from the device graph);
 ``objective_s`` = Σ_i δ_i / bandwidth_i.
 
+**Link levels** (§5.3: recursion suits hierarchical interconnects).  On a device graph with
+one bandwidth (``k80-pcie-8``, ``local``) every step's bytes cross the same links.  On one with
+several (``p100-cluster``: NVLink inside a node, InfiniBand between) the bytes each pair of
+sibling groups exchanges are counted (:func:`_pair_bytes`), δ_i is spread over the sibling
+pairs in that proportion, and a pair costs the mean of 1/bandwidth over the device pairs that
+carry it.  Which step splits along which link level is free: worker digits can be given to
+device digits in any order, so every order of the steps is evaluated (:func:`level_order`) and
+the one with the least time on the links is kept - the step moving the most bytes lands on the
+fastest links.  Baselines use the same link model and the same matching; a one-step baseline
+(EqualChop, Spartan) has nothing to match and pays for its pairs across the slow links.
+
 Baselines (Section 7.3) under the same accounting: ``allrow-greedy`` (every tensor split on
 its first axis at every step, each op its best strategy), ``spartan`` (one k-way step, largest
 tensor first, greedy), ``equalchop`` (the DP with one k-way step: each tensor chopped along one
@@ -46,6 +57,7 @@ Example::
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from dataclasses import dataclass, field
@@ -54,12 +66,13 @@ import numpy as np
 from networkx.utils import UnionFind
 
 from ...errors import InfeasiblePlan
-from ..geometry import overlap, split as split_boxes, tile_owners, volume
+from ..geometry import device_of, overlap, split as split_boxes, tile_owners, volume
 from ..tdl.aten import UnsupportedOp, describe_op
 from .options import TofuOptions, make
 from .result import Result
 
-__all__ = ["TofuOptions", "TofuPlan", "coarsen", "partition", "search", "factorize", "pin_steps"]
+__all__ = ["TofuOptions", "TofuPlan", "coarsen", "partition", "search", "factorize", "pin_steps",
+           "level_order", "step_seconds"]
 
 REPLICATE = -1                         # a class choice: not split at this step
 
@@ -588,12 +601,14 @@ class TofuPlan:
     strategies: dict                   # op name -> ["split 0", ...] per step
     op_bytes: dict                     # op name -> bytes it moves (all steps)
     preset: str = ""                   # the device graph's name
-    state: object = field(default=None, repr=False)     # final _State (per-worker boxes)
+    state: object = field(default=None, repr=False)     # final _State (per-device boxes)
     coarse_graph: object = field(default=None, repr=False)
+    levels: list = field(default_factory=list)  # steps, most significant device digit first
 
     def to_dict(self, tensors: bool = True) -> dict:
         d = {"model": self.model, "algo": self.algo,
              "devices": self.workers, "preset": self.preset, "factors": self.factors,
+             "levels": list(self.levels or range(len(self.factors))),
              "objective_s": self.objective_s, "comm_bytes": self.comm_bytes,
              "peak_memory_bytes": self.peak_memory_bytes,
              "search_time_s": self.search_time_s, "coarsening": self.coarse,
@@ -620,6 +635,137 @@ def _level_bandwidth(devices, n: int, stride: int) -> float:
         return float(devices.bandwidth(0, stride))
     except Exception:  # noqa: BLE001 - custom graphs without that pair
         return float("inf")
+
+
+def _multi_level(devices, workers: int) -> bool:
+    """Whether the first ``workers`` devices are joined by links of more than one bandwidth."""
+    if devices is None or workers < 2:
+        return False
+    bw = devices.bw[:workers, :workers]
+    off = bw[~np.eye(workers, dtype=bool)]
+    return bool(off.size) and not np.allclose(off, off[0], rtol=1e-9, atol=0.0)
+
+
+_PAIR_CACHE: dict = {}
+
+
+def _pair_bytes(oi: _OpInfo, st: _State, k: int, s, axis_of: dict, tensors: dict) -> np.ndarray:
+    """``[G, k, k]`` bytes child j of each group receives from its sibling j' at this step
+    under strategy ``s``: the parts of its input regions a sibling holds, and the sibling's
+    (partial) outputs that fall in the box it holds."""
+    slots = [t for _, t in oi.inputs] + [oi.output]
+    key = (oi.sig, k, s, st.out[oi.name].tobytes(),
+           tuple(sorted((v, r.tobytes()) for v, r in st.red[oi.name].items())),
+           tuple((st.held[t].tobytes(), axis_of.get(t, REPLICATE)) for t in slots))
+    hit = _PAIR_CACHE.get(key)
+    if hit is not None:
+        return hit
+    G = st.out[oi.name].shape[0]
+    cout, red = _child(oi, st, s, k)
+    out = np.zeros((G, k, k))
+    if oi.inputs:
+        regs = oi.bound.regions(cout, red={v: (r[:, 0], r[:, 1] - 1) for v, r in red.items()})
+        for n, t in oi.inputs:
+            ax = axis_of.get(t, REPLICATE)
+            if ax == REPLICATE or st.held[t].shape[0] != G:
+                continue               # every sibling holds the same part: nothing to fetch
+            h = split_boxes(st.held[t], ax, k).reshape(G, 1, k, *st.held[t].shape[1:])
+            need = regs[n].reshape(G, k, 1, *regs[n].shape[1:])
+            out += overlap(need, h) * tensors[t].itemsize
+    t = oi.output
+    ax = axis_of.get(t, REPLICATE)
+    if s[0] != "replicate" and st.held[t].shape[0] == G:
+        h = split_boxes(st.held[t], ax, k).reshape(G, k, 1, *st.held[t].shape[1:])
+        c = cout.reshape(G, 1, k, *cout.shape[1:])
+        out += overlap(h, c) * tensors[t].itemsize
+    out[:, np.arange(k), np.arange(k)] = 0.0
+    if len(_PAIR_CACHE) > 100000:
+        _PAIR_CACHE.clear()
+    _PAIR_CACHE[key] = out
+    return out
+
+
+def _pair_inv(factors, dev, inv, i) -> np.ndarray:
+    """``[G, k, k]``: mean 1/bandwidth from sender child j' to receiver child j at step ``i``
+    over the device pairs with the same offset inside both (devices ``dev`` per worker)."""
+    K = len(dev)
+    G = math.prod(factors[:i])
+    k = factors[i]
+    w = np.arange(K).reshape(G, k, K // (G * k))       # [group, child, offset]
+    recv = dev[w][:, :, None, :]
+    send = dev[w][:, None, :, :]
+    return inv[send, recv].mean(-1)
+
+
+def _orders(m: int) -> list:
+    """The orders :func:`level_order` tries."""
+    return [list(p) for p in itertools.permutations(range(m))] if m <= 7 else [list(range(m))]
+
+
+def _pairs_matter(factors, bw) -> list:
+    """Per step: whether its sibling pairs see different bandwidths under some order (only
+    then are the bytes per pair needed; otherwise δ_i crosses one kind of link)."""
+    if len(factors) > 7:               # level_order sorts by bytes: every order possible
+        return [True] * len(factors)
+    inv = 1.0 / np.asarray(bw, dtype=np.float64)
+    out = [False] * len(factors)
+    for order in _orders(len(factors)):
+        dev = device_of(factors, order)
+        for i, k in enumerate(factors):
+            p = _pair_inv(factors, dev, inv, i)[:, ~np.eye(k, dtype=bool)]
+            out[i] |= not np.allclose(p, p.flat[0], rtol=1e-9, atol=0.0)
+    return out
+
+
+def step_seconds(factors, order, deltas, pair_bytes, bw) -> np.ndarray:
+    """Seconds on the links of every step when the steps' digits number the devices in
+    ``order``: δ_i spread over sibling pairs in proportion to ``pair_bytes[i]`` (``[G, k,
+    k]``, receiver × sender; ``None`` when every pair sees one bandwidth), each pair at the
+    mean of 1/bandwidth over the device pairs that carry it (the same offset inside both
+    sibling groups)."""
+    dev = device_of(factors, order)
+    inv = 1.0 / np.asarray(bw, dtype=np.float64)
+    out = np.zeros(len(factors))
+    for i, k in enumerate(factors):
+        pair_inv = _pair_inv(factors, dev, inv, i)
+        off = ~np.eye(k, dtype=bool)
+        b = np.zeros(1) if pair_bytes[i] is None else np.asarray(pair_bytes[i], dtype=np.float64)
+        tot = b.sum()
+        if tot > 0:
+            out[i] = deltas[i] * float((b * pair_inv).sum()) / tot
+        else:
+            out[i] = deltas[i] * float(pair_inv[:, off].mean())
+    return out
+
+
+def level_order(factors, deltas, pair_bytes, bw) -> list:
+    """The order of the steps' digits in device numbers (most significant first) with the
+    least total time on the links; ties keep the recursion's own order.  Every order is
+    tried (``m!`` for ``m`` steps; beyond 7 steps the steps moving the fewest bytes take the
+    most significant digits, Theorem 4's order)."""
+    m = len(factors)
+    ident = list(range(m))
+    if m > 7:
+        return sorted(ident, key=lambda i: (deltas[i], i))
+    best, best_t = ident, float(step_seconds(factors, ident, deltas, pair_bytes, bw).sum())
+    for perm in _orders(m):
+        t = float(step_seconds(factors, perm, deltas, pair_bytes, bw).sum())
+        if t < best_t * (1 - 1e-12):
+            best, best_t = perm, t
+    return best
+
+
+def _permute_workers(st: _State, dev: np.ndarray) -> _State:
+    """The state with worker w's boxes at index ``dev[w]`` (per-device numbering)."""
+    def perm(a):
+        if a.shape[0] != len(dev):
+            return a
+        out = np.empty_like(a)
+        out[dev] = a
+        return out
+    return _State({t: perm(h) for t, h in st.held.items()},
+                  {o: perm(b) for o, b in st.out.items()},
+                  {o: {v: perm(r) for v, r in rr.items()} for o, rr in st.red.items()}, st.G)
 
 
 def _greedy_allrow(choices: dict) -> dict:
@@ -792,6 +938,9 @@ def partition(g, workers: int, devices=None, pins=None,
     op_bytes: dict = {o: 0.0 for o in co.ops}
     prev_total = 0.0
     G = 1
+    multi = _multi_level(devices, workers)
+    pair_bytes: list = []              # per step [G, k, k] (receiver, sender) when multi-level
+    matter = _pairs_matter(factors, devices.bw[:workers, :workers]) if multi else []
     for step_i, k in enumerate(factors):
         ts = time.perf_counter()
         choices = _domains(co, st, k, g, live)
@@ -838,12 +987,24 @@ def partition(g, workers: int, devices=None, pins=None,
                 op_bytes[o] += float(sum(vec[min(si, len(vec) - 1), j, assign[co.cls[t]]]
                                          for j, t in enumerate(slots)))
         new_held = {}
+        axis_of = {}
         for t, h in st.held.items():
             c = co.cls[t]
             ax = choices[c][assign[c]] if c in choices else REPLICATE
+            axis_of[t] = int(ax)
             new_held[t] = split_boxes(h, ax, k)
             if t in tiling_steps:
                 tiling_steps[t].append(int(ax))
+        if multi and not matter[step_i]:
+            pair_bytes.append(None)    # one kind of link between siblings under every order
+        elif multi:
+            pb = np.zeros((G, k, k))
+            for (tid, names, strat, arg, vars_) in meta:
+                idx = tuple(assign[v] for v in vars_)
+                s = strat[int(arg[idx]) if vars_ else int(arg)]
+                for o in names:
+                    pb += _pair_bytes(co.ops[o], st, k, s, axis_of, g.tensors)
+            pair_bytes.append(pb)
         bw = _level_bandwidth(devices, workers, workers // (G * k))
         delta = total - prev_total
         steps.append(StepTrace(k, G, delta, total, bw, delta / bw if bw != float("inf") else 0.0,
@@ -854,6 +1015,19 @@ def partition(g, workers: int, devices=None, pins=None,
         st = _State(new_held, new_out, new_red, G)
         if progress:
             progress(step_i + 1, len(factors))
+    # which step splits along which link level: the order with the least time on the links
+    order = list(range(len(factors)))
+    if multi and len(factors) > 1:
+        order = level_order(factors, [s_.delta_bytes for s_ in steps], pair_bytes,
+                            devices.bw[:workers, :workers])
+    if multi:
+        secs = step_seconds(factors, order, [s_.delta_bytes for s_ in steps], pair_bytes,
+                            devices.bw[:workers, :workers])
+        for s_, sec in zip(steps, secs):
+            s_.seconds = float(sec)
+            s_.bandwidth = s_.delta_bytes / sec if sec > 0 else float("inf")
+    if order != list(range(len(factors))):
+        st = _permute_workers(st, device_of(factors, order))
     # per-tensor tilings and memory
     tilings = {}
     for t in live:
@@ -887,7 +1061,7 @@ def partition(g, workers: int, devices=None, pins=None,
     return TofuPlan(algo, g.model, workers, factors, steps, comm, obj,
                       [int(x) for x in mem + peak_fetch], time.perf_counter() - t0,
                       dict(co.counts), tilings, strategies_out, op_bytes,
-                      devices.name if devices is not None else "", st, co)
+                      devices.name if devices is not None else "", st, co, order)
 
 
 def execution_plan(res: TofuPlan, g) -> dict:
@@ -965,9 +1139,11 @@ def strip(res: TofuPlan, g, upto: int | None = None, limit: int = 400) -> list:
         wt, at = res.tilings[w[0]], res.tilings[a[0]]
         blk = {"op": op.name, "module": op.module, "target": op.target,
                "weight": {"name": w[0], "shape": wt["shape"],
-                          "owners": tile_owners(wt["steps"], res.factors, upto=upto)},
+                          "owners": tile_owners(wt["steps"], res.factors, upto=upto,
+                                               order=res.levels or None)},
                "activation": {"name": a[0], "shape": at["shape"],
-                              "owners": tile_owners(at["steps"], res.factors, upto=upto)},
+                              "owners": tile_owners(at["steps"], res.factors, upto=upto,
+                                                   order=res.levels or None)},
                "count": 1}
         key = (json_key(blk["weight"]), json_key(blk["activation"]), op.target)
         if blocks and blocks[-1]["_key"] == key:

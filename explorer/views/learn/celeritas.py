@@ -1,0 +1,144 @@
+"""Learn scenarios from Celeritas ("Celeritas: Fast Optimizer for Large Dataflow Graphs"):
+Figure 3 (M-TOPO against DFS-TOPO, and Optimal Operation Fusion on a small DAG) and Tables
+3-4 (step time and placement time of every placer on the same graph and simulator)."""
+
+from __future__ import annotations
+
+import dash
+from dash import Input, Output, html
+
+from ... import service as session
+from ...errors import ExplorerError
+from .. import ids
+from ..figures import learn as LF
+from ..figures.compare import message_figure
+from . import paper
+from .common import choice, control, explorer_href, fmt_time, frame, graph, number, table
+
+K = "celeritas-"
+SCENARIOS = {"orders": "Celeritas Fig. 3: orders and fusion",
+             "tables": "Celeritas Tables 3–4"}
+PRESET = "v100-pcie-4"
+MODELS = {"seq2seq": ("NMT: LSTM seq2seq, 1 layer, hidden 256", "NMT",
+                      {"layers": "1", "hidden": "256", "src_steps": "4", "tgt_steps": "4",
+                       "vocab": "1000"}, 16),
+          "inception_v3": ("Inception-v3, 75×75 input", "Inception_V3", {"image_size": "75"}, 8)}
+
+
+def _orders_layout():
+    key = K + "orders"
+    return frame(key, "Topological orders and operation fusion (Figure 3)", [
+        "A placer that fills devices one after another follows a topological order. M-TOPO "
+        "(Baechi) keeps a FIFO queue of ready operators, so it visits the graph breadth "
+        "first and interleaves independent chains; DFS-TOPO puts a node's newly ready "
+        "children at the head of the queue and follows each chain to its end. Split over "
+        "devices, the first order cuts the chains' edges - each cut is a tensor sent between "
+        "devices - and the second does not.",
+        "Celeritas then fuses consecutive operators of the CPD-TOPO order into clusters by a "
+        "dynamic program over breakpoints (Algorithm 1, equations 4-6), so the coarse graph "
+        "stays acyclic. Numbers show each node's position in the order.",
+    ], [
+        control("chains", number(key, "chains", 4, 1, 12)),
+        control("chain length", number(key, "length", 2, 1, 12)),
+        control("devices", choice(key, "devices", [2, 3, 4], 2)),
+    ], [graph(key)], [html.P(paper.CELERITAS["fig3"])])
+
+
+def orders_view(chains, length, devices):
+    doc = session.learn_orders(chains, length, devices)
+    names = doc["names"]
+    rows = [(k, v["cut_edges"], " ".join(names[i] for i in v["order"]))
+            for k, v in doc["orders"].items()]
+    clusters = ["{" + ", ".join(names[i] for i in c) + "}" for c in doc["fusion"]["clusters"]]
+    ours = [table(("order", "edges cut", "order of nodes"), rows),
+            html.P(f"Fusion over CPD-TOPO: {len(clusters)} clusters {' '.join(clusters)}; "
+                   f"communication between clusters {doc['fusion']['cut_comm']:.3g}.",
+                   className="learn-verdict")]
+    return LF.orders_figure(doc), ours
+
+
+def _transposed(columns, rows: dict):
+    """A paper table with one row per placer and one column per model (fits the aside)."""
+    models = list(rows)
+    return table(("placer",) + tuple(models),
+                 [(c,) + tuple(rows[m][i] for m in models) for i, c in enumerate(columns)])
+
+
+def _tables_layout():
+    key = K + "tables"
+    return frame(key, "Every placer on the same graph (Tables 3–4)", [
+        "Celeritas places the training graph's operators on devices: Standard Evaluation "
+        "gives each operator's time and memory, fusion coarsens the graph, and Adjusting "
+        "Placement assigns clusters along the CPD-TOPO order. Its baselines - Baechi's "
+        "m-TOPO, m-ETF and m-SCT, METIS, Order-Place and one device - place the same graph, "
+        "and one simulator times every placement.",
+        "Our graphs are scaled down to run here in seconds; the paper's are full size on "
+        "4 V100s, so compare the ranking, not the seconds.",
+    ], [
+        control("model", choice(key, "model", [{"label": v[0], "value": k}
+                                               for k, v in MODELS.items()], "seq2seq")),
+        control("devices", choice(key, "devices", [2, 4], 4)),
+    ], [graph(key)], [
+        html.H4("Table 3: step time (s) on 4 GPUs"),
+        _transposed(paper.CELERITAS["table3_columns"], paper.CELERITAS["table3"]),
+        html.H4("Table 4: placement time (s)"),
+        _transposed(paper.CELERITAS["table4_columns"], paper.CELERITAS["table4"]),
+    ])
+
+
+def tables_view(model, devices):
+    label, paper_name, args, batch = MODELS[model]
+    req = session.Request(model=model, devices=int(devices), preset=PRESET, batch=batch,
+                          model_args=dict(args), algo="celeritas")
+    rows = session.placement_compare(req)
+    ok = [r for r in rows if "error" not in r]
+    best = min(ok, key=lambda r: r["step_time_s"]) if ok else None
+    out = [(r["algo"], "error: " + r["error"] if "error" in r else
+            fmt_time(r["step_time_s"]) + (" (OOM)" if r.get("oom") else ""),
+            "" if "error" in r else fmt_time(r["search_time_s"])) for r in rows]
+    ours = [html.P(f"{label}: the paper's row is {paper_name}.", className="learn-verdict"),
+            table(("placer", "step time (simulated)", "placement time"), out)]
+    if best:
+        ours.append(html.P(f"fastest placement here: {best['algo']}", className="learn-verdict"))
+    href = explorer_href(model, devices, PRESET, "celeritas", batch, args)
+    return LF.placement_algorithms_figure(rows), ours, href
+
+
+LAYOUTS = {K + "orders": _orders_layout, K + "tables": _tables_layout}
+
+
+def register(app: dash.Dash) -> None:
+    o = K + "orders"
+
+    @app.callback(Output(ids.learn(o, "fig"), "figure"), Output(ids.learn(o, "ours"), "children"),
+                  Output(ids.learn(o, "error"), "children"),
+                  Input(ids.learn(o, "chains"), "value"), Input(ids.learn(o, "length"), "value"),
+                  Input(ids.learn(o, "devices"), "value"))
+    def _orders(chains, length, devices):
+        if chains in (None, "") or length in (None, "") or not devices:
+            return dash.no_update, dash.no_update, "error: give whole numbers ≥ 1"
+        try:
+            return (*orders_view(chains, length, devices), "")
+        except (ExplorerError, ValueError) as exc:
+            return message_figure(str(exc)), [], f"error: {exc}"
+
+    @app.callback(Output(ids.learn(o, "link"), "href"), Input(ids.learn(o, "devices"), "value"))
+    def _orders_link(devices):
+        label, _, args, batch = MODELS["seq2seq"]
+        return explorer_href("seq2seq", devices or 2, PRESET, "celeritas", batch, args)
+
+    t = K + "tables"
+
+    @app.callback(Output(ids.learn(t, "fig"), "figure"), Output(ids.learn(t, "ours"), "children"),
+                  Output(ids.learn(t, "link"), "href"), Output(ids.learn(t, "error"), "children"),
+                  Input(ids.learn(t, "model"), "value"), Input(ids.learn(t, "devices"), "value"))
+    def _tables(model, devices):
+        if model not in MODELS or not devices:
+            raise dash.exceptions.PreventUpdate
+        try:
+            return (*tables_view(model, devices), "")
+        except (ExplorerError, ValueError) as exc:
+            return message_figure(str(exc)), [], dash.no_update, f"error: {exc}"
+
+
+__all__ = ["LAYOUTS", "SCENARIOS", "register", "orders_view", "tables_view"]

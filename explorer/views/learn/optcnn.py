@@ -1,0 +1,410 @@
+"""Learn scenarios from OptCNN (Jia, Lin, Qi, Aiken: "Exploring Hidden Dimensions in
+Parallelizing Convolutional Neural Networks", ICML 2018): Figures 1-4, the §3 fully-connected
+example, Figures 5-6 (equations 2 and 3) and Figures 7-8 with Table 5."""
+
+from __future__ import annotations
+
+import dash
+from dash import Input, Output, dcc, html
+
+from ... import service as session
+from ...errors import ExplorerError
+from .. import ids
+from ..figures import compare as CF
+from ..figures import learn as LF
+from ..figures.compare import message_figure
+from . import paper
+from .common import (choice, control, explorer_href, fmt_bytes, fmt_time, frame, graph,
+                     number, table)
+
+SCENARIOS = {"dims": "OptCNN Fig. 1–4: hidden dimensions",
+             "dense": "OptCNN §3: one dense layer",
+             "elim": "OptCNN Fig. 5–6: eliminations",
+             "scale": "OptCNN Fig. 7–8, Table 5"}
+PRESET = "p100-nvlink-4"
+#: the bandwidth control: device presets of the papers' machines
+BANDWIDTHS = [{"label": "4×P100 NVLink (40 GB/s)", "value": "p100-nvlink-4"},
+              {"label": "4×V100 PCIe (16 GB/s)", "value": "v100-pcie-4"},
+              {"label": "P100 nodes over InfiniBand (12.5 GB/s between)",
+               "value": "p100-cluster"}]
+ELIM_MODELS = {"inception_v3": ("Inception-v3 (75×75 input)", {"image_size": "75"}, 8),
+               "resnet50": ("ResNet-50 (32×32 input)", {"image_size": "32"}, 8),
+               "lenet5": ("LeNet-5", {}, 64)}
+SCALE_MODELS = {"vgg16": "VGG-16", "alexnet": "AlexNet", "inception_v3": "Inception-v3"}
+K = "optcnn-"
+
+
+def _req(model, devices, batch=None, args=None, preset=PRESET, algo="optcnn"):
+    return session.Request(model=model, devices=int(devices), batch=batch, preset=preset,
+                           model_args=dict(args or {}), algo=algo)
+
+
+# -- Figures 1-4 -------------------------------------------------------------------------------
+
+def _dims_layout():
+    key = K + "dims"
+    return frame(key, "Hidden dimensions of one layer (Figures 1–4, Table 1)", [
+        "A convolution's output has four parallelizable dimensions: sample n, channel c, "
+        "height h and width w (Table 1). A configuration gives each a degree; the product is "
+        "the number of devices, and every configuration computes the same output.",
+        "Pick a VGG-16 convolution and a configuration: the bars show its time under every "
+        "configuration (t_C compute + t_S parameter synchronisation, our cost model on the "
+        "chosen devices and links), the rectangles which part of the output each device computes, and the last "
+        "chart what each device must read: its input region (halos included), the part of it "
+        "to fetch from other devices when the layer before is data-parallel, and its "
+        "parameters.",
+    ], [
+        control("layer", choice(key, "layer", [], None)),
+        control("devices", choice(key, "devices", [2, 4], 4)),
+        control("batch", number(key, "batch", 32, 1, 512)),
+        control("bandwidth", choice(key, "preset", BANDWIDTHS, PRESET)),
+        control("configuration", choice(key, "config", [], None)),
+    ], [graph(key, "times"), graph(key), graph(key, "reads")], [
+        html.P(paper.OPTCNN["fig1"]),
+        html.H4("Table 1: parallelizable dimensions"),
+        table(("layer", "dimensions"), paper.OPTCNN["table1"]),
+    ])
+
+
+def _parse(degrees: str) -> dict:
+    return {k: int(v) for k, v in (p.split("=") for p in degrees.split(",") if p)}
+
+
+def dims_options(devices, batch, layer, preset=PRESET):
+    """Layer options (VGG-16's convolutions), the layer shown (default Conv8, the paper's
+    Figure 1 layer), its configuration options on all ``devices``, the fastest one, and the
+    candidate rows they come from."""
+    req = _req("vgg16", devices, batch, preset=preset)
+    g = session.graph_for(req)
+    convs = [n for n in g.names() if g.layer(n).op == "conv"]
+    layers = [{"label": f"Conv{i + 1} ({n})", "value": n} for i, n in enumerate(convs)]
+    if layer not in convs:
+        layer = convs[7] if len(convs) > 7 else convs[0]
+    full = ",".join(map(str, range(int(devices))))
+    rows = [r for r in session.candidates(req, layer) if r["devices"] == full]
+    best = min(rows, key=lambda r: r["t_compute_ms"] + r["t_sync_ms"])
+    return layers, layer, [{"label": r["config"], "value": r["degrees"]} for r in rows], \
+        best["degrees"], rows
+
+
+def dims_figures(devices, batch, layer, degrees, rows=None, preset=PRESET):
+    """The three figures, our numbers and the explorer link for one layer and configuration
+    (``rows``: the layer's candidate rows on all devices when the caller has them)."""
+    req = _req("vgg16", devices, batch, preset=preset)
+    full = list(range(int(devices)))
+    if rows is None:
+        rows = [r for r in session.candidates(req, layer)
+                if r["devices"] == ",".join(map(str, full))]
+    cfg = _parse(degrees)
+    sel = next(r for r in rows if r["degrees"] == degrees)
+    tiles = session.tiles(req, layer, cfg, full)
+    data = next((r for r in rows if _parse(r["degrees"]).get("n", 1) == len(full)
+                 and all(v == 1 for k, v in _parse(r["degrees"]).items() if k != "n")), None)
+    best = min(rows, key=lambda r: r["t_compute_ms"] + r["t_sync_ms"])
+    tot = sel["t_compute_ms"] + sel["t_sync_ms"]
+    ours = [table(("", "ours"), [
+        ("layer", f"{layer} {tuple(tiles['shape'])} ({', '.join(tiles['axes'])})"),
+        ("this configuration", f"{sel['config']}: {tot:.3f} ms (t_C {sel['t_compute_ms']:.3f}"
+                               f" + t_S {sel['t_sync_ms']:.3f})"),
+        ("data parallelism", (f"{data['config']}: "
+                              f"{data['t_compute_ms'] + data['t_sync_ms']:.3f} ms")
+         if data else "–"),
+        ("fastest configuration", f"{best['config']}: "
+                                  f"{best['t_compute_ms'] + best['t_sync_ms']:.3f} ms"),
+    ])]
+    pin = f"{layer}={degrees}@{','.join(map(str, full))}"
+    href = explorer_href("vgg16", devices, preset, "optcnn", batch, pins=[pin])
+    return (LF.config_times_figure(rows, sel["config"]), LF.tile_map_figure(tiles),
+            LF.device_reads_figure(tiles), ours, href)
+
+
+# -- §3, Figure 2 ------------------------------------------------------------------------------
+
+def _dense_layout():
+    key = K + "dense"
+    return frame(key, "Data against model parallelism on one dense layer (§3, Figure 2)", [
+        "VGG-16's first fully-connected layer holds 103 M parameters. In data parallelism "
+        "(n = devices) every device keeps a whole copy and synchronises the gradients of all "
+        "of them each step; in channel (model) parallelism (c = devices) each device owns a "
+        "slice of the output channels and trains disjoint parameters - nothing to synchronise "
+        "- but must receive the whole input tensor from the data-parallel layer before it.",
+        "The bars are the bytes our cost model counts for each (parameter synchronisation: "
+        "gradients up and parameters back; transfer: the input regions each device lacks).",
+    ], [
+        control("devices", choice(key, "devices", [2, 4], 2)),
+        control("batch", number(key, "batch", 128, 1, 1024)),
+        control("bandwidth", choice(key, "preset", BANDWIDTHS, PRESET)),
+    ], [graph(key)], [html.P(paper.OPTCNN["fig2"])])
+
+
+def dense_figures(devices, batch, preset):
+    req = _req("vgg16", devices, batch, preset=preset)
+    doc = session.learn_dense(req)
+    d, c = doc["strategies"]
+    ours = [table(("", d["strategy"], c["strategy"]), [
+        ("configuration", d["config"], c["config"]),
+        ("t_C compute", fmt_time(d["t_compute_s"]), fmt_time(c["t_compute_s"])),
+        ("t_S parameter sync", fmt_time(d["t_sync_s"]), fmt_time(c["t_sync_s"])),
+        ("t_X input transfer", fmt_time(d["t_xfer_s"]), fmt_time(c["t_xfer_s"])),
+        ("bytes synchronised", fmt_bytes(d["sync_bytes"]), fmt_bytes(c["sync_bytes"])),
+        ("bytes transferred", fmt_bytes(d["xfer_bytes"]), fmt_bytes(c["xfer_bytes"])),
+    ]), html.P(f"Channel parallelism moves {doc['reduction']:.1f}× less data than data "
+               f"parallelism here (the paper: {paper.OPTCNN['fig2_ratio']:.0f}×).",
+               className="learn-verdict")]
+    pin = f"{doc['layer']}=c={int(devices)}@{','.join(map(str, range(int(devices))))}"
+    href = explorer_href("vgg16", devices, preset, "optcnn", batch, pins=[pin])
+    return LF.dense_figure(doc), ours, href
+
+
+# -- Figures 5-6: equations 2 and 3 -------------------------------------------------------------
+
+def _elim_layout():
+    key = K + "elim"
+    return frame(key, "Node and edge elimination (Figures 5–6, equations 2 and 3)", [
+        "Algorithm 1 shrinks the layer graph without losing the optimum. A node elimination "
+        "removes a layer l_j with one input edge e1 = (l_i, l_j) and one output edge "
+        "e2 = (l_j, l_k) and adds an edge e' whose cost table is equation 2: "
+        "t_X(e', c_i, c_k) = min over c_j of t_C(l_j, c_j) + t_S(l_j, c_j) + t_X(e1, c_i, c_j) "
+        "+ t_X(e2, c_j, c_k). An edge elimination merges two edges with the same ends by "
+        "equation 3: t_X(e', c_i, c_j) = t_X(e1, c_i, c_j) + t_X(e2, c_i, c_j).",
+        "Each step below is evaluated at the configurations the optimal plan finally gives "
+        "the neighbours (c_i, c_k): by Theorem 1 the minimising c_j is the one the plan "
+        "chose. Inception-v3's modules (Figure 6) need both kinds of step.",
+    ], [
+        control("model", choice(key, "model", [{"label": v[0], "value": k}
+                                               for k, v in ELIM_MODELS.items()],
+                                "inception_v3")),
+        control("devices", choice(key, "devices", [2, 4], 4)),
+        control("bandwidth", choice(key, "preset", BANDWIDTHS, PRESET)),
+        control("step", dcc.Slider(id=ids.learn(key, "step"), min=1, max=2, step=1, value=1,
+                                   marks=None, tooltip={"placement": "bottom"}), wide=True),
+        control("kind", choice(key, "kind", [{"label": "any step", "value": "any"},
+                                             {"label": "edge eliminations only",
+                                              "value": "edge"}], "any")),
+        dcc.Store(id=ids.learn(key, "store")),
+    ], [graph(key, "diagram", modebar=False), html.Div(id=ids.learn(key, "equation"),
+                                        className="learn-equation"), graph(key)], [
+        html.P("Figure 6 eliminates an Inception module's branches node by node, then merges "
+               "the parallel edges, until two nodes remain."),
+        html.P(f"Table 3: the final graph has K = {paper.OPTCNN['table3_k']} nodes for every "
+               "network (LeNet-5, AlexNet, VGG-16, Inception-v3, ResNet-121...)."),
+    ])
+
+
+def elim_doc(model, devices, preset=PRESET):
+    label, args, batch = ELIM_MODELS[model]
+    req = _req(model, devices, batch, args, preset=preset)
+    return session.learn_elimination(req)
+
+
+def elim_view(doc, index, kind):
+    """The equation text with the numbers, the diagram, the figure, our numbers for step
+    ``index`` (1-based, as the slider shows it) of the steps of ``kind``, and the slider's
+    largest value."""
+    steps = [s for s in doc["steps"] if kind != "edge" or s["kind"] == "edge"]
+    if not steps:
+        none = message_figure("no step of this kind")
+        return "this graph needs no such step", none, none, [], 1
+    i = max(1, min(int(index or 1), len(steps)))
+    s = steps[i - 1]
+    where = (f"Elimination {i} of {len(steps)}"
+             + (" edge eliminations" if kind == "edge" else "")
+             + f" (step {s['step'] + 1} of Algorithm 1's trace)")
+    if s["kind"] == "node":
+        r = s["rows"][s["best"]]
+        eq = [html.Code(f"t_X(e', c_i={s['c_i']}, c_k={s['c_k']}) = min over c_j of "
+                        f"[t_C + t_S + t_X(e1) + t_X(e2)]"),
+              html.Br(),
+              html.Code(f"= {fmt_time(r['t_compute_s'])} + "
+                        f"{fmt_time(r['t_sync_s'] + r['t_reduce_s'])}"
+                        f" + {fmt_time(r['t_x_in_s'])} + {fmt_time(r['t_x_out_s'])} "
+                        f"= {fmt_time(s['value_s'])}   at c_j = {r['config']}"),
+              html.P(f"{where}: node {s['node']} between {s['src']} and {s['dst']} "
+                     f"({s['remaining_nodes']} nodes remain). Equation 2's minimiser "
+                     f"{r['config']} {'is' if r['config'] == s['chosen'] else 'is not'} the "
+                     f"plan's choice {s['chosen']} (Theorem 1).")]
+    else:
+        eq = [html.Code(f"t_X(e', c_i={s['c_i']}, c_j={s['c_j']}) = t_X(e1) + t_X(e2) = "
+                        f"{fmt_time(s['t_x1_s'])} + {fmt_time(s['t_x2_s'])} = "
+                        f"{fmt_time(s['value_s'])}"),
+              html.P(f"{where}: two edges {s['src']} → {s['dst']} merged "
+                     f"({s['remaining_nodes']} nodes remain).")]
+    nodes = sum(1 for x in doc["steps"] if x["kind"] == "node")
+    edges = sum(1 for x in doc["steps"] if x["kind"] == "edge")
+    ours = [table(("", "ours"), [
+        ("layers", doc["layers"]), ("node / edge eliminations", f"{nodes} / {edges}"),
+        ("final graph K", f"{len(doc['residual'])} nodes: {', '.join(doc['residual'])}"),
+        ("equation 1 on the final graph", fmt_time(doc["check_s"])),
+        ("optimal plan's equation 1", fmt_time(doc["objective_s"])),
+    ])]
+    return eq, LF.elimination_diagram(s), LF.elimination_figure(s), ours, len(steps)
+
+
+# -- Figures 7-8 and Table 5 ----------------------------------------------------------------
+
+def _scale_layout():
+    key = K + "scale"
+    return frame(key, "Throughput and communication against devices (Figures 7–8, Table 5)", [
+        "Each strategy - data, model, one weird trick (OWT) and the layer-wise optimum - is "
+        "searched at 1, 2, 4 … devices of P100 nodes (4 per node over InfiniBand) with the "
+        "per-device batch held fixed, as in Figure 7; Figure 8's bytes per step are those of "
+        "the largest count. Predicted by our cost model (no GPUs are used).",
+        "Table 5 is the optimal plan for VGG-16 on one node of 4 GPUs: our search's "
+        "configuration of every layer beside the paper's.",
+    ], [
+        control("model", choice(key, "model", [{"label": v, "value": k}
+                                               for k, v in SCALE_MODELS.items()], "vgg16")),
+        control("devices (most)", choice(key, "devices", [2, 4, 8, 16], 4)),
+        control("batch per device", number(key, "batch", 16, 1, 128)),
+    ], [graph(key), graph(key, "bytes"), html.Div(id=ids.learn(key, "table5"))], [
+        html.P("Figure 7 at 16 GPUs (4 nodes): speed-up over one GPU"),
+        table(("network", "layer-wise", "best other"),
+              [(k, f"{a}×", f"{b}×") for k, (a, b) in paper.OPTCNN["speedup16"].items()]),
+        html.P(paper.OPTCNN["fig8"]),
+        html.H4("Table 5: VGG-16 on 4 GPUs"),
+        table(("layers", "configuration"), paper.OPTCNN["table5"]),
+    ])
+
+
+def scale_figures(model, devices, batch):
+    devices, batch = int(devices), int(batch)
+    req = _req(model, devices, batch * devices, preset="p100-cluster")
+    algos = ["data", "model", "owt", "optcnn"]
+    sc = session.scaling(req, algos)
+    cmp = session.compare(req, None, algos)
+    lw = sc["optcnn"]
+    others = [a for a in algos if a != "optcnn"]
+    best_other = max((sc[a][-1] or 0, a) for a in others)
+    base = lw[0] or 1.0
+    comm = {a: cmp[a].get("comm_bytes") for a in algos if "error" not in cmp[a]}
+    owt = comm.get("owt")
+    rows = [(f"speed-up at {devices} devices", f"{lw[-1] / base:.1f}×" if lw[-1] else "–",
+             f"best other ({best_other[1]}): {best_other[0] / base:.1f}×")]
+    if owt and comm.get("optcnn"):
+        rows.append(("bytes per step, OWT ÷ layer-wise", f"{owt / comm['optcnn']:.2f}×",
+                     "paper: 1.2–2.5×"))
+    ours = [table(("ours", "layer-wise", "other"), rows)]
+    t5 = table5_rows() if model == "vgg16" else []
+    t5_view = [html.H4("Table 5, ours: VGG-16 on 4×P100 NVLink, batch 128"),
+               table(("layers", "ours", "paper"), t5)] if t5 else []
+    href = explorer_href(model, devices, "p100-cluster", "optcnn", batch * devices)
+    return (CF.scaling_figure(sc, algos), CF.bytes_figure(cmp, algos), t5_view, ours, href)
+
+
+def table5_rows() -> list:
+    """Our optimal VGG-16 plan on 4 GPUs grouped as the paper's Table 5 rows."""
+    plan = session.search(_req("vgg16", 4, 128))
+    groups = [("2 × Conv + Pooling", 3), ("2 × Conv + Pooling", 3), ("3 × Conv + Pooling", 4),
+              ("3 × Conv + Pooling", 4), ("3 × Conv + Pooling", 4), ("Fully-connected", 1),
+              ("Fully-connected", 1), ("Fully-connected", 1)]
+    layers = [la for la in plan["layers"] if la["op"] not in ("input", "placeholder")]
+    convs = [la for la in layers if la["op"] in ("conv", "pool")]
+    fcs = [la for la in layers if la["op"] == "linear"]
+    out, i = [], 0
+    for (name, n), (_, p) in zip(groups[:5], paper.OPTCNN["table5"][:5]):
+        part = convs[i:i + n]
+        i += n
+        cfgs = sorted({la["config_label"] for la in part})
+        out.append((name, ", ".join(cfgs), p))
+    for la, (name, p) in zip(fcs, paper.OPTCNN["table5"][5:8]):
+        out.append((f"{name} ({la['name']})", la["config_label"], p))
+    return out
+
+
+# -- wiring --------------------------------------------------------------------------------------
+
+LAYOUTS = {K + "dims": _dims_layout, K + "dense": _dense_layout, K + "elim": _elim_layout,
+           K + "scale": _scale_layout}
+
+
+def _err(exc) -> str:
+    return f"error: {exc}"
+
+
+def register(app: dash.Dash) -> None:
+    d = K + "dims"
+
+    @app.callback(Output(ids.learn(d, "layer"), "options"), Output(ids.learn(d, "layer"), "value"),
+                  Output(ids.learn(d, "config"), "options"),
+                  Output(ids.learn(d, "config"), "value"),
+                  Output(ids.learn(d, "times"), "figure"), Output(ids.learn(d, "fig"), "figure"),
+                  Output(ids.learn(d, "reads"), "figure"), Output(ids.learn(d, "ours"), "children"),
+                  Output(ids.learn(d, "link"), "href"), Output(ids.learn(d, "error"), "children"),
+                  Input(ids.learn(d, "devices"), "value"), Input(ids.learn(d, "batch"), "value"),
+                  Input(ids.learn(d, "layer"), "value"), Input(ids.learn(d, "config"), "value"),
+                  Input(ids.learn(d, "preset"), "value"))
+    def _dims(devices, batch, layer, degrees, preset):
+        # one callback: a new layer, device count or batch re-lists the configurations (the
+        # shown one kept when it still exists, else the fastest) and redraws at once
+        nothing = (dash.no_update,) * 9
+        if not devices or not batch or not preset:
+            return (*nothing, "error: give the batch as a whole number from 1 to 512")
+        try:
+            layers, layer, configs, best, rows = dims_options(devices, batch, layer, preset)
+            if degrees not in {c["value"] for c in configs}:
+                degrees = best
+            return (layers, layer, configs, degrees,
+                    *dims_figures(devices, batch, layer, degrees, rows, preset), "")
+        except (ExplorerError, ValueError, KeyError, StopIteration) as exc:
+            m = message_figure(str(exc))
+            return (*(dash.no_update,) * 4, m, m, m, [], dash.no_update, _err(exc))
+
+    e = K + "dense"
+
+    @app.callback(Output(ids.learn(e, "fig"), "figure"), Output(ids.learn(e, "ours"), "children"),
+                  Output(ids.learn(e, "link"), "href"), Output(ids.learn(e, "error"), "children"),
+                  Input(ids.learn(e, "devices"), "value"), Input(ids.learn(e, "batch"), "value"),
+                  Input(ids.learn(e, "preset"), "value"))
+    def _dense(devices, batch, preset):
+        if not devices or not batch or not preset:
+            return (dash.no_update,) * 3 + ("error: give the batch as a whole number from 1 "
+                                            "to 1024",)
+        try:
+            return (*dense_figures(devices, batch, preset), "")
+        except (ExplorerError, ValueError) as exc:
+            return message_figure(str(exc)), [], dash.no_update, _err(exc)
+
+    m = K + "elim"
+
+    @app.callback(Output(ids.learn(m, "store"), "data"), Output(ids.learn(m, "link"), "href"),
+                  Output(ids.learn(m, "error"), "children"),
+                  Input(ids.learn(m, "model"), "value"), Input(ids.learn(m, "devices"), "value"),
+                  Input(ids.learn(m, "preset"), "value"))
+    def _elim_doc(model, devices, preset):
+        if model not in ELIM_MODELS or not devices or not preset:
+            raise dash.exceptions.PreventUpdate
+        label, args, batch = ELIM_MODELS[model]
+        href = explorer_href(model, devices, preset, "optcnn", batch, args)
+        try:
+            return elim_doc(model, devices, preset), href, ""
+        except (ExplorerError, ValueError) as exc:
+            return None, href, _err(exc)
+
+    @app.callback(Output(ids.learn(m, "equation"), "children"),
+                  Output(ids.learn(m, "diagram"), "figure"), Output(ids.learn(m, "fig"), "figure"),
+                  Output(ids.learn(m, "ours"), "children"),
+                  Output(ids.learn(m, "step"), "max"),
+                  Input(ids.learn(m, "store"), "data"), Input(ids.learn(m, "step"), "value"),
+                  Input(ids.learn(m, "kind"), "value"))
+    def _elim(doc, index, kind):
+        if not doc:
+            raise dash.exceptions.PreventUpdate
+        return elim_view(doc, index, kind)
+
+    s = K + "scale"
+
+    @app.callback(Output(ids.learn(s, "fig"), "figure"), Output(ids.learn(s, "bytes"), "figure"),
+                  Output(ids.learn(s, "table5"), "children"),
+                  Output(ids.learn(s, "ours"), "children"), Output(ids.learn(s, "link"), "href"),
+                  Output(ids.learn(s, "error"), "children"),
+                  Input(ids.learn(s, "model"), "value"), Input(ids.learn(s, "devices"), "value"),
+                  Input(ids.learn(s, "batch"), "value"))
+    def _scale(model, devices, batch):
+        if not model or not devices or not batch:
+            return (dash.no_update,) * 5 + ("error: give the batch per device as a whole "
+                                            "number from 1 to 128",)
+        try:
+            return (*scale_figures(model, devices, batch), "")
+        except (ExplorerError, ValueError) as exc:
+            mf = message_figure(str(exc))
+            return mf, mf, [], [], dash.no_update, _err(exc)

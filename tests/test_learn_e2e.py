@@ -1,0 +1,184 @@
+"""The Learn page (/learn) in headless Chromium (dash_duo): every scenario renders its live
+figure with the paper's numbers beside ours, a control changes the figure, the guided tour
+opens, closes and is remembered, and "open in the explorer" opens the scenario's state."""
+
+import socket
+import time
+from urllib.parse import parse_qs, urlparse
+
+import pytest
+
+from explorer.app import create_app
+from explorer.views import ids
+from explorer.views.learn import SCENARIOS
+
+pytestmark = pytest.mark.browser
+
+#: per scenario, a number of the paper the aside must show
+PAPER_MARK = {"optcnn-dims": "Conv8 of VGG-16", "optcnn-dense": "12×",
+              "optcnn-elim": "K = 2", "optcnn-scale": "14.8×",
+              "tofu-conv1d": "Figure 2(b)", "tofu-algos": "7% slower",
+              "celeritas-orders": "cuts 4 edges", "celeritas-tables": "2.859"}
+
+TRACES = """
+const el = document.querySelector('#' + arguments[0] + ' .js-plotly-plot');
+if (!el || !el.data) { return -1; }
+return el.data.length;
+"""
+FIG_TEXT = """
+const el = document.querySelector('#' + arguments[0] + ' .js-plotly-plot');
+if (!el || !el.data) { return ''; }
+const lay = el.layout || {};
+return JSON.stringify([el.data, lay.annotations || [], lay.title || '']);
+"""
+
+
+def until(fn, timeout=120, poll=0.2):
+    end = time.time() + timeout
+    while time.time() < end:
+        try:
+            v = fn()
+        except Exception:  # noqa: BLE001 - the page is still rendering
+            v = None
+        if v:
+            return v
+        time.sleep(poll)
+    raise AssertionError("condition not met in time")
+
+
+def figure(duo, key, part="fig"):
+    return duo.driver.execute_script(FIG_TEXT, ids.learn(key, part))
+
+
+def drawn(duo, key, part="fig"):
+    """Wait until the scenario's figure holds data traces (not the "computing…" message)."""
+    return until(lambda: duo.driver.execute_script(TRACES, ids.learn(key, part)) > 0
+                 and "computing" not in figure(duo, key, part))
+
+
+def open_learn(duo, close_tour=True):
+    duo.wait_for_page(url=duo.server_url + "/learn")
+    duo.wait_for_element("#" + ids.LEARN_TABS, timeout=90)
+    if close_tour:
+        until(lambda: duo.driver.find_element("id", ids.LEARN_TOUR_CLOSE).is_displayed())
+        duo.find_element("#" + ids.LEARN_TOUR_CLOSE).click()
+        until(lambda: not duo.driver.find_element("id", ids.LEARN_TOUR).is_displayed())
+
+
+def show(duo, key):
+    n = list(SCENARIOS).index(key) + 1
+    duo.find_element(f"#{ids.LEARN_TABS} .tab:nth-child({n})").click()
+    duo.wait_for_element("#" + ids.learn(key, "section"), timeout=30)
+
+
+@pytest.fixture
+def learn_duo(dash_duo):
+    with socket.socket() as sock:           # a free port: other apps may hold Dash's default
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    dash_duo.start_server(create_app(), port=port)
+    return dash_duo
+
+
+def test_every_scenario_renders_with_the_papers_numbers_beside_ours(learn_duo):
+    duo = learn_duo
+    open_learn(duo)
+    assert "Learn" in duo.find_element(".header .pages").text     # linked from the header
+    for key in SCENARIOS:
+        show(duo, key)
+        drawn(duo, key)
+        ours = until(lambda: duo.find_element("#" + ids.learn(key, "ours")).text.strip())
+        assert ours, key
+        paper = duo.find_element("#" + ids.learn(key, "paper")).text
+        assert "The paper" in paper and PAPER_MARK[key] in paper, (key, paper)
+        href = duo.find_element("#" + ids.learn(key, "link")).get_attribute("href")
+        assert urlparse(href).path == "/" and "model=" in href, (key, href)
+        assert not duo.find_element("#" + ids.learn(key, "error")).text, key
+
+
+def test_controls_change_the_figures(learn_duo):
+    duo = learn_duo
+    open_learn(duo)
+    # Tofu conv1d: 2 workers -> 4 workers: four workers' intervals are drawn
+    show(duo, "tofu-conv1d")
+    drawn(duo, "tofu-conv1d")
+    before = figure(duo, "tofu-conv1d")
+    assert "worker 1" in before and "worker 3" not in before
+    duo.select_dcc_dropdown("#" + ids.learn("tofu-conv1d", "workers"), value="4")
+    until(lambda: "worker 3" in figure(duo, "tofu-conv1d"))
+    # bad sizes: one line saying why, no traceback
+    box = duo.find_element("#" + ids.learn("tofu-conv1d", "window"))
+    box.clear()
+    box.send_keys("20\n")
+    until(lambda: "longer than the data" in duo.find_element(
+        "#" + ids.learn("tofu-conv1d", "error")).text)
+    assert "Traceback" not in duo.driver.page_source
+    # Celeritas Figure 3: the paper's 4 cut edges; five chains cut five
+    show(duo, "celeritas-orders")
+    drawn(duo, "celeritas-orders")
+    assert "M-TOPO: 4 edges cut" in figure(duo, "celeritas-orders")
+    assert "DFS-TOPO: 0 edges cut" in figure(duo, "celeritas-orders")
+    box = duo.find_element("#" + ids.learn("celeritas-orders", "chains"))
+    box.clear()
+    box.send_keys("5\n")
+    until(lambda: "M-TOPO: 5 edges cut" in figure(duo, "celeritas-orders"))
+    assert "DFS-TOPO: 1 edge cut" in figure(duo, "celeritas-orders")
+    # OptCNN §3: 2 -> 4 devices changes the configurations compared and the bytes
+    show(duo, "optcnn-dense")
+    drawn(duo, "optcnn-dense")
+    assert "(n2)" in figure(duo, "optcnn-dense")
+    duo.select_dcc_dropdown("#" + ids.learn("optcnn-dense", "devices"), value="4")
+    until(lambda: "(n4)" in figure(duo, "optcnn-dense"))
+    # OptCNN elimination: the step slider moves to another step's equation
+    show(duo, "optcnn-elim")
+    drawn(duo, "optcnn-elim")
+    first = duo.find_element("#" + ids.learn("optcnn-elim", "equation")).text
+    assert "Elimination 1 of" in first and "t_X(e'" in first
+    duo.select_dcc_dropdown("#" + ids.learn("optcnn-elim", "kind"), index=1)
+    until(lambda: "merged" in duo.find_element("#" + ids.learn("optcnn-elim",
+                                                               "equation")).text)
+    assert "Equation 3" in figure(duo, "optcnn-elim")
+
+
+def test_guided_tour_opens_closes_and_is_remembered(learn_duo):
+    duo = learn_duo
+    open_learn(duo, close_tour=False)
+    tour = until(lambda: duo.driver.find_element("id", ids.LEARN_TOUR))
+    until(tour.is_displayed)                                   # first visit: it opens
+    assert "1 / 4" in duo.find_element("#" + ids.LEARN_TOUR_STEP).text
+    duo.find_element("#" + ids.LEARN_TOUR_NEXT).click()
+    until(lambda: "2 / 4" in duo.find_element("#" + ids.LEARN_TOUR_STEP).text)
+    duo.find_element("#" + ids.LEARN_TOUR_BACK).click()
+    until(lambda: "1 / 4" in duo.find_element("#" + ids.LEARN_TOUR_STEP).text)
+    duo.find_element("#" + ids.LEARN_TOUR_CLOSE).click()
+    until(lambda: not duo.driver.find_element("id", ids.LEARN_TOUR).is_displayed())
+    duo.driver.refresh()                                       # dismissal is remembered
+    duo.wait_for_element("#" + ids.LEARN_TABS, timeout=90)
+    time.sleep(1.5)
+    assert not duo.driver.find_element("id", ids.LEARN_TOUR).is_displayed()
+    duo.find_element("#" + ids.LEARN_TOUR_OPEN).click()        # and it can be taken again
+    until(lambda: duo.driver.find_element("id", ids.LEARN_TOUR).is_displayed())
+    for _ in range(4):                                         # Next on the last step ends it
+        duo.find_element("#" + ids.LEARN_TOUR_NEXT).click()
+        time.sleep(0.3)
+    until(lambda: not duo.driver.find_element("id", ids.LEARN_TOUR).is_displayed())
+
+
+def test_open_in_explorer_link_opens_the_scenario_state(learn_duo):
+    duo = learn_duo
+    open_learn(duo)
+    show(duo, "optcnn-dense")
+    drawn(duo, "optcnn-dense")
+    link = duo.find_element("#" + ids.learn("optcnn-dense", "link"))
+    query = parse_qs(urlparse(link.get_attribute("href")).query)
+    assert query["model"] == ["vgg16"] and query["devices"] == ["2"]
+    assert query["pin"] == ["classifier_0=c=2@0,1"]
+    duo.driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", link)
+    time.sleep(0.5)
+    link.click()
+    duo.wait_for_contains_text("#objective-value", "ms", timeout=120)
+    url = urlparse(duo.driver.current_url)
+    assert url.path == "/"
+    got = parse_qs(url.query)
+    assert got["model"] == ["vgg16"] and got["devices"] == ["2"] and got["batch"] == ["128"]
+    until(lambda: "classifier_0" in duo.find_element("#" + ids.PIN_LIST).text)

@@ -1,0 +1,122 @@
+"""The Learn page without a browser: registered at /learn, its first render computes
+nothing (scenarios compute in their callbacks), the tour's steps, every scenario's view
+function and the figures drawn from plain dicts."""
+
+import pytest
+
+from explorer import service as S
+from explorer.views import learn
+from explorer.views.figures import learn as LF
+from explorer.views.learn import celeritas, optcnn, paper, tofu
+
+
+def test_page_is_registered_at_learn_and_linked_from_the_header():
+    import dash
+
+    from explorer.app import create_app
+    app = create_app()
+    pages = {p["path"]: p for p in dash.page_registry.values()}
+    assert pages["/learn"]["name"] == "Learn"
+    assert "href='/learn'" in str(app.layout)             # the header's page links
+
+
+def test_first_render_computes_nothing(monkeypatch):
+    """The page and any scenario's layout are built without a capture or a search."""
+    def refuse(*a, **k):
+        raise AssertionError("the layout must not compute")
+    for name in ("graph_for", "run_method", "search", "candidates", "tiles", "scaling",
+                 "compare", "tofu_compare", "placement_compare", "learn_dense",
+                 "learn_elimination", "learn_conv1d", "learn_orders"):
+        monkeypatch.setattr(S, name, refuse)
+    page = learn.layout()
+    assert "learn-optcnn-dims-section" in str(page)
+    for key, build in learn.LAYOUTS.items():
+        assert key in learn.SCENARIOS
+        build()
+
+
+def test_query_opens_a_scenario_and_unknown_falls_back():
+    assert "learn-tofu-conv1d-section" in str(learn.layout(s="tofu-conv1d"))
+    assert "learn-optcnn-dims-section" in str(learn.layout(s="nope"))
+
+
+def test_tour_steps():
+    hidden, content = learn.tour_step(None)
+    assert hidden and content == []
+    hidden, content = learn.tour_step(0)
+    assert not hidden and "1 / 4" in str(content)
+    hidden, content = learn.tour_step(99)                 # clamped to the last step
+    assert not hidden and "4 / 4" in str(content)
+
+
+def test_dims_scenario_uses_the_cost_model_and_geometry():
+    layers, layer, configs, best, rows = optcnn.dims_options(4, 8, None)
+    assert layer == "features_17"                         # Conv8, the paper's Figure 1 layer
+    assert {c["label"] for c in configs} >= {"n4", "c4", "h4", "w4", "h2 w2"}
+    times, tiles, reads, ours, href = optcnn.dims_figures(4, 8, layer, "n=1,c=1,h=2,w=2")
+    # h2 w2: four devices each compute a quarter of every sample's plane
+    assert len(tiles.data) == 4 + 4
+    reads_y = reads.data[1].y                             # input region read, with halo
+    out_y = reads.data[0].y
+    assert all(r > 0 for r in reads_y) and len(set(out_y)) == 1
+    assert "pin=features_17" in href and "model=vgg16" in href
+    # what each device must fetch after a data-parallel layer: nothing under n4, three
+    # quarters of the (whole) input under c4
+    fetch = optcnn.dims_figures(4, 8, layer, "n=4,c=1,h=1,w=1", rows)[2].data[2].y
+    assert list(fetch) == [0, 0, 0, 0]
+    reads = optcnn.dims_figures(4, 8, layer, "n=1,c=4,h=1,w=1", rows)[2].data
+    assert [f * 4 for f in reads[2].y] == [r * 3 for r in reads[1].y]
+
+
+def test_dense_and_scale_scenarios_show_the_papers_comparison():
+    fig, ours, href = optcnn.dense_figures(2, 32, "p100-nvlink-4")
+    assert "the paper: 12×" in str(ours)
+    assert [t.name for t in fig.data] == ["parameter synchronisation", "input transfer"]
+    rows = optcnn.table5_rows()
+    assert len(rows) == 8 and rows[0][2] == "n=4" and rows[4][2] == "h=2, w=2"
+
+
+def test_elimination_view_steps_through_equations():
+    doc = optcnn.elim_doc("lenet5", 2)
+    eq, diagram, fig, ours, last = optcnn.elim_view(doc, 1, "any")
+    assert last == len(doc["steps"])                  # the slider counts from 1, like the text
+    assert f"Elimination 1 of {last}" in str(eq)
+    assert "Equation 2" in fig.layout.title.text
+    # Figure 5a: l_i -> l_j -> l_k before, one new edge e' after
+    labels = [a.text for a in diagram.layout.annotations]
+    assert {"e1", "e2", "e'"} <= set(labels)
+    eq, diagram, fig, ours, last = optcnn.elim_view(doc, 0, "edge")   # a chain: no edge step
+    assert "no such step" in eq
+
+
+def test_tofu_and_celeritas_views():
+    opts, sel, fig, ours = tofu.conv1d_view(2, 4, 4, 8, 3, 2, 3)
+    assert sel == 3 and len(opts) == 5 and "sum" in fig.layout.title.text
+    opts, sel, fig, ours = tofu.conv1d_view(2, 4, 4, 8, 3, 2, 42)   # out of range: first
+    assert sel == 0
+    fig, ours = celeritas.orders_view(4, 2, 2)
+    titles = [a.text for a in fig.layout.annotations]
+    assert titles == ["M-TOPO: 4 edges cut", "DFS-TOPO: 0 edges cut",
+                      "fusion: 4 clusters: 0 edges cut"]
+
+
+def test_figures_from_plain_dicts():
+    step = {"kind": "edge", "src": "a", "dst": "b", "t_x1_s": 1e-6, "t_x2_s": 2e-6,
+            "value_s": 3e-6}
+    fig = LF.elimination_figure(step)
+    assert list(fig.data[0].y) == pytest.approx([1, 2, 3])
+    cmp = {"tofu": {"predicted_step_time_s": 0.001, "comm_bytes": 2e6},
+           "spartan": {"predicted_step_time_s": 0.002, "comm_bytes": 4e6},
+           "icml18": {"error": "OOM"}}
+    fig = LF.tofu_algorithms_figure(cmp)
+    assert list(fig.data[0].x) == ["tofu", "spartan"] and list(fig.data[1].y) == [2, 4]
+    rows = [{"algo": "celeritas", "step_time_s": 0.002, "search_time_s": 0.5, "oom": False},
+            {"algo": "metis", "error": "no metis"}]
+    fig = LF.placement_algorithms_figure(rows)
+    assert list(fig.data[0].x) == ["celeritas"]
+
+
+def test_paper_numbers_are_the_papers():
+    assert paper.OPTCNN["speedup16"]["vgg16"] == (14.8, 10.2)
+    assert paper.CELERITAS["table3"]["Inception_V3"][-1] == "2.859"
+    assert paper.CELERITAS["fig3_cuts"] == {"M-TOPO": 4, "DFS-TOPO": 0}
