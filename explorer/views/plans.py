@@ -450,8 +450,6 @@ def register(app: dash.Dash) -> None:
             notes = {id(plan): "search", id(tofu_doc): "tofu", id(placement_doc): "placement"}
             for doc in _arrived(plan, tofu_doc, placement_doc):
                 msg = autosave(doc, store, notes.get(id(doc), "search"))[1] or msg
-            for doc in (plan, tofu_doc, placement_doc):     # idempotent: identical plans
-                autosave(doc, store, notes.get(id(doc), "search"))   # are saved once
             rows = table_rows(store)
         except Exception as exc:  # noqa: BLE001 - a broken history file must not break the app
             return dash.no_update, f"plan history unavailable: {exc}"
