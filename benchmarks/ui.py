@@ -13,8 +13,13 @@
    controls) are shown (target ≤ 2 s), and until that scenario's live figures are drawn
    (OptCNN Figures 1-4 on VGG-16; target ≤ 2 s once the server has captured the model -
    the median of --repeat loads).  ``--learn`` runs only these.
+6. Compare on Inception-v3 at 16 devices (p100-cluster): what the Compare tab's callback does
+   once the page has searched its plan - every method's plan, the time and bytes figures
+   (target ≤ 2 s); then the scaling figure the page draws next (every method at 1, 2, 4, 8,
+   16 devices: a capture per batch size; no target, reported).  In this process, fresh
+   caches each repetition (``--compare`` runs only these).
 
-    python benchmarks/ui.py [--repeat 3] [--figures] [--learn]
+    python benchmarks/ui.py [--repeat 3] [--figures] [--learn] [--compare]
 
 Each row is the median of --repeat fresh page loads (the server process is started once per
 model and excluded: its start-up, the import and the first search happen before timing).
@@ -116,9 +121,35 @@ def strip_figure_time(n_layers: int = 125) -> float:
     return time.perf_counter() - t0
 
 
+def compare_times(repeat: int = 3) -> list:
+    """Rows for the Compare tab on Inception-v3 at 16 devices (see the module docstring)."""
+    from explorer import service as session
+    from explorer.views import compare
+    req = session.Request(model="inception_v3", preset="p100-cluster", devices=16)
+    compare.layout()                 # as the served page has: plotly's template loaded once
+    bars, scal = [], []
+    for _ in range(repeat):
+        session.clear_caches()
+        compare._SCALING.clear()
+        session.search(req)                          # the page's own search, not timed
+        t0 = time.perf_counter()
+        compare.run_compare(req, [], with_scaling=False)
+        bars.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        compare.scaling_view(req)
+        scal.append(time.perf_counter() - t0)
+    return [("Compare, Inception-v3 at 16 devices: plans + time/bytes figures",
+             statistics.median(bars), 2.0),
+            ("  then its scaling figure (1..16 devices, drawn second)",
+             statistics.median(scal), float("inf"))]
+
+
 def print_rows(rows):
     print(f"{'measurement':70s} {'seconds':>8s} {'target':>7s}")
     for name, t, target in rows:
+        if target == float("inf"):          # reported, no target
+            print(f"{name:70s} {t:8.2f} {'–':>7s}")
+            continue
         print(f"{name:70s} {t:8.2f} {target:7.1f}  {'ok' if t <= target else 'SLOW'}")
 
 
@@ -128,7 +159,13 @@ def main(argv=None):
     ap.add_argument("--figures", action="store_true",
                     help="only the figure builders, in this process (no browser)")
     ap.add_argument("--learn", action="store_true", help="only the Learn page's rows")
+    ap.add_argument("--compare", action="store_true",
+                    help="only the Compare tab on Inception-v3 at 16 devices, in this process")
     args = ap.parse_args(argv)
+    if args.compare:
+        rows = compare_times(args.repeat)
+        print_rows(rows)
+        return rows
     if args.learn:
         with B.browser() as drv:
             rows = learn_rows(drv, args.repeat)
@@ -139,6 +176,7 @@ def main(argv=None):
     if args.figures:
         print_rows(rows)
         return rows
+    rows += compare_times(args.repeat)
     with B.browser() as drv:
         with B.server("--model", "inception_v3", "--devices", "4",
                       "--preset", "p100-cluster") as url:

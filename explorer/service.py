@@ -202,7 +202,12 @@ def search(req: Request, pins: list | None = None, algo: str | None = None) -> d
 
 def candidates(req: Request, layer: str, plan: dict | None = None) -> list:
     """Rows for the candidate table of ``layer``: config, devices, t_C, t_S, t_R (the
-    reduce-scatter of a row-parallel configuration), memory, chosen."""
+    reduce-scatter of a row-parallel configuration), memory, chosen - and, given ``plan``,
+    each candidate's transfer in from and out to the neighbours' chosen configurations
+    (``t_xin_ms``, ``t_xout_ms``, ``None`` when a neighbour's choice is not a candidate, e.g.
+    pinned to other devices) and ``total_ms`` = t_C + t_S + t_R + transfer in + out: the part
+    of equation 1 that changes with this layer's choice alone, so the chosen row is the
+    smallest unless a neighbour's choice is what made it so."""
     g = graph_for(req)
     cm = cost_model_for(req)
     if layer not in g:
@@ -212,25 +217,59 @@ def candidates(req: Request, layer: str, plan: dict | None = None) -> list:
     red = cm.reduce_costs(layer, cands)
     tr = red[0] if red is not None else [0.0] * len(cands)
     chosen = None
+    picked: dict = {}
     if plan:
         for la in plan.get("layers", []):
-            if la["name"] == layer:
-                chosen = (tuple(sorted(la["config"].items())), tuple(la["devices"]))
+            picked[la["name"]] = (tuple(sorted(la["config"].items())), tuple(la["devices"]))
+        chosen = picked.get(layer)
+    xin, xout = _neighbour_xfer(g, cm, layer, cands, picked) if picked else (None, None)
     rows = []
     for i, c in enumerate(cands):
         key = (tuple(sorted(c.as_dict().items())), c.devices)
-        rows.append({"config": c.label(), "degrees": ",".join(f"{k}={v}" for k, v in c.degrees),
-                     "devices": ",".join(map(str, c.devices)),
-                     "t_compute_ms": round(float(tc[i]) * 1e3, 4),
-                     "t_sync_ms": round(float(ts[i]) * 1e3, 4),
-                     "t_reduce_ms": round(float(tr[i]) * 1e3, 4),
-                     "memory_mib": round(float(mem[i]) / 2 ** 20, 2),
-                     "chosen": "✔" if key == chosen else ""})
+        row = {"config": c.label(), "degrees": ",".join(f"{k}={v}" for k, v in c.degrees),
+               "devices": ",".join(map(str, c.devices)),
+               "t_compute_ms": round(float(tc[i]) * 1e3, 4),
+               "t_sync_ms": round(float(ts[i]) * 1e3, 4),
+               "t_reduce_ms": round(float(tr[i]) * 1e3, 4),
+               "memory_mib": round(float(mem[i]) / 2 ** 20, 2),
+               "chosen": "✔" if key == chosen else ""}
+        if xin is not None:
+            row["t_xin_ms"] = round(float(xin[i]) * 1e3, 4)
+            row["t_xout_ms"] = round(float(xout[i]) * 1e3, 4)
+            row["total_ms"] = round(float(tc[i] + ts[i] + tr[i] + xin[i] + xout[i]) * 1e3, 4)
+        rows.append(row)
     if chosen is not None and not any(r["chosen"] for r in rows):
         rows.append({"config": "(pinned devices)", "degrees": "", "devices": "",
                      "t_compute_ms": None, "t_sync_ms": None, "t_reduce_ms": None,
                      "memory_mib": None, "chosen": "✔"})
     return rows
+
+
+def _neighbour_xfer(g, cm, layer: str, cands: list, picked: dict) -> tuple:
+    """``(t_in [C], t_out [C])`` seconds: each candidate's transfers (equation 1's t_X, forward
+    and backward) from its producers' and to its consumers' configurations in ``picked``
+    (``None, None`` when a neighbour's choice is not among its candidates)."""
+    import numpy as np
+
+    def index(name):
+        want = picked.get(name)
+        for j, c in enumerate(cm.candidates(name)):
+            if (tuple(sorted(c.as_dict().items())), c.devices) == want:
+                return j
+        return None
+    t_in = np.zeros(len(cands))
+    t_out = np.zeros(len(cands))
+    for e in g.in_edges(layer):
+        j = index(e.src)
+        if j is None:
+            return None, None
+        t_in += cm.xfer(e, cm.candidates(e.src), cands)[0][j, :]
+    for e in g.out_edges(layer):
+        j = index(e.dst)
+        if j is None:
+            return None, None
+        t_out += cm.xfer(e, cands, cm.candidates(e.dst))[0][:, j]
+    return t_in, t_out
 
 
 def layer_info(req: Request, layer: str) -> dict:
@@ -680,6 +719,77 @@ def placement_runs(doc: dict, limit: int = 50) -> list:
     return runs(doc, limit)
 
 
+def cost_model_info(doc: dict | None) -> dict:
+    """Which cost model made a plan's predictions: ``{"cost", "preset", "calibrated",
+    "text"}``.  ``cost`` is ``analytic`` (roofline: FLOPs and bytes over the devices' peak
+    rates) or ``measured`` (every layer's configurations profiled on this machine);
+    ``calibrated`` says whether the ``local`` preset's rates were measured here
+    (``explorer calibrate``, or Calibrate in the app) or are defaults."""
+    doc = doc or {}
+    req = doc.get("request") or {}
+    info = doc.get("info") or {}
+    cost = req.get("cost") or info.get("compute_cost") or "analytic"
+    preset_name = doc.get("preset") or req.get("preset") or ""
+    calibrated = None
+    if preset_name == "local":
+        from .engine.devices import local
+        try:
+            calibrated = bool(local(int(doc.get("devices") or 1)).meta.get("calibrated"))
+        except (ValueError, ExplorerError):
+            calibrated = False
+    if cost == "measured":
+        text = ("measured: every layer's configurations were profiled on this machine, "
+                "transfers use the " + ("calibrated" if calibrated else "default")
+                + " link rates")
+    elif preset_name == "local":
+        text = ("roofline (FLOPs and bytes over peak rates), "
+                + ("calibrated on this machine" if calibrated else
+                   "uncalibrated: default rates, not this machine's"))
+    else:
+        text = (f"roofline (FLOPs and bytes over peak rates) of the {preset_name or '?'} "
+                f"preset's devices, not this machine")
+    return {"cost": cost, "preset": preset_name, "calibrated": calibrated, "text": text}
+
+
+def calibrate_local(req: Request, quick: bool = True, progress=None) -> dict:
+    """Measure this machine for the ``local`` preset (compute, memory, links) and profile
+    every candidate configuration of ``req``'s model on ``req.devices`` local workers - what
+    ``explorer calibrate --model`` does - then search ``req``'s layer-wise method on
+    ``local`` with the measured costs.  ``progress(percent, message)`` follows the phases and
+    the profiled shapes.  Returns ``{"calibration", "plan"}`` (the plan dict with its
+    request)."""
+    from .engine.runtime.calibrate import calibrate
+    say = progress or (lambda pct, msg: None)
+    phase = {"n": 0}
+
+    def message(msg):
+        phase["n"] += 1
+        say(min(5 + 10 * phase["n"], 30), msg)
+
+    def profiled(done, total):
+        say(30 + int(60 * done / max(total, 1)), f"profiling {done}/{total} layer shapes")
+    graph_for(req)                                   # an unknown model fails before measuring
+    cal = calibrate(req.devices, model=req.model, batch=req.batch,
+                    model_args=dict(req.model_args), quick=quick, progress=message,
+                    profiled=profiled)
+    with _LOCK:                                      # local's rates changed: rebuild its costs
+        for key in [k for k in _MODELS if "local" in k]:
+            _MODELS.pop(key, None)
+    say(92, "searching with the measured costs")
+    algo = req.algo if _family(req.algo) == "layerwise" else "optcnn"
+    local_req = Request.from_dict(dict(req.to_dict(), preset="local", cost="measured",
+                                       algo=algo, cluster=None))
+    plan = search(local_req)
+    say(100, f"calibrated; {plan['algo']} searched on {local_req.devices} local workers with "
+             f"measured costs")
+    return {"calibration": cal, "plan": plan}
+
+
+def _family(algo: str) -> str | None:
+    from .engine.search import METHODS
+    return METHODS[algo].family if algo in METHODS else None
+
+
 def clear_caches():
     with _LOCK:
         _BUILDING.clear()
@@ -695,4 +805,4 @@ __all__ = ["Request", "search", "candidates", "compare", "scaling", "tiles", "su
            "layer_info", "plan_changes", "parse_model_args", "graph_for", "clear_caches",
            "opgraph_for", "tofu", "tofu_strip", "tofu_compare", "placement",
            "placement_compare", "placement_structure", "placement_pins", "placement_graph_for",
-           "run_plan", "run_placement", "placement_runs"]
+           "run_plan", "run_placement", "placement_runs", "cost_model_info", "calibrate_local"]

@@ -107,7 +107,7 @@ def main(argv=None):
             B.wait(drv, lambda: B.nodes(drv), 120)
             tab(drv, 6)                                   # Tofu
             drv.find_element("id", "tofu-button").click()
-            B.wait(drv, lambda: "GB communicated" in B.text(drv, "#tofu-headline"), 180)
+            B.wait(drv, lambda: "communicated" in B.text(drv, "#tofu-headline"), 180)
             B.wait(drv, lambda: drv.execute_script(
                 "return document.querySelectorAll('.tofu-tile').length"), 60)
             time.sleep(1.5)

@@ -15,7 +15,7 @@ fi
 # EXTRAS: the optional dependency groups to install (scripts/test.sh adds hf, so that the hf:NAME
 # tests run instead of skipping).
 EXTRAS="${EXTRAS:-test}"
-CHECK="import explorer, dash, dash_cytoscape, networkx, pytest, pymetis"
+CHECK="import explorer, dash, dash_cytoscape, dash_ag_grid, networkx, pytest, pymetis"
 case ",$EXTRAS," in *,hf,*) CHECK="$CHECK, transformers" ;; esac
 if ! "$PY" -c "$CHECK" >/dev/null 2>&1 || [ pyproject.toml -nt .setup-stamp ]; then
     echo "setup: installing plan-explorer and its dependencies (.[$EXTRAS])"

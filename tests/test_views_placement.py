@@ -68,7 +68,7 @@ def test_compare_runs_every_method_on_the_same_simulator():
     cel = next(r for r in table if r["algo"] == "celeritas")
     assert cel["vs"] == 1.0 and cel["oom"] == "no"
     single = next(r for r in table if r["algo"] == "single")
-    assert single["comm_gb"] == 0 and single["vs"] > 1.0
+    assert single["moved"] == "0 B" and single["vs"] > 1.0
     fig = PF.compare_figure(rows)
     assert list(fig.data[0].x) == ["celeritas", "m-topo", "metis", "single"]
 
@@ -111,7 +111,8 @@ def test_gantt_and_memory_figures(doc):
     assert bars == doc["ops"]
     mem = PF.memory_figure(doc)
     assert [t.name for t in mem.data] == ["peak", "capacity"]
-    assert len(mem.data[0].y) == 4 and mem.data[1].y[0] == pytest.approx(16.0)
+    assert len(mem.data[0].y) == 4 and mem.data[1].y[0] == pytest.approx(100.0)
+    assert mem.layout.yaxis.title.text == "% of device memory"
     assert PF.gantt_figure(None).data == () and PF.memory_figure(None).data == ()
 
 

@@ -159,8 +159,8 @@ def test_loading_a_tofu_plan_fills_the_form_and_opens_its_tab(saved, tmp_path):
     assert (form["model"], form["devices"], form["preset"], form["algo"]) == (
         "lenet5", 2, "local", "icml18")
     summary, rows, *_ = tofu.show_view(got["doc"])
-    assert "GB communicated" in str(summary) and len(rows) == len(saved["tofu"]["steps"])
-    assert len(store) == 0                                    # the history is layer-wise only
+    assert "B communicated" in str(summary) and len(rows) == len(saved["tofu"]["steps"])
+    assert len(store) == 0                  # loading shows it; the page's autosave keeps it
 
 
 def test_loading_a_placement_fills_the_form_and_draws_it(saved, tmp_path):
@@ -257,7 +257,7 @@ def test_every_tab_says_what_it_operates_on():
 
 def test_step_highlight_only_on_the_steps_tab():
     plan = session.search(LENET, [])
-    assert steps.shown_step(2, "steps", plan)[0] == 2
+    assert steps.shown_step(3, "steps", plan)[0] == 2        # the slider counts from 1
     assert steps.shown_step(2, "tiling", plan)[0] is None
     assert steps.shown_step(None, "steps", plan)[0] is None
 

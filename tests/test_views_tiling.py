@@ -240,13 +240,13 @@ def strip_plan(n_layers: int = 125) -> dict:
 
 def test_strip_of_125_layers_draws_a_fixed_number_of_traces():
     """The strip stays cheap however many blocks it shows: one filled trace per device, one
-    for the block borders, one for the labels, one for the click markers, and one outline
-    shape (``python benchmarks/ui.py --figures`` times it)."""
+    for the block borders, one for the labels, one for the dimension letters, one for the
+    click markers, and one outline shape (``python benchmarks/ui.py --figures`` times it)."""
     fake = strip_plan(125)
     fig = TF.strip_figure(fake, "layer_60")
     assert fig.to_json()
     assert fig.layout.meta["blocks"] == len(TF.strip_blocks(fake)) == 125
-    assert len(fig.data) == 4 + 3 and len(fig.layout.shapes) == 1
+    assert len(fig.data) == 4 + 4 and len(fig.layout.shapes) == 1
     assert len(TF.strip_figure(strip_plan(250)).data) == len(fig.data)
 
 

@@ -168,6 +168,7 @@ class CostModel:
         self._ctok_content: dict = {}
         self._grad_cache: dict | None = None
         self._memory = None
+        self._tables_cache: dict = {}      # pins' text -> CostTables (shared by the methods)
 
     # -- gradients -------------------------------------------------------------------------
     def needs_grad(self, name: str) -> bool:
@@ -895,9 +896,25 @@ class CostModel:
             by_layer[p.layer] = p
         return by_layer
 
+    #: how many pin sets' tables one cost model keeps
+    TABLES_KEPT = 8
+
     def tables(self, pins: list | None = None) -> CostTables:
-        """Build every table the search needs, honouring ``pins`` (unknown layers rejected);
-        refused with the :meth:`estimate` first when it cannot fit this machine."""
+        """Every table the search needs, honouring ``pins`` (unknown layers rejected); refused
+        with the :meth:`estimate` first when it cannot fit this machine.  Built once per pin
+        set and shared: a comparison's baselines and searches read the same tables (the
+        methods never modify them)."""
+        pins = list(pins or [])
+        key = tuple(p.text() for p in pins)
+        hit = self._tables_cache.get(key)
+        if hit is None:
+            hit = self._build_tables(pins)
+            if len(self._tables_cache) >= self.TABLES_KEPT:
+                self._tables_cache.pop(next(iter(self._tables_cache)))
+            self._tables_cache[key] = hit
+        return hit
+
+    def _build_tables(self, pins: list) -> CostTables:
         t0 = time.perf_counter()
         est = self.estimate(pins)
         self.check_fits(est)

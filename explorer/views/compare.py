@@ -17,6 +17,7 @@ import time
 from collections import OrderedDict
 
 import dash
+import plotly.graph_objects as go
 from dash import Input, Output, State, dcc, html
 
 from .. import service as session
@@ -63,9 +64,22 @@ def compare_key(req: session.Request, pins: list | None) -> str:
     return _key(req) + "|" + json.dumps(list(pins or []))
 
 
-def run_compare(req: session.Request, pins: list | None) -> dict:
+def scaling_view(req: session.Request) -> go.Figure:
+    """The scaling figure of ``req`` (every method at 1, 2, 4, … devices), tagged with its
+    request in ``layout.meta`` so it is not recomputed for the same request."""
+    try:
+        fig = F.scaling_figure(cached_scaling(req), session.comparison("layerwise"))
+    except (ExplorerError, ValueError, KeyError) as exc:
+        fig = F.message_figure(f"scaling unavailable: {exc}")
+    fig.update_layout(meta={"scaling_key": _key(req)})
+    return fig
+
+
+def run_compare(req: session.Request, pins: list | None, with_scaling: bool = True) -> dict:
     """Figures and status for one request: ``{"time", "bytes", "scaling", "status",
-    "results"}``."""
+    "results"}``.  Without ``with_scaling`` the scaling figure is the cached one, or ``None``
+    when it still has to be computed (the page draws it in a second step, so the bars do not
+    wait for a search at every device count)."""
     t0 = time.perf_counter()
     results = session.compare(req, list(pins or []))
     order = session.comparison("layerwise")
@@ -73,11 +87,7 @@ def run_compare(req: session.Request, pins: list | None) -> dict:
     status = [f"{req.model}, batch {_batch(results, req)}, {req.devices} × {req.preset}"
               + (f", {len(pins)} pin(s)" if pins else "")]
     cached = _key(req) in _SCALING
-    try:
-        scal = cached_scaling(req)
-        sfig = F.scaling_figure(scal, order)
-    except (ExplorerError, ValueError, KeyError) as exc:
-        sfig = F.message_figure(f"scaling unavailable: {exc}")
+    sfig = scaling_view(req) if with_scaling or cached else None
     t2 = time.perf_counter()
     best = _best(results)
     if best:
@@ -85,8 +95,9 @@ def run_compare(req: session.Request, pins: list | None) -> dict:
     bad = [a for a, r in results.items() if "error" in r]
     if bad:
         status.append("infeasible: " + ", ".join(bad))
-    status.append(f"compare {t1 - t0:.2f} s, scaling {t2 - t1:.2f} s"
-                  + (" (cached)" if cached else ""))
+    status.append(f"compare {t1 - t0:.2f} s, scaling "
+                  + ("(cached)" if cached else f"{t2 - t1:.2f} s" if sfig is not None
+                     else "next"))
     tfig = F.time_figure(results, order)
     tfig.update_layout(meta={"compare_key": compare_key(req, pins)})
     return {"time": tfig, "bytes": F.bytes_figure(results, order), "scaling": sfig,
@@ -155,13 +166,34 @@ def register(app: dash.Dash) -> None:
                 else list((plan or {}).get("pins") or [])
             if not by_button and shown_key(shown) == compare_key(req, pins):
                 raise dash.exceptions.PreventUpdate
-            out = run_compare(req, pins)
+            out = run_compare(req, pins, with_scaling=False)
         except dash.exceptions.PreventUpdate:
             raise
         except Exception as exc:  # noqa: BLE001 - shown to the user instead of a dead panel
             msg = f"cannot compare: {exc}"
             return dash.no_update, dash.no_update, dash.no_update, msg
-        return out["time"], out["bytes"], out["scaling"], out["status"]
+        scaling = out["scaling"] or F.message_figure(
+            "scaling: searching every method at 1, 2, 4, … devices…")
+        return out["time"], out["bytes"], scaling, out["status"]
+
+    @app.callback(
+        Output(ids.COMPARE_SCALING, "figure", allow_duplicate=True),
+        Input(ids.COMPARE_TIME, "figure"),
+        State(ids.STORE_PLAN, "data"), State(ids.STORE_REQUEST, "data"),
+        State(ids.COMPARE_SCALING, "figure"),
+        prevent_initial_call=True,
+    )
+    def _on_scaling(time_fig, plan, request, shown):
+        # second step: the bars are drawn; the scaling figure follows for the same request
+        if not shown_key(time_fig):
+            raise dash.exceptions.PreventUpdate
+        try:
+            req = request_for(plan, request)
+        except Exception:  # noqa: BLE001 - the bars' callback already said why
+            raise dash.exceptions.PreventUpdate from None
+        if ((shown or {}).get("layout") or {}).get("meta", {}).get("scaling_key") == _key(req):
+            raise dash.exceptions.PreventUpdate
+        return scaling_view(req)
 
 
 __all__ = ["layout", "run_compare", "compare_key", "shown_key",

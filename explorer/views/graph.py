@@ -13,11 +13,13 @@ from functools import lru_cache
 
 import dash
 import dash_cytoscape as cyto
-from dash import Input, Output, State, dash_table, dcc, html, no_update
+from dash import Input, Output, State, dcc, html, no_update
 
 from .. import service as session
 from ..errors import ExplorerError
-from . import ids
+from . import fmt, ids
+from . import glossary as G
+from . import tables as T
 from . import layout as L
 from . import palette as P
 from . import state
@@ -42,18 +44,28 @@ STYLESHEET = [
         "target-arrow-shape": "triangle", "target-arrow-color": "#9aa", "arrow-scale": 0.7}},
     {"selector": ".selected", "style": {"border-width": 4, "border-color": "#000"}},
     {"selector": ".gone", "style": {"opacity": 0.15}},
-    {"selector": ".current", "style": {"border-width": 5, "border-color": "#d62728",
-                                       "width": 28, "height": 28, "opacity": 1}},
-    {"selector": ".nbr", "style": {"border-width": 4, "border-color": "#ff7f0e", "opacity": 1}},
-    {"selector": ".residual", "style": {"border-width": 5, "border-color": "#2ca02c",
+    {"selector": ".current", "style": {"border-width": 6, "border-color": P.STEP_COLORS["current"],
+                                       "width": 28, "height": 28, "opacity": 1,
+                                       "underlay-color": P.STEP_COLORS["current"],
+                                       "underlay-opacity": 0.25, "underlay-padding": 6}},
+    {"selector": ".nbr", "style": {"border-width": 5, "border-color": P.STEP_COLORS["nbr"],
+                                   "border-style": "dashed", "opacity": 1}},
+    {"selector": ".residual", "style": {"border-width": 5,
+                                        "border-color": P.STEP_COLORS["residual"],
+                                        "border-style": "double", "opacity": 1}},
+    {"selector": ".assigned", "style": {"border-width": 5,
+                                        "border-color": P.STEP_COLORS["assigned"],
                                         "opacity": 1}},
-    {"selector": ".assigned", "style": {"border-width": 4, "border-color": "#1f77b4",
-                                        "opacity": 1}},
-    {"selector": "edge.hot", "style": {"line-color": "#d62728", "target-arrow-color": "#d62728",
+    {"selector": ".pinned", "style": {"shape": "star", "width": 26, "height": 26,
+                                      "border-width": 2, "border-color": "#111"}},
+    {"selector": "edge.hot", "style": {"line-color": P.STEP_COLORS["current"],
+                                       "target-arrow-color": P.STEP_COLORS["current"],
                                        "width": 5}},
     {"selector": "edge.gone", "style": {"opacity": 0.08}},
-    {"selector": "edge.virtual", "style": {"line-color": "#d62728", "line-style": "dashed",
-                                           "target-arrow-color": "#d62728", "width": 3,
+    {"selector": "edge.virtual", "style": {"line-color": P.STEP_COLORS["nbr"],
+                                           "line-style": "dashed",
+                                           "target-arrow-color": P.STEP_COLORS["nbr"],
+                                           "width": 3,
                                            "curve-style": "unbundled-bezier",
                                            "control-point-distances": [40]}},
 ]
@@ -74,21 +86,80 @@ def layout():
     ])
 
 
+#: the candidate table's columns: the plan's choice, the costs of equation 1 that depend on
+#: this layer's configuration alone, and why (its cost against the chosen row's)
+CANDIDATE_COLUMNS = [
+    ("chosen", ""), ("config", "config"), ("devices", "devices"), ("memory_mib", "MiB"),
+    ("total_ms", "total ms"), ("t_compute_ms", "t_C ms"), ("t_sync_ms", "t_S ms"),
+    ("t_reduce_ms", "t_R ms"), ("t_xin_ms", "t_X in ms"), ("t_xout_ms", "t_X out ms"),
+    ("why", "why (given the neighbours' choices)")]
+CANDIDATE_TIPS = dict(
+    G.header_tips({"t_compute_ms": "t_C", "t_sync_ms": "t_S", "t_reduce_ms": "t_R",
+                   "t_xin_ms": "t_X", "t_xout_ms": "t_X"}),
+    config="the configuration: degrees of parallelism per dimension (n sample, c channel, "
+           "h height, w width, l length, k reduction); unlisted dimensions are not split",
+    devices="the devices the configuration runs on",
+    total_ms="t_C + t_S + t_R + t_X in + t_X out: this layer's share of equation 1 given its "
+             "neighbours' chosen configurations",
+    memory_mib="peak memory on one device for this layer (MiB)")
+
+
+def device_ranges(devices: str) -> str:
+    """``"0,1,2,3,8"`` -> ``"0–3,8"``: a device list that fits a narrow column.
+
+    >>> device_ranges("0,1,2,3,8,9")
+    '0–3,8–9'
+    """
+    ds = [int(d) for d in str(devices or "").split(",") if d.strip().lstrip("-").isdigit()]
+    if not ds:
+        return devices or ""
+    out, start, prev = [], ds[0], ds[0]
+    for d in ds[1:] + [None]:
+        if d is not None and d == prev + 1:
+            prev = d
+            continue
+        out.append(str(start) if start == prev else f"{start}–{prev}")
+        if d is not None:
+            start = prev = d
+    return ",".join(out)
+
+
+def why_lines(rows: list) -> list:
+    """Each candidate row with a "why" line: the chosen row says it is the cheapest given its
+    neighbours; another says how much more it costs and which term makes most of the
+    difference (compute, sync, reduce-scatter, transfer in or out)."""
+    chosen = next((r for r in rows if r.get("chosen") and r.get("total_ms") is not None), None)
+    parts = (("t_compute_ms", "compute t_C"), ("t_sync_ms", "sync t_S"),
+             ("t_reduce_ms", "reduce-scatter t_R"), ("t_xin_ms", "transfer in t_X"),
+             ("t_xout_ms", "transfer out t_X"))
+    out = []
+    for r in rows:
+        r = dict(r, devices=device_ranges(r.get("devices", "")))
+        if chosen is None or r.get("total_ms") is None:
+            r["why"] = ""
+        elif r is chosen or r.get("chosen"):
+            r["why"] = (f"chosen: {r['t_compute_ms']:g} + {r['t_sync_ms']:g} + "
+                        f"{r['t_reduce_ms']:g} + {r['t_xin_ms']:g} in + {r['t_xout_ms']:g} out "
+                        f"= {r['total_ms']:g} ms")
+        else:
+            diff = r["total_ms"] - chosen["total_ms"]
+            worst = max(parts, key=lambda p: (r[p[0]] or 0) - (chosen[p[0]] or 0))
+            d = (r[worst[0]] or 0) - (chosen[worst[0]] or 0)
+            r["why"] = (f"{diff:+.4g} ms vs chosen; {worst[1]} {d:+.4g} ms" if diff > 0 else
+                        f"{diff:+.4g} ms vs chosen (the search weighs the whole graph)")
+        out.append(r)
+    return out
+
+
 def details_layout():
     return html.Div(className="panel details-panel", children=[
         html.H3("Layer"),
         html.Div(id=ids.DETAILS, className="details",
                  children=html.P("Click a layer in the graph.", className="muted")),
-        dash_table.DataTable(
-            id=ids.CANDIDATE_TABLE, data=[], page_action="none", sort_action="native",
-            fixed_rows={"headers": True},
-            columns=[{"name": n, "id": k} for k, n in [
-                ("chosen", ""), ("config", "config"), ("devices", "devices"),
-                ("t_compute_ms", "t_C ms"), ("t_sync_ms", "t_S ms"), ("t_reduce_ms", "t_R ms"),
-                ("memory_mib", "MiB")]],
-            style_table={"overflowX": "auto", "maxHeight": "260px", "overflowY": "auto"}, style_cell={"fontSize": 12, "padding": "2px 6px"},
-            style_data_conditional=[{"if": {"filter_query": '{chosen} = "✔"'},
-                                     "backgroundColor": "#e3f1e3", "fontWeight": "bold"}]),
+        T.grid(ids.CANDIDATE_TABLE, CANDIDATE_COLUMNS, height=280, row_style=T.CHOSEN_ROW,
+               widths={"chosen": 44, "devices": 82}, tooltips=CANDIDATE_TIPS),
+        html.Div(className="row", children=T.csv_button(ids.CANDIDATE_CSV_BUTTON,
+                                                         ids.CANDIDATE_CSV)),
         html.Div(className="pin-controls", children=[
             html.H4("Pin this layer"),
             dcc.Dropdown(id=ids.PIN_CONFIG, placeholder="configuration (degrees)",
@@ -107,14 +178,42 @@ def details_layout():
     ])
 
 
+#: the plan's per-layer table (and its CSV)
+PLAN_COLUMNS = [("name", "layer"), ("op", "op"), ("config_label", "configuration"),
+                ("devices", "devices"), ("t_compute_ms", "t_C ms"), ("t_sync_ms", "t_S ms"),
+                ("t_reduce_ms", "t_R ms"), ("t_xin_ms", "t_X in ms"), ("memory", "memory")]
+PLAN_TIPS = G.header_tips({"t_compute_ms": "t_C", "t_sync_ms": "t_S", "t_reduce_ms": "t_R",
+                           "t_xin_ms": "t_X"})
+
+
 def plan_layout():
     return html.Div(className="panel plan-panel", children=[
         context("plan"),
         html.Div(id=ids.PLAN_SUMMARY),
         html.Div(id=ids.PLAN_CHANGES),
         html.Div(className="row", children=export_controls(
-            ids.PLAN_EXPORT_BUTTON, ids.PLAN_EXPORT, ids.PLAN_EXPORT_ERROR)),
+            ids.PLAN_EXPORT_BUTTON, ids.PLAN_EXPORT, ids.PLAN_EXPORT_ERROR)
+            + T.csv_button(ids.PLAN_CSV_BUTTON, ids.PLAN_CSV, "Download plan table (CSV)")),
+        T.grid(ids.PLAN_TABLE, PLAN_COLUMNS, height=320, tooltips=PLAN_TIPS,
+               widths={"devices": 90}),
     ])
+
+
+def plan_rows(plan: dict | None) -> list:
+    """One row per layer of a layer-wise plan: its configuration, devices, costs (ms; the
+    transfer into it summed over its in-edges) and memory."""
+    if not plan or "error" in plan or not plan.get("layers"):
+        return []
+    xin: dict = {}
+    for e in plan.get("edges", []):
+        xin[e["dst"]] = xin.get(e["dst"], 0.0) + e["t_xfer_s"]
+    return [{"name": la["name"], "op": la.get("op", ""), "config_label": la["config_label"],
+             "devices": device_ranges(",".join(map(str, la["devices"]))),
+             "t_compute_ms": round(la.get("t_compute_s", 0.0) * 1e3, 4),
+             "t_sync_ms": round(la.get("t_sync_s", 0.0) * 1e3, 4),
+             "t_reduce_ms": round(la.get("t_reduce_s", 0.0) * 1e3, 4),
+             "t_xin_ms": round(xin.get(la["name"], 0.0) * 1e3, 4),
+             "memory": fmt.bytes_(la.get("memory_bytes"))} for la in plan["layers"]]
 
 
 # --------------------------------------------------------------------------------------------
@@ -165,6 +264,60 @@ def step_classes(trace: list, step: int | None) -> tuple:
     return cls, hot
 
 
+def clear_boxes(pos: dict, parent_of: dict, pad: float = 30.0) -> dict:
+    """Positions where no node sits inside an opened group's box unless it belongs to the
+    group: the box is drawn around its members, so an outsider within it would look like one
+    of them.  Outsiders inside a box move below it (the layout keeps its columns).
+
+    >>> p = clear_boxes({"a": (0, 0), "b": (100, 0), "m": (50, 0)}, {"a": "g", "b": "g"})
+    >>> p["m"][1] > 0
+    True
+    """
+    out = dict(pos)
+    boxes: dict = {}
+    for node, gid in parent_of.items():
+        if node in out:
+            boxes.setdefault(gid, []).append(out[node])
+    for gid, pts in boxes.items():
+        x0, x1 = min(x for x, _ in pts) - pad, max(x for x, _ in pts) + pad
+        y0, y1 = min(y for _, y in pts) - pad, max(y for _, y in pts) + pad
+        for node, (x, y) in list(out.items()):
+            if parent_of.get(node) != gid and x0 <= x <= x1 and y0 <= y <= y1:
+                out[node] = (x, y1 + pad)
+    return out
+
+
+def pinned_layers(plan: dict | None) -> set:
+    """The layers the plan's pins name (``LAYER=…`` pins)."""
+    return {p.split("=", 1)[0].strip() for p in (plan or {}).get("pins") or []
+            if isinstance(p, str) and "=" in p}
+
+
+def _prefix(names: list, gid: str = "") -> str:
+    """What a group's layer names share: its module path as layer names spell it
+    (``group:Mixed_5b`` -> ``mixed_5b_``) when most members start with it, else their
+    common prefix cut back to a ``_`` or ``.`` boundary."""
+    import os
+    module = gid[6:].split("#")[0].lower().replace(".", "_")
+    if module and sum(n.lower().startswith(module + "_") for n in names) * 2 > len(names):
+        return module + "_"
+    pre = os.path.commonprefix(list(names)) if len(names) > 1 else ""
+    cut = max(pre.rfind("_"), pre.rfind("."))
+    return pre[:cut + 1] if cut >= 0 else ""
+
+
+def short_label(name: str, prefix: str) -> str:
+    """A member's label inside its opened group: its name without the group's common prefix
+    (the group's box shows the prefix), so labels are not cut to one identical stem.
+
+    >>> short_label("mixed_5b_branch3x3dbl_2", "mixed_5b_")
+    'branch3x3dbl_2'
+    """
+    if prefix and name.lower().startswith(prefix.lower()) and len(name) > len(prefix):
+        return name[len(prefix):]
+    return name
+
+
 def build_elements(req: session.Request, plan: dict, expanded: list, step=None,
                    selected=None) -> tuple:
     """``(elements, info)`` for the cytoscape graph of ``req``'s model under ``plan``."""
@@ -183,6 +336,7 @@ def build_elements(req: session.Request, plan: dict, expanded: list, step=None,
     for e in (plan or {}).get("edges", []):
         xcost[(e["src"], e["dst"])] = xcost.get((e["src"], e["dst"]), 0.0) + e["t_xfer_s"]
     cls, hot = step_classes((plan or {}).get("trace", []), step)
+    pinned = pinned_layers(plan)
     parent_of = {}
     for gid, members in groups.items():
         if all(unit_of[m] == m for m in members):
@@ -192,6 +346,8 @@ def build_elements(req: session.Request, plan: dict, expanded: list, step=None,
     for gid in sorted(set(parent_of.values())):
         els.append({"data": {"id": gid, "label": gid[6:] + "  (click to collapse)",
                              "kind": "parent", "color": "#eee"}})
+    prefix = {gid: _prefix(groups[gid], gid) for gid in set(parent_of.values())}
+    pos = clear_boxes(pos, parent_of)
     for u in visible:
         x, y = pos[u]
         if u.startswith("group:"):
@@ -209,12 +365,15 @@ def build_elements(req: session.Request, plan: dict, expanded: list, step=None,
         else:
             la = assign.get(u)
             lay = g.layer(u)
-            data = {"id": u, "label": u, "kind": "layer", "op": lay.op,
+            data = {"id": u, "label": short_label(u, prefix.get(parent_of.get(u), "")),
+                    "name": u, "kind": "layer", "op": lay.op,
                     "config": la["config_label"] if la else "",
                     "color": colors.get(la["config_label"], P.UNKNOWN) if la else P.UNKNOWN}
             if u in parent_of:
                 data["parent"] = parent_of[u]
             klass = cls.get(u, "")
+        if u in pinned or (u.startswith("group:") and pinned & set(groups[u])):
+            klass = (klass + " pinned").strip()
         if selected and (u == selected or (u.startswith("group:") and selected in groups[u])):
             klass = (klass + " selected").strip()
         els.append({"data": data, "position": {"x": x, "y": y}, "classes": klass})
@@ -249,8 +408,12 @@ def legend(colors: dict, plan: dict):
     items = [html.Span(className="legend-item", children=[
         html.Span(className="swatch", style={"backgroundColor": c}),
         f"{lab} ({counts.get(lab, 0)})"]) for lab, c in colors.items()]
-    return [html.Span("colour = configuration (degrees per dimension); edge width = transfer "
-                      "time; ", className="muted")] + items
+    pins = pinned_layers(plan)
+    mark = [html.Span(className="legend-item", children=["★ pinned layer"])] if pins else []
+    return [html.Span(["colour = configuration (degrees per dimension: ", G.term("n"), " ",
+                       G.term("c"), " ", G.term("h"), " ", G.term("w"), " ", G.term("l"), " ",
+                       G.term("k"), "); edge width = transfer time (", G.term("t_X"), "); "],
+                      className="muted")] + items + mark
 
 
 # --------------------------------------------------------------------------------------------
@@ -316,16 +479,17 @@ def details_view(selected, plan, req_doc):
     items = [
         html.Div([html.B(selected), f"  {info['op']}", html.Span(f"  ({info['module']})",
                                                                  className="muted")]),
-        html.Div(f"output {info['out_shape']}  dims {info['axes']}"),
+        html.Div([f"output {info['out_shape']}  dims ",
+                  *_dims(info["axes"])]),
         html.Div("inputs " + ", ".join(f"{s}" for s in info["in_shapes"]) if info["in_shapes"]
                  else "model input"),
         html.Div("params " + (", ".join(f"{k} {v}" for k, v in info["params"].items())
                               or "none")),
-        html.Div(f"forward {flops / 1e9:.3f} GFLOP" + (
+        html.Div(f"forward {fmt.flops(flops)}" + (
             f"; folded: {', '.join(info['folded'])}" if info["folded"] else "")),
     ]
     if chosen:
-        items.append(html.Div(["plan: ", html.B(chosen["config_label"]),
+        items.append(html.Div(["plan: ", html.B(G.explain(chosen["config_label"])),
                                f" on devices {chosen['devices']}"], className="chosen"))
     options = [{"label": r["degrees"].replace(",", " "), "value": r["degrees"]}
                for r in rows if r["degrees"]]
@@ -335,7 +499,23 @@ def details_view(selected, plan, req_doc):
             seen.add(o["value"])
             uniq.append(o)
     value = chosen and ",".join(f"{k}={v}" for k, v in chosen["config"].items())
-    return items, rows, uniq, value if value in seen else None
+    return items, why_lines(rows), uniq, value if value in seen else None
+
+
+def chosen_scroll(rows: list):
+    """AG Grid ``scrollTo`` that brings the chosen row into view (``no_update`` without one)."""
+    i = next((k for k, r in enumerate(rows or []) if r.get("chosen")), None)
+    return no_update if i is None else {"rowIndex": i, "rowPosition": "middle"}
+
+
+def _dims(axes) -> list:
+    """A layer's dimension letters, each with its glossary tooltip."""
+    out = []
+    for i, a in enumerate(axes or []):
+        out.append(G.term(str(a)))
+        if i < len(axes) - 1:
+            out.append(" ")
+    return out or ["–"]
 
 
 def summary_view(plan, pins):
@@ -348,20 +528,21 @@ def summary_view(plan, pins):
         return html.Div(plan["error"], className="error"), "", pin_view
     b = plan["breakdown"]
     summary = html.Div(className="plan-summary", children=[
-        html.Div([html.Span("objective (eq. 1) ", className="muted"),
+        html.Div([html.Span(G.explain("objective t_O (equation 1) "), className="muted"),
                   html.B(f"{plan['objective_s'] * 1e3:.3f} ms", id="objective-value"),
-                  html.Span(f"  = compute {b['compute_s'] * 1e3:.3f} + transfer "
-                            f"{b['transfer_s'] * 1e3:.3f} + sync {b['sync_s'] * 1e3:.3f}"
-                            + (f" + reduce-scatter {b['reduce_s'] * 1e3:.3f}"
-                               if b.get("reduce_s") else "") + " ms",
+                  html.Span(G.explain(
+                      f"  = compute Σ t_C {b['compute_s'] * 1e3:.3f} + transfer Σ t_X "
+                      f"{b['transfer_s'] * 1e3:.3f} + sync Σ t_S {b['sync_s'] * 1e3:.3f}"
+                      + (f" + reduce-scatter Σ t_R {b['reduce_s'] * 1e3:.3f}"
+                         if b.get("reduce_s") else "") + " ms"),
                             className="muted")]),
         html.Div(f"{plan['model']} · batch {plan['batch']} · {plan['devices']} devices "
                  f"({plan['preset']}) · {plan['algo']} · search "
                  f"{plan['search_time_s'] * 1e3:.0f} ms · final graph "
                  f"{plan['info'].get('residual_nodes', '–')} nodes "
                  f"({plan['info'].get('residual_method', '–')}) · communication "
-                 f"{plan['comm_bytes'] / 2 ** 20:.1f} MiB/step · peak memory "
-                 f"{max(plan['memory_per_device_bytes'] or [0]) / 2 ** 30:.2f} GiB/device"),
+                 f"{fmt.bytes_(plan['comm_bytes'])}/step · peak memory "
+                 f"{fmt.bytes_(max(plan['memory_per_device_bytes'] or [0]))}/device"),
     ])
     prev = plan.get("previous")
     changes = ""
@@ -402,12 +583,28 @@ def register(app: dash.Dash) -> None:
     def on_tap(node, _expand, _collapse, expanded, plan, req_doc):
         return tap_result(dash.ctx.triggered_id, node, expanded, plan, req_doc)
 
-    @app.callback(Output(ids.DETAILS, "children"), Output(ids.CANDIDATE_TABLE, "data"),
+    @app.callback(Output(ids.DETAILS, "children"), Output(ids.CANDIDATE_TABLE, "rowData"),
                   Output(ids.PIN_CONFIG, "options"), Output(ids.PIN_CONFIG, "value"),
                   Input(ids.STORE_SELECTED, "data"), Input(ids.STORE_PLAN, "data"),
                   State(ids.STORE_REQUEST, "data"))
     def show_details(selected, plan, req_doc):
         return details_view(selected, plan, req_doc)
+
+    # the chosen row scrolled into view once the grid holds the new rows
+    @app.callback(Output(ids.CANDIDATE_TABLE, "scrollTo"),
+                  Input(ids.CANDIDATE_TABLE, "rowData"))
+    def scroll_chosen(rows):
+        return chosen_scroll(rows)
+
+    T.register_csv(app, ids.CANDIDATE_CSV_BUTTON, ids.CANDIDATE_CSV, ids.CANDIDATE_TABLE,
+                   CANDIDATE_COLUMNS, "candidates", ids.STORE_PLAN)
+
+    @app.callback(Output(ids.PLAN_TABLE, "rowData"), Input(ids.STORE_PLAN, "data"))
+    def show_plan_rows(plan):
+        return plan_rows(plan)
+
+    T.register_csv(app, ids.PLAN_CSV_BUTTON, ids.PLAN_CSV, ids.PLAN_TABLE, PLAN_COLUMNS,
+                   "layers", ids.STORE_PLAN)
 
     @app.callback(Output(ids.PLAN_SUMMARY, "children"), Output(ids.PLAN_CHANGES, "children"),
                   Output(ids.PIN_LIST, "children"),

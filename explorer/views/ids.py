@@ -172,6 +172,28 @@ STORE_PLACE_PINS = "store-place-pins"            # [{"target", "ops", "device"}]
 STORE_PLACE_SELECTED = "store-place-selected"    # {"kind": "cluster"|"op", ...} (panel)
 STORE_PLACE_EXPANDED = "store-place-expanded"    # expanded cluster index or None (panel)
 
+# -- explanations, CSV downloads, calibration (issue 16) ----------------------------------------
+STEP_LEGEND = "step-legend"                      # what each highlight colour of a step means
+STEP_EQUATIONS = "step-equations"                # equations 1-3 with the current step's numbers
+CANDIDATE_CSV_BUTTON = "candidate-csv-button"
+CANDIDATE_CSV = "candidate-csv"
+PLAN_CSV_BUTTON = "plan-csv-button"              # the plan's per-layer table as CSV
+PLAN_CSV = "plan-csv"
+PLAN_TABLE = "plan-table"
+TOFU_CSV_BUTTON = "tofu-csv-button"
+TOFU_CSV = "tofu-csv"
+PLACE_CSV_BUTTON = "place-csv-button"
+PLACE_CSV = "place-csv"
+PLANS_CSV_BUTTON = "plans-csv-button"
+PLANS_CSV = "plans-csv"
+RUN_COST_MODEL = "run-cost-model"                # which cost model made the prediction
+CALIB_BUTTON = "calib-button"
+CALIB_CANCEL = "calib-cancel"
+CALIB_PROGRESS = "calib-progress"
+CALIB_STATUS = "calib-status"
+CALIB_ERROR = "calib-error"
+RUN_FIGURES = "run-figures"                      # the run's charts, hidden before a run
+
 # Learn page (/learn): the papers' figures as live scenarios
 LEARN_TABS = "learn-tabs"                  # which scenario is shown (value = scenario key)
 LEARN_BODY = "learn-body"                  # the shown scenario's content (built on demand)

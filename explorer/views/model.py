@@ -22,13 +22,40 @@ from .. import service as session
 from ..engine.devices import list_presets
 from ..errors import ExplorerError
 from . import controls as C
-from . import ids, state
+from . import fmt, ids, state
+
+
+def first_clause(text: str) -> str:
+    """``text`` up to its first comma or colon outside parentheses (a model's short name).
+
+    >>> first_clause("LSTM seq2seq (NMT-style, Wu et al. 2016): stacked LSTMCells")
+    'LSTM seq2seq (NMT-style, Wu et al. 2016)'
+    """
+    depth = 0
+    for i, ch in enumerate(text):
+        depth += {"(": 1, ")": -1}.get(ch, 0)
+        if ch in ",:" and depth <= 0:
+            return text[:i].strip()
+    return text.strip()
 
 
 def _examples():
     import example_models as ex
-    return [{"label": f"{k} — {m.description.split(',')[0]}", "value": k}
+    return [{"label": f"{k} — {first_clause(m.description)}", "value": k}
             for k, m in ex.MODELS.items()]
+
+
+def args_placeholder(model: str | None) -> str:
+    """The model-args box's hint: the chosen example's own arguments with their defaults
+    (``"none for this model"`` when it takes none; a file's builder is not inspected)."""
+    import example_models as ex
+    if not model or model not in ex.MODELS:
+        return "key=value, ... (the builder's keyword arguments)"
+    params = ex.model_params(model)
+    if not params:
+        return "none for this model"
+    return ", ".join(f"{k}={v}" for k, v in list(params.items())[:4]) + \
+        (", …" if len(params) > 4 else "")
 
 
 def layout(req: dict, error: str = "", summary: str = ""):
@@ -50,7 +77,7 @@ def layout(req: dict, error: str = "", summary: str = ""):
             html.Label(["Batch", dcc.Input(id=ids.BATCH_INPUT, type="number", min=1,
                                            value=v["batch"], placeholder="default")]),
             html.Label(["Model args", dcc.Input(id=ids.MODEL_ARGS, type="text", value=v["args"],
-                                                placeholder="depth=101, width=8")]),
+                                                placeholder=args_placeholder(v["model"]))]),
         ]),
         html.Div(className="row", children=[
             html.Label(["Devices", dcc.Dropdown(id=ids.PRESET_DROPDOWN, options=presets,
@@ -101,9 +128,9 @@ def pin_text(layer: str, config: str | None, devices: str | None) -> str:
 def summary_text(req: session.Request) -> str:
     s = session.summary(req)
     return (f"{s['model']}: {s['layers']} layers, {s['edges']} edges, "
-            f"{s['parameters'] / 1e6:.2f} M parameters, {s['flops_forward'] / 1e9:.2f} GFLOP "
-            f"forward at batch {s['batch']}, activations {s['activation_bytes'] / 2 ** 20:.0f} "
-            f"MiB (captured with {s['source']})")
+            f"{s['parameters'] / 1e6:.3g} M parameters, {fmt.flops(s['flops_forward'])} "
+            f"forward at batch {s['batch']}, activations {fmt.bytes_(s['activation_bytes'])} "
+            f"(captured with {s['source']})")
 
 
 def safe_summary(req_doc: dict | None) -> str:
@@ -242,7 +269,7 @@ def do_search(trigger, controls: dict, pins, selected, pin_config, pin_devices, 
             progress(50)
             doc = session.tofu(req, req.algo)
             out.update(tofu=doc, tab="tofu",
-                       status=f"{doc['algo']}: {doc['comm_bytes'] / 1e9:.3f} GB communicated "
+                       status=f"{doc['algo']}: {fmt.bytes_(doc['comm_bytes'])} communicated "
                               f"per step, k = {' × '.join(map(str, doc['factors'])) or '1'}")
         elif fam == "placement":
             session.opgraph_for(req)
@@ -252,7 +279,7 @@ def do_search(trigger, controls: dict, pins, selected, pin_config, pin_devices, 
             doc = session.placement(req, req.algo, _memory(memory), [])
             out.update(placement=doc, place_pins=[], tab="placement",
                        status=f"{doc['algo']}: predicted step "
-                              f"{doc['predicted_step_time_s']:.4f} s")
+                              f"{fmt.seconds(doc['predicted_step_time_s'])}")
         else:
             session.graph_for(req)
             progress(40)
@@ -305,6 +332,13 @@ def form_update(req_doc: dict) -> list:
 
 
 def register(app: dash.Dash) -> None:
+    """The panel's callbacks on ``app``."""
+    app.callback(Output(ids.MODEL_ARGS, "placeholder"),
+                 Input(ids.MODEL_DROPDOWN, "value"))(args_placeholder)
+    _register(app)
+
+
+def _register(app: dash.Dash) -> None:
     """The panel's callbacks on ``app``."""
 
     @app.callback(

@@ -41,13 +41,31 @@ def _unique(*families, exclude=(), n=None) -> tuple:
     return tuple(out[:n] if n else out)
 
 
+def distance(a: str, b: str) -> float:
+    """Euclidean distance of two colours in RGB (0-441): how far apart they look, roughly."""
+    x, y = _hex(a).lstrip("#"), _hex(b).lstrip("#")
+    return sum((int(x[i:i + 2], 16) - int(y[i:i + 2], 16)) ** 2 for i in (0, 2, 4)) ** 0.5
+
+
 _Q = px.colors.qualitative
 #: Tableau 10 first, then distinct saturated colours (64 in all)
 DEVICE_COLORS = _unique(("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f",
                          "#edc948", "#b07aa1", "#ff9da7", "#9c755f", "#86bcb6"),
                         _Q.Dark24, _Q.Alphabet, _Q.D3, _Q.G10, _Q.Light24, _Q.Plotly, n=64)
-#: light colours for layer configurations, none of them a device colour
-CONFIG_COLORS = _unique(_Q.Set3, _Q.Pastel1, _Q.Pastel2, _Q.Pastel, exclude=DEVICE_COLORS)
+def _spread(colors, apart: float) -> tuple:
+    """``colors`` in order, dropping each within ``apart`` (RGB distance) of one kept."""
+    out: list = []
+    for c in colors:
+        if all(distance(c, k) >= apart for k in out):
+            out.append(c)
+    return tuple(out)
+
+
+#: light colours for layer configurations, none of them a device colour, no two alike
+CONFIG_COLORS = _spread(_unique(_Q.Set3, _Q.Pastel1, _Q.Pastel2, _Q.Pastel,
+                                exclude=DEVICE_COLORS), 40)
+#: two configurations of one plan are drawn at least this far apart (RGB) while colours allow
+CONFIG_APART = 60.0
 
 SHARED_FILL = "#d9dce1"     # a tile several devices hold (replica, or split along other axes)
 UNOWNED_FILL = "#f1f2f4"    # an input tensor whose producer is not in the plan
@@ -57,6 +75,10 @@ MEASURED = "#2563eb"        # a measurement
 HIGHLIGHT = "#2563eb"       # the method a comparison is about
 ERROR = "#d62728"           # over capacity, OOM, an impossible pin
 IDEAL = "#d62728"           # linear-scaling ideal
+#: the elimination stepper's highlights (borders and halos on the graph): dark, saturated
+#: colours far from every light configuration colour, each named in the steps legend
+STEP_COLORS = {"current": "#8e0038", "nbr": "#6b3fa0", "residual": "#00524a",
+               "assigned": "#0b3d91"}
 STRATEGY_COLORS = {"data": "#4c78a8", "model": "#f58518", "owt": "#54a24b", "megatron": "#9d755d",
                    "optcnn": "#b279a2"}
 PART_COLORS = {"compute": "#4c78a8", "transfer": "#f58518", "sync": "#54a24b"}
@@ -76,7 +98,18 @@ def config_colors(labels) -> dict:
     out = {}
     for lab in labels:
         slot = zlib.crc32(lab.encode()) % n
-        cand = next(((slot + k) % n for k in range(n) if (slot + k) % n not in used), slot)
+        ring = [(slot + k) % n for k in range(n)]
+        free = [i for i in ring if i not in used]
+        apart = [i for i in free
+                 if all(distance(CONFIG_COLORS[i], CONFIG_COLORS[u]) >= CONFIG_APART
+                        for u in used)]
+        if apart:
+            cand = apart[0]
+        elif free:      # none far enough: the free colour farthest from those used
+            cand = max(free, key=lambda i: min((distance(CONFIG_COLORS[i], CONFIG_COLORS[u])
+                                                for u in used), default=0.0))
+        else:
+            cand = slot
         used.add(cand)
         out[lab] = CONFIG_COLORS[cand]
     return out
@@ -100,4 +133,4 @@ def rgba(color: str, alpha: float) -> str:
 
 __all__ = ["DEVICE_COLORS", "CONFIG_COLORS", "device_color", "config_colors", "ink", "rgba",
            "SHARED_FILL", "UNOWNED_FILL", "UNKNOWN", "PREDICTED", "MEASURED", "HIGHLIGHT",
-           "ERROR", "IDEAL", "STRATEGY_COLORS", "PART_COLORS"]
+           "ERROR", "IDEAL", "STRATEGY_COLORS", "PART_COLORS", "STEP_COLORS", "distance"]

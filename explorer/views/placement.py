@@ -28,12 +28,13 @@ import dash
 import dash_cytoscape as cyto
 import numpy as np
 import plotly.graph_objects as go
-from dash import ALL, Input, Output, State, ctx, dash_table, dcc, html, no_update
+from dash import ALL, Input, Output, State, ctx, dcc, html, no_update
 
 from .. import service as session
 from ..errors import ExplorerError
-from . import ids
+from . import fmt, ids
 from . import layout as L
+from . import tables as T
 from . import palette as P
 from . import state
 from .controls import context, download_controls, job_controls, register_download, running
@@ -73,6 +74,26 @@ STYLESHEET = [
 ]
 
 
+#: the tab's introduction, in plain words (the method names are in the method list)
+PLACEMENT_INTRO = (
+    "Placement puts each operation of one training step (forward and backward) on one "
+    "device, so a model too big for one device runs on several, one after the other. "
+    "Celeritas (Xu et al.) first puts the operations in an order that keeps connected work "
+    "together, then merges neighbouring operations that are cheaper to keep on one device "
+    "into clusters, then gives each cluster the device where it can start earliest without "
+    "running out of memory. 'celeritas' afterwards tries moving each cluster with the "
+    "simulator (not in the paper; 'celeritas-paper' stops before). Other methods from the "
+    "literature are judged by the same simulator.")
+COMPARE_COLUMNS = [("algo", "method"), ("step_s", "predicted step s"), ("vs", "× Celeritas"),
+                   ("search_s", "placement time s"), ("peak", "peak memory"),
+                   ("capacity", "capacity"), ("oom", "OOM"), ("clusters", "clusters"),
+                   ("moved", "moved per step"), ("note", "description")]
+COMPARE_ROW_STYLE = {"styleConditions": [
+    {"condition": "params.data && params.data.best === '1'",
+     "style": {"backgroundColor": "#e3f1e3", "fontWeight": "bold"}},
+    {"condition": "params.data && params.data.oom === 'yes'", "style": {"color": "#b91c1c"}}]}
+
+
 def layout(req: dict | None = None):
     """The panel; its method dropdown shows ``req``'s method when it is a placement method."""
     return html.Div(className="panel placement-panel", children=[
@@ -80,13 +101,7 @@ def layout(req: dict | None = None):
         dcc.Store(id=ids.STORE_PLACE_PINS, data=[]),
         dcc.Store(id=ids.STORE_PLACE_SELECTED, data=None),
         dcc.Store(id=ids.STORE_PLACE_EXPANDED, data=None),
-        html.P("Celeritas (Xu et al.) places the operators of the joint forward + backward "
-               "graph on devices under memory limits: CPD-TOPO order, optimal operation fusion "
-               "into clusters, then Adjusting Placement; 'celeritas' then revisits each cluster's "
-               "device with the simulator (not in the paper; 'celeritas-paper' stops before). "
-               "Baselines (Baechi m-TOPO / m-ETF / m-SCT, METIS, one device) are judged by the "
-               "same simulator.",
-               className="muted"),
+        html.P(PLACEMENT_INTRO, className="muted placement-intro"),
         html.Div(className="row", children=[
             html.Label(["Method", dcc.Dropdown(
                 id=ids.PLACE_ALGO, value=state.tab_method("placement", req), clearable=False,
@@ -158,20 +173,9 @@ def layout(req: dict | None = None):
         html.H5("Runs of this placement"),
         history_table(ids.PLACE_RUN_HISTORY),
         html.H4("All methods on the same graph and simulator (Celeritas Tables 3 and 4)"),
-        dash_table.DataTable(
-            id=ids.PLACE_COMPARE_TABLE, data=[], style_cell={"fontSize": 12,
-                                                             "padding": "2px 6px"},
-            style_cell_conditional=[{"if": {"column_id": c}, "textAlign": "left"}
-                                    for c in ("algo", "note")],
-            columns=[{"name": n, "id": k} for k, n in [
-                ("algo", "method"), ("step_s", "predicted step s"), ("vs", "× Celeritas"),
-                ("search_s", "placement time s"), ("peak_gib", "peak GiB"),
-                ("cap_gib", "capacity GiB"), ("oom", "OOM"), ("clusters", "clusters"),
-                ("comm_gb", "comm GB"), ("note", "")]],
-            style_data_conditional=[
-                {"if": {"filter_query": '{oom} = "yes"'}, "color": "#b91c1c"},
-                {"if": {"filter_query": '{best} = "1"'}, "fontWeight": "bold",
-                 "backgroundColor": "#e3f1e3"}]),
+        T.grid(ids.PLACE_COMPARE_TABLE, COMPARE_COLUMNS, wrap=("note",),
+               widths={"algo": 150}, row_style=COMPARE_ROW_STYLE),
+        html.Div(className="row", children=T.csv_button(ids.PLACE_CSV_BUTTON, ids.PLACE_CSV)),
         dcc.Graph(id=ids.PLACE_COMPARE_FIG, figure=F.compare_figure([]),
                   style={"height": "300px"}),
     ])
@@ -384,7 +388,8 @@ def legend(ndev: int):
 
 
 def compare_rows(rows: list) -> list:
-    """DataTable rows: seconds, GiB, OOM, and step time relative to Celeritas."""
+    """Table rows: seconds, memory and bytes moved (in their units), OOM, and step time
+    relative to Celeritas."""
     ref = next((r["step_time_s"] for r in rows if r["algo"] == "celeritas"
                 and "error" not in r), None)
     ok = [r["step_time_s"] for r in rows if "error" not in r and not r["oom"]]
@@ -397,37 +402,53 @@ def compare_rows(rows: list) -> list:
         out.append({"algo": r["algo"], "step_s": round(r["step_time_s"], 4),
                     "vs": round(r["step_time_s"] / ref, 3) if ref else None,
                     "search_s": round(r["search_time_s"], 4),
-                    "peak_gib": round(r["peak_bytes"] / 2 ** 30, 2),
-                    "cap_gib": round(r["capacity_bytes"] / 2 ** 30, 2),
+                    "peak": fmt.bytes_(r["peak_bytes"]),
+                    "capacity": fmt.bytes_(r["capacity_bytes"]),
                     "oom": "yes" if r["oom"] else "no", "clusters": r["clusters"] or "",
-                    "comm_gb": round(r["comm_bytes"] / 1e9, 3), "note": r["description"],
+                    "moved": fmt.bytes_(r["comm_bytes"]), "note": r["description"],
                     "best": "1" if best is not None and not r["oom"]
                     and r["step_time_s"] <= best * (1 + 1e-9) else "0"})
     return out
 
 
+def memory_note(doc: dict) -> str:
+    """Why a placement is marked OOM, consistent with its memory chart: the simulated peak of
+    a device over its capacity, or the placer's own (static) memory rule broken although the
+    simulated peaks fit (``best_effort``)."""
+    if not doc.get("oom"):
+        return ""
+    over = [d for d, (p, c) in enumerate(zip(doc["peak_memory_bytes"], doc["capacity_bytes"]))
+            if p > c * (1 + 1e-9)]
+    if over:
+        return (f" OOM: the simulated peak exceeds the capacity of device"
+                f"{'s' if len(over) > 1 else ''} {', '.join(map(str, over))}")
+    n = len(doc.get("best_effort") or [])
+    return (f" over the placer's memory rule: {n or 'some'} operation"
+            f"{'s' if n != 1 else ''} placed beyond the memory it counts for a device (every "
+            f"operation's memory held at once); the simulated peaks below fit")
+
+
 def summary_view(doc: dict):
-    peak = max(doc["peak_memory_bytes"], default=0.0) / 2 ** 30
-    cap = min(doc["capacity_bytes"], default=0.0) / 2 ** 30
+    peak = max(doc["peak_memory_bytes"], default=0.0)
+    cap = min(doc["capacity_bytes"], default=0.0)
     st = doc.get("stats", {})
     fused = (f"{st['nodes_before']} operators fused into {st['nodes_after']} clusters "
              f"(CCR {st['ccr_before']:.2f} → {st['ccr_after']:.2f})"
              if "nodes_after" in st else
              f"{doc['ops']} operators (drawn over Celeritas' {len(doc['clusters'])} clusters)")
     if st.get("refine"):
-        fused += (f"; simulated refinement {st['step_before_refine_s']:.4f} → "
-                  f"{doc['predicted_step_time_s']:.4f} s ({st['refine_moves']} moves, "
+        fused += (f"; simulated refinement {fmt.seconds(st['step_before_refine_s'])} → "
+                  f"{fmt.seconds(doc['predicted_step_time_s'])} ({st['refine_moves']} moves, "
                   f"{st['refine_evals']} simulations"
                   + (", budget spent" if st.get("refine_exhausted") else "") + ")")
     pins = session.placement_pin_rows(doc)
     kept = sum(1 for p in pins if honoured(p, doc))
     return html.Div([
         html.Div([html.B(f"{doc['algo']}: "),
-                  f"predicted step {doc['predicted_step_time_s']:.4f} s, placed in "
-                  f"{doc['search_time_s']:.3f} s, peak {peak:.2f} GiB of {cap:.2f} GiB per "
-                  f"device, {doc['comm_bytes'] / 1e9:.3f} GB moved",
-                  html.Span(" OOM (best effort exceeded a limit)" if doc["oom"] else "",
-                            className="error")], id="place-headline"),
+                  f"predicted step {fmt.seconds(doc['predicted_step_time_s'])}, placed in "
+                  f"{fmt.seconds(doc['search_time_s'])}, peak {fmt.of(peak, cap)} per "
+                  f"device ({fmt.percent(peak, cap)}), {fmt.bytes_(doc['comm_bytes'])} moved",
+                  html.Span(memory_note(doc), className="error")], id="place-headline"),
         html.Div(f"{doc['model']} batch {doc['batch']} on {len(doc['capacity_bytes'])}× "
                  f"{doc.get('preset') or doc['devices']}; {fused}"
                  + (f"; pins honoured: {kept}/{len(pins)}" if pins else ""),
@@ -459,8 +480,8 @@ def details_view(selected: dict | None, doc: dict | None, structure: dict | None
         shares = ", ".join(f"dev {d}: {n}" for d, n in enumerate(c.get("shares", [])) if n)
         return html.Div([
             html.B(f"cluster {k}"), f": {len(c['ops'])} operators on device {c['device']} "
-            f"({shares}); compute {c['time_s'] * 1e3:.2f} ms, memory "
-            f"{c['memory_bytes'] / 2 ** 30:.3f} GiB",
+            f"({shares}); compute {fmt.seconds(c['time_s'])}, memory "
+            f"{fmt.bytes_(c['memory_bytes'])}",
             html.Div(", ".join(c["ops"][:12]) + (" …" if len(c["ops"]) > 12 else ""),
                      className="muted"),
         ])
@@ -470,8 +491,8 @@ def details_view(selected: dict | None, doc: dict | None, structure: dict | None
     if structure is not None and nm in structure["index"]:
         i = structure["index"][nm]
         extra = (f" {structure['target'][i]} ({structure['phase'][i]}), "
-                 f"{structure['time_s'][i] * 1e3:.3f} ms, "
-                 f"{structure['memory_bytes'][i] / 2 ** 20:.1f} MiB;")
+                 f"{fmt.seconds(structure['time_s'][i])}, "
+                 f"{fmt.bytes_(structure['memory_bytes'][i])};")
     return html.Div([html.B(nm), f":{extra} device {d}, cluster {selected.get('cluster')}"])
 
 
@@ -608,6 +629,8 @@ def compare_all(req_doc, memory, pins, progress=lambda pct, text: None) -> tuple
 
 def register(app: dash.Dash) -> None:
     """The panel's callbacks on ``app``."""
+    T.register_csv(app, ids.PLACE_CSV_BUTTON, ids.PLACE_CSV, ids.PLACE_COMPARE_TABLE,
+                   COMPARE_COLUMNS, "placement-methods", ids.STORE_PLACEMENT)
 
     register_download(app, ids.PLACE_DOWNLOAD_BUTTON, ids.PLACE_DOWNLOAD, ids.STORE_PLACEMENT,
                       ids.PLACE_ERROR)
@@ -636,7 +659,7 @@ def register(app: dash.Dash) -> None:
 
     @app.callback(
         Output(ids.PLACE_RUN_RESULT, "children"), Output(ids.PLACE_RUN_FIG, "figure"),
-        Output(ids.PLACE_RUN_SERIES, "figure"), Output(ids.PLACE_RUN_HISTORY, "data"),
+        Output(ids.PLACE_RUN_SERIES, "figure"), Output(ids.PLACE_RUN_HISTORY, "rowData"),
         Input(ids.STORE_PLACE_RUN, "data"), Input(ids.STORE_PLACEMENT, "data"),
     )
     def show_run(res, doc):
@@ -720,7 +743,7 @@ def register(app: dash.Dash) -> None:
         return placement_view(doc, pins)
 
     @app.callback(
-        Output(ids.PLACE_COMPARE_TABLE, "data"), Output(ids.PLACE_COMPARE_FIG, "figure"),
+        Output(ids.PLACE_COMPARE_TABLE, "rowData"), Output(ids.PLACE_COMPARE_FIG, "figure"),
         Output(ids.PLACE_COMPARE_STATUS, "children"),
         Input(ids.PLACE_COMPARE_BUTTON, "n_clicks"),
         State(ids.STORE_REQUEST, "data"), State(ids.PLACE_MEMORY, "value"),

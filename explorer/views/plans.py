@@ -21,7 +21,7 @@ import json
 import re
 
 import dash
-from dash import Input, Output, State, dash_table, dcc, html
+from dash import Input, Output, State, dcc, html
 
 from .. import service as session
 from ..engine import plandoc
@@ -30,29 +30,30 @@ from ..engine.plandoc import dumps
 from ..engine.plan import SCHEMA, Plan
 from ..errors import ExplorerError, PlanFileError
 from . import ids, state
+from . import tables as T
 from .controls import context
 
-COLUMNS = [
-    {"id": "id", "name": "#", "type": "numeric"},
-    {"id": "time", "name": "saved"},
-    {"id": "model", "name": "model"},
-    {"id": "algo", "name": "algorithm"},
-    {"id": "preset", "name": "devices preset"},
-    {"id": "devices", "name": "devices", "type": "numeric"},
-    {"id": "batch", "name": "batch", "type": "numeric"},
-    {"id": "objective_ms", "name": "objective (ms)", "type": "numeric"},
-    {"id": "pins", "name": "pins"},
-    {"id": "note", "name": "note"},
-]
+COLUMNS = [("id", "#"), ("time", "saved"), ("kind", "kind"), ("model", "model"),
+           ("algo", "algorithm"), ("preset", "devices preset"), ("devices", "devices"),
+           ("batch", "batch"), ("objective_ms", "objective (ms)"), ("pins", "pins"),
+           ("note", "note")]
+#: what each plan kind's objective is
+KIND_NAMES = {"layerwise": "layer-wise", "tofu": "Tofu", "placement": "placement"}
 
 
 # ---- logic (plain functions, called by tests) -------------------------------------------------
 
 def table_rows(store: PlanStore, limit: int = 200) -> list:
-    """Rows for the DataTable (``id`` doubles as the row id for ``selected_row_ids``)."""
+    """Rows for the table (``id`` doubles as the grid's row id); ``kind`` says which family
+    made the plan (layer-wise, Tofu, placement)."""
     rows = []
     for r in store.list(limit):
         r = dict(r)
+        try:
+            fam = state.family(r["algo"])
+        except Exception:  # noqa: BLE001 - an algorithm this build does not know
+            fam = None
+        r["kind"] = KIND_NAMES.get(fam, fam or "?")
         r["time"] = r["time"].replace("T", " ")[:19]
         r["objective_ms"] = None if r["objective_ms"] is None else round(r["objective_ms"], 4)
         r["pins"] = "; ".join(r["pins"])
@@ -61,23 +62,27 @@ def table_rows(store: PlanStore, limit: int = 200) -> list:
 
 
 def request_of(plan: dict) -> dict:
-    """The request dict (with pins) a saved plan answers (layer-wise or Tofu): its own
+    """The request dict (with pins) a saved plan answers (any kind): its own
     ``request`` when the app made it, else rebuilt from the plan's fields (plans written by
     ``explorer search``)."""
     return state.request_from_document(plan, _kind(plan))
 
 
 def _kind(plan: dict) -> str:
-    """A saved plan's kind: ``tofu`` or ``layerwise`` (old in-app plans carry no schema)."""
-    return "tofu" if plandoc.kind_of(plan) == "tofu" else "layerwise"
+    """A saved plan's kind: ``tofu``, ``placement`` or ``layerwise`` (old in-app plans carry
+    no schema)."""
+    kind = plandoc.kind_of(plan)
+    return kind if kind in ("tofu", "placement") else "layerwise"
 
 
 def autosave(plan, store: PlanStore, note: str = "search"):
-    """Save a plan that just landed in the plan store.  Returns ``(id, message)``; ``(None,
-    None)`` when there is nothing to save (no plan, an error, or a plan loaded from the history,
-    which carries ``history_id``).  A plan identical to a saved one is not saved twice."""
-    if not isinstance(plan, dict) or "error" in plan or \
-            ("layers" not in plan and plandoc.kind_of(plan) != "tofu"):
+    """Save a plan of any kind (layer-wise, Tofu, placement) that just landed in its store.
+    Returns ``(id, message)``; ``(None, None)`` when there is nothing to save (no plan, an
+    error, or a plan loaded from the history, which carries ``history_id``).  A plan identical
+    to a saved one is not saved twice."""
+    if not isinstance(plan, dict) or "error" in plan:
+        return None, None
+    if "layers" not in plan and plandoc.kind_of(plan) not in ("tofu", "placement"):
         return None, None
     if plan.get("history_id") is not None:
         return None, None
@@ -90,13 +95,13 @@ def autosave(plan, store: PlanStore, note: str = "search"):
 def load_plan(store: PlanStore, plan_id) -> tuple:
     """``(plan, request, pins)`` for the stores from saved plan ``plan_id``; the plan carries
     ``history_id`` (so it is not saved again) and ``request``.  A Tofu plan comes back as the
-    Tofu tab shows it (:func:`tofu_doc`)."""
+    Tofu tab shows it (:func:`tofu_doc`), a placement as the Placement tab does."""
     plan = store.get(plan_id)
     request = request_of(plan)
     if _kind(plan) == "tofu":
         plan = tofu_doc(plan, request)
     plan["history_id"] = int(plan_id)
-    if _kind(plan) == "tofu":
+    if _kind(plan) != "layerwise":
         return plan, request, []
     plan["request"] = request
     return plan, request, list(plan.get("pins") or [])
@@ -329,6 +334,8 @@ def loaded_outputs(kind: str, doc: dict, request: dict, plan: dict | None = None
 
 def _describe(plan: dict) -> str:
     obj = plan.get("objective_s")
+    if obj is None:
+        obj = plan.get("predicted_step_time_s")
     text = (f"{plan.get('model')} {plan.get('algo')} on {plan.get('devices')} × "
             f"{plan.get('preset')}")
     if obj is not None:
@@ -353,15 +360,10 @@ def layout():
                                           html.A("choose a file")])),
         ]),
         html.Div(id=ids.PLANS_STATUS, className="status plans-status"),
-        dash_table.DataTable(
-            id=ids.PLANS_TABLE, columns=COLUMNS, data=[], row_selectable="single",
-            selected_rows=[], sort_action="native", filter_action="native", page_size=15,
-            style_table={"overflowX": "auto"},
-            style_cell={"fontFamily": "inherit", "fontSize": "13px", "padding": "4px 8px",
-                        "textAlign": "left", "maxWidth": "320px", "overflow": "hidden",
-                        "textOverflow": "ellipsis"},
-            style_header={"fontWeight": "600"},
-            tooltip_duration=None),
+        T.grid(ids.PLANS_TABLE, COLUMNS, height=440, selectable=True,
+               wrap=("pins",)),
+        html.Div(className="row", children=T.csv_button(ids.PLANS_CSV_BUTTON, ids.PLANS_CSV,
+                                                         "Download history as CSV")),
     ])
 
 
@@ -397,33 +399,57 @@ def load_saved(store: PlanStore, plan_id) -> tuple:
     return plan, request, f"loaded plan #{plan['history_id']}: {_describe(plan)}"
 
 
+def load_values(plan: dict, request: dict) -> list:
+    """The page's outputs for a plan of the history of any kind: a Tofu plan or a placement
+    opens its tab, the graph shows the layer-wise plan of the same request."""
+    kind = plandoc.kind_of(plan) or "layerwise"
+    if kind == "layerwise":
+        return _load_values("layerwise", plan, request)
+    from .model import layerwise_plan
+    return _load_values(kind, plan, request, layerwise_plan(request))
+
+
+def _arrived(*docs):
+    """The documents among the page's stores a callback was triggered by (whose saving the
+    status line reports; all on a call Dash reports no trigger for)."""
+    trig = {t["prop_id"].split(".")[0] for t in (dash.ctx.triggered or [])}
+    names = (ids.STORE_PLAN, ids.STORE_TOFU, ids.STORE_PLACEMENT)
+    return [d for n, d in zip(names, docs) if not trig or n in trig or "." in trig]
+
+
 def register(app: dash.Dash) -> None:
     """The panel's callbacks on ``app``."""
 
-    @app.callback(Input(ids.STORE_PLAN, "data"), Input(ids.STORE_TOFU, "data"))
-    def _autosave(plan, tofu_plan):
-        # no outputs: saves whichever tab is shown
+    T.register_csv(app, ids.PLANS_CSV_BUTTON, ids.PLANS_CSV, ids.PLANS_TABLE, COLUMNS,
+                   "plan-history")
+
+    @app.callback(Input(ids.STORE_PLAN, "data"), Input(ids.STORE_TOFU, "data"),
+                  Input(ids.STORE_PLACEMENT, "data"))
+    def _autosave(plan, tofu_doc, placement_doc):
+        # no outputs: saves whichever tab is shown, every plan kind
         try:
-            autosave(plan, PlanStore())
-            autosave(tofu_plan, PlanStore(), "tofu")
+            store = PlanStore()
+            for doc, note in ((plan, "search"), (tofu_doc, "tofu"),
+                              (placement_doc, "placement")):
+                autosave(doc, store, note)
         except Exception:  # noqa: BLE001 - the history is best effort; the table reports errors
             pass
 
     @app.callback(
-        Output(ids.PLANS_TABLE, "data"),
+        Output(ids.PLANS_TABLE, "rowData"),
         Output(ids.PLANS_STATUS, "children"),
         Input(ids.PLANS_REFRESH, "n_clicks"),
-        Input(ids.STORE_PLAN, "data"),
-        Input(ids.STORE_TOFU, "data"),
+        Input(ids.STORE_PLAN, "data"), Input(ids.STORE_TOFU, "data"),
+        Input(ids.STORE_PLACEMENT, "data"),
     )
-    def _on_plan_or_refresh(_clicks, plan, tofu_plan):
+    def _on_plan_or_refresh(_clicks, plan, tofu_doc, placement_doc):
         # save (a no-op if _autosave already did) and list
         try:
             store = PlanStore()
-            _, msg = autosave(plan, store)
-            _, tmsg = autosave(tofu_plan, store, "tofu")
-            if dash.ctx.triggered_id == ids.STORE_TOFU:
-                msg = tmsg
+            msg = None
+            notes = {id(plan): "search", id(tofu_doc): "tofu", id(placement_doc): "placement"}
+            for doc in _arrived(plan, tofu_doc, placement_doc):
+                msg = autosave(doc, store, notes.get(id(doc), "search"))[1] or msg
             rows = table_rows(store)
         except Exception as exc:  # noqa: BLE001 - a broken history file must not break the app
             return dash.no_update, f"plan history unavailable: {exc}"
@@ -435,21 +461,18 @@ def register(app: dash.Dash) -> None:
         *_load_outputs(),
         Output(ids.PLANS_STATUS, "children", allow_duplicate=True),
         Input(ids.PLAN_LOAD, "n_clicks"),
-        State(ids.PLANS_TABLE, "selected_row_ids"),
+        State(ids.PLANS_TABLE, "selectedRows"),
         prevent_initial_call=True,
     )
     def _on_load(_clicks, selected):
         if not selected:
             return *_load_values(), "select a plan in the table first"
         try:
-            plan, request, msg = load_saved(PlanStore(), selected[0])
+            plan, request, msg = load_saved(PlanStore(), selected[0]["id"])
         except (KeyError, ValueError) as exc:
             msg = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
             return *_load_values(), f"cannot load: {msg}"
-        if _kind(plan) == "tofu":
-            from .model import layerwise_plan
-            return *_load_values("tofu", plan, request, layerwise_plan(request)), msg
-        return *_load_values("layerwise", plan, request), msg
+        return *load_values(plan, request), msg
 
     @app.callback(
         Output(ids.PLAN_DOWNLOAD, "data"),

@@ -11,19 +11,31 @@ from __future__ import annotations
 
 import dash
 import plotly.graph_objects as go
-from dash import Input, Output, State, dash_table, dcc, html, no_update
+from dash import Input, Output, State, dcc, html, no_update
 
 from .. import service as session
 from ..errors import ExplorerError
 from . import ids
+from . import tables as T
 from . import state
 from .controls import context, job_controls, running
 from .figures import run as F
 
 
+#: the figures stay hidden until there is a run to draw (no empty axes)
+HIDDEN = {"display": "none"}
+
+
 def layout():
     return html.Div(className="panel run-panel", children=[
         context("run"),
+        html.Div(id=ids.RUN_COST_MODEL, className="cost-model"),
+        html.Div(className="row calibrate-row", children=[
+            *job_controls("Calibrate this machine & search with measured costs",
+                          ids.CALIB_BUTTON, ids.CALIB_CANCEL, ids.CALIB_PROGRESS,
+                          ids.CALIB_STATUS, "Cancel calibration", primary=False),
+        ]),
+        html.Div(id=ids.CALIB_ERROR, className="error"),
         html.Div(className="row", children=[
             html.Label(["Measured steps", dcc.Input(id=ids.RUN_STEPS, type="number", min=1,
                                                     value=20)]),
@@ -34,7 +46,7 @@ def layout():
         ]),
         html.Div(id=ids.RUN_ERROR, className="error"),
         html.Div(id=ids.RUN_RESULT),
-        html.Div(className="run-figures", children=[
+        html.Div(id=ids.RUN_FIGURES, className="run-figures", style=HIDDEN, children=[
             dcc.Graph(id=ids.RUN_LAYERS, figure=go.Figure(), style={"height": "380px"}),
             dcc.Graph(id=ids.RUN_SERIES, figure=go.Figure(), style={"height": "300px"}),
         ]),
@@ -43,16 +55,37 @@ def layout():
     ])
 
 
+HISTORY_COLUMNS = [("id", "run"), ("time", "time"), ("devices", "devices"),
+                   ("predicted_ms", "predicted ms"), ("measured_ms", "measured ms"),
+                   ("error", "error"), ("reference", "reference")]
+
+
 def history_table(table_id: str):
     """The table of stored runs (one row per run, newest first) - layer-wise plans and
     placements alike."""
-    return dash_table.DataTable(id=table_id, data=[], page_size=8,
-                                style_cell={"fontSize": 12, "padding": "2px 6px"},
-                                columns=[{"name": n, "id": k} for k, n in [
-                                    ("id", "run"), ("time", "time"), ("devices", "devices"),
-                                    ("predicted_ms", "predicted ms"),
-                                    ("measured_ms", "measured ms"), ("error", "error"),
-                                    ("reference", "reference")]])
+    return T.grid(table_id, HISTORY_COLUMNS, height=230)
+
+
+def ui_text(text: str) -> str:
+    """A runtime message in the app's words: the command-line flags it may name become the
+    controls that do the same here."""
+    import re
+    text = re.sub(r"search with --preset local", "choose the 'local' devices preset (or "
+                  "Calibrate below) and search again", text)
+    text = re.sub(r"--preset local", "the 'local' devices preset", text)
+    text = re.sub(r"--cost measured", "measured costs (Calibrate)", text)
+    return re.sub(r"`?explorer [a-z]+[^`]*`?", "the Calibrate button", text) \
+        if "explorer calibrate" in text else text
+
+
+def cost_model_line(plan: dict | None):
+    """Which cost model made the shown plan's predictions (roofline or measured, calibrated
+    or not)."""
+    if not plan or "error" in plan:
+        return ""
+    info = session.cost_model_info(plan)
+    return html.Div([html.Span("predictions from: ", className="muted"),
+                     html.B(info["text"], id="cost-model-text")])
 
 
 def result_view(res: dict):
@@ -68,7 +101,7 @@ def result_view(res: dict):
                  f"{len(res.get('step_times_s', []))} steps)"
                  + (f", error {err * 100:+.1f} %" if err is not None else ""),
                  id="run-times"),
-        html.Ul([html.Li(w, className="muted") for w in res.get("warnings", [])]),
+        html.Ul([html.Li(ui_text(w), className="muted") for w in res.get("warnings", [])]),
     ])
 
 
@@ -87,7 +120,8 @@ def do_run(plan: dict, steps, warmup, progress=lambda v: None) -> dict:
     total = (int(steps or 0) + int(warmup or 0)) or 1
 
     def prog(_i, done, _total):
-        progress(int(100 * done / max(_total or total, 1)))
+        # the workers start first (the bar is indeterminate until then), then each step
+        progress(10 + int(88 * done / max(_total or total, 1)))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         res = session.run_plan(doc, steps=int(steps or 20), warmup=int(warmup or 0),
@@ -106,9 +140,17 @@ def run_panel(res, plan) -> tuple:
     except Exception:  # noqa: BLE001 - history is a convenience, never break the panel
         hist = []
     if not res or (plan and res.get("model") != plan.get("model")):
-        return html.P("Run the current plan to compare measured with predicted times.",
-                      className="muted"), go.Figure(), go.Figure(), hist
-    return result_view(res), F.layers_figure(res), F.series_figure(res), hist
+        return (html.P("Run the current plan to compare measured with predicted times.",
+                       className="muted"), go.Figure(), go.Figure(), hist, HIDDEN)
+    return result_view(res), F.layers_figure(res), F.series_figure(res), hist, {}
+
+
+def do_calibrate(req_doc: dict, progress=lambda pct, msg: None) -> dict:
+    """Calibrate this machine for the request's model and search it on ``local`` with the
+    measured costs (:func:`explorer.service.calibrate_local`): the plan dict."""
+    req = state.request(req_doc)
+    state.check_model(req.model)
+    return session.calibrate_local(req, quick=True, progress=progress)["plan"]
 
 
 def register(app: dash.Dash) -> None:
@@ -128,7 +170,7 @@ def register(app: dash.Dash) -> None:
         prevent_initial_call=True,
     )
     def run_plan(set_progress, _n, plan, steps, warmup):
-        set_progress(["0"])
+        set_progress([None])                    # indeterminate (moving) while workers start
         try:
             res = do_run(plan, steps, warmup, progress=lambda v: set_progress([str(v)]))
         except (ExplorerError, ValueError) as exc:
@@ -136,7 +178,39 @@ def register(app: dash.Dash) -> None:
         return res, "", f"done: {res['devices']} workers"
 
     @app.callback(Output(ids.RUN_RESULT, "children"), Output(ids.RUN_LAYERS, "figure"),
-                  Output(ids.RUN_SERIES, "figure"), Output(ids.RUN_HISTORY, "data"),
+                  Output(ids.RUN_SERIES, "figure"), Output(ids.RUN_HISTORY, "rowData"),
+                  Output(ids.RUN_FIGURES, "style"),
                   Input(ids.STORE_RUN, "data"), Input(ids.STORE_PLAN, "data"))
     def show_run(res, plan):
         return run_panel(res, plan)
+
+    @app.callback(Output(ids.RUN_COST_MODEL, "children"), Input(ids.STORE_PLAN, "data"))
+    def show_cost_model(plan):
+        return cost_model_line(plan)
+
+    from . import model as M
+
+    @app.callback(
+        Output(ids.STORE_PLAN, "data", allow_duplicate=True),
+        Output(ids.STORE_REQUEST, "data", allow_duplicate=True),
+        *M.form_outputs(),
+        Output(ids.CALIB_ERROR, "children"),
+        Input(ids.CALIB_BUTTON, "n_clicks"),
+        State(ids.STORE_REQUEST, "data"),
+        background=True, interval=300,
+        progress=[Output(ids.CALIB_PROGRESS, "value"), Output(ids.CALIB_STATUS, "children")],
+        running=running(ids.CALIB_BUTTON, ids.CALIB_CANCEL, ids.CALIB_PROGRESS),
+        cancel=[Input(ids.CALIB_CANCEL, "n_clicks")],
+        prevent_initial_call=True,
+    )
+    def calibrate(set_progress, _n, req_doc):
+        set_progress([None, "measuring this machine…"])
+        nothing = [no_update] * (2 + len(M.FORM))
+        try:
+            plan = do_calibrate(req_doc, lambda pct, msg: set_progress([str(pct), msg]))
+        except (ExplorerError, ValueError) as exc:
+            return *nothing, str(exc)
+        except Exception as exc:  # noqa: BLE001 - a failed measurement is one line, not a trace
+            return *nothing, f"calibration failed: {type(exc).__name__}: {exc}"
+        request = state.request_doc(session.Request.from_dict(plan["request"]))
+        return plan, request, *M.form_update(request), ""

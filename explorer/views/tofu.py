@@ -18,16 +18,22 @@ from __future__ import annotations
 
 import dash
 import plotly.graph_objects as go
-from dash import Input, Output, State, dash_table, dcc, html, no_update
+from dash import Input, Output, State, dcc, html, no_update
 
 from .. import service as session
 from ..errors import ExplorerError
-from . import ids
+from . import fmt, ids
+from . import tables as T
 from . import palette as P
 from . import state
 from .controls import context, download_controls, job_controls, register_download, running
 from .figures import tofu as F
 from .run import history_table
+
+
+STEP_COLUMNS = [("step", "step"), ("split", "groups → workers"), ("delta", "adds"),
+                ("total", "total"), ("link", "link GB/s"), ("ms", "ms"),
+                ("search_s", "search s")]
 
 
 def layout(req: dict | None = None):
@@ -54,13 +60,8 @@ def layout(req: dict | None = None):
             html.Div(dcc.Slider(id=ids.TOFU_STEP, min=0, max=1, step=1, value=1,
                                 marks={0: "0", 1: "1"}), style={"width": "320px"}),
         ]),
-        dash_table.DataTable(id=ids.TOFU_STEPS, data=[], style_cell={"fontSize": 12,
-                                                                     "padding": "2px 6px"},
-                             columns=[{"name": n, "id": k} for k, n in [
-                                 ("step", "step"), ("split", "groups → workers"),
-                                 ("delta_gb", "adds GB"), ("total_gb", "total GB"),
-                                 ("link", "link GB/s"), ("ms", "ms"),
-                                 ("search_s", "search s")]]),
+        T.grid(ids.TOFU_STEPS, STEP_COLUMNS),
+        html.Div(className="row", children=T.csv_button(ids.TOFU_CSV_BUTTON, ids.TOFU_CSV)),
         html.Div(id=ids.TOFU_STRIP, className="tofu-strip"),
         dcc.Loading(dcc.Graph(id=ids.TOFU_COMPARE, figure=go.Figure(),
                               style={"height": "340px", "display": "none"})),
@@ -126,9 +127,9 @@ def summary_view(doc: dict):
     c = doc["coarsening"]
     peak = max(doc["peak_memory_bytes"]) if doc["peak_memory_bytes"] else 0
     return html.Div([
-        html.Div([html.B(f"{doc['algo']}: "), f"{doc['comm_bytes'] / 1e9:.3f} GB communicated "
-                  f"per step ({doc['objective_s'] * 1e3:.1f} ms on the links), peak "
-                  f"{peak / 2**30:.2f} GiB per worker, k = "
+        html.Div([html.B(f"{doc['algo']}: "), f"{fmt.bytes_(doc['comm_bytes'])} communicated "
+                  f"per step ({fmt.seconds(doc['objective_s'])} on the links), peak "
+                  f"{fmt.bytes_(peak)} per worker, k = "
                   f"{' × '.join(map(str, doc['factors'])) or '1'}, searched in "
                   f"{doc['search_time_s']:.2f} s"], id="tofu-headline"),
         html.Div(f"coarsening: {c['ops_before']} operators, {c['tensors_before']} tensors → "
@@ -143,8 +144,8 @@ def step_rows(doc: dict) -> list:
     w = 1
     for i, s in enumerate(doc["steps"]):
         rows.append({"step": i + 1, "split": f"{s['groups']} → {s['groups'] * s['k']}",
-                     "delta_gb": round(s["delta_bytes"] / 1e9, 4),
-                     "total_gb": round(s["total_bytes"] / 1e9, 4),
+                     "delta": fmt.bytes_(s["delta_bytes"]),
+                     "total": fmt.bytes_(s["total_bytes"]),
                      "link": (round(s["bandwidth_Bps"] / 1e9, 1)
                               if s["bandwidth_Bps"] != float("inf") else "–"),
                      "ms": round(s["seconds"] * 1e3, 2), "search_s": round(s["search_time_s"], 3)})
@@ -221,14 +222,14 @@ def run_view(res: dict | None, doc: dict | None):
            + (f" (max relative error {err:.1e}, float64)" if err is not None else ""))
     pred_mem = [float(x) for x in doc.get("peak_memory_bytes") or []]
     meas_mem = F.measured_peaks(res)
-    mem = (f"memory per worker: predicted peak {max(pred_mem) / 2**20:.2f} MiB"
+    mem = (f"memory per worker: predicted peak {fmt.bytes_(max(pred_mem))}"
            if pred_mem else "memory per worker: no prediction")
     if meas_mem:
-        mem += f", measured peak {max(meas_mem) / 2**20:.2f} MiB (largest worker)"
+        mem += f", measured peak {fmt.bytes_(max(meas_mem))} (largest worker)"
     else:
         mem += " (this run reports no per-worker measurement)"
     if res.get("memory_per_worker_bytes"):
-        mem += f", limit {res['memory_per_worker_bytes'] / 2**30:.3g} GiB"
+        mem += f", limit {fmt.bytes_(res['memory_per_worker_bytes'])}"
     pred_t, what = F.predicted_step(res, doc)
     meas_t = res.get("measured_step_time_s")
     times = "step time: " + ", ".join(
@@ -259,6 +260,8 @@ def run_history(doc: dict | None) -> list:
 
 def register(app: dash.Dash) -> None:
     """The panel's callbacks on ``app``."""
+    T.register_csv(app, ids.TOFU_CSV_BUTTON, ids.TOFU_CSV, ids.TOFU_STEPS, STEP_COLUMNS,
+                   "tofu-steps", ids.STORE_TOFU)
 
     @app.callback(
         Output(ids.STORE_TOFU, "data"), Output(ids.TOFU_ERROR, "children"),
@@ -285,7 +288,7 @@ def register(app: dash.Dash) -> None:
     register_download(app, ids.TOFU_DOWNLOAD_BUTTON, ids.TOFU_DOWNLOAD, ids.STORE_TOFU,
                       ids.TOFU_ERROR)
 
-    @app.callback(Output(ids.TOFU_SUMMARY, "children"), Output(ids.TOFU_STEPS, "data"),
+    @app.callback(Output(ids.TOFU_SUMMARY, "children"), Output(ids.TOFU_STEPS, "rowData"),
                   Output(ids.TOFU_STEP, "max"), Output(ids.TOFU_STEP, "marks"),
                   Output(ids.TOFU_STEP, "value"),
                   Input(ids.STORE_TOFU, "data"))
@@ -320,7 +323,7 @@ def register(app: dash.Dash) -> None:
 
     @app.callback(
         Output(ids.TOFU_RUN_RESULT, "children"), Output(ids.TOFU_RUN_MEMORY_FIG, "figure"),
-        Output(ids.TOFU_RUN_TIME_FIG, "figure"), Output(ids.TOFU_RUN_HISTORY, "data"),
+        Output(ids.TOFU_RUN_TIME_FIG, "figure"), Output(ids.TOFU_RUN_HISTORY, "rowData"),
         Input(ids.STORE_TOFU_RUN, "data"), Input(ids.STORE_TOFU, "data"),
     )
     def show_run(res, doc):

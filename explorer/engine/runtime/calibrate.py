@@ -149,7 +149,7 @@ def measure_link(devices: int = 2, quick: bool = False, timeout_s: float = 120.0
 
 def calibrate(devices: int = 2, model: str | None = None, batch: int | None = None,
               model_args: dict | None = None, quick: bool = False, write: bool = True,
-              progress=None) -> dict:
+              progress=None, profiled=None) -> dict:
     """Measure compute, memory and link speed; write ``$EXPLORER_HOME/local.json``.
 
     With ``model`` also profile every candidate configuration of every layer of that model on
@@ -178,7 +178,8 @@ def calibrate(devices: int = 2, model: str | None = None, batch: int | None = No
     if model:
         say(f"profiling every candidate configuration of {model}")
         cal.update(profile_model(model, devices, batch, model_args,
-                                 reps=5 if quick else 15, warmup=1 if quick else 3))
+                                 reps=5 if quick else 15, warmup=1 if quick else 3,
+                                 progress=profiled))
         say(f"timing every operator of {model}'s training step (placement methods)")
         cal["op_profile"] = profile_ops(model, batch, model_args, quick)
     return cal

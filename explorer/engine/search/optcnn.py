@@ -75,6 +75,21 @@ def solve(tables: CostTables):
     trace: list = []
     undo: list = []
 
+    def label(n, c):
+        return tables.candidates[n][int(c)].label()
+
+    def node_terms(j, c):
+        """t_C, t_S, t_R of layer j's candidate c (seconds)."""
+        return {"t_compute_s": float(tables.t_compute[j][c]),
+                "t_sync_s": float(tables.t_sync[j][c]), "t_reduce_s": tables.reduce_time(j, c)}
+
+    def eq2(i, j, k, a, b, ci, cj, ck):
+        """Equation 2's terms for (c_i, c_j, c_k): what the trace carries for the views."""
+        return dict(node_terms(j, cj), c_i=label(i, ci), c_j=label(j, cj), c_k=label(k, ck),
+                    t_in_s=float(a[ci, cj]), t_out_s=float(b[cj, ck]),
+                    total_s=float(a[ci, cj] + unary[j][cj] + b[cj, ck]),
+                    candidates=[len(unary[i]), len(unary[j]), len(unary[k])])
+
     def new_edge(u, v, m, label):
         nonlocal eid
         edges[eid] = (u, v, m, label)
@@ -101,10 +116,13 @@ def solve(tables: CostTables):
                 drop_edge(k2)
                 alive.discard(j)
                 ne = new_edge(i, k, m, f"{i}->{k}")
-                undo.append(("node", j, i, k, arg))
+                undo.append(("node", j, i, k, arg, a, b))
+                # the numbers of the new edge's cheapest entry (the views write equation 2)
+                ci, ck = np.unravel_index(int(m.argmin()), m.shape)
                 trace.append({"step": len(trace), "kind": "node", "node": j, "src": i, "dst": k,
                               "removed": [la, lb], "added": edges[ne][3],
-                              "remaining_nodes": len(alive), "remaining_edges": len(edges)})
+                              "remaining_nodes": len(alive), "remaining_edges": len(edges),
+                              "eq2": eq2(i, j, k, a, b, ci, int(arg[ci, ck]), ck)})
                 return True
         return False
 
@@ -115,8 +133,10 @@ def solve(tables: CostTables):
                 v = edges[k][1]
                 if v in seen:
                     k1 = seen[v]
-                    m = edges[k1][2] + edges[k][2]          # equation 3
+                    m1, m2 = edges[k1][2], edges[k][2]
+                    m = m1 + m2                               # equation 3
                     l1, l2 = edges[k1][3], edges[k][3]
+                    ci, cj = np.unravel_index(int(m.argmin()), m.shape)
                     drop_edge(k1)
                     drop_edge(k)
                     ne = new_edge(u, v, m, f"{u}=>{v}")
@@ -124,7 +144,11 @@ def solve(tables: CostTables):
                     trace.append({"step": len(trace), "kind": "edge", "src": u, "dst": v,
                                   "removed": [l1, l2], "added": edges[ne][3],
                                   "remaining_nodes": len(alive),
-                                  "remaining_edges": len(edges)})
+                                  "remaining_edges": len(edges),
+                                  "eq3": {"c_i": label(u, ci), "c_j": label(v, cj),
+                                          "t_1_s": float(m1[ci, cj]),
+                                          "t_2_s": float(m2[ci, cj]),
+                                          "total_s": float(m[ci, cj])}})
                     return True
                 seen[v] = k
         return False
@@ -162,15 +186,21 @@ def solve(tables: CostTables):
         pruned = 0
     trace.append({"step": len(trace), "kind": "final", "nodes": residual,
                   "edges": [f"{u}->{v}" for u, v, _ in res_edges], "method": method,
-                  "assignment": {n: int(assign[n]) for n in residual}})
+                  "assignment": {n: int(assign[n]) for n in residual},
+                  # equation 1 over the final graph: its nodes' costs plus its edges' (which
+                  # carry every eliminated layer's) - the whole plan's objective
+                  "eq1": {"nodes_s": float(sum(unary[n][assign[n]] for n in residual)),
+                          "edges_s": float(sum(m[assign[u], assign[v]]
+                                               for u, v, m in res_edges))}})
 
     choice = dict(assign)
     for rec in reversed(undo):
         if rec[0] == "node":
-            _, j, i, k, arg = rec
+            _, j, i, k, arg, a, b = rec
             choice[j] = int(arg[choice[i], choice[k]])
             trace.append({"step": len(trace), "kind": "undo", "node": j, "src": i, "dst": k,
-                          "choice": choice[j]})
+                          "choice": choice[j],
+                          "eq2": eq2(i, j, k, a, b, choice[i], choice[j], choice[k])})
     info = {"residual_nodes": len(residual), "residual_edges": len(res_edges),
             "residual_method": method, "elimination_width": width,
             "dominated_candidates_pruned": pruned,

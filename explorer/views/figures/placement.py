@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
+from .. import fmt
 from .. import palette as P
 from .run import series_figure
 
@@ -91,29 +92,37 @@ def gantt_figure(doc: dict | None) -> go.Figure:
 
 
 def memory_figure(doc: dict | None) -> go.Figure:
-    """Peak memory per device (bars, red when over) against each device's capacity."""
+    """Peak memory per device as a percentage of its capacity (bars, red when over; the
+    capacity is the 100 % line), each bar labelled with its bytes in their own unit - the
+    same numbers the summary's OOM text is judged by, readable for a 3 MiB model on 16 GiB
+    devices as for a model that fills them."""
     fig = go.Figure()
     if not doc:
         fig.update_layout(title="Peak memory per device (place the model first)")
         return fig
-    peak = [b / 2 ** 30 for b in doc["peak_memory_bytes"]]
-    cap = [b / 2 ** 30 for b in doc["capacity_bytes"]]
-    xs = [f"dev {d}" for d in range(len(peak))]
-    over = [p > c * (1 + 1e-9) for p, c in zip(peak, cap)]
-    fig.add_trace(go.Bar(name="peak", x=xs, y=peak,
+    peak_b, cap_b = doc["peak_memory_bytes"], doc["capacity_bytes"]
+    pct = [100.0 * p / c if c else 0.0 for p, c in zip(peak_b, cap_b)]
+    xs = [f"dev {d}" for d in range(len(pct))]
+    over = [p > c * (1 + 1e-9) for p, c in zip(peak_b, cap_b)]
+    fig.add_trace(go.Bar(name="peak", x=xs, y=pct,
                          marker=dict(color=[(P.ERROR if o else device_color(d))
                                             for d, o in enumerate(over)]),
-                         text=[f"{p:.2f} GiB ({100 * p / c:.0f}%)" for p, c in zip(peak, cap)],
+                         text=[f"{fmt.bytes_(p)} ({fmt.percent(p, c)})"
+                               for p, c in zip(peak_b, cap_b)],
+                         customdata=[fmt.of(p, c) for p, c in zip(peak_b, cap_b)],
+                         hovertemplate="%{x}: %{customdata}<extra></extra>",
                          textposition="outside"))
-    fig.add_trace(go.Scatter(name="capacity", x=xs, y=cap, mode="markers+lines",
+    fig.add_trace(go.Scatter(name="capacity", x=xs, y=[100.0] * len(xs), mode="markers+lines",
                              line=dict(color="#111", dash="dash", shape="hvh"),
+                             customdata=[fmt.bytes_(c) for c in cap_b],
+                             hovertemplate="%{x} capacity %{customdata}<extra></extra>",
                              marker=dict(symbol="line-ew", size=30,
                                          line=dict(width=3, color="#111"))))
     fig.update_layout(title=dict(text="Peak memory per device vs capacity",
-                                 font=dict(size=14)), yaxis_title="GiB",
+                                 font=dict(size=14)), yaxis_title="% of device memory",
                       margin=dict(l=50, r=20, t=70, b=40), showlegend=True,
                       legend=dict(orientation="h", y=1.0, yanchor="bottom", x=0),
-                      yaxis=dict(range=[0, 1.15 * max(peak + cap + [1e-9])]))
+                      yaxis=dict(range=[0, 1.15 * max(pct + [100.0])], ticksuffix=" %"))
     return fig
 
 
@@ -127,8 +136,12 @@ def compare_figure(rows: list) -> go.Figure:
         textposition="outside",
         marker=dict(color=[P.HIGHLIGHT if r["algo"] == "celeritas" else
                            (P.ERROR if r["oom"] else P.PREDICTED) for r in good]))])
+    unit, div = fmt.scale(max([r["step_time_s"] for r in good] + [0.0]), fmt.TIME_UNITS)
+    fig.data[0].y = [r["step_time_s"] / div for r in good]
+    fig.data[0].text = [fmt.seconds(r["step_time_s"]) + (" OOM" if r["oom"] else "")
+                        for r in good]
     fig.update_layout(title="Predicted step time by method (same graph, same simulator)",
-                      yaxis_title="s", margin=dict(l=50, r=20, t=40, b=40))
+                      yaxis_title=unit, margin=dict(l=50, r=20, t=40, b=40))
     return fig
 
 

@@ -21,9 +21,13 @@ def layers_figure(res: dict, top: int = 25) -> go.Figure:
         go.Bar(name="measured", x=names, y=[r["measured_s"] * 1e3 for r in rows],
                marker_color=P.MEASURED),
     ])
-    fig.update_layout(barmode="group", title=f"Per layer: predicted vs measured (ms, top {top})",
-                      yaxis_title="ms", margin=dict(l=50, r=20, t=40, b=90),
-                      legend=dict(orientation="h", y=1.1))
+    # the legend sits under the title, right-aligned above the plot: it never covers either
+    fig.update_layout(barmode="group",
+                      title=dict(text=f"Per layer: predicted vs measured (ms, top {top})",
+                                 x=0, xanchor="left", y=0.97, yanchor="top"),
+                      yaxis_title="ms", margin=dict(l=50, r=20, t=80, b=90),
+                      legend=dict(orientation="h", x=1, xanchor="right", y=1.0,
+                                  yanchor="bottom"))
     return fig
 
 

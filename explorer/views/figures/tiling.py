@@ -393,21 +393,27 @@ def _assemble(panels, title, selected, legend_devices):
                                y0=rows[0], y1=rows[1], line=dict(color=color, dash=dash_,
                                                                  width=width),
                                fillcolor="rgba(0,0,0,0)", layer="above", name="outline"))
-        rx, ry, rh, rc = [], [], [], []
+        # the regions each device reads: dashed outline (a shape), lightly shaded, with the
+        # whole shaded box as the hover target (not a corner marker) and a label while few
+        many = len(p.regions) > 4
         for rows, cols, d, hover in p.regions:
+            color = device_color(d)
             shapes.append(dict(type="rect", xref=xref, yref=yref, x0=cols[0], x1=cols[1],
                                y0=rows[0], y1=rows[1],
-                               line=dict(color=device_color(d), dash="dash", width=2.5),
+                               line=dict(color=color, dash="dash", width=1.2 if many else 2.5),
                                fillcolor="rgba(0,0,0,0)", layer="above", name=f"region d{d}"))
-            rx.append(cols[0] + (cols[1] - cols[0]) * 0.04)
-            ry.append(rows[0] + (rows[1] - rows[0]) * 0.04)
-            rh.append(hover)
-            rc.append(device_color(d))
-        if rx:
-            data.append(dict(type="scatter", x=rx, y=ry, xaxis=xref, yaxis=yref,
-                             mode="markers", marker=dict(symbol="square-open", size=7, color=rc),
-                             hovertext=rh, hoverinfo="text", showlegend=False,
-                             name="needed regions"))
+            data.append(dict(type="scatter", xaxis=xref, yaxis=yref, mode="lines",
+                             x=[cols[0], cols[1], cols[1], cols[0], cols[0]],
+                             y=[rows[0], rows[0], rows[1], rows[1], rows[0]],
+                             fill="toself", fillcolor=_rgba(color, 0.06 if many else 0.16),
+                             line=dict(width=0), hoveron="fills", hoverinfo="name",
+                             name=hover, showlegend=False, legendgroup=f"d{d}",
+                             meta="needed region"))
+            if not many:
+                annotations.append(dict(
+                    text=f"d{d} reads (halo: beyond its tile)", xref=xref, yref=yref,
+                    x=cols[0], y=rows[0], xanchor="left", yanchor="top", showarrow=False,
+                    font=dict(size=9, color=color), bgcolor="rgba(255,255,255,0.75)"))
 
     few = len(legend_devices) <= 8    # a short legend sits top-right, a long one on the right
     for d in sorted(legend_devices):  # legend entries in full colour (click: hide a device)
@@ -602,6 +608,7 @@ def strip_figure(plan: dict, selected: str | None = None, per_row: int = 12) -> 
     paths: dict = {}
     bx_, by_ = [], []
     lx, ly, lt, cx, cy, cd, ch = [], [], [], [], [], [], []
+    ex, ey, et = [], [], []     # the dimension letters along each thumbnail's edges
     shapes = []
     for b_i, blk in enumerate(blocks):
         r_i, c_i = divmod(b_i, per_row)
@@ -614,6 +621,16 @@ def strip_figure(plan: dict, selected: str | None = None, per_row: int = 12) -> 
                 _rect_path(*paths.setdefault(d, ([], [])), x0 + c * w, x0 + (c + 1) * w,
                            y0 + r * h, y0 + (r + 1) * h)
         _rect_path(bx_, by_, x0, x0 + size, y0, y0 + size)
+        # which dimensions the rows and columns split: n4 c4 and h4 w4 draw the same 4×4
+        # grid, the letters on the edges tell them apart
+        if rows:
+            ex.append(x0 - 0.1)
+            ey.append(y0 + size / 2)
+            et.append("×".join(rows))
+        if cols:
+            ex.append(x0 + size / 2)
+            ey.append(y0 - 0.09)
+            et.append("×".join(cols))
         first = blk["names"][0]
         name = _short(first)
         extra = f" ×{blk['count']}" if blk["count"] > 1 else ""
@@ -645,6 +662,9 @@ def strip_figure(plan: dict, selected: str | None = None, per_row: int = 12) -> 
     data.append(dict(type="scatter", x=lx, y=ly, mode="text", text=lt,
                      textposition="bottom center", textfont=dict(size=10, color="#223"),
                      hoverinfo="skip", showlegend=False, name="labels", meta="strip-labels"))
+    data.append(dict(type="scatter", x=ex, y=ey, mode="text", text=et,
+                     textfont=dict(size=9, color="#556"), hoverinfo="skip", showlegend=False,
+                     name="dimensions", meta="strip-dimensions"))
     data.append(dict(type="scatter", x=cx, y=cy, mode="markers", customdata=cd,
                      hovertext=ch, hoverinfo="text", showlegend=False, name="blocks-hover",
                      marker=dict(size=30, symbol="square", color="rgba(0,0,0,0)")))

@@ -5,22 +5,25 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
+from .. import fmt
 from .. import palette as P
 
 
 def compare_figure(cmp: dict) -> go.Figure:
-    """Communication per step (GB) of each algorithm, Tofu highlighted (Figure 10); each bar
-    also says its time on the links (one link model for every algorithm)."""
+    """Communication per step of each algorithm (one unit picked by magnitude), Tofu
+    highlighted (Figure 10); each bar also says its time on the links (one link model for
+    every algorithm)."""
     algos = list(cmp)
-    fig = go.Figure([go.Bar(x=algos, y=[cmp[a]["comm_bytes"] / 1e9 for a in algos],
-                            text=[f"{cmp[a]['comm_bytes'] / 1e9:.2f} GB" +
-                                  (f" · {cmp[a]['objective_s'] * 1e3:.0f} ms"
+    unit, div = fmt.scale(max([cmp[a]["comm_bytes"] for a in algos] + [0.0]))
+    fig = go.Figure([go.Bar(x=algos, y=[cmp[a]["comm_bytes"] / div for a in algos],
+                            text=[fmt.bytes_(cmp[a]["comm_bytes"]) +
+                                  (f" · {fmt.seconds(cmp[a]['objective_s'])}"
                                    if cmp[a].get("objective_s") is not None else "")
                                   for a in algos],
                             marker_color=[P.HIGHLIGHT if a == "tofu" else P.PREDICTED
                                           for a in algos])])
     fig.update_layout(title="Communication per step by algorithm (Tofu Figure 10)",
-                      yaxis_title="GB", margin=dict(l=50, r=20, t=40, b=40))
+                      yaxis_title=unit, margin=dict(l=50, r=20, t=40, b=40))
     return fig
 
 
@@ -47,25 +50,26 @@ def predicted_step(res: dict | None, doc: dict | None) -> tuple:
 
 
 def run_memory_figure(res: dict | None, doc: dict | None) -> go.Figure:
-    """Per worker: the plan's predicted peak against the run's measured peak (GiB)."""
+    """Per worker: the plan's predicted peak against the run's measured peak (one unit
+    picked by magnitude)."""
     fig = go.Figure()
     pred = [float(x) for x in (doc or {}).get("peak_memory_bytes") or []]
     meas = measured_peaks(res)
+    limit = (res or {}).get("memory_per_worker_bytes")
+    unit, div = fmt.scale(max(pred + list(meas or []) + [float(limit or 0.0)]))
     workers = [f"worker {i}" for i in range(max(len(pred), len(meas or [])))]
     if pred:
-        fig.add_bar(name="predicted peak", x=workers[:len(pred)], y=[p / 2**30 for p in pred],
-                    marker_color=P.PREDICTED,
-                    text=[f"{p / 2**20:.1f} MiB" for p in pred])
+        fig.add_bar(name="predicted peak", x=workers[:len(pred)], y=[p / div for p in pred],
+                    marker_color=P.PREDICTED, text=[fmt.bytes_(p) for p in pred])
     if meas:
-        fig.add_bar(name="measured peak", x=workers[:len(meas)], y=[m / 2**30 for m in meas],
-                    marker_color=P.MEASURED, text=[f"{m / 2**20:.1f} MiB" for m in meas])
-    limit = (res or {}).get("memory_per_worker_bytes")
+        fig.add_bar(name="measured peak", x=workers[:len(meas)], y=[m / div for m in meas],
+                    marker_color=P.MEASURED, text=[fmt.bytes_(m) for m in meas])
     if limit:
-        fig.add_hline(y=float(limit) / 2**30, line_dash="dash", line_color=P.ERROR,
-                      annotation_text=f"limit {float(limit) / 2**30:.3g} GiB")
+        fig.add_hline(y=float(limit) / div, line_dash="dash", line_color=P.ERROR,
+                      annotation_text=f"limit {fmt.bytes_(limit)}")
     title = "Memory per worker: predicted vs measured" if meas else \
         "Memory per worker: predicted (this run reports no per-worker measurement)"
-    fig.update_layout(barmode="group", title=title, yaxis_title="GiB",
+    fig.update_layout(barmode="group", title=title, yaxis_title=unit,
                       margin=dict(l=50, r=20, t=40, b=40), legend=dict(orientation="h", y=1.1))
     return fig
 
