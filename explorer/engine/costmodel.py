@@ -729,18 +729,21 @@ class CostModel:
             nbytes[np.ix_(rows, jj)] = tot_b - mine.sum(axis=2)  # Σ (intra + inter)
             intra = np.subtract(local, mine, out=mine)
             inter = np.subtract(tot, local, out=local)
+            far, near = inter > 0, intra > 0
+            # seconds, in place over the byte buffers (the same sums, fewer temporaries)
             tm = None
             if np.isfinite(bw_in):
-                tm = intra / bw_in
+                tm = np.divide(intra, bw_in, out=intra)
             if np.isfinite(bw_out):
-                tm = inter / bw_out if tm is None else tm + inter / bw_out
+                np.divide(inter, bw_out, out=inter)
+                tm = inter if tm is None else np.add(tm, inter, out=tm)
             if tm is None:
                 tm = np.zeros(shape)
-            far = inter > 0
             if lat_out >= lat_in:      # max(lat_in [intra], lat_out [inter])
-                tm += np.where(far, lat_out, lat_in * (intra > 0))
+                np.add(tm, lat_out, out=tm, where=far)
+                np.add(tm, lat_in, out=tm, where=np.greater(near, far, out=near))
             else:
-                tm += np.maximum(lat_in * (intra > 0), lat_out * far)
+                tm += np.maximum(lat_in * near, lat_out * far)
             t[np.ix_(rows, jj)] = tm.max(axis=2)
 
     def _node_tiles(self, src, src_cands, node_of):
