@@ -188,18 +188,17 @@ def _min_plus(a: np.ndarray, b: np.ndarray):
     The sums are laid out ``[i, k, j]`` (``j`` contiguous, so ``argmin`` runs along memory)
     in blocks of rows of at most :data:`MIN_PLUS_BLOCK` elements: in cache, memory ``O(C²)``
     at any candidate count, and the same sums (so the same numbers and ties) as a plain
-    ``argmin`` over ``j``.
+    ``argmin`` over ``j``; the minimum is then gathered, not reduced a second time.
     """
     bT = np.ascontiguousarray(b.T)
     ci, ck = a.shape[0], b.shape[1]
-    m = np.empty((ci, ck))
     arg = np.empty((ci, ck), dtype=np.int64)
     step = max(1, MIN_PLUS_BLOCK // max(1, a.shape[1] * ck))
     for s in range(0, ci, step):
         tot = a[s:s + step, None, :] + bT[None, :, :]
-        ag = tot.argmin(axis=2)
-        arg[s:s + step] = ag
-        m[s:s + step] = np.take_along_axis(tot, ag[:, :, None], axis=2)[:, :, 0]
+        tot.argmin(axis=2, out=arg[s:s + step])
+    # the minimum is the sum at its argument: the same two operands added once more
+    m = np.take_along_axis(a, arg, axis=1) + np.take_along_axis(b, arg, axis=0)
     return m, arg
 
 
