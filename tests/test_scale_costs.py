@@ -158,6 +158,34 @@ def test_min_plus_matches_the_cubic_temporary_with_ties():
     assert np.array_equal(m, tot.min(axis=1)) and np.array_equal(arg, tot.argmin(axis=1))
 
 
+def test_min_plus_in_many_blocks_with_ties_and_infinities(monkeypatch):
+    import explorer.engine.search.optcnn as oc
+    rng = np.random.default_rng(2)
+    a = np.round(rng.random((23, 17)), 1)
+    b = np.round(rng.random((17, 11)), 1)
+    a[3, :] = np.inf                         # a row with no finite choice: argmin 0
+    b[:, 4] = np.inf
+    a[5, 2] = np.inf
+    want = None
+    for block in (1, 17 * 11 * 3, 1 << 20):  # one row per block, a few rows, all at once
+        monkeypatch.setattr(oc, "MIN_PLUS_BLOCK", block)
+        m, arg = _min_plus(a, b)
+        tot = a[:, :, None] + b[None]
+        assert np.array_equal(m, tot.min(axis=1)) and np.array_equal(arg, tot.argmin(axis=1))
+        want = want or (m, arg)
+        assert np.array_equal(m, want[0]) and np.array_equal(arg, want[1])
+
+
+def test_by_node_transfer_tables_do_not_depend_on_the_block_size():
+    g = import_spec("resnet50")
+    small, large = (CostModel(g, preset("p100-cluster", 16)) for _ in range(2))
+    small.NODE_BLOCK, large.NODE_BLOCK = 64, 1 << 22
+    assert small._node_structure() is not None          # the two-level kernel is used
+    ts, tl = small.tables(), large.tables()
+    for (e, ms), (_, ml), bs, bl in zip(ts.edges, tl.edges, ts.bytes_xfer, tl.bytes_xfer):
+        assert np.array_equal(ms, ml) and np.array_equal(bs, bl), (e.src, e.dst)
+
+
 # -- degrees --------------------------------------------------------------------------------
 
 def test_degree_values():

@@ -35,6 +35,8 @@ ENUMERATION_LIMIT = 200_000
 VE_LIMIT = 4_000_000
 #: Seconds the MILP may take before the search gives up (it then says so; never a guess).
 MILP_TIME_LIMIT_S = 600.0
+#: Elements of the temporary one block of :func:`_min_plus` builds (fits in cache).
+MIN_PLUS_BLOCK = 1 << 16
 
 
 def search(problem, pins=None, options: OptCNNOptions | None = None) -> Result:
@@ -213,23 +215,20 @@ def solve(tables: CostTables):
 def _min_plus(a: np.ndarray, b: np.ndarray):
     """``(m, arg)`` with ``m[i, k] = min_j a[i, j] + b[j, k]`` and the first ``j`` attaining it.
 
-    Small tables use one ``[C_i, C_j, C_k]`` temporary; larger ones one ``[C_i, C_k]`` pass
-    per ``j``: the same sums in the same order (so the same numbers and ties as ``argmin``),
-    in cache, with memory ``O(C²)`` at any candidate count.
+    The sums are laid out ``[i, k, j]`` (``j`` contiguous, so ``argmin`` runs along memory)
+    in blocks of rows of at most :data:`MIN_PLUS_BLOCK` elements: in cache, memory ``O(C²)``
+    at any candidate count, and the same sums (so the same numbers and ties) as a plain
+    ``argmin`` over ``j``; the minimum is then gathered, not reduced a second time.
     """
-    if a.size * b.shape[1] <= 1 << 19:
-        tot = a[:, :, None] + b[None, :, :]
-        arg = tot.argmin(axis=1)
-        return np.take_along_axis(tot, arg[:, None, :], axis=1)[:, 0, :], arg
-    m = a[:, :1] + b[:1, :]
-    arg = np.zeros(m.shape, dtype=np.int64)
-    cand = np.empty_like(m)
-    better = np.empty(m.shape, dtype=bool)
-    for j in range(1, a.shape[1]):
-        np.add(a[:, j, None], b[None, j, :], out=cand)
-        np.less(cand, m, out=better)
-        np.copyto(m, cand, where=better)
-        arg[better] = j
+    bT = np.ascontiguousarray(b.T)
+    ci, ck = a.shape[0], b.shape[1]
+    arg = np.empty((ci, ck), dtype=np.int64)
+    step = max(1, MIN_PLUS_BLOCK // max(1, a.shape[1] * ck))
+    for s in range(0, ci, step):
+        tot = a[s:s + step, None, :] + bT[None, :, :]
+        tot.argmin(axis=2, out=arg[s:s + step])
+    # the minimum is the sum at its argument: the same two operands added once more
+    m = np.take_along_axis(a, arg, axis=1) + np.take_along_axis(b, arg, axis=0)
     return m, arg
 
 
