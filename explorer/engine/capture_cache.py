@@ -155,7 +155,10 @@ def _user_modules(model_file: Path, before: set) -> dict | None:
         p = sysconfig.get_paths().get(key)
         if p:
             skip.append(str(Path(p).resolve()) + "/")
-    started = psutil.Process().create_time()
+    # psutil derives a start time from the boot time in whole seconds, so it can read up to a
+    # second early: a file written just before this process started (a fresh checkout) must
+    # not count as edited since
+    started = psutil.Process().create_time() + 1.0
     files = {str(model_file): False}
     for name, mod in list(sys.modules.items()):
         f = getattr(mod, "__file__", None)
