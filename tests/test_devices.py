@@ -250,3 +250,11 @@ def test_local_uses_calibration_file(no_calibration):
     assert g.meta["calibrated"] is True
     assert g.devices[0].peak_flops == 1.25e11 and g.devices[1].mem_bw == 2e10
     assert g.bandwidth(0, 1) == 3e9 and g.latency[0, 1] == 4e-5
+
+
+def test_an_absurd_device_count_is_refused_before_anything_is_built():
+    import pytest
+
+    from explorer.engine.devices import preset
+    with pytest.raises(ValueError, match="100000000 devices need .* GiB"):
+        preset("p100-cluster", 100_000_000)

@@ -110,6 +110,18 @@ class DeviceGraph:
         }
 
 
+def _check_size(n: int) -> None:
+    """Refuse, before anything is built, a device count whose dense link matrices
+    (bandwidth and latency, ``n × n`` float64 each) cannot fit in this machine's memory."""
+    import psutil
+    need = 16.0 * n * n
+    avail = float(psutil.virtual_memory().available)
+    if need > avail:
+        raise ValueError(f"{n} devices need {need / 2**30:.3g} GiB for the device graph's link "
+                         f"matrices but {avail / 2**30:.1f} GiB is available: ask for fewer "
+                         f"devices")
+
+
 def _cluster(name, n, per_node, make_dev, intra_bw, inter_bw, intra_lat, inter_lat, desc):
     devs = [make_dev(i, i // per_node) for i in range(n)]
     node = np.array([d.node for d in devs])
@@ -164,6 +176,8 @@ def preset(name: str, n: int | None = None) -> DeviceGraph:
                             f"{', '.join(PRESETS)} or give a cluster JSON file")
     if n is not None and n < 1:
         raise ValueError(f"--devices must be ≥ 1, got {n}")
+    if n is not None:
+        _check_size(n)
     if name == "p100-cluster":
         n = 4 if n is None else n
         nodes = -(-n // 4)
