@@ -229,6 +229,16 @@ if hasattr(__import__("os"), "register_at_fork"):
     __import__("os").register_at_fork(after_in_child=_after_fork_in_child)
 
 
+def one_attention_kernel():
+    """Context: ``scaled_dot_product_attention`` takes its math path (``bmm``, softmax,
+    ``bmm``) whatever the device.  Left to choose, it decomposes on the meta device (where a
+    search traces) but becomes one fused kernel on the CPU (where a worker traces, e.g.
+    ``_scaled_dot_product_flash_attention_for_cpu``), so the plan's graph and the worker's
+    would be two programs; with one backend they are one by construction."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    return sdpa_kernel([SDPBackend.MATH])
+
+
 def stack_of(handles) -> list:
     return _STACKS.get(id(handles), [])
 
@@ -303,7 +313,7 @@ def trace_step(model, x, lr: float = 0.01, loss_fn=None, name: str = "model"):
     handles = _module_annotations(model)
     model.train()
     try:
-        with fxtb.preserve_node_meta():
+        with fxtb.preserve_node_meta(), one_attention_kernel():
             gm = make_fx(step, tracing_mode="fake", record_stack_traces=True)(
                 params, [b.detach() for _, b in model.named_buffers()], x)
         check_data_dependent(gm, name)
