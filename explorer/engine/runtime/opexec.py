@@ -42,7 +42,7 @@ from ..geometry import common as _inter, inside as _inside, to_slices as _sl
 from ..opgraph import TorchValue
 from .launcher import RunFailed
 
-__all__ = ["run_layout", "run_placement", "placement_xplan", "placement_comm_bytes"]
+__all__ = ["run_layout", "run_layouts", "run_placement", "placement_xplan", "placement_comm_bytes"]
 
 #: random ops :class:`~explorer.engine.capture.deterministic` cannot make the identity
 #: (it makes ``native_dropout`` and the ``bernoulli_`` mask a dropout traces to the identity)
@@ -625,20 +625,48 @@ def _build(spec, batch, model_args, seed, lr, dtype=torch.float64):
     return g, params, buffers, x
 
 
+def _model_key(plan: dict) -> tuple:
+    """What a worker builds for a plan: the model, its batch and arguments."""
+    import json
+    return plan["spec"], plan["batch"], json.dumps(plan["model_args"], sort_keys=True)
+
+
 def _op_entry(rank, world, device, job, send):
-    """One worker of an operator-level run (the entry :func:`launcher.start_workers` calls):
-    trace the step, check the trace is the plan's graph, run ``steps`` steps; rank 0 sends the
-    loss and updated parameters, every rank its bytes and times."""
+    """One worker of an operator-level launch (the entry :func:`launcher.start_workers`
+    calls): for each plan of ``job["plans"]`` in turn, trace the step (built once for
+    consecutive plans of one model), check the trace is the plan's graph and run ``steps``
+    steps.  Results are sent under ``(plan index, kind)``."""
+    plans = job["plans"]
+    built = None
+    for i, plan in enumerate(plans):
+        if built is None:
+            built = _build(plan["spec"], plan["batch"], plan["model_args"], job["seed"],
+                           job["lr"])
+        # the last plan of this model takes the built model over, so that its worker keeps
+        # only its boxes (the whole model is freed once they are loaded)
+        last = i + 1 == len(plans) or _model_key(plans[i + 1]) != _model_key(plan)
+        holder = [built]
+        if last:
+            built = None
+
+        def send_i(kind, what, value, i=i):
+            send(kind, (i, what), value)
+        _op_plan(rank, world, job, plan, holder, send_i)
+
+
+def _op_plan(rank, world, job, plan, holder, send):
+    """One plan on this worker: its tiles loaded from the built model (``holder``: a list
+    holding it, emptied here), ``steps`` steps; rank 0 sends the loss and updated parameters,
+    every rank its bytes and times."""
     from ..opgraph import opgraph_digest
     from .executor import parse_fault
     from .worker import FAULT_ENV, inject_fault
     fault = parse_fault(job.get("fault") or os.environ.get(FAULT_ENV))
-    g, params, buffers, x = _build(job["spec"], job["batch"], job["model_args"],
-                                   job["seed"], job["lr"])
-    if opgraph_digest(g) != job["digest"]:
+    g, params, buffers, x = holder.pop()
+    if opgraph_digest(g) != plan["digest"]:
         raise InfeasiblePlan("the worker's trace of the model differs from the plan's "
                              "operator graph (model code or arguments changed?)")
-    xplan = job["xplan"]
+    xplan = plan["xplan"]
     w = _Worker(rank, world, g, xplan, job["timeout_s"],
                 make_groups(g, xplan, world) if job.get("collectives", True) else {})
     w.load(params, buffers, x)
@@ -719,19 +747,82 @@ def run_layout(spec: str, batch: int | None, model_args: dict | None, xplan: dic
     ``reduce_scatter`` or ``all_reduce``).
     ``memory_limit`` (bytes): stop a worker whose steps allocate more (:mod:`.memlimit`).
     """
+    layout = {"spec": spec, "batch": batch, "model_args": dict(model_args or {}),
+              "xplan": xplan, "digest": digest}
+    return run_layouts([layout], steps=steps, seed=seed, lr=lr, timeout_s=timeout_s, tol=tol,
+                       check=check, fault=fault, debug=debug, train=train,
+                       memory_limit=memory_limit)[0]
+
+
+def run_layouts(layouts: list, *, steps: int = 1, seed: int = 0, lr: float = 0.01,
+                timeout_s: float = 300.0, tol: float = 1e-4, check: bool = True,
+                fault: str | None = None, debug: bool = False, train: bool = False,
+                memory_limit: float | None = None) -> list:
+    """Several execution layouts (dicts with ``spec``, ``batch``, ``model_args``, ``xplan``,
+    ``digest``; one worker count) in one launch: the processes start once and run the plans
+    one after the other, each model built once for consecutive plans of it (how the tests run
+    every example's plans in minutes).  One result dict per layout, as :func:`run_layout`'s.
+    ``memory_limit`` guards a launch of one plan only."""
     from .launcher import start_workers
-    from .reference import compare, traced_step
-    workers = int(xplan["workers"])
-    job = {"spec": spec, "batch": batch, "model_args": dict(model_args or {}), "seed": seed,
-           "lr": lr, "xplan": xplan, "fault": fault, "debug": debug, "digest": digest,
+    from .reference import compare
+    if not layouts:
+        return []
+    workers = {int(lay["xplan"]["workers"]) for lay in layouts}
+    if len(workers) != 1:
+        raise InfeasiblePlan(f"layouts launched together must use one worker count, not "
+                             f"{sorted(workers)}")
+    if memory_limit is not None and len(layouts) > 1:
+        raise InfeasiblePlan("a memory limit guards a launch of one plan: run the plans one "
+                             "at a time")
+    workers = workers.pop()
+    plans = [{"spec": lay["spec"], "batch": lay["batch"],
+              "model_args": dict(lay.get("model_args") or {}), "xplan": lay["xplan"],
+              "digest": lay["digest"]} for lay in layouts]
+    job = {"plans": plans, "seed": seed, "lr": lr, "fault": fault, "debug": debug,
            "steps": max(1, int(steps)), "timeout_s": timeout_s, "train": bool(train)}
     got = start_workers(workers, _op_entry, job, timeout_s=timeout_s, backend="gloo",
-                        name="explorer-op-worker", memory_limit=memory_limit)
-    main = got.results.get(0, {}).get("main")
-    stats = {r: v["stats"] for r, v in got.results.items() if "stats" in v}
+                        name="explorer-op-worker", memory_limit=memory_limit,
+                        jobs=len(plans))
+    outs, refs = [], {}
+    for i, plan in enumerate(plans):
+        res = {r: {k[1]: v for k, v in got.results[r].items() if k[0] == i}
+               for r in got.results}
+        out = _layout_result(plan, res, workers, got)
+        if check:
+            key = _model_key(plan)
+            if key not in refs:               # one reference per model (and step count)
+                refs = {key: _reference(plan, seed, lr, steps, train)}
+            ref = refs[key]
+            got_params = {k: torch.from_numpy(v) for k, v in out.pop("_params").items()}
+            doc = compare(out["loss"], got_params, None, ref, None, tol)
+            out.update(reference=doc, reference_ok=doc["ok"],
+                       max_rel_error=doc["max_rel_error"], reference_loss=ref[0])
+        else:
+            out.pop("_params")
+        if debug:
+            out["debug"] = {r: v["debug"] for r, v in res.items() if "debug" in v}
+        outs.append(out)
+    return outs
+
+
+def _reference(plan, seed, lr, steps, train):
+    """The float64 single-device step(s) of a plan's model (:func:`.reference.traced_step`)."""
+    from .reference import traced_step
+    g, params, buffers, x = _build(plan["spec"], plan["batch"], plan["model_args"], seed, lr)
+    ref = traced_step(g, params, buffers, x)
+    for _ in range(max(1, int(steps)) - 1 if train else 0):
+        params = [ref[1][pn] for pn in g.param_names]
+        ref = traced_step(g, params, buffers, x)
+    return ref
+
+
+def _layout_result(plan, res, workers, got) -> dict:
+    """One plan's result dict from what its workers sent (see :func:`run_layout`)."""
+    main = res.get(0, {}).get("main")
+    stats = {r: v["stats"] for r, v in res.items() if "stats" in v}
     if main is None or len(stats) != workers:
         raise RunFailed("the workers finished without sending their results", 0, got.pids)
-    mem = {r: got.results[r].get("memory", {}) for r in sorted(stats)}
+    mem = {r: res[r].get("memory", {}) for r in sorted(stats)}
     fallback: dict = {}
     local: dict = {}
     why: dict = {}
@@ -742,35 +833,23 @@ def run_layout(spec: str, batch: int | None, model_args: dict | None, xplan: dic
             fallback[k] = max(fallback.get(k, 0), v)
         for k, v in m.get("local", {}).items():
             local[k] = max(local.get(k, 0), v)
-    out = {"model": spec, "workers": workers, "loss": main["loss"],
-           "measured_peak_memory_bytes": [int(m.get("peak_bytes", 0)) for m in mem.values()],
-           "tile_local_ops": dict(sorted(local.items())),
-           "fallback_ops": dict(sorted(fallback.items())),
-           "fallback_reasons": dict(sorted(why.items())),
-           "collectives": sum(m.get("collectives", 0) for m in mem.values()),
-           "measured_comm_bytes": float(sum(v[0] - v[1] for v in stats.values())),
-           "extra_bytes": float(sum(v[1] for v in stats.values())),
-           "step_time_s": stats[0][2],
-           "measured_step_time_s": max(v[2] for v in stats.values()),
-           "compute_s": [stats[r][3] for r in sorted(stats)],
-           # each step's wall time on the slowest worker (the first step includes warm-up)
-           "step_times_s": [max(ts) for ts in zip(*(v[4] for v in stats.values()))],
-           "launch_time_s": got.elapsed_s, "pids": got.pids, "backend": got.backend,
-           "reference": None, "reference_ok": None, "max_rel_error": None,
-           "reference_loss": None}
-    if check:
-        g, params, buffers, x = _build(spec, batch, model_args, seed, lr)
-        ref = traced_step(g, params, buffers, x)
-        for _ in range(max(1, int(steps)) - 1 if train else 0):
-            params = [ref[1][pn] for pn in g.param_names]
-            ref = traced_step(g, params, buffers, x)
-        got_params = {k: torch.from_numpy(v) for k, v in main["params"].items()}
-        doc = compare(main["loss"], got_params, None, ref, None, tol)
-        out.update(reference=doc, reference_ok=doc["ok"], max_rel_error=doc["max_rel_error"],
-                   reference_loss=ref[0])
-    if debug:
-        out["debug"] = {r: v["debug"] for r, v in got.results.items() if "debug" in v}
-    return out
+    return {"model": plan["spec"], "workers": workers, "loss": main["loss"],
+            "_params": main["params"],
+            "measured_peak_memory_bytes": [int(m.get("peak_bytes", 0)) for m in mem.values()],
+            "tile_local_ops": dict(sorted(local.items())),
+            "fallback_ops": dict(sorted(fallback.items())),
+            "fallback_reasons": dict(sorted(why.items())),
+            "collectives": sum(m.get("collectives", 0) for m in mem.values()),
+            "measured_comm_bytes": float(sum(v[0] - v[1] for v in stats.values())),
+            "extra_bytes": float(sum(v[1] for v in stats.values())),
+            "step_time_s": stats[0][2],
+            "measured_step_time_s": max(v[2] for v in stats.values()),
+            "compute_s": [stats[r][3] for r in sorted(stats)],
+            # each step's wall time on the slowest worker (the first step includes warm-up)
+            "step_times_s": [max(ts) for ts in zip(*(v[4] for v in stats.values()))],
+            "launch_time_s": got.elapsed_s, "pids": got.pids, "backend": got.backend,
+            "reference": None, "reference_ok": None, "max_rel_error": None,
+            "reference_loss": None}
 
 
 def placement_xplan(g, names, placement, workers: int) -> dict:

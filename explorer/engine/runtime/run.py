@@ -27,7 +27,7 @@ from ...errors import InfeasiblePlan, PlanFileError
 from .. import plandoc
 from ..geometry import ExecutionLayout
 
-__all__ = ["read_document", "run_document"]
+__all__ = ["read_document", "run_document", "run_tofu_documents"]
 
 
 def read_document(path: str) -> dict:
@@ -176,7 +176,10 @@ def _int(v) -> int | None:
     return int(v) if isinstance(v, int) and not isinstance(v, bool) else None
 
 
-def _run_tofu(doc: dict, expect: dict, steps: int = 1, train: bool = False, **kw) -> dict:
+def _tofu_layout(doc: dict, expect: dict) -> dict:
+    """A Tofu document checked against the request and the model's operator graph now: what
+    :func:`.opexec.run_layouts` runs (``spec``, ``batch``, ``model_args``, ``xplan``,
+    ``digest``)."""
     for key in ("model", "devices"):
         if key not in doc:
             raise PlanFileError(f"the Tofu plan has no {key!r}: save it with `explorer search "
@@ -214,12 +217,45 @@ def _run_tofu(doc: dict, expect: dict, steps: int = 1, train: bool = False, **kw
         raise PlanFileError(f"the Tofu plan's layout gives tensor {wrong[0]!r} the shape "
                             f"{list(layout.held[wrong[0]].shape)}; the model's is "
                             f"{list(g.tensors[wrong[0]].shape)}")
-    xplan = layout.to_plan()
+    return {"spec": doc["model"], "batch": g.batch, "model_args": margs,
+            "xplan": layout.to_plan(), "digest": digest}
+
+
+def _run_tofu(doc: dict, expect: dict, steps: int = 1, train: bool = False, **kw) -> dict:
+    lay = _tofu_layout(doc, expect)
     from .opexec import run_layout
-    out = run_layout(doc["model"], g.batch, margs, xplan, digest=digest, steps=steps,
-                     train=train, **kw)
+    out = run_layout(lay["spec"], lay["batch"], lay["model_args"], lay["xplan"],
+                     digest=lay["digest"], steps=steps, train=train, **kw)
+    return _tofu_report(out, doc, lay, steps, train)
+
+
+def run_tofu_documents(docs: list, *, steps: int = 1, timeout_s: float = 600.0,
+                       check: bool = True, tol: float = 1e-4, verify: bool = True) -> list:
+    """Several Tofu plan documents for one worker count in one launch
+    (:func:`.opexec.run_layouts`: the processes start once, each model is built once): one
+    result per document, as :func:`run_document`'s.  Every document is checked before any
+    worker starts."""
+    lays = []
+    for doc in docs:
+        kind = plandoc.open_document(doc, verify=verify)
+        _check_fields(doc, kind)
+        if kind != "tofu":
+            raise InfeasiblePlan(f"run_tofu_documents runs Tofu plans, not a {kind} plan")
+        lays.append(_tofu_layout(doc, {}))
+    from .opexec import run_layouts
+    steps = max(1, min(int(steps), TOFU_STEPS))
+    outs = run_layouts(lays, steps=steps, timeout_s=timeout_s, check=check, tol=tol)
+    return [dict(_tofu_report(out, doc, lay, steps, False), kind="tofu", warnings=[])
+            for out, doc, lay in zip(outs, docs, lays)]
+
+
+def _tofu_report(out: dict, doc: dict, lay: dict, steps: int, train: bool) -> dict:
+    """A Tofu run's result next to its document's predictions."""
+    n = int(doc["devices"])
+    algo = doc.get("algo", "tofu")
     pred = doc.get("predicted_step_time_s")
-    out.update(algo=algo, devices=n, steps=steps, train=bool(train), batch=g.batch, preset=doc.get("preset"),
+    out.update(algo=algo, devices=n, steps=steps, train=bool(train), batch=lay["batch"],
+               preset=doc.get("preset"),
                predicted_comm_bytes=float(doc.get("comm_bytes", 0.0)),
                peak_memory_bytes=list(doc.get("peak_memory_bytes") or []),
                predicted_step_time_s=pred,
