@@ -4,7 +4,7 @@ Deep Convolutional Neural Networks").
 Same layer shapes as torchvision's ``alexnet``, which follows the single-tower
 variant of Krizhevsky 2014 ("One weird trick for parallelizing convolutional
 neural networks"): 5 convs (64-192-384-256-256) with ReLU and 3 max pools,
-AdaptiveAvgPool2d((6, 6)), then dropout + fc 4096-4096-num_classes. The large
+AdaptiveAvgPool2d((6, 6)), then dropout + fc 4096-4096-num_classes (``fc``: the hidden width). The large
 fully-connected layers make it the textbook case for mixing data parallelism
 (convs) with model parallelism (fcs).
 """
@@ -18,7 +18,7 @@ from torch import nn
 class AlexNet(nn.Module):
     """AlexNet with torchvision's layer shapes (non-inplace ReLUs, same math)."""
 
-    def __init__(self, num_classes: int = 1000, dropout: float = 0.5) -> None:
+    def __init__(self, num_classes: int = 1000, dropout: float = 0.5, fc: int = 4096) -> None:
         super().__init__()
         self.features = nn.Sequential(
             nn.Conv2d(3, 64, kernel_size=11, stride=4, padding=2),
@@ -38,12 +38,12 @@ class AlexNet(nn.Module):
         self.avgpool = nn.AdaptiveAvgPool2d((6, 6))
         self.classifier = nn.Sequential(
             nn.Dropout(p=dropout),
-            nn.Linear(256 * 6 * 6, 4096),
+            nn.Linear(256 * 6 * 6, fc),
             nn.ReLU(),
             nn.Dropout(p=dropout),
-            nn.Linear(4096, 4096),
+            nn.Linear(fc, fc),
             nn.ReLU(),
-            nn.Linear(4096, num_classes),
+            nn.Linear(fc, num_classes),
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -53,10 +53,13 @@ class AlexNet(nn.Module):
         return self.classifier(x)
 
 
-def build_alexnet(batch: int, *, num_classes: int = 1000, image_size: int = 224):
-    """AlexNet and an input of shape [batch, 3, image_size, image_size]."""
+def build_alexnet(batch: int, *, num_classes: int = 1000, image_size: int = 224, fc: int = 4096):
+    """AlexNet (``fc``: width of the two hidden fully-connected layers) and an input of shape
+    [batch, 3, image_size, image_size]."""
     if image_size < 63:
         raise ValueError(f"alexnet: image_size must be >= 63 (224 is standard), got {image_size}")
     if num_classes < 1:
         raise ValueError(f"alexnet: num_classes must be >= 1, got {num_classes}")
-    return AlexNet(num_classes=num_classes), torch.randn(batch, 3, image_size, image_size)
+    if fc < 1:
+        raise ValueError(f"alexnet: fc must be >= 1, got {fc}")
+    return AlexNet(num_classes=num_classes, fc=fc), torch.randn(batch, 3, image_size, image_size)

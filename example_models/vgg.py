@@ -2,7 +2,8 @@
 Large-Scale Image Recognition"), configuration D without BatchNorm.
 
 13 3x3 convs (padding 1) with ReLU, 5 max pools, AdaptiveAvgPool2d((7, 7)) and
-fc 4096-4096-num_classes with ReLU + dropout, as in torchvision's ``vgg16``.
+fc 4096-4096-num_classes with ReLU + dropout, as in torchvision's ``vgg16`` (``fc``: the
+hidden width).
 Heavy convolutions followed by ~120M fc parameters: a classic example for
 hybrid parallelization plans.
 """
@@ -19,7 +20,8 @@ CFG_D = [64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M", 512
 class VGG(nn.Module):
     """VGG from a layer configuration list (default: VGG-16, config D)."""
 
-    def __init__(self, cfg=CFG_D, num_classes: int = 1000, dropout: float = 0.5) -> None:
+    def __init__(self, cfg=CFG_D, num_classes: int = 1000, dropout: float = 0.5,
+                 fc: int = 4096) -> None:
         super().__init__()
         layers: list[nn.Module] = []
         in_ch = 3
@@ -33,13 +35,13 @@ class VGG(nn.Module):
         self.features = nn.Sequential(*layers)
         self.avgpool = nn.AdaptiveAvgPool2d((7, 7))
         self.classifier = nn.Sequential(
-            nn.Linear(512 * 7 * 7, 4096),
+            nn.Linear(512 * 7 * 7, fc),
             nn.ReLU(),
             nn.Dropout(p=dropout),
-            nn.Linear(4096, 4096),
+            nn.Linear(fc, fc),
             nn.ReLU(),
             nn.Dropout(p=dropout),
-            nn.Linear(4096, num_classes),
+            nn.Linear(fc, num_classes),
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -49,10 +51,13 @@ class VGG(nn.Module):
         return self.classifier(x)
 
 
-def build_vgg16(batch: int, *, num_classes: int = 1000, image_size: int = 224):
-    """VGG-16 and an input of shape [batch, 3, image_size, image_size]."""
+def build_vgg16(batch: int, *, num_classes: int = 1000, image_size: int = 224, fc: int = 4096):
+    """VGG-16 (``fc``: width of the two hidden fully-connected layers) and an input of shape
+    [batch, 3, image_size, image_size]."""
     if image_size < 32:
         raise ValueError(f"vgg16: image_size must be >= 32 (224 is standard), got {image_size}")
     if num_classes < 1:
         raise ValueError(f"vgg16: num_classes must be >= 1, got {num_classes}")
-    return VGG(CFG_D, num_classes=num_classes), torch.randn(batch, 3, image_size, image_size)
+    if fc < 1:
+        raise ValueError(f"vgg16: fc must be >= 1, got {fc}")
+    return VGG(CFG_D, num_classes=num_classes, fc=fc), torch.randn(batch, 3, image_size, image_size)

@@ -101,6 +101,19 @@ def _generic(target, fn, args, kwargs, index, tile_of, out_box, out_shape):
     return res
 
 
+def _bn(target, fn, args, kwargs, index, tile_of, out_box, out_shape):
+    """A batch norm's saved mean over a part of the batch (a plan that splits the reduction
+    and sums the parts) is the part's sum over the whole tensor's count, as ``mean``'s; its
+    other outputs read whole channels and run unchanged on the tiles."""
+    x = args[0]
+    if index == 1 and torch.is_tensor(x):
+        _, shape = tile_of(x)
+        if shape is not None:
+            dims = [0] + list(range(2, x.dim()))
+            return x.sum(dims) / max(int(np.prod([shape[d] for d in dims])), 1)
+    return _generic(target, fn, args, kwargs, index, tile_of, out_box, out_shape)
+
+
 def _bn_backward(target, fn, args, kwargs, index, tile_of, out_box, out_shape):
     """A batch norm's bias gradient is a sum of the output gradient (all its description
     reads); its other gradients run unchanged on the tiles."""
@@ -484,7 +497,8 @@ def _stack(target, fn, args, kwargs, index, tile_of, out_box, out_shape):
 
 _RULES = {"_adaptive_avg_pool2d": _adaptive_pool, "adaptive_avg_pool2d": _adaptive_pool,
           "_adaptive_avg_pool2d_backward": _adaptive_pool_backward,
-          "native_batch_norm_backward": _bn_backward, "avg_pool2d": _avg_pool,
+          "native_batch_norm": _bn, "native_batch_norm_backward": _bn_backward,
+          "avg_pool2d": _avg_pool,
           "avg_pool2d_backward": _avg_pool_backward, "embedding": _embedding,
           "embedding_dense_backward": _embedding_backward,
           "select_backward": _select_backward, "stack": _stack, "view": _view, "_unsafe_view": _view, "reshape": _view, "expand": _expand,
