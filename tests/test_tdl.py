@@ -353,6 +353,17 @@ _AUTOGRAD_CASES = [
      lambda x: F.adaptive_avg_pool2d(x, (3, 4)), (0,)),
     ("upsample nearest", describe("upsample", out_size=(8, 12)), [(2, 3, 4, 6)],
      lambda x: F.interpolate(x, size=(8, 12), mode="nearest"), (0,)),
+    ("adaptive pool grad, overlapping bins", describe("adaptive_avg_pool_backward"),
+     [(2, 3, 6, 4), (2, 3, 3, 7)], lambda dy, x: torch.ops.aten._adaptive_avg_pool2d_backward(
+         dy, x), (0,)),
+    ("adaptive pool grad, global", describe("adaptive_avg_pool_backward"),
+     [(2, 3, 1, 1), (2, 3, 5, 4)], lambda dy, x: torch.ops.aten._adaptive_avg_pool2d_backward(
+         dy, x), (0,)),
+    ("upsample nearest 3->7", describe("upsample", out_size=(7, 12)), [(2, 3, 3, 6)],
+     lambda x: F.interpolate(x, size=(7, 12), mode="nearest"), (0,)),
+    ("upsample nearest grad", describe("upsample_nearest_backward", in_size=(4, 3)),
+     [(2, 3, 8, 7)], lambda dy: torch.ops.aten.upsample_nearest2d_backward(
+         dy, [8, 7], [2, 3, 4, 3], None, None), (0,)),
     ("upsample bilinear", describe("upsample", out_size=(8, 12), mode="bilinear"),
      [(2, 3, 4, 6)], lambda x: F.interpolate(x, size=(8, 12), mode="bilinear"), (0,)),
     ("linear", describe("linear"), [(3, 5, 7), (4, 7), (4,)], F.linear, (0, 1, 2)),

@@ -315,15 +315,42 @@ def slice_backward(dim: int = 0, start: int = 0, stop: int = 1, size: int = 1,
 
 @register("adaptive_avg_pool_backward")
 def adaptive_avg_pool_backward():
-    """``dx[n, c, *y] = dout[n, c, ⌊y·O/S⌋] / bin size`` (each input element is in one bin
-    when S is a multiple of O, as for global pooling)."""
+    """``dx[n, c, *y] = Σ_o dout[n, c, *o] / |bin o|`` over the output bins that contain ``y``:
+    bin ``o`` spans ``⌊o·S/O⌋ ≤ y < ⌈(o + 1)·S/O⌉``, so ``⌊y·O/S⌋ ≤ o ≤ ⌈(y + 1)·O/S⌉ − 1``
+    (one bin when S is a multiple of O; several when bins overlap or O > S, as AlexNet's
+    6×6 pool of a small image)."""
     def fn(dout, x):
+        nsp = len(x.shape) - 2
+        names = tuple("o" + s for s in ("z", "y", "x")[3 - nsp:])
+        S, O = x.shape[2:], dout.shape[2:]
+
         def out(n, c, *ys):
-            pos = tuple((y * dout.shape[2 + i]) // x.shape[2 + i] if dout.shape[2 + i] > 1
-                        else 0 * y for i, y in enumerate(ys))
-            return Opaque("scale", dout[(n, c) + pos])
+            ext = {w: ((y * o) // s, ((y + 1) * o + s - 1) // s - 1)
+                   for w, y, s, o in zip(names, ys, S, O)}
+            return reduce_over("sum", names, lambda *os_: dout[(n, c) + os_]
+                               * Opaque("inverse_bin_size", *os_), ext)
         return out
     return Op("adaptive_avg_pool_backward", fn, out_shape=lambda dout, x: x)
+
+
+@register("upsample_nearest_backward")
+def upsample_nearest_backward(in_size=(1, 1)):
+    """``dx[n, c, *i] = Σ dy[n, c, *o]`` over the outputs nearest upsampling copied from ``i``:
+    ``⌊o·I/O⌋ = i``, i.e. ``⌈i·O/I⌉ ≤ o ≤ ⌈(i + 1)·O/I⌉ − 1`` on each spatial axis."""
+    isz = tuple(int(v) for v in in_size)
+    nsp = len(isz)
+    names = tuple("o" + s for s in ("z", "y", "x")[3 - nsp:])
+
+    def fn(dy):
+        osz = dy.shape[2:]
+
+        def out(n, c, *idx):
+            ext = {w: ((i * O + I - 1) // I, ((i + 1) * O + I - 1) // I - 1)
+                   for w, i, I, O in zip(names, idx, isz, osz)}
+            return reduce_over("sum", names, lambda *os_: dy[(n, c) + os_], ext)
+        return out
+    return Op("upsample_nearest_backward", fn,
+              out_shape=lambda dy: tuple(dy[:2]) + isz, attrs={"in_size": isz})
 
 
 @register("reduce_leading")
@@ -689,6 +716,18 @@ def describe_op(op, g) -> Described | None:
         raise UnsupportedOp(" ".join(msg.split())) from None
 
 
+def _nearest_scales(op, in_size, out_size, scales) -> None:
+    """Nearest upsampling reads ``⌊o / scale⌋`` when a scale factor is given, ``⌊o·I/O⌋``
+    otherwise: the two agree (and the description holds) when each scale is ``O / I``."""
+    flat = [v for s in scales for v in (s if isinstance(s, (list, tuple)) else [s])]
+    if len(flat) == 1 and len(in_size) > 1:
+        flat = flat * len(in_size)
+    for s, i, o in zip(flat, in_size, out_size):
+        if s is not None and float(s) * i != o:
+            raise UnsupportedOp(f"op {op.name}: aten.{op.target} with scale factor {s} for "
+                                f"{i} -> {o} elements (not {o}/{i}) has no TDL description")
+
+
 def _describe(op, g) -> Described | None:
     t = op.target
     base = t[:-1] if t.endswith("_") and not t.startswith("_") else t
@@ -987,6 +1026,14 @@ def _describe(op, g) -> Described | None:
         desc = describe("flash_attention_backward", causal=causal, mask=mask is not None,
                         part=("dq", "dk", "dv")[op.index])
         return ins(desc, list(a[:6]) + ([mask] if mask else []))
+    if base in ("upsample_nearest1d", "upsample_nearest2d", "upsample_nearest3d"):
+        _nearest_scales(op, shp[a[0]][2:], out_shape[2:], a[2:])
+        return ins(describe("upsample", out_size=tuple(out_shape[2:])), [a[0]])
+    if base in ("upsample_nearest1d_backward", "upsample_nearest2d_backward",
+                "upsample_nearest3d_backward"):
+        isz = tuple(int(v) for v in a[2])[2:]
+        _nearest_scales(op, isz, tuple(int(v) for v in a[1]), a[3:])
+        return ins(describe("upsample_nearest_backward", in_size=isz), [a[0]])
     if base == "threshold_backward":
         return ins(describe("relu_backward"), [a[0], a[1]])
     if base in ELEMENTWISE_FNS:
