@@ -281,26 +281,6 @@ def test_tofu_and_baseline_plans_run_tile_local_on_2_and_4_workers(spec, batch, 
     assert len(r["measured_peak_memory_bytes"]) == k
 
 
-#: example models whose Tofu plan runs here; the transformer-style examples (transformer, gpt2,
-#: bert, llama, vit) trace another graph on the meta device the search builds on than on the
-#: workers' CPU (attention kernels), so their runs are refused before any step (the tests use
-#: ``_tofu_models``' CPU-built versions: tests/test_tofu_runtime.py); unet has no description
-#: for upsample_nearest2d
-EXAMPLES = ["lenet5", "alexnet", "vgg16", "inception_v3", "resnet50", "densenet", "seq2seq",
-            "holography", "mobilenet_v2"]
-
-
-@pytest.mark.parametrize("name", EXAMPLES)
-def test_every_example_model_s_tofu_plan_runs_against_the_reference(name):
-    from test_example_models import SMALL
-    _, doc = _doc(name, 2, SMALL[name], 2)
-    r = run_document(doc, steps=1, timeout_s=900)
-    assert r["reference_ok"], (r["max_rel_error"], r["reference"]["worst_param"])
-    assert r["measured_comm_bytes"] == pytest.approx(r["predicted_comm_bytes"])
-    # the ops still computed on full buffers are listed with a reason
-    assert set(r["fallback_reasons"]) == set(r["fallback_ops"])
-
-
 def test_a_model_that_does_not_fit_one_worker_trains_across_2_and_4():
     """A limit below one worker's peak for the step: split over 2 and then 4 workers every
     worker stays under it while three training steps match the reference."""

@@ -1,0 +1,106 @@
+"""Every built-in example model's Tofu plan and its baselines' (allrow-greedy, equalchop,
+icml18) run on 2 and 4 gloo workers against the float64 single-device step, and the bytes the
+workers move equal the plan's prediction.
+
+Plans are searched here and saved as documents; the runtime executes the documents and never
+searches.  The plans of one worker count run in one launch
+(:func:`explorer.engine.runtime.run.run_tofu_documents`: the processes start once, each model
+is built once); when that launch fails, each plan runs alone so the failing test names its
+model, method and worker count.  The models are at small sizes (``SIZES``).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import example_models
+from explorer.engine.devices import preset
+from explorer.engine.runtime.run import run_tofu_documents
+from explorer.engine.search import Problem, run
+
+#: the example models at sizes that run on 2 cores in seconds (arguments as ``-a KEY=VALUE``)
+SIZES = {
+    "lenet5": {},
+    "alexnet": {"image_size": 63, "num_classes": 10, "fc": 32},
+    "vgg16": {"image_size": 32, "num_classes": 10, "fc": 32},
+    "inception_v3": {"image_size": 75, "num_classes": 10},
+    "resnet50": {"image_size": 32, "num_classes": 10},
+    "wresnet": {"depth": 50, "width": 1, "image_size": 32, "num_classes": 10},
+    "mlp": {"hidden": 16, "layers": 1},
+    "lstm": {"hidden": 16, "steps": 2, "layers": 1},
+    "transformer": {"layers": 1, "seq": 8, "hidden": 16, "heads": 2, "vocab": 20},
+    "densenet": {"block": 2, "blocks": 2, "growth": 4, "image_size": 16, "num_classes": 10},
+    "unet": {"depth": 2, "base": 4, "image_size": 16, "num_classes": 3},
+    "seq2seq": {"layers": 1, "hidden": 16, "src_steps": 2, "tgt_steps": 2, "vocab": 20},
+    "holography": {"layers": 3, "filters": 4, "res": 8},
+    "gpt2": {"layers": 1, "hidden": 16, "heads": 2, "seq_len": 8, "vocab": 20},
+    "bert": {"layers": 1, "hidden": 16, "heads": 2, "seq_len": 8, "vocab": 20, "num_classes": 3},
+    "llama": {"layers": 1, "hidden": 16, "heads": 2, "intermediate": 24, "seq_len": 8,
+              "vocab": 20},
+    "vit": {"image_size": 16, "patch": 8, "layers": 1, "hidden": 16, "heads": 2, "mlp": 32,
+            "num_classes": 10},
+    "mobilenet_v2": {"width": 0.25, "image_size": 32, "num_classes": 10},
+}
+ALGOS = ["tofu", "allrow-greedy", "equalchop", "icml18"]
+WORKERS = [2, 4]
+BATCH = 2
+CASES = [(m, a, k) for k in WORKERS for m in SIZES for a in ALGOS]
+
+
+def test_every_example_model_is_sized_here():
+    assert set(SIZES) == set(example_models.MODELS)
+
+
+def _doc(name, algo, k) -> dict:
+    """The saved plan (what `explorer search NAME --algo ALGO --devices K --out` writes)."""
+    return run(algo, Problem(preset("local", k), name, BATCH, dict(SIZES[name]))).document()
+
+
+def _run(docs) -> list:
+    return run_tofu_documents(docs, steps=1, timeout_s=1800)
+
+
+@pytest.fixture(scope="module")
+def runs(request):
+    """(model, algo, workers) -> the run's result, or the exception that stopped it; only the
+    cases this session selected are run."""
+    wanted = {tuple(it.callspec.params[p] for p in ("name", "algo", "workers"))
+              for it in request.session.items
+              if getattr(it, "originalname", "") == "test_example_plan_runs_as_predicted"}
+    out: dict = {}
+    for k in WORKERS:
+        docs = {}
+        for case in (c for c in CASES if c in wanted and c[2] == k):
+            try:
+                docs[case] = _doc(*case)
+            except Exception as exc:  # noqa: BLE001 - reported by the case's test
+                out[case] = exc
+        if not docs:
+            continue
+        try:
+            out.update(zip(docs, _run(list(docs.values()))))
+        except Exception:  # noqa: BLE001 - run each alone: the failure names its plan
+            for case, doc in docs.items():
+                try:
+                    out[case] = _run([doc])[0]
+                except Exception as exc:  # noqa: BLE001
+                    out[case] = exc
+    return out
+
+
+@pytest.mark.parametrize("name,algo,workers", CASES,
+                         ids=[f"{m}-{a}-{k}" for m, a, k in CASES])
+def test_example_plan_runs_as_predicted(runs, name, algo, workers):
+    r = runs[(name, algo, workers)]
+    if isinstance(r, BaseException):
+        raise r
+    assert r["algo"] == algo and r["devices"] == workers and r["workers"] == workers
+    # the loss and every updated parameter against the float64 single-device step
+    assert r["reference_ok"], (r["max_rel_error"], r["reference"].get("worst_param"))
+    assert r["max_rel_error"] < 1e-9, r["reference"].get("worst_param")
+    assert r["reference"]["params_compared"] > 0 and not r["reference"]["problems"]
+    # every byte the workers exchanged in the step is one the plan's cost accounting predicted
+    assert r["measured_comm_bytes"] == pytest.approx(r["predicted_comm_bytes"], rel=1e-12)
+    assert r["predicted_comm_bytes"] > 0
+    # the operators still computed on full-size buffers are listed with a reason
+    assert set(r["fallback_reasons"]) == set(r["fallback_ops"])
