@@ -3,9 +3,10 @@ descriptions, its runtime, Celeritas and METIS): each function returns ``(module
 and is also a ``file.py:function`` model spec.  Hugging Face models are built from their
 config classes (no weights downloaded) and wrapped to return a tensor.
 
-Every model is built on the CPU even inside the importer's meta-device build: on meta
-tensors ``scaled_dot_product_attention`` takes its decomposed math path, on the CPU the
-fused kernel, so a search and the runtime's workers would trace different graphs."""
+Every model is built on the CPU even inside the importer's meta-device build: some make
+CPU tensors inside ``forward`` (``torch.ones`` masks, a Hugging Face cache or position ids),
+which do not mix with meta parameters.  (Attention no longer needs it: every trace takes
+``scaled_dot_product_attention``'s math path, :func:`explorer.engine.opgraph.trace_step`.)"""
 
 from __future__ import annotations
 

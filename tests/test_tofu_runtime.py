@@ -193,8 +193,8 @@ def test_a_tofu_plan_for_other_devices_or_model_is_refused_before_launch(tmp_pat
 
 @pytest.mark.parametrize("fn,args", [("gpt2", {"dropout": 0.0, "cache": False}), ("vit", {})])
 def test_tofu_plans_of_today_s_models_match_one_device(fn, args):
-    """A Hugging Face GPT-2 (attention masks from tril/where, tied embeddings) and a ViT (class token, nn.MultiheadAttention's fused
-    attention kernel, GELU, LayerNorm) run under their Tofu plans on 2 workers."""
+    """A Hugging Face GPT-2 (attention masks from tril/where, tied embeddings) and a ViT (class
+    token, nn.MultiheadAttention, GELU, LayerNorm) run under their Tofu plans on 2 workers."""
     from pathlib import Path
     if fn == "gpt2":
         pytest.importorskip("transformers")

@@ -614,9 +614,7 @@ def opgraph_digest(g: OpGraph) -> str:
 def runnable(gm, device: str = "cpu"):
     """A copy of a traced step (:func:`build_opgraph` traces on the meta device) whose
     tensor-creating calls name ``device`` instead of ``meta``, so the very graph a plan was
-    made on runs on real tensors (the placement runtime, per-operator profiling).  A trace
-    on real tensors may differ: on the meta device ``scaled_dot_product_attention`` is traced
-    as its math decomposition, on the CPU as one fused call."""
+    made on runs on real tensors (the placement runtime, per-operator profiling)."""
     import torch
     graph = torch.fx.Graph()
     graph.output(graph.graph_copy(gm.graph, {}))
