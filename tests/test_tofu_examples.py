@@ -97,7 +97,9 @@ def test_example_plan_runs_as_predicted(runs, name, algo, workers):
     assert r["algo"] == algo and r["devices"] == workers and r["workers"] == workers
     # the loss and every updated parameter against the float64 single-device step
     assert r["reference_ok"], (r["max_rel_error"], r["reference"].get("worst_param"))
-    assert r["max_rel_error"] < 1e-9, r["reference"].get("worst_param")
+    # float64: a wrong region or reduction errs by O(1); rounding stays far below 1e-6 (BatchNorm
+    # over two values, as ResNet's last stage at this size, amplifies it to ~1e-8)
+    assert r["max_rel_error"] < 1e-6, r["reference"].get("worst_param")
     assert r["reference"]["params_compared"] > 0 and not r["reference"]["problems"]
     # every byte the workers exchanged in the step is one the plan's cost accounting predicted
     assert r["measured_comm_bytes"] == pytest.approx(r["predicted_comm_bytes"], rel=1e-12)

@@ -38,6 +38,31 @@ def _rows(box_rows, shape, axis=2):
     return box
 
 
+def test_nearest_upsampling_and_its_gradient_run_on_row_tiles():
+    """U-Net's 2x nearest upsampling: output rows from the input rows they repeat, and the
+    input rows' gradient from exactly the output rows that repeat them."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 5, 4, dtype=torch.float64)
+    y = aten.upsample_nearest2d(x, [10, 8], 2.0, 2.0)
+    go = torch.randn_like(y)
+    gx = aten.upsample_nearest2d_backward(go, [10, 8], list(x.shape), 2.0, 2.0)
+    for lo, hi in [(0, 3), (3, 8), (8, 10)]:
+        a, z = lo // 2, (hi - 1) // 2 + 1
+        xt = x[:, :, a:z].clone()
+        got = tiles.compute("upsample_nearest2d", aten.upsample_nearest2d,
+                            (xt, [10, 8], 2.0, 2.0), {}, 0,
+                            _tiles([(xt, _rows((a, z), x.shape), x.shape)]),
+                            _rows((lo, hi), y.shape), y.shape)
+        assert torch.equal(got, y[:, :, lo:hi]), (lo, hi)
+    for lo, hi in [(0, 2), (2, 5)]:
+        gt = go[:, :, 2 * lo:2 * hi].clone()
+        got = tiles.compute("upsample_nearest2d_backward", aten.upsample_nearest2d_backward,
+                            (gt, [10, 8], list(x.shape), 2.0, 2.0), {}, 0,
+                            _tiles([(gt, _rows((2 * lo, 2 * hi), y.shape), y.shape)]),
+                            _rows((lo, hi), x.shape), x.shape)
+        assert torch.allclose(got, gx[:, :, lo:hi], atol=1e-12), (lo, hi)
+
+
 def test_convolution_and_its_backward_run_on_tiles_with_halos():
     """Output rows of a strided, dilated, padded convolution from the input rows of their
     window only (padding at the true border), and both gradients from tiles, equal the

@@ -454,6 +454,49 @@ def _adaptive_pool_backward(target, fn, args, kwargs, index, tile_of, out_box, o
     return fn(go, like)
 
 
+def _nearest_axes(box, shape, out_box, out_shape):
+    """Spatial axes of a nearest upsampling with a whole ratio ``r = O / I`` (output ``o``
+    reads input ``o // r``), the tile's batch and channel extents those of ``out_box``."""
+    if box is None or any(int(box[a, 0]) != int(out_box[a, 0]) or
+                          int(box[a, 1]) != int(out_box[a, 1]) for a in (0, 1)):
+        raise Fallback("nearest upsampling: the batch / channel blocks differ")
+    ratios = []
+    for a in range(2, len(shape)):
+        if out_shape[a] % shape[a]:
+            raise Fallback("nearest upsampling by a fractional ratio")
+        ratios.append(out_shape[a] // shape[a])
+    return ratios
+
+
+def _upsample_nearest(target, fn, args, kwargs, index, tile_of, out_box, out_shape):
+    """Nearest upsampling of a tile: each output position repeats input ``o // r``."""
+    x = args[0]
+    box, shape = tile_of(x)
+    ratios = _nearest_axes(box, shape, out_box, out_shape)
+    for a, r in enumerate(ratios, start=2):
+        o = torch.arange(int(out_box[a, 0]), int(out_box[a, 1]))
+        x = x.index_select(a, o // r - int(box[a, 0]))
+    return x
+
+
+def _upsample_nearest_backward(target, fn, args, kwargs, index, tile_of, out_box, out_shape):
+    """Its gradient on a tile of ``dy``: each input position sums the ``r`` outputs that
+    repeat it (the region is exactly those outputs)."""
+    dy = args[0]
+    box, shape = tile_of(dy)
+    ratios = _nearest_axes(box, out_shape, out_box, shape)
+    for a, r in enumerate(ratios, start=2):
+        o = torch.arange(int(box[a, 0]), int(box[a, 1]))
+        dst = o // r - int(out_box[a, 0])
+        n = int(out_box[a, 1] - out_box[a, 0])
+        if dst.numel() and (int(dst.min()) < 0 or int(dst.max()) >= n):
+            raise Fallback(f"aten.{target}: the region is not the box's outputs")
+        size = list(dy.shape)
+        size[a] = n
+        dy = dy.new_zeros(size).index_add_(a, dst, dy)
+    return dy
+
+
 def _embedding(target, fn, args, kwargs, index, tile_of, out_box, out_shape):
     w, idx = args[0], args[1]
     wbox, wshape = tile_of(w)
@@ -498,6 +541,8 @@ def _stack(target, fn, args, kwargs, index, tile_of, out_box, out_shape):
 _RULES = {"_adaptive_avg_pool2d": _adaptive_pool, "adaptive_avg_pool2d": _adaptive_pool,
           "_adaptive_avg_pool2d_backward": _adaptive_pool_backward,
           "native_batch_norm": _bn, "native_batch_norm_backward": _bn_backward,
+          "upsample_nearest2d": _upsample_nearest,
+          "upsample_nearest2d_backward": _upsample_nearest_backward,
           "avg_pool2d": _avg_pool,
           "avg_pool2d_backward": _avg_pool_backward, "embedding": _embedding,
           "embedding_dense_backward": _embedding_backward,
