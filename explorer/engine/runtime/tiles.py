@@ -37,7 +37,7 @@ GENERIC = {
     "elu_backward", "erf", "sin", "cos", "reciprocal", "square", "maximum", "minimum", "eq",
     "ne", "gt", "lt", "ge", "le", "logical_not", "masked_fill", "_to_copy", "clone", "copy",
     "copy_", "fill", "fill_", "ones_like", "zeros_like", "full_like", "empty_like",
-    "_log_softmax", "_softmax", "_log_softmax_backward_data", "_softmax_backward_data", "t",
+    "_log_softmax", "_softmax", "_safe_softmax", "_log_softmax_backward_data", "_softmax_backward_data", "t",
     "transpose", "permute", "unsqueeze", "squeeze", "mm", "bmm", "addmm", "baddbmm",
     "matmul", "sum", "amax", "amin", "native_layer_norm", "native_layer_norm_backward",
     "native_batch_norm", "native_batch_norm_backward", "hardswish", "hardswish_backward",
@@ -46,7 +46,7 @@ GENERIC = {
 #: of those, the ones whose result may cover the first input's whole region and is then cut
 #: to the output box (a normalisation reads whole rows / channels for its statistics)
 CROP = {"native_layer_norm", "native_layer_norm_backward", "native_batch_norm",
-        "native_batch_norm_backward", "_softmax", "_log_softmax",
+        "native_batch_norm_backward", "_softmax", "_safe_softmax", "_log_softmax",
         "_softmax_backward_data", "_log_softmax_backward_data"}
 #: of those, the ones that take ``None`` for an input the description does not read (the
 #: running statistics of a batch norm in training, its weight for the weight's gradient)
