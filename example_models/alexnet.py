@@ -4,8 +4,8 @@ Deep Convolutional Neural Networks").
 Same layer shapes as torchvision's ``alexnet``, which follows the single-tower
 variant of Krizhevsky 2014 ("One weird trick for parallelizing convolutional
 neural networks"): 5 convs (64-192-384-256-256) with ReLU and 3 max pools,
-AdaptiveAvgPool2d((6, 6)), then dropout + fc 4096-4096-num_classes (``fc``: the hidden width). The large
-fully-connected layers make it the textbook case for mixing data parallelism
+AdaptiveAvgPool2d((6, 6)), then dropout + fc 4096-4096-num_classes (``fc``: the hidden
+width). The large fully-connected layers make it the textbook case for mixing data parallelism
 (convs) with model parallelism (fcs).
 """
 

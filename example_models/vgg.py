@@ -60,4 +60,5 @@ def build_vgg16(batch: int, *, num_classes: int = 1000, image_size: int = 224, f
         raise ValueError(f"vgg16: num_classes must be >= 1, got {num_classes}")
     if fc < 1:
         raise ValueError(f"vgg16: fc must be >= 1, got {fc}")
-    return VGG(CFG_D, num_classes=num_classes, fc=fc), torch.randn(batch, 3, image_size, image_size)
+    x = torch.randn(batch, 3, image_size, image_size)
+    return VGG(CFG_D, num_classes=num_classes, fc=fc), x
