@@ -37,8 +37,8 @@ CREATE INDEX IF NOT EXISTS plans_digest ON plans (digest);
 """
 
 # keys that are not part of a plan's identity (bookkeeping added by the app or timings)
-_VOLATILE = ("trace", "history_id", "search_time_s", "request", "info", "checksum", "version",
-             "previous")
+_VOLATILE = ("trace", "trace_ref", "history_id", "search_time_s", "request", "info", "checksum",
+             "version", "previous")
 
 
 def digest(plan: dict) -> str:
