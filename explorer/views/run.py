@@ -22,6 +22,10 @@ from .controls import context, job_controls, running
 from .figures import run as F
 
 
+#: what the page says once Cancel stopped a calibration (the shown plan and costs stay)
+CANCELLED = ("calibration cancelled: its worker processes were stopped; the plan and the "
+             "costs shown are unchanged")
+
 #: the figures stay hidden until there is a run to draw (no empty axes)
 HIDDEN = {"display": "none"}
 
@@ -229,3 +233,11 @@ def register(app: dash.Dash) -> None:
             return *nothing, f"calibration failed: {type(exc).__name__}: {exc}"
         request = state.request_doc(session.Request.from_dict(plan["request"]))
         return plan, request, *M.form_update(request), ""
+
+    @app.callback(Output(ids.CALIB_STATUS, "children", allow_duplicate=True),
+                  Output(ids.CALIB_ERROR, "children", allow_duplicate=True),
+                  Input(ids.CALIB_CANCEL, "n_clicks"), prevent_initial_call=True)
+    def calibration_cancelled(_n):
+        # Dash stops the job's process and every process it started (the workers)
+        return CANCELLED, ""
+
