@@ -441,6 +441,7 @@ def register(app: dash.Dash) -> None:
         Input(ids.PLANS_REFRESH, "n_clicks"),
         Input(ids.STORE_PLAN, "data"), Input(ids.STORE_TOFU, "data"),
         Input(ids.STORE_PLACEMENT, "data"), Input(ids.TABS, "value"),
+        prevent_initial_call=True,                 # the page never opens on the Plans tab
     )
     def _on_plan_or_refresh(_clicks, plan, tofu_doc, placement_doc, tab):
         # save (a no-op if _autosave already did) and list - only while the Plans tab is

@@ -199,7 +199,8 @@ def register(app: dash.Dash) -> None:
         return run_panel(res, plan)
 
     @app.callback(Output(ids.RUN_HISTORY, "rowData"), Input(ids.TABS, "value"),
-                  Input(ids.STORE_RUN, "data"), Input(ids.STORE_PLAN, "data"))
+                  Input(ids.STORE_RUN, "data"), Input(ids.STORE_PLAN, "data"),
+                  prevent_initial_call=True)     # the page never opens on the Run tab
     def show_history(tab, _res, plan):
         return run_history(plan, tab)
 
