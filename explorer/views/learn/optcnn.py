@@ -373,8 +373,8 @@ def bytes_why(cmp: dict) -> dict | None:
             + (f" for {fmt_bytes(l['bytes'] - o['bytes'])} more." if more else "."))
     if more:
         text.append("The paper's Figure 8 (layer-wise 1.2–2.5× fewer bytes than OWT) measured "
-                    "its own runtime's transfers; under our count its Table 5 plan moves more "
-                    "than OWT too (below, for VGG-16).")
+                    "its own runtime's transfers; under our count its own Table 5 plan moves "
+                    "more than OWT too (with VGG-16: the Table 5 tables of this tab).")
     return {"more": more, "text": text}
 
 
