@@ -19,6 +19,7 @@ Every step is kept in the trace for the UI to replay.
 
 from __future__ import annotations
 
+import heapq
 import math
 import time
 
@@ -76,6 +77,29 @@ def solve(tables: CostTables):
     alive = set(names)
     trace: list = []
     undo: list = []
+    # the layers whose edges changed since they were last found not eliminable, in graph
+    # order (one heap per kind of elimination): each step takes the first eliminable layer
+    # in graph order, as a scan of every layer would, without rescanning the graph
+    node_heap = [(order[n], n) for n in names]
+    edge_heap = list(node_heap)
+    queued = {"node": set(names), "edge": set(names)}
+
+    def touch(*ns):
+        """Layers whose in- or out-edges changed: eliminable again, perhaps."""
+        for n in ns:
+            if n in alive:
+                for kind, heap in (("node", node_heap), ("edge", edge_heap)):
+                    if n not in queued[kind]:
+                        queued[kind].add(n)
+                        heapq.heappush(heap, (order[n], n))
+
+    def pending(kind, heap):
+        """The queued layers in graph order (each leaves the queue as it is looked at)."""
+        while heap:
+            _, n = heapq.heappop(heap)
+            queued[kind].discard(n)
+            if n in alive:
+                yield n
 
     def label(n, c):
         return tables.candidates[n][int(c)].label()
@@ -98,15 +122,17 @@ def solve(tables: CostTables):
         outs[u].add(eid)
         ins[v].add(eid)
         eid += 1
+        touch(u, v)
         return eid - 1
 
     def drop_edge(k):
         u, v, _, _ = edges.pop(k)
         outs[u].discard(k)
         ins[v].discard(k)
+        touch(u, v)
 
     def node_elimination():
-        for j in sorted(alive, key=order.get):
+        for j in pending("node", node_heap):
             if len(ins[j]) == 1 and len(outs[j]) == 1:
                 (k1,), (k2,) = tuple(ins[j]), tuple(outs[j])
                 i, _, a, la = edges[k1]
@@ -129,7 +155,7 @@ def solve(tables: CostTables):
         return False
 
     def edge_elimination():
-        for u in sorted(alive, key=order.get):
+        for u in pending("edge", edge_heap):
             seen: dict = {}
             for k in sorted(outs[u]):
                 v = edges[k][1]
