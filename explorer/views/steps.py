@@ -9,7 +9,8 @@ undo, equation 3 for an edge elimination, equation 1 for the final graph.  The s
 steps from 1, as the text does.  The graph panel draws the highlight from ``STORE_STEP`` (a
 0-based trace index), which holds a step only while this tab is shown: the faded elimination
 view never stays on the graph under another tab; a step inside a collapsed module group opens
-that group (``STORE_EXPANDED``).
+that group (``STORE_EXPANDED``).  The trace stays on the server (2 MB for 2,000 layers): the
+plan holds its ``trace_ref`` and each step shown is fetched (:func:`explorer.service.trace_of`).
 """
 
 from __future__ import annotations
