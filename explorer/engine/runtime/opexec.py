@@ -367,7 +367,6 @@ class _Worker:
                 continue
             for o in by_node.get(n.name, []):
                 info = self.x["ops"].get(o.name)
-                ten = g.tensors[o.output]
                 if info is None:          # a source or scalar bookkeeping: computed everywhere
                     full = {t: self.whole(t) for t in o.inputs}
                     res = call(n, o, full)
@@ -379,35 +378,42 @@ class _Worker:
                     else:
                         self.hold(o.output, _full(res) if torch.is_tensor(res) else None, res)
                     continue
-                fill = float("-inf") if info["reducer"] == "max" else 0.0
-                bufs = {}
-                for t, need in info["needs"].items():
-                    b = self.fetch(t, need, fill)
-                    if b is not None and t in info["zero"] and info["zero"][t][self.rank]:
-                        b = torch.zeros_like(b)
-                    bufs[t] = b
-                    if b is not None:
-                        shape_of[id(b)] = (need[self.rank], g.tensors[t].shape)
-                for t in o.inputs:
-                    bufs.setdefault(t, None)
-                out_box = info["out"][self.rank]
-                res = None
-                if _inter(out_box, out_box) is not None:
-                    t0, c0 = time.perf_counter(), time.thread_time()
-                    res = self.compute(n, o, bufs, sub, out_box, ten, fill, shape_of)
-                    self.compute_s += time.perf_counter() - t0
-                    self.compute_cpu_s += time.thread_time() - c0
-                self.in_flight(list(bufs.values()) + [res])
-                val = self.distribute(o.output, res, info["out"], info["reducer"])
-                self.in_flight(list(bufs.values()) + [res, val])
-                self.hold(o.output, self.x["held"][o.output][self.rank], val)
-                for t in bufs:
-                    shape_of.pop(id(bufs[t]), None)
-                del bufs, res, val
+                self.hold(o.output, self.x["held"][o.output][self.rank],
+                          self.run_op(n, o, info, sub, shape_of))
             for t in last.get(n.name, ()):
                 if t not in keep:
                     self.drop(t)
         return {t: v for t, (_, v) in self.tiles.items()}
+
+    def run_op(self, n, o, info, sub, shape_of):
+        """Operator ``o`` (fx node ``n``, layout entry ``info``) on this worker: fetch its
+        input regions, compute its output box on them, send and combine; returns the tile
+        this worker holds of its output."""
+        g = self.g
+        fill = float("-inf") if info["reducer"] == "max" else 0.0
+        bufs = {}
+        for t, need in info["needs"].items():
+            b = self.fetch(t, need, fill)
+            if b is not None and t in info["zero"] and info["zero"][t][self.rank]:
+                b = torch.zeros_like(b)
+            bufs[t] = b
+            if b is not None:
+                shape_of[id(b)] = (need[self.rank], g.tensors[t].shape)
+        for t in o.inputs:
+            bufs.setdefault(t, None)
+        out_box = info["out"][self.rank]
+        res = None
+        if _inter(out_box, out_box) is not None:
+            t0, c0 = time.perf_counter(), time.thread_time()
+            res = self.compute(n, o, bufs, sub, out_box, g.tensors[o.output], fill, shape_of)
+            self.compute_s += time.perf_counter() - t0
+            self.compute_cpu_s += time.thread_time() - c0
+        self.in_flight(list(bufs.values()) + [res])
+        val = self.distribute(o.output, res, info["out"], info["reducer"])
+        self.in_flight(list(bufs.values()) + [res, val])
+        for t in bufs:
+            shape_of.pop(id(bufs[t]), None)
+        return val
 
     def compute(self, n, o, bufs, sub, out_box, ten, fill, shape_of):
         """Operator ``o``'s output tile on region tiles (:mod:`.tiles`); an op without a tile

@@ -247,7 +247,9 @@ def tofu_prediction(doc: dict, g, xplan: dict, dtype: str, progress=None) -> dic
         dev = local(n)
         if dev.meta.get("calibrated"):
             from .shardtime import predict_step
-            return predict_step(g, xplan, comm, dtype, dev.devices[0].kind, progress=progress)
+            lat = float(dev.latency[0, 1]) if n > 1 else 0.0
+            return predict_step(g, xplan, comm, lat, dtype, dev.devices[0].kind,
+                                progress=progress)
         why = "roofline at the local preset's default rates (not calibrated)"
     else:
         why = f"roofline of the {doc.get('preset') or '?'} preset's devices, not this machine"

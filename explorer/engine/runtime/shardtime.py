@@ -1,20 +1,23 @@
-"""Measured compute of an operator-level plan: every operator timed at its shard shapes, the
-way a worker computes it.
+"""Measured compute of an operator-level plan: every operator rehearsed at its shard shapes,
+the way a worker runs it.
 
-A Tofu worker computes each operator on the region tiles the plan gives it
-(:meth:`.opexec._Worker.compute`, :mod:`.tiles`), in lockstep with the others: an operator's
-step lasts as long as its slowest worker's shard.  :func:`shard_seconds` builds, for every
-operator and worker, random tensors of exactly the region shapes that worker fetches (integer
-tensors zero: valid indices), and times that same ``compute`` call - tile rule, halo padding,
-a fallback on full-size buffers - in the timed steps' dtype, one thread, under the run's
-deterministic numerics; the median of ``reps`` runs after ``warmup``, on this thread's CPU
+A Tofu worker runs each operator as :meth:`.opexec._Worker.run_op`: it assembles the input
+regions the plan gives it (its own tile, pieces from peers), computes the output box on them
+(:mod:`.tiles`: tile rule, halo padding, or a fallback on full-size buffers) and combines
+what it sends and receives - in lockstep with the others, so an operator's step lasts as long
+as its slowest worker's.  :func:`shard_seconds` rehearses exactly that call for every
+operator and worker in this process: the worker's tiles are random tensors of its boxes
+(integer tensors zero: valid indices), the wire is left out (a peer's piece is a fresh
+buffer of its shape, a collective keeps its local part) - the plan's communication time
+covers it - and the rest is timed in the timed steps' dtype, one thread, under the run's
+deterministic numerics; the median of ``reps`` runs after ``warmup`` on this thread's CPU
 clock (as :func:`explorer.engine.profile.step_op_times`: a busy shared machine does not
 charge an operator for other processes' time).  Times are cached in the profile database per
-(operator call, shard shapes, dtype) (:func:`explorer.engine.profile.shard_cache`), so equal
-shards - the layers of a stage, the workers of a batch split - and the next run cost nothing.
+(operator call, the op's boxes on every worker, worker, dtype)
+(:func:`explorer.engine.profile.shard_cache`), so equal layers and the next run cost nothing.
 
-:func:`predict_step` adds them up: ``Σ_ops max_w t[op, w]`` (lockstep) plus the plan's
-communication time.
+:func:`predict_step` adds them up: ``Σ_ops max_w t[op, w]`` (lockstep), the plan's
+communication time, and one link latency per operator whose workers exchange anything.
 """
 
 from __future__ import annotations
@@ -27,177 +30,196 @@ import numpy as np
 import torch
 
 from .. import profile
-from . import tiles
-from .opexec import _Worker, _extent, substitute
+from .opexec import _Worker, _extent, _pattern, substitute
 
 __all__ = ["shard_seconds", "predict_step"]
 
-#: ops whose cost depends on where the tile sits (padding only at the tensor's border)
-_WINDOW = {"convolution", "convolution_backward", "max_pool2d_with_indices",
-           "max_pool2d_with_indices_backward", "avg_pool2d", "avg_pool2d_backward"}
+
+class _Rehearsal(_Worker):
+    """A worker without peers (see the module): ``exchanges`` counts the calls that would
+    have moved something to or from it."""
+
+    def __init__(self, rank, world, g, xplan, groups, dtype):
+        super().__init__(rank, world, g, xplan, 0.0, groups)
+        self.float_dtype = dtype
+        self.exchanges = 0
+
+    def exchange(self, transfers, source):
+        got, mine = {}, False
+        for i, (src, dst, box, dtype) in enumerate(transfers):
+            if src == self.rank:
+                source(i, box).contiguous()
+                mine = True
+            elif dst == self.rank:
+                got[i] = torch.zeros(_extent(box), dtype=dtype)
+                mine = True
+        self.exchanges += mine
+        return got
+
+    def collective(self, coll, transfers, result, box, me):
+        _, axis, members = coll
+        self.exchanges += 1
+        if axis is None:
+            return result.contiguous().clone()
+        moved = result.movedim(axis, 0).contiguous()
+        return moved[:moved.shape[0] // len(members)].clone().movedim(0, axis).contiguous()
 
 
-def _region_key(box, shape, window: bool):
-    ext = list(_extent(box))
-    if not window:
-        return ext
-    return [ext, [int(a) == 0 for a, _ in np.asarray(box)],
-            [int(b) == int(s) for (_, b), s in zip(np.asarray(box), shape or (1,))]]
+def _groups(g, xplan, rank, world) -> dict:
+    """The collectives :func:`.opexec.make_groups` would make, as seen from ``rank``."""
+    out = {}
+    for o, info in xplan["ops"].items():
+        if info.get("reducer") != "sum" or o not in g.ops:
+            continue
+        t = g.ops[o].output
+        got = _pattern(info["out"], xplan["held"][t], world) if t in xplan["held"] else None
+        for members, axis in got or ():
+            if rank in members:
+                out[("op", t)] = (None, axis, members)
+    return out
 
 
-def _value_key(a, g, region, window):
+def _boxes(v) -> list:
+    return np.asarray(v).astype(int).tolist()
+
+
+def _arg_key(a, g):
     if isinstance(a, str) and a in g.tensors:
-        r = region.get(a)
         ten = g.tensors[a]
-        return ["T", ten.dtype] + ([None] if r is None else
-                                   [_region_key(r, ten.shape, window)])
+        return ["T", ten.dtype, list(ten.shape)]
     if isinstance(a, (list, tuple)):
-        return [_value_key(b, g, region, window) for b in a]
+        return [_arg_key(b, g) for b in a]
     if a is None or isinstance(a, (bool, int, float, str)):
         return a
     return str(a)
 
 
-def _signature(o, g, region, out_box, dtype, window) -> str:
-    return json.dumps([o.target, o.index, dtype,
-                       _value_key(list(o.args), g, region, window),
-                       [[k, _value_key(v, g, region, window)]
-                        for k, v in sorted(o.kwargs.items())],
-                       _region_key(out_box, g.tensors[o.output].shape, window)],
+def _signature(o, g, xplan, w, dtype) -> str:
+    """An op's rehearsal key: the call, its arguments, every worker's boxes, the worker."""
+    info = xplan["ops"].get(o.name)
+    geo = None
+    if info is not None:
+        geo = [info.get("reducer"),
+               [[t, _boxes(need), _boxes(xplan["held"][t]), list(map(bool, info["zero"].get(
+                   t, [])))] for t, need in sorted(info["needs"].items())],
+               _boxes(info["out"]), _boxes(xplan["held"].get(o.output, []))]
+        geo[1] = [[x[1], x[2], x[3]] for x in geo[1]]          # by position, not tensor id
+    return json.dumps([o.target, o.index, dtype, int(xplan["workers"]), w,
+                       _arg_key(list(o.args), g),
+                       [[k, _arg_key(v, g)] for k, v in sorted(o.kwargs.items())], geo],
                       separators=(",", ":"), default=str)
 
 
-def _tensor(ten, extent, dtype, zero, gen):
+def _random(ten, box, dtype, gen):
     dt = getattr(torch, ten.dtype, None)
+    ext = _extent(box)
     if not isinstance(dt, torch.dtype) or dt.is_floating_point:
-        if zero:
-            return torch.zeros(extent, dtype=dtype)
-        return torch.randn(extent, dtype=dtype, generator=gen)
-    return torch.zeros(extent, dtype=dt)
+        return torch.randn(ext, dtype=dtype, generator=gen)
+    return torch.zeros(ext, dtype=dt)
 
 
 def shard_seconds(g, xplan: dict, dtype: str = "float32", device_kind: str = "cpu",
                   cache_path=None, reps: int = 3, warmup: int = 1, progress=None):
-    """``(names, t, info)``: ``t[i, w]`` the seconds worker ``w`` computes step ``i`` of the
-    plan's operators (``names[i]``; 0 where it computes nothing), measured as the module says
-    (cached); ``info = {"measured": shards timed now, "cached": shards from the cache,
-    "seconds": time spent}``."""
+    """``(names, t, exchanges, info)``: ``t[i, w]`` the seconds worker ``w`` spends on
+    operator ``names[i]`` short of the wire, ``exchanges[i, w]`` the transfers it takes part
+    in (as the module says; cached); ``info = {"measured": shards rehearsed now, "cached":
+    shards from the cache, "seconds": time spent}``."""
     from ..capture import deterministic
     K = int(xplan["workers"])
     fdt = getattr(torch, dtype)
-    steps = list(g.ops.values())
-    work: dict = {}                    # signature -> (op name, worker, region, out box, info)
-    sig = np.empty((len(steps), K), dtype=object)
-    for i, o in enumerate(steps):
-        info = xplan["ops"].get(o.name)
-        window = o.target in _WINDOW
+    ops = list(g.ops.values())
+    sig = [[_signature(o, g, xplan, w, dtype) for w in range(K)] for o in ops]
+    work = {}
+    for i, o in enumerate(ops):
         for w in range(K):
-            if info is None:           # bookkeeping computed whole on every worker
-                region = {t: np.array([[0, s] for s in g.tensors[t].shape] or [[0, 1]])
-                          for t in o.inputs}
-                out_box = np.array([[0, s] for s in g.tensors[o.output].shape] or [[0, 1]])
-            else:
-                out_box = np.asarray(info["out"][w])
-                if (out_box[:, 1] <= out_box[:, 0]).any():
-                    continue
-                region = {t: np.asarray(need[w]) for t, need in info["needs"].items()
-                          if (np.asarray(need[w])[:, 1] > np.asarray(need[w])[:, 0]).all()}
-            s = _signature(o, g, region, out_box, dtype, window)
-            sig[i, w] = s
-            work.setdefault(s, (o.name, w, region, out_box, info))
+            work.setdefault(sig[i][w], (o.name, w))
     t0 = time.perf_counter()
     got = profile.shard_cache(device_kind, list(work), cache_path=cache_path)
     todo = [s for s in work if s not in got]
     if todo and progress:
-        progress(f"timing {len(todo)} operator shards of {g.model} ({dtype})")
+        progress(f"rehearsing {len(todo)} operator shards of {g.model} ({dtype})")
     fresh = {}
     if todo:
         from ..opgraph import with_step
         g = with_step(g)               # the traced step (a cached graph holds none)
-    node = {n.name: n for n in g.gm.graph.nodes} if todo else {}
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    gen = torch.Generator().manual_seed(0)
-    try:
-        with deterministic(running_stats=False):
-            for s in todo:
-                name, w, region, out_box, info = work[s]
-                o = g.ops[name]
-                fresh[s] = _time_one(g, xplan, K, fdt, gen, reps, warmup, node[o.node], o, w,
-                                     region, out_box, info)
-    finally:
-        torch.set_num_threads(threads)
-    if fresh:
+        node = {n.name: n for n in g.gm.graph.nodes}
+        groups = [_groups(g, xplan, w, K) for w in range(K)]
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        gen = torch.Generator().manual_seed(0)
+        try:
+            with deterministic(running_stats=False):
+                for s in todo:
+                    name, w = work[s]
+                    o = g.ops[name]
+                    fresh[s] = _rehearse(g, xplan, K, w, groups[w], fdt, gen, reps, warmup,
+                                         node[o.node], o)
+        finally:
+            torch.set_num_threads(threads)
         profile.store_shard_times(device_kind, fresh, reps, cache_path=cache_path)
     got.update(fresh)
-    t = np.zeros((len(steps), K))
-    for i in range(len(steps)):
+    t = np.zeros((len(ops), K))
+    ex = np.zeros((len(ops), K))
+    for i in range(len(ops)):
         for w in range(K):
-            if sig[i, w] is not None:
-                t[i, w] = got.get(sig[i, w], 0.0)
-    return [o.name for o in steps], t, {"measured": len(fresh), "cached": len(work) -
-                                            len(fresh), "seconds": time.perf_counter() - t0}
+            t[i, w], ex[i, w] = got.get(sig[i][w], (0.0, 0))
+    return [o.name for o in ops], t, ex, {"measured": len(fresh),
+                                          "cached": len(work) - len(fresh),
+                                          "seconds": time.perf_counter() - t0}
 
 
-def _time_one(g, xplan, K, fdt, gen, reps, warmup, n, o, w, region, out_box, info):
-    """Seconds of worker ``w``'s ``compute`` of op ``o`` on random region tiles."""
-    bufs, shape_of = {}, {}
-    zero = (info or {}).get("zero", {})
-    for t, box in region.items():
-        z = bool(zero.get(t, [False] * K)[w]) if t in zero else False
-        b = _tensor(g.tensors[t], _extent(box), fdt, z, gen)
-        if not g.tensors[t].shape and b.numel() == 1:
-            b = b.reshape(())
-        bufs[t] = b
-        shape_of[id(b)] = (box, g.tensors[t].shape)
-    for t in o.inputs:
-        bufs.setdefault(t, None)
-    worker = _Worker(w, K, g, xplan, 0.0)
-    worker.float_dtype = fdt
-    for t in o.inputs:                 # a fallback reads each input's dtype from its tile
+def _rehearse(g, xplan, K, w, groups, fdt, gen, reps, warmup, n, o):
+    """``(seconds, exchanges)`` of worker ``w`` running op ``o`` (see the module)."""
+    info = xplan["ops"].get(o.name)
+    worker = _Rehearsal(w, K, g, xplan, groups, fdt)
+    for t in dict.fromkeys(o.inputs):
         ten = g.tensors[t]
-        dt = getattr(torch, ten.dtype, None)
-        worker.tiles[t] = (None, bufs[t] if bufs[t] is not None else torch.empty(
-            0, dtype=fdt if not isinstance(dt, torch.dtype) or dt.is_floating_point else dt))
+        box = xplan["held"][t][w] if t in xplan["held"] else \
+            np.array([[0, s] for s in ten.shape] or [[0, 1]])
+        v = _random(ten, box, fdt, gen)
+        worker.tiles[t] = (np.asarray(box), worker.shaped(t, v))
 
-    def sub(a, bs, fa=None):
-        return substitute(g, a, bs, lambda t: worker.tiles[t][1], fa)
+    def sub(a, bufs, fa=None):
+        return substitute(g, a, bufs, lambda t: worker.tiles[t][1], fa)
 
-    ten = g.tensors[o.output]
-    fill = float("-inf") if (info or {}).get("reducer") == "max" else 0.0
-    if info is None:
+    if info is None:                   # bookkeeping computed whole on every worker
         def run():
-            res = n.target(*sub(o.args, bufs, n.args),
-                           **{k: sub(v, bufs, n.kwargs.get(k)) for k, v in o.kwargs.items()})
-            return res
+            return n.target(*sub(o.args, {}, n.args),
+                            **{k: sub(v, {}, n.kwargs.get(k)) for k, v in o.kwargs.items()})
     else:
         def run():
-            return worker.compute(n, o, bufs, sub, out_box, ten, fill, shape_of)
+            return worker.run_op(n, o, info, sub, {})
     runs = []
     for r in range(warmup + reps):
+        worker.exchanges = 0
         c0 = time.thread_time()
         try:
             run()
         except Exception:  # noqa: BLE001 - random data a real step never feeds: not timed
-            return 0.0
+            return 0.0, 0
         if r >= warmup:
             runs.append(time.thread_time() - c0)
-    return float(statistics.median(runs))
+    return float(statistics.median(runs)), int(worker.exchanges)
 
 
-def predict_step(g, xplan: dict, comm_s: float, dtype: str = "float32",
-                 device_kind: str = "cpu", cache_path=None, progress=None) -> dict:
-    """The step time of an operator-level plan on this machine: ``compute_s`` = Σ over the
-    operators of the slowest worker's measured shard (the workers run in lockstep) plus
-    ``comm_s`` (the plan's communication time).  Returns ``predicted_step_time_s``,
-    ``predicted_compute_step_s``, ``predicted_compute_s`` (per worker, its own shards),
-    ``predicted_comm_s``, ``compute_source`` and ``shard_timing`` (:func:`shard_seconds`'s
-    info)."""
-    _, t, info = shard_seconds(g, xplan, dtype, device_kind, cache_path, progress=progress)
+def predict_step(g, xplan: dict, comm_s: float, latency_s: float = 0.0,
+                 dtype: str = "float32", device_kind: str = "cpu", cache_path=None,
+                 progress=None) -> dict:
+    """The step time of an operator-level plan on this machine: Σ over the operators of the
+    slowest worker's rehearsed time (the workers run in lockstep), plus ``comm_s`` (the
+    plan's communication time: bytes over the links), plus ``latency_s`` for each operator
+    whose workers exchange anything.  Returns ``predicted_step_time_s``,
+    ``predicted_compute_step_s``, ``predicted_compute_s`` (per worker, its own operators),
+    ``predicted_comm_s``, ``predicted_latency_s``, ``compute_source`` and ``shard_timing``
+    (:func:`shard_seconds`'s info)."""
+    _, t, ex, info = shard_seconds(g, xplan, dtype, device_kind, cache_path,
+                                   progress=progress)
     lock = float(t.max(axis=1).sum()) if t.size else 0.0
-    return {"predicted_step_time_s": lock + float(comm_s),
+    lat = float((ex.max(axis=1) if ex.size else ex).sum()) * float(latency_s)
+    return {"predicted_step_time_s": lock + float(comm_s) + lat,
             "predicted_compute_step_s": lock,
             "predicted_compute_s": [float(x) for x in t.sum(axis=0)],
-            "predicted_comm_s": float(comm_s),
-            "compute_source": f"measured shard times ({dtype}, after explorer calibrate)",
+            "predicted_comm_s": float(comm_s), "predicted_latency_s": lat,
+            "compute_source": f"operator shards rehearsed on this machine ({dtype}, "
+                              f"after explorer calibrate)",
             "shard_timing": info}
