@@ -6,7 +6,8 @@ regions the plan gives it (its own tile, pieces from peers), computes the output
 (:mod:`.tiles`: tile rule, halo padding, or a fallback on full-size buffers) and combines
 what it sends and receives - in lockstep with the others, so an operator's step lasts as long
 as its slowest worker's.  :func:`shard_seconds` rehearses exactly that call for every
-operator and worker in this process: the worker's tiles are random tensors of its boxes
+operator and worker in this process, one thread per worker running at once (so the
+workers' kernels share the cores and the memory system as in a run): the worker's tiles are random tensors of its boxes
 (integer tensors zero: valid indices), the wire is left out (a peer's piece is a fresh
 buffer of its shape, a collective keeps its local part) - the plan's communication time
 covers it - and the rest is timed in the timed steps' dtype, one thread, under the run's
@@ -25,6 +26,7 @@ from __future__ import annotations
 import json
 import statistics
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
@@ -143,17 +145,21 @@ def shard_seconds(g, xplan: dict, dtype: str = "float32", device_kind: str = "cp
         from ..opgraph import with_step
         g = with_step(g)               # the traced step (a cached graph holds none)
         node = {n.name: n for n in g.gm.graph.nodes}
-        groups = [_groups(g, xplan, w, K) for w in range(K)]
+        per = [[s for s in todo if work[s][1] == w] for w in range(K)]
+
+        def worker(w):                 # one thread per worker, all at once (lockstep)
+            groups = _groups(g, xplan, w, K)
+            gen = torch.Generator().manual_seed(w)
+            with deterministic(running_stats=False):
+                for s in per[w]:
+                    o = g.ops[work[s][0]]
+                    fresh[s] = _rehearse(g, xplan, K, w, groups, fdt, gen, reps, warmup,
+                                         node[o.node], o)
         threads = torch.get_num_threads()
         torch.set_num_threads(1)
-        gen = torch.Generator().manual_seed(0)
         try:
-            with deterministic(running_stats=False):
-                for s in todo:
-                    name, w = work[s]
-                    o = g.ops[name]
-                    fresh[s] = _rehearse(g, xplan, K, w, groups[w], fdt, gen, reps, warmup,
-                                         node[o.node], o)
+            with ThreadPoolExecutor(K) as pool:
+                list(pool.map(worker, range(K)))
         finally:
             torch.set_num_threads(threads)
         profile.store_shard_times(device_kind, fresh, reps, cache_path=cache_path)
