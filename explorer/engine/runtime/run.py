@@ -229,9 +229,9 @@ def _run_tofu(doc: dict, expect: dict, steps: int = 1, train: bool = False, **kw
         out["rel_error"] = (pred - out["measured_step_time_s"]) / out["measured_step_time_s"]
     if predicted.get("compute_source", "").startswith("roofline"):
         out.setdefault("warnings", []).append(
-            f"the predicted step time is an uncalibrated roofline ({predicted['compute_source']}"
-            f"): run `explorer calibrate` and save the plan on the local preset to predict "
-            f"from this machine's measured operator shards")
+            f"the predicted step time is an uncalibrated {predicted['compute_source']}: run "
+            f"`explorer calibrate` and search the plan on the local preset to predict it from "
+            f"operator shards measured on this machine")
     return out
 
 
