@@ -308,9 +308,11 @@ class _Worker:
             if u is None or u not in self.tiles:
                 continue
             if p in self.x["held"] and u in self.x["held"]:
+                # the update's tile (or a buffer assembled from it) becomes the parameter's:
+                # no copy, so between steps a worker holds what the plan counts
                 v = self.fetch(u, self.x["held"][p], 0.0)
                 box = self.x["held"][p][self.rank]
-                self.hold(p, box, v.clone() if v is not None else
+                self.hold(p, box, v if v is not None else
                           torch.zeros(_extent(box), dtype=self.tiles[u][1].dtype))
             else:
                 v = self.whole(u)
