@@ -248,8 +248,10 @@ def tofu_prediction(doc: dict, g, xplan: dict, dtype: str, progress=None) -> dic
         if dev.meta.get("calibrated"):
             from .shardtime import predict_step
             lat = float(dev.latency[0, 1]) if n > 1 else 0.0
-            return predict_step(g, xplan, comm, lat, dtype, dev.devices[0].kind,
-                                progress=progress)
+            # shards timed under an earlier calibration (another state of the machine) are
+            # not reused: the cache key names this one
+            kind = f"{dev.devices[0].kind}@{dev.meta.get('calibrated_at')}"
+            return predict_step(g, xplan, comm, lat, dtype, kind, progress=progress)
         why = "roofline at the local preset's default rates (not calibrated)"
     else:
         why = f"roofline of the {doc.get('preset') or '?'} preset's devices, not this machine"
