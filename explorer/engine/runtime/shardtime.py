@@ -7,8 +7,8 @@ regions the plan gives it (its own tile, pieces from peers), computes the output
 what it sends and receives - in lockstep with the others, so an operator's step lasts as long
 as its slowest worker's.  :func:`shard_seconds` rehearses exactly that call for every
 operator and worker in this process, one thread per worker running at once (so the
-workers' kernels share the cores and the memory system as in a run): the worker's tiles are random tensors of its boxes
-(integer tensors zero: valid indices), the wire is left out (a peer's piece is a fresh
+workers' kernels share the cores and the memory system as in a run): the worker's tiles are
+random tensors of its boxes (integer tensors zero: valid indices), the wire is left out (a peer's piece is a fresh
 buffer of its shape, a collective keeps its local part) - the plan's communication time
 covers it - and the rest is timed in the timed steps' dtype, one thread, under the run's
 deterministic numerics; the median of ``reps`` runs after ``warmup`` on this thread's CPU
