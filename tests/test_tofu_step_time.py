@@ -74,7 +74,7 @@ def test_a_calibrated_run_predicts_from_rehearsed_shards_and_checks_in_float64(c
     assert r["shard_timing"]["measured"] > 0
     assert r["predicted_step_time_s"] == pytest.approx(
         r["predicted_compute_step_s"] + r["predicted_comm_s"] + r["predicted_latency_s"])
-    assert r["predicted_comm_s"] == pytest.approx(doc["objective_s"])
+    assert r["predicted_comm_s"] == pytest.approx(doc["objective_s"])   # same calibration
     assert len(r["cpu_step_s"]) == 2 and all(c > 0 for c in r["cpu_step_s"])
     assert not any("uncalibrated" in w for w in r["warnings"])
     text = format_run(r)

@@ -22,6 +22,7 @@ worker starts.
 from __future__ import annotations
 
 import json
+import math
 
 from ...errors import InfeasiblePlan, PlanFileError
 from .. import plandoc
@@ -235,6 +236,18 @@ def _run_tofu(doc: dict, expect: dict, steps: int = 1, train: bool = False, **kw
     return out
 
 
+def _link_seconds(doc: dict, bw: float) -> float:
+    """Tofu's time on the links at this machine's calibrated bandwidth ``bw`` (the plan's
+    recursion steps moved their bytes at the bandwidth of the search; ``local`` links are
+    uniform), else the plan's own ``objective_s``."""
+    steps = doc.get("steps") or []
+    try:
+        return float(sum(float(s["seconds"]) * float(s["bandwidth_Bps"]) / bw for s in steps
+                         if float(s["seconds"]) > 0 and math.isfinite(float(s["bandwidth_Bps"]))))
+    except (KeyError, TypeError, ValueError, ZeroDivisionError):
+        return float(doc.get("objective_s") or 0.0)
+
+
 def tofu_prediction(doc: dict, g, xplan: dict, dtype: str, progress=None) -> dict:
     """A Tofu plan's predicted step time on this machine: on a calibrated ``local`` preset,
     every operator's shards timed as the workers compute them (in ``dtype``, cached:
@@ -251,7 +264,8 @@ def tofu_prediction(doc: dict, g, xplan: dict, dtype: str, progress=None) -> dic
             # shards timed under an earlier calibration (another state of the machine) are
             # not reused: the cache key names this one
             kind = f"{dev.devices[0].kind}@{dev.meta.get('calibrated_at')}"
-            return predict_step(g, xplan, comm, lat, dtype, kind, progress=progress)
+            return predict_step(g, xplan, _link_seconds(doc, float(dev.bw[0, 1])) if n > 1
+                                else comm, lat, dtype, kind, progress=progress)
         why = "roofline at the local preset's default rates (not calibrated)"
     else:
         why = f"roofline of the {doc.get('preset') or '?'} preset's devices, not this machine"
