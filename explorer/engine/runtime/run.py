@@ -22,6 +22,7 @@ worker starts.
 from __future__ import annotations
 
 import json
+import math
 
 from ...errors import InfeasiblePlan, PlanFileError
 from .. import plandoc
@@ -215,19 +216,64 @@ def _run_tofu(doc: dict, expect: dict, steps: int = 1, train: bool = False, **kw
                             f"{list(layout.held[wrong[0]].shape)}; the model's is "
                             f"{list(g.tensors[wrong[0]].shape)}")
     xplan = layout.to_plan()
-    from .opexec import run_layout
+    from .opexec import TIMED_DTYPE, run_layout
+    dtype = kw.pop("dtype", None) or TIMED_DTYPE
+    predicted = tofu_prediction(doc, g, xplan, dtype, progress=kw.pop("progress", None))
     out = run_layout(doc["model"], g.batch, margs, xplan, digest=digest, steps=steps,
-                     train=train, **kw)
-    pred = doc.get("predicted_step_time_s")
-    out.update(algo=algo, devices=n, steps=steps, train=bool(train), batch=g.batch, preset=doc.get("preset"),
+                     train=train, dtype=dtype, **kw)
+    out.update(algo=algo, devices=n, steps=steps, train=bool(train), batch=g.batch,
+               preset=doc.get("preset"),
                predicted_comm_bytes=float(doc.get("comm_bytes", 0.0)),
-               peak_memory_bytes=list(doc.get("peak_memory_bytes") or []),
-               predicted_step_time_s=pred,
-               predicted_compute_s=doc.get("predicted_compute_s"),
-               predicted_comm_s=doc.get("objective_s"))
+               peak_memory_bytes=list(doc.get("peak_memory_bytes") or []), **predicted)
+    pred = out.get("predicted_step_time_s")
     if pred and out.get("measured_step_time_s"):
         out["rel_error"] = (pred - out["measured_step_time_s"]) / out["measured_step_time_s"]
+    if predicted.get("compute_source", "").startswith("roofline"):
+        out.setdefault("warnings", []).append(
+            f"the predicted step time is an uncalibrated {predicted['compute_source']}: run "
+            f"`explorer calibrate` and search the plan on the local preset to predict it from "
+            f"operator shards measured on this machine")
     return out
+
+
+def _link_seconds(doc: dict, bw: float) -> float:
+    """Tofu's time on the links at this machine's calibrated bandwidth ``bw`` (the plan's
+    recursion steps moved their bytes at the bandwidth of the search; ``local`` links are
+    uniform), else the plan's own ``objective_s``."""
+    steps = doc.get("steps") or []
+    try:
+        return float(sum(float(s["seconds"]) * float(s["bandwidth_Bps"]) / bw for s in steps
+                         if float(s["seconds"]) > 0 and math.isfinite(float(s["bandwidth_Bps"]))))
+    except (KeyError, TypeError, ValueError, ZeroDivisionError):
+        return float(doc.get("objective_s") or 0.0)
+
+
+def tofu_prediction(doc: dict, g, xplan: dict, dtype: str, progress=None) -> dict:
+    """A Tofu plan's predicted step time on this machine: on a calibrated ``local`` preset,
+    every operator's shards timed as the workers compute them (in ``dtype``, cached:
+    :func:`.shardtime.predict_step`) plus the plan's communication time; otherwise the
+    plan's own roofline compute + communication (``compute_source`` says which)."""
+    comm = float(doc.get("objective_s") or 0.0)
+    n = int(xplan["workers"])
+    if doc.get("preset") == "local":
+        from ..devices import local
+        dev = local(n)
+        if dev.meta.get("calibrated"):
+            from .shardtime import predict_step
+            lat = float(dev.latency[0, 1]) if n > 1 else 0.0
+            # shards timed under an earlier calibration (another state of the machine) are
+            # not reused: the cache key names this one
+            kind = f"{dev.devices[0].kind}@{dev.meta.get('calibrated_at')}"
+            return predict_step(g, xplan, _link_seconds(doc, float(dev.bw[0, 1])) if n > 1
+                                else comm, lat, dtype, kind, progress=progress)
+        why = "roofline at the local preset's default rates (not calibrated)"
+    else:
+        why = f"roofline of the {doc.get('preset') or '?'} preset's devices, not this machine"
+    compute = doc.get("predicted_compute_s")
+    return {"predicted_step_time_s": doc.get("predicted_step_time_s"),
+            "predicted_compute_s": compute,
+            "predicted_compute_step_s": max(compute) if compute else None,
+            "predicted_comm_s": comm, "compute_source": why}
 
 
 def _run_placement(doc: dict, expect: dict, *, steps: int, warmup: int, **kw) -> dict:
