@@ -166,6 +166,7 @@ class CostModel:
         self._cand_cache: dict = {}
         self._ctok: dict = {}
         self._ctok_content: dict = {}
+        self._cinfo_cache: dict = {}
         self._grad_cache: dict | None = None
         self._memory = None
         self._tables_cache: dict = {}      # pins' text -> CostTables (shared by the methods)
@@ -250,6 +251,25 @@ class CostModel:
         self._ctok[id(cands)] = (cands, tok)      # holds the list: its id stays unique
         return tok
 
+    def _cinfo(self, cands: list):
+        """``(totals [C], devices [C, Dm], capacity [C])`` of a candidate list, by content:
+        each candidate's device count, its devices (-1 past the count) and the smallest
+        memory among them (read per candidate by every table; hundreds of thousands of
+        attribute reads otherwise)."""
+        tok = self._ckey(cands)
+        hit = self._cinfo_cache.get(tok)
+        if hit is None:
+            totals = np.fromiter((len(c.devices) for c in cands), dtype=np.int64,
+                                 count=len(cands))
+            dev = np.full((len(cands), int(totals.max())), -1, dtype=np.int64)
+            for i, c in enumerate(cands):
+                dev[i, : totals[i]] = c.devices
+            if self._memory is None:
+                self._memory = np.array([d.memory for d in self.devices.devices], dtype=float)
+            cap = np.where(dev >= 0, self._memory[np.clip(dev, 0, None)], np.inf).min(axis=1)
+            hit = self._cinfo_cache[tok] = (totals, dev, cap)
+        return hit
+
     @staticmethod
     def _lru(cache: OrderedDict, key, make, size: int = 12):
         """``cache[key]`` or ``make()``, keeping the ``size`` most recent: these arrays are
@@ -291,7 +311,7 @@ class CostModel:
                self._ckey(cands), self.input_grads(name))
         hit = self._layer_cache.get(key)
         if hit is None:
-            totals = np.array([c.total for c in cands])
+            totals = self._cinfo(cands)[0]
             if len(cands) * totals.max() <= self.GROUP_ROWS or len(set(totals.tolist())) < 2:
                 hit = self._layer_costs(layer, cands)
             else:
@@ -309,12 +329,10 @@ class CostModel:
 
     def _layer_costs(self, layer: Layer, cands: list):
         C = len(cands)
-        Dm = max(c.total for c in cands)
         # every candidate's tiles at once: [C, Dm, nd, 2], padding rows are empty boxes
         boxes, used = self._stacked(layer, cands)
-        dev = np.zeros((C, Dm), dtype=np.int64)
-        for i, c in enumerate(cands):
-            dev[i, : c.total] = c.devices
+        dev = np.clip(self._cinfo(cands)[1], 0, None)
+        Dm = dev.shape[1]
         db = self.dtype_bytes
         vol = np.where(used, G.volume(boxes), 0).astype(float)
         tc, ts = np.zeros(C), np.zeros(C)
@@ -370,6 +388,15 @@ class CostModel:
         """``(t_R [C], bytes [C])``: the reduce-scatter of each row-parallel candidate's
         partial tiles (and the all-gather of their gradient backward), ``None`` when no
         candidate has a ``k`` degree.  See the module docstring."""
+        layer = self.graph.layer(name)
+        # the same layout and gradient flag give the same numbers (repeated blocks)
+        key = ("reduce", self._layout_key(layer, cands), self.needs_grad(name))
+        if key not in self._layer_cache:
+            self._layer_cache[key] = self._reduce_costs(name, cands)
+        hit = self._layer_cache[key]
+        return None if hit is None else (hit[0].copy(), hit[1].copy())
+
+    def _reduce_costs(self, name: str, cands: list):
         if all(c.deg(G.REDUCE) == 1 for c in cands):
             return None
         layer = self.graph.layer(name)
@@ -482,16 +509,6 @@ class CostModel:
         lat = self._group_lat(cfg.devices)
         return max(load.values()) + self._sync_steps(rmax) * lat
 
-    def _capacity(self, devs: tuple) -> float:
-        """Smallest memory among ``devs`` (cached: configurations share device blocks)."""
-        v = self._lat_cache.get(("memory", devs))
-        if v is None:
-            if self._memory is None:
-                self._memory = np.array([d.memory for d in self.devices.devices], dtype=float)
-            v = float(self._memory[list(devs)].min())
-            self._lat_cache[("memory", devs)] = v
-        return v
-
     def _group_bw(self, devs: tuple) -> float:
         """Slowest link inside a group of devices (cached: groups repeat across layers)."""
         v = self._bw_cache.get(devs)
@@ -574,11 +591,8 @@ class CostModel:
         hit = self._xcache.get(skey)            # the same edge signature: no geometry at all
         if hit is not None:
             return hit
-        Dd = max(c.total for c in dst_cands)
         db, dred, dused = self._stacked_compute(dst, dst_cands)   # what each device computes
-        ddev = np.full((len(dst_cands), Dd), -1, dtype=np.int64)
-        for j, c in enumerate(dst_cands):
-            ddev[j, : c.total] = c.devices
+        ddev = self._cinfo(dst_cands)[1]
         need = G.edge_regions(self.graph, edge, db, dred)    # [Cd, Dd, nd, 2] on producer
         need[ddev < 0] = 0
         digest = hashlib.blake2b(np.ascontiguousarray(need), digest_size=20)
@@ -608,14 +622,15 @@ class CostModel:
     #: Elements per block of the by-node transfer kernel: its few temporaries then stay in a
     #: core's L2 cache (about 10 % less CPU at 64 devices than :data:`BLOCK`-sized blocks).
     NODE_BLOCK = 1 << 16
+    #: Source × destination candidates × devices up to which the by-node kernel runs once
+    #: over every destination padded to the largest device count (fixed per-call costs
+    #: dominate there, not the padding's extra elements)
+    PAD_LIMIT = 1 << 20
 
     def _src_tiles(self, src, src_cands):
         """``(tiles [Cs, Ds, nd, 2], device [Cs, Ds])`` of the producer (device -1: unused)."""
-        sb, used = self._stacked(src, src_cands)
-        sdev = np.full(used.shape, -1, dtype=np.int64)
-        for i, c in enumerate(src_cands):
-            sdev[i, : c.total] = c.devices
-        return sb, sdev
+        sb, _ = self._stacked(src, src_cands)
+        return sb, self._cinfo(src_cands)[1]
 
     @staticmethod
     def _axes(boxes: np.ndarray) -> list:
@@ -676,13 +691,24 @@ class CostModel:
         t = np.zeros((Cs, Cd))
         nbytes = np.zeros((Cs, Cd))
         kd = (ddev >= 0).sum(axis=1)
+        Dd = ddev.shape[1]
+        if Cs * Cd * Dd <= self.PAD_LIMIT and (ddev == np.where(ddev >= 0, np.arange(Dd),
+                                                                 -1)).all():
+            # small and unpinned (destination j on devices 0..k_j-1): one kernel call over
+            # all destinations padded to Dd devices (padding needs nothing: it adds zeros
+            # to exact byte sums and to a maximum of non-negative times)
+            tot = G.volume(need).astype(np.float64)[None] * item
+            self._xfer_block(t, nbytes, np.arange(Cs), np.arange(Cd), need, tot,
+                             tot.sum(axis=2), own[:, :Dd], nbox[:, node_of[:Dd]], sizes, item,
+                             nodes)
+            return t, nbytes
         # a source candidate's tiles lie on the nodes of its devices: a destination device
         # past ``cut`` (the end of the last such node) owns nothing and has no node-mate
         # that does, so it receives its whole region remotely - no kernel needed there
         cut = np.full(Cs, self.devices.n)
         if np.isfinite(bw_out) and (np.diff(node_of) >= 0).all():
             node_end = np.searchsorted(node_of, np.arange(int(node_of.max()) + 1), "right")
-            cut = node_end[node_of[[max(c.devices) for c in src_cands]]]
+            cut = node_end[node_of[self._cinfo(src_cands)[1].max(axis=1)]]
         for K in np.unique(kd):
             K = int(K)
             js = np.flatnonzero(kd == K)
@@ -853,7 +879,8 @@ class CostModel:
         per, sizes = {}, {}
         for n in self.graph.names():
             cs = self.candidates(n, by_layer.get(n))
-            per[n] = (len(cs), sum(c.total for c in cs), max(c.total for c in cs))
+            totals = self._cinfo(cs)[0]
+            per[n] = (len(cs), int(totals.sum()), int(totals.max()))
             sizes[n] = len(cs)
         table = sum(16.0 * sizes[e.src] * sizes[e.dst] for e in self.graph.edges())
         table += sum(48.0 * c for c in sizes.values())
@@ -930,7 +957,7 @@ class CostModel:
         for n in names:
             cs = self.candidates(n, by_layer.get(n))
             a, b, m = self.layer_costs(n, cs)
-            cap_of = np.array([self._capacity(c.devices) for c in cs])
+            cap_of = self._cinfo(cs)[2]
             cap = float(cap_of.min())
             keep = np.flatnonzero(m <= cap_of).tolist()
             if not keep:
