@@ -67,12 +67,36 @@ def solve(tables: CostTables):
     edges: dict = {}
     ins: dict = {n: set() for n in names}
     outs: dict = {n: set() for n in names}
+    # what the two eliminations look for, kept up to date as edges come and go (scanning
+    # every layer for them at each step costs O(layers²)): layers with one in- and one
+    # out-edge, and per layer the targets it has parallel edges to
+    one_one: set = set()
+    mult: dict = {}                      # (u, v) -> edges u -> v
+    parallel: dict = {n: 0 for n in names}   # u -> targets v with two or more edges u -> v
+
+    def touch(*ns):
+        for n in ns:
+            if len(ins[n]) == 1 and len(outs[n]) == 1:
+                one_one.add(n)
+            else:
+                one_one.discard(n)
+
+    def count(u, v, d):
+        c = mult.get((u, v), 0)
+        mult[(u, v)] = c + d
+        if d > 0 and c + d == 2:
+            parallel[u] += 1
+        elif d < 0 and c == 2:
+            parallel[u] -= 1
+
     eid = 0
     for e, m in tables.edges:
         edges[eid] = (e.src, e.dst, np.asarray(m, dtype=np.float64), f"{e.src}->{e.dst}#{e.index}")
         outs[e.src].add(eid)
         ins[e.dst].add(eid)
+        count(e.src, e.dst, 1)
         eid += 1
+    touch(*names)
     alive = set(names)
     trace: list = []
     undo: list = []
@@ -97,6 +121,8 @@ def solve(tables: CostTables):
         edges[eid] = (u, v, m, label)
         outs[u].add(eid)
         ins[v].add(eid)
+        count(u, v, 1)
+        touch(u, v)
         eid += 1
         return eid - 1
 
@@ -104,9 +130,11 @@ def solve(tables: CostTables):
         u, v, _, _ = edges.pop(k)
         outs[u].discard(k)
         ins[v].discard(k)
+        count(u, v, -1)
+        touch(u, v)
 
     def node_elimination():
-        for j in sorted(alive, key=order.get):
+        for j in sorted(one_one, key=order.get):       # the first such layer in order
             if len(ins[j]) == 1 and len(outs[j]) == 1:
                 (k1,), (k2,) = tuple(ins[j]), tuple(outs[j])
                 i, _, a, la = edges[k1]
@@ -129,7 +157,7 @@ def solve(tables: CostTables):
         return False
 
     def edge_elimination():
-        for u in sorted(alive, key=order.get):
+        for u in sorted((n for n in alive if parallel[n]), key=order.get):
             seen: dict = {}
             for k in sorted(outs[u]):
                 v = edges[k][1]
