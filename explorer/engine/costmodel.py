@@ -57,11 +57,13 @@ EFFICIENCY["conv_transpose"] = EFFICIENCY["conv"]   # the same kernels (a data g
 LAUNCH_OVERHEAD_S = 3 * 5e-6
 #: Memory passes of the SGD update per weight byte: read weights, read gradients, write weights.
 UPDATE_PASSES = 3.0
-#: Largest work (:meth:`CostModel.estimate`'s ``work``: per-edge kernel elements plus
-#: elimination steps / 16) a search may start: about ten minutes on a busy 2-core machine.
+#: Largest work (:meth:`CostModel.estimate`'s ``work``: kernel elements of the distinct edge
+#: tables plus elimination steps / 16) a search may start: measured at about 6e7 work per
+#: second on a busy 2-core machine (ResNet-50 and the GPT-2 example at 1,024 devices), so
+#: about a minute and a half there.
 MAX_WORK = 5e9
 #: ``degrees="auto"`` beyond 16 devices takes powers of two, or the first coarser ladder
-#: (powers of 4, 8, ...) whose work is at most this (about a minute on a 2-core machine).
+#: (powers of 4, 8, ...) whose work is at most this (about 20 s on a busy 2-core machine).
 AUTO_WORK = 1e9
 
 
@@ -151,8 +153,6 @@ class CostModel:
         self.graph, self.devices = graph, devices
         self.compute, self.sync = compute, sync
         self.degrees = G.degree_values(degrees, devices.n)     # ValueError with the numbers
-        if degrees in (None, "auto") and devices.n > G.ALL_DIVISORS_UP_TO:
-            self.degrees = self._auto_degrees()
         self.dtype_bytes = dtype_bytes
         self.profile_cache = profile_cache
         self._profiler = None
@@ -170,6 +170,8 @@ class CostModel:
         self._grad_cache: dict | None = None
         self._memory = None
         self._tables_cache: dict = {}      # pins' text -> CostTables (shared by the methods)
+        if degrees in (None, "auto") and devices.n > G.ALL_DIVISORS_UP_TO:
+            self.degrees = self._auto_degrees()
 
     # -- gradients -------------------------------------------------------------------------
     def needs_grad(self, name: str) -> bool:
@@ -853,42 +855,71 @@ class CostModel:
                               self.graph.layer(nm).dims,
                               G.reduction_size(self.graph.layer(nm)))]
                    for nm in self.graph.names()}
-            if self._work(per) <= AUTO_WORK or base >= n or len(vals) <= 2:
+            tok = {nm: (tuple(self.graph.layer(nm).size(a) for a in self.graph.layer(nm).dims),
+                        self.graph.layer(nm).dims) for nm in self.graph.names()}
+            if self._work(per, tok) <= AUTO_WORK or base >= n or len(vals) <= 2:
                 return vals
             base *= 2
 
-    def _work(self, per: dict) -> float:
-        """:meth:`estimate`'s work from ``{layer: (candidates, Σ total, max total)}``."""
+    def _work(self, per: dict, tok: dict) -> float:
+        """:meth:`estimate`'s work from ``{layer: (candidates, Σ total, max total)}``; edges
+        with the same :meth:`_edge_sig` (``tok``: what identifies each layer's candidate
+        list) share one table, so they count once."""
         two_level = self._node_structure() is not None
         work = sum(float(per[e.src][0]) * per[e.dst][1] * (1 if two_level else per[e.src][2])
-                   for e in self.graph.edges())
+                   for e in self._distinct_edges(tok))
         return work + sum(float(c) ** 3 for c, _, _ in per.values()) / 16
+
+    def _edge_sig(self, edge: Edge, src_tok, dst_tok) -> tuple:
+        """What an edge's transfer table depends on (as :meth:`xfer`'s first cache key):
+        the producer's layout, the consumer's operator, shapes and layout, which input, the
+        edge's transforms and whether a gradient flows back; ``*_tok`` stand for the two
+        candidate lists."""
+        src, dst = self.graph.layer(edge.src), self.graph.layer(edge.dst)
+        return (src.out_shape, src.axes, G.reduction_size(src), src_tok, dst.op,
+                repr(sorted(dst.attrs.items())), tuple(map(tuple, dst.in_shapes)),
+                dst.out_shape, dst.axes, G.reduction_size(dst), dst_tok, edge.index,
+                edge.transforms, self.needs_grad(edge.src))
+
+    def _distinct_edges(self, tok: dict) -> list:
+        """One edge per distinct :meth:`_edge_sig` (repeated blocks build one table)."""
+        seen, out = set(), []
+        for e in self.graph.edges():
+            sig = self._edge_sig(e, tok[e.src], tok[e.dst])
+            if sig not in seen:
+                seen.add(sig)
+                out.append(e)
+        return out
 
     def estimate(self, pins: list | None = None) -> dict:
         """Size of the search before any table is built: candidates per layer, bytes of the
         tables, peak bytes of building and solving them, and work.
 
-        ``table_bytes`` counts ``t_xfer`` and bytes ``[Cs, Cd]`` per edge and the per-layer
-        vectors; ``peak_bytes`` adds the search's merged edge tables (as many again), the
-        per-edge kernels' blocks and the cached box layouts; ``work`` is the per-edge kernel
-        elements (``Cs`` times the devices of every destination candidate; times the source
-        devices when links are not two-level) plus the node eliminations' ``C³`` steps / 16
-        (cheaper per step).  Counts are before the memory filter, so upper bounds.
+        ``table_bytes`` counts ``t_xfer`` and bytes ``[Cs, Cd]`` per distinct edge table
+        (edges of repeated blocks share one, :meth:`_edge_sig`) and the per-layer vectors;
+        ``peak_bytes`` adds the search's merged edge tables (one per edge), the per-edge
+        kernels' blocks and the cached box layouts; ``work`` is the kernel elements of the
+        distinct edge tables (``Cs`` times the devices of every destination candidate; times
+        the source devices when links are not two-level) plus the node eliminations' ``C³``
+        steps / 16 (cheaper per step).  Counts are before the memory filter, so upper
+        bounds.
         """
         by_layer = self._pins_by_layer(pins)
-        per, sizes = {}, {}
+        per, sizes, tok = {}, {}, {}
         for n in self.graph.names():
             cs = self.candidates(n, by_layer.get(n))
             totals = self._cinfo(cs)[0]
             per[n] = (len(cs), int(totals.sum()), int(totals.max()))
             sizes[n] = len(cs)
-        table = sum(16.0 * sizes[e.src] * sizes[e.dst] for e in self.graph.edges())
+            tok[n] = self._ckey(cs)
+        table = sum(16.0 * sizes[e.src] * sizes[e.dst] for e in self._distinct_edges(tok))
         table += sum(48.0 * c for c in sizes.values())
-        work = self._work(per)
+        merged = sum(16.0 * sizes[e.src] * sizes[e.dst] for e in self.graph.edges())
+        work = self._work(per, tok)
         cmax = max(sizes.values())
         nd = max((len(self.graph.layer(n).out_shape) for n in sizes), default=1)
         layouts = 20.0 * cmax * self.devices.n * max(nd, 1) * 2 * 8
-        peak = 2 * table + 12 * 8.0 * self.BLOCK + layouts
+        peak = table + merged + 12 * 8.0 * self.BLOCK + layouts
         return {"degrees": list(self.degrees), "candidates_mean": sum(sizes.values()) / len(sizes),
                 "candidates_max": cmax, "table_bytes": table, "peak_bytes": peak,
                 "work": work}
@@ -904,8 +935,8 @@ class CostModel:
         what = (f"≈ {est['peak_bytes'] / 2**30:.1f} GiB at peak (tables "
                 f"{est['table_bytes'] / 2**30:.1f} GiB) but {avail / 2**30:.1f} GiB is "
                 f"available" if over_mem else
-                f"work ≈ {est['work']:.2g} steps, over the limit of {MAX_WORK:.2g} (about ten "
-                f"minutes here)")
+                f"work ≈ {est['work']:.2g} steps, over the limit of {MAX_WORK:.2g} (about a "
+                f"minute and a half here)")
         degs = est["degrees"]
         coarse = ",".join(str(d) for d in degs if d == 1 or math.log(d, 4).is_integer())
         raise InfeasiblePlan(
