@@ -11,6 +11,11 @@ data / model / OWT.
     python benchmarks/search.py [--models inception_v3,vgg16] [--devices 4,8,16] [--repeat 3]
                                 [--scale-models inception_v3,resnet50,gpt2]
                                 [--scale-devices 32,64,256,1024] [--no-e2e]
+                                [--pow2-devices 1024]
+
+``--pow2-devices`` also runs the scale models with ``--degrees pow2`` (every power of two,
+each bounded by its dimension: the issue's degree set) at those counts, once each (minutes
+at 1,024 devices); a search the estimate refuses prints its one-line refusal instead.
 
 Targets on a 2-core machine: Inception-v3 at 4 devices ≤ 0.2 s, at 16 devices ≤ 2 s;
 ``search_s`` at 16 devices ≤ 3× ``indep_s``; 1,024 devices ≤ 60 s and ≤ 4 GiB; Inception-v3
@@ -213,27 +218,32 @@ def main(argv=None):
     ap.add_argument("--degrees", default="auto", help="as `explorer search --degrees`")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--cost", default="analytic", choices=["analytic", "measured"])
+    ap.add_argument("--pow2-devices", default="",
+                    help="device counts the scale models also run at with --degrees pow2, "
+                         "once each (e.g. 1024)")
     ap.add_argument("--no-e2e", action="store_true",
                     help="skip the end-to-end `explorer search` subprocess runs")
     ap.add_argument("--markdown", action="store_true", help="print a Markdown table")
     args = ap.parse_args(argv)
-    jobs = [(m, int(n)) for m in args.models.split(",") if m
+    jobs = [(m, int(n), args.degrees, args.repeat) for m in args.models.split(",") if m
             for n in args.devices.split(",") if n]
-    jobs += [(m, int(n)) for m in args.scale_models.split(",") if m
+    jobs += [(m, int(n), args.degrees, args.repeat) for m in args.scale_models.split(",") if m
              for n in args.scale_devices.split(",") if n]
+    jobs += [(m, int(n), "pow2", 1) for m in args.scale_models.split(",") if m
+             for n in args.pow2_devices.split(",") if n]
     if args.markdown:
         print("| " + " | ".join(COLS) + " |")
         print("|" + "---|" * len(COLS))
     else:
         print(" ".join(f"{c:>12s}" for c in COLS))
     rows, graphs = [], {}
-    for m, n in jobs:
+    for m, n, degrees, repeat in jobs:
         if m not in graphs:
             graphs[m] = import_spec(m)
-        r = bench(m, n, args.repeat, args.cost, args.degrees, not args.no_e2e, graphs[m])
+        r = bench(m, n, repeat, args.cost, degrees, not args.no_e2e, graphs[m])
         rows.append(r)
         if "error" in r:
-            print(f"{m} at {n} devices: {r['error']}", flush=True)
+            print(f"{m} at {n} devices ({degrees}): {r['error']}", flush=True)
             continue
         cells = _cells(r)
         if args.markdown:

@@ -167,6 +167,7 @@ class CostModel:
         self._ctok: dict = {}
         self._ctok_content: dict = {}
         self._cinfo_cache: dict = {}
+        self._esig: dict = {}
         self._grad_cache: dict | None = None
         self._memory = None
         self._tables_cache: dict = {}      # pins' text -> CostTables (shared by the methods)
@@ -875,11 +876,16 @@ class CostModel:
         the producer's layout, the consumer's operator, shapes and layout, which input, the
         edge's transforms and whether a gradient flows back; ``*_tok`` stand for the two
         candidate lists."""
-        src, dst = self.graph.layer(edge.src), self.graph.layer(edge.dst)
-        return (src.out_shape, src.axes, G.reduction_size(src), src_tok, dst.op,
+        key = (edge.src, edge.dst, edge.index)
+        static = self._esig.get(key)
+        if static is None:
+            src, dst = self.graph.layer(edge.src), self.graph.layer(edge.dst)
+            static = self._esig[key] = (
+                src.out_shape, src.axes, G.reduction_size(src), dst.op,
                 repr(sorted(dst.attrs.items())), tuple(map(tuple, dst.in_shapes)),
-                dst.out_shape, dst.axes, G.reduction_size(dst), dst_tok, edge.index,
-                edge.transforms, self.needs_grad(edge.src))
+                dst.out_shape, dst.axes, G.reduction_size(dst), edge.index, edge.transforms,
+                self.needs_grad(edge.src))
+        return static + (src_tok, dst_tok)
 
     def _distinct_edges(self, tok: dict) -> list:
         """One edge per distinct :meth:`_edge_sig` (repeated blocks build one table)."""
