@@ -287,13 +287,18 @@ class CostModel:
             cache.move_to_end(key)
         return v
 
+    def _stacked_all(self, layer: Layer, cands: list):
+        """``(tiles, reduce, owned, used)`` of every candidate (one pass for both views)."""
+        return self._lru(self._stack_cache, self._layout_key(layer, cands),
+                         lambda: G.stacked_boxes(layer, cands))
+
     def _stacked(self, layer: Layer, cands: list):
-        return self._lru(self._stack_cache, ("owned",) + self._layout_key(layer, cands),
-                         lambda: G.stacked_output_boxes(layer, cands))
+        _, _, owned, used = self._stacked_all(layer, cands)
+        return owned, used
 
     def _stacked_compute(self, layer: Layer, cands: list):
-        return self._lru(self._stack_cache, ("compute",) + self._layout_key(layer, cands),
-                         lambda: G.stacked_compute_boxes(layer, cands))
+        tiles, red, _, used = self._stacked_all(layer, cands)
+        return tiles, red, used
 
     def shard_shapes(self, layer: Layer, cfg: G.Config) -> list:
         """Per device of ``cfg``: (shape of the box it computes, input region shapes); a
@@ -588,9 +593,7 @@ class CostModel:
         by several branches alike) share one table, found by the layouts' contents.
         """
         src, dst = self.graph.layer(edge.src), self.graph.layer(edge.dst)
-        skey = (self._layout_key(src, src_cands), dst.op, repr(sorted(dst.attrs.items())),
-                tuple(map(tuple, dst.in_shapes)), self._layout_key(dst, dst_cands), edge.index,
-                edge.transforms, self.needs_grad(edge.src))
+        skey = self._edge_sig(edge, self._ckey(src_cands), self._ckey(dst_cands))
         hit = self._xcache.get(skey)            # the same edge signature: no geometry at all
         if hit is not None:
             return hit
