@@ -107,8 +107,13 @@ def solve(tables: CostTables):
     trace: list = []
     undo: list = []
 
+    labels: dict = {}
+
     def label(n, c):
-        return tables.candidates[n][int(c)].label()
+        key = (n, int(c))
+        if key not in labels:
+            labels[key] = tables.candidates[n][key[1]].label()
+        return labels[key]
 
     def node_terms(j, c):
         """t_C, t_S, t_R of layer j's candidate c (seconds)."""
@@ -281,7 +286,7 @@ def _min_plus(a: np.ndarray, b: np.ndarray):
             arg[rows] = cols[tot.argmin(axis=2)]
             s = e
     # the minimum is the sum at its argument: the same two operands added once more
-    m = np.take_along_axis(a, arg, axis=1) + np.take_along_axis(b, arg, axis=0)
+    m = a[np.arange(ci)[:, None], arg] + b[arg, np.arange(ck)[None, :]]
     return m, arg
 
 
