@@ -412,22 +412,28 @@ class CostModel:
         t, nbytes = np.zeros(len(cands)), np.zeros(len(cands))
         nodes = self._node_structure()
         if nodes is not None:
+            # every group of every candidate with the same (k, device count) at once; a
+            # group's slowest link follows from the node structure
             node_of, bw_in, bw_out, lat_in, lat_out = nodes
             tiles, _, _ = self._stacked_compute(layer, cands)
             vols = G.volume(tiles).astype(float) * self.dtype_bytes     # [C, Dm]
+            totals, dev, _ = self._cinfo(cands)
+            ks = np.array([c.deg(G.REDUCE) for c in cands])
+            for k, tot in sorted({kt for kt in zip(ks.tolist(), totals.tolist())
+                                  if kt[0] > 1}):
+                idx = np.flatnonzero((ks == k) & (totals == tot))
+                nn_ = np.sort(node_of[dev[idx, :tot]].reshape(len(idx), -1, k), axis=2)
+                out = nn_[..., 0] != nn_[..., -1]
+                inn = (nn_[..., 1:] == nn_[..., :-1]).any(axis=2)
+                bw = np.minimum(np.where(inn, bw_in, np.inf), np.where(out, bw_out, np.inf))
+                lat = np.maximum(np.where(inn, lat_in, 0.0), np.where(out, lat_out, 0.0))
+                sz = vols[idx, :tot:k]                                   # [g, groups]
+                t[idx] = (passes * ((k - 1) / k * sz / bw + (k - 1) * lat)).max(axis=1)
+                nbytes[idx] = (passes * (k - 1) * sz).sum(axis=1)  # whole bytes: exact
+            return t, nbytes
         for i, cfg in enumerate(cands):
             k = cfg.deg(G.REDUCE)
             if k == 1:
-                continue
-            if nodes is not None:      # every group at once: slowest link = node structure
-                nn_ = np.sort(node_of[np.asarray(cfg.devices)].reshape(-1, k), axis=1)
-                out = nn_[:, 0] != nn_[:, -1]
-                inn = (nn_[:, 1:] == nn_[:, :-1]).any(axis=1)
-                bw = np.minimum(np.where(inn, bw_in, np.inf), np.where(out, bw_out, np.inf))
-                lat = np.maximum(np.where(inn, lat_in, 0.0), np.where(out, lat_out, 0.0))
-                sz = vols[i, : cfg.total: k]
-                t[i] = (passes * ((k - 1) / k * sz / bw + (k - 1) * lat)).max()
-                nbytes[i] = (passes * (k - 1) * sz).sum()     # whole bytes: exact in any order
                 continue
             tiles, _ = G.compute_boxes(layer, cfg)
             for members in G.reduce_groups(cfg):
