@@ -3,9 +3,9 @@
 Prints, per (model, devices): the degrees used, layers, candidates per layer (mean / max), the
 final graph left by node/edge elimination, the optcnn cost-table and search time (fresh cost
 model, best of --repeat runs), an independent exact solve of the same tables (bucket
-elimination written here, over the ``--dump-costs`` document; ``x_indep`` = search_s /
-indep_s), the end-to-end wall time of the ``explorer search`` process (second run, so the
-import caches are warm) and its peak memory, and the objective (equation 1) of optcnn against
+elimination written here, over the ``--dump-costs`` document, best of as many runs;
+``x_indep`` = search_s / indep_s), the end-to-end wall time of the ``explorer search``
+process (second run, so the import caches are warm) and its peak memory, and the objective (equation 1) of optcnn against
 data / model / OWT.
 
     python benchmarks/search.py [--models inception_v3,vgg16] [--devices 4,8,16] [--repeat 3]
@@ -160,7 +160,10 @@ def bench(model: str, n: int, repeat: int, cost: str, degrees: str = "auto", e2e
             objs[algo] = run(algo, Problem.of(g, d, cm)).objective_s
         except InfeasiblePlan:
             objs[algo] = float("nan")
-    indep, indep_s = independent_solve(res.tables.dump())
+    doc = res.tables.dump()
+    indep, indep_s = independent_solve(doc)
+    for _ in range(repeat - 1):     # best of as many runs as the search had
+        indep_s = min(indep_s, independent_solve(doc)[1])
     info = res.info
     row = {
         "model": model, "devices": n, "degrees": _degrees_label(info["degrees"]),
