@@ -200,12 +200,16 @@ def test_min_plus_skipping_useless_middle_candidates_changes_nothing(monkeypatch
 
 def test_by_node_transfer_tables_do_not_depend_on_the_block_size():
     g = import_spec("resnet50")
-    small, large = (CostModel(g, preset("p100-cluster", 16)) for _ in range(2))
+    small, large, per_k = (CostModel(g, preset("p100-cluster", 16)) for _ in range(3))
     small.NODE_BLOCK, large.NODE_BLOCK = 64, 1 << 22
+    per_k.PAD_LIMIT = 0       # one kernel call per device count, not all padded at once
     assert small._node_structure() is not None          # the two-level kernel is used
-    ts, tl = small.tables(), large.tables()
-    for (e, ms), (_, ml), bs, bl in zip(ts.edges, tl.edges, ts.bytes_xfer, tl.bytes_xfer):
+    ts, tl, tk = small.tables(), large.tables(), per_k.tables()
+    for (e, ms), (_, ml), (_, mk), bs, bl, bk in zip(ts.edges, tl.edges, tk.edges,
+                                                     ts.bytes_xfer, tl.bytes_xfer,
+                                                     tk.bytes_xfer):
         assert np.array_equal(ms, ml) and np.array_equal(bs, bl), (e.src, e.dst)
+        assert np.array_equal(ms, mk) and np.array_equal(bs, bk), (e.src, e.dst)
 
 
 # -- degrees --------------------------------------------------------------------------------
@@ -291,6 +295,20 @@ def test_estimate_is_what_gets_built():
     assert len(arrays) < 2 * len(t.edges)     # ResNet's bottlenecks repeat
     assert built <= est["table_bytes"] < every
     assert t.estimate == est
+
+
+def test_estimate_counts_the_tables_of_repeated_blocks_once():
+    from explorer.engine.costmodel import MAX_WORK
+    g = import_spec("gpt2")
+    cm = CostModel(g, preset("p100-cluster", 1024), degrees="pow2")
+    est = cm.estimate()
+    tok = {n: cm._ckey(cm.candidates(n)) for n in g.names()}
+    distinct = cm._distinct_edges(tok)
+    assert len(distinct) < len(g.edges()) / 3          # 12 transformer blocks share tables
+    every = sum(float(len(cm.candidates(e.src))) * float(cm._cinfo(cm.candidates(e.dst))[0]
+                                                         .sum()) for e in g.edges())
+    assert est["work"] < every
+    assert est["work"] <= MAX_WORK                     # so this search is not refused
 
 
 def test_too_little_memory_is_refused_before_building(monkeypatch):
