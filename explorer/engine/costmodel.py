@@ -166,7 +166,7 @@ class CostModel:
         self._cand_cache: dict = {}
         self._ctok: dict = {}
         self._ctok_content: dict = {}
-        self._cinfo_cache: dict = {}
+        self._cinfo_cache: OrderedDict = OrderedDict()
         self._esig: dict = {}
         self._grad_cache: dict | None = None
         self._memory = None
@@ -259,9 +259,7 @@ class CostModel:
         each candidate's device count, its devices (-1 past the count) and the smallest
         memory among them (read per candidate by every table; hundreds of thousands of
         attribute reads otherwise)."""
-        tok = self._ckey(cands)
-        hit = self._cinfo_cache.get(tok)
-        if hit is None:
+        def make():
             totals = np.fromiter((len(c.devices) for c in cands), dtype=np.int64,
                                  count=len(cands))
             dev = np.full((len(cands), int(totals.max())), -1, dtype=np.int64)
@@ -270,8 +268,9 @@ class CostModel:
             if self._memory is None:
                 self._memory = np.array([d.memory for d in self.devices.devices], dtype=float)
             cap = np.where(dev >= 0, self._memory[np.clip(dev, 0, None)], np.inf).min(axis=1)
-            hit = self._cinfo_cache[tok] = (totals, dev, cap)
-        return hit
+            return totals, dev, cap
+        # [C, devices] each: a few MiB at 1,024 devices, so only the most recent are kept
+        return self._lru(self._cinfo_cache, self._ckey(cands), make, size=24)
 
     @staticmethod
     def _lru(cache: OrderedDict, key, make, size: int = 12):
