@@ -5,8 +5,8 @@ final graph left by node/edge elimination, the optcnn cost-table and search time
 model, best of --repeat runs), an independent exact solve of the same tables (bucket
 elimination written here, over the ``--dump-costs`` document, best of as many runs;
 ``x_indep`` = search_s / indep_s), the end-to-end wall time of the ``explorer search``
-process (second run, so the import caches are warm) and its peak memory, and the objective (equation 1) of optcnn against
-data / model / OWT.
+process (second run, so the import caches are warm) and its peak memory, and the objective
+(equation 1) of optcnn against data / model / OWT.
 
     python benchmarks/search.py [--models inception_v3,vgg16] [--devices 4,8,16] [--repeat 3]
                                 [--scale-models inception_v3,resnet50,gpt2]
