@@ -10,6 +10,7 @@ traces it again nor imports torch.
 
 from __future__ import annotations
 
+import json
 import threading
 from collections import OrderedDict
 from dataclasses import asdict, dataclass, field
@@ -191,13 +192,141 @@ def run_method(req: Request, algo: str | None = None, pins=None, options=None):
     return run(algo or req.algo, problem_for(req), pins, options)
 
 
-def search(req: Request, pins: list | None = None, algo: str | None = None) -> dict:
-    """Run layer-wise ``algo`` (default ``req.algo``) honouring ``pins``; the plan dict with
-    its trace."""
+_RESULTS: OrderedDict = OrderedDict()
+
+
+def _layerwise_result(req: Request, algo: str, pins):
+    """:func:`run_method`'s result, cached per request, method and pins while the request's
+    cost model is the one it was searched with (the searches are deterministic): opening the
+    same page again, or the page's plan again under Compare, does not search again."""
+    from .engine.search import METHODS
+    if algo not in METHODS or METHODS[algo].family != "layerwise":
+        return run_method(req, algo, pins)
+    cm = cost_model_for(req)
+    key = req.graph_key() + req.device_key() + (req.cost, req.sync, req.degrees, algo,
+                                                 tuple(p if isinstance(p, str) else repr(p)
+                                                       for p in pins or ()))
+    with _LOCK:
+        got = _RESULTS.get(key)
+        if got is not None and got[0] is cm:
+            _RESULTS.move_to_end(key)
+            return got[1]
     res = run_method(req, algo, pins)
-    doc = res.to_dict(trace=True)
+    with _LOCK:
+        _RESULTS[key] = (cm, res)
+        while len(_RESULTS) > _CACHE_SIZE:
+            _RESULTS.popitem(last=False)
+    return res
+
+
+def search(req: Request, pins: list | None = None, algo: str | None = None,
+           keep_trace: bool = False) -> dict:
+    """Run layer-wise ``algo`` (default ``req.algo``) honouring ``pins``; the plan dict with
+    its trace - or, with ``keep_trace``, with ``trace_ref`` instead (:func:`keep_trace`: the
+    trace stays on the server and the page fetches one step at a time)."""
+    res = _layerwise_result(req, algo or req.algo, pins)
+    doc = res.to_dict(trace=not keep_trace)
+    if keep_trace:
+        from .engine.plandoc import dumps
+        text = dumps(res.trace or [])
+        doc["trace_ref"] = keep_trace_steps(json.loads(text), text)
     doc["request"] = req.to_dict()
     return doc
+
+
+# -- search traces kept on the server ---------------------------------------------------------
+#
+# An elimination trace has a few steps per layer, each with the numbers of its equation (2 MB
+# for 2,000 layers): the page holds only its reference and asks for the step it shows.  The
+# trace is kept in this process and in a file under the home directory, because Dash runs
+# background callbacks (the search button) in other processes than the one serving the page.
+
+_TRACES: OrderedDict = OrderedDict()     # id -> list of steps (this process)
+_TRACES_LOCK = threading.Lock()
+_TRACES_KEPT = 8                         # in memory
+_TRACE_FILES = 64                        # on disk (the oldest are removed)
+
+
+def _trace_dir():
+    from .engine.storage import home
+    return home() / "traces"
+
+
+def keep_trace_steps(trace: list, text: str | None = None) -> dict:
+    """Keep ``trace`` (``text``: its JSON, when already written) on the server: ``{"id",
+    "steps", "counts"}`` (its content hash, its length, and how many steps of each kind) for
+    the page to fetch it with."""
+    import collections
+    import hashlib
+    import os
+    text = text if text is not None else json.dumps(trace, separators=(",", ":"))
+    key = hashlib.sha256(text.encode()).hexdigest()[:32]
+    with _TRACES_LOCK:
+        _TRACES[key] = trace
+        _TRACES.move_to_end(key)
+        while len(_TRACES) > _TRACES_KEPT:
+            _TRACES.popitem(last=False)
+    try:
+        folder = _trace_dir()
+        folder.mkdir(exist_ok=True)
+        path = folder / f"{key}.json"
+        if not path.exists():
+            tmp = folder / f".{key}.{os.getpid()}.tmp"
+            tmp.write_text(text)
+            os.replace(tmp, path)
+            files = sorted(folder.glob("*.json"), key=lambda f: f.stat().st_mtime)
+            for old in files[:-_TRACE_FILES]:
+                old.unlink(missing_ok=True)
+        else:
+            path.touch()
+    except OSError:
+        pass                             # kept in this process only
+    return {"id": key, "steps": len(trace),
+            "counts": dict(collections.Counter(s.get("kind") for s in trace))}
+
+
+def trace_of(plan: dict | None) -> list | None:
+    """A plan dict's elimination trace: inline (``trace``) or kept on the server
+    (``trace_ref``); ``[]`` when the plan has none, ``None`` when its kept trace is gone."""
+    plan = plan or {}
+    if plan.get("trace") is not None:
+        return plan["trace"]
+    ref = plan.get("trace_ref")
+    if not ref:
+        return []
+    key = str(ref.get("id", ""))
+    with _TRACES_LOCK:
+        if key in _TRACES:
+            _TRACES.move_to_end(key)
+            return _TRACES[key]
+    if not key.isalnum():
+        return None
+    try:
+        trace = json.loads((_trace_dir() / f"{key}.json").read_text())
+    except (OSError, ValueError):
+        return None
+    with _TRACES_LOCK:
+        _TRACES[key] = trace
+        while len(_TRACES) > _TRACES_KEPT:
+            _TRACES.popitem(last=False)
+    return trace
+
+
+def trace_length(plan: dict | None) -> int:
+    """How many steps a plan's trace has (without fetching a kept one)."""
+    plan = plan or {}
+    if plan.get("trace") is not None:
+        return len(plan["trace"])
+    return int((plan.get("trace_ref") or {}).get("steps") or 0)
+
+
+def trace_counts(plan: dict | None) -> dict:
+    """Steps of each kind (``node``, ``edge``, ``final``, ``undo``) of a plan's trace."""
+    import collections
+    plan = plan or {}
+    if plan.get("trace") is not None:
+        return dict(collections.Counter(s.get("kind") for s in plan["trace"]))
+    return dict((plan.get("trace_ref") or {}).get("counts") or {})
 
 
 def candidates(req: Request, layer: str, plan: dict | None = None) -> list:
@@ -592,7 +721,8 @@ def plan_file(doc: dict) -> dict:
         raise ExplorerError("there is no plan to download: run a search first")
     if kind == "layerwise":
         return seal({k: v for k, v in doc.items()
-                     if k not in ("trace", "history_id", "checksum", "previous")}, kind)
+                     if k not in ("trace", "trace_ref", "history_id", "checksum",
+                                  "previous")}, kind)
     if not isinstance(doc.get("request"), dict):
         raise ExplorerError("this plan has no request to rebuild it from: search again")
     req = Request.from_dict(doc["request"])
@@ -708,7 +838,8 @@ def runs(doc: dict, limit: int = 50) -> list:
     from .engine.runtime.store import RunStore, run_key
     if not isinstance(doc, dict) or "error" in doc or kind_of(doc) is None:
         return []
-    doc = {k: v for k, v in doc.items() if k not in ("trace", "previous", "history_id")}
+    doc = {k: v for k, v in doc.items()
+           if k not in ("trace", "trace_ref", "previous", "history_id")}
     return RunStore().rows(digest(run_key(doc)), limit)
 
 
@@ -793,6 +924,7 @@ def _family(algo: str) -> str | None:
 def clear_caches():
     with _LOCK:
         _BUILDING.clear()
+        _RESULTS.clear()
         _PLACE_GRAPHS.clear()
         _PLACEMENTS.clear()
         _GRAPHS.clear()
@@ -805,4 +937,5 @@ __all__ = ["Request", "search", "candidates", "compare", "scaling", "tiles", "su
            "layer_info", "plan_changes", "parse_model_args", "graph_for", "clear_caches",
            "opgraph_for", "tofu", "tofu_strip", "tofu_compare", "placement",
            "placement_compare", "placement_structure", "placement_pins", "placement_graph_for",
-           "run_plan", "run_placement", "placement_runs", "cost_model_info", "calibrate_local"]
+           "run_plan", "run_placement", "placement_runs", "cost_model_info", "calibrate_local",
+           "keep_trace_steps", "trace_of", "trace_length", "trace_counts"]

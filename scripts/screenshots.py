@@ -31,7 +31,8 @@ def shot(drv, out, name):
 
 def learn_shots(out):
     """The Learn page (/learn) at 1500×1100 and 1024×768: the first scenario (OptCNN Figures
-    1-4) once its figures are drawn, and the elimination scenario (equations 2 and 3)."""
+    1-4) once its figures are drawn, the elimination scenario (equations 2 and 3), and
+    Figures 7-8 / Table 5 with why layer-wise moves more bytes than OWT."""
     for (w, h), name in (((1500, 1100), "learn.png"), ((1024, 768), "learn-1024.png")):
         with B.browser(w, h) as drv, B.server() as url:
             drv.get(url + "learn")
@@ -48,6 +49,16 @@ def learn_shots(out):
                 B.wait(drv, lambda: "Equation" in B.text(drv, "#learn-optcnn-elim-fig"), 120)
                 time.sleep(1.5)
                 shot(drv, out, "learn-elimination.png")
+                # Figures 7-8 and Table 5: why layer-wise moves more bytes than OWT here
+                drv.find_element("css selector", "#learn-tabs .tab:nth-child(4)").click()
+                B.wait(drv, lambda: "not bytes" in B.text(drv, "#learn-optcnn-scale-why-bytes"),
+                       300)
+                B.wait(drv, lambda: "Table 5" in B.text(drv, "#learn-optcnn-scale-why-table5"),
+                       300)
+                drv.execute_script("document.getElementById('learn-optcnn-scale-why-bytes')"
+                                   ".scrollIntoView({block: 'start'})")
+                time.sleep(1.5)
+                shot(drv, out, "learn-fig8.png")
 
 
 def main(argv=None):

@@ -18,7 +18,8 @@ def test_app_builds_with_default_plan_and_all_panels():
         assert panel in text
     req_doc, plan = A.initial_state(None)
     assert req_doc["model"] == "vgg16" and plan["algo"] == "optcnn"
-    assert plan["trace"][-1]["kind"] == "undo"
+    assert "trace" not in plan                        # the page holds the trace's reference
+    assert session.trace_of(plan)[-1]["kind"] == "undo"
 
 
 def test_serve_refuses_a_port_in_use(capsys):

@@ -182,3 +182,18 @@ def test_open_in_explorer_link_opens_the_scenario_state(learn_duo):
     got = parse_qs(url.query)
     assert got["model"] == ["vgg16"] and got["devices"] == ["2"] and got["batch"] == ["128"]
     until(lambda: "classifier_0" in duo.find_element("#" + ids.PIN_LIST).text)
+
+
+def test_figure8_and_table5_say_why_layerwise_moves_more_bytes(learn_duo):
+    """Figures 7-8 / Table 5 on VGG-16: the page explains, in the plans' numbers, why the
+    layer-wise optimum moves more bytes than OWT, and sets the paper's Table 5 plan (our
+    costs) beside ours and OWT."""
+    duo = learn_duo
+    open_learn(duo)
+    key = "optcnn-scale"
+    show(duo, key)
+    drawn(duo, key)
+    why = until(lambda: duo.find_element("#" + ids.learn(key, "why-bytes")).text)
+    assert "minimises time, not bytes" in why and "GB/s" in why
+    t5 = until(lambda: duo.find_element("#" + ids.learn(key, "why-table5")).text)
+    assert "the paper's Table 5, our costs" in t5 and "h2 w2" in t5 and "n2 c2" in t5

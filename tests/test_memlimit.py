@@ -145,3 +145,24 @@ def test_a_placement_is_checked_against_the_limit_too():
     doc = run_method("m-topo", Problem.of(g, preset("local", 2))).document()
     with pytest.raises(InfeasiblePlan, match="over --memory-per-worker"):
         run_document(doc, memory_per_worker=max(doc["peak_memory_bytes"]) / 2, verify=False)
+
+
+def test_a_model_over_one_worker_s_limit_trains_across_2_and_4_workers_under_it():
+    """The limit is below the step's peak on one worker: that plan is refused before launch,
+    while the same step split over 2 and then 4 workers trains three steps with every worker
+    under the runtime limit (watched while it runs) and matches the float64 reference."""
+    g = build_opgraph("mlp", 256, {"layers": 3, "hidden": 2048})
+    one = run_method("tofu", Problem.of(g, preset("local", 1))).document()
+    limit = 0.8 * max(one["peak_memory_bytes"])          # 117 MiB; 2 workers allocate ~100
+    with pytest.raises(InfeasiblePlan, match="over --memory-per-worker"):
+        run_document(one, memory_per_worker=limit, verify=False)
+    for k in (2, 4):
+        d = run_method("tofu", Problem.of(g, preset("local", k))).document()
+        assert max(d["peak_memory_bytes"]) < limit
+        res = run_document(d, steps=3, train=True, memory_per_worker=limit, verify=False,
+                           timeout_s=300)
+        assert res["reference_ok"] is True and res["train"], res["max_rel_error"]
+        assert res["max_rel_error"] < 1e-10
+        assert len(res["measured_peak_memory_bytes"]) == k
+        assert max(res["measured_peak_memory_bytes"]) < limit
+        assert res["memory_per_worker_bytes"] == limit and _gone(res["pids"])

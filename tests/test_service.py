@@ -155,3 +155,23 @@ def test_an_uploaded_cluster_is_read_from_its_document():
     with pytest.raises(UnknownPreset, match="the uploaded cluster: KeyError"):
         service.devices_for(service.Request(preset="custom", devices=2,
                                             cluster={"devices": [{"name": "x"}]}))
+
+
+def test_layerwise_results_are_cached_while_the_cost_model_is_the_same(monkeypatch):
+    """A page opened again does not search again; new costs (calibration rebuilds the
+    request's cost model) or other pins do."""
+    from explorer import service as S
+    S.clear_caches()
+    calls = []
+    real = S.run_method
+    monkeypatch.setattr(S, "run_method", lambda *a, **k: calls.append(a) or real(*a, **k))
+    req = S.Request(model="lenet5", preset="p100-cluster", devices=2, batch=8)
+    first = S.search(req, keep_trace=True)
+    again = S.search(req, keep_trace=True)
+    assert len(calls) == 1 and again == first
+    S.search(req, ["conv1=n=2"])
+    assert len(calls) == 2
+    with S._LOCK:
+        S._MODELS.clear()                              # what calibrate_local does for local
+    S.search(req, keep_trace=True)
+    assert len(calls) == 3

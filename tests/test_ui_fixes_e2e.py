@@ -393,3 +393,69 @@ def test_tiling_halo_is_shaded_labelled_and_hoverable(dash_duo):
     """
     until(lambda: dash_duo.driver.execute_script(colours, ids.TILING_FIGURE) == 4, 30,
           "four devices' regions")
+
+
+def _tagged(tag: str) -> list:
+    """Processes other than this one that inherited the environment variable ``tag`` (the
+    app's background jobs and the workers they start, even once re-parented)."""
+    import psutil
+    out = []
+    for p in psutil.process_iter(["pid"]):
+        if p.pid == os.getpid():
+            continue
+        try:
+            if p.environ().get("EXPLORER_TEST_TAG") == tag:
+                out.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
+            pass
+    return out
+
+
+def _workers(procs) -> list:
+    """The torch.multiprocessing (spawn) workers among ``procs``."""
+    import psutil
+    out = []
+    for p in procs:
+        try:
+            if "spawn_main" in " ".join(p.cmdline()):
+                out.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            pass
+    return out
+
+
+def test_cancelling_calibration_leaves_no_process(dash_duo, monkeypatch):
+    """Calibrate from the Run tab, Cancel while its workers run: the page says it was
+    cancelled, and within a bounded wait neither a child of the server process nor any
+    process that came from the calibration (found by an environment variable every one of
+    them inherits, so a worker re-parented after its launcher died is found too) is left."""
+    import uuid
+
+    import psutil
+    tag = uuid.uuid4().hex
+    monkeypatch.setenv("EXPLORER_TEST_TAG", tag)
+    start(dash_duo, Request(model="lenet5", preset="p100-nvlink-4", devices=2, batch=16))
+    tab(dash_duo, "Run")
+    before = dash_duo.find_element("#cost-model-text").text
+    dash_duo.find_element(f"#{ids.CALIB_BUTTON}").click()
+    seen = until(lambda: _workers(_tagged(tag)), 180, "calibration workers running")
+    pids = {p.pid for p in seen}
+    dash_duo.find_element(f"#{ids.CALIB_CANCEL}").click()
+    dash_duo.wait_for_contains_text(f"#{ids.CALIB_STATUS}", "cancelled", timeout=30)
+    dash_duo.wait_for_element_by_css_selector(f"#{ids.CALIB_BUTTON}:not([disabled])",
+                                              timeout=30)
+
+    def left():
+        kids = [p for p in psutil.Process().children(recursive=True)
+                if "chrom" not in p.name().lower()]
+        return {p.pid: p.name() for p in kids + _tagged(tag) if p.is_running()
+                and p.status() != psutil.STATUS_ZOMBIE}
+    end = time.time() + 30
+    while time.time() < end and left():
+        time.sleep(0.5)
+    assert not left(), f"processes left after Cancel: {left()}"
+    assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
+                   for p in pids)
+    # nothing changed on the page: the same plan, its costs from the same model
+    assert dash_duo.find_element("#cost-model-text").text == before
+    assert "cancelled" in dash_duo.find_element(f"#{ids.CALIB_STATUS}").text

@@ -170,3 +170,33 @@ def test_strip_thumbnails_name_the_split_dimensions():
     fig = TF.strip_figure({"layers": layers, "devices": 16})
     dims = next(t for t in fig.data if t.meta == "strip-dimensions")
     assert list(dims.text) == ["n", "c", "h", "w"]
+
+
+def test_the_page_holds_the_trace_by_reference_and_fetches_one_step(tmp_path, monkeypatch):
+    """The plan store carries ``trace_ref`` (id, length, counts), not the 2-MB trace; the
+    slider's step comes from the server (memory, else the file a background search wrote),
+    and a trace gone from the server says so instead of showing nothing."""
+    from explorer import service as session
+    monkeypatch.setenv("EXPLORER_HOME", str(tmp_path))
+    req = session.Request(model="lenet5", preset="p100-cluster", devices=4, batch=16)
+    inline = session.search(req)
+    kept = session.search(req, keep_trace=True)
+    assert "trace" not in kept and kept["trace_ref"]["steps"] == len(inline["trace"])
+    assert kept["trace_ref"]["counts"]["undo"] == sum(s["kind"] == "undo"
+                                                      for s in inline["trace"])
+    assert session.trace_of(kept) == inline["trace"]
+    index, text, eq = steps.shown_step(2, "steps", kept)
+    assert index == 1 and "Step 2/" in str(text) and eq
+    session._TRACES.clear()                          # another process: read from the file
+    assert session.trace_of(kept) == inline["trace"]
+    session._TRACES.clear()
+    for f in (tmp_path / "traces").glob("*.json"):
+        f.unlink()
+    assert session.trace_of(kept) is None
+    assert steps.shown_step(2, "steps", kept)[1] == steps.GONE
+    # the step-count line needs no trace at all
+    assert f"{len(inline['trace'])} steps" in steps.reset_view(kept)[2]
+    assert steps.reset_view(kept)[2] == steps.reset_view(inline)[2]
+    # bookkeeping never changes a plan's identity in the history
+    from explorer.engine.history import digest
+    assert digest({k: v for k, v in kept.items() if k != "trace_ref"}) == digest(kept)

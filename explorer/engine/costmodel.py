@@ -57,11 +57,13 @@ EFFICIENCY["conv_transpose"] = EFFICIENCY["conv"]   # the same kernels (a data g
 LAUNCH_OVERHEAD_S = 3 * 5e-6
 #: Memory passes of the SGD update per weight byte: read weights, read gradients, write weights.
 UPDATE_PASSES = 3.0
-#: Largest work (:meth:`CostModel.estimate`'s ``work``: per-edge kernel elements plus
-#: elimination steps / 16) a search may start: about ten minutes on a busy 2-core machine.
+#: Largest work (:meth:`CostModel.estimate`'s ``work``: kernel elements of the distinct edge
+#: tables plus elimination steps / 16) a search may start: measured at about 6e7 work per
+#: second on a busy 2-core machine (ResNet-50 and the GPT-2 example at 1,024 devices), so
+#: about a minute and a half there.
 MAX_WORK = 5e9
 #: ``degrees="auto"`` beyond 16 devices takes powers of two, or the first coarser ladder
-#: (powers of 4, 8, ...) whose work is at most this (about a minute on a 2-core machine).
+#: (powers of 4, 8, ...) whose work is at most this (about 20 s on a busy 2-core machine).
 AUTO_WORK = 1e9
 
 
@@ -151,8 +153,6 @@ class CostModel:
         self.graph, self.devices = graph, devices
         self.compute, self.sync = compute, sync
         self.degrees = G.degree_values(degrees, devices.n)     # ValueError with the numbers
-        if degrees in (None, "auto") and devices.n > G.ALL_DIVISORS_UP_TO:
-            self.degrees = self._auto_degrees()
         self.dtype_bytes = dtype_bytes
         self.profile_cache = profile_cache
         self._profiler = None
@@ -166,9 +166,13 @@ class CostModel:
         self._cand_cache: dict = {}
         self._ctok: dict = {}
         self._ctok_content: dict = {}
+        self._cinfo_cache: OrderedDict = OrderedDict()
+        self._esig: dict = {}
         self._grad_cache: dict | None = None
         self._memory = None
         self._tables_cache: dict = {}      # pins' text -> CostTables (shared by the methods)
+        if degrees in (None, "auto") and devices.n > G.ALL_DIVISORS_UP_TO:
+            self.degrees = self._auto_degrees()
 
     # -- gradients -------------------------------------------------------------------------
     def needs_grad(self, name: str) -> bool:
@@ -250,6 +254,24 @@ class CostModel:
         self._ctok[id(cands)] = (cands, tok)      # holds the list: its id stays unique
         return tok
 
+    def _cinfo(self, cands: list):
+        """``(totals [C], devices [C, Dm], capacity [C])`` of a candidate list, by content:
+        each candidate's device count, its devices (-1 past the count) and the smallest
+        memory among them (read per candidate by every table; hundreds of thousands of
+        attribute reads otherwise)."""
+        def make():
+            totals = np.fromiter((len(c.devices) for c in cands), dtype=np.int64,
+                                 count=len(cands))
+            dev = np.full((len(cands), int(totals.max())), -1, dtype=np.int64)
+            for i, c in enumerate(cands):
+                dev[i, : totals[i]] = c.devices
+            if self._memory is None:
+                self._memory = np.array([d.memory for d in self.devices.devices], dtype=float)
+            cap = np.where(dev >= 0, self._memory[np.clip(dev, 0, None)], np.inf).min(axis=1)
+            return totals, dev, cap
+        # [C, devices] each: a few MiB at 1,024 devices, so only the most recent are kept
+        return self._lru(self._cinfo_cache, self._ckey(cands), make, size=24)
+
     @staticmethod
     def _lru(cache: OrderedDict, key, make, size: int = 12):
         """``cache[key]`` or ``make()``, keeping the ``size`` most recent: these arrays are
@@ -264,13 +286,18 @@ class CostModel:
             cache.move_to_end(key)
         return v
 
+    def _stacked_all(self, layer: Layer, cands: list):
+        """``(tiles, reduce, owned, used)`` of every candidate (one pass for both views)."""
+        return self._lru(self._stack_cache, self._layout_key(layer, cands),
+                         lambda: G.stacked_boxes(layer, cands))
+
     def _stacked(self, layer: Layer, cands: list):
-        return self._lru(self._stack_cache, ("owned",) + self._layout_key(layer, cands),
-                         lambda: G.stacked_output_boxes(layer, cands))
+        _, _, owned, used = self._stacked_all(layer, cands)
+        return owned, used
 
     def _stacked_compute(self, layer: Layer, cands: list):
-        return self._lru(self._stack_cache, ("compute",) + self._layout_key(layer, cands),
-                         lambda: G.stacked_compute_boxes(layer, cands))
+        tiles, red, _, used = self._stacked_all(layer, cands)
+        return tiles, red, used
 
     def shard_shapes(self, layer: Layer, cfg: G.Config) -> list:
         """Per device of ``cfg``: (shape of the box it computes, input region shapes); a
@@ -291,7 +318,7 @@ class CostModel:
                self._ckey(cands), self.input_grads(name))
         hit = self._layer_cache.get(key)
         if hit is None:
-            totals = np.array([c.total for c in cands])
+            totals = self._cinfo(cands)[0]
             if len(cands) * totals.max() <= self.GROUP_ROWS or len(set(totals.tolist())) < 2:
                 hit = self._layer_costs(layer, cands)
             else:
@@ -309,12 +336,10 @@ class CostModel:
 
     def _layer_costs(self, layer: Layer, cands: list):
         C = len(cands)
-        Dm = max(c.total for c in cands)
         # every candidate's tiles at once: [C, Dm, nd, 2], padding rows are empty boxes
         boxes, used = self._stacked(layer, cands)
-        dev = np.zeros((C, Dm), dtype=np.int64)
-        for i, c in enumerate(cands):
-            dev[i, : c.total] = c.devices
+        dev = np.clip(self._cinfo(cands)[1], 0, None)
+        Dm = dev.shape[1]
         db = self.dtype_bytes
         vol = np.where(used, G.volume(boxes), 0).astype(float)
         tc, ts = np.zeros(C), np.zeros(C)
@@ -370,6 +395,15 @@ class CostModel:
         """``(t_R [C], bytes [C])``: the reduce-scatter of each row-parallel candidate's
         partial tiles (and the all-gather of their gradient backward), ``None`` when no
         candidate has a ``k`` degree.  See the module docstring."""
+        layer = self.graph.layer(name)
+        # the same layout and gradient flag give the same numbers (repeated blocks)
+        key = ("reduce", self._layout_key(layer, cands), self.needs_grad(name))
+        if key not in self._layer_cache:
+            self._layer_cache[key] = self._reduce_costs(name, cands)
+        hit = self._layer_cache[key]
+        return None if hit is None else (hit[0].copy(), hit[1].copy())
+
+    def _reduce_costs(self, name: str, cands: list):
         if all(c.deg(G.REDUCE) == 1 for c in cands):
             return None
         layer = self.graph.layer(name)
@@ -377,22 +411,28 @@ class CostModel:
         t, nbytes = np.zeros(len(cands)), np.zeros(len(cands))
         nodes = self._node_structure()
         if nodes is not None:
+            # every group of every candidate with the same (k, device count) at once; a
+            # group's slowest link follows from the node structure
             node_of, bw_in, bw_out, lat_in, lat_out = nodes
             tiles, _, _ = self._stacked_compute(layer, cands)
             vols = G.volume(tiles).astype(float) * self.dtype_bytes     # [C, Dm]
+            totals, dev, _ = self._cinfo(cands)
+            ks = np.array([c.deg(G.REDUCE) for c in cands])
+            for k, tot in sorted({kt for kt in zip(ks.tolist(), totals.tolist())
+                                  if kt[0] > 1}):
+                idx = np.flatnonzero((ks == k) & (totals == tot))
+                nn_ = np.sort(node_of[dev[idx, :tot]].reshape(len(idx), -1, k), axis=2)
+                out = nn_[..., 0] != nn_[..., -1]
+                inn = (nn_[..., 1:] == nn_[..., :-1]).any(axis=2)
+                bw = np.minimum(np.where(inn, bw_in, np.inf), np.where(out, bw_out, np.inf))
+                lat = np.maximum(np.where(inn, lat_in, 0.0), np.where(out, lat_out, 0.0))
+                sz = vols[idx, :tot:k]                                   # [g, groups]
+                t[idx] = (passes * ((k - 1) / k * sz / bw + (k - 1) * lat)).max(axis=1)
+                nbytes[idx] = (passes * (k - 1) * sz).sum(axis=1)  # whole bytes: exact
+            return t, nbytes
         for i, cfg in enumerate(cands):
             k = cfg.deg(G.REDUCE)
             if k == 1:
-                continue
-            if nodes is not None:      # every group at once: slowest link = node structure
-                nn_ = np.sort(node_of[np.asarray(cfg.devices)].reshape(-1, k), axis=1)
-                out = nn_[:, 0] != nn_[:, -1]
-                inn = (nn_[:, 1:] == nn_[:, :-1]).any(axis=1)
-                bw = np.minimum(np.where(inn, bw_in, np.inf), np.where(out, bw_out, np.inf))
-                lat = np.maximum(np.where(inn, lat_in, 0.0), np.where(out, lat_out, 0.0))
-                sz = vols[i, : cfg.total: k]
-                t[i] = (passes * ((k - 1) / k * sz / bw + (k - 1) * lat)).max()
-                nbytes[i] = (passes * (k - 1) * sz).sum()     # whole bytes: exact in any order
                 continue
             tiles, _ = G.compute_boxes(layer, cfg)
             for members in G.reduce_groups(cfg):
@@ -482,16 +522,6 @@ class CostModel:
         lat = self._group_lat(cfg.devices)
         return max(load.values()) + self._sync_steps(rmax) * lat
 
-    def _capacity(self, devs: tuple) -> float:
-        """Smallest memory among ``devs`` (cached: configurations share device blocks)."""
-        v = self._lat_cache.get(("memory", devs))
-        if v is None:
-            if self._memory is None:
-                self._memory = np.array([d.memory for d in self.devices.devices], dtype=float)
-            v = float(self._memory[list(devs)].min())
-            self._lat_cache[("memory", devs)] = v
-        return v
-
     def _group_bw(self, devs: tuple) -> float:
         """Slowest link inside a group of devices (cached: groups repeat across layers)."""
         v = self._bw_cache.get(devs)
@@ -568,17 +598,12 @@ class CostModel:
         by several branches alike) share one table, found by the layouts' contents.
         """
         src, dst = self.graph.layer(edge.src), self.graph.layer(edge.dst)
-        skey = (self._layout_key(src, src_cands), dst.op, repr(sorted(dst.attrs.items())),
-                tuple(map(tuple, dst.in_shapes)), self._layout_key(dst, dst_cands), edge.index,
-                edge.transforms, self.needs_grad(edge.src))
+        skey = self._edge_sig(edge, self._ckey(src_cands), self._ckey(dst_cands))
         hit = self._xcache.get(skey)            # the same edge signature: no geometry at all
         if hit is not None:
             return hit
-        Dd = max(c.total for c in dst_cands)
         db, dred, dused = self._stacked_compute(dst, dst_cands)   # what each device computes
-        ddev = np.full((len(dst_cands), Dd), -1, dtype=np.int64)
-        for j, c in enumerate(dst_cands):
-            ddev[j, : c.total] = c.devices
+        ddev = self._cinfo(dst_cands)[1]
         need = G.edge_regions(self.graph, edge, db, dred)    # [Cd, Dd, nd, 2] on producer
         need[ddev < 0] = 0
         digest = hashlib.blake2b(np.ascontiguousarray(need), digest_size=20)
@@ -608,14 +633,15 @@ class CostModel:
     #: Elements per block of the by-node transfer kernel: its few temporaries then stay in a
     #: core's L2 cache (about 10 % less CPU at 64 devices than :data:`BLOCK`-sized blocks).
     NODE_BLOCK = 1 << 16
+    #: Source × destination candidates × devices up to which the by-node kernel runs once
+    #: over every destination padded to the largest device count (fixed per-call costs
+    #: dominate there, not the padding's extra elements)
+    PAD_LIMIT = 1 << 20
 
     def _src_tiles(self, src, src_cands):
         """``(tiles [Cs, Ds, nd, 2], device [Cs, Ds])`` of the producer (device -1: unused)."""
-        sb, used = self._stacked(src, src_cands)
-        sdev = np.full(used.shape, -1, dtype=np.int64)
-        for i, c in enumerate(src_cands):
-            sdev[i, : c.total] = c.devices
-        return sb, sdev
+        sb, _ = self._stacked(src, src_cands)
+        return sb, self._cinfo(src_cands)[1]
 
     @staticmethod
     def _axes(boxes: np.ndarray) -> list:
@@ -676,13 +702,24 @@ class CostModel:
         t = np.zeros((Cs, Cd))
         nbytes = np.zeros((Cs, Cd))
         kd = (ddev >= 0).sum(axis=1)
+        Dd = ddev.shape[1]
+        if Cs * Cd * Dd <= self.PAD_LIMIT and (ddev == np.where(ddev >= 0, np.arange(Dd),
+                                                                 -1)).all():
+            # small and unpinned (destination j on devices 0..k_j-1): one kernel call over
+            # all destinations padded to Dd devices (padding needs nothing: it adds zeros
+            # to exact byte sums and to a maximum of non-negative times)
+            tot = G.volume(need).astype(np.float64)[None] * item
+            self._xfer_block(t, nbytes, np.arange(Cs), np.arange(Cd), need, tot,
+                             tot.sum(axis=2), own[:, :Dd], nbox[:, node_of[:Dd]], sizes, item,
+                             nodes)
+            return t, nbytes
         # a source candidate's tiles lie on the nodes of its devices: a destination device
         # past ``cut`` (the end of the last such node) owns nothing and has no node-mate
         # that does, so it receives its whole region remotely - no kernel needed there
         cut = np.full(Cs, self.devices.n)
         if np.isfinite(bw_out) and (np.diff(node_of) >= 0).all():
             node_end = np.searchsorted(node_of, np.arange(int(node_of.max()) + 1), "right")
-            cut = node_end[node_of[[max(c.devices) for c in src_cands]]]
+            cut = node_end[node_of[self._cinfo(src_cands)[1].max(axis=1)]]
         for K in np.unique(kd):
             K = int(K)
             js = np.flatnonzero(kd == K)
@@ -827,41 +864,76 @@ class CostModel:
                               self.graph.layer(nm).dims,
                               G.reduction_size(self.graph.layer(nm)))]
                    for nm in self.graph.names()}
-            if self._work(per) <= AUTO_WORK or base >= n or len(vals) <= 2:
+            tok = {nm: (tuple(self.graph.layer(nm).size(a) for a in self.graph.layer(nm).dims),
+                        self.graph.layer(nm).dims) for nm in self.graph.names()}
+            if self._work(per, tok) <= AUTO_WORK or base >= n or len(vals) <= 2:
                 return vals
             base *= 2
 
-    def _work(self, per: dict) -> float:
-        """:meth:`estimate`'s work from ``{layer: (candidates, Σ total, max total)}``."""
+    def _work(self, per: dict, tok: dict) -> float:
+        """:meth:`estimate`'s work from ``{layer: (candidates, Σ total, max total)}``; edges
+        with the same :meth:`_edge_sig` (``tok``: what identifies each layer's candidate
+        list) share one table, so they count once."""
         two_level = self._node_structure() is not None
         work = sum(float(per[e.src][0]) * per[e.dst][1] * (1 if two_level else per[e.src][2])
-                   for e in self.graph.edges())
+                   for e in self._distinct_edges(tok))
         return work + sum(float(c) ** 3 for c, _, _ in per.values()) / 16
+
+    def _edge_sig(self, edge: Edge, src_tok, dst_tok) -> tuple:
+        """What an edge's transfer table depends on (as :meth:`xfer`'s first cache key):
+        the producer's layout, the consumer's operator, shapes and layout, which input, the
+        edge's transforms and whether a gradient flows back; ``*_tok`` stand for the two
+        candidate lists."""
+        key = (edge.src, edge.dst, edge.index)
+        static = self._esig.get(key)
+        if static is None:
+            src, dst = self.graph.layer(edge.src), self.graph.layer(edge.dst)
+            static = self._esig[key] = (
+                src.out_shape, src.axes, G.reduction_size(src), dst.op,
+                repr(sorted(dst.attrs.items())), tuple(map(tuple, dst.in_shapes)),
+                dst.out_shape, dst.axes, G.reduction_size(dst), edge.index, edge.transforms,
+                self.needs_grad(edge.src))
+        return static + (src_tok, dst_tok)
+
+    def _distinct_edges(self, tok: dict) -> list:
+        """One edge per distinct :meth:`_edge_sig` (repeated blocks build one table)."""
+        seen, out = set(), []
+        for e in self.graph.edges():
+            sig = self._edge_sig(e, tok[e.src], tok[e.dst])
+            if sig not in seen:
+                seen.add(sig)
+                out.append(e)
+        return out
 
     def estimate(self, pins: list | None = None) -> dict:
         """Size of the search before any table is built: candidates per layer, bytes of the
         tables, peak bytes of building and solving them, and work.
 
-        ``table_bytes`` counts ``t_xfer`` and bytes ``[Cs, Cd]`` per edge and the per-layer
-        vectors; ``peak_bytes`` adds the search's merged edge tables (as many again), the
-        per-edge kernels' blocks and the cached box layouts; ``work`` is the per-edge kernel
-        elements (``Cs`` times the devices of every destination candidate; times the source
-        devices when links are not two-level) plus the node eliminations' ``C³`` steps / 16
-        (cheaper per step).  Counts are before the memory filter, so upper bounds.
+        ``table_bytes`` counts ``t_xfer`` and bytes ``[Cs, Cd]`` per distinct edge table
+        (edges of repeated blocks share one, :meth:`_edge_sig`) and the per-layer vectors;
+        ``peak_bytes`` adds the search's merged edge tables (one per edge), the per-edge
+        kernels' blocks and the cached box layouts; ``work`` is the kernel elements of the
+        distinct edge tables (``Cs`` times the devices of every destination candidate; times
+        the source devices when links are not two-level) plus the node eliminations' ``C³``
+        steps / 16 (cheaper per step).  Counts are before the memory filter, so upper
+        bounds.
         """
         by_layer = self._pins_by_layer(pins)
-        per, sizes = {}, {}
+        per, sizes, tok = {}, {}, {}
         for n in self.graph.names():
             cs = self.candidates(n, by_layer.get(n))
-            per[n] = (len(cs), sum(c.total for c in cs), max(c.total for c in cs))
+            totals = self._cinfo(cs)[0]
+            per[n] = (len(cs), int(totals.sum()), int(totals.max()))
             sizes[n] = len(cs)
-        table = sum(16.0 * sizes[e.src] * sizes[e.dst] for e in self.graph.edges())
+            tok[n] = self._ckey(cs)
+        table = sum(16.0 * sizes[e.src] * sizes[e.dst] for e in self._distinct_edges(tok))
         table += sum(48.0 * c for c in sizes.values())
-        work = self._work(per)
+        merged = sum(16.0 * sizes[e.src] * sizes[e.dst] for e in self.graph.edges())
+        work = self._work(per, tok)
         cmax = max(sizes.values())
         nd = max((len(self.graph.layer(n).out_shape) for n in sizes), default=1)
         layouts = 20.0 * cmax * self.devices.n * max(nd, 1) * 2 * 8
-        peak = 2 * table + 12 * 8.0 * self.BLOCK + layouts
+        peak = table + merged + 12 * 8.0 * self.BLOCK + layouts
         return {"degrees": list(self.degrees), "candidates_mean": sum(sizes.values()) / len(sizes),
                 "candidates_max": cmax, "table_bytes": table, "peak_bytes": peak,
                 "work": work}
@@ -877,8 +949,8 @@ class CostModel:
         what = (f"≈ {est['peak_bytes'] / 2**30:.1f} GiB at peak (tables "
                 f"{est['table_bytes'] / 2**30:.1f} GiB) but {avail / 2**30:.1f} GiB is "
                 f"available" if over_mem else
-                f"work ≈ {est['work']:.2g} steps, over the limit of {MAX_WORK:.2g} (about ten "
-                f"minutes here)")
+                f"work ≈ {est['work']:.2g} steps, over the limit of {MAX_WORK:.2g} (about a "
+                f"minute and a half here)")
         degs = est["degrees"]
         coarse = ",".join(str(d) for d in degs if d == 1 or math.log(d, 4).is_integer())
         raise InfeasiblePlan(
@@ -930,7 +1002,7 @@ class CostModel:
         for n in names:
             cs = self.candidates(n, by_layer.get(n))
             a, b, m = self.layer_costs(n, cs)
-            cap_of = np.array([self._capacity(c.devices) for c in cs])
+            cap_of = self._cinfo(cs)[2]
             cap = float(cap_of.min())
             keep = np.flatnonzero(m <= cap_of).tolist()
             if not keep:

@@ -234,7 +234,8 @@ def local(n: int | None = None) -> DeviceGraph:
                    cal.get("mem_bw", 8 * GB), total_mem / n, 0) for i in range(n)]
     bw = np.full((n, n), cal.get("link_bw", 4 * GB))
     lat = np.full((n, n), cal.get("latency", 100e-6))
-    meta = {"backend": "gloo", "cores": cores, "calibrated": bool(cal)}
+    meta = {"backend": "gloo", "cores": cores, "calibrated": bool(cal),
+            "calibrated_at": cal.get("measured_at")}
     if n > cores:
         meta["warning"] = (f"{n} CPU workers on {cores} cores: timings will mean little")
     return DeviceGraph("local", devs, bw, lat, f"{n} CPU worker processes (gloo)", meta)

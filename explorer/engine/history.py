@@ -37,8 +37,8 @@ CREATE INDEX IF NOT EXISTS plans_digest ON plans (digest);
 """
 
 # keys that are not part of a plan's identity (bookkeeping added by the app or timings)
-_VOLATILE = ("trace", "history_id", "search_time_s", "request", "info", "checksum", "version",
-             "previous")
+_VOLATILE = ("trace", "trace_ref", "history_id", "search_time_s", "request", "info", "checksum",
+             "version", "previous")
 
 
 def digest(plan: dict) -> str:
@@ -54,7 +54,7 @@ def digest(plan: dict) -> str:
 class PlanStore:
     """Plans saved in SQLite at ``path`` (default ``$EXPLORER_HOME/plans.sqlite``)."""
 
-    def __init__(self, path: str | os.PathLike | None = None, timeout: float = 10.0):
+    def __init__(self, path: str | os.PathLike | None = None, timeout: float = 60.0):
         self.path = Path(path) if path else home() / "plans.sqlite"
         self.timeout = timeout
         with self._connect(_SCHEMA):  # creates the file and its table

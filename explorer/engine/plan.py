@@ -137,16 +137,26 @@ def memory_per_device(graph, tables, choice, n_devices: int, dtype_bytes: int = 
     its activations and their gradients, and the input regions it fetches (a row-parallel
     device: also its partial tile and the gathered gradient of it, as the cost model counts)."""
     mem = np.zeros(n_devices)
+    seen: dict = {}         # repeated blocks under the same configuration: computed once
     for n in tables.names:
         layer = graph.layer(n)
         cfg = tables.candidates[n][choice[n]]
-        boxes, pel, _ = G.shard_summary(layer, cfg)
-        tiles, red = G.compute_boxes(layer, cfg)
-        vol = G.volume(boxes).astype(float)
-        in_el = sum(G.volume(G.input_regions(layer, j, tiles, red)).astype(float)
-                    for j in range(len(layer.in_shapes))) if layer.in_shapes else 0.0
-        partial = 0.0 if red is None else G.volume(tiles).astype(float)
-        per = (3 * pel + 2 * vol + in_el + 2 * partial) * dtype_bytes
-        for k, d in enumerate(cfg.devices):
-            mem[d] += per[k]
+        key = (layer_content_key(layer), cfg)
+        per = seen.get(key)
+        if per is None:
+            boxes, pel, _ = G.shard_summary(layer, cfg)
+            tiles, red = G.compute_boxes(layer, cfg)
+            vol = G.volume(boxes).astype(float)
+            in_el = sum(G.volume(G.input_regions(layer, j, tiles, red)).astype(float)
+                        for j in range(len(layer.in_shapes))) if layer.in_shapes else 0.0
+            partial = 0.0 if red is None else G.volume(tiles).astype(float)
+            per = seen[key] = (3 * pel + 2 * vol + in_el + 2 * partial) * dtype_bytes
+        np.add.at(mem, np.asarray(cfg.devices), per)
     return mem
+
+
+def layer_content_key(layer) -> tuple:
+    """What a layer's boxes, shards and regions under a configuration depend on (layers of
+    repeated blocks share it)."""
+    return (layer.op, layer.out_shape, layer.axes, tuple(map(tuple, layer.in_shapes)),
+            repr(sorted(layer.attrs.items())), repr(sorted(layer.params.items())))

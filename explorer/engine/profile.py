@@ -952,3 +952,57 @@ def clear_op_times(cache_path=None) -> None:
             conn.execute("DELETE FROM op_profile")
     finally:
         conn.close()
+
+
+# --------------------------------------------------------------------------------------------
+# Operator shards of an operator-level plan (:mod:`explorer.engine.runtime.shardtime`)
+# --------------------------------------------------------------------------------------------
+
+_SHARD_SCHEMA = """CREATE TABLE IF NOT EXISTS shard_profile (
+    device_kind TEXT, signature TEXT, seconds REAL, exchanges INTEGER, reps INTEGER,
+    measured_at REAL, PRIMARY KEY(device_kind, signature))"""
+
+
+def shard_cache(device_kind: str, signatures, cache_path=None) -> dict:
+    """``{signature: (seconds, exchanges)}`` of the operator shards in ``signatures`` already
+    measured on this machine (table ``shard_profile``; a signature names the aten call, its
+    shard boxes and the dtype it computes in; ``exchanges`` the transfers the shard takes part
+    in)."""
+    conn = connect(default_cache_path() if cache_path is None else cache_path, _SHARD_SCHEMA,
+                   timeout=60.0)
+    try:
+        out = {}
+        for s in signatures:
+            row = conn.execute("SELECT seconds, exchanges FROM shard_profile WHERE "
+                               "device_kind=? AND signature=?", (device_kind, s)).fetchone()
+            if row is not None:
+                out[s] = (float(row[0]), int(row[1]))
+        return out
+    finally:
+        conn.close()
+
+
+def store_shard_times(device_kind: str, times: dict, reps: int, cache_path=None) -> None:
+    """Keep measured shards (``{signature: (seconds, exchanges)}``) for :func:`shard_cache`;
+    a read-only cache is left as it is."""
+    conn = connect(default_cache_path() if cache_path is None else cache_path, _SHARD_SCHEMA,
+                   timeout=60.0)
+    try:
+        with conn:
+            conn.executemany("INSERT OR REPLACE INTO shard_profile VALUES (?, ?, ?, ?, ?, ?)",
+                             [(device_kind, s, float(v), int(e), int(reps), time.time())
+                              for s, (v, e) in times.items()])
+    except sqlite3.OperationalError:
+        pass
+    finally:
+        conn.close()
+
+
+def clear_shard_times(cache_path=None) -> None:
+    """Forget every cached shard time (the next prediction measures again)."""
+    conn = connect(default_cache_path() if cache_path is None else cache_path, _SHARD_SCHEMA)
+    try:
+        with conn:
+            conn.execute("DELETE FROM shard_profile")
+    finally:
+        conn.close()

@@ -35,7 +35,7 @@ def home(create: bool = True) -> Path:
     return p
 
 
-def connect(path, schema_sql: str = "", timeout: float = 10.0,
+def connect(path, schema_sql: str = "", timeout: float = 60.0,
             check_same_thread: bool = True) -> sqlite3.Connection:
     """A connection to the SQLite file ``path`` (``":memory:"``: a private in-memory one).
 
@@ -64,7 +64,7 @@ def connect(path, schema_sql: str = "", timeout: float = 10.0,
 
 
 @contextmanager
-def transaction(path, schema_sql: str = "", timeout: float = 10.0, immediate: bool = False):
+def transaction(path, schema_sql: str = "", timeout: float = 60.0, immediate: bool = False):
     """A short connection (see :func:`connect`) as one transaction: committed when the block
     ends, rolled back when it raises, closed either way.  ``immediate`` takes the write lock
     at once, so a read-then-write (e.g. insert unless present) is atomic across processes."""

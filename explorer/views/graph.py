@@ -335,7 +335,8 @@ def build_elements(req: session.Request, plan: dict, expanded: list, step=None,
     xcost = {}
     for e in (plan or {}).get("edges", []):
         xcost[(e["src"], e["dst"])] = xcost.get((e["src"], e["dst"]), 0.0) + e["t_xfer_s"]
-    cls, hot = step_classes((plan or {}).get("trace", []), step)
+    trace = (session.trace_of(plan) or []) if step is not None else []
+    cls, hot = step_classes(trace, step)
     pinned = pinned_layers(plan)
     parent_of = {}
     for gid, members in groups.items():
@@ -387,7 +388,6 @@ def build_elements(req: session.Request, plan: dict, expanded: list, step=None,
                              "t_ms": round(t * 1e3, 4), "n": len(lst)},
                     "classes": "hot" if hit else ("gone" if gone else "")})
     # the edge the current elimination creates (equation 2's e', or equation 3's merged edge)
-    trace = (plan or {}).get("trace") or []
     if step is not None and trace:
         cur = trace[max(0, min(step, len(trace) - 1))]
         if cur["kind"] in ("node", "edge"):
@@ -599,9 +599,11 @@ def register(app: dash.Dash) -> None:
     T.register_csv(app, ids.CANDIDATE_CSV_BUTTON, ids.CANDIDATE_CSV, ids.CANDIDATE_TABLE,
                    CANDIDATE_COLUMNS, "candidates", ids.STORE_PLAN)
 
-    @app.callback(Output(ids.PLAN_TABLE, "rowData"), Input(ids.STORE_PLAN, "data"))
-    def show_plan_rows(plan):
-        return plan_rows(plan)
+    @app.callback(Output(ids.PLAN_TABLE, "rowData"), Input(ids.STORE_PLAN, "data"),
+                  Input(ids.TABS, "value"))
+    def show_plan_rows(plan, tab):
+        # built while the Plan tab is shown (opening it builds the rows of the current plan)
+        return plan_rows(plan) if tab == "plan" else no_update
 
     T.register_csv(app, ids.PLAN_CSV_BUTTON, ids.PLAN_CSV, ids.PLAN_TABLE, PLAN_COLUMNS,
                    "layers", ids.STORE_PLAN)

@@ -3,7 +3,7 @@
 # shared stores (created in page.py)
 STORE_REQUEST = "store-request"      # THE app state: model, batch, args, preset, devices,
                                      # method (algo) and layer-wise pins ("LAYER=n=2,c=2@0,1")
-STORE_PLAN = "store-plan"            # current plan dict (+ trace, info, previous objective)
+STORE_PLAN = "store-plan"            # current plan dict (+ trace_ref, info, previous objective)
 STORE_SEEN = "store-seen"            # the model the page last showed (resets on a change)
 URL_QUERY = "url-query"              # the query string of the request (mirrored into the URL)
 URL_SYNC = "url-sync"                # dummy output of the clientside URL writer

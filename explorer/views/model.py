@@ -197,7 +197,7 @@ def layerwise_plan(req_doc: dict) -> dict:
     try:
         req = state.request(req_doc)
         req.algo = state.tab_method("plan", req_doc)
-        return session.search(req, state.pins_of(req_doc))
+        return session.search(req, state.pins_of(req_doc), keep_trace=True)
     except Exception as exc:  # noqa: BLE001 - shown in the Plan tab instead of a plan
         return {"error": str(exc)}
 
@@ -285,7 +285,7 @@ def do_search(trigger, controls: dict, pins, selected, pin_config, pin_devices, 
             progress(40)
             session.cost_model_for(req)
             progress(60)
-            new_plan = session.search(req, pins)
+            new_plan = session.search(req, pins, keep_trace=True)
             if plan and "error" not in plan and plan.get("model") == new_plan["model"] \
                     and plan.get("devices") == new_plan["devices"]:
                 new_plan["previous"] = {"objective_s": plan["objective_s"],

@@ -440,10 +440,14 @@ def register(app: dash.Dash) -> None:
         Output(ids.PLANS_STATUS, "children"),
         Input(ids.PLANS_REFRESH, "n_clicks"),
         Input(ids.STORE_PLAN, "data"), Input(ids.STORE_TOFU, "data"),
-        Input(ids.STORE_PLACEMENT, "data"),
+        Input(ids.STORE_PLACEMENT, "data"), Input(ids.TABS, "value"),
+        prevent_initial_call=True,                 # the page never opens on the Plans tab
     )
-    def _on_plan_or_refresh(_clicks, plan, tofu_doc, placement_doc):
-        # save (a no-op if _autosave already did) and list
+    def _on_plan_or_refresh(_clicks, plan, tofu_doc, placement_doc, tab):
+        # save (a no-op if _autosave already did) and list - only while the Plans tab is
+        # shown (_autosave saves in any case; opening the tab lists)
+        if tab != "plans" and dash.ctx.triggered_id != ids.PLANS_REFRESH:
+            return dash.no_update, dash.no_update
         try:
             store = PlanStore()
             msg = None

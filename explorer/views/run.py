@@ -22,6 +22,10 @@ from .controls import context, job_controls, running
 from .figures import run as F
 
 
+#: what the page says once Cancel stopped a calibration (the shown plan and costs stay)
+CANCELLED = ("calibration cancelled: its worker processes were stopped; the plan and the "
+             "costs shown are unchanged")
+
 #: the figures stay hidden until there is a run to draw (no empty axes)
 HIDDEN = {"display": "none"}
 
@@ -116,7 +120,8 @@ def do_run(plan: dict, steps, warmup, progress=lambda v: None) -> dict:
     if not plan or "error" in plan:
         raise ExplorerError("search a plan first")
     state.check_model(plan.get("spec") or plan.get("model"))  # model files where allowed only
-    doc = {k: v for k, v in plan.items() if k not in ("trace", "previous", "history_id")}
+    doc = {k: v for k, v in plan.items()
+           if k not in ("trace", "trace_ref", "previous", "history_id")}
     total = (int(steps or 0) + int(warmup or 0)) or 1
 
     def prog(_i, done, _total):
@@ -132,17 +137,24 @@ def do_run(plan: dict, steps, warmup, progress=lambda v: None) -> dict:
 
 
 def run_panel(res, plan) -> tuple:
-    """Result, per-layer figure, step series and run history for the shown plan."""
-    try:
-        hist = history_rows({k: v for k, v in (plan or {}).items()
-                             if k not in ("trace", "previous", "history_id")}) \
-            if plan and "error" not in plan else []
-    except Exception:  # noqa: BLE001 - history is a convenience, never break the panel
-        hist = []
+    """Result, per-layer figure and step series for the shown plan."""
     if not res or (plan and res.get("model") != plan.get("model")):
         return (html.P("Run the current plan to compare measured with predicted times.",
-                       className="muted"), go.Figure(), go.Figure(), hist, HIDDEN)
-    return result_view(res), F.layers_figure(res), F.series_figure(res), hist, {}
+                       className="muted"), go.Figure(), go.Figure(), HIDDEN)
+    return result_view(res), F.layers_figure(res), F.series_figure(res), {}
+
+
+def run_history(plan, tab):
+    """The stored runs of the shown plan, looked up only while the Run tab is shown (the
+    lookup hashes the whole plan: a second on a 2,000-layer one); ``no_update`` elsewhere."""
+    if tab != "run":
+        return no_update
+    try:
+        return history_rows({k: v for k, v in (plan or {}).items()
+                             if k not in ("trace", "trace_ref", "previous", "history_id")}) \
+            if plan and "error" not in plan else []
+    except Exception:  # noqa: BLE001 - history is a convenience, never break the panel
+        return []
 
 
 def do_calibrate(req_doc: dict, progress=lambda pct, msg: None) -> dict:
@@ -150,7 +162,10 @@ def do_calibrate(req_doc: dict, progress=lambda pct, msg: None) -> dict:
     measured costs (:func:`explorer.service.calibrate_local`): the plan dict."""
     req = state.request(req_doc)
     state.check_model(req.model)
-    return session.calibrate_local(req, quick=True, progress=progress)["plan"]
+    plan = session.calibrate_local(req, quick=True, progress=progress)["plan"]
+    if plan.get("trace") is not None:            # the page fetches its steps from the server
+        plan["trace_ref"] = session.keep_trace_steps(plan.pop("trace"))
+    return plan
 
 
 def register(app: dash.Dash) -> None:
@@ -178,11 +193,16 @@ def register(app: dash.Dash) -> None:
         return res, "", f"done: {res['devices']} workers"
 
     @app.callback(Output(ids.RUN_RESULT, "children"), Output(ids.RUN_LAYERS, "figure"),
-                  Output(ids.RUN_SERIES, "figure"), Output(ids.RUN_HISTORY, "rowData"),
-                  Output(ids.RUN_FIGURES, "style"),
+                  Output(ids.RUN_SERIES, "figure"), Output(ids.RUN_FIGURES, "style"),
                   Input(ids.STORE_RUN, "data"), Input(ids.STORE_PLAN, "data"))
     def show_run(res, plan):
         return run_panel(res, plan)
+
+    @app.callback(Output(ids.RUN_HISTORY, "rowData"), Input(ids.TABS, "value"),
+                  Input(ids.STORE_RUN, "data"), Input(ids.STORE_PLAN, "data"),
+                  prevent_initial_call=True)     # the page never opens on the Run tab
+    def show_history(tab, _res, plan):
+        return run_history(plan, tab)
 
     @app.callback(Output(ids.RUN_COST_MODEL, "children"), Input(ids.STORE_PLAN, "data"))
     def show_cost_model(plan):
@@ -214,3 +234,11 @@ def register(app: dash.Dash) -> None:
             return *nothing, f"calibration failed: {type(exc).__name__}: {exc}"
         request = state.request_doc(session.Request.from_dict(plan["request"]))
         return plan, request, *M.form_update(request), ""
+
+    @app.callback(Output(ids.CALIB_STATUS, "children", allow_duplicate=True),
+                  Output(ids.CALIB_ERROR, "children", allow_duplicate=True),
+                  Input(ids.CALIB_CANCEL, "n_clicks"), prevent_initial_call=True)
+    def calibration_cancelled(_n):
+        # Dash stops the job's process and every process it started (the workers)
+        return CANCELLED, ""
+

@@ -9,7 +9,8 @@ undo, equation 3 for an edge elimination, equation 1 for the final graph.  The s
 steps from 1, as the text does.  The graph panel draws the highlight from ``STORE_STEP`` (a
 0-based trace index), which holds a step only while this tab is shown: the faded elimination
 view never stays on the graph under another tab; a step inside a collapsed module group opens
-that group (``STORE_EXPANDED``).
+that group (``STORE_EXPANDED``).  The trace stays on the server (2 MB for 2,000 layers): the
+plan holds its ``trace_ref`` and each step shown is fetched (:func:`explorer.service.trace_of`).
 """
 
 from __future__ import annotations
@@ -130,13 +131,34 @@ def equations(step: dict | None, plan: dict | None = None) -> list:
     return [html.Div(G.explain(line), className="equation") for line in lines]
 
 
+#: the step text when a plan's trace kept on the server is gone (a server restart)
+GONE = "This plan's elimination trace is no longer on the server: press Search to replay it."
+
+
+def reset_view(plan) -> tuple:
+    """``(slider max, slider value, text, equations)`` for a new plan: the trace's length and
+    its steps of each kind (the steps themselves stay on the server until shown)."""
+    total = session.trace_length(plan)
+    if not total:
+        msg = ("This plan has no elimination trace (only the optcnn search has one)."
+               if plan and "error" not in plan else "Run the optcnn search to see its steps.")
+        return 1, None, msg, []
+    n = session.trace_counts(plan)
+    return total, None, (
+        f"{total} steps: {n.get('node', 0)} node eliminations, {n.get('edge', 0)} edge "
+        f"eliminations, the final graph, {n.get('undo', 0)} undo steps. "
+        f"Press Next ▶ or drag the slider."), []
+
+
 def shown_step(value, tab, plan) -> tuple:
     """``(STORE_STEP, step text, equations)``: the slider's step (1-based, as the text counts)
     as a 0-based trace index while the Steps tab is shown, else no step (the graph drops the
     highlight; the text stays for when the tab comes back)."""
-    trace = (plan or {}).get("trace") or []
-    if value is None or not trace or tab != "steps":
+    if value is None or tab != "steps" or not session.trace_length(plan):
         return None, no_update, no_update
+    trace = session.trace_of(plan)
+    if not trace:
+        return None, GONE, []
     index = max(0, min(int(value) - 1, len(trace) - 1))
     return (index, G.explain(describe(trace[index], len(trace))),
             equations(trace[index], plan))
@@ -145,7 +167,7 @@ def shown_step(value, tab, plan) -> tuple:
 def groups_to_open(step, plan, req_doc, expanded) -> list | None:
     """The expanded groups with every layer the step highlights shown on its own (``None``
     when nothing needs opening): a step inside a collapsed module group opens the group."""
-    trace = (plan or {}).get("trace") or []
+    trace = session.trace_of(plan) if step is not None else None
     if step is None or not trace:
         return None
     cur = trace[max(0, min(int(step), len(trace) - 1))]
@@ -171,16 +193,7 @@ def register(app: dash.Dash) -> None:
                   Output(ids.STEP_TEXT, "children"), Output(ids.STEP_EQUATIONS, "children"),
                   Input(ids.STORE_PLAN, "data"))
     def reset(plan):
-        trace = (plan or {}).get("trace") or []
-        if not trace:
-            msg = ("This plan has no elimination trace (only the optcnn search has one)."
-                   if plan and "error" not in plan else "Run the optcnn search to see its steps.")
-            return 1, None, msg, []
-        return len(trace), None, (
-            f"{len(trace)} steps: {sum(s['kind'] == 'node' for s in trace)} node eliminations, "
-            f"{sum(s['kind'] == 'edge' for s in trace)} edge eliminations, the final graph, "
-            f"{sum(s['kind'] == 'undo' for s in trace)} undo steps. "
-            f"Press Next ▶ or drag the slider."), []
+        return reset_view(plan)
 
     @app.callback(Output(ids.STEP_SLIDER, "value", allow_duplicate=True),
                   Input(ids.STEP_PREV, "n_clicks"), Input(ids.STEP_NEXT, "n_clicks"),

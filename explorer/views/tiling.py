@@ -172,7 +172,11 @@ def render_figure(plan, request, layer, device):
                      config={"displayModeBar": False, "scrollZoom": False})
 
 
-def render_strip(plan, layer):
+def render_strip(plan, layer, tab="tiling"):
+    """The strip of every layer's tiling, drawn while the Tiling tab is shown (opening it
+    draws the current plan's; 0.2 s on a 2,000-layer plan)."""
+    if tab != "tiling":
+        return dash.no_update
     return F.strip_figure(plan, layer)
 
 
@@ -192,8 +196,8 @@ def _cb_figure(layer, device, plan, request):
     return render_figure(plan, request, layer, device)
 
 
-def _cb_strip(plan, layer):
-    return render_strip(plan, layer)
+def _cb_strip(plan, layer, tab="tiling"):
+    return render_strip(plan, layer, tab)
 
 
 def register(app: dash.Dash) -> None:
@@ -209,7 +213,7 @@ def register(app: dash.Dash) -> None:
                  Input(ids.TILING_LAYER, "value"), Input(ids.TILING_DEVICE, "value"),
                  Input(ids.STORE_PLAN, "data"), State(ids.STORE_REQUEST, "data"))(_cb_figure)
     app.callback(Output(ids.TILING_STRIP, "figure"), Input(ids.STORE_PLAN, "data"),
-                 Input(ids.TILING_LAYER, "value"))(_cb_strip)
+                 Input(ids.TILING_LAYER, "value"), Input(ids.TABS, "value"))(_cb_strip)
 
 
 __all__ = ["layout", "default_layer", "layer_entry", "layer_options", "choose_layer",

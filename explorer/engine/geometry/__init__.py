@@ -56,8 +56,8 @@ from .boxes import (box_shape, common, extents, full_box, inside, intersect, is_
                     split, split_range, to_slices, volume)
 from .config import (ALL_DIVISORS_UP_TO, REDUCE, Config, compute_boxes, degree_values,
                      count_configs, enumerate_configs, output_boxes,
-                     reduce_groups, reduction_size, scatter_axis, stacked_compute_boxes,
-                     stacked_output_boxes, tile_indices)
+                     reduce_groups, reduction_size, scatter_axis, stacked_boxes,
+                     stacked_compute_boxes, stacked_output_boxes, tile_indices)
 from .edges import apply_transforms, edge_regions
 from .layout import REDUCERS, ExecutionLayout, OpLayout, TensorLayout
 from .owners import device_of, owner_grid, tile_digits, tile_owners
@@ -71,7 +71,7 @@ __all__ = [
     "Config", "enumerate_configs", "output_boxes", "stacked_output_boxes", "degree_values",
     "ALL_DIVISORS_UP_TO", "count_configs",
     "tile_indices", "REDUCE", "compute_boxes", "reduce_groups", "reduction_size",
-    "scatter_axis", "stacked_compute_boxes",
+    "scatter_axis", "stacked_compute_boxes", "stacked_boxes",
     "apply_transforms", "edge_regions",
     "REDUCERS", "ExecutionLayout", "OpLayout", "TensorLayout",
     "device_of", "owner_grid", "tile_digits", "tile_owners",

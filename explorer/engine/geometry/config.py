@@ -349,6 +349,12 @@ def _stacked(layer: Layer, cfgs: list):
     return boxes, red, owned, used
 
 
+def stacked_boxes(layer: Layer, cfgs: list):
+    """:func:`stacked_compute_boxes` and :func:`stacked_output_boxes` from one pass:
+    ``(tiles, reduce, owned, used)``."""
+    return _stacked(layer, cfgs)
+
+
 def stacked_output_boxes(layer: Layer, cfgs: list):
     """Output boxes of many configurations at once: ``([C, Dmax, nd, 2], used [C, Dmax])``.
 

@@ -79,6 +79,20 @@ def _anon_bytes() -> int:
     return int(psutil.Process().memory_info().rss)
 
 
+def _return_freed_memory() -> None:
+    """Make freed tensors leave the process (glibc): blocks of 128 KiB and more are mapped
+    on their own and unmapped when freed - without this glibc raises that threshold as the
+    step frees large blocks and keeps them, so the resident memory the guard watches would
+    exceed what the step holds - and what is free now is returned before the baseline."""
+    try:
+        import ctypes
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(-3, 128 * 1024)               # M_MMAP_THRESHOLD (fixes it)
+        libc.malloc_trim(0)
+    except (OSError, AttributeError):
+        pass                                       # not glibc: the guard still works
+
+
 def _vm_data() -> int | None:
     try:
         with open("/proc/self/status", "rb") as fh:
@@ -101,24 +115,31 @@ class MemoryGuard:
         self.base = None
         self._stop = threading.Event()
         self._saved = None             # RLIMIT_DATA before arm()
+        self.scale = 1.0               # this pass may allocate scale × limit
 
-    def arm(self) -> None:
-        """Measure from now: the baseline is what the worker holds after setting up."""
-        if self.base is not None:
+    def arm(self, scale: float = 1.0) -> None:
+        """Measure from now: the baseline is what the worker holds after setting up.
+        ``scale``: these steps may allocate ``scale`` × the limit (a float64 check pass of
+        steps the plan counts at 4 bytes an element); a disarmed guard can be armed again."""
+        if self.base is not None and not self._stop.is_set():
             return
+        self._stop = threading.Event()
+        self.scale = float(scale)
+        _return_freed_memory()
         self.base = _anon_bytes()
         data = _vm_data()
         if data is not None:
             try:
                 import resource
                 old, hard = resource.getrlimit(resource.RLIMIT_DATA)
-                soft = int(data + self.limit + SLACK)
+                soft = int(data + self.limit * self.scale + SLACK)
                 if hard == resource.RLIM_INFINITY or soft <= hard:
                     resource.setrlimit(resource.RLIMIT_DATA, (soft, hard))
                     self._saved = (old, hard)
             except (ImportError, ValueError, OSError):
                 pass
-        threading.Thread(target=self._watch, name="explorer-memory-guard", daemon=True).start()
+        threading.Thread(target=self._watch, args=(self._stop,), name="explorer-memory-guard",
+                         daemon=True).start()
 
     def used(self) -> int:
         """Bytes allocated since :meth:`arm` (0 before)."""
@@ -127,6 +148,9 @@ class MemoryGuard:
     def message(self, used: float | None = None) -> str:
         what = (f"its steps allocated {used / GiB:.3g} GiB" if used is not None else
                 "an allocation was refused")
+        if self.scale != 1.0:
+            what = (f"its float64 check steps allocated {used / GiB:.3g} GiB (counted at "
+                    f"1/{self.scale:g})" if used is not None else what)
         return (f"{what}, over --memory-per-worker {self.limit / GiB:.3g} GiB; the run was "
                 f"stopped")
 
@@ -140,10 +164,10 @@ class MemoryGuard:
             return self.message()
         return None
 
-    def _watch(self) -> None:
-        while not self._stop.wait(self.interval_s):
+    def _watch(self, stop) -> None:
+        while not stop.wait(self.interval_s):
             u = self.used()
-            if u > self.limit:
+            if u > self.limit * self.scale:
                 self.report(self.message(u))
                 os._exit(3)
 
@@ -170,11 +194,11 @@ def install(limit: float | None, rank: int, report) -> MemoryGuard | None:
     return _GUARD
 
 
-def arm() -> None:
+def arm(scale: float = 1.0) -> None:
     """Arm this worker's guard, if it has one (executors call it once set up, before the
-    first step)."""
+    first step; ``scale`` as :meth:`MemoryGuard.arm`)."""
     if _GUARD is not None:
-        _GUARD.arm()
+        _GUARD.arm(scale)
 
 
 def disarm() -> None:

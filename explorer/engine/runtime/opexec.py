@@ -67,6 +67,7 @@ class _Worker:
         self.tag = 0
         self.delivered: set = set()
         self.compute_s = 0.0
+        self.compute_cpu_s = 0.0        # the same on this thread's CPU clock
         self.received: dict = {}
         self.groups = groups or {}
         self.tiles: dict = {}
@@ -77,6 +78,7 @@ class _Worker:
         self.local_ops: dict = {}       # aten target -> ops computed on tiles
         self.collectives = 0
         self.why: dict = {}             # aten target -> why its first fallback happened
+        self.float_dtype = torch.float64  # what floating-point tensors compute in
 
     # -- tiles and their bytes ---------------------------------------------------------------
     @staticmethod
@@ -235,7 +237,8 @@ class _Worker:
                     continue             # the receiver computed it, or another sender sends it
                 taken.append(piece)
                 transfers.append((src, dst, piece, None))
-        dtype = result.dtype if result is not None else _dtype(self.g.tensors[t])
+        dtype = result.dtype if result is not None else _dtype(self.g.tensors[t],
+                                                                    self.float_dtype)
         if coll is not None and reducer == "sum" and result is not None:
             return self.collective(coll, transfers, result, out[self.rank], me)
         transfers = [(s, d, b, dtype) for s, d, b, _ in transfers]
@@ -305,9 +308,11 @@ class _Worker:
             if u is None or u not in self.tiles:
                 continue
             if p in self.x["held"] and u in self.x["held"]:
+                # the update's tile (or a buffer assembled from it) becomes the parameter's:
+                # no copy, so between steps a worker holds what the plan counts
                 v = self.fetch(u, self.x["held"][p], 0.0)
                 box = self.x["held"][p][self.rank]
-                self.hold(p, box, v.clone() if v is not None else
+                self.hold(p, box, v if v is not None else
                           torch.zeros(_extent(box), dtype=self.tiles[u][1].dtype))
             else:
                 v = self.whole(u)
@@ -353,16 +358,7 @@ class _Worker:
             return self.tiles[t][1] if t in self.tiles else None
 
         def sub(a, bufs, fa=None):
-            if isinstance(a, str) and a in g.tensors:
-                return bufs[a] if a in bufs else tile(a)
-            if a is None and isinstance(fa, torch.fx.Node):
-                return _constant(gm, fa)  # a tensor constant of the trace (no tensor id)
-            if isinstance(a, (list, tuple)):
-                fas = fa if isinstance(fa, (list, tuple)) else [None] * len(a)
-                return type(a)(sub(b, bufs, fb) for b, fb in zip(a, fas))
-            if isinstance(a, TorchValue):          # a dtype, device... by name
-                return a.value()
-            return a
+            return substitute(g, a, bufs, tile, fa)
 
         def call(n, o, bufs):
             return n.target(*sub(o.args, bufs, n.args),
@@ -373,7 +369,6 @@ class _Worker:
                 continue
             for o in by_node.get(n.name, []):
                 info = self.x["ops"].get(o.name)
-                ten = g.tensors[o.output]
                 if info is None:          # a source or scalar bookkeeping: computed everywhere
                     full = {t: self.whole(t) for t in o.inputs}
                     res = call(n, o, full)
@@ -385,34 +380,42 @@ class _Worker:
                     else:
                         self.hold(o.output, _full(res) if torch.is_tensor(res) else None, res)
                     continue
-                fill = float("-inf") if info["reducer"] == "max" else 0.0
-                bufs = {}
-                for t, need in info["needs"].items():
-                    b = self.fetch(t, need, fill)
-                    if b is not None and t in info["zero"] and info["zero"][t][self.rank]:
-                        b = torch.zeros_like(b)
-                    bufs[t] = b
-                    if b is not None:
-                        shape_of[id(b)] = (need[self.rank], g.tensors[t].shape)
-                for t in o.inputs:
-                    bufs.setdefault(t, None)
-                out_box = info["out"][self.rank]
-                res = None
-                if _inter(out_box, out_box) is not None:
-                    t0 = time.perf_counter()
-                    res = self.compute(n, o, bufs, sub, out_box, ten, fill, shape_of)
-                    self.compute_s += time.perf_counter() - t0
-                self.in_flight(list(bufs.values()) + [res])
-                val = self.distribute(o.output, res, info["out"], info["reducer"])
-                self.in_flight(list(bufs.values()) + [res, val])
-                self.hold(o.output, self.x["held"][o.output][self.rank], val)
-                for t in bufs:
-                    shape_of.pop(id(bufs[t]), None)
-                del bufs, res, val
+                self.hold(o.output, self.x["held"][o.output][self.rank],
+                          self.run_op(n, o, info, sub, shape_of))
             for t in last.get(n.name, ()):
                 if t not in keep:
                     self.drop(t)
         return {t: v for t, (_, v) in self.tiles.items()}
+
+    def run_op(self, n, o, info, sub, shape_of):
+        """Operator ``o`` (fx node ``n``, layout entry ``info``) on this worker: fetch its
+        input regions, compute its output box on them, send and combine; returns the tile
+        this worker holds of its output."""
+        g = self.g
+        fill = float("-inf") if info["reducer"] == "max" else 0.0
+        bufs = {}
+        for t, need in info["needs"].items():
+            b = self.fetch(t, need, fill)
+            if b is not None and t in info["zero"] and info["zero"][t][self.rank]:
+                b = torch.zeros_like(b)
+            bufs[t] = b
+            if b is not None:
+                shape_of[id(b)] = (need[self.rank], g.tensors[t].shape)
+        for t in o.inputs:
+            bufs.setdefault(t, None)
+        out_box = info["out"][self.rank]
+        res = None
+        if _inter(out_box, out_box) is not None:
+            t0, c0 = time.perf_counter(), time.thread_time()
+            res = self.compute(n, o, bufs, sub, out_box, g.tensors[o.output], fill, shape_of)
+            self.compute_s += time.perf_counter() - t0
+            self.compute_cpu_s += time.thread_time() - c0
+        self.in_flight(list(bufs.values()) + [res])
+        val = self.distribute(o.output, res, info["out"], info["reducer"])
+        self.in_flight(list(bufs.values()) + [res, val])
+        for t in bufs:
+            shape_of.pop(id(bufs[t]), None)
+        return val
 
     def compute(self, n, o, bufs, sub, out_box, ten, fill, shape_of):
         """Operator ``o``'s output tile on region tiles (:mod:`.tiles`); an op without a tile
@@ -508,6 +511,21 @@ class _Worker:
         return out
 
 
+def substitute(g, a, bufs, tile, fa=None):
+    """Operator argument ``a`` (``fa`` its fx argument) with tensor ids replaced by their
+    values: ``bufs[t]`` (the region tiles of the operator in flight), else ``tile(t)``."""
+    if isinstance(a, str) and a in g.tensors:
+        return bufs[a] if a in bufs else tile(a)
+    if a is None and isinstance(fa, torch.fx.Node):
+        return _constant(g.gm, fa)        # a tensor constant of the trace (no tensor id)
+    if isinstance(a, (list, tuple)):
+        fas = fa if isinstance(fa, (list, tuple)) else [None] * len(a)
+        return type(a)(substitute(g, b, bufs, tile, fb) for b, fb in zip(a, fas))
+    if isinstance(a, TorchValue):          # a dtype, device... by name
+        return a.value()
+    return a
+
+
 def _extent(box) -> tuple:
     return tuple(int(b - a) for a, b in np.asarray(box))
 
@@ -517,10 +535,10 @@ def _full(v):
     return np.array([[0, s] for s in v.shape] or [[0, 1]], dtype=np.int64)
 
 
-def _dtype(ten):
-    """The run's dtype of a tensor of the trace (floating point runs in float64)."""
+def _dtype(ten, floating=torch.float64):
+    """The run's dtype of a tensor of the trace (floating point runs in ``floating``)."""
     dt = getattr(torch, ten.dtype, None)
-    return torch.float64 if not isinstance(dt, torch.dtype) or dt.is_floating_point else dt
+    return floating if not isinstance(dt, torch.dtype) or dt.is_floating_point else dt
 
 
 def make_groups(g, xplan, world):
@@ -625,86 +643,59 @@ def _build(spec, batch, model_args, seed, lr, dtype=torch.float64):
     return g, params, buffers, x
 
 
-def _model_key(plan: dict) -> tuple:
-    """What a worker builds for a plan: the model, its batch and arguments."""
-    import json
-    return plan["spec"], plan["batch"], json.dumps(plan["model_args"], sort_keys=True)
+#: what the timed steps of an operator-level run compute in (the reference check is float64)
+TIMED_DTYPE = "float32"
 
 
 def _op_entry(rank, world, device, job, send):
     """One worker of an operator-level launch (the entry :func:`launcher.start_workers`
-    calls): for each plan of ``job["plans"]`` in turn, trace the step (built once for
-    consecutive plans of one model), check the trace is the plan's graph and run ``steps``
-    steps.  Results are sent under ``(plan index, kind)``."""
-    plans = job["plans"]
-    built = None
-    for i, plan in enumerate(plans):
-        if built is None:
-            built = _build(plan["spec"], plan["batch"], plan["model_args"], job["seed"],
-                           job["lr"])
-        # the last plan of this model takes the built model over, so that its worker keeps
-        # only its boxes (the whole model is freed once they are loaded)
-        last = i + 1 == len(plans) or _model_key(plans[i + 1]) != _model_key(plan)
-        holder = [built]
-        if last:
-            built = None
-
-        def send_i(kind, what, value, i=i):
+    calls): each plan of ``job["plans"]`` in turn (:func:`_op_plan`), its results sent under
+    ``(plan index, kind)``."""
+    common = {k: v for k, v in job.items() if k != "plans"}
+    for i, plan in enumerate(job["plans"]):
+        def send_i(kind, what=None, value=None, i=i):
             send(kind, (i, what), value)
-        _op_plan(rank, world, job, plan, holder, send_i)
+        _op_plan(rank, world, {**common, **plan}, send_i)
 
 
-def _op_plan(rank, world, job, plan, holder, send):
-    """One plan on this worker: its tiles loaded from the built model (``holder``: a list
-    holding it, emptied here), ``steps`` steps; rank 0 sends the loss and updated parameters,
-    every rank its bytes and times."""
-    from ..opgraph import opgraph_digest
-    from .executor import parse_fault
-    from .worker import FAULT_ENV, inject_fault
-    fault = parse_fault(job.get("fault") or os.environ.get(FAULT_ENV))
-    g, params, buffers, x = holder.pop()
-    if opgraph_digest(g) != plan["digest"]:
-        raise InfeasiblePlan("the worker's trace of the model differs from the plan's "
-                             "operator graph (model code or arguments changed?)")
-    xplan = plan["xplan"]
-    w = _Worker(rank, world, g, xplan, job["timeout_s"],
-                make_groups(g, xplan, world) if job.get("collectives", True) else {})
-    w.load(params, buffers, x)
-    del params, buffers, x            # the worker keeps its boxes only
-    flat = list(list(g.gm.graph.nodes)[-1].args[0])
-    npar = len(g.param_names)
-    new_ids = [a.name if isinstance(a, torch.fx.Node) else None
-               for a in flat[1 + npar:1 + 2 * npar]]
-    from .memlimit import arm, disarm
-    arm()                              # --memory-per-worker counts the steps (set up done)
-    times, peak = [], 0
+def _op_plan(rank, world, job, send):
+    """One plan on this worker.
+
+    Two passes over the same layout: the **timed** steps in ``job["dtype"]`` (float32, what a
+    user trains in: their step times, bytes and peak are reported), then - with ``check`` -
+    the **check** steps in float64 (one step, or ``steps`` when training), whose loss and
+    updated parameters rank 0 sends for the exact comparison with one device.  Each pass
+    traces the step and checks the trace is the plan's graph; ``dtype`` float64 makes one
+    pass do both (timed in float64)."""
+    dtype = getattr(torch, str(job.get("dtype") or TIMED_DTYPE))
     steps = max(1, int(job.get("steps", 1)))
-    for i in range(steps):
-        inject_fault(fault, rank, i + 1, "operator-level step")
-        w.delivered.clear()
-        w.received.clear()
-        w.compute_s = 0.0
-        if world > 1:
-            dist.barrier()
-        t0 = time.perf_counter()
-        tval = w.step()
-        times.append(time.perf_counter() - t0)
-        if i == 0:
-            sent, extra, compute_s = w.sent, w.extra, w.compute_s
-        peak = max(peak, w.peak_bytes)
-        if job.get("train") and i + 1 < steps:
-            w.advance(new_ids)        # the next step starts from the updated parameters
-    disarm()                           # the final gather is not part of the steps
-    step_s = float(np.median(times[1:] if len(times) > 2 else times))
-    # updated parameters and the loss back on rank 0 (not part of the step's traffic)
-    finals = {}
+    check = bool(job.get("check", True))
+    from .executor import parse_fault
+    from .worker import FAULT_ENV
+    fault = parse_fault(job.get("fault") or os.environ.get(FAULT_ENV))
+    groups = None
+    timed = got = None
+    if dtype != torch.float64:
+        timed, groups = _op_pass(rank, world, job, dtype, steps, fault, groups, 1.0)
+        fault = None                   # injected once, in the first pass
+        if check:
+            timed = _summary(timed)    # its tiles go before the check pass starts
+    if check or timed is None:
+        n = steps if (job.get("train") or timed is None) else 1
+        got, groups = _op_pass(rank, world, job, torch.float64, n, fault, groups, 2.0)
+    res = got or timed                 # the pass whose results rank 0 sends
+    tval, w, g, new_ids = res["tval"], res["worker"], res["g"], res["new_ids"]
+    timed = _summary(timed or got)
+    xplan = job["xplan"]
+    finals = {}                        # updated parameters and the loss back on rank 0
     for pn, tid in zip(g.param_names, new_ids):
         if tid is None or tid not in tval:
             continue
         finals[pn] = w.gather_full(tid, tval[tid]) if tid in xplan["held"] else tval[tid]
     loss = None
     if g.loss in tval:
-        loss = w.gather_full(g.loss, tval[g.loss]) if g.loss in xplan["held"] else tval[g.loss]
+        loss = w.gather_full(g.loss, tval[g.loss]) if g.loss in xplan["held"] \
+            else tval[g.loss]
     if job.get("debug"):               # every tensor's value inside this worker's box
         dbg = {}
         for t, v in tval.items():
@@ -714,20 +705,88 @@ def _op_plan(rank, world, job, plan, holder, send):
         send("result", "debug", dbg)
     if rank == 0:
         send("result", "main", {"loss": None if loss is None else float(loss),
-                                "params": {k: v.numpy() for k, v in finals.items()}})
-    send("result", "stats", (sent, extra, step_s, compute_s, times))
-    send("result", "memory", {"peak_bytes": int(peak), "fallback": dict(w.fallback),
-                              "local": dict(w.local_ops), "collectives": w.collectives,
-                              "why": dict(w.why)})
+                                "params": {k: v.numpy() for k, v in finals.items()},
+                                "dtype": "float64" if got else timed["dtype"]})
+    send("result", "stats", (timed["sent"], timed["extra"], timed["step_s"],
+                             timed["compute_s"], timed["times"]))
+    send("result", "memory", {"peak_bytes": int(max(timed["peak"], got["peak"] if got else 0)),
+                              "fallback": timed["fallback"], "local": timed["local"],
+                              "collectives": timed["collectives"], "why": timed["why"],
+                              "dtype": timed["dtype"], "cpu_s": timed["cpu_s"],
+                              "compute_cpu_s": timed["compute_cpu_s"]})
     if world > 1:
         dist.barrier()                 # nobody leaves while a peer still gathers
+
+
+def _summary(p: dict) -> dict:
+    """A pass's numbers without its tiles (so they can be freed)."""
+    if "worker" not in p:
+        return p
+    w = p["worker"]
+    return {**{k: p[k] for k in ("times", "peak", "sent", "extra", "compute_s", "step_s",
+                                 "cpu_s", "compute_cpu_s")},
+            "fallback": dict(w.fallback), "local": dict(w.local_ops),
+            "collectives": w.collectives, "why": dict(w.why),
+            "dtype": str(w.float_dtype).replace("torch.", "")}
+
+
+def _op_pass(rank, world, job, dtype, steps, fault, groups, mem_scale):
+    """``steps`` steps of the layout with floating point in ``dtype`` (see :func:`_op_entry`);
+    the memory guard, when there is one, counts them at ``mem_scale`` × the limit (float64
+    doubles every floating-point tensor the plan counts at 4 bytes)."""
+    from ..opgraph import opgraph_digest
+    from .memlimit import arm, disarm
+    from .worker import inject_fault
+    g, params, buffers, x = _build(job["spec"], job["batch"], job["model_args"],
+                                   job["seed"], job["lr"], dtype=dtype)
+    if opgraph_digest(g) != job["digest"]:
+        raise InfeasiblePlan("the worker's trace of the model differs from the plan's "
+                             "operator graph (model code or arguments changed?)")
+    xplan = job["xplan"]
+    if groups is None:
+        groups = make_groups(g, xplan, world) if job.get("collectives", True) else {}
+    w = _Worker(rank, world, g, xplan, job["timeout_s"], groups)
+    w.float_dtype = dtype
+    w.load(params, buffers, x)
+    del params, buffers, x            # the worker keeps its boxes only
+    flat = list(list(g.gm.graph.nodes)[-1].args[0])
+    npar = len(g.param_names)
+    new_ids = [a.name if isinstance(a, torch.fx.Node) else None
+               for a in flat[1 + npar:1 + 2 * npar]]
+    arm(mem_scale)                     # --memory-per-worker counts the steps (set up done)
+    times, cpu, compute_cpu, peak = [], [], [], 0
+    sent = extra = compute_s = 0.0
+    for i in range(steps):
+        inject_fault(fault, rank, i + 1, "operator-level step")
+        w.delivered.clear()
+        w.received.clear()
+        w.compute_s = w.compute_cpu_s = 0.0
+        if world > 1:
+            dist.barrier()
+        t0, c0 = time.perf_counter(), time.thread_time()
+        tval = w.step()
+        times.append(time.perf_counter() - t0)
+        cpu.append(time.thread_time() - c0)
+        compute_cpu.append(w.compute_cpu_s)
+        if i == 0:
+            sent, extra, compute_s = w.sent, w.extra, w.compute_s
+        peak = max(peak, w.peak_bytes)
+        if job.get("train") and i + 1 < steps:
+            w.advance(new_ids)        # the next step starts from the updated parameters
+    disarm()                           # the final gather is not part of the steps
+
+    def med(v):
+        return float(np.median(v[1:] if len(v) > 2 else v))
+    return {"tval": tval, "worker": w, "g": g, "new_ids": new_ids, "times": times,
+            "peak": peak, "sent": sent, "extra": extra, "compute_s": compute_s,
+            "step_s": med(times), "cpu_s": med(cpu), "compute_cpu_s": med(compute_cpu)}, groups
 
 
 def run_layout(spec: str, batch: int | None, model_args: dict | None, xplan: dict, *,
                digest: str, steps: int = 1, seed: int = 0, lr: float = 0.01,
                timeout_s: float = 300.0, tol: float = 1e-4, check: bool = True,
                fault: str | None = None, debug: bool = False, train: bool = False,
-               memory_limit: float | None = None) -> dict:
+               memory_limit: float | None = None, dtype: str = TIMED_DTYPE) -> dict:
     """Run an execution layout (a Tofu plan's, or :func:`placement_xplan` of a placement) on
     ``xplan["workers"]`` gloo CPU processes and compare with one device.
 
@@ -746,40 +805,52 @@ def run_layout(spec: str, batch: int | None, model_args: dict | None, xplan: dic
     tiles / on full-size buffers) and ``collectives`` (split sums combined by one
     ``reduce_scatter`` or ``all_reduce``).
     ``memory_limit`` (bytes): stop a worker whose steps allocate more (:mod:`.memlimit`).
+    ``dtype``: what the timed steps compute in (``timed_dtype``; float32 by default, what a
+    user trains in); the check runs its own float64 step(s) after them
+    (:func:`_op_entry`), ``float64`` makes the timed steps the checked ones.
     """
     layout = {"spec": spec, "batch": batch, "model_args": dict(model_args or {}),
               "xplan": xplan, "digest": digest}
     return run_layouts([layout], steps=steps, seed=seed, lr=lr, timeout_s=timeout_s, tol=tol,
                        check=check, fault=fault, debug=debug, train=train,
-                       memory_limit=memory_limit)[0]
+                       memory_limit=memory_limit, dtype=dtype)[0]
+
+
+def _model_key(plan: dict) -> tuple:
+    """What a plan's reference is computed for: the model, its batch and arguments."""
+    import json
+    return plan["spec"], plan["batch"], json.dumps(plan["model_args"], sort_keys=True)
 
 
 def run_layouts(layouts: list, *, steps: int = 1, seed: int = 0, lr: float = 0.01,
                 timeout_s: float = 300.0, tol: float = 1e-4, check: bool = True,
                 fault: str | None = None, debug: bool = False, train: bool = False,
-                memory_limit: float | None = None) -> list:
+                memory_limit: float | None = None, dtype: str = TIMED_DTYPE) -> list:
     """Several execution layouts (dicts with ``spec``, ``batch``, ``model_args``, ``xplan``,
     ``digest``; one worker count) in one launch: the processes start once and run the plans
-    one after the other, each model built once for consecutive plans of it (how the tests run
-    every example's plans in minutes).  One result dict per layout, as :func:`run_layout`'s.
-    ``memory_limit`` guards a launch of one plan only."""
+    one after the other (how the tests run every example's plans), the reference computed
+    once per model.  One result dict per layout, as :func:`run_layout`'s.  ``memory_limit``
+    guards a launch of one plan only."""
     from .launcher import start_workers
+    if dtype not in ("float32", "float64"):
+        raise InfeasiblePlan(f"the timed steps compute in float32 or float64, not {dtype!r}")
     from .reference import compare
     if not layouts:
         return []
-    workers = {int(lay["xplan"]["workers"]) for lay in layouts}
-    if len(workers) != 1:
+    counts = {int(lay["xplan"]["workers"]) for lay in layouts}
+    if len(counts) != 1:
         raise InfeasiblePlan(f"layouts launched together must use one worker count, not "
-                             f"{sorted(workers)}")
+                             f"{sorted(counts)}")
     if memory_limit is not None and len(layouts) > 1:
         raise InfeasiblePlan("a memory limit guards a launch of one plan: run the plans one "
                              "at a time")
-    workers = workers.pop()
+    workers = counts.pop()
     plans = [{"spec": lay["spec"], "batch": lay["batch"],
               "model_args": dict(lay.get("model_args") or {}), "xplan": lay["xplan"],
               "digest": lay["digest"]} for lay in layouts]
     job = {"plans": plans, "seed": seed, "lr": lr, "fault": fault, "debug": debug,
-           "steps": max(1, int(steps)), "timeout_s": timeout_s, "train": bool(train)}
+           "steps": max(1, int(steps)), "timeout_s": timeout_s, "train": bool(train),
+           "dtype": dtype, "check": bool(check)}
     got = start_workers(workers, _op_entry, job, timeout_s=timeout_s, backend="gloo",
                         name="explorer-op-worker", memory_limit=memory_limit,
                         jobs=len(plans))
@@ -787,18 +858,16 @@ def run_layouts(layouts: list, *, steps: int = 1, seed: int = 0, lr: float = 0.0
     for i, plan in enumerate(plans):
         res = {r: {k[1]: v for k, v in got.results[r].items() if k[0] == i}
                for r in got.results}
-        out = _layout_result(plan, res, workers, got)
+        out, main = _layout_result(plan, res, workers, got, dtype)
         if check:
             key = _model_key(plan)
-            if key not in refs:               # one reference per model (and step count)
+            if key not in refs:               # one reference per model, the last one kept
                 refs = {key: _reference(plan, seed, lr, steps, train)}
             ref = refs[key]
-            got_params = {k: torch.from_numpy(v) for k, v in out.pop("_params").items()}
-            doc = compare(out["loss"], got_params, None, ref, None, tol)
+            got_params = {k: torch.from_numpy(v) for k, v in main["params"].items()}
+            doc = compare(main["loss"], got_params, None, ref, None, tol)
             out.update(reference=doc, reference_ok=doc["ok"],
                        max_rel_error=doc["max_rel_error"], reference_loss=ref[0])
-        else:
-            out.pop("_params")
         if debug:
             out["debug"] = {r: v["debug"] for r, v in res.items() if "debug" in v}
         outs.append(out)
@@ -816,8 +885,9 @@ def _reference(plan, seed, lr, steps, train):
     return ref
 
 
-def _layout_result(plan, res, workers, got) -> dict:
-    """One plan's result dict from what its workers sent (see :func:`run_layout`)."""
+def _layout_result(plan, res, workers, got, dtype):
+    """One plan's result dict from what its workers sent (see :func:`run_layout`), and rank
+    0's loss and parameters."""
     main = res.get(0, {}).get("main")
     stats = {r: v["stats"] for r, v in res.items() if "stats" in v}
     if main is None or len(stats) != workers:
@@ -833,23 +903,28 @@ def _layout_result(plan, res, workers, got) -> dict:
             fallback[k] = max(fallback.get(k, 0), v)
         for k, v in m.get("local", {}).items():
             local[k] = max(local.get(k, 0), v)
-    return {"model": plan["spec"], "workers": workers, "loss": main["loss"],
-            "_params": main["params"],
-            "measured_peak_memory_bytes": [int(m.get("peak_bytes", 0)) for m in mem.values()],
-            "tile_local_ops": dict(sorted(local.items())),
-            "fallback_ops": dict(sorted(fallback.items())),
-            "fallback_reasons": dict(sorted(why.items())),
-            "collectives": sum(m.get("collectives", 0) for m in mem.values()),
-            "measured_comm_bytes": float(sum(v[0] - v[1] for v in stats.values())),
-            "extra_bytes": float(sum(v[1] for v in stats.values())),
-            "step_time_s": stats[0][2],
-            "measured_step_time_s": max(v[2] for v in stats.values()),
-            "compute_s": [stats[r][3] for r in sorted(stats)],
-            # each step's wall time on the slowest worker (the first step includes warm-up)
-            "step_times_s": [max(ts) for ts in zip(*(v[4] for v in stats.values()))],
-            "launch_time_s": got.elapsed_s, "pids": got.pids, "backend": got.backend,
-            "reference": None, "reference_ok": None, "max_rel_error": None,
-            "reference_loss": None}
+    out = {"model": plan["spec"], "workers": workers, "loss": main["loss"],
+           "timed_dtype": dtype,
+           "measured_peak_memory_bytes": [int(m.get("peak_bytes", 0)) for m in mem.values()],
+           "tile_local_ops": dict(sorted(local.items())),
+           "fallback_ops": dict(sorted(fallback.items())),
+           "fallback_reasons": dict(sorted(why.items())),
+           "collectives": sum(m.get("collectives", 0) for m in mem.values()),
+           "measured_comm_bytes": float(sum(v[0] - v[1] for v in stats.values())),
+           "extra_bytes": float(sum(v[1] for v in stats.values())),
+           "step_time_s": stats[0][2],
+           "measured_step_time_s": max(v[2] for v in stats.values()),
+           "compute_s": [stats[r][3] for r in sorted(stats)],
+           # CPU time of each worker's main thread (median step): computing and the
+           # interpreter's own work, not waiting for transfers
+           "cpu_step_s": [float(m.get("cpu_s", 0.0)) for m in mem.values()],
+           "compute_cpu_s": [float(m.get("compute_cpu_s", 0.0)) for m in mem.values()],
+           # each step's wall time on the slowest worker (the first step includes warm-up)
+           "step_times_s": [max(ts) for ts in zip(*(v[4] for v in stats.values()))],
+           "launch_time_s": got.elapsed_s, "pids": got.pids, "backend": got.backend,
+           "reference": None, "reference_ok": None, "max_rel_error": None,
+           "reference_loss": None}
+    return out, main
 
 
 def placement_xplan(g, names, placement, workers: int) -> dict:
@@ -931,7 +1006,7 @@ def run_placement(spec: str, batch: int | None, model_args: dict | None, names, 
     x = placement_xplan(g, names, placement, workers)
     out = run_layout(spec, batch, model_args, x, digest=opgraph_digest(g), steps=steps,
                      seed=seed, lr=lr, timeout_s=timeout_s, tol=tol, fault=fault, check=check,
-                     memory_limit=memory_limit)
+                     memory_limit=memory_limit, dtype="float64")
     out["predicted_comm_bytes"] = placement_comm_bytes(g, names, placement)
     out["executor"] = "interpreted"
     return out

@@ -77,13 +77,26 @@ def format_run(res: dict) -> str:
             lines.append(f"worker {w} peak memory: measured {got / mib:.1f} MiB" +
                          (f", predicted {want / mib:.1f} MiB ({(got - want) / want * 100:+.1f} %)"
                           if want else ""))
+        dt = res.get("timed_dtype", "float64")
         if res.get("predicted_step_time_s"):
-            lines.append(f"step time: predicted {res['predicted_step_time_s'] * 1e3:.2f} ms "
-                         f"(compute + communication), measured "
-                         f"{res['measured_step_time_s'] * 1e3:.2f} ms (float64, op by op in "
-                         f"Python)")
+            pred, meas = res["predicted_step_time_s"], res["measured_step_time_s"]
+            parts = [f"compute {(res.get('predicted_compute_step_s') or 0) * 1e3:.1f}",
+                     f"links {(res.get('predicted_comm_s') or 0) * 1e3:.1f}"]
+            if res.get("predicted_latency_s"):
+                parts.append(f"latency {res['predicted_latency_s'] * 1e3:.1f}")
+            lines.append(f"step time: predicted {pred * 1e3:.2f} ms ({' + '.join(parts)}; "
+                         f"{res.get('compute_source', 'roofline')}), measured "
+                         f"{meas * 1e3:.2f} ms ({(pred - meas) / meas * 100:+.0f} %; {dt}, op "
+                         f"by op in Python)")
         else:
-            lines.append(f"step time: measured {res['measured_step_time_s'] * 1e3:.2f} ms")
+            lines.append(f"step time: measured {res['measured_step_time_s'] * 1e3:.2f} ms "
+                         f"({dt})")
+        if res.get("cpu_step_s"):
+            busy = max(res["cpu_step_s"]) < 0.6 * res["measured_step_time_s"]
+            lines.append("worker CPU per step (main thread, not waiting): " + ", ".join(
+                f"{c * 1e3:.1f} ms" for c in res["cpu_step_s"]) +
+                (" - well below the measured step: other processes held the cores, or the "
+                 "workers waited on the links" if busy else ""))
         if res.get("fallback_ops"):
             lines.append("on full-size buffers (no tile rule): " + ", ".join(
                 f"{k} ×{v}" for k, v in res["fallback_ops"].items()))

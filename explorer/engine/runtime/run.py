@@ -22,6 +22,7 @@ worker starts.
 from __future__ import annotations
 
 import json
+import math
 
 from ...errors import InfeasiblePlan, PlanFileError
 from .. import plandoc
@@ -179,7 +180,7 @@ def _int(v) -> int | None:
 def _tofu_layout(doc: dict, expect: dict) -> dict:
     """A Tofu document checked against the request and the model's operator graph now: what
     :func:`.opexec.run_layouts` runs (``spec``, ``batch``, ``model_args``, ``xplan``,
-    ``digest``)."""
+    ``digest``) and the graph ``g``."""
     for key in ("model", "devices"):
         if key not in doc:
             raise PlanFileError(f"the Tofu plan has no {key!r}: save it with `explorer search "
@@ -218,23 +219,28 @@ def _tofu_layout(doc: dict, expect: dict) -> dict:
                             f"{list(layout.held[wrong[0]].shape)}; the model's is "
                             f"{list(g.tensors[wrong[0]].shape)}")
     return {"spec": doc["model"], "batch": g.batch, "model_args": margs,
-            "xplan": layout.to_plan(), "digest": digest}
+            "xplan": layout.to_plan(), "digest": digest, "g": g}
 
 
 def _run_tofu(doc: dict, expect: dict, steps: int = 1, train: bool = False, **kw) -> dict:
     lay = _tofu_layout(doc, expect)
-    from .opexec import run_layout
+    from .opexec import TIMED_DTYPE, run_layout
+    dtype = kw.pop("dtype", None) or TIMED_DTYPE
+    predicted = tofu_prediction(doc, lay["g"], lay["xplan"], dtype,
+                                progress=kw.pop("progress", None))
     out = run_layout(lay["spec"], lay["batch"], lay["model_args"], lay["xplan"],
-                     digest=lay["digest"], steps=steps, train=train, **kw)
-    return _tofu_report(out, doc, lay, steps, train)
+                     digest=lay["digest"], steps=steps, train=train, dtype=dtype, **kw)
+    return _tofu_report(out, doc, lay, steps, train, predicted)
 
 
 def run_tofu_documents(docs: list, *, steps: int = 1, timeout_s: float = 600.0,
-                       check: bool = True, tol: float = 1e-4, verify: bool = True) -> list:
+                       check: bool = True, tol: float = 1e-4, verify: bool = True,
+                       dtype: str = "float64") -> list:
     """Several Tofu plan documents for one worker count in one launch
-    (:func:`.opexec.run_layouts`: the processes start once, each model is built once): one
+    (:func:`.opexec.run_layouts`: the processes start once, one reference per model): one
     result per document, as :func:`run_document`'s.  Every document is checked before any
-    worker starts."""
+    worker starts.  ``dtype`` float64 (default): the timed steps are the checked ones (one
+    pass per plan)."""
     lays = []
     for doc in docs:
         kind = plandoc.open_document(doc, verify=verify)
@@ -244,26 +250,72 @@ def run_tofu_documents(docs: list, *, steps: int = 1, timeout_s: float = 600.0,
         lays.append(_tofu_layout(doc, {}))
     from .opexec import run_layouts
     steps = max(1, min(int(steps), TOFU_STEPS))
-    outs = run_layouts(lays, steps=steps, timeout_s=timeout_s, check=check, tol=tol)
-    return [dict(_tofu_report(out, doc, lay, steps, False), kind="tofu", warnings=[])
+    outs = run_layouts([{k: v for k, v in lay.items() if k != "g"} for lay in lays],
+                       steps=steps, timeout_s=timeout_s, check=check, tol=tol, dtype=dtype)
+    return [dict(_tofu_report(out, doc, lay, steps, False,
+                              tofu_prediction(doc, lay["g"], lay["xplan"], dtype)),
+                 kind="tofu")
             for out, doc, lay in zip(outs, docs, lays)]
 
 
-def _tofu_report(out: dict, doc: dict, lay: dict, steps: int, train: bool) -> dict:
+def _tofu_report(out: dict, doc: dict, lay: dict, steps: int, train: bool,
+                 predicted: dict) -> dict:
     """A Tofu run's result next to its document's predictions."""
     n = int(doc["devices"])
     algo = doc.get("algo", "tofu")
-    pred = doc.get("predicted_step_time_s")
     out.update(algo=algo, devices=n, steps=steps, train=bool(train), batch=lay["batch"],
                preset=doc.get("preset"),
                predicted_comm_bytes=float(doc.get("comm_bytes", 0.0)),
-               peak_memory_bytes=list(doc.get("peak_memory_bytes") or []),
-               predicted_step_time_s=pred,
-               predicted_compute_s=doc.get("predicted_compute_s"),
-               predicted_comm_s=doc.get("objective_s"))
+               peak_memory_bytes=list(doc.get("peak_memory_bytes") or []), **predicted)
+    pred = out.get("predicted_step_time_s")
     if pred and out.get("measured_step_time_s"):
         out["rel_error"] = (pred - out["measured_step_time_s"]) / out["measured_step_time_s"]
+    if predicted.get("compute_source", "").startswith("roofline"):
+        out.setdefault("warnings", []).append(
+            f"the predicted step time is an uncalibrated {predicted['compute_source']}: run "
+            f"`explorer calibrate` and search the plan on the local preset to predict it from "
+            f"operator shards measured on this machine")
     return out
+
+
+def _link_seconds(doc: dict, bw: float) -> float:
+    """Tofu's time on the links at this machine's calibrated bandwidth ``bw`` (the plan's
+    recursion steps moved their bytes at the bandwidth of the search; ``local`` links are
+    uniform), else the plan's own ``objective_s``."""
+    steps = doc.get("steps") or []
+    try:
+        return float(sum(float(s["seconds"]) * float(s["bandwidth_Bps"]) / bw for s in steps
+                         if float(s["seconds"]) > 0 and math.isfinite(float(s["bandwidth_Bps"]))))
+    except (KeyError, TypeError, ValueError, ZeroDivisionError):
+        return float(doc.get("objective_s") or 0.0)
+
+
+def tofu_prediction(doc: dict, g, xplan: dict, dtype: str, progress=None) -> dict:
+    """A Tofu plan's predicted step time on this machine: on a calibrated ``local`` preset,
+    every operator's shards timed as the workers compute them (in ``dtype``, cached:
+    :func:`.shardtime.predict_step`) plus the plan's communication time; otherwise the
+    plan's own roofline compute + communication (``compute_source`` says which)."""
+    comm = float(doc.get("objective_s") or 0.0)
+    n = int(xplan["workers"])
+    if doc.get("preset") == "local":
+        from ..devices import local
+        dev = local(n)
+        if dev.meta.get("calibrated"):
+            from .shardtime import predict_step
+            lat = float(dev.latency[0, 1]) if n > 1 else 0.0
+            # shards timed under an earlier calibration (another state of the machine) are
+            # not reused: the cache key names this one
+            kind = f"{dev.devices[0].kind}@{dev.meta.get('calibrated_at')}"
+            return predict_step(g, xplan, _link_seconds(doc, float(dev.bw[0, 1])) if n > 1
+                                else comm, lat, dtype, kind, progress=progress)
+        why = "roofline at the local preset's default rates (not calibrated)"
+    else:
+        why = f"roofline of the {doc.get('preset') or '?'} preset's devices, not this machine"
+    compute = doc.get("predicted_compute_s")
+    return {"predicted_step_time_s": doc.get("predicted_step_time_s"),
+            "predicted_compute_s": compute,
+            "predicted_compute_step_s": max(compute) if compute else None,
+            "predicted_comm_s": comm, "compute_source": why}
 
 
 def _run_placement(doc: dict, expect: dict, *, steps: int, warmup: int, **kw) -> dict:

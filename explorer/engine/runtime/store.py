@@ -68,7 +68,7 @@ def run_key(doc: dict) -> dict:
 class RunStore:
     """Runs saved at ``path`` (default ``$EXPLORER_HOME/runs.sqlite``)."""
 
-    def __init__(self, path=None, timeout: float = 10.0):
+    def __init__(self, path=None, timeout: float = 60.0):
         self.path = Path(path) if path else home() / "runs.sqlite"
         self.timeout = timeout
         with self._conn(_SCHEMA):  # creates the file and its table

@@ -221,14 +221,23 @@ def summarize(plan, order, per_rank, phases, no_grad=()) -> dict:
 
 
 def _set_pdeathsig():
-    """Die with the parent (Linux): a killed launcher never leaves workers behind."""
+    """Die with the parent (Linux): a killed launcher never leaves workers behind.
+
+    A launcher killed while this process was still starting (importing torch, before the
+    ``prctl``; e.g. a job cancelled from the app) has already handed it to another parent, and
+    the signal would never come: then it exits at once instead of waiting for peers that will
+    never join."""
+    import multiprocessing
+    launcher = multiprocessing.parent_process()
     try:
         import ctypes
         import signal
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(1, signal.SIGKILL)   # PR_SET_PDEATHSIG
     except Exception:  # noqa: BLE001 - not Linux
-        pass
+        return
+    if launcher is not None and launcher.pid is not None and os.getppid() != launcher.pid:
+        os._exit(1)
 
 
 def _pin(rank: int, world: int) -> bool:

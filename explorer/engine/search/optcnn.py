@@ -19,6 +19,7 @@ Every step is kept in the trace for the UI to replay.
 
 from __future__ import annotations
 
+import heapq
 import math
 import time
 
@@ -37,6 +38,12 @@ VE_LIMIT = 4_000_000
 MILP_TIME_LIMIT_S = 600.0
 #: Elements of the temporary one block of :func:`_min_plus` builds (fits in cache).
 MIN_PLUS_BLOCK = 1 << 16
+#: Sums (rows × middle × columns) from which :func:`_min_plus` first drops the middle
+#: candidates a row cannot use (below it the bounds cost about what they save)
+MIN_PLUS_PRUNE = 1 << 22
+#: Reference candidates of that bound, and its margin (relative to the tables' magnitude)
+MIN_PLUS_REFS = 8
+MIN_PLUS_MARGIN = 1e-9
 
 
 def search(problem, pins=None, options: OptCNNOptions | None = None) -> Result:
@@ -76,9 +83,37 @@ def solve(tables: CostTables):
     alive = set(names)
     trace: list = []
     undo: list = []
+    # the layers whose edges changed since they were last found not eliminable, in graph
+    # order (one heap per kind of elimination): each step takes the first eliminable layer
+    # in graph order, as a scan of every layer would, without rescanning the graph
+    node_heap = [(order[n], n) for n in names]
+    edge_heap = list(node_heap)
+    queued = {"node": set(names), "edge": set(names)}
+
+    def touch(*ns):
+        """Layers whose in- or out-edges changed: eliminable again, perhaps."""
+        for n in ns:
+            if n in alive:
+                for kind, heap in (("node", node_heap), ("edge", edge_heap)):
+                    if n not in queued[kind]:
+                        queued[kind].add(n)
+                        heapq.heappush(heap, (order[n], n))
+
+    def pending(kind, heap):
+        """The queued layers in graph order (each leaves the queue as it is looked at)."""
+        while heap:
+            _, n = heapq.heappop(heap)
+            queued[kind].discard(n)
+            if n in alive:
+                yield n
+
+    labels: dict = {}
 
     def label(n, c):
-        return tables.candidates[n][int(c)].label()
+        key = (n, int(c))
+        if key not in labels:
+            labels[key] = tables.candidates[n][key[1]].label()
+        return labels[key]
 
     def node_terms(j, c):
         """t_C, t_S, t_R of layer j's candidate c (seconds)."""
@@ -98,15 +133,17 @@ def solve(tables: CostTables):
         outs[u].add(eid)
         ins[v].add(eid)
         eid += 1
+        touch(u, v)
         return eid - 1
 
     def drop_edge(k):
         u, v, _, _ = edges.pop(k)
         outs[u].discard(k)
         ins[v].discard(k)
+        touch(u, v)
 
     def node_elimination():
-        for j in sorted(alive, key=order.get):
+        for j in pending("node", node_heap):
             if len(ins[j]) == 1 and len(outs[j]) == 1:
                 (k1,), (k2,) = tuple(ins[j]), tuple(outs[j])
                 i, _, a, la = edges[k1]
@@ -129,7 +166,7 @@ def solve(tables: CostTables):
         return False
 
     def edge_elimination():
-        for u in sorted(alive, key=order.get):
+        for u in pending("edge", edge_heap):
             seen: dict = {}
             for k in sorted(outs[u]):
                 v = edges[k][1]
@@ -218,18 +255,62 @@ def _min_plus(a: np.ndarray, b: np.ndarray):
     The sums are laid out ``[i, k, j]`` (``j`` contiguous, so ``argmin`` runs along memory)
     in blocks of rows of at most :data:`MIN_PLUS_BLOCK` elements: in cache, memory ``O(C²)``
     at any candidate count, and the same sums (so the same numbers and ties) as a plain
-    ``argmin`` over ``j``; the minimum is then gathered, not reduced a second time.
+    ``argmin`` over ``j``; the minimum is then gathered, not reduced a second time.  Large
+    products first drop the ``j`` that cannot attain a row's minimum
+    (:func:`_useful_middle`), which changes no sum and no tie.
     """
     bT = np.ascontiguousarray(b.T)
     ci, ck = a.shape[0], b.shape[1]
     arg = np.empty((ci, ck), dtype=np.int64)
-    step = max(1, MIN_PLUS_BLOCK // max(1, a.shape[1] * ck))
-    for s in range(0, ci, step):
-        tot = a[s:s + step, None, :] + bT[None, :, :]
-        tot.argmin(axis=2, out=arg[s:s + step])
+    keep = _useful_middle(a, b) if ci * a.shape[1] * ck >= MIN_PLUS_PRUNE else None
+    if keep is None:
+        step = max(1, MIN_PLUS_BLOCK // max(1, a.shape[1] * ck))
+        for s in range(0, ci, step):
+            tot = a[s:s + step, None, :] + bT[None, :, :]
+            tot.argmin(axis=2, out=arg[s:s + step])
+    else:
+        keep, rows_all = keep
+        s = 0
+        while s < ci:               # blocks of rows whose useful columns, together, fit
+            cols = keep[rows_all[s]].copy()
+            e = s + 1
+            while e < ci:
+                more = cols | keep[rows_all[e]]
+                if (e - s + 1) * int(more.sum()) * ck > MIN_PLUS_BLOCK:
+                    break
+                cols, e = more, e + 1
+            rows, cols = rows_all[s:e], np.flatnonzero(cols)     # ascending: same ties
+            tot = a[np.ix_(rows, cols)][:, None, :] + bT[:, cols][None]
+            arg[rows] = cols[tot.argmin(axis=2)]
+            s = e
     # the minimum is the sum at its argument: the same two operands added once more
-    m = np.take_along_axis(a, arg, axis=1) + np.take_along_axis(b, arg, axis=0)
+    m = a[np.arange(ci)[:, None], arg] + b[arg, np.arange(ck)[None, :]]
     return m, arg
+
+
+def _useful_middle(a: np.ndarray, b: np.ndarray):
+    """``(keep [ci, cj], row order)`` for :func:`_min_plus`: ``keep[i, j]`` is False only when
+    ``j`` cannot attain any minimum of row ``i``; ``None`` when the tables are not finite.
+
+    For a reference ``t``: if ``a[i, j] − a[i, t] > max_k (b[t, k] − b[j, k])`` then
+    ``a[i, j] + b[j, k] > a[i, t] + b[t, k]`` for every ``k``, so ``j`` never attains row
+    ``i``'s minimum (the margin of :data:`MIN_PLUS_MARGIN` times the tables' magnitude is far
+    above the rounding of these sums, so the floating-point sums compare the same way).  The
+    references are the most frequent row-wise best ``j`` of ``a[i, j] + mean_k b[j, k]``;
+    rows sharing one are kept together so their blocks share columns.  ``O(T · C²)`` for
+    ``T`` references against the ``C³`` it saves a part of.
+    """
+    if not (np.isfinite(a).all() and np.isfinite(b).all()):
+        return None
+    guess = (a + b.mean(axis=1)[None, :]).argmin(axis=1)
+    vals, cnt = np.unique(guess, return_counts=True)
+    refs = vals[np.argsort(-cnt, kind="stable")[:MIN_PLUS_REFS]]
+    margin = MIN_PLUS_MARGIN * (float(np.abs(a).max()) + float(np.abs(b).max()))
+    keep = np.ones(a.shape, dtype=bool)
+    for t in refs:
+        gain = (b[t][None, :] - b).max(axis=1)                 # [cj]: max_k b[t,k] − b[j,k]
+        keep &= (a - a[:, t:t + 1]) <= gain[None, :] + margin
+    return keep, np.lexsort((np.arange(len(guess)), guess))
 
 
 def _enumerate(nodes, unary, edges):

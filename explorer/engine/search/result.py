@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..costmodel import CostTables
-from ..plan import LayerAssignment, Plan, memory_per_device
+from ..plan import LayerAssignment, Plan, layer_content_key, memory_per_device
 from ..plandoc import VERSION, dumps, schema_of, seal
 
 __all__ = ["Result", "FAMILIES", "layerwise_result"]
@@ -201,12 +201,13 @@ def _sync_bytes(graph, tables, choice, cost_model) -> float:
     """Bytes moved by parameter synchronisation (both directions) under ``choice``."""
     from .. import geometry as G
     total = 0.0
+    seen: dict = {}         # repeated blocks under the same configuration: computed once
     for n in tables.names:
         cfg = tables.candidates[n][choice[n]]
-        _, _, groups = G.shard_summary(graph.layer(n), cfg)
-        for elems, members in groups:
-            r = len(members)
-            if r > 1:
-                f = 2.0 * (r - 1) if cost_model.sync == "ps" else 2.0 * (r - 1)
-                total += f * elems * cost_model.dtype_bytes
+        key = (layer_content_key(graph.layer(n)), cfg)
+        if key not in seen:
+            _, _, groups = G.shard_summary(graph.layer(n), cfg)
+            seen[key] = sum(2.0 * (len(members) - 1) * elems * cost_model.dtype_bytes
+                            for elems, members in groups if len(members) > 1)
+        total += seen[key]
     return total

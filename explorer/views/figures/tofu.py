@@ -43,7 +43,9 @@ def predicted_step(res: dict | None, doc: dict | None) -> tuple:
     """``(seconds, what)``: the runtime's predicted step time (compute + links) when the run
     reports one, else the plan's own (time on the links only)."""
     if res and res.get("predicted_step_time_s"):
-        return float(res["predicted_step_time_s"]), "compute + links"
+        src = res.get("compute_source")
+        return float(res["predicted_step_time_s"]), "compute + links" + (f"; {src}" if src
+                                                                         else "")
     if doc and doc.get("predicted_step_time_s") is not None:
         return float(doc["predicted_step_time_s"]), "links only"
     return None, ""

@@ -284,9 +284,16 @@ def scale_figures(model, devices, batch):
         rows.append(("bytes per step, OWT ÷ layer-wise", f"{owt / comm['optcnn']:.2f}×",
                      "paper: 1.2–2.5×"))
     ours = [table(("ours", "layer-wise", "other"), rows)]
+    why = bytes_why(cmp)
+    if why:
+        ours.append(html.Div(id=ids.learn(K + "scale", "why-bytes"), className="learn-why",
+                             children=[html.H4("Why layer-wise moves "
+                                               + ("more" if why["more"] else "fewer")
+                                               + " bytes than OWT here")]
+                             + [html.P(t) for t in why["text"]]))
     t5 = table5_rows() if model == "vgg16" else []
     t5_view = [html.H4("Table 5, ours: VGG-16 on 4×P100 NVLink, batch 128"),
-               table(("layers", "ours", "paper"), t5)] if t5 else []
+               table(("layers", "ours", "paper"), t5)] + table5_why_view() if t5 else []
     href = explorer_href(model, devices, "p100-cluster", "optcnn", batch * devices)
     return (CF.scaling_figure(sc, algos), CF.bytes_figure(cmp, algos), t5_view, ours, href)
 
@@ -309,6 +316,166 @@ def table5_rows() -> list:
     for la, (name, p) in zip(fcs, paper.OPTCNN["table5"][5:8]):
         out.append((f"{name} ({la['name']})", la["config_label"], p))
     return out
+
+
+def _bytes_parts(doc: dict) -> dict:
+    """A plan's bytes per step (parameter synchronisation, transfers between layers,
+    reduce-scatter) and the time equation 1 charges for each."""
+    i, b = doc.get("info") or {}, doc.get("breakdown") or {}
+    return {"step_s": doc["predicted_step_time_s"], "bytes": doc["comm_bytes"],
+            "sync_bytes": i.get("sync_bytes", 0.0), "xfer_bytes": i.get("transfer_bytes", 0.0),
+            "reduce_bytes": i.get("reduce_bytes", 0.0), "sync_s": b.get("sync_s", 0.0),
+            "xfer_s": b.get("transfer_s", 0.0), "reduce_s": b.get("reduce_s", 0.0)}
+
+
+def _rate(nbytes: float, secs: float) -> str:
+    return f"{nbytes / secs / 1e9:,.0f} GB/s" if secs > 0 and nbytes > 0 else "–"
+
+
+def bytes_why(cmp: dict) -> dict | None:
+    """Why the layer-wise optimum moves more (or fewer) bytes than OWT, in the numbers of
+    the two plans ``cmp["owt"]``, ``cmp["optcnn"]``: ``{"more", "text"}`` (``None`` when
+    either is missing).  Equation 1 minimises time, and our cost model charges a byte of
+    parameter synchronisation (through a parameter server's links) more time than a byte
+    moved between layers (every device's links at once): the search trades the one for the
+    other whenever that saves time, whatever it does to the bytes."""
+    o, l = cmp.get("owt") or {}, cmp.get("optcnn") or {}
+    if not o or not l or "error" in o or "error" in l:
+        return None
+    o, l = _bytes_parts(o), _bytes_parts(l)
+    more = l["bytes"] > o["bytes"]
+    text = [f"Layer-wise moves {l['bytes'] / o['bytes']:.2f}× OWT's bytes per step "
+            f"({fmt_bytes(l['bytes'])} against {fmt_bytes(o['bytes'])}) and its step takes "
+            f"{fmt_time(l['step_s'])} against OWT's {fmt_time(o['step_s'])}: equation 1 "
+            f"minimises time, not bytes."]
+    per_sync = o["sync_s"] / o["sync_bytes"] if o["sync_bytes"] else 0.0
+    per_xfer = l["xfer_s"] / l["xfer_bytes"] if l["xfer_bytes"] else 0.0
+    if per_sync and per_xfer:
+        text.append(
+            f"Our cost model charges a byte of parameter synchronisation "
+            f"{per_sync / per_xfer:.1f}× the time of a byte moved between layers: OWT "
+            f"synchronises {fmt_bytes(o['sync_bytes'])} in {fmt_time(o['sync_s'])} "
+            f"({_rate(o['sync_bytes'], o['sync_s'])}: every replica's gradients go through "
+            f"one parameter server's links and back), while layer-wise moves "
+            f"{fmt_bytes(l['xfer_bytes'])} between layers in {fmt_time(l['xfer_s'])} "
+            f"({_rate(l['xfer_bytes'], l['xfer_s'])}: each device fetches over its own links, "
+            f"all at once). Bytes are counted the same way for every strategy: what every "
+            f"device receives, forward and backward, synchronisation both ways.")
+    d_sync = o["sync_bytes"] - l["sync_bytes"]
+    d_xfer = l["xfer_bytes"] + l["reduce_bytes"] - o["xfer_bytes"] - o["reduce_bytes"]
+    if d_sync > 0 and d_xfer > 0:
+        text.append(
+            f"Against OWT, layer-wise synchronises {fmt_bytes(d_sync)} less "
+            f"({fmt_time(o['sync_s'] - l['sync_s'])} saved) and moves {fmt_bytes(d_xfer)} more "
+            f"between layers and in reduce-scatters "
+            f"({fmt_time(l['xfer_s'] + l['reduce_s'] - o['xfer_s'] - o['reduce_s'])} spent): "
+            f"{fmt_time(o['step_s'] - l['step_s'])} less per step"
+            + (f" for {fmt_bytes(l['bytes'] - o['bytes'])} more." if more else "."))
+    if more:
+        text.append("The paper's Figure 8 (layer-wise 1.2–2.5× fewer bytes than OWT) measured "
+                    "its own runtime's transfers; under our count its own Table 5 plan moves "
+                    "more than OWT too (with VGG-16: the Table 5 tables of this tab).")
+    return {"more": more, "text": text}
+
+
+def _degrees(text: str) -> dict:
+    """``"n=2, c=2"`` / ``"n=2,c=1"`` -> ``{"n": 2, "c": 2}`` (degrees of 1 dropped)."""
+    out = {}
+    for part in str(text).replace(" ", "").split(","):
+        if "=" in part:
+            k, v = part.split("=", 1)
+            if v.isdigit() and int(v) > 1:
+                out[k] = int(v)
+    return out
+
+
+def table5_plans() -> dict:
+    """VGG-16 on 4×P100 NVLink, batch 128: our optimum, the paper's Table 5 configuration
+    of every layer evaluated by our cost model (every layer pinned), and OWT."""
+    req = _req("vgg16", 4, 128)
+    ours = session.search(req)
+    layers = [la for la in ours["layers"] if la["op"] not in ("input", "placeholder")]
+    convs = [la["name"] for la in layers if la["op"] in ("conv", "pool")]
+    fcs = [la["name"] for la in layers if la["op"] == "linear"]
+    sizes = (3, 3, 4, 4, 4)
+    want, i = {}, 0
+    for n, (_, cfg) in zip(sizes, paper.OPTCNN["table5"][:5]):
+        for name in convs[i:i + n]:
+            want[name] = _degrees(cfg)
+        i += n
+    for name, (_, cfg) in zip(fcs, paper.OPTCNN["table5"][5:8]):
+        want[name] = _degrees(cfg)
+    pins = [f"{name}=" + ",".join(f"{k}={v}" for k, v in d.items()) for name, d in want.items()
+            if d]
+    return {"request": req, "ours": ours, "owt": session.search(req, algo="owt"),
+            "paper": session.search(req, pins), "paper_degrees": want}
+
+
+def table5_why(plans: dict | None = None) -> dict:
+    """Table 5's last conv block and fully-connected layers, ours against the paper's, in
+    equation 1's terms: per layer the cost ``t_C + t_S + t_R + t_X`` (in and out, given our
+    plan's neighbours) of our configuration and of the paper's, and the three plans' step
+    times and bytes."""
+    plans = plans or table5_plans()
+    req, ours = plans["request"], plans["ours"]
+    chosen = {la["name"]: la["config_label"] for la in ours["layers"]}
+    names = [la["name"] for la in ours["layers"] if la["op"] in ("conv", "linear")][-6:]
+    rows = []
+    for name in names:
+        cands = session.candidates(req, name, ours)
+        mine = next((r for r in cands if r["chosen"]), None)
+        theirs = [r for r in cands if _degrees(r["degrees"]) == plans["paper_degrees"]
+                  .get(name) and r.get("total_ms") is not None]
+        best = min(theirs, key=lambda r: r["total_ms"]) if theirs else None
+        rows.append({"layer": name, "ours": chosen.get(name, ""),
+                     "ours_ms": mine.get("total_ms") if mine else None,
+                     "ours_sync_ms": mine.get("t_sync_ms") if mine else None,
+                     "paper": best["config"] if best else "–",
+                     "paper_ms": best["total_ms"] if best else None,
+                     "paper_sync_ms": best["t_sync_ms"] if best else None})
+    return {"rows": rows, "plans": {k: _bytes_parts(plans[k]) for k in ("ours", "paper", "owt")}}
+
+
+def table5_why_view() -> list:
+    """The Table 5 comparison as the page shows it (a table of the three plans and one of
+    the last layers)."""
+    try:
+        why = table5_why()
+    except (ExplorerError, ValueError) as exc:
+        return [html.P(f"the paper's Table 5 plan cannot be evaluated here: {exc}")]
+    p = why["plans"]
+    label = {"ours": "ours (layer-wise optimum)", "paper": "the paper's Table 5, our costs",
+             "owt": "OWT"}
+    plans = table(("plan", "step", "bytes", "synchronisation", "between layers"),
+                  [(label[k], fmt_time(v["step_s"]), fmt_bytes(v["bytes"]),
+                    fmt_bytes(v["sync_bytes"]), fmt_bytes(v["xfer_bytes"] + v["reduce_bytes"]))
+                   for k, v in p.items()])
+
+    def ms(v):
+        return "–" if v is None else f"{v:.3f} ms"
+    layers = table(("layer", "ours", "t_C+t_S+t_R+t_X", "of which t_S", "paper's",
+                    "t_C+t_S+t_R+t_X", "of which t_S"),
+                   [(r["layer"], r["ours"], ms(r["ours_ms"]), ms(r["ours_sync_ms"]), r["paper"],
+                     ms(r["paper_ms"]), ms(r["paper_sync_ms"])) for r in why["rows"]])
+    d_paper = p["paper"]["step_s"] - p["ours"]["step_s"]
+    return [html.Div(id=ids.learn(K + "scale", "why-table5"), className="learn-why", children=[
+        html.H4("Table 5: why our last conv block and fully-connected layers differ"),
+        plans,
+        html.P(f"Evaluated by our cost model, the paper's Table 5 plan takes "
+               f"{fmt_time(d_paper)} more per step than ours and moves "
+               f"{fmt_bytes(p['paper']['bytes'])}, against OWT's "
+               f"{fmt_bytes(p['owt']['bytes'])}: it differs from OWT only by h2 w2 on the last "
+               f"conv block and fewer devices on the last fully-connected layer, and each "
+               f"change of layout moves activations while h2 w2 keeps 4 replicas of the "
+               f"weights to synchronise, as n4 does."),
+        layers,
+        html.P("Per layer, given our plan's neighbours (equation 1's terms that change with "
+               "the layer's own choice): our n2 c2 halves the weight replicas of the last conv "
+               "block, so its t_S is a fraction of h2 w2's (which synchronises 4 replicas, as "
+               "n4 does), and pays for it in transfers between layers; on the "
+               "fully-connected layers a row-parallel k split needs only part of the input on "
+               "each device, where c4 fetches all of it."),
+    ])]
 
 
 # -- wiring --------------------------------------------------------------------------------------
