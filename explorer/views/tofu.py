@@ -187,11 +187,13 @@ def show_view(doc: dict | None) -> tuple:
 
 
 def tofu_id(doc: dict | None) -> str:
-    """Identifies the shown Tofu plan (request and algorithm: the search is deterministic)."""
+    """Identifies the shown Tofu plan (request, algorithm and pins: the search is
+    deterministic)."""
     import hashlib
     import json
-    key = json.dumps([(doc or {}).get("request"), (doc or {}).get("algo")], sort_keys=True,
-                     default=str)
+    doc = doc or {}
+    key = json.dumps([doc.get("request"), doc.get("algo"), doc.get("pins") or []],
+                     sort_keys=True, default=str)
     return hashlib.sha1(key.encode()).hexdigest()[:16]
 
 
