@@ -1,5 +1,5 @@
 """Helpers shared by tests: worker processes left behind, the command line in a subprocess,
-random operator DAGs for the placers."""
+random operator DAGs for the placers, a tap on a graph node in the browser tests."""
 
 import subprocess
 import sys
@@ -78,3 +78,16 @@ def forbid_search(monkeypatch) -> None:
         m = importlib.import_module(mod)
         for name in names:
             monkeypatch.setattr(m, name, searched)
+
+
+#: browser tests: tap node ``arguments[1]`` of the cytoscape graph ``arguments[0]`` through
+#: cytoscape's own API (nodes are drawn on a canvas); returns 'ok', 'no-cy' or 'no-node'
+TAP = """
+const el = document.getElementById(arguments[0]);
+const cy = el && el._cyreg && el._cyreg.cy;
+if (!cy) { return 'no-cy'; }
+const n = cy.getElementById(arguments[1]);
+if (n.empty()) { return 'no-node'; }
+n.emit('tap');
+return 'ok';
+"""

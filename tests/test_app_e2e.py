@@ -10,20 +10,11 @@ import time
 import psutil
 import pytest
 
+from _helpers import TAP
 from explorer.app import create_app
 from explorer.views import ids
 
 pytestmark = pytest.mark.browser
-
-TAP = """
-const el = document.getElementById(arguments[0]);
-const cy = el && el._cyreg && el._cyreg.cy;
-if (!cy) { return 'no-cy'; }
-const n = cy.getElementById(arguments[1]);
-if (n.empty()) { return 'no-node'; }
-n.emit('tap');
-return 'ok';
-"""
 
 NODE_INFO = """
 const cy = document.getElementById(arguments[0])._cyreg.cy;

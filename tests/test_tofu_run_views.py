@@ -67,3 +67,19 @@ def test_run_tofu_refuses_without_a_plan():
     from explorer.errors import ExplorerError
     with pytest.raises(ExplorerError, match="partition the model first"):
         service.run_tofu({"algo": "tofu"})
+
+
+def test_runs_of_a_plan_for_another_preset_or_pins_are_not_shown(doc, tmp_path, monkeypatch):
+    """The run store keys a Tofu plan by everything that makes it another plan: a run made
+    for one device preset (or other pins) is not this plan's run."""
+    from explorer.engine.runtime.store import RunStore, run_key
+    monkeypatch.setenv("EXPLORER_HOME", str(tmp_path))
+    req = service.Request.from_dict(dict(doc["request"], preset="p100-nvlink-4"))
+    other = service.tofu(req, "tofu")
+    assert (other["model"], other["devices"], other["opgraph_digest"]) == \
+        (doc["model"], doc["devices"], doc["opgraph_digest"])
+    RunStore().add(run_key(service.plan_file(other)), {"measured_step_time_s": 0.01})
+    assert len(service.runs(other)) == 1            # the app's plan and its file share a key
+    assert service.runs(doc) == []
+    assert digest(run_key(doc)) != digest(run_key(dict(doc, pins=["op:split 0"])))
+    assert digest(run_key(doc)) != digest(run_key(dict(doc, algo="data-parallel")))

@@ -12,21 +12,13 @@ import time
 
 import pytest
 
+from _helpers import TAP
 from explorer.app import create_app
 from explorer.service import Request
 from explorer.views import ids, palette
 
 pytestmark = pytest.mark.browser
 
-TAP = """
-const el = document.getElementById(arguments[0]);
-const cy = el && el._cyreg && el._cyreg.cy;
-if (!cy) { return 'no-cy'; }
-const n = cy.getElementById(arguments[1]);
-if (n.empty()) { return 'no-node'; }
-n.emit('tap');
-return 'ok';
-"""
 NODES = """
 const cy = document.getElementById(arguments[0])._cyreg.cy;
 return cy.nodes().map(n => [n.id(), n.classes().join(' '), n.data('label') || '',

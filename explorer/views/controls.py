@@ -97,3 +97,35 @@ def register_export(app, button_id: str, download_id: str, store_id: str,
         except (ExplorerError, ValueError) as exc:
             return dash.no_update, str(exc)
         return dcc.send_string(text, name, type="text/x-python"), ""
+
+
+def register_local_run(app, *, button_id: str, cancel_id: str, progress_id: str, status_id: str,
+                       error_id: str, store_id: str, states: list, job, done,
+                       start_progress: str | None = "0", interval: int = 300) -> None:
+    """The "run on local workers" background callback of a panel (:func:`job_controls`): on a
+    click, ``job(*values of states, progress)`` runs the shown plan and its result goes to
+    ``store_id``; ``done(result, *values)`` is the status line after it.  A bad plan or input
+    (ExplorerError / ValueError) is one line in ``error_id``; cancel stops the job and its
+    workers.  ``start_progress=None`` keeps the bar indeterminate until ``job`` reports."""
+    from dash import no_update
+
+    from ..errors import ExplorerError
+
+    @app.callback(
+        Output(store_id, "data"), Output(error_id, "children"), Output(status_id, "children"),
+        Input(button_id, "n_clicks"), *[State(c, prop) for c, prop in states],
+        background=True, interval=interval,
+        progress=[Output(progress_id, "value")],
+        running=running(button_id, cancel_id, progress_id, status_id,
+                        "running on local workers…"),
+        cancel=[Input(cancel_id, "n_clicks")],
+        prevent_initial_call=True,
+    )
+    def run_on_local_workers(set_progress, _n, *values):
+        set_progress([start_progress])
+        try:
+            res = job(*values, lambda v: set_progress([str(v)]))
+        except (ExplorerError, ValueError) as exc:
+            return no_update, str(exc), ""
+        set_progress(["100"])
+        return res, "", done(res, *values)

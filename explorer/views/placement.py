@@ -37,7 +37,8 @@ from . import layout as L
 from . import tables as T
 from . import palette as P
 from . import state
-from .controls import context, download_controls, job_controls, register_download, running
+from .controls import (context, download_controls, job_controls, register_download,
+                       register_local_run, running)
 from .figures import placement as F
 from .run import history_table
 
@@ -501,7 +502,9 @@ def do_run(doc: dict | None, steps, progress=lambda v: None) -> dict:
     if not doc:
         raise ExplorerError("place the model first, then run the placement")
     state.request(doc.get("request"))            # a model file only where the server allows
-    return session.run_placement(doc, steps=int(steps or 3), progress=progress)
+    res = session.run_placement(doc, steps=int(steps or 3), progress=progress)
+    res["placement_id"] = placement_id(doc)
+    return res
 
 
 def run_view(res: dict | None, doc: dict | None):
@@ -635,27 +638,12 @@ def register(app: dash.Dash) -> None:
     register_download(app, ids.PLACE_DOWNLOAD_BUTTON, ids.PLACE_DOWNLOAD, ids.STORE_PLACEMENT,
                       ids.PLACE_ERROR)
 
-    @app.callback(
-        Output(ids.STORE_PLACE_RUN, "data"), Output(ids.PLACE_RUN_ERROR, "children"),
-        Output(ids.PLACE_RUN_STATUS, "children"),
-        Input(ids.PLACE_RUN_BUTTON, "n_clicks"),
-        State(ids.STORE_PLACEMENT, "data"), State(ids.PLACE_RUN_STEPS, "value"),
-        background=True, interval=300,
-        progress=[Output(ids.PLACE_RUN_PROGRESS, "value")],
-        running=running(ids.PLACE_RUN_BUTTON, ids.PLACE_RUN_CANCEL, ids.PLACE_RUN_PROGRESS,
-                        ids.PLACE_RUN_STATUS, "running on local workers…"),
-        cancel=[Input(ids.PLACE_RUN_CANCEL, "n_clicks")],
-        prevent_initial_call=True,
-    )
-    def run_placement(set_progress, _n, doc, steps):
-        set_progress(["0"])
-        try:
-            res = do_run(doc, steps, lambda v: set_progress([str(v)]))
-        except (ExplorerError, ValueError) as exc:
-            return no_update, str(exc), ""
-        res["placement_id"] = placement_id(doc)
-        set_progress(["100"])
-        return res, "", f"done: {res['workers']} workers"
+    register_local_run(
+        app, button_id=ids.PLACE_RUN_BUTTON, cancel_id=ids.PLACE_RUN_CANCEL,
+        progress_id=ids.PLACE_RUN_PROGRESS, status_id=ids.PLACE_RUN_STATUS,
+        error_id=ids.PLACE_RUN_ERROR, store_id=ids.STORE_PLACE_RUN,
+        states=[(ids.STORE_PLACEMENT, "data"), (ids.PLACE_RUN_STEPS, "value")],
+        job=do_run, done=lambda res, *_: f"done: {res['workers']} workers")
 
     @app.callback(
         Output(ids.PLACE_RUN_RESULT, "children"), Output(ids.PLACE_RUN_FIG, "figure"),

@@ -18,7 +18,7 @@ from ..errors import ExplorerError
 from . import ids
 from . import tables as T
 from . import state
-from .controls import context, job_controls, running
+from .controls import context, job_controls, register_local_run, running
 from .figures import run as F
 
 
@@ -171,26 +171,12 @@ def do_calibrate(req_doc: dict, progress=lambda pct, msg: None) -> dict:
 def register(app: dash.Dash) -> None:
     """The panel's callbacks on ``app``."""
 
-    @app.callback(
-        Output(ids.STORE_RUN, "data"), Output(ids.RUN_ERROR, "children"),
-        Output(ids.RUN_STATUS, "children"),
-        Input(ids.RUN_BUTTON, "n_clicks"),
-        State(ids.STORE_PLAN, "data"), State(ids.RUN_STEPS, "value"),
-        State(ids.RUN_WARMUP, "value"),
-        background=True, interval=250,
-        progress=[Output(ids.RUN_PROGRESS, "value")],
-        running=running(ids.RUN_BUTTON, ids.RUN_CANCEL, ids.RUN_PROGRESS, ids.RUN_STATUS,
-                        "running on local workers…"),
-        cancel=[Input(ids.RUN_CANCEL, "n_clicks")],
-        prevent_initial_call=True,
-    )
-    def run_plan(set_progress, _n, plan, steps, warmup):
-        set_progress([None])                    # indeterminate (moving) while workers start
-        try:
-            res = do_run(plan, steps, warmup, progress=lambda v: set_progress([str(v)]))
-        except (ExplorerError, ValueError) as exc:
-            return no_update, str(exc), ""
-        return res, "", f"done: {res['devices']} workers"
+    register_local_run(
+        app, button_id=ids.RUN_BUTTON, cancel_id=ids.RUN_CANCEL, progress_id=ids.RUN_PROGRESS,
+        status_id=ids.RUN_STATUS, error_id=ids.RUN_ERROR, store_id=ids.STORE_RUN,
+        states=[(ids.STORE_PLAN, "data"), (ids.RUN_STEPS, "value"), (ids.RUN_WARMUP, "value")],
+        job=do_run, done=lambda res, *_: f"done: {res['devices']} workers",
+        start_progress=None, interval=250)   # indeterminate (moving) while workers start
 
     @app.callback(Output(ids.RUN_RESULT, "children"), Output(ids.RUN_LAYERS, "figure"),
                   Output(ids.RUN_SERIES, "figure"), Output(ids.RUN_FIGURES, "style"),

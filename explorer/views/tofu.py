@@ -26,7 +26,8 @@ from . import fmt, ids
 from . import tables as T
 from . import palette as P
 from . import state
-from .controls import context, download_controls, job_controls, register_download, running
+from .controls import (context, download_controls, job_controls, register_download,
+                       register_local_run, running)
 from .figures import tofu as F
 from .run import history_table
 
@@ -186,11 +187,13 @@ def show_view(doc: dict | None) -> tuple:
 
 
 def tofu_id(doc: dict | None) -> str:
-    """Identifies the shown Tofu plan (request and algorithm: the search is deterministic)."""
+    """Identifies the shown Tofu plan (request, algorithm and pins: the search is
+    deterministic)."""
     import hashlib
     import json
-    key = json.dumps([(doc or {}).get("request"), (doc or {}).get("algo")], sort_keys=True,
-                     default=str)
+    doc = doc or {}
+    key = json.dumps([doc.get("request"), doc.get("algo"), doc.get("pins") or []],
+                     sort_keys=True, default=str)
     return hashlib.sha1(key.encode()).hexdigest()[:16]
 
 
@@ -300,26 +303,13 @@ def register(app: dash.Dash) -> None:
     def show_strip(step, doc):
         return strip_for(doc, step)
 
-    @app.callback(
-        Output(ids.STORE_TOFU_RUN, "data"), Output(ids.TOFU_RUN_ERROR, "children"),
-        Output(ids.TOFU_RUN_STATUS, "children"),
-        Input(ids.TOFU_RUN_BUTTON, "n_clicks"),
-        State(ids.STORE_TOFU, "data"), State(ids.TOFU_RUN_MEMORY, "value"),
-        background=True, interval=300,
-        progress=[Output(ids.TOFU_RUN_PROGRESS, "value")],
-        running=running(ids.TOFU_RUN_BUTTON, ids.TOFU_RUN_CANCEL, ids.TOFU_RUN_PROGRESS,
-                        ids.TOFU_RUN_STATUS, "running on local workers…"),
-        cancel=[Input(ids.TOFU_RUN_CANCEL, "n_clicks")],
-        prevent_initial_call=True,
-    )
-    def run_plan(set_progress, _n, doc, memory_gib):
-        set_progress(["0"])
-        try:
-            res = do_run(doc, memory_gib, lambda v: set_progress([str(v)]))
-        except (ExplorerError, ValueError) as exc:
-            return no_update, str(exc), ""
-        set_progress(["100"])
-        return res, "", f"done: {res.get('workers', doc.get('devices'))} workers"
+    register_local_run(
+        app, button_id=ids.TOFU_RUN_BUTTON, cancel_id=ids.TOFU_RUN_CANCEL,
+        progress_id=ids.TOFU_RUN_PROGRESS, status_id=ids.TOFU_RUN_STATUS,
+        error_id=ids.TOFU_RUN_ERROR, store_id=ids.STORE_TOFU_RUN,
+        states=[(ids.STORE_TOFU, "data"), (ids.TOFU_RUN_MEMORY, "value")],
+        job=do_run,
+        done=lambda res, doc, _m: f"done: {res.get('workers', doc.get('devices'))} workers")
 
     @app.callback(
         Output(ids.TOFU_RUN_RESULT, "children"), Output(ids.TOFU_RUN_MEMORY_FIG, "figure"),

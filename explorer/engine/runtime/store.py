@@ -46,20 +46,33 @@ def placement_key(doc: dict) -> dict:
             "placement": {str(k): int(v) for k, v in doc["placement"].items()}}
 
 
+def tofu_key(doc: dict) -> dict:
+    """What identifies a Tofu plan (the app's document or its sealed file) in the run store:
+    model, batch, arguments and operator graph; algorithm, pins, device preset and worker
+    count (the search is deterministic given these); the partition it found (factors and
+    their levels) and each worker's memory capacity - which tells two ``custom`` clusters of
+    the same size apart.  Timings do not count."""
+    info = doc.get("info") or {}
+    return {"kind": "tofu", "model": doc.get("model"), "batch": doc.get("batch"),
+            "model_args": {str(k): str(v) for k, v in (doc.get("model_args") or {}).items()},
+            "opgraph_digest": doc.get("opgraph_digest"),
+            "algo": doc.get("algo"), "pins": sorted(str(p) for p in doc.get("pins") or ()),
+            "preset": doc.get("preset"), "devices": doc.get("devices"),
+            "factors": [int(f) for f in doc.get("factors") or ()],
+            "levels": [int(v) for v in doc.get("levels") or ()],
+            "capacity_bytes": [float(c) for c in info.get("capacity_bytes") or ()]}
+
+
 def run_key(doc: dict) -> dict:
     """What a run is stored under, by plan kind: a placement's :func:`placement_key`; a Tofu
-    plan's model, batch, arguments, algorithm, worker count and operator graph (the search is
-    deterministic); a layer-wise plan itself without its version and checksum (so a run of a
-    saved file and of the same plan in the app share a digest)."""
+    plan's :func:`tofu_key`; a layer-wise plan itself without its version and checksum (so a
+    run of a saved file and of the same plan in the app share a digest)."""
     from ..plandoc import kind_of
     kind = kind_of(doc)
     if kind == "placement":
         return placement_key(doc)
     if kind == "tofu":
-        return {"kind": "tofu", "model": doc.get("model"), "batch": doc.get("batch"),
-                "model_args": {str(k): str(v) for k, v in (doc.get("model_args") or {}).items()},
-                "algo": doc.get("algo"), "devices": doc.get("devices"),
-                "opgraph_digest": doc.get("opgraph_digest")}
+        return tofu_key(doc)
     if kind == "layerwise":          # a saved file and the app's same plan share a key
         return {k: v for k, v in doc.items() if k not in ("version", "checksum")}
     return doc
