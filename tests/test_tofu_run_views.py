@@ -83,3 +83,14 @@ def test_runs_of_a_plan_for_another_preset_or_pins_are_not_shown(doc, tmp_path, 
     assert service.runs(doc) == []
     assert digest(run_key(doc)) != digest(run_key(dict(doc, pins=["op:split 0"])))
     assert digest(run_key(doc)) != digest(run_key(dict(doc, algo="data-parallel")))
+
+
+def test_placement_runs_are_keyed_by_preset_and_device_count():
+    """Two placements with the same operator map but another preset or device count are
+    different plans to the run store (their predictions differ)."""
+    from explorer.engine.runtime.store import run_key
+    doc = {"schema": "plan-explorer/placement", "model": "lenet5", "batch": 8, "model_args": {},
+           "algo": "celeritas", "preset": "local", "devices": 2, "placement": {"a": 0, "b": 1}}
+    assert digest(run_key(doc)) == digest(run_key(dict(doc)))
+    assert digest(run_key(doc)) != digest(run_key(dict(doc, preset="p100-nvlink-4")))
+    assert digest(run_key(doc)) != digest(run_key(dict(doc, devices=4)))

@@ -35,14 +35,14 @@ CREATE INDEX IF NOT EXISTS runs_digest ON runs (digest);
 
 def placement_key(doc: dict) -> dict:
     """What identifies a placement (a ``plan-explorer/placement`` document from the command
-    line or the app) in the run store: model, batch, model arguments, algorithm and every
-    operator's device - timings, schedule and layout do not count."""
+    line or the app) in the run store: model, batch, model arguments, algorithm, device preset
+    and count, and every operator's device - timings, schedule and layout do not count."""
     args = doc.get("model_args")
     if args is None:
         args = (doc.get("request") or {}).get("model_args")
     return {"kind": "placement", "model": doc.get("model"), "batch": doc.get("batch"),
             "model_args": {str(k): str(v) for k, v in dict(args or {}).items()},
-            "algo": doc.get("algo"),
+            "algo": doc.get("algo"), "preset": doc.get("preset"), "devices": doc.get("devices"),
             "placement": {str(k): int(v) for k, v in doc["placement"].items()}}
 
 
