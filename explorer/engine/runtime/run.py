@@ -251,11 +251,17 @@ def _run_placement(doc: dict, expect: dict, *, steps: int, warmup: int, **kw) ->
         len(doc.get("capacity_bytes") or []) or (max(devs) + 1)
     preset = doc.get("preset") or (doc.get("devices") if isinstance(doc.get("devices"), str)
                                    else None)
+    order = doc.get("order")           # the simulated schedule's order (older plans: none)
+    if order is not None and not (isinstance(order, list) and len(order) == len(names) and
+                                  all(isinstance(x, str) for x in order) and
+                                  set(order) == set(names)):
+        raise PlanFileError("the placement's 'order' must list every operator of its "
+                            "'placement' once")
     _check_expect("placement", model, None, batch, margs, n, expect)
     g, _ = _opgraph("placement", doc, model, batch, margs)
     from .opexec import run_placement
     out = run_placement(model, g.batch, margs, names, devs, n, steps=steps, warmup=warmup,
-                        g=g, **kw)
+                        g=g, order=order, **kw)
     pred = doc.get("predicted_step_time_s")
     out["predicted_step_time_s"] = pred
     if pred and out.get("measured_step_time_s"):
