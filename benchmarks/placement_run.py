@@ -40,8 +40,11 @@ CONFIGS = {
 }
 
 
-def bench(model: str, algo: str, devices: int, steps: int, warmup: int) -> dict:
-    """Search ``model`` with ``algo`` (measured costs, ``local`` preset) and run the plan."""
+def bench(model: str, algo: str, devices: int, steps: int, warmup: int,
+          repeat: int = 1) -> dict:
+    """Search ``model`` with ``algo`` (measured costs, ``local`` preset) and run the plan
+    ``repeat`` times: the row is the run with the median measured step (``runs_s`` lists
+    every run's)."""
     from explorer import service
     from explorer.engine.runtime.run import run_document
     cfg = CONFIGS.get(model, {"batch": None, "model_args": {}})
@@ -52,13 +55,17 @@ def bench(model: str, algo: str, devices: int, steps: int, warmup: int) -> dict:
     res = service.run_method(req, algo)
     search_s = time.perf_counter() - t0
     doc = json.loads(json.dumps(res.document()))
-    run = run_document(doc, steps=steps, warmup=warmup, verify=False)
+    runs = [run_document(doc, steps=steps, warmup=warmup, verify=False)
+            for _ in range(max(1, repeat))]
+    runs.sort(key=lambda r: r["measured_step_time_s"])
+    run = runs[len(runs) // 2]
     after = canary(0.5)
     pred, meas = run["predicted_step_time_s"], run["measured_step_time_s"]
     per_dev = [0] * devices
     for d in doc["placement"].values():
         per_dev[int(d)] += 1
-    return {"model": model, "algo": algo, "ops_per_device": per_dev,
+    return {"model": model, "algo": algo, "devices": devices, "ops_per_device": per_dev,
+            "breakdown": breakdown(res.plan, run),
             "transfers": run["transfers"], "predicted_s": pred, "measured_s": meas,
             "error": (meas - pred) / pred if pred else None,
             "reference_ok": run["reference_ok"], "max_rel_error": run["max_rel_error"],
@@ -67,13 +74,95 @@ def bench(model: str, algo: str, devices: int, steps: int, warmup: int) -> dict:
             "compute_s": run["compute_s"], "wait_s": run["wait_s"], "cpu_s": run["cpu_s"],
             "predicted_busy_s": run.get("predicted_busy_s"),
             "step_times_s": run["step_times_s"], "search_s": search_s,
+            "runs_s": [r["measured_step_time_s"] for r in runs], "load": os.getloadavg(),
             "canary_before": before, "canary_after": after}
 
 
+def breakdown(plan, run: dict) -> list:
+    """Per worker, where the traced step's time went next to the simulated schedule.
+
+    The run's traced step (:func:`explorer.engine.runtime.compiled.timeline`: wall and CPU
+    clocks around every call of each device program) is split into its operators' wall time
+    (their CPU time, and ``off_cpu``: the wall time the worker thread did not run - other
+    processes or workers on its core), ``again`` (a multi-output call computed again for an
+    output another device owns: no plan operator), the isend / irecv calls, waiting for
+    received tensors and for the step's own sends; beside them the simulator's busy time
+    for the device (its operators' times) and its idle time (makespan − busy), and the
+    operator kinds whose CPU time is furthest above their predicted time.  Transfers: the
+    measured one-way time of every transfer the receiver was already waiting for (send call
+    → receive done) against the link model's ``k·bytes + b``."""
+    import numpy as np
+    idx = {n: i for i, n in enumerate(plan.names)}
+    sim = plan.sim
+    w = sim.finish - sim.start
+    busy = sim.busy if sim.busy is not None else np.zeros(int(sim.placement.max()) + 1)
+    sends, recvs = {}, {}
+    out = []
+    for r, line in enumerate(run.get("timeline") or []):
+        part = {"op": 0.0, "cpu": 0.0, "again": 0.0, "send": 0.0, "post": 0.0, "recv": 0.0,
+                "sends": 0.0, "other": 0.0}
+        kinds: dict = {}
+        for kind, what, a, b, c in line:
+            part[kind] = part.get(kind, 0.0) + (b - a)
+            if kind == "op":
+                part["cpu"] += c
+                k = kinds.setdefault(what[0].rstrip("0123456789_") if what else "?", [0.0, 0.0])
+                k[0] += c
+                k[1] += sum(float(w[idx[o]]) for o in what if o in idx)
+            elif kind == "send":
+                sends[what] = (a, b)
+            elif kind == "recv":
+                recvs[what] = (a, b)
+        worst = sorted(kinds.items(), key=lambda kv: kv[1][1] - kv[1][0])[:3]
+        out.append({"worker": r, "step": line[-1][3] - line[0][2] if line else 0.0,
+                    "pred_busy": float(busy[r]) if r < len(busy) else 0.0,
+                    "pred_idle": float(sim.makespan - (busy[r] if r < len(busy) else 0.0)),
+                    "ops": part["op"], "ops_cpu": part["cpu"],
+                    "off_cpu": part["op"] - part["cpu"], "again": part["again"],
+                    "send_calls": part["send"] + part["post"], "recv_wait": part["recv"],
+                    "sends_wait": part["sends"],
+                    "worst_ops": [(k, v[0], v[1]) for k, v in worst if v[0] > v[1]]})
+    # transfers the receiver waited for: time from the send call to the receive's end
+    pred_xfer = {}
+    for u, a, b, st, en, nb in sim.transfers:
+        pred_xfer.setdefault((a, b), []).append(en - st)
+    lat = [recvs[t][1] - sends[t][0] for t in sends if t in recvs and recvs[t][0] < sends[t][0]]
+    if out:
+        allp = [x for v in pred_xfer.values() for x in v]
+        out[0]["xfer_measured"] = float(np.median(lat)) if lat else None
+        out[0]["xfer_predicted"] = float(np.median(allp)) if allp else None
+        out[0]["xfer_n"] = len(sends)
+    return out
+
+
+def breakdown_table(rows: list) -> str:
+    """The per-worker breakdown of every row, in ms."""
+    head = (f"{'model':<12} {'w':>2} {'pred busy':>9} {'pred idle':>9} | {'traced':>7} "
+            f"{'ops':>7} {'(cpu':>7} {'off)':>6} {'again':>6} {'s/r call':>8} "
+            f"{'recv wait':>9} {'sends':>6}  CPU above predicted (kind cpu/pred)")
+    out = [head, "-" * len(head)]
+    for r in rows:
+        for b in r.get("breakdown") or []:
+            worst = ", ".join(f"{k} {c * 1e3:.1f}/{p * 1e3:.1f}" for k, c, p in b["worst_ops"])
+            out.append(f"{r['model']:<12} {b['worker']:>2} {b['pred_busy'] * 1e3:>9.1f} "
+                       f"{b['pred_idle'] * 1e3:>9.1f} | {b['step'] * 1e3:>7.1f} "
+                       f"{b['ops'] * 1e3:>7.1f} {b['ops_cpu'] * 1e3:>7.1f} "
+                       f"{b['off_cpu'] * 1e3:>6.1f} {b['again'] * 1e3:>6.1f} "
+                       f"{b['send_calls'] * 1e3:>8.1f} {b['recv_wait'] * 1e3:>9.1f} "
+                       f"{b['sends_wait'] * 1e3:>6.1f}  {worst}")
+        b0 = (r.get("breakdown") or [{}])[0]
+        if b0.get("xfer_n"):
+            m, p = b0.get("xfer_measured"), b0.get("xfer_predicted")
+            out.append(f"{'':<12}    transfers: {b0['xfer_n']}; median one-way time when "
+                       f"the receiver waited {m * 1e3 if m else float('nan'):.2f} ms, "
+                       f"the link model's median {p * 1e3 if p else float('nan'):.2f} ms")
+    return "\n".join(out)
+
+
 def table(rows: list) -> str:
-    head = (f"{'model':<13} {'algo':<15} {'ops/dev':<11} {'xfers':>5} {'pred ms':>9} "
-            f"{'meas ms':>9} {'error':>7} {'ref':>5} {'busy/cpu ms per worker':<22} "
-            f"{'peak MiB meas/pred':<18} {'canary':>13}")
+    head = (f"{'model':<13} {'algo':<15} {'ops/dev':<15} {'xfers':>5} {'pred ms':>9} "
+            f"{'meas ms':>9} {'error':>7} {'ref':>5} {'busy/cpu ms per worker':<30} "
+            f"{'peak MiB meas/pred':<26} {'canary':>13} {'load':>5}  runs ms")
     out = [head, "-" * len(head)]
     for r in rows:
         if "error_text" in r:
@@ -85,10 +174,13 @@ def table(rows: list) -> str:
         err = f"{100 * r['error']:+.1f}%" if r["error"] is not None else "-"
         busy = " ".join(f"{b * 1e3:.0f}/{c * 1e3:.0f}" for b, c in
                         zip(r["predicted_busy_s"] or [0.0] * len(r["cpu_s"]), r["cpu_s"]))
-        out.append(f"{r['model']:<13} {r['algo']:<15} {'/'.join(map(str, r['ops_per_device'])):<11}"
+        per_dev = "/".join(map(str, r["ops_per_device"]))
+        runs = " ".join(f"{x * 1e3:.0f}" for x in r.get("runs_s", []))
+        out.append(f"{r['model']:<13} {r['algo']:<15} {per_dev:<15}"
                    f" {r['transfers']:>5} {r['predicted_s'] * 1e3:>9.1f} "
                    f"{r['measured_s'] * 1e3:>9.1f} {err:>7} {str(r['reference_ok']):>5} "
-                   f"{busy:<22} {mem:<18} {r['canary_before']:>6.0f}/{r['canary_after']:<6.0f}")
+                   f"{busy:<30} {mem:<26} {r['canary_before']:>6.0f}/{r['canary_after']:<6.0f}"
+                   f" {r.get('load', [0])[0]:>5.1f}  {runs}")
     return "\n".join(out)
 
 
@@ -99,6 +191,8 @@ def main(argv=None) -> int:
     ap.add_argument("--devices", type=int, default=2)
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="run each plan this many times and report the median run")
     ap.add_argument("--keep-calibration", action="store_true",
                     help="use $EXPLORER_HOME/local.json when present instead of calibrating "
                          "again (the links' latency decides where placements cut)")
@@ -121,10 +215,13 @@ def main(argv=None) -> int:
         for algo in args.algos.split(","):
             print(f"{model} {algo} ...", file=sys.stderr)
             try:
-                rows.append(bench(model, algo, args.devices, args.steps, args.warmup))
+                rows.append(bench(model, algo, args.devices, args.steps, args.warmup,
+                                  args.repeat))
             except (ExplorerError, ValueError) as exc:
                 rows.append({"model": model, "algo": algo, "error_text": str(exc)})
-    print(json.dumps(rows, indent=1) if args.json else table(rows))
+    print(json.dumps(rows, indent=1) if args.json else
+          table(rows) + "\n\nWhere the time goes (the traced step, ms):\n" +
+          breakdown_table(rows))
     return 0
 
 
