@@ -66,6 +66,7 @@ def bench(model: str, algo: str, devices: int, steps: int, warmup: int,
         per_dev[int(d)] += 1
     return {"model": model, "algo": algo, "devices": devices, "ops_per_device": per_dev,
             "breakdown": breakdown(res.plan, run),
+            "peak_replayed_bytes": replayed_peaks(req, res.plan, run),
             "transfers": run["transfers"], "predicted_s": pred, "measured_s": meas,
             "error": (meas - pred) / pred if pred else None,
             "reference_ok": run["reference_ok"], "max_rel_error": run["max_rel_error"],
@@ -135,6 +136,44 @@ def breakdown(plan, run: dict) -> list:
     return out
 
 
+def replayed_peaks(req, plan, run: dict) -> dict:
+    """The liveness rule (:mod:`explorer.engine.placement.memory`) applied to the run's own
+    schedule - each operator's interval and each transfer (send call → receive done) from
+    the traced step - as written (``rule``: parameter gradients persist, as a framework's
+    ``.grad`` does until the next step) and with every gradient freed after its last reader
+    (``grads_freed``: what the compiled step does, its update being the gradient's last
+    use).  Per worker, bytes; beside the simulated and the measured peaks they show which
+    part of the difference is the schedule and which the rule."""
+    import numpy as np
+    from explorer import service
+    from explorer.engine.placement.memory import schedule_peak
+    from explorer.engine.runtime.compiled import transfers
+    prob = service.problem_for(req)
+    pg, og = prob.placement_graph(), prob.opgraph()
+    idx = pg.index()
+    start, finish = np.zeros(pg.n), np.zeros(pg.n)
+    sends, recvs = {}, {}
+    for line in run.get("timeline") or []:
+        for kind, what, a, b, _ in line:
+            if kind == "op":
+                for o in what:
+                    start[idx[o]], finish[idx[o]] = a, b
+            elif kind == "send":
+                sends[what] = a
+            elif kind == "recv":
+                recvs[what] = b
+    dev = {nm: int(d) for nm, d in zip(plan.names, plan.placement.tolist())}
+    place = np.array([dev[nm] for nm in pg.names])
+    prod = {t.id: t.producer or t.id for t in og.tensors.values()}
+    tr = [(idx[prod[t]], s, d, sends.get(tag, 0.0), recvs.get(tag, 0.0),
+           pg.out_bytes[idx[prod[t]]]) for t, s, d, tag in transfers(og, dev, pg.ndev)]
+    rule = schedule_peak(pg, place, start, finish, tr)
+    grads = {o.name for o in og.ops.values() if o.output in set(og.param_grads.values())}
+    pg.persistent = pg.persistent & ~np.array([nm in grads for nm in pg.names])
+    freed = schedule_peak(pg, place, start, finish, tr)
+    return {"rule": rule.tolist(), "grads_freed": freed.tolist()}
+
+
 def breakdown_table(rows: list) -> str:
     """The per-worker breakdown of every row, in ms."""
     head = (f"{'model':<12} {'w':>2} {'pred busy':>9} {'pred idle':>9} | {'traced':>7} "
@@ -150,6 +189,13 @@ def breakdown_table(rows: list) -> str:
                        f"{b['off_cpu'] * 1e3:>6.1f} {b['again'] * 1e3:>6.1f} "
                        f"{b['send_calls'] * 1e3:>8.1f} {b['recv_wait'] * 1e3:>9.1f} "
                        f"{b['sends_wait'] * 1e3:>6.1f}  {worst}")
+        rp = r.get("peak_replayed_bytes")
+        if rp:
+            mib = lambda xs: " / ".join(f"{x / 2 ** 20:.0f}" for x in xs)  # noqa: E731
+            out.append(f"{'':<12}    peak MiB per worker: measured {mib(r['peak_measured_bytes'])}"
+                       f"; simulated {mib(r['peak_predicted_bytes'] or [])}; the rule on "
+                       f"the run's schedule {mib(rp['rule'])}, with gradients freed after "
+                       f"their update {mib(rp['grads_freed'])}")
         b0 = (r.get("breakdown") or [{}])[0]
         if b0.get("xfer_n"):
             m, p = b0.get("xfer_measured"), b0.get("xfer_predicted")
