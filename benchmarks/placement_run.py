@@ -55,7 +55,7 @@ def bench(model: str, algo: str, devices: int, steps: int, warmup: int,
     res = service.run_method(req, algo)
     search_s = time.perf_counter() - t0
     doc = json.loads(json.dumps(res.document()))
-    runs = [run_document(doc, steps=steps, warmup=warmup, verify=False)
+    runs = [run_document(doc, steps=steps, warmup=warmup, verify=False, timeline=True)
             for _ in range(max(1, repeat))]
     runs.sort(key=lambda r: r["measured_step_time_s"])
     run = runs[len(runs) // 2]

@@ -302,7 +302,7 @@ def test_device_programs_follow_the_simulated_schedule_and_still_match(graphs):
     pos = {nm: i for i, nm in enumerate(order)}
     start = dict(zip(names, res.plan.sim.start))
     assert all(start[a] <= start[b] for a, b in zip(order, order[1:]))
-    r = _run(model, batch, args, names, devs, order=tuple(order))
+    r = _run(model, batch, args, names, devs, order=tuple(order), timeline=True)
     assert r["reference_ok"], r["reference"]
     dev = dict(zip(names, (int(d) for d in devs)))
     for w, line in enumerate(r["timeline"]):

@@ -2,12 +2,14 @@
 
 A placement (operator -> device) of the traced training step (the ``make_fx`` graph the
 operator graph comes from, :mod:`explorer.engine.opgraph`) is cut into one program per
-device: :func:`device_program` copies, in the step's order, the aten calls placed on that
-device into a new ``torch.fx`` graph and inserts point-to-point communication where a tensor
-crosses devices - an ``isend`` (``torch.distributed``, gloo on CPU) right after its producer
-ran, one per device that reads it, and on the reader an ``irecv`` posted where the tensor is
-produced in the step's order and waited for just before its first reader.  Every device
-follows the one global topological order and sends never block, so the programs cannot
+device: :func:`device_program` copies, in the plan's order (its simulated schedule: each
+operator by its predicted start, so a device runs its operators and sends their outputs
+when the prediction assumed; the traced step's order for a plan without one), the aten
+calls placed on that device into a new ``torch.fx`` graph and inserts point-to-point
+communication where a tensor crosses devices - an ``isend`` (``torch.distributed``, gloo on
+CPU) right after its producer ran, one per device that reads it, and on the reader an
+``irecv`` posted where the tensor is produced in that order and waited for just before its
+first reader.  Every device follows the one global topological order and sends never block, so the programs cannot
 deadlock.  fx generates plain Python for each program (no interpreter loop: the aten calls
 run back to back, as the per-operator times the placers were given were measured), so
 ``explorer run`` measures a step that can be held against the simulator's prediction.
@@ -333,8 +335,9 @@ def _tick():
 def _label(n) -> tuple:
     """``(kind, what)`` of a device program's call: ``op`` (an aten call of the step: the
     plan's operators it computes on this device), ``again`` (a multi-output call computed
-    again here for an output another device owns), ``send`` / ``post`` / ``recv`` (isend, irecv posted, waiting for a received
-    tensor; by transfer tag), ``sends`` (waiting for the step's sends) or ``other``."""
+    again here for an output another device owns), ``send`` / ``post`` / ``recv`` (isend,
+    irecv posted, waiting for a received tensor; by transfer tag), ``sends`` (waiting for
+    the step's sends) or ``other``."""
     if n.target is _isend:
         return "send", int(n.args[2])
     if n.target is _irecv:
@@ -493,11 +496,12 @@ def _entry(rank, world, device, job, send):
             waits.append(_Stats.wait_s)
             cpus.append(cpu)
         del outs
-    # one traced step: per call its wall interval and CPU time (the timeline)
-    traced = traced_program(prog)
-    if world > 1:
-        dist.barrier()
-    marks = timeline(traced, flat)
+    marks = None
+    if job.get("timeline"):            # one traced step: each call's wall and CPU time
+        traced = traced_program(prog)
+        if world > 1:
+            dist.barrier()
+        marks = timeline(traced, flat)
     # one more step counting live tensor bytes (not timed: the mode costs time per op)
     idx = {t: k for k, t in enumerate(_placeholder_ids(g))}
     base = sum(flat[idx[t]].untyped_storage().nbytes()
@@ -536,7 +540,8 @@ def run_compiled(spec: str, batch: int | None, model_args: dict | None, names, p
                  workers: int = 2, *, g, digest: str, steps: int = 20, warmup: int = 3,
                  seed: int = 0, lr: float = 0.01, timeout_s: float = 300.0,
                  tol: float = 1e-4, fault: str | None = None, check: bool = True,
-                 memory_limit: float | None = None, order=None) -> dict:
+                 memory_limit: float | None = None, order=None,
+                 timeline: bool = False) -> dict:
     """Run placement ``names[i] -> placement[i]`` of ``spec``'s step as one compiled program
     per device on ``workers`` gloo processes, ``warmup`` discarded and ``steps`` timed steps.
 
@@ -547,7 +552,9 @@ def run_compiled(spec: str, batch: int | None, model_args: dict | None, names, p
     and ``wait_s``, ``measured_comm_bytes`` (sent during the first step) and
     ``planned_comm_bytes`` (:func:`transfers`), ``cpu_s`` (the worker thread's CPU time per
     step: below ``compute_s`` when other processes take the core), ``peak_memory_bytes``
-    (live tensor bytes), ``transfers`` and ``program_nodes``."""
+    (live tensor bytes), ``transfers`` and ``program_nodes``; with ``timeline`` also one
+    traced step per worker (:func:`timeline`, times from the first call of any worker).
+    ``order``: the plan's operators in its simulated schedule (:func:`device_program`)."""
     from .launcher import start_workers
     from .reference import compare, traced_step
     dev = {str(nm): int(d) for nm, d in zip(names, placement)}
@@ -559,7 +566,7 @@ def run_compiled(spec: str, batch: int | None, model_args: dict | None, names, p
     job = {"spec": spec, "batch": batch, "model_args": dict(model_args or {}), "seed": seed,
            "lr": lr, "placement": dev, "fault": fault, "digest": digest,
            "steps": max(1, int(steps)), "warmup": max(0, int(warmup)),
-           "order": list(order) if order is not None else None}
+           "order": list(order) if order is not None else None, "timeline": timeline}
     got = start_workers(workers, _entry, job, timeout_s=timeout_s, backend="gloo",
                         name="explorer-place-worker", memory_limit=memory_limit)
     stats = {r: v["stats"] for r, v in got.results.items() if "stats" in v}
@@ -585,7 +592,8 @@ def run_compiled(spec: str, batch: int | None, model_args: dict | None, names, p
            "planned_comm_bytes": float(sum(g.tensors[t].bytes for t, *_ in plan)),
            "transfers": len(plan),
            "program_nodes": [stats[r]["nodes"] for r in sorted(stats)],
-           "timeline": _aligned([stats[r]["timeline"] for r in sorted(stats)]),
+           "timeline": (_aligned([stats[r]["timeline"] for r in sorted(stats)])
+                        if timeline else None),
            "launch_time_s": got.elapsed_s, "pids": got.pids, "backend": got.backend,
            "reference": None, "reference_ok": None, "max_rel_error": None,
            "reference_loss": None}

@@ -54,7 +54,7 @@ def run_document(doc: dict, *, steps: int = 20, warmup: int = 5, timeout_s: floa
                  check: bool = True, expect: dict | None = None, sync: str = "auto",
                  progress=None, fault: str | None = None, tol: float = 1e-4,
                  verify: bool = True, memory_per_worker: float | None = None,
-                 train: bool = False) -> dict:
+                 train: bool = False, timeline: bool = False) -> dict:
     """Execute a plan document on local workers and check it against one device.
 
     ``expect`` (``model``, ``devices``, ``batch``, ``model_args``; ``None`` values ignored):
@@ -70,6 +70,8 @@ def run_document(doc: dict, *, steps: int = 20, warmup: int = 5, timeout_s: floa
     chaotic, e.g. BatchNorm over two values, amplifies rounding step by step).
     ``memory_per_worker`` (bytes; Tofu plans and placements): refuse a plan predicted over it
     before launching, stop a run whose worker goes over it (:mod:`.memlimit`).
+    ``timeline`` (placements): also run one traced step and return each worker's
+    ``timeline`` (:func:`.compiled.timeline`).
 
     Returns the executor's result with ``kind`` (the plan kind) and ``warnings``; the caller
     stores it (:func:`.store.run_key`).
@@ -101,7 +103,8 @@ def run_document(doc: dict, *, steps: int = 20, warmup: int = 5, timeout_s: floa
                         **mem)
     else:
         out = _run_placement(doc, expect, steps=max(1, int(steps)), warmup=warmup,
-                             timeout_s=timeout_s, check=check, fault=fault, tol=tol, **mem)
+                             timeout_s=timeout_s, check=check, fault=fault, tol=tol,
+                             timeline=timeline, **mem)
     if mem:
         out["memory_per_worker_bytes"] = mem["memory_limit"]
     out["kind"] = kind
