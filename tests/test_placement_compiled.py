@@ -395,3 +395,30 @@ def test_calibrated_local_devices_carry_the_point_to_point_link(_isolated_home):
     dg = local(2)
     assert dg.meta["p2p"] == {"latency": 1e-4, "bw": 3e9} and dg.meta["cores"] == 2
     assert dg.latency[0, 1] == pytest.approx(3e-3)       # the layer-wise figure unchanged
+
+
+def test_the_senders_isend_calls_take_its_time_in_the_simulator():
+    """Worked by hand: ``a`` (1 s, device 0) is read by ``b`` on device 1 and by ``c`` on
+    device 0.  The calibrated send call (0.25 s + 1 MB at 4 MB/s = 0.5 s) holds device 0
+    until t = 1.5, so ``c`` runs 1.5–2.5; the transfer itself (latency 0.1 s + 1 MB at
+    2 MB/s) starts at a's finish and ``b`` runs 1.6–2.6.  Busy counts the call."""
+    from explorer.engine.devices import Device, DeviceGraph
+    from explorer.engine.placement.graph import PlacementGraph
+    from explorer.engine.placement.simulator import simulate
+    mb = 2 ** 20
+    dg = DeviceGraph("t", [Device(f"d{k}", "t", 1e12, 1e12, 1e12) for k in range(2)],
+                     np.full((2, 2), 1e9), np.full((2, 2), 1e-3), "",
+                     {"cores": 2, "p2p": {"latency": 0.1, "bw": 2.0 * mb, "send_s": 0.25,
+                                          "send_bw": 4.0 * mb}})
+    pg = PlacementGraph(["a", "b", "c"], np.array([1.0, 1.0, 1.0]), np.zeros(3),
+                        np.array([mb, 0, 0]), np.array([0, 0]), np.array([1, 2]), dg)
+    sim = simulate(pg, [0, 1, 0])
+    assert sim.start.tolist() == pytest.approx([0.0, 1.6, 1.5])
+    assert sim.finish.tolist() == pytest.approx([1.0, 2.6, 2.5])
+    assert sim.busy.tolist() == pytest.approx([2.5, 1.0])
+    one_core = DeviceGraph("t", dg.devices, dg.bw, dg.latency, "", dict(dg.meta, cores=1))
+    shared = simulate(PlacementGraph(["a", "b", "c"], np.ones(3), np.zeros(3),
+                                     np.array([mb, 0, 0]), np.array([0, 0]),
+                                     np.array([1, 2]), one_core), [0, 1, 0])
+    # one core: the call (0.5 s of work) and b (from 1.6) share it, then c and b
+    assert shared.makespan == pytest.approx(3.5) and shared.busy.sum() == pytest.approx(3.5)

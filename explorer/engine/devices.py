@@ -239,6 +239,9 @@ def local(n: int | None = None) -> DeviceGraph:
         # a placement's transfers are single isend/irecv into a posted receive: their own
         # calibrated latency and bandwidth (``latency`` above is a two-way exchange)
         meta["p2p"] = {"latency": float(cal["p2p_latency_s"]), "bw": float(cal["p2p_bw"])}
+        if cal.get("p2p_send_s") and cal.get("p2p_send_bw"):    # the sender's isend call
+            meta["p2p"].update(send_s=float(cal["p2p_send_s"]),
+                               send_bw=float(cal["p2p_send_bw"]))
     if n > cores:
         meta["warning"] = (f"{n} CPU workers on {cores} cores: timings will mean little")
     return DeviceGraph("local", devs, bw, lat, f"{n} CPU worker processes (gloo)", meta)
