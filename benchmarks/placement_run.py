@@ -2,16 +2,20 @@
 
 For each model and placement method: calibrate the machine once (``explorer calibrate``;
 ``--keep-calibration`` reuses ``$EXPLORER_HOME/local.json``), search the placement for
-2 local CPU workers with ``--cost measured`` (every aten call of the step timed on this
-machine, cached in the profile SQLite), save it as a plan document, run it with ``explorer
+``--devices`` (2) local CPU workers with ``--cost measured`` (every aten call of the step
+timed on this machine, cached in the profile SQLite), save it as a plan document, run it with ``explorer
 run``'s entry (one fx program per device with send/recv, reference check against one
 device) and print predicted and measured step time, their error, the reference verdict,
 transfers, per worker the simulator's busy time next to the worker thread's CPU time in a
 step (operator times are CPU times too: on a shared machine the wall time also holds the time
-other processes took the core), and peak memory per worker (measured live bytes / simulated).
+other processes took the core), and peak memory per worker (measured live bytes / simulated);
+then, from one traced step per run, where each worker's time went next to the simulated
+schedule (:func:`breakdown`) and the memory rule replayed on the run's schedule
+(:func:`replayed_peaks`).  ``--repeat N`` runs each plan N times and reports the median run.
 
     python benchmarks/placement_run.py [--models resnet50,transformer] [--algos celeritas]
-                                       [--steps 10] [--warmup 3] [--json]
+                                       [--devices 2] [--steps 10] [--warmup 3]
+                                       [--repeat 3] [--json]
 
 Target (issue 14): ``reference_ok`` and the measured step within 15 % of the predicted one
 for ResNet-50 and the Transformer.  On a shared machine the error follows the load; the
