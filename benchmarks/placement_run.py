@@ -147,7 +147,10 @@ def replayed_peaks(req, plan, run: dict) -> dict:
     ``.grad`` does until the next step) and with every gradient freed after its last reader
     (``grads_freed``: what the compiled step does, its update being the gradient's last
     use).  Per worker, bytes; beside the simulated and the measured peaks they show which
-    part of the difference is the schedule and which the rule."""
+    part of the difference is the schedule and which the rule.  ``sim_with_run_cpu_s``: the
+    simulator on the same placement and order with each operator costing the CPU time it
+    took in the traced step - near the prediction when the operators cost what was
+    planned, so that the rest of a measured step is time the workers did not run."""
     import numpy as np
     from explorer import service
     from explorer.engine.placement.memory import schedule_peak
@@ -175,7 +178,18 @@ def replayed_peaks(req, plan, run: dict) -> dict:
     grads = {o.name for o in og.ops.values() if o.output in set(og.param_grads.values())}
     pg.persistent = pg.persistent & ~np.array([nm in grads for nm in pg.names])
     freed = schedule_peak(pg, place, start, finish, tr)
-    return {"rule": rule.tolist(), "grads_freed": freed.tolist()}
+    # the simulator again, each operator costing the CPU time it took in the traced step
+    from explorer.engine.placement.simulator import dispatch_priority, simulate
+    prio = dispatch_priority(pg).copy()          # the plan's order, from the planned costs
+    w = pg.w.copy()
+    for line in run.get("timeline") or []:
+        for kind, what, a, b, c in line:
+            if kind == "op" and what:
+                w[[idx[o] for o in what], :] = 0.0
+                w[idx[what[0]], :] = c
+    pg.w = w
+    return {"rule": rule.tolist(), "grads_freed": freed.tolist(),
+            "sim_with_run_cpu_s": simulate(pg, place, prio).makespan}
 
 
 def breakdown_table(rows: list) -> str:
@@ -200,6 +214,10 @@ def breakdown_table(rows: list) -> str:
                        f"; simulated {mib(r['peak_predicted_bytes'] or [])}; the rule on "
                        f"the run's schedule {mib(rp['rule'])}, with gradients freed after "
                        f"their update {mib(rp['grads_freed'])}")
+        if rp and rp.get("sim_with_run_cpu_s"):
+            out.append(f"{'':<12}    simulated with the traced step's own CPU time per operator: "
+                       f"{rp['sim_with_run_cpu_s'] * 1e3:.1f} ms (predicted "
+                       f"{r['predicted_s'] * 1e3:.1f}, measured {r['measured_s'] * 1e3:.1f})")
         b0 = (r.get("breakdown") or [{}])[0]
         if b0.get("xfer_n"):
             m, p = b0.get("xfer_measured"), b0.get("xfer_predicted")
