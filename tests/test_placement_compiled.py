@@ -422,3 +422,23 @@ def test_the_senders_isend_calls_take_its_time_in_the_simulator():
                                      np.array([1, 2]), one_core), [0, 1, 0])
     # one core: the call (0.5 s of work) and b (from 1.6) share it, then c and b
     assert shared.makespan == pytest.approx(3.5) and shared.busy.sum() == pytest.approx(3.5)
+
+
+def test_calibration_measures_the_point_to_point_figures_placements_use(_isolated_home):
+    """``measure_link`` adds the one-way isend/irecv latency and bandwidth and the send
+    call's cost; written to ``local.json`` they reach the placers' graph."""
+    from explorer.engine.runtime.calibrate import measure_link
+    link = measure_link(2, quick=True)
+    for key in ("p2p_latency_s", "p2p_bw", "p2p_send_s", "p2p_send_bw",
+                "p2p_latency_mean_s", "p2p_1mb_s"):
+        assert link[key] > 0, key
+    assert link["p2p_1mb_s"] > link["p2p_latency_s"]
+    (_isolated_home / "local.json").write_text(json.dumps(
+        {"peak_flops": 1e11, "mem_bw": 1e10, "link_bw": link["link_bw"],
+         "latency": link["latency"], **{k: link[k] for k in
+                                        ("p2p_latency_s", "p2p_bw", "p2p_send_s",
+                                         "p2p_send_bw")}}))
+    pg = Problem(local(2), "mlp", 8, {"layers": 2, "hidden": 16}).placement_graph()
+    assert pg.b[0, 1] == pytest.approx(link["p2p_latency_s"])
+    assert pg.k[0, 1] == pytest.approx(1 / link["p2p_bw"])
+    assert pg.send_b == pytest.approx(link["p2p_send_s"])
