@@ -432,7 +432,6 @@ def test_calibration_measures_the_point_to_point_figures_placements_use(_isolate
     for key in ("p2p_latency_s", "p2p_bw", "p2p_send_s", "p2p_send_bw",
                 "p2p_latency_mean_s", "p2p_1mb_s"):
         assert link[key] > 0, key
-    assert link["p2p_1mb_s"] > link["p2p_latency_s"]
     (_isolated_home / "local.json").write_text(json.dumps(
         {"peak_flops": 1e11, "mem_bw": 1e10, "link_bw": link["link_bw"],
          "latency": link["latency"], **{k: link[k] for k in
