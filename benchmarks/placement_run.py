@@ -2,16 +2,20 @@
 
 For each model and placement method: calibrate the machine once (``explorer calibrate``;
 ``--keep-calibration`` reuses ``$EXPLORER_HOME/local.json``), search the placement for
-2 local CPU workers with ``--cost measured`` (every aten call of the step timed on this
-machine, cached in the profile SQLite), save it as a plan document, run it with ``explorer
+``--devices`` (2) local CPU workers with ``--cost measured`` (every aten call of the step
+timed on this machine, cached in the profile SQLite), save it as a plan document, run it with ``explorer
 run``'s entry (one fx program per device with send/recv, reference check against one
 device) and print predicted and measured step time, their error, the reference verdict,
 transfers, per worker the simulator's busy time next to the worker thread's CPU time in a
 step (operator times are CPU times too: on a shared machine the wall time also holds the time
-other processes took the core), and peak memory per worker (measured live bytes / simulated).
+other processes took the core), and peak memory per worker (measured live bytes / simulated);
+then, from one traced step per run, where each worker's time went next to the simulated
+schedule (:func:`breakdown`) and the memory rule replayed on the run's schedule
+(:func:`replayed_peaks`).  ``--repeat N`` runs each plan N times and reports the median run.
 
     python benchmarks/placement_run.py [--models resnet50,transformer] [--algos celeritas]
-                                       [--steps 10] [--warmup 3] [--json]
+                                       [--devices 2] [--steps 10] [--warmup 3]
+                                       [--repeat 3] [--json]
 
 Target (issue 14): ``reference_ok`` and the measured step within 15 % of the predicted one
 for ResNet-50 and the Transformer.  On a shared machine the error follows the load; the
@@ -40,8 +44,11 @@ CONFIGS = {
 }
 
 
-def bench(model: str, algo: str, devices: int, steps: int, warmup: int) -> dict:
-    """Search ``model`` with ``algo`` (measured costs, ``local`` preset) and run the plan."""
+def bench(model: str, algo: str, devices: int, steps: int, warmup: int,
+          repeat: int = 1) -> dict:
+    """Search ``model`` with ``algo`` (measured costs, ``local`` preset) and run the plan
+    ``repeat`` times: the row is the run with the median measured step (``runs_s`` lists
+    every run's)."""
     from explorer import service
     from explorer.engine.runtime.run import run_document
     cfg = CONFIGS.get(model, {"batch": None, "model_args": {}})
@@ -52,13 +59,18 @@ def bench(model: str, algo: str, devices: int, steps: int, warmup: int) -> dict:
     res = service.run_method(req, algo)
     search_s = time.perf_counter() - t0
     doc = json.loads(json.dumps(res.document()))
-    run = run_document(doc, steps=steps, warmup=warmup, verify=False)
+    runs = [run_document(doc, steps=steps, warmup=warmup, verify=False, timeline=True)
+            for _ in range(max(1, repeat))]
+    runs.sort(key=lambda r: r["measured_step_time_s"])
+    run = runs[len(runs) // 2]
     after = canary(0.5)
     pred, meas = run["predicted_step_time_s"], run["measured_step_time_s"]
     per_dev = [0] * devices
     for d in doc["placement"].values():
         per_dev[int(d)] += 1
-    return {"model": model, "algo": algo, "ops_per_device": per_dev,
+    return {"model": model, "algo": algo, "devices": devices, "ops_per_device": per_dev,
+            "breakdown": breakdown(res.plan, run),
+            "peak_replayed_bytes": replayed_peaks(req, res.plan, run),
             "transfers": run["transfers"], "predicted_s": pred, "measured_s": meas,
             "error": (meas - pred) / pred if pred else None,
             "reference_ok": run["reference_ok"], "max_rel_error": run["max_rel_error"],
@@ -67,13 +79,158 @@ def bench(model: str, algo: str, devices: int, steps: int, warmup: int) -> dict:
             "compute_s": run["compute_s"], "wait_s": run["wait_s"], "cpu_s": run["cpu_s"],
             "predicted_busy_s": run.get("predicted_busy_s"),
             "step_times_s": run["step_times_s"], "search_s": search_s,
+            "runs_s": [r["measured_step_time_s"] for r in runs], "load": os.getloadavg(),
             "canary_before": before, "canary_after": after}
 
 
+def breakdown(plan, run: dict) -> list:
+    """Per worker, where the traced step's time went next to the simulated schedule.
+
+    The run's traced step (:func:`explorer.engine.runtime.compiled.timeline`: wall and CPU
+    clocks around every call of each device program) is split into its operators' wall time
+    (their CPU time, and ``off_cpu``: the wall time the worker thread did not run - other
+    processes or workers on its core), ``again`` (a multi-output call computed again for an
+    output another device owns: no plan operator), the isend / irecv calls, waiting for
+    received tensors and for the step's own sends; beside them the simulator's busy time
+    for the device (its operators' times) and its idle time (makespan − busy), and the
+    operator kinds whose CPU time is furthest above their predicted time.  Transfers: the
+    measured one-way time of every transfer the receiver was already waiting for (send call
+    → receive done) against the link model's ``k·bytes + b``."""
+    import numpy as np
+    idx = {n: i for i, n in enumerate(plan.names)}
+    sim = plan.sim
+    w = sim.finish - sim.start
+    busy = sim.busy if sim.busy is not None else np.zeros(int(sim.placement.max()) + 1)
+    sends, recvs = {}, {}
+    out = []
+    for r, line in enumerate(run.get("timeline") or []):
+        part = {"op": 0.0, "cpu": 0.0, "again": 0.0, "send": 0.0, "post": 0.0, "recv": 0.0,
+                "sends": 0.0, "other": 0.0}
+        kinds: dict = {}
+        for kind, what, a, b, c in line:
+            part[kind] = part.get(kind, 0.0) + (b - a)
+            if kind == "op":
+                part["cpu"] += c
+                k = kinds.setdefault(what[0].rstrip("0123456789_") if what else "?", [0.0, 0.0])
+                k[0] += c
+                k[1] += sum(float(w[idx[o]]) for o in what if o in idx)
+            elif kind == "send":
+                sends[what] = (a, b)
+            elif kind == "recv":
+                recvs[what] = (a, b)
+        worst = sorted(kinds.items(), key=lambda kv: kv[1][1] - kv[1][0])[:3]
+        out.append({"worker": r, "step": line[-1][3] - line[0][2] if line else 0.0,
+                    "pred_busy": float(busy[r]) if r < len(busy) else 0.0,
+                    "pred_idle": float(sim.makespan - (busy[r] if r < len(busy) else 0.0)),
+                    "ops": part["op"], "ops_cpu": part["cpu"],
+                    "off_cpu": part["op"] - part["cpu"], "again": part["again"],
+                    "send_calls": part["send"] + part["post"], "recv_wait": part["recv"],
+                    "sends_wait": part["sends"],
+                    "worst_ops": [(k, v[0], v[1]) for k, v in worst if v[0] > v[1]]})
+    # transfers the receiver waited for: time from the send call to the receive's end
+    pred_xfer = {}
+    for u, a, b, st, en, nb in sim.transfers:
+        pred_xfer.setdefault((a, b), []).append(en - st)
+    lat = [recvs[t][1] - sends[t][0] for t in sends if t in recvs and recvs[t][0] < sends[t][0]]
+    if out:
+        allp = [x for v in pred_xfer.values() for x in v]
+        out[0]["xfer_measured"] = float(np.median(lat)) if lat else None
+        out[0]["xfer_predicted"] = float(np.median(allp)) if allp else None
+        out[0]["xfer_n"] = len(sends)
+    return out
+
+
+def replayed_peaks(req, plan, run: dict) -> dict:
+    """The liveness rule (:mod:`explorer.engine.placement.memory`) applied to the run's own
+    schedule - each operator's interval and each transfer (send call → receive done) from
+    the traced step - as written (``rule``: parameter gradients persist, as a framework's
+    ``.grad`` does until the next step) and with every gradient freed after its last reader
+    (``grads_freed``: what the compiled step does, its update being the gradient's last
+    use).  Per worker, bytes; beside the simulated and the measured peaks they show which
+    part of the difference is the schedule and which the rule.  ``sim_with_run_cpu_s``: the
+    simulator on the same placement and order with each operator costing the CPU time it
+    took in the traced step - near the prediction when the operators cost what was
+    planned, so that the rest of a measured step is time the workers did not run."""
+    import numpy as np
+    from explorer import service
+    from explorer.engine.placement.memory import schedule_peak
+    from explorer.engine.runtime.compiled import transfers
+    prob = service.problem_for(req)
+    pg, og = prob.placement_graph(), prob.opgraph()
+    idx = pg.index()
+    start, finish = np.zeros(pg.n), np.zeros(pg.n)
+    sends, recvs = {}, {}
+    for line in run.get("timeline") or []:
+        for kind, what, a, b, _ in line:
+            if kind == "op":
+                for o in what:
+                    start[idx[o]], finish[idx[o]] = a, b
+            elif kind == "send":
+                sends[what] = a
+            elif kind == "recv":
+                recvs[what] = b
+    dev = {nm: int(d) for nm, d in zip(plan.names, plan.placement.tolist())}
+    place = np.array([dev[nm] for nm in pg.names])
+    prod = {t.id: t.producer or t.id for t in og.tensors.values()}
+    tr = [(idx[prod[t]], s, d, sends.get(tag, 0.0), recvs.get(tag, 0.0),
+           pg.out_bytes[idx[prod[t]]]) for t, s, d, tag in transfers(og, dev, pg.ndev)]
+    rule = schedule_peak(pg, place, start, finish, tr)
+    grads = {o.name for o in og.ops.values() if o.output in set(og.param_grads.values())}
+    pg.persistent = pg.persistent & ~np.array([nm in grads for nm in pg.names])
+    freed = schedule_peak(pg, place, start, finish, tr)
+    # the simulator again, each operator costing the CPU time it took in the traced step
+    from explorer.engine.placement.simulator import dispatch_priority, simulate
+    prio = dispatch_priority(pg).copy()          # the plan's order, from the planned costs
+    w = pg.w.copy()
+    for line in run.get("timeline") or []:
+        for kind, what, a, b, c in line:
+            if kind == "op" and what:
+                w[[idx[o] for o in what], :] = 0.0
+                w[idx[what[0]], :] = c
+    pg.w = w
+    return {"rule": rule.tolist(), "grads_freed": freed.tolist(),
+            "sim_with_run_cpu_s": simulate(pg, place, prio).makespan}
+
+
+def breakdown_table(rows: list) -> str:
+    """The per-worker breakdown of every row, in ms."""
+    head = (f"{'model':<12} {'w':>2} {'pred busy':>9} {'pred idle':>9} | {'traced':>7} "
+            f"{'ops':>7} {'(cpu':>7} {'off)':>6} {'again':>6} {'s/r call':>8} "
+            f"{'recv wait':>9} {'sends':>6}  CPU above predicted (kind cpu/pred)")
+    out = [head, "-" * len(head)]
+    for r in rows:
+        for b in r.get("breakdown") or []:
+            worst = ", ".join(f"{k} {c * 1e3:.1f}/{p * 1e3:.1f}" for k, c, p in b["worst_ops"])
+            out.append(f"{r['model']:<12} {b['worker']:>2} {b['pred_busy'] * 1e3:>9.1f} "
+                       f"{b['pred_idle'] * 1e3:>9.1f} | {b['step'] * 1e3:>7.1f} "
+                       f"{b['ops'] * 1e3:>7.1f} {b['ops_cpu'] * 1e3:>7.1f} "
+                       f"{b['off_cpu'] * 1e3:>6.1f} {b['again'] * 1e3:>6.1f} "
+                       f"{b['send_calls'] * 1e3:>8.1f} {b['recv_wait'] * 1e3:>9.1f} "
+                       f"{b['sends_wait'] * 1e3:>6.1f}  {worst}")
+        rp = r.get("peak_replayed_bytes")
+        if rp:
+            mib = lambda xs: " / ".join(f"{x / 2 ** 20:.0f}" for x in xs)  # noqa: E731
+            out.append(f"{'':<12}    peak MiB per worker: measured {mib(r['peak_measured_bytes'])}"
+                       f"; simulated {mib(r['peak_predicted_bytes'] or [])}; the rule on "
+                       f"the run's schedule {mib(rp['rule'])}, with gradients freed after "
+                       f"their update {mib(rp['grads_freed'])}")
+        if rp and rp.get("sim_with_run_cpu_s"):
+            out.append(f"{'':<12}    simulated with the traced step's own CPU time per operator: "
+                       f"{rp['sim_with_run_cpu_s'] * 1e3:.1f} ms (predicted "
+                       f"{r['predicted_s'] * 1e3:.1f}, measured {r['measured_s'] * 1e3:.1f})")
+        b0 = (r.get("breakdown") or [{}])[0]
+        if b0.get("xfer_n"):
+            m, p = b0.get("xfer_measured"), b0.get("xfer_predicted")
+            out.append(f"{'':<12}    transfers: {b0['xfer_n']}; median one-way time when "
+                       f"the receiver waited {m * 1e3 if m else float('nan'):.2f} ms, "
+                       f"the link model's median {p * 1e3 if p else float('nan'):.2f} ms")
+    return "\n".join(out)
+
+
 def table(rows: list) -> str:
-    head = (f"{'model':<13} {'algo':<15} {'ops/dev':<11} {'xfers':>5} {'pred ms':>9} "
-            f"{'meas ms':>9} {'error':>7} {'ref':>5} {'busy/cpu ms per worker':<22} "
-            f"{'peak MiB meas/pred':<18} {'canary':>13}")
+    head = (f"{'model':<13} {'algo':<15} {'ops/dev':<15} {'xfers':>5} {'pred ms':>9} "
+            f"{'meas ms':>9} {'error':>7} {'ref':>5} {'busy/cpu ms per worker':<30} "
+            f"{'peak MiB meas/pred':<26} {'canary':>13} {'load':>5}  runs ms")
     out = [head, "-" * len(head)]
     for r in rows:
         if "error_text" in r:
@@ -85,10 +242,13 @@ def table(rows: list) -> str:
         err = f"{100 * r['error']:+.1f}%" if r["error"] is not None else "-"
         busy = " ".join(f"{b * 1e3:.0f}/{c * 1e3:.0f}" for b, c in
                         zip(r["predicted_busy_s"] or [0.0] * len(r["cpu_s"]), r["cpu_s"]))
-        out.append(f"{r['model']:<13} {r['algo']:<15} {'/'.join(map(str, r['ops_per_device'])):<11}"
+        per_dev = "/".join(map(str, r["ops_per_device"]))
+        runs = " ".join(f"{x * 1e3:.0f}" for x in r.get("runs_s", []))
+        out.append(f"{r['model']:<13} {r['algo']:<15} {per_dev:<15}"
                    f" {r['transfers']:>5} {r['predicted_s'] * 1e3:>9.1f} "
                    f"{r['measured_s'] * 1e3:>9.1f} {err:>7} {str(r['reference_ok']):>5} "
-                   f"{busy:<22} {mem:<18} {r['canary_before']:>6.0f}/{r['canary_after']:<6.0f}")
+                   f"{busy:<30} {mem:<26} {r['canary_before']:>6.0f}/{r['canary_after']:<6.0f}"
+                   f" {r.get('load', [0])[0]:>5.1f}  {runs}")
     return "\n".join(out)
 
 
@@ -99,6 +259,8 @@ def main(argv=None) -> int:
     ap.add_argument("--devices", type=int, default=2)
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="run each plan this many times and report the median run")
     ap.add_argument("--keep-calibration", action="store_true",
                     help="use $EXPLORER_HOME/local.json when present instead of calibrating "
                          "again (the links' latency decides where placements cut)")
@@ -121,10 +283,13 @@ def main(argv=None) -> int:
         for algo in args.algos.split(","):
             print(f"{model} {algo} ...", file=sys.stderr)
             try:
-                rows.append(bench(model, algo, args.devices, args.steps, args.warmup))
+                rows.append(bench(model, algo, args.devices, args.steps, args.warmup,
+                                  args.repeat))
             except (ExplorerError, ValueError) as exc:
                 rows.append({"model": model, "algo": algo, "error_text": str(exc)})
-    print(json.dumps(rows, indent=1) if args.json else table(rows))
+    print(json.dumps(rows, indent=1) if args.json else
+          table(rows) + "\n\nWhere the time goes (the traced step, ms):\n" +
+          breakdown_table(rows))
     return 0
 
 

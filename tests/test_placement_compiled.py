@@ -277,3 +277,167 @@ def test_a_hanging_worker_ends_the_compiled_run_with_one_error_and_no_orphans(gr
         run_placement("lenet5", 8, {}, names, devs, 2, steps=1, warmup=0, g=og,
                       fault="1:1:hang", timeout_s=45)
     assert not {c.pid for c in spawned_workers()} - before
+
+
+# --------------------------------------------------------------------------------------------
+# The prediction's model of the run: schedule order, timeline, shared cores, p2p links
+# --------------------------------------------------------------------------------------------
+
+def _planned(graphs, model, batch, args):
+    og = graphs[model]
+    res = run_method("celeritas", Problem(preset("local", 2), model, batch, dict(args),
+                                          opgraph_=og), options={"memory_per_device": 2 ** 30})
+    return og, res
+
+
+def test_device_programs_follow_the_simulated_schedule_and_still_match(graphs):
+    """With the plan's ``order`` each device runs its operators in the order of the
+    simulated schedule (not the trace's), still matches one device, and the traced step's
+    timeline holds every operator placed on the worker exactly once, in that order."""
+    model, batch, args = MODELS[1]
+    og, res = _planned(graphs, model, batch, args)
+    names, devs = res.plan.names, res.plan.placement
+    order = res.document()["order"]
+    assert sorted(order) == sorted(names)
+    pos = {nm: i for i, nm in enumerate(order)}
+    start = dict(zip(names, res.plan.sim.start))
+    assert all(start[a] <= start[b] for a, b in zip(order, order[1:]))
+    r = _run(model, batch, args, names, devs, order=tuple(order), timeline=True)
+    assert r["reference_ok"], r["reference"]
+    dev = dict(zip(names, (int(d) for d in devs)))
+    for w, line in enumerate(r["timeline"]):
+        ops = [o for kind, what, *_ in line if kind == "op" for o in what]
+        assert sorted(ops) == sorted(o for o in og.ops if dev[o] == w)
+        firsts = [pos[what[0]] for kind, what, *_ in line if kind == "op"]
+        assert firsts == sorted(firsts)
+        assert all(a <= b for _, _, a, b, _ in line)
+        assert all(p[3] <= q[2] for p, q in zip(line, line[1:]))
+        recv = sorted(what for kind, what, *_ in line if kind == "recv")
+        plan = transfers(og, dev, 2)
+        assert recv == sorted(tag for _, _, d, tag in plan if d == w)
+
+
+def test_an_order_against_the_trace_runs_without_deadlock(graphs):
+    """Alternating devices and an order that puts every operator as late as its readers
+    allow (a reversed topological sort of the reversed graph): each device's calls and its
+    sends follow it, and the step still matches one device."""
+    import networkx as nx
+    model, batch, args = MODELS[0]
+    og = graphs[model]
+    names = [t.id for t in og.tensors.values() if t.producer is None] + list(og.ops)
+    devs = [i % 2 for i in range(len(names))]
+    dag = nx.DiGraph()
+    dag.add_nodes_from(names)
+    prod = {t.id: t.producer for t in og.tensors.values() if t.producer}
+    for o in og.ops.values():
+        for t in o.inputs:
+            dag.add_edge(prod.get(t, t), o.name)
+    late = list(reversed(list(nx.lexicographical_topological_sort(dag.reverse()))))
+    assert late != names
+    r = _run(model, batch, args, names, devs, order=tuple(late))
+    assert r["reference_ok"], r["reference"]
+    _moves_the_planned_bytes(og, names, devs, r)
+
+
+def test_a_bad_order_in_the_plan_is_one_error(graphs, tmp_path):
+    from explorer.engine.runtime.run import run_document
+    from explorer.errors import PlanFileError
+    model, batch, args = MODELS[0]
+    _, res = _planned(graphs, model, batch, args)
+    doc = json.loads(json.dumps(res.document()))
+    for bad in (doc["order"][:-1], doc["order"][:-1] + doc["order"][:1], "abc",
+                [1] * len(doc["order"])):
+        with pytest.raises(PlanFileError, match="'order'"):
+            run_document(dict(doc, order=bad), steps=1, warmup=0, verify=False)
+
+
+def _two_ops(cores, p2p=None):
+    """Two independent operators (1 s and 2 s of their own time) on two devices."""
+    from explorer.engine.devices import Device, DeviceGraph
+    from explorer.engine.placement.graph import PlacementGraph
+    meta = {"cores": cores}
+    if p2p:
+        meta["p2p"] = p2p
+    dg = DeviceGraph("t", [Device(f"d{k}", "t", 1e12, 1e12, 1e12) for k in range(2)],
+                     np.full((2, 2), 1e9), np.full((2, 2), 1e-3), "", meta)
+    return PlacementGraph(["a", "b"], np.array([1.0, 2.0]), np.zeros(2), np.zeros(2),
+                          np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), dg)
+
+
+def test_more_devices_than_cores_share_the_cores_in_the_simulator():
+    """Worked by hand: on one core both run at half speed until ``a`` is done (its 1 s of
+    work at t = 2), then ``b`` alone does its last second (t = 3); on two cores they
+    overlap (t = 2).  Busy time stays each operator's own time."""
+    from explorer.engine.placement.simulator import simulate
+    one = simulate(_two_ops(1), [0, 1])
+    assert one.makespan == pytest.approx(3.0)
+    assert one.finish.tolist() == pytest.approx([2.0, 3.0])
+    assert one.busy.tolist() == pytest.approx([1.0, 2.0])
+    two = simulate(_two_ops(2), [0, 1])
+    assert two.makespan == pytest.approx(2.0) and two.finish.tolist() == pytest.approx([1, 2])
+    assert simulate(_two_ops(1), [0, 0]).makespan == pytest.approx(3.0)   # one device
+
+
+def test_a_calibrated_point_to_point_link_is_what_placements_pay():
+    """The placers' graph takes a transfer's ``k`` and ``b`` from the calibrated
+    point-to-point figures when the device graph has them (local CPU workers)."""
+    pg = _two_ops(2, {"latency": 2e-4, "bw": 4e9})
+    assert pg.b[0, 1] == pytest.approx(2e-4) and pg.k[0, 1] == pytest.approx(1 / 4e9)
+    assert pg.b[0, 0] == 0 and pg.k[1, 1] == 0
+    plain = _two_ops(2)
+    assert plain.b[0, 1] == pytest.approx(1e-3) and plain.k[0, 1] == pytest.approx(1e-9)
+
+
+def test_calibrated_local_devices_carry_the_point_to_point_link(_isolated_home):
+    (_isolated_home / "local.json").write_text(json.dumps(
+        {"peak_flops": 1e11, "mem_bw": 1e10, "link_bw": 1e9, "latency": 3e-3,
+         "p2p_latency_s": 1e-4, "p2p_bw": 3e9, "cores": 2}))
+    dg = local(2)
+    assert dg.meta["p2p"] == {"latency": 1e-4, "bw": 3e9} and dg.meta["cores"] == 2
+    assert dg.latency[0, 1] == pytest.approx(3e-3)       # the layer-wise figure unchanged
+
+
+def test_the_senders_isend_calls_take_its_time_in_the_simulator():
+    """Worked by hand: ``a`` (1 s, device 0) is read by ``b`` on device 1 and by ``c`` on
+    device 0.  The calibrated send call (0.25 s + 1 MB at 4 MB/s = 0.5 s) holds device 0
+    until t = 1.5, so ``c`` runs 1.5–2.5; the transfer itself (latency 0.1 s + 1 MB at
+    2 MB/s) starts at a's finish and ``b`` runs 1.6–2.6.  Busy counts the call."""
+    from explorer.engine.devices import Device, DeviceGraph
+    from explorer.engine.placement.graph import PlacementGraph
+    from explorer.engine.placement.simulator import simulate
+    mb = 2 ** 20
+    dg = DeviceGraph("t", [Device(f"d{k}", "t", 1e12, 1e12, 1e12) for k in range(2)],
+                     np.full((2, 2), 1e9), np.full((2, 2), 1e-3), "",
+                     {"cores": 2, "p2p": {"latency": 0.1, "bw": 2.0 * mb, "send_s": 0.25,
+                                          "send_bw": 4.0 * mb}})
+    pg = PlacementGraph(["a", "b", "c"], np.array([1.0, 1.0, 1.0]), np.zeros(3),
+                        np.array([mb, 0, 0]), np.array([0, 0]), np.array([1, 2]), dg)
+    sim = simulate(pg, [0, 1, 0])
+    assert sim.start.tolist() == pytest.approx([0.0, 1.6, 1.5])
+    assert sim.finish.tolist() == pytest.approx([1.0, 2.6, 2.5])
+    assert sim.busy.tolist() == pytest.approx([2.5, 1.0])
+    one_core = DeviceGraph("t", dg.devices, dg.bw, dg.latency, "", dict(dg.meta, cores=1))
+    shared = simulate(PlacementGraph(["a", "b", "c"], np.ones(3), np.zeros(3),
+                                     np.array([mb, 0, 0]), np.array([0, 0]),
+                                     np.array([1, 2]), one_core), [0, 1, 0])
+    # one core: the call (0.5 s of work) and b (from 1.6) share it, then c and b
+    assert shared.makespan == pytest.approx(3.5) and shared.busy.sum() == pytest.approx(3.5)
+
+
+def test_calibration_measures_the_point_to_point_figures_placements_use(_isolated_home):
+    """``measure_link`` adds the one-way isend/irecv latency and bandwidth and the send
+    call's cost; written to ``local.json`` they reach the placers' graph."""
+    from explorer.engine.runtime.calibrate import measure_link
+    link = measure_link(2, quick=True)
+    for key in ("p2p_latency_s", "p2p_bw", "p2p_send_s", "p2p_send_bw",
+                "p2p_latency_mean_s", "p2p_1mb_s"):
+        assert link[key] > 0, key
+    (_isolated_home / "local.json").write_text(json.dumps(
+        {"peak_flops": 1e11, "mem_bw": 1e10, "link_bw": link["link_bw"],
+         "latency": link["latency"], **{k: link[k] for k in
+                                        ("p2p_latency_s", "p2p_bw", "p2p_send_s",
+                                         "p2p_send_bw")}}))
+    pg = Problem(local(2), "mlp", 8, {"layers": 2, "hidden": 16}).placement_graph()
+    assert pg.b[0, 1] == pytest.approx(link["p2p_latency_s"])
+    assert pg.k[0, 1] == pytest.approx(1 / link["p2p_bw"])
+    assert pg.send_b == pytest.approx(link["p2p_send_s"])

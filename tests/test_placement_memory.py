@@ -273,3 +273,23 @@ def test_live_budget_frees_an_output_when_all_consumers_are_placed():
     assert lb.cur[0] == 30                 # a still has c to feed
     lb.place(i["c"], 0)
     assert lb.cur[0] == 60 and lb.peak[0] == 70
+
+
+def test_gradients_and_the_steps_results_persist_not_the_updates_temporaries():
+    """On the MLP's step (SGD: ``new = param - lr·grad``): every parameter gradient and
+    every updated parameter persists; the ``lr·grad`` products are freed after the
+    subtraction reads them, like any other temporary."""
+    from explorer.engine.opgraph import build_opgraph
+    from explorer.engine.placement.estimate import from_opgraph
+    og = build_opgraph("mlp", 8, {"layers": 2, "hidden": 16})
+    pg = from_opgraph(og, preset("local", 2))
+    idx = pg.index()
+    grads = set(og.param_grads.values())
+    by_out = {o.output: o.name for o in og.ops.values()}
+    updates = [o for o in og.ops.values() if og.tensors[o.output].kind == "update"]
+    products = [o for o in updates if o.target == "mul"]
+    results = [o for o in updates if o.target == "sub"]
+    assert len(products) == len(results) == len(og.params)
+    assert all(pg.persistent[idx[by_out[t]]] for t in grads)
+    assert all(pg.persistent[idx[o.name]] for o in results)
+    assert not any(pg.persistent[idx[o.name]] for o in products)

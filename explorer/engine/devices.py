@@ -222,7 +222,7 @@ def local(n: int | None = None) -> DeviceGraph:
         bw = np.full((n, n), cal.get("link_bw", 10 * GB))
         return DeviceGraph("local", devs, bw, np.full((n, n), cal.get("latency", 20e-6)),
                            f"{n} local CUDA GPUs", {"backend": "nccl"})
-    cores = os.cpu_count() or 1
+    cores = int(cal.get("cores") or 0) or os.cpu_count() or 1   # the workers' cores
     if n is not None and n < 1:
         raise ValueError(f"--devices must be ≥ 1, got {n}")
     n = cores if n is None else n
@@ -236,6 +236,13 @@ def local(n: int | None = None) -> DeviceGraph:
     lat = np.full((n, n), cal.get("latency", 100e-6))
     meta = {"backend": "gloo", "cores": cores, "calibrated": bool(cal),
             "calibrated_at": cal.get("measured_at")}
+    if cal.get("p2p_latency_s") and cal.get("p2p_bw"):
+        # a placement's transfers are single isend/irecv into a posted receive: their own
+        # calibrated latency and bandwidth (``latency`` above is a two-way exchange)
+        meta["p2p"] = {"latency": float(cal["p2p_latency_s"]), "bw": float(cal["p2p_bw"])}
+        if cal.get("p2p_send_s") and cal.get("p2p_send_bw"):    # the sender's isend call
+            meta["p2p"].update(send_s=float(cal["p2p_send_s"]),
+                               send_bw=float(cal["p2p_send_bw"]))
     if n > cores:
         meta["warning"] = (f"{n} CPU workers on {cores} cores: timings will mean little")
     return DeviceGraph("local", devs, bw, lat, f"{n} CPU worker processes (gloo)", meta)

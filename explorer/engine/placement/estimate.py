@@ -197,6 +197,7 @@ def from_opgraph(og, devices, capacity=None, times: dict | None = None,
         persistent[i] = t.kind in ("param", "buffer")
     base = len(ph)
     grads = set(og.param_grads.values())
+    read = {x for op in ops for x in op.inputs}
     for j, op in enumerate(ops):
         i = base + j
         out = og.tensors[op.output]
@@ -209,8 +210,10 @@ def from_opgraph(og, devices, capacity=None, times: dict | None = None,
         nbytes[i] = sum(x.bytes for x in ins) + out.bytes
         view = op.target in VIEW_OPS
         mem[i] = 0.0 if view else out.bytes
-        # parameter gradients and optimizer updates persist (the liveness rule, .memory)
-        persistent[i] = out.kind == "update" or op.output in grads
+        # parameter gradients and the optimizer's results (updated parameters, its state:
+        # the step's outputs) persist (the liveness rule, .memory); the update's
+        # temporaries (lr·grad) are freed after their last reader like any other tensor
+        persistent[i] = op.output in grads or (out.kind == "update" and op.output not in read)
         for k, x in enumerate(ins):
             p = x.producer if x.producer is not None else x.id
             if p == op.name or p not in idx:

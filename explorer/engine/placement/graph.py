@@ -124,11 +124,19 @@ class PlacementGraph:
             raise ValueError(f"persistent/alias/group must have length {n}")
         self._build_adjacency()
         self.topo = self._topological()       # raises ValueError on a cycle
-        bw = self.devices.bw
+        bw, lat = self.devices.bw, self.devices.latency
+        p2p = (getattr(self.devices, "meta", None) or {}).get("p2p")
+        #: what sending ``x`` bytes takes the sender's own thread: ``send_b + send_k·x``
+        #: (calibrated isend calls of local workers; 0 where a copy engine sends)
+        self.send_b = self.send_k = 0.0
+        if p2p:          # calibrated point-to-point send/recv (local workers), see devices
+            bw, lat = np.full((nd, nd), float(p2p["bw"])), np.full((nd, nd), float(p2p["latency"]))
+            self.send_b = float(p2p.get("send_s", 0.0))
+            self.send_k = 1.0 / float(p2p["send_bw"]) if p2p.get("send_bw") else 0.0
         off = ~np.eye(nd, dtype=bool)
         #: per-pair k = 1/bandwidth (0 on the diagonal) and b = latency
         self.k = np.where(off, 1.0 / np.where(off, bw, 1.0), 0.0)
-        self.b = np.where(off, self.devices.latency, 0.0)
+        self.b = np.where(off, lat, 0.0)
         self.k_mean = float(self.k[off].mean()) if nd > 1 else float(
             1.0 / 16e9)  # one device: a nominal PCIe link for priorities only
         self.b_mean = float(self.b[off].mean()) if nd > 1 else 10e-6

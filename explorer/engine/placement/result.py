@@ -59,6 +59,14 @@ class PlacementPlan:
     def oom(self) -> bool:
         return bool(self.best_effort) or self.sim.oom(self.capacity)
 
+    def schedule_order(self) -> list:
+        """The operators by their start in the simulated schedule (ties in graph order): a
+        topological order (an operator starts after its inputs' producers finished) that
+        the runtime's device programs follow, so each device runs its operators - and sends
+        their outputs - in the order the prediction assumed."""
+        order = np.lexsort((np.arange(len(self.names)), self.sim.start))
+        return [self.names[i] for i in order.tolist()]
+
     def device_of(self, name: str) -> int:
         return int(self.placement[self.names.index(name)])
 
@@ -80,6 +88,7 @@ class PlacementPlan:
             "comm_bytes": float(self.sim.comm_bytes),
             "busy_s": [float(b) for b in (self.sim.busy if self.sim.busy is not None else [])],
             "placement": {nm: int(d) for nm, d in zip(self.names, self.placement.tolist())},
+            "order": self.schedule_order(),
             "stats": json.loads(dumps(self.stats)),
         }
         if schedule:

@@ -19,6 +19,15 @@ Execution model
   receive port for its whole duration, and transfers are served first come, first served
   (the paper's transfer "tasks on the devices which need to send or receive", Section 6.1).
   ``contention="none"`` lets transfers overlap freely.
+* **Send calls**: where the device graph calibrated them (local CPU workers, whose
+  ``isend`` writes into the socket from the calling thread), a device that finished an
+  operator with remote readers spends ``send_b + send_k·bytes`` per receiving device on the
+  calls before its next operator (counted in ``busy``); the transfers start at the finish.
+* **Shared cores**: when the device graph has fewer ``cores`` than devices (``local`` CPU
+  workers beyond the machine's cores: the operating system time-shares them), the busy
+  devices share the cores evenly - each running operator progresses at
+  ``min(1, cores / busy devices)`` of its time alone - so an operator's interval stretches
+  while more devices than cores compute.  ``busy`` stays the operators' own time.
 * **Memory**: the liveness rule of :mod:`.memory` applied to this schedule (an output lives
   from its operator's start until its last reader on that device has finished and every copy
   has been sent; a received copy from the transfer's start until its last reader there
@@ -140,6 +149,20 @@ def simulate(pg, placement, priority=None, contention: str = "ports") -> SimResu
     busy = [0.0] * nd
     comm_bytes = 0.0
 
+    # processor sharing: more devices than cores (CPU workers) share the cores evenly
+    cores = getattr(pg.devices, "meta", {}).get("cores")
+    shared = bool(cores) and cores < nd
+    running: dict = {}          # shared: device -> [node, work left (s on a core of its own)]
+    clock = [0.0]
+
+    def advance(t):
+        """Shared: the running operators progress from the last event to ``t``."""
+        if running and t > clock[0]:
+            r = min(1.0, cores / len(running))
+            for e in running.values():
+                e[1] -= (t - clock[0]) * r
+        clock[0] = max(clock[0], t)
+
     def try_start(d, t):
         nonlocal seq
         if not idle[d] or not ready[d]:
@@ -147,9 +170,12 @@ def simulate(pg, placement, priority=None, contention: str = "ports") -> SimResu
         _, v = heapq.heappop(ready[d])
         idle[d] = False
         start[v] = t
+        busy[d] += w[v]
+        if shared:
+            running[d] = [v, w[v]]
+            return
         f = t + w[v]
         finish[v] = f
-        busy[d] += w[v]
         seq += 1
         heapq.heappush(events, (f, seq, 0, v, d))
 
@@ -160,8 +186,24 @@ def simulate(pg, placement, priority=None, contention: str = "ports") -> SimResu
         try_start(d, 0.0)
 
     ports = contention == "ports"
-    while events:
-        t, _, kind, a, d = heapq.heappop(events)
+    send_b, send_k = float(getattr(pg, "send_b", 0.0)), float(getattr(pg, "send_k", 0.0))
+    while events or running:
+        if running:                     # shared: the next operator (or send call) to finish
+            dn, (vn, left) = min(running.items(), key=lambda kv: (kv[1][1], kv[0]))
+            tf = clock[0] + max(left, 0.0) / min(1.0, cores / len(running))
+        if running and not (events and events[0][0] < tf):
+            advance(tf)
+            del running[dn]
+            if vn >= 0:
+                finish[vn] = tf
+            t, kind, a, d = tf, (0 if vn >= 0 else 2), vn, dn
+        else:
+            t, _, kind, a, d = heapq.heappop(events)
+            advance(t)
+        if kind == 2:                   # the device's send calls are done
+            idle[d] = True
+            try_start(d, t)
+            continue
         if kind == 0:
             v = a
             idle[d] = True
@@ -185,6 +227,16 @@ def simulate(pg, placement, priority=None, contention: str = "ports") -> SimResu
                     transfers.append((v, d, e, st, st + dur, nb))
                     seq += 1
                     heapq.heappush(events, (st + dur, seq, 1, v, e))
+                call = len(remote[v]) * (send_b + send_k * nb)
+                if call > 0:            # the sender's thread makes the isend calls
+                    idle[d] = False
+                    busy[d] += call
+                    if shared:
+                        running[d] = [-1, call]
+                    else:
+                        seq += 1
+                        heapq.heappush(events, (t + call, seq, 2, -1, d))
+                    continue
             try_start(d, t)
         else:
             u, e = a, d

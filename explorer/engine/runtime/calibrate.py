@@ -104,6 +104,10 @@ def _link_worker(rank, world, device, quick, send):
                 ts.append(time.perf_counter() - t)
         res["latency"] = statistics.fmean(ts)
         res["latency_median"] = statistics.median(ts)
+        # one-way point-to-point as a placement's step pays it: the receiver has posted its
+        # irecv and waits, the sender computes, then isends; the message carries its send
+        # time (the monotonic clock is the machine's), small (latency) and 1 MB (bandwidth)
+        res.update(_one_way(rank, peer, reps, x, w))
         # bandwidth: 64 MB one way, and both ways at once
         m = (16 if quick else 64) * 2 ** 20
         big, rb = torch.randn(m // 4), torch.empty(m // 4)
@@ -136,6 +140,44 @@ def _link_worker(rank, world, device, quick, send):
     dist.barrier()
 
 
+def _one_way(rank, peer, reps, x, w) -> dict:
+    """``p2p_latency_s`` (median one-way time of a 1 KB isend into a posted irecv whose
+    process is waiting for it, the sender computing between messages) and ``p2p_bw`` (1 MB
+    the same way: bytes over its time less the latency), both directions in turn; and
+    what the ``isend`` call itself takes the sender's thread (``p2p_send_s`` for 1 KB,
+    ``p2p_send_bw`` for the bytes beyond: gloo writes into the socket from the call).  The
+    median, as the operators' times are each one's time alone: the turns other processes
+    take on a shared machine are in the means (``*_mean_s``), not in the model."""
+    import torch.distributed as dist
+    out = {}
+    for nbytes in (1024, 2 ** 20):
+        buf, ack = torch.zeros(nbytes // 8, dtype=torch.float64), torch.zeros(1)
+        ts, calls = [], []
+        for i in range(reps + 4):
+            if rank == i % 2:                      # the sender
+                F.conv2d(x, w)
+                buf[0] = t0 = time.perf_counter()
+                work = dist.isend(buf, peer, tag=2)
+                if i >= 4:
+                    calls.append(time.perf_counter() - t0)
+                work.wait()
+                dist.recv(ack, peer, tag=3)         # the next message after this one landed
+            else:
+                dist.irecv(buf, peer, tag=2).wait()
+                if i >= 4:
+                    ts.append(time.perf_counter() - float(buf[0]))
+                dist.send(ack, peer, tag=3)
+        out[nbytes] = statistics.median(ts)
+        out[-nbytes] = statistics.fmean(ts)
+        out[("call", nbytes)] = statistics.median(calls)
+    lat, call = out[1024], out[("call", 1024)]
+    return {"p2p_latency_s": lat,
+            "p2p_bw": (2 ** 20 - 1024) / max(out[2 ** 20] - lat, 1e-9),
+            "p2p_1mb_s": out[2 ** 20], "p2p_latency_mean_s": out[-1024],
+            "p2p_1mb_mean_s": out[-2 ** 20], "p2p_send_s": call,
+            "p2p_send_bw": (2 ** 20 - 1024) / max(out[("call", 2 ** 20)] - call, 1e-9)}
+
+
 def measure_link(devices: int = 2, quick: bool = False, timeout_s: float = 120.0) -> dict:
     """Point-to-point and all-reduce numbers between ``devices`` (≥ 2) gloo processes."""
     from .launcher import RunFailed, start_workers
@@ -145,6 +187,14 @@ def measure_link(devices: int = 2, quick: bool = False, timeout_s: float = 120.0
     except RunFailed as exc:
         raise RunFailed(f"link calibration: {exc}", exc.rank, exc.pids) from None
     return got.results[0]["link"]
+
+
+def _cores() -> int:
+    """The cores this process (and the workers it starts) may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 def calibrate(devices: int = 2, model: str | None = None, batch: int | None = None,
@@ -165,11 +215,16 @@ def calibrate(devices: int = 2, model: str | None = None, batch: int | None = No
            "link_bw": link["link_bw"], "latency": link["latency"],
            "matmul_flops": comp["matmul_flops"], "conv_flops": comp["conv_flops"],
            "pingpong_latency_s": link.get("pingpong_latency"),
+           "p2p_latency_s": link.get("p2p_latency_s"), "p2p_bw": link.get("p2p_bw"),
+           "p2p_1mb_s": link.get("p2p_1mb_s"),
+           "p2p_latency_mean_s": link.get("p2p_latency_mean_s"),
+           "p2p_1mb_mean_s": link.get("p2p_1mb_mean_s"),
+           "p2p_send_s": link.get("p2p_send_s"), "p2p_send_bw": link.get("p2p_send_bw"),
            "latency_median_s": link.get("latency_median"),
            "allreduce_1k_s": link.get("allreduce_1k_s"),
            "allreduce_big_s": link.get("allreduce_big_s"),
            "allreduce_big_bytes": link.get("allreduce_big_bytes"),
-           "devices": int(devices), "threads_per_worker": 1,
+           "devices": int(devices), "threads_per_worker": 1, "cores": _cores(),
            "backend": "gloo", "measured_at": time.time()}
     path = home() / "local.json"
     if write:

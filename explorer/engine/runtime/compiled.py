@@ -2,12 +2,14 @@
 
 A placement (operator -> device) of the traced training step (the ``make_fx`` graph the
 operator graph comes from, :mod:`explorer.engine.opgraph`) is cut into one program per
-device: :func:`device_program` copies, in the step's order, the aten calls placed on that
-device into a new ``torch.fx`` graph and inserts point-to-point communication where a tensor
-crosses devices - an ``isend`` (``torch.distributed``, gloo on CPU) right after its producer
-ran, one per device that reads it, and on the reader an ``irecv`` posted where the tensor is
-produced in the step's order and waited for just before its first reader.  Every device
-follows the one global topological order and sends never block, so the programs cannot
+device: :func:`device_program` copies, in the plan's order (its simulated schedule: each
+operator by its predicted start, so a device runs its operators and sends their outputs
+when the prediction assumed; the traced step's order for a plan without one), the aten
+calls placed on that device into a new ``torch.fx`` graph and inserts point-to-point
+communication where a tensor crosses devices - an ``isend`` (``torch.distributed``, gloo on
+CPU) right after its producer ran, one per device that reads it, and on the reader an
+``irecv`` posted where the tensor is produced in that order and waited for just before its
+first reader.  Every device follows the one global topological order and sends never block, so the programs cannot
 deadlock.  fx generates plain Python for each program (no interpreter loop: the aten calls
 run back to back, as the per-operator times the placers were given were measured), so
 ``explorer run`` measures a step that can be held against the simulator's prediction.
@@ -29,6 +31,7 @@ peak of live tensor bytes (:class:`LiveBytes`), next to the plan's predictions.
 
 from __future__ import annotations
 
+import heapq
 import operator
 import os
 import statistics
@@ -44,7 +47,8 @@ from torch.utils._pytree import tree_leaves
 from ...errors import InfeasiblePlan
 from .launcher import RunFailed
 
-__all__ = ["device_program", "transfers", "run_compiled", "LiveBytes"]
+__all__ = ["device_program", "transfers", "run_compiled", "LiveBytes", "traced_program",
+           "timeline"]
 
 #: random ops the deterministic numerics cannot make the identity
 _RANDOM = {"bernoulli", "bernoulli_", "rand_like", "randn_like", "rand", "randn",
@@ -145,12 +149,42 @@ def transfers(g, dev: dict, workers: int) -> list:
     return out
 
 
-def device_program(g, dev: dict, rank: int, workers: int):
+def _step_order(gm, by_node: dict, order) -> list:
+    """The traced step's fx nodes (placeholders and output aside) in one topological order:
+    aten calls by their first operator's position in ``order`` (the plan's operators in its
+    simulated schedule, itself topological), everything else (``getitem``, views, scalars)
+    as soon as its inputs exist; ``order=None``: the trace's own order."""
+    body = [n for n in gm.graph.nodes if n.op not in ("placeholder", "output")]
+    if order is None:
+        return body
+    pos = {nm: i for i, nm in enumerate(order)}
+    key = {n: min((pos.get(o.name, len(pos)) for o in by_node.get(n.name, ())), default=-1)
+           for n in body}
+    index = {n: i for i, n in enumerate(body)}
+    need = {n: sum(1 for a in n.all_input_nodes if a in index) for n in body}
+    ready = [(key[n], index[n], n.name) for n in body if need[n] == 0]
+    heapq.heapify(ready)
+    by_name = {n.name: n for n in body}
+    out = []
+    while ready:
+        n = by_name[heapq.heappop(ready)[2]]
+        out.append(n)
+        for u in n.users:
+            if u in need:
+                need[u] -= 1
+                if need[u] == 0:
+                    heapq.heappush(ready, (key[u], index[u], u.name))
+    return out
+
+
+def device_program(g, dev: dict, rank: int, workers: int, order=None):
     """The fx ``GraphModule`` device ``rank`` runs: its aten calls in the step's order with
     sends and receives.  Called with the step's placeholders (parameters, buffers, input)
     flattened, it returns ``(held, None)``: the loss and the updated parameters this device
     holds (``program.meta["finals"]`` names them), after waiting for its sends.
-    ``program.meta`` also holds the transfers and the placeholders this device owns."""
+    ``program.meta`` also holds the transfers and the placeholders this device owns.
+    ``order`` (the plan's operators in its simulated schedule, :func:`_step_order`): the
+    one global order every device follows; default the traced step's."""
     gm = g.gm
     owner, computed, _ = _layout(g, dev, workers)
     plan = transfers(g, dev, workers)
@@ -220,7 +254,7 @@ def device_program(g, dev: dict, rank: int, workers: int):
             env[n.name] = p
             owned_ph.append(t)
         produced(t, p)
-    for n in nodes:
+    for n in _step_order(gm, by_node, order):
         if n.op != "call_function":
             continue
         if n.target is operator.getitem:
@@ -247,6 +281,10 @@ def device_program(g, dev: dict, rank: int, workers: int):
                 env[n.name].meta = dict(n.meta)
             else:
                 env[n.name] = new.node_copy(n, value)
+            # the plan's operators this call computes here (none: a multi-output call
+            # computed again for an output another device owns)
+            env[n.name].meta["step_ops"] = [o.name for o in by_node[n.name]
+                                            if int(dev[o.name]) == rank]
         t = tid_of.get(n.name)
         if t is not None and (t in recvs or n.name in env):
             produced(t, env.get(n.name))
@@ -279,6 +317,76 @@ def device_program(g, dev: dict, rank: int, workers: int):
     prog.meta["transfers"] = plan
     prog.meta["owned_placeholders"] = owned_ph
     return prog
+
+
+# --------------------------------------------------------------------------------------------
+# A timeline of one step (what the benchmark holds against the simulator's schedule)
+# --------------------------------------------------------------------------------------------
+
+class _Clock:
+    """The marks of the traced step: (wall, thread CPU) after every call."""
+    marks: list = []
+
+
+def _tick():
+    _Clock.marks.append((time.perf_counter(), time.thread_time()))
+
+
+def _label(n) -> tuple:
+    """``(kind, what)`` of a device program's call: ``op`` (an aten call of the step: the
+    plan's operators it computes on this device), ``again`` (a multi-output call computed
+    again here for an output another device owns), ``send`` / ``post`` / ``recv`` (isend,
+    irecv posted, waiting for a received tensor; by transfer tag), ``sends`` (waiting for
+    the step's sends) or ``other``."""
+    if n.target is _isend:
+        return "send", int(n.args[2])
+    if n.target is _irecv:
+        return "post", int(n.args[3])
+    if n.target is _wait:
+        return "recv", int(n.args[0].args[3])
+    if n.target is _wait_sends:
+        return "sends", None
+    if "step_ops" in n.meta:
+        return ("op", n.meta["step_ops"]) if n.meta["step_ops"] else ("again", n.name)
+    return "other", n.name
+
+
+def traced_program(prog):
+    """A copy of device program ``prog`` that reads the wall clock and the thread's CPU clock
+    before its first call and after every call (``getitem`` aside), and ``meta["labels"]``:
+    the :func:`_label` of each timed call.  Costs about half a microsecond per call, so it is
+    run as an extra step, never as a timed one."""
+    new = fx.Graph()
+    env: dict = {}
+    labels = []
+    first = True
+    for n in prog.graph.nodes:
+        if n.op == "output":
+            new.output(fx.node.map_arg(n.args[0], env.__getitem__))
+            continue
+        if n.op == "call_function" and first:
+            new.call_function(_tick, ())
+            first = False
+        env[n] = new.node_copy(n, env.__getitem__)
+        if n.op == "call_function" and n.target is not operator.getitem:
+            new.call_function(_tick, ())
+            labels.append(_label(n))
+    out = fx.GraphModule(prog, new, class_name=type(prog).__name__ + "Traced")
+    out.meta.update(prog.meta)
+    out.meta["labels"] = labels
+    return out
+
+
+def timeline(prog, flat) -> list:
+    """Run traced program ``prog`` (:func:`traced_program`) once: ``[[kind, what, start,
+    end, cpu_s]]`` per call, ``start``/``end`` on the machine's monotonic clock (the same
+    in every worker process)."""
+    _Clock.marks = []
+    outs, _ = prog(*flat)
+    del outs
+    m = _Clock.marks
+    return [[k, w, m[i][0], m[i + 1][0], m[i + 1][1] - m[i][1]]
+            for i, (k, w) in enumerate(prog.meta["labels"])]
 
 
 def _node_of(g, t: str, placeholders, pids) -> str:
@@ -367,7 +475,7 @@ def _entry(rank, world, device, job, send):
                              "operator graph (model code or arguments changed?)")
     g.gm = gm
     dev = job["placement"]
-    prog = device_program(g, dev, rank, world)
+    prog = device_program(g, dev, rank, world, job.get("order"))
     flat = list(params) + list(buffers) + [x]
     times, waits, cpus, finals, sent = [], [], [], None, 0
     warmup, steps = int(job["warmup"]), int(job["steps"])
@@ -388,6 +496,12 @@ def _entry(rank, world, device, job, send):
             waits.append(_Stats.wait_s)
             cpus.append(cpu)
         del outs
+    marks = None
+    if job.get("timeline"):            # one traced step: each call's wall and CPU time
+        traced = traced_program(prog)
+        if world > 1:
+            dist.barrier()
+        marks = timeline(traced, flat)
     # one more step counting live tensor bytes (not timed: the mode costs time per op)
     idx = {t: k for k, t in enumerate(_placeholder_ids(g))}
     base = sum(flat[idx[t]].untyped_storage().nbytes()
@@ -402,10 +516,17 @@ def _entry(rank, world, device, job, send):
     send("result", "main", held)
     send("result", "stats", {"sent": sent, "times": times, "waits": waits, "cpu": cpus,
                              "peak": mem.peak, "nodes": len(prog.graph.nodes),
+                             "timeline": marks,
                              "transfers": sum(1 for t in prog.meta["transfers"]
                                               if rank in (t[1], t[2]))})
     if world > 1:
         dist.barrier()                 # nobody leaves while a peer still waits
+
+
+def _aligned(lines: list) -> list:
+    """The workers' timelines with times in seconds from the first call any worker made."""
+    t0 = min((ln[0][2] for ln in lines if ln), default=0.0)
+    return [[[k, w, a - t0, b - t0, c] for k, w, a, b, c in ln] for ln in lines]
 
 
 class _Whole:
@@ -419,7 +540,8 @@ def run_compiled(spec: str, batch: int | None, model_args: dict | None, names, p
                  workers: int = 2, *, g, digest: str, steps: int = 20, warmup: int = 3,
                  seed: int = 0, lr: float = 0.01, timeout_s: float = 300.0,
                  tol: float = 1e-4, fault: str | None = None, check: bool = True,
-                 memory_limit: float | None = None) -> dict:
+                 memory_limit: float | None = None, order=None,
+                 timeline: bool = False) -> dict:
     """Run placement ``names[i] -> placement[i]`` of ``spec``'s step as one compiled program
     per device on ``workers`` gloo processes, ``warmup`` discarded and ``steps`` timed steps.
 
@@ -430,7 +552,9 @@ def run_compiled(spec: str, batch: int | None, model_args: dict | None, names, p
     and ``wait_s``, ``measured_comm_bytes`` (sent during the first step) and
     ``planned_comm_bytes`` (:func:`transfers`), ``cpu_s`` (the worker thread's CPU time per
     step: below ``compute_s`` when other processes take the core), ``peak_memory_bytes``
-    (live tensor bytes), ``transfers`` and ``program_nodes``."""
+    (live tensor bytes), ``transfers`` and ``program_nodes``; with ``timeline`` also one
+    traced step per worker (:func:`timeline`, times from the first call of any worker).
+    ``order``: the plan's operators in its simulated schedule (:func:`device_program`)."""
     from .launcher import start_workers
     from .reference import compare, traced_step
     dev = {str(nm): int(d) for nm, d in zip(names, placement)}
@@ -441,7 +565,8 @@ def run_compiled(spec: str, batch: int | None, model_args: dict | None, names, p
     plan = transfers(g, dev, workers)
     job = {"spec": spec, "batch": batch, "model_args": dict(model_args or {}), "seed": seed,
            "lr": lr, "placement": dev, "fault": fault, "digest": digest,
-           "steps": max(1, int(steps)), "warmup": max(0, int(warmup))}
+           "steps": max(1, int(steps)), "warmup": max(0, int(warmup)),
+           "order": list(order) if order is not None else None, "timeline": timeline}
     got = start_workers(workers, _entry, job, timeout_s=timeout_s, backend="gloo",
                         name="explorer-place-worker", memory_limit=memory_limit)
     stats = {r: v["stats"] for r, v in got.results.items() if "stats" in v}
@@ -467,6 +592,8 @@ def run_compiled(spec: str, batch: int | None, model_args: dict | None, names, p
            "planned_comm_bytes": float(sum(g.tensors[t].bytes for t, *_ in plan)),
            "transfers": len(plan),
            "program_nodes": [stats[r]["nodes"] for r in sorted(stats)],
+           "timeline": (_aligned([stats[r]["timeline"] for r in sorted(stats)])
+                        if timeline else None),
            "launch_time_s": got.elapsed_s, "pids": got.pids, "backend": got.backend,
            "reference": None, "reference_ok": None, "max_rel_error": None,
            "reference_loss": None}

@@ -970,10 +970,13 @@ def run_placement(spec: str, batch: int | None, model_args: dict | None, names, 
                   workers: int = 2, seed: int = 0, lr: float = 0.01, timeout_s: float = 300.0,
                   tol: float = 1e-4, steps: int = 3, fault: str | None = None, g=None,
                   check: bool = True, memory_limit: float | None = None, warmup: int = 1,
-                  executor: str = "compiled") -> dict:
+                  executor: str = "compiled", order=None, timeline: bool = False) -> dict:
     """Run a device placement (operator -> device) on ``workers`` gloo processes and compare
     the result with one device.  ``g``: the model's operator graph when the caller has it;
-    ``memory_limit`` (bytes): stop a worker whose steps allocate more (:mod:`.memlimit`).
+    ``memory_limit`` (bytes): stop a worker whose steps allocate more (:mod:`.memlimit`);
+    ``order``: the plan's operators in its simulated schedule's order (the compiled programs
+    follow it; default the traced step's order); ``timeline``: also each worker's traced
+    step (:func:`.compiled.timeline`, compiled only).
 
     ``executor="compiled"`` (default): one fx program per device with send/recv
     (:func:`.compiled.run_compiled`, ``warmup`` + ``steps`` steps, float32): the step time
@@ -1000,7 +1003,7 @@ def run_placement(spec: str, batch: int | None, model_args: dict | None, names, 
         out = run_compiled(spec, batch, model_args, names, placement, workers, g=g,
                            digest=opgraph_digest(g), steps=steps, warmup=warmup, seed=seed,
                            lr=lr, timeout_s=timeout_s, tol=tol, fault=fault, check=check,
-                           memory_limit=memory_limit)
+                           memory_limit=memory_limit, order=order, timeline=timeline)
         out["predicted_comm_bytes"] = placement_comm_bytes(g, names, placement)
         return out
     x = placement_xplan(g, names, placement, workers)

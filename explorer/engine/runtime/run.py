@@ -55,7 +55,7 @@ def run_document(doc: dict, *, steps: int = 20, warmup: int = 5, timeout_s: floa
                  check: bool = True, expect: dict | None = None, sync: str = "auto",
                  progress=None, fault: str | None = None, tol: float = 1e-4,
                  verify: bool = True, memory_per_worker: float | None = None,
-                 train: bool = False) -> dict:
+                 train: bool = False, timeline: bool = False) -> dict:
     """Execute a plan document on local workers and check it against one device.
 
     ``expect`` (``model``, ``devices``, ``batch``, ``model_args``; ``None`` values ignored):
@@ -71,6 +71,8 @@ def run_document(doc: dict, *, steps: int = 20, warmup: int = 5, timeout_s: floa
     chaotic, e.g. BatchNorm over two values, amplifies rounding step by step).
     ``memory_per_worker`` (bytes; Tofu plans and placements): refuse a plan predicted over it
     before launching, stop a run whose worker goes over it (:mod:`.memlimit`).
+    ``timeline`` (placements): also run one traced step and return each worker's
+    ``timeline`` (:func:`.compiled.timeline`).
 
     Returns the executor's result with ``kind`` (the plan kind) and ``warnings``; the caller
     stores it (:func:`.store.run_key`).
@@ -102,7 +104,8 @@ def run_document(doc: dict, *, steps: int = 20, warmup: int = 5, timeout_s: floa
                         **mem)
     else:
         out = _run_placement(doc, expect, steps=max(1, int(steps)), warmup=warmup,
-                             timeout_s=timeout_s, check=check, fault=fault, tol=tol, **mem)
+                             timeout_s=timeout_s, check=check, fault=fault, tol=tol,
+                             timeline=timeline, **mem)
     if mem:
         out["memory_per_worker_bytes"] = mem["memory_limit"]
     out["kind"] = kind
@@ -339,11 +342,17 @@ def _run_placement(doc: dict, expect: dict, *, steps: int, warmup: int, **kw) ->
         len(doc.get("capacity_bytes") or []) or (max(devs) + 1)
     preset = doc.get("preset") or (doc.get("devices") if isinstance(doc.get("devices"), str)
                                    else None)
+    order = doc.get("order")           # the simulated schedule's order (older plans: none)
+    if order is not None and not (isinstance(order, list) and len(order) == len(names) and
+                                  all(isinstance(x, str) for x in order) and
+                                  set(order) == set(names)):
+        raise PlanFileError("the placement's 'order' must list every operator of its "
+                            "'placement' once")
     _check_expect("placement", model, None, batch, margs, n, expect)
     g, _ = _opgraph("placement", doc, model, batch, margs)
     from .opexec import run_placement
     out = run_placement(model, g.batch, margs, names, devs, n, steps=steps, warmup=warmup,
-                        g=g, **kw)
+                        g=g, order=order, **kw)
     pred = doc.get("predicted_step_time_s")
     out["predicted_step_time_s"] = pred
     if pred and out.get("measured_step_time_s"):
