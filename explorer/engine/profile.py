@@ -944,14 +944,19 @@ def op_times(og, device_kind: str, cache_path=None, reps: int = 7, warmup: int =
                  "seconds": time.perf_counter() - t0}
 
 
-def clear_op_times(cache_path=None) -> None:
-    """Forget every cached operator time (:func:`op_times` measures again)."""
-    conn = connect(default_cache_path() if cache_path is None else cache_path, _OP_SCHEMA)
+def _clear(table: str, schema: str, cache_path=None) -> None:
+    """Delete every row of one profile table (``table`` is one of this module's names)."""
+    conn = connect(default_cache_path() if cache_path is None else cache_path, schema)
     try:
         with conn:
-            conn.execute("DELETE FROM op_profile")
+            conn.execute(f"DELETE FROM {table}")
     finally:
         conn.close()
+
+
+def clear_op_times(cache_path=None) -> None:
+    """Forget every cached operator time (:func:`op_times` measures again)."""
+    _clear("op_profile", _OP_SCHEMA, cache_path)
 
 
 # --------------------------------------------------------------------------------------------
@@ -1000,9 +1005,4 @@ def store_shard_times(device_kind: str, times: dict, reps: int, cache_path=None)
 
 def clear_shard_times(cache_path=None) -> None:
     """Forget every cached shard time (the next prediction measures again)."""
-    conn = connect(default_cache_path() if cache_path is None else cache_path, _SHARD_SCHEMA)
-    try:
-        with conn:
-            conn.execute("DELETE FROM shard_profile")
-    finally:
-        conn.close()
+    _clear("shard_profile", _SHARD_SCHEMA, cache_path)
