@@ -13,6 +13,7 @@ import torch
 from _helpers import explorer_cli
 from explorer.engine.devices import local, preset
 from explorer.engine.opgraph import build_opgraph
+from explorer.engine.placement.estimate import VIEW_OPS
 from explorer.engine.runtime.compiled import _real_step, device_program, transfers
 from explorer.engine.runtime.opexec import placement_comm_bytes, run_placement
 from explorer.engine.runtime.reference import compare, traced_step
@@ -245,13 +246,13 @@ def test_cli_search_measured_then_run_reports_both(_isolated_home, tmp_path):
 
 
 def test_calibrate_times_a_models_operators_for_the_placers(graphs):
-    """``explorer calibrate --model`` also times the step's operators (afresh), so the
-    placers' measured costs then need no measuring."""
+    """``explorer calibrate --model`` also times the step's operators (afresh) as its
+    ``devices`` workers run them, so the placers' measured costs then need no measuring."""
     from explorer.engine.profile import op_times
     from explorer.engine.runtime.calibrate import profile_ops
-    got = profile_ops("lenet5", 8, {}, quick=True)
+    got = profile_ops("lenet5", 8, {}, quick=True, devices=2)
     assert got["ops"] == len(graphs["lenet5"].ops) and got["step_s"] > 0
-    times, info = op_times(graphs["lenet5"], local(1).devices[0].kind)
+    times, info = op_times(graphs["lenet5"], local(1).devices[0].kind, in_step=2)
     assert not info["measured"] and sum(times.values()) == pytest.approx(got["step_s"])
     assert op_times(graphs["lenet5"], local(1).devices[0].kind, reps=1, warmup=0,
                     fresh=True)[1]["measured"]
@@ -424,20 +425,73 @@ def test_the_senders_isend_calls_take_its_time_in_the_simulator():
     assert shared.makespan == pytest.approx(3.5) and shared.busy.sum() == pytest.approx(3.5)
 
 
+def test_the_receivers_calls_take_its_time_in_the_simulator():
+    """Worked by hand: ``a`` (1 s, device 0) is read by ``b`` on device 1, and ``x`` (2 s,
+    device 1) runs there meanwhile.  The transfer (latency 0.1 s + 1 MB at 2 MB/s) lands at
+    t = 1.6 while device 1 computes ``x``; the receive calls (0.2 s + 1 MB at 2 MB/s =
+    0.7 s) follow ``x`` (2.0-2.7), so ``b`` runs 2.7-3.7.  Idle at arrival, the receiver
+    pays them at once: without ``x``, ``b`` runs 2.3-3.3.  Busy counts the calls."""
+    from explorer.engine.devices import Device, DeviceGraph
+    from explorer.engine.placement.graph import PlacementGraph
+    from explorer.engine.placement.simulator import receive_cost, simulate
+    mb = 2 ** 20
+    dg = DeviceGraph("t", [Device(f"d{k}", "t", 1e12, 1e12, 1e12) for k in range(2)],
+                     np.full((2, 2), 1e9), np.full((2, 2), 1e-3), "",
+                     {"cores": 2, "p2p": {"latency": 0.1, "bw": 2.0 * mb, "recv_s": 0.2,
+                                          "recv_bw": 2.0 * mb}})
+    pg = PlacementGraph(["a", "b", "x"], np.array([1.0, 1.0, 2.0]), np.zeros(3),
+                        np.array([mb, 0, 0]), np.array([0]), np.array([1]), dg)
+    assert receive_cost(pg) == pytest.approx((0.2, 1 / (2.0 * mb)))
+    sim = simulate(pg, [0, 1, 1])
+    assert sim.start.tolist() == pytest.approx([0.0, 2.7, 0.0])
+    assert sim.makespan == pytest.approx(3.7)
+    assert sim.busy.tolist() == pytest.approx([1.0, 3.7])
+    alone = simulate(PlacementGraph(["a", "b"], np.ones(2), np.zeros(2), np.array([mb, 0]),
+                                    np.array([0]), np.array([1]), dg), [0, 1])
+    assert alone.start.tolist() == pytest.approx([0.0, 2.3])
+    assert alone.busy.tolist() == pytest.approx([1.0, 1.7])
+    plain = DeviceGraph("t", dg.devices, dg.bw, dg.latency, "", {"cores": 2})
+    assert receive_cost(PlacementGraph(["a"], np.ones(1), np.zeros(1), np.zeros(1),
+                                       np.array([], dtype=int), np.array([], dtype=int),
+                                       plain)) == (0.0, 0.0)
+
+
+def test_in_step_operator_times_are_the_compiled_steps_calls(graphs):
+    """``--cost measured``'s operator times come from the step compiled as a worker runs it,
+    in as many worker processes side by side as the placement has: every operator that
+    computes has a time, the calls add up to a step, and they are cached apart from the
+    isolated replay's (``device_kind/step×N``) so a second search does not measure."""
+    from explorer.engine.profile import op_times
+    from explorer.engine.runtime.compiled import instep_op_times
+    og = graphs["lenet5"]
+    per_node = instep_op_times(og, 2, reps=2, warmup=1)
+    computing = {o.node for o in og.ops.values() if o.target not in VIEW_OPS
+                 and o.target != "getitem"}
+    assert computing <= set(per_node) and all(v >= 0 for v in per_node.values())
+    assert sum(per_node.values()) > 0
+    kind = local(1).devices[0].kind
+    times, info = op_times(og, kind, reps=2, warmup=1, fresh=True, in_step=2)
+    assert info["measured"] and sum(times.values()) > 0
+    again, info = op_times(og, kind, in_step=2)
+    assert not info["measured"] and again == times
+
+
 def test_calibration_measures_the_point_to_point_figures_placements_use(_isolated_home):
     """``measure_link`` adds the one-way isend/irecv latency and bandwidth and the send
     call's cost; written to ``local.json`` they reach the placers' graph."""
     from explorer.engine.runtime.calibrate import measure_link
     link = measure_link(2, quick=True)
     for key in ("p2p_latency_s", "p2p_bw", "p2p_send_s", "p2p_send_bw",
-                "p2p_latency_mean_s", "p2p_1mb_s"):
+                "p2p_recv_s", "p2p_recv_bw", "p2p_latency_mean_s", "p2p_1mb_s"):
         assert link[key] > 0, key
     (_isolated_home / "local.json").write_text(json.dumps(
         {"peak_flops": 1e11, "mem_bw": 1e10, "link_bw": link["link_bw"],
          "latency": link["latency"], **{k: link[k] for k in
                                         ("p2p_latency_s", "p2p_bw", "p2p_send_s",
-                                         "p2p_send_bw")}}))
+                                         "p2p_send_bw", "p2p_recv_s", "p2p_recv_bw")}}))
     pg = Problem(local(2), "mlp", 8, {"layers": 2, "hidden": 16}).placement_graph()
     assert pg.b[0, 1] == pytest.approx(link["p2p_latency_s"])
     assert pg.k[0, 1] == pytest.approx(1 / link["p2p_bw"])
     assert pg.send_b == pytest.approx(link["p2p_send_s"])
+    from explorer.engine.placement.simulator import receive_cost
+    assert receive_cost(pg)[0] == pytest.approx(link["p2p_recv_s"])

@@ -243,6 +243,9 @@ def local(n: int | None = None) -> DeviceGraph:
         if cal.get("p2p_send_s") and cal.get("p2p_send_bw"):    # the sender's isend call
             meta["p2p"].update(send_s=float(cal["p2p_send_s"]),
                                send_bw=float(cal["p2p_send_bw"]))
+        if cal.get("p2p_recv_s") and cal.get("p2p_recv_bw"):    # the receiver's calls
+            meta["p2p"].update(recv_s=float(cal["p2p_recv_s"]),
+                               recv_bw=float(cal["p2p_recv_bw"]))
     if n > cores:
         meta["warning"] = (f"{n} CPU workers on {cores} cores: timings will mean little")
     return DeviceGraph("local", devs, bw, lat, f"{n} CPU worker processes (gloo)", meta)

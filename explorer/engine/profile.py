@@ -890,19 +890,26 @@ def step_op_times(og, reps: int = 7, warmup: int = 2, seed: int = 0) -> dict:
 
 
 def op_times(og, device_kind: str, cache_path=None, reps: int = 7, warmup: int = 2,
-             progress=None, fresh: bool = False) -> dict:
+             progress=None, fresh: bool = False, in_step: int = 0) -> dict:
     """``{operator name: seconds}`` for every operator of ``og`` on this machine, from the
     profile cache (table ``op_profile`` of ``$EXPLORER_HOME/profile.sqlite``, keyed by
     ``device_kind`` and :func:`op_signature`); when any call is missing the whole step is
     measured once (:func:`step_op_times`) and stored (``fresh``: measured and stored in any
     case).  A multi-output aten call's time goes
     to its first operator (its other outputs cost nothing more); placeholders cost 0.
+    ``in_step`` = N > 0: the calls as N placement workers pay them, the step compiled and
+    run side by side in N worker processes
+    (:func:`explorer.engine.runtime.compiled.instep_op_times`), cached under
+    ``device_kind + "/step×N"``; 0: each call replayed in this process
+    (:func:`step_op_times`).
     Returns ``(times, info)``, ``info`` = ``{"measured": whether the step was timed now,
     "ops": n, "seconds": time spent}``."""
     import sqlite3
     path = default_cache_path() if cache_path is None else cache_path
     from .opgraph import with_step
     og = with_step(og)                    # signatures read the traced step's arguments
+    if in_step:
+        device_kind = f"{device_kind}/step×{int(in_step)}"
     conn = connect(path, _OP_SCHEMA, timeout=60.0)
     try:
         node_of = {n.name: n for n in og.gm.graph.nodes}
@@ -918,7 +925,11 @@ def op_times(og, device_kind: str, cache_path=None, reps: int = 7, warmup: int =
         if measured:
             if progress:
                 progress(f"timing the {len(sig)} aten calls of {og.model}'s step")
-            per_node = step_op_times(og, reps=reps, warmup=warmup)
+            if in_step:
+                from .runtime.compiled import instep_op_times
+                per_node = instep_op_times(og, int(in_step), reps=reps, warmup=warmup)
+            else:
+                per_node = step_op_times(og, reps=reps, warmup=warmup)
             by_sig: dict = {}
             for node, s in sig.items():
                 if node in per_node:

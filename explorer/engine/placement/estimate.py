@@ -240,9 +240,10 @@ def from_opgraph(og, devices, capacity=None, times: dict | None = None,
 
 def measured_times(og, devices, progress=None) -> dict:
     """Every operator's time measured on this machine for the ``local`` preset (``--cost
-    measured``): the step's aten calls timed in order with real tensors, cached in the
-    profile SQLite (:func:`explorer.engine.profile.op_times`), so the placers, the simulator
-    and ``explorer run`` see the same hardware.  :class:`~explorer.errors.NotCalibrated` for
+    measured``): the step's aten calls timed as the placement's workers run them - compiled,
+    one thread, in as many processes side by side as the preset has workers - cached in the
+    profile SQLite (:func:`explorer.engine.profile.op_times` with ``in_step``), so the
+    placers, the simulator and ``explorer run`` see the same hardware.  :class:`~explorer.errors.NotCalibrated` for
     another preset or before ``explorer calibrate`` (the links' latency and bandwidth come
     from there)."""
     from ...errors import NotCalibrated
@@ -254,7 +255,8 @@ def measured_times(og, devices, progress=None) -> dict:
     if not (devices.meta or {}).get("calibrated"):
         raise NotCalibrated("--cost measured needs this machine's link and compute figures: "
                             "run `explorer calibrate` first")
-    times, _ = op_times(og, devices.devices[0].kind, progress=progress)
+    times, _ = op_times(og, devices.devices[0].kind, progress=progress,
+                        in_step=len(devices.devices))
     return times
 
 

@@ -23,6 +23,10 @@ Execution model
   ``isend`` writes into the socket from the calling thread), a device that finished an
   operator with remote readers spends ``send_b + send_k·bytes`` per receiving device on the
   calls before its next operator (counted in ``busy``); the transfers start at the finish.
+* **Receive calls**: likewise the receiver's thread allocates the buffer, posts the
+  ``irecv`` and waits for it (``recv_b + recv_k·bytes`` of its CPU, calibrated with the
+  send calls); a device pays them for each tensor that arrived before its next operator
+  (at once when it is idle), counted in ``busy``.
 * **Shared cores**: when the device graph has fewer ``cores`` than devices (``local`` CPU
   workers beyond the machine's cores: the operating system time-shares them), the busy
   devices share the cores evenly - each running operator progresses at
@@ -44,7 +48,7 @@ import numpy as np
 
 from .memory import schedule_peak
 
-__all__ = ["SimResult", "simulate", "dispatch_priority"]
+__all__ = ["SimResult", "simulate", "dispatch_priority", "receive_cost"]
 
 
 def dispatch_priority(pg) -> np.ndarray:
@@ -90,6 +94,15 @@ class SimResult:
                "start": float(s), "end": float(e), "bytes": float(nb)}
               for u, a, b, s, e, nb in self.transfers[:limit]]
         return {"ops": ops, "transfers": tr}
+
+
+def receive_cost(pg) -> tuple:
+    """``(recv_b, recv_k)``: what receiving ``x`` bytes takes the receiver's thread,
+    ``recv_b + recv_k·x`` (calibrated for local CPU workers, ``meta["p2p"]`` of the device
+    graph; ``(0, 0)`` elsewhere: a copy engine receives)."""
+    p2p = (getattr(pg.devices, "meta", None) or {}).get("p2p") or {}
+    bw = float(p2p.get("recv_bw") or 0.0)
+    return float(p2p.get("recv_s") or 0.0), (1.0 / bw if bw > 0 else 0.0)
 
 
 def simulate(pg, placement, priority=None, contention: str = "ports") -> SimResult:
@@ -165,7 +178,19 @@ def simulate(pg, placement, priority=None, contention: str = "ports") -> SimResu
 
     def try_start(d, t):
         nonlocal seq
-        if not idle[d] or not ready[d]:
+        if not idle[d]:
+            return
+        if pend[d] > 0:                 # receive calls for tensors that arrived first
+            call, pend[d] = pend[d], 0.0
+            idle[d] = False
+            busy[d] += call
+            if shared:
+                running[d] = [-1, call]
+            else:
+                seq += 1
+                heapq.heappush(events, (t + call, seq, 2, -1, d))
+            return
+        if not ready[d]:
             return
         _, v = heapq.heappop(ready[d])
         idle[d] = False
@@ -179,14 +204,16 @@ def simulate(pg, placement, priority=None, contention: str = "ports") -> SimResu
         seq += 1
         heapq.heappush(events, (f, seq, 0, v, d))
 
+    ports = contention == "ports"
+    send_b, send_k = float(getattr(pg, "send_b", 0.0)), float(getattr(pg, "send_k", 0.0))
+    recv_b, recv_k = receive_cost(pg)
+    pend = [0.0] * nd           # receive calls a device owes before its next operator
+
     for v in range(n):
         if waiting[v] == 0:
             heapq.heappush(ready[devl[v]], (rank[v], v))
     for d in range(nd):
         try_start(d, 0.0)
-
-    ports = contention == "ports"
-    send_b, send_k = float(getattr(pg, "send_b", 0.0)), float(getattr(pg, "send_k", 0.0))
     while events or running:
         if running:                     # shared: the next operator (or send call) to finish
             dn, (vn, left) = min(running.items(), key=lambda kv: (kv[1][1], kv[0]))
@@ -240,6 +267,7 @@ def simulate(pg, placement, priority=None, contention: str = "ports") -> SimResu
             try_start(d, t)
         else:
             u, e = a, d
+            pend[e] += recv_b + recv_k * ob[u]
             for s in succ[u]:
                 if devl[s] == e:
                     waiting[s] -= 1

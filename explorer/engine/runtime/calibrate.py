@@ -145,14 +145,20 @@ def _one_way(rank, peer, reps, x, w) -> dict:
     process is waiting for it, the sender computing between messages) and ``p2p_bw`` (1 MB
     the same way: bytes over its time less the latency), both directions in turn; and
     what the ``isend`` call itself takes the sender's thread (``p2p_send_s`` for 1 KB,
-    ``p2p_send_bw`` for the bytes beyond: gloo writes into the socket from the call).  The
-    median, as the operators' times are each one's time alone: the turns other processes
-    take on a shared machine are in the means (``*_mean_s``), not in the model."""
+    ``p2p_send_bw`` for the bytes beyond: gloo writes into the socket from the call), and
+    what receiving takes the receiver's thread - the run's own calls
+    (:mod:`.compiled`: the buffer allocated and the ``irecv`` posted, then waited for), on
+    its CPU clock, so the time it sleeps waiting is not in it (``p2p_recv_s`` for 1 KB,
+    ``p2p_recv_bw`` for the bytes beyond).  The median, as the operators' times are each
+    one's time alone: the turns other processes take on a shared machine are in the means
+    (``*_mean_s``), not in the model."""
     import torch.distributed as dist
+
+    from .compiled import _irecv, _wait
     out = {}
     for nbytes in (1024, 2 ** 20):
         buf, ack = torch.zeros(nbytes // 8, dtype=torch.float64), torch.zeros(1)
-        ts, calls = [], []
+        ts, calls, rcalls = [], [], []
         for i in range(reps + 4):
             if rank == i % 2:                      # the sender
                 F.conv2d(x, w)
@@ -163,19 +169,24 @@ def _one_way(rank, peer, reps, x, w) -> dict:
                 work.wait()
                 dist.recv(ack, peer, tag=3)         # the next message after this one landed
             else:
-                dist.irecv(buf, peer, tag=2).wait()
+                c0 = time.thread_time()
+                got = _wait(_irecv(tuple(buf.shape), buf.dtype, peer, 2))
                 if i >= 4:
-                    ts.append(time.perf_counter() - float(buf[0]))
+                    rcalls.append(time.thread_time() - c0)
+                    ts.append(time.perf_counter() - float(got[0]))
                 dist.send(ack, peer, tag=3)
         out[nbytes] = statistics.median(ts)
         out[-nbytes] = statistics.fmean(ts)
         out[("call", nbytes)] = statistics.median(calls)
-    lat, call = out[1024], out[("call", 1024)]
+        out[("recv", nbytes)] = statistics.median(rcalls)
+    lat, call, rcall = out[1024], out[("call", 1024)], out[("recv", 1024)]
     return {"p2p_latency_s": lat,
             "p2p_bw": (2 ** 20 - 1024) / max(out[2 ** 20] - lat, 1e-9),
             "p2p_1mb_s": out[2 ** 20], "p2p_latency_mean_s": out[-1024],
             "p2p_1mb_mean_s": out[-2 ** 20], "p2p_send_s": call,
-            "p2p_send_bw": (2 ** 20 - 1024) / max(out[("call", 2 ** 20)] - call, 1e-9)}
+            "p2p_send_bw": (2 ** 20 - 1024) / max(out[("call", 2 ** 20)] - call, 1e-9),
+            "p2p_recv_s": rcall,
+            "p2p_recv_bw": (2 ** 20 - 1024) / max(out[("recv", 2 ** 20)] - rcall, 1e-9)}
 
 
 def measure_link(devices: int = 2, quick: bool = False, timeout_s: float = 120.0) -> dict:
@@ -220,6 +231,7 @@ def calibrate(devices: int = 2, model: str | None = None, batch: int | None = No
            "p2p_latency_mean_s": link.get("p2p_latency_mean_s"),
            "p2p_1mb_mean_s": link.get("p2p_1mb_mean_s"),
            "p2p_send_s": link.get("p2p_send_s"), "p2p_send_bw": link.get("p2p_send_bw"),
+           "p2p_recv_s": link.get("p2p_recv_s"), "p2p_recv_bw": link.get("p2p_recv_bw"),
            "latency_median_s": link.get("latency_median"),
            "allreduce_1k_s": link.get("allreduce_1k_s"),
            "allreduce_big_s": link.get("allreduce_big_s"),
@@ -236,21 +248,23 @@ def calibrate(devices: int = 2, model: str | None = None, batch: int | None = No
                                  reps=5 if quick else 15, warmup=1 if quick else 3,
                                  progress=profiled))
         say(f"timing every operator of {model}'s training step (placement methods)")
-        cal["op_profile"] = profile_ops(model, batch, model_args, quick)
+        cal["op_profile"] = profile_ops(model, batch, model_args, quick, devices)
     return cal
 
 
 def profile_ops(model: str, batch: int | None = None, model_args: dict | None = None,
-                quick: bool = False) -> dict:
+                quick: bool = False, devices: int = 2) -> dict:
     """Time every aten call of the model's training step on this machine into the profile
-    cache (:func:`explorer.engine.profile.op_times`), so a placement search with ``--cost
-    measured`` needs no further measuring.  Returns ``{"ops", "seconds", "step_s"}``."""
+    cache (:func:`explorer.engine.profile.op_times`) as ``devices`` placement workers run
+    it side by side, so a placement search with ``--cost measured`` on that many local
+    workers needs no further measuring.  Returns ``{"ops", "seconds", "step_s"}``."""
     from ..devices import local
     from ..opgraph import build_opgraph
     from ..profile import op_times
     g = build_opgraph(model, batch, dict(model_args or {}))
     times, info = op_times(g, local(1).devices[0].kind, reps=3 if quick else 7,
-                           fresh=True)    # this machine now, not an earlier measurement
+                           fresh=True,    # this machine now, not an earlier measurement
+                           in_step=max(1, int(devices)))
     return {"ops": info["ops"], "seconds": info["seconds"], "step_s": sum(times.values())}
 
 

@@ -48,7 +48,7 @@ from ...errors import InfeasiblePlan
 from .launcher import RunFailed
 
 __all__ = ["device_program", "transfers", "run_compiled", "LiveBytes", "traced_program",
-           "timeline"]
+           "timeline", "instep_op_times"]
 
 #: random ops the deterministic numerics cannot make the identity
 _RANDOM = {"bernoulli", "bernoulli_", "rand_like", "randn_like", "rand", "randn",
@@ -394,6 +394,76 @@ def _node_of(g, t: str, placeholders, pids) -> str:
     if t in g.tensors and g.tensors[t].producer is not None:
         return t
     return placeholders[pids.index(t)].name
+
+
+# --------------------------------------------------------------------------------------------
+# Operator times as a worker's step pays them (the placers' measured costs)
+# --------------------------------------------------------------------------------------------
+
+def _instep_entry(rank, world, device, job, send):
+    """One process of :func:`instep_op_times`: the whole step as one compiled device program
+    (every operator on this worker, no transfers), traced (:func:`traced_program`), run
+    ``warmup + reps`` times in lockstep with the other processes; sends each aten call's
+    CPU time per timed step, by fx node."""
+    from ..opgraph import opgraph_digest
+    g, gm, params, buffers, x = _real_step(job["spec"], job["batch"], job["model_args"],
+                                           job["seed"], job["lr"])
+    if opgraph_digest(g) != job["digest"]:
+        raise InfeasiblePlan("the worker's trace of the model differs from the operator "
+                             "graph being timed (model code or arguments changed?)")
+    g.gm = gm
+    node_of = {o.name: o.node for o in g.ops.values()}
+    everything = {t: 0 for t in _placeholder_ids(g)} | {o: 0 for o in g.ops}
+    prog = traced_program(device_program(g, everything, 0, 1))
+    flat = list(params) + list(buffers) + [x]
+    runs: dict = {}
+    for i in range(int(job["warmup"]) + int(job["reps"])):
+        if world > 1:
+            dist.barrier()                 # the processes compute side by side, as workers do
+        line = timeline(prog, flat)
+        if i >= int(job["warmup"]):
+            for kind, what, _, _, cpu in line:
+                if kind == "op":
+                    runs.setdefault(node_of[what[0]], []).append(cpu)
+    send("result", "times", runs)
+    if world > 1:
+        dist.barrier()
+
+
+def instep_op_times(og, workers: int, reps: int = 7, warmup: int = 3,
+                    timeout_s: float = 600.0) -> dict:
+    """Seconds of every aten call of ``og``'s step as a placement's worker pays it: the step
+    compiled into one fx program (:func:`device_program` with every operator on one device:
+    the code a worker runs, no interpreter between the calls), its calls timed on the
+    thread's CPU clock by :func:`traced_program`'s marks, in ``workers`` worker processes
+    started as a run starts them (one thread each, pinned to its own core while there are
+    enough cores) and stepping in lockstep, so each call also pays what computing beside
+    the other workers costs it (shared caches and memory bandwidth: on this machine the
+    small elementwise calls 20-30 % more than alone).  Per call the median over ``reps``
+    timed steps of every process, scaled so that the calls add up to the median step (a step
+    pays its calls' occasional slow runs).  ``{fx node name: seconds}``."""
+    from ..opgraph import opgraph_digest
+    from .launcher import start_workers
+    job = {"spec": og.model, "batch": og.batch, "model_args": dict(og.model_args or {}),
+           "seed": 0, "lr": 0.01, "digest": opgraph_digest(og), "reps": max(1, int(reps)),
+           "warmup": max(0, int(warmup))}
+    got = start_workers(max(1, int(workers)), _instep_entry, job, timeout_s=timeout_s,
+                        backend="gloo", name="explorer-op-timer")
+    per_proc = [got.results[r]["times"] for r in sorted(got.results)
+                if "times" in got.results[r]]
+    if not per_proc:
+        raise RunFailed("the operator timers finished without sending their times", 0,
+                        got.pids)
+    runs: dict = {}
+    for times in per_proc:
+        for node, ts in times.items():
+            runs.setdefault(node, []).extend(ts)
+    med = {nm: float(statistics.median(ts)) for nm, ts in runs.items()}
+    steps = [sum(ts[k] for ts in times.values()) for times in per_proc
+             for k in range(min(len(ts) for ts in times.values()))]
+    total = statistics.median(steps) if steps else 0.0
+    scale = total / sum(med.values()) if sum(med.values()) > 0 else 1.0
+    return {nm: v * scale for nm, v in med.items()}
 
 
 # --------------------------------------------------------------------------------------------
