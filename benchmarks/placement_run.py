@@ -69,7 +69,7 @@ def bench(model: str, algo: str, devices: int, steps: int, warmup: int,
     for d in doc["placement"].values():
         per_dev[int(d)] += 1
     return {"model": model, "algo": algo, "devices": devices, "ops_per_device": per_dev,
-            "breakdown": breakdown(res.plan, run),
+            "breakdown": breakdown(res.plan, run, service.problem_for(req).placement_graph()),
             "peak_replayed_bytes": replayed_peaks(req, res.plan, run),
             "transfers": run["transfers"], "predicted_s": pred, "measured_s": meas,
             "error": (meas - pred) / pred if pred else None,
@@ -83,7 +83,7 @@ def bench(model: str, algo: str, devices: int, steps: int, warmup: int,
             "canary_before": before, "canary_after": after}
 
 
-def breakdown(plan, run: dict) -> list:
+def breakdown(plan, run: dict, pg=None) -> list:
     """Per worker, where the traced step's time went next to the simulated schedule.
 
     The run's traced step (:func:`explorer.engine.runtime.compiled.timeline`: wall and CPU
@@ -99,16 +99,22 @@ def breakdown(plan, run: dict) -> list:
     import numpy as np
     idx = {n: i for i, n in enumerate(plan.names)}
     sim = plan.sim
-    w = sim.finish - sim.start
+    w = sim.finish - sim.start                 # each operator's own time (cores not shared)
+    if pg is not None:                         # shared cores stretch intervals: own times
+        gi = pg.index()
+        own = pg.w[[gi[n] for n in plan.names], :]
+        w = own[np.arange(len(plan.names)), np.asarray(plan.placement, dtype=np.int64)]
     busy = sim.busy if sim.busy is not None else np.zeros(int(sim.placement.max()) + 1)
     sends, recvs = {}, {}
     out = []
     for r, line in enumerate(run.get("timeline") or []):
         part = {"op": 0.0, "cpu": 0.0, "again": 0.0, "send": 0.0, "post": 0.0, "recv": 0.0,
-                "sends": 0.0, "other": 0.0}
+                "sends": 0.0, "other": 0.0, "call_cpu": 0.0}
         kinds: dict = {}
         for kind, what, a, b, c in line:
             part[kind] = part.get(kind, 0.0) + (b - a)
+            if kind in ("send", "post", "recv", "sends"):
+                part["call_cpu"] += c
             if kind == "op":
                 part["cpu"] += c
                 k = kinds.setdefault(what[0].rstrip("0123456789_") if what else "?", [0.0, 0.0])
@@ -119,8 +125,12 @@ def breakdown(plan, run: dict) -> list:
             elif kind == "recv":
                 recvs[what] = (a, b)
         worst = sorted(kinds.items(), key=lambda kv: kv[1][1] - kv[1][0])[:3]
+        mine = sim.placement == r
         out.append({"worker": r, "step": line[-1][3] - line[0][2] if line else 0.0,
                     "pred_busy": float(busy[r]) if r < len(busy) else 0.0,
+                    "pred_calls": (float(busy[r]) if r < len(busy) else 0.0)
+                    - float(w[mine].sum()) if sim.busy is not None else 0.0,
+                    "calls_cpu": part["call_cpu"],
                     "pred_idle": float(sim.makespan - (busy[r] if r < len(busy) else 0.0)),
                     "ops": part["op"], "ops_cpu": part["cpu"],
                     "off_cpu": part["op"] - part["cpu"], "again": part["again"],
@@ -192,46 +202,66 @@ def replayed_peaks(req, plan, run: dict) -> dict:
             "sim_with_run_cpu_s": simulate(pg, place, prio).makespan}
 
 
+def _table(cols: list, rows: list) -> str:
+    """One text table: ``cols`` = ``[(title, width)]`` (a negative width aligns left),
+    ``rows`` = lists of cell texts, or a string: a note line printed as it is."""
+    def line(cells):
+        return " ".join(f"{c:<{-w}}" if w < 0 else f"{c:>{w}}"
+                        for c, (_, w) in zip(cells, cols)).rstrip()
+    head = line([t for t, _ in cols])
+    return "\n".join([head, "-" * len(head)] +
+                     [r if isinstance(r, str) else line(r) for r in rows])
+
+
+def _ms(x) -> str:
+    return f"{x * 1e3:.1f}"
+
+
 def breakdown_table(rows: list) -> str:
-    """The per-worker breakdown of every row, in ms."""
-    head = (f"{'model':<12} {'w':>2} {'pred busy':>9} {'pred idle':>9} | {'traced':>7} "
-            f"{'ops':>7} {'(cpu':>7} {'off)':>6} {'again':>6} {'s/r call':>8} "
-            f"{'recv wait':>9} {'sends':>6}  CPU above predicted (kind cpu/pred)")
-    out = [head, "-" * len(head)]
+    """The per-worker breakdown of every row, in ms: predicted operators, calls (isend and
+    receive) and idle time beside the traced step's operators (wall, CPU, off-CPU), calls
+    computed again, the isend/irecv calls (wall and CPU), waiting for receives and sends."""
+    cols = [("model", -12), ("w", 2), ("pred ops", 8), ("calls", 6), ("idle", 6),
+            ("| traced", 8), ("ops", 6), ("(cpu", 6), ("off)", 6), ("again", 5),
+            ("s/r call", 8), ("(cpu)", 6), ("recv wait", 9), ("sends", 6),
+            ("CPU above predicted (kind cpu/pred)", -1)]
+    out = []
     for r in rows:
         for b in r.get("breakdown") or []:
             worst = ", ".join(f"{k} {c * 1e3:.1f}/{p * 1e3:.1f}" for k, c, p in b["worst_ops"])
-            out.append(f"{r['model']:<12} {b['worker']:>2} {b['pred_busy'] * 1e3:>9.1f} "
-                       f"{b['pred_idle'] * 1e3:>9.1f} | {b['step'] * 1e3:>7.1f} "
-                       f"{b['ops'] * 1e3:>7.1f} {b['ops_cpu'] * 1e3:>7.1f} "
-                       f"{b['off_cpu'] * 1e3:>6.1f} {b['again'] * 1e3:>6.1f} "
-                       f"{b['send_calls'] * 1e3:>8.1f} {b['recv_wait'] * 1e3:>9.1f} "
-                       f"{b['sends_wait'] * 1e3:>6.1f}  {worst}")
+            out.append([r["model"], b["worker"], _ms(b["pred_busy"] - b["pred_calls"]),
+                        _ms(b["pred_calls"]), _ms(b["pred_idle"]), "| " + _ms(b["step"]),
+                        _ms(b["ops"]), _ms(b["ops_cpu"]), _ms(b["off_cpu"]), _ms(b["again"]),
+                        _ms(b["send_calls"]), _ms(b["calls_cpu"]), _ms(b["recv_wait"]),
+                        _ms(b["sends_wait"]), worst])
+        pad = " " * 16
         rp = r.get("peak_replayed_bytes")
         if rp:
             mib = lambda xs: " / ".join(f"{x / 2 ** 20:.0f}" for x in xs)  # noqa: E731
-            out.append(f"{'':<12}    peak MiB per worker: measured {mib(r['peak_measured_bytes'])}"
+            out.append(f"{pad}peak MiB per worker: measured {mib(r['peak_measured_bytes'])}"
                        f"; simulated {mib(r['peak_predicted_bytes'] or [])}; the rule on "
                        f"the run's schedule {mib(rp['rule'])}, with gradients freed after "
                        f"their update {mib(rp['grads_freed'])}")
         if rp and rp.get("sim_with_run_cpu_s"):
-            out.append(f"{'':<12}    simulated with the traced step's own CPU time per operator: "
-                       f"{rp['sim_with_run_cpu_s'] * 1e3:.1f} ms (predicted "
-                       f"{r['predicted_s'] * 1e3:.1f}, measured {r['measured_s'] * 1e3:.1f})")
+            out.append(f"{pad}simulated with the traced step's own CPU time per operator: "
+                       f"{_ms(rp['sim_with_run_cpu_s'])} ms (predicted "
+                       f"{_ms(r['predicted_s'])}, measured {_ms(r['measured_s'])})")
         b0 = (r.get("breakdown") or [{}])[0]
         if b0.get("xfer_n"):
             m, p = b0.get("xfer_measured"), b0.get("xfer_predicted")
-            out.append(f"{'':<12}    transfers: {b0['xfer_n']}; median one-way time when "
+            out.append(f"{pad}transfers: {b0['xfer_n']}; median one-way time when "
                        f"the receiver waited {m * 1e3 if m else float('nan'):.2f} ms, "
                        f"the link model's median {p * 1e3 if p else float('nan'):.2f} ms")
-    return "\n".join(out)
+    return _table(cols, out)
 
 
 def table(rows: list) -> str:
-    head = (f"{'model':<13} {'algo':<15} {'ops/dev':<15} {'xfers':>5} {'pred ms':>9} "
-            f"{'meas ms':>9} {'error':>7} {'ref':>5} {'busy/cpu ms per worker':<30} "
-            f"{'peak MiB meas/pred':<26} {'canary':>13} {'load':>5}  runs ms")
-    out = [head, "-" * len(head)]
+    """One line per plan: prediction, measured step, error, reference check, per worker the
+    predicted busy time beside the measured CPU time and the peaks, canary and load."""
+    cols = [("model", -13), ("algo", -15), ("ops/dev", -15), ("xfers", 5), ("pred ms", 9),
+            ("meas ms", 9), ("error", 7), ("ref", 5), ("busy/cpu ms per worker", -30),
+            ("peak MiB meas/pred", -26), ("canary", 13), ("load", 5), ("runs ms", -1)]
+    out = []
     for r in rows:
         if "error_text" in r:
             out.append(f"{r['model']:<13} {r['algo']:<15} failed: {r['error_text']}")
@@ -239,17 +269,16 @@ def table(rows: list) -> str:
         mem = " ".join(f"{m / 2**20:.0f}/{(p or 0) / 2**20:.0f}" for m, p in
                        zip(r["peak_measured_bytes"], r["peak_predicted_bytes"] or
                            [None] * len(r["peak_measured_bytes"])))
-        err = f"{100 * r['error']:+.1f}%" if r["error"] is not None else "-"
         busy = " ".join(f"{b * 1e3:.0f}/{c * 1e3:.0f}" for b, c in
                         zip(r["predicted_busy_s"] or [0.0] * len(r["cpu_s"]), r["cpu_s"]))
-        per_dev = "/".join(map(str, r["ops_per_device"]))
-        runs = " ".join(f"{x * 1e3:.0f}" for x in r.get("runs_s", []))
-        out.append(f"{r['model']:<13} {r['algo']:<15} {per_dev:<15}"
-                   f" {r['transfers']:>5} {r['predicted_s'] * 1e3:>9.1f} "
-                   f"{r['measured_s'] * 1e3:>9.1f} {err:>7} {str(r['reference_ok']):>5} "
-                   f"{busy:<30} {mem:<26} {r['canary_before']:>6.0f}/{r['canary_after']:<6.0f}"
-                   f" {r.get('load', [0])[0]:>5.1f}  {runs}")
-    return "\n".join(out)
+        out.append([r["model"], r["algo"], "/".join(map(str, r["ops_per_device"])),
+                    r["transfers"], _ms(r["predicted_s"]), _ms(r["measured_s"]),
+                    f"{100 * r['error']:+.1f}%" if r["error"] is not None else "-",
+                    str(r["reference_ok"]), busy, mem,
+                    f"{r['canary_before']:.0f}/{r['canary_after']:.0f}",
+                    f"{r.get('load', [0])[0]:.1f}",
+                    " ".join(f"{x * 1e3:.0f}" for x in r.get("runs_s", []))])
+    return _table(cols, out)
 
 
 def main(argv=None) -> int:

@@ -438,8 +438,8 @@ def instep_op_times(og, workers: int, reps: int = 7, warmup: int = 3,
     thread's CPU clock by :func:`traced_program`'s marks, in ``workers`` worker processes
     started as a run starts them (one thread each, pinned to its own core while there are
     enough cores) and stepping in lockstep, so each call also pays what computing beside
-    the other workers costs it (shared caches and memory bandwidth: on this machine the
-    small elementwise calls 20-30 % more than alone).  Per call the median over ``reps``
+    the other workers costs it (shared caches and memory bandwidth).  Per call the median
+    over ``reps``
     timed steps of every process, scaled so that the calls add up to the median step (a step
     pays its calls' occasional slow runs).  ``{fx node name: seconds}``."""
     from ..opgraph import opgraph_digest
