@@ -456,6 +456,33 @@ def test_the_receivers_calls_take_its_time_in_the_simulator():
                                        plain)) == (0.0, 0.0)
 
 
+def test_a_transfer_waits_for_its_receive_to_be_posted():
+    """Worked by hand (gloo moves a message once the receiver posted its irecv, which its
+    program does after the operators that start before the producer): ``x`` (3 s) starts
+    on device 1 at 0, before ``a`` (node 1, 1 s on device 0; ties go by node), so the
+    receive for a's output is posted when x finishes at 3: the transfer takes the notice's
+    latency and its own (0.1 + 0.1 + 1 MB at 2 MB/s) from 3 to 3.7 and ``b`` runs 3.7-4.7.
+    Had ``x`` started after ``a`` (node 2 against a's node 0), the receive is posted first
+    and the transfer runs 1.0-1.6 during x; b follows x at 3."""
+    from explorer.engine.devices import Device, DeviceGraph
+    from explorer.engine.placement.graph import PlacementGraph
+    from explorer.engine.placement.simulator import simulate
+    mb = 2 ** 20
+    dg = DeviceGraph("t", [Device(f"d{k}", "t", 1e12, 1e12, 1e12) for k in range(2)],
+                     np.full((2, 2), 1e9), np.full((2, 2), 1e-3), "",
+                     {"cores": 2, "p2p": {"latency": 0.1, "bw": 2.0 * mb}})
+    late = simulate(PlacementGraph(["x", "a", "b"], np.array([3.0, 1.0, 1.0]), np.zeros(3),
+                                   np.array([0, mb, 0]), np.array([1]), np.array([2]), dg),
+                    [1, 0, 1])
+    assert late.transfers[0][3:5] == pytest.approx((3.0, 3.7))
+    assert late.start.tolist() == pytest.approx([0.0, 0.0, 3.7])
+    early = simulate(PlacementGraph(["a", "b", "x"], np.array([1.0, 1.0, 3.0]), np.zeros(3),
+                                    np.array([mb, 0, 0]), np.array([0]), np.array([1]), dg),
+                     [0, 1, 1])
+    assert early.transfers[0][3:5] == pytest.approx((1.0, 1.6))
+    assert early.start.tolist() == pytest.approx([0.0, 3.0, 0.0])
+
+
 def test_in_step_operator_times_are_the_compiled_steps_calls(graphs):
     """``--cost measured``'s operator times come from the step compiled as a worker runs it,
     in as many worker processes side by side as the placement has: every operator that

@@ -27,6 +27,12 @@ Execution model
   ``irecv`` and waits for it (``recv_b + recv_k·bytes`` of its CPU, calibrated with the
   send calls); a device pays them for each tensor that arrived before its next operator
   (at once when it is idle), counted in ``busy``.
+* **Rendezvous** (local gloo workers, whose device graph carries the calibrated
+  point-to-point figures): gloo moves a message only once the receiver has posted its
+  ``irecv``, and a device program posts it where the tensor comes in the schedule order -
+  after the operators that start before the producer (ties by node).  So when the receiver
+  is still running such an operator as the producer finishes, the transfer waits for it,
+  and then takes one more latency (the receiver's notice travels to the sender first).
 * **Shared cores**: when the device graph has fewer ``cores`` than devices (``local`` CPU
   workers beyond the machine's cores: the operating system time-shares them), the busy
   devices share the cores evenly - each running operator progresses at
@@ -194,6 +200,7 @@ def simulate(pg, placement, priority=None, contention: str = "ports") -> SimResu
             return
         _, v = heapq.heappop(ready[d])
         idle[d] = False
+        cur[d] = v
         start[v] = t
         busy[d] += w[v]
         if shared:
@@ -208,6 +215,26 @@ def simulate(pg, placement, priority=None, contention: str = "ports") -> SimResu
     send_b, send_k = float(getattr(pg, "send_b", 0.0)), float(getattr(pg, "send_k", 0.0))
     recv_b, recv_k = receive_cost(pg)
     pend = [0.0] * nd           # receive calls a device owes before its next operator
+    rendezvous = bool((getattr(pg.devices, "meta", None) or {}).get("p2p"))
+    cur = [-1] * nd             # the operator each device is running (-1: none)
+    deferred: dict = {}         # operator -> transfers whose receive is posted after it
+
+    def launch(v, d, e, t, extra):
+        """Transfer ``v``'s output from ``d`` to ``e``, its message ready at ``t``."""
+        nonlocal seq, comm_bytes
+        nb = ob[v]
+        dur = K[d, e] * nb + B[d, e] + extra
+        st = t
+        if ports:
+            if send_free[d] > st:
+                st = send_free[d]
+            if recv_free[e] > st:
+                st = recv_free[e]
+            send_free[d] = recv_free[e] = st + dur
+        comm_bytes += nb
+        transfers.append((v, d, e, st, st + dur, nb))
+        seq += 1
+        heapq.heappush(events, (st + dur, seq, 1, v, e))
 
     for v in range(n):
         if waiting[v] == 0:
@@ -234,6 +261,9 @@ def simulate(pg, placement, priority=None, contention: str = "ports") -> SimResu
         if kind == 0:
             v = a
             idle[d] = True
+            cur[d] = -1
+            for u, src, e in deferred.pop(v, ()):   # receives posted after v: now
+                launch(u, src, e, t, B[src, e])
             for s in succ[v]:
                 if devl[s] == d:
                     waiting[s] -= 1
@@ -242,18 +272,11 @@ def simulate(pg, placement, priority=None, contention: str = "ports") -> SimResu
             if remote[v]:
                 nb = ob[v]
                 for e in remote[v]:
-                    dur = K[d, e] * nb + B[d, e]
-                    st = t
-                    if ports:
-                        if send_free[d] > st:
-                            st = send_free[d]
-                        if recv_free[e] > st:
-                            st = recv_free[e]
-                        send_free[d] = recv_free[e] = st + dur
-                    comm_bytes += nb
-                    transfers.append((v, d, e, st, st + dur, nb))
-                    seq += 1
-                    heapq.heappush(events, (st + dur, seq, 1, v, e))
+                    r = cur[e]
+                    if rendezvous and r >= 0 and (start[r], r) < (start[v], v):
+                        deferred.setdefault(r, []).append((v, d, e))
+                    else:
+                        launch(v, d, e, t, 0.0)
                 call = len(remote[v]) * (send_b + send_k * nb)
                 if call > 0:            # the sender's thread makes the isend calls
                     idle[d] = False
