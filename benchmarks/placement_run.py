@@ -221,8 +221,8 @@ def breakdown_table(rows: list) -> str:
     """The per-worker breakdown of every row, in ms: predicted operators, calls (isend and
     receive) and idle time beside the traced step's operators (wall, CPU, off-CPU), calls
     computed again, the isend/irecv calls (wall and CPU), waiting for receives and sends."""
-    cols = [("model", -12), ("w", 2), ("pred ops", 8), ("calls", 6), ("idle", 6),
-            ("| traced", 8), ("ops", 6), ("(cpu", 6), ("off)", 6), ("again", 5),
+    cols = [("model", -12), ("w", 2), ("pred ops", 8), ("calls", 6), ("idle", 6), ("|", 1),
+            ("traced", 7), ("ops", 6), ("(cpu", 6), ("off)", 6), ("again", 5),
             ("s/r call", 8), ("(cpu)", 6), ("recv wait", 9), ("sends", 6),
             ("CPU above predicted (kind cpu/pred)", -1)]
     out = []
@@ -230,7 +230,7 @@ def breakdown_table(rows: list) -> str:
         for b in r.get("breakdown") or []:
             worst = ", ".join(f"{k} {c * 1e3:.1f}/{p * 1e3:.1f}" for k, c, p in b["worst_ops"])
             out.append([r["model"], b["worker"], _ms(b["pred_busy"] - b["pred_calls"]),
-                        _ms(b["pred_calls"]), _ms(b["pred_idle"]), "| " + _ms(b["step"]),
+                        _ms(b["pred_calls"]), _ms(b["pred_idle"]), "|", _ms(b["step"]),
                         _ms(b["ops"]), _ms(b["ops_cpu"]), _ms(b["off_cpu"]), _ms(b["again"]),
                         _ms(b["send_calls"]), _ms(b["calls_cpu"]), _ms(b["recv_wait"]),
                         _ms(b["sends_wait"]), worst])
