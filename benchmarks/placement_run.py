@@ -3,8 +3,8 @@
 For each model and placement method: calibrate the machine once (``explorer calibrate``;
 ``--keep-calibration`` reuses ``$EXPLORER_HOME/local.json``), search the placement for
 ``--devices`` (2) local CPU workers with ``--cost measured`` (every aten call of the step
-timed on this machine, cached in the profile SQLite), save it as a plan document, run it with ``explorer
-run``'s entry (one fx program per device with send/recv, reference check against one
+timed on this machine as that many workers run it side by side, cached in the profile
+SQLite), save it as a plan document, run it with ``explorer run``'s entry (one fx program per device with send/recv, reference check against one
 device) and print predicted and measured step time, their error, the reference verdict,
 transfers, per worker the simulator's busy time next to the worker thread's CPU time in a
 step (operator times are CPU times too: on a shared machine the wall time also holds the time
@@ -92,7 +92,9 @@ def breakdown(plan, run: dict, pg=None) -> list:
     processes or workers on its core), ``again`` (a multi-output call computed again for an
     output another device owns: no plan operator), the isend / irecv calls, waiting for
     received tensors and for the step's own sends; beside them the simulator's busy time
-    for the device (its operators' times) and its idle time (makespan − busy), and the
+    for the device, split into its operators' own times and its send and receive calls
+    (``pred_calls``; ``calls_cpu``: the traced calls' CPU time), its idle time (makespan −
+    busy), and the
     operator kinds whose CPU time is furthest above their predicted time.  Transfers: the
     measured one-way time of every transfer the receiver was already waiting for (send call
     → receive done) against the link model's ``k·bytes + b``."""
@@ -128,8 +130,8 @@ def breakdown(plan, run: dict, pg=None) -> list:
         mine = sim.placement == r
         out.append({"worker": r, "step": line[-1][3] - line[0][2] if line else 0.0,
                     "pred_busy": float(busy[r]) if r < len(busy) else 0.0,
-                    "pred_calls": (float(busy[r]) if r < len(busy) else 0.0)
-                    - float(w[mine].sum()) if sim.busy is not None else 0.0,
+                    "pred_calls": max(0.0, (float(busy[r]) if r < len(busy) else 0.0)
+                                      - float(w[mine].sum())) if sim.busy is not None else 0.0,
                     "calls_cpu": part["call_cpu"],
                     "pred_idle": float(sim.makespan - (busy[r] if r < len(busy) else 0.0)),
                     "ops": part["op"], "ops_cpu": part["cpu"],
