@@ -200,7 +200,8 @@ def test_measured_costs_reach_the_placers_graph(_isolated_home):
     prob = Problem(dev, "lenet5", 8, {}, cost="measured")
     pg = prob.placement_graph()
     from explorer.engine.profile import op_times
-    times, info = op_times(prob.opgraph(), dev.devices[0].kind, in_step=2)
+    times, info = op_times(prob.opgraph(), dev.devices[0].kind,
+                           in_step=min(2, dev.meta["cores"]))   # workers busy at once
     assert not info["measured"]                 # the placers' graph filled the cache
     idx = pg.index()
     assert all(pg.w[idx[nm], 0] == pytest.approx(s) for nm, s in times.items())
@@ -252,7 +253,9 @@ def test_calibrate_times_a_models_operators_for_the_placers(graphs):
     from explorer.engine.runtime.calibrate import profile_ops
     got = profile_ops("lenet5", 8, {}, quick=True, devices=2)
     assert got["ops"] == len(graphs["lenet5"].ops) and got["step_s"] > 0
-    times, info = op_times(graphs["lenet5"], local(1).devices[0].kind, in_step=2)
+    from explorer.engine.runtime.calibrate import _cores
+    times, info = op_times(graphs["lenet5"], local(1).devices[0].kind,
+                           in_step=min(2, _cores()))
     assert not info["measured"] and sum(times.values()) == pytest.approx(got["step_s"])
     assert op_times(graphs["lenet5"], local(1).devices[0].kind, reps=1, warmup=0,
                     fresh=True)[1]["measured"]

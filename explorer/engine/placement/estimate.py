@@ -241,7 +241,7 @@ def from_opgraph(og, devices, capacity=None, times: dict | None = None,
 def measured_times(og, devices, progress=None) -> dict:
     """Every operator's time measured on this machine for the ``local`` preset (``--cost
     measured``): the step's aten calls timed as the placement's workers run them - compiled,
-    one thread, in as many processes side by side as the preset has workers - cached in the
+    one thread, in as many processes side by side as the workers keep cores busy - cached in the
     profile SQLite (:func:`explorer.engine.profile.op_times` with ``in_step``), so the
     placers, the simulator and ``explorer run`` see the same hardware.  :class:`~explorer.errors.NotCalibrated` for
     another preset or before ``explorer calibrate`` (the links' latency and bandwidth come
@@ -255,8 +255,11 @@ def measured_times(og, devices, progress=None) -> dict:
     if not (devices.meta or {}).get("calibrated"):
         raise NotCalibrated("--cost measured needs this machine's link and compute figures: "
                             "run `explorer calibrate` first")
-    times, _ = op_times(og, devices.devices[0].kind, progress=progress,
-                        in_step=len(devices.devices))
+    # as many processes as the workers keep cores busy at once: more workers than cores
+    # time-share them, which the simulator models (processor sharing), not the op times
+    busy = min(len(devices.devices), int((devices.meta or {}).get("cores") or
+                                         len(devices.devices)))
+    times, _ = op_times(og, devices.devices[0].kind, progress=progress, in_step=max(1, busy))
     return times
 
 

@@ -256,15 +256,15 @@ def profile_ops(model: str, batch: int | None = None, model_args: dict | None = 
                 quick: bool = False, devices: int = 2) -> dict:
     """Time every aten call of the model's training step on this machine into the profile
     cache (:func:`explorer.engine.profile.op_times`) as ``devices`` placement workers run
-    it side by side, so a placement search with ``--cost measured`` on that many local
-    workers needs no further measuring.  Returns ``{"ops", "seconds", "step_s"}``."""
+    it side by side (as many at once as there are cores), so a placement search with
+    ``--cost measured`` on that many local workers needs no further measuring.  Returns ``{"ops", "seconds", "step_s"}``."""
     from ..devices import local
     from ..opgraph import build_opgraph
     from ..profile import op_times
     g = build_opgraph(model, batch, dict(model_args or {}))
     times, info = op_times(g, local(1).devices[0].kind, reps=3 if quick else 7,
                            fresh=True,    # this machine now, not an earlier measurement
-                           in_step=max(1, int(devices)))
+                           in_step=max(1, min(int(devices), _cores())))
     return {"ops": info["ops"], "seconds": info["seconds"], "step_s": sum(times.values())}
 
 
