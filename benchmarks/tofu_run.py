@@ -44,9 +44,13 @@ MODELS = [
                                             "num_classes": 10}),
     ("LSTM-2-1024 (10 steps)", "lstm", 16, {"layers": 2, "hidden": 1024, "steps": 10}),
 ]
-#: one worker would need 2.2 GiB by the plan (float32, mostly activations: a narrow, deep MLP
-#: on a large batch holds the most bytes per FLOP, so the run stays minutes long)
-BIG = ("MLP-32-512 (batch 32768)", "mlp", 32768, {"layers": 32, "hidden": 512})
+#: one worker would need 4.2 GiB by the plan (float32, mostly activations: a narrow, deep MLP
+#: on a large batch holds the most bytes per FLOP - a conv net's float64 check steps run
+#: convolutions without oneDNN, 10x slower: Tensor-Holography at batch 1 (0.8 GiB) took 6
+#: minutes - so the run stays minutes long)
+BIG = ("MLP-32-256 (batch 122880)", "mlp", 122880, {"layers": 32, "hidden": 256})
+if os.environ.get("TB_BIG"):              # another model for --big: '[name, spec, batch, args]'
+    BIG = tuple(json.loads(os.environ["TB_BIG"]))
 
 
 def _calibrated(k: int) -> bool:
