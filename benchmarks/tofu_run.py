@@ -1,9 +1,10 @@
 """Tofu plans run tile-local: measured against predicted memory per worker and step time.
 
-    python benchmarks/tofu_run.py [--workers 2,4] [--steps 3] [--big] [--json]
+    python benchmarks/tofu_run.py [--workers 2,4] [--steps 4] [--big] [--json]
 
 Each row searches a Tofu plan on the ``local`` preset, saves it as a document and runs it with
-``explorer run``'s executor (every worker holds only its tiles; 3 steps, the first a warm-up):
+``explorer run``'s executor (every worker holds only its tiles; 4 steps, the first a warm-up,
+the second still page-faulting while the workers' allocators settle: ``run.TOFU_STEPS``):
 the plan's per-worker ``peak_memory_bytes`` against the measured peak (live tiles plus the
 operator in flight's buffers, floating point at 4 bytes an element), and the predicted step
 time against the measured one (median of the steps after the first, slowest worker).
@@ -127,7 +128,7 @@ def big(ks, steps) -> list:
         print(f"  {k} workers: predicted peak {max(x['predicted_peak_bytes']) / GiB:.2f} GiB, "
               f"measured {max(x['measured_peak_bytes']) / GiB:.2f} GiB per worker (limit "
               f"{limit / GiB:.2f}); step predicted {x['predicted_step_s']:.2f} s, measured "
-              f"{x['measured_step_s']:.2f} s (cpu {x['cpu_step_s']:.2f} s); 3 training steps "
+              f"{x['measured_step_s']:.2f} s (cpu {x['cpu_step_s']:.2f} s); {steps} training steps "
               f"vs float64 reference: {'ok' if x['reference_ok'] else 'FAIL'} "
               f"({x['max_rel_error']:.1e}); run {x['wall_s']:.0f} s"
               + (f"; fallback {x['fallback_ops']}" if x["fallback_ops"] else "; every op on tiles"),
@@ -138,7 +139,9 @@ def big(ks, steps) -> list:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workers", default="2,4")
-    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=4,
+                    help="steps per row (the first a warm-up; median of the rest)")
+    ap.add_argument("--big-steps", type=int, default=3, help="training steps of --big")
     ap.add_argument("--models", default="", help="comma-separated names (substrings) to run")
     ap.add_argument("--big", action="store_true", help="add the model one worker cannot hold")
     ap.add_argument("--only-big", action="store_true", help="only the --big run")
@@ -159,7 +162,7 @@ def main(argv=None) -> int:
             if not a.json:
                 _print(rows[-1], header=len(rows) == 1)
     if a.big or a.only_big:
-        rows += big(ks, a.steps)
+        rows += big(ks, a.big_steps)
     if a.json:
         print(json.dumps(rows, indent=2))
     return 0 if all(r["reference_ok"] and r["comm_bytes_ok"] for r in rows) else 1
