@@ -1,9 +1,10 @@
 """Tofu plans run tile-local: measured against predicted memory per worker and step time.
 
-    python benchmarks/tofu_run.py [--workers 2,4] [--steps 3] [--big] [--json]
+    python benchmarks/tofu_run.py [--workers 2,4] [--steps 4] [--big] [--json]
 
 Each row searches a Tofu plan on the ``local`` preset, saves it as a document and runs it with
-``explorer run``'s executor (every worker holds only its tiles; 3 steps, the first a warm-up):
+``explorer run``'s executor (every worker holds only its tiles; 4 steps, the first a warm-up,
+the second still page-faulting while the workers' allocators settle: ``run.TOFU_STEPS``):
 the plan's per-worker ``peak_memory_bytes`` against the measured peak (live tiles plus the
 operator in flight's buffers, floating point at 4 bytes an element), and the predicted step
 time against the measured one (median of the steps after the first, slowest worker).
@@ -18,12 +19,15 @@ step (main thread, not waiting): on a busy machine the measured wall time runs f
 
 Models sized for a 2-core machine: a Wide-ResNet (depth 50, width 2, 64x64 images) and a
 2-layer LSTM (1024 hidden, 10 steps), plus the MLP and ResNet of the step-time target.
-``--big``: an MLP whose step needs several GiB on one worker by the plan.  With
-``--memory-per-worker`` at 75 % of that the one-worker plan is refused before launch, while
-the plans for 2 and 4 workers train three steps with every worker under the limit (watched
-while it runs) and match the float64 reference.  It needs about 6 GiB of RAM at its peak
-(the float64 check pass doubles each worker's tensors; then the parent's float64 reference
-steps) and some minutes.
+``--big``: a Transformer encoder whose step needs 4.0 GiB on one worker by the plan (2 layers,
+hidden 256, 8 heads, 512 tokens, batch 96).  With ``--memory-per-worker`` at 75 % of that
+the one-worker plan is refused before launch, while the plans for 2 and 4 workers train three steps with every worker under the
+limit (watched while it runs) and match the float64 reference.  What is checked: the three
+float32 timed steps give the step time, bytes and peak; a float64 pass of the same three
+training steps (the guard counting it at twice the limit) is what is compared, loss and every
+updated parameter, with three float64 single-device steps - computed once for both worker
+counts (same model, seed and steps).  ``wall_s`` is each launch; the reference is in the
+first.
 """
 
 from __future__ import annotations
@@ -44,9 +48,14 @@ MODELS = [
                                             "num_classes": 10}),
     ("LSTM-2-1024 (10 steps)", "lstm", 16, {"layers": 2, "hidden": 1024, "steps": 10}),
 ]
-#: one worker would need 2.2 GiB by the plan (float32, mostly activations: a narrow, deep MLP
-#: on a large batch holds the most bytes per FLOP, so the run stays minutes long)
-BIG = ("MLP-32-512 (batch 32768)", "mlp", 32768, {"layers": 32, "hidden": 512})
+#: one worker would need 4.0 GiB by the plan (float32, mostly activations: attention scores
+#: of 512 tokens over 8 heads hold many bytes per FLOP, and float64 matrix products - the check
+#: steps and the reference - run at half the float32 rate; a conv net's float64 steps run
+#: without oneDNN, ~10x slower: Tensor-Holography at batch 1, 0.8 GiB, took 6 minutes)
+BIG = ("Transformer-2-256 (seq 512, batch 96)", "transformer", 96,
+       {"layers": 2, "hidden": 256, "heads": 8, "seq": 512})
+if os.environ.get("TB_BIG"):              # another model for --big: '[name, spec, batch, args]'
+    BIG = tuple(json.loads(os.environ["TB_BIG"]))
 
 
 def _calibrated(k: int) -> bool:
@@ -113,23 +122,28 @@ def big(ks, steps) -> list:
                      "measured_step_s": r["measured_step_time_s"],
                      "cpu_step_s": max(r.get("cpu_step_s") or [0.0]),
                      "wall_s": time.perf_counter() - t0,
+                     "fallback_ops": r["fallback_ops"],
                      "comm_bytes_ok": r["measured_comm_bytes"] == r["predicted_comm_bytes"]})
         x = rows[-1]
         print(f"  {k} workers: predicted peak {max(x['predicted_peak_bytes']) / GiB:.2f} GiB, "
               f"measured {max(x['measured_peak_bytes']) / GiB:.2f} GiB per worker (limit "
               f"{limit / GiB:.2f}); step predicted {x['predicted_step_s']:.2f} s, measured "
-              f"{x['measured_step_s']:.2f} s (cpu {x['cpu_step_s']:.2f} s); 3 training steps "
+              f"{x['measured_step_s']:.2f} s (cpu {x['cpu_step_s']:.2f} s); {steps} training steps "
               f"vs float64 reference: {'ok' if x['reference_ok'] else 'FAIL'} "
-              f"({x['max_rel_error']:.1e}); run {x['wall_s']:.0f} s", flush=True)
+              f"({x['max_rel_error']:.1e}); run {x['wall_s']:.0f} s"
+              + (f"; fallback {x['fallback_ops']}" if x["fallback_ops"] else "; every op on tiles"),
+              flush=True)
     return rows
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workers", default="2,4")
-    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=4,
+                    help="steps per row (the first a warm-up; median of the rest)")
+    ap.add_argument("--big-steps", type=int, default=3, help="training steps of --big")
     ap.add_argument("--models", default="", help="comma-separated names (substrings) to run")
-    ap.add_argument("--big", action="store_true", help="add the MLP one worker cannot hold")
+    ap.add_argument("--big", action="store_true", help="add the model one worker cannot hold")
     ap.add_argument("--only-big", action="store_true", help="only the --big run")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
@@ -148,7 +162,7 @@ def main(argv=None) -> int:
             if not a.json:
                 _print(rows[-1], header=len(rows) == 1)
     if a.big or a.only_big:
-        rows += big(ks, a.steps)
+        rows += big(ks, a.big_steps)
     if a.json:
         print(json.dumps(rows, indent=2))
     return 0 if all(r["reference_ok"] and r["comm_bytes_ok"] for r in rows) else 1

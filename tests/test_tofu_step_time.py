@@ -104,3 +104,44 @@ def test_the_timed_steps_can_be_float64():
     from explorer.errors import InfeasiblePlan
     with pytest.raises(InfeasiblePlan, match="float32 or float64"):
         run_layout("mlp", 32, ARGS, xplan, digest=opgraph_digest(g), dtype="bfloat16")
+
+
+def test_a_long_shard_is_timed_once_after_its_warm_up(calibrated, monkeypatch):
+    """A shard whose timed run reaches ``LONG_S`` is not repeated (a model one worker cannot
+    hold would spend its rehearsal repeating multi-second products); short ones are."""
+    from explorer.engine.runtime import shardtime
+    g, doc, xplan = _plan()
+    calls = []
+    real = shardtime._Rehearsal.run_op
+
+    def counted(self, *a, **k):
+        calls.append(a[1].name)
+        return real(self, *a, **k)
+    monkeypatch.setattr(shardtime._Rehearsal, "run_op", counted)
+    mm = next(n for n, o in g.ops.items() if o.target == "mm")
+    shardtime.shard_seconds(g, xplan, "float32")
+    assert calls.count(mm) == 2 * (1 + 3)            # both workers: warm-up and 3 timed runs
+    profile.clear_shard_times()
+    calls.clear()
+    monkeypatch.setattr(shardtime, "LONG_S", 0.0)     # every run counts as long
+    names, t, _, _ = shardtime.shard_seconds(g, xplan, "float32")
+    assert calls.count(mm) == 2 * (1 + 1)            # warm-up and one timed run
+    assert t[names.index(mm)].min() > 0
+
+
+def test_plans_of_one_model_share_its_float64_reference(monkeypatch):
+    """The single-device reference of a model is computed once for its plans on several
+    worker counts (same graph, seed, rate and steps); anything else computes its own."""
+    from explorer.engine.runtime import opexec
+    made = []
+    monkeypatch.setattr(opexec, "_LAST_REF", [])
+    monkeypatch.setattr(opexec, "_reference_steps",
+                        lambda plan, seed, lr, steps, train: made.append(1) or (len(made),))
+    plan = {"spec": "mlp", "batch": 32, "model_args": dict(ARGS), "digest": "d1"}
+    assert opexec._reference(plan, 0, 0.01, 3, True) == (1,)
+    assert opexec._reference(dict(plan), 0, 0.01, 3, True) == (1,) and len(made) == 1
+    assert opexec._reference(plan, 0, 0.01, 2, True) == (2,)            # other steps
+    assert opexec._reference({**plan, "digest": "d2"}, 0, 0.01, 2, True) == (3,)   # model code
+    assert opexec._reference({**plan, "digest": "d2"}, 1, 0.01, 2, True) == (4,)   # seed
+    assert opexec._reference({**plan, "digest": "d2"}, 1, 0.01, 5, False) == (5,)  # one step
+    assert opexec._reference({**plan, "digest": "d2"}, 1, 0.01, 1, False) == (5,)

@@ -340,3 +340,37 @@ def test_explorer_run_of_the_issue_s_mlp_reports_measured_against_predicted(tmp_
     for got, want in zip(d["measured_peak_memory_bytes"], d["peak_memory_bytes"]):
         assert abs(got - want) <= 0.10 * want and got <= 0.70 * one, (got, want, one)
     assert d["predicted_step_time_s"] > 0 and d["measured_step_time_s"] > 0
+
+
+def test_layer_norm_gradients_on_row_blocks_without_the_inputs_their_descriptions_skip():
+    """A worker computing a layer norm's mean / rstd holds no weight or bias, one computing
+    the weight's (bias's) gradient no weight and bias (nothing but the output gradient):
+    aten wants them all, the tile rules run without them - on row blocks, partial sums of
+    the parameter gradients - and match the whole op."""
+    torch.manual_seed(5)
+    x, go = torch.randn(6, 4, 8, dtype=torch.float64), torch.randn(6, 4, 8, dtype=torch.float64)
+    w, b = torch.randn(8, dtype=torch.float64), torch.randn(8, dtype=torch.float64)
+    out, mean, rstd = aten.native_layer_norm(x, [8], w, b, 1e-5)
+    whole = aten.native_layer_norm_backward(go, x, [8], mean, rstd, w, b, [True] * 3)
+    gw = gb = 0
+    for r0, r1 in [(0, 2), (2, 6)]:
+        xs, gs, ms, rs = x[r0:r1], go[r0:r1], mean[r0:r1], rstd[r0:r1]
+        box = np.array([[r0, r1], [0, 4], [0, 1]])
+        got = tiles.compute("native_layer_norm", aten.native_layer_norm,
+                            (xs, [8], None, None, 1e-5), {}, 2, _tiles([]), box, (6, 4, 1))
+        assert torch.allclose(got, rstd[r0:r1])
+        gi = tiles.compute("native_layer_norm_backward", aten.native_layer_norm_backward,
+                           (gs, xs, [8], ms, rs, w, None, [True] * 3), {}, 0, _tiles([]),
+                           np.array([[r0, r1], [0, 4], [0, 8]]), (6, 4, 8))
+        assert torch.allclose(gi, whole[0][r0:r1])
+        gw = gw + tiles.compute("native_layer_norm_backward", aten.native_layer_norm_backward,
+                                (gs, xs, [8], ms, rs, None, None, [True] * 3), {}, 1,
+                                _tiles([]), np.array([[0, 8]]), (8,))
+        gb = gb + tiles.compute("native_layer_norm_backward", aten.native_layer_norm_backward,
+                                (gs, None, [8], None, None, None, None, [True] * 3), {}, 2,
+                                _tiles([]), np.array([[0, 8]]), (8,))
+    assert torch.allclose(gw, whole[1]) and torch.allclose(gb, whole[2])
+    with pytest.raises(tiles.Fallback):                 # the input's gradient needs the weight
+        tiles.compute("native_layer_norm_backward", aten.native_layer_norm_backward,
+                      (go, x, [8], mean, rstd, None, None, [True] * 3), {}, 0, _tiles([]),
+                      np.array([[0, 6], [0, 4], [0, 8]]), (6, 4, 8))

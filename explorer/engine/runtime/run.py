@@ -47,8 +47,11 @@ def read_document(path: str) -> dict:
     return doc
 
 
-#: training steps a Tofu run takes at most (the first is its warm-up)
-TOFU_STEPS = 3
+#: training steps a Tofu run takes at most: the first is its warm-up, and the second still
+#: page-faults while the worker's allocator settles (its heap grows again once the first
+#: step's kept tensors are freed: ~70,000 faults, 0.1 s of system time for a Wide-ResNet
+#: worker, none by the third), so the median of the three after the first is a settled step
+TOFU_STEPS = 4
 
 
 def run_document(doc: dict, *, steps: int = 20, warmup: int = 5, timeout_s: float = 600.0,

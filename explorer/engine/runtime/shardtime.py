@@ -11,7 +11,8 @@ workers' kernels share the cores and the memory system as in a run): the worker'
 random tensors of its boxes (integer tensors zero: valid indices), the wire is left out (a peer's piece is a fresh
 buffer of its shape, a collective keeps its local part) - the plan's communication time
 covers it - and the rest is timed in the timed steps' dtype, one thread, under the run's
-deterministic numerics; the median of ``reps`` runs after ``warmup`` on this thread's CPU
+deterministic numerics; the median of ``reps`` runs (one when it takes ``LONG_S`` or more)
+after ``warmup`` on this thread's CPU
 clock (as :func:`explorer.engine.profile.step_op_times`: a busy shared machine does not
 charge an operator for other processes' time).  Times are cached in the profile database per
 (operator call, the op's boxes on every worker, worker, dtype)
@@ -35,6 +36,11 @@ from .. import profile
 from .opexec import _Worker, _extent, _pattern, substitute
 
 __all__ = ["shard_seconds", "predict_step"]
+
+#: a shard whose timed run takes this long (CPU seconds) is timed once after its warm-up,
+#: not ``reps`` times: the thread clock's resolution is microseconds, and a model one worker
+#: cannot hold would otherwise spend its rehearsal repeating multi-second matrix products
+LONG_S = 0.25
 
 
 class _Rehearsal(_Worker):
@@ -203,8 +209,11 @@ def _rehearse(g, xplan, K, w, groups, fdt, gen, reps, warmup, n, o):
             run()
         except Exception:  # noqa: BLE001 - random data a real step never feeds: not timed
             return 0.0, 0
+        took = time.thread_time() - c0
         if r >= warmup:
-            runs.append(time.thread_time() - c0)
+            runs.append(took)
+            if took >= LONG_S:         # one long run is many clock ticks: repeating buys time
+                break
     return float(statistics.median(runs)), int(worker.exchanges)
 
 

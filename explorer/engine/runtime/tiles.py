@@ -50,8 +50,10 @@ CROP = {"native_layer_norm", "native_layer_norm_backward", "native_batch_norm",
         "native_batch_norm_backward", "_softmax", "_safe_softmax", "_log_softmax",
         "_softmax_backward_data", "_log_softmax_backward_data"}
 #: of those, the ones that take ``None`` for an input the description does not read (the
-#: running statistics of a batch norm in training, its weight for the weight's gradient)
-NONE_OK = {"native_batch_norm", "native_batch_norm_backward"}
+#: running statistics of a batch norm in training, its weight for the weight's gradient; a
+#: layer norm's weight and bias for its mean and rstd, its bias for the input's gradient)
+NONE_OK = {"native_batch_norm", "native_batch_norm_backward", "native_layer_norm",
+           "native_layer_norm_backward"}
 #: tensor factories whose first size argument becomes the local box's shape
 _FACTORIES = {"zeros": 0, "ones": 0, "empty": 0, "full": 0, "new_zeros": 1, "new_ones": 1,
               "new_empty": 1, "new_full": 1}
@@ -122,6 +124,27 @@ def _bn_backward(target, fn, args, kwargs, index, tile_of, out_box, out_shape):
         return args[0].sum([0] + list(range(2, args[0].dim())))
     if args[0] is None or args[1] is None or (index == 0 and args[2] is None):
         raise Fallback(f"aten.{target}: an input the description does not read")
+    return _generic(target, fn, args, kwargs, index, tile_of, out_box, out_shape)
+
+
+def _ln_backward(target, fn, args, kwargs, index, tile_of, out_box, out_shape):
+    """A layer norm's bias gradient is the output gradient summed over the leading axes (all
+    its description reads); its other gradients run unchanged on the tiles."""
+    go = args[0]
+    if index == 2 and go is not None:
+        return go.sum(list(range(go.dim() - len(args[2]))))
+    if go is None or args[1] is None or args[3] is None or args[4] is None:
+        raise Fallback(f"aten.{target}: an input the description does not read")
+    # aten wants the weight and bias whenever it computes all three gradients: the bias is read
+    # by none of them, the weight only by the input's (whose description gives it)
+    args = list(args)
+    shape = tuple(args[1].shape[args[1].dim() - len(args[2]):])
+    if args[5] is None:
+        if index == 0:
+            raise Fallback(f"aten.{target}: the input's gradient without the weight")
+        args[5] = torch.ones(shape, dtype=args[1].dtype)
+    if args[6] is None:
+        args[6] = torch.zeros(shape, dtype=args[1].dtype)
     return _generic(target, fn, args, kwargs, index, tile_of, out_box, out_shape)
 
 
@@ -542,6 +565,7 @@ def _stack(target, fn, args, kwargs, index, tile_of, out_box, out_shape):
 _RULES = {"_adaptive_avg_pool2d": _adaptive_pool, "adaptive_avg_pool2d": _adaptive_pool,
           "_adaptive_avg_pool2d_backward": _adaptive_pool_backward,
           "native_batch_norm": _bn, "native_batch_norm_backward": _bn_backward,
+          "native_layer_norm_backward": _ln_backward,
           "upsample_nearest2d": _upsample_nearest,
           "upsample_nearest2d_backward": _upsample_nearest_backward,
           "avg_pool2d": _avg_pool,
