@@ -145,3 +145,14 @@ def test_plans_of_one_model_share_its_float64_reference(monkeypatch):
     assert opexec._reference({**plan, "digest": "d2"}, 1, 0.01, 2, True) == (4,)   # seed
     assert opexec._reference({**plan, "digest": "d2"}, 1, 0.01, 5, False) == (5,)  # one step
     assert opexec._reference({**plan, "digest": "d2"}, 1, 0.01, 1, False) == (5,)
+
+
+def test_changed_runtime_code_is_rehearsed_afresh(calibrated, monkeypatch):
+    """Cached shard times belong to the code that ran them: another digest of the tile rules
+    (an upgrade that tiles an operator which fell back to full buffers) misses the cache."""
+    from explorer.engine.runtime import shardtime
+    g, doc, xplan = _plan()
+    first = shard_seconds(g, xplan, "float32")[3]
+    assert shard_seconds(g, xplan, "float32")[3]["measured"] == 0
+    monkeypatch.setattr(shardtime, "_code", lambda: "another version of tiles.py")
+    assert shard_seconds(g, xplan, "float32")[3]["measured"] == first["measured"]

@@ -80,7 +80,8 @@ def _sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _files_digest(paths) -> str:
+def files_digest(paths) -> str:
+    """One digest of the files at ``paths`` (names and contents, in name order)."""
     h = hashlib.sha256()
     for p in sorted(paths):
         h.update(str(p.name).encode() + b"\0" + p.read_bytes() + b"\0")
@@ -90,12 +91,12 @@ def _files_digest(paths) -> str:
 @functools.cache
 def _code_digest() -> str:
     """Our capture code: every module directly in ``explorer/engine`` plus the errors."""
-    return _files_digest(list((_PACKAGE / "engine").glob("*.py")) + [_PACKAGE / "errors.py"])
+    return files_digest(list((_PACKAGE / "engine").glob("*.py")) + [_PACKAGE / "errors.py"])
 
 
 @functools.cache
 def _examples_digest() -> str:
-    return _files_digest(_EXAMPLES.glob("*.py"))
+    return files_digest(_EXAMPLES.glob("*.py"))
 
 
 @functools.cache

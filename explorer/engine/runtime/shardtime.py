@@ -15,8 +15,10 @@ deterministic numerics; the median of ``reps`` runs (one when it takes ``LONG_S`
 after ``warmup`` on this thread's CPU
 clock (as :func:`explorer.engine.profile.step_op_times`: a busy shared machine does not
 charge an operator for other processes' time).  Times are cached in the profile database per
-(operator call, the op's boxes on every worker, worker, dtype)
-(:func:`explorer.engine.profile.shard_cache`), so equal layers and the next run cost nothing.
+(operator call, the op's boxes on every worker, worker, dtype, and the code that runs it: a
+digest of this module, :mod:`.opexec` and :mod:`.tiles` with torch's version, so a changed
+tile rule is rehearsed afresh) (:func:`explorer.engine.profile.shard_cache`), so equal layers
+and the next run cost nothing.
 
 :func:`predict_step` adds them up: ``Σ_ops max_w t[op, w]`` (lockstep), the plan's
 communication time, and one link latency per operator whose workers exchange anything.
@@ -24,6 +26,7 @@ communication time, and one link latency per operator whose workers exchange any
 
 from __future__ import annotations
 
+import functools
 import json
 import statistics
 import time
@@ -102,8 +105,20 @@ def _arg_key(a, g):
     return str(a)
 
 
+@functools.cache
+def _code() -> str:
+    """What a shard's time depends on besides its call: the code that runs it and torch."""
+    from pathlib import Path
+
+    from ..capture_cache import files_digest
+    here = Path(__file__).parent
+    return files_digest([here / f for f in ("shardtime.py", "opexec.py", "tiles.py")]
+                         )[:16] + "/" + torch.__version__
+
+
 def _signature(o, g, xplan, w, dtype) -> str:
-    """An op's rehearsal key: the call, its arguments, every worker's boxes, the worker."""
+    """An op's rehearsal key: the call, its arguments, every worker's boxes, the worker, and
+    the code that runs it (:func:`_code`)."""
     info = xplan["ops"].get(o.name)
     geo = None
     if info is not None:
@@ -112,7 +127,7 @@ def _signature(o, g, xplan, w, dtype) -> str:
                    t, [])))] for t, need in sorted(info["needs"].items())],
                _boxes(info["out"]), _boxes(xplan["held"].get(o.output, []))]
         geo[1] = [[x[1], x[2], x[3]] for x in geo[1]]          # by position, not tensor id
-    return json.dumps([o.target, o.index, dtype, int(xplan["workers"]), w,
+    return json.dumps([_code(), o.target, o.index, dtype, int(xplan["workers"]), w,
                        _arg_key(list(o.args), g),
                        [[k, _arg_key(v, g)] for k, v in sorted(o.kwargs.items())], geo],
                       separators=(",", ":"), default=str)
