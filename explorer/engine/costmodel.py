@@ -637,6 +637,10 @@ class CostModel:
     #: over every destination padded to the largest device count (fixed per-call costs
     #: dominate there, not the padding's extra elements)
     PAD_LIMIT = 1 << 20
+    #: Kernel elements (``Cs · Σ_dst k``) from which an edge's by-node table is computed by
+    #: the compiled kernel (:mod:`.xkernel`): several times faster, but loading numba costs
+    #: about a second, and compiling it (once; cached) a few more
+    JIT_WORK = 1 << 24
 
     def _src_tiles(self, src, src_cands):
         """``(tiles [Cs, Ds, nd, 2], device [Cs, Ds])`` of the producer (device -1: unused)."""
@@ -720,6 +724,9 @@ class CostModel:
         if np.isfinite(bw_out) and (np.diff(node_of) >= 0).all():
             node_end = np.searchsorted(node_of, np.arange(int(node_of.max()) + 1), "right")
             cut = node_end[node_of[self._cinfo(src_cands)[1].max(axis=1)]]
+        if Cs * int(kd.sum()) >= self.JIT_WORK:
+            from . import xkernel
+            return xkernel.by_node(own, nbox, need, ddev, cut, node_of, item, nodes, sizes)
         for K in np.unique(kd):
             K = int(K)
             js = np.flatnonzero(kd == K)
