@@ -212,6 +212,37 @@ def test_by_node_transfer_tables_do_not_depend_on_the_block_size():
         assert np.array_equal(ms, mk) and np.array_equal(bs, bk), (e.src, e.dst)
 
 
+@pytest.mark.parametrize("model,n,pre,degrees,pins", [
+    ("resnet50", 32, "p100-cluster", "pow2", ()),                  # two-level, 8 nodes
+    ("resnet50", 16, "p100-cluster", "auto",
+     ("layer1_0_conv1=@5,2", "layer1_0_conv2=@7,6,1,0", "conv1=@9,8")),  # pinned devices
+    ("gpt2", 64, "p100-cluster", "pow2", ()),                      # row-parallel (k) layers
+    ("inception_v3", 16, "p100-ib-16", "auto", ()),
+    ("resnet50", 4, "p100-nvlink-4", "auto", ("conv1=@3,1",)),     # one node: single level
+    ("transformer", 8, "k80-pcie-8", "auto", ()),
+])
+def test_compiled_transfer_kernel_equals_the_numpy_kernel(model, n, pre, degrees, pins):
+    # every by-node table through the compiled kernel (JIT_WORK 0) and through numpy
+    from explorer.engine.pins import Pin
+    g = import_spec(model)
+    jit, ref = (CostModel(g, preset(pre, n), degrees=degrees) for _ in range(2))
+    jit.JIT_WORK, ref.JIT_WORK = 0, 1 << 62
+    jit.PAD_LIMIT = 0           # (small unpinned edges would take the padded numpy call)
+    assert jit._node_structure() is not None
+    pins = [Pin.parse(p) for p in pins]
+    tj, tr = jit.tables(pins), ref.tables(pins)
+    for (e, mj), (_, mr), bj, br in zip(tj.edges, tr.edges, tj.bytes_xfer, tr.bytes_xfer):
+        assert np.array_equal(mj, mr) and np.array_equal(bj, br), (e.src, e.dst)
+    if pins:       # pinned candidates (other device orders) against the reference too
+        for (e, m), nb in zip(tj.edges, tj.bytes_xfer):
+            if {e.src, e.dst} & {p.layer for p in pins}:
+                for i, cs in enumerate(tj.candidates[e.src][:5]):
+                    for j, cd in enumerate(tj.candidates[e.dst][:5]):
+                        want_t, want_b = ref_xfer(jit, e, cs, cd)
+                        assert nb[i, j] == want_b
+                        assert m[i, j] == pytest.approx(want_t, rel=1e-12, abs=1e-18)
+
+
 # -- degrees --------------------------------------------------------------------------------
 
 def test_degree_values():

@@ -726,7 +726,9 @@ class CostModel:
             cut = node_end[node_of[self._cinfo(src_cands)[1].max(axis=1)]]
         if Cs * int(kd.sum()) >= self.JIT_WORK:
             from . import xkernel
-            return xkernel.by_node(own, nbox, need, ddev, cut, node_of, item, nodes, sizes)
+            side = self._lru(self._tile_cache, ("soa",) + self._layout_key(src, src_cands),
+                             lambda: xkernel.source_side(own, nbox, node_of, sizes), size=4)
+            return xkernel.by_node(side, need, ddev, cut, item, nodes, sizes)
         for K in np.unique(kd):
             K = int(K)
             js = np.flatnonzero(kd == K)

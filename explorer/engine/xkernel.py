@@ -26,6 +26,7 @@ from . import geometry as G
 from .storage import home
 
 _KERNEL = None
+prange = range      # numba.prange once compiled
 
 
 def kernel():
@@ -40,7 +41,8 @@ def kernel():
         fast = numba.njit(cache=True, fastmath={"nnan", "ninf", "nsz", "reassoc"})
         g = _by_node.__globals__
         g["_amax"], g["_asum"] = fast(_amax), fast(_asum)
-        _KERNEL = numba.njit(cache=True, nogil=True)(_by_node)
+        g["prange"] = numba.prange
+        _KERNEL = numba.njit(cache=True, nogil=True, parallel=True)(_by_node)
     return _KERNEL
 
 
@@ -77,13 +79,14 @@ def _by_node(t, nbytes, ddev, kd, ident, cut, nlo, nhi, tot, tot_b, sfx, olo, oh
     Cd = nlo.shape[0]
     nd = nlo.shape[1]
     Dd = nlo.shape[2]
-    vm = np.empty(Dd)
-    vl = np.empty(Dd)
-    tw = np.empty(Dd)
-    dv = np.empty(Dd, dtype=np.int64)
-    jb = 64                       # destinations per block: their regions stay in cache
-    for j0 in range(0, Cd, jb):
+    jb = 32                       # destinations per block: their regions stay in cache
+    for blk in prange((Cd + jb - 1) // jb):      # blocks in parallel (each writes its own)
+        j0 = blk * jb
         j1 = min(Cd, j0 + jb)
+        vm = np.empty(Dd)
+        vl = np.empty(Dd)
+        tw = np.empty(Dd)
+        dv = np.empty(Dd, dtype=np.int64)
         for s in range(Cs):
             for j in range(j0, j1):
                 K = kd[j]
@@ -171,12 +174,42 @@ def _by_node(t, nbytes, ddev, kd, ident, cut, nlo, nhi, tot, tot_b, sfx, olo, oh
                 nbytes[s, j] = tot_b[j] - msum
 
 
-def by_node(own, nbox, need, ddev, cut, node_of, item, nodes, sizes):
-    """``(t [Cs, Cd], bytes [Cs, Cd])`` of the by-node kernel over every pair of candidates
-    (see :func:`_by_node`; ``cut [Cs]`` as in the numpy path, the device count when no cut
-    applies)."""
+def source_side(own, nbox, node_of, sizes):
+    """What the kernel reads of a source layout (the same for every edge leaving it):
+    ``(olo, ohi, blo, bhi [Cs, nd, N] int32, ks [Cs], hend [Cs], sfull [Cs, nd])`` - each
+    device's tile and its node's box per axis, the device count when the source runs on
+    devices ``0..k-1`` (else -1), how many leading devices have a node holding its tiles,
+    and the axes its tiles cover whole."""
+    nd = own.shape[2]
+    olo, ohi = _soa(own)
+    blo, bhi = _soa(nbox[:, node_of])
+    used = (ohi > olo).all(axis=1) if nd else np.zeros(olo.shape[::2], dtype=bool)
+    ks = used.sum(axis=1)
+    prefix = (used == (np.arange(used.shape[1])[None] < ks[:, None])).all(axis=1)
+    ks = np.where(prefix & (ks > 0), ks, -1).astype(np.int64)
+    held = (bhi > blo).all(axis=1) if nd else np.zeros_like(used)   # node holds tiles
+    hend = np.where(held.all(axis=1), held.shape[1], held.argmin(axis=1)).astype(np.int64)
+    size = np.asarray(sizes, dtype=np.int32)[:, None]
+    sfull = ((olo == 0) & (ohi == size) | ~used[:, None]).all(axis=2)
+    return olo, ohi, blo, bhi, ks, hend, sfull
+
+
+def _soa(a):
+    """``[..., N, nd, 2]`` boxes as ``lo, hi [..., nd, N]`` int32 (tensor extents are far
+    below 2**31): a device's neighbours are contiguous, so the kernel's loops vectorise."""
+    a = np.moveaxis(a, -3, -1)
+    return (np.ascontiguousarray(a[..., 0, :], dtype=np.int32),
+            np.ascontiguousarray(a[..., 1, :], dtype=np.int32))
+
+
+def by_node(src_side, need, ddev, cut, item, nodes, sizes):
+    """``(t [Cs, Cd], bytes [Cs, Cd])`` of the by-node kernel over every pair of candidates:
+    ``src_side`` from :func:`source_side`, ``need [Cd, Dd, nd, 2]`` the regions each
+    destination device needs, ``ddev [Cd, Dd]`` its devices (-1 unused), ``cut [Cs]`` as in
+    the numpy path (the device count when no cut applies).  See :func:`_by_node`."""
     _, bw_in, bw_out, lat_in, lat_out = nodes
-    Cs, Cd, Dd, nd = own.shape[0], need.shape[0], need.shape[1], need.shape[2]
+    olo, ohi, blo, bhi, ks, hend, sfull = src_side
+    Cs, Cd, Dd = olo.shape[0], need.shape[0], need.shape[1]
     kd = (ddev >= 0).sum(axis=1).astype(np.int64)
     ident = (ddev == np.where(ddev >= 0, np.arange(Dd), -1)).all(axis=1)
     tot = np.where(ddev >= 0, G.volume(need), 0).astype(np.float64) * item     # [Cd, Dd]
@@ -187,28 +220,13 @@ def by_node(own, nbox, need, ddev, cut, node_of, item, nodes, sizes):
         sfx[:, :Dd] = np.maximum.accumulate(far[:, ::-1], axis=1)[:, ::-1]
     t = np.zeros((Cs, Cd))
     nbytes = np.zeros((Cs, Cd))
-    def soa(a):      # [..., N, nd, 2] -> lo, hi [..., nd, N] int32
-        a = np.moveaxis(a, -3, -1)
-        return (np.ascontiguousarray(a[..., 0, :], dtype=np.int32),
-                np.ascontiguousarray(a[..., 1, :], dtype=np.int32))
-    nlo, nhi = soa(need)
-    olo, ohi = soa(own)
-    blo, bhi = soa(nbox[:, node_of])
-    # per source: its device count when it runs on devices 0..k-1 (else -1), how many
-    # leading devices have a node holding its tiles, and the axes its tiles cover whole;
-    # per destination: the axes its regions cover whole
-    sizes = np.asarray(sizes, dtype=np.int32)[:, None]
-    used = (ohi > olo).all(axis=1) if nd else np.zeros(olo.shape[::2], dtype=bool)
-    ks = used.sum(axis=1)
-    prefix = (used == (np.arange(used.shape[1])[None] < ks[:, None])).all(axis=1)
-    ks = np.where(prefix & (ks > 0), ks, -1).astype(np.int64)
-    held = (bhi > blo).all(axis=1) if nd else np.zeros_like(used)   # node holds tiles
-    hend = np.where(held.all(axis=1), held.shape[1], held.argmin(axis=1)).astype(np.int64)
-    sfull = ((olo == 0) & (ohi == sizes) | ~used[:, None]).all(axis=2)
+    nlo, nhi = _soa(need)
     live = (np.arange(Dd)[None] < kd[:, None])[:, None]
-    rfull = ((nlo == 0) & (nhi == sizes) | ~live).all(axis=2)
+    size = np.asarray(sizes, dtype=np.int32)[:, None]
+    rfull = ((nlo == 0) & (nhi == size) | ~live).all(axis=2)    # regions cover the axis
     kernel()(t, nbytes, np.ascontiguousarray(np.clip(ddev, 0, None), dtype=np.int64), kd,
              ident, np.ascontiguousarray(cut, dtype=np.int64), nlo, nhi, tot, tot_b, sfx,
              olo, ohi, blo, bhi, ks, hend, sfull, rfull, float(item), float(bw_in),
-             float(bw_out), float(lat_in), float(lat_out), bool(np.isfinite(bw_in)), bool(np.isfinite(bw_out)))
+             float(bw_out), float(lat_in), float(lat_out), bool(np.isfinite(bw_in)),
+             bool(np.isfinite(bw_out)))
     return t, nbytes
