@@ -198,6 +198,21 @@ def test_min_plus_skipping_useless_middle_candidates_changes_nothing(monkeypatch
     assert np.array_equal(m, tot.min(axis=1)) and np.array_equal(arg, tot.argmin(axis=1))
 
 
+def test_compiled_min_plus_equals_numpy_with_ties(monkeypatch):
+    import explorer.engine.search.optcnn as oc
+    rng = np.random.default_rng(4)
+    i = np.arange(60)
+    a = np.round(np.abs(i[:, None] - i[None, :45]) * 0.3 + rng.random((60, 45)), 1)
+    b = np.round(np.abs(i[:45, None] - i[None, :35]) * 0.3 + rng.random((45, 35)), 1)
+    monkeypatch.setattr(oc, "MIN_PLUS_PRUNE", 0)
+    want = _min_plus(a, b)                              # numpy, useful columns only
+    monkeypatch.setattr(oc, "MIN_PLUS_JIT", 0)
+    m, arg = _min_plus(a, b)
+    tot = a[:, :, None] + b[None]
+    assert np.array_equal(m, tot.min(axis=1)) and np.array_equal(arg, tot.argmin(axis=1))
+    assert np.array_equal(m, want[0]) and np.array_equal(arg, want[1])
+
+
 def test_by_node_transfer_tables_do_not_depend_on_the_block_size():
     g = import_spec("resnet50")
     small, large, per_k = (CostModel(g, preset("p100-cluster", 16)) for _ in range(3))

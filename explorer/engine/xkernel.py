@@ -26,6 +26,7 @@ from . import geometry as G
 from .storage import home
 
 _KERNEL = None
+_MIN_PLUS = None
 prange = range      # numba.prange once compiled
 
 
@@ -42,8 +43,42 @@ def kernel():
         g = _by_node.__globals__
         g["_amax"], g["_asum"] = fast(_amax), fast(_asum)
         g["prange"] = numba.prange
+        _min_plus_rows.__globals__["prange"] = numba.prange
         _KERNEL = numba.njit(cache=True, nogil=True, parallel=True)(_by_node)
     return _KERNEL
+
+
+def min_plus_kernel():
+    """The compiled :func:`_min_plus_rows` (see :func:`kernel`)."""
+    global _MIN_PLUS
+    if _MIN_PLUS is None:
+        kernel()
+        import numba
+
+        _MIN_PLUS = numba.njit(cache=True, nogil=True, parallel=True)(_min_plus_rows)
+    return _MIN_PLUS
+
+
+def _min_plus_rows(a, bT, ptr, cols, arg):
+    """``arg[i, k]``: the first ``j`` (ascending) among row ``i``'s columns
+    ``cols[ptr[i]:ptr[i + 1]]`` minimising ``a[i, j] + bT[k, j]``; rows in parallel.
+
+    The same sums as numpy's ``argmin`` over them, and the first of equal ones, so the same
+    answer for finite tables (the caller's condition)."""
+    for i in prange(a.shape[0]):
+        c0 = ptr[i]
+        c1 = ptr[i + 1]
+        for k in range(bT.shape[0]):
+            j = cols[c0]
+            best = a[i, j] + bT[k, j]
+            bj = j
+            for q in range(c0 + 1, c1):
+                j = cols[q]
+                v = a[i, j] + bT[k, j]
+                if v < best:
+                    best = v
+                    bj = j
+            arg[i, k] = bj
 
 
 def _amax(a, u):
