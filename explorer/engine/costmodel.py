@@ -58,13 +58,17 @@ LAUNCH_OVERHEAD_S = 3 * 5e-6
 #: Memory passes of the SGD update per weight byte: read weights, read gradients, write weights.
 UPDATE_PASSES = 3.0
 #: Largest work (:meth:`CostModel.estimate`'s ``work``: kernel elements of the distinct edge
-#: tables plus elimination steps / 16) a search may start: measured at about 6e7 work per
-#: second on a busy 2-core machine (ResNet-50 and the GPT-2 example at 1,024 devices), so
-#: about a minute and a half there.
-MAX_WORK = 5e9
-#: ``degrees="auto"`` beyond 16 devices takes powers of two, or the first coarser ladder
-#: (powers of 4, 8, ...) whose work is at most this (about 20 s on a busy 2-core machine).
-AUTO_WORK = 1e9
+#: tables, those of the compiled kernel weighted by :data:`JIT_COST`, plus elimination
+#: steps / 16) a search may start: measured at about 8e7 work per CPU second on a busy
+#: 2-core machine (ResNet-50 and Inception-v3 at 1,024 devices with powers of two: 2.8e9
+#: and 7.1e9), so about two minutes of CPU there.
+MAX_WORK = 1e10
+#: ``degrees="auto"`` beyond 16 devices takes powers of two (the issue's default), or, when
+#: their work is over this, the first coarser ladder (powers of 4, 8, ...) that fits.
+AUTO_WORK = MAX_WORK
+#: Cost of an element of the compiled transfer kernel (:mod:`.xkernel`) relative to the
+#: numpy kernel's: measured 2 against 8 ns per element (ResNet-50, 1,024 devices)
+JIT_COST = 0.25
 
 
 @dataclass
@@ -139,7 +143,7 @@ class CostModel:
     profile_cache: path of the SQLite profile cache (measured mode).
     degrees: the degrees a dimension may take (:func:`.geometry.degree_values`): ``"auto"``
         (every divisor up to 16 devices; beyond, powers of two, or of 4, 8, ... when powers
-        of two would take more than :data:`AUTO_WORK`), ``"divisors"``, ``"pow2"`` or
+        of two would take more than :data:`AUTO_WORK`, the most a search may start), ``"divisors"``, ``"pow2"`` or
         explicit degrees such as ``"1,4,16,64"``.  Pinned layers always get every divisor.
     """
 
@@ -884,8 +888,14 @@ class CostModel:
         with the same :meth:`_edge_sig` (``tok``: what identifies each layer's candidate
         list) share one table, so they count once."""
         two_level = self._node_structure() is not None
-        work = sum(float(per[e.src][0]) * per[e.dst][1] * (1 if two_level else per[e.src][2])
-                   for e in self._distinct_edges(tok))
+        work = 0.0
+        for e in self._distinct_edges(tok):
+            w = float(per[e.src][0]) * per[e.dst][1]
+            if not two_level:
+                w *= per[e.src][2]
+            elif w >= self.JIT_WORK:          # the compiled kernel's edges
+                w *= JIT_COST
+            work += w
         return work + sum(float(c) ** 3 for c, _, _ in per.values()) / 16
 
     def _edge_sig(self, edge: Edge, src_tok, dst_tok) -> tuple:
@@ -923,8 +933,9 @@ class CostModel:
         ``peak_bytes`` adds the search's merged edge tables (one per edge), the per-edge
         kernels' blocks and the cached box layouts; ``work`` is the kernel elements of the
         distinct edge tables (``Cs`` times the devices of every destination candidate; times
-        the source devices when links are not two-level) plus the node eliminations' ``C³``
-        steps / 16 (cheaper per step).  Counts are before the memory filter, so upper
+        the source devices when links are not two-level; times :data:`JIT_COST` for the
+        compiled kernel's edges) plus the node eliminations' ``C³`` steps / 16 (cheaper per
+        step).  Counts are before the memory filter, so upper
         bounds.
         """
         by_layer = self._pins_by_layer(pins)
@@ -958,8 +969,8 @@ class CostModel:
         what = (f"≈ {est['peak_bytes'] / 2**30:.1f} GiB at peak (tables "
                 f"{est['table_bytes'] / 2**30:.1f} GiB) but {avail / 2**30:.1f} GiB is "
                 f"available" if over_mem else
-                f"work ≈ {est['work']:.2g} steps, over the limit of {MAX_WORK:.2g} (about a "
-                f"minute and a half here)")
+                f"work ≈ {est['work']:.2g} steps, over the limit of {MAX_WORK:.2g} (about two "
+                f"minutes of CPU here)")
         degs = est["degrees"]
         coarse = ",".join(str(d) for d in degs if d == 1 or math.log(d, 4).is_integer())
         raise InfeasiblePlan(
