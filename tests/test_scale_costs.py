@@ -303,13 +303,17 @@ def test_beyond_16_devices_powers_of_two_bounded_by_the_dimension():
         CostModel(g, preset("p100-cluster", 64), degrees="1,6")
 
 
-def test_auto_degrees_coarsen_when_powers_of_two_would_take_too_long():
+def test_auto_degrees_are_powers_of_two_and_coarsen_only_when_those_cannot_fit():
+    from explorer.engine.costmodel import MAX_WORK
     g = import_spec("resnet50")
-    cm = CostModel(g, preset("p100-cluster", 1024))
-    assert cm.degrees == (1, 4, 16, 64, 256, 1024)
+    assert CostModel(g, preset("p100-cluster", 1024)).degrees == tuple(2 ** i
+                                                                       for i in range(11))
+    cm = CostModel(g, preset("p100-cluster", 4096))
+    assert cm.degrees == (1, 4, 16, 64, 256, 1024, 4096)
     est = cm.estimate()
-    pow2 = CostModel(g, preset("p100-cluster", 1024), degrees="pow2").estimate()
-    assert est["work"] < pow2["work"] and est["candidates_max"] < pow2["candidates_max"]
+    pow2 = CostModel(g, preset("p100-cluster", 4096), degrees="pow2").estimate()
+    assert est["work"] <= MAX_WORK < pow2["work"]
+    assert est["candidates_max"] < pow2["candidates_max"]
 
 
 @pytest.mark.parametrize("n", [4, 8])
@@ -376,13 +380,13 @@ def test_too_little_memory_is_refused_before_building(monkeypatch):
 def test_cli_refuses_a_search_too_big_in_one_line():
     env = dict(os.environ, PYTHONPATH=ROOT)
     proc = subprocess.run([sys.executable, "-m", "explorer", "search", "resnet50", "--devices",
-                           "1024", "--degrees", "pow2"], capture_output=True, text=True,
+                           "4096", "--degrees", "pow2"], capture_output=True, text=True,
                           timeout=600, env=env, cwd=ROOT)
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in proc.stderr
     assert "candidates per layer" in lines[0] and "work" in lines[0]
-    assert "--degrees 1,4,16,64,256,1024" in lines[0]
+    assert "--degrees 1,4,16,64,256,1024,4096" in lines[0]
 
 
 def test_service_request_carries_the_degrees():
