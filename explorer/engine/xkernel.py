@@ -19,6 +19,7 @@ in the same order (``intra / bw_in + inter / bw_out``, then the latency).
 from __future__ import annotations
 
 import os
+import threading
 
 import numpy as np
 
@@ -27,6 +28,9 @@ from .storage import home
 
 _KERNEL = None
 _MIN_PLUS = None
+#: numba's default thread pool (workqueue) must not be entered by two threads at once (the
+#: app may search in several): one compiled call at a time per process
+LOCK = threading.Lock()
 prange = range      # numba.prange once compiled
 
 
@@ -39,7 +43,7 @@ def kernel():
 
         # the two reductions may run in any order: a maximum, and a sum of whole numbers
         # (exact in float64); the times themselves are computed without fast-math
-        fast = numba.njit(cache=True, fastmath={"nnan", "ninf", "nsz", "reassoc"})
+        fast = numba.njit(cache=True, fastmath={"nnan", "nsz", "reassoc"})
         g = _by_node.__globals__
         g["_amax"], g["_asum"] = fast(_amax), fast(_asum)
         g["prange"] = numba.prange
@@ -259,9 +263,10 @@ def by_node(src_side, need, ddev, cut, item, nodes, sizes):
     live = (np.arange(Dd)[None] < kd[:, None])[:, None]
     size = np.asarray(sizes, dtype=np.int32)[:, None]
     rfull = ((nlo == 0) & (nhi == size) | ~live).all(axis=2)    # regions cover the axis
-    kernel()(t, nbytes, np.ascontiguousarray(np.clip(ddev, 0, None), dtype=np.int64), kd,
-             ident, np.ascontiguousarray(cut, dtype=np.int64), nlo, nhi, tot, tot_b, sfx,
-             olo, ohi, blo, bhi, ks, hend, sfull, rfull, float(item), float(bw_in),
-             float(bw_out), float(lat_in), float(lat_out), bool(np.isfinite(bw_in)),
-             bool(np.isfinite(bw_out)))
+    with LOCK:
+        kernel()(t, nbytes, np.ascontiguousarray(np.clip(ddev, 0, None), dtype=np.int64), kd,
+                 ident, np.ascontiguousarray(cut, dtype=np.int64), nlo, nhi, tot, tot_b, sfx,
+                 olo, ohi, blo, bhi, ks, hend, sfull, rfull, float(item), float(bw_in),
+                 float(bw_out), float(lat_in), float(lat_out), bool(np.isfinite(bw_in)),
+                 bool(np.isfinite(bw_out)))
     return t, nbytes
