@@ -258,6 +258,25 @@ def test_compiled_transfer_kernel_equals_the_numpy_kernel(model, n, pre, degrees
                         assert m[i, j] == pytest.approx(want_t, rel=1e-12, abs=1e-18)
 
 
+def test_tables_built_on_two_threads_equal_one_thread(monkeypatch):
+    import explorer.engine.costmodel as cmod
+    g = import_spec("inception_v3")
+    one, two = (CostModel(g, preset("p100-cluster", 64), degrees="pow2") for _ in range(2))
+    two.JIT_WORK = 1 << 16              # some edges through the compiled kernel as well
+    monkeypatch.setattr(cmod, "THREAD_WORK", 1e12)
+    t1 = one.tables()
+    monkeypatch.setattr(cmod, "THREAD_WORK", 0)
+    t2 = two.tables()
+    assert t1.names == t2.names
+    for n in t1.names:
+        assert t1.candidates[n] == t2.candidates[n]
+        for a, b in ((t1.t_compute, t2.t_compute), (t1.t_sync, t2.t_sync),
+                     (t1.memory, t2.memory)):
+            assert np.array_equal(a[n], b[n]), n
+    for (e, m1), (_, m2), b1, b2 in zip(t1.edges, t2.edges, t1.bytes_xfer, t2.bytes_xfer):
+        assert np.array_equal(m1, m2) and np.array_equal(b1, b2), (e.src, e.dst)
+
+
 # -- degrees --------------------------------------------------------------------------------
 
 def test_degree_values():

@@ -37,6 +37,8 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
+import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -69,6 +71,11 @@ AUTO_WORK = MAX_WORK
 #: Cost of an element of the compiled transfer kernel (:mod:`.xkernel`) relative to the
 #: numpy kernel's: measured 2 against 8 ns per element (ResNet-50, 1,024 devices)
 JIT_COST = 0.25
+#: Work from which a search builds its tables on two threads (numpy's large array
+#: operations and the compiled kernel release the GIL; the tables are the same)
+THREAD_WORK = 1e9
+#: guards the LRU caches' bookkeeping when tables are built on several threads
+_LRU_LOCK = threading.Lock()
 
 
 @dataclass
@@ -254,8 +261,9 @@ class CostModel:
         hit = self._ctok.get(id(cands))
         if hit is not None and hit[0] is cands:
             return hit[1]
-        tok = self._ctok_content.setdefault(tuple(cands), len(self._ctok_content))
-        self._ctok[id(cands)] = (cands, tok)      # holds the list: its id stays unique
+        with _LRU_LOCK:                           # tokens must stay distinct across threads
+            tok = self._ctok_content.setdefault(tuple(cands), len(self._ctok_content))
+            self._ctok[id(cands)] = (cands, tok)  # holds the list: its id stays unique
         return tok
 
     def _cinfo(self, cands: list):
@@ -280,14 +288,16 @@ class CostModel:
     def _lru(cache: OrderedDict, key, make, size: int = 12):
         """``cache[key]`` or ``make()``, keeping the ``size`` most recent: these arrays are
         ``[C, devices, ndim, 2]``, tens of MiB each at 1,024 devices."""
-        v = cache.get(key)
-        if v is None:
-            v = make()
+        with _LRU_LOCK:
+            v = cache.get(key)
+            if v is not None:
+                cache.move_to_end(key)
+                return v
+        v = make()                 # outside the lock: two threads may both make it (equal)
+        with _LRU_LOCK:
             cache[key] = v
             while len(cache) > size:
                 cache.popitem(last=False)
-        else:
-            cache.move_to_end(key)
         return v
 
     def _stacked_all(self, layer: Layer, cands: list):
@@ -1012,6 +1022,16 @@ class CostModel:
             self._tables_cache[key] = hit
         return hit
 
+    @staticmethod
+    def _each(fn, items, threads: int) -> list:
+        """``[fn(item) ...]``, on ``threads`` threads when more than one (each table is
+        computed alone from the same inputs, so the numbers do not depend on the order)."""
+        if threads <= 1:
+            return [fn(it) for it in items]
+        from concurrent.futures import ThreadPoolExecutor
+        with ThreadPoolExecutor(threads) as ex:
+            return list(ex.map(fn, items))
+
     def _build_tables(self, pins: list) -> CostTables:
         t0 = time.perf_counter()
         est = self.estimate(pins)
@@ -1019,9 +1039,13 @@ class CostModel:
         by_layer = self._pins_by_layer(pins)
         names = self.graph.names()
         cands, tc, ts, mem, tr, br = {}, {}, {}, {}, {}, {}
-        for n in names:
-            cs = self.candidates(n, by_layer.get(n))
-            a, b, m = self.layer_costs(n, cs)
+        # (measured costs profile layers on this machine: one at a time)
+        threads = (min(2, os.cpu_count() or 1)
+                   if est["work"] >= THREAD_WORK and self.compute == "analytic" else 1)
+        lists = {n: self.candidates(n, by_layer.get(n)) for n in names}
+        costs = self._each(lambda n: self.layer_costs(n, lists[n]), names, threads)
+        for n, (a, b, m) in zip(names, costs):
+            cs = lists[n]
             cap_of = self._cinfo(cs)[2]
             cap = float(cap_of.min())
             keep = np.flatnonzero(m <= cap_of).tolist()
@@ -1038,8 +1062,9 @@ class CostModel:
             if red is not None:
                 tr[n], br[n] = red
         edges, nbytes = [], []
-        for e in self.graph.edges():
-            t, nb = self.xfer(e, cands[e.src], cands[e.dst])
+        xf = self._each(lambda e: self.xfer(e, cands[e.src], cands[e.dst]), self.graph.edges(),
+                        threads)
+        for e, (t, nb) in zip(self.graph.edges(), xf):
             edges.append((e, t))
             nbytes.append(nb)
         return CostTables(names, cands, tc, ts, mem, edges, time.perf_counter() - t0, nbytes,

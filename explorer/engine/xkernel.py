@@ -153,6 +153,14 @@ def _by_node(t, nbytes, ddev, kd, ident, cut, nlo, nhi, tot, tot_b, sfx, olo, oh
                                 e = max(nhi[j, ax, m] - nlo[j, ax, m], 0)
                                 vm[m] *= e
                                 vl[m] *= e
+                        elif um == u:           # both overlaps in one pass
+                            for m in range(u):
+                                rl = nlo[j, ax, m]
+                                rh = nhi[j, ax, m]
+                                e = min(rh, ohi[s, ax, m]) - max(rl, olo[s, ax, m])
+                                vm[m] *= max(e, 0)
+                                e = min(rh, bhi[s, ax, m]) - max(rl, blo[s, ax, m])
+                                vl[m] *= max(e, 0)
                         else:
                             for m in range(um):
                                 e = min(nhi[j, ax, m], ohi[s, ax, m]) - max(nlo[j, ax, m],
