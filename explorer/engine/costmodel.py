@@ -65,9 +65,11 @@ UPDATE_PASSES = 3.0
 #: 2-core machine (ResNet-50 and Inception-v3 at 1,024 devices with powers of two: 2.8e9
 #: and 7.1e9), so about two minutes of CPU there.
 MAX_WORK = 1e10
-#: ``degrees="auto"`` beyond 16 devices takes powers of two (the issue's default), or, when
-#: their work is over this, the first coarser ladder (powers of 4, 8, ...) that fits.
-AUTO_WORK = MAX_WORK
+#: ``degrees="auto"`` beyond 16 devices takes powers of two, or, when their work is over
+#: this (about a minute of CPU on a busy 2-core machine: the 60 s budget of a search at
+#: 1,024 devices), the first coarser ladder (powers of 4, 8, ...) within it.  ResNet-50 and
+#: the GPT-2 example at 1,024 devices take powers of two; Inception-v3 (7.1e9) powers of 4.
+AUTO_WORK = 5e9
 #: Cost of an element of the compiled transfer kernel (:mod:`.xkernel`) relative to the
 #: numpy kernel's: measured 2 against 8 ns per element (ResNet-50, 1,024 devices)
 JIT_COST = 0.25
@@ -150,7 +152,7 @@ class CostModel:
     profile_cache: path of the SQLite profile cache (measured mode).
     degrees: the degrees a dimension may take (:func:`.geometry.degree_values`): ``"auto"``
         (every divisor up to 16 devices; beyond, powers of two, or of 4, 8, ... when powers
-        of two would take more than :data:`AUTO_WORK`, the most a search may start),
+        of two would take more than :data:`AUTO_WORK`, about a minute),
         ``"divisors"``, ``"pow2"`` or explicit degrees such as ``"1,4,16,64"``.  Pinned layers always get every divisor.
     """
 
@@ -619,7 +621,7 @@ class CostModel:
         db, dred, dused = self._stacked_compute(dst, dst_cands)   # what each device computes
         ddev = self._cinfo(dst_cands)[1]
         need = G.edge_regions(self.graph, edge, db, dred)    # [Cd, Dd, nd, 2] on producer
-        need[ddev < 0] = 0
+        need *= (ddev >= 0)[:, :, None, None]             # unused slots need nothing
         digest = hashlib.blake2b(np.ascontiguousarray(need), digest_size=20)
         digest.update(np.ascontiguousarray(ddev))
         key = (self._layout_key(src, src_cands), need.shape, digest.digest(),
