@@ -28,48 +28,66 @@ from .storage import home
 
 _KERNEL = None
 _MIN_PLUS = None
-#: numba's default thread pool (workqueue) must not be entered by two threads at once (the
-#: app may search in several): one compiled call at a time per process
-LOCK = threading.Lock()
-prange = range      # numba.prange once compiled
+_INIT = threading.Lock()
+#: Threads a compiled call is split over (disjoint destination blocks or rows): the kernels
+#: release the GIL, so plain Python threads run them on both cores - no numba thread pool,
+#: whose default layer must not be entered from two threads at once nor used after a fork
+THREADS = min(2, os.cpu_count() or 1)
 
 
 def kernel():
     """The compiled kernel (numba imported, and its cache directory set, on first use)."""
     global _KERNEL
-    if _KERNEL is None:
-        os.environ.setdefault("NUMBA_CACHE_DIR", str(home() / "numba"))
-        import numba
+    with _INIT:
+        if _KERNEL is None:
+            os.environ.setdefault("NUMBA_CACHE_DIR", str(home() / "numba"))
+            import numba
 
-        # the two reductions may run in any order: a maximum, and a sum of whole numbers
-        # (exact in float64); the times themselves are computed without fast-math
-        fast = numba.njit(cache=True, fastmath={"nnan", "nsz", "reassoc"})
-        g = _by_node.__globals__
-        g["_amax"], g["_asum"] = fast(_amax), fast(_asum)
-        g["prange"] = numba.prange
-        _min_plus_rows.__globals__["prange"] = numba.prange
-        _KERNEL = numba.njit(cache=True, nogil=True, parallel=True)(_by_node)
+            # the two reductions may run in any order: a maximum, and a sum of whole numbers
+            # (exact in float64); the times themselves are computed without fast-math
+            fast = numba.njit(cache=True, fastmath={"nnan", "nsz", "reassoc"})
+            g = _by_node.__globals__
+            g["_amax"], g["_asum"] = fast(_amax), fast(_asum)
+            _KERNEL = numba.njit(cache=True, nogil=True)(_by_node)
     return _KERNEL
 
 
 def min_plus_kernel():
     """The compiled :func:`_min_plus_rows` (see :func:`kernel`)."""
     global _MIN_PLUS
-    if _MIN_PLUS is None:
-        kernel()
-        import numba
+    kernel()
+    with _INIT:
+        if _MIN_PLUS is None:
+            import numba
 
-        _MIN_PLUS = numba.njit(cache=True, nogil=True, parallel=True)(_min_plus_rows)
+            _MIN_PLUS = numba.njit(cache=True, nogil=True)(_min_plus_rows)
     return _MIN_PLUS
 
 
-def _min_plus_rows(a, bT, ptr, cols, arg):
-    """``arg[i, k]``: the first ``j`` (ascending) among row ``i``'s columns
-    ``cols[ptr[i]:ptr[i + 1]]`` minimising ``a[i, j] + bT[k, j]``; rows in parallel.
+def split(fn, n: int, threads: int = 0) -> None:
+    """``fn(lo, hi)`` over ``[0, n)`` cut into ``threads`` (default :data:`THREADS`) parts run
+    on as many threads (each part writes its own rows of the outputs)."""
+    threads = threads or THREADS
+    if threads <= 1 or n < 2:
+        fn(0, n)
+        return
+    from concurrent.futures import ThreadPoolExecutor
+
+    cuts = [n * i // threads for i in range(threads + 1)]
+    with ThreadPoolExecutor(threads - 1) as ex:
+        rest = [ex.submit(fn, a, b) for a, b in zip(cuts[1:-1], cuts[2:])]
+        fn(cuts[0], cuts[1])
+        for f in rest:
+            f.result()                  # re-raises a part's error here
+
+
+def _min_plus_rows(a, bT, ptr, cols, arg, i0, i1):
+    """``arg[i, k]`` for rows ``i0 <= i < i1``: the first ``j`` (ascending) among row ``i``'s
+    columns ``cols[ptr[i]:ptr[i + 1]]`` minimising ``a[i, j] + bT[k, j]``.
 
     The same sums as numpy's ``argmin`` over them, and the first of equal ones, so the same
     answer for finite tables (the caller's condition)."""
-    for i in prange(a.shape[0]):
+    for i in range(i0, i1):
         c0 = ptr[i]
         c1 = ptr[i + 1]
         for k in range(bT.shape[0]):
@@ -102,8 +120,9 @@ def _asum(a, u):
 
 
 def _by_node(t, nbytes, ddev, kd, ident, cut, nlo, nhi, tot, tot_b, sfx, olo, ohi, blo, bhi,
-             ks, hend, sfull, rfull, item, bw_in, bw_out, lat_in, lat_out, fin_in, fin_out):
-    """Fill ``t [Cs, Cd]`` and ``nbytes [Cs, Cd]``.
+             ks, hend, sfull, rfull, item, bw_in, bw_out, lat_in, lat_out, fin_in, fin_out,
+             jlo, jhi):
+    """Fill columns ``jlo <= j < jhi`` of ``t [Cs, Cd]`` and ``nbytes [Cs, Cd]``.
 
     ``ddev [Cd, Dd]`` destination devices (``kd [Cd]`` used), ``ident [Cd]``: destination
     ``j`` runs on devices ``0..kd[j]-1``, so its devices from ``cut[s]`` on (past the last node
@@ -119,9 +138,8 @@ def _by_node(t, nbytes, ddev, kd, ident, cut, nlo, nhi, tot, tot_b, sfx, olo, oh
     nd = nlo.shape[1]
     Dd = nlo.shape[2]
     jb = 32                       # destinations per block: their regions stay in cache
-    for blk in prange((Cd + jb - 1) // jb):      # blocks in parallel (each writes its own)
-        j0 = blk * jb
-        j1 = min(Cd, j0 + jb)
+    for j0 in range(jlo, jhi, jb):
+        j1 = min(jhi, j0 + jb)
         vm = np.empty(Dd)
         vl = np.empty(Dd)
         tw = np.empty(Dd)
@@ -271,10 +289,11 @@ def by_node(src_side, need, ddev, cut, item, nodes, sizes):
     live = (np.arange(Dd)[None] < kd[:, None])[:, None]
     size = np.asarray(sizes, dtype=np.int32)[:, None]
     rfull = ((nlo == 0) & (nhi == size) | ~live).all(axis=2)    # regions cover the axis
-    with LOCK:
-        kernel()(t, nbytes, np.ascontiguousarray(np.clip(ddev, 0, None), dtype=np.int64), kd,
-                 ident, np.ascontiguousarray(cut, dtype=np.int64), nlo, nhi, tot, tot_b, sfx,
-                 olo, ohi, blo, bhi, ks, hend, sfull, rfull, float(item), float(bw_in),
-                 float(bw_out), float(lat_in), float(lat_out), bool(np.isfinite(bw_in)),
-                 bool(np.isfinite(bw_out)))
+    args = (t, nbytes, np.ascontiguousarray(np.clip(ddev, 0, None), dtype=np.int64), kd,
+            ident, np.ascontiguousarray(cut, dtype=np.int64), nlo, nhi, tot, tot_b, sfx,
+            olo, ohi, blo, bhi, ks, hend, sfull, rfull, float(item), float(bw_in),
+            float(bw_out), float(lat_in), float(lat_out), bool(np.isfinite(bw_in)),
+            bool(np.isfinite(bw_out)))
+    run = kernel()
+    split(lambda lo, hi: run(*args, lo, hi), Cd)
     return t, nbytes

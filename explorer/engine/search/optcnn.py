@@ -274,13 +274,13 @@ def _min_plus(a: np.ndarray, b: np.ndarray):
             tot.argmin(axis=2, out=arg[s:s + step])
     elif ci * a.shape[1] * ck >= MIN_PLUS_JIT:
         # compiled, rows in parallel, over each row's own useful columns (the same sums)
-        from ..xkernel import LOCK, min_plus_kernel
+        from ..xkernel import min_plus_kernel, split
         keep = keep[0]
         ptr = np.zeros(ci + 1, dtype=np.int64)
         np.cumsum(keep.sum(axis=1), out=ptr[1:])
         cols = np.nonzero(keep)[1].astype(np.int64)        # row-major: ascending per row
-        with LOCK:
-            min_plus_kernel()(np.ascontiguousarray(a), bT, ptr, cols, arg)
+        run, a_c = min_plus_kernel(), np.ascontiguousarray(a)
+        split(lambda lo, hi: run(a_c, bT, ptr, cols, arg, lo, hi), ci)
     else:
         keep, rows_all = keep
         s = 0
