@@ -152,8 +152,9 @@ class CostModel:
     profile_cache: path of the SQLite profile cache (measured mode).
     degrees: the degrees a dimension may take (:func:`.geometry.degree_values`): ``"auto"``
         (every divisor up to 16 devices; beyond, powers of two, or of 4, 8, ... when powers
-        of two would take more than :data:`AUTO_WORK`, about a minute),
-        ``"divisors"``, ``"pow2"`` or explicit degrees such as ``"1,4,16,64"``.  Pinned layers always get every divisor.
+        of two would take more than :data:`AUTO_WORK`, about a minute), ``"divisors"``,
+        ``"pow2"`` or explicit degrees such as ``"1,4,16,64"``.  Pinned layers always get
+        every divisor.
     """
 
     def __init__(self, graph: LayerGraph, devices: DeviceGraph, compute: str = "analytic",
