@@ -149,6 +149,19 @@ def test_layer_costs_by_total_degree_equal_all_at_once():
             assert np.array_equal(a, b), name
 
 
+def test_replica_groups_sorted_by_one_integer_equal_the_lexicographic_sort():
+    g = import_spec("gpt2")
+    coded, lex = (CostModel(g, preset("p100-cluster", 64), degrees="pow2") for _ in range(2))
+    lex._row_code = lambda keys: None                  # the multi-key sort throughout
+    keys = np.array([[2, 7, 1], [0, 9, 3], [2, 7, 0], [0, 9, 3]])
+    code = coded._row_code(keys)
+    assert np.array_equal(np.argsort(code, kind="stable"), np.lexsort(keys.T[::-1]))
+    for name in g.names():
+        for a, b in zip(coded.layer_costs(name, coded.candidates(name)),
+                        lex.layer_costs(name, lex.candidates(name))):
+            assert np.array_equal(a, b), name
+
+
 def test_min_plus_matches_the_cubic_temporary_with_ties():
     rng = np.random.default_rng(1)
     a = np.round(rng.random((9, 7)), 1)

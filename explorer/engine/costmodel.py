@@ -477,10 +477,17 @@ class CostModel:
         for _, reg in shards.values():
             flat = reg.reshape(C, Dm, -1)[ci, slot]                  # [U, P]
             keys = np.column_stack([ci, flat[:, (flat != flat[:1]).any(axis=0)]])
-            order = np.lexsort(keys.T[::-1])                         # stable: slots in order
-            ks = keys[order]
-            start = np.ones(len(ks), dtype=bool)
-            start[1:] = (ks[1:] != ks[:-1]).any(axis=1)
+            code = self._row_code(keys)
+            if code is not None:        # one integer per row, in the same order: one sort
+                order = np.argsort(code, kind="stable")
+                ks = code[order]
+                start = np.ones(len(ks), dtype=bool)
+                start[1:] = ks[1:] != ks[:-1]
+            else:
+                order = np.lexsort(keys.T[::-1])                     # stable: slots in order
+                ks = keys[order]
+                start = np.ones(len(ks), dtype=bool)
+                start[1:] = (ks[1:] != ks[:-1]).any(axis=1)
             first = np.flatnonzero(start)
             r = np.diff(np.append(first, len(ks)))                   # group sizes
             nn_ = node[ci, slot][order]
@@ -500,6 +507,21 @@ class CostModel:
             if ts[i] > 0:
                 ts[i] += self._sync_steps(int(rmax[i])) * self._group_lat(c.devices)
         return ts
+
+    @staticmethod
+    def _row_code(keys: np.ndarray):
+        """Each row of non-negative integer ``keys`` as one int64 that sorts as the rows do
+        lexicographically (mixed radix over each column's range), or ``None`` when the
+        ranges do not fit in 62 bits."""
+        lo, hi = keys.min(axis=0), keys.max(axis=0)
+        span = [int(h) - int(v) + 1 for v, h in zip(lo, hi)]
+        if math.prod(span) >= 1 << 62:
+            return None
+        code = np.zeros(len(keys), dtype=np.int64)
+        for c, sp in enumerate(span):
+            code *= sp
+            code += keys[:, c] - lo[c]
+        return code
 
     def _sync_steps(self, r: int) -> int:
         """Exchanges (each paying one latency) to synchronise a replica group of ``r``.
