@@ -510,7 +510,7 @@ class CostModel:
 
     @staticmethod
     def _row_code(keys: np.ndarray):
-        """Each row of non-negative integer ``keys`` as one int64 that sorts as the rows do
+        """Each row of integer ``keys`` as one int64 that sorts as the rows do
         lexicographically (mixed radix over each column's range), or ``None`` when the
         ranges do not fit in 62 bits."""
         lo, hi = keys.min(axis=0), keys.max(axis=0)
@@ -970,8 +970,7 @@ class CostModel:
         distinct edge tables (``Cs`` times the devices of every destination candidate; times
         the source devices when links are not two-level; times :data:`JIT_COST` for the
         compiled kernel's edges) plus the node eliminations' ``C³`` steps / 16 (cheaper per
-        step).  Counts are before the memory filter, so upper
-        bounds.
+        step).  Counts are before the memory filter, so upper bounds.
         """
         by_layer = self._pins_by_layer(pins)
         per, sizes, tok = {}, {}, {}
