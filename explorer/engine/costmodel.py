@@ -846,16 +846,17 @@ class CostModel:
             used = sdev >= 0
             ci = np.broadcast_to(np.arange(Cs)[:, None], (Cs, Ds))[used]
             dv = sdev[used]
+            sbu = sb[used]                                      # [U, nd, 2], gathered once
             own = np.zeros((Cs, self.devices.n, nd, 2), dtype=np.int64)
-            own[ci, dv] = sb[used]
+            own[ci, dv] = sbu
             nn_ = node_of[dv]
             big = np.iinfo(np.int64).max
             lo = np.full((Cs, n_nodes, nd), big, dtype=np.int64)
             hi = np.full((Cs, n_nodes, nd), -1, dtype=np.int64)
-            np.minimum.at(lo, (ci, nn_), sb[used][:, :, 0])
-            np.maximum.at(hi, (ci, nn_), sb[used][:, :, 1])
+            np.minimum.at(lo, (ci, nn_), sbu[:, :, 0])
+            np.maximum.at(hi, (ci, nn_), sbu[:, :, 1])
             vol = np.zeros((Cs, n_nodes))
-            np.add.at(vol, (ci, nn_), G.volume(sb[used]).astype(np.float64))
+            np.add.at(vol, (ci, nn_), G.volume(sbu).astype(np.float64))
             present = hi[..., 0] >= 0 if nd else vol > 0
             nbox = np.zeros((Cs, n_nodes, nd, 2), dtype=np.int64)
             nbox[present, :, 0] = lo[present]
