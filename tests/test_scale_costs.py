@@ -430,3 +430,27 @@ def test_service_request_carries_the_degrees():
     assert all(v in (1, 4, 16) for la in res.plan.layers for _, v in la.config.degrees)
     with pytest.raises(ValueError, match="degree 5 does not divide the 32 devices"):
         service.Request(model="lenet5", devices=32, degrees="5")
+
+
+@pytest.mark.parametrize("model,n,degrees", [("gpt2", 64, "pow2"), ("inception_v3", 48, None)])
+def test_stacked_boxes_equal_each_configuration_alone(model, n, degrees):
+    """The stacked tiles, reduction ranges and owned boxes (digits computed once per
+    distinct (stride, degree) pair, then gathered) equal each configuration's own boxes;
+    padding rows are empty."""
+    g = import_spec(model)
+    cm = CostModel(g, preset("p100-cluster", n), **({"degrees": degrees} if degrees else {}))
+    seen_k = 0
+    for name in g.names():
+        layer = g.layer(name)
+        cands = cm.candidates(name)
+        tiles, red, owned, used = G.stacked_boxes(layer, cands)
+        for i, c in enumerate(cands):
+            t, r = G.compute_boxes(layer, c)
+            assert np.array_equal(tiles[i, : c.total], t), (name, c)
+            assert np.array_equal(owned[i, : c.total], G.output_boxes(layer, c)), (name, c)
+            assert used[i, : c.total].all() and not used[i, c.total:].any()
+            assert not owned[i, c.total:].any() and not tiles[i, c.total:].any()
+            if r is not None:
+                seen_k += 1
+                assert np.array_equal(red[i, : c.total], r), (name, c)
+    assert seen_k > 0 or model != "gpt2"
