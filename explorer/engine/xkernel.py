@@ -252,8 +252,8 @@ def source_side(own, nbox, node_of, sizes):
     and the axes its tiles cover whole."""
     nd = own.shape[2]
     olo, ohi = _soa(own)
-    blo, bhi = (a[..., node_of] for a in _soa(nbox))   # per node, then per device: no
-    #                                                       [Cs, N, nd, 2] int64 temporary
+    # per node, then per device (no [Cs, N, nd, 2] int64 temporary); C order for the kernel
+    blo, bhi = (np.ascontiguousarray(a[..., node_of]) for a in _soa(nbox))
     used = (ohi > olo).all(axis=1) if nd else np.zeros(olo.shape[::2], dtype=bool)
     ks = used.sum(axis=1)
     prefix = (used == (np.arange(used.shape[1])[None] < ks[:, None])).all(axis=1)
