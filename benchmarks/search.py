@@ -14,8 +14,10 @@ process (second run, so the import caches are warm) and its peak memory, and the
                                 [--pow2-devices 1024]
 
 ``--pow2-devices`` also runs the scale models with ``--degrees pow2`` (every power of two,
-each bounded by its dimension: the issue's degree set) at those counts, once each (minutes
-at 1,024 devices); a search the estimate refuses prints its one-line refusal instead.
+each bounded by its dimension: the issue's degree set, which ``auto`` now takes unless it
+would not fit) at those counts, once each; a search the estimate refuses prints its
+one-line refusal instead.  Searches whose tables hold more than :data:`DUMP_LIMIT` entries
+(1,024 devices with powers of two) get no independent solve (``agree`` is ``-``).
 
 Targets on a 2-core machine: Inception-v3 at 4 devices ≤ 0.2 s, at 16 devices ≤ 2 s;
 ``search_s`` at 16 devices ≤ 3× ``indep_s``; 1,024 devices ≤ 60 s and ≤ 4 GiB; Inception-v3
@@ -47,6 +49,9 @@ DEFAULT_MODELS = ["lenet5", "alexnet", "vgg16", "inception_v3", "resnet50", "wre
 SCALE_MODELS = ["inception_v3", "resnet50", "gpt2"]
 #: largest factor (entries) the independent solve builds before giving up on a row
 INDEP_LIMIT = 60_000_000
+#: most transfer-table entries dumped for the independent solve (the ``--dump-costs``
+#: document holds them as Python lists: gigabytes at 1,024 devices with powers of two)
+DUMP_LIMIT = 20_000_000
 
 
 def independent_solve(doc: dict):
@@ -160,10 +165,14 @@ def bench(model: str, n: int, repeat: int, cost: str, degrees: str = "auto", e2e
             objs[algo] = run(algo, Problem.of(g, d, cm)).objective_s
         except InfeasiblePlan:
             objs[algo] = float("nan")
-    doc = res.tables.dump()
-    indep, indep_s = independent_solve(doc)
-    for _ in range(repeat - 1):     # best of as many runs as the search had
-        indep_s = min(indep_s, independent_solve(doc)[1])
+    entries = sum(m.size for _, m in res.tables.edges)
+    if entries <= DUMP_LIMIT:
+        doc = res.tables.dump()
+        indep, indep_s = independent_solve(doc)
+        for _ in range(repeat - 1):     # best of as many runs as the search had
+            indep_s = min(indep_s, independent_solve(doc)[1])
+    else:                               # too big to dump as JSON lists: no independent solve
+        indep, indep_s = None, float("nan")
     info = res.info
     row = {
         "model": model, "devices": n, "degrees": _degrees_label(info["degrees"]),

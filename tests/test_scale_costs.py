@@ -149,6 +149,19 @@ def test_layer_costs_by_total_degree_equal_all_at_once():
             assert np.array_equal(a, b), name
 
 
+def test_replica_groups_sorted_by_one_integer_equal_the_lexicographic_sort():
+    g = import_spec("gpt2")
+    coded, lex = (CostModel(g, preset("p100-cluster", 64), degrees="pow2") for _ in range(2))
+    lex._row_code = lambda keys: None                  # the multi-key sort throughout
+    keys = np.array([[2, 7, 1], [0, 9, 3], [2, 7, 0], [0, 9, 3]])
+    code = coded._row_code(keys)
+    assert np.array_equal(np.argsort(code, kind="stable"), np.lexsort(keys.T[::-1]))
+    for name in g.names():
+        for a, b in zip(coded.layer_costs(name, coded.candidates(name)),
+                        lex.layer_costs(name, lex.candidates(name))):
+            assert np.array_equal(a, b), name
+
+
 def test_min_plus_matches_the_cubic_temporary_with_ties():
     rng = np.random.default_rng(1)
     a = np.round(rng.random((9, 7)), 1)
@@ -198,6 +211,21 @@ def test_min_plus_skipping_useless_middle_candidates_changes_nothing(monkeypatch
     assert np.array_equal(m, tot.min(axis=1)) and np.array_equal(arg, tot.argmin(axis=1))
 
 
+def test_compiled_min_plus_equals_numpy_with_ties(monkeypatch):
+    import explorer.engine.search.optcnn as oc
+    rng = np.random.default_rng(4)
+    i = np.arange(60)
+    a = np.round(np.abs(i[:, None] - i[None, :45]) * 0.3 + rng.random((60, 45)), 1)
+    b = np.round(np.abs(i[:45, None] - i[None, :35]) * 0.3 + rng.random((45, 35)), 1)
+    monkeypatch.setattr(oc, "MIN_PLUS_PRUNE", 0)
+    want = _min_plus(a, b)                              # numpy, useful columns only
+    monkeypatch.setattr(oc, "MIN_PLUS_JIT", 0)
+    m, arg = _min_plus(a, b)
+    tot = a[:, :, None] + b[None]
+    assert np.array_equal(m, tot.min(axis=1)) and np.array_equal(arg, tot.argmin(axis=1))
+    assert np.array_equal(m, want[0]) and np.array_equal(arg, want[1])
+
+
 def test_by_node_transfer_tables_do_not_depend_on_the_block_size():
     g = import_spec("resnet50")
     small, large, per_k = (CostModel(g, preset("p100-cluster", 16)) for _ in range(3))
@@ -210,6 +238,56 @@ def test_by_node_transfer_tables_do_not_depend_on_the_block_size():
                                                      tk.bytes_xfer):
         assert np.array_equal(ms, ml) and np.array_equal(bs, bl), (e.src, e.dst)
         assert np.array_equal(ms, mk) and np.array_equal(bs, bk), (e.src, e.dst)
+
+
+@pytest.mark.parametrize("model,n,pre,degrees,pins", [
+    ("resnet50", 32, "p100-cluster", "pow2", ()),                  # two-level, 8 nodes
+    ("resnet50", 16, "p100-cluster", "auto",
+     ("layer1_0_conv1=@5,2", "layer1_0_conv2=@7,6,1,0", "conv1=@9,8")),  # pinned devices
+    ("gpt2", 64, "p100-cluster", "pow2", ()),                      # row-parallel (k) layers
+    ("inception_v3", 16, "p100-ib-16", "auto", ()),
+    ("resnet50", 4, "p100-nvlink-4", "auto", ("conv1=@3,1",)),     # one node: single level
+    ("transformer", 8, "k80-pcie-8", "auto", ()),
+])
+def test_compiled_transfer_kernel_equals_the_numpy_kernel(model, n, pre, degrees, pins):
+    # every by-node table through the compiled kernel (JIT_WORK 0) and through numpy
+    from explorer.engine.pins import Pin
+    g = import_spec(model)
+    jit, ref = (CostModel(g, preset(pre, n), degrees=degrees) for _ in range(2))
+    jit.JIT_WORK, ref.JIT_WORK = 0, 1 << 62
+    jit.PAD_LIMIT = 0           # (small unpinned edges would take the padded numpy call)
+    assert jit._node_structure() is not None
+    pins = [Pin.parse(p) for p in pins]
+    tj, tr = jit.tables(pins), ref.tables(pins)
+    for (e, mj), (_, mr), bj, br in zip(tj.edges, tr.edges, tj.bytes_xfer, tr.bytes_xfer):
+        assert np.array_equal(mj, mr) and np.array_equal(bj, br), (e.src, e.dst)
+    if pins:       # pinned candidates (other device orders) against the reference too
+        for (e, m), nb in zip(tj.edges, tj.bytes_xfer):
+            if {e.src, e.dst} & {p.layer for p in pins}:
+                for i, cs in enumerate(tj.candidates[e.src][:5]):
+                    for j, cd in enumerate(tj.candidates[e.dst][:5]):
+                        want_t, want_b = ref_xfer(jit, e, cs, cd)
+                        assert nb[i, j] == want_b
+                        assert m[i, j] == pytest.approx(want_t, rel=1e-12, abs=1e-18)
+
+
+def test_tables_built_on_two_threads_equal_one_thread(monkeypatch):
+    import explorer.engine.costmodel as cmod
+    g = import_spec("inception_v3")
+    one, two = (CostModel(g, preset("p100-cluster", 64), degrees="pow2") for _ in range(2))
+    two.JIT_WORK = 1 << 16              # some edges through the compiled kernel as well
+    monkeypatch.setattr(cmod, "THREAD_WORK", 1e12)
+    t1 = one.tables()
+    monkeypatch.setattr(cmod, "THREAD_WORK", 0)
+    t2 = two.tables()
+    assert t1.names == t2.names
+    for n in t1.names:
+        assert t1.candidates[n] == t2.candidates[n]
+        for a, b in ((t1.t_compute, t2.t_compute), (t1.t_sync, t2.t_sync),
+                     (t1.memory, t2.memory)):
+            assert np.array_equal(a[n], b[n]), n
+    for (e, m1), (_, m2), b1, b2 in zip(t1.edges, t2.edges, t1.bytes_xfer, t2.bytes_xfer):
+        assert np.array_equal(m1, m2) and np.array_equal(b1, b2), (e.src, e.dst)
 
 
 # -- degrees --------------------------------------------------------------------------------
@@ -257,13 +335,17 @@ def test_beyond_16_devices_powers_of_two_bounded_by_the_dimension():
         CostModel(g, preset("p100-cluster", 64), degrees="1,6")
 
 
-def test_auto_degrees_coarsen_when_powers_of_two_would_take_too_long():
-    g = import_spec("resnet50")
+def test_auto_degrees_are_powers_of_two_unless_those_would_take_too_long():
+    from explorer.engine.costmodel import AUTO_WORK, MAX_WORK
+    pow2 = tuple(2 ** i for i in range(11))
+    assert CostModel(import_spec("resnet50"), preset("p100-cluster", 1024)).degrees == pow2
+    g = import_spec("inception_v3")
     cm = CostModel(g, preset("p100-cluster", 1024))
     assert cm.degrees == (1, 4, 16, 64, 256, 1024)
     est = cm.estimate()
-    pow2 = CostModel(g, preset("p100-cluster", 1024), degrees="pow2").estimate()
-    assert est["work"] < pow2["work"] and est["candidates_max"] < pow2["candidates_max"]
+    full = CostModel(g, preset("p100-cluster", 1024), degrees="pow2").estimate()
+    assert est["work"] <= AUTO_WORK < full["work"] <= MAX_WORK   # pow2: slower, not refused
+    assert est["candidates_max"] < full["candidates_max"]
 
 
 @pytest.mark.parametrize("n", [4, 8])
@@ -330,13 +412,13 @@ def test_too_little_memory_is_refused_before_building(monkeypatch):
 def test_cli_refuses_a_search_too_big_in_one_line():
     env = dict(os.environ, PYTHONPATH=ROOT)
     proc = subprocess.run([sys.executable, "-m", "explorer", "search", "resnet50", "--devices",
-                           "1024", "--degrees", "pow2"], capture_output=True, text=True,
+                           "4096", "--degrees", "pow2"], capture_output=True, text=True,
                           timeout=600, env=env, cwd=ROOT)
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in proc.stderr
     assert "candidates per layer" in lines[0] and "work" in lines[0]
-    assert "--degrees 1,4,16,64,256,1024" in lines[0]
+    assert "--degrees 1,4,16,64,256,1024,4096" in lines[0]
 
 
 def test_service_request_carries_the_degrees():
@@ -348,3 +430,27 @@ def test_service_request_carries_the_degrees():
     assert all(v in (1, 4, 16) for la in res.plan.layers for _, v in la.config.degrees)
     with pytest.raises(ValueError, match="degree 5 does not divide the 32 devices"):
         service.Request(model="lenet5", devices=32, degrees="5")
+
+
+@pytest.mark.parametrize("model,n,degrees", [("gpt2", 64, "pow2"), ("inception_v3", 48, None)])
+def test_stacked_boxes_equal_each_configuration_alone(model, n, degrees):
+    """The stacked tiles, reduction ranges and owned boxes (digits computed once per
+    distinct (stride, degree) pair, then gathered) equal each configuration's own boxes;
+    padding rows are empty."""
+    g = import_spec(model)
+    cm = CostModel(g, preset("p100-cluster", n), **({"degrees": degrees} if degrees else {}))
+    seen_k = 0
+    for name in g.names():
+        layer = g.layer(name)
+        cands = cm.candidates(name)
+        tiles, red, owned, used = G.stacked_boxes(layer, cands)
+        for i, c in enumerate(cands):
+            t, r = G.compute_boxes(layer, c)
+            assert np.array_equal(tiles[i, : c.total], t), (name, c)
+            assert np.array_equal(owned[i, : c.total], G.output_boxes(layer, c)), (name, c)
+            assert used[i, : c.total].all() and not used[i, c.total:].any()
+            assert not owned[i, c.total:].any() and not tiles[i, c.total:].any()
+            if r is not None:
+                seen_k += 1
+                assert np.array_equal(red[i, : c.total], r), (name, c)
+    assert seen_k > 0 or model != "gpt2"

@@ -37,6 +37,8 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
+import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -58,13 +60,24 @@ LAUNCH_OVERHEAD_S = 3 * 5e-6
 #: Memory passes of the SGD update per weight byte: read weights, read gradients, write weights.
 UPDATE_PASSES = 3.0
 #: Largest work (:meth:`CostModel.estimate`'s ``work``: kernel elements of the distinct edge
-#: tables plus elimination steps / 16) a search may start: measured at about 6e7 work per
-#: second on a busy 2-core machine (ResNet-50 and the GPT-2 example at 1,024 devices), so
-#: about a minute and a half there.
-MAX_WORK = 5e9
-#: ``degrees="auto"`` beyond 16 devices takes powers of two, or the first coarser ladder
-#: (powers of 4, 8, ...) whose work is at most this (about 20 s on a busy 2-core machine).
-AUTO_WORK = 1e9
+#: tables, those of the compiled kernel weighted by :data:`JIT_COST`, plus elimination
+#: steps / 16) a search may start: measured at about 8e7 work per CPU second on a busy
+#: 2-core machine (ResNet-50 and Inception-v3 at 1,024 devices with powers of two: 2.8e9
+#: and 7.1e9), so about two minutes of CPU there.
+MAX_WORK = 1e10
+#: ``degrees="auto"`` beyond 16 devices takes powers of two, or, when their work is over
+#: this (about a minute of CPU on a busy 2-core machine: the 60 s budget of a search at
+#: 1,024 devices), the first coarser ladder (powers of 4, 8, ...) within it.  ResNet-50 and
+#: the GPT-2 example at 1,024 devices take powers of two; Inception-v3 (7.1e9) powers of 4.
+AUTO_WORK = 5e9
+#: Cost of an element of the compiled transfer kernel (:mod:`.xkernel`) relative to the
+#: numpy kernel's: measured 2 against 8 ns per element (ResNet-50, 1,024 devices)
+JIT_COST = 0.25
+#: Work from which a search builds its tables on two threads (numpy's large array
+#: operations and the compiled kernel release the GIL; the tables are the same)
+THREAD_WORK = 1e9
+#: guards the LRU caches' bookkeeping when tables are built on several threads
+_LRU_LOCK = threading.Lock()
 
 
 @dataclass
@@ -139,8 +152,9 @@ class CostModel:
     profile_cache: path of the SQLite profile cache (measured mode).
     degrees: the degrees a dimension may take (:func:`.geometry.degree_values`): ``"auto"``
         (every divisor up to 16 devices; beyond, powers of two, or of 4, 8, ... when powers
-        of two would take more than :data:`AUTO_WORK`), ``"divisors"``, ``"pow2"`` or
-        explicit degrees such as ``"1,4,16,64"``.  Pinned layers always get every divisor.
+        of two would take more than :data:`AUTO_WORK`, about a minute), ``"divisors"``,
+        ``"pow2"`` or explicit degrees such as ``"1,4,16,64"``.  Pinned layers always get
+        every divisor.
     """
 
     def __init__(self, graph: LayerGraph, devices: DeviceGraph, compute: str = "analytic",
@@ -250,8 +264,9 @@ class CostModel:
         hit = self._ctok.get(id(cands))
         if hit is not None and hit[0] is cands:
             return hit[1]
-        tok = self._ctok_content.setdefault(tuple(cands), len(self._ctok_content))
-        self._ctok[id(cands)] = (cands, tok)      # holds the list: its id stays unique
+        with _LRU_LOCK:                           # tokens must stay distinct across threads
+            tok = self._ctok_content.setdefault(tuple(cands), len(self._ctok_content))
+            self._ctok[id(cands)] = (cands, tok)  # holds the list: its id stays unique
         return tok
 
     def _cinfo(self, cands: list):
@@ -276,14 +291,16 @@ class CostModel:
     def _lru(cache: OrderedDict, key, make, size: int = 12):
         """``cache[key]`` or ``make()``, keeping the ``size`` most recent: these arrays are
         ``[C, devices, ndim, 2]``, tens of MiB each at 1,024 devices."""
-        v = cache.get(key)
-        if v is None:
-            v = make()
+        with _LRU_LOCK:
+            v = cache.get(key)
+            if v is not None:
+                cache.move_to_end(key)
+                return v
+        v = make()                 # outside the lock: two threads may both make it (equal)
+        with _LRU_LOCK:
             cache[key] = v
             while len(cache) > size:
                 cache.popitem(last=False)
-        else:
-            cache.move_to_end(key)
         return v
 
     def _stacked_all(self, layer: Layer, cands: list):
@@ -460,10 +477,17 @@ class CostModel:
         for _, reg in shards.values():
             flat = reg.reshape(C, Dm, -1)[ci, slot]                  # [U, P]
             keys = np.column_stack([ci, flat[:, (flat != flat[:1]).any(axis=0)]])
-            order = np.lexsort(keys.T[::-1])                         # stable: slots in order
-            ks = keys[order]
-            start = np.ones(len(ks), dtype=bool)
-            start[1:] = (ks[1:] != ks[:-1]).any(axis=1)
+            code = self._row_code(keys)
+            if code is not None:        # one integer per row, in the same order: one sort
+                order = np.argsort(code, kind="stable")
+                ks = code[order]
+                start = np.ones(len(ks), dtype=bool)
+                start[1:] = ks[1:] != ks[:-1]
+            else:
+                order = np.lexsort(keys.T[::-1])                     # stable: slots in order
+                ks = keys[order]
+                start = np.ones(len(ks), dtype=bool)
+                start[1:] = (ks[1:] != ks[:-1]).any(axis=1)
             first = np.flatnonzero(start)
             r = np.diff(np.append(first, len(ks)))                   # group sizes
             nn_ = node[ci, slot][order]
@@ -483,6 +507,21 @@ class CostModel:
             if ts[i] > 0:
                 ts[i] += self._sync_steps(int(rmax[i])) * self._group_lat(c.devices)
         return ts
+
+    @staticmethod
+    def _row_code(keys: np.ndarray):
+        """Each row of integer ``keys`` as one int64 that sorts as the rows do
+        lexicographically (mixed radix over each column's range), or ``None`` when the
+        ranges do not fit in 62 bits."""
+        lo, hi = keys.min(axis=0), keys.max(axis=0)
+        span = [int(h) - int(v) + 1 for v, h in zip(lo, hi)]
+        if math.prod(span) >= 1 << 62:
+            return None
+        code = np.zeros(len(keys), dtype=np.int64)
+        for c, sp in enumerate(span):
+            code *= sp
+            code += keys[:, c] - lo[c]
+        return code
 
     def _sync_steps(self, r: int) -> int:
         """Exchanges (each paying one latency) to synchronise a replica group of ``r``.
@@ -605,7 +644,7 @@ class CostModel:
         db, dred, dused = self._stacked_compute(dst, dst_cands)   # what each device computes
         ddev = self._cinfo(dst_cands)[1]
         need = G.edge_regions(self.graph, edge, db, dred)    # [Cd, Dd, nd, 2] on producer
-        need[ddev < 0] = 0
+        need *= (ddev >= 0)[:, :, None, None]             # unused slots need nothing
         digest = hashlib.blake2b(np.ascontiguousarray(need), digest_size=20)
         digest.update(np.ascontiguousarray(ddev))
         key = (self._layout_key(src, src_cands), need.shape, digest.digest(),
@@ -637,6 +676,10 @@ class CostModel:
     #: over every destination padded to the largest device count (fixed per-call costs
     #: dominate there, not the padding's extra elements)
     PAD_LIMIT = 1 << 20
+    #: Kernel elements (``Cs · Σ_dst k``) from which an edge's by-node table is computed by
+    #: the compiled kernel (:mod:`.xkernel`): several times faster, but loading numba costs
+    #: about a second, and compiling it (once; cached) a few more
+    JIT_WORK = 1 << 24
 
     def _src_tiles(self, src, src_cands):
         """``(tiles [Cs, Ds, nd, 2], device [Cs, Ds])`` of the producer (device -1: unused)."""
@@ -720,6 +763,11 @@ class CostModel:
         if np.isfinite(bw_out) and (np.diff(node_of) >= 0).all():
             node_end = np.searchsorted(node_of, np.arange(int(node_of.max()) + 1), "right")
             cut = node_end[node_of[self._cinfo(src_cands)[1].max(axis=1)]]
+        if Cs * int(kd.sum()) >= self.JIT_WORK:
+            from . import xkernel
+            side = self._lru(self._tile_cache, ("soa",) + self._layout_key(src, src_cands),
+                             lambda: xkernel.source_side(own, nbox, node_of, sizes), size=4)
+            return xkernel.by_node(side, need, ddev, cut, item, nodes, sizes)
         for K in np.unique(kd):
             K = int(K)
             js = np.flatnonzero(kd == K)
@@ -798,16 +846,17 @@ class CostModel:
             used = sdev >= 0
             ci = np.broadcast_to(np.arange(Cs)[:, None], (Cs, Ds))[used]
             dv = sdev[used]
+            sbu = sb[used]                                      # [U, nd, 2], gathered once
             own = np.zeros((Cs, self.devices.n, nd, 2), dtype=np.int64)
-            own[ci, dv] = sb[used]
+            own[ci, dv] = sbu
             nn_ = node_of[dv]
             big = np.iinfo(np.int64).max
             lo = np.full((Cs, n_nodes, nd), big, dtype=np.int64)
             hi = np.full((Cs, n_nodes, nd), -1, dtype=np.int64)
-            np.minimum.at(lo, (ci, nn_), sb[used][:, :, 0])
-            np.maximum.at(hi, (ci, nn_), sb[used][:, :, 1])
+            np.minimum.at(lo, (ci, nn_), sbu[:, :, 0])
+            np.maximum.at(hi, (ci, nn_), sbu[:, :, 1])
             vol = np.zeros((Cs, n_nodes))
-            np.add.at(vol, (ci, nn_), G.volume(sb[used]).astype(np.float64))
+            np.add.at(vol, (ci, nn_), G.volume(sbu).astype(np.float64))
             present = hi[..., 0] >= 0 if nd else vol > 0
             nbox = np.zeros((Cs, n_nodes, nd, 2), dtype=np.int64)
             nbox[present, :, 0] = lo[present]
@@ -875,8 +924,14 @@ class CostModel:
         with the same :meth:`_edge_sig` (``tok``: what identifies each layer's candidate
         list) share one table, so they count once."""
         two_level = self._node_structure() is not None
-        work = sum(float(per[e.src][0]) * per[e.dst][1] * (1 if two_level else per[e.src][2])
-                   for e in self._distinct_edges(tok))
+        work = 0.0
+        for e in self._distinct_edges(tok):
+            w = float(per[e.src][0]) * per[e.dst][1]
+            if not two_level:
+                w *= per[e.src][2]
+            elif w >= self.JIT_WORK:          # the compiled kernel's edges
+                w *= JIT_COST
+            work += w
         return work + sum(float(c) ** 3 for c, _, _ in per.values()) / 16
 
     def _edge_sig(self, edge: Edge, src_tok, dst_tok) -> tuple:
@@ -914,9 +969,9 @@ class CostModel:
         ``peak_bytes`` adds the search's merged edge tables (one per edge), the per-edge
         kernels' blocks and the cached box layouts; ``work`` is the kernel elements of the
         distinct edge tables (``Cs`` times the devices of every destination candidate; times
-        the source devices when links are not two-level) plus the node eliminations' ``C³``
-        steps / 16 (cheaper per step).  Counts are before the memory filter, so upper
-        bounds.
+        the source devices when links are not two-level; times :data:`JIT_COST` for the
+        compiled kernel's edges) plus the node eliminations' ``C³`` steps / 16 (cheaper per
+        step).  Counts are before the memory filter, so upper bounds.
         """
         by_layer = self._pins_by_layer(pins)
         per, sizes, tok = {}, {}, {}
@@ -949,8 +1004,8 @@ class CostModel:
         what = (f"≈ {est['peak_bytes'] / 2**30:.1f} GiB at peak (tables "
                 f"{est['table_bytes'] / 2**30:.1f} GiB) but {avail / 2**30:.1f} GiB is "
                 f"available" if over_mem else
-                f"work ≈ {est['work']:.2g} steps, over the limit of {MAX_WORK:.2g} (about a "
-                f"minute and a half here)")
+                f"work ≈ {est['work']:.2g} steps, over the limit of {MAX_WORK:.2g} (about two "
+                f"minutes of CPU here)")
         degs = est["degrees"]
         coarse = ",".join(str(d) for d in degs if d == 1 or math.log(d, 4).is_integer())
         raise InfeasiblePlan(
@@ -992,6 +1047,16 @@ class CostModel:
             self._tables_cache[key] = hit
         return hit
 
+    @staticmethod
+    def _each(fn, items, threads: int) -> list:
+        """``[fn(item) ...]``, on ``threads`` threads when more than one (each table is
+        computed alone from the same inputs, so the numbers do not depend on the order)."""
+        if threads <= 1:
+            return [fn(it) for it in items]
+        from concurrent.futures import ThreadPoolExecutor
+        with ThreadPoolExecutor(threads) as ex:
+            return list(ex.map(fn, items))
+
     def _build_tables(self, pins: list) -> CostTables:
         t0 = time.perf_counter()
         est = self.estimate(pins)
@@ -999,9 +1064,13 @@ class CostModel:
         by_layer = self._pins_by_layer(pins)
         names = self.graph.names()
         cands, tc, ts, mem, tr, br = {}, {}, {}, {}, {}, {}
-        for n in names:
-            cs = self.candidates(n, by_layer.get(n))
-            a, b, m = self.layer_costs(n, cs)
+        # (measured costs profile layers on this machine: one at a time)
+        threads = (min(2, os.cpu_count() or 1)
+                   if est["work"] >= THREAD_WORK and self.compute == "analytic" else 1)
+        lists = {n: self.candidates(n, by_layer.get(n)) for n in names}
+        costs = self._each(lambda n: self.layer_costs(n, lists[n]), names, threads)
+        for n, (a, b, m) in zip(names, costs):
+            cs = lists[n]
             cap_of = self._cinfo(cs)[2]
             cap = float(cap_of.min())
             keep = np.flatnonzero(m <= cap_of).tolist()
@@ -1018,8 +1087,9 @@ class CostModel:
             if red is not None:
                 tr[n], br[n] = red
         edges, nbytes = [], []
-        for e in self.graph.edges():
-            t, nb = self.xfer(e, cands[e.src], cands[e.dst])
+        xf = self._each(lambda e: self.xfer(e, cands[e.src], cands[e.dst]), self.graph.edges(),
+                        threads)
+        for e, (t, nb) in zip(self.graph.edges(), xf):
             edges.append((e, t))
             nbytes.append(nb)
         return CostTables(names, cands, tc, ts, mem, edges, time.perf_counter() - t0, nbytes,

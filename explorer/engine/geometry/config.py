@@ -328,18 +328,25 @@ def _stacked(layer: Layer, cfgs: list):
     boxes[..., 1] = np.asarray(layer.out_shape, dtype=np.int64)
     total = np.array([c.total for c in cfgs])
     used = np.arange(Dm)[None, :] < total[:, None]
-    rem = np.broadcast_to(np.arange(Dm)[None, :], (C, Dm)).copy()
-    kdeg = np.array([c.deg(REDUCE) for c in cfgs])[:, None]
-    kidx = rem % kdeg                            # k is the fastest digit
-    rem //= kdeg
+    slots = np.arange(Dm, dtype=np.int64)
+    kd = np.array([c.deg(REDUCE) for c in cfgs], dtype=np.int64)
+    kdeg = kd[:, None]
+    ku, kinv = np.unique(kd, return_inverse=True)
+    kidx = (slots[None, :] % ku[:, None])[kinv.reshape(-1)]    # k is the fastest digit
+    stride = kd
     for letter in reversed(layer.dims):          # row-major: last letter varies fastest
-        deg = np.array([c.deg(letter) for c in cfgs])[:, None]
-        idx = rem % deg
-        rem //= deg
+        deg = np.array([c.deg(letter) for c in cfgs], dtype=np.int64)
         ax = layer.axis_of(letter)
         size = layer.out_shape[ax]
-        boxes[:, :, ax, 0] = idx * size // deg
-        boxes[:, :, ax, 1] = (idx + 1) * size // deg
+        # slot d's digit is (d // stride) % deg: computed once per distinct (stride, deg)
+        # pair (a few dozen) over the slots, then gathered per candidate
+        pairs, inv = np.unique(np.stack([stride, deg], axis=1), axis=0, return_inverse=True)
+        st, dg = pairs[:, :1], pairs[:, 1:]
+        idx = slots[None, :] // st % dg                                     # [P, Dm]
+        inv = inv.reshape(-1)
+        boxes[:, :, ax, 0] = (idx * size // dg)[inv]
+        boxes[:, :, ax, 1] = ((idx + 1) * size // dg)[inv]
+        stride = stride * deg
     boxes[~used] = 0
     if not (kdeg > 1).any():
         return boxes, None, boxes, used

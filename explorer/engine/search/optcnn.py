@@ -43,6 +43,9 @@ MIN_PLUS_BLOCK = 1 << 16
 MIN_PLUS_PRUNE = 1 << 22
 #: Reference candidates of that bound, and its margin (relative to the tables' magnitude)
 MIN_PLUS_REFS = 8
+#: Sums from which :func:`_min_plus` runs compiled (:mod:`..xkernel`; finite tables):
+#: loading numba costs about a second, so only the large products of 256 devices and more
+MIN_PLUS_JIT = 1 << 26
 MIN_PLUS_MARGIN = 1e-9
 
 
@@ -257,7 +260,8 @@ def _min_plus(a: np.ndarray, b: np.ndarray):
     at any candidate count, and the same sums (so the same numbers and ties) as a plain
     ``argmin`` over ``j``; the minimum is then gathered, not reduced a second time.  Large
     products first drop the ``j`` that cannot attain a row's minimum
-    (:func:`_useful_middle`), which changes no sum and no tie.
+    (:func:`_useful_middle`), which changes no sum and no tie; the largest then run compiled
+    (:data:`MIN_PLUS_JIT`), the same sums in the same order per row.
     """
     bT = np.ascontiguousarray(b.T)
     ci, ck = a.shape[0], b.shape[1]
@@ -268,6 +272,15 @@ def _min_plus(a: np.ndarray, b: np.ndarray):
         for s in range(0, ci, step):
             tot = a[s:s + step, None, :] + bT[None, :, :]
             tot.argmin(axis=2, out=arg[s:s + step])
+    elif ci * a.shape[1] * ck >= MIN_PLUS_JIT:
+        # compiled, rows in parallel, over each row's own useful columns (the same sums)
+        from ..xkernel import min_plus_kernel, split
+        keep = keep[0]
+        ptr = np.zeros(ci + 1, dtype=np.int64)
+        np.cumsum(keep.sum(axis=1), out=ptr[1:])
+        cols = np.nonzero(keep)[1].astype(np.int64)        # row-major: ascending per row
+        run, a_c = min_plus_kernel(), np.ascontiguousarray(a)
+        split(lambda lo, hi: run(a_c, bT, ptr, cols, arg, lo, hi), ci)
     else:
         keep, rows_all = keep
         s = 0
