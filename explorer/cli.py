@@ -77,8 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="parameter synchronisation model: parameter server (paper) or ring")
     s.add_argument("--degrees", default="auto", metavar="SPEC",
                    help="degrees a layer's dimensions may take: auto (every divisor up to 16 "
-                        "devices; beyond, powers of two, or of 4, 8... when powers of two "
-                        "would take over a minute), divisors, pow2, or a list such as "
+                        "devices; beyond, powers of two, or of 4, 8... only when powers of "
+                        "two would be refused as too large), divisors, pow2, or a list such as "
                         "1,4,16,64")
     s.add_argument("--json", action="store_true", help="print the plan as JSON")
     s.add_argument("--dump-costs", metavar="FILE", help="write the cost tables as JSON")

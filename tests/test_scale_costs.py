@@ -335,17 +335,19 @@ def test_beyond_16_devices_powers_of_two_bounded_by_the_dimension():
         CostModel(g, preset("p100-cluster", 64), degrees="1,6")
 
 
-def test_auto_degrees_are_powers_of_two_unless_those_would_take_too_long():
+def test_auto_degrees_are_powers_of_two_unless_those_would_be_refused():
     from explorer.engine.costmodel import AUTO_WORK, MAX_WORK
     pow2 = tuple(2 ** i for i in range(11))
-    assert CostModel(import_spec("resnet50"), preset("p100-cluster", 1024)).degrees == pow2
+    for model in ("resnet50", "inception_v3"):
+        cm = CostModel(import_spec(model), preset("p100-cluster", 1024))
+        assert cm.degrees == pow2
+        assert cm.estimate()["work"] <= AUTO_WORK <= MAX_WORK
     g = import_spec("inception_v3")
-    cm = CostModel(g, preset("p100-cluster", 1024))
-    assert cm.degrees == (1, 4, 16, 64, 256, 1024)
-    est = cm.estimate()
-    full = CostModel(g, preset("p100-cluster", 1024), degrees="pow2").estimate()
-    assert est["work"] <= AUTO_WORK < full["work"] <= MAX_WORK   # pow2: slower, not refused
-    assert est["candidates_max"] < full["candidates_max"]
+    cm = CostModel(g, preset("p100-cluster", 4096))     # powers of two would be refused
+    assert cm.degrees == (1, 4, 16, 64, 256, 1024, 4096)
+    full = CostModel(g, preset("p100-cluster", 4096), degrees="pow2").estimate()
+    assert cm.estimate()["work"] <= AUTO_WORK < full["work"]
+    assert cm.estimate()["candidates_max"] < full["candidates_max"]
 
 
 @pytest.mark.parametrize("n", [4, 8])

@@ -65,11 +65,12 @@ UPDATE_PASSES = 3.0
 #: 2-core machine (ResNet-50 and Inception-v3 at 1,024 devices with powers of two: 2.8e9
 #: and 7.1e9), so about two minutes of CPU there.
 MAX_WORK = 1e10
-#: ``degrees="auto"`` beyond 16 devices takes powers of two, or, when their work is over
-#: this (about a minute of CPU on a busy 2-core machine: the 60 s budget of a search at
-#: 1,024 devices), the first coarser ladder (powers of 4, 8, ...) within it.  ResNet-50 and
-#: the GPT-2 example at 1,024 devices take powers of two; Inception-v3 (7.1e9) powers of 4.
-AUTO_WORK = 5e9
+#: ``degrees="auto"`` beyond 16 devices takes powers of two (the issue's default), or, only
+#: when their work is over this - the work a search may start at all - the first coarser
+#: ladder (powers of 4, 8, ...) within it, rather than refusing.  Inception-v3 (7.1e9),
+#: ResNet-50 (2.8e9) and the GPT-2 example (1.2e9) at 1,024 devices take powers of two
+#: (Inception-v3: 41 s wall, 2.3 GiB on a quiet 2-core machine); 4,096 devices coarsen.
+AUTO_WORK = MAX_WORK
 #: Cost of an element of the compiled transfer kernel (:mod:`.xkernel`) relative to the
 #: numpy kernel's: measured 2 against 8 ns per element (ResNet-50, 1,024 devices)
 JIT_COST = 0.25
@@ -152,7 +153,7 @@ class CostModel:
     profile_cache: path of the SQLite profile cache (measured mode).
     degrees: the degrees a dimension may take (:func:`.geometry.degree_values`): ``"auto"``
         (every divisor up to 16 devices; beyond, powers of two, or of 4, 8, ... when powers
-        of two would take more than :data:`AUTO_WORK`, about a minute), ``"divisors"``,
+        of two would be over :data:`AUTO_WORK`, the most a search may start), ``"divisors"``,
         ``"pow2"`` or explicit degrees such as ``"1,4,16,64"``.  Pinned layers always get
         every divisor.
     """
