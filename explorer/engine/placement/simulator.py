@@ -182,19 +182,25 @@ def simulate(pg, placement, priority=None, contention: str = "ports") -> SimResu
                 e[1] -= (t - clock[0]) * r
         clock[0] = max(clock[0], t)
 
+    def hold(d, t, call):
+        """Device ``d``'s thread is busy from ``t`` for ``call`` seconds of send or receive
+        calls (an event of kind 2 frees it)."""
+        nonlocal seq
+        idle[d] = False
+        busy[d] += call
+        if shared:
+            running[d] = [-1, call]
+        else:
+            seq += 1
+            heapq.heappush(events, (t + call, seq, 2, -1, d))
+
     def try_start(d, t):
         nonlocal seq
         if not idle[d]:
             return
         if pend[d] > 0:                 # receive calls for tensors that arrived first
             call, pend[d] = pend[d], 0.0
-            idle[d] = False
-            busy[d] += call
-            if shared:
-                running[d] = [-1, call]
-            else:
-                seq += 1
-                heapq.heappush(events, (t + call, seq, 2, -1, d))
+            hold(d, t, call)
             return
         if not ready[d]:
             return
@@ -279,13 +285,7 @@ def simulate(pg, placement, priority=None, contention: str = "ports") -> SimResu
                         launch(v, d, e, t, 0.0)
                 call = len(remote[v]) * (send_b + send_k * nb)
                 if call > 0:            # the sender's thread makes the isend calls
-                    idle[d] = False
-                    busy[d] += call
-                    if shared:
-                        running[d] = [-1, call]
-                    else:
-                        seq += 1
-                        heapq.heappush(events, (t + call, seq, 2, -1, d))
+                    hold(d, t, call)
                     continue
             try_start(d, t)
         else:
