@@ -262,6 +262,12 @@ def test_small_model_units_labels_history_of_every_kind(dash_duo):
         " if (!done && n.data.kind === 'placement') { n.setSelected(true); done = true; } });",
         ids.PLANS_TABLE)
     time.sleep(0.5)
+    # a refresh (new rowData) keeps the selection: rows carry the plan's id as their row id
+    dash_duo.find_element(f"#{ids.PLANS_REFRESH}").click()
+    sel = "return dash_ag_grid.getApi(arguments[0]).getSelectedRows().map(r => r.kind);"
+    time.sleep(1.0)
+    assert until(lambda: dash_duo.driver.execute_script(sel, ids.PLANS_TABLE), 10,
+                 "selection after refresh") == ["placement"]
     dash_duo.find_element(f"#{ids.PLANS_CSV_BUTTON}").click()
     with open(downloaded(dash_duo, "plan-history.csv"), newline="") as f:
         assert {r["kind"] for r in csv.DictReader(f)} == {"layer-wise", "Tofu", "placement"}

@@ -360,8 +360,8 @@ def layout():
                                           html.A("choose a file")])),
         ]),
         html.Div(id=ids.PLANS_STATUS, className="status plans-status"),
-        T.grid(ids.PLANS_TABLE, COLUMNS, height=440, selectable=True,
-               wrap=("pins",)),
+        T.grid(ids.PLANS_TABLE, COLUMNS, height=440, selectable=True, row_id="id",
+               wrap=("pins",)),  # the row id keeps a selection across refreshes
         html.Div(className="row", children=T.csv_button(ids.PLANS_CSV_BUTTON, ids.PLANS_CSV,
                                                          "Download history as CSV")),
     ])

@@ -51,8 +51,8 @@ def grid(table_id: str, pairs, height: int | None = None, selectable: bool = Fal
     if selectable:
         options["rowSelection"] = {"mode": "singleRow", "enableClickSelection": True,
                                    "checkboxes": False}
-    if row_id:
-        options["getRowId"] = {"function": f"String(params.data.{row_id})"}
+    if row_id:      # dash-ag-grid's own prop (an expression), not an AG Grid option
+        kw["getRowId"] = f"params.data.{row_id}"
     return dag.AgGrid(
         id=table_id, rowData=[], columnDefs=columns(pairs, **col_kw),
         defaultColDef={"sortable": True, "resizable": True, "filter": False,
