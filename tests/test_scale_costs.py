@@ -456,3 +456,66 @@ def test_stacked_boxes_equal_each_configuration_alone(model, n, degrees):
                 seen_k += 1
                 assert np.array_equal(red[i, : c.total], r), (name, c)
     assert seen_k > 0 or model != "gpt2"
+
+
+@pytest.mark.parametrize("model,n,degrees", [("resnet50", 32, "pow2"), ("gpt2", 64, "pow2"),
+                                             ("inception_v3", 16, None)])
+def test_node_side_per_axis_equals_the_source_side_of_the_node_tiles(model, n, degrees):
+    """What the compiled kernel reads of a source layout, built per axis from the stacked
+    boxes, equals :func:`xkernel.source_side` of the ``[Cs, N, nd, 2]`` node tiles (the
+    numpy kernel's input), array for array, dtype included."""
+    from explorer.engine import xkernel
+    g = import_spec(model)
+    cm = CostModel(g, preset("p100-cluster", n), **({"degrees": degrees} if degrees else {}))
+    node_of = cm._node_structure()[0]
+    for name in g.names():
+        layer, cands = g.layer(name), cm.candidates(name)
+        tiles = cm._node_tiles(layer, cands, node_of)
+        side = cm._node_side(layer, cands, node_of)
+        assert (tiles is None) == (side is None), name
+        if tiles is None:
+            continue
+        want = xkernel.source_side(*tiles, node_of, layer.out_shape)
+        for a, b in zip(side, want):
+            assert a.dtype == b.dtype and np.array_equal(a, b), name
+
+
+def test_node_side_refuses_node_tiles_that_are_not_a_box():
+    """A node whose tiles do not form a box (here: a device of node 0 left out) is refused
+    by both builders (the pairwise kernel is used then)."""
+    g = import_spec("resnet50")
+    cm = CostModel(g, preset("p100-cluster", 8))
+    node_of = cm._node_structure()[0]
+    layer = g.layer("conv1")
+    cands = [c for c in cm.candidates("conv1") if c.deg("h") == 4 and c.total == 4]
+    bad = cands[:1]
+    assert cm._node_side(layer, bad, node_of) is not None
+    tiles, _, owned, used = G.stacked_boxes(layer, bad)
+    owned = owned.copy()
+    owned[0, 1] = 0                                        # device 1 owns nothing: a hole
+    cm._tile_cache.clear()
+    cm._stack_cache[cm._layout_key(layer, bad)] = (tiles, None, owned, used)
+    assert cm._node_tiles(layer, bad, node_of) is None
+    assert cm._node_side(layer, bad, node_of) is None
+
+
+def test_regions_per_axis_round_trip_and_hide_unused_slots():
+    from explorer.engine.costmodel import _aos_regions, _soa_regions
+    rng = np.random.default_rng(0)
+    need = np.sort(rng.integers(0, 50, (5, 7, 3, 2)), axis=-1)
+    live = rng.random((5, 7)) < 0.7
+    lo, hi = _soa_regions(need, live)
+    assert lo.dtype == hi.dtype == np.int32 and lo.shape == (5, 3, 7)
+    assert np.array_equal(_aos_regions((lo, hi)), need * live[:, :, None, None])
+
+
+def test_enumerated_configurations_equal_checked_ones():
+    """Configurations made without the per-device checks equal checked ones (same degrees
+    order, devices, hash), and a caller's devices are still checked."""
+    g = import_spec("gpt2")
+    for name in g.names()[:20]:
+        for c in G.enumerate_configs(g.layer(name), 64, degrees=G.degree_values("pow2", 64)):
+            ref = G.Config(c.degrees, list(c.devices))
+            assert ref == c and hash(ref) == hash(c) and ref.degrees == c.degrees
+    with pytest.raises(ValueError, match="repeat a device"):
+        G.enumerate_configs(g.layer(g.names()[1]), 4, devices=(0, 0, 1, 2))

@@ -142,6 +142,25 @@ class CostTables:
         }
 
 
+def _soa_regions(need: np.ndarray, live: np.ndarray):
+    """``[Cd, Dd, nd, 2]`` regions as ``(lo, hi)`` ``[Cd, nd, Dd]`` int32 (tensor extents are
+    far below 2**31), empty (``0, 0``) where ``live [Cd, Dd]`` is false."""
+    m = np.broadcast_to(live[:, None, :], (need.shape[0], need.shape[2], need.shape[1]))
+    out = []
+    for i in (0, 1):
+        a = np.zeros(m.shape, dtype=np.int32)
+        np.copyto(a, np.moveaxis(need[..., i], 1, 2), casting="unsafe", where=m)
+        out.append(a)
+    return tuple(out)
+
+
+def _aos_regions(need) -> np.ndarray:
+    """:func:`_soa_regions`' arrays back as ``[Cd, Dd, nd, 2]`` int64 boxes."""
+    lo, hi = need
+    return np.ascontiguousarray(np.stack([lo, hi], axis=-1).transpose(0, 2, 1, 3),
+                                dtype=np.int64)
+
+
 class CostModel:
     """Cost functions of one (layer graph, device graph) pair.
 
@@ -475,8 +494,10 @@ class CostModel:
         rmax = np.zeros(C, dtype=np.int64)                           # largest replica group
         node = node_of[dev]                                          # [C, Dm]
         ci, slot = np.nonzero(used)                                  # candidate-major order
+        dense = ci.size == C * Dm          # every slot used (layer costs go by total degree)
+        node_u = node.reshape(-1) if dense else node[ci, slot]
         for _, reg in shards.values():
-            flat = reg.reshape(C, Dm, -1)[ci, slot]                  # [U, P]
+            flat = reg.reshape(C * Dm, -1) if dense else reg.reshape(C, Dm, -1)[ci, slot]
             keys = np.column_stack([ci, flat[:, (flat != flat[:1]).any(axis=0)]])
             code = self._row_code(keys)
             if code is not None:        # one integer per row, in the same order: one sort
@@ -491,7 +512,7 @@ class CostModel:
                 start[1:] = (ks[1:] != ks[:-1]).any(axis=1)
             first = np.flatnonzero(start)
             r = np.diff(np.append(first, len(ks)))                   # group sizes
-            nn_ = node[ci, slot][order]
+            nn_ = node_u[order]
             span = np.minimum.reduceat(nn_, first) != np.maximum.reduceat(nn_, first)
             lead = order[first]                                      # the group's first slot
             s = G.volume(reg)[ci[lead], slot[lead]].astype(float) * self.dtype_bytes
@@ -645,10 +666,13 @@ class CostModel:
         db, dred, dused = self._stacked_compute(dst, dst_cands)   # what each device computes
         ddev = self._cinfo(dst_cands)[1]
         need = G.edge_regions(self.graph, edge, db, dred)    # [Cd, Dd, nd, 2] on producer
-        need *= (ddev >= 0)[:, :, None, None]             # unused slots need nothing
-        digest = hashlib.blake2b(np.ascontiguousarray(need), digest_size=20)
+        # per axis as int32 ([Cd, nd, Dd] lo and hi: half the bytes to hash, and the compiled
+        # kernel's layout); unused slots need nothing
+        need = _soa_regions(need, ddev >= 0)
+        digest = hashlib.blake2b(need[0], digest_size=20)
+        digest.update(need[1])
         digest.update(np.ascontiguousarray(ddev))
-        key = (self._layout_key(src, src_cands), need.shape, digest.digest(),
+        key = (self._layout_key(src, src_cands), need[0].shape, digest.digest(),
                self.needs_grad(edge.src))
         hit = self._xcache.get(key)             # another consumer needing the same regions
         if hit is not None:
@@ -659,7 +683,7 @@ class CostModel:
         if nodes is not None:
             res = self._xfer_by_node(src, src_cands, need, ddev, nodes)
         if res is None:
-            res = self._xfer_pairwise(src, src_cands, need, ddev)
+            res = self._xfer_pairwise(src, src_cands, _aos_regions(need), ddev)
         if self.needs_grad(edge.src):
             res = (2.0 * res[0], 2.0 * res[1])
         self._xcache[key] = self._xcache[skey] = res
@@ -736,19 +760,27 @@ class CostModel:
         at most :data:`NODE_BLOCK` elements.
         """
         node_of, bw_in, bw_out, lat_in, lat_out = nodes
-        tiles = self._node_tiles(src, src_cands, node_of)
-        if tiles is None:
-            return None
-        own, nbox = tiles                                           # [Cs, N|nodes, nd, 2]
-        Cs, Cd = own.shape[0], need.shape[0]
+        Cs, Cd = len(src_cands), ddev.shape[0]
+        kd = (ddev >= 0).sum(axis=1)
+        Dd = ddev.shape[1]
+        small = Cs * Cd * Dd <= self.PAD_LIMIT and (ddev == np.where(ddev >= 0, np.arange(Dd),
+                                                                      -1)).all()
+        jit = not small and Cs * int(kd.sum()) >= self.JIT_WORK
+        if jit:           # the compiled kernel reads the source's boxes per axis (int32)
+            side = self._node_side(src, src_cands, node_of)
+            if side is None:
+                return None
+        else:
+            tiles = self._node_tiles(src, src_cands, node_of)
+            if tiles is None:
+                return None
+            own, nbox = tiles                                       # [Cs, N|nodes, nd, 2]
+            need = _aos_regions(need)
         sizes = src.out_shape
         item = float(self.dtype_bytes)
         t = np.zeros((Cs, Cd))
         nbytes = np.zeros((Cs, Cd))
-        kd = (ddev >= 0).sum(axis=1)
-        Dd = ddev.shape[1]
-        if Cs * Cd * Dd <= self.PAD_LIMIT and (ddev == np.where(ddev >= 0, np.arange(Dd),
-                                                                 -1)).all():
+        if small:
             # small and unpinned (destination j on devices 0..k_j-1): one kernel call over
             # all destinations padded to Dd devices (padding needs nothing: it adds zeros
             # to exact byte sums and to a maximum of non-negative times)
@@ -764,10 +796,8 @@ class CostModel:
         if np.isfinite(bw_out) and (np.diff(node_of) >= 0).all():
             node_end = np.searchsorted(node_of, np.arange(int(node_of.max()) + 1), "right")
             cut = node_end[node_of[self._cinfo(src_cands)[1].max(axis=1)]]
-        if Cs * int(kd.sum()) >= self.JIT_WORK:
+        if jit:
             from . import xkernel
-            side = self._lru(self._tile_cache, ("soa",) + self._layout_key(src, src_cands),
-                             lambda: xkernel.source_side(own, nbox, node_of, sizes), size=4)
             return xkernel.by_node(side, need, ddev, cut, item, nodes, sizes)
         for K in np.unique(kd):
             K = int(K)
@@ -866,6 +896,50 @@ class CostModel:
                 return False
             return own, nbox
         res = self._lru(self._tile_cache, ("nodes",) + self._layout_key(src, src_cands), make,
+                        size=4)
+        return None if res is False else res
+
+    def _node_side(self, src, src_cands, node_of):
+        """:func:`.xkernel.source_side` of ``_node_tiles(...)`` (the same arrays), built per
+        axis as int32 straight from the stacked boxes when every candidate runs on devices
+        ``0..k-1`` and nodes are equal blocks of consecutive devices (the presets): no
+        ``[Cs, N, nd, 2]`` int64 arrays, no scattered ``ufunc.at`` reductions.  ``None`` when
+        some node's tiles are not a box."""
+        def make():
+            from . import xkernel
+            sb, sdev = self._src_tiles(src, src_cands)          # [Cs, Ds, nd, 2], [Cs, Ds]
+            N = self.devices.n
+            Cs, Ds, nd = sb.shape[0], sb.shape[1], sb.shape[2]
+            g = int((node_of == 0).sum())
+            slots = np.arange(Ds)
+            if (N % g or Ds > N or not (node_of == np.arange(N) // g).all()
+                    or not (sdev == np.where(sdev >= 0, slots, -1)).all()):
+                tiles = self._node_tiles(src, src_cands, node_of)
+                return False if tiles is None else xkernel.source_side(*tiles, node_of,
+                                                                       src.out_shape)
+            olo = np.zeros((Cs, nd, N), dtype=np.int32)
+            ohi = np.zeros((Cs, nd, N), dtype=np.int32)
+            olo[..., :Ds] = np.moveaxis(sb[..., 0], 1, 2)
+            ohi[..., :Ds] = np.moveaxis(sb[..., 1], 1, 2)
+            used = np.zeros((Cs, N), dtype=bool)
+            used[:, :Ds] = sdev >= 0
+            un = used.reshape(Cs, 1, N // g, g)                  # [Cs, 1, nodes, g]
+            present = un.any(axis=3)                             # the node holds tiles
+            big = np.iinfo(np.int32).max
+            lo = np.where(un, olo.reshape(Cs, nd, N // g, g), big).min(axis=3)
+            hi = np.where(un, ohi.reshape(Cs, nd, N // g, g), -1).max(axis=3)
+            lo = np.where(present, lo, 0)
+            hi = np.where(present, hi, 0)
+            # the node's tiles form its bounding box iff their volumes add up to its volume
+            vol = np.where(used, xkernel.soa_volume(olo, ohi), 0)
+            bvol = xkernel.soa_volume(lo, hi)                    # [Cs, nodes]
+            if not np.array_equal(vol.reshape(Cs, N // g, g).sum(axis=2)[present[:, 0]],
+                                  bvol[present[:, 0]]):
+                return False
+            blo = np.ascontiguousarray(np.repeat(lo, g, axis=2), dtype=np.int32)
+            bhi = np.ascontiguousarray(np.repeat(hi, g, axis=2), dtype=np.int32)
+            return xkernel.side_flags(olo, ohi, blo, bhi, src.out_shape)
+        res = self._lru(self._tile_cache, ("side",) + self._layout_key(src, src_cands), make,
                         size=4)
         return None if res is False else res
 

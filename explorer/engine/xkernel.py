@@ -28,7 +28,6 @@ import threading
 
 import numpy as np
 
-from . import geometry as G
 from .storage import home
 
 _KERNEL = None
@@ -250,10 +249,15 @@ def source_side(own, nbox, node_of, sizes):
     device's tile and its node's box per axis, the device count when the source runs on
     devices ``0..k-1`` (else -1), how many leading devices have a node holding its tiles,
     and the axes its tiles cover whole."""
-    nd = own.shape[2]
     olo, ohi = _soa(own)
     # per node, then per device (no [Cs, N, nd, 2] int64 temporary); C order for the kernel
     blo, bhi = (np.ascontiguousarray(a[..., node_of]) for a in _soa(nbox))
+    return side_flags(olo, ohi, blo, bhi, sizes)
+
+
+def side_flags(olo, ohi, blo, bhi, sizes):
+    """:func:`source_side` from its per-axis boxes: adds ``ks``, ``hend`` and ``sfull``."""
+    nd = olo.shape[1]
     used = (ohi > olo).all(axis=1) if nd else np.zeros(olo.shape[::2], dtype=bool)
     ks = used.sum(axis=1)
     prefix = (used == (np.arange(used.shape[1])[None] < ks[:, None])).all(axis=1)
@@ -273,17 +277,28 @@ def _soa(a):
             np.ascontiguousarray(a[..., 1, :], dtype=np.int32))
 
 
+def soa_volume(lo, hi):
+    """``[C, D]`` int64 volumes of boxes given per axis (``lo, hi [C, nd, D]``, as
+    :func:`_soa`); the same integers as :func:`.geometry.volume` of the boxes."""
+    out = np.ones((lo.shape[0], lo.shape[2]), dtype=np.int64)
+    for ax in range(lo.shape[1]):
+        out *= np.maximum(hi[:, ax] - lo[:, ax], 0)
+    return out
+
+
 def by_node(src_side, need, ddev, cut, item, nodes, sizes):
     """``(t [Cs, Cd], bytes [Cs, Cd])`` of the by-node kernel over every pair of candidates:
-    ``src_side`` from :func:`source_side`, ``need [Cd, Dd, nd, 2]`` the regions each
-    destination device needs, ``ddev [Cd, Dd]`` its devices (-1 unused), ``cut [Cs]`` as in
+    ``src_side`` from :func:`source_side`, ``need`` the regions each destination device
+    needs as ``[Cd, Dd, nd, 2]`` boxes or already per axis (``(lo, hi)`` ``[Cd, nd, Dd]``
+    int32, :func:`_soa`), ``ddev [Cd, Dd]`` its devices (-1 unused), ``cut [Cs]`` as in
     the numpy path (the device count when no cut applies).  See :func:`_by_node`."""
     _, bw_in, bw_out, lat_in, lat_out = nodes
     olo, ohi, blo, bhi, ks, hend, sfull = src_side
-    Cs, Cd, Dd = olo.shape[0], need.shape[0], need.shape[1]
+    nlo, nhi = need if isinstance(need, tuple) else _soa(need)
+    Cs, Cd, Dd = olo.shape[0], nlo.shape[0], nlo.shape[2]
     kd = (ddev >= 0).sum(axis=1).astype(np.int64)
     ident = (ddev == np.where(ddev >= 0, np.arange(Dd), -1)).all(axis=1)
-    tot = np.where(ddev >= 0, G.volume(need), 0).astype(np.float64) * item     # [Cd, Dd]
+    tot = np.where(ddev >= 0, soa_volume(nlo, nhi), 0).astype(np.float64) * item  # [Cd, Dd]
     tot_b = tot.sum(axis=1)
     sfx = np.zeros((Cd, Dd + 1))
     if np.isfinite(bw_out):
@@ -291,7 +306,6 @@ def by_node(src_side, need, ddev, cut, item, nodes, sizes):
         sfx[:, :Dd] = np.maximum.accumulate(far[:, ::-1], axis=1)[:, ::-1]
     t = np.zeros((Cs, Cd))
     nbytes = np.zeros((Cs, Cd))
-    nlo, nhi = _soa(need)
     live = (np.arange(Dd)[None] < kd[:, None])[:, None]
     size = np.asarray(sizes, dtype=np.int32)[:, None]
     rfull = ((nlo == 0) & (nhi == size) | ~live).all(axis=2)    # regions cover the axis

@@ -81,11 +81,7 @@ class Config:
     devices: tuple
 
     def __post_init__(self):
-        degs = tuple((str(k), int(v)) for k, v in self.degrees)
-        # the reduction degree is always the last (fastest) digit: its groups are
-        # consecutive devices, whatever order a plan file lists the degrees in
-        degs = tuple(d for d in degs if d[0] != REDUCE) + tuple(d for d in degs
-                                                                 if d[0] == REDUCE)
+        degs = self._order(self.degrees)
         object.__setattr__(self, "degrees", degs)
         object.__setattr__(self, "devices", tuple(int(d) for d in self.devices))
         for k, v in degs:
@@ -99,6 +95,24 @@ class Config:
                 f"({list(self.devices)})")
         if len(set(self.devices)) != len(self.devices):
             raise ValueError(f"devices {list(self.devices)} repeat a device")
+
+    @staticmethod
+    def _order(degrees) -> tuple:
+        degs = tuple((str(k), int(v)) for k, v in degrees)
+        # the reduction degree is always the last (fastest) digit: its groups are
+        # consecutive devices, whatever order a plan file lists the degrees in
+        return tuple(d for d in degs if d[0] != REDUCE) + tuple(d for d in degs
+                                                                if d[0] == REDUCE)
+
+    @classmethod
+    def _enumerated(cls, degrees, devices: tuple) -> "Config":
+        """A configuration :func:`enumerate_configs` made: ``devices`` a tuple of distinct
+        ints as many as the degrees' product, so the per-device checks (a thousand
+        devices, tens of thousands of candidates at scale) are skipped."""
+        cfg = object.__new__(cls)
+        object.__setattr__(cfg, "degrees", cls._order(degrees))
+        object.__setattr__(cfg, "devices", devices)
+        return cfg
 
     @property
     def total(self) -> int:
@@ -185,8 +199,11 @@ def enumerate_configs(layer: Layer, n_devices: int, devices: tuple | None = None
         raise ValueError(f"need at least 1 device, got {n_devices}")
     order = tuple(range(n_devices)) if devices is None else tuple(devices)
     want = None if devices is None else len(order)
-    out = [Config(tuple((k, v) for k, v in zip(letters, combo) if k != REDUCE or v > 1),
-                  order[:total])
+    # device tuples shared per total; the checks only for devices given by the caller
+    make = Config._enumerated if devices is None else Config
+    prefix: dict = {}
+    out = [make(tuple((k, v) for k, v in zip(letters, combo) if k != REDUCE or v > 1),
+                prefix.get(total) or prefix.setdefault(total, order[:total]))
            for letters, combo, total in _combos(layer, n_devices, max_total, degrees, want)]
     out.sort(key=lambda c: (c.total, [-v for _, v in c.degrees]))
     return out
