@@ -363,10 +363,22 @@ class CostModel:
                 # costs k rows, not the largest candidate's count (each candidate's costs are
                 # its own, so the numbers are the same)
                 hit = tuple(np.empty(len(cands)) for _ in range(3))
+                tiles, red, owned, used = self._stacked_all(layer, cands)
                 for k in np.unique(totals):
                     idx = np.flatnonzero(totals == k)
-                    for out, part in zip(hit, self._layer_costs(layer, [cands[i]
-                                                                        for i in idx])):
+                    sub = [cands[i] for i in idx]
+                    # the group's boxes are rows of the whole list's (a row is its
+                    # candidate's alone): sliced, not stacked again
+                    k = int(k)
+                    t_, o_ = tiles[idx, :k], owned[idx, :k]
+                    r_ = None
+                    if red is not None and any(c.deg(G.REDUCE) > 1 for c in sub):
+                        r_ = red[idx, :k]
+                    else:
+                        o_ = t_
+                    self._lru(self._stack_cache, self._layout_key(layer, sub),
+                              lambda: (t_, r_, o_, used[idx, :k]))
+                    for out, part in zip(hit, self._layer_costs(layer, sub)):
                         out[idx] = part
             self._layer_cache[key] = hit
         return tuple(a.copy() for a in hit)
@@ -665,10 +677,10 @@ class CostModel:
             return hit
         db, dred, dused = self._stacked_compute(dst, dst_cands)   # what each device computes
         ddev = self._cinfo(dst_cands)[1]
-        need = G.edge_regions(self.graph, edge, db, dred)    # [Cd, Dd, nd, 2] on producer
-        # per axis as int32 ([Cd, nd, Dd] lo and hi: half the bytes to hash, and the compiled
-        # kernel's layout); unused slots need nothing
-        need = _soa_regions(need, ddev >= 0)
+        # the regions each device needs on the producer, per axis as int32 ([Cd, nd, Dd] lo
+        # and hi: half the bytes to hash, and the compiled kernel's layout); unused slots
+        # need nothing
+        need = self._edge_need(edge, db, dred, ddev >= 0)
         digest = hashlib.blake2b(need[0], digest_size=20)
         digest.update(need[1])
         digest.update(np.ascontiguousarray(ddev))
@@ -688,6 +700,22 @@ class CostModel:
             res = (2.0 * res[0], 2.0 * res[1])
         self._xcache[key] = self._xcache[skey] = res
         return res
+
+    def _edge_need(self, edge: Edge, boxes, red, live):
+        """:func:`_soa_regions` of ``G.edge_regions(graph, edge, boxes, red)`` under
+        ``live [Cd, Dd]``: computed over the live slots only when some are not (a candidate
+        on ``k`` devices costs ``k`` rows, not the largest count; regions are per box)."""
+        if live.sum() > 0.75 * live.size:           # mostly live: no gather, no scatter
+            return _soa_regions(G.edge_regions(self.graph, edge, boxes, red), live)
+        ci, sl = np.nonzero(live)
+        reg = G.edge_regions(self.graph, edge, boxes[ci, sl],
+                             None if red is None else red[ci, sl])      # [U, nd, 2]
+        out = []
+        for i in (0, 1):
+            a = np.zeros((live.shape[0], reg.shape[1], live.shape[1]), dtype=np.int32)
+            a[ci, :, sl] = reg[..., i]
+            out.append(a)
+        return tuple(out)
 
     #: Candidates × devices above which a layer's costs are computed per total degree
     GROUP_ROWS = 1 << 16

@@ -24,8 +24,10 @@ def split_range(size: int, degree: int, index):
 
 def full_box(shape, lead=()) -> np.ndarray:
     """The box covering all of a tensor of ``shape``, repeated over ``lead`` leading axes."""
-    box = np.zeros(tuple(lead) + (len(shape), 2), dtype=np.int64)
-    box[..., 1] = np.asarray(shape, dtype=np.int64)
+    one = np.zeros((len(shape), 2), dtype=np.int64)
+    one[:, 1] = shape
+    box = np.empty(tuple(lead) + one.shape, dtype=np.int64)
+    box[...] = one                     # one contiguous pass (no zeroing, no strided write)
     return box
 
 
