@@ -81,7 +81,7 @@ class _Worker:
         self.float_dtype = torch.float64  # what floating-point tensors compute in
         # where the step goes (timing hooks, :meth:`_profiled`): aten target -> seconds
         # [ops, fetch wall, fetch CPU, compute wall, compute CPU, send/combine wall,
-        #  send/combine CPU, waiting in transfers, in collectives]
+        #  send/combine CPU, waiting in transfers, in collectives, page faults]
         self.prof: dict = {}
         self.wait_s = 0.0               # wall time in transfer waits (exchange)
         self.coll_s = 0.0               # wall time in collective calls
@@ -438,16 +438,17 @@ class _Worker:
         return val
 
     def _mark(self):
-        """A timing hook's reading: wall clock, this thread's CPU, waits so far."""
-        return time.perf_counter(), time.thread_time(), self.wait_s, self.coll_s
+        """A timing hook's reading: wall clock, this thread's CPU, waits so far, and the page
+        faults it took (first touches of fresh memory)."""
+        return time.perf_counter(), time.thread_time(), self.wait_s, self.coll_s, _faults()
 
     def _profiled(self, target, marks):
         """Add one operator's phases (fetch, compute, send / combine: :meth:`_mark`s between
         them) to ``prof[target]``."""
-        (w0, c0, _, _), (w1, c1, _, _), (w2, c2, _, _), (w3, c3, x3, k3) = marks
-        row = self.prof.setdefault(target, [0.0] * 9)
+        (w0, c0, _, _, _), (w1, c1, _, _, _), (w2, c2, _, _, _), (w3, c3, x3, k3, f3) = marks
+        row = self.prof.setdefault(target, [0.0] * 10)
         for i, v in enumerate((1, w1 - w0, c1 - c0, w2 - w1, c2 - c1, w3 - w2, c3 - c2,
-                               x3 - marks[0][2], k3 - marks[0][3])):
+                               x3 - marks[0][2], k3 - marks[0][3], f3 - marks[0][4])):
             row[i] += v
 
     def compute(self, n, o, bufs, sub, out_box, ten, fill, shape_of):
@@ -999,7 +1000,14 @@ def _layout_result(plan, res, workers, got, dtype):
 
 
 _PHASES = ("ops", "fetch_s", "fetch_cpu_s", "compute_s", "compute_cpu_s", "send_s",
-           "send_cpu_s", "wait_s", "collective_s")
+           "send_cpu_s", "wait_s", "collective_s", "page_faults")
+
+
+def _faults() -> int:
+    """This thread's minor page faults so far (0 where ``RUSAGE_THREAD`` is missing)."""
+    import resource
+    who = getattr(resource, "RUSAGE_THREAD", None)
+    return 0 if who is None else resource.getrusage(who).ru_minflt
 
 
 def step_breakdown(prof: dict, step_s: float, cpu_s: float) -> dict:
