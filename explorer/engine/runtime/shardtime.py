@@ -220,7 +220,6 @@ def _rehearse(g, xplan, K, w, groups, fdt, gen, reps, warmup, n, o):
     runs = []
     for r in range(warmup + reps):
         worker.exchanges = 0
-        _fresh_pages()
         c0 = time.thread_time()
         try:
             run()
@@ -314,19 +313,17 @@ def exchange_phases(g, xplan: dict, dtype: str = "float32") -> list:
 
 def comm_costs(devices) -> dict:
     """The calibrated costs of the executor's calls on ``devices`` (a ``local`` device
-    graph, :mod:`.calibrate`): ``latency``, one exchange's time beyond its bytes - the
-    calibration's ``latency``, measured as the executor exchanges: both workers compute,
-    then post their ``isend`` / ``irecv`` and wait (a blocked worker's core halts and has to
-    be woken: milliseconds on a virtual machine, 10-20× the one-way ``p2p_latency_s`` into a
-    receiver already waiting) -; ``bw``, the point-to-point bandwidth (``p2p_bw``, else the
-    link's); ``send_s`` + bytes / ``send_bw`` of the sender's ``isend`` call and ``recv_s`` +
+    graph, :mod:`.calibrate`): ``latency`` and ``bw`` of one transfer into a posted receive
+    (``p2p_latency_s``, ``p2p_bw``; else the device graph's two-way ``latency`` and link
+    bandwidth) - the rendezvous, a receiver not yet there, is :func:`simulate_step`'s -;
+    ``send_s`` + bytes / ``send_bw`` of the sender's ``isend`` call and ``recv_s`` +
     bytes / ``recv_bw`` of the receiver's calls (``p2p_send_*``, ``p2p_recv_*``); a
     collective as ``coll_s`` + bytes × ``coll_k`` through the two calibrated all-reduce
     sizes (``allreduce_1k_s``, ``allreduce_big_s``).  A missing figure costs nothing."""
     meta = getattr(devices, "meta", None) or {}
     p2p = meta.get("p2p") or {}
     n = len(devices.devices)
-    lat = float(devices.latency[0, 1]) if n > 1 else 0.0
+    lat = float(p2p.get("latency") or (devices.latency[0, 1] if n > 1 else 0.0))
     bw = float(p2p.get("bw") or (devices.bw[0, 1] if n > 1 else 0.0) or 0.0)
     ar = meta.get("allreduce") or {}
     coll_s = coll_k = 0.0
@@ -435,27 +432,6 @@ def simulate_step(t, phases, costs: dict, share: float = 1.0) -> dict:
         run([p[1][p[0]:] for p in ph])
     wait = clock - compute - calls
     return {"clock": clock, "compute": compute, "calls": calls, "wait": np.maximum(wait, 0.0)}
-
-
-@functools.cache
-def _libc():
-    import ctypes
-    import ctypes.util
-    try:
-        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-    except OSError:
-        return None
-
-
-def _fresh_pages() -> None:
-    """Give the process's free heap pages back (glibc ``malloc_trim``) before a timed run, so
-    the operator's new tensors are first touched - page-faulted - as in a worker's step,
-    where the memory an operator allocates was last used by other tensors and has been
-    returned in between; repeating the operator on a warm heap would reuse its own pages
-    (the SGD update's ``mul`` / ``sub`` timed 2-3× under the worker's CPU otherwise)."""
-    libc = _libc()
-    if libc is not None and hasattr(libc, "malloc_trim"):
-        libc.malloc_trim(0)
 
 
 def predict_step(g, xplan: dict, comm_s: float, latency_s: float = 0.0,
