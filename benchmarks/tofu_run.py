@@ -1,6 +1,6 @@
 """Tofu plans run tile-local: measured against predicted memory per worker and step time.
 
-    python benchmarks/tofu_run.py [--workers 2,4] [--steps 4] [--big] [--json]
+    python benchmarks/tofu_run.py [--workers 2,4] [--steps 4] [--big] [--profile] [--json]
 
 Each row searches a Tofu plan on the ``local`` preset, saves it as a document and runs it with
 ``explorer run``'s executor (every worker holds only its tiles; 4 steps, the first a warm-up,
@@ -12,10 +12,16 @@ time against the measured one (median of the steps after the first, slowest work
 The timed steps compute in float32; a separate float64 step checks the result against one
 device.  The prediction needs ``explorer calibrate`` (run here, quick, when this machine has
 none): every operator is then rehearsed at its shard boxes as the workers run it (cached in
-the profile database), ``pred`` = Σ over operators of the slowest worker's time + the plan's
-link time + one link latency per exchanging operator.  ``cpu`` is the workers' CPU time per
-step (main thread, not waiting): on a busy machine the measured wall time runs far above it.
-"one dev" is the same step's peak on one worker by the plan's memory model.
+the profile database) and the step simulated through the executor's own transfers and
+collectives at the calibrated gloo costs (``shardtime.simulate_step``; compute × workers /
+cores when they outnumber the cores, ``share``).  Each row sets the prediction's terms for
+the slowest worker beside the measured ones: ``CPU`` (predicted: rehearsed compute + send /
+receive calls; measured: the worker's main-thread CPU per step - robust on a busy machine)
+and ``wait`` (the rest of the step: on peers, links, collectives - and, on a busy machine,
+on the cores).  ``--profile`` adds where each step went per aten target (the executor's
+timing hooks: CPU in the operator, fetch / send wall time, transfer and collective waits,
+page faults) beside the rehearsal.  "one dev" is the same step's peak on one worker by the
+plan's memory model.
 
 Models sized for a 2-core machine: a Wide-ResNet (depth 50, width 2, 64x64 images) and a
 2-layer LSTM (1024 hidden, 10 steps), plus the MLP and ResNet of the step-time target.

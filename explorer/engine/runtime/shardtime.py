@@ -20,8 +20,14 @@ digest of this module, :mod:`.opexec` and :mod:`.tiles` with torch's version, so
 tile rule is rehearsed afresh) (:func:`explorer.engine.profile.shard_cache`), so equal layers
 and the next run cost nothing.
 
-:func:`predict_step` adds them up: ``Σ_ops max_w t[op, w]`` (lockstep), the plan's
-communication time, and one link latency per operator whose workers exchange anything.
+:func:`predict_step` then runs the step as the executor does (:func:`simulate_step`): each
+worker's clock advances operator by operator through its exchanges - the transfers and
+collectives :func:`exchange_phases` records from a dry run of the worker's own ``run_op`` -
+at the calibrated gloo costs (:func:`comm_costs`), a transfer starting when both its sender
+and its receiver reached it, and the rehearsed compute stretched by :func:`share_factor` when
+more workers than cores share them.  Without the point-to-point calibration it is the earlier
+sum: ``Σ_ops max_w t[op, w]`` (lockstep), the plan's communication time, and one link
+latency per exchange.
 """
 
 from __future__ import annotations
