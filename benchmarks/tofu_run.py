@@ -187,10 +187,13 @@ def main(argv=None) -> int:
 
 def _terms(r) -> tuple:
     """``(predicted CPU, measured CPU, predicted wait, measured wait)`` of the slowest worker
-    per step: CPU = compute + send / receive calls; wait = the step's wall time beyond it."""
+    per step: CPU = compute + send / receive calls (the predicted compute without the
+    time-sharing stretch: a thread's CPU clock does not run while it waits for a core);
+    wait = the step's wall time beyond it."""
     pt = r.get("predicted_terms") or {}
-    pc = pt.get("compute", r["predicted_compute_s"]) + pt.get("calls", 0.0)
-    pw = pt.get("wait", r["predicted_step_s"] - pc) if pt else r["predicted_step_s"] - pc
+    pc = pt.get("compute", r["predicted_compute_s"]) / (r.get("predicted_share") or 1.0) + \
+        pt.get("calls", 0.0)
+    pw = r["predicted_step_s"] - pc
     mc = r["cpu_step_s"]
     return pc, mc, pw, max(0.0, r["measured_step_s"] - mc)
 

@@ -268,7 +268,7 @@ def _nbytes(box, dtype) -> int:
     return int(np.prod(_extent(box))) * torch.empty((), dtype=dtype).element_size()
 
 
-_PHASES: dict = {}                     # (signature, graph, plan) -> an op's exchanges
+_PHASES: dict = {}                     # an op's rehearsal signature -> its exchanges
 
 
 def exchange_phases(g, xplan: dict, dtype: str = "float32") -> list:
@@ -290,7 +290,7 @@ def exchange_phases(g, xplan: dict, dtype: str = "float32") -> list:
             info = xplan["ops"].get(o.name)
             if info is None:
                 continue
-            key = (_signature(o, g, xplan, w, dtype), g.model, id(xplan))
+            key = _signature(o, g, xplan, w, dtype)     # the op's geometry on every worker
             if key not in _PHASES:
                 if gs is None:
                     gs = with_step(g)
