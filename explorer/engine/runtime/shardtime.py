@@ -140,12 +140,43 @@ def _signature(o, g, xplan, w, dtype) -> str:
                       separators=(",", ":"), default=str)
 
 
-def _random(ten, box, dtype, gen):
+def _random(ten, box, dtype, gen, g=None):
+    """A random tile of ``box``, laid out as the worker holds it: the output of a transposing
+    view (``t``, ``transpose``, ``permute``: run unchanged on the tiles, so the worker keeps
+    a view) is a view with the same strides - a matrix product reading it runs another
+    kernel than on a contiguous copy (LSTM's ``mm`` 1.4× slower)."""
     dt = getattr(torch, ten.dtype, None)
     ext = _extent(box)
     if not isinstance(dt, torch.dtype) or dt.is_floating_point:
-        return torch.randn(ext, dtype=dtype, generator=gen)
+        perm = _view_perm(g, ten, len(ext))
+        if perm is None:
+            return torch.randn(ext, dtype=dtype, generator=gen)
+        base = [0] * len(ext)
+        for i, p in enumerate(perm):
+            base[p] = ext[i]
+        return torch.randn(tuple(base), dtype=dtype, generator=gen).permute(perm)
     return torch.zeros(ext, dtype=dt)
+
+
+def _view_perm(g, ten, ndim):
+    """The dimension order of the transposing view that produces ``ten`` (None: none)."""
+    o = g.ops.get(ten.producer) if g is not None and ten.producer else None
+    if o is None or ndim < 2:
+        return None
+    if o.target == "t" and ndim == 2:
+        return [1, 0]
+    args = [a for a in o.args[1:]]
+    try:
+        if o.target == "transpose" and len(args) >= 2:
+            d0, d1 = int(args[0]) % ndim, int(args[1]) % ndim
+            perm = list(range(ndim))
+            perm[d0], perm[d1] = perm[d1], perm[d0]
+            return perm
+        if o.target == "permute" and args and len(args[0]) == ndim:
+            return [int(d) % ndim for d in args[0]]
+    except (TypeError, ValueError):
+        return None
+    return None
 
 
 def shard_seconds(g, xplan: dict, dtype: str = "float32", device_kind: str = "cpu",
@@ -210,7 +241,7 @@ def _rehearse(g, xplan, K, w, groups, fdt, gen, reps, warmup, n, o):
         ten = g.tensors[t]
         box = xplan["held"][t][w] if t in xplan["held"] else \
             np.array([[0, s] for s in ten.shape] or [[0, 1]])
-        v = _random(ten, box, fdt, gen)
+        v = _random(ten, box, fdt, gen, g)
         worker.tiles[t] = (np.asarray(box), worker.shaped(t, v))
 
     def sub(a, bufs, fa=None):
