@@ -161,3 +161,20 @@ def test_a_calibrated_run_models_the_executor_and_says_where_the_step_went(_isol
         assert 0 < tot["cpu_s"] and tot["step_s"] >= tot["compute_cpu_s"]
     from explorer.engine.runtime.report import format_run
     assert "where the step went" in format_run(r)
+
+
+def test_a_transposed_view_is_rehearsed_with_the_worker_s_strides():
+    """``t`` runs unchanged on the tiles, so the worker holds a view: the matrix product that
+    reads it is rehearsed on a view too (its kernel differs from a contiguous copy's)."""
+    g = build_opgraph("mlp", 32, ARGS)
+    import torch
+    gen = torch.Generator().manual_seed(0)
+    o = next(o for o in g.ops.values() if o.target == "t")
+    ten = g.tensors[o.output]
+    box = np.array([[0, s] for s in ten.shape])
+    v = shardtime._random(ten, box, torch.float32, gen, g)
+    assert tuple(v.shape) == tuple(ten.shape) and not v.is_contiguous()
+    assert v.t().is_contiguous()
+    other = next(t for t in g.tensors.values() if len(t.shape) == 2 and t.kind == "param")
+    w = shardtime._random(other, np.array([[0, s] for s in other.shape]), torch.float32, gen, g)
+    assert w.is_contiguous()
