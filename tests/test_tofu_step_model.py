@@ -110,6 +110,11 @@ def test_comm_costs_come_from_the_calibration(_isolated_home):
     k = (_CAL["allreduce_big_s"] - _CAL["allreduce_1k_s"]) / (_CAL["allreduce_big_bytes"] - 1024)
     assert c["coll_k"] == pytest.approx(k)
     assert c["coll_s"] + 1024 * c["coll_k"] == pytest.approx(_CAL["allreduce_1k_s"])
+    # with the means over the calibration's messages (tails included) those are used
+    (_isolated_home / "local.json").write_text(json.dumps(
+        {**_CAL, "p2p_latency_mean_s": 4e-4, "p2p_1mb_mean_s": 4e-4 + (2 ** 20 - 1024) / 5e8}))
+    c = shardtime.comm_costs(local(2))
+    assert c["latency"] == 4e-4 and c["bw"] == pytest.approx(5e8)
 
 
 _CAL = {"peak_flops": 50e9, "mem_bw": 10e9, "link_bw": 2e9, "latency": 2e-4, "devices": 2,

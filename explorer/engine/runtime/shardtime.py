@@ -351,8 +351,11 @@ def exchange_phases(g, xplan: dict, dtype: str = "float32") -> list:
 def comm_costs(devices) -> dict:
     """The calibrated costs of the executor's calls on ``devices`` (a ``local`` device
     graph, :mod:`.calibrate`): ``latency`` and ``bw`` of one transfer into a posted receive
-    (``p2p_latency_s``, ``p2p_bw``; else the device graph's two-way ``latency`` and link
-    bandwidth) - the rendezvous, a receiver not yet there, is :func:`simulate_step`'s -;
+    - the means over the calibration's messages (``p2p_latency_mean_s``, ``p2p_1mb_mean_s``:
+    a step pays every exchange, tails included, as the two-way ``latency`` is a mean), else
+    the medians (``p2p_latency_s``, ``p2p_bw``), else the device graph's two-way ``latency``
+    and link bandwidth; the rendezvous, a receiver not yet there, is
+    :func:`simulate_step`'s -;
     ``send_s`` + bytes / ``send_bw`` of the sender's ``isend`` call and ``recv_s`` +
     bytes / ``recv_bw`` of the receiver's calls (``p2p_send_*``, ``p2p_recv_*``); a
     collective as ``coll_s`` + bytes × ``coll_k`` through the two calibrated all-reduce
@@ -362,6 +365,10 @@ def comm_costs(devices) -> dict:
     n = len(devices.devices)
     lat = float(p2p.get("latency") or (devices.latency[0, 1] if n > 1 else 0.0))
     bw = float(p2p.get("bw") or (devices.bw[0, 1] if n > 1 else 0.0) or 0.0)
+    if p2p.get("latency_mean") and p2p.get("s_1mb_mean"):
+        # a step pays every one of its exchanges, their tails included: the means
+        lat = float(p2p["latency_mean"])
+        bw = (2 ** 20 - 1024) / max(float(p2p["s_1mb_mean"]) - lat, 1e-9)
     ar = meta.get("allreduce") or {}
     coll_s = coll_k = 0.0
     if ar.get("small_s") and ar.get("big_s") and ar.get("big_bytes"):
