@@ -1,6 +1,6 @@
 """Tofu plans run tile-local: measured against predicted memory per worker and step time.
 
-    python benchmarks/tofu_run.py [--workers 2,4] [--steps 4] [--big] [--json]
+    python benchmarks/tofu_run.py [--workers 2,4] [--steps 4] [--big] [--profile] [--json]
 
 Each row searches a Tofu plan on the ``local`` preset, saves it as a document and runs it with
 ``explorer run``'s executor (every worker holds only its tiles; 4 steps, the first a warm-up,
@@ -12,10 +12,16 @@ time against the measured one (median of the steps after the first, slowest work
 The timed steps compute in float32; a separate float64 step checks the result against one
 device.  The prediction needs ``explorer calibrate`` (run here, quick, when this machine has
 none): every operator is then rehearsed at its shard boxes as the workers run it (cached in
-the profile database), ``pred`` = Σ over operators of the slowest worker's time + the plan's
-link time + one link latency per exchanging operator.  ``cpu`` is the workers' CPU time per
-step (main thread, not waiting): on a busy machine the measured wall time runs far above it.
-"one dev" is the same step's peak on one worker by the plan's memory model.
+the profile database) and the step simulated through the executor's own transfers and
+collectives at the calibrated gloo costs (``shardtime.simulate_step``; compute × workers /
+cores when they outnumber the cores, ``share``).  Each row sets the prediction's terms for
+the slowest worker beside the measured ones: ``CPU`` (predicted: rehearsed compute + send /
+receive calls; measured: the worker's main-thread CPU per step - robust on a busy machine)
+and ``wait`` (the rest of the step: on peers, links, collectives - and, on a busy machine,
+on the cores).  ``--profile`` adds where each step went per aten target (the executor's
+timing hooks: CPU in the operator, fetch / send wall time, transfer and collective waits,
+page faults) beside the rehearsal.  "one dev" is the same step's peak on one worker by the
+plan's memory model.
 
 Models sized for a 2-core machine: a Wide-ResNet (depth 50, width 2, 64x64 images) and a
 2-layer LSTM (1024 hidden, 10 steps), plus the MLP and ResNet of the step-time target.
@@ -81,6 +87,12 @@ def row(name, spec, batch, args, k, steps):
             "predicted_comm_s": r.get("predicted_comm_s") or 0.0,
             "predicted_latency_s": r.get("predicted_latency_s") or 0.0,
             "compute_source": r.get("compute_source"),
+            # the prediction's terms for its slowest worker (compute = rehearsed shards,
+            # calls = send / receive calls, wait = on peers, links and collectives)
+            "predicted_terms": r.get("predicted_terms"),
+            "predicted_share": r.get("predicted_share"),
+            "predicted_by_target": r.get("predicted_by_target"),
+            "step_profile": r.get("step_profile"),
             "measured_step_s": r["measured_step_time_s"],
             "cpu_step_s": max(r.get("cpu_step_s") or [0.0]),
             "timed_dtype": r.get("timed_dtype"),
@@ -146,6 +158,9 @@ def main(argv=None) -> int:
     ap.add_argument("--big", action="store_true", help="add the model one worker cannot hold")
     ap.add_argument("--only-big", action="store_true", help="only the --big run")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--profile", action="store_true",
+                    help="also print where each row's step went, per aten target: rehearsed "
+                         "against measured CPU, and the measured waits")
     a = ap.parse_args(argv)
     ks = [int(x) for x in a.workers.split(",")]
     if not _calibrated(max(ks)):
@@ -161,6 +176,8 @@ def main(argv=None) -> int:
             rows.append(row(name, spec, batch, args, k, a.steps))
             if not a.json:
                 _print(rows[-1], header=len(rows) == 1)
+                if a.profile:
+                    _print_profile(rows[-1])
     if a.big or a.only_big:
         rows += big(ks, a.big_steps)
     if a.json:
@@ -168,23 +185,61 @@ def main(argv=None) -> int:
     return 0 if all(r["reference_ok"] and r["comm_bytes_ok"] for r in rows) else 1
 
 
+def _terms(r) -> tuple:
+    """``(predicted CPU, measured CPU, predicted wait, measured wait)`` of the slowest worker
+    per step: CPU = compute + send / receive calls (the predicted compute without the
+    time-sharing stretch: a thread's CPU clock does not run while it waits for a core);
+    wait = the step's wall time beyond it."""
+    pt = r.get("predicted_terms") or {}
+    pc = pt.get("compute", r["predicted_compute_s"]) / (r.get("predicted_share") or 1.0) + \
+        pt.get("calls", 0.0)
+    pw = r["predicted_step_s"] - pc
+    mc = r["cpu_step_s"]
+    return pc, mc, pw, max(0.0, r["measured_step_s"] - mc)
+
+
 def _print(r, header=False):
     mib = 2 ** 20
     if header:
-        print(f"{'model':26s} {'k':>2s} {'pred MiB/w':>10s} {'meas MiB':>9s} {'err':>6s} "
-              f"{'one dev':>8s} {'pred ms':>8s} {'(comp+links+lat)':>20s} {'meas ms':>8s} "
-              f"{'err':>6s} {'cpu ms':>7s} ref")
+        print(f"{'model':24s} {'k':>2s} {'pred MiB/w':>10s} {'meas MiB':>9s} {'err':>6s} "
+              f"{'one dev':>8s} | {'pred ms':>8s} {'meas ms':>8s} {'err':>5s} | "
+              f"{'CPU pred':>8s} {'meas':>7s} {'err':>5s} | {'wait pred':>9s} {'meas':>7s} "
+              f"| share ref")
     worst = max(abs(m - p) / p for m, p in zip(r["measured_peak_bytes"],
                                                  r["predicted_peak_bytes"]))
     terr = (r["predicted_step_s"] - r["measured_step_s"]) / r["measured_step_s"]
-    parts = (f"{r['predicted_compute_s'] * 1e3:.0f}+{r['predicted_comm_s'] * 1e3:.0f}+"
-             f"{r['predicted_latency_s'] * 1e3:.0f}")
-    print(f"{r['model']:26s} {r['workers']:2d} {max(r['predicted_peak_bytes']) / mib:10.1f} "
+    pc, mc, pw, mw = _terms(r)
+    cerr = (pc - mc) / mc if mc else float("nan")
+    print(f"{r['model'][:24]:24s} {r['workers']:2d} {max(r['predicted_peak_bytes']) / mib:10.1f} "
           f"{max(r['measured_peak_bytes']) / mib:9.1f} {worst * 100:5.1f}% "
-          f"{r['one_device_peak_bytes'] / mib:8.1f} {r['predicted_step_s'] * 1e3:8.1f} "
-          f"{parts:>20s} {r['measured_step_s'] * 1e3:8.1f} {terr * 100:+5.0f}% "
-          f"{r['cpu_step_s'] * 1e3:7.1f} {'ok' if r['reference_ok'] else 'FAIL'}"
+          f"{r['one_device_peak_bytes'] / mib:8.1f} | {r['predicted_step_s'] * 1e3:8.1f} "
+          f"{r['measured_step_s'] * 1e3:8.1f} {terr * 100:+4.0f}% | {pc * 1e3:8.1f} "
+          f"{mc * 1e3:7.1f} {cerr * 100:+4.0f}% | {pw * 1e3:9.1f} {mw * 1e3:7.1f} | "
+          f"{r.get('predicted_share') or 1:5.2f} {'ok' if r['reference_ok'] else 'FAIL'}"
           + (f"  fallback {r['fallback_ops']}" if r["fallback_ops"] else ""), flush=True)
+
+
+def _print_profile(r, top: int = 8):
+    """Where the slowest worker's step went, per aten target (the run's timing hooks) beside
+    the rehearsal (``predicted_by_target``)."""
+    prof = r.get("step_profile") or []
+    if not prof:
+        return
+    w = max(range(len(prof)), key=lambda i: prof[i]["total"]["step_s"])
+    by, pred = prof[w]["by_target"], r.get("predicted_by_target") or {}
+    print(f"  worker {w}: {'target':28s} {'ops':>4s} {'rehearsed':>9s} {'op CPU':>7s} "
+          f"{'fetch':>7s} {'send':>7s} {'waits':>7s} {'coll.':>7s} {'faults':>7s}  (ms / step)")
+    rows = sorted(by.items(), key=lambda kv: -(kv[1]["fetch_s"] + kv[1]["compute_s"] +
+                                               kv[1]["send_s"]))
+    for k, v in rows[:top]:
+        cpu = v["fetch_cpu_s"] + v["compute_cpu_s"] + v["send_cpu_s"]
+        p = (pred.get(k) or [0.0] * (w + 1))[w]
+        print(f"            {k[:28]:28s} {v['ops']:4.0f} {p * 1e3:9.1f} {cpu * 1e3:7.1f} "
+              f"{v['fetch_s'] * 1e3:7.1f} {v['send_s'] * 1e3:7.1f} {v['wait_s'] * 1e3:7.1f} "
+              f"{v['collective_s'] * 1e3:7.1f} {v.get('page_faults', 0):7.0f}")
+    t = prof[w]["total"]
+    print(f"            step {t['step_s'] * 1e3:.1f} ms, CPU {t['cpu_s'] * 1e3:.1f} ms, outside "
+          f"the operators {t['other_s'] * 1e3:.1f} ms", flush=True)
 
 
 if __name__ == "__main__":

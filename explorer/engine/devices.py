@@ -246,6 +246,13 @@ def local(n: int | None = None) -> DeviceGraph:
         if cal.get("p2p_recv_s") and cal.get("p2p_recv_bw"):    # the receiver's calls
             meta["p2p"].update(recv_s=float(cal["p2p_recv_s"]),
                                recv_bw=float(cal["p2p_recv_bw"]))
+        if cal.get("p2p_latency_mean_s") and cal.get("p2p_1mb_mean_s"):   # tails included
+            meta["p2p"].update(latency_mean=float(cal["p2p_latency_mean_s"]),
+                               s_1mb_mean=float(cal["p2p_1mb_mean_s"]))
+    if cal.get("allreduce_1k_s") and cal.get("allreduce_big_s") and cal.get("allreduce_big_bytes"):
+        meta["allreduce"] = {"small_s": float(cal["allreduce_1k_s"]),      # 1 KB
+                             "big_s": float(cal["allreduce_big_s"]),
+                             "big_bytes": float(cal["allreduce_big_bytes"])}
     if n > cores:
         meta["warning"] = (f"{n} CPU workers on {cores} cores: timings will mean little")
     return DeviceGraph("local", devs, bw, lat, f"{n} CPU worker processes (gloo)", meta)

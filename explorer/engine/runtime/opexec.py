@@ -79,6 +79,12 @@ class _Worker:
         self.collectives = 0
         self.why: dict = {}             # aten target -> why its first fallback happened
         self.float_dtype = torch.float64  # what floating-point tensors compute in
+        # where the step goes (timing hooks, :meth:`_profiled`): aten target -> seconds
+        # [ops, fetch wall, fetch CPU, compute wall, compute CPU, send/combine wall,
+        #  send/combine CPU, waiting in transfers, in collectives, page faults]
+        self.prof: dict = {}
+        self.wait_s = 0.0               # wall time in transfer waits (exchange)
+        self.coll_s = 0.0               # wall time in collective calls
 
     # -- tiles and their bytes ---------------------------------------------------------------
     @staticmethod
@@ -149,8 +155,10 @@ class _Worker:
                 buf = torch.empty(tuple(int(b - a) for a, b in box), dtype=dtype)
                 got[i] = buf
                 reqs.append(dist.irecv(buf, src, tag=tag))
+        t0 = time.perf_counter()
         for r in reqs:
             r.wait()
+        self.wait_s += time.perf_counter() - t0
         self.tag += len(transfers)
         return got
 
@@ -274,13 +282,17 @@ class _Worker:
         self.collectives += 1
         if axis is None:
             out = result.contiguous()
+            t0 = time.perf_counter()
             dist.all_reduce(out, group=group)
+            self.coll_s += time.perf_counter() - t0
             return out
         moved = result.movedim(axis, 0).contiguous()
         out = torch.empty((moved.shape[0] // len(members),) + tuple(moved.shape[1:]),
                           dtype=result.dtype)
         rs = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+        t0 = time.perf_counter()
         rs(out, moved, group=group)
+        self.coll_s += time.perf_counter() - t0
         return out.movedim(0, axis).contiguous()
 
     # -- the step ----------------------------------------------------------------------------
@@ -370,6 +382,7 @@ class _Worker:
             for o in by_node.get(n.name, []):
                 info = self.x["ops"].get(o.name)
                 if info is None:          # a source or scalar bookkeeping: computed everywhere
+                    m0 = self._mark()
                     full = {t: self.whole(t) for t in o.inputs}
                     res = call(n, o, full)
                     res = res[o.index] if isinstance(res, (tuple, list)) else res
@@ -379,6 +392,8 @@ class _Worker:
                         self.hold(o.output, h, _flat(res)[_sl(h)].clone())
                     else:
                         self.hold(o.output, _full(res) if torch.is_tensor(res) else None, res)
+                    m1 = self._mark()
+                    self._profiled("(bookkeeping)", [m0, m0, m1, m1])
                     continue
                 self.hold(o.output, self.x["held"][o.output][self.rank],
                           self.run_op(n, o, info, sub, shape_of))
@@ -394,6 +409,7 @@ class _Worker:
         g = self.g
         fill = float("-inf") if info["reducer"] == "max" else 0.0
         bufs = {}
+        marks = [self._mark()]
         for t, need in info["needs"].items():
             b = self.fetch(t, need, fill)
             if b is not None and t in info["zero"] and info["zero"][t][self.rank]:
@@ -405,17 +421,35 @@ class _Worker:
             bufs.setdefault(t, None)
         out_box = info["out"][self.rank]
         res = None
+        marks.append(self._mark())
         if _inter(out_box, out_box) is not None:
             t0, c0 = time.perf_counter(), time.thread_time()
             res = self.compute(n, o, bufs, sub, out_box, g.tensors[o.output], fill, shape_of)
             self.compute_s += time.perf_counter() - t0
             self.compute_cpu_s += time.thread_time() - c0
         self.in_flight(list(bufs.values()) + [res])
+        marks.append(self._mark())
         val = self.distribute(o.output, res, info["out"], info["reducer"])
+        marks.append(self._mark())
+        self._profiled(o.target, marks)
         self.in_flight(list(bufs.values()) + [res, val])
         for t in bufs:
             shape_of.pop(id(bufs[t]), None)
         return val
+
+    def _mark(self):
+        """A timing hook's reading: wall clock, this thread's CPU, waits so far, and the page
+        faults it took (first touches of fresh memory)."""
+        return time.perf_counter(), time.thread_time(), self.wait_s, self.coll_s, _faults()
+
+    def _profiled(self, target, marks):
+        """Add one operator's phases (fetch, compute, send / combine: :meth:`_mark`s between
+        them) to ``prof[target]``."""
+        (w0, c0, _, _, _), (w1, c1, _, _, _), (w2, c2, _, _, _), (w3, c3, x3, k3, f3) = marks
+        row = self.prof.setdefault(target, [0.0] * 10)
+        for i, v in enumerate((1, w1 - w0, c1 - c0, w2 - w1, c2 - c1, w3 - w2, c3 - c2,
+                               x3 - marks[0][2], k3 - marks[0][3], f3 - marks[0][4])):
+            row[i] += v
 
     def compute(self, n, o, bufs, sub, out_box, ten, fill, shape_of):
         """Operator ``o``'s output tile on region tiles (:mod:`.tiles`); an op without a tile
@@ -713,7 +747,8 @@ def _op_plan(rank, world, job, send):
                               "fallback": timed["fallback"], "local": timed["local"],
                               "collectives": timed["collectives"], "why": timed["why"],
                               "dtype": timed["dtype"], "cpu_s": timed["cpu_s"],
-                              "compute_cpu_s": timed["compute_cpu_s"]})
+                              "compute_cpu_s": timed["compute_cpu_s"],
+                              "profile": timed["profile"]})
     if world > 1:
         dist.barrier()                 # nobody leaves while a peer still gathers
 
@@ -724,7 +759,7 @@ def _summary(p: dict) -> dict:
         return p
     w = p["worker"]
     return {**{k: p[k] for k in ("times", "peak", "sent", "extra", "compute_s", "step_s",
-                                 "cpu_s", "compute_cpu_s")},
+                                 "cpu_s", "compute_cpu_s", "profile")},
             "fallback": dict(w.fallback), "local": dict(w.local_ops),
             "collectives": w.collectives, "why": dict(w.why),
             "dtype": str(w.float_dtype).replace("torch.", "")}
@@ -754,13 +789,14 @@ def _op_pass(rank, world, job, dtype, steps, fault, groups, mem_scale):
     new_ids = [a.name if isinstance(a, torch.fx.Node) else None
                for a in flat[1 + npar:1 + 2 * npar]]
     arm(mem_scale)                     # --memory-per-worker counts the steps (set up done)
-    times, cpu, compute_cpu, peak = [], [], [], 0
+    times, cpu, compute_cpu, peak, profs = [], [], [], 0, []
     sent = extra = compute_s = 0.0
     for i in range(steps):
         inject_fault(fault, rank, i + 1, "operator-level step")
         w.delivered.clear()
         w.received.clear()
         w.compute_s = w.compute_cpu_s = 0.0
+        w.prof = {}
         if world > 1:
             dist.barrier()
         t0, c0 = time.perf_counter(), time.thread_time()
@@ -768,6 +804,7 @@ def _op_pass(rank, world, job, dtype, steps, fault, groups, mem_scale):
         times.append(time.perf_counter() - t0)
         cpu.append(time.thread_time() - c0)
         compute_cpu.append(w.compute_cpu_s)
+        profs.append(w.prof)
         if i == 0:
             sent, extra, compute_s = w.sent, w.extra, w.compute_s
         peak = max(peak, w.peak_bytes)
@@ -779,7 +816,21 @@ def _op_pass(rank, world, job, dtype, steps, fault, groups, mem_scale):
         return float(np.median(v[1:] if len(v) > 2 else v))
     return {"tval": tval, "worker": w, "g": g, "new_ids": new_ids, "times": times,
             "peak": peak, "sent": sent, "extra": extra, "compute_s": compute_s,
-            "step_s": med(times), "cpu_s": med(cpu), "compute_cpu_s": med(compute_cpu)}, groups
+            "step_s": med(times), "cpu_s": med(cpu), "compute_cpu_s": med(compute_cpu),
+            "profile": _mean_profile(profs)}, groups
+
+
+def _mean_profile(profs: list) -> dict:
+    """The timing hooks' per-target seconds (:meth:`_Worker._profiled`) per step, averaged
+    over the steps after the first (the warm-up) when there are more."""
+    use = profs[1:] if len(profs) > 1 else profs
+    out: dict = {}
+    for p in use:
+        for k, row in p.items():
+            acc = out.setdefault(k, [0.0] * len(row))
+            for i, v in enumerate(row):
+                acc[i] += v / len(use)
+    return out
 
 
 def run_layout(spec: str, batch: int | None, model_args: dict | None, xplan: dict, *,
@@ -936,12 +987,40 @@ def _layout_result(plan, res, workers, got, dtype):
            # interpreter's own work, not waiting for transfers
            "cpu_step_s": [float(m.get("cpu_s", 0.0)) for m in mem.values()],
            "compute_cpu_s": [float(m.get("compute_cpu_s", 0.0)) for m in mem.values()],
+           # where each worker's step went, per aten target (timing hooks; per step)
+           "step_profile": [step_breakdown(m.get("profile") or {}, float(stats[r][2]),
+                                           float(m.get("cpu_s", 0.0)))
+                            for r, m in mem.items()],
            # each step's wall time on the slowest worker (the first step includes warm-up)
            "step_times_s": [max(ts) for ts in zip(*(v[4] for v in stats.values()))],
            "launch_time_s": got.elapsed_s, "pids": got.pids, "backend": got.backend,
            "reference": None, "reference_ok": None, "max_rel_error": None,
            "reference_loss": None}
     return out, main
+
+
+_PHASES = ("ops", "fetch_s", "fetch_cpu_s", "compute_s", "compute_cpu_s", "send_s",
+           "send_cpu_s", "wait_s", "collective_s", "page_faults")
+
+
+def _faults() -> int:
+    """This thread's minor page faults so far (0 where ``RUSAGE_THREAD`` is missing)."""
+    import resource
+    who = getattr(resource, "RUSAGE_THREAD", None)
+    return 0 if who is None else resource.getrusage(who).ru_minflt
+
+
+def step_breakdown(prof: dict, step_s: float, cpu_s: float) -> dict:
+    """"Where did the step go" for one worker: ``by_target`` (aten target -> the timing
+    hooks' seconds per step: fetching input regions, computing, sending / combining the
+    output - wall and CPU -, of which waiting in transfers and in collectives) and
+    ``total`` (the same summed, plus ``step_s`` / ``cpu_s`` and ``other_s``: the step's
+    wall time outside every operator, the interpreter's own loop and freeing tiles)."""
+    by = {k: dict(zip(_PHASES, row)) for k, row in sorted(prof.items())}
+    tot = {k: float(sum(r[k] for r in by.values())) for k in _PHASES}
+    inside = tot["fetch_s"] + tot["compute_s"] + tot["send_s"]
+    tot.update(step_s=step_s, cpu_s=cpu_s, other_s=max(0.0, step_s - inside))
+    return {"by_target": by, "total": tot}
 
 
 def placement_xplan(g, names, placement, workers: int) -> dict:

@@ -80,10 +80,19 @@ def format_run(res: dict) -> str:
         dt = res.get("timed_dtype", "float64")
         if res.get("predicted_step_time_s"):
             pred, meas = res["predicted_step_time_s"], res["measured_step_time_s"]
-            parts = [f"compute {(res.get('predicted_compute_step_s') or 0) * 1e3:.1f}",
-                     f"links {(res.get('predicted_comm_s') or 0) * 1e3:.1f}"]
-            if res.get("predicted_latency_s"):
-                parts.append(f"latency {res['predicted_latency_s'] * 1e3:.1f}")
+            terms = res.get("predicted_terms")
+            if terms:                     # the executor's own transfers, simulated
+                parts = [f"compute {terms['compute'] * 1e3:.1f}",
+                         f"send/receive calls {terms['calls'] * 1e3:.1f}",
+                         f"waiting on peers, links and collectives {terms['wait'] * 1e3:.1f}"]
+                if (res.get("predicted_share") or 1.0) > 1.0:
+                    parts[0] += (f" (×{res['predicted_share']:.2f}: more workers than cores "
+                                 f"share them)")
+            else:
+                parts = [f"compute {(res.get('predicted_compute_step_s') or 0) * 1e3:.1f}",
+                         f"links {(res.get('predicted_comm_s') or 0) * 1e3:.1f}"]
+                if res.get("predicted_latency_s"):
+                    parts.append(f"latency {res['predicted_latency_s'] * 1e3:.1f}")
             lines.append(f"step time: predicted {pred * 1e3:.2f} ms ({' + '.join(parts)}; "
                          f"{res.get('compute_source', 'roofline')}), measured "
                          f"{meas * 1e3:.2f} ms ({(pred - meas) / meas * 100:+.0f} %; {dt}, op "
@@ -97,6 +106,17 @@ def format_run(res: dict) -> str:
                 f"{c * 1e3:.1f} ms" for c in res["cpu_step_s"]) +
                 (" - well below the measured step: other processes held the cores, or the "
                  "workers waited on the links" if busy else ""))
+        for w, p in enumerate(res.get("step_profile") or []):
+            t = p["total"]
+            cpu = t["fetch_cpu_s"] + t["compute_cpu_s"] + t["send_cpu_s"]
+            lines.append(
+                f"worker {w} where the step went: {t['step_s'] * 1e3:.1f} ms = operators' CPU "
+                f"{cpu * 1e3:.1f} (computing {t['compute_cpu_s'] * 1e3:.1f}, fetching "
+                f"{t['fetch_cpu_s'] * 1e3:.1f}, sending / combining {t['send_cpu_s'] * 1e3:.1f})"
+                f" + waiting {max(0.0, t['fetch_s'] + t['compute_s'] + t['send_s'] - cpu) * 1e3:.1f}"
+                f" (in transfers "
+                f"{t['wait_s'] * 1e3:.1f}, collectives {t['collective_s'] * 1e3:.1f}) + outside "
+                f"the operators {t['other_s'] * 1e3:.1f}; {t['page_faults']:.0f} page faults")
         if res.get("fallback_ops"):
             lines.append("on full-size buffers (no tile rule): " + ", ".join(
                 f"{k} ×{v}" for k, v in res["fallback_ops"].items()))

@@ -307,13 +307,17 @@ def tofu_prediction(doc: dict, g, xplan: dict, dtype: str, progress=None) -> dic
         from ..devices import local
         dev = local(n)
         if dev.meta.get("calibrated"):
-            from .shardtime import predict_step
+            from .shardtime import comm_costs, predict_step, share_factor
             lat = float(dev.latency[0, 1]) if n > 1 else 0.0
             # shards timed under an earlier calibration (another state of the machine) are
             # not reused: the cache key names this one
             kind = f"{dev.devices[0].kind}@{dev.meta.get('calibrated_at')}"
+            # the executor's own transfers at the calibrated point-to-point costs (a
+            # calibration from before they were measured: the plan's link time + latency)
+            costs = comm_costs(dev) if dev.meta.get("p2p") else None
             return predict_step(g, xplan, _link_seconds(doc, float(dev.bw[0, 1])) if n > 1
-                                else comm, lat, dtype, kind, progress=progress)
+                                else comm, lat, dtype, kind, progress=progress, costs=costs,
+                                share=share_factor(n))
         why = "roofline at the local preset's default rates (not calibrated)"
     else:
         why = f"roofline of the {doc.get('preset') or '?'} preset's devices, not this machine"
