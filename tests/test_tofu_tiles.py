@@ -374,3 +374,154 @@ def test_layer_norm_gradients_on_row_blocks_without_the_inputs_their_description
         tiles.compute("native_layer_norm_backward", aten.native_layer_norm_backward,
                       (go, x, [8], mean, rstd, None, None, [True] * 3), {}, 0, _tiles([]),
                       np.array([[0, 6], [0, 4], [0, 8]]), (6, 4, 8))
+
+
+# --------------------------------------------------------------------------------------------
+# causal masks, slice gradients, transposed convolutions (each rule against the whole op)
+# --------------------------------------------------------------------------------------------
+
+
+def _random_cuts(rng, n, parts):
+    """``parts`` consecutive ranges covering ``[0, n)`` at random cut points."""
+    cuts = sorted(rng.choice(np.arange(1, n), size=parts - 1, replace=False).tolist())
+    edges = [0] + cuts + [n]
+    return list(zip(edges[:-1], edges[1:]))
+
+
+@pytest.mark.parametrize("op", ["tril", "triu"])
+def test_tril_and_triu_on_tiles_move_the_diagonal_by_the_tile_s_offset(op):
+    """A tile at rows ``r0`` and columns ``c0`` of the last two axes is the whole op's when
+    the diagonal moves by ``r0 - c0``; the unmoved diagonal is wrong off the main blocks."""
+    rng = np.random.default_rng(0)
+    fn = getattr(aten, op)
+    x = torch.randn(3, 9, 11, dtype=torch.float64)
+    unmoved_wrong = 0
+    for diag in (-3, -1, 0, 2, 5):
+        whole = fn(x, diag)
+        for _ in range(6):
+            rows, cols = _random_cuts(rng, 9, 3), _random_cuts(rng, 11, 3)
+            b0, b1 = sorted(rng.choice(4, size=2, replace=False).tolist())
+            for r0, r1 in rows:
+                for c0, c1 in cols:
+                    box = np.array([[b0, b1], [r0, r1], [c0, c1]])
+                    # the region may be larger than the box (an element-wise op's is the box)
+                    reg = np.array([[0, 3], [max(r0 - 1, 0), r1], [c0, min(c1 + 2, 11)]])
+                    xt = x[:, reg[1, 0]:reg[1, 1], reg[2, 0]:reg[2, 1]].clone()
+                    got = tiles.compute(op, fn, (xt, diag), {}, 0,
+                                        _tiles([(xt, reg, x.shape)]), box, x.shape)
+                    assert torch.equal(got, whole[b0:b1, r0:r1, c0:c1]), (diag, box.tolist())
+                    tile = x[b0:b1, r0:r1, c0:c1]
+                    unmoved_wrong += not torch.equal(fn(tile, diag), whole[b0:b1, r0:r1, c0:c1])
+    assert unmoved_wrong > 0          # the test tells the moved diagonal from the unmoved one
+    with pytest.raises(tiles.Fallback, match="does not cover"):
+        xt = x[:, :4].clone()
+        tiles.compute(op, fn, (xt, 0), {}, 0, _tiles([(xt, [[0, 3], [0, 4], [0, 11]],
+                                                       x.shape)]),
+                      np.array([[0, 3], [2, 6], [0, 11]]), x.shape)
+
+
+@pytest.mark.parametrize("start,end,step", [(2, 9, 1), (1, 12, 3), (-7, 100, 2), (0, 5, 1)])
+def test_slice_backward_on_tiles_places_the_rows_that_land_in_the_box(start, end, step):
+    rng = np.random.default_rng(1)
+    size, dim = 12, 1
+    shape = (2, size, 4)
+    ref = torch.zeros(shape, dtype=torch.float64)
+    sl = ref[:, slice(start, end, step)]
+    grad = torch.randn(sl.shape, dtype=torch.float64)
+    whole = aten.slice_backward(grad, list(shape), dim, start, end, step)
+    n = grad.shape[dim]
+    s0 = 0 if start is None else (start + size if start < 0 else start)
+    for _ in range(8):
+        for o0, o1 in _random_cuts(rng, size, 3):
+            # the gradient rows landing in [o0, o1), widened by one row where there is one
+            ks = [k for k in range(n) if o0 <= s0 + k * step < o1]
+            lo = max((ks[0] if ks else 0) - 1, 0)
+            hi = min((ks[-1] + 1 if ks else 0) + 1, n)
+            gt = grad[:, lo:hi].clone()
+            box = np.array([[0, 2], [o0, o1], [0, 4]])
+            got = tiles.compute("slice_backward", aten.slice_backward,
+                                (gt, list(shape), dim, start, end, step), {}, 0,
+                                _tiles([(gt, [[0, 2], [lo, hi], [0, 4]], grad.shape)]), box,
+                                shape)
+            assert torch.equal(got, whole[:, o0:o1]), (o0, o1, lo, hi)
+    if n > 2:                                          # a region missing a landing row
+        gt = grad[:, 1:].clone()
+        with pytest.raises(tiles.Fallback, match="misses rows"):
+            tiles.compute("slice_backward", aten.slice_backward,
+                          (gt, list(shape), dim, start, end, step), {}, 0,
+                          _tiles([(gt, [[0, 2], [1, n], [0, 4]], grad.shape)]),
+                          np.array([[0, 2], [0, size], [0, 4]]), shape)
+
+
+@pytest.mark.parametrize("s,p,d,op,groups", [(2, 0, 1, 0, 1), (2, 1, 1, 1, 1), (3, 2, 2, 2, 1),
+                                             (1, 1, 1, 0, 2), (2, 1, 2, 1, 2)])
+def test_a_transposed_convolution_and_its_gradients_run_on_row_tiles(s, p, d, op, groups):
+    """U-Net's up-convolutions: output rows from the input rows whose taps reach them
+    (:func:`transpose_window`, cut by :func:`transpose_crop`), the input's gradient as the
+    convolution of the output gradient's window, the filter gradient as partial sums over
+    input-row tiles - each equal to the whole op's, at random row cuts."""
+    rng = np.random.default_rng(2 + s + p + d + op + groups)
+    torch.manual_seed(int(rng.integers(1000)))
+    k = 3
+    x = torch.randn(2, 4, 7, 5, dtype=torch.float64)
+    w = torch.randn(4, 6 // groups, k, 2, dtype=torch.float64)
+    b = torch.randn(6, dtype=torch.float64)
+    S, P, D, OP = [s, 1], [p, 0], [d, 1], [op, 0]
+    args = (S, P, D, True, OP, groups)
+    y = aten.convolution(x, w, b, *args)
+    go = torch.randn_like(y)
+    gx, gw, gb = aten.convolution_backward(go, x, w, [6], *args, [True, True, True])
+    H, Ho = x.shape[2], y.shape[2]
+    whole_w = np.array([[0, n] for n in w.shape])
+    for _ in range(3):
+        for lo, hi in _random_cuts(rng, Ho, 3):
+            a, z = (int(v) for v in transpose_window(lo, hi, H, k, s, p, d))
+            xt = x[:, :, a:z].clone()
+            out = _rows((lo, hi), y.shape)
+            got = tiles.compute("convolution", aten.convolution, (xt, w, b, *args), {}, 0,
+                                _tiles([(xt, _rows((a, z), x.shape), x.shape),
+                                        (w, whole_w, w.shape)]), out, y.shape)
+            assert torch.allclose(got, y[:, :, lo:hi], atol=1e-12), (lo, hi, a, z)
+        # the input's gradient: rows of x from the output-gradient rows they reach
+        for lo, hi in _random_cuts(rng, H, 3):
+            a, z = (int(v) for v in window(lo, hi, Ho, k, s, p, d))
+            gt = go[:, :, a:z].clone()
+            got = tiles.compute("convolution_backward", aten.convolution_backward,
+                                (gt, None, w, [6], *args, [True, False, False]), {}, 0,
+                                _tiles([(gt, _rows((a, z), y.shape), y.shape),
+                                        (w, whole_w, w.shape)]),
+                                _rows((lo, hi), x.shape), x.shape)
+            assert torch.allclose(got, gx[:, :, lo:hi], atol=1e-12), (lo, hi)
+        # the filter gradient: a partial sum over input-row tiles
+        pw = torch.zeros_like(gw)
+        for lo, hi in _random_cuts(rng, H, 3):
+            a, z = (int(v) for v in window(lo, hi, Ho, k, s, p, d))
+            xt, gt = x[:, :, lo:hi].clone(), go[:, :, a:z].clone()
+            pw += tiles.compute("convolution_backward", aten.convolution_backward,
+                                (gt, xt, None, [6], *args, [False, True, False]), {}, 1,
+                                _tiles([(gt, _rows((a, z), y.shape), y.shape),
+                                        (xt, _rows((lo, hi), x.shape), x.shape)]),
+                                whole_w, w.shape)
+        assert torch.allclose(pw, gw, atol=1e-10)
+    # channel blocks of the output (whole groups) with the weight's columns, and the bias's
+    # gradient
+    c0, c1 = (0, 3) if groups == 1 else (3, 6)
+    wt = w[:, c0:c1].clone() if groups == 1 else w[2:4].clone()
+    xt = x if groups == 1 else x[:, 2:4].clone()
+    xb = np.array([[0, 2], [0, 4] if groups == 1 else [2, 4], [0, H], [0, 5]])
+    wb = np.array([[0, 4], [c0, c1], [0, k], [0, 2]]) if groups == 1 else \
+        np.array([[2, 4], [0, 3], [0, k], [0, 2]])
+    out = np.array([[0, 2], [c0, c1], [0, Ho], [0, y.shape[3]]])
+    got = tiles.compute("convolution", aten.convolution, (xt, wt, b[c0:c1], *args), {}, 0,
+                        _tiles([(xt, xb, x.shape), (wt, wb, w.shape)]), out, y.shape)
+    assert torch.allclose(got, y[:, c0:c1], atol=1e-12)
+    got = tiles.compute("convolution_backward", aten.convolution_backward,
+                        (go, x, w, [6], *args, [False, False, True]), {}, 2,
+                        _tiles([(go, _rows((0, Ho), y.shape), y.shape)]), np.array([[0, 6]]),
+                        (6,))
+    assert torch.allclose(got, gb)
+    with pytest.raises(tiles.Fallback, match="disagree"):      # a region missing a tap
+        xt = x[:, :, 1:].clone()
+        tiles.compute("convolution", aten.convolution, (xt, w, b, *args), {}, 0,
+                      _tiles([(xt, _rows((1, H), x.shape), x.shape), (w, whole_w, w.shape)]),
+                      _rows((0, Ho), y.shape), y.shape)

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..geometry import window_pads
+from ..geometry import transpose_crop, window_pads
 
 #: aten targets whose result at an index depends only on the inputs at the regions the plan
 #: gives (no position-dependent argument): run unchanged on the tiles
@@ -264,15 +264,13 @@ def _local_groups(groups: int, cin: int, cin_local: int) -> int:
     return cin_local // per
 
 
-def _convolution(target, fn, args, kwargs, index, tile_of, out_box, out_shape):
-    x, w, b = args[0], args[1], args[2]
-    if x is None or w is None or args[6]:
-        raise Fallback("aten.convolution: transposed, or an input not read")
+def _conv_rows(x, w, b, tile_of, out_box, s, p, d, groups):
+    """Output box ``out_box`` of a convolution of ``x`` (a region tile: the box's window) by
+    ``w``: padded only at the tensor's true border (:func:`window_pads`)."""
     xbox, xshape = tile_of(x)
     _, wshape = tile_of(w)
-    groups = _local_groups(args[8], xshape[1], x.shape[1])
+    groups = _local_groups(groups, xshape[1], x.shape[1])
     n = len(xshape) - 2
-    s, p, d = _conv_args(args, n)
     try:
         pads = window_pads(out_box, xbox, xshape, wshape[2:], s, p, d)
     except ValueError as exc:
@@ -283,29 +281,89 @@ def _convolution(target, fn, args, kwargs, index, tile_of, out_box, out_shape):
                                       groups)
 
 
+def _conv_filter_grad(go, x, tile_of, kernel, s, p, d, groups):
+    """A convolution's filter gradient from the output-gradient tile ``go`` and the input
+    region ``x`` its rows read (their window): a partial sum over ``go``'s batch and rows."""
+    gbox, _ = tile_of(go)
+    xbox, xshape = tile_of(x)
+    n = len(xshape) - 2
+    try:
+        pads = window_pads(gbox, xbox, xshape, list(kernel), s, p, d)
+    except ValueError as exc:
+        raise Fallback(str(exc)) from None
+    xp = _pad(x, pads)
+    groups = _local_groups(groups, xshape[1], x.shape[1])
+    wl = xp.new_zeros(()).expand(go.shape[1], xp.shape[1] // groups, *kernel)
+    return torch.ops.aten.convolution_backward(
+        go, xp, wl, None, s, [0] * n, d, False, [0] * n, groups, [False, True, False])[1]
+
+
+def _convolution(target, fn, args, kwargs, index, tile_of, out_box, out_shape):
+    x, w, b = args[0], args[1], args[2]
+    if w is None or (x is None and not args[6]):
+        raise Fallback("aten.convolution: an input not read")
+    n = len(out_shape) - 2
+    s, p, d = _conv_args(args, n)
+    if args[6]:
+        return _conv_transpose(x, w, b, tile_of, out_box, out_shape, s, p, d, int(args[8]))
+    return _conv_rows(x, w, b, tile_of, out_box, s, p, d, args[8])
+
+
+def _conv_transpose(x, w, b, tile_of, out_box, out_shape, s, p, d, groups):
+    """Output box of a transposed convolution (weight ``[Cin, Cout/g, k...]``) from the input
+    region its taps reach (:func:`~explorer.engine.geometry.transpose_window`): run without
+    padding on the region, the local result's row ``t`` is output row ``start·s − p + t``;
+    :func:`~explorer.engine.geometry.transpose_crop` cuts the rows outside the box and adds
+    the box's rows no input of the region reaches (the output padding's tail, the rows
+    between strided taps); then the bias.  An empty region: the bias alone."""
+    n = len(out_shape) - 2
+    want = extents(out_box)
+    if x is None or x.numel() == 0:
+        y = w.new_zeros(want)
+    else:
+        xbox, xshape = tile_of(x)
+        _, wshape = tile_of(w)
+        if xbox is None or wshape is None:
+            raise Fallback("aten.convolution: a transposed input without its region")
+        cout = int(out_box[1, 1] - out_box[1, 0])
+        g = _local_groups(groups, xshape[1], x.shape[1])
+        if w.shape[1] * g != cout:
+            raise Fallback("aten.convolution: the weight tile's columns are not the box's "
+                           "output channels")
+        try:
+            pads = transpose_crop(out_box, xbox, xshape, list(wshape[2:]), s, p, d)
+        except ValueError as exc:
+            raise Fallback(str(exc)) from None
+        y = _pad(torch.ops.aten.convolution(x, w, None, s, [0] * n, d, True, [0] * n, g),
+                 pads)
+    if b is not None:
+        y = y + b.reshape((1, -1) + (1,) * n)
+    return y
+
+
 def _convolution_backward(target, fn, args, kwargs, index, tile_of, out_box, out_shape):
     go, x, w = args[0], args[1], args[2]
-    if args[7] or go is None:
-        raise Fallback("aten.convolution_backward: transposed")
+    if go is None:
+        raise Fallback("aten.convolution_backward: the output gradient not read")
     gbox, gshape = tile_of(go)
     n = len(gshape) - 2
     s, p, d = _conv_args(args, n, 4)
     if index == 2:                                   # bias: sum over all but the channels
         return go.sum([0] + list(range(2, go.dim())))
+    if args[7]:
+        # transposed: the input gradient is the convolution of go by the same weight, the
+        # filter gradient a convolution's with the roles of x and go swapped
+        if index == 0:
+            if w is None:
+                raise Fallback("aten.convolution_backward: the input gradient without w")
+            return _conv_rows(go, w, None, tile_of, out_box, s, p, d, args[9])
+        if x is None:
+            raise Fallback("aten.convolution_backward: the weight gradient without x")
+        return _conv_filter_grad(x, go, tile_of, list(out_shape[2:]), s, p, d, args[9])
     if index == 1:                                   # weight: as the forward on go's window
         if x is None:
             raise Fallback("aten.convolution_backward: the weight gradient without x")
-        xbox, xshape = tile_of(x)
-        _, wshape = (tile_of(w) if w is not None else (None, out_shape))
-        try:
-            pads = window_pads(gbox, xbox, xshape, list(out_shape[2:]), s, p, d)
-        except ValueError as exc:
-            raise Fallback(str(exc)) from None
-        xp = _pad(x, pads)
-        groups = _local_groups(args[9], xshape[1], x.shape[1])
-        wl = xp.new_zeros(()).expand(go.shape[1], xp.shape[1] // groups, *out_shape[2:])
-        return torch.ops.aten.convolution_backward(
-            go, xp, wl, None, s, [0] * n, d, False, [0] * n, groups, [False, True, False])[1]
+        return _conv_filter_grad(go, x, tile_of, list(out_shape[2:]), s, p, d, args[9])
     if w is None:
         raise Fallback("aten.convolution_backward: the input gradient without the weight")
     # input: the gradient of a local convolution over the window go's rows read, cut to
@@ -554,6 +612,65 @@ def _select_backward(target, fn, args, kwargs, index, tile_of, out_box, out_shap
     return out
 
 
+def _region_at_box(target, x, tile_of, out_box):
+    """The element-wise input region ``x`` cut to ``out_box`` (it covers the box), and the
+    box's global offsets."""
+    box, _ = tile_of(x)
+    if box is None:
+        raise Fallback(f"aten.{target}: an input without a region")
+    box = np.asarray(box)
+    if box.shape != np.shape(out_box) or (box[:, 0] > out_box[:, 0]).any() or \
+            (box[:, 1] < out_box[:, 1]).any():
+        raise Fallback(f"aten.{target}: the region does not cover the box")
+    return x[tuple(slice(int(a - o), int(b - o))
+                   for (a, b), o in zip(out_box, box[:, 0]))]
+
+
+def _triangle(target, fn, args, kwargs, index, tile_of, out_box, out_shape):
+    """``tril`` / ``triu`` of the tile at rows ``r0`` and columns ``c0`` (its last two axes)
+    is the op on the tile with the diagonal moved by ``r0 - c0``: element ``(i, j)`` is kept
+    when ``j - i ≤ diagonal`` (tril), and locally ``j - i = j' - i' + c0 - r0``."""
+    x = args[0]
+    if x is None or len(out_shape) < 2:
+        raise Fallback(f"aten.{target}: an input not read, or fewer than two axes")
+    diag = int(args[1]) if len(args) > 1 else int(kwargs.get("diagonal", 0))
+    x = _region_at_box(target, x, tile_of, out_box)
+    r0, c0 = int(out_box[-2, 0]), int(out_box[-1, 0])
+    return fn(x, diag + r0 - c0)
+
+
+def _slice_backward(target, fn, args, kwargs, index, tile_of, out_box, out_shape):
+    """Rows ``[o0, o1)`` (along ``dim``) of ``slice_backward``: zeros, with the gradient rows
+    ``k`` of the region whose position ``start + k·step`` falls in the box.  The other axes
+    are the box's (an element-wise region)."""
+    grad = args[0]
+    dim = int(args[2]) % len(out_shape)
+    size = int(out_shape[dim])
+    start, step = args[3], int(args[5])
+    start = 0 if start is None else int(start)
+    start = min(max(start + size if start < 0 else start, 0), size)
+    gbox, _ = tile_of(grad)
+    if grad is None or gbox is None:
+        raise Fallback("aten.slice_backward: the gradient without its region")
+    gbox = np.asarray(gbox)
+    others = [a for a in range(len(out_shape)) if a != dim]
+    if any((int(gbox[a, 0]), int(gbox[a, 1])) != (int(out_box[a, 0]), int(out_box[a, 1]))
+           for a in others):
+        raise Fallback("aten.slice_backward: the region's other axes are not the box's")
+    o0, o1 = int(out_box[dim, 0]), int(out_box[dim, 1])
+    n = int(tile_of(grad)[1][dim])
+    k_lo = min(max(-(-(o0 - start) // step), 0), n)         # the rows that land in the box
+    k_hi = min(max(-(-(o1 - start) // step), 0), n)
+    if k_lo < k_hi and (int(gbox[dim, 0]) > k_lo or int(gbox[dim, 1]) < k_hi):
+        raise Fallback("aten.slice_backward: the region misses rows that land in the box")
+    k = torch.arange(int(gbox[dim, 0]), int(gbox[dim, 1]))
+    pos = start + k * step
+    ok = (pos >= o0) & (pos < o1)
+    out = grad.new_zeros(extents(out_box))
+    out.index_copy_(dim, pos[ok] - o0, grad.index_select(dim, torch.nonzero(ok).flatten()))
+    return out
+
+
 def _stack(target, fn, args, kwargs, index, tile_of, out_box, out_shape):
     dim = int(args[1]) if len(args) > 1 else int(kwargs.get("dim", 0))
     parts = [t for t in args[0] if t is not None]
@@ -571,7 +688,8 @@ _RULES = {"_adaptive_avg_pool2d": _adaptive_pool, "adaptive_avg_pool2d": _adapti
           "avg_pool2d": _avg_pool,
           "avg_pool2d_backward": _avg_pool_backward, "embedding": _embedding,
           "embedding_dense_backward": _embedding_backward,
-          "select_backward": _select_backward, "stack": _stack, "view": _view, "_unsafe_view": _view, "reshape": _view, "expand": _expand,
+          "select_backward": _select_backward, "slice_backward": _slice_backward,
+          "tril": _triangle, "triu": _triangle, "stack": _stack, "view": _view, "_unsafe_view": _view, "reshape": _view, "expand": _expand,
           "mean": _mean, "select": _select, "slice": _slice, "split": _split,
           "unsafe_split": _split, "split_with_sizes": _split, "unbind": _unbind,
           "cat": _cat, "convolution": _convolution,
