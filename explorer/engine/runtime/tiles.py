@@ -149,11 +149,27 @@ def _ln_backward(target, fn, args, kwargs, index, tile_of, out_box, out_shape):
 
 
 def _view(target, fn, args, kwargs, index, tile_of, out_box, out_shape):
+    """A view's box: the input region reshaped when it is exactly the box's preimage;
+    otherwise (the preimage of a box is not always a box - rows ``[0, 5)`` of a ``(5, 2, 16)``
+    tensor viewed as ``(10, 16)`` are its rows ``(0, 0)`` to ``(2, 0)``, the region their hull)
+    the box's elements gathered from the region by their positions in the whole tensors."""
     x = args[0]
     want = extents(out_box) if out_shape else ()
-    if x.numel() != int(np.prod(want)):
+    if x.numel() == int(np.prod(want)):
+        return x.reshape(want)
+    box, shape = tile_of(x)
+    if box is None or not out_shape or x.dim() == 0:
         raise Fallback(f"aten.{target}: the input region is not the output box's preimage")
-    return x.reshape(want)
+    box = np.asarray(box)
+    idx = np.ix_(*[np.arange(int(a), int(b)) for a, b in np.asarray(out_box)])
+    flat = np.ravel_multi_index(np.broadcast_arrays(*idx), tuple(out_shape))
+    pos = np.unravel_index(flat, tuple(shape))
+    local = [p_ - int(box[a, 0]) for a, p_ in enumerate(pos)]
+    if any(((lc < 0) | (lc >= x.shape[a])).any() for a, lc in enumerate(local)):
+        raise Fallback(f"aten.{target}: the input region misses part of the output box's "
+                       f"preimage")
+    at = torch.from_numpy(np.ravel_multi_index(local, tuple(x.shape)).reshape(-1))
+    return x.reshape(-1)[at].reshape(want)
 
 
 def _expand(target, fn, args, kwargs, index, tile_of, out_box, out_shape):
@@ -264,15 +280,28 @@ def _local_groups(groups: int, cin: int, cin_local: int) -> int:
     return cin_local // per
 
 
+def _taps(w, tile_of, p, d):
+    """The kernel taps ``[j0, j0 + k)`` a weight tile holds (a plan may split a convolution's
+    reduction over the kernel window): its local kernel ``k`` and the padding ``p − d·j0``
+    that makes the taps a convolution of their own (output row ``y`` reads input row
+    ``y·s − p + d·(j0 + j')``)."""
+    box, _ = tile_of(w)
+    k = list(w.shape[2:])
+    if box is None:
+        return k, list(p)
+    return k, [p[i] - d[i] * int(box[2 + i, 0]) for i in range(len(k))]
+
+
 def _conv_rows(x, w, b, tile_of, out_box, s, p, d, groups):
     """Output box ``out_box`` of a convolution of ``x`` (a region tile: the box's window) by
-    ``w``: padded only at the tensor's true border (:func:`window_pads`)."""
+    ``w`` (the whole kernel, or the taps of a split reduction: :func:`_taps`): padded only at
+    the tensor's true border (:func:`window_pads`)."""
     xbox, xshape = tile_of(x)
-    _, wshape = tile_of(w)
     groups = _local_groups(groups, xshape[1], x.shape[1])
     n = len(xshape) - 2
+    k, p = _taps(w, tile_of, p, d)
     try:
-        pads = window_pads(out_box, xbox, xshape, wshape[2:], s, p, d)
+        pads = window_pads(out_box, xbox, xshape, k, s, p, d)
     except ValueError as exc:
         raise Fallback(str(exc)) from None
     common = [min(a, c) for a, c in pads]
@@ -281,12 +310,15 @@ def _conv_rows(x, w, b, tile_of, out_box, s, p, d, groups):
                                       groups)
 
 
-def _conv_filter_grad(go, x, tile_of, kernel, s, p, d, groups):
-    """A convolution's filter gradient from the output-gradient tile ``go`` and the input
-    region ``x`` its rows read (their window): a partial sum over ``go``'s batch and rows."""
+def _conv_filter_grad(go, x, tile_of, w_box, s, p, d, groups):
+    """A convolution's filter gradient (its box ``w_box``: whole, or a range of kernel taps)
+    from the output-gradient tile ``go`` and the input region ``x`` its rows read through
+    those taps: a partial sum over ``go``'s batch and rows."""
     gbox, _ = tile_of(go)
     xbox, xshape = tile_of(x)
     n = len(xshape) - 2
+    kernel = list(extents(w_box)[2:])
+    p = [p[i] - d[i] * int(w_box[2 + i, 0]) for i in range(n)]
     try:
         pads = window_pads(gbox, xbox, xshape, list(kernel), s, p, d)
     except ValueError as exc:
@@ -325,6 +357,8 @@ def _conv_transpose(x, w, b, tile_of, out_box, out_shape, s, p, d, groups):
         _, wshape = tile_of(w)
         if xbox is None or wshape is None:
             raise Fallback("aten.convolution: a transposed input without its region")
+        if tuple(w.shape[2:]) != tuple(wshape[2:]):
+            raise Fallback("aten.convolution: a transposed convolution's kernel taps split")
         cout = int(out_box[1, 1] - out_box[1, 0])
         g = _local_groups(groups, xshape[1], x.shape[1])
         if w.shape[1] * g != cout:
@@ -359,17 +393,17 @@ def _convolution_backward(target, fn, args, kwargs, index, tile_of, out_box, out
             return _conv_rows(go, w, None, tile_of, out_box, s, p, d, args[9])
         if x is None:
             raise Fallback("aten.convolution_backward: the weight gradient without x")
-        return _conv_filter_grad(x, go, tile_of, list(out_shape[2:]), s, p, d, args[9])
+        return _conv_filter_grad(x, go, tile_of, out_box, s, p, d, args[9])
     if index == 1:                                   # weight: as the forward on go's window
         if x is None:
             raise Fallback("aten.convolution_backward: the weight gradient without x")
-        return _conv_filter_grad(go, x, tile_of, list(out_shape[2:]), s, p, d, args[9])
+        return _conv_filter_grad(go, x, tile_of, out_box, s, p, d, args[9])
     if w is None:
         raise Fallback("aten.convolution_backward: the input gradient without the weight")
-    # input: the gradient of a local convolution over the window go's rows read, cut to
-    # the output box (rows of the box outside the window get nothing from these outputs)
-    _, wshape = tile_of(w)
-    k = list(wshape[2:])
+    # input: the gradient of a local convolution over the window go's rows read (through
+    # the weight tile's taps), cut to the output box (rows of the box outside the window get
+    # nothing from these outputs)
+    k, p = _taps(w, tile_of, p, d)
     start = [int(gbox[2 + i, 0]) * s[i] - p[i] for i in range(n)]
     length = [(int(gbox[2 + i, 1] - gbox[2 + i, 0]) - 1) * s[i] + d[i] * (k[i] - 1) + 1
               for i in range(n)]
