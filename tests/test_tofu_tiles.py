@@ -525,3 +525,120 @@ def test_a_transposed_convolution_and_its_gradients_run_on_row_tiles(s, p, d, op
         tiles.compute("convolution", aten.convolution, (xt, w, b, *args), {}, 0,
                       _tiles([(xt, _rows((1, H), x.shape), x.shape), (w, whole_w, w.shape)]),
                       _rows((0, Ho), y.shape), y.shape)
+
+
+def test_a_convolution_whose_kernel_taps_are_split_runs_on_its_taps():
+    """A plan may split a convolution's reduction over the kernel window (ViT's 8x8 patch
+    embedding on 4 workers): each worker's taps ``[j0, j1)`` with the rows they read are a
+    convolution of their own (padding ``p - d·j0``); the partial sums, and the data and
+    filter gradients of the taps, add up to the whole op's."""
+    rng = np.random.default_rng(7)
+    torch.manual_seed(7)
+    x = torch.randn(2, 3, 13, 6, dtype=torch.float64)
+    w = torch.randn(4, 3, 5, 3, dtype=torch.float64)
+    S, P, D = [2, 1], [1, 1], [2, 1]
+    args = (S, P, D, False, [0, 0], 1)
+    y = aten.convolution(x, w, None, *args)
+    go = torch.randn_like(y)
+    gx, gw, _ = aten.convolution_backward(go, x, w, None, *args, [True, True, False])
+    H, Ho = x.shape[2], y.shape[2]
+    for _ in range(4):
+        taps = _random_cuts(rng, 5, 2)
+        for lo, hi in _random_cuts(rng, Ho, 2):
+            part = 0
+            for j0, j1 in taps:
+                # the rows output rows [lo, hi) read through taps [j0, j1)
+                a, z = (int(v) for v in window(lo, hi, H, j1 - j0, S[0], P[0] - D[0] * j0,
+                                               D[0]))
+                xt, wt = x[:, :, a:z].clone(), w[:, :, j0:j1].clone()
+                wb = np.array([[0, 4], [0, 3], [j0, j1], [0, 3]])
+                part = part + tiles.compute(
+                    "convolution", aten.convolution, (xt, wt, None, *args), {}, 0,
+                    _tiles([(xt, _rows((a, z), x.shape), x.shape), (wt, wb, w.shape)]),
+                    _rows((lo, hi), y.shape), y.shape)
+            assert torch.allclose(part, y[:, :, lo:hi], atol=1e-12), (taps, lo, hi)
+        # the filter gradient of taps [j0, j1): from the rows go's rows read through them
+        for j0, j1 in taps:
+            a, z = (int(v) for v in window(0, Ho, H, j1 - j0, S[0], P[0] - D[0] * j0, D[0]))
+            xt = x[:, :, a:z].clone()
+            wb = np.array([[0, 4], [0, 3], [j0, j1], [0, 3]])
+            got = tiles.compute("convolution_backward", aten.convolution_backward,
+                                (go, xt, None, None, *args, [False, True, False]), {}, 1,
+                                _tiles([(go, _rows((0, Ho), y.shape), y.shape),
+                                        (xt, _rows((a, z), x.shape), x.shape)]), wb, w.shape)
+            assert torch.allclose(got, gw[:, :, j0:j1], atol=1e-10), (j0, j1)
+        # the data gradient through taps [j0, j1): partial sums over the taps
+        for lo, hi in _random_cuts(rng, H, 2):
+            part = 0
+            for j0, j1 in taps:
+                a, z = (int(v) for v in transpose_window(lo, hi, Ho, j1 - j0, S[0],
+                                                         P[0] - D[0] * j0, D[0]))
+                gt, wt = go[:, :, a:z].clone(), w[:, :, j0:j1].clone()
+                wb = np.array([[0, 4], [0, 3], [j0, j1], [0, 3]])
+                part = part + tiles.compute(
+                    "convolution_backward", aten.convolution_backward,
+                    (gt, None, wt, None, *args, [True, False, False]), {}, 0,
+                    _tiles([(gt, _rows((a, z), y.shape), y.shape), (wt, wb, w.shape)]),
+                    _rows((lo, hi), x.shape), x.shape)
+            assert torch.allclose(part, gx[:, :, lo:hi], atol=1e-10), (taps, lo, hi)
+
+
+def test_a_view_whose_box_s_preimage_is_not_a_box_gathers_it_from_the_region():
+    """Rows ``[r0, r1)`` of a ``(5, 2, 16)`` tensor viewed as ``(10, 16)`` come from the hull
+    of their preimage (a box larger than it); a region missing part of it falls back."""
+    rng = np.random.default_rng(8)
+    x = torch.randn(5, 2, 16, dtype=torch.float64)
+    whole = x.reshape(10, 16)
+    for _ in range(6):
+        for r0, r1 in _random_cuts(rng, 10, 3):
+            for c0, c1 in _random_cuts(rng, 16, 2):
+                a, z = r0 // 2, (r1 - 1) // 2 + 1
+                reg = np.array([[a, z], [0, 2], [c0, c1]])
+                xt = x[a:z, :, c0:c1].clone()
+                got = tiles.compute("_unsafe_view", aten._unsafe_view, (xt, [10, 16]), {}, 0,
+                                    _tiles([(xt, reg, x.shape)]),
+                                    np.array([[r0, r1], [c0, c1]]), (10, 16))
+                assert torch.equal(got, whole[r0:r1, c0:c1]), (r0, r1, c0, c1)
+    xt = x[1:3].clone()
+    with pytest.raises(tiles.Fallback, match="misses part"):
+        tiles.compute("view", aten.view, (xt, [10, 16]), {}, 0,
+                      _tiles([(xt, [[1, 3], [0, 2], [0, 16]], x.shape)]),
+                      np.array([[1, 6], [0, 16]]), (10, 16))
+
+
+#: models whose plans use the rules above, at the sizes of benchmarks/tofu_fallbacks.py:
+#: (spec, batch, arguments, workers, targets that must run tile-local)
+RULE_MODELS = [
+    ("gpt2", 2, {"layers": 1, "hidden": 16, "heads": 2, "seq_len": 8, "vocab": 20}, 2,
+     {"tril"}),
+    ("llama", 2, {"layers": 1, "hidden": 16, "heads": 2, "intermediate": 24, "seq_len": 8,
+                  "vocab": 20}, 2, {"tril", "slice_backward"}),
+    ("unet", 2, {"depth": 2, "base": 4, "image_size": 16, "num_classes": 3,
+                 "up": "transpose"}, 2, {"convolution", "convolution_backward"}),
+    ("llama", 2, {"layers": 1, "hidden": 16, "heads": 2, "intermediate": 24, "seq_len": 8,
+                  "vocab": 20}, 4, {"tril", "slice_backward"}),
+    ("unet", 2, {"depth": 2, "base": 4, "image_size": 16, "num_classes": 3,
+                 "up": "transpose"}, 4, {"convolution", "convolution_backward"}),
+    ("vit", 2, {"image_size": 16, "patch": 8, "layers": 1, "hidden": 16, "heads": 2,
+                "mlp": 32, "num_classes": 10}, 4,
+     {"convolution", "convolution_backward", "_unsafe_view"}),
+]
+
+
+@pytest.mark.parametrize("workers", [2, 4])
+def test_models_using_the_new_rules_run_tile_local_with_the_predicted_bytes(workers):
+    """GPT-2 and Llama (causal masks by ``tril``, Llama's rotary halves' ``slice_backward``),
+    U-Net with transposed up-convolutions, ViT on 4 workers (kernel taps split, a view of a
+    non-box preimage): nothing falls back, the result is the reference's and the bytes the
+    plan's."""
+    from explorer.engine.runtime.run import run_tofu_documents
+    cases = [c for c in RULE_MODELS if c[3] == workers]
+    docs = [_doc(spec, batch, args, k)[1] for spec, batch, args, k, _ in cases]
+    for (spec, _, _, _, used), doc, r in zip(cases, docs,
+                                             run_tofu_documents(docs, timeout_s=900)):
+        assert r["reference_ok"] and r["max_rel_error"] < 1e-8, (spec, r["max_rel_error"])
+        assert r["fallback_ops"] == {}, (spec, r["fallback_reasons"])
+        assert used <= set(r["tile_local_ops"]), (spec, sorted(r["tile_local_ops"]))
+        assert r["measured_comm_bytes"] == pytest.approx(r["predicted_comm_bytes"],
+                                                         rel=1e-12)
+        assert r["predicted_comm_bytes"] > 0

@@ -407,7 +407,7 @@ def _convolution_backward(target, fn, args, kwargs, index, tile_of, out_box, out
     start = [int(gbox[2 + i, 0]) * s[i] - p[i] for i in range(n)]
     length = [(int(gbox[2 + i, 1] - gbox[2 + i, 0]) - 1) * s[i] + d[i] * (k[i] - 1) + 1
               for i in range(n)]
-    if any(L <= 0 for L in length):
+    if any(L <= 0 for L in length) or go.numel() == 0:   # no output row reaches the box
         return go.new_zeros(extents(out_box))
     groups = _local_groups(args[9], out_shape[1], int(out_box[1, 1] - out_box[1, 0]))
     xl = go.new_zeros(()).expand(go.shape[0], w.shape[1] * groups, *length)
