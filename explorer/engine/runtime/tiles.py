@@ -8,14 +8,24 @@ those region tiles so that its result is exactly the worker's output box:
   a split reduction axis gives partial sums the executor combines), sums and ``amax``, ``t``
   / ``transpose`` / ``permute`` run unchanged on the tiles (``GENERIC``);
 * convolutions and max pooling run on a tile with its halo, padded only at the tensor's true
-  border (:func:`explorer.engine.geometry.window_pads`), their backward ops likewise;
-  max pooling's indices are translated to the whole tensor's positions;
+  border (:func:`explorer.engine.geometry.window_pads`), their backward ops likewise; a
+  convolution whose kernel window's reduction is split runs the worker's taps ``[j0, j1)``
+  as a convolution of their own (padding ``p − d·j0``); max pooling's indices are
+  translated to the whole tensor's positions;
+* a transposed convolution runs on the input rows whose taps reach the box
+  (:func:`~explorer.engine.geometry.transpose_window`) without padding, cut to the box
+  (:func:`~explorer.engine.geometry.transpose_crop`); its input gradient is a convolution
+  of the output gradient, its filter gradient a convolution's with the roles swapped;
+* ``tril`` / ``triu`` of a tile at rows ``r0``, columns ``c0`` move the diagonal by
+  ``r0 − c0``; ``slice_backward`` places the gradient rows that land in the box;
 * views (``view``, ``reshape``, ``expand``, ``select``, ``slice``, ``split``, ``unbind``,
-  ``cat``) and tensor factories take the local box's shape; ``mean`` divides its local sum
-  by the whole tensor's count.
+  ``cat``) and tensor factories take the local box's shape (a view whose box's preimage is
+  not a box gathers it from the region); ``mean`` divides its local sum by the whole
+  tensor's count.
 
 Anything else raises :class:`Fallback` and the executor computes that operator on full-size
-zero-padded buffers (correct, but not tile-local: the run reports which targets did).
+zero-padded buffers (correct, but not tile-local: the run reports which targets did, with the
+reason; ``benchmarks/tofu_fallbacks.py`` surveys the example models).
 """
 
 from __future__ import annotations
