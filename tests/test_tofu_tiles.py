@@ -606,6 +606,28 @@ def test_a_view_whose_box_s_preimage_is_not_a_box_gathers_it_from_the_region():
                       np.array([[1, 6], [0, 16]]), (10, 16))
 
 
+def test_a_layer_norm_weight_gradient_on_column_blocks_of_the_normalised_axis():
+    """At batch 1 on 4 workers a Transformer's plan splits the normalised axis of a layer
+    norm's weight gradient: each column block is the sum of ``go · (x − mean) · rstd`` over
+    the leading axes on the tiles (aten wants whole rows)."""
+    rng = np.random.default_rng(9)
+    torch.manual_seed(9)
+    x, go = torch.randn(3, 5, 16, dtype=torch.float64), torch.randn(3, 5, 16, dtype=torch.float64)
+    w, b = torch.randn(16, dtype=torch.float64), torch.randn(16, dtype=torch.float64)
+    _, mean, rstd = aten.native_layer_norm(x, [16], w, b, 1e-5)
+    whole = aten.native_layer_norm_backward(go, x, [16], mean, rstd, w, b, [True] * 3)[1]
+    for _ in range(4):
+        for c0, c1 in _random_cuts(rng, 16, 3):
+            part = 0
+            for r0, r1 in _random_cuts(rng, 3, 2):
+                xs, gs = x[r0:r1, :, c0:c1].clone(), go[r0:r1, :, c0:c1].clone()
+                part = part + tiles.compute(
+                    "native_layer_norm_backward", aten.native_layer_norm_backward,
+                    (gs, xs, [16], mean[r0:r1], rstd[r0:r1], None, None, [True] * 3), {}, 1,
+                    _tiles([]), np.array([[c0, c1]]), (16,))
+            assert torch.allclose(part, whole[c0:c1], atol=1e-12), (c0, c1)
+
+
 #: models whose plans use the rules above, at the sizes of benchmarks/tofu_fallbacks.py:
 #: (spec, batch, arguments, workers, targets that must run tile-local)
 RULE_MODELS = [
@@ -622,6 +644,8 @@ RULE_MODELS = [
     ("vit", 2, {"image_size": 16, "patch": 8, "layers": 1, "hidden": 16, "heads": 2,
                 "mlp": 32, "num_classes": 10}, 4,
      {"convolution", "convolution_backward", "_unsafe_view"}),
+    ("transformer", 1, {"layers": 1, "seq": 8, "hidden": 16, "heads": 2, "vocab": 20}, 4,
+     {"native_layer_norm_backward"}),
 ]
 
 
@@ -629,7 +653,8 @@ RULE_MODELS = [
 def test_models_using_the_new_rules_run_tile_local_with_the_predicted_bytes(workers):
     """GPT-2 and Llama (causal masks by ``tril``, Llama's rotary halves' ``slice_backward``),
     U-Net with transposed up-convolutions, ViT on 4 workers (kernel taps split, a view of a
-    non-box preimage): nothing falls back, the result is the reference's and the bytes the
+    non-box preimage), a Transformer at batch 1 on 4 (a layer norm's weight gradient on
+    column blocks): nothing falls back, the result is the reference's and the bytes the
     plan's."""
     from explorer.engine.runtime.run import run_tofu_documents
     cases = [c for c in RULE_MODELS if c[3] == workers]

@@ -145,6 +145,12 @@ def _ln_backward(target, fn, args, kwargs, index, tile_of, out_box, out_shape):
         return go.sum(list(range(go.dim() - len(args[2]))))
     if go is None or args[1] is None or args[3] is None or args[4] is None:
         raise Fallback(f"aten.{target}: an input the description does not read")
+    if index == 1:
+        # the weight's gradient, Σ over the leading axes of go · (x − mean) · rstd, is
+        # element-wise along the normalised axes: a column block of it (the plan may split
+        # them, aten wants whole rows) is this sum on the tiles
+        x, mean, rstd = args[1], args[3], args[4]
+        return (go * ((x - mean) * rstd)).sum(list(range(go.dim() - len(args[2]))))
     # aten wants the weight and bias whenever it computes all three gradients: the bias is read
     # by none of them, the weight only by the input's (whose description gives it)
     args = list(args)
