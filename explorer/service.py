@@ -833,14 +833,15 @@ def run_placement(doc: dict, steps: int = 3, timeout_s: float = 600.0,
 def runs(doc: dict, limit: int = 50) -> list:
     """Stored runs of this plan, of any kind (command line or app), newest first: when,
     workers, predicted and measured step time, their error and the reference verdict."""
-    from .engine.history import digest
     from .engine.plandoc import kind_of
-    from .engine.runtime.store import RunStore, run_key
+    from .engine.runtime.store import RunStore, run_digests
     if not isinstance(doc, dict) or "error" in doc or kind_of(doc) is None:
         return []
     doc = {k: v for k, v in doc.items()
            if k not in ("trace", "trace_ref", "previous", "history_id")}
-    return RunStore().rows(digest(run_key(doc)), limit)
+    # runs stored under the plan's current key, and under its earlier key formats
+    first, *legacy = run_digests(doc)
+    return RunStore().rows(first, limit, legacy=legacy, preset=doc.get("preset"))
 
 
 def placement_runs(doc: dict, limit: int = 50) -> list:

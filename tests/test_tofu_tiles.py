@@ -374,3 +374,296 @@ def test_layer_norm_gradients_on_row_blocks_without_the_inputs_their_description
         tiles.compute("native_layer_norm_backward", aten.native_layer_norm_backward,
                       (go, x, [8], mean, rstd, None, None, [True] * 3), {}, 0, _tiles([]),
                       np.array([[0, 6], [0, 4], [0, 8]]), (6, 4, 8))
+
+
+# --------------------------------------------------------------------------------------------
+# causal masks, slice gradients, transposed convolutions (each rule against the whole op)
+# --------------------------------------------------------------------------------------------
+
+
+def _random_cuts(rng, n, parts):
+    """``parts`` consecutive ranges covering ``[0, n)`` at random cut points."""
+    cuts = sorted(rng.choice(np.arange(1, n), size=parts - 1, replace=False).tolist())
+    edges = [0] + cuts + [n]
+    return list(zip(edges[:-1], edges[1:]))
+
+
+@pytest.mark.parametrize("op", ["tril", "triu"])
+def test_tril_and_triu_on_tiles_move_the_diagonal_by_the_tile_s_offset(op):
+    """A tile at rows ``r0`` and columns ``c0`` of the last two axes is the whole op's when
+    the diagonal moves by ``r0 - c0``; the unmoved diagonal is wrong off the main blocks."""
+    rng = np.random.default_rng(0)
+    fn = getattr(aten, op)
+    x = torch.randn(3, 9, 11, dtype=torch.float64)
+    unmoved_wrong = 0
+    for diag in (-3, -1, 0, 2, 5):
+        whole = fn(x, diag)
+        for _ in range(6):
+            rows, cols = _random_cuts(rng, 9, 3), _random_cuts(rng, 11, 3)
+            b0, b1 = sorted(rng.choice(4, size=2, replace=False).tolist())
+            for r0, r1 in rows:
+                for c0, c1 in cols:
+                    box = np.array([[b0, b1], [r0, r1], [c0, c1]])
+                    # the region may be larger than the box (an element-wise op's is the box)
+                    reg = np.array([[0, 3], [max(r0 - 1, 0), r1], [c0, min(c1 + 2, 11)]])
+                    xt = x[:, reg[1, 0]:reg[1, 1], reg[2, 0]:reg[2, 1]].clone()
+                    got = tiles.compute(op, fn, (xt, diag), {}, 0,
+                                        _tiles([(xt, reg, x.shape)]), box, x.shape)
+                    assert torch.equal(got, whole[b0:b1, r0:r1, c0:c1]), (diag, box.tolist())
+                    tile = x[b0:b1, r0:r1, c0:c1]
+                    unmoved_wrong += not torch.equal(fn(tile, diag), whole[b0:b1, r0:r1, c0:c1])
+    assert unmoved_wrong > 0          # the test tells the moved diagonal from the unmoved one
+    with pytest.raises(tiles.Fallback, match="does not cover"):
+        xt = x[:, :4].clone()
+        tiles.compute(op, fn, (xt, 0), {}, 0, _tiles([(xt, [[0, 3], [0, 4], [0, 11]],
+                                                       x.shape)]),
+                      np.array([[0, 3], [2, 6], [0, 11]]), x.shape)
+
+
+@pytest.mark.parametrize("start,end,step", [(2, 9, 1), (1, 12, 3), (-7, 100, 2), (0, 5, 1)])
+def test_slice_backward_on_tiles_places_the_rows_that_land_in_the_box(start, end, step):
+    rng = np.random.default_rng(1)
+    size, dim = 12, 1
+    shape = (2, size, 4)
+    ref = torch.zeros(shape, dtype=torch.float64)
+    sl = ref[:, slice(start, end, step)]
+    grad = torch.randn(sl.shape, dtype=torch.float64)
+    whole = aten.slice_backward(grad, list(shape), dim, start, end, step)
+    n = grad.shape[dim]
+    s0 = 0 if start is None else (start + size if start < 0 else start)
+    for _ in range(8):
+        for o0, o1 in _random_cuts(rng, size, 3):
+            # the gradient rows landing in [o0, o1), widened by one row where there is one
+            ks = [k for k in range(n) if o0 <= s0 + k * step < o1]
+            lo = max((ks[0] if ks else 0) - 1, 0)
+            hi = min((ks[-1] + 1 if ks else 0) + 1, n)
+            gt = grad[:, lo:hi].clone()
+            box = np.array([[0, 2], [o0, o1], [0, 4]])
+            got = tiles.compute("slice_backward", aten.slice_backward,
+                                (gt, list(shape), dim, start, end, step), {}, 0,
+                                _tiles([(gt, [[0, 2], [lo, hi], [0, 4]], grad.shape)]), box,
+                                shape)
+            assert torch.equal(got, whole[:, o0:o1]), (o0, o1, lo, hi)
+    if n > 2:                                          # a region missing a landing row
+        gt = grad[:, 1:].clone()
+        with pytest.raises(tiles.Fallback, match="misses rows"):
+            tiles.compute("slice_backward", aten.slice_backward,
+                          (gt, list(shape), dim, start, end, step), {}, 0,
+                          _tiles([(gt, [[0, 2], [1, n], [0, 4]], grad.shape)]),
+                          np.array([[0, 2], [0, size], [0, 4]]), shape)
+
+
+@pytest.mark.parametrize("s,p,d,op,groups", [(2, 0, 1, 0, 1), (2, 1, 1, 1, 1), (3, 2, 2, 2, 1),
+                                             (1, 1, 1, 0, 2), (2, 1, 2, 1, 2)])
+def test_a_transposed_convolution_and_its_gradients_run_on_row_tiles(s, p, d, op, groups):
+    """U-Net's up-convolutions: output rows from the input rows whose taps reach them
+    (:func:`transpose_window`, cut by :func:`transpose_crop`), the input's gradient as the
+    convolution of the output gradient's window, the filter gradient as partial sums over
+    input-row tiles - each equal to the whole op's, at random row cuts."""
+    rng = np.random.default_rng(2 + s + p + d + op + groups)
+    torch.manual_seed(int(rng.integers(1000)))
+    k = 3
+    x = torch.randn(2, 4, 7, 5, dtype=torch.float64)
+    w = torch.randn(4, 6 // groups, k, 2, dtype=torch.float64)
+    b = torch.randn(6, dtype=torch.float64)
+    S, P, D, OP = [s, 1], [p, 0], [d, 1], [op, 0]
+    args = (S, P, D, True, OP, groups)
+    y = aten.convolution(x, w, b, *args)
+    go = torch.randn_like(y)
+    gx, gw, gb = aten.convolution_backward(go, x, w, [6], *args, [True, True, True])
+    H, Ho = x.shape[2], y.shape[2]
+    whole_w = np.array([[0, n] for n in w.shape])
+    for _ in range(3):
+        for lo, hi in _random_cuts(rng, Ho, 3):
+            a, z = (int(v) for v in transpose_window(lo, hi, H, k, s, p, d))
+            xt = x[:, :, a:z].clone()
+            out = _rows((lo, hi), y.shape)
+            got = tiles.compute("convolution", aten.convolution, (xt, w, b, *args), {}, 0,
+                                _tiles([(xt, _rows((a, z), x.shape), x.shape),
+                                        (w, whole_w, w.shape)]), out, y.shape)
+            assert torch.allclose(got, y[:, :, lo:hi], atol=1e-12), (lo, hi, a, z)
+        # the input's gradient: rows of x from the output-gradient rows they reach
+        for lo, hi in _random_cuts(rng, H, 3):
+            a, z = (int(v) for v in window(lo, hi, Ho, k, s, p, d))
+            gt = go[:, :, a:z].clone()
+            got = tiles.compute("convolution_backward", aten.convolution_backward,
+                                (gt, None, w, [6], *args, [True, False, False]), {}, 0,
+                                _tiles([(gt, _rows((a, z), y.shape), y.shape),
+                                        (w, whole_w, w.shape)]),
+                                _rows((lo, hi), x.shape), x.shape)
+            assert torch.allclose(got, gx[:, :, lo:hi], atol=1e-12), (lo, hi)
+        # the filter gradient: a partial sum over input-row tiles
+        pw = torch.zeros_like(gw)
+        for lo, hi in _random_cuts(rng, H, 3):
+            a, z = (int(v) for v in window(lo, hi, Ho, k, s, p, d))
+            xt, gt = x[:, :, lo:hi].clone(), go[:, :, a:z].clone()
+            pw += tiles.compute("convolution_backward", aten.convolution_backward,
+                                (gt, xt, None, [6], *args, [False, True, False]), {}, 1,
+                                _tiles([(gt, _rows((a, z), y.shape), y.shape),
+                                        (xt, _rows((lo, hi), x.shape), x.shape)]),
+                                whole_w, w.shape)
+        assert torch.allclose(pw, gw, atol=1e-10)
+    # channel blocks of the output (whole groups) with the weight's columns, and the bias's
+    # gradient
+    c0, c1 = (0, 3) if groups == 1 else (3, 6)
+    wt = w[:, c0:c1].clone() if groups == 1 else w[2:4].clone()
+    xt = x if groups == 1 else x[:, 2:4].clone()
+    xb = np.array([[0, 2], [0, 4] if groups == 1 else [2, 4], [0, H], [0, 5]])
+    wb = np.array([[0, 4], [c0, c1], [0, k], [0, 2]]) if groups == 1 else \
+        np.array([[2, 4], [0, 3], [0, k], [0, 2]])
+    out = np.array([[0, 2], [c0, c1], [0, Ho], [0, y.shape[3]]])
+    got = tiles.compute("convolution", aten.convolution, (xt, wt, b[c0:c1], *args), {}, 0,
+                        _tiles([(xt, xb, x.shape), (wt, wb, w.shape)]), out, y.shape)
+    assert torch.allclose(got, y[:, c0:c1], atol=1e-12)
+    got = tiles.compute("convolution_backward", aten.convolution_backward,
+                        (go, x, w, [6], *args, [False, False, True]), {}, 2,
+                        _tiles([(go, _rows((0, Ho), y.shape), y.shape)]), np.array([[0, 6]]),
+                        (6,))
+    assert torch.allclose(got, gb)
+    with pytest.raises(tiles.Fallback, match="disagree"):      # a region missing a tap
+        xt = x[:, :, 1:].clone()
+        tiles.compute("convolution", aten.convolution, (xt, w, b, *args), {}, 0,
+                      _tiles([(xt, _rows((1, H), x.shape), x.shape), (w, whole_w, w.shape)]),
+                      _rows((0, Ho), y.shape), y.shape)
+
+
+def test_a_convolution_whose_kernel_taps_are_split_runs_on_its_taps():
+    """A plan may split a convolution's reduction over the kernel window (ViT's 8x8 patch
+    embedding on 4 workers): each worker's taps ``[j0, j1)`` with the rows they read are a
+    convolution of their own (padding ``p - d·j0``); the partial sums, and the data and
+    filter gradients of the taps, add up to the whole op's."""
+    rng = np.random.default_rng(7)
+    torch.manual_seed(7)
+    x = torch.randn(2, 3, 13, 6, dtype=torch.float64)
+    w = torch.randn(4, 3, 5, 3, dtype=torch.float64)
+    S, P, D = [2, 1], [1, 1], [2, 1]
+    args = (S, P, D, False, [0, 0], 1)
+    y = aten.convolution(x, w, None, *args)
+    go = torch.randn_like(y)
+    gx, gw, _ = aten.convolution_backward(go, x, w, None, *args, [True, True, False])
+    H, Ho = x.shape[2], y.shape[2]
+    for _ in range(4):
+        taps = _random_cuts(rng, 5, 2)
+        for lo, hi in _random_cuts(rng, Ho, 2):
+            part = 0
+            for j0, j1 in taps:
+                # the rows output rows [lo, hi) read through taps [j0, j1)
+                a, z = (int(v) for v in window(lo, hi, H, j1 - j0, S[0], P[0] - D[0] * j0,
+                                               D[0]))
+                xt, wt = x[:, :, a:z].clone(), w[:, :, j0:j1].clone()
+                wb = np.array([[0, 4], [0, 3], [j0, j1], [0, 3]])
+                part = part + tiles.compute(
+                    "convolution", aten.convolution, (xt, wt, None, *args), {}, 0,
+                    _tiles([(xt, _rows((a, z), x.shape), x.shape), (wt, wb, w.shape)]),
+                    _rows((lo, hi), y.shape), y.shape)
+            assert torch.allclose(part, y[:, :, lo:hi], atol=1e-12), (taps, lo, hi)
+        # the filter gradient of taps [j0, j1): from the rows go's rows read through them
+        for j0, j1 in taps:
+            a, z = (int(v) for v in window(0, Ho, H, j1 - j0, S[0], P[0] - D[0] * j0, D[0]))
+            xt = x[:, :, a:z].clone()
+            wb = np.array([[0, 4], [0, 3], [j0, j1], [0, 3]])
+            got = tiles.compute("convolution_backward", aten.convolution_backward,
+                                (go, xt, None, None, *args, [False, True, False]), {}, 1,
+                                _tiles([(go, _rows((0, Ho), y.shape), y.shape),
+                                        (xt, _rows((a, z), x.shape), x.shape)]), wb, w.shape)
+            assert torch.allclose(got, gw[:, :, j0:j1], atol=1e-10), (j0, j1)
+        # the data gradient through taps [j0, j1): partial sums over the taps
+        for lo, hi in _random_cuts(rng, H, 2):
+            part = 0
+            for j0, j1 in taps:
+                a, z = (int(v) for v in transpose_window(lo, hi, Ho, j1 - j0, S[0],
+                                                         P[0] - D[0] * j0, D[0]))
+                gt, wt = go[:, :, a:z].clone(), w[:, :, j0:j1].clone()
+                wb = np.array([[0, 4], [0, 3], [j0, j1], [0, 3]])
+                part = part + tiles.compute(
+                    "convolution_backward", aten.convolution_backward,
+                    (gt, None, wt, None, *args, [True, False, False]), {}, 0,
+                    _tiles([(gt, _rows((a, z), y.shape), y.shape), (wt, wb, w.shape)]),
+                    _rows((lo, hi), x.shape), x.shape)
+            assert torch.allclose(part, gx[:, :, lo:hi], atol=1e-10), (taps, lo, hi)
+
+
+def test_a_view_whose_box_s_preimage_is_not_a_box_gathers_it_from_the_region():
+    """Rows ``[r0, r1)`` of a ``(5, 2, 16)`` tensor viewed as ``(10, 16)`` come from the hull
+    of their preimage (a box larger than it); a region missing part of it falls back."""
+    rng = np.random.default_rng(8)
+    x = torch.randn(5, 2, 16, dtype=torch.float64)
+    whole = x.reshape(10, 16)
+    for _ in range(6):
+        for r0, r1 in _random_cuts(rng, 10, 3):
+            for c0, c1 in _random_cuts(rng, 16, 2):
+                a, z = r0 // 2, (r1 - 1) // 2 + 1
+                reg = np.array([[a, z], [0, 2], [c0, c1]])
+                xt = x[a:z, :, c0:c1].clone()
+                got = tiles.compute("_unsafe_view", aten._unsafe_view, (xt, [10, 16]), {}, 0,
+                                    _tiles([(xt, reg, x.shape)]),
+                                    np.array([[r0, r1], [c0, c1]]), (10, 16))
+                assert torch.equal(got, whole[r0:r1, c0:c1]), (r0, r1, c0, c1)
+    xt = x[1:3].clone()
+    with pytest.raises(tiles.Fallback, match="misses part"):
+        tiles.compute("view", aten.view, (xt, [10, 16]), {}, 0,
+                      _tiles([(xt, [[1, 3], [0, 2], [0, 16]], x.shape)]),
+                      np.array([[1, 6], [0, 16]]), (10, 16))
+
+
+def test_a_layer_norm_weight_gradient_on_column_blocks_of_the_normalised_axis():
+    """At batch 1 on 4 workers a Transformer's plan splits the normalised axis of a layer
+    norm's weight gradient: each column block is the sum of ``go · (x − mean) · rstd`` over
+    the leading axes on the tiles (aten wants whole rows)."""
+    rng = np.random.default_rng(9)
+    torch.manual_seed(9)
+    x, go = torch.randn(3, 5, 16, dtype=torch.float64), torch.randn(3, 5, 16, dtype=torch.float64)
+    w, b = torch.randn(16, dtype=torch.float64), torch.randn(16, dtype=torch.float64)
+    _, mean, rstd = aten.native_layer_norm(x, [16], w, b, 1e-5)
+    whole = aten.native_layer_norm_backward(go, x, [16], mean, rstd, w, b, [True] * 3)[1]
+    for _ in range(4):
+        for c0, c1 in _random_cuts(rng, 16, 3):
+            part = 0
+            for r0, r1 in _random_cuts(rng, 3, 2):
+                xs, gs = x[r0:r1, :, c0:c1].clone(), go[r0:r1, :, c0:c1].clone()
+                part = part + tiles.compute(
+                    "native_layer_norm_backward", aten.native_layer_norm_backward,
+                    (gs, xs, [16], mean[r0:r1], rstd[r0:r1], None, None, [True] * 3), {}, 1,
+                    _tiles([]), np.array([[c0, c1]]), (16,))
+            assert torch.allclose(part, whole[c0:c1], atol=1e-12), (c0, c1)
+
+
+#: models whose plans use the rules above, at the sizes of benchmarks/tofu_fallbacks.py:
+#: (spec, batch, arguments, workers, targets that must run tile-local)
+RULE_MODELS = [
+    ("gpt2", 2, {"layers": 1, "hidden": 16, "heads": 2, "seq_len": 8, "vocab": 20}, 2,
+     {"tril"}),
+    ("llama", 2, {"layers": 1, "hidden": 16, "heads": 2, "intermediate": 24, "seq_len": 8,
+                  "vocab": 20}, 2, {"tril", "slice_backward"}),
+    ("unet", 2, {"depth": 2, "base": 4, "image_size": 16, "num_classes": 3,
+                 "up": "transpose"}, 2, {"convolution", "convolution_backward"}),
+    ("llama", 2, {"layers": 1, "hidden": 16, "heads": 2, "intermediate": 24, "seq_len": 8,
+                  "vocab": 20}, 4, {"tril", "slice_backward"}),
+    ("unet", 2, {"depth": 2, "base": 4, "image_size": 16, "num_classes": 3,
+                 "up": "transpose"}, 4, {"convolution", "convolution_backward"}),
+    ("vit", 2, {"image_size": 16, "patch": 8, "layers": 1, "hidden": 16, "heads": 2,
+                "mlp": 32, "num_classes": 10}, 4,
+     {"convolution", "convolution_backward", "_unsafe_view"}),
+    ("transformer", 1, {"layers": 1, "seq": 8, "hidden": 16, "heads": 2, "vocab": 20}, 4,
+     {"native_layer_norm_backward"}),
+]
+
+
+@pytest.mark.parametrize("workers", [2, 4])
+def test_models_using_the_new_rules_run_tile_local_with_the_predicted_bytes(workers):
+    """GPT-2 and Llama (causal masks by ``tril``, Llama's rotary halves' ``slice_backward``),
+    U-Net with transposed up-convolutions, ViT on 4 workers (kernel taps split, a view of a
+    non-box preimage), a Transformer at batch 1 on 4 (a layer norm's weight gradient on
+    column blocks): nothing falls back, the result is the reference's and the bytes the
+    plan's."""
+    from explorer.engine.runtime.run import run_tofu_documents
+    cases = [c for c in RULE_MODELS if c[3] == workers]
+    docs = [_doc(spec, batch, args, k)[1] for spec, batch, args, k, _ in cases]
+    for (spec, _, _, _, used), doc, r in zip(cases, docs,
+                                             run_tofu_documents(docs, timeout_s=900)):
+        assert r["reference_ok"] and r["max_rel_error"] < 1e-8, (spec, r["max_rel_error"])
+        assert r["fallback_ops"] == {}, (spec, r["fallback_reasons"])
+        assert used <= set(r["tile_local_ops"]), (spec, sorted(r["tile_local_ops"]))
+        assert r["measured_comm_bytes"] == pytest.approx(r["predicted_comm_bytes"],
+                                                         rel=1e-12)
+        assert r["predicted_comm_bytes"] > 0

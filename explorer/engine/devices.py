@@ -100,6 +100,17 @@ class DeviceGraph:
         return DeviceGraph(self.name, self.devices[:n], self.bw[:n, :n].copy(),
                            self.latency[:n, :n].copy(), self.description, dict(self.meta))
 
+    def links_digest(self) -> str:
+        """A short digest of the link parameters (bandwidth and latency of every pair): two
+        clusters of the same devices that differ in one link's speed differ here."""
+        import hashlib
+        h = hashlib.sha256()
+        for m in (self.bw, self.latency):
+            a = np.ascontiguousarray(m, dtype=np.float64)
+            h.update(str(a.shape).encode())
+            h.update(a.tobytes())
+        return h.hexdigest()[:16]
+
     def to_dict(self) -> dict:
         bw = self.bw.copy()
         np.fill_diagonal(bw, 0)

@@ -2,7 +2,14 @@
 
 A row per run: when, model, algo, devices, the plan digest (same as the plan history's
 :func:`explorer.engine.history.digest`, so a run can be matched to a saved plan), predicted
-and measured step time, the reference verdict, the full result JSON and the plan JSON.
+and measured step time, the reference verdict, the full result JSON and the plan JSON (the
+key, :func:`run_key`).
+
+The key has grown as plans that differ were found to share one (a Tofu plan's preset,
+pins, partition and capacities; its cluster's links; a placement's preset and device
+count).  Rows stored under an earlier key format stay where they are and are found by
+:func:`run_digests`, which lists the current key's digest and the earlier formats' (an
+earlier format cannot be migrated: it lacks the fields the current key adds).
 """
 
 from __future__ import annotations
@@ -50,8 +57,24 @@ def tofu_key(doc: dict) -> dict:
     """What identifies a Tofu plan (the app's document or its sealed file) in the run store:
     model, batch, arguments and operator graph; algorithm, pins, device preset and worker
     count (the search is deterministic given these); the partition it found (factors and
-    their levels) and each worker's memory capacity - which tells two ``custom`` clusters of
-    the same size apart.  Timings do not count."""
+    their levels), each worker's memory capacity and the digest of the cluster's link
+    parameters (``info["links_digest"]``, :meth:`~explorer.engine.devices.DeviceGraph.
+    links_digest`: bandwidth and latency of every pair) - which tell two ``custom`` clusters
+    of the same size apart.  Timings do not count."""
+    info = doc.get("info") or {}
+    return dict(_tofu_key_v2(doc), links_digest=info.get("links_digest"))
+
+
+def _tofu_key_v1(doc: dict) -> dict:
+    """The first Tofu key: model, batch, arguments, algorithm, worker count, operator graph."""
+    return {"kind": "tofu", "model": doc.get("model"), "batch": doc.get("batch"),
+            "model_args": {str(k): str(v) for k, v in (doc.get("model_args") or {}).items()},
+            "algo": doc.get("algo"), "devices": doc.get("devices"),
+            "opgraph_digest": doc.get("opgraph_digest")}
+
+
+def _tofu_key_v2(doc: dict) -> dict:
+    """The second Tofu key: the first's plus pins, preset, partition and capacities."""
     info = doc.get("info") or {}
     return {"kind": "tofu", "model": doc.get("model"), "batch": doc.get("batch"),
             "model_args": {str(k): str(v) for k, v in (doc.get("model_args") or {}).items()},
@@ -61,6 +84,32 @@ def tofu_key(doc: dict) -> dict:
             "factors": [int(f) for f in doc.get("factors") or ()],
             "levels": [int(v) for v in doc.get("levels") or ()],
             "capacity_bytes": [float(c) for c in info.get("capacity_bytes") or ()]}
+
+
+def legacy_keys(doc: dict) -> list:
+    """The keys earlier versions of :func:`run_key` gave this plan document, newest first:
+    a Tofu plan's first and second formats (:func:`_tofu_key_v1`, :func:`_tofu_key_v2`), a
+    placement's without its preset and device count.  A layer-wise plan's key never changed."""
+    from ..plandoc import kind_of
+    kind = kind_of(doc)
+    if kind == "tofu":
+        return [_tofu_key_v2(doc), _tofu_key_v1(doc)]
+    if kind == "placement":
+        key = placement_key(doc)
+        return [{k: v for k, v in key.items() if k not in ("preset", "devices")}]
+    return []
+
+
+def run_digests(doc: dict) -> list:
+    """Digests a plan document's runs are stored under: its :func:`run_key`'s, then those of
+    its :func:`legacy_keys` (runs stored before the key last changed)."""
+    from ..history import digest
+    out = [digest(run_key(doc))]
+    for key in legacy_keys(doc):
+        d = digest(key)
+        if d not in out:
+            out.append(d)
+    return out
 
 
 def run_key(doc: dict) -> dict:
@@ -111,11 +160,22 @@ class RunStore:
         except (sqlite3.Error, OSError, TypeError, ValueError) as exc:
             result.setdefault("warnings", []).append(f"could not store the run: {exc}")
 
-    def list(self, digest: str | None = None, limit: int = 100) -> list:
+    def list(self, digest: str | None = None, limit: int = 100, legacy=(),
+             preset: str | None = None) -> list:
+        """Runs stored under ``digest`` (all when ``None``), newest first; ``legacy``: digests
+        of the plan's earlier key formats (:func:`run_digests`), whose rows count when their
+        result names no preset or ``preset`` (the first formats did not key by preset)."""
         q = ("SELECT id, ts, model, algo, devices, digest, predicted_s, measured_s, reference_ok "
              "FROM runs")
         args: tuple = ()
-        if digest:
+        legacy = [d for d in legacy if d != digest]
+        if digest and legacy:
+            marks = ",".join("?" * len(legacy))
+            q += (f" WHERE digest = ? OR (digest IN ({marks}) AND (? IS NULL OR "
+                  f"json_extract(result, '$.preset') IS NULL OR "
+                  f"json_extract(result, '$.preset') = ?))")
+            args = (digest, *legacy, preset, preset)
+        elif digest:
             q += " WHERE digest = ?"
             args = (digest,)
         q += " ORDER BY id DESC LIMIT ?"
@@ -125,12 +185,13 @@ class RunStore:
                 "reference_ok")
         return [dict(zip(keys, r)) for r in rows]
 
-    def rows(self, digest: str, limit: int = 50) -> list:
+    def rows(self, digest: str, limit: int = 50, legacy=(), preset: str | None = None) -> list:
         """The runs of one plan or placement for a table, newest first: id, time, devices,
-        predicted and measured ms, their error and the reference verdict."""
+        predicted and measured ms, their error and the reference verdict (``legacy``,
+        ``preset``: as :meth:`list`'s)."""
         import datetime
         out = []
-        for r in self.list(digest=digest, limit=limit):
+        for r in self.list(digest=digest, limit=limit, legacy=legacy, preset=preset):
             p, m = r.get("predicted_s"), r.get("measured_s")
             out.append({"id": r["id"], "devices": r["devices"],
                         "time": datetime.datetime.fromtimestamp(r["ts"]).isoformat(

@@ -8,14 +8,24 @@ those region tiles so that its result is exactly the worker's output box:
   a split reduction axis gives partial sums the executor combines), sums and ``amax``, ``t``
   / ``transpose`` / ``permute`` run unchanged on the tiles (``GENERIC``);
 * convolutions and max pooling run on a tile with its halo, padded only at the tensor's true
-  border (:func:`explorer.engine.geometry.window_pads`), their backward ops likewise;
-  max pooling's indices are translated to the whole tensor's positions;
+  border (:func:`explorer.engine.geometry.window_pads`), their backward ops likewise; a
+  convolution whose kernel window's reduction is split runs the worker's taps ``[j0, j1)``
+  as a convolution of their own (padding ``p − d·j0``); max pooling's indices are
+  translated to the whole tensor's positions;
+* a transposed convolution runs on the input rows whose taps reach the box
+  (:func:`~explorer.engine.geometry.transpose_window`) without padding, cut to the box
+  (:func:`~explorer.engine.geometry.transpose_crop`); its input gradient is a convolution
+  of the output gradient, its filter gradient a convolution's with the roles swapped;
+* ``tril`` / ``triu`` of a tile at rows ``r0``, columns ``c0`` move the diagonal by
+  ``r0 − c0``; ``slice_backward`` places the gradient rows that land in the box;
 * views (``view``, ``reshape``, ``expand``, ``select``, ``slice``, ``split``, ``unbind``,
-  ``cat``) and tensor factories take the local box's shape; ``mean`` divides its local sum
-  by the whole tensor's count.
+  ``cat``) and tensor factories take the local box's shape (a view whose box's preimage is
+  not a box gathers it from the region); ``mean`` divides its local sum by the whole
+  tensor's count.
 
 Anything else raises :class:`Fallback` and the executor computes that operator on full-size
-zero-padded buffers (correct, but not tile-local: the run reports which targets did).
+zero-padded buffers (correct, but not tile-local: the run reports which targets did, with the
+reason; ``benchmarks/tofu_fallbacks.py`` surveys the example models).
 """
 
 from __future__ import annotations
@@ -24,7 +34,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..geometry import window_pads
+from ..geometry import transpose_crop, window_pads
 
 #: aten targets whose result at an index depends only on the inputs at the regions the plan
 #: gives (no position-dependent argument): run unchanged on the tiles
@@ -135,6 +145,12 @@ def _ln_backward(target, fn, args, kwargs, index, tile_of, out_box, out_shape):
         return go.sum(list(range(go.dim() - len(args[2]))))
     if go is None or args[1] is None or args[3] is None or args[4] is None:
         raise Fallback(f"aten.{target}: an input the description does not read")
+    if index == 1:
+        # the weight's gradient, Σ over the leading axes of go · (x − mean) · rstd, is
+        # element-wise along the normalised axes: a column block of it (the plan may split
+        # them, aten wants whole rows) is this sum on the tiles
+        x, mean, rstd = args[1], args[3], args[4]
+        return (go * ((x - mean) * rstd)).sum(list(range(go.dim() - len(args[2]))))
     # aten wants the weight and bias whenever it computes all three gradients: the bias is read
     # by none of them, the weight only by the input's (whose description gives it)
     args = list(args)
@@ -149,11 +165,27 @@ def _ln_backward(target, fn, args, kwargs, index, tile_of, out_box, out_shape):
 
 
 def _view(target, fn, args, kwargs, index, tile_of, out_box, out_shape):
+    """A view's box: the input region reshaped when it is exactly the box's preimage;
+    otherwise (the preimage of a box is not always a box - rows ``[0, 5)`` of a ``(5, 2, 16)``
+    tensor viewed as ``(10, 16)`` are its rows ``(0, 0)`` to ``(2, 0)``, the region their hull)
+    the box's elements gathered from the region by their positions in the whole tensors."""
     x = args[0]
     want = extents(out_box) if out_shape else ()
-    if x.numel() != int(np.prod(want)):
+    if x.numel() == int(np.prod(want)):
+        return x.reshape(want)
+    box, shape = tile_of(x)
+    if box is None or not out_shape or x.dim() == 0:
         raise Fallback(f"aten.{target}: the input region is not the output box's preimage")
-    return x.reshape(want)
+    box = np.asarray(box)
+    idx = np.ix_(*[np.arange(int(a), int(b)) for a, b in np.asarray(out_box)])
+    flat = np.ravel_multi_index(np.broadcast_arrays(*idx), tuple(out_shape))
+    pos = np.unravel_index(flat, tuple(shape))
+    local = [p_ - int(box[a, 0]) for a, p_ in enumerate(pos)]
+    if any(((lc < 0) | (lc >= x.shape[a])).any() for a, lc in enumerate(local)):
+        raise Fallback(f"aten.{target}: the input region misses part of the output box's "
+                       f"preimage")
+    at = torch.from_numpy(np.ravel_multi_index(local, tuple(x.shape)).reshape(-1))
+    return x.reshape(-1)[at].reshape(want)
 
 
 def _expand(target, fn, args, kwargs, index, tile_of, out_box, out_shape):
@@ -264,17 +296,28 @@ def _local_groups(groups: int, cin: int, cin_local: int) -> int:
     return cin_local // per
 
 
-def _convolution(target, fn, args, kwargs, index, tile_of, out_box, out_shape):
-    x, w, b = args[0], args[1], args[2]
-    if x is None or w is None or args[6]:
-        raise Fallback("aten.convolution: transposed, or an input not read")
+def _taps(w, tile_of, p, d):
+    """The kernel taps ``[j0, j0 + k)`` a weight tile holds (a plan may split a convolution's
+    reduction over the kernel window): its local kernel ``k`` and the padding ``p − d·j0``
+    that makes the taps a convolution of their own (output row ``y`` reads input row
+    ``y·s − p + d·(j0 + j')``)."""
+    box, _ = tile_of(w)
+    k = list(w.shape[2:])
+    if box is None:
+        return k, list(p)
+    return k, [p[i] - d[i] * int(box[2 + i, 0]) for i in range(len(k))]
+
+
+def _conv_rows(x, w, b, tile_of, out_box, s, p, d, groups):
+    """Output box ``out_box`` of a convolution of ``x`` (a region tile: the box's window) by
+    ``w`` (the whole kernel, or the taps of a split reduction: :func:`_taps`): padded only at
+    the tensor's true border (:func:`window_pads`)."""
     xbox, xshape = tile_of(x)
-    _, wshape = tile_of(w)
-    groups = _local_groups(args[8], xshape[1], x.shape[1])
+    groups = _local_groups(groups, xshape[1], x.shape[1])
     n = len(xshape) - 2
-    s, p, d = _conv_args(args, n)
+    k, p = _taps(w, tile_of, p, d)
     try:
-        pads = window_pads(out_box, xbox, xshape, wshape[2:], s, p, d)
+        pads = window_pads(out_box, xbox, xshape, k, s, p, d)
     except ValueError as exc:
         raise Fallback(str(exc)) from None
     common = [min(a, c) for a, c in pads]
@@ -283,39 +326,104 @@ def _convolution(target, fn, args, kwargs, index, tile_of, out_box, out_shape):
                                       groups)
 
 
+def _conv_filter_grad(go, x, tile_of, w_box, s, p, d, groups):
+    """A convolution's filter gradient (its box ``w_box``: whole, or a range of kernel taps)
+    from the output-gradient tile ``go`` and the input region ``x`` its rows read through
+    those taps: a partial sum over ``go``'s batch and rows."""
+    gbox, _ = tile_of(go)
+    xbox, xshape = tile_of(x)
+    n = len(xshape) - 2
+    kernel = list(extents(w_box)[2:])
+    p = [p[i] - d[i] * int(w_box[2 + i, 0]) for i in range(n)]
+    try:
+        pads = window_pads(gbox, xbox, xshape, list(kernel), s, p, d)
+    except ValueError as exc:
+        raise Fallback(str(exc)) from None
+    xp = _pad(x, pads)
+    groups = _local_groups(groups, xshape[1], x.shape[1])
+    wl = xp.new_zeros(()).expand(go.shape[1], xp.shape[1] // groups, *kernel)
+    return torch.ops.aten.convolution_backward(
+        go, xp, wl, None, s, [0] * n, d, False, [0] * n, groups, [False, True, False])[1]
+
+
+def _convolution(target, fn, args, kwargs, index, tile_of, out_box, out_shape):
+    x, w, b = args[0], args[1], args[2]
+    if w is None or (x is None and not args[6]):
+        raise Fallback("aten.convolution: an input not read")
+    n = len(out_shape) - 2
+    s, p, d = _conv_args(args, n)
+    if args[6]:
+        return _conv_transpose(x, w, b, tile_of, out_box, out_shape, s, p, d, int(args[8]))
+    return _conv_rows(x, w, b, tile_of, out_box, s, p, d, args[8])
+
+
+def _conv_transpose(x, w, b, tile_of, out_box, out_shape, s, p, d, groups):
+    """Output box of a transposed convolution (weight ``[Cin, Cout/g, k...]``) from the input
+    region its taps reach (:func:`~explorer.engine.geometry.transpose_window`): run without
+    padding on the region, the local result's row ``t`` is output row ``start·s − p + t``;
+    :func:`~explorer.engine.geometry.transpose_crop` cuts the rows outside the box and adds
+    the box's rows no input of the region reaches (the output padding's tail, the rows
+    between strided taps); then the bias.  An empty region: the bias alone."""
+    n = len(out_shape) - 2
+    want = extents(out_box)
+    if x is None or x.numel() == 0:
+        y = w.new_zeros(want)
+    else:
+        xbox, xshape = tile_of(x)
+        _, wshape = tile_of(w)
+        if xbox is None or wshape is None:
+            raise Fallback("aten.convolution: a transposed input without its region")
+        if tuple(w.shape[2:]) != tuple(wshape[2:]):
+            raise Fallback("aten.convolution: a transposed convolution's kernel taps split")
+        cout = int(out_box[1, 1] - out_box[1, 0])
+        g = _local_groups(groups, xshape[1], x.shape[1])
+        if w.shape[1] * g != cout:
+            raise Fallback("aten.convolution: the weight tile's columns are not the box's "
+                           "output channels")
+        try:
+            pads = transpose_crop(out_box, xbox, xshape, list(wshape[2:]), s, p, d)
+        except ValueError as exc:
+            raise Fallback(str(exc)) from None
+        y = _pad(torch.ops.aten.convolution(x, w, None, s, [0] * n, d, True, [0] * n, g),
+                 pads)
+    if b is not None:
+        y = y + b.reshape((1, -1) + (1,) * n)
+    return y
+
+
 def _convolution_backward(target, fn, args, kwargs, index, tile_of, out_box, out_shape):
     go, x, w = args[0], args[1], args[2]
-    if args[7] or go is None:
-        raise Fallback("aten.convolution_backward: transposed")
+    if go is None:
+        raise Fallback("aten.convolution_backward: the output gradient not read")
     gbox, gshape = tile_of(go)
     n = len(gshape) - 2
     s, p, d = _conv_args(args, n, 4)
     if index == 2:                                   # bias: sum over all but the channels
         return go.sum([0] + list(range(2, go.dim())))
+    if args[7]:
+        # transposed: the input gradient is the convolution of go by the same weight, the
+        # filter gradient a convolution's with the roles of x and go swapped
+        if index == 0:
+            if w is None:
+                raise Fallback("aten.convolution_backward: the input gradient without w")
+            return _conv_rows(go, w, None, tile_of, out_box, s, p, d, args[9])
+        if x is None:
+            raise Fallback("aten.convolution_backward: the weight gradient without x")
+        return _conv_filter_grad(x, go, tile_of, out_box, s, p, d, args[9])
     if index == 1:                                   # weight: as the forward on go's window
         if x is None:
             raise Fallback("aten.convolution_backward: the weight gradient without x")
-        xbox, xshape = tile_of(x)
-        _, wshape = (tile_of(w) if w is not None else (None, out_shape))
-        try:
-            pads = window_pads(gbox, xbox, xshape, list(out_shape[2:]), s, p, d)
-        except ValueError as exc:
-            raise Fallback(str(exc)) from None
-        xp = _pad(x, pads)
-        groups = _local_groups(args[9], xshape[1], x.shape[1])
-        wl = xp.new_zeros(()).expand(go.shape[1], xp.shape[1] // groups, *out_shape[2:])
-        return torch.ops.aten.convolution_backward(
-            go, xp, wl, None, s, [0] * n, d, False, [0] * n, groups, [False, True, False])[1]
+        return _conv_filter_grad(go, x, tile_of, out_box, s, p, d, args[9])
     if w is None:
         raise Fallback("aten.convolution_backward: the input gradient without the weight")
-    # input: the gradient of a local convolution over the window go's rows read, cut to
-    # the output box (rows of the box outside the window get nothing from these outputs)
-    _, wshape = tile_of(w)
-    k = list(wshape[2:])
+    # input: the gradient of a local convolution over the window go's rows read (through
+    # the weight tile's taps), cut to the output box (rows of the box outside the window get
+    # nothing from these outputs)
+    k, p = _taps(w, tile_of, p, d)
     start = [int(gbox[2 + i, 0]) * s[i] - p[i] for i in range(n)]
     length = [(int(gbox[2 + i, 1] - gbox[2 + i, 0]) - 1) * s[i] + d[i] * (k[i] - 1) + 1
               for i in range(n)]
-    if any(L <= 0 for L in length):
+    if any(L <= 0 for L in length) or go.numel() == 0:   # no output row reaches the box
         return go.new_zeros(extents(out_box))
     groups = _local_groups(args[9], out_shape[1], int(out_box[1, 1] - out_box[1, 0]))
     xl = go.new_zeros(()).expand(go.shape[0], w.shape[1] * groups, *length)
@@ -554,6 +662,65 @@ def _select_backward(target, fn, args, kwargs, index, tile_of, out_box, out_shap
     return out
 
 
+def _region_at_box(target, x, tile_of, out_box):
+    """The element-wise input region ``x`` cut to ``out_box`` (it covers the box), and the
+    box's global offsets."""
+    box, _ = tile_of(x)
+    if box is None:
+        raise Fallback(f"aten.{target}: an input without a region")
+    box = np.asarray(box)
+    if box.shape != np.shape(out_box) or (box[:, 0] > out_box[:, 0]).any() or \
+            (box[:, 1] < out_box[:, 1]).any():
+        raise Fallback(f"aten.{target}: the region does not cover the box")
+    return x[tuple(slice(int(a - o), int(b - o))
+                   for (a, b), o in zip(out_box, box[:, 0]))]
+
+
+def _triangle(target, fn, args, kwargs, index, tile_of, out_box, out_shape):
+    """``tril`` / ``triu`` of the tile at rows ``r0`` and columns ``c0`` (its last two axes)
+    is the op on the tile with the diagonal moved by ``r0 - c0``: element ``(i, j)`` is kept
+    when ``j - i ≤ diagonal`` (tril), and locally ``j - i = j' - i' + c0 - r0``."""
+    x = args[0]
+    if x is None or len(out_shape) < 2:
+        raise Fallback(f"aten.{target}: an input not read, or fewer than two axes")
+    diag = int(args[1]) if len(args) > 1 else int(kwargs.get("diagonal", 0))
+    x = _region_at_box(target, x, tile_of, out_box)
+    r0, c0 = int(out_box[-2, 0]), int(out_box[-1, 0])
+    return fn(x, diag + r0 - c0)
+
+
+def _slice_backward(target, fn, args, kwargs, index, tile_of, out_box, out_shape):
+    """Rows ``[o0, o1)`` (along ``dim``) of ``slice_backward``: zeros, with the gradient rows
+    ``k`` of the region whose position ``start + k·step`` falls in the box.  The other axes
+    are the box's (an element-wise region)."""
+    grad = args[0]
+    dim = int(args[2]) % len(out_shape)
+    size = int(out_shape[dim])
+    start, step = args[3], int(args[5])
+    start = 0 if start is None else int(start)
+    start = min(max(start + size if start < 0 else start, 0), size)
+    gbox, _ = tile_of(grad)
+    if grad is None or gbox is None:
+        raise Fallback("aten.slice_backward: the gradient without its region")
+    gbox = np.asarray(gbox)
+    others = [a for a in range(len(out_shape)) if a != dim]
+    if any((int(gbox[a, 0]), int(gbox[a, 1])) != (int(out_box[a, 0]), int(out_box[a, 1]))
+           for a in others):
+        raise Fallback("aten.slice_backward: the region's other axes are not the box's")
+    o0, o1 = int(out_box[dim, 0]), int(out_box[dim, 1])
+    n = int(tile_of(grad)[1][dim])
+    k_lo = min(max(-(-(o0 - start) // step), 0), n)         # the rows that land in the box
+    k_hi = min(max(-(-(o1 - start) // step), 0), n)
+    if k_lo < k_hi and (int(gbox[dim, 0]) > k_lo or int(gbox[dim, 1]) < k_hi):
+        raise Fallback("aten.slice_backward: the region misses rows that land in the box")
+    k = torch.arange(int(gbox[dim, 0]), int(gbox[dim, 1]))
+    pos = start + k * step
+    ok = (pos >= o0) & (pos < o1)
+    out = grad.new_zeros(extents(out_box))
+    out.index_copy_(dim, pos[ok] - o0, grad.index_select(dim, torch.nonzero(ok).flatten()))
+    return out
+
+
 def _stack(target, fn, args, kwargs, index, tile_of, out_box, out_shape):
     dim = int(args[1]) if len(args) > 1 else int(kwargs.get("dim", 0))
     parts = [t for t in args[0] if t is not None]
@@ -571,7 +738,9 @@ _RULES = {"_adaptive_avg_pool2d": _adaptive_pool, "adaptive_avg_pool2d": _adapti
           "avg_pool2d": _avg_pool,
           "avg_pool2d_backward": _avg_pool_backward, "embedding": _embedding,
           "embedding_dense_backward": _embedding_backward,
-          "select_backward": _select_backward, "stack": _stack, "view": _view, "_unsafe_view": _view, "reshape": _view, "expand": _expand,
+          "select_backward": _select_backward, "slice_backward": _slice_backward,
+          "tril": _triangle, "triu": _triangle, "stack": _stack, "view": _view,
+          "_unsafe_view": _view, "reshape": _view, "expand": _expand,
           "mean": _mean, "select": _select, "slice": _slice, "split": _split,
           "unsafe_split": _split, "split_with_sizes": _split, "unbind": _unbind,
           "cat": _cat, "convolution": _convolution,

@@ -861,7 +861,7 @@ def search(problem, pins=None, options: TofuOptions | None = None, progress=None
     cap = [float(d.memory) for d in devices.devices[:devices.n]]
     fits = all(m <= c for m, c in zip(plan.peak_memory_bytes, cap))
     info = {"factors": list(plan.factors), "coarsening": dict(plan.coarse),
-            "capacity_bytes": cap}
+            "capacity_bytes": cap, "links_digest": devices.links_digest()}
     return Result(options.algo, "tofu", problem.model or g.model, g.batch,
                   dict(problem.model_args or getattr(g, "model_args", {}) or {}),
                   devices.name, devices.n, plan.objective_s, step_s,
