@@ -370,3 +370,12 @@ def test_absurd_device_count_is_one_line(capsys):
     err = capsys.readouterr().err
     assert code == 2 and err.startswith("error: ") and "Traceback" not in err
     assert "1000000 devices" in err and len(err.strip().splitlines()) == 1
+
+
+def test_batch_norm_at_batch_one_says_what_to_change(capsys):
+    """A training step with one value per batch-norm channel cannot be traced: the one-line
+    error names the batch size, not in-place ops."""
+    code, out, err = run(capsys, "search", "resnet50", "--batch", "1", "-a", "image_size=32",
+                         "--devices", "4", "--algo", "tofu")
+    assert code == 2 and out == "" and err.count("\n") == 1
+    assert "larger --batch" in err and "In-place" not in err

@@ -667,3 +667,25 @@ def test_models_using_the_new_rules_run_tile_local_with_the_predicted_bytes(work
         assert r["measured_comm_bytes"] == pytest.approx(r["predicted_comm_bytes"],
                                                          rel=1e-12)
         assert r["predicted_comm_bytes"] > 0
+
+
+def test_replicated_partial_sums_are_added_once():
+    """BERT at batch 1 on 4 workers: the loss's mean is split in 2 along the classes and
+    replicated twice (workers 0, 1 compute one partial sum, 2, 3 the other).  Each distinct
+    partial is added once (before, every copy was: the loss came out twice the reference's
+    while every gradient was right); each worker keeps its own copy and receives the other
+    one, so the scalar costs 4 transfers where the recursion charges each group once."""
+    from explorer.engine.runtime.opexec import partial_copies
+    from explorer.engine.runtime.run import _tofu_layout, run_tofu_documents
+    args = {"layers": 1, "hidden": 16, "heads": 2, "seq_len": 8, "vocab": 20,
+            "num_classes": 3}
+    _, doc = _doc("bert", 1, args, 4)
+    xplan = _tofu_layout(doc, {})["xplan"]
+    copied = [o for o, v in xplan["ops"].items() if v["reducer"] == "sum" and
+              (partial_copies(v, 4) != np.arange(4)).any()]
+    assert copied, "the plan no longer replicates a split sum: pick another case"
+    r = run_tofu_documents([doc], timeout_s=900)[0]
+    assert r["reference_ok"] and r["loss"] == pytest.approx(r["reference_loss"], rel=1e-12)
+    assert r["fallback_ops"] == {}
+    # the plan's bytes, plus one copy per replica of each replicated scalar partial sum
+    assert 0 <= r["measured_comm_bytes"] - r["predicted_comm_bytes"] <= 16 * len(copied)

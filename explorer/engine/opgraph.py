@@ -323,12 +323,14 @@ def trace_step(model, x, lr: float = 0.01, loss_fn=None, name: str = "model"):
         where = user_line(e)
         if _data_dependent_error(e):
             raise DataDependent(_dd_message(name, _op_in(where), where)) from None
+        first = str(e).splitlines()[0] if str(e) else ""
+        hint = ("batch norm needs more than one value per channel to train: use a larger "
+                "--batch or input size" if "value per channel" in first else
+                "In-place ops on inputs are a usual cause; rewrite that part of forward() "
+                "or pick another model")
         raise UnsupportedModel(
             f"could not trace a training step of the model with make_fx: "
-            f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-            f"{f' at {where}' if where else ''}. "
-            f"In-place ops on inputs are a usual cause; "
-            f"rewrite that part of forward() or pick another model.") from None
+            f"{type(e).__name__}: {first}{f' at {where}' if where else ''}. {hint}.") from None
     finally:
         for h in handles:
             h.remove()

@@ -221,22 +221,26 @@ class _Worker:
             return v.reshape(())
         return v
 
-    def distribute(self, t, result, out, reducer):
+    def distribute(self, t, result, out, reducer, rep=None):
         """Send the parts of this worker's output tile (box ``out[rank]``) others hold and
         combine what arrives into this worker's held tile.  A split sum whose partial results
         every member of a group computes for the same box and holds a balanced slice of is
         combined by one ``reduce_scatter`` (``all_reduce`` when each holds it whole) over that
-        group; other patterns move the same pieces point to point."""
+        group; other patterns move the same pieces point to point.  ``rep[w]``: the lowest rank
+        computing the same partial sum as worker w (:func:`partial_copies`): each distinct
+        partial is added once - a worker uses its own copy and receives the others' from
+        their lowest rank."""
         held = self.x["held"][t]
         K = self.world
         me = held[self.rank]
         coll = self.groups.get(("op", t))
         transfers = []
+        copies = rep is not None and bool((rep != np.arange(K)).any())
         for dst in range(K):
             taken = []
             for src in range(K):
-                if src == dst:
-                    continue
+                if src == dst or (copies and (rep[src] != src or rep[src] == rep[dst])):
+                    continue             # a copy of a partial sum: sent once, never to a copy
                 piece = _inter(out[src], held[dst])
                 if piece is None:
                     continue
@@ -248,6 +252,8 @@ class _Worker:
         dtype = result.dtype if result is not None else _dtype(self.g.tensors[t],
                                                                     self.float_dtype)
         if coll is not None and reducer == "sum" and result is not None:
+            if copies and rep[self.rank] != self.rank:
+                result = torch.zeros_like(result)   # the collective adds each partial once
             return self.collective(coll, transfers, result, out[self.rank], me)
         transfers = [(s, d, b, dtype) for s, d, b, _ in transfers]
         got = self.exchange(transfers, lambda i, box: _flat(result)[_sl(box, out[self.rank])])
@@ -429,7 +435,8 @@ class _Worker:
             self.compute_cpu_s += time.thread_time() - c0
         self.in_flight(list(bufs.values()) + [res])
         marks.append(self._mark())
-        val = self.distribute(o.output, res, info["out"], info["reducer"])
+        rep = partial_copies(info, self.world) if info["reducer"] == "sum" else None
+        val = self.distribute(o.output, res, info["out"], info["reducer"], rep)
         marks.append(self._mark())
         self._profiled(o.target, marks)
         self.in_flight(list(bufs.values()) + [res, val])
@@ -573,6 +580,29 @@ def _dtype(ten, floating=torch.float64):
     """The run's dtype of a tensor of the trace (floating point runs in ``floating``)."""
     dt = getattr(torch, ten.dtype, None)
     return floating if not isinstance(dt, torch.dtype) or dt.is_floating_point else dt
+
+
+def partial_copies(info: dict, world: int) -> np.ndarray:
+    """``[world]`` int: the lowest rank that computes the same partial sum as worker w.
+
+    A split sum replicated across workers (e.g. a reduction split in 2 on 4 workers) has
+    several workers compute one partial result - same output box, same input regions, same
+    terms zeroed.  Each distinct partial may be added only once, else the sum counts it twice.
+
+    >>> box = lambda a, b: [[a, b]]
+    >>> info = {"out": [box(0, 1)] * 4, "zero": {},
+    ...         "needs": {"x": [box(0, 1), box(0, 1), box(1, 3), box(1, 3)]}}
+    >>> partial_copies(info, 4).tolist()
+    [0, 0, 2, 2]
+    """
+    seen: dict = {}
+    rep = np.arange(world)
+    for w in range(world):
+        key = (np.asarray(info["out"][w]).tobytes(),
+               tuple((t, np.asarray(n[w]).tobytes()) for t, n in sorted(info["needs"].items())),
+               tuple((t, bool(z[w])) for t, z in sorted(info.get("zero", {}).items())))
+        rep[w] = seen.setdefault(key, w)
+    return rep
 
 
 def make_groups(g, xplan, world):
