@@ -350,11 +350,12 @@ def exchange_phases(g, xplan: dict, dtype: str = "float32") -> list:
 
 def comm_costs(devices) -> dict:
     """The calibrated costs of the executor's calls on ``devices`` (a ``local`` device
-    graph, :mod:`.calibrate`): ``latency`` and ``bw`` of one transfer into a posted receive
-    - the means over the calibration's messages (``p2p_latency_mean_s``, ``p2p_1mb_mean_s``:
-    a step pays every exchange, tails included, as the two-way ``latency`` is a mean), else
-    the medians (``p2p_latency_s``, ``p2p_bw``), else the device graph's two-way ``latency``
-    and link bandwidth; the rendezvous, a receiver not yet there, is
+    graph, :mod:`.calibrate`): ``latency`` of one transfer - the device graph's, i.e. the
+    calibration's mean exchange **between workers that also compute**, as a step's workers
+    do (idle ping-pong figures are several times smaller and under-predict a step) - and
+    ``bw``: from the means over the calibration's messages (``p2p_1mb_mean_s`` less
+    ``p2p_latency_mean_s``: a step pays every exchange, tails included), else the medians
+    (``p2p_bw``), else the link bandwidth; the rendezvous, a receiver not yet there, is
     :func:`simulate_step`'s -;
     ``send_s`` + bytes / ``send_bw`` of the sender's ``isend`` call and ``recv_s`` +
     bytes / ``recv_bw`` of the receiver's calls (``p2p_send_*``, ``p2p_recv_*``); a
@@ -363,12 +364,12 @@ def comm_costs(devices) -> dict:
     meta = getattr(devices, "meta", None) or {}
     p2p = meta.get("p2p") or {}
     n = len(devices.devices)
-    lat = float(p2p.get("latency") or (devices.latency[0, 1] if n > 1 else 0.0))
+    lat = float(devices.latency[0, 1]) if n > 1 else 0.0
     bw = float(p2p.get("bw") or (devices.bw[0, 1] if n > 1 else 0.0) or 0.0)
     if p2p.get("latency_mean") and p2p.get("s_1mb_mean"):
         # a step pays every one of its exchanges, their tails included: the means
-        lat = float(p2p["latency_mean"])
-        bw = (2 ** 20 - 1024) / max(float(p2p["s_1mb_mean"]) - lat, 1e-9)
+        bw = (2 ** 20 - 1024) / max(float(p2p["s_1mb_mean"]) - float(p2p["latency_mean"]),
+                                    1e-9)
     ar = meta.get("allreduce") or {}
     coll_s = coll_k = 0.0
     if ar.get("small_s") and ar.get("big_s") and ar.get("big_bytes"):
