@@ -19,28 +19,7 @@ from explorer.engine.runtime.run import run_tofu_documents
 from explorer.engine.search import Problem, run
 
 #: the example models at sizes that run on 2 cores in seconds (arguments as ``-a KEY=VALUE``)
-SIZES = {
-    "lenet5": {},
-    "alexnet": {"image_size": 63, "num_classes": 10, "fc": 32},
-    "vgg16": {"image_size": 32, "num_classes": 10, "fc": 32},
-    "inception_v3": {"image_size": 75, "num_classes": 10},
-    "resnet50": {"image_size": 32, "num_classes": 10},
-    "wresnet": {"depth": 50, "width": 1, "image_size": 32, "num_classes": 10},
-    "mlp": {"hidden": 16, "layers": 1},
-    "lstm": {"hidden": 16, "steps": 2, "layers": 1},
-    "transformer": {"layers": 1, "seq": 8, "hidden": 16, "heads": 2, "vocab": 20},
-    "densenet": {"block": 2, "blocks": 2, "growth": 4, "image_size": 16, "num_classes": 10},
-    "unet": {"depth": 2, "base": 4, "image_size": 16, "num_classes": 3},
-    "seq2seq": {"layers": 1, "hidden": 16, "src_steps": 2, "tgt_steps": 2, "vocab": 20},
-    "holography": {"layers": 3, "filters": 4, "res": 8},
-    "gpt2": {"layers": 1, "hidden": 16, "heads": 2, "seq_len": 8, "vocab": 20},
-    "bert": {"layers": 1, "hidden": 16, "heads": 2, "seq_len": 8, "vocab": 20, "num_classes": 3},
-    "llama": {"layers": 1, "hidden": 16, "heads": 2, "intermediate": 24, "seq_len": 8,
-              "vocab": 20},
-    "vit": {"image_size": 16, "patch": 8, "layers": 1, "hidden": 16, "heads": 2, "mlp": 32,
-            "num_classes": 10},
-    "mobilenet_v2": {"width": 0.25, "image_size": 32, "num_classes": 10},
-}
+SIZES = example_models.SMALL
 ALGOS = ["tofu", "allrow-greedy", "equalchop", "icml18"]
 WORKERS = [2, 4]
 BATCH = 2
