@@ -257,11 +257,16 @@ def test_small_model_units_labels_history_of_every_kind(dash_duo):
                 + dash_duo.driver.execute_script(
                     "return document.getElementById(arguments[0]).textContent", ids.PLANS_STATUS))
     assert got
-    dash_duo.driver.execute_script(
-        "let done = false; dash_ag_grid.getApi(arguments[0]).forEachNode(n => {"
-        " if (!done && n.data.kind === 'placement') { n.setSelected(true); done = true; } });",
+    # select the placement's row as a user does, by clicking it once the table has settled
+    # (dash-ag-grid does not report a selection made while it is still applying new rows)
+    time.sleep(1.5)
+    row = dash_duo.driver.execute_script(
+        "let id = null; dash_ag_grid.getApi(arguments[0]).forEachNode(n => {"
+        " if (id === null && n.data.kind === 'placement') { id = n.id; } }); return id;",
         ids.PLANS_TABLE)
-    time.sleep(0.5)
+    dash_duo.find_element(f"#{ids.PLANS_TABLE} .ag-center-cols-container "
+                          f".ag-row[row-id='{row}'] .ag-cell").click()
+    time.sleep(1.0)
     # a refresh (new rowData) keeps the selection: rows carry the plan's id as their row id
     dash_duo.find_element(f"#{ids.PLANS_REFRESH}").click()
     sel = "return dash_ag_grid.getApi(arguments[0]).getSelectedRows().map(r => r.kind);"
