@@ -5,8 +5,8 @@
 
 For every model and device count: every non-input layer, every candidate configuration
 (``geometry.enumerate_configs``), every input - the input regions of all the configuration's
-output boxes, computed once through :func:`explorer.engine.geometry.input_regions` and once
-through the TDL oracle (:func:`explorer.engine.tdl.oracle.input_regions`, interval analysis of
+output boxes, computed once through :func:`explorer.engine.core.geometry.input_regions` and once
+through the TDL oracle (:func:`explorer.engine.tofu.tdl.oracle.input_regions`, interval analysis of
 the layer's operator description).  Times are the best of ``--repeat`` runs; the TDL time is
 shown cold (descriptions built and bound, as a fresh process pays) and warm (bound
 descriptions cached).  The last column builds OptCNN's cost tables (p100-cluster preset)
@@ -27,7 +27,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 DECISION = (
     "Decision: geometry's closed-form rules stay the engine (cost model, searches, views, "
-    "runtime); TDL interval analysis is the oracle (explorer/engine/tdl/oracle.py) that "
+    "runtime); TDL interval analysis is the oracle (explorer/engine/tofu/tdl/oracle.py) that "
     "tests/test_tdl.py and this benchmark cross-check every layer of the example models "
     "against.  Measured: identical regions in {agree}/{queries} (layer, input) queries over "
     "all candidate configurations; geometry answers them {cold:.0f}x faster than TDL with "
@@ -44,7 +44,7 @@ def _queries(g, n_devices):
     """[(layer, input index, boxes [C*k, nd, 2])]: all configurations' output boxes per layer."""
     import numpy as np
 
-    from explorer.engine import geometry as G
+    from explorer.engine.core import geometry as G
     out = []
     for lay in g.layers():
         if lay.op == "input":
@@ -68,9 +68,9 @@ def _time(fn, repeat):
 def measure(spec, n_devices, batch, repeat):
     import numpy as np
 
-    from explorer.engine import geometry as G
-    from explorer.engine.importer import import_spec
-    from explorer.engine.tdl import aten, oracle
+    from explorer.engine.core import geometry as G
+    from explorer.engine.core.importer import import_spec
+    from explorer.engine.tofu.tdl import aten, oracle
     g = import_spec(spec, batch=batch)
     qs = _queries(g, n_devices)
 
@@ -88,9 +88,9 @@ def measure(spec, n_devices, batch, repeat):
 
     def cost_tables(regions):
         """Build OptCNN's cost tables with ``regions`` as the region rule of every layer."""
-        from explorer.engine.costmodel import CostModel
-        from explorer.engine.devices import preset
-        from explorer.engine.geometry import edges
+        from explorer.engine.layerwise.costmodel import CostModel
+        from explorer.engine.core.devices import preset
+        from explorer.engine.core.geometry import edges
         saved = G.input_regions
         G.input_regions = edges.input_regions = regions
         try:

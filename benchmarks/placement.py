@@ -23,8 +23,8 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from explorer.engine.devices import preset  # noqa: E402
-from explorer.engine.opgraph import build_opgraph  # noqa: E402
+from explorer.engine.core.devices import preset  # noqa: E402
+from explorer.engine.core.opgraph import build_opgraph  # noqa: E402
 from explorer.engine.placement.estimate import from_opgraph  # noqa: E402
 from explorer.engine.search import Problem, names, run as run_method  # noqa: E402
 

@@ -50,7 +50,7 @@ def bench(model: str, algo: str, devices: int, steps: int, warmup: int,
     ``repeat`` times: the row is the run with the median measured step (``runs_s`` lists
     every run's)."""
     from explorer import service
-    from explorer.engine.runtime.run import run_document
+    from explorer.engine.runtime.dispatch import run_document
     cfg = CONFIGS.get(model, {"batch": None, "model_args": {}})
     req = service.Request(model=model, batch=cfg["batch"], model_args=dict(cfg["model_args"]),
                           preset="local", devices=devices, algo=algo, cost="measured")
@@ -300,14 +300,14 @@ def main(argv=None) -> int:
                          "operator again, so the prediction is of the machine as it is now)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
-    from explorer.engine.storage import home
+    from explorer.engine.core.storage import home
     from explorer.errors import ExplorerError
     if not (home() / "local.json").exists() or not args.keep_calibration:
         from explorer.engine.runtime.calibrate import calibrate
         print("calibrating this machine (explorer calibrate) ...", file=sys.stderr)
         calibrate(args.devices)
     if not args.keep_profile:
-        from explorer.engine.profile import clear_op_times
+        from explorer.engine.core.profile import clear_op_times
         clear_op_times()
     rows = []
     for model in args.models.split(","):

@@ -66,7 +66,7 @@ def bench(model: str, devices: int, algo: str, steps: int, warmup: int, sync: st
               f"profiling and the run (error {r['error'] * 100:+.1f}%), once more",
               file=sys.stderr, flush=True)
         if fresh_cache:
-            from explorer.engine.profile import default_cache_path
+            from explorer.engine.core.profile import default_cache_path
             default_cache_path().unlink(missing_ok=True)
     return r
 

@@ -38,9 +38,9 @@ import numpy as np
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path.insert(0, ROOT)
 
-from explorer.engine.costmodel import CostModel  # noqa: E402
-from explorer.engine.devices import preset  # noqa: E402
-from explorer.engine.importer import import_spec  # noqa: E402
+from explorer.engine.layerwise.costmodel import CostModel  # noqa: E402
+from explorer.engine.core.devices import preset  # noqa: E402
+from explorer.engine.core.importer import import_spec  # noqa: E402
 from explorer.engine.search import Problem, comparison, run  # noqa: E402
 from explorer.errors import InfeasiblePlan  # noqa: E402
 

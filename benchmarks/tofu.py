@@ -62,8 +62,8 @@ def end_to_end(spec: str, batch: int, margs: dict, workers: int) -> tuple:
 
 
 def _clear_caches():
-    from explorer.engine.search import tofu
-    from explorer.engine.tdl import aten
+    from explorer.engine.tofu import search as tofu
+    from explorer.engine.tofu.tdl import aten
     tofu._COST_CACHE.clear()
     tofu._STRAT_CACHE.clear()
     tofu._PAIR_CACHE.clear()
@@ -85,8 +85,8 @@ def main(argv=None) -> int:
     ap.add_argument("--no-e2e", action="store_true",
                     help="skip the end-to-end runs of the explorer process")
     args = ap.parse_args(argv)
-    from explorer.engine.devices import PRESETS, preset
-    from explorer.engine.opgraph import build_opgraph
+    from explorer.engine.core.devices import PRESETS, preset
+    from explorer.engine.core.opgraph import build_opgraph
     from explorer.engine.search import Problem, names, run
 
     dev = preset("k80-pcie-8", args.workers)
@@ -189,7 +189,7 @@ def main(argv=None) -> int:
 def _link_rows(label, g, name, workers) -> list:
     """Every Tofu-family algorithm on preset ``name``: bytes, seconds on the links, the
     step-to-level order (most significant device digit first) and the time against Tofu's."""
-    from explorer.engine.devices import preset
+    from explorer.engine.core.devices import preset
     from explorer.engine.search import Problem, names, run
     dev = preset(name, workers) if name == "p100-cluster" else preset(name)
     n = dev.n

@@ -5,7 +5,7 @@
 For every built-in example model (``explorer models``) at a small size (``SIZES``: the
 arguments the example tests use, so every model runs on a 2-core machine in seconds), the
 Tofu plan on the ``local`` preset is searched, saved as a document and run with ``explorer
-run``'s executor (:func:`explorer.engine.runtime.run.run_tofu_documents`, float64, one step,
+run``'s executor (:func:`explorer.engine.runtime.dispatch.run_tofu_documents`, float64, one step,
 checked against one device).  The table gives, per model and worker count, the targets the
 run lists in ``fallback_ops`` (computed on full-size zero-padded buffers, not tile-local)
 with the reason the run gives, whether the result matched the reference and whether the
@@ -38,7 +38,7 @@ def _spec(row: str) -> str:
 
 
 def _document(row: str, workers: int, batch: int) -> dict:
-    from explorer.engine.devices import preset
+    from explorer.engine.core.devices import preset
     from explorer.engine.search import Problem, run
     return run("tofu", Problem(preset("local", workers), _spec(row), batch,
                                dict(SIZES[row]))).document()
@@ -46,7 +46,7 @@ def _document(row: str, workers: int, batch: int) -> dict:
 
 def survey(rows, workers_list, batch: int, timeout_s: float = 1800.0) -> list:
     """One dict per (model, workers): fallback targets and reasons, reference and bytes."""
-    from explorer.engine.runtime.run import run_tofu_documents
+    from explorer.engine.runtime.dispatch import run_tofu_documents
     out = []
     for k in workers_list:
         docs, failed = {}, {}

@@ -65,14 +65,15 @@ if os.environ.get("TB_BIG"):              # another model for --big: '[name, spe
 
 
 def _calibrated(k: int) -> bool:
-    from explorer.engine.devices import local
+    from explorer.engine.core.devices import local
     return bool(local(k).meta.get("calibrated"))
 
 
 def row(name, spec, batch, args, k, steps):
-    from explorer.engine.devices import preset
-    from explorer.engine.runtime.run import run_document
-    from explorer.engine.search import Problem, run, tofu
+    from explorer.engine.core.devices import preset
+    from explorer.engine.runtime.dispatch import run_document
+    from explorer.engine.search import Problem, run
+    from explorer.engine.tofu import search as tofu
     res = run("tofu", Problem(preset("local", k), spec, batch, dict(args)))
     doc = res.document()
     one = int(tofu.partition(res.capture, 1).peak_memory_bytes[0])
@@ -103,9 +104,9 @@ def row(name, spec, batch, args, k, steps):
 
 def big(ks, steps) -> list:
     """The run one worker cannot hold (see the module): rows per worker count."""
-    from explorer.engine.devices import preset
+    from explorer.engine.core.devices import preset
     from explorer.engine.runtime.memlimit import GiB, check_predicted
-    from explorer.engine.runtime.run import run_document
+    from explorer.engine.runtime.dispatch import run_document
     from explorer.engine.search import Problem, run
     from explorer.errors import InfeasiblePlan
     name, spec, batch, args = BIG

@@ -21,11 +21,10 @@ import tempfile
 import dash
 from dash import Dash, dcc, html
 
-from . import service as session
-from .views import state
+from explorer import service as session
+from explorer.views import state
 
-DEFAULT_REQUEST = session.Request(model="vgg16", preset="p100-nvlink-4", devices=4,
-                                  algo="optcnn")
+DEFAULT_REQUEST = state.DEFAULT_REQUEST
 
 
 def background_manager():
@@ -42,7 +41,7 @@ def background_manager():
         return dash.CeleryManager(celery_app)
     import diskcache
 
-    from .engine.storage import home
+    from explorer.engine.core.storage import home
     try:
         path = str(home() / "dash-cache")
     except OSError:
@@ -53,7 +52,7 @@ def background_manager():
 def initial_state(request: session.Request | None):
     """The request dict and the layer-wise plan the default page opens with (the plan is
     ``{"error": ...}`` when it cannot be found)."""
-    from .views import page
+    from explorer.views import page
     doc = state.request_doc(request or DEFAULT_REQUEST)
     return doc, page.first_results(doc)["plan"]
 
@@ -63,8 +62,19 @@ def create_app(request: session.Request | None = None, allow_model_files: bool =
     its URL says otherwise; ``allow_model_files`` lets the page load ``path.py:function``
     models, which runs their code on this machine (a process-wide setting, see
     :mod:`explorer.views.state`)."""
-    from .views import (compare, graph, learn, model, page, placement, plans, run, steps,
-                        tiling, tofu)
+    from explorer.views import (
+        compare,
+        graph,
+        learn,
+        search_form as model,
+        page,
+        placement,
+        plans,
+        run,
+        steps,
+        tiling,
+        tofu,
+    )
 
     state.allow_model_files(allow_model_files)
     app = Dash(__name__, title="Plan Explorer", use_pages=True, pages_folder="",

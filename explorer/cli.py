@@ -19,7 +19,7 @@ import json
 import sys
 import time
 
-from .errors import ExplorerError, InfeasiblePlan
+from explorer.errors import ExplorerError, InfeasiblePlan
 
 
 def _kv(text: str) -> tuple:
@@ -30,7 +30,7 @@ def _kv(text: str) -> tuple:
 
 
 def _methods_help() -> str:
-    from .engine.search import describe
+    from explorer.engine.search import describe
     fam = {"layerwise": "layer-wise (OptCNN and baselines)",
            "tofu": "operator partitioning (Tofu, Section 7.3 baselines)",
            "placement": "device placement (Celeritas, baselines)"}
@@ -38,7 +38,7 @@ def _methods_help() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .engine.search import METHODS
+    from explorer.engine.search import METHODS
     p = argparse.ArgumentParser(prog="explorer", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="cmd", required=True)
 
@@ -199,7 +199,7 @@ def main(argv=None) -> int:
 
 def _request(args):
     """The command line's model and device arguments as the service's request."""
-    from .service import Request
+    from explorer.service import Request
     if args.batch is not None and args.batch < 1:
         raise ValueError(f"--batch must be ≥ 1, got {args.batch}")
     if args.devices < 1:
@@ -258,15 +258,15 @@ def _options(args, family: str) -> dict:
 def _write(path: str, doc: dict) -> None:
     """Write a sealed plan document (schema, version, checksum: ``explorer run`` refuses an
     edited file)."""
-    from .engine.plandoc import dumps
+    from explorer.engine.core.plandoc import dumps
     with open(path, "w") as fh:
         fh.write(dumps(doc, indent=1))
 
 
 def cmd_search(args) -> int:
     """``explorer search``: any registered method, through the service."""
-    from . import service
-    from .engine.search import family_of
+    from explorer import service
+    from explorer.engine.search import family_of
     req = _request(args)
     family = family_of(args.algo)
     _check_flags(args, family)
@@ -301,7 +301,7 @@ def _does_not_fit(res, devices) -> str:
 
 
 def _search_layerwise(args, req, res, graph) -> int:
-    from . import service
+    from explorer import service
     plan, devices = res.plan, service.devices_for(req)
     if args.dump_costs:
         with open(args.dump_costs, "w") as fh:
@@ -332,8 +332,8 @@ def _search_layerwise(args, req, res, graph) -> int:
 def _search_tofu(args, req, res, g) -> int:
     """Tofu (EuroSys 2019) or a Section 7.3 baseline: every tensor of the joint
     forward+backward operator graph partitioned over all workers."""
-    from . import service
-    from .engine.search import names
+    from explorer import service
+    from explorer.engine.search import names
     plan, devices = res.plan, service.devices_for(req)
     cap = min(d.memory for d in devices.devices[:args.devices])
     worst = max(res.memory_per_device_bytes, default=0)
@@ -382,7 +382,7 @@ def _search_tofu(args, req, res, g) -> int:
 def _search_placement(args, req, res, og) -> int:
     """Celeritas or a placement baseline: a device per operator of the forward+backward
     operator graph."""
-    from . import service
+    from explorer import service
     devices = service.devices_for(req)
     if args.dump_graph:
         opts = _options(args, "placement")
@@ -460,13 +460,13 @@ def cmd_models(args) -> int:
         print(f"{name:14s} batch {m.default_batch:<4d} {m.description}")
         if params:
             print(f"{'':14s} args: {params}")
-    from .engine.hf import USAGE
+    from explorer.engine.core.hf import USAGE
     print(f"\n  {USAGE}")             # indented: the first column lists the examples only
     return 0
 
 
 def cmd_presets(args) -> int:
-    from .engine.devices import list_presets
+    from explorer.engine.core.devices import list_presets
     for p in list_presets():
         n = p["devices"] if p["devices"] else "any"
         print(f"{p['name']:14s} devices {str(n):4s} {p['description']}")
@@ -479,7 +479,7 @@ def cmd_presets(args) -> int:
 def cmd_cache(args) -> int:
     """``explorer cache [info|clear]``: the capture cache (layer and operator graphs kept in
     ``$EXPLORER_HOME/captures.sqlite``, reused while the model and our code are unchanged)."""
-    from .engine import capture_cache
+    from explorer.engine.core import capture_cache
     if args.action == "clear":
         n = capture_cache.clear()
         print(f"removed {n} cached capture{'s' if n != 1 else ''} from {capture_cache.path()}")
@@ -494,7 +494,7 @@ def cmd_cache(args) -> int:
 
 
 def cmd_graph(args) -> int:
-    from . import service
+    from explorer import service
     if args.batch is not None and args.batch < 1:
         raise ValueError(f"--batch must be ≥ 1, got {args.batch}")
     req = service.Request(model=args.model, batch=args.batch, model_args=dict(args.model_arg))
@@ -521,9 +521,9 @@ def cmd_graph(args) -> int:
 def cmd_run(args) -> int:
     """``explorer run PLAN.json``: execute a saved plan of any kind (the executor is chosen by
     the document's schema; nothing is searched) and store the run."""
-    from . import service
-    from .engine.runtime.cli import print_run, run_options
-    from .engine.runtime.run import read_document
+    from explorer import service
+    from explorer.engine.runtime.commands import print_run, run_options
+    from explorer.engine.runtime.dispatch import read_document
     doc = read_document(args.plan)
     return print_run(service.run_plan(doc, **run_options(args)), args)
 
@@ -531,8 +531,8 @@ def cmd_run(args) -> int:
 def cmd_export(args) -> int:
     """``explorer export PLAN.json --to torch -o FILE.py``: the plan as a program using
     PyTorch's own parallel APIs (layer-wise plans only; nothing is searched)."""
-    from . import service
-    from .engine.runtime.run import read_document
+    from explorer import service
+    from explorer.engine.runtime.dispatch import read_document
     doc = read_document(args.plan)
     name, text = service.export(doc, to=args.to)
     path = args.out or name
@@ -545,15 +545,15 @@ def cmd_export(args) -> int:
 
 
 def cmd_calibrate(args) -> int:
-    from .engine.runtime.cli import cmd_calibrate as calibrate
+    from explorer.engine.runtime.commands import cmd_calibrate as calibrate
     return calibrate(args)
 
 
 def cmd_serve(args) -> int:
-    from .app import serve
-    from .service import Request
-    from .views import state
-    from .engine.search import get
+    from explorer.app import serve
+    from explorer.service import Request
+    from explorer.views import state
+    from explorer.engine.search import get
     get(args.algo)                     # an unknown method is one line naming every method
     if state.is_model_file(args.model) and not args.allow_model_files:
         raise ValueError(f"--model {args.model} is a model file: the page would run its code "

@@ -4,7 +4,7 @@ Requests in, JSON-able results out, with caches.  Views never touch graphs or co
 directly; they send a :class:`Request` (plain dict in a ``dcc.Store``) and get dicts back.
 Imported graphs and cost models are cached per request, so re-running a search after a pin
 only recomputes the pinned layers' tables; captures also persist across processes
-(:mod:`explorer.engine.capture_cache`), so a second ``explorer search`` of a model neither
+(:mod:`explorer.engine.core.capture_cache`), so a second ``explorer search`` of a model neither
 traces it again nor imports torch.
 """
 
@@ -16,12 +16,12 @@ from collections import OrderedDict
 from dataclasses import asdict, dataclass, field
 
 
-from .errors import ExplorerError, InfeasiblePlan
-from .engine import capture_cache
-from .engine import geometry as G
-from .engine.costmodel import CostModel
-from .engine.devices import DeviceGraph, from_dict, preset
-from .engine.graph import LayerGraph
+from explorer.errors import ExplorerError, InfeasiblePlan
+from explorer.engine.core import capture_cache
+from explorer.engine.core import geometry as G
+from explorer.engine.layerwise.costmodel import CostModel
+from explorer.engine.core.devices import DeviceGraph, from_dict, preset
+from explorer.engine.core.layergraph import LayerGraph
 
 
 @dataclass
@@ -171,7 +171,7 @@ def summary(req: Request) -> dict:
 def problem_for(req: Request):
     """The request as a method's :class:`~explorer.engine.search.Problem`, whose captures
     come from this service's caches (each built once)."""
-    from .engine.search import Problem
+    from explorer.engine.search import Problem
     return Problem(devices_for(req), req.model, req.batch, dict(req.model_args), req.cost,
                    req.sync, degrees=req.degrees, builders={
                        "layer_graph": lambda: graph_for(req),
@@ -182,13 +182,13 @@ def problem_for(req: Request):
 
 def methods(family: str | None = None) -> dict:
     """``{name: description}`` of the registered methods (one family or all)."""
-    from .engine.search import describe
+    from explorer.engine.search import describe
     return describe(family)
 
 
 def run_method(req: Request, algo: str | None = None, pins=None, options=None):
     """Run any registered method on the request: the :class:`Result`."""
-    from .engine.search import run
+    from explorer.engine.search import run
     return run(algo or req.algo, problem_for(req), pins, options)
 
 
@@ -199,7 +199,7 @@ def _layerwise_result(req: Request, algo: str, pins):
     """:func:`run_method`'s result, cached per request, method and pins while the request's
     cost model is the one it was searched with (the searches are deterministic): opening the
     same page again, or the page's plan again under Compare, does not search again."""
-    from .engine.search import METHODS
+    from explorer.engine.search import METHODS
     if algo not in METHODS or METHODS[algo].family != "layerwise":
         return run_method(req, algo, pins)
     cm = cost_model_for(req)
@@ -227,7 +227,7 @@ def search(req: Request, pins: list | None = None, algo: str | None = None,
     res = _layerwise_result(req, algo or req.algo, pins)
     doc = res.to_dict(trace=not keep_trace)
     if keep_trace:
-        from .engine.plandoc import dumps
+        from explorer.engine.core.plandoc import dumps
         text = dumps(res.trace or [])
         doc["trace_ref"] = keep_trace_steps(json.loads(text), text)
     doc["request"] = req.to_dict()
@@ -248,7 +248,7 @@ _TRACE_FILES = 64                        # on disk (the oldest are removed)
 
 
 def _trace_dir():
-    from .engine.storage import home
+    from explorer.engine.core.storage import home
     return home() / "traces"
 
 
@@ -425,13 +425,13 @@ def plan_changes(old: dict | None, new: dict) -> list:
 
 def comparison(family: str = "layerwise") -> list:
     """The methods a family's comparison shows (baselines, then the searches)."""
-    from .engine.search import comparison as listed
+    from explorer.engine.search import comparison as listed
     return listed(family)
 
 
 def comparison_baselines(family: str = "layerwise") -> list:
     """The baselines of a family's comparison."""
-    from .engine.search import METHODS
+    from explorer.engine.search import METHODS
     return [n for n in comparison(family) if METHODS[n].role == "baseline"]
 
 
@@ -502,7 +502,7 @@ def tiles(req: Request, layer: str, config: dict, devices: list) -> dict:
 def learn_elimination(req: Request) -> dict:
     """OptCNN Figures 5-6 on the request's model: every node and edge elimination of the
     optimal search with equations 2 and 3 evaluated at the plan's configurations."""
-    from .engine.lessons import elimination_steps
+    from explorer.engine.lessons import elimination_steps
     res = run_method(req, "optcnn")
     out = elimination_steps(res.tables, res.trace, res.choice)
     out["request"] = req.to_dict()
@@ -512,7 +512,7 @@ def learn_elimination(req: Request) -> dict:
 def learn_dense(req: Request, layer: str | None = None) -> dict:
     """OptCNN Section 3 (Figure 2): the request's first fully-connected layer (or ``layer``)
     under data against channel parallelism on ``req.devices`` devices."""
-    from .engine.lessons import dense_layer
+    from explorer.engine.lessons import dense_layer
     g = graph_for(req)
     if layer is None:
         layer = next((n for n in g.names() if g.layer(n).op == "linear"), None)
@@ -526,7 +526,7 @@ def learn_dense(req: Request, layer: str | None = None) -> dict:
 
 def learn_conv1d(batch: int, ci: int, co: int, length: int, window: int, workers: int) -> dict:
     """Tofu Figures 1-3: conv1d's strategies found by the interval analysis."""
-    from .engine.lessons import conv1d_strategies
+    from explorer.engine.lessons import conv1d_strategies
     try:
         return conv1d_strategies(int(batch), int(ci), int(co), int(length), int(window),
                                  int(workers))
@@ -536,7 +536,7 @@ def learn_conv1d(batch: int, ci: int, co: int, length: int, window: int, workers
 
 def learn_orders(chains: int, length: int, devices: int) -> dict:
     """Celeritas Figure 3: M-TOPO, DFS-TOPO and CPD-TOPO on parallel chains, and fusion."""
-    from .engine.lessons import topo_orders
+    from explorer.engine.lessons import topo_orders
     try:
         return topo_orders(int(chains), int(length), int(devices))
     except (ValueError, TypeError) as exc:
@@ -574,7 +574,7 @@ def _tofu_result(req: Request, algo: str, pins=()):
 def tofu(req: Request, algo: str = "tofu", pins=()) -> dict:
     """Tofu (or a Section 7.3 baseline) on the request's model: the plan summary and steps,
     with the digest of the operator graph it was made on (its runs are stored under it)."""
-    from .engine.opgraph import opgraph_digest
+    from explorer.engine.core.opgraph import opgraph_digest
     res = _tofu_result(req, algo, pins)
     doc = res.to_dict(tensors=False)
     doc["request"] = req.to_dict()
@@ -593,7 +593,7 @@ def run_tofu(doc: dict, timeout_s: float = 600.0, memory_gib=None,
     own prediction: time on the links) next to the runtime's fields."""
     import psutil
 
-    from .engine.plandoc import kind_of
+    from explorer.engine.core.plandoc import kind_of
     if not isinstance(doc, dict) or kind_of(doc) != "tofu" or "request" not in doc:
         raise ExplorerError("partition the model first, then run the Tofu plan")
     n = int(doc.get("devices") or 1)
@@ -621,13 +621,13 @@ def run_tofu(doc: dict, timeout_s: float = 600.0, memory_gib=None,
 
 def tofu_strip(req: Request, algo: str = "tofu", upto: int | None = None) -> list:
     """Figure 11 blocks (weight and activation tile owners) after the first ``upto`` steps."""
-    from .engine.search import tofu as T
+    from explorer.engine.tofu import search as T
     return T.strip(_tofu_result(req, algo).plan, opgraph_for(req), upto=upto)
 
 
 def tofu_compare(req: Request) -> dict:
     """Every Tofu-family algorithm's communication, time and memory (Figure 10)."""
-    from .engine.search import names
+    from explorer.engine.search import names
     out = {}
     for algo in names("tofu"):
         r = _tofu_result(req, algo)
@@ -652,12 +652,12 @@ def _memory_bytes(memory_gib) -> float | None:
 
 def placement_pins(pins: list | None) -> list:
     """The Placement page's pins ``[{"target", "ops", "device"}]`` as engine pins."""
-    from .engine.pins import from_placement_ui
+    from explorer.engine.core.pins import from_placement_ui
     return from_placement_ui(pins)
 
 
 def _placement_graph(req: Request, cap: float | None):
-    from .engine.placement.estimate import from_opgraph, measured_times
+    from explorer.engine.placement.estimate import from_opgraph, measured_times
 
     def make():
         og, dev = opgraph_for(req), devices_for(req)
@@ -715,7 +715,7 @@ def plan_file(doc: dict) -> dict:
     placement with its operator graph's digest).  Tofu and placement documents are rebuilt
     from the method's cached result for the document's request (the searches are
     deterministic)."""
-    from .engine.plandoc import kind_of, seal
+    from explorer.engine.core.plandoc import kind_of, seal
     kind = kind_of(doc) if isinstance(doc, dict) and "error" not in doc else None
     if kind is None:
         raise ExplorerError("there is no plan to download: run a search first")
@@ -738,8 +738,8 @@ def export(doc: dict, to: str = "torch") -> tuple:
     """``(file name, text)`` of a layer-wise plan exported as a program using PyTorch's own
     parallel APIs (:func:`explorer.engine.export.export_torch`).  ``doc``: a sealed document
     read from a file, or the app's plan (sealed here first)."""
-    from .engine.export import TARGETS, export_torch
-    from .engine.plandoc import kind_of
+    from explorer.engine.export import TARGETS, export_torch
+    from explorer.engine.core.plandoc import kind_of
     if to not in TARGETS:
         raise ExplorerError(f"cannot export to {to!r}: --to {' or '.join(TARGETS)}")
     if isinstance(doc, dict) and "checksum" not in doc and kind_of(doc) == "layerwise":
@@ -750,7 +750,7 @@ def export(doc: dict, to: str = "torch") -> tuple:
 def placement_pin_rows(doc: dict) -> list:
     """The Placement page's pin rows of a placement document: the rows it was made with, or
     rows from its text pins (a ``cluster:K`` pin lists that cluster's operators)."""
-    from .engine.pins import to_placement_ui
+    from explorer.engine.core.pins import to_placement_ui
     if isinstance((doc or {}).get("pin_rows"), list):
         return [dict(r) for r in doc["pin_rows"]]
     pins = [p for p in (doc or {}).get("pins") or [] if isinstance(p, str)]
@@ -793,11 +793,11 @@ def placement_compare(req: Request, memory_gib=None, pins: list | None = None, a
 
 
 def run_plan(doc: dict, **opts) -> dict:
-    """Execute a plan document of any kind (:func:`explorer.engine.runtime.run.run_document`,
+    """Execute a plan document of any kind (:func:`explorer.engine.runtime.dispatch.run_document`,
     which never searches) and store the run with its plan (``$EXPLORER_HOME/runs.sqlite``):
     its ``run_id`` is in the result."""
-    from .engine.runtime.run import run_document
-    from .engine.runtime.store import RunStore, run_key
+    from explorer.engine.runtime.dispatch import run_document
+    from explorer.engine.runtime.store import RunStore, run_key
     out = run_document(doc, **opts)
     RunStore().add_safely(run_key(doc), out)
     return out
@@ -833,8 +833,8 @@ def run_placement(doc: dict, steps: int = 3, timeout_s: float = 600.0,
 def runs(doc: dict, limit: int = 50) -> list:
     """Stored runs of this plan, of any kind (command line or app), newest first: when,
     workers, predicted and measured step time, their error and the reference verdict."""
-    from .engine.plandoc import kind_of
-    from .engine.runtime.store import RunStore, run_digests
+    from explorer.engine.core.plandoc import kind_of
+    from explorer.engine.runtime.store import RunStore, run_digests
     if not isinstance(doc, dict) or "error" in doc or kind_of(doc) is None:
         return []
     doc = {k: v for k, v in doc.items()
@@ -864,7 +864,7 @@ def cost_model_info(doc: dict | None) -> dict:
     preset_name = doc.get("preset") or req.get("preset") or ""
     calibrated = None
     if preset_name == "local":
-        from .engine.devices import local
+        from explorer.engine.core.devices import local
         try:
             calibrated = bool(local(int(doc.get("devices") or 1)).meta.get("calibrated"))
         except (ValueError, ExplorerError):
@@ -890,7 +890,7 @@ def calibrate_local(req: Request, quick: bool = True, progress=None) -> dict:
     ``local`` with the measured costs.  ``progress(percent, message)`` follows the phases and
     the profiled shapes.  Returns ``{"calibration", "plan"}`` (the plan dict with its
     request)."""
-    from .engine.runtime.calibrate import calibrate
+    from explorer.engine.runtime.calibrate import calibrate
     say = progress or (lambda pct, msg: None)
     phase = {"n": 0}
 
@@ -918,7 +918,7 @@ def calibrate_local(req: Request, quick: bool = True, progress=None) -> dict:
 
 
 def _family(algo: str) -> str | None:
-    from .engine.search import METHODS
+    from explorer.engine.search import METHODS
     return METHODS[algo].family if algo in METHODS else None
 
 

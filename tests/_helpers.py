@@ -31,7 +31,7 @@ def random_dag(seed, n=60, p=0.08, ndev=3, mem_scale=1.0, window=12, gb=(0.05, 1
     """A random DAG (edges only within ``window`` nodes, probability ``3p``) with per-node
     time 0.1-1 s, memory 1-10 x ``mem_scale`` and outputs of ``gb`` GB; and ``ndev`` devices
     at 4 GB/s, 10 µs latency.  Returns ``(networkx graph, DeviceGraph)``."""
-    from explorer.engine.devices import Device, DeviceGraph
+    from explorer.engine.core.devices import Device, DeviceGraph
     rng = np.random.default_rng(seed)
     g = nx.DiGraph()
     for i in range(n):
@@ -69,12 +69,12 @@ def forbid_search(monkeypatch) -> None:
         raise AssertionError("a search ran while executing a saved plan")
     for mod, names in {
             "explorer.engine.search": ["run"],
-            "explorer.engine.search.tofu": ["search", "partition", "execution_plan"],
-            "explorer.engine.search.celeritas": ["search", "place", "placement_graph"],
-            "explorer.engine.search.placers": ["search", "place"],
-            "explorer.engine.search.optcnn": ["search", "solve"],
-            "explorer.engine.search.classic": ["search"],
-            "explorer.engine.search.exhaustive": ["search", "solve"]}.items():
+            "explorer.engine.tofu.search": ["search", "partition", "execution_plan"],
+            "explorer.engine.placement.celeritas": ["search", "place", "placement_graph"],
+            "explorer.engine.placement.placers": ["search", "place"],
+            "explorer.engine.layerwise.optcnn": ["search", "solve"],
+            "explorer.engine.layerwise.classic": ["search"],
+            "explorer.engine.layerwise.exhaustive": ["search", "solve"]}.items():
         m = importlib.import_module(mod)
         for name in names:
             monkeypatch.setattr(m, name, searched)

@@ -6,7 +6,7 @@ config classes (no weights downloaded) and wrapped to return a tensor.
 Every model is built on the CPU even inside the importer's meta-device build: some make
 CPU tensors inside ``forward`` (``torch.ones`` masks, a Hugging Face cache or position ids),
 which do not mix with meta parameters.  (Attention no longer needs it: every trace takes
-``scaled_dot_product_attention``'s math path, :func:`explorer.engine.opgraph.trace_step`.)"""
+``scaled_dot_product_attention``'s math path, :func:`explorer.engine.core.opgraph.trace_step`.)"""
 
 from __future__ import annotations
 

@@ -6,7 +6,8 @@ import pytest
 
 from explorer import app as A
 from explorer import service as session
-from explorer.views import graph, ids, model, page
+from explorer.views import graph, ids, page
+from explorer.views import search_form as model
 
 
 def test_app_builds_with_default_plan_and_all_panels():

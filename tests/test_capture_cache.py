@@ -1,4 +1,4 @@
-"""The capture cache (explorer/engine/capture_cache.py): cached graphs equal fresh ones, a
+"""The capture cache (explorer/engine/core/capture_cache.py): cached graphs equal fresh ones, a
 second capture neither traces nor imports torch, edits invalidate, damage is rebuilt; and the
 command line's torch-free paths."""
 
@@ -18,9 +18,9 @@ import pytest
 
 import example_models
 from explorer import service
-from explorer.engine import capture_cache as cc
-from explorer.engine.importer import import_spec
-from explorer.engine.opgraph import Op, OpGraph, TorchValue, build_opgraph
+from explorer.engine.core import capture_cache as cc
+from explorer.engine.core.importer import import_spec
+from explorer.engine.core.opgraph import Op, OpGraph, TorchValue, build_opgraph
 
 pytest.importorskip("torch")
 
@@ -112,7 +112,7 @@ def test_cached_layer_graph_equals_fresh(spec, batch, args, tmp_path):
     fresh = import_spec(spec, batch, dict(args))
     _same(cached, fresh)
     _same(built, fresh)
-    from explorer.engine.graph import graph_digest
+    from explorer.engine.core.layergraph import graph_digest
     assert graph_digest(cached) == graph_digest(fresh)
 
 
@@ -132,7 +132,7 @@ def test_cached_operator_graph_equals_fresh(spec, batch, args, tmp_path):
     fresh = build_opgraph(spec, batch, dict(args))
     assert cached.gm is None and fresh.gm is not None and built.gm is not None
     _same(cached, fresh)
-    from explorer.engine.opgraph import opgraph_digest
+    from explorer.engine.core.opgraph import opgraph_digest
     assert opgraph_digest(cached) == opgraph_digest(fresh)
     for name in list(cached.ops)[:50]:           # the user's line without the traced module
         assert cached.where(name) == (fresh.ops[name].where or None)
@@ -143,8 +143,8 @@ def test_cached_operator_graph_equals_fresh(spec, batch, args, tmp_path):
 def test_import_without_source_lines_gives_the_same_graph(spec, args):
     """The importer traces without recording source lines (only errors need them): the
     graph is the one a trace with them gives."""
-    from explorer.engine.capture import capture, load
-    from explorer.engine.importer import _import, import_model
+    from explorer.engine.core.capture import capture, load
+    from explorer.engine.core.importer import _import, import_model
     model, x = load(spec, 2, args)
     _same(import_model(model, x, spec), _import(model, x, spec, capture(model, x, spec)))
 
@@ -207,7 +207,8 @@ def test_second_capture_does_not_trace(monkeypatch):
 
     def no_trace(*a, **k):
         raise AssertionError("traced again")
-    from explorer.engine import importer, opgraph
+    from explorer.engine.core import importer
+    from explorer.engine.core import opgraph
     monkeypatch.setattr(importer, "import_spec", no_trace)
     monkeypatch.setattr(opgraph, "build_opgraph", no_trace)
     _same(service.graph_for(req), first_layers)
@@ -329,17 +330,17 @@ def test_capture_with_a_stale_loaded_module_is_not_stored(tmp_path, monkeypatch)
 
 
 def test_capture_code_edit_changes_the_key(tmp_path, monkeypatch):
-    """Every module of explorer/engine is in the code digest: editing one changes the key."""
+    """Every module of explorer/engine/core is in the code digest: editing one changes the key."""
     copy = tmp_path / "explorer"
-    (copy / "engine").mkdir(parents=True)
-    for f in (cc._PACKAGE / "engine").glob("*.py"):
-        shutil.copy(f, copy / "engine" / f.name)
+    (copy / "engine" / "core").mkdir(parents=True)
+    for f in (cc._PACKAGE / "engine" / "core").glob("*.py"):
+        shutil.copy(f, copy / "engine" / "core" / f.name)
     shutil.copy(cc._PACKAGE / "errors.py", copy / "errors.py")
     monkeypatch.setattr(cc, "_PACKAGE", copy)
     cc._code_digest.cache_clear()
     try:
         before = cc.key_of("layers", "lenet5", 4, {})[0]
-        f = copy / "engine" / "importer.py"
+        f = copy / "engine" / "core" / "importer.py"
         f.write_text(f.read_text() + "\n# edited\n")
         cc._code_digest.cache_clear()
         assert cc.key_of("layers", "lenet5", 4, {})[0] != before

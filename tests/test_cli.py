@@ -186,7 +186,7 @@ def test_out_file_equals_printed_json(capsys, tmp_path):
     saved = json.loads(out_path.read_text())
     assert saved["layers"] == doc["layers"] and saved["objective_s"] == doc["objective_s"]
     # the file is a sealed plan document (the printed JSON is the plan as before)
-    from explorer.engine import plandoc
+    from explorer.engine.core import plandoc
     assert saved["schema"] == "plan-explorer/layerwise" and saved["version"] == 2
     assert plandoc.open_document(saved) == "layerwise"
 
@@ -250,7 +250,7 @@ def test_models_lists_every_example(capsys):
 
 
 def test_presets_lists_every_preset(capsys):
-    from explorer.engine.devices import PRESETS
+    from explorer.engine.core.devices import PRESETS
     code, out, _ = run(capsys, "presets")
     assert code == 0
     for name in PRESETS:

@@ -20,10 +20,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from explorer.engine import geometry as G
-from explorer.engine.costmodel import CostModel
-from explorer.engine.devices import preset
-from explorer.engine.importer import _Importer, capture, import_model, import_spec
+from explorer.engine.core import geometry as G
+from explorer.engine.layerwise.costmodel import CostModel
+from explorer.engine.core.devices import preset
+from explorer.engine.core.importer import _Importer, capture, import_model, import_spec
 from explorer.engine.runtime import ops
 from explorer.engine.runtime.executor import Executor
 from explorer.engine.search import Problem, run
@@ -89,7 +89,7 @@ def test_transpose_regions_agree_with_the_tdl_oracle():
     """TDL's interval analysis of the description (a convolution's data gradient) gives the
     same regions on every tile of every configuration at 1-4 devices without dilation; with
     dilation it may keep a border row no tap reaches, which geometry (exact, above) drops."""
-    from explorer.engine.tdl import oracle
+    from explorer.engine.tofu.tdl import oracle
     mods = [nn.ConvTranspose1d(4, 6, k, stride=s, padding=p, output_padding=op, dilation=d,
                                groups=1 + i % 2)
             for i, (s, k, p, d, op) in enumerate(_sweep(strides=(1, 3), kernels=(2, 3),
@@ -184,7 +184,7 @@ def test_grouped_and_transposed_flops_and_regions():
 def test_every_conv_transpose_shard_can_be_measured(tmp_path):
     """Measured costs: the profiler builds each shard from its input region (halo, channel
     groups, empty regions included) and yields the box's shape (it raises otherwise)."""
-    from explorer.engine.profile import Profiler
+    from explorer.engine.core.profile import Profiler
     x = torch.randn(2, 4, 4, 5)
     m = Branches([nn.ConvTranspose2d(4, 6, 3, stride=2, padding=1, output_padding=1, groups=2),
                   nn.ConvTranspose2d(4, 4, 1, stride=3, bias=False)])

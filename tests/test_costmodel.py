@@ -3,11 +3,16 @@
 import numpy as np
 import pytest
 
-from explorer.engine import geometry as G
-from explorer.engine.costmodel import CostModel, LAUNCH_OVERHEAD_S, EFFICIENCY, UPDATE_PASSES
-from explorer.engine.devices import Device, DeviceGraph, preset
-from explorer.engine.graph import Edge, Layer, LayerGraph
-from explorer.engine.importer import import_spec
+from explorer.engine.core import geometry as G
+from explorer.engine.layerwise.costmodel import (
+    CostModel,
+    LAUNCH_OVERHEAD_S,
+    EFFICIENCY,
+    UPDATE_PASSES,
+)
+from explorer.engine.core.devices import Device, DeviceGraph, preset
+from explorer.engine.core.layergraph import Edge, Layer, LayerGraph
+from explorer.engine.core.importer import import_spec
 from explorer.errors import InfeasiblePlan
 
 BW = 10e9
@@ -157,7 +162,7 @@ def test_sgd_update_is_in_t_compute_of_layers_with_parameters():
 
 
 def test_measured_compute_adds_the_update_and_skips_the_input_gradient(tmp_path):
-    from explorer.engine.profile import Profiler
+    from explorer.engine.core.profile import Profiler
     g = two_convs()
     d = flat_devices(2)
     cache = tmp_path / "p.sqlite"
@@ -233,7 +238,7 @@ def test_measured_costs_are_cached_so_the_second_search_measures_nothing(tmp_pat
     g = import_spec("lenet5", batch=128)
     d = preset("local", 2)
     cache = tmp_path / "profile.sqlite"
-    from explorer.engine.profile import Profiler
+    from explorer.engine.core.profile import Profiler
     first = CostModel(g, d, compute="measured", profile_cache=cache)
     t1 = first.tables()
     with Profiler(cache) as p:
@@ -255,7 +260,7 @@ def test_measured_costs_are_cached_so_the_second_search_measures_nothing(tmp_pat
 def test_measured_compute_of_multi_device_configs_uses_the_lockstep_entry(tmp_path):
     """A configuration on k devices is costed with the time recorded for k workers computing
     at once (explorer calibrate), a single-device one with the shard alone."""
-    from explorer.engine.profile import Profiler
+    from explorer.engine.core.profile import Profiler
     g = two_convs()
     d = flat_devices(2)
     cache = tmp_path / "p.sqlite"

@@ -1,4 +1,4 @@
-"""Tests for explorer.engine.devices: presets, custom clusters, the local machine."""
+"""Tests for explorer.engine.core.devices: presets, custom clusters, the local machine."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import os
 import numpy as np
 import pytest
 
-from explorer.engine import devices as D
-from explorer.engine.devices import Device, DeviceGraph, GB, GiB, from_json, local, preset
+from explorer.engine.core import devices as D
+from explorer.engine.core.devices import Device, DeviceGraph, GB, GiB, from_json, local, preset
 from explorer.errors import ExplorerError, UnknownPreset
 
 
@@ -255,6 +255,6 @@ def test_local_uses_calibration_file(no_calibration):
 def test_an_absurd_device_count_is_refused_before_anything_is_built():
     import pytest
 
-    from explorer.engine.devices import preset
+    from explorer.engine.core.devices import preset
     with pytest.raises(ValueError, match="100000000 devices need .* GiB"):
         preset("p100-cluster", 100_000_000)

@@ -15,7 +15,7 @@ import sys
 import pytest
 
 from explorer.cli import main
-from explorer.engine import plandoc
+from explorer.engine.core import plandoc
 
 MLP = ["-a", "hidden=16", "-a", "layers=2", "-b", "8"]
 TRANSFORMER = {"layers": 1, "hidden": 16, "heads": 2, "seq": 8, "vocab": 32}
@@ -81,7 +81,7 @@ def test_megatron_pairs_and_sequence_parallel_norms(tmp_path):
     """Column-parallel q/k/v and fc1, row-parallel out and fc2 (the degree letter k),
     sequence-parallel norms: fc1 hands its shard to fc2, attention gets whole tensors."""
     from explorer.engine.export import program
-    from explorer.engine.importer import import_spec
+    from explorer.engine.core.importer import import_spec
     g = import_spec("transformer", 4, TRANSFORMER)
     cfg = {}
     for la in g.layers():

@@ -1,4 +1,4 @@
-"""Tests for explorer.engine.geometry: configurations, ownership, input regions, shards.
+"""Tests for explorer.engine.core.geometry: configurations, ownership, input regions, shards.
 
 Expected numbers are worked out by hand in the comments.  The strongest tests at the end
 check geometry against PyTorch itself: each device computes its output tile from *only* the
@@ -17,10 +17,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from explorer.engine import geometry as G
-from explorer.engine.geometry import Config
-from explorer.engine.graph import Layer
-from explorer.engine.importer import import_model
+from explorer.engine.core import geometry as G
+from explorer.engine.core.geometry import Config
+from explorer.engine.core.layergraph import Layer
+from explorer.engine.core.importer import import_model
 
 
 # --------------------------------------------------------------------------------------------
@@ -536,7 +536,7 @@ def test_reshape_region_covers_every_element_it_reads(src, dst):
 
 
 def test_edge_regions_through_real_attention_edges():
-    from explorer.engine.importer import import_spec
+    from explorer.engine.core.importer import import_spec
     g = import_spec("transformer", batch=2,
                     model_args={"seq": 16, "hidden": 64, "heads": 4, "vocab": 50, "layers": 1})
     att = next(l for l in g.layers() if l.op == "sdpa")
@@ -1126,7 +1126,7 @@ def test_tensor_layout_json_round_trip_and_validation():
 
 @pytest.fixture(scope="module")
 def mlp_graph():
-    from explorer.engine.opgraph import build_opgraph
+    from explorer.engine.core.opgraph import build_opgraph
     return build_opgraph("mlp", 8, {"layers": 2, "hidden": 16})
 
 
@@ -1149,7 +1149,7 @@ def _plans_equal(a, b):
 
 def test_execution_layout_round_trips_tofu_and_placement_plans(mlp_graph):
     from explorer.engine.runtime.opexec import placement_xplan
-    from explorer.engine.search import tofu
+    from explorer.engine.tofu import search as tofu
     g = mlp_graph
     shapes = {t: ten.shape for t, ten in g.tensors.items()}
     res = tofu.partition(g, 4)
@@ -1221,9 +1221,9 @@ def test_engine_paths_do_not_import_the_tdl_oracle():
     # geometry is the engine; TDL's layer oracle is for tests and the benchmark only
     import subprocess
     import sys
-    code = ("import sys; import explorer.engine.search.tofu, explorer.engine.costmodel, "
+    code = ("import sys; import explorer.engine.tofu.search, explorer.engine.layerwise.costmodel, "
             "explorer.engine.runtime.opexec, explorer.engine.runtime.executor; "
-            "print('explorer.engine.tdl.oracle' in sys.modules)")
+            "print('explorer.engine.tofu.tdl.oracle' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=120)
     assert out.returncode == 0, out.stderr

@@ -1,4 +1,4 @@
-"""``hf:NAME`` models: Hugging Face architectures built from their configs (explorer/engine/hf.py).
+"""``hf:NAME`` models: Hugging Face architectures built from their configs (explorer/engine/core/hf.py).
 
 Tests that build a model need the optional ``transformers`` (``pip install .[hf]``) and skip
 cleanly without it; the message for a missing extra and the CLI listing are checked either way.
@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from explorer import cli
-from explorer.engine import hf
-from explorer.engine.importer import load_model
+from explorer.engine.core import hf
+from explorer.engine.core.importer import load_model
 from explorer.errors import ExplorerError, UnknownModel, UnsupportedModel
 
 # tiny configurations: 2 layers, width 32, vocabulary 64, 16 tokens

@@ -4,7 +4,7 @@ import time
 
 import pytest
 
-from explorer.engine.history import PlanStore, digest
+from explorer.engine.core.history import PlanStore, digest
 
 
 def _plan(model="lenet5", algo="optcnn", objective=0.002, pins=(), **extra):

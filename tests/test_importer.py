@@ -1,4 +1,4 @@
-"""Tests for explorer.engine.importer: PyTorch model -> LayerGraph.
+"""Tests for explorer.engine.core.importer: PyTorch model -> LayerGraph.
 
 Example models are imported at batch 2 on the meta device (cheap); small hand-written
 models check shapes, FLOPs, folding and the error messages users see.
@@ -15,8 +15,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import example_models
-from explorer.engine import geometry as G
-from explorer.engine.importer import import_model, import_spec, load_model
+from explorer.engine.core import geometry as G
+from explorer.engine.core.importer import import_model, import_spec, load_model
 from explorer.errors import ExplorerError, UnknownModel, UnsupportedModel
 
 # --------------------------------------------------------------------------------------------
@@ -531,8 +531,8 @@ def vit_spec(tmp_path):
 
 
 def test_search_and_run_capture_the_same_train_mode_graph(vit_spec):
-    from explorer.engine.capture import load
-    from explorer.engine.graph import graph_digest
+    from explorer.engine.core.capture import load
+    from explorer.engine.core.layergraph import graph_digest
     g = import_spec(vit_spec)
     assert "contiguous" in g.layer("add").folded          # the train-only node is there
     model, x = load(vit_spec, meta=False)                  # what a worker builds
@@ -541,7 +541,7 @@ def test_search_and_run_capture_the_same_train_mode_graph(vit_spec):
 
 
 def test_class_token_and_buffer_indexed_embedding_reach_the_graph(vit_spec):
-    from explorer.engine.opgraph import build_opgraph
+    from explorer.engine.core.opgraph import build_opgraph
     g = import_spec(vit_spec)
     model, _ = load_model(vit_spec)
     total = sum(p.numel() for p in model.parameters())
@@ -629,7 +629,7 @@ class Outputs(nn.Module):
 
 @pytest.mark.parametrize("kind", ["tuple", "dict", "fake", "hf"])
 def test_loss_covers_every_float_output_leaf(kind):
-    from explorer.engine.opgraph import build_from_module
+    from explorer.engine.core.opgraph import build_from_module
     from explorer.engine.runtime.reference import traced_step
     if kind == "hf":
         pytest.importorskip("transformers")
@@ -646,8 +646,8 @@ def test_loss_covers_every_float_output_leaf(kind):
 
 
 def test_model_file_loss_function_is_used(tmp_path):
-    from explorer.engine.capture import loss_function
-    from explorer.engine.opgraph import build_opgraph, build_from_module
+    from explorer.engine.core.capture import loss_function
+    from explorer.engine.core.opgraph import build_opgraph, build_from_module
     from explorer.engine.runtime.reference import traced_step
     p = tmp_path / "withloss.py"
     p.write_text(textwrap.dedent('''

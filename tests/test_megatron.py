@@ -10,14 +10,14 @@ import pytest
 
 from explorer import service as session
 from explorer.cli import main
-from explorer.engine import geometry as G
-from explorer.engine.costmodel import CostModel, CostTables
-from explorer.engine.devices import Device, DeviceGraph, preset
-from explorer.engine.graph import Edge, Layer, LayerGraph
-from explorer.engine.importer import import_spec
+from explorer.engine.core import geometry as G
+from explorer.engine.layerwise.costmodel import CostModel, CostTables
+from explorer.engine.core.devices import Device, DeviceGraph, preset
+from explorer.engine.core.layergraph import Edge, Layer, LayerGraph
+from explorer.engine.core.importer import import_spec
 from explorer.engine.runtime import launch_many
 from explorer.engine.search import Problem, comparison, run
-from explorer.engine.search.classic import default_tp, megatron_roles
+from explorer.engine.layerwise.classic import default_tp, megatron_roles
 
 BW = 10e9
 #: a one-block transformer small enough for the runtime (4 heads, 16 tokens)

@@ -9,13 +9,13 @@ import psutil
 import pytest
 
 from _helpers import explorer_cli
-from explorer.engine.opgraph import build_opgraph
+from explorer.engine.core.opgraph import build_opgraph
 from explorer.engine.runtime.launcher import RunFailed
 from explorer.engine.runtime.memlimit import GiB, MemoryGuard, check_predicted, parse_gib
-from explorer.engine.runtime.run import run_document
+from explorer.engine.runtime.dispatch import run_document
 from explorer.engine.search import Problem, run as run_method
-from explorer.engine.devices import preset
-from explorer.engine.plandoc import dumps
+from explorer.engine.core.devices import preset
+from explorer.engine.core.plandoc import dumps
 from explorer.errors import InfeasiblePlan
 
 

@@ -8,8 +8,8 @@ import json
 import pytest
 
 from _helpers import explorer_cli
-from explorer.engine import pins as P
-from explorer.engine.devices import preset
+from explorer.engine.core import pins as P
+from explorer.engine.core.devices import preset
 from explorer.engine.search import METHODS, Problem, Result, describe, get, names, run
 from explorer.errors import InfeasiblePlan
 
@@ -63,7 +63,7 @@ def test_every_method_returns_the_one_result_type(problem, name):
                 "comm_bytes", "fits_memory", "pins", "info", "trace"):
         assert key in doc, key
     sealed = res.document()
-    from explorer.engine.plandoc import open_document
+    from explorer.engine.core.plandoc import open_document
     assert open_document(sealed) == res.kind
 
 
@@ -92,7 +92,7 @@ def test_each_family_says_why_it_cannot_honour_a_pin(family, pin, words):
 
 
 def test_tofu_honours_a_tensor_tiling_pin():
-    from explorer.engine.search import tofu
+    from explorer.engine.tofu import search as tofu
     prob = Problem(preset("k80-pcie-8", 4), "mlp", 16, {"layers": 2, "hidden": 64})
     free = run("tofu", prob)
     big = max(free.plan.tilings, key=lambda t: prob.opgraph().tensors[t].bytes)
@@ -140,7 +140,7 @@ def test_every_plan_kind_speaks_the_one_layout_vocabulary(problem, name):
     tensor each device holds (geometry's TensorLayout)."""
     import numpy as np
 
-    from explorer.engine.geometry import TensorLayout, volume
+    from explorer.engine.core.geometry import TensorLayout, volume
     res = run(name, problem)
     lay = res.layouts(problem)
     assert lay and all(isinstance(v, TensorLayout) and v.n_devices == 2 for v in lay.values())

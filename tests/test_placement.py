@@ -7,14 +7,14 @@ import networkx as nx
 import numpy as np
 import pytest
 
-from explorer.engine.devices import DeviceGraph, Device, preset
+from explorer.engine.core.devices import DeviceGraph, Device, preset
 from explorer.engine.placement.estimate import from_opgraph, regress
 from explorer.engine.placement.fusion import fuse
-from explorer.engine.placement.graph import PlacementGraph, from_networkx
+from explorer.engine.placement.placement_graph import PlacementGraph, from_networkx
 from explorer.engine.placement.order import dfs_topo, graph_order, m_topo
 from explorer.engine.placement.place import adjusting_placement, order_place
 from explorer.engine.placement.simulator import simulate
-from explorer.engine.search import celeritas
+from explorer.engine.placement import celeritas
 from _helpers import place as run
 from explorer.engine.search import names
 
@@ -264,7 +264,7 @@ def test_validation_errors_carry_numbers():
 
 @pytest.fixture(scope="module")
 def mlp_graph():
-    from explorer.engine.opgraph import build_opgraph
+    from explorer.engine.core.opgraph import build_opgraph
     return build_opgraph("mlp", 64, {"layers": 3, "hidden": 256})
 
 
@@ -308,7 +308,7 @@ def test_memory_regression_extrapolates_linear_sizes():
 
 @pytest.fixture(scope="module")
 def tiny_transformer():
-    from explorer.engine.opgraph import build_opgraph
+    from explorer.engine.core.opgraph import build_opgraph
     return build_opgraph("transformer", 2, {"layers": 2, "heads": 2, "hidden": 16, "seq": 4})
 
 
@@ -371,7 +371,7 @@ def test_celeritas_and_metis_place_today_s_models(name):
     U-Net with a transposed convolution: every op gets a positive cost (FLOPs known or the
     element-count fallback), and Celeritas and METIS place every op on 2 devices."""
     import _tofu_models
-    from explorer.engine.opgraph import build_from_module
+    from explorer.engine.core.opgraph import build_from_module
     if name in ("gpt2", "llama"):
         pytest.importorskip("transformers")
     model, x = getattr(_tofu_models, name)()

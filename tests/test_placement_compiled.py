@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from _helpers import explorer_cli
-from explorer.engine.devices import local, preset
-from explorer.engine.opgraph import build_opgraph
+from explorer.engine.core.devices import local, preset
+from explorer.engine.core.opgraph import build_opgraph
 from explorer.engine.placement.estimate import VIEW_OPS
 from explorer.engine.runtime.compiled import _real_step, device_program, transfers
 from explorer.engine.runtime.opexec import placement_comm_bytes, run_placement
@@ -153,7 +153,7 @@ def test_a_random_op_is_refused_before_it_runs(tmp_path):
 # --------------------------------------------------------------------------------------------
 
 def test_op_times_are_measured_once_then_read_from_the_profile_cache(graphs, tmp_path):
-    from explorer.engine.profile import op_signature, op_times
+    from explorer.engine.core.profile import op_signature, op_times
     og = graphs["lenet5"]
     cache = tmp_path / "profile.sqlite"
     t1, info1 = op_times(og, "cpu-worker", cache, reps=2, warmup=1)
@@ -178,7 +178,7 @@ def test_op_times_are_measured_once_then_read_from_the_profile_cache(graphs, tmp
 
 
 def test_op_signatures_tell_shapes_apart():
-    from explorer.engine.profile import op_signature
+    from explorer.engine.core.profile import op_signature
     a, b = build_opgraph("mlp", 8, {"hidden": 16}), build_opgraph("mlp", 16, {"hidden": 16})
     def first(g):                # the first call reading the input (a batch-sized tensor)
         x = next(n for n in g.gm.graph.nodes if n.op == "placeholder" and
@@ -199,7 +199,7 @@ def test_measured_costs_reach_the_placers_graph(_isolated_home):
     dev = local(2)
     prob = Problem(dev, "lenet5", 8, {}, cost="measured")
     pg = prob.placement_graph()
-    from explorer.engine.profile import op_times
+    from explorer.engine.core.profile import op_times
     times, info = op_times(prob.opgraph(), dev.devices[0].kind,
                            in_step=min(2, dev.meta["cores"]))   # workers busy at once
     assert not info["measured"]                 # the placers' graph filled the cache
@@ -249,7 +249,7 @@ def test_cli_search_measured_then_run_reports_both(_isolated_home, tmp_path):
 def test_calibrate_times_a_models_operators_for_the_placers(graphs):
     """``explorer calibrate --model`` also times the step's operators (afresh) as its
     ``devices`` workers run them, so the placers' measured costs then need no measuring."""
-    from explorer.engine.profile import op_times
+    from explorer.engine.core.profile import op_times
     from explorer.engine.runtime.calibrate import profile_ops
     got = profile_ops("lenet5", 8, {}, quick=True, devices=2)
     assert got["ops"] == len(graphs["lenet5"].ops) and got["step_s"] > 0
@@ -344,7 +344,7 @@ def test_an_order_against_the_trace_runs_without_deadlock(graphs):
 
 
 def test_a_bad_order_in_the_plan_is_one_error(graphs, tmp_path):
-    from explorer.engine.runtime.run import run_document
+    from explorer.engine.runtime.dispatch import run_document
     from explorer.errors import PlanFileError
     model, batch, args = MODELS[0]
     _, res = _planned(graphs, model, batch, args)
@@ -357,8 +357,8 @@ def test_a_bad_order_in_the_plan_is_one_error(graphs, tmp_path):
 
 def _two_ops(cores, p2p=None):
     """Two independent operators (1 s and 2 s of their own time) on two devices."""
-    from explorer.engine.devices import Device, DeviceGraph
-    from explorer.engine.placement.graph import PlacementGraph
+    from explorer.engine.core.devices import Device, DeviceGraph
+    from explorer.engine.placement.placement_graph import PlacementGraph
     meta = {"cores": cores}
     if p2p:
         meta["p2p"] = p2p
@@ -406,8 +406,8 @@ def test_the_senders_isend_calls_take_its_time_in_the_simulator():
     device 0.  The calibrated send call (0.25 s + 1 MB at 4 MB/s = 0.5 s) holds device 0
     until t = 1.5, so ``c`` runs 1.5–2.5; the transfer itself (latency 0.1 s + 1 MB at
     2 MB/s) starts at a's finish and ``b`` runs 1.6–2.6.  Busy counts the call."""
-    from explorer.engine.devices import Device, DeviceGraph
-    from explorer.engine.placement.graph import PlacementGraph
+    from explorer.engine.core.devices import Device, DeviceGraph
+    from explorer.engine.placement.placement_graph import PlacementGraph
     from explorer.engine.placement.simulator import simulate
     mb = 2 ** 20
     dg = DeviceGraph("t", [Device(f"d{k}", "t", 1e12, 1e12, 1e12) for k in range(2)],
@@ -434,8 +434,8 @@ def test_the_receivers_calls_take_its_time_in_the_simulator():
     t = 1.6 while device 1 computes ``x``; the receive calls (0.2 s + 1 MB at 2 MB/s =
     0.7 s) follow ``x`` (2.0-2.7), so ``b`` runs 2.7-3.7.  Idle at arrival, the receiver
     pays them at once: without ``x``, ``b`` runs 2.3-3.3.  Busy counts the calls."""
-    from explorer.engine.devices import Device, DeviceGraph
-    from explorer.engine.placement.graph import PlacementGraph
+    from explorer.engine.core.devices import Device, DeviceGraph
+    from explorer.engine.placement.placement_graph import PlacementGraph
     from explorer.engine.placement.simulator import receive_cost, simulate
     mb = 2 ** 20
     dg = DeviceGraph("t", [Device(f"d{k}", "t", 1e12, 1e12, 1e12) for k in range(2)],
@@ -467,8 +467,8 @@ def test_a_transfer_waits_for_its_receive_to_be_posted():
     latency and its own (0.1 + 0.1 + 1 MB at 2 MB/s) from 3 to 3.7 and ``b`` runs 3.7-4.7.
     Had ``x`` started after ``a`` (node 2 against a's node 0), the receive is posted first
     and the transfer runs 1.0-1.6 during x; b follows x at 3."""
-    from explorer.engine.devices import Device, DeviceGraph
-    from explorer.engine.placement.graph import PlacementGraph
+    from explorer.engine.core.devices import Device, DeviceGraph
+    from explorer.engine.placement.placement_graph import PlacementGraph
     from explorer.engine.placement.simulator import simulate
     mb = 2 ** 20
     dg = DeviceGraph("t", [Device(f"d{k}", "t", 1e12, 1e12, 1e12) for k in range(2)],
@@ -491,7 +491,7 @@ def test_in_step_operator_times_are_the_compiled_steps_calls(graphs):
     in as many worker processes side by side as the placement has: every operator that
     computes has a time, the calls add up to a step, and they are cached apart from the
     isolated replay's (``device_kind/step×N``) so a second search does not measure."""
-    from explorer.engine.profile import op_times
+    from explorer.engine.core.profile import op_times
     from explorer.engine.runtime.compiled import instep_op_times
     og = graphs["lenet5"]
     per_node = instep_op_times(og, 2, reps=2, warmup=1)
@@ -500,7 +500,8 @@ def test_in_step_operator_times_are_the_compiled_steps_calls(graphs):
     assert computing <= set(per_node) and all(v >= 0 for v in per_node.values())
     assert sum(per_node.values()) > 0
     kind = local(1).devices[0].kind
-    times, info = op_times(og, kind, reps=2, warmup=1, fresh=True, in_step=2)
+    times, info = op_times(og, kind, reps=2, warmup=1, fresh=True, in_step=2,
+                          measure=instep_op_times)
     assert info["measured"] and sum(times.values()) > 0
     again, info = op_times(og, kind, in_step=2)
     assert not info["measured"] and again == times

@@ -9,8 +9,8 @@ import math
 import numpy as np
 import pytest
 
-from explorer.engine.devices import Device, DeviceGraph, preset
-from explorer.engine.placement.graph import PlacementGraph, from_networkx
+from explorer.engine.core.devices import Device, DeviceGraph, preset
+from explorer.engine.placement.placement_graph import PlacementGraph, from_networkx
 from explorer.engine.placement.heuristics import (m_etf, m_sct, m_topo, sct_favourites,
                                                   single)
 from explorer.engine.placement.memory import LiveBudget
@@ -124,7 +124,7 @@ def _replay_peak(pg, sim):
 
 @pytest.mark.parametrize("spec, args", [("mlp", {"layers": 3}), ("lenet5", {})])
 def test_simulated_peak_equals_the_replay_on_small_models(spec, args):
-    from explorer.engine.opgraph import build_opgraph
+    from explorer.engine.core.opgraph import build_opgraph
     from explorer.engine.placement.estimate import from_opgraph
     pg = from_opgraph(build_opgraph(spec, 8, args), preset("v100-pcie-4", 3))
     assert pg.alias.max() >= 0 and pg.persistent.any()        # views and parameters present
@@ -279,7 +279,7 @@ def test_gradients_and_the_steps_results_persist_not_the_updates_temporaries():
     """On the MLP's step (SGD: ``new = param - lr·grad``): every parameter gradient and
     every updated parameter persists; the ``lr·grad`` products are freed after the
     subtraction reads them, like any other temporary."""
-    from explorer.engine.opgraph import build_opgraph
+    from explorer.engine.core.opgraph import build_opgraph
     from explorer.engine.placement.estimate import from_opgraph
     og = build_opgraph("mlp", 8, {"layers": 2, "hidden": 16})
     pg = from_opgraph(og, preset("local", 2))

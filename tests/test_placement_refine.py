@@ -7,15 +7,15 @@ import networkx as nx
 import numpy as np
 import pytest
 
-from explorer.engine.devices import Device, DeviceGraph, preset
+from explorer.engine.core.devices import Device, DeviceGraph, preset
 from explorer.engine.placement.estimate import from_opgraph
 from explorer.engine.placement.fusion import fuse
-from explorer.engine.placement.graph import from_networkx
+from explorer.engine.placement.placement_graph import from_networkx
 from explorer.engine.placement.order import _graph_levels, graph_order
 from explorer.engine.placement.place import adjusting_placement
 from explorer.engine.placement.refine import placement_units, refine
 from explorer.engine.placement.simulator import simulate
-from explorer.engine.search import celeritas
+from explorer.engine.placement import celeritas
 
 from _helpers import random_dag
 
@@ -143,7 +143,7 @@ def test_budget_and_bad_input():
 
 
 def test_units_partition_the_graph_and_keep_groups_whole():
-    from explorer.engine.opgraph import build_opgraph
+    from explorer.engine.core.opgraph import build_opgraph
     og = build_opgraph("transformer", 2, {"layers": 2, "heads": 2, "hidden": 16, "seq": 4})
     pg = from_opgraph(og, preset("v100-pcie-4"))
     order, _, _ = graph_order(pg, "cpd")
@@ -176,7 +176,7 @@ def test_celeritas_refines_adjusting_placement_and_records_it():
     assert full.stats["refine_moves"] == len(step["moves"])
     assert "refinement" not in [t["step"] for t in paper.trace]
     # co-location groups stay whole after refinement (tiny transformer)
-    from explorer.engine.opgraph import build_opgraph
+    from explorer.engine.core.opgraph import build_opgraph
     og = build_opgraph("transformer", 2, {"layers": 2, "heads": 2, "hidden": 16, "seq": 4})
     tp = from_opgraph(og, preset("v100-pcie-4"))
     res = celeritas.place(tp, preset("v100-pcie-4"), {"R": 20})

@@ -9,14 +9,14 @@ import pytest
 
 from _helpers import explorer_cli, forbid_search, spawned_workers
 from explorer.cli import main
-from explorer.engine import plandoc
-from explorer.engine.devices import preset
-from explorer.engine.opgraph import build_opgraph
+from explorer.engine.core import plandoc
+from explorer.engine.core.devices import preset
+from explorer.engine.core.opgraph import build_opgraph
 from explorer.engine.runtime.opexec import run_placement
-from explorer.engine.search.celeritas import placement_graph
+from explorer.engine.placement.celeritas import placement_graph
 from _helpers import place
 from explorer.engine.runtime.launcher import RunFailed
-from explorer.engine.runtime.run import run_document
+from explorer.engine.runtime.dispatch import run_document
 from explorer.errors import InfeasiblePlan
 
 

@@ -1,4 +1,4 @@
-"""Tests for the measured compute cost (explorer/engine/profile.py)."""
+"""Tests for the measured compute cost (explorer/engine/core/profile.py)."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ import sqlite3
 
 import pytest
 
-from explorer.engine import geometry as G
-from explorer.engine.graph import Layer
-from explorer.engine.importer import import_spec
-from explorer.engine.profile import Profiler
+from explorer.engine.core import geometry as G
+from explorer.engine.core.layergraph import Layer
+from explorer.engine.core.importer import import_spec
+from explorer.engine.core.profile import Profiler
 
 
 def conv_layer(cin=8, cout=16, size=16, batch=2):
@@ -161,7 +161,7 @@ def test_two_profilers_share_one_file(tmp_path):
 def test_inputs_without_gradient_are_a_separate_faster_entry(tmp_path):
     """A layer fed by the model input computes no input gradient (as the runtime does): its own
     cache entry, and cheaper than with the input gradient."""
-    from explorer.engine.profile import build_shard, signature
+    from explorer.engine.core.profile import build_shard, signature
     lay = Layer("conv1", "conv", (8, 64, 32, 32), ("n", "c", "h", "w"),
                 in_shapes=((8, 3, 64, 64),), params={"weight": (64, 3, 7, 7)},
                 attrs={"kernel": (7, 7), "stride": (2, 2), "padding": (3, 3),
@@ -191,7 +191,7 @@ def test_forward_only_when_nothing_needs_a_gradient(tmp_path):
 
 
 def test_record_rows_put_rows_and_merge_caches(tmp_path):
-    from explorer.engine.profile import merge_caches
+    from explorer.engine.core.profile import merge_caches
     lay = conv_layer()
     out, ins = lay.out_shape, list(lay.in_shapes)
     paths = [tmp_path / "a.sqlite", tmp_path / "b.sqlite"]

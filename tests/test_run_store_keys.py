@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from explorer import service
-from explorer.engine.history import digest
+from explorer.engine.core.history import digest
 from explorer.engine.runtime.store import RunStore, run_key
 
 

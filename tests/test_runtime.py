@@ -20,7 +20,7 @@ import torch
 from _helpers import spawned_workers
 
 from explorer import service as session
-from explorer.engine import plandoc
+from explorer.engine.core import plandoc
 from explorer.engine.runtime import RunFailed, launch, launch_many, validate
 from explorer.errors import ExplorerError, InfeasiblePlan
 
@@ -125,7 +125,7 @@ def test_reference_check(checked, case):
 
 
 def _model_params(plan):
-    from explorer.engine.importer import load_model
+    from explorer.engine.core.importer import load_model
     with torch.device("meta"):
         m, _ = load_model(plan["spec"], plan["batch"], plan["model_args"], meta=True)
     return list(m.named_parameters())
@@ -180,7 +180,7 @@ def test_allreduce_sync_mode():
 
 
 def test_cli_run_json_measures(tmp_path, capsys):
-    from explorer.engine.runtime.cli import cmd_run
+    from explorer.engine.runtime.commands import cmd_run
     from explorer.engine.runtime.store import RunStore
     plan = make_plan("lenet5", "optcnn", 8, pins=["conv1=h=2", "fc1=c=2"])
     path = tmp_path / "plan.json"
@@ -210,7 +210,7 @@ def test_cli_run_json_measures(tmp_path, capsys):
 
 
 def test_cli_run_missing_plan_is_user_error(tmp_path):
-    from explorer.engine.runtime.cli import cmd_run
+    from explorer.engine.runtime.commands import cmd_run
     with pytest.raises(ExplorerError, match="not found"):
         cmd_run(Namespace(plan=str(tmp_path / "nope.json"), steps=1, warmup=0, json=True,
                           timeout=10.0))
@@ -226,8 +226,8 @@ def test_a_saved_layerwise_plan_runs_without_any_search(tmp_path, capsys, monkey
     from _helpers import forbid_search
 
     from explorer.cli import main
-    from explorer.engine import plandoc
-    from explorer.engine.history import digest
+    from explorer.engine.core import plandoc
+    from explorer.engine.core.history import digest
     from explorer.engine.runtime.store import RunStore, run_key
     path = tmp_path / "plan.json"
     assert main(["search", "lenet5", "-n", "2", "--batch", "8", "--preset", "local",
@@ -287,10 +287,10 @@ def test_plan_for_other_model_or_devices_rejected_before_launch():
 def test_plan_for_other_model_args_rejected_by_graph_digest():
     """The plan records a digest of the graph it was searched on; a plan file whose model
     arguments or batch were edited (same layer names, other shapes) is refused before launch."""
-    from explorer.engine.importer import digest_for
-    from explorer.engine.graph import graph_digest
-    from explorer.engine.plan import Plan
-    from explorer.engine.importer import import_spec
+    from explorer.engine.core.importer import digest_for
+    from explorer.engine.core.layergraph import graph_digest
+    from explorer.engine.layerwise.plan import Plan
+    from explorer.engine.core.importer import import_spec
     plan = make_plan("mlp", "data", 8, {"hidden": 64})
     assert plan["graph_digest"] == graph_digest(import_spec("mlp", 8, {"hidden": 64}))
     assert plan["graph_digest"] == digest_for("mlp", 8, {"hidden": 64})
@@ -379,7 +379,7 @@ def test_torchrun_runs_the_worker_entry_point(tmp_path):
     env.pop("EXPLORER_RUNTIME_FAULT", None)
     proc = subprocess.run(
         ["torchrun", "--standalone", "--nproc_per_node", "2", "-m",
-         "explorer.engine.runtime.worker", str(path), "--steps", "2", "--warmup", "1",
+         "explorer.engine.runtime.torchrun", str(path), "--steps", "2", "--warmup", "1",
          "--out", str(out), "--timeout", "120"],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -395,9 +395,9 @@ def test_torchrun_runs_the_worker_entry_point(tmp_path):
 
 
 def test_calibrate_writes_local_json(tmp_path, capsys):
-    from explorer.engine.devices import local
-    from explorer.engine.profile import Profiler
-    from explorer.engine.runtime.cli import cmd_calibrate
+    from explorer.engine.core.devices import local
+    from explorer.engine.core.profile import Profiler
+    from explorer.engine.runtime.commands import cmd_calibrate
     home = Path(os.environ["EXPLORER_HOME"])
     code = cmd_calibrate(Namespace(devices=2, model="lenet5", batch=8, model_arg=[],
                                    quick=True, json=True))
@@ -441,7 +441,7 @@ def test_reshape_forward_matches_indexing():
     """Forward replay of a reshape/permute chain on a region equals slicing the full view."""
     import numpy as np
 
-    from explorer.engine.graph import Layer
+    from explorer.engine.core.layergraph import Layer
     from explorer.engine.runtime import transforms as T
     src = torch.arange(2 * 6 * 4, dtype=torch.float32).reshape(2, 6, 4)   # producer (N, L, H*D)
     # consumer sees q = src.view(2, 6, 2, 2).transpose(1, 2)

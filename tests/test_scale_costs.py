@@ -9,12 +9,12 @@ import sys
 import numpy as np
 import pytest
 
-from explorer.engine import geometry as G
-from explorer.engine.costmodel import CostModel
-from explorer.engine.devices import Device, DeviceGraph, preset
-from explorer.engine.importer import import_spec
+from explorer.engine.core import geometry as G
+from explorer.engine.layerwise.costmodel import CostModel
+from explorer.engine.core.devices import Device, DeviceGraph, preset
+from explorer.engine.core.importer import import_spec
 from explorer.engine.search import Problem, run
-from explorer.engine.search.optcnn import _min_plus
+from explorer.engine.layerwise.optcnn import _min_plus
 from explorer.errors import InfeasiblePlan
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -112,7 +112,7 @@ def test_tables_equal_the_reference(model, n, pre):
 
 def test_tables_equal_the_reference_on_irregular_links_and_pins():
     # links that are not two-level take the pairwise path; a pin gives other device orders
-    from explorer.engine.pins import Pin
+    from explorer.engine.core.pins import Pin
     n = 6
     rng = np.random.default_rng(3)
     bw = rng.uniform(5e9, 50e9, (n, n))
@@ -172,7 +172,7 @@ def test_min_plus_matches_the_cubic_temporary_with_ties():
 
 
 def test_min_plus_in_many_blocks_with_ties_and_infinities(monkeypatch):
-    import explorer.engine.search.optcnn as oc
+    import explorer.engine.layerwise.optcnn as oc
     rng = np.random.default_rng(2)
     a = np.round(rng.random((23, 17)), 1)
     b = np.round(rng.random((17, 11)), 1)
@@ -191,7 +191,7 @@ def test_min_plus_in_many_blocks_with_ties_and_infinities(monkeypatch):
 
 @pytest.mark.parametrize("block", [1, 40, 1 << 20])
 def test_min_plus_skipping_useless_middle_candidates_changes_nothing(monkeypatch, block):
-    import explorer.engine.search.optcnn as oc
+    import explorer.engine.layerwise.optcnn as oc
     rng = np.random.default_rng(3)
     # transfer-like tables: cheap near the diagonal, costly far from it, with ties
     i = np.arange(40)
@@ -212,7 +212,7 @@ def test_min_plus_skipping_useless_middle_candidates_changes_nothing(monkeypatch
 
 
 def test_compiled_min_plus_equals_numpy_with_ties(monkeypatch):
-    import explorer.engine.search.optcnn as oc
+    import explorer.engine.layerwise.optcnn as oc
     rng = np.random.default_rng(4)
     i = np.arange(60)
     a = np.round(np.abs(i[:, None] - i[None, :45]) * 0.3 + rng.random((60, 45)), 1)
@@ -251,7 +251,7 @@ def test_by_node_transfer_tables_do_not_depend_on_the_block_size():
 ])
 def test_compiled_transfer_kernel_equals_the_numpy_kernel(model, n, pre, degrees, pins):
     # every by-node table through the compiled kernel (JIT_WORK 0) and through numpy
-    from explorer.engine.pins import Pin
+    from explorer.engine.core.pins import Pin
     g = import_spec(model)
     jit, ref = (CostModel(g, preset(pre, n), degrees=degrees) for _ in range(2))
     jit.JIT_WORK, ref.JIT_WORK = 0, 1 << 62
@@ -272,7 +272,7 @@ def test_compiled_transfer_kernel_equals_the_numpy_kernel(model, n, pre, degrees
 
 
 def test_tables_built_on_two_threads_equal_one_thread(monkeypatch):
-    import explorer.engine.costmodel as cmod
+    import explorer.engine.layerwise.costmodel as cmod
     g = import_spec("inception_v3")
     one, two = (CostModel(g, preset("p100-cluster", 64), degrees="pow2") for _ in range(2))
     two.JIT_WORK = 1 << 16              # some edges through the compiled kernel as well
@@ -326,7 +326,7 @@ def test_beyond_16_devices_powers_of_two_bounded_by_the_dimension():
                 assert v in cm.degrees and v <= (layer.size(letter) if letter != G.REDUCE
                                                  else G.reduction_size(layer))
     # a pin is the user's explicit choice: any divisor
-    from explorer.engine.pins import Pin
+    from explorer.engine.core.pins import Pin
     assert CostModel(g, preset("p100-cluster", 48)).candidates(
         "fc1", Pin.parse("fc1=c=3"))[0].deg("c") == 3
     # explicit sets are honoured and validated
@@ -336,7 +336,7 @@ def test_beyond_16_devices_powers_of_two_bounded_by_the_dimension():
 
 
 def test_auto_degrees_are_powers_of_two_unless_those_would_be_refused():
-    from explorer.engine.costmodel import AUTO_WORK, MAX_WORK
+    from explorer.engine.layerwise.costmodel import AUTO_WORK, MAX_WORK
     pow2 = tuple(2 ** i for i in range(11))
     for model in ("resnet50", "inception_v3"):
         cm = CostModel(import_spec(model), preset("p100-cluster", 1024))
@@ -382,7 +382,7 @@ def test_estimate_is_what_gets_built():
 
 
 def test_estimate_counts_the_tables_of_repeated_blocks_once():
-    from explorer.engine.costmodel import MAX_WORK
+    from explorer.engine.layerwise.costmodel import MAX_WORK
     g = import_spec("gpt2")
     cm = CostModel(g, preset("p100-cluster", 1024), degrees="pow2")
     est = cm.estimate()
@@ -464,7 +464,7 @@ def test_node_side_per_axis_equals_the_source_side_of_the_node_tiles(model, n, d
     """What the compiled kernel reads of a source layout, built per axis from the stacked
     boxes, equals :func:`xkernel.source_side` of the ``[Cs, N, nd, 2]`` node tiles (the
     numpy kernel's input), array for array, dtype included."""
-    from explorer.engine import xkernel
+    from explorer.engine.layerwise import xkernel
     g = import_spec(model)
     cm = CostModel(g, preset("p100-cluster", n), **({"degrees": degrees} if degrees else {}))
     node_of = cm._node_structure()[0]
@@ -500,7 +500,7 @@ def test_node_side_refuses_node_tiles_that_are_not_a_box():
 
 
 def test_regions_per_axis_round_trip_and_hide_unused_slots():
-    from explorer.engine.costmodel import _aos_regions, _soa_regions
+    from explorer.engine.layerwise.costmodel import _aos_regions, _soa_regions
     rng = np.random.default_rng(0)
     need = np.sort(rng.integers(0, 50, (5, 7, 3, 2)), axis=-1)
     live = rng.random((5, 7)) < 0.7
@@ -526,7 +526,7 @@ def test_edge_regions_over_live_slots_equal_the_padded_ones(model, n):
     """An edge's needed regions computed over the live slots only and scattered equal the
     regions of every padded slot, masked (row-parallel consumers, view transforms and
     concatenations included)."""
-    from explorer.engine.costmodel import _soa_regions
+    from explorer.engine.layerwise.costmodel import _soa_regions
     g = import_spec(model)
     cm = CostModel(g, preset("p100-cluster", n), degrees="pow2")
     sparse = 0

@@ -6,12 +6,13 @@ import random
 import numpy as np
 import pytest
 
-from explorer.engine import geometry as G
-from explorer.engine.costmodel import CostModel, CostTables, Pin
-from explorer.engine.devices import preset
-from explorer.engine.graph import Edge
-from explorer.engine.importer import import_spec
-from explorer.engine.search import Problem, exhaustive, optcnn, run
+from explorer.engine.core import geometry as G
+from explorer.engine.layerwise.costmodel import CostModel, CostTables, Pin
+from explorer.engine.core.devices import preset
+from explorer.engine.core.layergraph import Edge
+from explorer.engine.core.importer import import_spec
+from explorer.engine.search import Problem, run
+from explorer.engine.layerwise import exhaustive, optcnn
 from explorer.errors import InfeasiblePlan
 
 

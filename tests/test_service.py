@@ -15,7 +15,7 @@ def test_concurrent_first_capture_builds_once(fn, monkeypatch):
     calls = []
     real = {service.graph_for: "import_spec", service.opgraph_for: None}[fn]
     if real:                          # the capture cache builds with the importer's
-        from explorer.engine import importer
+        from explorer.engine.core import importer
         orig = importer.import_spec
 
         def counting(*a, **k):
@@ -70,7 +70,7 @@ def test_engine_does_not_contain_the_service():
 
 
 def test_plan_documents_schema_version_checksum():
-    from explorer.engine import plandoc as P
+    from explorer.engine.core import plandoc as P
     from explorer.errors import PlanFileError
     doc = P.seal({"model": "mlp", "layers": [], "x": (1, 2)}, "tofu")
     assert doc["schema"] == "plan-explorer/tofu" and doc["version"] == P.VERSION
@@ -120,7 +120,7 @@ def test_a_failed_build_is_retried_not_cached():
 
 
 def test_the_app_saves_plans_of_every_kind_as_runnable_documents():
-    from explorer.engine.plandoc import open_document
+    from explorer.engine.core.plandoc import open_document
     from explorer.errors import ExplorerError
     from explorer.views.plans import download_payload
     req = service.Request(model="mlp", batch=8, devices=2, preset="local",
@@ -140,7 +140,7 @@ def test_the_app_saves_plans_of_every_kind_as_runnable_documents():
     with pytest.raises(ExplorerError, match="no plan"):
         service.plan_file({"error": "x"})
     # and the command line runs the Tofu file without searching
-    from explorer.engine.runtime.run import run_document
+    from explorer.engine.runtime.dispatch import run_document
     out = run_document(json.loads(data["content"]), timeout_s=120)
     assert out["reference_ok"] and out["kind"] == "tofu"
 

@@ -1,4 +1,4 @@
-"""The home directory and the one SQLite helper every store uses (explorer.engine.storage)."""
+"""The home directory and the one SQLite helper every store uses (explorer.engine.core.storage)."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import sqlite3
 
 import pytest
 
-from explorer.engine import storage
-from explorer.engine.history import PlanStore
-from explorer.engine.profile import Profiler, default_cache_path
+from explorer.engine.core import storage
+from explorer.engine.core.history import PlanStore
+from explorer.engine.core.profile import Profiler, default_cache_path
 from explorer.engine.runtime.store import RunStore
 
 SCHEMA = "CREATE TABLE IF NOT EXISTS t (x INTEGER PRIMARY KEY)"

@@ -1,9 +1,9 @@
-"""Tests for explorer.engine.tdl: Tofu's operator descriptions and interval analysis.
+"""Tests for explorer.engine.tofu.tdl: Tofu's operator descriptions and interval analysis.
 
 Paper: Wang et al., "Supporting Very Large Models using Automatic Dataflow Graph Partitioning",
 EuroSys 2019 - Section 4.1 (TDL), Section 4.2 (symbolic interval analysis, partition-n-reduce
 strategy discovery), Figures 1-3.  Expected regions are worked out by hand in the comments
-(boxes are half-open [start, stop) per axis, as in explorer.engine.geometry).  The strongest
+(boxes are half-open [start, stop) per axis, as in explorer.engine.core.geometry).  The strongest
 tests check the analysis against PyTorch autograd (the elements an output box really depends
 on) and against the layer-wise engine's geometry on real imported models.
 """
@@ -16,12 +16,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from explorer.engine import geometry as G
-from explorer.engine.graph import Layer
-from explorer.engine.importer import import_model, import_spec
-from explorer.engine.tdl import Op, Opaque, Sum, Max, TDLError, describe, oracle, strategies
-from explorer.engine.tdl import aten  # noqa: F401 - registers the aten-level descriptions
-from explorer.engine.tdl.oracle import input_region
+from explorer.engine.core import geometry as G
+from explorer.engine.core.layergraph import Layer
+from explorer.engine.core.importer import import_model, import_spec
+from explorer.engine.tofu.tdl import Op, Opaque, Sum, Max, TDLError, describe, oracle, strategies
+from explorer.engine.tofu.tdl import aten  # noqa: F401 - registers the aten-level descriptions
+from explorer.engine.tofu.tdl.oracle import input_region
 
 
 @pytest.fixture(autouse=True)

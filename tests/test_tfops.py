@@ -18,10 +18,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from explorer import service as session
-from explorer.engine import geometry as G
-from explorer.engine.costmodel import CostModel
-from explorer.engine.devices import preset
-from explorer.engine.importer import import_model
+from explorer.engine.core import geometry as G
+from explorer.engine.layerwise.costmodel import CostModel
+from explorer.engine.core.devices import preset
+from explorer.engine.core.importer import import_model
 from explorer.engine.search import Problem, run
 from explorer.errors import UnsupportedModel
 
@@ -228,7 +228,7 @@ def test_runs_match_one_device(ran, case):
 
 def test_causal_attention_on_split_rows_is_exact():
     """The runtime's sdpa rule on each half of the query rows equals one device's result."""
-    from explorer.engine.graph import Layer
+    from explorer.engine.core.layergraph import Layer
     from explorer.engine.runtime import ops
     q, k, v = (torch.randn(2, 2, 6, 4) for _ in range(3))
     full = F.scaled_dot_product_attention(q, k, v, is_causal=True)
@@ -244,7 +244,7 @@ def test_causal_attention_on_split_rows_is_exact():
 
 @pytest.mark.parametrize("name, op", [("vit_seq_first", "mha"), ("gpt2", "linear")])
 def test_measured_costs_build_shards_of_the_new_ops(name, op):
-    from explorer.engine.profile import build_shard
+    from explorer.engine.core.profile import build_shard
     _, g = _graph(name)
     lay = next(la for la in g.layers() if la.op == op)
     cfg = G.Config(tuple((d, 2 if d == lay.dims[0] else 1) for d in lay.dims), (0, 1))

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from explorer import service as session
-from explorer.engine.importer import load_model
+from explorer.engine.core.importer import load_model
 from explorer.engine.runtime import launch_many
 
 TINY = {

@@ -10,9 +10,10 @@ import torch
 from torch import nn
 
 from _helpers import explorer_cli
-from explorer.engine.opgraph import TorchValue, build_from_module, build_opgraph
-from explorer.engine.search import names, tofu
-from explorer.engine.tdl.aten import UnsupportedOp, describe_op
+from explorer.engine.core.opgraph import TorchValue, build_from_module, build_opgraph
+from explorer.engine.search import names
+from explorer.engine.tofu import search as tofu
+from explorer.engine.tofu.tdl.aten import UnsupportedOp, describe_op
 
 
 @pytest.fixture(scope="module")
@@ -267,7 +268,7 @@ def _runs_as_described(op, g, vals, d) -> list:
     zeros elsewhere; partial outputs summed / maxed) and compare with the op's real output.
     Returns the strategies that disagree."""
     from explorer.engine.runtime.opexec import _constant
-    from explorer.engine.tdl import strategies
+    from explorer.engine.tofu.tdl import strategies
     node = next(n for n in g.gm.graph.nodes if n.name == op.node)
     full = vals[op.output].double()
     sl = lambda box: tuple(slice(int(a), int(b)) for a, b in box)   # noqa: E731

@@ -4,7 +4,7 @@ workers move equal the plan's prediction.
 
 Plans are searched here and saved as documents; the runtime executes the documents and never
 searches.  The plans of one worker count run in one launch
-(:func:`explorer.engine.runtime.run.run_tofu_documents`: the processes start once, each model
+(:func:`explorer.engine.runtime.dispatch.run_tofu_documents`: the processes start once, each model
 is built once); when that launch fails, each plan runs alone so the failing test names its
 model, method and worker count.  The models are at small sizes (``SIZES``).
 """
@@ -14,8 +14,8 @@ from __future__ import annotations
 import pytest
 
 import example_models
-from explorer.engine.devices import preset
-from explorer.engine.runtime.run import run_tofu_documents
+from explorer.engine.core.devices import preset
+from explorer.engine.runtime.dispatch import run_tofu_documents
 from explorer.engine.search import Problem, run
 
 #: the example models at sizes that run on 2 cores in seconds (arguments as ``-a KEY=VALUE``)

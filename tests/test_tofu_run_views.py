@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from explorer import service
-from explorer.engine.history import PlanStore, digest
+from explorer.engine.core.history import PlanStore, digest
 from explorer.views import plans, tofu as tofu_view
 from explorer.views.figures import tofu as F
 

@@ -1,7 +1,7 @@
 """Tofu plans executed on 2 gloo CPU workers against one device (float64).
 
 Plans are searched here, in the test, and saved as documents; the runtime executes the
-document (:func:`explorer.engine.runtime.run.run_document`) and never searches.
+document (:func:`explorer.engine.runtime.dispatch.run_document`) and never searches.
 """
 
 from __future__ import annotations
@@ -13,18 +13,19 @@ import pytest
 
 from _helpers import explorer_cli, forbid_search, spawned_workers
 from explorer.cli import main
-from explorer.engine import plandoc
-from explorer.engine.geometry import ExecutionLayout
-from explorer.engine.opgraph import build_opgraph
+from explorer.engine.core import plandoc
+from explorer.engine.core.geometry import ExecutionLayout
+from explorer.engine.core.opgraph import build_opgraph
 from explorer.engine.runtime.launcher import RunFailed
-from explorer.engine.runtime.run import run_document
-from explorer.engine.search import Problem, run, tofu
+from explorer.engine.runtime.dispatch import run_document
+from explorer.engine.search import Problem, run
+from explorer.engine.tofu import search as tofu
 from explorer.errors import InfeasiblePlan, PlanFileError
 
 
 def tofu_doc(spec, batch, args, workers=2, algo="tofu") -> dict:
     """A saved Tofu plan (what `explorer search --algo ALGO --out` writes)."""
-    from explorer.engine.devices import preset
+    from explorer.engine.core.devices import preset
     prob = Problem(preset("local", workers), spec, batch, dict(args))
     return run(algo, prob).document()
 
@@ -56,7 +57,7 @@ def test_a_small_resnet_with_batchnorm_and_residuals_runs_correctly():
 def test_the_saved_layout_is_the_search_s_layout_in_compact_form():
     """The saved layout is geometry's ExecutionLayout in its compact JSON: it round-trips the
     search's execution plan; repeated boxes are stored once, so the document stays small."""
-    from explorer.engine.devices import preset
+    from explorer.engine.core.devices import preset
     result = run("tofu", Problem(preset("local", 2), "lenet5", 8))
     g, res = result.capture, result.plan
     raw = tofu.execution_plan(res, g)

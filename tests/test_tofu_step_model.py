@@ -11,11 +11,11 @@ import types
 import numpy as np
 import pytest
 
-from explorer.engine.devices import preset
-from explorer.engine.geometry import ExecutionLayout
-from explorer.engine.opgraph import build_opgraph
+from explorer.engine.core.devices import preset
+from explorer.engine.core.geometry import ExecutionLayout
+from explorer.engine.core.opgraph import build_opgraph
 from explorer.engine.runtime import shardtime
-from explorer.engine.runtime.run import run_document
+from explorer.engine.runtime.dispatch import run_document
 from explorer.engine.search import Problem, run as run_method
 
 ARGS = {"layers": 4, "hidden": 128}
@@ -103,7 +103,7 @@ def test_predict_step_is_the_simulation_of_the_rehearsed_shards(monkeypatch):
 
 def test_comm_costs_come_from_the_calibration(_isolated_home):
     (_isolated_home / "local.json").write_text(json.dumps(_CAL))
-    from explorer.engine.devices import local
+    from explorer.engine.core.devices import local
     c = shardtime.comm_costs(local(2))
     # the exchange latency between computing workers, not the idle one-way figure
     assert c["latency"] == _CAL["latency"] != _CAL["p2p_latency_s"] and c["bw"] == _CAL["p2p_bw"]

@@ -10,12 +10,12 @@ import json
 import numpy as np
 import pytest
 
-from explorer.engine import profile
-from explorer.engine.devices import preset
-from explorer.engine.geometry import ExecutionLayout
-from explorer.engine.opgraph import build_opgraph
+from explorer.engine.core import profile
+from explorer.engine.core.devices import preset
+from explorer.engine.core.geometry import ExecutionLayout
+from explorer.engine.core.opgraph import build_opgraph
 from explorer.engine.runtime.report import format_run
-from explorer.engine.runtime.run import run_document
+from explorer.engine.runtime.dispatch import run_document
 from explorer.engine.runtime.shardtime import predict_step, shard_seconds
 from explorer.engine.search import Problem, run as run_method
 
@@ -96,7 +96,7 @@ def test_an_uncalibrated_run_says_its_prediction_is_a_roofline():
 
 def test_the_timed_steps_can_be_float64():
     from explorer.engine.runtime.opexec import run_layout
-    from explorer.engine.opgraph import opgraph_digest
+    from explorer.engine.core.opgraph import opgraph_digest
     g, doc, xplan = _plan()
     r = run_layout("mlp", 32, ARGS, xplan, digest=opgraph_digest(g), steps=2, dtype="float64",
                    timeout_s=300)

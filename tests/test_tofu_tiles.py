@@ -17,11 +17,12 @@ import pytest
 import torch
 
 from _helpers import explorer_cli
-from explorer.engine.geometry import window
-from explorer.engine.geometry.windows import transpose_window
+from explorer.engine.core.geometry import window
+from explorer.engine.core.geometry.windows import transpose_window
 from explorer.engine.runtime import tiles
-from explorer.engine.runtime.run import run_document
-from explorer.engine.search import Problem, run, tofu
+from explorer.engine.runtime.dispatch import run_document
+from explorer.engine.search import Problem, run
+from explorer.engine.tofu import search as tofu
 
 aten = torch.ops.aten
 
@@ -249,7 +250,7 @@ FOUR = [("mlp", 16, {"layers": 2, "hidden": 64}), ("lenet5", 8, {}), ("wresnet",
 
 
 def _doc(spec, batch, args, k, algo="tofu"):
-    from explorer.engine.devices import preset
+    from explorer.engine.core.devices import preset
     res = run(algo, Problem(preset("local", k), spec, batch, dict(args)))
     return res, res.document()
 
@@ -334,7 +335,7 @@ def test_explorer_run_of_the_issue_s_mlp_reports_measured_against_predicted(tmp_
     assert out.returncode == 0, out.stderr
     d = json.loads(out.stdout)
     assert d["reference_ok"] and d["fallback_ops"] == {}
-    res = run("tofu", Problem(__import__("explorer.engine.devices", fromlist=["preset"])
+    res = run("tofu", Problem(__import__("explorer.engine.core.devices", fromlist=["preset"])
                               .preset("local", 2), "mlp", 256, {"layers": 6, "hidden": 2048}))
     one = _one_device_peak(res)
     for got, want in zip(d["measured_peak_memory_bytes"], d["peak_memory_bytes"]):
@@ -656,7 +657,7 @@ def test_models_using_the_new_rules_run_tile_local_with_the_predicted_bytes(work
     non-box preimage), a Transformer at batch 1 on 4 (a layer norm's weight gradient on
     column blocks): nothing falls back, the result is the reference's and the bytes the
     plan's."""
-    from explorer.engine.runtime.run import run_tofu_documents
+    from explorer.engine.runtime.dispatch import run_tofu_documents
     cases = [c for c in RULE_MODELS if c[3] == workers]
     docs = [_doc(spec, batch, args, k)[1] for spec, batch, args, k, _ in cases]
     for (spec, _, _, _, used), doc, r in zip(cases, docs,
@@ -676,7 +677,7 @@ def test_replicated_partial_sums_are_added_once():
     while every gradient was right); each worker keeps its own copy and receives the other
     one, so the scalar costs 4 transfers where the recursion charges each group once."""
     from explorer.engine.runtime.opexec import partial_copies
-    from explorer.engine.runtime.run import _tofu_layout, run_tofu_documents
+    from explorer.engine.runtime.dispatch import _tofu_layout, run_tofu_documents
     args = {"layers": 1, "hidden": 16, "heads": 2, "seq_len": 8, "vocab": 20,
             "num_classes": 3}
     _, doc = _doc("bert", 1, args, 4)

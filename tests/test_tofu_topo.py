@@ -7,10 +7,11 @@ import itertools
 import numpy as np
 import pytest
 
-from explorer.engine.devices import DeviceGraph, Device, preset
-from explorer.engine.geometry import device_of, intersect, overlap, tile_digits
-from explorer.engine.opgraph import build_opgraph
-from explorer.engine.search import names, tofu
+from explorer.engine.core.devices import DeviceGraph, Device, preset
+from explorer.engine.core.geometry import device_of, intersect, overlap, tile_digits
+from explorer.engine.core.opgraph import build_opgraph
+from explorer.engine.search import names
+from explorer.engine.tofu import search as tofu
 
 
 @pytest.fixture(scope="module")
@@ -194,7 +195,7 @@ def test_tofu_takes_no_longer_on_the_links_than_a_baseline(spec, batch, args, na
 def test_a_plan_matched_to_link_levels_runs_as_planned():
     """A plan whose steps were reordered onto the link levels (its boxes permuted across the
     devices) runs on 4 workers, matches one device and moves exactly the predicted bytes."""
-    from explorer.engine.runtime.run import run_document
+    from explorer.engine.runtime.dispatch import run_document
     from explorer.engine.search import Problem, run as run_method
     n = 4
     devs = [Device(f"d{i}", "x", 1e12, 1e11, 1e10, i // 2) for i in range(n)]

@@ -7,7 +7,8 @@ import itertools
 import pytest
 
 from explorer import service as session
-from explorer.views import fmt, glossary, graph, model, palette, placement, run, steps, tables
+from explorer.views import fmt, glossary, graph, palette, placement, run, steps, tables
+from explorer.views import search_form as model
 
 REQ = session.Request(model="vgg16", preset="p100-nvlink-4", devices=4, algo="optcnn")
 
@@ -198,5 +199,5 @@ def test_the_page_holds_the_trace_by_reference_and_fetches_one_step(tmp_path, mo
     assert f"{len(inline['trace'])} steps" in steps.reset_view(kept)[2]
     assert steps.reset_view(kept)[2] == steps.reset_view(inline)[2]
     # bookkeeping never changes a plan's identity in the history
-    from explorer.engine.history import digest
+    from explorer.engine.core.history import digest
     assert digest({k: v for k, v in kept.items() if k != "trace_ref"}) == digest(kept)

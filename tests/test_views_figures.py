@@ -55,7 +55,7 @@ def test_figure_modules_import_no_dash_ids_or_service(path):
 def test_relative_imports_are_resolved():
     src = Path(figures.__file__).parent / "tiling.py"
     got = _imports(src)
-    assert "explorer.engine.geometry" in got and "explorer.views.palette" in got
+    assert "explorer.engine.core.geometry" in got and "explorer.views.palette" in got
     # the check sees what a panel imports (it would flag a figure module doing the same)
     panel = _imports(Path(figures.__file__).parent.parent / "compare.py")
     assert {"dash", "explorer.service", "explorer.views.ids"} <= panel

@@ -6,8 +6,8 @@ import json
 import pytest
 
 from explorer import service as session
-from explorer.engine.history import PlanStore
-from explorer.engine.plan import Plan
+from explorer.engine.core.history import PlanStore
+from explorer.engine.layerwise.plan import Plan
 from explorer.views import plans as P
 
 REQ = session.Request(model="lenet5", preset="p100-cluster", devices=4, batch=16)
@@ -26,7 +26,7 @@ def store(tmp_path, monkeypatch):
 
 def _as_saved(obj):
     """A plan document as the tool saves it (sealed); anything else unchanged."""
-    from explorer.engine.plandoc import kind_of, seal
+    from explorer.engine.core.plandoc import kind_of, seal
     if isinstance(obj, dict) and obj.get("version") == 2 and "checksum" not in obj \
             and kind_of(obj):
         return seal(obj, kind_of(obj))
@@ -59,7 +59,7 @@ def test_upload_rejects_bad_files(payload, message):
 
 
 def test_upload_rejects_missing_field(plan):
-    from explorer.engine.plandoc import seal
+    from explorer.engine.core.plandoc import seal
     doc = seal({k: v for k, v in plan.items() if k != "objective_s"}, "layerwise")
     with pytest.raises(ValueError, match="missing or bad field 'objective_s'"):
         P.parse_upload(_upload(doc), "p.json")

@@ -10,10 +10,11 @@ from dash import no_update
 
 from explorer import service as session
 from explorer.cli import main
-from explorer.engine import plandoc
-from explorer.engine.history import PlanStore
+from explorer.engine.core import plandoc
+from explorer.engine.core.history import PlanStore
 from explorer.errors import ModelFilesOff
-from explorer.views import graph, ids, model, palette, placement, plans, state, steps, tofu
+from explorer.views import graph, ids, palette, placement, plans, state, steps, tofu
+from explorer.views import search_form as model
 from explorer.views.figures import placement as placement_figures
 from explorer.views.figures import tiling as tiling_figures
 
@@ -28,7 +29,7 @@ def _params(query: str) -> dict:
 
 def _as_saved(obj):
     """A plan document as the tool saves it (sealed); anything else unchanged."""
-    from explorer.engine.plandoc import kind_of, seal
+    from explorer.engine.core.plandoc import kind_of, seal
     if isinstance(obj, dict) and obj.get("version") == 2 and "checksum" not in obj \
             and kind_of(obj):
         return seal(obj, kind_of(obj))

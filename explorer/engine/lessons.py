@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import geometry as G
-from .costmodel import CostTables
+from explorer.engine.core import geometry as G
+from explorer.engine.layerwise.costmodel import CostTables
 
 __all__ = ["elimination_steps", "dense_layer", "conv1d_strategies", "topo_orders"]
 
@@ -153,8 +153,8 @@ def conv1d_strategies(batch: int, ci: int, co: int, length: int, window: int, k:
     """Tofu's ``conv1d`` (Figure 3: ``output[b, co, x] = Σ_{ci, dx} data[b, ci, x + dx] ·
     filters[ci, co, dx]``) at these sizes, and every basic strategy for ``k`` workers the
     interval analysis finds: what each worker computes and the input regions it reads."""
-    from .tdl.library import describe
-    from .tdl.strategies import strategies
+    from explorer.engine.tofu.tdl.library import describe
+    from explorer.engine.tofu.tdl.strategies import strategies
     for name, v in (("batch", batch), ("ci", ci), ("co", co), ("length", length),
                     ("window", window), ("workers", k)):
         if int(v) < 1:
@@ -195,10 +195,10 @@ def topo_orders(chains: int, length: int, devices: int, op_bytes: float = 1e6) -
     memory."""
     import networkx as nx
 
-    from .devices import preset
-    from .placement.fusion import fuse
-    from .placement.graph import from_networkx
-    from .placement.order import graph_order
+    from explorer.engine.core.devices import preset
+    from explorer.engine.placement.fusion import fuse
+    from explorer.engine.placement.placement_graph import from_networkx
+    from explorer.engine.placement.order import graph_order
 
     if chains < 1 or length < 1 or devices < 1:
         raise ValueError(f"chains, length and devices must be ≥ 1, got {chains}, {length}, "

@@ -20,12 +20,12 @@ import dash
 import plotly.graph_objects as go
 from dash import Input, Output, State, dcc, html
 
-from .. import service as session
-from ..errors import ExplorerError
-from . import ids
-from . import state
-from .controls import context
-from .figures import compare as F
+from explorer import service as session
+from explorer.errors import ExplorerError
+from explorer.views import ids
+from explorer.views import state
+from explorer.views.controls import context
+from explorer.views.figures import compare as F
 
 
 _SCALING: OrderedDict = OrderedDict()

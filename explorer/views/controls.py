@@ -7,7 +7,7 @@ from __future__ import annotations
 import dash
 from dash import Input, Output, State, dcc, html
 
-from . import ids
+from explorer.views import ids
 
 #: the progress bar is shown only while its job runs, so it never sticks at 10-60 % after an
 #: error or a cancel
@@ -56,14 +56,14 @@ def download_controls(button_id: str, download_id: str, what: str) -> list:
 def register_download(app, button_id: str, download_id: str, store_id: str,
                       error_id: str) -> None:
     """The download's callback: the sealed plan document of the plan in ``store_id``
-    (:func:`explorer.views.plans.download_payload`), or its error next to the tab's others."""
-    from ..errors import ExplorerError
+    (:func:`explorer.views.plan_files.download_payload`), or its error next to the tab's others."""
+    from explorer.errors import ExplorerError
 
     @app.callback(Output(download_id, "data"), Output(error_id, "children", allow_duplicate=True),
                   Input(button_id, "n_clicks"), State(store_id, "data"),
                   prevent_initial_call=True)
     def download(_n, doc):
-        from .plans import download_payload
+        from explorer.views.plan_files import download_payload
         try:
             return download_payload(doc), ""
         except (ExplorerError, ValueError) as exc:
@@ -83,13 +83,13 @@ def register_export(app, button_id: str, download_id: str, store_id: str,
                     error_id: str) -> None:
     """The export's callback: the program :func:`explorer.service.export` writes for the
     layer-wise plan in ``store_id``, or one line saying why there is none."""
-    from ..errors import ExplorerError
+    from explorer.errors import ExplorerError
 
     @app.callback(Output(download_id, "data"), Output(error_id, "children"),
                   Input(button_id, "n_clicks"), State(store_id, "data"),
                   prevent_initial_call=True)
     def export(_n, doc):
-        from .. import service
+        from explorer import service
         if not isinstance(doc, dict) or "layers" not in doc or "error" in doc:
             return dash.no_update, "there is no layer-wise plan to export: run a search first"
         try:
@@ -109,7 +109,7 @@ def register_local_run(app, *, button_id: str, cancel_id: str, progress_id: str,
     workers.  ``start_progress=None`` keeps the bar indeterminate until ``job`` reports."""
     from dash import no_update
 
-    from ..errors import ExplorerError
+    from explorer.errors import ExplorerError
 
     @app.callback(
         Output(store_id, "data"), Output(error_id, "children"), Output(status_id, "children"),

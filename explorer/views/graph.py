@@ -15,15 +15,15 @@ import dash
 import dash_cytoscape as cyto
 from dash import Input, Output, State, dcc, html, no_update
 
-from .. import service as session
-from ..errors import ExplorerError
-from . import fmt, ids
-from . import glossary as G
-from . import tables as T
-from . import layout as L
-from . import palette as P
-from . import state
-from .controls import context, export_controls, register_export
+from explorer import service as session
+from explorer.errors import ExplorerError
+from explorer.views import fmt, ids
+from explorer.views import glossary as G
+from explorer.views import tables as T
+from explorer.views import graph_layout as L
+from explorer.views import palette as P
+from explorer.views import state
+from explorer.views.controls import context, export_controls, register_export
 
 STYLESHEET = [
     {"selector": "node", "style": {

@@ -13,9 +13,21 @@ from __future__ import annotations
 import dash
 from dash import Input, Output, dcc, html
 
-from .. import service as session
-from ..errors import ExplorerError
-from . import compare, graph, ids, model, placement, plans, run, state, steps, tiling, tofu
+from explorer import service as session
+from explorer.errors import ExplorerError
+from explorer.views import (
+    compare,
+    graph,
+    ids,
+    search_form as model,
+    placement,
+    plans,
+    run,
+    state,
+    steps,
+    tiling,
+    tofu,
+)
 
 PATH = "/"
 TABS = ("plan", "steps", "tiling", "compare", "run", "tofu", "placement", "plans")
@@ -31,8 +43,7 @@ def default_request() -> dict:
     except (ImportError, RuntimeError):
         doc = None
     if doc is None:
-        from ..app import DEFAULT_REQUEST
-        doc = state.request_doc(DEFAULT_REQUEST)
+        doc = state.request_doc(state.DEFAULT_REQUEST)
     return dict(doc)
 
 

@@ -30,17 +30,23 @@ import numpy as np
 import plotly.graph_objects as go
 from dash import ALL, Input, Output, State, ctx, dcc, html, no_update
 
-from .. import service as session
-from ..errors import ExplorerError
-from . import fmt, ids
-from . import layout as L
-from . import tables as T
-from . import palette as P
-from . import state
-from .controls import (context, download_controls, job_controls, register_download,
-                       register_local_run, running)
-from .figures import placement as F
-from .run import history_table
+from explorer import service as session
+from explorer.errors import ExplorerError
+from explorer.views import fmt, ids
+from explorer.views import graph_layout as L
+from explorer.views import tables as T
+from explorer.views import palette as P
+from explorer.views import state
+from explorer.views.controls import (
+    context,
+    download_controls,
+    job_controls,
+    register_download,
+    register_local_run,
+    running,
+)
+from explorer.views.figures import placement as F
+from explorer.views.run import history_table
 
 MAX_PIE = 16
 

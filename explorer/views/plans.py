@@ -1,4 +1,4 @@
-"""Plans panel: the history of plans (SQLite, see :mod:`explorer.engine.history`), loading a
+"""Plans panel: the history of plans (SQLite, see :mod:`explorer.engine.core.history`), loading a
 saved plan back into the app, downloading the current plan and uploading a plan file of any
 kind (layer-wise, Tofu, placement): a loaded plan becomes the page's state - its model,
 devices and method fill the form, and its tab shows it.
@@ -15,23 +15,24 @@ functions (:func:`autosave`, :func:`load_plan`, :func:`parse_upload`, :func:`ing
 
 from __future__ import annotations
 
-import base64
-import binascii
-import json
-import re
 
 import dash
 from dash import Input, Output, State, dcc, html
 
-from .. import service as session
-from ..engine import plandoc
-from ..engine.history import PlanStore
-from ..engine.plandoc import dumps
-from ..engine.plan import SCHEMA, Plan
-from ..errors import ExplorerError, PlanFileError
-from . import ids, state
-from . import tables as T
-from .controls import context
+from explorer import service as session
+from explorer.engine.core import plandoc
+from explorer.engine.core.history import PlanStore
+from explorer.errors import ExplorerError
+from explorer.views import ids, state
+from explorer.views import tables as T
+from explorer.views.controls import context
+from explorer.views.plan_files import (  # noqa: F401 - re-exported: the panel's plain functions
+    REQUIRED,
+    download_name,
+    download_payload,
+    parse_plan_text,
+    parse_upload,
+)
 
 COLUMNS = [("id", "#"), ("time", "saved"), ("kind", "kind"), ("model", "model"),
            ("algo", "algorithm"), ("preset", "devices preset"), ("devices", "devices"),
@@ -107,96 +108,6 @@ def load_plan(store: PlanStore, plan_id) -> tuple:
     return plan, request, list(plan.get("pins") or [])
 
 
-def download_payload(plan) -> dict:
-    """``dcc.Download`` data for a plan of any kind the app shows: the sealed plan document
-    ``explorer run`` executes (:func:`explorer.service.plan_file`), named ``<model>-<algo>-<devices>dev.json``."""
-    if isinstance(plan, dict) and "error" in plan:
-        raise ValueError(f"the current search failed, nothing to download: {plan['error']}")
-    if not isinstance(plan, dict) or ("layers" not in plan and not plandoc.kind_of(plan)):
-        raise ValueError("there is no plan to download: run a search first")
-    if plandoc.kind_of(plan) is None:              # an old in-app layer-wise plan
-        plan = dict(plan, schema=SCHEMA)
-    doc = session.plan_file(plan)
-    return dcc.send_string(dumps(doc, indent=1), download_name(doc),
-                           type="application/json")
-
-
-def download_name(plan: dict) -> str:
-    model = re.sub(r"[^A-Za-z0-9_.-]+", "_", str(plan.get("model", "plan"))).strip("_.")
-    algo = re.sub(r"[^A-Za-z0-9_.-]+", "_", str(plan.get("algo", "plan")))
-    return f"{model or 'plan'}-{algo}-{plan.get('devices', '?')}dev.json"
-
-
-def parse_upload(contents: str, filename: str | None = None) -> dict:
-    """The plan document in a ``dcc.Upload`` ``contents`` string (``data:...;base64,...``),
-    validated by :func:`parse_plan_text`.  ``ValueError`` with a message saying what is
-    wrong."""
-    name = filename or "the file"
-    if not contents:
-        raise ValueError("no file received")
-    _, sep, b64 = str(contents).partition(",")
-    if not sep:
-        raise ValueError(f"{name}: could not read the upload (no data)")
-    try:
-        text = base64.b64decode(b64, validate=False).decode("utf-8-sig")
-    except (binascii.Error, UnicodeDecodeError):
-        raise ValueError(f"{name} is not a JSON text file (binary or not UTF-8)") from None
-    return parse_plan_text(text, name)
-
-
-#: what a document of each kind must hold to be shown
-REQUIRED = {"tofu": ("model", "algo", "factors", "objective_s", "comm_bytes",
-                     "peak_memory_bytes", "search_time_s", "coarsening", "steps"),
-            "placement": ("model", "algo", "placement", "clusters", "capacity_bytes",
-                          "peak_memory_bytes", "predicted_step_time_s", "search_time_s",
-                          "comm_bytes", "oom", "stats")}
-
-
-def parse_plan_text(text: str, name: str = "the file") -> dict:
-    """A plan document of any kind from JSON text, validated (see :func:`parse_upload`): its
-    schema names a layer-wise, Tofu or placement plan (:func:`plandoc.open_document`), it
-    holds the fields the app shows, and it says which request it answers.  Plans are data:
-    nothing in them is executed."""
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{name} is not valid JSON: {exc.msg} at line {exc.lineno} "
-                         f"column {exc.colno}") from None
-    if not isinstance(doc, dict):
-        raise ValueError(f"{name} holds a JSON {type(doc).__name__}, not a plan object "
-                         f"(expected {{\"schema\": \"{SCHEMA}\", ...}})")
-    if "error" in doc and "layers" not in doc:
-        raise ValueError(f"{name} records a failed search, not a plan: {doc['error']}")
-    kind = plandoc.kind_of(doc)
-    if kind is None and "schema" in doc:
-        raise ValueError(f"{name} is not a plan file: schema {doc.get('schema')!r} is none of "
-                         f"{', '.join(plandoc.schema_of(k) for k in plandoc.KINDS)}")
-    try:
-        kind = plandoc.open_document(doc) if kind else "layerwise"
-    except PlanFileError as exc:
-        raise ValueError(f"{name}: {exc}") from None
-    try:
-        if kind == "layerwise":
-            Plan.from_dict(dict(doc, schema=SCHEMA))
-        else:
-            missing = [k for k in REQUIRED[kind] if k not in doc]
-            if missing:
-                raise ValueError(f"missing field(s) {', '.join(map(repr, missing))} of a "
-                                 f"{kind} plan")
-            if kind == "placement" and not all(isinstance(d, int) and not isinstance(d, bool)
-                                               for d in doc["placement"].values()):
-                raise ValueError("'placement' must map every operator to a device index")
-    except ValueError as exc:
-        raise ValueError(f"{name}: {exc}") from None
-    except Exception as exc:  # noqa: BLE001 - any other shape problem is a malformed plan
-        raise ValueError(f"{name}: malformed plan: {type(exc).__name__}: {exc}") from None
-    try:
-        state.request_from_document(doc, kind)
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ValueError(f"{name}: cannot tell which search this plan answers: {exc}") from None
-    return doc
-
-
 def check_model(plan: dict, request: dict) -> str | None:
     """Compare the plan's layers with the model it names.  Raises ``ValueError`` if they differ;
     returns a warning when the model cannot be imported here (other panels will say more)."""
@@ -246,7 +157,7 @@ def ingest(contents: str, filename: str | None, store: PlanStore) -> dict:
         raise ValueError(f"{filename or 'the file'}: {exc}") from None
     label = filename or "upload"
     if kind in ("tofu", "placement"):
-        from .model import layerwise_plan
+        from explorer.views.search_form import layerwise_plan
         shown = tofu_doc(doc, request) if kind == "tofu" else placement_doc(doc, request)
         what = "Tofu plan" if kind == "tofu" else "placement"
         return {"kind": kind, "doc": shown, "request": request,
@@ -317,7 +228,7 @@ def loaded_outputs(kind: str, doc: dict, request: dict, plan: dict | None = None
     """What loading a plan of ``kind`` changes on the page: the result store of its kind (and
     the layer-wise ``plan`` the graph shows for a Tofu plan or a placement), the request
     store, the form, and the tab that shows it."""
-    from . import model
+    from explorer.views import search_form as model
     out = {"plan": dash.no_update, "tofu": dash.no_update, "placement": dash.no_update,
            "place_pins": dash.no_update, "tab": dash.no_update, "request": request,
            "form": model.form_update(request)}
@@ -368,7 +279,7 @@ def layout():
 
 
 def _load_outputs() -> list:
-    from . import model
+    from explorer.views import search_form as model
     return [Output(ids.STORE_PLAN, "data", allow_duplicate=True),
             Output(ids.STORE_TOFU, "data", allow_duplicate=True),
             Output(ids.STORE_PLACEMENT, "data", allow_duplicate=True),
@@ -380,7 +291,7 @@ def _load_outputs() -> list:
 
 def _load_values(kind=None, doc=None, request=None, plan=None) -> list:
     """Values for :func:`_load_outputs` (all ``no_update`` without a plan)."""
-    from . import model
+    from explorer.views import search_form as model
     if kind is None:
         return [dash.no_update] * (6 + len(model.FORM))
     o = loaded_outputs(kind, doc, request, plan)
@@ -405,7 +316,7 @@ def load_values(plan: dict, request: dict) -> list:
     kind = plandoc.kind_of(plan) or "layerwise"
     if kind == "layerwise":
         return _load_values("layerwise", plan, request)
-    from .model import layerwise_plan
+    from explorer.views.search_form import layerwise_plan
     return _load_values(kind, plan, request, layerwise_plan(request))
 
 

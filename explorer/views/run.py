@@ -13,13 +13,13 @@ import dash
 import plotly.graph_objects as go
 from dash import Input, Output, State, dcc, html, no_update
 
-from .. import service as session
-from ..errors import ExplorerError
-from . import ids
-from . import tables as T
-from . import state
-from .controls import context, job_controls, register_local_run, running
-from .figures import run as F
+from explorer import service as session
+from explorer.errors import ExplorerError
+from explorer.views import ids
+from explorer.views import tables as T
+from explorer.views import state
+from explorer.views.controls import context, job_controls, register_local_run, running
+from explorer.views.figures import run as F
 
 
 #: what the page says once Cancel stopped a calibration (the shown plan and costs stay)
@@ -194,7 +194,7 @@ def register(app: dash.Dash) -> None:
     def show_cost_model(plan):
         return cost_model_line(plan)
 
-    from . import model as M
+    from explorer.views import search_form as M
 
     @app.callback(
         Output(ids.STORE_PLAN, "data", allow_duplicate=True),

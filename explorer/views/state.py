@@ -15,8 +15,12 @@ from __future__ import annotations
 
 from urllib.parse import urlencode
 
-from .. import service as session
-from ..errors import ExplorerError, ModelFilesOff
+from explorer import service as session
+from explorer.errors import ExplorerError, ModelFilesOff
+
+#: what the app opens on: VGG-16 on the paper's 4×P100 NVLink node with its optimal plan
+DEFAULT_REQUEST = session.Request(model="vgg16", preset="p100-nvlink-4", devices=4,
+                                  algo="optcnn")
 
 FAMILIES = ("layerwise", "tofu", "placement")
 FAMILY_LABELS = {"layerwise": "layer-wise", "tofu": "tensor partitioning",
@@ -31,7 +35,7 @@ TAB_FAMILY = {"plan": "layerwise", "steps": "layerwise", "tiling": "layerwise",
 
 def methods() -> dict:
     """Every method the app offers: name -> (family, description), families in order."""
-    from .. import service
+    from explorer import service
     return {k: (fam, v) for fam in ("layerwise", "tofu", "placement")
             for k, v in service.methods(fam).items()}
 
@@ -169,7 +173,7 @@ def from_query(params: dict, default: dict) -> tuple[dict, list]:
             except ValueError:
                 errors.append(f"URL: {label}={raw!r} is not a whole number ≥ 1")
     if "preset" in given:
-        from ..engine.devices import list_presets
+        from explorer.engine.core.devices import list_presets
         name = _one(given["preset"])
         names = [p["name"] for p in list_presets()]
         if name in names:

@@ -18,14 +18,14 @@ from __future__ import annotations
 import dash
 from dash import Input, Output, State, dcc, html, no_update
 
-from .. import service as session
-from ..errors import ExplorerError
-from . import fmt, ids
-from . import glossary as G
-from . import layout as L
-from . import palette as P
-from . import state
-from .controls import context
+from explorer import service as session
+from explorer.errors import ExplorerError
+from explorer.views import fmt, ids
+from explorer.views import glossary as G
+from explorer.views import graph_layout as L
+from explorer.views import palette as P
+from explorer.views import state
+from explorer.views.controls import context
 
 #: the legend of the step highlights: (class, swatch style, meaning)
 LEGEND = (("current", "solid", "the layer being eliminated (or assigned)"),

@@ -13,11 +13,11 @@ from __future__ import annotations
 import dash
 from dash import Input, Output, State, dcc, html
 
-from . import ids
-from . import state
-from .controls import context
-from .figures import tiling as F
-from .figures.tiling import plan_message, plan_ok
+from explorer.views import ids
+from explorer.views import state
+from explorer.views.controls import context
+from explorer.views.figures import tiling as F
+from explorer.views.figures.tiling import plan_message, plan_ok
 
 # --------------------------------------------------------------------------------------------
 # Plan helpers (pure)
@@ -140,7 +140,7 @@ def _request_of(plan, request):
 
 def layer_geometry(plan, request, layer):
     """``(geom, producers)`` for ``layer`` under its planned configuration, from session."""
-    from .. import service as session
+    from explorer import service as session
     req = _request_of(plan, request)
     la = layer_entry(plan, layer)
     geom = session.tiles(req, la["name"], la["config"], la["devices"])

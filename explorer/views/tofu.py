@@ -20,16 +20,22 @@ import dash
 import plotly.graph_objects as go
 from dash import Input, Output, State, dcc, html, no_update
 
-from .. import service as session
-from ..errors import ExplorerError
-from . import fmt, ids
-from . import tables as T
-from . import palette as P
-from . import state
-from .controls import (context, download_controls, job_controls, register_download,
-                       register_local_run, running)
-from .figures import tofu as F
-from .run import history_table
+from explorer import service as session
+from explorer.errors import ExplorerError
+from explorer.views import fmt, ids
+from explorer.views import tables as T
+from explorer.views import palette as P
+from explorer.views import state
+from explorer.views.controls import (
+    context,
+    download_controls,
+    job_controls,
+    register_download,
+    register_local_run,
+    running,
+)
+from explorer.views.figures import tofu as F
+from explorer.views.run import history_table
 
 
 STEP_COLUMNS = [("step", "step"), ("split", "groups → workers"), ("delta", "adds"),

@@ -19,43 +19,11 @@ import time
 
 import numpy as np
 
-from .graph import PlacementGraph
+from explorer.engine.core.roofline import LAUNCH_S, VIEW_OPS, analytic_times  # noqa: F401 - re-exported
+from explorer.engine.placement.placement_graph import PlacementGraph
 
 __all__ = ["VIEW_OPS", "analytic_times", "from_opgraph", "regress", "memory_regression",
            "measure_ops", "time_regression", "measured_times"]
-
-#: aten ops whose output shares its input's storage: no kernel, no new memory.
-VIEW_OPS = frozenset({
-    "view", "_unsafe_view", "reshape", "t", "transpose", "permute", "expand", "slice", "select",
-    "unsqueeze", "squeeze", "as_strided", "alias", "unfold", "split", "split_with_sizes",
-    "chunk", "unbind", "narrow", "diagonal", "view_as", "_reshape_alias", "detach",
-    "expand_as", "numpy_T", "unsafe_split", "unsafe_chunk"})
-#: fraction of peak FLOP/s reached by dense kernels (as the layer cost model assumes)
-_DENSE = {"mm": 0.6, "addmm": 0.6, "bmm": 0.6, "baddbmm": 0.6, "matmul": 0.6,
-          "convolution": 0.6, "convolution_backward": 0.6,
-          "_scaled_dot_product_flash_attention_for_cpu": 0.5,
-          "_scaled_dot_product_efficient_attention": 0.5,
-          "_scaled_dot_product_flash_attention": 0.5,
-          "_scaled_dot_product_flash_attention_for_cpu_backward": 0.5}
-#: fixed cost of one kernel launch (s)
-LAUNCH_S = 5e-6
-
-
-def analytic_times(flops, nbytes, targets, devices) -> np.ndarray:
-    """Roofline time per operator and device, shape ``(n, D)`` (vectorised).
-
-    ``max(flops / (peak·eff), bytes / mem_bw) + launch``; views cost nothing.
-    """
-    flops = np.asarray(flops, dtype=np.float64)
-    nbytes = np.asarray(nbytes, dtype=np.float64)
-    eff = np.array([_DENSE.get(t, 1.0) for t in targets])
-    view = np.array([t in VIEW_OPS for t in targets], dtype=bool)
-    peak = np.array([d.peak_flops for d in devices.devices])
-    bw = np.array([d.mem_bw for d in devices.devices])
-    t = np.maximum((flops / eff)[:, None] / peak[None, :], nbytes[:, None] / bw[None, :])
-    t = t + LAUNCH_S
-    t[view] = 0.0
-    return t
 
 
 def _placeholder_kind(tensor) -> str:
@@ -158,7 +126,7 @@ def colocation_groups(og, names: list) -> np.ndarray:
 
 def from_opgraph(og, devices, capacity=None, times: dict | None = None,
                  memory: dict | None = None, colocate: bool = True) -> PlacementGraph:
-    """The :class:`PlacementGraph` of an :class:`~explorer.engine.opgraph.OpGraph`.
+    """The :class:`PlacementGraph` of an :class:`~explorer.engine.core.opgraph.OpGraph`.
 
     Parameters
     ----------
@@ -242,12 +210,12 @@ def measured_times(og, devices, progress=None) -> dict:
     """Every operator's time measured on this machine for the ``local`` preset (``--cost
     measured``): the step's aten calls timed as the placement's workers run them - compiled,
     one thread, in as many processes side by side as the workers keep cores busy - cached in the
-    profile SQLite (:func:`explorer.engine.profile.op_times` with ``in_step``), so the
+    profile SQLite (:func:`explorer.engine.core.profile.op_times` with ``in_step``), so the
     placers, the simulator and ``explorer run`` see the same hardware.  :class:`~explorer.errors.NotCalibrated` for
     another preset or before ``explorer calibrate`` (the links' latency and bandwidth come
     from there)."""
-    from ...errors import NotCalibrated
-    from ..profile import op_times
+    from explorer.errors import NotCalibrated
+    from explorer.engine.core.profile import op_times
     if getattr(devices, "name", None) != "local":
         raise NotCalibrated(f"--cost measured times operators on this machine, so it needs "
                             f"--preset local; the {getattr(devices, 'name', '?')} preset's "
@@ -259,7 +227,9 @@ def measured_times(og, devices, progress=None) -> dict:
     # time-share them, which the simulator models (processor sharing), not the op times
     busy = min(len(devices.devices), int((devices.meta or {}).get("cores") or
                                          len(devices.devices)))
-    times, _ = op_times(og, devices.devices[0].kind, progress=progress, in_step=max(1, busy))
+    from explorer.engine.runtime.compiled import instep_op_times
+    times, _ = op_times(og, devices.devices[0].kind, progress=progress, in_step=max(1, busy),
+                        measure=instep_op_times)
     return times
 
 
@@ -306,7 +276,7 @@ def memory_regression(spec: str, target_batch: int, model_args: dict | None = No
 
     Returns ``{"memory": {name: bytes}, "deviation": {...}, "batches": [...]}``.
     """
-    from ..opgraph import build_opgraph
+    from explorer.engine.core.opgraph import build_opgraph
     target = build_opgraph(spec, target_batch, model_args)
     names = [op.name for op in target.ops.values()]
     cols = []
@@ -350,7 +320,7 @@ def measure_ops(og, reps: int = 3, warmup: int = 1, seed: int = 0) -> dict:
     """
     import torch
 
-    from ..opgraph import TorchValue
+    from explorer.engine.core.opgraph import TorchValue
     torch.manual_seed(seed)
     env: dict = {}
     for t in og.tensors.values():
@@ -407,7 +377,7 @@ def time_regression(spec: str, small_batches=(1, 2, 4), check_batch: int = 8,
                     model_args: dict | None = None, reps: int = 3) -> dict:
     """Measured per-op time at ``small_batches``, regressed to ``check_batch`` and compared
     with the time measured there (the paper's time deviation, Table 5 / Figure 5b)."""
-    from ..opgraph import build_opgraph
+    from explorer.engine.core.opgraph import build_opgraph
     ref_g = build_opgraph(spec, check_batch, model_args)
     ref = measure_ops(ref_g, reps=reps)
     names = [nm for nm in ref["time"] if ref["time"][nm] > 0

@@ -36,8 +36,8 @@ import math
 
 import numpy as np
 
-from .memory import LiveBudget
-from .order import m_topo as _m_topo_order
+from explorer.engine.placement.memory import LiveBudget
+from explorer.engine.placement.order import m_topo as _m_topo_order
 
 __all__ = ["m_topo", "m_etf", "m_sct", "metis", "single", "BASELINES", "sct_favourites",
            "SCT_THRESHOLD"]

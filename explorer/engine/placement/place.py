@@ -38,8 +38,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .memory import LiveBudget
-from .order import cpd_topo, tlevel_blevel
+from explorer.engine.placement.memory import LiveBudget
+from explorer.engine.placement.order import cpd_topo, tlevel_blevel
 
 __all__ = ["CoarsePlacement", "coarse_order", "order_place", "adjusting_placement"]
 

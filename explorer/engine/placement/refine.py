@@ -41,8 +41,8 @@ Units holding a pinned operator never move.
 Example
 -------
 >>> import networkx as nx, numpy as np
->>> from explorer.engine.devices import preset
->>> from explorer.engine.placement.graph import from_networkx
+>>> from explorer.engine.core.devices import preset
+>>> from explorer.engine.placement.placement_graph import from_networkx
 >>> g = nx.DiGraph([("a", "b"), ("a", "c")])
 >>> nx.set_node_attributes(g, {"a": 0.01, "b": 1.0, "c": 1.0}, "time")
 >>> pg = from_networkx(g, preset("v100-pcie-4", 2))
@@ -58,7 +58,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .simulator import dispatch_priority, simulate
+from explorer.engine.placement.simulator import dispatch_priority, simulate
 
 __all__ = ["Refinement", "placement_units", "refine", "default_evals", "budget_per_device"]
 

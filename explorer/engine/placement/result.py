@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..plandoc import dumps
-from .simulator import SimResult, simulate
+from explorer.engine.core.plandoc import dumps
+from explorer.engine.placement.simulator import SimResult, simulate
 
 __all__ = ["PlacementPlan", "simulated_plan", "placement_result"]
 
@@ -70,6 +70,21 @@ class PlacementPlan:
     def device_of(self, name: str) -> int:
         return int(self.placement[self.names.index(name)])
 
+    #: an operator-level plan: its document carries the operator graph's digest
+    operator_level = True
+
+    def document_fields(self, capture) -> dict:
+        """Fields a sealed document adds to :meth:`to_dict`: none beyond the digest."""
+        return {}
+
+    def layouts(self, problem, n: int) -> dict:
+        """Each operator's output whole on its device, keyed by tensor id."""
+        from explorer.engine.core.geometry import TensorLayout
+        og = problem.opgraph()
+        where = dict(zip(self.names, self.placement.tolist()))
+        return {op.output: TensorLayout.whole_on(og.tensors[op.output].shape, where[op.name], n)
+                for op in og.ops.values() if op.name in where}
+
     def to_dict(self, schedule: bool = False) -> dict:
         """JSON document (CLI ``--json``): every operator's device, clusters, time, memory."""
         doc = {
@@ -109,7 +124,7 @@ def simulated_plan(algo, pg, placement, search_time_s, best_effort=(), clusters=
 
 def placement_result(plan: PlacementPlan, problem, pins=()):
     """The :class:`~explorer.engine.search.result.Result` of a placement method."""
-    from ..search.result import Result
+    from explorer.engine.search.result import Result
     dg = problem.devices
     info = {"stats": json.loads(dumps(plan.stats)), "clusters": len(plan.clusters),
             "best_effort": [str(x) for x in plan.best_effort],

@@ -52,7 +52,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .memory import schedule_peak
+from explorer.engine.placement.memory import schedule_peak
 
 __all__ = ["SimResult", "simulate", "dispatch_priority", "receive_cost"]
 
@@ -61,7 +61,7 @@ def dispatch_priority(pg) -> np.ndarray:
     """Per node, larger runs first: minus the node's position in CPD-TOPO (cached on ``pg``)."""
     pr = pg.meta.get("_dispatch")
     if pr is None:
-        from .order import graph_order
+        from explorer.engine.placement.order import graph_order
         order, _, _ = graph_order(pg, "cpd")
         pr = np.empty(pg.n)
         pr[np.asarray(order, dtype=np.int64)] = -np.arange(pg.n, dtype=np.float64)

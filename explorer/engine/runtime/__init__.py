@@ -15,7 +15,7 @@
   exchanges (halos for h/w splits, gathers for channel splits), exact local ops on the owned
   output box with the layer's folded BatchNorm/activations, gradient return to the owners,
   summation of replicated weight-shard gradients, SGD (:mod:`.executor`, :mod:`.ops`,
-  :mod:`.transforms`).  All geometry comes from :mod:`explorer.engine.geometry`.
+  :mod:`.transforms`).  All geometry comes from :mod:`explorer.engine.core.geometry`.
 * Semantics: training in **eval mode** (dropout off, BatchNorm with its running statistics),
   loss ``Σ_outputs mean(out²)``, plain SGD (``lr = 0.01``).  The reference check compares the
   loss, every gradient and every parameter after one step with the same model run on one
@@ -24,7 +24,7 @@
 * :func:`calibrate` – measure compute, memory, point-to-point bandwidth and the latency of an
   exchange between computing workers, write ``$EXPLORER_HOME/local.json``; with a model, fill
   the profile cache under the run's conditions (:mod:`.calibrate`).
-* ``python -m explorer.engine.runtime.worker PLAN.json`` – the worker entry point, also under
+* ``python -m explorer.engine.runtime.torchrun PLAN.json`` – the worker entry point, also under
   ``torchrun`` for several machines (:mod:`.worker`); ``explorer run`` / ``explorer
   calibrate`` (:mod:`.cli`); runs are stored in ``$EXPLORER_HOME/runs.sqlite``
   (:mod:`.store`).
@@ -34,7 +34,13 @@ with ``ceil_mode`` or ``count_include_pad=False`` on a height/width split, bilin
 on a height/width split — each raises ``NotImplementedError`` naming the layer.
 """
 
-from .launcher import RunFailed, launch, launch_many, start_workers, validate
+from explorer.engine.runtime.launcher import (
+    RunFailed,
+    launch,
+    launch_many,
+    start_workers,
+    validate,
+)
 
 __all__ = ["RunFailed", "launch", "launch_many", "start_workers", "validate", "run_document",
            "calibrate", "Executor"]
@@ -42,12 +48,12 @@ __all__ = ["RunFailed", "launch", "launch_many", "start_workers", "validate", "r
 
 def __getattr__(name):
     if name == "run_document":
-        from .run import run_document
+        from explorer.engine.runtime.dispatch import run_document
         return run_document
     if name == "calibrate":
-        from .calibrate import calibrate
+        from explorer.engine.runtime.calibrate import calibrate
         return calibrate
     if name == "Executor":
-        from .executor import Executor
+        from explorer.engine.runtime.executor import Executor
         return Executor
     raise AttributeError(name)

@@ -1,6 +1,6 @@
 """``explorer calibrate``: measure this machine and write the ``local`` device graph's numbers.
 
-Writes ``$EXPLORER_HOME/local.json`` with the keys :func:`explorer.engine.devices.local` reads:
+Writes ``$EXPLORER_HOME/local.json`` with the keys :func:`explorer.engine.core.devices.local` reads:
 
 * ``peak_flops`` – FP32 FLOP/s of one worker thread: the best of a square matmul and a 3×3
   convolution (the analytic cost model multiplies it by an efficiency per op);
@@ -31,7 +31,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from ..storage import home
+from explorer.engine.core.storage import home
 
 
 def _best(fn, reps: int = 5, warm: int = 1) -> float:
@@ -154,7 +154,7 @@ def _one_way(rank, peer, reps, x, w) -> dict:
     (``*_mean_s``), not in the model."""
     import torch.distributed as dist
 
-    from .compiled import _irecv, _wait
+    from explorer.engine.runtime.compiled import irecv_into, wait_recv
     out = {}
     for nbytes in (1024, 2 ** 20):
         buf, ack = torch.zeros(nbytes // 8, dtype=torch.float64), torch.zeros(1)
@@ -170,7 +170,7 @@ def _one_way(rank, peer, reps, x, w) -> dict:
                 dist.recv(ack, peer, tag=3)         # the next message after this one landed
             else:
                 c0 = time.thread_time()
-                got = _wait(_irecv(tuple(buf.shape), buf.dtype, peer, 2))
+                got = wait_recv(irecv_into(tuple(buf.shape), buf.dtype, peer, 2))
                 if i >= 4:
                     rcalls.append(time.thread_time() - c0)
                     ts.append(time.perf_counter() - float(got[0]))
@@ -191,7 +191,7 @@ def _one_way(rank, peer, reps, x, w) -> dict:
 
 def measure_link(devices: int = 2, quick: bool = False, timeout_s: float = 120.0) -> dict:
     """Point-to-point and all-reduce numbers between ``devices`` (≥ 2) gloo processes."""
-    from .launcher import RunFailed, start_workers
+    from explorer.engine.runtime.launcher import RunFailed, start_workers
     try:
         got = start_workers(max(2, int(devices)), _link_worker, quick, timeout_s=timeout_s,
                             backend="gloo", name="explorer-calibrate")
@@ -255,16 +255,18 @@ def calibrate(devices: int = 2, model: str | None = None, batch: int | None = No
 def profile_ops(model: str, batch: int | None = None, model_args: dict | None = None,
                 quick: bool = False, devices: int = 2) -> dict:
     """Time every aten call of the model's training step on this machine into the profile
-    cache (:func:`explorer.engine.profile.op_times`) as ``devices`` placement workers run
+    cache (:func:`explorer.engine.core.profile.op_times`) as ``devices`` placement workers run
     it side by side (as many at once as there are cores), so a placement search with
     ``--cost measured`` on that many local workers needs no further measuring.  Returns ``{"ops", "seconds", "step_s"}``."""
-    from ..devices import local
-    from ..opgraph import build_opgraph
-    from ..profile import op_times
+    from explorer.engine.core.devices import local
+    from explorer.engine.core.opgraph import build_opgraph
+    from explorer.engine.core.profile import op_times
+    from explorer.engine.runtime.compiled import instep_op_times
     g = build_opgraph(model, batch, dict(model_args or {}))
     times, info = op_times(g, local(1).devices[0].kind, reps=3 if quick else 7,
                            fresh=True,    # this machine now, not an earlier measurement
-                           in_step=max(1, min(int(devices), _cores())))
+                           in_step=max(1, min(int(devices), _cores())),
+                           measure=instep_op_times)
     return {"ops": info["ops"], "seconds": info["seconds"], "step_s": sum(times.values())}
 
 
@@ -290,9 +292,9 @@ def _shard_list(g, cm):
 
 
 def _graph_and_shards(model, devices, batch, model_args):
-    from ..costmodel import CostModel
-    from ..devices import local
-    from ..importer import import_spec
+    from explorer.engine.layerwise.costmodel import CostModel
+    from explorer.engine.core.devices import local
+    from explorer.engine.core.importer import import_spec
     g = import_spec(model, batch, dict(model_args or {}))
     dev = local(devices)
     cm = CostModel(g, dev, compute="measured")
@@ -301,7 +303,7 @@ def _graph_and_shards(model, devices, batch, model_args):
 
 def _profile_into(path, model, devices, batch, model_args, reps, warmup, progress=None):
     """Every shard alone (one process), cold, into the cache at ``path``."""
-    from ..profile import Profiler
+    from explorer.engine.core.profile import Profiler
     g, kind, shards = _graph_and_shards(model, devices, batch, model_args)
     # cold: the caches are evicted before every run, as the layers before it do in a step
     with Profiler(path, reps=reps, warmup=warmup, budget_s=10.0, cold=True) as prof:
@@ -316,7 +318,7 @@ def _lockstep_worker(rank, k, device, job, send):
     """Rank ``rank`` of ``k`` profiling processes (an entry of :func:`launcher.start_workers`,
     each pinned to its own core): time every shard used by k-device configurations, all
     processes starting each run together (a barrier before it); sends the times."""
-    from ..profile import Profiler, build_shard
+    from explorer.engine.core.profile import Profiler, build_shard
     model, devices, batch, model_args, reps, warmup, barrier = job
     g, _, shards = _graph_and_shards(model, devices, batch, model_args)
     shards = [s for s in shards if k in s[4]]
@@ -354,8 +356,8 @@ def _profile_lockstep(k, model, devices, batch, model_args, reps, warmup,
     the slowest worker) under ``concurrency=k``.  Returns the number of shards."""
     import torch.multiprocessing as mp
 
-    from ..profile import Profiler, default_cache_path
-    from .launcher import RunFailed, start_workers
+    from explorer.engine.core.profile import Profiler, default_cache_path
+    from explorer.engine.runtime.launcher import RunFailed, start_workers
     g, kind, shards = _graph_and_shards(model, devices, batch, model_args)
     shards = [s for s in shards if k in s[4]]
     if not shards:
@@ -399,9 +401,9 @@ def profile_model(model: str, devices: int, batch: int | None = None,
     slower here) and the step waits for the slowest.  Then the cost tables are built once,
     so every later lookup is a cache hit.
     """
-    from ..costmodel import CostModel
-    from ..devices import local
-    from ..importer import import_spec
+    from explorer.engine.layerwise.costmodel import CostModel
+    from explorer.engine.core.devices import local
+    from explorer.engine.core.importer import import_spec
     t = time.perf_counter()
     try:
         cores = len(os.sched_getaffinity(0))

@@ -1,7 +1,7 @@
 """Execute a device placement as compiled code: one fx ``GraphModule`` per device.
 
 A placement (operator -> device) of the traced training step (the ``make_fx`` graph the
-operator graph comes from, :mod:`explorer.engine.opgraph`) is cut into one program per
+operator graph comes from, :mod:`explorer.engine.core.opgraph`) is cut into one program per
 device: :func:`device_program` copies, in the plan's order (its simulated schedule: each
 operator by its predicted start, so a device runs its operators and sends their outputs
 when the prediction assumed; the traced step's order for a plan without one), the aten
@@ -17,11 +17,11 @@ run back to back, as the per-operator times the placers were given were measured
 A tensor moves once to each device that reads it (the simulator's rule), parameters, buffers
 and the input start on the device the placement gives them, and a multi-output aten call
 whose outputs lie on several devices is computed by each of them.  Dropout is the identity
-(:mod:`explorer.engine.capture`'s deterministic numerics, rewritten into the graph rather
+(:mod:`explorer.engine.core.capture`'s deterministic numerics, rewritten into the graph rather
 than intercepted at run time); an op that still draws random numbers is refused.
 
-Every worker runs the graph the plan was made on (:func:`~explorer.engine.opgraph.runnable`:
-the meta-device trace of :func:`~explorer.engine.opgraph.build_opgraph`, on real tensors) in
+Every worker runs the graph the plan was made on (:func:`~explorer.engine.core.opgraph.runnable`:
+the meta-device trace of :func:`~explorer.engine.core.opgraph.build_opgraph`, on real tensors) in
 the model's precision (float32), with the same seeded parameters and input.  The run is
 checked against one device: the loss and every updated parameter of the first step against
 the same step run whole in this process (the checked program is the timed one).  Per worker
@@ -44,8 +44,8 @@ import torch.fx as fx
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from ...errors import InfeasiblePlan
-from .launcher import RunFailed
+from explorer.errors import InfeasiblePlan
+from explorer.engine.runtime.launcher import RunFailed
 
 __all__ = ["device_program", "transfers", "run_compiled", "LiveBytes", "traced_program",
            "timeline", "instep_op_times"]
@@ -71,12 +71,12 @@ def _isend(t, dst: int, tag: int):
     return dist.isend(t, dst, tag=tag)
 
 
-def _irecv(shape, dtype, src: int, tag: int):
+def irecv_into(shape, dtype, src: int, tag: int):
     buf = torch.empty(shape, dtype=dtype)
     return buf, dist.irecv(buf, src, tag=tag)
 
 
-def _wait(handle):
+def wait_recv(handle):
     t0 = time.perf_counter()
     handle[1].wait()
     _Stats.wait_s += time.perf_counter() - t0
@@ -96,8 +96,8 @@ def _wait_sends(*works):
 # --------------------------------------------------------------------------------------------
 
 def _target_name(n) -> str:
-    from ..opgraph import _target
-    return _target(n)
+    from explorer.engine.core.opgraph import aten_name
+    return aten_name(n)
 
 
 def _placeholder_ids(g) -> list:
@@ -205,8 +205,8 @@ def device_program(g, dev: dict, rank: int, workers: int, order=None):
     for n in nodes:
         if n.op == "call_function" and n.name in g.tensors:
             tid_of[n.name] = n.name
-    from ..capture import DETERMINISTIC_ATEN
-    from ..opgraph import _DROP
+    from explorer.engine.core.capture import DETERMINISTIC_ATEN
+    from explorer.engine.core.opgraph import DROPPED
 
     new = fx.Graph()
     env: dict = {}                       # original node name -> node of the new graph
@@ -215,7 +215,7 @@ def device_program(g, dev: dict, rank: int, workers: int, order=None):
     by_name = {n.name: n for n in nodes}
 
     def base_of(n):
-        while n.op == "call_function" and _target_name(n) in _DROP and n.args and \
+        while n.op == "call_function" and _target_name(n) in DROPPED and n.args and \
                 isinstance(n.args[0], fx.Node):
             n = n.args[0]
         return n
@@ -226,7 +226,7 @@ def device_program(g, dev: dict, rank: int, workers: int, order=None):
             return env[b.name]
         t = tid_of.get(b.name)
         if t is not None and t in pending:
-            env[b.name] = new.call_function(_wait, (pending.pop(t),))
+            env[b.name] = new.call_function(wait_recv, (pending.pop(t),))
             return env[b.name]
         if b.op == "get_attr" or (b.op == "call_function" and b.name not in by_node
                                   and b.target is not operator.getitem):
@@ -244,7 +244,7 @@ def device_program(g, dev: dict, rank: int, workers: int, order=None):
             v = g.tensors[t]
             meta = by_name[_node_of(g, t, placeholders, pids)].meta.get("val")
             dtype = getattr(meta, "dtype", None) or getattr(torch, v.dtype)
-            pending[t] = new.call_function(_irecv, (tuple(v.shape), dtype, src, tag))
+            pending[t] = new.call_function(irecv_into, (tuple(v.shape), dtype, src, tag))
 
     owned_ph = []
     for n, t in zip(placeholders, pids):
@@ -266,7 +266,7 @@ def device_program(g, dev: dict, rank: int, workers: int, order=None):
                 produced(t, env.get(n.name))
             continue
         name = _target_name(n)
-        if name in _DROP:
+        if name in DROPPED:
             continue
         if n.name not in by_node:
             continue
@@ -340,9 +340,9 @@ def _label(n) -> tuple:
     the step's sends) or ``other``."""
     if n.target is _isend:
         return "send", int(n.args[2])
-    if n.target is _irecv:
+    if n.target is irecv_into:
         return "post", int(n.args[3])
-    if n.target is _wait:
+    if n.target is wait_recv:
         return "recv", int(n.args[0].args[3])
     if n.target is _wait_sends:
         return "sends", None
@@ -405,7 +405,7 @@ def _instep_entry(rank, world, device, job, send):
     (every operator on this worker, no transfers), traced (:func:`traced_program`), run
     ``warmup + reps`` times in lockstep with the other processes; sends each aten call's
     CPU time per timed step, by fx node."""
-    from ..opgraph import opgraph_digest
+    from explorer.engine.core.opgraph import opgraph_digest
     g, gm, params, buffers, x = _real_step(job["spec"], job["batch"], job["model_args"],
                                            job["seed"], job["lr"])
     if opgraph_digest(g) != job["digest"]:
@@ -442,8 +442,8 @@ def instep_op_times(og, workers: int, reps: int = 7, warmup: int = 3,
     over ``reps``
     timed steps of every process, scaled so that the calls add up to the median step (a step
     pays its calls' occasional slow runs).  ``{fx node name: seconds}``."""
-    from ..opgraph import opgraph_digest
-    from .launcher import start_workers
+    from explorer.engine.core.opgraph import opgraph_digest
+    from explorer.engine.runtime.launcher import start_workers
     job = {"spec": og.model, "batch": og.batch, "model_args": dict(og.model_args or {}),
            "seed": 0, "lr": 0.01, "digest": opgraph_digest(og), "reps": max(1, int(reps)),
            "warmup": max(0, int(warmup))}
@@ -518,8 +518,8 @@ def _real_step(spec, batch, model_args, seed: int, lr: float, g=None):
     """``(g, params, buffers, x)``: the plan's operator graph (:func:`build_opgraph`, the
     meta-device trace the plan was made on, runnable on real tensors) and the real model's
     seeded parameters, buffers and input - the same on every worker and the reference."""
-    from ..capture import load
-    from ..opgraph import build_opgraph, runnable, with_step
+    from explorer.engine.core.capture import load
+    from explorer.engine.core.opgraph import build_opgraph, runnable, with_step
     if g is None:
         g = build_opgraph(spec, batch, model_args, lr)
     g = with_step(g)                   # a graph from the capture cache has no traced step
@@ -534,9 +534,8 @@ def _entry(rank, world, device, job, send):
     """One worker (an entry of :func:`launcher.start_workers`): trace the step, check it is
     the plan's graph, build this device's program, run it ``warmup + steps`` times and once
     more counting live bytes; send the held finals, times, bytes and memory."""
-    from ..opgraph import opgraph_digest
-    from .executor import parse_fault
-    from .worker import FAULT_ENV, inject_fault
+    from explorer.engine.core.opgraph import opgraph_digest
+    from explorer.engine.runtime.faults import FAULT_ENV, inject_fault, parse_fault
     fault = parse_fault(job.get("fault") or os.environ.get(FAULT_ENV))
     g, gm, params, buffers, x = _real_step(job["spec"], job["batch"], job["model_args"],
                                            job["seed"], job["lr"])
@@ -549,7 +548,7 @@ def _entry(rank, world, device, job, send):
     flat = list(params) + list(buffers) + [x]
     times, waits, cpus, finals, sent = [], [], [], None, 0
     warmup, steps = int(job["warmup"]), int(job["steps"])
-    from .memlimit import arm, disarm
+    from explorer.engine.runtime.memlimit import arm, disarm
     arm()                              # --memory-per-worker counts the steps (set up done)
     for i in range(warmup + steps):
         inject_fault(fault, rank, i + 1, "compiled placement step")
@@ -625,8 +624,8 @@ def run_compiled(spec: str, batch: int | None, model_args: dict | None, names, p
     (live tensor bytes), ``transfers`` and ``program_nodes``; with ``timeline`` also one
     traced step per worker (:func:`timeline`, times from the first call of any worker).
     ``order``: the plan's operators in its simulated schedule (:func:`device_program`)."""
-    from .launcher import start_workers
-    from .reference import compare, traced_step
+    from explorer.engine.runtime.launcher import start_workers
+    from explorer.engine.runtime.reference import compare, traced_step
     dev = {str(nm): int(d) for nm, d in zip(names, placement)}
     bad = sorted({d for d in dev.values() if not 0 <= d < workers})
     if bad:

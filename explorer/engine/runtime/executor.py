@@ -1,8 +1,8 @@
 """One worker's share of a layer-wise plan: forward, backward, gradient sync and SGD update.
 
 Every worker (rank ``r`` of ``N``; the plan's device ``d`` is rank ``d``) builds the same real
-model with the same seed, the same :class:`~explorer.engine.graph.LayerGraph` and the same
-static *schedule* from the plan and :mod:`explorer.engine.geometry` (the single source of
+model with the same seed, the same :class:`~explorer.engine.core.layergraph.LayerGraph` and the same
+static *schedule* from the plan and :mod:`explorer.engine.core.geometry` (the single source of
 truth for tiles, regions and shards).  A training step then walks the layers:
 
 Forward, in topological order, for layer ``L``:
@@ -19,7 +19,7 @@ Forward, in topological order, for layer ``L``:
    (:mod:`~explorer.engine.runtime.transforms`), and :func:`~explorer.engine.runtime.ops.compute`
    computes exactly the owned output box, folded BatchNorm/activations included.
 
-A row-parallel layer (a ``k`` degree, :func:`~explorer.engine.geometry.compute_boxes`)
+A row-parallel layer (a ``k`` degree, :func:`~explorer.engine.core.geometry.compute_boxes`)
 fetches its group's tile rows but only its slice of the input features, computes a partial
 sum of the whole tile with its weight columns, and the ``k`` members reduce-scatter the
 partials so each owns its part of the tile (along ``l``, else ``n``); the bias and the folded
@@ -27,12 +27,12 @@ nodes then run on the owned box.  Backward is the adjoint: the owned box's gradi
 all-gathered over the group into the tile's gradient, which the local matmul back-propagates
 (:meth:`Executor._reduce_scatter`, :meth:`Executor._all_gather`).
 
-Mode: the model is loaded and captured in train mode by :mod:`explorer.engine.capture` (the
+Mode: the model is loaded and captured in train mode by :mod:`explorer.engine.core.capture` (the
 search's own capture, so the graph digests agree) and computed with deterministic numerics -
 dropout the identity, BatchNorm with its running statistics - as the reference check does.
 
 Loss: ``Σ_outputs mean(out²)`` over the model's floating-point output layers (the rule of
-:func:`~explorer.engine.capture.loss_of`; each worker adds its boxes' share); the gradient of
+:func:`~explorer.engine.core.capture.loss_of`; each worker adds its boxes' share); the gradient of
 an owned output box is ``2·out/numel``.  A model file's own ``loss(output)`` is refused here
 (it would need every output whole on one worker); operator-level plans run it.
 
@@ -67,13 +67,13 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from ...errors import InfeasiblePlan
-from .. import geometry as G
-from ..capture import capture, deterministic, load, loss_function
-from ..importer import import_model
-from ..plan import Plan
-from . import ops
-from . import transforms as T
+from explorer.errors import InfeasiblePlan
+from explorer.engine.core import geometry as G
+from explorer.engine.core.capture import capture, deterministic, load, loss_function
+from explorer.engine.core.importer import import_model
+from explorer.engine.layerwise.plan import Plan
+from explorer.engine.runtime import ops
+from explorer.engine.runtime import transforms as T
 
 #: Columns of the per-step timing array.
 PHASES = ("fwd_comm", "fwd_compute", "bwd_comm", "bwd_compute", "sync", "update")
@@ -125,25 +125,8 @@ class LayerState:
     kgroup: tuple | None = None                      # k: (ranks, my index, slices of parts)
 
 
-def parse_fault(text: str | None):
-    """``"RANK:STEP[:MODE]"`` (MODE ``raise`` (default), ``exit``, ``hang`` or ``alloc``: 256 MiB
-    more, for the memory limit) or ``None``."""
-    if not text:
-        return None
-    parts = str(text).split(":")
-    try:
-        rank, step = int(parts[0]), int(parts[1])
-    except (IndexError, ValueError):
-        raise ValueError(f"fault spec {text!r}: write RANK:STEP[:raise|exit|hang|alloc]") \
-            from None
-    mode = parts[2] if len(parts) > 2 else "raise"
-    if mode not in ("raise", "exit", "hang", "alloc"):
-        raise ValueError(f"fault mode {mode!r}: use raise, exit, hang or alloc")
-    return rank, step, mode
-
-
 class Executor:
-    """Executes a :class:`~explorer.engine.plan.Plan` as rank ``rank`` of ``world``.
+    """Executes a :class:`~explorer.engine.layerwise.plan.Plan` as rank ``rank`` of ``world``.
 
     Needs an initialised default process group when ``world > 1``.  ``lr`` is the SGD learning
     rate; ``seed`` seeds the model's initial weights and the input (every rank and the
@@ -178,7 +161,7 @@ class Executor:
         # the search's graph, from this capture (same train-mode trace: same digest)
         self.graph = import_model(model, self.x, plan.model, captured=(self.gm, source))
         if plan.graph_digest:
-            from ..graph import graph_digest
+            from explorer.engine.core.layergraph import graph_digest
             if graph_digest(self.graph) != plan.graph_digest:
                 raise InfeasiblePlan(f"the worker's capture of {plan.spec!r} differs from the "
                                      f"graph the plan was searched on (digest "
@@ -332,7 +315,7 @@ class Executor:
                 folded = []
                 for fn in layer.folded:
                     fnode = self.nodes.get(fn)
-                    if fnode is None and fn.rstrip("_0123456789") in ops._IDENTITY:
+                    if fnode is None and fn.rstrip("_0123456789") in ops.IDENTITY_OPS:
                         continue      # a no-op export elides on real tensors (contiguous)
                     if fnode is None:
                         raise NotImplementedError(f"layer {name}: folded node {fn} is not in "
@@ -343,9 +326,9 @@ class Executor:
                 ctx.weight_name = mapping.get("weight")
                 ctx.bias_name = mapping.get("bias")
                 if layer.op == "pool":
-                    ctx.pool_opts = ops._pool_options(ctx)
+                    ctx.pool_opts = ops.pool_options(ctx)
                 if layer.op == "adaptive_pool":
-                    ctx.adaptive_kind = ops._adaptive_kind(ctx)
+                    ctx.adaptive_kind = ops.adaptive_kind(ctx)
                 st.ctx = ctx
         # backward pieces: for each producer, every consumer's pieces in consumer order
         for name in order:
@@ -663,7 +646,7 @@ class Executor:
         return b
 
     def _check_fault(self, where: str):
-        from .worker import inject_fault           # the one fault hook of both executors
+        from explorer.engine.runtime.faults import inject_fault   # the one hook of all executors
         inject_fault(self.fault, self.rank, self.step_no, where)
 
     # ------------------------------------------------------------------------------------
@@ -671,7 +654,7 @@ class Executor:
     # ------------------------------------------------------------------------------------
     def step(self, check: bool = False):
         """One forward/backward/sync/SGD step of the train-mode graph under
-        :class:`~explorer.engine.capture.deterministic` numerics (dropout the identity,
+        :class:`~explorer.engine.core.capture.deterministic` numerics (dropout the identity,
         BatchNorm with running statistics), as :func:`.reference.reference_step` computes it.
         See :meth:`_step`."""
         with deterministic(running_stats=True):

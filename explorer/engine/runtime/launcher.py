@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ...errors import ExplorerError, InfeasiblePlan
+from explorer.errors import ExplorerError, InfeasiblePlan
 
 
 class RunFailed(ExplorerError):
@@ -58,8 +58,8 @@ def validate(plan_dict: dict, expect: dict | None = None, check_local: bool = Tr
     its ``graph_digest`` (when it has one) must be that of the graph the plan's model, batch
     and model arguments give now.
     """
-    from ..capture_cache import layer_graph
-    from ..plan import Plan
+    from explorer.engine.core.capture_cache import layer_graph
+    from explorer.engine.layerwise.plan import Plan
     if not isinstance(plan_dict, dict):
         raise InfeasiblePlan("a plan must be a JSON object written by `explorer search --json`")
     try:
@@ -95,7 +95,7 @@ def validate(plan_dict: dict, expect: dict | None = None, check_local: bool = Tr
             f"{' ...' if len(missing) > 4 else ''} and unknown layers {extra[:4]}"
             f"{' ...' if len(extra) > 4 else ''}")
     if plan.graph_digest:
-        from ..graph import graph_digest
+        from explorer.engine.core.layergraph import graph_digest
         now = graph_digest(graph)
         if now != plan.graph_digest:
             raise InfeasiblePlan(
@@ -105,7 +105,7 @@ def validate(plan_dict: dict, expect: dict | None = None, check_local: bool = Tr
                 f"changed): search the plan again")
     for la in plan.layers:
         layer = graph.layer(la.name)
-        from ..geometry import REDUCE, reduction_size
+        from explorer.engine.core.geometry import REDUCE, reduction_size
         red = reduction_size(layer)
         for k, v in la.config.degrees:
             if k == REDUCE and red is not None:          # row-parallel matrix product
@@ -195,7 +195,7 @@ def start_workers(n: int, entry, payload, *, timeout_s: float, backend: str = "a
     """
     import torch.multiprocessing as mp
 
-    from .worker import process_main
+    from explorer.engine.runtime.worker import process_main
     backend = choose_backend(n, backend)
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
@@ -293,7 +293,7 @@ def launch_many(plans: list, steps: int = 20, warmup: int = 5, timeout_s: float 
              "seed": seed, "fault": fault, "tol": tol, "sync": sync, "reference": reference,
              "dump": None if dump is None else (dump if len(plans) == 1 else f"{dump}.{i}")}
             for i, p in enumerate(plans)]
-    from .worker import run_jobs
+    from explorer.engine.runtime.worker import run_jobs
     got = start_workers(n, run_jobs, jobs, timeout_s=timeout_s, progress=progress,
                         jobs=len(plans))
     out = []
@@ -305,7 +305,7 @@ def launch_many(plans: list, steps: int = 20, warmup: int = 5, timeout_s: float 
         res["launch_time_s"] = got.elapsed_s
         res["pids"] = got.pids
         if store:
-            from .store import RunStore, run_key
+            from explorer.engine.runtime.store import RunStore, run_key
             RunStore().add_safely(run_key(pl), res)
         out.append(res)
     return out

@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import threading
 
-from ...errors import InfeasiblePlan
+from explorer.errors import InfeasiblePlan
 
 GiB = 1024 ** 3
 #: RLIMIT_DATA's headroom over the limit: thread stacks and allocator arenas the process

@@ -19,7 +19,7 @@ tile-local); the run lists such targets (``fallback_ops``).
 So the run moves exactly the bytes the plan predicts (checked), each worker's peak memory is
 measured (its live tiles and the operator in flight's buffers, per storage) next to the
 plan's, and the loss and every updated parameter are compared with a single-device run of the
-same step.  Both trace the model in train mode (:mod:`explorer.engine.capture`, with the
+same step.  Both trace the model in train mode (:mod:`explorer.engine.core.capture`, with the
 model file's ``loss(output)`` when it has one) and compute under its deterministic numerics
 (dropout the identity, BatchNorm with batch statistics); a step that still draws random
 numbers is refused.  A device placement is the special case where every box is a whole
@@ -36,15 +36,15 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from ...errors import InfeasiblePlan
-from ..geometry import TensorLayout
-from ..geometry import common as _inter, inside as _inside, to_slices as _sl
-from ..opgraph import TorchValue
-from .launcher import RunFailed
+from explorer.errors import InfeasiblePlan
+from explorer.engine.core.geometry import TensorLayout
+from explorer.engine.core.geometry import common as _inter, inside as _inside, to_slices as _sl
+from explorer.engine.core.opgraph import TorchValue
+from explorer.engine.runtime.launcher import RunFailed
 
 __all__ = ["run_layout", "run_layouts", "run_placement", "placement_xplan", "placement_comm_bytes"]
 
-#: random ops :class:`~explorer.engine.capture.deterministic` cannot make the identity
+#: random ops :class:`~explorer.engine.core.capture.deterministic` cannot make the identity
 #: (it makes ``native_dropout`` and the ``bernoulli_`` mask a dropout traces to the identity)
 _NOT_DETERMINISTIC = {"rand_like", "randn_like"}
 
@@ -54,7 +54,7 @@ def _flat(t):
     return t.reshape(1) if t.dim() == 0 else t
 
 
-class _Worker:
+class TileWorker:
     """One worker's tiles: ``tiles[t] = (box, tensor)`` - the box of ``t`` it holds (global
     coordinates) and a tensor of just that box's shape.  Bytes are accounted per storage (a
     view of a tile costs nothing); ``peak_bytes`` is the largest sum over the step of the live
@@ -199,7 +199,7 @@ class _Worker:
         own_box, own = self.tiles[t]
         if _inside(need, own_box):
             return self.shaped(t, _flat(own)[_sl(need, own_box)])     # a view: no copy
-        buf = torch.full(_extent(need), fill, dtype=dtype)
+        buf = torch.full(box_extent(need), fill, dtype=dtype)
         if cache:
             for (tt, bb), data in self.received.items():
                 if tt == t:
@@ -249,7 +249,7 @@ class _Worker:
                     continue             # the receiver computed it, or another sender sends it
                 taken.append(piece)
                 transfers.append((src, dst, piece, None))
-        dtype = result.dtype if result is not None else _dtype(self.g.tensors[t],
+        dtype = result.dtype if result is not None else torch_dtype(self.g.tensors[t],
                                                                     self.float_dtype)
         if coll is not None and reducer == "sum" and result is not None:
             if copies and rep[self.rank] != self.rank:
@@ -261,7 +261,7 @@ class _Worker:
                 np.array_equal(out[self.rank], me):
             return result                 # computed exactly what this worker holds
         fill = float("-inf") if reducer == "max" else 0.0
-        acc = torch.full(_extent(me), fill if reducer else 0.0, dtype=dtype)
+        acc = torch.full(box_extent(me), fill if reducer else 0.0, dtype=dtype)
         own = _inter(out[self.rank], me) if result is not None else None
         if own is not None:
             acc[_sl(own, me)] = _flat(result)[_sl(own, out[self.rank])]
@@ -283,7 +283,7 @@ class _Worker:
         group, axis, members = coll
         for src, dst, piece, _ in transfers:
             if src == self.rank:
-                self.sent += int(np.prod(_extent(piece))) * \
+                self.sent += int(np.prod(box_extent(piece))) * \
                     (4 if result.is_floating_point() else result.element_size())
         self.collectives += 1
         if axis is None:
@@ -331,7 +331,7 @@ class _Worker:
                 v = self.fetch(u, self.x["held"][p], 0.0)
                 box = self.x["held"][p][self.rank]
                 self.hold(p, box, v if v is not None else
-                          torch.zeros(_extent(box), dtype=self.tiles[u][1].dtype))
+                          torch.zeros(box_extent(box), dtype=self.tiles[u][1].dtype))
             else:
                 v = self.whole(u)
                 box = self.x["held"][p][self.rank] if p in self.x["held"] else _full(v)
@@ -340,8 +340,8 @@ class _Worker:
 
     def step(self):
         """One traced step from the held placeholders, in the reference's numerics (dropout
-        the identity, BatchNorm with batch statistics: :mod:`explorer.engine.capture`)."""
-        from ..capture import deterministic
+        the identity, BatchNorm with batch statistics: :mod:`explorer.engine.core.capture`)."""
+        from explorer.engine.core.capture import deterministic
         with deterministic(running_stats=False):
             return self._step()
 
@@ -356,13 +356,13 @@ class _Worker:
         by_node: dict = {}
         for o in g.ops.values():
             by_node.setdefault(o.node, []).append(o)
-        from ..opgraph import _DROP, _target
+        from explorer.engine.core.opgraph import DROPPED, aten_name
         alias: dict = {}
         for n in gm.graph.nodes:
             if n.op != "call_function" or n.target is operator.getitem:
                 continue
-            name = _target(n)
-            if name in _DROP and n.args and isinstance(n.args[0], torch.fx.Node):
+            name = aten_name(n)
+            if name in DROPPED and n.args and isinstance(n.args[0], torch.fx.Node):
                 alias[n.name] = n.args[0].name
             if name in _NOT_DETERMINISTIC:
                 raise InfeasiblePlan(f"op {n.name} (aten.{name}) draws random numbers: the "
@@ -461,7 +461,7 @@ class _Worker:
     def compute(self, n, o, bufs, sub, out_box, ten, fill, shape_of):
         """Operator ``o``'s output tile on region tiles (:mod:`.tiles`); an op without a tile
         rule runs on full-size buffers of its regions (``fill`` outside) and is cut to the box."""
-        from . import tiles
+        from explorer.engine.runtime import tiles
         args = sub(o.args, bufs, n.args)
         kwargs = {k: sub(v, bufs, n.kwargs.get(k)) for k, v in o.kwargs.items()}
         tile_of = (lambda v: shape_of.get(id(v), (None, None)))
@@ -546,7 +546,7 @@ class _Worker:
         got = self.exchange(transfers, lambda i, box: _flat(val))
         self.extra += self.sent - before
         if _inter(boxes[self.rank], boxes[self.rank]) is not None:
-            _flat(out)[_sl(boxes[self.rank])] = _flat(val).reshape(_extent(boxes[self.rank]))
+            _flat(out)[_sl(boxes[self.rank])] = _flat(val).reshape(box_extent(boxes[self.rank]))
         for i, data in got.items():
             _flat(out)[_sl(transfers[i][2])] = data
         return out
@@ -567,7 +567,7 @@ def substitute(g, a, bufs, tile, fa=None):
     return a
 
 
-def _extent(box) -> tuple:
+def box_extent(box) -> tuple:
     return tuple(int(b - a) for a, b in np.asarray(box))
 
 
@@ -576,7 +576,7 @@ def _full(v):
     return np.array([[0, s] for s in v.shape] or [[0, 1]], dtype=np.int64)
 
 
-def _dtype(ten, floating=torch.float64):
+def torch_dtype(ten, floating=torch.float64):
     """The run's dtype of a tensor of the trace (floating point runs in ``floating``)."""
     dt = getattr(torch, ten.dtype, None)
     return floating if not isinstance(dt, torch.dtype) or dt.is_floating_point else dt
@@ -622,7 +622,7 @@ def make_groups(g, xplan, world):
         t = g.ops[o].output if o in g.ops else None
         if t is None or t not in xplan["held"]:
             continue
-        got = _pattern(info["out"], xplan["held"][t], world)
+        got = fill_pattern(info["out"], xplan["held"][t], world)
         if got is not None:
             plans[t] = got
             for members, _ in got:
@@ -642,7 +642,7 @@ def _member(members) -> bool:
     return dist.get_rank() in members
 
 
-def _pattern(out, held, world):
+def fill_pattern(out, held, world):
     """[(members, axis)] when the split sum of boxes ``out`` into ``held`` is one collective per
     group of workers computing the same box (see :func:`make_groups`), else None."""
     groups: dict = {}
@@ -683,8 +683,8 @@ def _constant(gm, node):
     """The tensor constant an fx argument refers to (``get_attr``, possibly through dropped
     aliases such as ``lift_fresh_copy``: an empty key cache of a Hugging Face model), else
     None."""
-    from ..opgraph import _DROP, _target
-    while node.op == "call_function" and _target(node) in _DROP and node.args and \
+    from explorer.engine.core.opgraph import DROPPED, aten_name
+    while node.op == "call_function" and aten_name(node) in DROPPED and node.args and \
             isinstance(node.args[0], torch.fx.Node):
         node = node.args[0]
     return getattr(gm, node.target) if node.op == "get_attr" else None
@@ -693,8 +693,8 @@ def _constant(gm, node):
 def _build(spec, batch, model_args, seed, lr, dtype=torch.float64):
     """The real model and input (seeded: every worker and the reference get the same), in
     float64 by default so that a wrong region shows as a large error, not as rounding."""
-    from ..capture import load, loss_function
-    from ..opgraph import build_from_module
+    from explorer.engine.core.capture import load, loss_function
+    from explorer.engine.core.opgraph import build_from_module
     torch.manual_seed(seed)
     model, x = load(spec, batch, model_args, meta=False)          # train mode
     if dtype is not None:
@@ -734,8 +734,7 @@ def _op_plan(rank, world, job, send):
     dtype = getattr(torch, str(job.get("dtype") or TIMED_DTYPE))
     steps = max(1, int(job.get("steps", 1)))
     check = bool(job.get("check", True))
-    from .executor import parse_fault
-    from .worker import FAULT_ENV
+    from explorer.engine.runtime.faults import FAULT_ENV, parse_fault
     fault = parse_fault(job.get("fault") or os.environ.get(FAULT_ENV))
     groups = None
     timed = got = None
@@ -765,7 +764,7 @@ def _op_plan(rank, world, job, send):
         for t, v in tval.items():
             h = xplan["held"].get(t)
             if h is not None and torch.is_tensor(v):
-                dbg[t] = (h[rank], v.detach().reshape(_extent(h[rank])).numpy())
+                dbg[t] = (h[rank], v.detach().reshape(box_extent(h[rank])).numpy())
         send("result", "debug", dbg)
     if rank == 0:
         send("result", "main", {"loss": None if loss is None else float(loss),
@@ -799,9 +798,9 @@ def _op_pass(rank, world, job, dtype, steps, fault, groups, mem_scale):
     """``steps`` steps of the layout with floating point in ``dtype`` (see :func:`_op_entry`);
     the memory guard, when there is one, counts them at ``mem_scale`` × the limit (float64
     doubles every floating-point tensor the plan counts at 4 bytes)."""
-    from ..opgraph import opgraph_digest
-    from .memlimit import arm, disarm
-    from .worker import inject_fault
+    from explorer.engine.core.opgraph import opgraph_digest
+    from explorer.engine.runtime.memlimit import arm, disarm
+    from explorer.engine.runtime.faults import inject_fault
     g, params, buffers, x = _build(job["spec"], job["batch"], job["model_args"],
                                    job["seed"], job["lr"], dtype=dtype)
     if opgraph_digest(g) != job["digest"]:
@@ -810,7 +809,7 @@ def _op_pass(rank, world, job, dtype, steps, fault, groups, mem_scale):
     xplan = job["xplan"]
     if groups is None:
         groups = make_groups(g, xplan, world) if job.get("collectives", True) else {}
-    w = _Worker(rank, world, g, xplan, job["timeout_s"], groups)
+    w = TileWorker(rank, world, g, xplan, job["timeout_s"], groups)
     w.float_dtype = dtype
     w.load(params, buffers, x)
     del params, buffers, x            # the worker keeps its boxes only
@@ -851,7 +850,7 @@ def _op_pass(rank, world, job, dtype, steps, fault, groups, mem_scale):
 
 
 def _mean_profile(profs: list) -> dict:
-    """The timing hooks' per-target seconds (:meth:`_Worker._profiled`) per step, averaged
+    """The timing hooks' per-target seconds (:meth:`TileWorker._profiled`) per step, averaged
     over the steps after the first (the warm-up) when there are more."""
     use = profs[1:] if len(profs) > 1 else profs
     out: dict = {}
@@ -871,7 +870,7 @@ def run_layout(spec: str, batch: int | None, model_args: dict | None, xplan: dic
     """Run an execution layout (a Tofu plan's, or :func:`placement_xplan` of a placement) on
     ``xplan["workers"]`` gloo CPU processes and compare with one device.
 
-    ``digest`` is the plan's :func:`~explorer.engine.opgraph.opgraph_digest`: every worker
+    ``digest`` is the plan's :func:`~explorer.engine.core.opgraph.opgraph_digest`: every worker
     refuses a trace that differs.  Returns ``reference_ok`` / ``reference`` (the loss and every
     updated parameter against the float64 single-device step, :mod:`.reference`),
     ``max_rel_error``, ``loss`` / ``reference_loss``, ``measured_comm_bytes`` (bytes the
@@ -912,10 +911,10 @@ def run_layouts(layouts: list, *, steps: int = 1, seed: int = 0, lr: float = 0.0
     one after the other (how the tests run every example's plans), the reference computed
     once per model.  One result dict per layout, as :func:`run_layout`'s.  ``memory_limit``
     guards a launch of one plan only."""
-    from .launcher import start_workers
+    from explorer.engine.runtime.launcher import start_workers
     if dtype not in ("float32", "float64"):
         raise InfeasiblePlan(f"the timed steps compute in float32 or float64, not {dtype!r}")
-    from .reference import compare
+    from explorer.engine.runtime.reference import compare
     if not layouts:
         return []
     counts = {int(lay["xplan"]["workers"]) for lay in layouts}
@@ -974,7 +973,7 @@ def _reference(plan, seed, lr, steps, train):
 
 
 def _reference_steps(plan, seed, lr, steps, train):
-    from .reference import traced_step
+    from explorer.engine.runtime.reference import traced_step
     g, params, buffers, x = _build(plan["spec"], plan["batch"], plan["model_args"], seed, lr)
     ref = traced_step(g, params, buffers, x)
     for _ in range(max(1, int(steps)) - 1 if train else 0):
@@ -1112,8 +1111,8 @@ def run_placement(spec: str, batch: int | None, model_args: dict | None, names, 
     ``predicted_comm_bytes`` (the simulator's rule, :func:`placement_comm_bytes`; the compiled
     programs move less when a device computes a multi-output call whose other output it
     holds, instead of receiving that output)."""
-    from ..capture_cache import op_graph
-    from ..opgraph import opgraph_digest
+    from explorer.engine.core.capture_cache import op_graph
+    from explorer.engine.core.opgraph import opgraph_digest
     if executor not in ("compiled", "interpreted"):
         raise InfeasiblePlan(f"executor must be compiled or interpreted, not {executor!r}")
     if g is None:
@@ -1125,7 +1124,7 @@ def run_placement(spec: str, batch: int | None, model_args: dict | None, names, 
                              f"{spec} ({len(missing)} missing): was it made for another model "
                              f"or batch?")
     if executor == "compiled":
-        from .compiled import run_compiled
+        from explorer.engine.runtime.compiled import run_compiled
         out = run_compiled(spec, batch, model_args, names, placement, workers, g=g,
                            digest=opgraph_digest(g), steps=steps, warmup=warmup, seed=seed,
                            lr=lr, timeout_s=timeout_s, tol=tol, fault=fault, check=check,

@@ -1,6 +1,6 @@
 """Exact local computation of one layer's output box from the input regions geometry gives.
 
-For every layer op of :mod:`explorer.engine.geometry` there is a rule that, given the regions
+For every layer op of :mod:`explorer.engine.core.geometry` there is a rule that, given the regions
 of the op's inputs a device fetched (boxes from :func:`geometry.input_regions`), its weight
 shards (boxes from :func:`geometry.param_shards`) and its output box, computes exactly that
 box of the single-device result:
@@ -43,9 +43,9 @@ import torch.fx
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .. import geometry as G
-from ..geometry.regions import _broadcast_region
-from ..importer import _IDENTITY, _target_name
+from explorer.engine.core import geometry as G
+from explorer.engine.core.geometry.regions import broadcast_region
+from explorer.engine.core.importer import IDENTITY_OPS, target_name
 
 _BN = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
 _PASS_MODULES = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout,
@@ -248,7 +248,7 @@ def _conv_transpose(ctx, ins, in_boxes, out_box):
     return y
 
 
-def _pool_options(ctx) -> dict:
+def pool_options(ctx) -> dict:
     node = ctx.node
     if node.op == "call_module":
         m = ctx.module()
@@ -256,7 +256,7 @@ def _pool_options(ctx) -> dict:
                 "count_include_pad": bool(getattr(m, "count_include_pad", True)),
                 "divisor_override": getattr(m, "divisor_override", None),
                 "return_indices": bool(getattr(m, "return_indices", False))}
-    name = _target_name(node, ctx.gm)
+    name = target_name(node, ctx.gm)
     if "max" in name:
         order = ["input", "kernel_size", "stride", "padding", "dilation", "ceil_mode",
                  "return_indices"]
@@ -306,10 +306,10 @@ def _pool(ctx, ins, in_boxes, out_box):
     return _AVGPOOL[nsp](x, k, s, common, False, True)
 
 
-def _adaptive_kind(ctx) -> str:
+def adaptive_kind(ctx) -> str:
     if ctx.node.op == "call_module":
         return "max" if "Max" in type(ctx.module()).__name__ else "avg"
-    return "max" if "max" in _target_name(ctx.node, ctx.gm) else "avg"
+    return "max" if "max" in target_name(ctx.node, ctx.gm) else "avg"
 
 
 _ADAPT = {("avg", 1): F.adaptive_avg_pool1d, ("avg", 2): F.adaptive_avg_pool2d,
@@ -494,7 +494,7 @@ def _param(ctx, ins, in_boxes, out_box):
     else:                               # a constant the tracer made (fx's _tensor_constant0)
         t = operator.attrgetter(qual)(ctx.gm)
     full = tuple(ctx.tensors[qual].shape) if qual in ctx.tensors else tuple(t.shape)
-    need = _broadcast_region(out_box, full)
+    need = broadcast_region(out_box, full)
     have = ctx.shard_boxes.get(qual)
     have = np.array([(0, s) for s in full]) if have is None else have
     t = t[tuple(slice(int(n0 - h0), int(n1 - h0)) for (n0, n1), (h0, _) in zip(need, have))]
@@ -640,7 +640,7 @@ def is_const(ctx, node) -> bool:
             memo[n] = False                     # e.g. an embedding applied to position ids
             todo.pop()
             continue
-        meta_only = _target_name(n, ctx.gm) in _META_READS
+        meta_only = target_name(n, ctx.gm) in _META_READS
         deps = [a for a in n.all_input_nodes if not meta_only]
         pending = [a for a in deps if a not in memo]
         if pending:
@@ -689,7 +689,7 @@ def const_value(ctx, node):
                                           f"from parameter {n.target}")
             cache[n] = v
             return v
-        name = _target_name(n, ctx.gm)
+        name = target_name(n, ctx.gm)
         mo = name in _META_READS
         args = torch.fx.node.map_arg(n.args, lambda a: ev(a, mo))
         kwargs = torch.fx.node.map_arg(n.kwargs, lambda a: ev(a, mo))
@@ -806,8 +806,8 @@ def _compile_one(ctx, node, out_box, nd, chain_names):
             raise NotImplementedError(f"{ctx.where}: folded module {node.target} "
                                       f"({type(mod).__name__}) has parameters and no rule")
         return mod
-    name = _target_name(node, ctx.gm)
-    if name in _IDENTITY or "dropout" in name or name == "expand":
+    name = target_name(node, ctx.gm)
+    if name in IDENTITY_OPS or "dropout" in name or name == "expand":
         return None
     if name in ("batch_norm",):
         names = ["input", "running_mean", "running_var", "weight", "bias", "training",

@@ -7,7 +7,7 @@ The rest of this note is about the layer executor.
 
 Both sides train the same model from the same seeded weights on the same input, in **train
 mode** (the graph the search captured: train-only branches included) with **deterministic
-numerics** (:class:`explorer.engine.capture.deterministic`): dropout is the identity and
+numerics** (:class:`explorer.engine.core.capture.deterministic`): dropout is the identity and
 BatchNorm normalises with its running statistics (which therefore do not change), because
 random masks cannot agree across processes, and batch statistics would make every sample
 depend on the whole batch, which a sample-split plan could only reproduce with an extra
@@ -16,7 +16,7 @@ all-reduce the cost model does not know about.  Gradients are computed and one S
 runs the traced step with dropout the identity too, but keeps BatchNorm's batch statistics
 (Tofu partitions that reduction exactly).
 
-Loss: :func:`explorer.engine.capture.loss_of` - ``Σ mean(o²)`` over every floating-point
+Loss: :func:`explorer.engine.core.capture.loss_of` - ``Σ mean(o²)`` over every floating-point
 output leaf (tuple, dict, ``ModelOutput``), or the model file's own ``loss(output)``.
 
 Precision: the distributed run computes in float32.  The reference is the same model, input
@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import torch
 
-from ..capture import deterministic, loss_of
+from explorer.engine.core.capture import deterministic, loss_of
 
 DEFAULT_TOL = 1e-4
 #: Gradients are compared relative to max(max|ref grad|, GRAD_FLOOR · largest gradient of the
@@ -89,7 +89,7 @@ def reference_step(model, x, lr: float, dtype=torch.float64, loss_fn=None):
 
 def traced_step(g, params, buffers, x):
     """``(loss, params_after, None)`` of the traced training step of an operator graph
-    (:func:`explorer.engine.opgraph.trace_step`: the step Tofu partitions and Celeritas
+    (:func:`explorer.engine.core.opgraph.trace_step`: the step Tofu partitions and Celeritas
     places, in the precision ``params`` and ``x`` have) run whole on this process - the
     reference of the operator-level executor.  Gradients are not returned: that executor
     brings back the loss and the updated parameters only."""

@@ -53,7 +53,7 @@ def format_report(res: dict, top: int = 12) -> str:
 
 
 def format_run(res: dict) -> str:
-    """The report of a :func:`~explorer.engine.runtime.run.run_document` result, by kind."""
+    """The report of a :func:`~explorer.engine.runtime.dispatch.run_document` result, by kind."""
     if res.get("kind", "layerwise") == "layerwise":
         return format_report(res)
     n = res.get("devices") or res.get("workers")

@@ -1,7 +1,7 @@
 """Measured compute of an operator-level plan: every operator rehearsed at its shard shapes,
 the way a worker runs it.
 
-A Tofu worker runs each operator as :meth:`.opexec._Worker.run_op`: it assembles the input
+A Tofu worker runs each operator as :meth:`.opexec.TileWorker.run_op`: it assembles the input
 regions the plan gives it (its own tile, pieces from peers), computes the output box on them
 (:mod:`.tiles`: tile rule, halo padding, or a fallback on full-size buffers) and combines
 what it sends and receives - in lockstep with the others, so an operator's step lasts as long
@@ -13,11 +13,11 @@ buffer of its shape, a collective keeps its local part) - the plan's communicati
 covers it - and the rest is timed in the timed steps' dtype, one thread, under the run's
 deterministic numerics; the median of ``reps`` runs (one when it takes ``LONG_S`` or more)
 after ``warmup`` on this thread's CPU
-clock (as :func:`explorer.engine.profile.step_op_times`: a busy shared machine does not
+clock (as :func:`explorer.engine.core.profile.step_op_times`: a busy shared machine does not
 charge an operator for other processes' time).  Times are cached in the profile database per
 (operator call, the op's boxes on every worker, worker, dtype, and the code that runs it: a
 digest of this module, :mod:`.opexec` and :mod:`.tiles` with torch's version, so a changed
-tile rule is rehearsed afresh) (:func:`explorer.engine.profile.shard_cache`), so equal layers
+tile rule is rehearsed afresh) (:func:`explorer.engine.core.profile.shard_cache`), so equal layers
 and the next run cost nothing.
 
 :func:`predict_step` then runs the step as the executor does (:func:`simulate_step`): each
@@ -41,8 +41,8 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import torch
 
-from .. import profile
-from .opexec import _Worker, _dtype, _extent, _pattern, substitute
+from explorer.engine.core import profile
+from explorer.engine.runtime.opexec import TileWorker, torch_dtype, box_extent, fill_pattern, substitute
 
 __all__ = ["shard_seconds", "predict_step", "simulate_step", "exchange_phases", "comm_costs",
            "share_factor"]
@@ -53,7 +53,7 @@ __all__ = ["shard_seconds", "predict_step", "simulate_step", "exchange_phases", 
 LONG_S = 0.25
 
 
-class _Rehearsal(_Worker):
+class _Rehearsal(TileWorker):
     """A worker without peers (see the module): ``exchanges`` counts the calls that would
     have moved something to or from it."""
 
@@ -69,7 +69,7 @@ class _Rehearsal(_Worker):
                 source(i, box).contiguous()
                 mine = True
             elif dst == self.rank:
-                got[i] = torch.zeros(_extent(box), dtype=dtype)
+                got[i] = torch.zeros(box_extent(box), dtype=dtype)
                 mine = True
         self.exchanges += mine
         return got
@@ -90,7 +90,7 @@ def _groups(g, xplan, rank, world) -> dict:
         if info.get("reducer") != "sum" or o not in g.ops:
             continue
         t = g.ops[o].output
-        got = _pattern(info["out"], xplan["held"][t], world) if t in xplan["held"] else None
+        got = fill_pattern(info["out"], xplan["held"][t], world) if t in xplan["held"] else None
         for members, axis in got or ():
             if rank in members:
                 out[("op", t)] = (None, axis, members)
@@ -117,7 +117,7 @@ def _code() -> str:
     """What a shard's time depends on besides its call: the code that runs it and torch."""
     from pathlib import Path
 
-    from ..capture_cache import files_digest
+    from explorer.engine.core.capture_cache import files_digest
     here = Path(__file__).parent
     return files_digest([here / f for f in ("shardtime.py", "opexec.py", "tiles.py")]
                          )[:16] + "/" + torch.__version__
@@ -146,7 +146,7 @@ def _random(ten, box, dtype, gen, g=None):
     a view) is a view with the same strides - a matrix product reading it runs another
     kernel than on a contiguous copy (LSTM's ``mm`` 1.4× slower)."""
     dt = getattr(torch, ten.dtype, None)
-    ext = _extent(box)
+    ext = box_extent(box)
     if not isinstance(dt, torch.dtype) or dt.is_floating_point:
         perm = _view_perm(g, ten, len(ext))
         if perm is None:
@@ -185,7 +185,7 @@ def shard_seconds(g, xplan: dict, dtype: str = "float32", device_kind: str = "cp
     operator ``names[i]`` short of the wire, ``exchanges[i, w]`` the transfers it takes part
     in (as the module says; cached); ``info = {"measured": shards rehearsed now, "cached":
     shards from the cache, "seconds": time spent}``."""
-    from ..capture import deterministic
+    from explorer.engine.core.capture import deterministic
     K = int(xplan["workers"])
     fdt = getattr(torch, dtype)
     ops = list(g.ops.values())
@@ -201,7 +201,7 @@ def shard_seconds(g, xplan: dict, dtype: str = "float32", device_kind: str = "cp
         progress(f"rehearsing {len(todo)} operator shards of {g.model} ({dtype})")
     fresh = {}
     if todo:
-        from ..opgraph import with_step
+        from explorer.engine.core.opgraph import with_step
         g = with_step(g)               # the traced step (a cached graph holds none)
         node = {n.name: n for n in g.gm.graph.nodes}
         per = [[s for s in todo if work[s][1] == w] for w in range(K)]
@@ -282,7 +282,7 @@ class _Dry(_Rehearsal):
     def exchange(self, transfers, source):
         self.phases.append(("x", [(int(s), int(d), _nbytes(box, dt))
                                   for s, d, box, dt in transfers]))
-        return {i: torch.zeros(_extent(box), dtype=dt)
+        return {i: torch.zeros(box_extent(box), dtype=dt)
                 for i, (s, d, box, dt) in enumerate(transfers) if d == self.rank}
 
     def collective(self, coll, transfers, result, box, me):
@@ -292,11 +292,11 @@ class _Dry(_Rehearsal):
         return super().collective(coll, transfers, result, box, me)
 
     def compute(self, n, o, bufs, sub, out_box, ten, fill, shape_of):
-        return torch.zeros(_extent(out_box), dtype=_dtype(ten, self.float_dtype))
+        return torch.zeros(box_extent(out_box), dtype=torch_dtype(ten, self.float_dtype))
 
 
 def _nbytes(box, dtype) -> int:
-    return int(np.prod(_extent(box))) * torch.empty((), dtype=dtype).element_size()
+    return int(np.prod(box_extent(box))) * torch.empty((), dtype=dtype).element_size()
 
 
 _PHASES: dict = {}                     # an op's rehearsal signature -> its exchanges
@@ -312,8 +312,8 @@ def exchange_phases(g, xplan: dict, dtype: str = "float32") -> list:
     out = [[(0, [])] * K for _ in g.ops]
     if K < 2:
         return out
-    from ..capture import deterministic
-    from ..opgraph import with_step
+    from explorer.engine.core.capture import deterministic
+    from explorer.engine.core.opgraph import with_step
     gs = None
     for w in range(K):
         groups = _groups(g, xplan, w, K)
@@ -333,7 +333,7 @@ def exchange_phases(g, xplan: dict, dtype: str = "float32") -> list:
                         np.array([[0, s] for s in ten.shape] or [[0, 1]])
                     dt = getattr(torch, ten.dtype, None)
                     dt = fdt if not isinstance(dt, torch.dtype) or dt.is_floating_point else dt
-                    dry.tiles[t] = (np.asarray(box), dry.shaped(t, torch.zeros(_extent(box),
+                    dry.tiles[t] = (np.asarray(box), dry.shaped(t, torch.zeros(box_extent(box),
                                                                                dtype=dt)))
 
                 def sub(a, bufs, fa=None, dry=dry):

@@ -1,7 +1,7 @@
 """Measured runs in SQLite (``$EXPLORER_HOME/runs.sqlite``), keyed by the plan's digest.
 
 A row per run: when, model, algo, devices, the plan digest (same as the plan history's
-:func:`explorer.engine.history.digest`, so a run can be matched to a saved plan), predicted
+:func:`explorer.engine.core.history.digest`, so a run can be matched to a saved plan), predicted
 and measured step time, the reference verdict, the full result JSON and the plan JSON (the
 key, :func:`run_key`).
 
@@ -19,8 +19,8 @@ import sqlite3
 import time
 from pathlib import Path
 
-from ..plandoc import dumps
-from ..storage import home, transaction
+from explorer.engine.core.plandoc import dumps
+from explorer.engine.core.storage import home, transaction
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -58,7 +58,7 @@ def tofu_key(doc: dict) -> dict:
     model, batch, arguments and operator graph; algorithm, pins, device preset and worker
     count (the search is deterministic given these); the partition it found (factors and
     their levels), each worker's memory capacity and the digest of the cluster's link
-    parameters (``info["links_digest"]``, :meth:`~explorer.engine.devices.DeviceGraph.
+    parameters (``info["links_digest"]``, :meth:`~explorer.engine.core.devices.DeviceGraph.
     links_digest`: bandwidth and latency of every pair) - which tell two ``custom`` clusters
     of the same size apart.  Timings do not count."""
     info = doc.get("info") or {}
@@ -90,7 +90,7 @@ def legacy_keys(doc: dict) -> list:
     """The keys earlier versions of :func:`run_key` gave this plan document, newest first:
     a Tofu plan's first and second formats (:func:`_tofu_key_v1`, :func:`_tofu_key_v2`), a
     placement's without its preset and device count.  A layer-wise plan's key never changed."""
-    from ..plandoc import kind_of
+    from explorer.engine.core.plandoc import kind_of
     kind = kind_of(doc)
     if kind == "tofu":
         return [_tofu_key_v2(doc), _tofu_key_v1(doc)]
@@ -103,7 +103,7 @@ def legacy_keys(doc: dict) -> list:
 def run_digests(doc: dict) -> list:
     """Digests a plan document's runs are stored under: its :func:`run_key`'s, then those of
     its :func:`legacy_keys` (runs stored before the key last changed)."""
-    from ..history import digest
+    from explorer.engine.core.history import digest
     out = [digest(run_key(doc))]
     for key in legacy_keys(doc):
         d = digest(key)
@@ -116,7 +116,7 @@ def run_key(doc: dict) -> dict:
     """What a run is stored under, by plan kind: a placement's :func:`placement_key`; a Tofu
     plan's :func:`tofu_key`; a layer-wise plan itself without its version and checksum (so a
     run of a saved file and of the same plan in the app share a digest)."""
-    from ..plandoc import kind_of
+    from explorer.engine.core.plandoc import kind_of
     kind = kind_of(doc)
     if kind == "placement":
         return placement_key(doc)
@@ -140,7 +140,7 @@ class RunStore:
         return transaction(self.path, schema_sql, self.timeout)
 
     def add(self, plan: dict, result: dict) -> int:
-        from ..history import digest
+        from explorer.engine.core.history import digest
         with self._conn() as c:
             cur = c.execute(
                 "INSERT INTO runs (ts, model, algo, devices, digest, predicted_s, measured_s, "

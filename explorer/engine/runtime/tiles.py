@@ -8,13 +8,13 @@ those region tiles so that its result is exactly the worker's output box:
   a split reduction axis gives partial sums the executor combines), sums and ``amax``, ``t``
   / ``transpose`` / ``permute`` run unchanged on the tiles (``GENERIC``);
 * convolutions and max pooling run on a tile with its halo, padded only at the tensor's true
-  border (:func:`explorer.engine.geometry.window_pads`), their backward ops likewise; a
+  border (:func:`explorer.engine.core.geometry.window_pads`), their backward ops likewise; a
   convolution whose kernel window's reduction is split runs the worker's taps ``[j0, j1)``
   as a convolution of their own (padding ``p − d·j0``); max pooling's indices are
   translated to the whole tensor's positions;
 * a transposed convolution runs on the input rows whose taps reach the box
-  (:func:`~explorer.engine.geometry.transpose_window`) without padding, cut to the box
-  (:func:`~explorer.engine.geometry.transpose_crop`); its input gradient is a convolution
+  (:func:`~explorer.engine.core.geometry.transpose_window`) without padding, cut to the box
+  (:func:`~explorer.engine.core.geometry.transpose_crop`); its input gradient is a convolution
   of the output gradient, its filter gradient a convolution's with the roles swapped;
 * ``tril`` / ``triu`` of a tile at rows ``r0``, columns ``c0`` move the diagonal by
   ``r0 − c0``; ``slice_backward`` places the gradient rows that land in the box;
@@ -34,7 +34,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..geometry import transpose_crop, window_pads
+from explorer.engine.core.geometry import transpose_crop, window_pads
 
 #: aten targets whose result at an index depends only on the inputs at the regions the plan
 #: gives (no position-dependent argument): run unchanged on the tiles
@@ -359,9 +359,9 @@ def _convolution(target, fn, args, kwargs, index, tile_of, out_box, out_shape):
 
 def _conv_transpose(x, w, b, tile_of, out_box, out_shape, s, p, d, groups):
     """Output box of a transposed convolution (weight ``[Cin, Cout/g, k...]``) from the input
-    region its taps reach (:func:`~explorer.engine.geometry.transpose_window`): run without
+    region its taps reach (:func:`~explorer.engine.core.geometry.transpose_window`): run without
     padding on the region, the local result's row ``t`` is output row ``start·s − p + t``;
-    :func:`~explorer.engine.geometry.transpose_crop` cuts the rows outside the box and adds
+    :func:`~explorer.engine.core.geometry.transpose_crop` cuts the rows outside the box and adds
     the box's rows no input of the region reaches (the output padding's tail, the rows
     between strided taps); then the bias.  An empty region: the bias alone."""
     n = len(out_shape) - 2

@@ -1,8 +1,8 @@
 """Edge view ops applied *forward*: from a region of the producer's tensor to the consumer's view.
 
-An :class:`~explorer.engine.graph.Edge` lists its view ops (``reshape``, ``permute``,
+An :class:`~explorer.engine.core.layergraph.Edge` lists its view ops (``reshape``, ``permute``,
 ``select``, ``slice``, ``item``) from the consumer side back to the producer, and
-:func:`explorer.engine.geometry.apply_transforms` maps a box the consumer needs back onto the
+:func:`explorer.engine.core.geometry.apply_transforms` maps a box the consumer needs back onto the
 producer's output.  The runtime holds a *region* of the producer's output (the box geometry
 asked for) and must turn it into exactly the box of the consumer's input the op reads.
 
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .. import geometry as G
+from explorer.engine.core import geometry as G
 
 
 @dataclass

@@ -40,11 +40,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-FAULT_ENV = "EXPLORER_RUNTIME_FAULT"
+from explorer.engine.runtime.faults import FAULT_ENV, WorkerError, inject_fault  # noqa: F401 - re-exported
 
-
-class WorkerError(RuntimeError):
-    """A failure inside a worker, with where it happened."""
 
 
 def _barrier(world):
@@ -54,9 +51,10 @@ def _barrier(world):
 
 def run_job(job: dict, rank: int, world: int, device: str = "cpu", progress=None):
     """Run one job on this rank; rank 0 returns the result dict, other ranks ``None``."""
-    from ..plan import Plan
-    from .executor import PHASES, Executor, parse_fault
-    from .reference import compare, reference_step
+    from explorer.engine.layerwise.plan import Plan
+    from explorer.engine.runtime.executor import PHASES, Executor
+    from explorer.engine.runtime.faults import parse_fault
+    from explorer.engine.runtime.reference import compare, reference_step
 
     t_start = time.perf_counter()
     plan = Plan.from_dict(job["plan"])
@@ -297,7 +295,7 @@ def process_main(rank, world, addr, port, backend, timeout_s, entry, payload, qu
     ``send(kind, key, value)`` reports to the launcher (``"result"``, ``"progress"``).  Ends by
     reporting ``done``, or the error, after which the process exits at once.
     ``memory_limit`` (bytes): a :class:`.memlimit.MemoryGuard` the entry arms once set up."""
-    from . import memlimit
+    from explorer.engine.runtime import memlimit
     _set_pdeathsig()
     os.environ.update({"MASTER_ADDR": addr, "MASTER_PORT": str(port), "RANK": str(rank),
                        "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank)})
@@ -337,26 +335,6 @@ def run_jobs(rank, world, device, jobs, send):
             send("result", i, res)
 
 
-def inject_fault(fault, rank: int, step: int, where: str) -> None:
-    """Test hook: act out ``fault`` = ``(rank, step, mode)`` (:func:`executor.parse_fault`)
-    when this is that rank and step - raise, exit with code 3, hang, or allocate (and touch)
-    256 MiB more, 16 MiB at a time, for a moment (a step over ``--memory-per-worker``)."""
-    if fault is None or fault[0] != rank or fault[1] != step:
-        return
-    if fault[2] == "alloc":
-        extra = []
-        for _ in range(16):
-            extra.append(torch.ones(2 * 1024 ** 2, dtype=torch.float64))
-            time.sleep(0.02)           # the memory guard looks every few milliseconds
-        del extra
-        return
-    if fault[2] == "exit":
-        os._exit(3)
-    if fault[2] == "hang":
-        time.sleep(10 ** 6)
-    raise WorkerError(f"injected fault on rank {rank} at step {step} ({where})")
-
-
 def report_and_exit(queue, rank: int, exc: BaseException) -> None:
     """Send ``exc`` to the launcher (flushing the queue) and end this worker at once: a
     worker that failed mid-step must not wait in a collective its peers never reach."""
@@ -374,79 +352,3 @@ def destroy_group() -> None:
             dist.destroy_process_group()
         except Exception:  # noqa: BLE001
             pass
-
-
-# --------------------------------------------------------------------------------------------
-# torchrun / command line
-# --------------------------------------------------------------------------------------------
-
-
-def _parser():
-    p = argparse.ArgumentParser(prog="python -m explorer.engine.runtime.worker",
-                                description="run a saved plan (under torchrun: as one rank)")
-    p.add_argument("plan", help="PLAN.json written by `explorer search --out`")
-    p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--warmup", type=int, default=5)
-    p.add_argument("--timeout", type=float, default=600.0)
-    p.add_argument("--lr", type=float, default=0.01)
-    p.add_argument("--no-check", action="store_true", help="skip the reference check")
-    p.add_argument("--json", action="store_true")
-    p.add_argument("--out", help="write the result JSON here (rank 0)")
-    return p
-
-
-def main(argv=None) -> int:
-    args = _parser().parse_args(argv)
-    from ...errors import ExplorerError
-    from .report import format_run
-    try:
-        from .run import read_document
-        doc = read_document(args.plan)
-        if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
-            from .run import run_document
-            res = run_document(doc, steps=args.steps, warmup=args.warmup,
-                               timeout_s=args.timeout, check=not args.no_check)
-        else:
-            res = _torchrun_rank(doc, args)
-            if res is None:
-                return 0
-    except ExplorerError as exc:
-        rank = os.environ.get("RANK")
-        print(f"error{'' if rank is None else f' (rank {rank})'}: {exc}", file=sys.stderr)
-        return 2
-    if args.out:
-        with open(args.out, "w") as fh:
-            json.dump(res, fh, indent=2)
-    print(json.dumps(res, indent=2) if args.json else format_run(res))
-    return 0 if res.get("reference_ok") in (True, None) else 1
-
-
-def _torchrun_rank(doc: dict, args):
-    """This process as one rank of a layer-wise plan under torchrun (rendezvous, ranks and
-    world size from its environment); rank 0 returns the result, the others ``None``."""
-    from ...errors import InfeasiblePlan
-    from ..plandoc import open_document
-    from .launcher import validate
-    if open_document(doc) != "layerwise":
-        raise InfeasiblePlan("under torchrun the worker runs layer-wise plans; run Tofu plans "
-                             "and placements with `explorer run`")
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    local = int(os.environ.get("LOCAL_RANK", rank))
-    plan_dict = doc
-    validate(plan_dict, {"devices": world}, check_local=False)
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
-    device = join_group(rank, world, backend, args.timeout, local)
-    try:
-        job = {"plan": plan_dict, "steps": args.steps, "warmup": args.warmup,
-               "check": not args.no_check, "lr": args.lr}
-        res = run_job(job, rank, world, device)
-    finally:
-        destroy_group()
-    if res is not None:
-        res["kind"] = "layerwise"
-    return res
-
-
-if __name__ == "__main__":
-    sys.exit(main())
-

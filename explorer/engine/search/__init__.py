@@ -7,7 +7,7 @@ benchmarks list and call methods only through :data:`METHODS` and :func:`run`.
 
 Example::
 
-    >>> from explorer.engine.devices import preset
+    >>> from explorer.engine.core.devices import preset
     >>> from explorer.engine.search import METHODS, names, run
     >>> from explorer.engine.search.problem import Problem
     >>> names("layerwise")
@@ -22,9 +22,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-from .options import (CeleritasOptions, ClassicOptions, ExhaustiveOptions, MegatronOptions,
-                      OptCNNOptions, PlacementOptions, TofuOptions, make)
-from .problem import Problem
+from explorer.engine.search.options import (
+    CeleritasOptions,
+    ClassicOptions,
+    ExhaustiveOptions,
+    MegatronOptions,
+    OptCNNOptions,
+    PlacementOptions,
+    TofuOptions,
+    make,
+)
+from explorer.engine.search.problem import Problem
 
 # ``Result`` and ``FAMILIES`` (from .result, which imports numpy and the cost model) load on
 # first use, so listing the registry (``explorer --help``) imports neither.
@@ -114,7 +122,7 @@ _register("single", "placement", "every operator on device 0", PlacementOptions,
 
 def __getattr__(name: str):
     if name in ("Result", "FAMILIES"):
-        from . import result
+        from explorer.engine.search import result
         return getattr(result, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
@@ -155,11 +163,11 @@ def describe(family: str | None = None) -> dict:
 
 def run(name: str, problem: Problem, pins=None, options=None, progress=None) -> Result:
     """Run method ``name`` on ``problem`` honouring ``pins`` (strings or
-    :class:`~explorer.engine.pins.Pin`); ``options`` a dict or the method's dataclass.
+    :class:`~explorer.engine.core.pins.Pin`); ``options`` a dict or the method's dataclass.
 
     Every pin is checked against the method's family first: a family that cannot honour a
-    pin says exactly why (:func:`explorer.engine.pins.check`)."""
-    from ..pins import check
+    pin says exactly why (:func:`explorer.engine.core.pins.check`)."""
+    from explorer.engine.core.pins import check
     method = get(name)
     opts = method.options(options)
     parsed = check(pins, method.family)

@@ -19,7 +19,7 @@ class Problem:
     """A model (``model`` spec, ``batch``, ``model_args``) on ``devices`` (a DeviceGraph).
 
     ``cost`` ("analytic" | "measured"), ``sync`` ("ps" | "ring") and ``degrees`` (the degrees a
-    layer's dimensions may take, :func:`~explorer.engine.geometry.degree_values`) configure
+    layer's dimensions may take, :func:`~explorer.engine.core.geometry.degree_values`) configure
     the layer-wise cost model; ``cost="measured"`` also gives the placers each operator's time
     measured on this machine (``local`` preset, after ``explorer calibrate``).
     ``layer_graph``/``cost_model``/``opgraph``/``placement_graphs`` may be given prebuilt;
@@ -59,7 +59,7 @@ class Problem:
     @classmethod
     def of(cls, graph, devices, cost_model=None) -> "Problem":
         """A problem around a prebuilt capture (layer graph, operator graph or placer graph)."""
-        from ..placement.graph import PlacementGraph
+        from explorer.engine.placement.placement_graph import PlacementGraph
         if isinstance(graph, PlacementGraph):
             return cls(devices, placement_graphs={None: graph})
         if hasattr(graph, "tensors") and hasattr(graph, "ops"):
@@ -76,7 +76,7 @@ class Problem:
         """The layer graph (OptCNN's layers), captured on first use."""
         if self.layer_graph_ is None:
             def build():                 # torch is imported only when nothing is cached
-                from ..importer import import_spec
+                from explorer.engine.core.importer import import_spec
                 return import_spec(self._spec(), self.batch, dict(self.model_args))
             self.layer_graph_ = self._build("layer_graph", build)
         return self.layer_graph_
@@ -84,7 +84,7 @@ class Problem:
     def cost_model(self):
         """The layer-wise cost model of the layer graph on the devices."""
         if self.cost_model_ is None:
-            from ..costmodel import CostModel
+            from explorer.engine.layerwise.costmodel import CostModel
             self.cost_model_ = self._build(
                 "cost_model", lambda: CostModel(self.layer_graph(), self.devices,
                                                 compute=self.cost, sync=self.sync,
@@ -95,7 +95,7 @@ class Problem:
         """The joint forward+backward operator graph (Tofu and the placers)."""
         if self.opgraph_ is None:
             def build():
-                from ..opgraph import build_opgraph
+                from explorer.engine.core.opgraph import build_opgraph
                 return build_opgraph(self._spec(), self.batch, dict(self.model_args))
             self.opgraph_ = self._build("opgraph", build)
         return self.opgraph_
@@ -108,7 +108,7 @@ class Problem:
         if None in self.placement_graphs:                 # a prebuilt placer graph
             out = self.placement_graphs[None].with_capacity(memory_per_device)
         else:
-            from ..placement.estimate import from_opgraph, measured_times
+            from explorer.engine.placement.estimate import from_opgraph, measured_times
 
             def make(cap):
                 og = self.opgraph()

@@ -11,13 +11,9 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-import numpy as np
+from explorer.engine.core.plandoc import VERSION, dumps, schema_of, seal
 
-from ..costmodel import CostTables
-from ..plan import LayerAssignment, Plan, layer_content_key, memory_per_device
-from ..plandoc import VERSION, dumps, schema_of, seal
-
-__all__ = ["Result", "FAMILIES", "layerwise_result"]
+__all__ = ["Result", "FAMILIES"]
 
 #: method families and the plan kind each produces
 FAMILIES = {"layerwise": "layerwise", "tofu": "tofu", "placement": "placement"}
@@ -33,7 +29,7 @@ class Result:
     placements), ``predicted_step_time_s``, ``search_time_s``, ``memory_per_device_bytes``,
     ``comm_bytes`` (bytes communicated per step), ``fits_memory``, ``pins`` (as written),
     ``trace`` (the steps the app replays) and ``info``.  ``plan`` is the family's plan object
-    (:class:`~explorer.engine.plan.Plan`, :class:`~explorer.engine.search.tofu.TofuPlan`,
+    (:class:`~explorer.engine.layerwise.plan.Plan`, :class:`~explorer.engine.tofu.search.TofuPlan`,
     :class:`~explorer.engine.placement.result.PlacementPlan`); ``tables`` and ``choice`` are
     the layer-wise cost tables and chosen candidate per layer (``--dump-costs``)."""
 
@@ -54,7 +50,7 @@ class Result:
     pins: list = field(default_factory=list)
     trace: list = field(default_factory=list)
     info: dict = field(default_factory=dict)
-    tables: CostTables | None = None
+    tables: object = None              # layer-wise: the CostTables (``--dump-costs``)
     choice: dict | None = None
     #: the graph the plan was made on, or a function returning it (built when first saved)
     capture: object = field(default=None, repr=False)
@@ -95,50 +91,27 @@ class Result:
         graph is refused before launch); a Tofu plan adds its execution ``layout`` - every
         tensor's box per worker, every operator's output box, input regions and reduction."""
         doc = self.to_dict()
-        if self.family in ("tofu", "placement"):
+        if getattr(self.plan, "operator_level", False):
             if self.capture is None:
                 raise ValueError(f"this {self.algo} result was made on a prebuilt placer "
                                  f"graph without its operator graph: it cannot be saved to run")
-            from ..opgraph import opgraph_digest
+            from explorer.engine.core.opgraph import opgraph_digest
             if callable(self.capture):
                 self.capture = self.capture()
             doc["opgraph_digest"] = opgraph_digest(self.capture)
-        if self.family == "tofu":
-            from ..geometry import ExecutionLayout
-            from .tofu import execution_plan
-            g = self.capture
-            plan = execution_plan(self.plan, g)
-            doc["layout"] = ExecutionLayout.from_plan(
-                plan, {t: g.tensors[t].shape for t in plan["held"]}).to_json()
+        doc.update(self.plan.document_fields(self.capture))
         return seal(doc, self.kind)
 
     def layouts(self, problem) -> dict:
         """How every tensor of the plan lives on the devices, in the one vocabulary of
-        :class:`~explorer.engine.geometry.TensorLayout` (the box each device holds):
+        :class:`~explorer.engine.core.geometry.TensorLayout` (the box each device holds):
 
         * layer-wise: each layer's output under its configuration (keyed by layer name);
         * Tofu: every partitioned tensor's tile per worker (keyed by tensor id);
         * placement: each operator's output whole on its device (keyed by tensor id).
 
         ``problem`` supplies the capture the plan was made on."""
-        from ..geometry import TensorLayout
-        n = int(self.devices)
-        if self.family == "layerwise":
-            g = problem.layer_graph()
-            return {la.name: TensorLayout.from_config(g.layer(la.name), la.config, n)
-                    for la in self.plan.layers}
-        og = problem.opgraph()
-        if self.family == "tofu":
-            held = self.plan.state.held
-            return {t: TensorLayout.from_boxes(og.tensors[t].shape, held[t])
-                    for t in self.plan.tilings}
-        where = dict(zip(self.plan.names, self.plan.placement.tolist()))
-        out = {}
-        for op in og.ops.values():
-            if op.name in where:
-                out[op.output] = TensorLayout.whole_on(og.tensors[op.output].shape,
-                                                       where[op.name], n)
-        return out
+        return self.plan.layouts(problem, int(self.devices))
 
     def summary(self) -> dict:
         """The common fields of a comparison row (``peak_bytes``: the largest device's)."""
@@ -147,67 +120,3 @@ class Result:
                 "search_time_s": self.search_time_s, "comm_bytes": self.comm_bytes,
                 "peak_bytes": max(self.memory_per_device_bytes, default=0.0),
                 "fits_memory": self.fits_memory}
-
-
-def layerwise_result(algo, graph, devices, cost_model, tables: CostTables, choice: dict, trace,
-                     info, elapsed_s: float, pins=None) -> Result:
-    """A layer-wise :class:`Result`: the :class:`Plan` for ``choice`` (objective,
-    breakdown, memory, bytes moved)."""
-    bd = tables.breakdown(choice)
-    layers = []
-    for n in tables.names:
-        i = choice[n]
-        layers.append(LayerAssignment(n, graph.layer(n).op, tables.candidates[n][i],
-                                      float(tables.t_compute[n][i]), float(tables.t_sync[n][i]),
-                                      float(tables.memory[n][i]), tables.reduce_time(n, i)))
-    mem = memory_per_device(graph, tables, choice, devices.n, cost_model.dtype_bytes)
-    xfer_bytes = sum(float(nb[choice[e.src], choice[e.dst]])
-                     for (e, _), nb in zip(tables.edges, tables.bytes_xfer))
-    sync_bytes = _sync_bytes(graph, tables, choice, cost_model)
-    reduce_bytes = sum(float(nb[choice[n]]) for n, nb in tables.bytes_reduce.items())
-    info = dict(info)
-    info.update({"compute_cost": cost_model.compute, "sync": cost_model.sync,
-                 "degrees": list(getattr(cost_model, "degrees", ())),
-                 "estimate": dict(tables.estimate),
-                 "tables_time_s": tables.build_time_s,
-                 "profile_time_s": getattr(cost_model, "profile_time_s", 0.0),
-                 "layers": len(tables.names), "edges": len(tables.edges),
-                 "candidates_per_layer": {
-                     "max": max(len(c) for c in tables.candidates.values()),
-                     "mean": float(np.mean([len(c) for c in tables.candidates.values()]))},
-                 "transfer_bytes": xfer_bytes, "sync_bytes": sync_bytes,
-                 "reduce_bytes": reduce_bytes,
-                 "fits_memory": bool(all(mem[d] <= devices.devices[d].memory
-                                         for d in range(devices.n)))})
-    edges = [{"src": e.src, "dst": e.dst, "index": e.index,
-              "t_xfer_s": float(m[choice[e.src], choice[e.dst]]),
-              "bytes": float(nb[choice[e.src], choice[e.dst]])}
-             for (e, m), nb in zip(tables.edges, tables.bytes_xfer)]
-    objective = tables.objective(choice)
-    # profiling a new device is reported apart (info.profile_time_s), not as search time
-    search_s = max(elapsed_s - info["profile_time_s"], 0.0)
-    plan = Plan(graph.model, getattr(graph, "spec", graph.model), graph.batch, algo, devices.name,
-                devices.n, layers, objective, objective, search_s, bd,
-                xfer_bytes + sync_bytes + reduce_bytes, mem.tolist(), dict(getattr(graph, "model_args", {})),
-                [p.text() for p in (pins or [])], info, edges)
-    from ..graph import graph_digest
-    plan.graph_digest = graph_digest(graph)
-    return Result(algo, "layerwise", plan.model, plan.batch, plan.model_args, devices.name,
-                  devices.n, objective, objective, search_s, mem.tolist(), plan.comm_bytes,
-                  info["fits_memory"], plan, plan.pins, list(trace), info, tables, dict(choice))
-
-
-def _sync_bytes(graph, tables, choice, cost_model) -> float:
-    """Bytes moved by parameter synchronisation (both directions) under ``choice``."""
-    from .. import geometry as G
-    total = 0.0
-    seen: dict = {}         # repeated blocks under the same configuration: computed once
-    for n in tables.names:
-        cfg = tables.candidates[n][choice[n]]
-        key = (layer_content_key(graph.layer(n)), cfg)
-        if key not in seen:
-            _, _, groups = G.shard_summary(graph.layer(n), cfg)
-            seen[key] = sum(2.0 * (len(members) - 1) * elems * cost_model.dtype_bytes
-                            for elems, members in groups if len(members) > 1)
-        total += seen[key]
-    return total

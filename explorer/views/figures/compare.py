@@ -17,7 +17,7 @@ import textwrap
 
 import plotly.graph_objects as go
 
-from .. import palette as P
+from explorer.views import palette as P
 
 # what each strategy is, then the name the engine and ``explorer search --algo`` use
 LABELS = {"data": "data parallel", "model": "model parallel", "owt": "one weird trick",

@@ -6,7 +6,7 @@ from __future__ import annotations
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from .. import palette as P
+from explorer.views import palette as P
 
 MB = 1e6
 #: legend under the plot, for figures whose subplot titles sit where a top legend would

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
-from .. import fmt
-from .. import palette as P
-from .run import series_figure
+from explorer.views import fmt
+from explorer.views import palette as P
+from explorer.views.figures.run import series_figure
 
 #: above this many operators the Gantt chart draws one bar per run of a cluster on a device
 MAX_GANTT_BARS = 4000

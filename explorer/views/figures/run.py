@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
-from .. import palette as P
+from explorer.views import palette as P
 
 
 def layers_figure(res: dict, top: int = 25) -> go.Figure:

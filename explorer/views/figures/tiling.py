@@ -36,8 +36,8 @@ import math
 import numpy as np
 import plotly.graph_objects as go
 
-from ...engine import geometry as G
-from .. import palette as P
+from explorer.engine.core import geometry as G
+from explorer.views import palette as P
 
 # --------------------------------------------------------------------------------------------
 # Colours (one palette for the whole app)

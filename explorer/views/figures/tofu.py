@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
-from .. import fmt
-from .. import palette as P
+from explorer.views import fmt
+from explorer.views import palette as P
 
 
 def compare_figure(cmp: dict) -> go.Figure:

@@ -12,8 +12,8 @@ from __future__ import annotations
 import dash
 from dash import Input, Output, State, ctx, dcc, html
 
-from .. import ids
-from . import celeritas, optcnn, tofu
+from explorer.views import ids
+from explorer.views.learn import celeritas, optcnn, tofu
 
 PATH = "/learn"
 MODULES = (optcnn, tofu, celeritas)

@@ -7,13 +7,22 @@ from __future__ import annotations
 import dash
 from dash import Input, Output, html
 
-from ... import service as session
-from ...errors import ExplorerError
-from .. import ids
-from ..figures import learn as LF
-from ..figures.compare import message_figure
-from . import paper
-from .common import choice, control, explorer_href, fmt_time, frame, graph, number, table
+from explorer import service as session
+from explorer.errors import ExplorerError
+from explorer.views import ids
+from explorer.views.figures import learn as LF
+from explorer.views.figures.compare import message_figure
+from explorer.views.learn import paper
+from explorer.views.learn.common import (
+    choice,
+    control,
+    explorer_href,
+    fmt_time,
+    frame,
+    graph,
+    number,
+    table,
+)
 
 K = "celeritas-"
 SCENARIOS = {"orders": "Celeritas Fig. 3: orders and fusion",

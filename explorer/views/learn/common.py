@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dash import dcc, html
 
-from .. import ids, state
-from ..figures.compare import message_figure
+from explorer.views import ids, state
+from explorer.views.figures.compare import message_figure
 
 
 def table(header: tuple, rows: list, class_name: str = "learn-table") -> html.Table:

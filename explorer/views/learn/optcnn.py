@@ -7,15 +7,24 @@ from __future__ import annotations
 import dash
 from dash import Input, Output, dcc, html
 
-from ... import service as session
-from ...errors import ExplorerError
-from .. import ids
-from ..figures import compare as CF
-from ..figures import learn as LF
-from ..figures.compare import message_figure
-from . import paper
-from .common import (choice, control, explorer_href, fmt_bytes, fmt_time, frame, graph,
-                     number, table)
+from explorer import service as session
+from explorer.errors import ExplorerError
+from explorer.views import ids
+from explorer.views.figures import compare as CF
+from explorer.views.figures import learn as LF
+from explorer.views.figures.compare import message_figure
+from explorer.views.learn import paper
+from explorer.views.learn.common import (
+    choice,
+    control,
+    explorer_href,
+    fmt_bytes,
+    fmt_time,
+    frame,
+    graph,
+    number,
+    table,
+)
 
 SCENARIOS = {"dims": "OptCNN Fig. 1–4: hidden dimensions",
              "dense": "OptCNN §3: one dense layer",

@@ -7,14 +7,24 @@ from __future__ import annotations
 import dash
 from dash import Input, Output, html
 
-from ... import service as session
-from ...errors import ExplorerError
-from .. import ids
-from ..figures import learn as LF
-from ..figures.compare import message_figure
-from ..tofu import strip_view
-from . import paper
-from .common import choice, control, explorer_href, fmt_bytes, fmt_time, frame, graph, number, table
+from explorer import service as session
+from explorer.errors import ExplorerError
+from explorer.views import ids
+from explorer.views.figures import learn as LF
+from explorer.views.figures.compare import message_figure
+from explorer.views.tofu import strip_view
+from explorer.views.learn import paper
+from explorer.views.learn.common import (
+    choice,
+    control,
+    explorer_href,
+    fmt_bytes,
+    fmt_time,
+    frame,
+    graph,
+    number,
+    table,
+)
 
 K = "tofu-"
 SCENARIOS = {"conv1d": "Tofu Fig. 1–3: conv1d in TDL", "algos": "Tofu Fig. 10–11"}

@@ -1,0 +1,488 @@
+"""One capture of a model, shared by search, profiling and run.
+
+Every path that looks at a model - the layer importer (search, costs, profiling), the operator
+graph (Tofu, Celeritas), the layer-wise executor and the reference check - loads it with
+:func:`load` and traces it with :func:`capture` (or, for the operator graph, ``make_fx`` over
+the same loaded model), always in **train mode**: a model whose ``forward`` depends on
+``self.training`` (BERT's train-only ``contiguous`` after attention, dropout) gives the
+same graph to the search and to the workers.
+
+Numerics (the rule the runtime and its reference check share):
+
+* the layer-wise executor and :func:`~explorer.engine.runtime.reference.reference_step`
+  compute the train-mode graph under :func:`deterministic` with ``running_stats=True``:
+  dropout (functional, module or attention's ``dropout_p``) is the identity and BatchNorm
+  normalises with its running statistics (which do not update) - a sample-split plan would
+  otherwise need an all-reduce of batch statistics the cost model does not know about, and
+  random masks cannot match across processes;
+* the operator-level executor and its reference (:func:`~explorer.engine.runtime.reference.
+  traced_step`) run the traced step under :func:`deterministic` with ``running_stats=False``:
+  dropout is the identity, BatchNorm keeps batch statistics (Tofu describes that reduction).
+
+Loss (:func:`loss_of`): ``Σ mean(o²)`` over every floating-point leaf of the output (a tensor,
+tuple, list, dict or Hugging Face ``ModelOutput``), unless the model file defines a
+module-level ``loss(output)``, which is then used instead (:func:`loss_function`).
+
+Errors name the user's source line (:func:`user_line`): a data-dependent op (``nonzero``,
+``masked_select``, ``unique``, ``.item()``, boolean-mask indexing) is refused in one line
+naming the op and ``file:line: code`` of the model.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import io
+import operator
+import re
+import sys
+import sysconfig
+from pathlib import Path
+
+import torch
+import torch.fx
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+from torch.utils._pytree import tree_leaves
+
+from explorer.errors import UnsupportedModel
+
+__all__ = ["load", "capture", "deterministic", "float_leaves", "loss_of", "loss_function",
+           "DETERMINISTIC_ATEN", "parameter_count", "user_line", "DataDependent", "DATA_DEPENDENT",
+           "check_data_dependent"]
+
+
+class DataDependent(UnsupportedModel):
+    """The model computes a shape (or control flow) from tensor values: no plan can be made."""
+
+
+#: ops whose output shape (or a Python value) depends on tensor values
+DATA_DEPENDENT = {"nonzero", "argwhere", "masked_select", "unique", "unique_consecutive",
+                  "_unique", "_unique2", "unique_dim", "item", "_local_scalar_dense", "tolist",
+                  "bincount", "histc", "masked_scatter", "nonzero_numpy"}
+
+
+# --------------------------------------------------------------------------------------------
+# Loading and tracing
+# --------------------------------------------------------------------------------------------
+
+
+def load(spec: str, batch: int | None = None, model_args: dict | None = None,
+         meta: bool = True):
+    """``(model, example_input)`` of ``spec`` in train mode (see the module note)."""
+    from explorer.engine.core.models import load_model
+    model, x = load_model(spec, batch, model_args, meta=meta)
+    model.train()
+    return model, x
+
+
+def _shape_prop(gm, x):
+    """Shapes on every node (``ShapeProp``; fake tensors for a real input).  On failure the
+    exception gets ``.node``, the node it failed on; ShapeProp's own traceback print is
+    swallowed (the caller turns the failure into one line)."""
+    from torch.fx.passes.shape_prop import ShapeProp
+    fake = None
+    if x.device.type != "meta":
+        from torch._subclasses.fake_tensor import FakeTensorMode
+        fake = FakeTensorMode(allow_non_fake_inputs=True)
+    sp = ShapeProp(gm, fake_mode=fake)
+    current = []
+    run_node = sp.run_node
+
+    def tracked(n):
+        current[:] = [n]
+        return run_node(n)
+    sp.run_node = tracked
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):
+            sp.propagate(x)
+    except Exception as exc:  # noqa: BLE001 - re-raised, naming the node
+        exc.node = current[0] if current else None
+        raise
+
+
+def _fx_trace(model: nn.Module, name: str, stack_traces: bool = True) -> torch.fx.GraphModule:
+    """``torch.fx.symbolic_trace`` recording each node's source lines (``stack_trace``) unless
+    ``stack_traces`` is false (the first recording in a process costs about a second)."""
+    tracer = torch.fx.Tracer()
+    tracer.record_stack_traces = stack_traces
+    graph = tracer.trace(model)
+    return torch.fx.GraphModule(tracer.root, graph, type(model).__name__)
+
+
+def capture(model: nn.Module, x: torch.Tensor, name: str = "model", stack_traces: bool = True):
+    """Trace ``model`` (put in train mode) on ``x``: ``(GraphModule, source)`` with shapes
+    on every node.
+
+    Tries ``torch.fx`` symbolic tracing first; data-dependent Python control flow and other
+    trace errors fall back to ``torch.export.export``.  A data-dependent op raises
+    :class:`DataDependent` naming it and the user's line; when both tracers fail,
+    :class:`UnsupportedModel` quotes both reasons.  ``stack_traces=False`` leaves the fx
+    nodes without source lines (faster; errors then name no line: the importer traces again
+    with them to report one).
+    """
+    model.train()
+    try:
+        gm = _fx_trace(model, name, stack_traces)
+    except Exception as fx_exc:  # noqa: BLE001
+        return _export(model, x, name, fx_exc)
+    check_data_dependent(gm, name)
+    try:
+        _shape_prop(gm, x)
+    except Exception as exc:  # noqa: BLE001
+        node = getattr(exc, "node", None)
+        if node is not None and node.op == "call_function" and _is_getitem(node) and \
+                data_dependent_error(exc):
+            raise DataDependent(data_dependent_message(name, "boolean-mask indexing", node_line(node)))
+        return _export(model, x, name, exc)
+    return gm, "fx"
+
+
+def _is_getitem(node) -> bool:
+    import operator
+    return node.target is operator.getitem
+
+
+def _register_outputs(model, x) -> bool:
+    """Register with pytree every ``dict`` subclass in the model's output that it does not
+    know (a ``ModelOutput``-like ``OrderedDict`` subclass), so ``torch.export`` can return
+    it; ``True`` if any was registered.  The forward runs on fake (or meta) tensors."""
+    from torch.utils import _pytree as pytree
+    try:
+        if x.device.type == "meta":
+            out = model(x)
+        else:
+            from torch._subclasses.fake_tensor import FakeTensorMode
+            with FakeTensorMode(allow_non_fake_inputs=True):
+                out = model(x)
+    except Exception:  # noqa: BLE001 - the export error will be reported instead
+        return False
+    found = False
+    todo = [out]
+    while todo:
+        o = todo.pop()
+        if isinstance(o, dict):
+            cls = type(o)
+            if cls not in pytree.SUPPORTED_NODES:
+                pytree.register_pytree_node(
+                    cls, lambda d: (list(d.values()), list(d.keys())),
+                    lambda vals, keys, cls=cls: cls(zip(keys, vals)),
+                    serialized_type_name=f"{cls.__module__}.{cls.__qualname__}")
+                found = True
+            todo.extend(o.values())
+        elif isinstance(o, (list, tuple)):
+            todo.extend(o)
+    return found
+
+
+def _export(model, x, name, fx_exc):
+    try:
+        try:
+            ep = torch.export.export(model, (x,))
+        except Exception as first:  # noqa: BLE001
+            if "pytree" not in str(first) or not _register_outputs(model, x):
+                raise
+            ep = torch.export.export(model, (x,))
+    except Exception as ex_exc:  # noqa: BLE001
+        where = user_line(ex_exc)
+        if data_dependent_error(ex_exc) and op_in(where):
+            raise DataDependent(data_dependent_message(name, op_in(where), where)) from None
+        raise UnsupportedModel(
+            f"{name}: torch.fx could not trace the model ({type(fx_exc).__name__}: "
+            f"{_first(fx_exc)}) and torch.export failed too ({type(ex_exc).__name__}: "
+            f"{_first(ex_exc)}){_at(where)}. Make forward() traceable: avoid "
+            f"Python control flow on tensor values") from None
+    gm = ep.module()
+    check_data_dependent(gm, name)
+    return gm, "export"
+
+
+def _first(exc) -> str:
+    s = str(exc).strip()
+    return s.splitlines()[0] if s else ""
+
+
+def _at(where) -> str:
+    return f" at {where}" if where else ""
+
+
+def data_dependent_error(exc) -> bool:
+    """Does ``exc`` (or its cause) come from a value-dependent shape or branch?"""
+    seen = 0
+    while exc is not None and seen < 8:
+        name = type(exc).__name__
+        text = str(exc)
+        if "DataDependent" in name or "data-dependent" in text or "data dependent" in text \
+                or "nonzero" in text or "Unbacked" in name or "unbacked" in text:
+            return True
+        exc = exc.__cause__ or exc.__context__
+        seen += 1
+    return False
+
+
+def op_in(where: str | None) -> str | None:
+    """The data-dependent op named in a source line, if any."""
+    if not where:
+        return None
+    for op in sorted(DATA_DEPENDENT, key=len, reverse=True):
+        if re.search(rf"\b{op}\s*\(", where):
+            return op
+    if re.search(r"\[[^\]]*(>|<|==|!=|mask)[^\]]*\]", where):
+        return "boolean-mask indexing"
+    return None
+
+
+def data_dependent_message(name, op, where) -> str:
+    """One line: the data-dependent op (``None``: a branch or Python value taken from a
+    tensor) and the user's line."""
+    if op is None:
+        return (f"{name}: data-dependent control flow{_at(where)}: a Python branch or value "
+                f"depends on tensor values, which no method can plan for; compute both "
+                f"branches with torch.where or use fixed shapes instead")
+    return (f"{name}: data-dependent op {op!r}{_at(where)}: its result's shape depends on "
+            f"tensor values, which no method can plan for; compute it with fixed shapes "
+            f"(e.g. masks multiplied in, torch.where) instead")
+
+
+def check_data_dependent(gm, name: str = "model") -> None:
+    """Raise :class:`DataDependent` for the first data-dependent op of a traced graph."""
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+    for node in gm.graph.nodes:
+        if node.op not in ("call_function", "call_method"):
+            continue
+        op = target_name(node, gm)
+        if op in DATA_DEPENDENT:
+            raise DataDependent(data_dependent_message(name, op, node_line(node)))
+        val = node.meta.get("val")
+        if val is not None and free_unbacked_symbols(val):    # a size only values decide
+            if op in ("index", "getitem", "index_put", "index_put_"):
+                op = "boolean-mask indexing"
+            raise DataDependent(data_dependent_message(name, op, node_line(node)))
+
+
+# --------------------------------------------------------------------------------------------
+# Deterministic numerics
+# --------------------------------------------------------------------------------------------
+
+_DROPOUT = {"dropout", "dropout_", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout",
+            "alpha_dropout_", "feature_dropout", "feature_dropout_", "feature_alpha_dropout",
+            "feature_alpha_dropout_", "dropout.default", "feature_dropout.default",
+            "alpha_dropout.default"}
+
+
+class deterministic(TorchFunctionMode):
+    """Context: dropout is the identity (``native_dropout`` gives an all-ones mask, its
+    backward no scale; a dropout traced as ``bernoulli_(p)`` then ``div_(p)`` gets the mask
+    ``p``); with ``running_stats`` BatchNorm uses its running statistics and does
+    not update them.  See the module note for who uses which."""
+
+    def __init__(self, running_stats: bool = True):
+        super().__init__()
+        self.running_stats = running_stats
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = dict(kwargs or {})
+        name = getattr(func, "__name__", "")
+        if name in _DROPOUT:
+            return args[0] if args else kwargs["input"]
+        if name == "native_dropout.default":
+            x = args[0]
+            return x.clone(), torch.ones_like(x, dtype=torch.bool)
+        if name == "native_dropout_backward.default":
+            return args[0] * args[1]
+        if name.startswith(("bernoulli_.", "bernoulli.p")) and args:
+            # dropout traced as bernoulli_ + div_ (p kept): the mask's expected value, so
+            # the dropout is the identity here too
+            p = args[1] if len(args) > 1 else kwargs.get("p", 0.5)
+            if isinstance(p, (int, float)):
+                if name.startswith("bernoulli_."):
+                    return args[0].fill_(p)
+                return torch.full_like(args[0], p)
+        if func is F.scaled_dot_product_attention:
+            if len(args) > 4:
+                args = args[:4] + (0.0,) + tuple(args[5:])
+            kwargs["dropout_p"] = 0.0
+        elif self.running_stats and func is F.batch_norm:
+            a = list(args) + [None] * (8 - len(args))
+            names = ("input", "running_mean", "running_var", "weight", "bias", "training",
+                     "momentum", "eps")
+            got = dict(zip(names, a))
+            got.update(kwargs)
+            if got["running_mean"] is not None and got["running_var"] is not None:
+                got["training"] = False
+                got["eps"] = 1e-5 if got["eps"] is None else got["eps"]
+                got["momentum"] = 0.1 if got["momentum"] is None else got["momentum"]
+            return func(**got)
+        return func(*args, **kwargs)
+
+
+def _dropout_identity(x, p=0.5, train=None):
+    """``aten.native_dropout`` in the deterministic numerics: the input and an all-ones mask."""
+    return x.clone(), torch.ones_like(x, dtype=torch.bool)
+
+
+def _dropout_identity_backward(grad, mask, scale=1.0):
+    """``aten.native_dropout_backward`` in the deterministic numerics (no scale)."""
+    return grad * mask
+
+
+#: aten call -> its replacement in the deterministic numerics, for code that runs a traced
+#: step's aten calls directly (no :class:`deterministic` mode and its cost per call): the
+#: placement runtime's compiled programs and the per-operator profile
+DETERMINISTIC_ATEN = {"native_dropout": _dropout_identity,
+                      "native_dropout_backward": _dropout_identity_backward}
+
+
+# --------------------------------------------------------------------------------------------
+# Outputs and the loss
+# --------------------------------------------------------------------------------------------
+
+
+def float_leaves(out) -> list:
+    """Every floating-point tensor of an output (tensor, tuple, list, dict, ``ModelOutput``)."""
+    if isinstance(out, dict) and not type(out).__module__.startswith("builtins"):
+        out = dict(out)             # an OrderedDict subclass pytree may not know: its items
+    return [t for t in tree_leaves(out) if torch.is_tensor(t) and t.is_floating_point()]
+
+
+def loss_of(out, loss_fn=None):
+    """The training loss of a model output: ``loss_fn(out)`` when given, else ``Σ mean(o²)``
+    over :func:`float_leaves`.  Raises :class:`UnsupportedModel` when there is nothing to
+    train on."""
+    if loss_fn is not None:
+        loss = loss_fn(out)
+        if not torch.is_tensor(loss) or loss.numel() != 1:
+            raise UnsupportedModel(f"the model file's loss(output) must return a one-element "
+                                   f"tensor, got {type(loss).__name__}"
+                                   + (f" of shape {tuple(loss.shape)}"
+                                      if torch.is_tensor(loss) else ""))
+        return loss.reshape(())
+    leaves = float_leaves(out)
+    if not leaves:
+        raise UnsupportedModel(f"the model's output ({type(out).__name__}) holds no "
+                               f"floating-point tensor: there is no loss to train")
+    loss = leaves[0].pow(2).mean()
+    for o in leaves[1:]:
+        loss = loss + o.pow(2).mean()
+    return loss
+
+
+def loss_function(spec: str):
+    """The module-level ``loss(output)`` of a ``file.py:function`` model, or ``None``."""
+    if not isinstance(spec, str) or ":" not in spec:
+        return None
+    path, _, func = spec.rpartition(":")
+    p = Path(path)
+    if not p.is_file():
+        return None
+    name = f"_explorer_user_{abs(hash(str(p.resolve())))}"
+    mod = sys.modules.get(name)
+    if mod is None:
+        from explorer.engine.core.models import load_function
+        load_function(path, func)
+        mod = sys.modules.get(name)
+    fn = getattr(mod, "loss", None)
+    return fn if callable(fn) and func != "loss" else None
+
+
+def parameter_count(model: nn.Module, trainable_only: bool = False) -> int:
+    """``sum(p.numel() for p in model.parameters())`` (tied weights once)."""
+    return sum(p.numel() for p in model.parameters() if p.requires_grad or not trainable_only)
+
+
+# --------------------------------------------------------------------------------------------
+# The user's line
+# --------------------------------------------------------------------------------------------
+
+_FRAME = re.compile(r'File "([^"]+)", line (\d+), in [^\n]*\n\s*([^\n]*)')
+
+
+@functools.cache
+def _library_dirs() -> tuple:
+    dirs = [Path(torch.__file__).resolve().parent, Path(__file__).resolve().parents[1]]
+    for key in ("stdlib", "platstdlib"):
+        with contextlib.suppress(KeyError, TypeError):
+            dirs.append(Path(sysconfig.get_paths()[key]).resolve())
+    return tuple(str(d) + "/" for d in dirs)
+
+
+def _is_user(filename: str) -> bool:
+    if filename.startswith("<"):
+        return False
+    try:
+        f = str(Path(filename).resolve())
+    except OSError:
+        f = filename
+    lib = _library_dirs()
+    if any(f.startswith(d) for d in lib):
+        return "site-packages" in f and not f.startswith(lib[0]) and not f.startswith(lib[1])
+    return True
+
+
+def _frames_of(obj) -> list:
+    """``[(file, line, code)]`` from an fx node's stack trace or an exception (its
+    traceback, its message's ``File "...", line N`` quotes, its causes)."""
+    import traceback
+    out = []
+    if isinstance(obj, torch.fx.Node):
+        text = obj.meta.get("stack_trace") or ""
+        return [(f, int(n), c.strip()) for f, n, c in _FRAME.findall(text)]
+    seen = 0
+    exc = obj
+    while isinstance(exc, BaseException) and seen < 8:
+        out += [(f.filename, f.lineno, (f.line or "").strip())
+                for f in traceback.extract_tb(exc.__traceback__)]
+        out += [(f, int(n), c.strip()) for f, n, c in _FRAME.findall(str(exc))]
+        exc = exc.__cause__ or exc.__context__
+        seen += 1
+    return out
+
+
+def user_line(obj) -> str | None:
+    """``file:line: code`` of the innermost frame of the user's code (not torch, not the
+    explorer, not the standard library) in a node's stack trace or an exception."""
+    frames = [fr for fr in _frames_of(obj) if _is_user(fr[0])]
+    if not frames:
+        return None
+    f, n, code = frames[-1]
+    return f"{f}:{n}: {code}" if code else f"{f}:{n}"
+
+
+def node_line(node) -> str | None:
+    """:func:`user_line` of an fx node (``None`` when it has no recorded stack)."""
+    return user_line(node) if isinstance(node, torch.fx.Node) else None
+
+
+@functools.cache
+def _function_names():
+    """Callables of torch, torch.nn.functional, operator and Tensor -> their names (built
+    once per process: a traced call's target is looked up here)."""
+    names = {}
+    for mod in (torch, F, operator, torch.Tensor):
+        for k in dir(mod):
+            try:
+                v = getattr(mod, k)
+            except Exception:  # noqa: BLE001
+                continue
+            if callable(v):
+                try:
+                    names.setdefault(v, k.strip("_") if mod is operator else k)
+                except TypeError:
+                    pass
+    return names
+
+
+def target_name(node, gm) -> str:
+    t = node.target
+    if node.op == "call_method":
+        return t
+    if isinstance(t, torch._ops.OpOverload):
+        return t._schema.name.split("::")[1]
+    if isinstance(t, torch._ops.OpOverloadPacket):
+        return t._qualified_op_name.split("::")[1]
+    try:
+        name = _function_names().get(t)
+    except TypeError:
+        name = None
+    return name or getattr(t, "__name__", str(t))

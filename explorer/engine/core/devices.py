@@ -1,0 +1,330 @@
+"""Device graphs (paper Section 4): devices with their speed and memory, links with bandwidth.
+
+Presets reproduce the papers' hardware from the vendors' published figures:
+
+* ``p100-cluster`` (default): 4-GPU P100 (SXM2) nodes, NVLink inside a node, 100 Gb/s EDR
+  InfiniBand between nodes; as many nodes as the device count needs (OptCNN Section 6).
+* ``p100-nvlink-4``: one such node.  ``p100-ib-16``: 16 P100s on 4 nodes.
+* ``k80-pcie-8``: 8 K80 GPUs (GK210 dies) on PCIe, 21 GB/s peer to peer (Tofu Section 7).
+* ``v100-pcie-4``: 4 V100 PCIe cards of 32 GB on PCIe (Celeritas Section 6.1).
+* ``local``: this machine's CUDA GPUs, or CPU worker processes when there are none.
+
+Custom clusters come from a JSON file (see :func:`from_json`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from explorer.errors import UnknownPreset
+from explorer.engine.core.storage import home
+
+GB = 1e9
+GiB = 1024 ** 3
+
+
+@dataclass(frozen=True)
+class Device:
+    """One device: ``peak_flops`` (FP32 FLOP/s), ``mem_bw`` (bytes/s), ``memory`` (bytes)."""
+
+    name: str
+    kind: str
+    peak_flops: float
+    mem_bw: float
+    memory: float
+    node: int = 0
+
+    def __post_init__(self):
+        for attr in ("peak_flops", "mem_bw", "memory"):
+            if not getattr(self, attr) > 0:
+                raise ValueError(f"device {self.name}: {attr}={getattr(self, attr)} must be > 0")
+
+
+@dataclass
+class DeviceGraph:
+    """Devices plus a bandwidth matrix ``bw[i, j]`` (bytes/s, i→j) and link latency (s).
+
+    ``bw[i, i]`` is infinite (a device never sends to itself).
+
+    >>> d = preset("p100-cluster", 8)
+    >>> d.n, d.bandwidth(0, 1) > d.bandwidth(0, 4)
+    (8, True)
+    """
+
+    name: str
+    devices: list
+    bw: np.ndarray
+    latency: np.ndarray
+    description: str = ""
+    meta: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        n = len(self.devices)
+        if n < 1:
+            raise ValueError("a device graph needs at least one device")
+        self.bw = np.asarray(self.bw, dtype=np.float64)
+        self.latency = np.asarray(self.latency, dtype=np.float64)
+        if self.bw.shape != (n, n) or self.latency.shape != (n, n):
+            raise ValueError(f"bandwidth matrix {self.bw.shape} / latency {self.latency.shape} "
+                             f"must be {n}×{n} for {n} devices")
+        off = ~np.eye(n, dtype=bool)
+        if n > 1 and not (self.bw[off] > 0).all():
+            raise ValueError("every pair of devices needs a positive bandwidth")
+        np.fill_diagonal(self.bw, np.inf)
+        np.fill_diagonal(self.latency, 0.0)
+
+    @property
+    def n(self) -> int:
+        return len(self.devices)
+
+    @property
+    def kind(self) -> str:
+        kinds = sorted({d.kind for d in self.devices})
+        return "+".join(kinds)
+
+    def bandwidth(self, i: int, j: int) -> float:
+        return float(self.bw[i, j])
+
+    def subset(self, n: int) -> "DeviceGraph":
+        """The first ``n`` devices (presets list a node's devices together)."""
+        if n < 1:
+            raise ValueError(f"--devices must be ≥ 1, got {n}")
+        if n > self.n:
+            raise ValueError(f"preset {self.name} has {self.n} devices, {n} were asked for; "
+                             f"use --devices ≤ {self.n} or another preset")
+        return DeviceGraph(self.name, self.devices[:n], self.bw[:n, :n].copy(),
+                           self.latency[:n, :n].copy(), self.description, dict(self.meta))
+
+    def links_digest(self) -> str:
+        """A short digest of the link parameters (bandwidth and latency of every pair): two
+        clusters of the same devices that differ in one link's speed differ here."""
+        import hashlib
+        h = hashlib.sha256()
+        for m in (self.bw, self.latency):
+            a = np.ascontiguousarray(m, dtype=np.float64)
+            h.update(str(a.shape).encode())
+            h.update(a.tobytes())
+        return h.hexdigest()[:16]
+
+    def to_dict(self) -> dict:
+        bw = self.bw.copy()
+        np.fill_diagonal(bw, 0)
+        return {
+            "name": self.name, "description": self.description,
+            "devices": [vars(d) | {} for d in self.devices],
+            "bandwidth": bw.tolist(), "latency": self.latency.tolist(), "meta": self.meta,
+        }
+
+
+def _check_size(n: int) -> None:
+    """Refuse, before anything is built, a device count whose dense link matrices
+    (bandwidth and latency, ``n × n`` float64 each) cannot fit in this machine's memory."""
+    import psutil
+    need = 16.0 * n * n
+    avail = float(psutil.virtual_memory().available)
+    if need > avail:
+        raise ValueError(f"{n} devices need {need / 2**30:.3g} GiB for the device graph's link "
+                         f"matrices but {avail / 2**30:.1f} GiB is available: ask for fewer "
+                         f"devices")
+
+
+def _cluster(name, n, per_node, make_dev, intra_bw, inter_bw, intra_lat, inter_lat, desc):
+    devs = [make_dev(i, i // per_node) for i in range(n)]
+    node = np.array([d.node for d in devs])
+    same = node[:, None] == node[None, :]
+    bw = np.where(same, intra_bw, inter_bw).astype(float)
+    lat = np.where(same, intra_lat, inter_lat).astype(float)
+    return DeviceGraph(name, devs, bw, lat, desc)
+
+
+# Each figure, and where it comes from (the papers give the machine and the memory; the speeds
+# are the vendors' data sheets for that card):
+#  P100 SXM2 (OptCNN Section 6: "four NVIDIA Tesla P100 GPUs" per node, NVLink inside a node,
+#    "100Gb/s EDR Infiniband" between nodes; the paper gives no capacity: the P100 SXM2 has
+#    16 GB): 10.6 TFLOP/s FP32, 732 GB/s HBM2, 16 GB; NVLink 1.0 with 4 links of 20 GB/s per
+#    direction; in a 4-GPU node each pair is joined by one link pair -> 40 GB/s.
+#  K80 (Tofu Section 7: "8 K80 GPUs with 12GB memory each", "PCI-e bus with 21GB/s
+#    peer-to-peer bandwidth"; per GK210 die, boost clock): 4.37 TFLOP/s, 240 GB/s, 12 GB.
+#  V100 PCIe (Celeritas Section 6.1: "4 NVIDIA Tesla V100 GPUs (each has 32GB memory)",
+#    "interconnected via the PCIe bus"): 14 TFLOP/s FP32, 900 GB/s HBM2, 32 GB (the 32 GB
+#    card's 32 GiB); PCIe 3.0 x16 16 GB/s per direction.
+#  EDR InfiniBand 100 Gb/s = 12.5 GB/s.
+def _p100(i, node):
+    return Device(f"p100:{i}", "P100", 10.6e12, 732 * GB, 16 * GiB, node)
+
+
+def _k80(i, node):
+    return Device(f"k80:{i}", "K80", 4.37e12, 240 * GB, 12 * GiB, node)
+
+
+def _v100(i, node):
+    return Device(f"v100:{i}", "V100-PCIe", 14.0e12, 900 * GB, 32 * GiB, node)
+
+
+PRESETS = {
+    "p100-cluster": ("P100 nodes of 4 (NVLink 40 GB/s) over 100 Gb/s InfiniBand; sized to "
+                     "--devices (OptCNN's cluster, default)", None),
+    "p100-nvlink-4": ("one node, 4×P100 SXM2 with NVLink (OptCNN Table 5)", 4),
+    "p100-ib-16": ("16×P100 on 4 nodes, NVLink inside, 100 Gb/s EDR InfiniBand between", 16),
+    "k80-pcie-8": ("8×K80 (GK210) on PCIe, 21 GB/s peer-to-peer (Tofu's machine)", 8),
+    "v100-pcie-4": ("4×V100 PCIe 32 GB, 16 GB/s PCIe 3.0 x16 (Celeritas's machine)", 4),
+    "local": ("this machine: CUDA GPUs, or CPU worker processes when there are none", None),
+}
+
+
+def preset(name: str, n: int | None = None) -> DeviceGraph:
+    """A named preset (or a path to a cluster JSON file), restricted to ``n`` devices."""
+    if name.endswith(".json") or os.path.sep in name:
+        g = from_json(name)
+        return g.subset(n) if n is not None else g
+    if name not in PRESETS:
+        raise UnknownPreset(f"unknown device preset {name!r}: choose one of "
+                            f"{', '.join(PRESETS)} or give a cluster JSON file")
+    if n is not None and n < 1:
+        raise ValueError(f"--devices must be ≥ 1, got {n}")
+    if n is not None:
+        _check_size(n)
+    if name == "p100-cluster":
+        n = 4 if n is None else n
+        nodes = -(-n // 4)
+        g = _cluster("p100-cluster", nodes * 4, 4, _p100, 40 * GB, 12.5 * GB, 5e-6, 10e-6,
+                     PRESETS[name][0])
+        return g.subset(n)
+    if name == "p100-nvlink-4":
+        g = _cluster(name, 4, 4, _p100, 40 * GB, 12.5 * GB, 5e-6, 10e-6, PRESETS[name][0])
+    elif name == "p100-ib-16":
+        g = _cluster(name, 16, 4, _p100, 40 * GB, 12.5 * GB, 5e-6, 10e-6, PRESETS[name][0])
+    elif name == "k80-pcie-8":
+        g = _cluster(name, 8, 8, _k80, 21 * GB, 21 * GB, 10e-6, 10e-6, PRESETS[name][0])
+    elif name == "v100-pcie-4":
+        g = _cluster(name, 4, 4, _v100, 16 * GB, 16 * GB, 10e-6, 10e-6, PRESETS[name][0])
+    else:
+        return local(n)
+    return g.subset(n) if n is not None else g
+
+
+def local(n: int | None = None) -> DeviceGraph:
+    """The local machine: every CUDA GPU, else ``n`` CPU worker processes (default: cores).
+
+    Uses the calibrated figures written by ``explorer calibrate`` when present, otherwise
+    conservative defaults for one CPU core per worker (gloo over loopback, ~9 GB/s measured).
+    """
+    try:
+        import torch
+        ngpu = torch.cuda.device_count()
+    except Exception:  # noqa: BLE001
+        ngpu = 0
+    cal = _calibration()
+    if ngpu:
+        n = ngpu if n is None else n
+        if n > ngpu:
+            raise ValueError(f"{n} devices asked for but this machine has {ngpu} GPUs")
+        import torch
+        devs = []
+        for i in range(n):
+            p = torch.cuda.get_device_properties(i)
+            devs.append(Device(f"cuda:{i}", p.name, cal.get("peak_flops", 10e12),
+                               cal.get("mem_bw", 500 * GB), float(p.total_memory), 0))
+        bw = np.full((n, n), cal.get("link_bw", 10 * GB))
+        return DeviceGraph("local", devs, bw, np.full((n, n), cal.get("latency", 20e-6)),
+                           f"{n} local CUDA GPUs", {"backend": "nccl"})
+    cores = int(cal.get("cores") or 0) or os.cpu_count() or 1   # the workers' cores
+    if n is not None and n < 1:
+        raise ValueError(f"--devices must be ≥ 1, got {n}")
+    n = cores if n is None else n
+    try:
+        total_mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        total_mem = 8 * GiB
+    devs = [Device(f"cpu:{i}", "cpu-worker", cal.get("peak_flops", 30e9),
+                   cal.get("mem_bw", 8 * GB), total_mem / n, 0) for i in range(n)]
+    bw = np.full((n, n), cal.get("link_bw", 4 * GB))
+    lat = np.full((n, n), cal.get("latency", 100e-6))
+    meta = {"backend": "gloo", "cores": cores, "calibrated": bool(cal),
+            "calibrated_at": cal.get("measured_at")}
+    if cal.get("p2p_latency_s") and cal.get("p2p_bw"):
+        # a placement's transfers are single isend/irecv into a posted receive: their own
+        # calibrated latency and bandwidth (``latency`` above is a two-way exchange)
+        meta["p2p"] = {"latency": float(cal["p2p_latency_s"]), "bw": float(cal["p2p_bw"])}
+        if cal.get("p2p_send_s") and cal.get("p2p_send_bw"):    # the sender's isend call
+            meta["p2p"].update(send_s=float(cal["p2p_send_s"]),
+                               send_bw=float(cal["p2p_send_bw"]))
+        if cal.get("p2p_recv_s") and cal.get("p2p_recv_bw"):    # the receiver's calls
+            meta["p2p"].update(recv_s=float(cal["p2p_recv_s"]),
+                               recv_bw=float(cal["p2p_recv_bw"]))
+        if cal.get("p2p_latency_mean_s") and cal.get("p2p_1mb_mean_s"):   # tails included
+            meta["p2p"].update(latency_mean=float(cal["p2p_latency_mean_s"]),
+                               s_1mb_mean=float(cal["p2p_1mb_mean_s"]))
+    if cal.get("allreduce_1k_s") and cal.get("allreduce_big_s") and cal.get("allreduce_big_bytes"):
+        meta["allreduce"] = {"small_s": float(cal["allreduce_1k_s"]),      # 1 KB
+                             "big_s": float(cal["allreduce_big_s"]),
+                             "big_bytes": float(cal["allreduce_big_bytes"])}
+    if n > cores:
+        meta["warning"] = (f"{n} CPU workers on {cores} cores: timings will mean little")
+    return DeviceGraph("local", devs, bw, lat, f"{n} CPU worker processes (gloo)", meta)
+
+
+def _calibration() -> dict:
+    path = home(create=False) / "local.json"
+    if path.is_file():
+        try:
+            return json.loads(path.read_text())
+        except (OSError, ValueError):
+            return {}
+    return {}
+
+
+def from_json(path: str) -> DeviceGraph:
+    """Load a custom cluster from a file (format: :func:`from_dict`)."""
+    p = Path(path)
+    if not p.is_file():
+        raise UnknownPreset(f"cluster file {path!r} not found")
+    try:
+        spec = json.loads(p.read_text())
+    except ValueError as exc:
+        raise UnknownPreset(f"cluster file {path}: not JSON ({exc}); see `explorer presets` "
+                            f"for the format") from None
+    return from_dict(spec, p.stem, f"cluster file {path}")
+
+
+def from_dict(spec: dict, name: str = "custom", where: str = "the cluster") -> DeviceGraph:
+    """A custom cluster from its JSON document.
+
+    Format::
+
+        {"name": "my-box",
+         "devices": [{"name": "gpu0", "kind": "A100", "peak_flops": 19.5e12,
+                      "mem_bw": 1.5e12, "memory": 40e9, "node": 0}, ...],
+         "intra_node_bw": 300e9, "inter_node_bw": 25e9,          # or "bandwidth": [[...]]
+         "latency": 5e-6}                                         # or a matrix
+    """
+    try:
+        devs = [Device(d["name"], d.get("kind", "custom"), float(d["peak_flops"]),
+                       float(d["mem_bw"]), float(d["memory"]), int(d.get("node", 0)))
+                for d in spec["devices"]]
+        n = len(devs)
+        if "bandwidth" in spec:
+            bw = np.asarray(spec["bandwidth"], dtype=float)
+        else:
+            node = np.array([d.node for d in devs])
+            same = node[:, None] == node[None, :]
+            bw = np.where(same, float(spec["intra_node_bw"]),
+                          float(spec.get("inter_node_bw", spec["intra_node_bw"])))
+        lat = spec.get("latency", 10e-6)
+        lat = np.asarray(lat, dtype=float) if isinstance(lat, list) else np.full((n, n), lat)
+        return DeviceGraph(spec.get("name", name), devs, bw, lat,
+                           spec.get("description", f"custom cluster ({name})"))
+    except UnknownPreset:
+        raise
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise UnknownPreset(f"{where}: {type(exc).__name__}: {exc}; see `explorer presets` for "
+                            f"the format") from exc
+
+
+def list_presets() -> list:
+    return [{"name": k, "description": v[0], "devices": v[1]} for k, v in PRESETS.items()]

@@ -1,0 +1,126 @@
+"""Loading a model from its name: a built-in example (``vgg16``), ``path/to/file.py:function``
+(``function()`` returns ``(torch.nn.Module, example_input)``) or ``hf:NAME`` (a Hugging Face
+architecture built from its config).  Every capture starts here; bad names are
+:class:`~explorer.errors.UnknownModel`, builders that fail :class:`~explorer.errors.UnsupportedModel`.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+
+from explorer.engine.core import hf
+from explorer.errors import UnknownModel, UnsupportedModel
+
+__all__ = ["load_model", "load_function", "resize_batch"]
+
+
+def _examples():
+    import example_models
+    return example_models
+
+
+def load_model(spec: str, batch: int | None = None, model_args: dict | None = None,
+               meta: bool = True):
+    """Build ``(module, example_input)`` for an example name, ``file.py:function`` or
+    ``hf:NAME`` (a Hugging Face architecture from its config, see :mod:`.hf`).
+
+    ``meta=True`` builds under ``torch.device("meta")`` (no memory, instant); the runtime
+    passes ``meta=False`` to get real weights.  ``batch`` replaces the input's first dimension.
+    """
+    model_args = dict(model_args or {})
+    ex = _examples()
+    if hf.is_hf(spec):                 # hf:NAME, a Hugging Face architecture
+        name = spec[len(hf.PREFIX):]
+        model, x = _call_builder(lambda: hf.build(name, batch, model_args), meta, spec)
+    elif spec in ex.MODELS:
+        def build():
+            return ex.build(spec, batch=batch, **model_args)
+        model, x = _call_builder(build, meta, spec)
+    elif ":" in spec:
+        path, _, func = spec.rpartition(":")
+        fn = load_function(path, func)
+        try:
+            sig = inspect.signature(fn)
+        except (TypeError, ValueError):
+            sig = None
+        if model_args and sig is not None:
+            unknown = [k for k in model_args if k not in sig.parameters]
+            if unknown and not any(p.kind == p.VAR_KEYWORD for p in sig.parameters.values()):
+                raise UnknownModel(
+                    f"{spec}: {func}() takes no argument(s) {unknown}; it accepts "
+                    f"{list(sig.parameters)}")
+        model, x = _call_builder(lambda: fn(**model_args), meta, spec)
+        if batch is not None and batch != x.shape[0]:
+            x = resize_batch(x, batch)
+    else:
+        raise UnknownModel(
+            f"unknown model {spec!r}: use one of the examples ({', '.join(ex.MODELS)}) or "
+            f"path/to/file.py:function where function() returns (nn.Module, example_input), "
+            f"or hf:NAME for a Hugging Face architecture (hf:gpt2)")
+    return model, x
+
+
+def _call_builder(build, meta, spec):
+    def check(res):
+        if (not isinstance(res, tuple) or len(res) != 2 or not isinstance(res[0], nn.Module)
+                or not isinstance(res[1], torch.Tensor)):
+            raise UnsupportedModel(
+                f"{spec}: the function must return (torch.nn.Module, example_input_tensor), "
+                f"got {type(res).__name__}")
+        return res
+    if meta:
+        try:
+            with torch.device("meta"):
+                return check(build())
+        except (UnknownModel, UnsupportedModel):
+            raise
+        except ValueError:
+            raise
+        except Exception:  # noqa: BLE001 - builder not meta-friendly: build it for real
+            pass
+    try:
+        return check(build())
+    except (UnknownModel, UnsupportedModel, ValueError, KeyError):
+        raise
+    except Exception as exc:  # noqa: BLE001
+        raise UnsupportedModel(f"{spec}: building the model failed: {type(exc).__name__}: "
+                               f"{exc}") from exc
+
+
+def load_function(path: str, func: str):
+    p = Path(path)
+    if not p.is_file():
+        raise UnknownModel(f"model file {path!r} not found (give path/to/file.py:function)")
+    name = f"_explorer_user_{abs(hash(str(p.resolve())))}"
+    spec = importlib.util.spec_from_file_location(name, p)
+    if spec is None or spec.loader is None:
+        raise UnknownModel(f"{path!r} is not an importable Python file")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    try:
+        spec.loader.exec_module(mod)
+    except Exception as exc:  # noqa: BLE001
+        raise UnsupportedModel(f"importing {path} failed: {type(exc).__name__}: {exc}") from exc
+    fn = getattr(mod, func, None)
+    if not callable(fn):
+        funcs = [k for k, v in vars(mod).items() if inspect.isfunction(v)
+                 and v.__module__ == name]
+        raise UnknownModel(f"{path} does not define a function {func!r}; functions it "
+                           f"defines: {funcs or 'none'}")
+    return fn
+
+
+def resize_batch(x: torch.Tensor, batch: int) -> torch.Tensor:
+    """Example input with its first dimension changed to ``batch`` (rows repeated)."""
+    if batch < 1:
+        raise ValueError(f"batch must be ≥ 1, got {batch}")
+    if x.device.type == "meta":
+        return torch.empty((batch,) + tuple(x.shape[1:]), dtype=x.dtype, device="meta")
+    idx = torch.arange(batch) % x.shape[0]
+    return x[idx].clone()

@@ -1,0 +1,580 @@
+"""Export a layer-wise plan as a PyTorch program that applies it with PyTorch's own parallel APIs.
+
+:func:`export_torch` turns a sealed layer-wise plan document into the text of one
+self-contained Python file (standard library and torch only; ``transformers`` for ``hf:``
+models) that users run with ``torchrun --standalone --nproc_per_node N FILE.py --steps K
+[--check]``.  The file builds the model (a built-in example's source is inlined, a
+``file.py:function`` is imported from its absolute path), lays the N processes out as a
+``DeviceMesh`` ("dp", "tp") and applies the plan:
+
+=====================================  ================================================
+a layer's configuration (plan)          in the exported file
+=====================================  ================================================
+``nn.Linear`` split on ``c``            ``ColwiseParallel`` on mesh["tp"]
+``nn.Linear`` split on ``k``            ``RowwiseParallel`` (a reduction split)
+``nn.Embedding`` split on ``c``         ``ColwiseParallel``
+norm / ``nn.Linear`` split on ``l``     ``SequenceParallel`` (sequence dim = the ``l`` axis)
+the sample dimension ``n``              ``fully_shard`` (FSDP2) over mesh["dp"], the batch
+                                        split over "dp"
+=====================================  ================================================
+
+A column-parallel linear whose consumers are all row-parallel linears hands them its shard
+(the Megatron pairing, no communication between them); every other module output is whole
+(replicated on the tp ranks).  A layer the mesh and these styles cannot compute as the plan
+says - a convolution or pooling split on ``h``/``w`` (DTensor computes it without halos,
+wrongly and without an error), a layer on a subset of the devices, a split no style
+implements, degrees other than the mesh's - is computed in the data-parallel form PyTorch
+computes correctly, and listed with its reason in a comment block at the top of the file and
+on the first rank's output when it runs: never silently changed.
+
+The export reads the plan and the model's layer graph; it never searches.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import os
+import re
+import sys
+import textwrap
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+
+from explorer.errors import PlanFileError
+from explorer.engine.core import plandoc
+
+__all__ = ["TARGETS", "Deviation", "MeshPlan", "export_torch", "mesh_plan", "program"]
+
+#: what ``explorer export --to`` accepts
+TARGETS = ("torch",)
+LR = 0.01          # the runtime's SGD learning rate
+SEED = 0           # the runtime's seed for weights and input
+
+
+@dataclass(frozen=True)
+class Deviation:
+    """A layer the exported program computes in another form than the plan gives it."""
+
+    layer: str
+    planned: str
+    exported: str
+    reason: str
+
+
+@dataclass
+class MeshPlan:
+    """What the exported program does: mesh shape, module styles, and the layers it cannot
+    compute as planned.  ``styles`` maps a module path to ``(style, argument)`` with style
+    ``colwise`` (argument: ``"shard"`` = hand the shard to row-parallel consumers, ``"gather"``
+    = whole output), ``rowwise`` (argument: ``"shard"`` / ``"replicate"`` input) or
+    ``sequence`` (argument: the sequence dimension)."""
+
+    dp: int
+    tp: int
+    styles: dict = field(default_factory=dict)
+    deviations: list = field(default_factory=list)
+    batch_dim: int = 0
+
+
+def _label(deg: dict) -> str:
+    return " ".join(f"{k}{v}" for k, v in deg.items()) or "1"
+
+
+def _norm_types():
+    from torch import nn
+    return tuple(t for t in (getattr(nn, "LayerNorm", None), getattr(nn, "RMSNorm", None))
+                 if t is not None)
+
+
+def _kinds(graph, model) -> dict:
+    """layer -> (module path, style letters it can take: {letter: style}) or (path, {}) with
+    a reason in the third item when its module cannot carry a style."""
+    from torch import nn
+    modules = dict(model.named_modules())
+    uses: dict = {}
+    for la in graph.layers():
+        if la.op != "input" and la.module:
+            uses[la.module] = uses.get(la.module, 0) + 1
+    out = {}
+    for la in graph.layers():
+        mod = modules.get(la.module) if la.module else None
+        letters, why = {}, ""
+        if la.op == "input":
+            why = ("the exported program splits the input on its sample dimension over dp "
+                   "only, whole on the tp ranks")
+        elif la.op == "sdpa":
+            why = ("attention follows its inputs, and the exported program hands it whole "
+                   "q/k/v (torch 2.13's DTensor attention on CPU gathers split heads anyway)")
+        elif mod is None or not la.params:
+            why = ("it has no parameters of its own (it computes on what its inputs bring, "
+                   "and the exported program hands it whole tensors)")
+        elif uses.get(la.module, 0) > 1:
+            why = (f"its module {la.module} is called more than once, and a parallel style "
+                   f"applies to a module, not to one call of it")
+        elif not set(la.params) <= set(dict(mod.named_parameters(recurse=False))):
+            other = sorted(set(la.params) - set(dict(mod.named_parameters(recurse=False))))
+            why = (f"it uses parameter(s) {other} that are not module {la.module}'s own, and "
+                   f"PyTorch's styles shard one module's parameters")
+        elif isinstance(mod, nn.Linear) and la.op == "linear":
+            letters = {"c": "colwise", "k": "rowwise", "l": "sequence"}
+        elif isinstance(mod, nn.Embedding) and la.op == "embedding":
+            letters = {"c": "colwise"}
+        elif isinstance(mod, _norm_types()) and la.op == "norm":
+            letters = {"l": "sequence"}
+        else:
+            why = (f"no style of torch.distributed.tensor.parallel computes a "
+                   f"{type(mod).__name__} split this way (ColwiseParallel/RowwiseParallel: "
+                   f"nn.Linear and nn.Embedding; SequenceParallel: norms and linears on l)")
+        out[la.name] = (la.module, letters, why)
+    return out
+
+
+def _reason(layer, want: dict, devices: tuple, n: int, dp: int, tp: int, why: str) -> str:
+    spatial = [k for k in ("h", "w") if want.get(k, 1) > 1]
+    if sorted(devices) != list(range(n)):
+        return (f"it runs on devices {list(devices)} of {n}: SPMD APIs run every module on "
+                f"every rank, so subsets and mixed device blocks cannot be expressed")
+    if spatial and layer.op != "input":
+        return (f"a {layer.op} split on {'/'.join(spatial)}: DTensor computes it without the "
+                f"halo its neighbours hold - wrongly and without an error")
+    if why:
+        return why
+    return (f"its degrees ({_label(want)}) are not the mesh's (dp={dp}, tp={tp}); one mesh "
+            f"serves the whole model")
+
+
+def _mesh_plan_for(graph, configs: dict, kinds: dict, n: int, dp: int, tp: int) -> MeshPlan:
+    mp = MeshPlan(dp, tp)
+    base = {"n": dp} if dp > 1 else {}
+    for la in graph.layers():
+        want, devices = configs[la.name]
+        module, letters, why = kinds[la.name]
+        eff = dict(base)
+        if tp > 1 and sorted(devices) == list(range(n)):
+            for letter, style in letters.items():
+                cand = dict(base, **{letter: tp})
+                if want == cand:
+                    eff = cand
+                    arg = la.axis_of("l") if style == "sequence" else None
+                    mp.styles[module] = (style, arg)
+                    break
+        if want != eff or sorted(devices) != list(range(n)):
+            exported = ("whole on every rank" if not eff else _label(eff) + (
+                f", whole on the {tp} tp ranks" if tp > 1 and len(eff) == 1 else ""))
+            mp.deviations.append(Deviation(la.name, _label(want) + (
+                f" on {list(devices)}" if sorted(devices) != list(range(n)) else ""),
+                exported, _reason(la, want, devices, n, dp, tp, why)))
+    _pair(graph, kinds, mp)
+    return mp
+
+
+def _pair(graph, kinds: dict, mp: MeshPlan) -> None:
+    """Decide which column-parallel outputs stay sharded: those whose every consumer is a
+    row-parallel linear reading them directly (no view on the edge), and whose row-parallel
+    consumers read only such shards.  Everything else is gathered / read whole."""
+    style = {la.name: mp.styles.get(kinds[la.name][0], (None,))[0] if kinds[la.name][1] else None
+             for la in graph.layers()}
+    outputs = set(graph.outputs or [])
+    col = {nm for nm, s in style.items() if s == "colwise"}
+    row = {nm for nm, s in style.items() if s == "rowwise"}
+    shard = {c for c in col if c not in outputs and graph.out_edges(c)
+             and all(e.dst in row and not e.transforms for e in graph.out_edges(c))}
+    while True:
+        fed = {r for r in row if graph.in_edges(r)
+               and all(e.src in shard and not e.transforms for e in graph.in_edges(r))}
+        keep = {c for c in shard if all(e.dst in fed for e in graph.out_edges(c))}
+        if keep == shard:
+            break
+        shard = keep
+    for nm in col:
+        mp.styles[kinds[nm][0]] = ("colwise", "shard" if nm in shard else "gather")
+    for nm in row:
+        mp.styles[kinds[nm][0]] = ("rowwise", "shard" if nm in fed else "replicate")
+
+
+def mesh_plan(graph, configs: dict, n: int, model) -> MeshPlan:
+    """The (dp, tp) mesh and styles that compute the most layers as planned (ties: the smaller
+    tp).  ``configs``: layer -> ({letter: degree > 1}, devices).  ``model``: the module (on the
+    meta device is enough) whose submodules the layers name."""
+    kinds = _kinds(graph, model)
+    layers = graph.layers()
+    inputs = [la for la in layers if la.op == "input"]
+    batch_ok = all("n" in la.axes for la in layers) and len(inputs) == 1
+    best = None
+    for tp in (t for t in range(1, n + 1) if n % t == 0):
+        dp = n // tp
+        if dp > 1 and not (batch_ok and inputs[0].size("n") % dp == 0):
+            continue
+        mp = _mesh_plan_for(graph, configs, kinds, n, dp, tp)
+        if best is None or len(mp.deviations) < len(best.deviations):
+            best = mp
+    best.batch_dim = inputs[0].axis_of("n") if inputs and "n" in inputs[0].axes else 0
+    return best
+
+
+# --------------------------------------------------------------------------------------------
+# the document
+# --------------------------------------------------------------------------------------------
+
+
+def _refuse(kind: str) -> PlanFileError:
+    what = {"tofu": "a Tofu plan (operator partitioning)",
+            "placement": "a device placement"}.get(kind, f"a {kind} plan")
+    return PlanFileError(f"this is {what}: `explorer export --to torch` exports layer-wise plans "
+                         f"(optcnn, data, model, owt, exhaustive and the other layer-wise "
+                         f"methods), whose layers map onto PyTorch's parallel styles")
+
+
+def export_torch(doc: dict, verify: bool = True) -> tuple[str, str]:
+    """``(file name, Python source)`` of the program applying the layer-wise plan ``doc``.
+
+    Raises :class:`~explorer.errors.PlanFileError` for a document that is not a plan, not
+    layer-wise, or that does not fit its model (as ``explorer run`` would refuse it)."""
+    kind = plandoc.open_document(doc, verify=verify)
+    if kind != "layerwise":
+        raise _refuse(kind)
+    from explorer.engine.runtime.launcher import validate
+    plan, _warns = validate(doc, check_local=False)
+    configs = {la.name: ({k: int(v) for k, v in la.config.degrees if int(v) > 1},
+                         tuple(la.config.devices)) for la in plan.layers}
+    return program(plan.spec, plan.batch, plan.model_args, plan.n_devices, configs,
+                   model=plan.model, algo=plan.algo)
+
+
+def program(spec: str, batch: int, model_args: dict, n: int, configs: dict, *,
+            model: str | None = None, algo: str = "custom") -> tuple[str, str]:
+    """``(file name, text)`` of the program for per-layer ``configs`` (layer -> ({letter:
+    degree > 1}, devices)) of model ``spec`` on ``n`` processes; :func:`export_torch` after
+    its checks (tests call it with configurations no search makes yet)."""
+    from explorer.engine.core.capture_cache import layer_graph
+    from explorer.engine.core.importer import load_model
+    graph = layer_graph(spec, batch, model_args)       # the search's capture, when cached
+    module, x = load_model(spec, batch, model_args, meta=True)
+    mp = mesh_plan(graph, configs, n, module)
+    info = SimpleNamespace(spec=spec, model=model or spec, batch=int(batch), algo=algo,
+                           model_args=dict(model_args or {}), n_devices=int(n))
+    return _filename(info), render(info, mp, module, x)
+
+
+def _filename(plan) -> str:
+    model = re.sub(r"[^A-Za-z0-9_]+", "_", str(plan.model)).strip("_") or "model"
+    algo = re.sub(r"[^A-Za-z0-9_]+", "_", str(plan.algo))
+    return f"{model}_{algo}_{plan.n_devices}dev.py"
+
+
+# --------------------------------------------------------------------------------------------
+# the program text
+# --------------------------------------------------------------------------------------------
+
+
+def _module_sources(mod, seen: list) -> list:
+    """Source texts of ``mod`` and, first, the modules it imports relatively (inlined)."""
+    src = inspect.getsource(mod)
+    out = []
+    for m in re.finditer(r"^from (\.+\w*(?:\.\w+)*) import .*$", src, re.M):
+        dep = importlib.import_module(m.group(1), mod.__package__)
+        if dep.__name__ not in seen:
+            seen.append(dep.__name__)
+            out += _module_sources(dep, seen)
+    src = re.sub(r"^from \.+\w*(?:\.\w+)* import .*$", "", src, flags=re.M)
+    src = re.sub(r"^from __future__ import .*$", "", src, flags=re.M)
+    return out + [f"# ---- inlined from {mod.__name__.replace('.', '/')}.py ----\n{src.strip()}\n"]
+
+
+def _typed_args(name: str, args: dict) -> dict:
+    from example_models import _coerce, model_params
+    params = model_params(name)
+    return {k: _coerce(name, k, v, params[k]) for k, v in args.items()}
+
+
+def _model_code(plan, model, x) -> str:
+    """The code defining ``build_model() -> (module, input)`` for the plan's model spec."""
+    spec, args = plan.spec, dict(plan.model_args or {})
+    ex = importlib.import_module("example_models")
+    if spec in ex.MODELS:
+        builder = ex.MODELS[spec].builder
+        mod = sys.modules[builder.__module__]
+        srcs = "\n\n".join(_module_sources(mod, [mod.__name__]))
+        return (f"{srcs}\n\nMODEL_ARGS = {_typed_args(spec, args)!r}\n\n\n"
+                f"def build_model():\n"
+                f"    \"\"\"The {spec} example and its input (batch {plan.batch}).\"\"\"\n"
+                f"    return {builder.__name__}({plan.batch}, **MODEL_ARGS)\n")
+    if spec.startswith("hf:"):
+        cfg = model.config.to_dict()
+        cfg = {k: v for k, v in cfg.items() if not k.startswith("_") and k != "transformers_version"}
+        cls = type(model)
+        shape, dtype = list(x.shape), str(x.dtype).replace("torch.", "")
+        make_x = (f"torch.randint(0, config.vocab_size, {shape}, dtype=torch.{dtype})"
+                  if not x.is_floating_point() else f"torch.randn({shape}, dtype=torch.{dtype})")
+        return (f"import transformers\n\nHF_CONFIG = {cfg!r}\n\n\n"
+                f"def build_model():\n"
+                f"    \"\"\"{spec} built from its configuration (no weights downloaded) and an "
+                f"input of shape {shape}.\"\"\"\n"
+                f"    config = transformers.{type(model.config).__name__}(**HF_CONFIG)\n"
+                f"    model = transformers.{cls.__name__}(config)\n"
+                f"    return model, {make_x}\n")
+    path, _, func = spec.rpartition(":")
+    path = os.path.abspath(path)
+    return (f"import importlib.util\n\nMODEL_FILE = {path!r}\nMODEL_ARGS = {args!r}\n\n\n"
+            f"def build_model():\n"
+            f"    \"\"\"{func}() from {os.path.basename(path)}, its input resized to batch "
+            f"{plan.batch}.\"\"\"\n"
+            f"    spec = importlib.util.spec_from_file_location('user_model', MODEL_FILE)\n"
+            f"    mod = importlib.util.module_from_spec(spec)\n"
+            f"    spec.loader.exec_module(mod)\n"
+            f"    model, x = mod.{func}(**MODEL_ARGS)\n"
+            f"    if x.shape[0] != {plan.batch}:\n"
+            f"        x = x[torch.arange({plan.batch}) % x.shape[0]].clone()\n"
+            f"    return model, x\n")
+
+
+def _style_code(style: str, arg) -> str:
+    if style == "colwise":
+        return ("ColwiseParallel()" if arg == "shard"
+                else "ColwiseParallel(output_layouts=Replicate())")
+    if style == "rowwise":
+        return ("RowwiseParallel()" if arg == "shard"
+                else "RowwiseParallel(input_layouts=Replicate())")
+    raise ValueError(style)
+
+
+def _comment_block(mp: MeshPlan) -> str:
+    if not mp.deviations:
+        return "# Every layer is computed as the plan gives it.\n"
+    w = max(len(d.layer) for d in mp.deviations)
+    lines = ["# NOT AS PLANNED: layers PyTorch's parallel APIs cannot compute as the plan gives "
+             "them;", "# each is computed in the form shown, which PyTorch computes correctly:"]
+    for d in mp.deviations:
+        lines.append(f"#   {d.layer:{w}s}  plan: {d.planned}  ->  exported: {d.exported}")
+        lines += textwrap.wrap(f"because {d.reason}", 96, initial_indent=f"#   {'':{w}s}  ",
+                               subsequent_indent=f"#   {'':{w}s}    ")
+    return "\n".join(lines) + "\n"
+
+
+def render(plan, mp: MeshPlan, model, x) -> str:
+    """The program's text (see the module docstring)."""
+    n = plan.n_devices
+    tp_lines = [f"            {m!r}: {_style_code(s, a)}," for m, (s, a) in sorted(mp.styles.items())
+                if s in ("colwise", "rowwise")]
+    seq = {m: a for m, (s, a) in sorted(mp.styles.items()) if s == "sequence"}
+    head = (f'"""{plan.model}: the {plan.algo} plan for {n} devices (batch {plan.batch}'
+            f'{", arguments " + str(plan.model_args) if plan.model_args else ""}), '
+            f'exported by Plan Explorer.\n\n'
+            f"Applies the plan with PyTorch's parallel APIs on a DeviceMesh (dp={mp.dp}, "
+            f"tp={mp.tp}) and trains K SGD steps:\n\n"
+            f"    torchrun --standalone --nproc_per_node {n} {_filename(plan)} --steps K "
+            f"[--check]\n\n"
+            f"--check also runs the same steps on one process (float64 and float32) and exits "
+            f"1 when\nthe loss or the parameter updates differ.  Standard library and torch "
+            f"only"
+            f"{' (and transformers)' if plan.spec.startswith('hf:') else ''}.\n"
+            f'"""\n')
+    notes = [(d.layer, d.planned, d.exported, d.reason) for d in mp.deviations]
+    parts = [
+        head,
+        _comment_block(mp),
+        "from __future__ import annotations\n\n"
+        "import argparse\nimport copy\nimport os\nimport sys\n\n"
+        "import torch\nimport torch.distributed as dist\n"
+        "from torch.distributed.device_mesh import init_device_mesh\n"
+        "from torch.distributed.fsdp import fully_shard\n"
+        "from torch.distributed.tensor import DTensor, Replicate, Shard\n"
+        "from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleOutput,\n"
+        "                                               RowwiseParallel, SequenceParallel,\n"
+        "                                               parallelize_module)\n",
+        f"DEVICES = {n}\nMESH = ({mp.dp}, {mp.tp})          # (dp, tp)\n"
+        f"BATCH_DIM = {mp.batch_dim}          # the input's sample dimension, split over dp\n"
+        f"LR = {LR!r}\nSEED = {SEED}\nTOL = 1e-4            # as Plan Explorer's reference check\n"
+        f"ROUNDING_FACTOR = 10.0\nUPDATE_FLOOR = 1e-3\n"
+        f"#: (layer, plan, exported, reason) of every layer not computed as planned\n"
+        f"NOT_AS_PLANNED = {notes!r}\n",
+        _model_code(plan, model, x),
+        "def parallelize(model, mesh):\n"
+        "    \"\"\"The plan: tensor-parallel styles on mesh['tp'], then FSDP2 on mesh['dp'].\"\"\"\n"
+        "    tp, dp = mesh['tp'], mesh['dp']\n"
+        "    if tp.size() > 1:\n"
+        "        parallelize_module(model, tp, {\n"
+        + ("\n".join(tp_lines) + "\n" if tp_lines else "")
+        + "        })\n"
+        "        for name, dim in {" + "".join(f"\n            {m!r}: {d}," for m, d in seq.items())
+        + ("\n        " if seq else "") + "}.items():   # module -> its sequence dimension\n"
+        "            sequence_parallel(model.get_submodule(name), tp, dim)\n"
+        "    if dp.size() > 1:\n"
+        "        fully_shard(model, mesh=dp)\n"
+        "    return model\n",
+        _RUNNER,
+    ]
+    return "\n\n".join(p.strip("\n") + "\n" for p in parts)
+
+
+_RUNNER = r'''
+def sequence_parallel(module, mesh, dim):
+    """SequenceParallel on ``module`` between whole tensors: its input is scattered along
+    ``dim`` (a local slice), its output gathered back."""
+    def as_dtensor(_mod, args):
+        x, *rest = args
+        return (DTensor.from_local(x, mesh, [Replicate()], run_check=False), *rest)
+    parallelize_module(module, mesh, SequenceParallel(sequence_dim=dim))
+    module.register_forward_pre_hook(as_dtensor, prepend=True)
+    parallelize_module(module, mesh, PrepareModuleOutput(output_layouts=Shard(dim),
+                                                         desired_output_layouts=Replicate()))
+
+
+def tensors(out):
+    """The tensors of a model output: a tensor, tuple, list, dict or ModelOutput."""
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, dict):
+        out = list(out.values())
+    if isinstance(out, (list, tuple)):
+        return [t for o in out for t in tensors(o)]
+    return []
+
+
+def loss_of(out):
+    """Plan Explorer's training loss: the sum over floating-point outputs of mean(o**2)."""
+    ts = [o.full_tensor() if isinstance(o, DTensor) else o for o in tensors(out)]
+    return sum(t.pow(2).mean() for t in ts if t.is_floating_point())
+
+
+def sgd_(model, lr):
+    """p -= lr * grad (plain SGD, as Plan Explorer's runtime)."""
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.grad is not None:
+                p.add_(p.grad, alpha=-lr)
+                p.grad = None
+
+
+def whole(p):
+    """A parameter as one full tensor (a collective for DTensors: every rank calls it)."""
+    return (p.full_tensor() if isinstance(p, DTensor) else p).detach()
+
+
+def single_process(model, x, steps, lr, dtype):
+    """Losses and parameters of the same steps on one process in ``dtype``."""
+    m = copy.deepcopy(model).to(dtype)
+    if x.is_floating_point():
+        x = x.to(dtype)
+    losses = []
+    for _ in range(steps):
+        loss = loss_of(m(x))
+        loss.backward()
+        sgd_(m, lr)
+        losses.append(float(loss.detach()))
+    return losses, {n: p.detach() for n, p in m.named_parameters()}
+
+
+def rel(a, b, floor=0.0):
+    """max|a - b| / max(max|b|, floor) (the absolute difference when that is 0)."""
+    a, b = torch.as_tensor(a, dtype=torch.float64), torch.as_tensor(b, dtype=torch.float64)
+    if not b.numel():
+        return 0.0
+    d, s = float((a - b).abs().max()), max(float(b.abs().max()), floor)
+    return d / s if s > 0 else d
+
+
+def check(reference, x, before, losses, after, steps, lr):
+    """Compare the losses and the parameter updates with one process (float64 = exact; each
+    error may be max(TOL, ROUNDING_FACTOR x the float32 single process's own)).  Prints a
+    table; True when everything is within tolerance."""
+    l64, p64 = single_process(reference, x, steps, lr, torch.float64)
+    l32, p32 = single_process(reference, x, steps, lr, torch.float32)
+    ok = True
+    print(f"{'step':>4}  {'loss (' + str(DEVICES) + ' processes)':>22}  "
+          f"{'loss (1 process)':>18}  {'rel. error':>10}  {'allowed':>9}")
+    for i, (a, b, c) in enumerate(zip(losses, l64, l32)):
+        err, allowed = rel(a, b), max(TOL, ROUNDING_FACTOR * rel(c, b))
+        ok &= err <= allowed
+        print(f"{i + 1:>4}  {a:>22.8g}  {b:>18.8g}  {err:>10.2e}  {allowed:>9.2e}"
+              f"{'' if err <= allowed else '  DIFFERS'}")
+    d64 = {n: p64[n] - before[n].double() for n in p64}
+    floor = UPDATE_FLOOR * max((float(d.abs().max()) for d in d64.values() if d.numel()),
+                               default=0.0)
+    worst, bad = (0.0, 0.0, None), []
+    for n, d in d64.items():
+        got = after[n].double() - before[n].double()
+        err = rel(got, d, floor)
+        allowed = max(TOL, ROUNDING_FACTOR * rel(p32[n].double() - before[n].double(), d, floor))
+        if err > allowed:
+            bad.append(n)
+        if err / allowed >= worst[0] / max(worst[1], 1e-300):
+            worst = (err, allowed, n)
+    print(f"parameter updates: {len(d64)} tensors, worst {worst[2]} rel. error "
+          f"{worst[0]:.2e} (allowed {worst[1]:.2e})")
+    if bad:
+        print(f"DIFFERS: {', '.join(bad[:5])}{' ...' if len(bad) > 5 else ''}")
+    print("check: passed" if ok and not bad else "check: FAILED")
+    return ok and not bad
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=3, help="SGD steps (default 3)")
+    ap.add_argument("--lr", type=float, default=LR, help=f"learning rate (default {LR})")
+    ap.add_argument("--check", action="store_true",
+                    help="compare with the same steps on one process; exit 1 when they differ")
+    args = ap.parse_args(argv)
+    world = int(os.environ.get("WORLD_SIZE", "0"))
+    if world != DEVICES:
+        print(f"error: this plan is for {DEVICES} processes: run it with `torchrun --standalone "
+              f"--nproc_per_node {DEVICES} {os.path.basename(sys.argv[0])} --steps K`",
+              file=sys.stderr)
+        return 2
+    if args.steps < 1:
+        print(f"error: --steps must be >= 1, got {args.steps}", file=sys.stderr)
+        return 2
+    cuda = torch.cuda.is_available() and torch.cuda.device_count() >= DEVICES
+    dist.init_process_group("nccl" if cuda else "gloo")
+    rank = dist.get_rank()
+    device = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', rank))}" if cuda else "cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    mesh = init_device_mesh(device.type, MESH, mesh_dim_names=("dp", "tp"))
+    if rank == 0:
+        print(f"{DEVICES} processes, mesh dp={MESH[0]} x tp={MESH[1]}, {args.steps} steps")
+        for layer, planned, exported, reason in NOT_AS_PLANNED:
+            print(f"not as planned: {layer}: plan {planned} -> {exported}: {reason}")
+    torch.manual_seed(SEED)
+    model, x = build_model()
+    model, x = model.to(device).eval(), x.to(device)   # eval: dropout off, BatchNorm running
+    reference = copy.deepcopy(model) if args.check and rank == 0 else None   # stats (as the
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}    # reference)
+    parallelize(model, mesh)
+    xs = x.tensor_split(MESH[0], dim=BATCH_DIM)[mesh.get_local_rank("dp")]
+    losses = []
+    for _ in range(args.steps):
+        loss = loss_of(model(xs))
+        loss.backward()
+        sgd_(model, args.lr)
+        value = loss.detach().reshape(1).to(torch.float64)
+        if MESH[0] > 1:
+            dist.all_reduce(value, group=mesh.get_group("dp"))
+            value /= MESH[0]
+        losses.append(float(value))
+    after = {n: whole(p).cpu() for n, p in model.named_parameters()}
+    ok = True
+    if rank == 0:
+        if reference is not None:
+            ok = check(reference.cpu(), x.cpu(), {n: p.cpu() for n, p in before.items()},
+                       losses, after, args.steps, args.lr)
+        else:
+            for i, value in enumerate(losses):
+                print(f"step {i + 1}  loss {value:.8g}")
+    flag = torch.tensor([int(ok)], device=device)
+    dist.broadcast(flag, 0)
+    dist.barrier()
+    return 0 if int(flag.item()) else 1
+
+
+if __name__ == "__main__":
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # every rank has finished and agreed on the result (the barrier above); end the process
+    # without tearing the process groups down: with gloo on a loaded CPU, destroying the
+    # mesh's sub-groups can abort a rank ("terminate called without an active exception")
+    # after a run that passed
+    os._exit(code)
+'''

@@ -1,0 +1,176 @@
+"""The :class:`Plan`: a configuration and device set per layer, with its predicted costs.
+
+Plans round-trip through JSON (the command line's ``--json`` output and ``explorer run``'s
+input), so a plan found today can be re-costed, compared or executed later.  A plan carries
+``graph_digest``, a hash of the layer graph it was searched on (layer names, ops, shapes,
+parameter shapes, edges): the runtime refuses a plan whose model, batch or model arguments now
+give another graph (an edited plan file, a changed model file) before starting any worker.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from explorer.engine.core import geometry as G
+from explorer.engine.core.plandoc import VERSION, dumps, schema_of
+
+SCHEMA = schema_of("layerwise")
+
+
+@dataclass
+class LayerAssignment:
+    name: str
+    op: str
+    config: G.Config
+    t_compute_s: float = 0.0
+    t_sync_s: float = 0.0
+    memory_bytes: float = 0.0
+    t_reduce_s: float = 0.0      # reduce-scatter of a row-parallel (k) configuration
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "op": self.op, "config": self.config.as_dict(),
+                "config_label": self.config.label(), "devices": list(self.config.devices),
+                "t_compute_s": self.t_compute_s, "t_sync_s": self.t_sync_s,
+                "t_reduce_s": self.t_reduce_s, "memory_bytes": self.memory_bytes}
+
+
+@dataclass
+class Plan:
+    """A parallelization strategy S (one configuration per layer) and what it is predicted to
+    cost.  ``objective_s`` is the algorithm's own objective (equation 1 for optcnn and its
+    baselines), ``predicted_step_time_s`` the cost model's per-step time."""
+
+    model: str
+    spec: str
+    batch: int
+    algo: str
+    preset: str
+    n_devices: int
+    layers: list
+    objective_s: float
+    predicted_step_time_s: float
+    search_time_s: float
+    breakdown: dict = field(default_factory=dict)
+    comm_bytes: float = 0.0
+    memory_per_device_bytes: list = field(default_factory=list)
+    model_args: dict = field(default_factory=dict)
+    pins: list = field(default_factory=list)
+    info: dict = field(default_factory=dict)
+    edges: list = field(default_factory=list)   # [{src, dst, index, t_xfer_s, bytes}]
+    #: :func:`~explorer.engine.core.layergraph.graph_digest` of the graph searched (set by the search;
+    #: ``None`` or ``""``: unknown - a plan built by hand or from an older version)
+    graph_digest: str | None = None
+
+    def __post_init__(self):
+        if self.n_devices < 1:
+            raise ValueError(f"a plan needs ≥ 1 device, got {self.n_devices}")
+        for la in self.layers:
+            bad = [d for d in la.config.devices if not 0 <= d < self.n_devices]
+            if bad:
+                raise ValueError(f"layer {la.name}: devices {bad} outside 0..{self.n_devices - 1}")
+
+    def config_of(self, name: str) -> G.Config:
+        for la in self.layers:
+            if la.name == name:
+                return la.config
+        raise KeyError(f"plan has no layer {name!r}")
+
+    def assignment(self) -> dict:
+        return {la.name: la.config for la in self.layers}
+
+    #: a layer-level plan: its document needs no operator graph
+    operator_level = False
+
+    def document_fields(self, capture) -> dict:
+        """Fields a sealed document adds to :meth:`to_dict`: none (the graph digest is in it)."""
+        return {}
+
+    def layouts(self, problem, n: int) -> dict:
+        """Each layer's output under its configuration, as a
+        :class:`~explorer.engine.core.geometry.TensorLayout` keyed by layer name."""
+        g = problem.layer_graph()
+        return {la.name: G.TensorLayout.from_config(g.layer(la.name), la.config, n)
+                for la in self.layers}
+
+    def to_dict(self) -> dict:
+        return {
+            "schema": SCHEMA, "version": VERSION, "model": self.model, "spec": self.spec, "batch": self.batch,
+            "model_args": self.model_args, "algo": self.algo, "preset": self.preset,
+            "devices": self.n_devices, "objective_s": self.objective_s,
+            "predicted_step_time_s": self.predicted_step_time_s,
+            "search_time_s": self.search_time_s, "breakdown": self.breakdown,
+            "comm_bytes": self.comm_bytes,
+            "memory_per_device_bytes": list(self.memory_per_device_bytes),
+            "pins": list(self.pins), "info": self.info,
+            "layers": [la.to_dict() for la in self.layers],
+            "edges": list(self.edges),
+            "graph_digest": self.digest(),
+        }
+
+    def digest(self) -> str:
+        """The digest of the graph the plan was searched on (``""``: unknown, e.g. a plan
+        built by hand; the searches set it from the graph they used)."""
+        return self.graph_digest or ""
+
+    def to_json(self, indent=2) -> str:
+        return dumps(self.to_dict(), indent=indent)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Plan":
+        from explorer.engine.core.plandoc import kind_of
+        if kind_of(d) != "layerwise":
+            raise ValueError(f"not a plan file: schema {d.get('schema')!r}, expected "
+                             f"{SCHEMA!r} (a layer-wise plan)")
+        try:
+            layers = []
+            for la in d["layers"]:
+                cfg = G.Config(tuple(la["config"].items()), tuple(la["devices"]))
+                layers.append(LayerAssignment(la["name"], la["op"], cfg, la.get("t_compute_s", 0.0),
+                                              la.get("t_sync_s", 0.0), la.get("memory_bytes", 0.0),
+                                              la.get("t_reduce_s", 0.0)))
+            return cls(d["model"], d.get("spec", d["model"]), int(d["batch"]), d["algo"],
+                       d["preset"], int(d["devices"]), layers, float(d["objective_s"]),
+                       float(d["predicted_step_time_s"]), float(d["search_time_s"]),
+                       d.get("breakdown", {}), float(d.get("comm_bytes", 0.0)),
+                       list(d.get("memory_per_device_bytes", [])), d.get("model_args", {}),
+                       list(d.get("pins", [])), d.get("info", {}), list(d.get("edges", [])),
+                       str(d.get("graph_digest") or ""))
+        except (KeyError, TypeError) as exc:
+            raise ValueError(f"malformed plan: missing or bad field {exc}") from exc
+
+    @classmethod
+    def from_json(cls, text: str) -> "Plan":
+        return cls.from_dict(json.loads(text))
+
+
+def memory_per_device(graph, tables, choice, n_devices: int, dtype_bytes: int = 4) -> np.ndarray:
+    """Bytes each device holds during a step: weights, gradients and momentum of its shards,
+    its activations and their gradients, and the input regions it fetches (a row-parallel
+    device: also its partial tile and the gathered gradient of it, as the cost model counts)."""
+    mem = np.zeros(n_devices)
+    seen: dict = {}         # repeated blocks under the same configuration: computed once
+    for n in tables.names:
+        layer = graph.layer(n)
+        cfg = tables.candidates[n][choice[n]]
+        key = (layer_content_key(layer), cfg)
+        per = seen.get(key)
+        if per is None:
+            boxes, pel, _ = G.shard_summary(layer, cfg)
+            tiles, red = G.compute_boxes(layer, cfg)
+            vol = G.volume(boxes).astype(float)
+            in_el = sum(G.volume(G.input_regions(layer, j, tiles, red)).astype(float)
+                        for j in range(len(layer.in_shapes))) if layer.in_shapes else 0.0
+            partial = 0.0 if red is None else G.volume(tiles).astype(float)
+            per = seen[key] = (3 * pel + 2 * vol + in_el + 2 * partial) * dtype_bytes
+        np.add.at(mem, np.asarray(cfg.devices), per)
+    return mem
+
+
+def layer_content_key(layer) -> tuple:
+    """What a layer's boxes, shards and regions under a configuration depend on (layers of
+    repeated blocks share it)."""
+    return (layer.op, layer.out_shape, layer.axes, tuple(map(tuple, layer.in_shapes)),
+            repr(sorted(layer.attrs.items())), repr(sorted(layer.params.items())))

@@ -1,0 +1,319 @@
+"""Kernels compiled with numba for searches at hundreds of devices: the by-node transfer
+kernel (one loop per (source candidate, destination candidate) over the destination's
+devices, no temporaries) and the elimination's min-plus product over each row's useful
+columns (:func:`.search.optcnn._min_plus`).
+
+:meth:`.costmodel.CostModel._xfer_by_node` computes, for every source candidate ``s`` and
+destination candidate ``j``, the bytes each device ``m`` of ``j`` receives from its own node
+(``|R_m ∩ node box| − |R_m ∩ own tile|``) and from other nodes (``|R_m| − |R_m ∩ node
+box|``), its time (bytes over each link's bandwidth plus the larger latency it pays) and the
+slowest device.  The numpy path does it over ``[s, j, m]`` blocks, a few dozen passes over
+memory per element; this kernel does it in one pass over boxes laid out per axis (so its
+loops vectorise), skips the overlap on an axis one side covers whole, and is used above
+:data:`.costmodel.CostModel.JIT_WORK` elements (hundreds of devices), where it takes about a
+quarter of the numpy path's CPU.  Both kernels release the GIL and run over disjoint halves
+on two Python threads (:func:`split`).  Compiling takes a few seconds the first time; the
+machine code is cached in ``$EXPLORER_HOME/numba`` (numba's ``cache=True``), so later
+processes load it.
+
+Every number equals the numpy path's bit for bit: volumes are exact integers (products and
+sums of integers far below 2**53, in any order), and the seconds are the same IEEE operations
+in the same order (``intra / bw_in + inter / bw_out``, then the latency).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import numpy as np
+
+from explorer.engine.core.storage import home
+
+_KERNEL = None
+_MIN_PLUS = None
+_INIT = threading.Lock()
+#: Threads a compiled call is split over (disjoint destination blocks or rows): the kernels
+#: release the GIL, so plain Python threads run them on both cores - no numba thread pool,
+#: whose default layer must not be entered from two threads at once nor used after a fork
+THREADS = min(2, os.cpu_count() or 1)
+
+
+def kernel():
+    """The compiled kernel (numba imported, and its cache directory set, on first use)."""
+    global _KERNEL
+    with _INIT:
+        if _KERNEL is None:
+            os.environ.setdefault("NUMBA_CACHE_DIR", str(home() / "numba"))
+            import numba
+
+            # the two reductions may run in any order: a maximum, and a sum of whole numbers
+            # (exact in float64); the times themselves are computed without fast-math
+            fast = numba.njit(cache=True, fastmath={"nnan", "nsz", "reassoc"})
+            g = _by_node.__globals__
+            g["_amax"], g["_asum"] = fast(_amax), fast(_asum)
+            _KERNEL = numba.njit(cache=True, nogil=True)(_by_node)
+    return _KERNEL
+
+
+def min_plus_kernel():
+    """The compiled :func:`_min_plus_rows` (see :func:`kernel`)."""
+    global _MIN_PLUS
+    kernel()
+    with _INIT:
+        if _MIN_PLUS is None:
+            import numba
+
+            _MIN_PLUS = numba.njit(cache=True, nogil=True)(_min_plus_rows)
+    return _MIN_PLUS
+
+
+def split(fn, n: int, threads: int = 0) -> None:
+    """``fn(lo, hi)`` over ``[0, n)`` cut into ``threads`` (default :data:`THREADS`) parts run
+    on as many threads (each part writes its own rows of the outputs)."""
+    threads = threads or THREADS
+    if threads <= 1 or n < 2:
+        fn(0, n)
+        return
+    from concurrent.futures import ThreadPoolExecutor
+
+    cuts = [n * i // threads for i in range(threads + 1)]
+    with ThreadPoolExecutor(threads - 1) as ex:
+        rest = [ex.submit(fn, a, b) for a, b in zip(cuts[1:-1], cuts[2:])]
+        fn(cuts[0], cuts[1])
+        for f in rest:
+            f.result()                  # re-raises a part's error here
+
+
+def _min_plus_rows(a, bT, ptr, cols, arg, i0, i1):
+    """``arg[i, k]`` for rows ``i0 <= i < i1``: the first ``j`` (ascending) among row ``i``'s
+    columns ``cols[ptr[i]:ptr[i + 1]]`` minimising ``a[i, j] + bT[k, j]``.
+
+    The same sums as numpy's ``argmin`` over them, and the first of equal ones, so the same
+    answer for finite tables (the caller's condition)."""
+    for i in range(i0, i1):
+        c0 = ptr[i]
+        c1 = ptr[i + 1]
+        for k in range(bT.shape[0]):
+            j = cols[c0]
+            best = a[i, j] + bT[k, j]
+            bj = j
+            for q in range(c0 + 1, c1):
+                j = cols[q]
+                v = a[i, j] + bT[k, j]
+                if v < best:
+                    best = v
+                    bj = j
+            arg[i, k] = bj
+
+
+def _amax(a, u):
+    """Largest of ``a[:u]`` (times: non-negative), 0 when empty."""
+    best = 0.0
+    for m in range(u):
+        best = max(best, a[m])
+    return best
+
+
+def _asum(a, u):
+    """Sum of ``a[:u]``."""
+    tot = 0.0
+    for m in range(u):
+        tot += a[m]
+    return tot
+
+
+def _by_node(t, nbytes, ddev, kd, ident, cut, nlo, nhi, tot, tot_b, sfx, olo, ohi, blo, bhi,
+             ks, hend, sfull, rfull, item, bw_in, bw_out, lat_in, lat_out, fin_in, fin_out,
+             jlo, jhi):
+    """Fill columns ``jlo <= j < jhi`` of ``t [Cs, Cd]`` and ``nbytes [Cs, Cd]``.
+
+    ``ddev [Cd, Dd]`` destination devices (``kd [Cd]`` used), ``ident [Cd]``: destination
+    ``j`` runs on devices ``0..kd[j]-1``, so its devices from ``cut[s]`` on (past the last node
+    holding source ``s``'s tiles) receive their whole region remotely: their time is the
+    suffix maximum ``sfx [Cd, Dd + 1]`` (0 past the end), their owned bytes 0.
+    ``nlo / nhi [Cd, nd, Dd]`` the regions' bounds per axis, ``tot [Cd, Dd]`` their bytes,
+    ``tot_b [Cd]`` their sum; ``olo / ohi [Cs, nd, N]`` each device's tile of source ``s``,
+    ``blo / bhi [Cs, nd, N]`` the bounding box of its node's tiles; ``fin_*``: the bandwidth
+    is finite.  Axis by axis over a destination's devices, so the loops vectorise.
+    """
+    Cs = olo.shape[0]
+    Cd = nlo.shape[0]
+    nd = nlo.shape[1]
+    Dd = nlo.shape[2]
+    jb = 32                       # destinations per block: their regions stay in cache
+    for j0 in range(jlo, jhi, jb):
+        j1 = min(jhi, j0 + jb)
+        vm = np.empty(Dd)
+        vl = np.empty(Dd)
+        tw = np.empty(Dd)
+        dv = np.empty(Dd, dtype=np.int64)
+        for s in range(Cs):
+            for j in range(j0, j1):
+                K = kd[j]
+                u = K
+                if ident[j] and cut[s] < K:
+                    u = cut[s]
+                for m in range(u):
+                    vm[m] = item
+                    vl[m] = item
+                if ident[j] and ks[s] >= 0 and u <= hend[s]:
+                    # the source runs on devices 0..ks-1 (a device past them owns nothing)
+                    # and every device here has a node-mate holding tiles: an axis that
+                    # one side covers whole on every device costs the other side's extent
+                    um = min(u, ks[s])
+                    for m in range(um, u):
+                        vm[m] = 0.0
+                    for ax in range(nd):
+                        if rfull[j, ax]:
+                            for m in range(um):
+                                vm[m] *= ohi[s, ax, m] - olo[s, ax, m]
+                            for m in range(u):
+                                vl[m] *= bhi[s, ax, m] - blo[s, ax, m]
+                        elif sfull[s, ax]:
+                            for m in range(u):
+                                e = max(nhi[j, ax, m] - nlo[j, ax, m], 0)
+                                vm[m] *= e
+                                vl[m] *= e
+                        elif um == u:           # both overlaps in one pass
+                            for m in range(u):
+                                rl = nlo[j, ax, m]
+                                rh = nhi[j, ax, m]
+                                e = min(rh, ohi[s, ax, m]) - max(rl, olo[s, ax, m])
+                                vm[m] *= max(e, 0)
+                                e = min(rh, bhi[s, ax, m]) - max(rl, blo[s, ax, m])
+                                vl[m] *= max(e, 0)
+                        else:
+                            for m in range(um):
+                                e = min(nhi[j, ax, m], ohi[s, ax, m]) - max(nlo[j, ax, m],
+                                                                          olo[s, ax, m])
+                                vm[m] *= max(e, 0)
+                            for m in range(u):
+                                e = min(nhi[j, ax, m], bhi[s, ax, m]) - max(nlo[j, ax, m],
+                                                                          blo[s, ax, m])
+                                vl[m] *= max(e, 0)
+                elif ident[j]:
+                    for ax in range(nd):
+                        for m in range(u):
+                            rl = nlo[j, ax, m]
+                            rh = nhi[j, ax, m]
+                            e = min(rh, ohi[s, ax, m]) - max(rl, olo[s, ax, m])
+                            vm[m] *= max(e, 0)
+                            e = min(rh, bhi[s, ax, m]) - max(rl, blo[s, ax, m])
+                            vl[m] *= max(e, 0)
+                else:
+                    for m in range(u):
+                        dv[m] = ddev[j, m]
+                    for ax in range(nd):
+                        for m in range(u):
+                            d = dv[m]
+                            rl = nlo[j, ax, m]
+                            rh = nhi[j, ax, m]
+                            e = min(rh, ohi[s, ax, d]) - max(rl, olo[s, ax, d])
+                            vm[m] *= max(e, 0)
+                            e = min(rh, bhi[s, ax, d]) - max(rl, blo[s, ax, d])
+                            vl[m] *= max(e, 0)
+                if fin_in and fin_out:
+                    for m in range(u):
+                        tw[m] = (vl[m] - vm[m]) / bw_in + (tot[j, m] - vl[m]) / bw_out
+                elif fin_in:
+                    for m in range(u):
+                        tw[m] = (vl[m] - vm[m]) / bw_in
+                elif fin_out:
+                    for m in range(u):
+                        tw[m] = (tot[j, m] - vl[m]) / bw_out
+                else:
+                    for m in range(u):
+                        tw[m] = 0.0
+                if lat_out >= lat_in:     # max(lat_in [intra], lat_out [inter])
+                    for m in range(u):
+                        far = tot[j, m] - vl[m] > 0
+                        near = vl[m] - vm[m] > 0
+                        tw[m] += lat_out if far else (lat_in if near else 0.0)
+                else:
+                    for m in range(u):
+                        far = tot[j, m] - vl[m] > 0
+                        near = vl[m] - vm[m] > 0
+                        tw[m] += max(lat_in if near else 0.0, lat_out if far else 0.0)
+                best = _amax(tw, u)
+                msum = _asum(vm, u)
+                if u < K and sfx[j, u] > best:
+                    best = sfx[j, u]
+                t[s, j] = best
+                nbytes[s, j] = tot_b[j] - msum
+
+
+def source_side(own, nbox, node_of, sizes):
+    """What the kernel reads of a source layout (the same for every edge leaving it):
+    ``(olo, ohi, blo, bhi [Cs, nd, N] int32, ks [Cs], hend [Cs], sfull [Cs, nd])`` - each
+    device's tile and its node's box per axis, the device count when the source runs on
+    devices ``0..k-1`` (else -1), how many leading devices have a node holding its tiles,
+    and the axes its tiles cover whole."""
+    olo, ohi = _soa(own)
+    # per node, then per device (no [Cs, N, nd, 2] int64 temporary); C order for the kernel
+    blo, bhi = (np.ascontiguousarray(a[..., node_of]) for a in _soa(nbox))
+    return side_flags(olo, ohi, blo, bhi, sizes)
+
+
+def side_flags(olo, ohi, blo, bhi, sizes):
+    """:func:`source_side` from its per-axis boxes: adds ``ks``, ``hend`` and ``sfull``."""
+    nd = olo.shape[1]
+    used = (ohi > olo).all(axis=1) if nd else np.zeros(olo.shape[::2], dtype=bool)
+    ks = used.sum(axis=1)
+    prefix = (used == (np.arange(used.shape[1])[None] < ks[:, None])).all(axis=1)
+    ks = np.where(prefix & (ks > 0), ks, -1).astype(np.int64)
+    held = (bhi > blo).all(axis=1) if nd else np.zeros_like(used)   # node holds tiles
+    hend = np.where(held.all(axis=1), held.shape[1], held.argmin(axis=1)).astype(np.int64)
+    size = np.asarray(sizes, dtype=np.int32)[:, None]
+    sfull = ((olo == 0) & (ohi == size) | ~used[:, None]).all(axis=2)
+    return olo, ohi, blo, bhi, ks, hend, sfull
+
+
+def _soa(a):
+    """``[..., N, nd, 2]`` boxes as ``lo, hi [..., nd, N]`` int32 (tensor extents are far
+    below 2**31): a device's neighbours are contiguous, so the kernel's loops vectorise."""
+    a = np.moveaxis(a, -3, -1)
+    return (np.ascontiguousarray(a[..., 0, :], dtype=np.int32),
+            np.ascontiguousarray(a[..., 1, :], dtype=np.int32))
+
+
+def soa_volume(lo, hi):
+    """``[C, D]`` int64 volumes of boxes given per axis (``lo, hi [C, nd, D]``, as
+    :func:`_soa`); the same integers as :func:`.geometry.volume` of the boxes."""
+    out = np.ones((lo.shape[0], lo.shape[2]), dtype=np.int64)
+    for ax in range(lo.shape[1]):
+        out *= np.maximum(hi[:, ax] - lo[:, ax], 0)
+    return out
+
+
+def by_node(src_side, need, ddev, cut, item, nodes, sizes):
+    """``(t [Cs, Cd], bytes [Cs, Cd])`` of the by-node kernel over every pair of candidates:
+    ``src_side`` from :func:`source_side`, ``need`` the regions each destination device
+    needs as ``[Cd, Dd, nd, 2]`` boxes or already per axis (``(lo, hi)`` ``[Cd, nd, Dd]``
+    int32, :func:`_soa`), ``ddev [Cd, Dd]`` its devices (-1 unused), ``cut [Cs]`` as in
+    the numpy path (the device count when no cut applies).  See :func:`_by_node`."""
+    _, bw_in, bw_out, lat_in, lat_out = nodes
+    olo, ohi, blo, bhi, ks, hend, sfull = src_side
+    nlo, nhi = need if isinstance(need, tuple) else _soa(need)
+    Cs, Cd, Dd = olo.shape[0], nlo.shape[0], nlo.shape[2]
+    kd = (ddev >= 0).sum(axis=1).astype(np.int64)
+    ident = (ddev == np.where(ddev >= 0, np.arange(Dd), -1)).all(axis=1)
+    tot = np.where(ddev >= 0, soa_volume(nlo, nhi), 0).astype(np.float64) * item  # [Cd, Dd]
+    tot_b = tot.sum(axis=1)
+    sfx = np.zeros((Cd, Dd + 1))
+    if np.isfinite(bw_out):
+        far = tot / bw_out + np.where(tot > 0, lat_out, 0.0)
+        sfx[:, :Dd] = np.maximum.accumulate(far[:, ::-1], axis=1)[:, ::-1]
+    t = np.zeros((Cs, Cd))
+    nbytes = np.zeros((Cs, Cd))
+    live = (np.arange(Dd)[None] < kd[:, None])[:, None]
+    size = np.asarray(sizes, dtype=np.int32)[:, None]
+    rfull = ((nlo == 0) & (nhi == size) | ~live).all(axis=2)    # regions cover the axis
+    args = (t, nbytes, np.ascontiguousarray(np.clip(ddev, 0, None), dtype=np.int64), kd,
+            ident, np.ascontiguousarray(cut, dtype=np.int64), nlo, nhi, tot, tot_b, sfx,
+            olo, ohi, blo, bhi, ks, hend, sfull, rfull, float(item), float(bw_in),
+            float(bw_out), float(lat_in), float(lat_out), bool(np.isfinite(bw_in)),
+            bool(np.isfinite(bw_out)))
+    run = kernel()
+    split(lambda lo, hi: run(*args, lo, hi), Cd)
+    return t, nbytes
