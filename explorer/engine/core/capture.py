@@ -400,7 +400,7 @@ _FRAME = re.compile(r'File "([^"]+)", line (\d+), in [^\n]*\n\s*([^\n]*)')
 
 @functools.cache
 def _library_dirs() -> tuple:
-    dirs = [Path(torch.__file__).resolve().parent, Path(__file__).resolve().parents[1]]
+    dirs = [Path(torch.__file__).resolve().parent, Path(__file__).resolve().parents[2]]
     for key in ("stdlib", "platstdlib"):
         with contextlib.suppress(KeyError, TypeError):
             dirs.append(Path(sysconfig.get_paths()[key]).resolve())

@@ -62,7 +62,7 @@ CREATE TABLE IF NOT EXISTS captures (
 CREATE INDEX IF NOT EXISTS captures_request ON captures (kind, request);
 """
 
-_PACKAGE = Path(__file__).resolve().parents[1]          # explorer/
+_PACKAGE = Path(__file__).resolve().parents[2]          # explorer/
 _EXAMPLES = _PACKAGE.parent / "example_models"
 
 

@@ -50,6 +50,7 @@ class Method:
     family: str
     description: str
     options_type: type
+    #: the module (dotted name) whose ``search(problem, pins, options)`` runs the method
     module: str
     fixed: dict = field(default_factory=dict, hash=False)
     #: "search" (a paper's method), "baseline" (what it is compared against) or
@@ -63,7 +64,7 @@ class Method:
     @property
     def entry(self) -> Callable:
         import importlib
-        return importlib.import_module(f"{__name__}.{self.module}").search
+        return importlib.import_module(self.module).search
 
 
 METHODS: dict = {}
@@ -78,45 +79,45 @@ def _register(name, family, description, options_type, module, role="baseline", 
 
 
 _register("optcnn", "layerwise", "layer-wise parallelism: node/edge elimination "
-          "(Jia et al., ICML 2018)", OptCNNOptions, "optcnn", role="search")
+          "(Jia et al., ICML 2018)", OptCNNOptions, "explorer.engine.layerwise.optcnn", role="search")
 _register("data", "layerwise", "data parallelism: every layer split on the sample dimension",
-          ClassicOptions, "classic", strategy="data")
+          ClassicOptions, "explorer.engine.layerwise.classic", strategy="data")
 _register("model", "layerwise", "model parallelism: every layer's channels split over all "
-          "devices", ClassicOptions, "classic", strategy="model")
+          "devices", ClassicOptions, "explorer.engine.layerwise.classic", strategy="model")
 _register("owt", "layerwise", "one weird trick: data-parallel convolutions, model-parallel "
-          "dense layers", ClassicOptions, "classic", strategy="owt")
+          "dense layers", ClassicOptions, "explorer.engine.layerwise.classic", strategy="owt")
 _register("megatron", "layerwise", "Megatron-LM tensor x data parallelism: column- then "
           "row-parallel linears, attention heads split, sequence-parallel norms (option tp)",
-          MegatronOptions, "classic")
+          MegatronOptions, "explorer.engine.layerwise.classic")
 _register("exhaustive", "layerwise", "depth-first search over all strategies (small graphs; "
-          "verification)", ExhaustiveOptions, "exhaustive", role="verification")
+          "verification)", ExhaustiveOptions, "explorer.engine.layerwise.exhaustive", role="verification")
 _register("tofu", "tofu", "recursive DP with output reduction (Wang et al., EuroSys 2019)",
-          TofuOptions, "tofu", role="search", algo="tofu")
+          TofuOptions, "explorer.engine.tofu.search", role="search", algo="tofu")
 _register("allrow-greedy", "tofu", "every tensor split on its first axis, ops pick their best "
-          "strategy", TofuOptions, "tofu", algo="allrow-greedy")
+          "strategy", TofuOptions, "explorer.engine.tofu.search", algo="allrow-greedy")
 _register("spartan", "tofu", "largest tensor first, greedy, one k-way step (Spartan)",
-          TofuOptions, "tofu", algo="spartan")
+          TofuOptions, "explorer.engine.tofu.search", algo="spartan")
 _register("equalchop", "tofu", "the DP in one k-way step: every tensor chopped along one axis",
-          TofuOptions, "tofu", algo="equalchop")
+          TofuOptions, "explorer.engine.tofu.search", algo="equalchop")
 _register("icml18", "tofu", "recursive DP without output reduction (Jia et al., ICML 2018)",
-          TofuOptions, "tofu", algo="icml18")
+          TofuOptions, "explorer.engine.tofu.search", algo="icml18")
 _register("celeritas", "placement", "Celeritas: CPD-TOPO, optimal operation fusion, Adjusting "
           "Placement, then simulated refinement of the cluster decisions", CeleritasOptions,
-          "celeritas", algo="celeritas")
+          "explorer.engine.placement.celeritas", algo="celeritas")
 _register("celeritas-paper", "placement", "Celeritas as published: Adjusting Placement of the "
-          "fused clusters, no simulated refinement", CeleritasOptions, "celeritas",
+          "fused clusters, no simulated refinement", CeleritasOptions, "explorer.engine.placement.celeritas",
           role="search", algo="celeritas-paper")
 _register("order-place", "placement", "fused clusters in CPD-TOPO order, one device filled "
-          "after another", CeleritasOptions, "celeritas", algo="order-place")
+          "after another", CeleritasOptions, "explorer.engine.placement.celeritas", algo="order-place")
 _register("m-topo", "placement", "Baechi m-TOPO: BFS topological order, even memory share per "
-          "device", PlacementOptions, "placers", algo="m-topo")
+          "device", PlacementOptions, "explorer.engine.placement.placers", algo="m-topo")
 _register("m-etf", "placement", "Baechi m-ETF: earliest-start-time list scheduling under "
-          "memory limits", PlacementOptions, "placers", algo="m-etf")
+          "memory limits", PlacementOptions, "explorer.engine.placement.placers", algo="m-etf")
 _register("m-sct", "placement", "Baechi m-SCT: m-ETF with LP favourite children (small "
-          "communication time)", PlacementOptions, "placers", algo="m-sct")
+          "communication time)", PlacementOptions, "explorer.engine.placement.placers", algo="m-sct")
 _register("metis", "placement", "METIS k-way partition (pymetis) balancing memory, minimising "
-          "bytes cut", PlacementOptions, "placers", algo="metis")
-_register("single", "placement", "every operator on device 0", PlacementOptions, "placers",
+          "bytes cut", PlacementOptions, "explorer.engine.placement.placers", algo="metis")
+_register("single", "placement", "every operator on device 0", PlacementOptions, "explorer.engine.placement.placers",
           algo="single")
 
 
