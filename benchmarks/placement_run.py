@@ -17,7 +17,7 @@ schedule (:func:`breakdown`) and the memory rule replayed on the run's schedule
                                        [--devices 2] [--steps 10] [--warmup 3]
                                        [--repeat 3] [--json]
 
-Target (issue 14): ``reference_ok`` and the measured step within 15 % of the predicted one
+Target: ``reference_ok`` and the measured step within 15 % of the predicted one
 for ResNet-50 and the Transformer.  On a shared machine the error follows the load; the
 ``canary`` columns (one thread's convolutions per second before the search and after the run)
 show how much the machine's speed moved in between.

@@ -10,7 +10,7 @@ time and the error, plus where the measured time goes.
                                  [--algo optcnn] [--steps 20] [--warmup 5] [--json]
     python benchmarks/runtime.py --failures     # how fast a failing worker ends a run
 
-Target (issue 4): within 10% for each model.
+Target: within 10% for each model.
 """
 
 from __future__ import annotations

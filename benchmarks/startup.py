@@ -6,7 +6,7 @@ Every command runs in a fresh interpreter with its own empty ``EXPLORER_HOME``. 
 commands (``--help``, ``models``, ``presets``) import no torch.  ``search`` rows give the first
 run (the model is traced and stored in the capture cache) and the best later run (read back
 from the cache: no trace, no torch).  ``python -c pass`` and ``import torch`` are the floor
-and what a capture costs before tracing starts.  Targets on a 2-core machine (issue 17):
+and what a capture costs before tracing starts.  Targets on a 2-core machine:
 Inception-v3 at 16 devices ≤ 2.5 s end to end on a second run (its cost tables are most of
 it).
 """

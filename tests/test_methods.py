@@ -162,7 +162,7 @@ def test_every_plan_kind_speaks_the_one_layout_vocabulary(problem, name):
 
 def test_comparisons_come_from_the_registry():
     from explorer.engine.search import comparison
-    # the papers' order, with Megatron-LM (issue 13) after the papers' baselines
+    # the papers' order, with Megatron-LM after the papers' baselines
     assert comparison("layerwise") == ["data", "model", "owt", "megatron", "optcnn"]
     assert comparison("tofu")[-1] == "tofu" and len(comparison("tofu")) == 5
     assert set(comparison("placement")) == set(names("placement"))

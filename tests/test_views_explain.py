@@ -1,4 +1,4 @@
-"""Explanations and units the app shows (issue 16), as plain functions: the one formatter, the
+"""Explanations and units the app shows, as plain functions: the one formatter, the
 glossary, equations 1-3 with a step's numbers (carried by the search trace), the candidate
 table's transfer and "why" columns, colours, CSV, and the Run panel's cost-model line."""
 

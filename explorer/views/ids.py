@@ -172,7 +172,7 @@ STORE_PLACE_PINS = "store-place-pins"            # [{"target", "ops", "device"}]
 STORE_PLACE_SELECTED = "store-place-selected"    # {"kind": "cluster"|"op", ...} (panel)
 STORE_PLACE_EXPANDED = "store-place-expanded"    # expanded cluster index or None (panel)
 
-# -- explanations, CSV downloads, calibration (issue 16) ----------------------------------------
+# -- explanations, CSV downloads, calibration ----------------------------------------------------
 STEP_LEGEND = "step-legend"                      # what each highlight colour of a step means
 STEP_EQUATIONS = "step-equations"                # equations 1-3 with the current step's numbers
 CANDIDATE_CSV_BUTTON = "candidate-csv-button"

@@ -1,6 +1,6 @@
 """Small hand-written transformer blocks in the styles people write today, for the layer-wise
-importer, search and runtime tests (``tests/test_tfops.py``).  Each function returns
-``(model, example_input)`` and is used as the model spec ``tests/tf_models.py:NAME``.
+importer, search and runtime tests (``tests/test_transformer_ops.py``).  Each function returns
+``(model, example_input)`` and is used as the model spec ``tests/transformer_blocks.py:NAME``.
 
 * ``gpt2``: Hugging Face ``Conv1D`` projections (``addmm``, weight ``[in, out]``), a fused
   qkv split, ``q @ k.T`` with a causal ``tril`` buffer sliced ``[:, :, :T, :T]`` and

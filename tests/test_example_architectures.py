@@ -1,4 +1,4 @@
-"""Today's models end to end: every new built-in example and the ``hf:`` architectures import
+"""The example architectures end to end: every new built-in example and the ``hf:`` architectures import
 with every parameter, the layer-wise search equals exhaustive search on reduced sizes, plans of
 data / model / megatron / the search run on 2 local workers matching one device, and Tofu,
 Celeritas and METIS plan each of them.

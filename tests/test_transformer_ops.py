@@ -1,7 +1,7 @@
 """Layer-wise transformer ops: today's attention blocks import, cost, search (OptCNN equal to
 exhaustive search) and run on 2 local workers exactly as one device computes them.
 
-Models: hand-written GPT-2, Llama, BERT and ViT blocks (``tests/tf_models.py``) and Hugging
+Models: hand-written GPT-2, Llama, BERT and ViT blocks (``tests/transformer_blocks.py``) and Hugging
 Face GPT-2, BERT and Llama at tiny configurations (skipped without ``transformers``).
 """
 
@@ -26,9 +26,9 @@ from explorer.engine.search import Problem, run
 from explorer.errors import UnsupportedModel
 
 HERE = Path(__file__).resolve().parent
-SPEC = str(HERE / "tf_models.py")
+SPEC = str(HERE / "transformer_blocks.py")
 sys.path.insert(0, str(HERE))
-import tf_models as M  # noqa: E402
+import transformer_blocks as M  # noqa: E402
 
 HAVE_HF = importlib.util.find_spec("transformers") is not None
 HF = pytest.mark.skipif(not HAVE_HF, reason="transformers is not installed")

@@ -1,4 +1,5 @@
-"""Issue 16 in headless Chromium: explanations where people look, and each listed defect.
+"""The app's explanations in headless Chromium: tooltips, units and labels where people look,
+and the defects once found in them, each checked as a person would see it.
 
 Every test drives the real app (``dash_duo``) at 1500×1100 and reads what a person sees:
 tooltips, texts, element boxes (one thing covering another is a box intersection), node
