@@ -1,7 +1,30 @@
 """Shared fixtures: every test runs with its own EXPLORER_HOME (profile cache, plan history,
-background-callback cache), so tests never touch the user's files or each other's."""
+background-callback cache), so tests never touch the user's files or each other's.
+
+Tests run their plans on CPU worker processes on every machine: ``EXPLORER_DEVICE=cpu`` (the
+local preset, the launcher and the profiler all read it), so the suite passes the same on a
+machine with a GPU.  A test that needs CUDA is marked ``gpu`` (it keeps ``auto``: the GPUs)
+and is skipped where torch sees no CUDA GPU."""
 
 import pytest
+
+
+def _has_cuda() -> bool:
+    try:
+        import torch
+        return bool(torch.cuda.is_available())
+    except Exception:  # noqa: BLE001 - no usable torch build is no GPU
+        return False
+
+
+def pytest_collection_modifyitems(config, items):
+    """Skip the tests marked ``gpu`` when torch sees no CUDA GPU."""
+    gpu_items = [item for item in items if item.get_closest_marker("gpu") is not None]
+    if not gpu_items or _has_cuda():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
+    for item in gpu_items:
+        item.add_marker(skip)
 
 
 @pytest.fixture(autouse=True)
@@ -9,3 +32,13 @@ def _isolated_home(tmp_path_factory, monkeypatch):
     home = tmp_path_factory.mktemp("explorer-home")
     monkeypatch.setenv("EXPLORER_HOME", str(home))
     yield home
+
+
+@pytest.fixture(autouse=True)
+def _cpu_workers(request, monkeypatch):
+    """CPU workers unless the test is marked ``gpu`` (then the machine's choice: CUDA)."""
+    if request.node.get_closest_marker("gpu") is None:
+        monkeypatch.setenv("EXPLORER_DEVICE", "cpu")
+    else:
+        monkeypatch.setenv("EXPLORER_DEVICE", "auto")
+    yield

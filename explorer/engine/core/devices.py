@@ -21,11 +21,49 @@ from pathlib import Path
 
 import numpy as np
 
-from explorer.errors import UnknownPreset
+from explorer.errors import ExplorerError, UnknownPreset
 from explorer.engine.core.storage import home
 
 GB = 1e9
 GiB = 1024 ** 3
+
+#: what local workers compute on: ``cpu``, ``cuda`` or ``auto`` (default: CUDA when this
+#: machine has a GPU, else CPU).  The tests set ``cpu`` so they run the same on a GPU machine.
+DEVICE_ENV = "EXPLORER_DEVICE"
+DEVICE_KINDS = ("auto", "cpu", "cuda")
+
+
+class DeviceRequestError(ExplorerError):
+    """Devices asked for that this machine does not have (CUDA or NCCL without a GPU, more
+    GPUs than exist, an unknown device kind): one line, exit code 2."""
+
+
+def gpu_count() -> int:
+    """CUDA GPUs torch sees here (0 without a CUDA build or driver; never raises)."""
+    try:
+        import torch
+        return int(torch.cuda.device_count()) if torch.cuda.is_available() else 0
+    except Exception:  # noqa: BLE001 - a broken driver is no GPU
+        return 0
+
+
+def worker_device_kind(kind: str | None = None, gpus: int | None = None) -> str:
+    """``"cpu"`` or ``"cuda"``: what local workers compute on.  ``kind`` (else
+    ``$EXPLORER_DEVICE``, else ``auto``): ``auto`` is CUDA when there is a GPU, else CPU;
+    ``cuda`` on a machine without one is a :class:`DeviceRequestError`.  ``gpus``: the GPU
+    count to judge by (default: :func:`gpu_count`)."""
+    raw = kind if kind is not None else os.environ.get(DEVICE_ENV) or "auto"
+    k = str(raw).strip().lower()
+    if k not in DEVICE_KINDS:
+        src = "" if kind is not None else f" (from ${DEVICE_ENV})"
+        raise DeviceRequestError(f"device kind {raw!r}{src}: use cpu, cuda or auto")
+    g = gpu_count() if gpus is None else int(gpus)
+    if k == "cuda" and g < 1:
+        raise DeviceRequestError("CUDA workers asked for (--device cuda or EXPLORER_DEVICE=cuda)"
+                                 " but this machine has no CUDA GPU: use --device cpu")
+    if k == "auto":
+        k = "cuda" if g > 0 else "cpu"
+    return k
 
 
 @dataclass(frozen=True)
@@ -209,16 +247,13 @@ def preset(name: str, n: int | None = None) -> DeviceGraph:
 
 
 def local(n: int | None = None) -> DeviceGraph:
-    """The local machine: every CUDA GPU, else ``n`` CPU worker processes (default: cores).
+    """The local machine: every CUDA GPU, else ``n`` CPU worker processes (default: cores);
+    ``$EXPLORER_DEVICE=cpu`` gives CPU workers on a GPU machine too.
 
     Uses the calibrated figures written by ``explorer calibrate`` when present, otherwise
     conservative defaults for one CPU core per worker (gloo over loopback, ~9 GB/s measured).
     """
-    try:
-        import torch
-        ngpu = torch.cuda.device_count()
-    except Exception:  # noqa: BLE001
-        ngpu = 0
+    ngpu = gpu_count() if worker_device_kind() == "cuda" else 0   # $EXPLORER_DEVICE=cpu: CPU
     cal = _calibration()
     if ngpu:
         n = ngpu if n is None else n

@@ -494,7 +494,7 @@ class Profiler:
     reps : timed forward+backward runs; the median is the result.
     warmup : untimed runs before them (at least one always runs: it allocates the output
         gradients and warms the allocator and kernel caches).
-    device : ``"cpu"`` or ``"cuda"``; ``None`` picks CUDA when available.
+    device : ``"cpu"`` or ``"cuda"``; ``None``: ``$EXPLORER_DEVICE``, else CUDA when available.
     budget_s : cap on the timed runs of one shard: when the first run shows that ``reps``
         runs would take longer, fewer (at least one) are timed and no further warm-up runs
         happen.  Long runs vary little, and this keeps a CPU profile of a large model from
@@ -525,7 +525,10 @@ class Profiler:
         self.cold = bool(cold)
         self.flush_bytes = int(flush_bytes if flush_bytes is not None else
                                int(os.environ.get("EXPLORER_PROFILE_FLUSH_MB", "8")) * 2 ** 20)
-        self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        if device is None:             # $EXPLORER_DEVICE (tests: cpu), else CUDA when there
+            from explorer.engine.core.devices import worker_device_kind
+            device = worker_device_kind()
+        self.device = device
         dev_type = torch.device(self.device).type
         if dev_type == "cuda":
             if not torch.cuda.is_available():

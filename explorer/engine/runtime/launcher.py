@@ -120,7 +120,8 @@ def validate(plan_dict: dict, expect: dict | None = None, check_local: bool = Tr
                 raise InfeasiblePlan(f"layer {la.name}: degree {k}={v} exceeds its size "
                                      f"{layer.size(k)}")
     if check_local:
-        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        from explorer.engine.core.devices import gpu_count, worker_device_kind
+        gpus = gpu_count() if worker_device_kind() == "cuda" else 0
         cores = _cores()
         if gpus and plan.n_devices > gpus:
             raise InfeasiblePlan(f"the plan needs {plan.n_devices} devices, this machine has "
@@ -156,7 +157,8 @@ _PEER_HINTS = ("Connection closed by peer", "Connection reset", "Broken pipe",
 def choose_backend(n: int, backend: str = "auto") -> str:
     """``"auto"``: NCCL when this machine has a CUDA GPU for each of ``n`` workers, else
     gloo.  ``"gloo"`` / ``"nccl"`` force one (NCCL only when the GPUs are there)."""
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    from explorer.engine.core.devices import gpu_count, worker_device_kind
+    gpus = gpu_count() if worker_device_kind() == "cuda" else 0    # $EXPLORER_DEVICE=cpu: none
     if backend == "auto":
         return "nccl" if gpus >= n > 0 else "gloo"
     if backend == "nccl" and gpus < n:
