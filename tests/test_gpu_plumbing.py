@@ -48,3 +48,149 @@ def test_gpu_marked_tests_see_the_gpus():
     import torch
     assert torch.cuda.is_available()
     assert D.worker_device_kind() == "cuda"
+
+
+# --------------------------------------------------------------------------------------------
+# N workers on G GPUs: backend and device per rank (runtime/devicemap.py)
+# --------------------------------------------------------------------------------------------
+
+from explorer.engine.runtime import devicemap as M  # noqa: E402
+
+
+@pytest.mark.parametrize("n", [1, 2, 5])
+def test_no_gpu_is_gloo_on_cpu(n):
+    m = M.map_workers(n, 0)
+    assert (m.backend, m.devices, m.gpus, m.shared, m.staged, m.kind) == \
+        ("gloo", ("cpu",) * n, 0, False, False, "cpu")
+    assert m.note is None and m.describe()["worker_devices"] == ["cpu"] * n
+
+
+@pytest.mark.parametrize("n,g", [(1, 1), (2, 2), (3, 8), (8, 8)])
+def test_a_gpu_per_worker_is_nccl(n, g):
+    m = M.map_workers(n, g)
+    assert m.backend == "nccl" and m.devices == tuple(f"cuda:{r}" for r in range(n))
+    assert m.gpus == n and not m.shared and not m.staged and m.kind == "cuda"
+
+
+@pytest.mark.parametrize("n,g,want", [(2, 1, ("cuda:0", "cuda:0")),
+                                      (4, 1, ("cuda:0",) * 4),
+                                      (3, 2, ("cuda:0", "cuda:1", "cuda:0")),
+                                      (5, 2, ("cuda:0", "cuda:1", "cuda:0", "cuda:1", "cuda:0"))])
+def test_more_workers_than_gpus_share_them_over_gloo(n, g, want):
+    m = M.map_workers(n, g)
+    assert m.backend == "gloo" and m.devices == want and m.gpus == g
+    assert m.shared and m.staged
+    assert m.describe()["shared"] is True
+    assert "timing is shared, not a prediction target" in m.note
+    assert f"{n} workers share {g} GPU" in m.note
+
+
+def test_gloo_by_request_on_gpus_is_staged():
+    m = M.map_workers(2, 2, backend="gloo")
+    assert m.backend == "gloo" and m.devices == ("cuda:0", "cuda:1") and m.staged
+    assert not m.shared
+
+
+def test_cpu_workers_on_a_gpu_machine():
+    m = M.map_workers(4, 8, kind="cpu")
+    assert m.backend == "gloo" and m.devices == ("cpu",) * 4 and m.gpus == 0
+
+
+def test_use_fewer_gpus_than_there_are():
+    m = M.map_workers(4, 8, use_gpus=2)
+    assert m.devices == ("cuda:0", "cuda:1", "cuda:0", "cuda:1") and m.shared
+    assert M.map_workers(2, 8, use_gpus=2).backend == "nccl"
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(n=2, gpus=0, backend="nccl"), "NCCL needs CUDA GPUs: this machine has none"),
+    (dict(n=2, gpus=4, backend="nccl", kind="cpu"), "NCCL needs CUDA GPUs"),
+    (dict(n=3, gpus=2, backend="nccl"), "NCCL needs a GPU per worker: 3 workers, 2 GPUs"),
+    (dict(n=2, gpus=1, use_gpus=2), "2 GPUs asked for, this machine has 1"),
+    (dict(n=2, gpus=0, use_gpus=1, kind="auto"), "1 GPUs asked for, this machine has 0"),
+    (dict(n=2, gpus=0, kind="cuda"), "no CUDA GPU"),
+    (dict(n=2, gpus=2, backend="mpi"), "backend 'mpi'"),
+    (dict(n=0, gpus=2), "at least one worker"),
+    (dict(n=2, gpus=2, use_gpus=0), "--gpus must be"),
+])
+def test_impossible_requests_are_one_line_errors(kw, match):
+    from explorer.errors import ExplorerError
+    n, g = kw.pop("n"), kw.pop("gpus")
+    with pytest.raises(M.DeviceRequestError, match=match) as info:
+        M.map_workers(n, g, **kw)
+    assert isinstance(info.value, ExplorerError) and "\n" not in str(info.value)
+
+
+def test_local_map_reads_the_environment(monkeypatch):
+    monkeypatch.setattr(D, "gpu_count", lambda: 2)
+    monkeypatch.setattr(M, "gpu_count", lambda: 2)
+    assert M.local_map(3).devices == ("cpu",) * 3              # the tests' EXPLORER_DEVICE=cpu
+    monkeypatch.setenv("EXPLORER_DEVICE", "auto")
+    assert M.local_map(2).backend == "nccl"
+    assert M.local_map(3).devices == ("cuda:0", "cuda:1", "cuda:0")
+    monkeypatch.setenv("EXPLORER_GPUS", "1")
+    assert M.local_map(2).devices == ("cuda:0", "cuda:0")
+    monkeypatch.setenv("EXPLORER_GPUS", "3")
+    with pytest.raises(M.DeviceRequestError, match="3 GPUs asked for"):
+        M.local_map(2)
+    monkeypatch.delenv("EXPLORER_GPUS")
+    monkeypatch.setenv("EXPLORER_BACKEND", "gloo")
+    assert M.local_map(2).backend == "gloo" and M.local_map(2).staged
+
+
+def test_torchrun_ranks_are_placed_as_local_workers():
+    assert M.torchrun_device(1, 4, 4) == ("nccl", "cuda:1")
+    assert M.torchrun_device(3, 4, 2) == ("gloo", "cuda:1")
+    assert M.torchrun_device(0, 2, 0) == ("gloo", "cpu")
+
+
+def test_the_launcher_and_the_workers_use_the_map(monkeypatch):
+    """``start_workers`` hands each rank its mapped device (the plain launcher on CPU here)
+    and reports the map; ``validate`` warns when workers would share GPUs."""
+    from explorer.engine.runtime import launcher
+    got = launcher.start_workers(2, _report_device, None, timeout_s=60)
+    assert {r: v["device"] for r, v in got.results.items()} == {0: "cpu", 1: "cpu"}
+    assert got.describe()["worker_devices"] == ["cpu", "cpu"]
+    assert got.describe()["shared"] is False and got.backend == "gloo"
+
+
+def _report_device(rank, world, device, payload, send):
+    from explorer.engine.runtime import comm
+    send("result", "device", device)
+    send("result", "staged", comm.staged())
+
+
+def test_join_group_sets_up_a_cpu_rank():
+    import torch
+    from explorer.engine.runtime import comm
+    from explorer.engine.runtime.worker import join_group
+    threads = torch.get_num_threads()
+    try:
+        assert join_group(0, 1, "gloo", 10.0, local_rank=0, device="cpu") == "cpu"
+        assert comm.staged() is False
+        assert join_group(0, 1, "gloo", 10.0, local_rank=0, device="cpu", staged=True) == "cpu"
+        assert comm.staged() is True
+    finally:
+        comm.set_staged(False)
+        torch.set_num_threads(threads)
+
+
+def _plan(model="lenet5", algo="data", batch=4, devices=2):
+    from explorer import service
+    req = service.Request(model=model, preset="local", devices=devices, batch=batch, algo=algo)
+    doc = service.search(req, None)
+    doc.pop("trace", None)
+    return doc
+
+
+def test_validate_warns_when_workers_share_gpus(monkeypatch):
+    from explorer.engine.runtime import launcher
+    plan = _plan()
+    monkeypatch.setenv("EXPLORER_DEVICE", "auto")
+    monkeypatch.setattr(M, "gpu_count", lambda: 1)
+    monkeypatch.setattr(D, "gpu_count", lambda: 1)
+    _, warns = launcher.validate(plan, check_local=True)
+    assert any("2 workers share 1 GPU" in w for w in warns), warns
+    monkeypatch.setenv("EXPLORER_BACKEND", "nccl")
+    with pytest.raises(M.DeviceRequestError, match="NCCL needs a GPU per worker"):
+        launcher.validate(plan)

@@ -194,7 +194,7 @@ def measure_link(devices: int = 2, quick: bool = False, timeout_s: float = 120.0
     from explorer.engine.runtime.launcher import RunFailed, start_workers
     try:
         got = start_workers(max(2, int(devices)), _link_worker, quick, timeout_s=timeout_s,
-                            backend="gloo", name="explorer-calibrate")
+                            backend="gloo", name="explorer-calibrate", kind="cpu")
     except RunFailed as exc:
         raise RunFailed(f"link calibration: {exc}", exc.rank, exc.pids) from None
     return got.results[0]["link"]
@@ -373,7 +373,8 @@ def _profile_lockstep(k, model, devices, batch, model_args, reps, warmup,
     try:
         got = start_workers(k, _lockstep_worker, (model, devices, batch, model_args, counts,
                                                   warmup, barrier),
-                            timeout_s=3600.0, backend="gloo", name="explorer-profile")
+                            timeout_s=3600.0, backend="gloo", name="explorer-profile",
+                            kind="cpu")
     except RunFailed as exc:
         raise RunFailed(f"lockstep profiling: {exc}", exc.rank, exc.pids) from None
     res = {r: v["times"] for r, v in got.results.items()}

@@ -120,13 +120,12 @@ def validate(plan_dict: dict, expect: dict | None = None, check_local: bool = Tr
                 raise InfeasiblePlan(f"layer {la.name}: degree {k}={v} exceeds its size "
                                      f"{layer.size(k)}")
     if check_local:
-        from explorer.engine.core.devices import gpu_count, worker_device_kind
-        gpus = gpu_count() if worker_device_kind() == "cuda" else 0
+        from explorer.engine.runtime.devicemap import local_map
+        wmap = local_map(plan.n_devices)      # refuses what this machine cannot give
         cores = _cores()
-        if gpus and plan.n_devices > gpus:
-            raise InfeasiblePlan(f"the plan needs {plan.n_devices} devices, this machine has "
-                                 f"{gpus} GPUs")
-        if not gpus and plan.n_devices > cores:
+        if wmap.shared:
+            warns.append(wmap.note)
+        if wmap.kind == "cpu" and plan.n_devices > cores:
             warns.append(f"{plan.n_devices} CPU workers on {cores} cores: the processes share "
                          f"cores, so the measured times mean little")
         if plan.preset != "local":
@@ -155,17 +154,11 @@ _PEER_HINTS = ("Connection closed by peer", "Connection reset", "Broken pipe",
 
 
 def choose_backend(n: int, backend: str = "auto") -> str:
-    """``"auto"``: NCCL when this machine has a CUDA GPU for each of ``n`` workers, else
-    gloo.  ``"gloo"`` / ``"nccl"`` force one (NCCL only when the GPUs are there)."""
-    from explorer.engine.core.devices import gpu_count, worker_device_kind
-    gpus = gpu_count() if worker_device_kind() == "cuda" else 0    # $EXPLORER_DEVICE=cpu: none
-    if backend == "auto":
-        return "nccl" if gpus >= n > 0 else "gloo"
-    if backend == "nccl" and gpus < n:
-        raise InfeasiblePlan(f"NCCL needs a GPU per worker: {n} workers, {gpus} GPUs")
-    if backend not in ("gloo", "nccl"):
-        raise InfeasiblePlan(f"backend {backend!r}: use auto, gloo or nccl")
-    return backend
+    """The backend ``n`` local workers use (:func:`.devicemap.local_map`): NCCL when this
+    machine has a CUDA GPU for each worker, else gloo; ``"gloo"`` / ``"nccl"`` force one
+    (NCCL only when the GPUs are there: else :class:`.devicemap.DeviceRequestError`)."""
+    from explorer.engine.runtime.devicemap import local_map
+    return local_map(n, backend=backend).backend
 
 
 @dataclass
@@ -177,16 +170,26 @@ class Gathered:
     pids: list
     elapsed_s: float
     backend: str
+    map: object = None           # the :class:`.devicemap.WorkerMap` the workers ran on
+
+    def describe(self) -> dict:
+        """The workers' devices for a run result (:meth:`.devicemap.WorkerMap.describe`)."""
+        return self.map.describe() if self.map is not None else {"backend": self.backend}
 
 
 def start_workers(n: int, entry, payload, *, timeout_s: float, backend: str = "auto",
                   progress=None, name: str = "explorer-worker", jobs: int = 1,
-                  memory_limit: float | None = None) -> Gathered:
+                  memory_limit: float | None = None, kind: str | None = None,
+                  use_gpus: int | None = None) -> Gathered:
     """Run ``entry(rank, world, device, payload, send)`` in ``n`` new local processes.
 
     The one way the runtime starts workers: ``torch.multiprocessing`` spawn, a free port on
     127.0.0.1 for the rendezvous, the process group set up in each worker
-    (:func:`worker.process_main`: gloo on CPU, NCCL with a GPU per worker), one thread each.
+    (:func:`worker.process_main`), one thread each.  Devices and backend come from
+    :func:`.devicemap.local_map` (``kind``: ``cpu`` / ``cuda`` / ``auto``, default
+    ``$EXPLORER_DEVICE``; ``use_gpus``, default ``$EXPLORER_GPUS``): gloo on CPU, NCCL with a
+    GPU per worker, gloo with host-staged transfers when workers share GPUs; the
+    :class:`Gathered` result carries the map (``describe()``: what a run reports).
     The launcher then watches: a worker that reports an error or dies stops the run within
     about two seconds, a run longer than ``timeout_s`` is stopped, and either way every worker
     is killed (they also die with the launcher) and :class:`RunFailed` names the rank that
@@ -197,14 +200,16 @@ def start_workers(n: int, entry, payload, *, timeout_s: float, backend: str = "a
     """
     import torch.multiprocessing as mp
 
+    from explorer.engine.runtime.devicemap import local_map
     from explorer.engine.runtime.worker import process_main
-    backend = choose_backend(n, backend)
+    wmap = local_map(n, backend=backend, kind=kind, use_gpus=use_gpus)
+    backend = wmap.backend
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     port = _free_port()
     procs = [ctx.Process(target=process_main, name=f"{name}-{r}",
                          args=(r, n, "127.0.0.1", port, backend, timeout_s, entry, payload, q,
-                               memory_limit))
+                               memory_limit, wmap.device(r), wmap.staged))
              for r in range(n)]
     t0 = time.monotonic()
     results: dict = {}
@@ -267,7 +272,7 @@ def start_workers(n: int, entry, payload, *, timeout_s: float, backend: str = "a
                 any(h in errors[rank][0] for h in _PEER_HINTS):
             rank = stuck[0]
         raise RunFailed(msg, rank, pids)
-    return Gathered(results, pids, time.monotonic() - t0, backend)
+    return Gathered(results, pids, time.monotonic() - t0, backend, wmap)
 
 
 def launch_many(plans: list, steps: int = 20, warmup: int = 5, timeout_s: float = 600.0, *,
@@ -303,6 +308,7 @@ def launch_many(plans: list, steps: int = 20, warmup: int = 5, timeout_s: float 
         res = got.results.get(0, {}).get(i)
         if res is None:
             raise RunFailed(f"rank 0 finished without a result for plan {i}", 0, got.pids)
+        res.update(got.describe())
         res["warnings"] = warns
         res["launch_time_s"] = got.elapsed_s
         res["pids"] = got.pids

@@ -10,8 +10,6 @@ import json
 import os
 import sys
 
-import torch
-
 from explorer.engine.runtime.worker import destroy_group, join_group, run_job
 
 # --------------------------------------------------------------------------------------------
@@ -59,6 +57,18 @@ def main(argv=None) -> int:
     return 0 if res.get("reference_ok") in (True, None) else 1
 
 
+def _rank_device(local_rank: int) -> tuple:
+    """``(backend, device)`` of this torchrun rank: this node's ``LOCAL_WORLD_SIZE``
+    processes on its GPUs as local workers are mapped (:func:`.devicemap.torchrun_device`;
+    ``$EXPLORER_DEVICE`` chooses the kind, ``$EXPLORER_BACKEND`` may force gloo or nccl)."""
+    from explorer.engine.core.devices import gpu_count, worker_device_kind
+    from explorer.engine.runtime.devicemap import BACKEND_ENV, torchrun_device
+    kind = worker_device_kind()
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("WORLD_SIZE") or 1)
+    return torchrun_device(local_rank, local_world, gpu_count() if kind == "cuda" else 0,
+                           backend=os.environ.get(BACKEND_ENV) or "auto", kind=kind)
+
+
 def _torchrun_rank(doc: dict, args):
     """This process as one rank of a layer-wise plan under torchrun (rendezvous, ranks and
     world size from its environment); rank 0 returns the result, the others ``None``."""
@@ -72,8 +82,8 @@ def _torchrun_rank(doc: dict, args):
     local = int(os.environ.get("LOCAL_RANK", rank))
     plan_dict = doc
     validate(plan_dict, {"devices": world}, check_local=False)
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
-    device = join_group(rank, world, backend, args.timeout, local)
+    backend, device = _rank_device(local)
+    device = join_group(rank, world, backend, args.timeout, local, device=device)
     try:
         job = {"plan": plan_dict, "steps": args.steps, "warmup": args.warmup,
                "check": not args.no_check, "lr": args.lr}

@@ -267,34 +267,49 @@ def _threads():
 
 
 def join_group(rank: int, world: int, backend: str, timeout_s: float,
-               local_rank: int | None = None) -> str:
-    """Set this process up as rank ``rank`` of ``world``: one compute thread, the process
-    group (``MASTER_ADDR``/``MASTER_PORT`` from the environment: set by the launcher or by
-    torchrun; none for a single worker), pinned to its own core on CPU when the launcher
-    started it (``local_rank`` is None).  Returns the torch
-    device the rank computes on (``cuda:LOCAL_RANK`` with NCCL, else ``cpu``)."""
+               local_rank: int | None = None, device: str | None = None,
+               staged: bool | None = None) -> str:
+    """Set this process up as rank ``rank`` of ``world``: one compute thread, its device, the
+    process group (``MASTER_ADDR``/``MASTER_PORT`` from the environment: set by the launcher
+    or by torchrun; none for a single worker), pinned to its own core on CPU when the launcher
+    started it (``local_rank`` is None).  ``device``: what :func:`.devicemap.map_workers`
+    gave this rank (``cpu`` or ``cuda:i``); None: ``cuda:LOCAL_RANK`` with NCCL, else ``cpu``.
+    ``staged``: move tensors through host memory for gloo (:mod:`.comm`; default: gloo on a
+    CUDA device).  Returns the torch device the rank computes on."""
+    from explorer.engine.runtime import comm
     _threads()
-    device = "cpu"
-    if backend == "nccl":                  # only chosen when there is a GPU per worker
+    if device is None:
         local = rank if local_rank is None else local_rank
-        torch.cuda.set_device(local)
-        device = f"cuda:{local}"
+        device = f"cuda:{local}" if backend == "nccl" else "cpu"
+    if str(device).startswith("cuda"):
+        torch.cuda.set_device(torch.device(device))
+    if staged is None:
+        staged = backend == "gloo" and str(device).startswith("cuda")
+    comm.set_staged(bool(staged))
     if world > 1:
-        dist.init_process_group(backend, rank=rank, world_size=world,
-                                timeout=timedelta(seconds=float(timeout_s)))
-    if backend != "nccl" and local_rank is None:   # torchrun places its processes itself
+        kw = {}
+        if backend == "nccl":
+            kw["device_id"] = torch.device(device)     # binds the group to this rank's GPU
+        try:
+            dist.init_process_group(backend, rank=rank, world_size=world,
+                                    timeout=timedelta(seconds=float(timeout_s)), **kw)
+        except TypeError:              # a torch without ``device_id``
+            dist.init_process_group(backend, rank=rank, world_size=world,
+                                    timeout=timedelta(seconds=float(timeout_s)))
+    if not str(device).startswith("cuda") and local_rank is None:   # torchrun places its own
         _pin(rank, world)
-    return device
+    return str(device)
 
 
 def process_main(rank, world, addr, port, backend, timeout_s, entry, payload, queue,
-                 memory_limit=None):
+                 memory_limit=None, device=None, staged=None):
     """Body of every local worker process (:func:`launcher.start_workers`, one per rank).
 
     Joins the process group, then calls ``entry(rank, world, device, payload, send)``;
     ``send(kind, key, value)`` reports to the launcher (``"result"``, ``"progress"``).  Ends by
     reporting ``done``, or the error, after which the process exits at once.
-    ``memory_limit`` (bytes): a :class:`.memlimit.MemoryGuard` the entry arms once set up."""
+    ``memory_limit`` (bytes): a :class:`.memlimit.MemoryGuard` the entry arms once set up.
+    ``device`` / ``staged``: this rank's device and transfer staging (:func:`join_group`)."""
     from explorer.engine.runtime import memlimit
     _set_pdeathsig()
     os.environ.update({"MASTER_ADDR": addr, "MASTER_PORT": str(port), "RANK": str(rank),
@@ -309,7 +324,7 @@ def process_main(rank, world, addr, port, backend, timeout_s, entry, payload, qu
         queue.join_thread()
     guard = memlimit.install(memory_limit, rank, over_limit)
     try:
-        device = join_group(rank, world, backend, timeout_s)
+        device = join_group(rank, world, backend, timeout_s, device=device, staged=staged)
         entry(rank, world, device, payload, send)
         send("done")
         queue.close()
