@@ -63,10 +63,9 @@ def end_to_end(spec: str, batch: int, margs: dict, workers: int) -> tuple:
 
 def _clear_caches():
     from explorer.engine.tofu import search as tofu
+    from explorer.engine.tofu.partition import clear_caches
     from explorer.engine.tofu.tdl import aten
-    tofu._COST_CACHE.clear()
-    tofu._STRAT_CACHE.clear()
-    tofu._PAIR_CACHE.clear()
+    clear_caches()
     aten._BOUND_CACHE.clear()
 
 

@@ -40,10 +40,8 @@ class Request:
     degrees: str = "auto"             # layer-wise degrees (see geometry.degree_values)
 
     def __post_init__(self):
-        if self.batch is not None:
-            self.batch = int(self.batch)
-            if self.batch < 1:
-                raise ValueError(f"batch must be ≥ 1, got {self.batch}")
+        from explorer.engine.search.problem import check_settings
+        self.batch = check_settings(self.batch, self.cost, self.sync)
         self.devices = int(self.devices)
         if self.devices < 1:
             raise ValueError(f"devices must be ≥ 1, got {self.devices}")

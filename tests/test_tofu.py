@@ -12,6 +12,7 @@ from torch import nn
 from _helpers import explorer_cli
 from explorer.engine.core.opgraph import TorchValue, build_from_module, build_opgraph
 from explorer.engine.search import names
+from explorer.engine.tofu import partition as P
 from explorer.engine.tofu import search as tofu
 from explorer.engine.tofu.tdl.aten import UnsupportedOp, describe_op
 
@@ -112,8 +113,8 @@ def test_variable_elimination_equals_brute_force_on_random_factor_graphs():
         for _ in range(int(rng.integers(1, 12))):
             vs = list(rng.choice(n, size=int(rng.integers(1, min(4, n) + 1)), replace=False))
             vs = [f"c{i}" for i in vs]
-            factors.append(tofu._Factor(vs, rng.random([len(dom[v]) for v in vs]) * 10))
-        opt, assign = tofu._eliminate(factors, dom, 1 << 20)
+            factors.append(P.Factor(vs, rng.random([len(dom[v]) for v in vs]) * 10))
+        opt, assign = P.eliminate(factors, dom, 1 << 20)
         assert opt == pytest.approx(_brute_force(factors, dom))
         # the assignment achieves the optimum
         val = sum(float(f.table[tuple(assign[v] for v in f.vars)]) for f in factors)
@@ -123,18 +124,18 @@ def test_variable_elimination_equals_brute_force_on_random_factor_graphs():
 def test_each_recursive_step_is_optimal_against_brute_force_on_a_small_chain():
     g = build_opgraph("mlp", 4, {"layers": 1, "hidden": 4})
     seen = []
-    orig = tofu._eliminate
+    orig = P.eliminate
 
     def check(factors, dom, mx):
         opt, assign = orig(factors, dom, mx)
         assert np.prod([len(d) for d in dom.values()]) < 5e6
         seen.append((opt, _brute_force(factors, dom)))
         return opt, assign
-    tofu._eliminate = check
+    P.eliminate = check
     try:
         res = tofu.partition(g, 4)
     finally:
-        tofu._eliminate = orig
+        P.eliminate = orig
     assert len(seen) == 2 == len(res.steps)
     for opt, brute in seen:
         assert opt == pytest.approx(brute)

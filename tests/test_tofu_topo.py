@@ -78,16 +78,17 @@ plan_pairs: dict = {}
 def _partition_with_pairs(g, k, devices, algo="tofu"):
     """Partition and keep each step's pair bytes (recorded from the search's own helper)."""
     rec = []
-    orig = tofu.level_order
+    from explorer.engine.tofu import partition as P
+    orig = P.level_order
 
     def spy(factors, deltas, pair_bytes, bw):
         rec.append([None if p is None else np.array(p) for p in pair_bytes])
         return orig(factors, deltas, pair_bytes, bw)
-    tofu.level_order = spy
+    P.level_order = spy
     try:
         plan = tofu.partition(g, k, devices, options={"algo": algo})
     finally:
-        tofu.level_order = orig
+        P.level_order = orig
     plan_pairs[id(plan)] = rec[0] if rec else None
     return plan
 

@@ -11,7 +11,25 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-__all__ = ["Problem"]
+__all__ = ["Problem", "check_settings"]
+
+
+def check_settings(batch=None, cost: str = "analytic", sync: str = "ps") -> int | None:
+    """The settings a request and a problem share, validated in one place: ``batch`` (``None``
+    or an integer ≥ 1, returned as ``int``), ``cost`` and ``sync``.  ``ValueError`` with the
+    value given."""
+    if batch is not None:
+        try:
+            batch = int(batch)
+        except (TypeError, ValueError):
+            raise ValueError(f"batch must be an integer ≥ 1, got {batch!r}") from None
+        if batch < 1:
+            raise ValueError(f"batch must be ≥ 1, got {batch}")
+    if cost not in ("analytic", "measured"):
+        raise ValueError(f"cost must be analytic or measured, got {cost!r}")
+    if sync not in ("ps", "ring"):
+        raise ValueError(f"sync must be ps or ring, got {sync!r}")
+    return batch
 
 
 @dataclass
@@ -43,12 +61,7 @@ class Problem:
     def __post_init__(self):
         if self.devices is None:
             raise ValueError("a problem needs a device graph")
-        if self.batch is not None and int(self.batch) < 1:
-            raise ValueError(f"batch must be ≥ 1, got {self.batch}")
-        if self.cost not in ("analytic", "measured"):
-            raise ValueError(f"cost must be analytic or measured, got {self.cost!r}")
-        if self.sync not in ("ps", "ring"):
-            raise ValueError(f"sync must be ps or ring, got {self.sync!r}")
+        self.batch = check_settings(self.batch, self.cost, self.sync)
         if self.model is None:       # a prebuilt capture names its model (a placer graph
             g = self.layer_graph_ or self.opgraph_       # alone does not: it cannot be re-traced)
             if g is not None:
