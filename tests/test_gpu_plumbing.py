@@ -194,3 +194,183 @@ def test_validate_warns_when_workers_share_gpus(monkeypatch):
     monkeypatch.setenv("EXPLORER_BACKEND", "nccl")
     with pytest.raises(M.DeviceRequestError, match="NCCL needs a GPU per worker"):
         launcher.validate(plan)
+
+
+# --------------------------------------------------------------------------------------------
+# device plumbing: every tensor an executor creates follows the worker's device
+# --------------------------------------------------------------------------------------------
+#
+# Without a GPU the test cannot put a worker on another device, so it checks the rule itself:
+# every factory call (zeros, empty, full, arange, tensor, ...) made by runtime code while an
+# executor runs must name a device (``device=`` the worker's, or ``like.device``).  A call
+# without one makes a CPU tensor, which on a CUDA worker is the reported crash "Expected all
+# tensors to be on the same device, cuda:0 and cpu".  The executors run in this process as
+# rank 0 of a fake two-rank process group (transfers complete at once, with no data), so
+# their exchange paths - receive buffers, accumulators, collectives - run too.
+
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import torch  # noqa: E402
+from torch.overrides import TorchFunctionMode  # noqa: E402
+
+RUNTIME_DIR = str(Path(__file__).resolve().parent.parent / "explorer" / "engine" / "runtime")
+_TORCH_DIR = str(Path(torch.__file__).resolve().parent)
+
+_FACTORIES = {torch.zeros, torch.ones, torch.empty, torch.full, torch.arange, torch.tensor,
+              torch.as_tensor, torch.randn, torch.rand, torch.randint, torch.eye,
+              torch.linspace, torch.empty_strided, torch.scalar_tensor}
+
+
+class DeviceAudit(TorchFunctionMode):
+    """Records ``file:line factory`` for every factory call from ``explorer/engine/runtime``
+    that names no device, and every op whose tensor arguments lie on several devices."""
+
+    def __init__(self):
+        super().__init__()
+        self.undeviced: dict = {}
+        self.mixed: dict = {}
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        f = sys._getframe(1)
+        while f.f_back is not None and (f.f_code.co_name == "__torch_function__" or
+                                        f.f_code.co_filename.startswith(_TORCH_DIR)):
+            f = f.f_back               # through other modes (deterministic) to the caller
+        where = f"{Path(f.f_code.co_filename).name}:{f.f_lineno}"
+        if func in _FACTORIES and kwargs.get("device") is None and \
+                f.f_code.co_filename.startswith(RUNTIME_DIR):
+            self.undeviced.setdefault(where, getattr(func, "__name__", str(func)))
+        devs = {a.device for a in torch.utils._pytree.tree_leaves((args, kwargs))
+                if isinstance(a, torch.Tensor) and a.dim() > 0}
+        if len(devs) > 1:
+            self.mixed.setdefault(where, sorted(map(str, devs)))
+        return func(*args, **kwargs)
+
+
+@pytest.fixture
+def fake_two_ranks():
+    """This process as rank 0 of a two-rank process group whose transfers do nothing."""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def _layerwise(model, algo, batch, devices=2, **margs):
+    from explorer import service
+    req = service.Request(model=model, preset="local", devices=devices, batch=batch,
+                          algo=algo, model_args=margs)
+    doc = service.search(req, None)
+    doc.pop("trace", None)
+    return doc
+
+
+def _doc(model, algo, batch, devices=2, **margs):
+    """The plan document a file would hold (Tofu plans with their execution layout)."""
+    from explorer import service
+    req = service.Request(model=model, preset="local", devices=devices, batch=batch,
+                          algo=algo, model_args=margs)
+    return service.run_method(req).document()
+
+
+def test_layerwise_executor_names_the_device_of_every_tensor_it_makes(fake_two_ranks):
+    from explorer.engine.layerwise.plan import Plan
+    from explorer.engine.runtime.executor import Executor
+    audit = DeviceAudit()
+    for model, algo, margs in (("lenet5", "data", {}), ("lenet5", "model", {}),
+                               ("mlp", "megatron", dict(layers=2, hidden=16))):
+        plan = Plan.from_dict(_layerwise(model, algo, 4, **margs))
+        with audit:
+            ex = Executor(plan, 0, 2, device="cpu", sync="p2p")
+            _, extra = ex.step(check=True)
+            ex.gather(extra["grads"])
+            ex.sync_mode = "allreduce"
+            ex.step()
+    assert not audit.undeviced, f"CPU-only tensors made by the layer-wise executor: " \
+                                f"{audit.undeviced}"
+    assert not audit.mixed, audit.mixed
+
+
+def test_layerwise_job_on_one_worker_names_every_device():
+    """The whole job of one worker (check step, timed steps, reference check, report)."""
+    from explorer.engine.runtime.worker import run_job
+    audit = DeviceAudit()
+    plan = _layerwise("lenet5", "data", 4, devices=1)
+    with audit:
+        res = run_job({"plan": plan, "steps": 1, "warmup": 0}, 0, 1, "cpu")
+    assert res["reference_ok"], res["reference"]
+    assert not audit.undeviced, audit.undeviced
+
+
+def test_tofu_executor_names_the_device_of_every_tensor_it_makes(fake_two_ranks):
+    from explorer.engine.runtime.dispatch import _tofu_layout
+    from explorer.engine.runtime.opexec import _op_plan
+    audit = DeviceAudit()
+    for model, margs in (("mlp", dict(layers=2, hidden=16)), ("lenet5", {})):
+        lay = _tofu_layout(_doc(model, "tofu", 4, **margs), {})
+        job = {"spec": lay["spec"], "batch": lay["batch"], "model_args": lay["model_args"],
+               "xplan": lay["xplan"], "digest": lay["digest"], "seed": 0, "lr": 0.01,
+               "steps": 1, "timeout_s": 60, "dtype": "float32", "check": True}
+        sent = []
+        with audit:
+            _op_plan(0, 2, job, lambda *a: sent.append(a))
+        assert any(a[1] == "main" for a in sent)
+    assert not audit.undeviced, f"CPU-only tensors made by the Tofu executor: " \
+                                f"{audit.undeviced}"
+
+
+def test_compiled_placement_names_the_device_of_every_tensor_it_makes(fake_two_ranks):
+    from explorer.engine.runtime.compiled import _entry
+    from explorer.engine.runtime.dispatch import _opgraph
+    from explorer.engine.core.opgraph import opgraph_digest
+    audit = DeviceAudit()
+    doc = _doc("mlp", "m-topo", 4, layers=2, hidden=16)
+    g, digest = _opgraph("placement", doc, "mlp", 4, dict(layers=2, hidden=16))
+    place = {str(k): int(v) for k, v in doc["placement"].items()}
+    if len(set(place.values())) < 2:          # make sure something crosses devices
+        ops = list(g.ops)
+        place.update({o: (0 if i < len(ops) // 2 else 1) for i, o in enumerate(ops)})
+    job = {"spec": "mlp", "batch": 4, "model_args": dict(layers=2, hidden=16), "seed": 0,
+           "lr": 0.01, "placement": place, "fault": None, "digest": opgraph_digest(g),
+           "steps": 1, "warmup": 0, "order": None, "timeline": True}
+    sent = []
+    with audit:
+        _entry(0, 2, "cpu", job, lambda *a: sent.append(a))
+    assert any(a[1] == "stats" for a in sent)
+    assert not audit.undeviced, f"CPU-only tensors made by the compiled placement: " \
+                                f"{audit.undeviced}"
+
+
+def _staged_exchange(rank, world, device, payload, send):
+    """Two gloo workers moving tensors through :mod:`.comm` with staging forced on (on CPU
+    the staged path copies through a second host buffer: the same code a CUDA worker runs)."""
+    import torch.distributed as dist
+    from explorer.engine.runtime import comm
+    comm.set_staged(True)
+    comm._needs_host = lambda t: True            # stage CPU tensors too, for the test
+    peer = 1 - rank
+    buf = torch.zeros(3)
+    works = [comm.irecv(buf, peer, tag=7), comm.isend(torch.full((3,), float(rank + 1)), peer,
+                                                      tag=7)]
+    assert all(isinstance(w, comm.StagedWork) for w in works)
+    for w in works:
+        w.wait()
+    t = torch.full((4,), float(rank + 1))
+    comm.all_reduce(t)
+    out = torch.zeros(2)
+    comm.reduce_scatter(out, torch.arange(4, dtype=torch.float32) * (rank + 1))
+    dist.barrier()
+    send("result", "got", (buf.tolist(), t.tolist(), out.tolist()))
+
+
+def test_host_staged_transfers_deliver_into_the_callers_buffers():
+    from explorer.engine.runtime.launcher import start_workers
+    got = start_workers(2, _staged_exchange, None, timeout_s=60, kind="cpu")
+    r0, r1 = got.results[0]["got"], got.results[1]["got"]
+    assert r0[0] == [2.0] * 3 and r1[0] == [1.0] * 3          # each received the other's
+    assert r0[1] == r1[1] == [3.0] * 4                         # 1 + 2
+    assert r0[2] == [0.0, 3.0] and r1[2] == [6.0, 9.0]         # (0,1,2,3) * (1 + 2), split

@@ -45,7 +45,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from explorer.errors import InfeasiblePlan
+from explorer.engine.runtime import comm
 from explorer.engine.runtime.launcher import RunFailed
+from explorer.engine.runtime.timing import clock, is_cuda, peak_allocated, reset_peak
 
 __all__ = ["device_program", "transfers", "run_compiled", "LiveBytes", "traced_program",
            "timeline", "instep_op_times"]
@@ -60,34 +62,43 @@ _RANDOM = {"bernoulli", "bernoulli_", "rand_like", "randn_like", "rand", "randn"
 # --------------------------------------------------------------------------------------------
 
 class _Stats:
-    """Per-process counters of the current step (bytes sent, seconds waiting)."""
+    """Per-process counters of the current step (bytes sent, seconds waiting) and the
+    worker's device (receive buffers are made there; its clock synchronises on CUDA)."""
     sent = 0
     wait_s = 0.0
+    device = torch.device("cpu")
+    clock = staticmethod(time.perf_counter)
+
+
+def set_device(device) -> None:
+    """The device this process's programs compute on (receive buffers, clocks)."""
+    _Stats.device = torch.device(device)
+    _Stats.clock = staticmethod(clock(_Stats.device))
 
 
 def _isend(t, dst: int, tag: int):
     t = t.contiguous()
     _Stats.sent += t.numel() * t.element_size()
-    return dist.isend(t, dst, tag=tag)
+    return comm.isend(t, dst, tag=tag)
 
 
 def irecv_into(shape, dtype, src: int, tag: int):
-    buf = torch.empty(shape, dtype=dtype)
-    return buf, dist.irecv(buf, src, tag=tag)
+    buf = torch.empty(shape, dtype=dtype, device=_Stats.device)
+    return buf, comm.irecv(buf, src, tag=tag)
 
 
 def wait_recv(handle):
-    t0 = time.perf_counter()
+    t0 = _Stats.clock()
     handle[1].wait()
-    _Stats.wait_s += time.perf_counter() - t0
+    _Stats.wait_s += _Stats.clock() - t0
     return handle[0]
 
 
 def _wait_sends(*works):
-    t0 = time.perf_counter()
+    t0 = _Stats.clock()
     for w in works:
         w.wait()
-    _Stats.wait_s += time.perf_counter() - t0
+    _Stats.wait_s += _Stats.clock() - t0
     return None
 
 
@@ -329,7 +340,7 @@ class _Clock:
 
 
 def _tick():
-    _Clock.marks.append((time.perf_counter(), time.thread_time()))
+    _Clock.marks.append((_Stats.clock(), time.thread_time()))
 
 
 def _label(n) -> tuple:
@@ -406,8 +417,10 @@ def _instep_entry(rank, world, device, job, send):
     ``warmup + reps`` times in lockstep with the other processes; sends each aten call's
     CPU time per timed step, by fx node."""
     from explorer.engine.core.opgraph import opgraph_digest
+    set_device(device)
+    cuda = is_cuda(device)
     g, gm, params, buffers, x = _real_step(job["spec"], job["batch"], job["model_args"],
-                                           job["seed"], job["lr"])
+                                           job["seed"], job["lr"], device=device)
     if opgraph_digest(g) != job["digest"]:
         raise InfeasiblePlan("the worker's trace of the model differs from the operator "
                              "graph being timed (model code or arguments changed?)")
@@ -422,9 +435,9 @@ def _instep_entry(rank, world, device, job, send):
             dist.barrier()                 # the processes compute side by side, as workers do
         line = timeline(prog, flat)
         if i >= int(job["warmup"]):
-            for kind, what, _, _, cpu in line:
-                if kind == "op":
-                    runs.setdefault(node_of[what[0]], []).append(cpu)
+            for kind, what, start, end, cpu in line:
+                if kind == "op":       # CUDA: the kernels' time (synchronised marks)
+                    runs.setdefault(node_of[what[0]], []).append(end - start if cuda else cpu)
     send("result", "times", runs)
     if world > 1:
         dist.barrier()
@@ -514,10 +527,11 @@ class LiveBytes(TorchDispatchMode):
 # The run
 # --------------------------------------------------------------------------------------------
 
-def _real_step(spec, batch, model_args, seed: int, lr: float, g=None):
+def _real_step(spec, batch, model_args, seed: int, lr: float, g=None, device="cpu"):
     """``(g, params, buffers, x)``: the plan's operator graph (:func:`build_opgraph`, the
-    meta-device trace the plan was made on, runnable on real tensors) and the real model's
-    seeded parameters, buffers and input - the same on every worker and the reference."""
+    meta-device trace the plan was made on, runnable on real tensors on ``device``) and the
+    real model's seeded parameters, buffers and input (made on CPU, so every worker and the
+    reference get the same numbers, then moved to ``device``)."""
     from explorer.engine.core.capture import load
     from explorer.engine.core.opgraph import build_opgraph, runnable, with_step
     if g is None:
@@ -525,9 +539,28 @@ def _real_step(spec, batch, model_args, seed: int, lr: float, g=None):
     g = with_step(g)                   # a graph from the capture cache has no traced step
     torch.manual_seed(seed)
     model, x = load(spec, batch, model_args, meta=False)            # train mode
-    params = [p.detach() for _, p in model.named_parameters() if p.requires_grad]
-    buffers = [b.detach() for _, b in model.named_buffers()]
-    return g, runnable(g.gm), params, buffers, x
+    dev = torch.device(device)
+    params = [p.detach().to(dev) for _, p in model.named_parameters() if p.requires_grad]
+    buffers = [b.detach().to(dev) for _, b in model.named_buffers()]
+    return g, _constants_on(runnable(g.gm, str(dev)), dev), params, buffers, x.to(dev)
+
+
+def _constants_on(gm, device):
+    """``gm`` with the tensor constants its ``get_attr`` nodes read moved to ``device``."""
+    for n in gm.graph.nodes:
+        if n.op != "get_attr":
+            continue
+        *path, leaf = str(n.target).split(".")
+        owner = gm
+        for p in path:
+            owner = getattr(owner, p)
+        v = getattr(owner, leaf, None)
+        if isinstance(v, torch.Tensor) and v.device != device:
+            moved = v.to(device)
+            if isinstance(v, torch.nn.Parameter):
+                moved = torch.nn.Parameter(moved, requires_grad=v.requires_grad)
+            setattr(owner, leaf, moved)
+    return gm
 
 
 def _entry(rank, world, device, job, send):
@@ -537,8 +570,9 @@ def _entry(rank, world, device, job, send):
     from explorer.engine.core.opgraph import opgraph_digest
     from explorer.engine.runtime.faults import FAULT_ENV, inject_fault, parse_fault
     fault = parse_fault(job.get("fault") or os.environ.get(FAULT_ENV))
+    set_device(device)
     g, gm, params, buffers, x = _real_step(job["spec"], job["batch"], job["model_args"],
-                                           job["seed"], job["lr"])
+                                           job["seed"], job["lr"], device=device)
     if opgraph_digest(g) != job["digest"]:
         raise InfeasiblePlan("the worker's trace of the model differs from the plan's "
                              "operator graph (model code or arguments changed?)")
@@ -550,14 +584,15 @@ def _entry(rank, world, device, job, send):
     warmup, steps = int(job["warmup"]), int(job["steps"])
     from explorer.engine.runtime.memlimit import arm, disarm
     arm()                              # --memory-per-worker counts the steps (set up done)
+    reset_peak(device)
     for i in range(warmup + steps):
         inject_fault(fault, rank, i + 1, "compiled placement step")
         _Stats.sent, _Stats.wait_s = 0, 0.0
         if world > 1:
             dist.barrier()
-        c0, t0 = time.thread_time(), time.perf_counter()
+        c0, t0 = time.thread_time(), _Stats.clock()
         outs, _ = prog(*flat)
-        dt, cpu = time.perf_counter() - t0, time.thread_time() - c0
+        dt, cpu = _Stats.clock() - t0, time.thread_time() - c0
         if i == 0:
             finals, sent = outs, _Stats.sent
         if i >= warmup:
@@ -565,6 +600,7 @@ def _entry(rank, world, device, job, send):
             waits.append(_Stats.wait_s)
             cpus.append(cpu)
         del outs
+    allocated = peak_allocated(device)     # CUDA: max_memory_allocated of the steps
     marks = None
     if job.get("timeline"):            # one traced step: each call's wall and CPU time
         traced = traced_program(prog)
@@ -581,10 +617,11 @@ def _entry(rank, world, device, job, send):
         outs, _ = prog(*flat)
     del outs
     disarm()                           # sending the results is not part of the steps
-    held = {k: v.detach().numpy() for k, v in zip(prog.meta["finals"], finals)}
+    held = {k: v.detach().cpu().numpy() for k, v in zip(prog.meta["finals"], finals)}
     send("result", "main", held)
     send("result", "stats", {"sent": sent, "times": times, "waits": waits, "cpu": cpus,
                              "peak": mem.peak, "nodes": len(prog.graph.nodes),
+                             "allocated": allocated,
                              "timeline": marks,
                              "transfers": sum(1 for t in prog.meta["transfers"]
                                               if rank in (t[1], t[2]))})
@@ -612,7 +649,8 @@ def run_compiled(spec: str, batch: int | None, model_args: dict | None, names, p
                  memory_limit: float | None = None, order=None,
                  timeline: bool = False) -> dict:
     """Run placement ``names[i] -> placement[i]`` of ``spec``'s step as one compiled program
-    per device on ``workers`` gloo processes, ``warmup`` discarded and ``steps`` timed steps.
+    per device on ``workers`` local worker processes (CPU or CUDA: :mod:`.devicemap`),
+    ``warmup`` discarded and ``steps`` timed steps.
 
     Returns ``reference_ok`` / ``reference`` / ``max_rel_error`` / ``loss`` /
     ``reference_loss`` (the first step against the whole step run in this process),
@@ -636,7 +674,7 @@ def run_compiled(spec: str, batch: int | None, model_args: dict | None, names, p
            "lr": lr, "placement": dev, "fault": fault, "digest": digest,
            "steps": max(1, int(steps)), "warmup": max(0, int(warmup)),
            "order": list(order) if order is not None else None, "timeline": timeline}
-    got = start_workers(workers, _entry, job, timeout_s=timeout_s, backend="gloo",
+    got = start_workers(workers, _entry, job, timeout_s=timeout_s,
                         name="explorer-place-worker", memory_limit=memory_limit)
     stats = {r: v["stats"] for r, v in got.results.items() if "stats" in v}
     if len(stats) != workers or any("main" not in v for v in got.results.values()):
@@ -666,6 +704,11 @@ def run_compiled(spec: str, batch: int | None, model_args: dict | None, names, p
            "launch_time_s": got.elapsed_s, "pids": got.pids, "backend": got.backend,
            "reference": None, "reference_ok": None, "max_rel_error": None,
            "reference_loss": None}
+    alloc = [stats[r].get("allocated") for r in sorted(stats)]
+    out["measured_allocated_peak_bytes"] = alloc if all(a is not None for a in alloc) else None
+    out.update(got.describe())
+    if got.map is not None and got.map.shared:
+        out.setdefault("warnings", []).append(got.map.note)
     if check:
         _, gm, params, buffers, x = _real_step(spec, batch, model_args, seed, lr, g)
         threads = torch.get_num_threads()

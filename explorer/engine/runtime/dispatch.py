@@ -376,6 +376,7 @@ def _run_placement(doc: dict, expect: dict, *, steps: int, warmup: int, **kw) ->
                batch=g.batch, preset=preset, cost=(doc.get("info") or {}).get("cost"),
                predicted_peak_memory_bytes=list(peaks) if isinstance(peaks, list) else None)
     if preset not in (None, "", "local"):
-        out["warnings"] = [f"the placement was made for the {preset} preset: its predicted "
-                           f"times are for those devices, not this machine"]
+        out.setdefault("warnings", []).append(
+            f"the placement was made for the {preset} preset: its predicted times are for "
+            f"those devices, not this machine")
     return out

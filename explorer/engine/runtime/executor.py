@@ -72,8 +72,10 @@ from explorer.engine.core import geometry as G
 from explorer.engine.core.capture import capture, deterministic, load, loss_function
 from explorer.engine.core.importer import import_model
 from explorer.engine.layerwise.plan import Plan
+from explorer.engine.runtime import comm as xfer
 from explorer.engine.runtime import ops
 from explorer.engine.runtime import transforms as T
+from explorer.engine.runtime.timing import clock
 
 #: Columns of the per-step timing array.
 PHASES = ("fwd_comm", "fwd_compute", "bwd_comm", "bwd_compute", "sync", "update")
@@ -140,6 +142,7 @@ class Executor:
                                  f"were started")
         self.plan, self.rank, self.world = plan, rank, world
         self.lr, self.seed, self.device = float(lr), int(seed), torch.device(device)
+        self.clock = clock(self.device)
         self.fault = fault
         if sync == "auto":
             sync = "allreduce" if self.device.type == "cuda" else "p2p"
@@ -392,9 +395,9 @@ class Executor:
     def _wait(recvs, sends):
         works = []
         for peer, buf, tag in recvs:
-            works.append(dist.irecv(buf, src=peer, tag=tag))
+            works.append(xfer.irecv(buf, peer, tag=tag))
         for peer, t, tag in sends:
-            works.append(dist.isend(t, dst=peer, tag=tag))
+            works.append(xfer.isend(t, peer, tag=tag))
         for w in works:
             w.wait()
 
@@ -564,7 +567,7 @@ class Executor:
         """
         if self.sync_mode == "allreduce":
             flat = grads[0] if len(grads) == 1 else torch.cat([x.reshape(-1) for x in grads])
-            dist.all_reduce(flat, group=self.groups[ranks])
+            xfer.all_reduce(flat, group=self.groups[ranks])
             if len(grads) > 1:
                 o = 0
                 for x in grads:
@@ -608,7 +611,7 @@ class Executor:
         ranks, j, parts = st.kgroup
         if self.sync_mode == "allreduce":
             full = part.clone()
-            dist.all_reduce(full, group=self.groups[tuple(sorted(ranks))])
+            xfer.all_reduce(full, group=self.groups[tuple(sorted(ranks))])
             return full[parts[j]].clone()
         bufs = {i: torch.empty_like(part[parts[j]]) for i in range(len(ranks)) if i != j}
         self._wait([(ranks[i], b, self._RS_TAG) for i, b in bufs.items()],
@@ -627,7 +630,7 @@ class Executor:
         full = torch.zeros(G.box_shape(st.tile), dtype=grad.dtype, device=grad.device)
         full[parts[j]] = grad
         if self.sync_mode == "allreduce":
-            dist.all_reduce(full, group=self.groups[tuple(sorted(ranks))])
+            xfer.all_reduce(full, group=self.groups[tuple(sorted(ranks))])
             return full
         bufs = {i: torch.empty(full[parts[i]].shape, dtype=grad.dtype, device=grad.device)
                 for i in range(len(ranks)) if i != j}
@@ -669,7 +672,7 @@ class Executor:
         """
         tm = np.zeros((len(self.order), len(PHASES)))
         outs, leaves, loss_grads, partials = {}, {}, {}, {}
-        pc = time.perf_counter
+        pc = self.clock               # on CUDA: synchronised, so phases time their kernels
         mid = len(self.order) // 2
         for li, name in enumerate(self.order):
             st = self.state[name]
@@ -705,7 +708,7 @@ class Executor:
         extra = {}
         self.phase = "loss"
         numel = {o: math.prod(self.graph.layer(o).out_shape) for o in self.outputs}
-        part = torch.zeros(1, dtype=torch.float64)
+        part = torch.zeros(1, dtype=torch.float64, device=self.device)
         for o in sorted(self.outputs):
             st = self.state[o]
             if st.pos is None:
@@ -716,7 +719,7 @@ class Executor:
                 part += y.detach().double().pow(2).sum() / numel[o]
         if check:
             if self.world > 1:
-                dist.all_reduce(part)
+                xfer.all_reduce(part)
             extra["loss"] = float(part.item())
             extra["grads"] = {}
         for li in range(len(self.order) - 1, -1, -1):

@@ -40,7 +40,9 @@ from explorer.errors import InfeasiblePlan
 from explorer.engine.core.geometry import TensorLayout
 from explorer.engine.core.geometry import common as _inter, inside as _inside, to_slices as _sl
 from explorer.engine.core.opgraph import TorchValue
+from explorer.engine.runtime import comm
 from explorer.engine.runtime.launcher import RunFailed
+from explorer.engine.runtime.timing import clock, peak_allocated, reset_peak
 
 __all__ = ["run_layout", "run_layouts", "run_placement", "placement_xplan", "placement_comm_bytes"]
 
@@ -60,8 +62,10 @@ class TileWorker:
     view of a tile costs nothing); ``peak_bytes`` is the largest sum over the step of the live
     tiles and the operator in flight's region buffers and result."""
 
-    def __init__(self, rank, world, g, xplan, timeout_s, groups=None):
+    def __init__(self, rank, world, g, xplan, timeout_s, groups=None, device="cpu"):
         self.rank, self.world, self.g, self.x = rank, world, g, xplan
+        self.device = torch.device(device)   # every tile, buffer and accumulator lives here
+        self.clock = clock(self.device)      # on CUDA: synchronised (kernels, not launches)
         self.sent = 0
         self.extra = 0
         self.tag = 0
@@ -150,15 +154,16 @@ class TileWorker:
                 data = source(i, box).contiguous()
                 self.sent += data.numel() * (4 if data.is_floating_point()
                                              else data.element_size())
-                reqs.append(dist.isend(data, dst, tag=tag))
+                reqs.append(comm.isend(data, dst, tag=tag))
             elif dst == self.rank:
-                buf = torch.empty(tuple(int(b - a) for a, b in box), dtype=dtype)
+                buf = torch.empty(tuple(int(b - a) for a, b in box), dtype=dtype,
+                                  device=self.device)
                 got[i] = buf
-                reqs.append(dist.irecv(buf, src, tag=tag))
-        t0 = time.perf_counter()
+                reqs.append(comm.irecv(buf, src, tag=tag))
+        t0 = self.clock()
         for r in reqs:
             r.wait()
-        self.wait_s += time.perf_counter() - t0
+        self.wait_s += self.clock() - t0
         self.tag += len(transfers)
         return got
 
@@ -199,7 +204,7 @@ class TileWorker:
         own_box, own = self.tiles[t]
         if _inside(need, own_box):
             return self.shaped(t, _flat(own)[_sl(need, own_box)])     # a view: no copy
-        buf = torch.full(box_extent(need), fill, dtype=dtype)
+        buf = torch.full(box_extent(need), fill, dtype=dtype, device=self.device)
         if cache:
             for (tt, bb), data in self.received.items():
                 if tt == t:
@@ -261,7 +266,8 @@ class TileWorker:
                 np.array_equal(out[self.rank], me):
             return result                 # computed exactly what this worker holds
         fill = float("-inf") if reducer == "max" else 0.0
-        acc = torch.full(box_extent(me), fill if reducer else 0.0, dtype=dtype)
+        acc = torch.full(box_extent(me), fill if reducer else 0.0, dtype=dtype,
+                         device=self.device)
         own = _inter(out[self.rank], me) if result is not None else None
         if own is not None:
             acc[_sl(own, me)] = _flat(result)[_sl(own, out[self.rank])]
@@ -288,17 +294,16 @@ class TileWorker:
         self.collectives += 1
         if axis is None:
             out = result.contiguous()
-            t0 = time.perf_counter()
-            dist.all_reduce(out, group=group)
-            self.coll_s += time.perf_counter() - t0
+            t0 = self.clock()
+            comm.all_reduce(out, group=group)
+            self.coll_s += self.clock() - t0
             return out
         moved = result.movedim(axis, 0).contiguous()
         out = torch.empty((moved.shape[0] // len(members),) + tuple(moved.shape[1:]),
-                          dtype=result.dtype)
-        rs = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-        t0 = time.perf_counter()
-        rs(out, moved, group=group)
-        self.coll_s += time.perf_counter() - t0
+                          dtype=result.dtype, device=result.device)
+        t0 = self.clock()
+        comm.reduce_scatter(out, moved, group=group)
+        self.coll_s += self.clock() - t0
         return out.movedim(0, axis).contiguous()
 
     # -- the step ----------------------------------------------------------------------------
@@ -331,7 +336,8 @@ class TileWorker:
                 v = self.fetch(u, self.x["held"][p], 0.0)
                 box = self.x["held"][p][self.rank]
                 self.hold(p, box, v if v is not None else
-                          torch.zeros(box_extent(box), dtype=self.tiles[u][1].dtype))
+                          torch.zeros(box_extent(box), dtype=self.tiles[u][1].dtype,
+                                      device=self.device))
             else:
                 v = self.whole(u)
                 box = self.x["held"][p][self.rank] if p in self.x["held"] else _full(v)
@@ -376,7 +382,7 @@ class TileWorker:
             return self.tiles[t][1] if t in self.tiles else None
 
         def sub(a, bufs, fa=None):
-            return substitute(g, a, bufs, tile, fa)
+            return substitute(g, a, bufs, tile, fa, self.device)
 
         def call(n, o, bufs):
             return n.target(*sub(o.args, bufs, n.args),
@@ -429,9 +435,9 @@ class TileWorker:
         res = None
         marks.append(self._mark())
         if _inter(out_box, out_box) is not None:
-            t0, c0 = time.perf_counter(), time.thread_time()
+            t0, c0 = self.clock(), time.thread_time()
             res = self.compute(n, o, bufs, sub, out_box, g.tensors[o.output], fill, shape_of)
-            self.compute_s += time.perf_counter() - t0
+            self.compute_s += self.clock() - t0
             self.compute_cpu_s += time.thread_time() - c0
         self.in_flight(list(bufs.values()) + [res])
         marks.append(self._mark())
@@ -447,7 +453,7 @@ class TileWorker:
     def _mark(self):
         """A timing hook's reading: wall clock, this thread's CPU, waits so far, and the page
         faults it took (first touches of fresh memory)."""
-        return time.perf_counter(), time.thread_time(), self.wait_s, self.coll_s, _faults()
+        return self.clock(), time.thread_time(), self.wait_s, self.coll_s, _faults()
 
     def _profiled(self, target, marks):
         """Add one operator's phases (fetch, compute, send / combine: :meth:`_mark`s between
@@ -483,8 +489,8 @@ class TileWorker:
         for t, b in bufs.items():
             shape = tuple(self.g.tensors[t].shape)
             dtype = self.tiles[t][1].dtype
-            buf = torch.full(shape, fill, dtype=dtype) if shape else \
-                torch.full((), fill, dtype=dtype)
+            buf = torch.full(shape, fill, dtype=dtype, device=self.device) if shape else \
+                torch.full((), fill, dtype=dtype, device=self.device)
             if b is not None:
                 need = shape_of[id(b)][0]
                 _flat(buf)[_sl(need)] = b
@@ -535,7 +541,7 @@ class TileWorker:
         if held is None:
             return val
         shape = tuple(self.g.tensors[t].shape)
-        out = torch.zeros(shape, dtype=val.dtype)
+        out = torch.zeros(shape, dtype=val.dtype, device=val.device)
         boxes = [held[w] for w in range(self.world)]
         transfers = []
         for dst in range(self.world):
@@ -552,18 +558,24 @@ class TileWorker:
         return out
 
 
-def substitute(g, a, bufs, tile, fa=None):
+def substitute(g, a, bufs, tile, fa=None, device=None):
     """Operator argument ``a`` (``fa`` its fx argument) with tensor ids replaced by their
-    values: ``bufs[t]`` (the region tiles of the operator in flight), else ``tile(t)``."""
+    values: ``bufs[t]`` (the region tiles of the operator in flight), else ``tile(t)``.
+    ``device``: the worker's device - the trace (made on CPU or meta) names its own device in
+    tensor-creating calls and holds its constants there; they follow the worker instead."""
     if isinstance(a, str) and a in g.tensors:
         return bufs[a] if a in bufs else tile(a)
     if a is None and isinstance(fa, torch.fx.Node):
-        return _constant(g.gm, fa)        # a tensor constant of the trace (no tensor id)
+        c = _constant(g.gm, fa)           # a tensor constant of the trace (no tensor id)
+        return c.to(device) if device is not None and torch.is_tensor(c) else c
     if isinstance(a, (list, tuple)):
         fas = fa if isinstance(fa, (list, tuple)) else [None] * len(a)
-        return type(a)(substitute(g, b, bufs, tile, fb) for b, fb in zip(a, fas))
+        return type(a)(substitute(g, b, bufs, tile, fb, device) for b, fb in zip(a, fas))
     if isinstance(a, TorchValue):          # a dtype, device... by name
-        return a.value()
+        v = a.value()
+        if device is not None and isinstance(v, torch.device):
+            return torch.device(device)
+        return v
     return a
 
 
@@ -713,16 +725,16 @@ TIMED_DTYPE = "float32"
 
 def _op_entry(rank, world, device, job, send):
     """One worker of an operator-level launch (the entry :func:`launcher.start_workers`
-    calls): each plan of ``job["plans"]`` in turn (:func:`_op_plan`), its results sent under
-    ``(plan index, kind)``."""
+    calls): each plan of ``job["plans"]`` in turn (:func:`_op_plan`) on the worker's
+    ``device``, its results sent under ``(plan index, kind)``."""
     common = {k: v for k, v in job.items() if k != "plans"}
     for i, plan in enumerate(job["plans"]):
         def send_i(kind, what=None, value=None, i=i):
             send(kind, (i, what), value)
-        _op_plan(rank, world, {**common, **plan}, send_i)
+        _op_plan(rank, world, {**common, **plan}, send_i, device)
 
 
-def _op_plan(rank, world, job, send):
+def _op_plan(rank, world, job, send, device="cpu"):
     """One plan on this worker.
 
     Two passes over the same layout: the **timed** steps in ``job["dtype"]`` (float32, what a
@@ -739,13 +751,13 @@ def _op_plan(rank, world, job, send):
     groups = None
     timed = got = None
     if dtype != torch.float64:
-        timed, groups = _op_pass(rank, world, job, dtype, steps, fault, groups, 1.0)
+        timed, groups = _op_pass(rank, world, job, dtype, steps, fault, groups, 1.0, device)
         fault = None                   # injected once, in the first pass
         if check:
             timed = _summary(timed)    # its tiles go before the check pass starts
     if check or timed is None:
         n = steps if (job.get("train") or timed is None) else 1
-        got, groups = _op_pass(rank, world, job, torch.float64, n, fault, groups, 2.0)
+        got, groups = _op_pass(rank, world, job, torch.float64, n, fault, groups, 2.0, device)
     res = got or timed                 # the pass whose results rank 0 sends
     tval, w, g, new_ids = res["tval"], res["worker"], res["g"], res["new_ids"]
     timed = _summary(timed or got)
@@ -764,11 +776,12 @@ def _op_plan(rank, world, job, send):
         for t, v in tval.items():
             h = xplan["held"].get(t)
             if h is not None and torch.is_tensor(v):
-                dbg[t] = (h[rank], v.detach().reshape(box_extent(h[rank])).numpy())
+                dbg[t] = (h[rank], v.detach().reshape(box_extent(h[rank])).cpu().numpy())
         send("result", "debug", dbg)
     if rank == 0:
         send("result", "main", {"loss": None if loss is None else float(loss),
-                                "params": {k: v.numpy() for k, v in finals.items()},
+                                "params": {k: v.detach().cpu().numpy()
+                                           for k, v in finals.items()},
                                 "dtype": "float64" if got else timed["dtype"]})
     send("result", "stats", (timed["sent"], timed["extra"], timed["step_s"],
                              timed["compute_s"], timed["times"]))
@@ -777,7 +790,9 @@ def _op_plan(rank, world, job, send):
                               "collectives": timed["collectives"], "why": timed["why"],
                               "dtype": timed["dtype"], "cpu_s": timed["cpu_s"],
                               "compute_cpu_s": timed["compute_cpu_s"],
-                              "profile": timed["profile"]})
+                              "profile": timed["profile"],
+                              # CUDA: max_memory_allocated over the timed steps (CPU: None)
+                              "allocated_bytes": timed["allocated"]})
     if world > 1:
         dist.barrier()                 # nobody leaves while a peer still gathers
 
@@ -788,13 +803,13 @@ def _summary(p: dict) -> dict:
         return p
     w = p["worker"]
     return {**{k: p[k] for k in ("times", "peak", "sent", "extra", "compute_s", "step_s",
-                                 "cpu_s", "compute_cpu_s", "profile")},
+                                 "cpu_s", "compute_cpu_s", "profile", "allocated")},
             "fallback": dict(w.fallback), "local": dict(w.local_ops),
             "collectives": w.collectives, "why": dict(w.why),
             "dtype": str(w.float_dtype).replace("torch.", "")}
 
 
-def _op_pass(rank, world, job, dtype, steps, fault, groups, mem_scale):
+def _op_pass(rank, world, job, dtype, steps, fault, groups, mem_scale, device="cpu"):
     """``steps`` steps of the layout with floating point in ``dtype`` (see :func:`_op_entry`);
     the memory guard, when there is one, counts them at ``mem_scale`` × the limit (float64
     doubles every floating-point tensor the plan counts at 4 bytes)."""
@@ -809,9 +824,11 @@ def _op_pass(rank, world, job, dtype, steps, fault, groups, mem_scale):
     xplan = job["xplan"]
     if groups is None:
         groups = make_groups(g, xplan, world) if job.get("collectives", True) else {}
-    w = TileWorker(rank, world, g, xplan, job["timeout_s"], groups)
+    w = TileWorker(rank, world, g, xplan, job["timeout_s"], groups, device=device)
     w.float_dtype = dtype
-    w.load(params, buffers, x)
+    # traced on CPU (the search's graph); the worker computes on its device
+    w.load([p.to(w.device) for p in params], [b.to(w.device) for b in buffers],
+           x.to(w.device))
     del params, buffers, x            # the worker keeps its boxes only
     flat = list(list(g.gm.graph.nodes)[-1].args[0])
     npar = len(g.param_names)
@@ -820,6 +837,7 @@ def _op_pass(rank, world, job, dtype, steps, fault, groups, mem_scale):
     arm(mem_scale)                     # --memory-per-worker counts the steps (set up done)
     times, cpu, compute_cpu, peak, profs = [], [], [], 0, []
     sent = extra = compute_s = 0.0
+    reset_peak(w.device)
     for i in range(steps):
         inject_fault(fault, rank, i + 1, "operator-level step")
         w.delivered.clear()
@@ -828,9 +846,9 @@ def _op_pass(rank, world, job, dtype, steps, fault, groups, mem_scale):
         w.prof = {}
         if world > 1:
             dist.barrier()
-        t0, c0 = time.perf_counter(), time.thread_time()
+        t0, c0 = w.clock(), time.thread_time()
         tval = w.step()
-        times.append(time.perf_counter() - t0)
+        times.append(w.clock() - t0)
         cpu.append(time.thread_time() - c0)
         compute_cpu.append(w.compute_cpu_s)
         profs.append(w.prof)
@@ -846,7 +864,7 @@ def _op_pass(rank, world, job, dtype, steps, fault, groups, mem_scale):
     return {"tval": tval, "worker": w, "g": g, "new_ids": new_ids, "times": times,
             "peak": peak, "sent": sent, "extra": extra, "compute_s": compute_s,
             "step_s": med(times), "cpu_s": med(cpu), "compute_cpu_s": med(compute_cpu),
-            "profile": _mean_profile(profs)}, groups
+            "profile": _mean_profile(profs), "allocated": peak_allocated(w.device)}, groups
 
 
 def _mean_profile(profs: list) -> dict:
@@ -868,7 +886,8 @@ def run_layout(spec: str, batch: int | None, model_args: dict | None, xplan: dic
                fault: str | None = None, debug: bool = False, train: bool = False,
                memory_limit: float | None = None, dtype: str = TIMED_DTYPE) -> dict:
     """Run an execution layout (a Tofu plan's, or :func:`placement_xplan` of a placement) on
-    ``xplan["workers"]`` gloo CPU processes and compare with one device.
+    ``xplan["workers"]`` local worker processes (:func:`.launcher.start_workers`: CPU or
+    CUDA, :mod:`.devicemap`) and compare with one device.
 
     ``digest`` is the plan's :func:`~explorer.engine.core.opgraph.opgraph_digest`: every worker
     refuses a trace that differs.  Returns ``reference_ok`` / ``reference`` (the loss and every
@@ -931,7 +950,7 @@ def run_layouts(layouts: list, *, steps: int = 1, seed: int = 0, lr: float = 0.0
     job = {"plans": plans, "seed": seed, "lr": lr, "fault": fault, "debug": debug,
            "steps": max(1, int(steps)), "timeout_s": timeout_s, "train": bool(train),
            "dtype": dtype, "check": bool(check)}
-    got = start_workers(workers, _op_entry, job, timeout_s=timeout_s, backend="gloo",
+    got = start_workers(workers, _op_entry, job, timeout_s=timeout_s,
                         name="explorer-op-worker", memory_limit=memory_limit,
                         jobs=len(plans))
     outs, refs = [], {}
@@ -1025,6 +1044,11 @@ def _layout_result(plan, res, workers, got, dtype):
            "launch_time_s": got.elapsed_s, "pids": got.pids, "backend": got.backend,
            "reference": None, "reference_ok": None, "max_rel_error": None,
            "reference_loss": None}
+    alloc = [m.get("allocated_bytes") for m in mem.values()]
+    out["measured_allocated_peak_bytes"] = alloc if all(a is not None for a in alloc) else None
+    out.update(got.describe())
+    if got.map is not None and got.map.shared:
+        out.setdefault("warnings", []).append(got.map.note)
     return out, main
 
 

@@ -113,8 +113,8 @@ def rel_err(a: torch.Tensor, b: torch.Tensor, floor: float = 0.0) -> float:
     d = scale = 0.0
     for i in range(0, a.numel(), _CHUNK):
         x, y = a[i:i + _CHUNK], b[i:i + _CHUNK]
-        if x.dtype != y.dtype:
-            x = x.to(y.dtype)
+        if x.dtype != y.dtype or x.device != y.device:
+            x = x.to(device=y.device, dtype=y.dtype)
         diff = float(torch.sub(x, y).abs_().max().item())
         if diff != diff:               # NaN: a broken run, never within tolerance
             return float("nan")

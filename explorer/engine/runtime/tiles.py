@@ -158,9 +158,9 @@ def _ln_backward(target, fn, args, kwargs, index, tile_of, out_box, out_shape):
     if args[5] is None:
         if index == 0:
             raise Fallback(f"aten.{target}: the input's gradient without the weight")
-        args[5] = torch.ones(shape, dtype=args[1].dtype)
+        args[5] = torch.ones(shape, dtype=args[1].dtype, device=args[1].device)
     if args[6] is None:
-        args[6] = torch.zeros(shape, dtype=args[1].dtype)
+        args[6] = torch.zeros(shape, dtype=args[1].dtype, device=args[1].device)
     return _generic(target, fn, args, kwargs, index, tile_of, out_box, out_shape)
 
 
@@ -184,7 +184,7 @@ def _view(target, fn, args, kwargs, index, tile_of, out_box, out_shape):
     if any(((lc < 0) | (lc >= x.shape[a])).any() for a, lc in enumerate(local)):
         raise Fallback(f"aten.{target}: the input region misses part of the output box's "
                        f"preimage")
-    at = torch.from_numpy(np.ravel_multi_index(local, tuple(x.shape)).reshape(-1))
+    at = torch.from_numpy(np.ravel_multi_index(local, tuple(x.shape)).reshape(-1)).to(x.device)
     return x.reshape(-1)[at].reshape(want)
 
 
@@ -606,7 +606,7 @@ def _upsample_nearest(target, fn, args, kwargs, index, tile_of, out_box, out_sha
     box, shape = tile_of(x)
     ratios = _nearest_axes(box, shape, out_box, out_shape)
     for a, r in enumerate(ratios, start=2):
-        o = torch.arange(int(out_box[a, 0]), int(out_box[a, 1]))
+        o = torch.arange(int(out_box[a, 0]), int(out_box[a, 1]), device=x.device)
         x = x.index_select(a, o // r - int(box[a, 0]))
     return x
 
@@ -618,7 +618,7 @@ def _upsample_nearest_backward(target, fn, args, kwargs, index, tile_of, out_box
     box, shape = tile_of(dy)
     ratios = _nearest_axes(box, out_shape, out_box, shape)
     for a, r in enumerate(ratios, start=2):
-        o = torch.arange(int(box[a, 0]), int(box[a, 1]))
+        o = torch.arange(int(box[a, 0]), int(box[a, 1]), device=dy.device)
         dst = o // r - int(out_box[a, 0])
         n = int(out_box[a, 1] - out_box[a, 0])
         if dst.numel() and (int(dst.min()) < 0 or int(dst.max()) >= n):
@@ -713,7 +713,7 @@ def _slice_backward(target, fn, args, kwargs, index, tile_of, out_box, out_shape
     k_hi = min(max(-(-(o1 - start) // step), 0), n)
     if k_lo < k_hi and (int(gbox[dim, 0]) > k_lo or int(gbox[dim, 1]) < k_hi):
         raise Fallback("aten.slice_backward: the region misses rows that land in the box")
-    k = torch.arange(int(gbox[dim, 0]), int(gbox[dim, 1]))
+    k = torch.arange(int(gbox[dim, 0]), int(gbox[dim, 1]), device=grad.device)
     pos = start + k * step
     ok = (pos >= o0) & (pos < o1)
     out = grad.new_zeros(extents(out_box))

@@ -55,6 +55,7 @@ def run_job(job: dict, rank: int, world: int, device: str = "cpu", progress=None
     from explorer.engine.runtime.executor import PHASES, Executor
     from explorer.engine.runtime.faults import parse_fault
     from explorer.engine.runtime.reference import compare, reference_step
+    from explorer.engine.runtime.timing import clock, peak_allocated, reset_peak
 
     t_start = time.perf_counter()
     plan = Plan.from_dict(job["plan"])
@@ -82,12 +83,14 @@ def run_job(job: dict, rank: int, world: int, device: str = "cpu", progress=None
             if progress:
                 progress(done, total)
         step_times, timings = [], []
+        pc = clock(device)             # on CUDA: synchronised, the step's kernels included
+        reset_peak(device)
         for i in range(warmup + steps):
             ex.phase = "barrier before a step"
             _barrier(world)
-            t0 = time.perf_counter()
+            t0 = pc()
             tm, _ = ex.step()
-            t1 = time.perf_counter()
+            t1 = pc()
             if i >= warmup:
                 step_times.append(t1 - t0)
                 timings.append(tm)
@@ -95,7 +98,8 @@ def run_job(job: dict, rank: int, world: int, device: str = "cpu", progress=None
             if progress:
                 progress(done, total)
         ex.phase = "collecting timings"
-        payload = (step_times, np.asarray(timings), ex.participation())
+        payload = (step_times, np.asarray(timings), ex.participation(),
+                   peak_allocated(device))
         if world > 1:
             objs = [None] * world
             dist.all_gather_object(objs, payload)
@@ -133,6 +137,11 @@ def run_job(job: dict, rank: int, world: int, device: str = "cpu", progress=None
                     "check_s": check_s, "reference_s": reference_s, "steps": steps,
                     "warmup": warmup, "lr": lr,
                     "backend": dist.get_backend() if world > 1 else "none",
+                    "device": str(device),
+                    # CUDA: max_memory_allocated per worker over the timed steps (CPU: none)
+                    "measured_peak_memory_bytes": (
+                        [o[3] for o in objs] if all(len(o) > 3 and o[3] is not None
+                                                    for o in objs) else None),
                     "sync": ex.sync_mode,
                     "world": world})
         return res
