@@ -80,7 +80,7 @@ def test_mlp_plans_match_one_process(capsys, tmp_path, algo):
 def test_megatron_pairs_and_sequence_parallel_norms(tmp_path):
     """Column-parallel q/k/v and fc1, row-parallel out and fc2 (the degree letter k),
     sequence-parallel norms: fc1 hands its shard to fc2, attention gets whole tensors."""
-    from explorer.engine.export import program
+    from explorer.engine.export import runner as program
     from explorer.engine.core.importer import import_spec
     g = import_spec("transformer", 4, TRANSFORMER)
     cfg = {}
@@ -177,3 +177,23 @@ def test_transformer_megatron_plans_run_under_torchrun(capsys, tmp_path, model):
     text = prog.read_text()
     assert "ColwiseParallel" in text and "RowwiseParallel" in text
     passes(prog)
+
+
+def test_the_exported_body_is_a_module_whose_helpers_compute_what_the_runtime_does():
+    """The program body is a real module: it imports alone, its loss is the runtime's
+    (Σ mean(o²) over floating outputs), its SGD is p -= lr·grad, and ``rel`` is relative."""
+    import torch
+
+    from explorer.engine.export import runner as program
+
+    out = {"a": torch.tensor([1.0, 3.0]), "b": (torch.tensor([2.0]), torch.tensor([1, 2]))}
+    assert [t.tolist() for t in program.tensors(out)] == [[1.0, 3.0], [2.0], [1, 2]]
+    assert float(program.loss_of(out)) == pytest.approx(5.0 + 4.0)
+    lin = torch.nn.Linear(2, 1)
+    before = lin.weight.detach().clone()
+    program.loss_of(lin(torch.ones(3, 2))).backward()
+    grad = lin.weight.grad.clone()
+    program.sgd_(lin, 0.5)
+    assert torch.allclose(lin.weight, before - 0.5 * grad) and lin.weight.grad is None
+    assert program.rel([1.0, 2.0], [1.0, 4.0]) == pytest.approx(0.5)
+    assert "def main(argv=None)" in program.body() and "PROGRAM BODY" not in program.body()
