@@ -1,6 +1,6 @@
 """Device placement of operator graphs under memory limits (Celeritas, Xu et al.).
 
-Pipeline: :mod:`.estimate` (Standard Evaluation) -> :class:`.graph.PlacementGraph` ->
+Pipeline: :mod:`.estimate` (Standard Evaluation) -> :class:`.placement_graph.PlacementGraph` ->
 :mod:`.order` (m-TOPO / DFS-TOPO / CPD-TOPO) -> :mod:`.fusion` (optimal operation fusion) ->
 :mod:`.place` (Order-Place, Adjusting Placement) -> :mod:`.refine` (simulated refinement,
 ``celeritas`` only) or :mod:`.heuristics` (m-TOPO, m-ETF, m-SCT, METIS, single) -> :mod:`.simulator` (one judge for all) -> :class:`.result.PlacementPlan`; :mod:`.memory` is the

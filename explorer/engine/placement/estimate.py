@@ -8,7 +8,7 @@
   regression per operator over several small batch sizes, extrapolated to the target batch*
   is :func:`regress`; :func:`memory_regression` fits it on measured (or fake-tensor) sizes at
   small batches and reports the relative deviation against the target batch's exact sizes.
-* **Communication** - ``t = k·d + b`` from the device graph (see :mod:`.graph`).
+* **Communication** - ``t = k·d + b`` from the device graph (see :mod:`.placement_graph`).
 """
 
 from __future__ import annotations

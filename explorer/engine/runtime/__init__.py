@@ -2,7 +2,7 @@
 
 * :func:`run_document` – the entry point for a plan document of any kind (layer-wise, Tofu,
   placement): checks the document and dispatches on its schema; nothing is searched
-  (:mod:`.run`).  Tofu plans and placements run on the operator-level executor
+  (:mod:`.dispatch`).  Tofu plans and placements run on the operator-level executor
   (:mod:`.opexec`), layer-wise plans on the layer executor below; both start their workers
   with :func:`start_workers` and check against one device through :mod:`.reference`.
 * :func:`launch` / :func:`launch_many` – validate a plan against the model (and an optional
@@ -25,8 +25,8 @@
   exchange between computing workers, write ``$EXPLORER_HOME/local.json``; with a model, fill
   the profile cache under the run's conditions (:mod:`.calibrate`).
 * ``python -m explorer.engine.runtime.torchrun PLAN.json`` – the worker entry point, also under
-  ``torchrun`` for several machines (:mod:`.worker`); ``explorer run`` / ``explorer
-  calibrate`` (:mod:`.cli`); runs are stored in ``$EXPLORER_HOME/runs.sqlite``
+  ``torchrun`` for several machines (:mod:`.torchrun`); ``explorer run`` / ``explorer
+  calibrate`` (:mod:`.commands`); runs are stored in ``$EXPLORER_HOME/runs.sqlite``
   (:mod:`.store`).
 
 Not supported yet: multi-output layers (``lstm_cell``), weight tying across layers, pooling
