@@ -374,3 +374,66 @@ def test_host_staged_transfers_deliver_into_the_callers_buffers():
     assert r0[0] == [2.0] * 3 and r1[0] == [1.0] * 3          # each received the other's
     assert r0[1] == r1[1] == [3.0] * 4                         # 1 + 2
     assert r0[2] == [0.0, 3.0] and r1[2] == [6.0, 9.0]         # (0,1,2,3) * (1 + 2), split
+
+
+# --------------------------------------------------------------------------------------------
+# GPU presets (core/devices.py)
+# --------------------------------------------------------------------------------------------
+
+GPU_PRESETS = {"h100-nvlink-8": 8, "h100-ib-16": 16, "h100-ib-32": 32, "a100-nvlink-8": 8}
+
+
+@pytest.mark.parametrize("name,n", sorted(GPU_PRESETS.items()))
+def test_gpu_presets_load_with_their_datasheet_figures(name, n):
+    g = D.preset(name)
+    assert g.n == n and g.name == name
+    h100 = name.startswith("h100")
+    dev = g.devices[0]
+    assert dev.peak_flops == (67e12 if h100 else 19.5e12)
+    assert dev.mem_bw == (3.35e12 if h100 else 2039e9)
+    assert dev.memory == 80 * D.GiB
+    by = g.meta["peak_flops_by_dtype"]
+    assert by["bf16"] == (989.5e12 if h100 else 312e12)
+    assert by["tf32"] == (494.5e12 if h100 else 156e12)
+    nvlink = (900e9 if h100 else 600e9) / 2
+    assert g.bandwidth(0, 7) == nvlink                      # inside a node: NVSwitch
+    assert [d.node for d in g.devices] == [i // 8 for i in range(n)]
+    if n > 8:
+        assert g.bandwidth(0, 8) == 400e9 / 8 == 50e9       # NDR InfiniBand per GPU
+        assert g.bandwidth(7, 15) == 50e9 and g.bandwidth(8, 15) == nvlink
+    assert D.preset(name, 4).n == 4
+    with pytest.raises(ValueError, match=f"has {n} devices"):
+        D.preset(name, n + 1)
+
+
+def test_h100_cluster_is_sized_to_the_devices():
+    g = D.preset("h100-cluster", 20)
+    assert g.n == 20 and max(d.node for d in g.devices) == 2
+    assert g.bandwidth(0, 1) == 450e9 and g.bandwidth(0, 19) == 50e9
+    assert D.preset("h100-cluster").n == 8
+
+
+def test_existing_presets_are_unchanged():
+    assert D.preset("p100-cluster", 8).bandwidth(0, 4) == 12.5e9
+    assert D.preset("p100-nvlink-4").devices[0].peak_flops == 10.6e12
+    assert D.preset("k80-pcie-8").devices[0].mem_bw == 240e9
+    assert D.preset("v100-pcie-4").devices[0].memory == 32 * D.GiB
+    assert list(D.PRESETS)[:5] == ["p100-cluster", "p100-nvlink-4", "p100-ib-16", "k80-pcie-8",
+                                   "v100-pcie-4"]
+
+
+@pytest.mark.parametrize("name", ["h100-nvlink-8", "h100-ib-16", "a100-nvlink-8"])
+def test_search_runs_on_the_gpu_presets(name, capsys):
+    from explorer.cli import main
+    n = GPU_PRESETS[name]
+    assert main(["search", "gpt2", "-a", "layers=2", "--preset", name, "--devices", str(n)]) == 0
+    out = capsys.readouterr().out
+    assert "objective (eq. 1)" in out
+
+
+def test_tofu_and_a_placer_run_on_a_gpu_preset(capsys):
+    from explorer.cli import main
+    for algo in ("tofu", "m-topo"):
+        assert main(["search", "mlp", "-a", "layers=2", "-a", "hidden=64", "--batch", "16",
+                     "--preset", "h100-ib-16", "--devices", "16", "--algo", algo]) == 0
+    capsys.readouterr()

@@ -7,6 +7,11 @@ Presets reproduce the papers' hardware from the vendors' published figures:
 * ``p100-nvlink-4``: one such node.  ``p100-ib-16``: 16 P100s on 4 nodes.
 * ``k80-pcie-8``: 8 K80 GPUs (GK210 dies) on PCIe, 21 GB/s peer to peer (Tofu Section 7).
 * ``v100-pcie-4``: 4 V100 PCIe cards of 32 GB on PCIe (Celeritas Section 6.1).
+* ``h100-nvlink-8``: one 8×H100 SXM5 80 GB node (NVLink 4 through NVSwitch), as in a DGX H100 /
+  HGX H100 8-GPU board.  ``h100-ib-16`` / ``h100-ib-32``: 2 / 4 such nodes over 400 Gb/s NDR
+  InfiniBand (one ConnectX-7 port per GPU); ``h100-cluster``: as many nodes as ``--devices``
+  needs.
+* ``a100-nvlink-8``: one 8×A100 SXM4 80 GB node (NVLink 3 through NVSwitch), as in a DGX A100.
 * ``local``: this machine's CUDA GPUs, or CPU worker processes when there are none.
 
 Custom clusters come from a JSON file (see :func:`from_json`).
@@ -204,6 +209,44 @@ def _v100(i, node):
     return Device(f"v100:{i}", "V100-PCIe", 14.0e12, 900 * GB, 32 * GiB, node)
 
 
+# Today's GPUs (the vendor's data sheets; "with sparsity" figures halved to dense):
+#  H100 SXM5 80GB - NVIDIA H100 Tensor Core GPU datasheet (nvidia.com/en-us/data-center/h100,
+#    "H100 SXM" column): FP64 34 TFLOPS, FP64 Tensor Core 67 TFLOPS, FP32 67 TFLOPS, TF32
+#    Tensor Core 989 TFLOPS with sparsity (494.5 dense), BF16 / FP16 Tensor Core 1,979 TFLOPS
+#    with sparsity (989.5 dense), FP8 3,958 with sparsity (1,979 dense); GPU memory 80 GB
+#    (HBM3), memory bandwidth 3.35 TB/s; interconnect NVLink 900 GB/s (fourth-generation
+#    NVLink, 18 links: bidirectional, so 450 GB/s each way; through the NVSwitch chips of an
+#    HGX / DGX H100 board every GPU reaches every other at that rate), PCIe Gen5 128 GB/s.
+#  DGX H100 - NVIDIA DGX H100 datasheet / DGX H100 user guide: 8×H100 SXM5, "8x NVIDIA
+#    ConnectX-7 ... up to 400 Gb/s InfiniBand" for the compute fabric: one NDR port of
+#    400 Gb/s = 50 GB/s each way per GPU between nodes.
+#  A100 SXM4 80GB - NVIDIA A100 Tensor Core GPU datasheet ("A100 80GB SXM" column): FP64
+#    9.7 TFLOPS, FP64 Tensor Core 19.5, FP32 19.5, TF32 Tensor Core 156 (312 with sparsity),
+#    BF16 / FP16 Tensor Core 312 (624 with sparsity); GPU memory 80 GB HBM2e, memory bandwidth
+#    2,039 GB/s; NVLink 600 GB/s (third generation, 12 links; 300 GB/s each way) through
+#    NVSwitch in a DGX / HGX A100 8-GPU board; PCIe Gen4 64 GB/s.
+#  The memory is the stacks' capacity as the V100's above (80 GiB: torch reports ~79.2 GiB
+#  total of which the driver keeps some).  ``peak_flops`` is the FP32 figure (the runtime
+#  trains in float32); every precision's dense peak is in ``meta["peak_flops_by_dtype"]``.
+#  Latencies are not data-sheet figures: the same order as the presets above assume
+#  (5 µs inside a node, 10 µs across the fabric).
+H100_FLOPS = {"fp64": 67e12, "fp32": 67e12, "tf32": 494.5e12, "bf16": 989.5e12,
+              "fp16": 989.5e12, "fp8": 1979e12}      # fp64: the FP64 Tensor Core figure
+A100_FLOPS = {"fp64": 19.5e12, "fp32": 19.5e12, "tf32": 156e12, "bf16": 312e12,
+              "fp16": 312e12}                        # fp64: the FP64 Tensor Core figure
+NVLINK4_BW = 900 * GB / 2          # per direction, per GPU (900 GB/s bidirectional)
+NVLINK3_BW = 600 * GB / 2          # per direction, per GPU (600 GB/s bidirectional)
+NDR_BW = 400e9 / 8                 # 400 Gb/s NDR InfiniBand per GPU, per direction
+
+
+def _h100(i, node):
+    return Device(f"h100:{i}", "H100-SXM5-80GB", H100_FLOPS["fp32"], 3.35e12, 80 * GiB, node)
+
+
+def _a100(i, node):
+    return Device(f"a100:{i}", "A100-SXM4-80GB", A100_FLOPS["fp32"], 2039 * GB, 80 * GiB, node)
+
+
 PRESETS = {
     "p100-cluster": ("P100 nodes of 4 (NVLink 40 GB/s) over 100 Gb/s InfiniBand; sized to "
                      "--devices (OptCNN's cluster, default)", None),
@@ -211,6 +254,14 @@ PRESETS = {
     "p100-ib-16": ("16×P100 on 4 nodes, NVLink inside, 100 Gb/s EDR InfiniBand between", 16),
     "k80-pcie-8": ("8×K80 (GK210) on PCIe, 21 GB/s peer-to-peer (Tofu's machine)", 8),
     "v100-pcie-4": ("4×V100 PCIe 32 GB, 16 GB/s PCIe 3.0 x16 (Celeritas's machine)", 4),
+    "h100-nvlink-8": ("one node, 8×H100 SXM5 80 GB, NVLink 4 / NVSwitch 450 GB/s each way", 8),
+    "h100-ib-16": ("16×H100 SXM5 on 2 nodes of 8, NVLink 4 inside, 400 Gb/s NDR InfiniBand "
+                   "per GPU between", 16),
+    "h100-ib-32": ("32×H100 SXM5 on 4 nodes of 8, NVLink 4 inside, 400 Gb/s NDR InfiniBand "
+                   "per GPU between", 32),
+    "h100-cluster": ("H100 SXM5 nodes of 8 (NVLink 4) over 400 Gb/s NDR InfiniBand; sized to "
+                     "--devices", None),
+    "a100-nvlink-8": ("one node, 8×A100 SXM4 80 GB, NVLink 3 / NVSwitch 300 GB/s each way", 8),
     "local": ("this machine: CUDA GPUs, or CPU worker processes when there are none", None),
 }
 
@@ -241,6 +292,15 @@ def preset(name: str, n: int | None = None) -> DeviceGraph:
         g = _cluster(name, 8, 8, _k80, 21 * GB, 21 * GB, 10e-6, 10e-6, PRESETS[name][0])
     elif name == "v100-pcie-4":
         g = _cluster(name, 4, 4, _v100, 16 * GB, 16 * GB, 10e-6, 10e-6, PRESETS[name][0])
+    elif name in ("h100-nvlink-8", "h100-ib-16", "h100-ib-32", "h100-cluster"):
+        total = {"h100-nvlink-8": 8, "h100-ib-16": 16, "h100-ib-32": 32}.get(name)
+        if total is None:
+            total = 8 * -(-(8 if n is None else n) // 8)
+        g = _cluster(name, total, 8, _h100, NVLINK4_BW, NDR_BW, 5e-6, 10e-6, PRESETS[name][0])
+        g.meta.update(peak_flops_by_dtype=dict(H100_FLOPS))
+    elif name == "a100-nvlink-8":
+        g = _cluster(name, 8, 8, _a100, NVLINK3_BW, NVLINK3_BW, 5e-6, 5e-6, PRESETS[name][0])
+        g.meta.update(peak_flops_by_dtype=dict(A100_FLOPS))
     else:
         return local(n)
     return g.subset(n) if n is not None else g
