@@ -437,3 +437,87 @@ def test_tofu_and_a_placer_run_on_a_gpu_preset(capsys):
         assert main(["search", "mlp", "-a", "layers=2", "-a", "hidden=64", "--batch", "16",
                      "--preset", "h100-ib-16", "--devices", "16", "--algo", algo]) == 0
     capsys.readouterr()
+
+
+# --------------------------------------------------------------------------------------------
+# `local` on a GPU machine (torch.cuda simulated)
+# --------------------------------------------------------------------------------------------
+
+class _Props:
+    def __init__(self, name="NVIDIA H100 80GB HBM3", total_memory=85_031_714_816):
+        self.name, self.total_memory = name, total_memory
+
+
+@pytest.fixture
+def two_gpus(monkeypatch):
+    """This machine as one with two (simulated) H100s, CUDA workers asked for."""
+    import torch
+    monkeypatch.setenv("EXPLORER_DEVICE", "auto")
+    monkeypatch.setattr(D, "gpu_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: _Props())
+    return monkeypatch
+
+
+def _write_calibration(cal):
+    import json
+    path = D.home() / "local.json"
+    path.write_text(json.dumps(cal))
+    return path
+
+
+def test_local_is_the_gpus_with_their_properties(two_gpus):
+    g = D.local()
+    assert g.n == 2 and [d.name for d in g.devices] == ["cuda:0", "cuda:1"]
+    assert g.devices[0].kind == "NVIDIA H100 80GB HBM3"
+    assert g.devices[0].memory == 85_031_714_816
+    assert g.meta["backend"] == "nccl" and g.meta["gpus"] == 2 and not g.meta["shared"]
+    assert g.meta["calibrated"] is False and "not calibrated" in g.meta["warning"]
+    assert D.preset("local", 1).n == 1
+
+
+def test_local_with_more_workers_than_gpus_shares_them(two_gpus):
+    g = D.local(4)
+    assert g.n == 4 and g.meta["shared"] and g.meta["backend"] == "gloo"
+    assert g.devices[0].memory == 85_031_714_816 / 2        # two workers per GPU
+    assert "share 2 GPUs" in g.meta["warning"]
+
+
+def test_local_gpu_limit(two_gpus):
+    two_gpus.setenv("EXPLORER_GPUS", "1")
+    assert D.local().n == 1
+    two_gpus.setenv("EXPLORER_GPUS", "3")
+    with pytest.raises(D.DeviceRequestError, match="3 GPUs asked for"):
+        D.local()
+
+
+def test_local_gpus_use_a_gpu_calibration(two_gpus):
+    _write_calibration({"backend": "nccl", "device_kind": "cuda", "peak_flops": 50e12,
+                        "mem_bw": 3.0e12, "link_bw": 300e9, "latency": 15e-6,
+                        "matmul_flops_by_dtype": {"fp32": 50e12, "tf32": 400e12,
+                                                  "bf16": 700e12},
+                        "allreduce_1k_s": 2e-5, "allreduce_big_s": 1e-3,
+                        "allreduce_big_bytes": 2 ** 26, "measured_at": 123.0})
+    g = D.local()
+    assert g.devices[0].peak_flops == 50e12 and g.devices[0].mem_bw == 3.0e12
+    assert g.bandwidth(0, 1) == 300e9 and g.latency[0, 1] == 15e-6
+    assert g.meta["calibrated"] and g.meta["calibrated_at"] == 123.0
+    assert g.meta["peak_flops_by_dtype"]["bf16"] == 700e12
+    assert g.meta["allreduce"]["big_bytes"] == 2 ** 26 and "warning" not in g.meta
+
+
+def test_a_cpu_calibration_says_nothing_about_gpus_and_back(two_gpus):
+    _write_calibration({"backend": "gloo", "peak_flops": 40e9, "mem_bw": 9e9,
+                        "link_bw": 5e9, "latency": 1e-3, "cores": 2})
+    g = D.local()
+    assert g.devices[0].peak_flops == 10e12 and not g.meta["calibrated"]
+    _write_calibration({"backend": "cuda", "device_kind": "cuda", "peak_flops": 50e12,
+                        "mem_bw": 3e12})
+    two_gpus.setenv("EXPLORER_DEVICE", "cpu")
+    c = D.local(2)
+    assert c.kind == "cpu-worker" and c.devices[0].peak_flops == 30e9
+    assert c.meta["calibrated"] is False
+
+
+def test_the_cpu_machine_is_unchanged():
+    g = D.local(2)
+    assert g.kind == "cpu-worker" and "gpus" not in g.meta and g.meta["backend"] == "gloo"

@@ -36,6 +36,8 @@ GiB = 1024 ** 3
 #: machine has a GPU, else CPU).  The tests set ``cpu`` so they run the same on a GPU machine.
 DEVICE_ENV = "EXPLORER_DEVICE"
 DEVICE_KINDS = ("auto", "cpu", "cuda")
+#: how many of this machine's GPUs local workers may use (default: all)
+GPUS_ENV = "EXPLORER_GPUS"
 
 
 class DeviceRequestError(ExplorerError):
@@ -307,27 +309,19 @@ def preset(name: str, n: int | None = None) -> DeviceGraph:
 
 
 def local(n: int | None = None) -> DeviceGraph:
-    """The local machine: every CUDA GPU, else ``n`` CPU worker processes (default: cores);
-    ``$EXPLORER_DEVICE=cpu`` gives CPU workers on a GPU machine too.
+    """The local machine: its CUDA GPUs (:func:`local_gpus`), else ``n`` CPU worker processes
+    (default: cores); ``$EXPLORER_DEVICE=cpu`` gives CPU workers on a GPU machine too.
 
-    Uses the calibrated figures written by ``explorer calibrate`` when present, otherwise
-    conservative defaults for one CPU core per worker (gloo over loopback, ~9 GB/s measured).
+    Uses the calibrated figures written by ``explorer calibrate`` when present (a GPU
+    calibration for GPUs, a CPU one for CPU workers), otherwise conservative defaults for one
+    CPU core per worker (gloo over loopback, ~9 GB/s measured).
     """
     ngpu = gpu_count() if worker_device_kind() == "cuda" else 0   # $EXPLORER_DEVICE=cpu: CPU
     cal = _calibration()
     if ngpu:
-        n = ngpu if n is None else n
-        if n > ngpu:
-            raise ValueError(f"{n} devices asked for but this machine has {ngpu} GPUs")
-        import torch
-        devs = []
-        for i in range(n):
-            p = torch.cuda.get_device_properties(i)
-            devs.append(Device(f"cuda:{i}", p.name, cal.get("peak_flops", 10e12),
-                               cal.get("mem_bw", 500 * GB), float(p.total_memory), 0))
-        bw = np.full((n, n), cal.get("link_bw", 10 * GB))
-        return DeviceGraph("local", devs, bw, np.full((n, n), cal.get("latency", 20e-6)),
-                           f"{n} local CUDA GPUs", {"backend": "nccl"})
+        return local_gpus(n, ngpu, cal if _is_gpu_calibration(cal) else {})
+    if _is_gpu_calibration(cal):
+        cal = {}                       # the GPUs' figures say nothing about CPU workers
     cores = int(cal.get("cores") or 0) or os.cpu_count() or 1   # the workers' cores
     if n is not None and n < 1:
         raise ValueError(f"--devices must be ≥ 1, got {n}")
@@ -362,6 +356,77 @@ def local(n: int | None = None) -> DeviceGraph:
     if n > cores:
         meta["warning"] = (f"{n} CPU workers on {cores} cores: timings will mean little")
     return DeviceGraph("local", devs, bw, lat, f"{n} CPU worker processes (gloo)", meta)
+
+
+def _is_gpu_calibration(cal: dict) -> bool:
+    """Written by ``explorer calibrate`` on GPUs (``"backend"`` ``nccl`` or ``cuda``)."""
+    return cal.get("device_kind") == "cuda" or cal.get("backend") in ("nccl", "cuda")
+
+
+def _gpu_limit(ngpu: int) -> int:
+    """The GPUs local workers may use: all, or ``$EXPLORER_GPUS`` (more than exist: an
+    error)."""
+    raw = os.environ.get(GPUS_ENV)
+    if not raw:
+        return ngpu
+    try:
+        k = int(raw)
+    except ValueError:
+        raise DeviceRequestError(f"${GPUS_ENV}={raw!r} is not a number of GPUs") from None
+    if k < 1 or k > ngpu:
+        raise DeviceRequestError(f"{k} GPUs asked for (${GPUS_ENV}), this machine has {ngpu}")
+    return k
+
+
+def local_gpus(n: int | None, ngpu: int, cal: dict | None = None) -> DeviceGraph:
+    """``n`` local workers (default: one per GPU) on this machine's ``ngpu`` CUDA GPUs, as
+    the runtime maps them (:mod:`explorer.engine.runtime.devicemap`): worker ``i`` on GPU
+    ``i mod G`` - its own GPU when ``n ≤ G`` (NCCL), else sharing (gloo, the GPU's memory
+    split between its workers, ``meta["shared"]``: timings are not prediction targets).
+
+    Name, memory and count come from ``torch.cuda.get_device_properties``; speeds from the
+    GPU calibration ``cal`` (``explorer calibrate`` on GPUs: ``peak_flops`` the float32
+    matmul, ``mem_bw`` a large device copy, ``link_bw`` / ``latency`` NCCL point to point,
+    per precision ``matmul_flops_by_dtype``), else defaults flagged ``calibrated: False``."""
+    import torch
+    cal = dict(cal or {})
+    g = _gpu_limit(int(ngpu))
+    n = g if n is None else int(n)
+    if n < 1:
+        raise ValueError(f"--devices must be ≥ 1, got {n}")
+    props = [torch.cuda.get_device_properties(i) for i in range(g)]
+    per_gpu = [sum(1 for w in range(n) if w % g == i) for i in range(g)]
+    shared = n > g
+    devs = [Device(f"cuda:{i % g}" if not shared else f"cuda:{i % g}/w{i}", props[i % g].name,
+                   float(cal.get("peak_flops", 10e12)), float(cal.get("mem_bw", 500 * GB)),
+                   float(props[i % g].total_memory) / per_gpu[i % g], 0)
+            for i in range(n)]
+    if shared:     # gloo with host-staged copies between workers
+        link, lat = cal.get("staged_link_bw", 4 * GB), cal.get("staged_latency", 200e-6)
+    else:
+        link, lat = cal.get("link_bw", 10 * GB), cal.get("latency", 20e-6)
+    bw = np.full((n, n), float(link))
+    meta = {"backend": "gloo" if shared else "nccl", "device_kind": "cuda", "gpus": g,
+            "gpu_name": props[0].name, "shared": shared, "calibrated": bool(cal),
+            "calibrated_at": cal.get("measured_at")}
+    for key in ("matmul_flops_by_dtype", "conv_flops_by_dtype", "h2d_bw", "d2h_bw"):
+        if cal.get(key) is not None:
+            meta[key] = cal[key]
+    if cal.get("matmul_flops_by_dtype"):
+        meta["peak_flops_by_dtype"] = dict(cal["matmul_flops_by_dtype"])
+    if not shared and cal.get("allreduce_1k_s") and cal.get("allreduce_big_s") and \
+            cal.get("allreduce_big_bytes"):
+        meta["allreduce"] = {"small_s": float(cal["allreduce_1k_s"]),
+                             "big_s": float(cal["allreduce_big_s"]),
+                             "big_bytes": float(cal["allreduce_big_bytes"])}
+    if not cal:
+        meta["warning"] = (f"the GPUs are not calibrated: {props[0].name} at a default "
+                           f"{devs[0].peak_flops / 1e12:g} TFLOP/s; run `explorer calibrate`")
+    if shared:
+        meta["warning"] = (f"{n} workers share {g} GPU{'s' if g > 1 else ''}: their timing is "
+                           f"shared, not a prediction target")
+    what = f"{n} workers on {g} local CUDA GPU{'s' if g > 1 else ''} ({props[0].name})"
+    return DeviceGraph("local", devs, bw, np.full((n, n), float(lat)), what, meta)
 
 
 def _calibration() -> dict:

@@ -27,13 +27,12 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from explorer.engine.core.devices import DeviceRequestError, gpu_count, worker_device_kind
+from explorer.engine.core.devices import (GPUS_ENV, DeviceRequestError, gpu_count,
+                                          worker_device_kind)
 
 __all__ = ["WorkerMap", "map_workers", "local_map", "torchrun_device", "DeviceRequestError",
            "GPUS_ENV", "BACKEND_ENV", "BACKENDS", "SHARED_NOTE"]
 
-#: how many of this machine's GPUs local workers may use (default: all)
-GPUS_ENV = "EXPLORER_GPUS"
 #: the backend local workers use when the caller leaves it at ``auto`` (``explorer run
 #: --backend``)
 BACKEND_ENV = "EXPLORER_BACKEND"

@@ -276,7 +276,8 @@ def _tofu_report(out: dict, doc: dict, lay: dict, steps: int, train: bool,
     pred = out.get("predicted_step_time_s")
     if pred and out.get("measured_step_time_s"):
         out["rel_error"] = (pred - out["measured_step_time_s"]) / out["measured_step_time_s"]
-    if predicted.get("compute_source", "").startswith("roofline"):
+    if predicted.get("compute_source", "").startswith("roofline") and \
+            predicted["compute_source"] != "roofline at the calibrated GPU rates":
         out.setdefault("warnings", []).append(
             f"the predicted step time is an uncalibrated {predicted['compute_source']}: run "
             f"`explorer calibrate` and search the plan on the local preset to predict it from "
@@ -306,7 +307,12 @@ def tofu_prediction(doc: dict, g, xplan: dict, dtype: str, progress=None) -> dic
     if doc.get("preset") == "local":
         from explorer.engine.core.devices import local
         dev = local(n)
-        if dev.meta.get("calibrated"):
+        if dev.meta.get("device_kind") == "cuda":
+            # shard rehearsal times CPU workers; on GPUs the plan's own costs (searched on this
+            # calibrated local preset) are the prediction
+            why = ("roofline at the calibrated GPU rates" if dev.meta.get("calibrated") else
+                   "roofline at the local GPUs' default rates (not calibrated)")
+        elif dev.meta.get("calibrated"):
             from explorer.engine.runtime.shardtime import comm_costs, predict_step, share_factor
             lat = float(dev.latency[0, 1]) if n > 1 else 0.0
             # shards timed under an earlier calibration (another state of the machine) are
@@ -318,7 +324,8 @@ def tofu_prediction(doc: dict, g, xplan: dict, dtype: str, progress=None) -> dic
             return predict_step(g, xplan, _link_seconds(doc, float(dev.bw[0, 1])) if n > 1
                                 else comm, lat, dtype, kind, progress=progress, costs=costs,
                                 share=share_factor(n))
-        why = "roofline at the local preset's default rates (not calibrated)"
+        else:
+            why = "roofline at the local preset's default rates (not calibrated)"
     else:
         why = f"roofline of the {doc.get('preset') or '?'} preset's devices, not this machine"
     compute = doc.get("predicted_compute_s")
