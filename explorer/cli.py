@@ -107,6 +107,13 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--sync", default="auto", choices=["auto", "p2p", "allreduce"],
                    help="gradient sums of replicated shards: point-to-point or all-reduce "
                         "(auto: p2p on gloo, all-reduce on NCCL)")
+    r.add_argument("--device", default=None, choices=["auto", "cpu", "cuda"],
+                   help="what the workers compute on (default $EXPLORER_DEVICE, else auto: "
+                        "the GPUs when there are any)")
+    r.add_argument("--backend", default=None, choices=["auto", "gloo", "nccl"],
+                   help="process group backend (auto: NCCL with a GPU per worker, else gloo)")
+    r.add_argument("--gpus", type=int, default=None, metavar="K",
+                   help="use K of this machine's GPUs (workers beyond K share them)")
 
     x = sub.add_parser("export", help="write a layer-wise plan as a PyTorch program using "
                                       "PyTorch's parallel APIs (run it with torchrun)")
@@ -127,6 +134,9 @@ def build_parser() -> argparse.ArgumentParser:
                    metavar="KEY=VALUE", help="model keyword argument for --model; repeatable")
     c.add_argument("--quick", action="store_true",
                    help="fewer repetitions: seconds instead of minutes, noisier numbers")
+    c.add_argument("--device", default=None, choices=["auto", "cpu", "cuda"],
+                   help="measure the GPUs (cuda) or CPU worker processes (cpu); default "
+                        "$EXPLORER_DEVICE, else the GPUs when there are any")
     c.add_argument("--json", action="store_true")
 
     sub.add_parser("models", help="list the built-in example models")

@@ -521,3 +521,127 @@ def test_a_cpu_calibration_says_nothing_about_gpus_and_back(two_gpus):
 def test_the_cpu_machine_is_unchanged():
     g = D.local(2)
     assert g.kind == "cpu-worker" and "gpus" not in g.meta and g.meta["backend"] == "gloo"
+
+
+# --------------------------------------------------------------------------------------------
+# `explorer calibrate` on GPUs: the document it writes and `local` reading it
+# --------------------------------------------------------------------------------------------
+
+def _measured(**over):
+    """What :func:`measure_gpu` returns on a GPU, made up."""
+    m = {"matmul_flops_by_dtype": {"fp32": 51e12, "tf32": 380e12, "bf16": 720e12},
+         "conv_flops_by_dtype": {"fp32": 40e12, "tf32": 200e12, "bf16": 410e12},
+         "mem_bw": 2.9e12, "h2d_bw": 25e9, "d2h_bw": 24e9,
+         "gpu_name": "NVIDIA H100 80GB HBM3", "gpu_memory": 85_031_714_816}
+    m.update(over)
+    return m
+
+
+def test_gpu_calibration_document_two_gpus():
+    from explorer.engine.runtime.calibrate import gpu_calibration
+    links = {"link_bw": 380e9, "latency": 12e-6, "allreduce_1k_s": 25e-6,
+             "allreduce_big_s": 0.4e-3, "allreduce_big_bytes": 64 * 2 ** 20}
+    cal = gpu_calibration(_measured(), links, 2, measured_at=7.0)
+    assert cal["backend"] == "nccl" and cal["device_kind"] == "cuda" and cal["gpus"] == 2
+    assert cal["peak_flops"] == 51e12 == cal["matmul_flops"] and cal["conv_flops"] == 40e12
+    assert cal["matmul_flops_by_dtype"]["bf16"] == 720e12
+    assert cal["link_bw"] == 380e9 and cal["latency"] == 12e-6
+    assert cal["allreduce_big_bytes"] == 64 * 2 ** 20 and cal["measured_at"] == 7.0
+    assert 0 < cal["staged_link_bw"] < 24e9
+
+
+def test_gpu_calibration_document_one_gpu_and_bad_measurements():
+    from explorer.engine.runtime.calibrate import gpu_calibration
+    cal = gpu_calibration(_measured(), None, 1)
+    assert cal["backend"] == "cuda" and cal["link_bw"] == cal["staged_link_bw"]
+    with pytest.raises(ValueError, match="without mem_bw"):
+        gpu_calibration(_measured(mem_bw=None), None, 1)
+    with pytest.raises(ValueError, match="no positive bf16"):
+        gpu_calibration(_measured(matmul_flops_by_dtype={"fp32": 1e12, "tf32": 2e12}), None, 1)
+
+
+def test_a_written_gpu_calibration_is_what_local_reads(two_gpus):
+    import json
+    from explorer.engine.runtime.calibrate import gpu_calibration
+    links = {"link_bw": 380e9, "latency": 12e-6, "allreduce_1k_s": 25e-6,
+             "allreduce_big_s": 0.4e-3, "allreduce_big_bytes": 64 * 2 ** 20}
+    _write_calibration(json.loads(json.dumps(gpu_calibration(_measured(), links, 2))))
+    g = D.local()
+    assert g.meta["calibrated"] and g.devices[0].peak_flops == 51e12
+    assert g.devices[0].mem_bw == 2.9e12 and g.bandwidth(0, 1) == 380e9
+    assert g.meta["peak_flops_by_dtype"]["tf32"] == 380e12
+    assert g.meta["h2d_bw"] == 25e9 and g.meta["allreduce"]["small_s"] == 25e-6
+    shared = D.local(4)                     # workers sharing the GPUs: the host-staged link
+    assert shared.bandwidth(0, 1) < 24e9
+
+
+def test_calibrate_output_for_gpus():
+    from explorer.engine.runtime.calibrate import gpu_calibration
+    from explorer.engine.runtime.commands import format_gpu_calibration
+    text = format_gpu_calibration(gpu_calibration(_measured(), None, 1))
+    assert "NVIDIA H100 80GB HBM3 × 1 (cuda)" in text
+    assert "bf16     matmul    720.0 TFLOP/s" in text and "2900.0 GB/s" in text
+
+
+def test_calibrate_takes_the_gpu_path_where_workers_are_gpus(monkeypatch):
+    """On a (simulated) GPU machine ``calibrate`` measures the GPUs, not the CPU; asking for
+    more GPUs than exist is refused before measuring."""
+    from explorer.engine.runtime import calibrate as C
+    monkeypatch.setenv("EXPLORER_DEVICE", "auto")
+    monkeypatch.setattr(D, "gpu_count", lambda: 1)
+    seen = {}
+    monkeypatch.setattr(C, "calibrate_gpus", lambda *a, **k: seen.setdefault("args", a) or {})
+    C.calibrate(None, quick=True)
+    assert seen["args"][0] is None
+    monkeypatch.undo()
+    monkeypatch.setenv("EXPLORER_DEVICE", "auto")
+    monkeypatch.setattr(D, "gpu_count", lambda: 1)
+    import torch
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: "fake")
+    with pytest.raises(D.DeviceRequestError, match="2 GPUs asked for, this machine has 1"):
+        C.calibrate_gpus(2)
+
+
+# --------------------------------------------------------------------------------------------
+# bad device requests on the command line: one line, exit 2
+# --------------------------------------------------------------------------------------------
+
+@pytest.fixture
+def plan_file(tmp_path):
+    from explorer.cli import main
+    out = tmp_path / "p.json"
+    assert main(["search", "lenet5", "--preset", "local", "--devices", "2", "--batch", "4",
+                 "--out", str(out)]) == 0
+    return out
+
+
+@pytest.mark.parametrize("flags,msg", [
+    (["--device", "cuda"], "no CUDA GPU"),
+    (["--backend", "nccl"], "NCCL needs CUDA GPUs"),
+    (["--gpus", "2"], "2 GPUs asked for, this machine has 0"),
+    (["--device", "auto", "--gpus", "2"], "2 GPUs asked for, this machine has 0"),
+])
+def test_run_refuses_impossible_devices_in_one_line(plan_file, flags, msg, capsys):
+    from explorer.cli import main
+    capsys.readouterr()
+    assert main(["run", str(plan_file), "--steps", "1", "--warmup", "0", *flags]) == 2
+    err = capsys.readouterr().err
+    assert msg in err and err.count("\n") == 1 and "Traceback" not in err, err
+
+
+def test_calibrate_refuses_cuda_without_a_gpu(capsys):
+    from explorer.cli import main
+    assert main(["calibrate", "--device", "cuda", "--quick"]) == 2
+    err = capsys.readouterr().err
+    assert "no CUDA GPU" in err and err.count("\n") == 1
+
+
+def test_run_on_cpu_workers_says_where_it_ran(plan_file, capsys):
+    from explorer.cli import main
+    capsys.readouterr()
+    assert main(["run", str(plan_file), "--steps", "1", "--warmup", "0", "--json",
+                 "--device", "cpu"]) == 0
+    import json
+    res = json.loads(capsys.readouterr().out)
+    assert res["worker_devices"] == ["cpu", "cpu"] and res["shared"] is False
+    assert res["backend"] == "gloo" and res["measured_peak_memory_bytes"] is None

@@ -208,15 +208,24 @@ def _cores() -> int:
         return os.cpu_count() or 1
 
 
-def calibrate(devices: int = 2, model: str | None = None, batch: int | None = None,
+def calibrate(devices: int | None = None, model: str | None = None, batch: int | None = None,
               model_args: dict | None = None, quick: bool = False, write: bool = True,
               progress=None, profiled=None) -> dict:
     """Measure compute, memory and link speed; write ``$EXPLORER_HOME/local.json``.
+
+    On a GPU machine (the workers' device kind, ``$EXPLORER_DEVICE``, is ``cuda``) the GPUs are
+    measured instead (:func:`calibrate_gpus`: ``devices`` GPUs, default all); on CPU
+    ``devices`` worker processes (default 2).
 
     With ``model`` also profile every candidate configuration of every layer of that model on
     ``devices`` local workers into the profile cache.  Returns the calibration dict (plus
     ``path``, and ``profiled`` / ``profile_time_s`` with a model).
     """
+    from explorer.engine.core.devices import worker_device_kind
+    if worker_device_kind() == "cuda":          # GPUs here (and not $EXPLORER_DEVICE=cpu)
+        return calibrate_gpus(devices, model, batch, model_args, quick, write, progress,
+                              profiled)
+    devices = 2 if devices is None else int(devices)
     say = progress or (lambda msg: None)
     say("compute and memory bandwidth (1 thread)")
     comp = measure_compute(quick)
@@ -425,3 +434,228 @@ def profile_model(model: str, devices: int, batch: int | None = None,
                          "concurrent_workers": nproc if concurrent else 1},
             "profile_time_s": time.perf_counter() - t}
 
+
+
+# --------------------------------------------------------------------------------------------
+# On CUDA GPUs (``explorer calibrate`` where the workers are GPUs: ``$EXPLORER_DEVICE``)
+# --------------------------------------------------------------------------------------------
+
+#: the precisions calibrated on a GPU: fp32 with TF32 off, TF32 tensor cores, bf16
+GPU_DTYPES = ("fp32", "tf32", "bf16")
+
+
+class _precision:
+    """Context: ``fp32`` (TF32 off for matmul and cuDNN), ``tf32`` (on), ``bf16`` (tensors in
+    bfloat16; TF32 setting irrelevant).  Restores the flags."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __enter__(self):
+        self.saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+        on = self.name == "tf32"
+        torch.backends.cuda.matmul.allow_tf32 = on
+        torch.backends.cudnn.allow_tf32 = on
+        return torch.bfloat16 if self.name == "bf16" else torch.float32
+
+    def __exit__(self, *exc):
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = self.saved
+        return False
+
+
+def _cuda_best(fn, device, reps: int = 10, warm: int = 3) -> float:
+    """Seconds of ``fn``'s kernels: the best of ``reps`` runs timed with CUDA events, after
+    ``warm`` untimed runs (library initialisation, algorithm selection)."""
+    from explorer.engine.runtime.timing import EventTimer
+    for _ in range(warm):
+        fn()
+    torch.cuda.synchronize(device)
+    best = float("inf")
+    t = EventTimer(device)
+    for _ in range(reps):
+        t.start()
+        fn()
+        t.stop()
+        best = min(best, t.seconds())
+    return best
+
+
+def measure_gpu(device: str = "cuda:0", quick: bool = False, progress=None) -> dict:
+    """One GPU's rates, timed with CUDA events after warm-up: square matmul and 3×3
+    convolution FLOP/s per precision (:data:`GPU_DTYPES`), HBM bandwidth (a device-to-device
+    copy, read + write), host-to-device and device-to-host copies from pinned memory."""
+    import torch.nn.functional as F_
+    say = progress or (lambda msg: None)
+    dev = torch.device(device)
+    torch.cuda.set_device(dev)
+    n = 4096 if quick else 8192
+    reps = 5 if quick else 10
+    out: dict = {"matmul_flops_by_dtype": {}, "conv_flops_by_dtype": {}}
+    for name in GPU_DTYPES:
+        say(f"matmul and convolution in {name}")
+        with _precision(name) as dt:
+            a = torch.randn(n, n, device=dev, dtype=dt)
+            b = torch.randn(n, n, device=dev, dtype=dt)
+            t = _cuda_best(lambda: torch.mm(a, b), dev, reps)
+            out["matmul_flops_by_dtype"][name] = 2.0 * n ** 3 / t
+            del a, b
+            x = torch.randn(32 if quick else 64, 256, 56, 56, device=dev, dtype=dt)
+            w = torch.randn(256, 256, 3, 3, device=dev, dtype=dt)
+            t = _cuda_best(lambda: F_.conv2d(x, w, padding=1), dev, reps)
+            out["conv_flops_by_dtype"][name] = 2.0 * x.shape[0] * 256 * 56 * 56 * 256 * 9 / t
+            del x, w
+    say("device memory bandwidth and host copies")
+    m = (256 if quick else 1024) * 2 ** 20
+    src = torch.empty(m // 4, device=dev)
+    dst = torch.empty_like(src)
+    out["mem_bw"] = 2.0 * m / _cuda_best(lambda: dst.copy_(src), dev, reps)
+    del dst
+    host = torch.empty(m // 4, pin_memory=True)
+    out["h2d_bw"] = m / _cuda_best(lambda: src.copy_(host, non_blocking=True), dev, reps)
+    out["d2h_bw"] = m / _cuda_best(lambda: host.copy_(src, non_blocking=True), dev, reps)
+    del src, host
+    torch.cuda.empty_cache()
+    out["matmul_flops"] = out["matmul_flops_by_dtype"]["fp32"]
+    out["conv_flops"] = out["conv_flops_by_dtype"]["fp32"]
+    out["peak_flops"] = max(out["matmul_flops"], out["conv_flops"])     # float32, TF32 off
+    props = torch.cuda.get_device_properties(dev)
+    out.update(gpu_name=props.name, gpu_memory=float(props.total_memory))
+    return out
+
+
+def _gpu_link_worker(rank, world, device, quick, send):
+    """Rank ``rank`` of the NCCL measurement between GPUs (an entry of
+    :func:`launcher.start_workers`, one GPU each): point-to-point 1 KB (latency) and 64 MB
+    (bandwidth) between ranks 0 and 1, all-reduce of 1 KB and 64 MB over all; synchronised
+    clocks after warm-up.  Rank 0 sends the numbers."""
+    import torch.distributed as dist
+    from explorer.engine.runtime.timing import clock
+    dev = torch.device(device)
+    pc = clock(dev)
+    reps = 10 if quick else 30
+    res = {}
+    for nbytes, key in ((1024, "latency"), ((16 if quick else 64) * 2 ** 20, "link")):
+        buf = torch.zeros(nbytes // 4, device=dev)
+        ts = []
+        for i in range(reps + 3):
+            dist.barrier()
+            t = pc()
+            if rank == 0:
+                dist.send(buf, 1)
+                dist.recv(buf, 1)
+            elif rank == 1:
+                dist.recv(buf, 0)
+                dist.send(buf, 0)
+            if i >= 3:
+                ts.append((pc() - t) / 2)        # one way
+        if key == "latency":
+            res["latency"] = statistics.median(ts)
+        else:
+            res["link_bw"] = nbytes / max(statistics.median(ts) - res["latency"], 1e-9)
+            res["link_bytes"] = nbytes
+    for nbytes, key in ((1024, "allreduce_1k_s"), ((16 if quick else 64) * 2 ** 20,
+                                                   "allreduce_big_s")):
+        t_ = torch.ones(nbytes // 4, device=dev)
+        ts = []
+        for i in range(reps + 3):
+            dist.barrier()
+            t = pc()
+            dist.all_reduce(t_)
+            if i >= 3:
+                ts.append(pc() - t)
+        res[key] = statistics.median(ts)
+        if key == "allreduce_big_s":
+            res["allreduce_big_bytes"] = nbytes
+    if rank == 0:
+        send("result", "link", res)
+    dist.barrier()
+
+
+def measure_gpu_links(gpus: int, quick: bool = False, timeout_s: float = 120.0) -> dict:
+    """NCCL point-to-point and all-reduce between ``gpus`` (≥ 2) local GPUs, one worker each."""
+    from explorer.engine.runtime.launcher import RunFailed, start_workers
+    try:
+        got = start_workers(int(gpus), _gpu_link_worker, quick, timeout_s=timeout_s,
+                            backend="nccl", kind="cuda", name="explorer-calibrate-gpu")
+    except RunFailed as exc:
+        raise RunFailed(f"GPU link calibration: {exc}", exc.rank, exc.pids) from None
+    return got.results[0]["link"]
+
+
+def gpu_calibration(compute: dict, links: dict | None, gpus: int,
+                    measured_at: float | None = None) -> dict:
+    """The calibration document of a GPU machine (what :func:`explorer.engine.core.devices.
+    local_gpus` reads) from :func:`measure_gpu`'s ``compute`` and, with two GPUs or more,
+    :func:`measure_gpu_links`' ``links``: ``backend`` ``nccl`` (several GPUs) or ``cuda``
+    (one), ``device_kind`` ``cuda``, ``peak_flops`` (float32, TF32 off), per precision
+    ``matmul_flops_by_dtype`` / ``conv_flops_by_dtype``, ``mem_bw``, ``h2d_bw``,
+    ``d2h_bw``, ``link_bw`` / ``latency`` (NCCL one way; one GPU: the host-staged path's
+    estimate from the host copies) and the all-reduce times.  Pure: no device is touched."""
+    need = ("matmul_flops_by_dtype", "conv_flops_by_dtype", "mem_bw", "h2d_bw", "d2h_bw")
+    missing = [k for k in need if compute.get(k) is None]
+    if missing:
+        raise ValueError(f"GPU calibration without {', '.join(missing)}")
+    for what in ("matmul_flops_by_dtype", "conv_flops_by_dtype"):
+        bad = [k for k in GPU_DTYPES if not float(compute[what].get(k, 0)) > 0]
+        if bad:
+            raise ValueError(f"GPU calibration: {what} has no positive {', '.join(bad)}")
+    mm = {k: float(v) for k, v in compute["matmul_flops_by_dtype"].items()}
+    cv = {k: float(v) for k, v in compute["conv_flops_by_dtype"].items()}
+    gpus = int(gpus)
+    cal = {"backend": "nccl" if gpus > 1 else "cuda", "device_kind": "cuda", "gpus": gpus,
+           "gpu_name": compute.get("gpu_name"), "gpu_memory": compute.get("gpu_memory"),
+           "peak_flops": max(mm["fp32"], cv["fp32"]), "matmul_flops": mm["fp32"],
+           "conv_flops": cv["fp32"], "matmul_flops_by_dtype": mm,
+           "conv_flops_by_dtype": cv, "mem_bw": float(compute["mem_bw"]),
+           "h2d_bw": float(compute["h2d_bw"]), "d2h_bw": float(compute["d2h_bw"]),
+           # workers sharing a GPU talk over gloo through host memory: down and up again
+           "staged_link_bw": 1.0 / (1.0 / float(compute["d2h_bw"]) +
+                                    1.0 / float(compute["h2d_bw"]) + 1.0 / 9e9),
+           "threads_per_worker": 1, "measured_at": measured_at if measured_at is not None
+           else time.time()}
+    if links:
+        cal.update(link_bw=float(links["link_bw"]), latency=float(links["latency"]),
+                   allreduce_1k_s=links.get("allreduce_1k_s"),
+                   allreduce_big_s=links.get("allreduce_big_s"),
+                   allreduce_big_bytes=links.get("allreduce_big_bytes"))
+    else:
+        cal.update(link_bw=cal["staged_link_bw"], latency=200e-6)
+    return cal
+
+
+def calibrate_gpus(devices: int | None = None, model: str | None = None,
+                   batch: int | None = None, model_args: dict | None = None,
+                   quick: bool = False, write: bool = True, progress=None,
+                   profiled=None) -> dict:
+    """``explorer calibrate`` on a GPU machine: :func:`measure_gpu` on the first GPU, NCCL
+    links between ``devices`` GPUs (default all) when there are two or more; written to
+    ``$EXPLORER_HOME/local.json`` (:func:`gpu_calibration`).  With ``model``: the profile cache
+    filled on the GPU (every candidate configuration's shards, then every operator of the
+    step), kernels timed after warm-up."""
+    from explorer.engine.core.devices import DeviceRequestError, gpu_count
+    say = progress or (lambda msg: None)
+    have = gpu_count()
+    if have < 1:
+        raise DeviceRequestError("no CUDA GPU to calibrate: use --device cpu")
+    gpus = have if devices is None else int(devices)
+    if gpus > have:
+        raise DeviceRequestError(f"{gpus} GPUs asked for, this machine has {have}")
+    say(f"one GPU ({torch.cuda.get_device_name(0)})")
+    comp = measure_gpu("cuda:0", quick, progress)
+    links = None
+    if gpus > 1:
+        say(f"NCCL point-to-point and all-reduce between {gpus} GPUs")
+        links = measure_gpu_links(gpus, quick)
+    cal = gpu_calibration(comp, links, gpus)
+    path = home() / "local.json"
+    if write:
+        path.write_text(json.dumps(cal, indent=2))
+    cal["path"] = str(path)
+    if model:
+        say(f"profiling every candidate configuration of {model} on the GPU")
+        cal.update(profile_model(model, gpus, batch, model_args, reps=5 if quick else 15,
+                                 warmup=2 if quick else 5, progress=profiled,
+                                 concurrent=False))
+        say(f"timing every operator of {model}'s training step on the GPU")
+        cal["op_profile"] = profile_ops(model, batch, model_args, quick, 1)
+    return cal

@@ -44,7 +44,19 @@ def run_options(args) -> dict:
             "expect": {"devices": getattr(args, "devices", None),
                        "model": getattr(args, "model", None)},
             "sync": getattr(args, "sync", "auto"), "progress": progress,
-            "memory_per_worker": parse_gib(getattr(args, "memory_per_worker", None))}
+            "memory_per_worker": parse_gib(getattr(args, "memory_per_worker", None)),
+            **_device_options(args)}
+
+
+def _device_options(args) -> dict:
+    """``--device`` / ``--backend`` / ``--gpus`` as :func:`run_document` keywords (only those
+    given: the defaults come from the environment, :mod:`.devicemap`)."""
+    out = {}
+    for key in ("device", "backend", "gpus"):
+        v = getattr(args, key, None)
+        if v is not None and v != "auto":
+            out[key] = v
+    return out
 
 
 def print_run(res: dict, args) -> int:
@@ -71,14 +83,24 @@ def cmd_run(args) -> int:
 
 
 def cmd_calibrate(args) -> int:
+    from explorer.engine.runtime.devicemap import requested
+    with requested(getattr(args, "device", None)):
+        return _calibrate(args)
+
+
+def _calibrate(args) -> int:
+    from explorer.engine.core.devices import gpu_count, worker_device_kind
     from explorer.engine.runtime.calibrate import calibrate
     devices = getattr(args, "devices", None)
+    gpu = worker_device_kind() == "cuda"
     if devices is None:
-        try:
-            import torch
-            devices = torch.cuda.device_count() or len(os.sched_getaffinity(0))
-        except (AttributeError, ImportError):
-            devices = os.cpu_count() or 1
+        if gpu:
+            devices = gpu_count()
+        else:
+            try:
+                devices = len(os.sched_getaffinity(0))
+            except AttributeError:
+                devices = os.cpu_count() or 1
     if devices < 1:
         raise ExplorerError(f"--devices must be ≥ 1, got {devices}")
     model_args = dict(getattr(args, "model_arg", []) or [])
@@ -91,6 +113,10 @@ def cmd_calibrate(args) -> int:
         print(dumps(cal, indent=2))
         return 0
     print(f"wrote {cal['path']}")
+    if cal.get("device_kind") == "cuda":
+        print(format_gpu_calibration(cal))
+        _print_profiled(cal)
+        return 0
     print(f"  compute  {cal['peak_flops'] / 1e9:8.1f} GFLOP/s per worker thread (matmul "
           f"{cal['matmul_flops'] / 1e9:.1f}, conv {cal['conv_flops'] / 1e9:.1f})")
     print(f"  memory   {cal['mem_bw'] / 1e9:8.1f} GB/s (copy, one thread)")
@@ -101,6 +127,35 @@ def cmd_calibrate(args) -> int:
         print(f"  all-reduce 1 KB {cal['allreduce_1k_s'] * 1e3:.3f} ms, "
               f"{cal['allreduce_big_bytes'] / 2 ** 20:.0f} MB "
               f"{cal['allreduce_big_s'] * 1e3:.1f} ms")
+    _print_profiled(cal)
+    return 0
+
+
+def format_gpu_calibration(cal: dict) -> str:
+    """The lines ``explorer calibrate`` prints for a GPU calibration."""
+    mm, cv = cal["matmul_flops_by_dtype"], cal["conv_flops_by_dtype"]
+    lines = [f"  GPU      {cal.get('gpu_name') or '?'} × {cal.get('gpus', 1)} "
+             f"({cal['backend']})"]
+    for k in mm:
+        lines.append(f"  {k:8s} matmul {mm[k] / 1e12:8.1f} TFLOP/s, conv "
+                     f"{cv.get(k, 0.0) / 1e12:8.1f} TFLOP/s")
+    lines.append(f"  memory   {cal['mem_bw'] / 1e9:8.1f} GB/s (device copy)")
+    lines.append(f"  host     {cal['h2d_bw'] / 1e9:8.1f} GB/s to the GPU, "
+                 f"{cal['d2h_bw'] / 1e9:.1f} GB/s back")
+    if cal.get("backend") == "nccl":
+        lines.append(f"  link     {cal['link_bw'] / 1e9:8.1f} GB/s NCCL point-to-point, "
+                     f"latency {cal['latency'] * 1e6:.1f} µs")
+        if cal.get("allreduce_1k_s") is not None:
+            lines.append(f"  all-reduce 1 KB {cal['allreduce_1k_s'] * 1e6:.1f} µs, "
+                         f"{cal['allreduce_big_bytes'] / 2 ** 20:.0f} MB "
+                         f"{cal['allreduce_big_s'] * 1e3:.2f} ms")
+    else:
+        lines.append("  link     one GPU: workers sharing it go through host memory "
+                     f"(~{cal['link_bw'] / 1e9:.1f} GB/s)")
+    return "\n".join(lines)
+
+
+def _print_profiled(cal: dict) -> None:
     if cal.get("profiled"):
         p = cal["profiled"]
         print(f"  profiled {p['model']}: {p['layers']} layers, {p['candidates']} candidate "
@@ -109,4 +164,3 @@ def cmd_calibrate(args) -> int:
         o = cal["op_profile"]
         print(f"  timed {o['ops']} operators of the step ({o['step_s'] * 1e3:.1f} ms in all) "
               f"in {o['seconds']:.1f} s")
-    return 0

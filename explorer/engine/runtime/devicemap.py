@@ -30,7 +30,8 @@ from dataclasses import dataclass
 from explorer.engine.core.devices import (GPUS_ENV, DeviceRequestError, gpu_count,
                                           worker_device_kind)
 
-__all__ = ["WorkerMap", "map_workers", "local_map", "torchrun_device", "DeviceRequestError",
+__all__ = ["WorkerMap", "map_workers", "local_map", "torchrun_device", "requested",
+           "DeviceRequestError",
            "GPUS_ENV", "BACKEND_ENV", "BACKENDS", "SHARED_NOTE"]
 
 #: the backend local workers use when the caller leaves it at ``auto`` (``explorer run
@@ -152,3 +153,43 @@ def torchrun_device(local_rank: int, local_world: int, gpus: int, *,
     the same GPUs)."""
     m = map_workers(max(1, int(local_world)), gpus, backend=backend, kind=kind)
     return m.backend, m.device(int(local_rank) % m.workers)
+
+
+class requested:
+    """Context: the local workers of what runs inside use ``device`` (``cpu`` / ``cuda`` /
+    ``auto``), ``backend`` and ``gpus`` GPUs (``None``: leave as is) - ``explorer run
+    --device/--backend/--gpus``.  Set as ``$EXPLORER_DEVICE`` / ``$EXPLORER_BACKEND`` /
+    ``$EXPLORER_GPUS`` for the duration (the launcher, ``local`` and the workers read them),
+    checked first: an impossible request is a :class:`DeviceRequestError` before anything
+    starts."""
+
+    def __init__(self, device: str | None = None, backend: str | None = None,
+                 gpus: int | None = None):
+        from explorer.engine.core.devices import DEVICE_ENV
+        self.env = {}
+        if device is not None:
+            worker_device_kind(str(device))            # refuses cuda without a GPU, typos
+            self.env[DEVICE_ENV] = str(device)
+        if backend is not None:
+            if str(backend) not in BACKENDS:
+                raise DeviceRequestError(f"backend {backend!r}: use auto, gloo or nccl")
+            self.env[BACKEND_ENV] = str(backend)
+        if gpus is not None:
+            k = worker_device_kind(None if device is None else str(device))
+            map_workers(1, gpu_count() if k == "cuda" else 0, kind=k, use_gpus=gpus)
+            self.env[GPUS_ENV] = str(int(gpus))
+        self.saved: dict = {}
+
+    def __enter__(self):
+        for k, v in self.env.items():
+            self.saved[k] = os.environ.get(k)
+            os.environ[k] = v
+        return self
+
+    def __exit__(self, *exc):
+        for k, v in self.saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        return False

@@ -58,7 +58,8 @@ def run_document(doc: dict, *, steps: int = 20, warmup: int = 5, timeout_s: floa
                  check: bool = True, expect: dict | None = None, sync: str = "auto",
                  progress=None, fault: str | None = None, tol: float = 1e-4,
                  verify: bool = True, memory_per_worker: float | None = None,
-                 train: bool = False, timeline: bool = False) -> dict:
+                 train: bool = False, timeline: bool = False, device: str | None = None,
+                 backend: str | None = None, gpus: int | None = None) -> dict:
     """Execute a plan document on local workers and check it against one device.
 
     ``expect`` (``model``, ``devices``, ``batch``, ``model_args``; ``None`` values ignored):
@@ -77,9 +78,25 @@ def run_document(doc: dict, *, steps: int = 20, warmup: int = 5, timeout_s: floa
     ``timeline`` (placements): also run one traced step and return each worker's
     ``timeline`` (:func:`.compiled.timeline`).
 
+    ``device`` (``cpu`` / ``cuda`` / ``auto``), ``backend`` (``auto`` / ``gloo`` / ``nccl``),
+    ``gpus`` (how many GPUs): where the workers compute (:mod:`.devicemap`; default
+    ``$EXPLORER_DEVICE``, else the GPUs when there are any); an impossible request is refused
+    before anything starts.
+
     Returns the executor's result with ``kind`` (the plan kind) and ``warnings``; the caller
     stores it (:func:`.store.run_key`).
     """
+    from explorer.engine.runtime.devicemap import requested
+    with requested(device, backend, gpus):
+        return _run_document(doc, steps=steps, warmup=warmup, timeout_s=timeout_s,
+                             check=check, expect=expect, sync=sync, progress=progress,
+                             fault=fault, tol=tol, verify=verify,
+                             memory_per_worker=memory_per_worker, train=train,
+                             timeline=timeline)
+
+
+def _run_document(doc, *, steps, warmup, timeout_s, check, expect, sync, progress, fault, tol,
+                  verify, memory_per_worker, train, timeline) -> dict:
     kind = plandoc.open_document(doc, verify=verify)
     _check_fields(doc, kind)
     if steps < 0 or warmup < 0:
