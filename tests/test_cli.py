@@ -379,3 +379,16 @@ def test_batch_norm_at_batch_one_says_what_to_change(capsys):
                          "--devices", "4", "--algo", "tofu")
     assert code == 2 and out == "" and err.count("\n") == 1
     assert "larger --batch" in err and "In-place" not in err
+
+
+@pytest.mark.parametrize("algo", ["tofu", "celeritas"])
+def test_an_untraceable_step_is_one_line_not_a_traceback(capsys, algo):
+    """An encoder-decoder model without decoder inputs cannot be traced: the operator-level
+    families say so in one line (exit 2), not with an error raised while cleaning up."""
+    pytest.importorskip("transformers")
+    code = main(["search", "hf:t5", "-a", "num_layers=1", "-a", "d_model=32", "-a", "d_ff=64",
+                 "-a", "num_heads=2", "-a", "seq_len=8", "--devices", "2", "--batch", "2",
+                 "--algo", algo])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert "could not trace" in err

@@ -341,8 +341,11 @@ def trace_step(model, x, lr: float = 0.01, loss_fn=None, name: str = "model"):
     finally:
         for h in handles:
             h.remove()
-        while stack_of(handles):
-            stack_of(handles).pop().__exit__(None, None, None)
+        while stack_of(handles):          # annotations a failed trace left open: closing
+            try:                          # them must not replace the error being raised
+                stack_of(handles).pop().__exit__(None, None, None)
+            except Exception:  # noqa: BLE001 - fx's meta was reset by the failure
+                pass
         _STACKS.pop(id(handles), None)
         _TRACE_LOCK.release()
     return gm, names, bnames
