@@ -389,6 +389,41 @@ def test_torchrun_runs_the_worker_entry_point(tmp_path):
     assert len(res["step_times_s"]) == 2
 
 
+@pytest.mark.skipif(shutil.which("torchrun") is None,
+                    reason="torchrun (installed with torch) is not on PATH")
+def test_torchrun_runs_a_plan_across_two_nodes_with_a_c10d_rendezvous(tmp_path):
+    """Two ``torchrun`` agents as two machines (``--nnodes 2``, one rank each, rendezvous at
+    one endpoint), as the docs show for several machines: the plan runs and checks."""
+    import socket
+    plan = make_plan("lenet5", "optcnn", 8, pins=["conv1=w=2", "fc1=c=2"])
+    path, out = tmp_path / "plan.json", tmp_path / "result.json"
+    path.write_text(json.dumps(plandoc.seal(plan, "layerwise")))
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               OMP_NUM_THREADS="1")
+    env.pop("EXPLORER_RUNTIME_FAULT", None)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    agents = [subprocess.Popen(
+        ["torchrun", "--nnodes", "2", "--nproc_per_node", "1", "--node_rank", str(rank),
+         "--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{port}",
+         "--rdzv_id", "plan-explorer-test", "-m", "explorer.engine.runtime.torchrun",
+         str(path), "--steps", "2", "--warmup", "1", "--out", str(out), "--timeout", "120"],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for rank in (0, 1)]
+    try:
+        outs = [a.communicate(timeout=240) for a in agents]
+    finally:
+        for a in agents:
+            if a.poll() is None:
+                a.kill()
+                a.wait()
+    assert [a.returncode for a in agents] == [0, 0], outs[0][1][-2000:] + outs[1][1][-2000:]
+    res = json.loads(out.read_text())
+    assert res["reference_ok"] is True and res["world"] == 2
+    assert "reference check: OK" in outs[0][0] + outs[1][0]
+
+
 # --------------------------------------------------------------------------------------------
 # calibration
 # --------------------------------------------------------------------------------------------
