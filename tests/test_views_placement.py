@@ -69,6 +69,10 @@ def test_compare_runs_every_method_on_the_same_simulator():
     assert cel["vs"] == 1.0 and cel["oom"] == "no"
     single = next(r for r in table if r["algo"] == "single")
     assert single["moved"] == "0 B" and single["vs"] > 1.0
+    # a numeric column holds numbers or nothing: a placer without clusters shows a blank,
+    # not the grid's "Invalid Number"
+    assert all(r["clusters"] is None or isinstance(r["clusters"], int) for r in table)
+    assert single["clusters"] is None and isinstance(cel["clusters"], int)
     fig = PF.compare_figure(rows)
     assert list(fig.data[0].x) == ["celeritas", "m-topo", "metis", "single"]
 

@@ -411,7 +411,7 @@ def compare_rows(rows: list) -> list:
                     "search_s": round(r["search_time_s"], 4),
                     "peak": fmt.bytes_(r["peak_bytes"]),
                     "capacity": fmt.bytes_(r["capacity_bytes"]),
-                    "oom": "yes" if r["oom"] else "no", "clusters": r["clusters"] or "",
+                    "oom": "yes" if r["oom"] else "no", "clusters": r["clusters"] or None,
                     "moved": fmt.bytes_(r["comm_bytes"]), "note": r["description"],
                     "best": "1" if best is not None and not r["oom"]
                     and r["step_time_s"] <= best * (1 + 1e-9) else "0"})
