@@ -491,29 +491,33 @@ def measure_gpu(device: str = "cuda:0", quick: bool = False, progress=None) -> d
     n = 4096 if quick else 8192
     reps = 5 if quick else 10
     out: dict = {"matmul_flops_by_dtype": {}, "conv_flops_by_dtype": {}}
+
+    def matmul(dt) -> float:
+        a = torch.randn(n, n, device=dev, dtype=dt)
+        b = torch.randn(n, n, device=dev, dtype=dt)
+        return 2.0 * n ** 3 / _cuda_best(lambda: torch.mm(a, b), dev, reps)
+
+    def conv(dt) -> float:
+        x = torch.randn(32 if quick else 64, 256, 56, 56, device=dev, dtype=dt)
+        w = torch.randn(256, 256, 3, 3, device=dev, dtype=dt)
+        t = _cuda_best(lambda: F_.conv2d(x, w, padding=1), dev, reps)
+        return 2.0 * x.shape[0] * 256 * 56 * 56 * 256 * 9 / t
+
+    def copies(m: int) -> tuple:
+        src = torch.empty(m // 4, device=dev)
+        dst = torch.empty_like(src)
+        host = torch.empty(m // 4, pin_memory=True)
+        return (2.0 * m / _cuda_best(lambda: dst.copy_(src), dev, reps),
+                m / _cuda_best(lambda: src.copy_(host, non_blocking=True), dev, reps),
+                m / _cuda_best(lambda: host.copy_(src, non_blocking=True), dev, reps))
+
     for name in GPU_DTYPES:
         say(f"matmul and convolution in {name}")
         with _precision(name) as dt:
-            a = torch.randn(n, n, device=dev, dtype=dt)
-            b = torch.randn(n, n, device=dev, dtype=dt)
-            t = _cuda_best(lambda: torch.mm(a, b), dev, reps)
-            out["matmul_flops_by_dtype"][name] = 2.0 * n ** 3 / t
-            del a, b
-            x = torch.randn(32 if quick else 64, 256, 56, 56, device=dev, dtype=dt)
-            w = torch.randn(256, 256, 3, 3, device=dev, dtype=dt)
-            t = _cuda_best(lambda: F_.conv2d(x, w, padding=1), dev, reps)
-            out["conv_flops_by_dtype"][name] = 2.0 * x.shape[0] * 256 * 56 * 56 * 256 * 9 / t
-            del x, w
+            out["matmul_flops_by_dtype"][name] = matmul(dt)
+            out["conv_flops_by_dtype"][name] = conv(dt)
     say("device memory bandwidth and host copies")
-    m = (256 if quick else 1024) * 2 ** 20
-    src = torch.empty(m // 4, device=dev)
-    dst = torch.empty_like(src)
-    out["mem_bw"] = 2.0 * m / _cuda_best(lambda: dst.copy_(src), dev, reps)
-    del dst
-    host = torch.empty(m // 4, pin_memory=True)
-    out["h2d_bw"] = m / _cuda_best(lambda: src.copy_(host, non_blocking=True), dev, reps)
-    out["d2h_bw"] = m / _cuda_best(lambda: host.copy_(src, non_blocking=True), dev, reps)
-    del src, host
+    out["mem_bw"], out["h2d_bw"], out["d2h_bw"] = copies((256 if quick else 1024) * 2 ** 20)
     torch.cuda.empty_cache()
     out["matmul_flops"] = out["matmul_flops_by_dtype"]["fp32"]
     out["conv_flops"] = out["conv_flops_by_dtype"]["fp32"]

@@ -60,7 +60,6 @@ compute, sync (all-reduce) and update, per step.
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass, field
 
 import numpy as np

@@ -28,8 +28,6 @@ import time
 import warnings
 from dataclasses import dataclass
 
-import torch
-
 from explorer.errors import ExplorerError, InfeasiblePlan
 
 
