@@ -152,3 +152,15 @@ def test_figure8_bytes_are_counted_alike_and_the_page_says_why_layerwise_moves_m
     assert all(r["ours_ms"] <= r["paper_ms"] for r in t5["rows"])
     view = str(optcnn.table5_why_view())
     assert "h2 w2" in view and "the paper's Table 5, our costs" in view
+
+
+def test_the_minimum_arrow_points_at_the_chosen_bar_when_it_is_configuration_1():
+    """Plotly reads an x value "1" as the number 1 (the second category) unless the axis is
+    categorical: the "min: c_j*" arrow must sit on the bar named "1"."""
+    from explorer.views.figures.learn import elimination_figure
+    rows = [{"config": c, "t_compute_s": t, "t_sync_s": 0.0, "t_reduce_s": 0.0,
+             "t_x_in_s": 0.0, "t_x_out_s": 0.0, "total_s": t}
+            for c, t in (("n2", 3e-6), ("1", 1e-6), ("c2", 2e-6))]
+    fig = elimination_figure({"kind": "node", "node": "fc1", "rows": rows, "best": 1})
+    assert fig.layout.xaxis.type == "category"
+    assert fig.layout.annotations[0].x == "1" and list(fig.data[0].x) == ["n2", "1", "c2"]

@@ -36,6 +36,7 @@ def config_times_figure(rows: list, selected: str | None = None) -> go.Figure:
     ])
     fig.update_layout(barmode="stack", title="Time of this layer per configuration (Figure 1)",
                       yaxis_title="ms per step", xaxis_title="configuration", **_LAYOUT)
+    fig.update_xaxes(type="category")       # configurations are names ("1", "n2"), not numbers
     return fig
 
 
@@ -146,6 +147,7 @@ def elimination_figure(step: dict) -> go.Figure:
         fig.update_layout(barmode="stack", xaxis_title=f"c_j: configuration of {step['node']}",
                           yaxis_title="µs", title=f"Equation 2: eliminating {step['node']}",
                           **_LAYOUT)
+        fig.update_xaxes(type="category")   # a configuration named "1" is a name, not x = 1
         return fig
     xs = ["t_X(e1, c_i, c_j)", "t_X(e2, c_i, c_j)", "t_X(e', c_i, c_j)"]
     ys = [step["t_x1_s"] * us, step["t_x2_s"] * us, step["value_s"] * us]
