@@ -645,3 +645,18 @@ def test_run_on_cpu_workers_says_where_it_ran(plan_file, capsys):
     res = json.loads(capsys.readouterr().out)
     assert res["worker_devices"] == ["cpu", "cpu"] and res["shared"] is False
     assert res["backend"] == "gloo" and res["measured_peak_memory_bytes"] is None
+
+
+def test_the_report_says_which_gpus_ran_it():
+    from explorer.engine.runtime.report import format_report
+    res = {"model": "vgg16", "batch": 64, "algo": "optcnn", "devices": 2, "backend": "gloo",
+           "worker_devices": ["cuda:0", "cuda:0"], "shared": True, "reference": None,
+           "measured_peak_memory_bytes": [2 ** 30, 3 * 2 ** 30], "steps": 20, "warmup": 5,
+           "warnings": [M.SHARED_NOTE.format(n=2, g=1, s="")]}
+    text = format_report(res)
+    assert "backend gloo on cuda:0, cuda:0 (shared)" in text
+    assert "peak allocated per worker: 1.00 GiB, 3.00 GiB" in text
+    assert "timing is shared, not a prediction target" in text
+    cpu = format_report(dict(res, worker_devices=["cpu", "cpu"], shared=False,
+                             measured_peak_memory_bytes=None, warnings=[]))
+    assert "on cpu" not in cpu and "peak allocated" not in cpu

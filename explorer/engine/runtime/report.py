@@ -8,12 +8,23 @@ def _ms(v) -> str:
     return "-" if v is None else f"{v * 1e3:9.3f}"
 
 
+def _where(res: dict) -> str:
+    """`` on cuda:0, cuda:1`` for GPU workers (nothing for CPU workers)."""
+    devs = res.get("worker_devices") or []
+    if not any(str(d).startswith("cuda") for d in devs):
+        return ""
+    return " on " + ", ".join(map(str, devs)) + (" (shared)" if res.get("shared") else "")
+
+
 def format_report(res: dict, top: int = 12) -> str:
     lines = []
     ref = res.get("reference")
     head = (f"{res.get('model')} (batch {res.get('batch')}, {res.get('algo')} plan) on "
-            f"{res.get('devices')} workers, backend {res.get('backend')}")
+            f"{res.get('devices')} workers, backend {res.get('backend')}{_where(res)}")
     lines.append(head)
+    if res.get("measured_peak_memory_bytes"):
+        lines.append("peak allocated per worker: " + ", ".join(
+            f"{b / 2 ** 30:.2f} GiB" for b in res["measured_peak_memory_bytes"]))
     if ref is None:
         lines.append("reference check: skipped")
     else:
@@ -63,8 +74,8 @@ def format_run(res: dict) -> str:
     check = "skipped" if ok is None else (
         f"{'passed' if ok else 'FAILED'} (max relative error {res['max_rel_error']:.1e}, "
         f"{res.get('dtype', 'float64')})")
-    lines = [f"{what} on {n} local workers ({res.get('backend', 'gloo')}): reference check "
-             f"{check}",
+    lines = [f"{what} on {n} local workers ({res.get('backend', 'gloo')}{_where(res)}): "
+             f"reference check {check}",
              f"communication: predicted {res['predicted_comm_bytes'] / 1e6:.3f} MB, measured "
              f"{res['measured_comm_bytes'] / 1e6:.3f} MB per step"]
     for p in ((res.get("reference") or {}).get("problems") or []):
