@@ -148,6 +148,26 @@ def test_a_random_op_is_refused_before_it_runs(tmp_path):
         device_program(og, dev, 0, 2)
 
 
+def test_a_dropout_traced_as_bernoulli_runs_compiled_and_matches_one_device(tmp_path):
+    """A dropout that traces to ``bernoulli_`` + ``div_`` (as VGG-16's classifier does) runs
+    in the deterministic numerics - the mask's expected value, so the identity - and the
+    compiled placement matches the single-device step; ``calibrate`` can time it."""
+    f = tmp_path / "dropped.py"
+    f.write_text("import torch\nfrom torch import nn\n"
+                 "def build(batch=4):\n"
+                 "    m = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Dropout(0.5),\n"
+                 "                      nn.Linear(16, 4))\n"
+                 "    return m, torch.randn(batch, 8)\n")
+    spec = f"{f}:build"
+    og = build_opgraph(spec, 4)
+    assert any(o.target.startswith("bernoulli") for o in og.ops.values()), \
+        "the test model must trace its dropout to bernoulli"
+    names = [t.id for t in og.tensors.values() if t.producer is None] + list(og.ops)
+    devs = [i % 2 for i in range(len(names))]
+    r = run_placement(spec, 4, {}, names, devs, 2, steps=1, warmup=0, timeout_s=300)
+    assert r["reference_ok"], r["reference"]
+
+
 # --------------------------------------------------------------------------------------------
 # Measured per-operator costs
 # --------------------------------------------------------------------------------------------

@@ -327,11 +327,31 @@ def _dropout_identity_backward(grad, mask, scale=1.0):
     return grad * mask
 
 
+def _bernoulli_expected(x, p=None, *args, **kwargs):
+    """``aten.bernoulli`` / ``bernoulli_`` in the deterministic numerics: the mask's expected
+    value (``p``, or the input's probabilities), as :class:`deterministic` gives it - a dropout
+    traced as ``bernoulli_(p)`` then ``div_(p)`` is the identity."""
+    p = kwargs.get("p", p)
+    if p is None:                                 # bernoulli(probabilities)
+        return x.clone()
+    if not isinstance(p, (int, float)):
+        raise UnsupportedModel("bernoulli with a tensor of probabilities draws random numbers "
+                               "the deterministic numerics cannot replace")
+    return torch.full_like(x, float(p))
+
+
+def _bernoulli_expected_(x, p=0.5, *args, **kwargs):
+    """In-place :func:`_bernoulli_expected`."""
+    return x.copy_(_bernoulli_expected(x, kwargs.get("p", p)))
+
+
 #: aten call -> its replacement in the deterministic numerics, for code that runs a traced
 #: step's aten calls directly (no :class:`deterministic` mode and its cost per call): the
 #: placement runtime's compiled programs and the per-operator profile
 DETERMINISTIC_ATEN = {"native_dropout": _dropout_identity,
-                      "native_dropout_backward": _dropout_identity_backward}
+                      "native_dropout_backward": _dropout_identity_backward,
+                      "bernoulli": _bernoulli_expected,
+                      "bernoulli_": _bernoulli_expected_}
 
 
 # --------------------------------------------------------------------------------------------
