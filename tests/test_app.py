@@ -10,6 +10,7 @@ from explorer.views import graph, ids, page
 from explorer.views import search_form as model
 
 
+@pytest.mark.slow
 def test_app_builds_with_default_plan_and_all_panels():
     dash_app = A.create_app()
     assert "_pages_content" in str(dash_app.layout)          # the shell routes to the page
@@ -32,6 +33,7 @@ def test_serve_refuses_a_port_in_use(capsys):
     assert "already in use" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_large_graph_opens_collapsed_and_groups_expand():
     req = session.Request(model="inception_v3", preset="p100-cluster", devices=4)
     plan = session.search(req, [])

@@ -95,6 +95,7 @@ def _cached_twice(kind, spec, batch, args):
     return first, get(spec, batch, args)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("spec,batch,args", [
     ("lenet5", 4, {}),
     ("gpt2", 2, TINY_GPT2),
@@ -138,6 +139,7 @@ def test_cached_operator_graph_equals_fresh(spec, batch, args, tmp_path):
         assert cached.where(name) == (fresh.ops[name].where or None)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("spec,args", [("inception_v3", {"image_size": 75}),
                                        ("gpt2", TINY_GPT2), ("lstm", {"layers": 1})])
 def test_import_without_source_lines_gives_the_same_graph(spec, args):
@@ -236,6 +238,7 @@ print("no torch")
 """
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("argv", [
     ["search", "lenet5", "-n", "2", "--batch", "4", "--json"],
     ["search", "mlp", "-n", "2", "--batch", "4", "-a", "layers=2", "-a", "hidden=16",
@@ -257,6 +260,7 @@ def test_second_search_imports_no_torch(argv, tmp_path):
         assert a[k] == b[k], k
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("argv", [["--help"], ["models"], ["presets"], ["search", "--help"],
                                   ["cache"]])
 def test_listing_commands_import_no_torch(argv, tmp_path):

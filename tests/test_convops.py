@@ -322,6 +322,7 @@ def _tiles_equal_torch(model, x, op, counts=(1, 2, 3, 4), letters=None):
     return checked
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stride", [1, 2, 3])
 def test_conv_transpose1d_length_tiles_equal_torch_on_every_configuration(stride):
     """Every kernel 1-4, padding 0-2, dilation 1-2 and output padding of this stride, the
@@ -474,6 +475,7 @@ def test_small_models_import_and_optcnn_equals_exhaustive(model_file, fn, ops_):
     assert fast.plan.objective_s == pytest.approx(slow.plan.objective_s, rel=1e-9)
 
 
+@pytest.mark.multiprocess
 def test_small_models_run_on_two_workers_against_the_reference(model_file):
     """Hand-pinned plans that split the transposed convolution and the depthwise convolution
     by channels and by height/width, plus the searched plans: one launch of 2 workers."""

@@ -195,6 +195,7 @@ def test_analytic_compute_is_the_roofline_of_the_shard():
     assert tc[0] > tc[1] > tc[0] / 8        # 4-way split: about 4x faster, never 8x
 
 
+@pytest.mark.slow
 def test_node_structured_paths_equal_pairwise_paths():
     for model, kw in [("inception_v3", {}), ("transformer", {}), ("lstm", {"steps": 3})]:
         g = import_spec(model, batch=32, model_args=kw)

@@ -19,6 +19,8 @@ from explorer import service as session
 from explorer.engine.core.importer import load_model
 from explorer.engine.runtime import launch_many
 
+pytestmark = pytest.mark.multiprocess   # every test here starts worker processes
+
 TINY = {
     "gpt2": (2, {"layers": 1, "hidden": 32, "heads": 2, "seq_len": 8, "vocab": 64}),
     "bert": (2, {"layers": 1, "hidden": 32, "heads": 2, "seq_len": 8, "vocab": 64}),

@@ -80,6 +80,7 @@ def test_meta_build_defaults_shape(name):
     assert tuple(y.shape) == out_shape(name, batch, em.model_params(name))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", NAMES)
 def test_cpu_forward_backward_small(name):
     torch.manual_seed(0)
@@ -95,6 +96,7 @@ def test_cpu_forward_backward_small(name):
     assert all(torch.isfinite(g).all() for g in grads)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", NAMES)
 def test_fx_symbolic_trace(name):
     with torch.device("meta"):
@@ -220,6 +222,7 @@ EXPORTED = [(n, SMALL[n]) for n in ("gpt2", "bert", "llama", "vit", "mobilenet_v
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,args", EXPORTED, ids=[f"{n}-{i}" for i, (n, _) in enumerate(EXPORTED)])
 def test_fx_and_export_capture_in_train_mode(name, args):
     """Both capture paths the importer uses follow the model in train mode: symbolic tracing

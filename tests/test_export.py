@@ -56,6 +56,7 @@ def passes(prog):
     return proc.stdout
 
 
+@pytest.mark.multiprocess
 def test_program_is_self_contained(capsys, tmp_path):
     prog = export(capsys, tmp_path, "transformer", "model", *(
         x for k, v in TRANSFORMER.items() for x in ("-a", f"{k}={v}")), "-b", "4")
@@ -68,6 +69,7 @@ def test_program_is_self_contained(capsys, tmp_path):
     compile(text, str(prog), "exec")
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("algo", ["data", "model"])
 def test_mlp_plans_match_one_process(capsys, tmp_path, algo):
     prog = export(capsys, tmp_path, "mlp", algo, *MLP)
@@ -77,6 +79,7 @@ def test_mlp_plans_match_one_process(capsys, tmp_path, algo):
     passes(prog)
 
 
+@pytest.mark.multiprocess
 def test_megatron_pairs_and_sequence_parallel_norms(tmp_path):
     """Column-parallel q/k/v and fc1, row-parallel out and fc2 (the degree letter k),
     sequence-parallel norms: fc1 hands its shard to fc2, attention gets whole tensors."""
@@ -101,6 +104,7 @@ def test_megatron_pairs_and_sequence_parallel_norms(tmp_path):
     passes(prog)
 
 
+@pytest.mark.multiprocess
 def test_spatial_conv_split_is_listed_and_the_program_still_matches(capsys, tmp_path):
     prog = export(capsys, tmp_path, "lenet5", "optcnn", "-b", "8", "--pin", "conv1=h=2",
                   "--pin", "conv2=h=2")
@@ -113,6 +117,7 @@ def test_spatial_conv_split_is_listed_and_the_program_still_matches(capsys, tmp_
     assert "not as planned: conv1: plan h2 -> n2: a conv split on h" in out
 
 
+@pytest.mark.multiprocess
 def test_check_fails_when_the_distributed_step_differs(capsys, tmp_path):
     """The --check is not vacuous: every rank training on the first half of the batch gives
     other updates than one process on the whole batch, and the program exits 1."""
@@ -146,6 +151,7 @@ def test_bad_input_is_one_line(capsys, tmp_path):
     assert "layer-wise plans" in cli(capsys, "export", tofu)[2]
 
 
+@pytest.mark.multiprocess
 def test_the_app_offers_the_program_for_its_layerwise_plan():
     """The Plan tab's "Export to PyTorch" goes through service.export, which seals the app's
     in-memory plan first; other plan kinds get the one-line refusal."""
@@ -169,6 +175,7 @@ TODAY = {"gpt2": ["-a", "layers=1", "-a", "hidden=32", "-a", "heads=2", "-a", "s
                   "-a", "vocab=64", "-b", "4"]}
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("model", list(TODAY))
 def test_transformer_megatron_plans_run_under_torchrun(capsys, tmp_path, model):
     """The GPT-2- and BERT-style examples' megatron plans (column- then row-parallel linears)

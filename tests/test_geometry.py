@@ -1217,6 +1217,7 @@ def test_execution_layout_validation_names_what_is_wrong():
         G.ExecutionLayout.from_json({"held": {}})
 
 
+@pytest.mark.multiprocess
 def test_engine_paths_do_not_import_the_tdl_oracle():
     # geometry is the engine; TDL's layer oracle is for tests and the benchmark only
     import subprocess

@@ -245,6 +245,7 @@ def _check(results, plans):
         assert ref["loss_rel_err"] < 1e-5
 
 
+@pytest.mark.multiprocess
 def test_row_parallel_runs_match_the_reference_on_two_workers():
     """Column- then row-parallel MLP (a folded ReLU after the reduce-scatter) and Megatron's
     transformer plan (tp=2): point-to-point reduce-scatter / all-gather."""
@@ -255,6 +256,7 @@ def test_row_parallel_runs_match_the_reference_on_two_workers():
     _check(launch_many(plans, steps=1, warmup=0, timeout_s=300, store=False), plans)
 
 
+@pytest.mark.multiprocess
 def test_row_parallel_runs_match_the_reference_on_four_workers():
     """tp=2 x dp=2 (two k groups) and a k=4 group, with the all_reduce collectives."""
     plans = [_plan("transformer", "megatron", 8, TINY, 4, options={"tp": 2}),

@@ -18,6 +18,8 @@ from explorer.engine.core.devices import preset
 from explorer.engine.core.plandoc import dumps
 from explorer.errors import InfeasiblePlan
 
+pytestmark = pytest.mark.multiprocess   # every test here starts worker processes
+
 
 @pytest.fixture(scope="module")
 def doc():

@@ -124,6 +124,7 @@ def test_placement_pins_through_the_registry(problem):
         run("celeritas", problem, [f"{op}=@5"])
 
 
+@pytest.mark.multiprocess
 def test_cli_pins_for_every_family(tmp_path):
     bad = explorer_cli("search", "lenet5", "-n", "2", "--algo", "tofu", "--pin", "conv1=n=2")
     assert bad.returncode == 2 and "tensor's tiling" in bad.stderr
@@ -197,6 +198,7 @@ def test_pin_spec_bad(text, needle):
     assert needle in str(ei.value)
 
 
+@pytest.mark.multiprocess
 def test_cli_family_flags_work_and_others_are_refused(tmp_path):
     out = explorer_cli("search", "mlp", "-n", "2", "-a", "layers=1", "-a", "hidden=16",
                        "--batch", "8", "--algo", "tofu", "--compare", "--json")

@@ -54,6 +54,7 @@ def graphs():
     return {m: build_opgraph(m, b, a) for m, b, a in MODELS}
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("algo", METHODS)
 @pytest.mark.parametrize("model,batch,args", MODELS[:2], ids=[m for m, *_ in MODELS[:2]])
 def test_every_placement_method_runs_compiled_and_matches_one_device(graphs, model, batch,
@@ -70,6 +71,7 @@ def test_every_placement_method_runs_compiled_and_matches_one_device(graphs, mod
     assert r["measured_step_time_s"] > 0 and len(r["compute_s"]) == 2
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("model,batch,args", MODELS, ids=[m for m, *_ in MODELS])
 def test_an_alternating_placement_sends_every_crossing_tensor_and_matches(graphs, model,
                                                                           batch, args):
@@ -124,6 +126,7 @@ def test_transfers_send_each_tensor_once_to_each_reading_device(graphs):
     assert transfers(og, everything_on_0, 2) == []
 
 
+@pytest.mark.multiprocess
 def test_a_placement_on_more_devices_than_workers_is_refused(graphs):
     og = graphs["lenet5"]
     names = list(og.ops)
@@ -148,6 +151,7 @@ def test_a_random_op_is_refused_before_it_runs(tmp_path):
         device_program(og, dev, 0, 2)
 
 
+@pytest.mark.multiprocess
 def test_a_dropout_traced_as_bernoulli_runs_compiled_and_matches_one_device(tmp_path):
     """A dropout that traces to ``bernoulli_`` + ``div_`` (as VGG-16's classifier does) runs
     in the deterministic numerics - the mask's expected value, so the identity - and the
@@ -214,6 +218,7 @@ def _calibrated(home):
                                                  "link_bw": 1e9, "latency": 1e-3}))
 
 
+@pytest.mark.slow
 def test_measured_costs_reach_the_placers_graph(_isolated_home):
     _calibrated(_isolated_home)
     dev = local(2)
@@ -240,6 +245,7 @@ def test_measured_costs_need_the_calibrated_local_preset(_isolated_home):
         measured_times(og, local(2))            # this home has no calibration
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("extra,message", [
     (["--preset", "p100-cluster"], "needs --preset local"),
     (["--preset", "local"], "run `explorer calibrate` first")])
@@ -250,6 +256,7 @@ def test_cli_measured_placement_errors_are_one_line(extra, message):
     assert message in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
 
 
+@pytest.mark.multiprocess
 def test_cli_search_measured_then_run_reports_both(_isolated_home, tmp_path):
     """``explorer search --cost measured`` on a calibrated home, then ``explorer run``: the
     report names the compiled executor and the measured costs, with memory per worker."""
@@ -266,6 +273,7 @@ def test_cli_search_measured_then_run_reports_both(_isolated_home, tmp_path):
     assert "peak memory per worker" in out.stdout and "passed" in out.stdout
 
 
+@pytest.mark.slow
 def test_calibrate_times_a_models_operators_for_the_placers(graphs):
     """``explorer calibrate --model`` also times the step's operators (afresh) as its
     ``devices`` workers run them, so the placers' measured costs then need no measuring."""
@@ -290,6 +298,7 @@ def test_device_program_refuses_an_incomplete_or_out_of_range_placement(graphs):
         transfers(og, {nm: 2 for nm in names}, 2)
 
 
+@pytest.mark.multiprocess
 def test_a_hanging_worker_ends_the_compiled_run_with_one_error_and_no_orphans(graphs):
     from _helpers import spawned_workers
     from explorer.engine.runtime.launcher import RunFailed
@@ -314,6 +323,7 @@ def _planned(graphs, model, batch, args):
     return og, res
 
 
+@pytest.mark.multiprocess
 def test_device_programs_follow_the_simulated_schedule_and_still_match(graphs):
     """With the plan's ``order`` each device runs its operators in the order of the
     simulated schedule (not the trace's), still matches one device, and the traced step's
@@ -341,6 +351,7 @@ def test_device_programs_follow_the_simulated_schedule_and_still_match(graphs):
         assert recv == sorted(tag for _, _, d, tag in plan if d == w)
 
 
+@pytest.mark.multiprocess
 def test_an_order_against_the_trace_runs_without_deadlock(graphs):
     """Alternating devices and an order that puts every operator as late as its readers
     allow (a reversed topological sort of the reversed graph): each device's calls and its
@@ -363,6 +374,7 @@ def test_an_order_against_the_trace_runs_without_deadlock(graphs):
     _moves_the_planned_bytes(og, names, devs, r)
 
 
+@pytest.mark.multiprocess
 def test_a_bad_order_in_the_plan_is_one_error(graphs, tmp_path):
     from explorer.engine.runtime.dispatch import run_document
     from explorer.errors import PlanFileError
@@ -506,6 +518,7 @@ def test_a_transfer_waits_for_its_receive_to_be_posted():
     assert early.start.tolist() == pytest.approx([0.0, 3.0, 0.0])
 
 
+@pytest.mark.multiprocess
 def test_in_step_operator_times_are_the_compiled_steps_calls(graphs):
     """``--cost measured``'s operator times come from the step compiled as a worker runs it,
     in as many worker processes side by side as the placement has: every operator that
@@ -527,6 +540,7 @@ def test_in_step_operator_times_are_the_compiled_steps_calls(graphs):
     assert not info["measured"] and again == times
 
 
+@pytest.mark.slow
 def test_calibration_measures_the_point_to_point_figures_placements_use(_isolated_home):
     """``measure_link`` adds the one-way isend/irecv latency and bandwidth and the send
     call's cost; written to ``local.json`` they reach the placers' graph."""

@@ -163,6 +163,7 @@ def test_units_partition_the_graph_and_keep_groups_whole():
         assert len(set(cp.node_device[u].tolist())) <= 1
 
 
+@pytest.mark.slow
 def test_celeritas_refines_adjusting_placement_and_records_it():
     pg, dg = random_graph(5, n=60, ndev=3)
     paper = celeritas.place(pg, dg, {"R": 6, "algo": "celeritas-paper"})

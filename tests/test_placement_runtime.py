@@ -19,6 +19,8 @@ from explorer.engine.runtime.launcher import RunFailed
 from explorer.engine.runtime.dispatch import run_document
 from explorer.errors import InfeasiblePlan
 
+pytestmark = pytest.mark.multiprocess   # every test here starts worker processes
+
 
 @pytest.fixture(scope="module")
 def lenet():

@@ -24,6 +24,8 @@ from explorer.engine.core import plandoc
 from explorer.engine.runtime import RunFailed, launch, launch_many, validate
 from explorer.errors import ExplorerError, InfeasiblePlan
 
+pytestmark = pytest.mark.multiprocess   # every test here starts worker processes
+
 REPO = Path(__file__).resolve().parents[1]
 SMALL = {"image_size": 32, "num_classes": 10}
 

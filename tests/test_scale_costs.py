@@ -100,6 +100,7 @@ def check_against_reference(cm: CostModel, pairs_per_edge: int = 40, seed: int =
     return t
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model,n,pre", [("lenet5", 16, "p100-cluster"),
                                          ("resnet50", 8, "p100-cluster"),
                                          ("inception_v3", 4, "p100-nvlink-4"),
@@ -226,6 +227,7 @@ def test_compiled_min_plus_equals_numpy_with_ties(monkeypatch):
     assert np.array_equal(m, want[0]) and np.array_equal(arg, want[1])
 
 
+@pytest.mark.slow
 def test_by_node_transfer_tables_do_not_depend_on_the_block_size():
     g = import_spec("resnet50")
     small, large, per_k = (CostModel(g, preset("p100-cluster", 16)) for _ in range(3))
@@ -240,6 +242,7 @@ def test_by_node_transfer_tables_do_not_depend_on_the_block_size():
         assert np.array_equal(ms, mk) and np.array_equal(bs, bk), (e.src, e.dst)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model,n,pre,degrees,pins", [
     ("resnet50", 32, "p100-cluster", "pow2", ()),                  # two-level, 8 nodes
     ("resnet50", 16, "p100-cluster", "auto",
@@ -271,6 +274,7 @@ def test_compiled_transfer_kernel_equals_the_numpy_kernel(model, n, pre, degrees
                         assert m[i, j] == pytest.approx(want_t, rel=1e-12, abs=1e-18)
 
 
+@pytest.mark.slow
 def test_tables_built_on_two_threads_equal_one_thread(monkeypatch):
     import explorer.engine.layerwise.costmodel as cmod
     g = import_spec("inception_v3")
@@ -335,6 +339,7 @@ def test_beyond_16_devices_powers_of_two_bounded_by_the_dimension():
         CostModel(g, preset("p100-cluster", 64), degrees="1,6")
 
 
+@pytest.mark.slow
 def test_auto_degrees_are_powers_of_two_unless_those_would_be_refused():
     from explorer.engine.layerwise.costmodel import AUTO_WORK, MAX_WORK
     pow2 = tuple(2 ** i for i in range(11))
@@ -411,6 +416,7 @@ def test_too_little_memory_is_refused_before_building(monkeypatch):
     assert not built
 
 
+@pytest.mark.multiprocess
 def test_cli_refuses_a_search_too_big_in_one_line():
     env = dict(os.environ, PYTHONPATH=ROOT)
     proc = subprocess.run([sys.executable, "-m", "explorer", "search", "resnet50", "--devices",
@@ -434,6 +440,7 @@ def test_service_request_carries_the_degrees():
         service.Request(model="lenet5", devices=32, degrees="5")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model,n,degrees", [("gpt2", 64, "pow2"), ("inception_v3", 48, None)])
 def test_stacked_boxes_equal_each_configuration_alone(model, n, degrees):
     """The stacked tiles, reduction ranges and owned boxes (digits computed once per

@@ -10,6 +10,8 @@ from explorer import app as A
 from explorer.cli import main
 from explorer.views import state
 
+pytestmark = pytest.mark.multiprocess   # every test here starts worker processes
+
 
 @pytest.mark.parametrize("host, loop", [
     ("127.0.0.1", True), ("::1", True), ("[::1]", True), ("localhost", True),

@@ -119,6 +119,7 @@ def test_a_failed_build_is_retried_not_cached():
     assert service._lru(cache, "k", lambda: 5) == 5 and service._lru(cache, "k", boom) == 5
 
 
+@pytest.mark.multiprocess
 def test_the_app_saves_plans_of_every_kind_as_runnable_documents():
     from explorer.engine.core.plandoc import open_document
     from explorer.errors import ExplorerError

@@ -482,6 +482,7 @@ def _random_boxes(shape, n, axes=None, rng=None):
     return boxes
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("spec", [m for m, _ in _MODELS])
 def test_tdl_regions_equal_geometry_on_real_layers(graphs, spec):
     g = graphs[spec]

@@ -34,6 +34,7 @@ def test_opgraph_links_backward_ops_to_their_forward_op(mlp):
     assert addmm.module.startswith("body.0") and addmm.flops == 2 * 8 * 16 * 16
 
 
+@pytest.mark.slow
 def test_opgraph_of_a_huge_model_costs_no_memory():
     # WResNet-50-10 has 1.1 G parameters = 4.4 GB in float32: traced over fake tensors
     g = build_opgraph("wresnet", 8, {"depth": 50, "width": 10})
@@ -41,6 +42,7 @@ def test_opgraph_of_a_huge_model_costs_no_memory():
     assert g.phase_counts()["backward"] > 100
 
 
+@pytest.mark.slow
 def test_every_op_of_the_example_models_has_a_description():
     for spec, batch, args in [("lenet5", 4, {}), ("resnet50", 2, {"image_size": 64}),
                               ("lstm", 4, {"layers": 2, "hidden": 32, "steps": 3}),
@@ -160,6 +162,7 @@ def test_hand_checked_plan_for_one_matmul():
     assert res.factors == [2]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("spec,batch,args,k", [
     ("mlp", 16, {"layers": 2, "hidden": 32}, 4),
     ("lenet5", 8, {}, 4),
@@ -196,6 +199,7 @@ def test_factorize_and_options_validation():
         tofu.factorize(0)
 
 
+@pytest.mark.multiprocess
 def test_cli_tofu_json_contract():
     out = explorer_cli("search", "mlp", "-n", "4",
                        "--batch", "16", "-a", "hidden=32", "--algo", "tofu",
@@ -210,12 +214,14 @@ def test_cli_tofu_json_contract():
     assert all("grid" in t and "shape" in t for t in d["tensors"])
 
 
+@pytest.mark.multiprocess
 def test_cli_tofu_rejects_pins_with_a_clear_message():
     out = explorer_cli("search", "mlp", "-n", "2",
                        "--algo", "tofu", "--pin", "fc=n=2")
     assert out.returncode != 0 and "pin" in out.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("spec,args", [
     ("mlp", {"layers": 3, "hidden": 16}), ("lenet5", {}),
     ("wresnet", {"depth": 50, "width": 1, "image_size": 32}),
@@ -231,6 +237,7 @@ def test_coarsened_graphs_are_chains_the_dp_can_walk(spec, args):
         assert len(cells) == 3
 
 
+@pytest.mark.slow
 def test_a_reused_activation_module_is_not_taken_for_time_steps():
     # ResNet blocks call one nn.ReLU three times; only modules with weights are RNN cells
     g = build_opgraph("resnet50", 2, {"image_size": 32})
@@ -313,6 +320,7 @@ def _runs_as_described(op, g, vals, d) -> list:
     return bad
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", _TODAY)
 def test_every_op_of_today_s_models_computes_what_its_description_says(name):
     """GPT-2, BERT and Llama (Hugging Face configs), a ViT with a class token and

@@ -18,6 +18,8 @@ from explorer.engine.core.devices import preset
 from explorer.engine.runtime.dispatch import run_tofu_documents
 from explorer.engine.search import Problem, run
 
+pytestmark = pytest.mark.multiprocess   # every test here starts worker processes
+
 #: the example models at sizes that run on 2 cores in seconds (arguments as ``-a KEY=VALUE``)
 SIZES = example_models.SMALL
 ALGOS = ["tofu", "allrow-greedy", "equalchop", "icml18"]

@@ -10,6 +10,8 @@ from explorer.engine.core.history import PlanStore, digest
 from explorer.views import plans, tofu as tofu_view
 from explorer.views.figures import tofu as F
 
+pytestmark = pytest.mark.multiprocess   # every test here starts worker processes
+
 
 @pytest.fixture(scope="module")
 def doc():

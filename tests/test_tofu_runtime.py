@@ -22,6 +22,8 @@ from explorer.engine.search import Problem, run
 from explorer.engine.tofu import search as tofu
 from explorer.errors import InfeasiblePlan, PlanFileError
 
+pytestmark = pytest.mark.multiprocess   # every test here starts worker processes
+
 
 def tofu_doc(spec, batch, args, workers=2, algo="tofu") -> dict:
     """A saved Tofu plan (what `explorer search --algo ALGO --out` writes)."""

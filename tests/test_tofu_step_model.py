@@ -146,6 +146,7 @@ def test_the_recorded_exchanges_are_the_rehearsal_s(_isolated_home):
     assert 0 < p2p <= doc["comm_bytes"] + 1e-6
 
 
+@pytest.mark.multiprocess
 def test_a_calibrated_run_models_the_executor_and_says_where_the_step_went(_isolated_home):
     (_isolated_home / "local.json").write_text(json.dumps(_CAL))
     _, doc, _ = _plan()

@@ -19,6 +19,8 @@ from explorer.engine.runtime.dispatch import run_document
 from explorer.engine.runtime.shardtime import predict_step, shard_seconds
 from explorer.engine.search import Problem, run as run_method
 
+pytestmark = pytest.mark.multiprocess   # every test here starts worker processes
+
 ARGS = {"layers": 4, "hidden": 128}
 
 

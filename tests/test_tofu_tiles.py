@@ -270,6 +270,7 @@ def _check(r, doc, err=1e-10):
     assert r["steps"] == 3 and len(r["step_times_s"]) == 3
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("spec,batch,args", FOUR, ids=[m[0] for m in FOUR])
 def test_tofu_runs_tile_local_and_its_memory_is_the_plan_s(spec, batch, args):
     """At 2 workers: every operator on tiles, three training steps against the reference,
@@ -288,6 +289,7 @@ def test_tofu_runs_tile_local_and_its_memory_is_the_plan_s(spec, batch, args):
     assert r["measured_step_time_s"] > 0
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("spec,batch,args,k,algo", [
     ("mlp", 16, {"layers": 2, "hidden": 64}, 4, "tofu"),
     ("lenet5", 8, {}, 4, "tofu"),
@@ -307,6 +309,7 @@ def test_tofu_and_baseline_plans_run_tile_local_on_2_and_4_workers(spec, batch, 
     assert len(r["measured_peak_memory_bytes"]) == k
 
 
+@pytest.mark.multiprocess
 def test_a_model_that_does_not_fit_one_worker_trains_across_2_and_4():
     """A limit below one worker's peak for the step: split over 2 and then 4 workers every
     worker stays under it while three training steps match the reference."""
@@ -323,6 +326,7 @@ def test_a_model_that_does_not_fit_one_worker_trains_across_2_and_4():
         assert max(r["measured_peak_memory_bytes"]) < limit, (k, r["measured_peak_memory_bytes"])
 
 
+@pytest.mark.multiprocess
 def test_explorer_run_of_the_issue_s_mlp_reports_measured_against_predicted(tmp_path):
     """The issue's command: `explorer search mlp --batch 256 -a layers=6 -a hidden=2048
     --devices 2 --preset local --algo tofu`, then `explorer run --json`."""
@@ -650,6 +654,7 @@ RULE_MODELS = [
 ]
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("workers", [2, 4])
 def test_models_using_the_new_rules_run_tile_local_with_the_predicted_bytes(workers):
     """GPT-2 and Llama (causal masks by ``tril``, Llama's rotary halves' ``slice_backward``),
@@ -670,6 +675,7 @@ def test_models_using_the_new_rules_run_tile_local_with_the_predicted_bytes(work
         assert r["predicted_comm_bytes"] > 0
 
 
+@pytest.mark.multiprocess
 def test_replicated_partial_sums_are_added_once():
     """BERT at batch 1 on 4 workers: the loss's mean is split in 2 along the classes and
     replicated twice (workers 0, 1 compute one partial sum, 2, 3 the other).  Each distinct

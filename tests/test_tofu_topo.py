@@ -177,6 +177,7 @@ def test_a_one_step_baseline_pays_for_its_slow_pairs(mlp):
     assert plan.comm_bytes / 40e9 < plan.objective_s < plan.comm_bytes / 12.5e9
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("spec,batch,args", [
     ("mlp", 16, {"layers": 2, "hidden": 32}),
     ("lenet5", 8, {}),
@@ -193,6 +194,7 @@ def test_tofu_takes_no_longer_on_the_links_than_a_baseline(spec, batch, args, na
             b: x.objective_s for b, x in res.items()})
 
 
+@pytest.mark.multiprocess
 def test_a_plan_matched_to_link_levels_runs_as_planned():
     """A plan whose steps were reordered onto the link levels (its boxes permuted across the
     devices) runs on 4 workers, matches one device and moves exactly the predicted bytes."""

@@ -30,6 +30,8 @@ SPEC = str(HERE / "transformer_blocks.py")
 sys.path.insert(0, str(HERE))
 import transformer_blocks as M  # noqa: E402
 
+pytestmark = pytest.mark.multiprocess   # every test here starts worker processes
+
 HAVE_HF = importlib.util.find_spec("transformers") is not None
 HF = pytest.mark.skipif(not HAVE_HF, reason="transformers is not installed")
 MODELS = ["gpt2", "llama", "bert", "vit", "vit_seq_first",

@@ -170,6 +170,7 @@ def test_summary_details_and_pin_items(doc, structure):
 
 # -- running the shown placement on local workers ----------------------------------------------
 
+@pytest.mark.slow
 def test_running_the_shown_placement_checks_it_against_one_device():
     req = session.Request(model="lenet5", batch=8, preset="local", devices=2)
     d = session.placement(req, "metis")
