@@ -370,15 +370,21 @@ def test_hanging_worker_hits_the_timeout():
 # --------------------------------------------------------------------------------------------
 
 
-@pytest.mark.skipif(shutil.which("torchrun") is None,
-                    reason="torchrun (installed with torch) is not on PATH")
-def test_torchrun_runs_the_worker_entry_point(tmp_path):
+def _torchrun_setup(tmp_path):
+    """A sealed LeNet-5 plan for 2 ranks, where its result goes, and the agents' environment."""
     plan = make_plan("lenet5", "optcnn", 8, pins=["conv1=w=2", "fc1=c=2"])
     path, out = tmp_path / "plan.json", tmp_path / "result.json"
     path.write_text(json.dumps(plandoc.seal(plan, "layerwise")))
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
                OMP_NUM_THREADS="1")
     env.pop("EXPLORER_RUNTIME_FAULT", None)
+    return path, out, env
+
+
+@pytest.mark.skipif(shutil.which("torchrun") is None,
+                    reason="torchrun (installed with torch) is not on PATH")
+def test_torchrun_runs_the_worker_entry_point(tmp_path):
+    path, out, env = _torchrun_setup(tmp_path)
     proc = subprocess.run(
         ["torchrun", "--standalone", "--nproc_per_node", "2", "-m",
          "explorer.engine.runtime.torchrun", str(path), "--steps", "2", "--warmup", "1",
@@ -397,12 +403,7 @@ def test_torchrun_runs_a_plan_across_two_nodes_with_a_c10d_rendezvous(tmp_path):
     """Two ``torchrun`` agents as two machines (``--nnodes 2``, one rank each, rendezvous at
     one endpoint), as the docs show for several machines: the plan runs and checks."""
     import socket
-    plan = make_plan("lenet5", "optcnn", 8, pins=["conv1=w=2", "fc1=c=2"])
-    path, out = tmp_path / "plan.json", tmp_path / "result.json"
-    path.write_text(json.dumps(plandoc.seal(plan, "layerwise")))
-    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-               OMP_NUM_THREADS="1")
-    env.pop("EXPLORER_RUNTIME_FAULT", None)
+    path, out, env = _torchrun_setup(tmp_path)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
