@@ -589,8 +589,6 @@ def run_tofu(doc: dict, timeout_s: float = 600.0, memory_gib=None,
     (``--memory-per-worker``).  Refuses, before launching, a run that would not fit in this
     machine's free memory.  The result carries ``plan_predicted_step_time_s`` (the plan's
     own prediction: time on the links) next to the runtime's fields."""
-    import psutil
-
     from explorer.engine.core.plandoc import kind_of
     if not isinstance(doc, dict) or kind_of(doc) != "tofu" or "request" not in doc:
         raise ExplorerError("partition the model first, then run the Tofu plan")
@@ -598,13 +596,8 @@ def run_tofu(doc: dict, timeout_s: float = 600.0, memory_gib=None,
     peaks = [float(x) for x in doc.get("peak_memory_bytes") or []]
     # float64 (twice the plan's float32 bytes) on every worker, full-size buffers in the worst
     # case, plus the single-device reference
-    need = 2.0 * (n + 1) * sum(peaks)
-    free = float(psutil.virtual_memory().available)
-    if need > 0.7 * free:
-        raise ExplorerError(
-            f"running this Tofu plan needs up to {need / 2**30:.1f} GiB here (float64, {n} "
-            f"workers and the reference) but {free / 2**30:.1f} GiB is free: choose a smaller "
-            f"batch or model to execute it on this machine")
+    _check_free_memory(2.0 * (n + 1) * sum(peaks), "this Tofu plan",
+                       f"float64, {n} workers and the reference")
     limit = _memory_bytes(memory_gib)
     progress(5)
     sealed = plan_file(doc)
@@ -801,6 +794,18 @@ def run_plan(doc: dict, **opts) -> dict:
     return out
 
 
+def _check_free_memory(need: float, what: str, why: str) -> None:
+    """Refuse, before launching, a run of ``what`` that needs ``need`` bytes here (``why``:
+    what they hold) when that is over 70 % of this machine's free memory."""
+    import psutil
+    free = float(psutil.virtual_memory().available)
+    if need > 0.7 * free:
+        raise ExplorerError(
+            f"running {what} needs up to {need / 2**30:.1f} GiB here ({why}) but "
+            f"{free / 2**30:.1f} GiB is free: choose a smaller batch or model to execute it on "
+            f"this machine")
+
+
 def run_placement(doc: dict, steps: int = 3, timeout_s: float = 600.0,
                   progress=lambda v: None) -> dict:
     """Execute a placement document (:func:`placement`) on local gloo workers, one per device
@@ -808,19 +813,12 @@ def run_placement(doc: dict, steps: int = 3, timeout_s: float = 600.0,
     against one device, the bytes moved, and the measured step time next to the simulator's
     (per device: predicted busy time vs measured compute).  Refuses, before launching, a run
     that would not fit in this machine's free memory."""
-    import psutil
-
     if not doc or "placement" not in doc or "request" not in doc:
         raise ExplorerError("place the model first, then run the placement")
     n = len(doc.get("capacity_bytes") or []) or (max(map(int, doc["placement"].values())) + 1)
     # the workers' simulated peaks plus the single-device reference step in this process
-    need = 2.0 * float(sum(doc.get("peak_memory_bytes") or []))
-    free = float(psutil.virtual_memory().available)
-    if need > 0.7 * free:
-        raise ExplorerError(
-            f"running this placement needs about {need / 2**30:.1f} GiB here ({n} workers "
-            f"and the reference) but {free / 2**30:.1f} GiB is free: choose a smaller batch "
-            f"or model to execute it on this machine")
+    _check_free_memory(2.0 * float(sum(doc.get("peak_memory_bytes") or [])), "this placement",
+                       f"{n} workers and the reference")
     progress(5)
     # the app's document lives in memory (no checksum to verify)
     out = run_plan(doc, steps=max(1, int(steps)), timeout_s=timeout_s, verify=False)
