@@ -549,8 +549,9 @@ def cmd_export(args) -> int:
     with open(path, "w") as fh:
         fh.write(text)
     n = doc.get("devices")
-    print(f"wrote {path}: run it with `torchrun --standalone --nproc_per_node {n} {path} "
-          f"--steps 3 --check`")
+    from explorer.engine.export import summary
+    print(f"wrote {path}: {summary(text, len(doc.get('layers') or []))}")
+    print(f"run it with `torchrun --standalone --nproc_per_node {n} {path} --steps 3 --check`")
     return 0
 
 

@@ -738,6 +738,13 @@ def export(doc: dict, to: str = "torch") -> tuple:
     return export_torch(doc)
 
 
+def export_note(text: str, layers: int) -> str:
+    """The line the app shows after an export: empty when every one of the ``layers`` layers
+    is exported as planned, else how many are not and where the file says why."""
+    from explorer.engine.export import not_as_planned, summary
+    return summary(text, layers) if not_as_planned(text) else ""
+
+
 def placement_pin_rows(doc: dict) -> list:
     """The Placement page's pin rows of a placement document: the rows it was made with, or
     rows from its text pins (a ``cluster:K`` pin lists that cluster's operators)."""

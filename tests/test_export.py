@@ -204,3 +204,16 @@ def test_the_exported_body_is_a_module_whose_helpers_compute_what_the_runtime_do
     assert torch.allclose(lin.weight, before - 0.5 * grad) and lin.weight.grad is None
     assert program.rel([1.0, 2.0], [1.0, 4.0]) == pytest.approx(0.5)
     assert "def main(argv=None)" in program.body() and "PROGRAM BODY" not in program.body()
+
+
+def test_an_export_says_how_many_layers_are_not_as_planned():
+    """The exported file's NOT_AS_PLANNED list is read back into one line for the user
+    (command line and app): nothing is dropped silently."""
+    from explorer import service
+    from explorer.engine.export import not_as_planned, summary
+    text = 'x = 1\nNOT_AS_PLANNED = [("conv1", "w2", "n2", "halos")]\n'
+    assert not_as_planned(text) == [("conv1", "w2", "n2", "halos")]
+    assert summary(text, 7).startswith("1 of 7 layers NOT as planned") and "conv1" in summary(
+        text, 7)
+    assert summary("NOT_AS_PLANNED = []\n", 3) == "all 3 layers exported as planned"
+    assert service.export_note("NOT_AS_PLANNED = []\n", 3) == ""

@@ -96,7 +96,8 @@ def register_export(app, button_id: str, download_id: str, store_id: str,
             name, text = service.export(doc)
         except (ExplorerError, ValueError) as exc:
             return dash.no_update, str(exc)
-        return dcc.send_string(text, name, type="text/x-python"), ""
+        note = service.export_note(text, len(doc["layers"]))
+        return dcc.send_string(text, name, type="text/x-python"), note
 
 
 def register_local_run(app, *, button_id: str, cancel_id: str, progress_id: str, status_id: str,

@@ -243,6 +243,27 @@ def export_torch(doc: dict, verify: bool = True) -> tuple[str, str]:
                    model=plan.model, algo=plan.algo)
 
 
+def not_as_planned(text: str) -> list:
+    """``[(layer, plan, exported, reason)]`` of the layers an exported program computes in
+    another form than its plan (read back from the program's ``NOT_AS_PLANNED``), so that
+    whoever exports can say so."""
+    import ast
+    for line in text.splitlines():
+        if line.startswith("NOT_AS_PLANNED = "):
+            return [tuple(x) for x in ast.literal_eval(line[len("NOT_AS_PLANNED = "):])]
+    return []
+
+
+def summary(text: str, layers: int) -> str:
+    """One line on how much of a plan of ``layers`` layers the program ``text`` follows."""
+    off = not_as_planned(text)
+    if not off:
+        return f"all {layers} layers exported as planned"
+    return (f"{len(off)} of {layers} layers NOT as planned ({', '.join(d[0] for d in off[:3])}"
+            f"{' …' if len(off) > 3 else ''}): the file's header lists each with the form it "
+            f"is computed in instead and why")
+
+
 def program(spec: str, batch: int, model_args: dict, n: int, configs: dict, *,
             model: str | None = None, algo: str = "custom") -> tuple[str, str]:
     """``(file name, text)`` of the program for per-layer ``configs`` (layer -> ({letter:
