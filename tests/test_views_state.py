@@ -286,3 +286,17 @@ def test_apps_register_their_own_callbacks():
         outs = " ".join(app.callback_map)
         assert ids.STORE_PLAN in outs and ids.TOFU_SUMMARY in outs and ids.URL_QUERY in outs
     assert not _callback.GLOBAL_CALLBACK_LIST and not _callback.GLOBAL_CALLBACK_MAP
+
+
+@pytest.mark.parametrize("pin", ["nosuchlayer=n=2", "garbage"])
+def test_a_bad_pin_in_the_url_keeps_the_model_and_says_why(pin):
+    """A link with a pin that cannot apply still opens its (valid) model: the graph, summary
+    and plan are shown unpinned, and one line names the pin and the reason."""
+    from explorer.views import page
+    doc, errors = state.from_query({"model": "lenet5", "devices": "2", "pin": pin},
+                                   state.request_doc(state.DEFAULT_REQUEST))
+    first = page.first_results(doc)
+    assert "error" not in first["plan"] and first["plan"]["layers"]
+    assert first["error"].startswith(f"URL: pins {pin} ignored") and doc["pins"] == []
+    if pin.startswith("nosuchlayer"):
+        assert "its 8 layers are x, conv1, pool1" in first["error"]

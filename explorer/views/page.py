@@ -60,6 +60,14 @@ def first_results(doc: dict) -> dict:
         return out
     fam = state.family(req.algo)
     out["plan"] = model.layerwise_plan(doc)
+    if "error" in out["plan"] and doc.get("pins"):
+        # a bad pin in the URL must not blank a valid model: show it unpinned, say why
+        unpinned = model.layerwise_plan(dict(doc, pins=[]))
+        if "error" not in unpinned:
+            out["error"] = (f"URL: pins {', '.join(map(str, doc['pins']))} ignored: "
+                            f"{out['plan']['error']}")
+            out["plan"] = unpinned
+            doc["pins"] = []
     if "error" in out["plan"]:
         out["error"] = out["plan"]["error"]
     try:

@@ -1122,11 +1122,13 @@ class CostModel:
         by_layer: dict = {}
         for p in list(pins or []):
             if p.layer not in self.graph:
-                close = [n for n in self.graph.names() if p.layer.lower() in n.lower()][:8]
+                names = list(self.graph.names())
+                close = [n for n in names if p.layer.lower() in n.lower()][:8]
                 raise InfeasiblePlan(
                     f"pin {p.text()}: no layer named {p.layer!r}"
                     + (f"; did you mean {', '.join(close)}?" if close else
-                       "; `explorer graph MODEL` lists the layer names"))
+                       f"; its {len(names)} layers are {', '.join(names[:8])}"
+                       f"{', … (the graph names them all)' if len(names) > 8 else ''}"))
             if p.layer in by_layer:
                 raise InfeasiblePlan(f"layer {p.layer} is pinned twice")
             by_layer[p.layer] = p
