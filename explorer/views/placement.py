@@ -419,20 +419,19 @@ def compare_rows(rows: list) -> list:
 
 
 def memory_note(doc: dict) -> str:
-    """Why a placement is marked OOM, consistent with its memory chart: the simulated peak of
-    a device over its capacity, or the placer's own (static) memory rule broken although the
-    simulated peaks fit (``best_effort``)."""
-    if not doc.get("oom"):
-        return ""
+    """The memory verdict, consistent with the memory chart: OOM when the simulated peak of a
+    device is over its capacity (the one verdict); otherwise, when the placer went beyond its
+    own budget (``best_effort``), a note that the simulated peaks still fit."""
     over = [d for d, (p, c) in enumerate(zip(doc["peak_memory_bytes"], doc["capacity_bytes"]))
             if p > c * (1 + 1e-9)]
     if over:
         return (f" OOM: the simulated peak exceeds the capacity of device"
                 f"{'s' if len(over) > 1 else ''} {', '.join(map(str, over))}")
     n = len(doc.get("best_effort") or [])
-    return (f" over the placer's memory rule: {n or 'some'} operation"
-            f"{'s' if n != 1 else ''} placed beyond the memory it counts for a device (every "
-            f"operation's memory held at once); the simulated peaks below fit")
+    if not n:
+        return ""
+    return (f" fits: {n} operation{'s' if n != 1 else ''} placed beyond the placer's own "
+            f"memory budget (a heuristic), but the simulated peaks below fit")
 
 
 def summary_view(doc: dict):

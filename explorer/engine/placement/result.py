@@ -18,9 +18,10 @@ __all__ = ["PlacementPlan", "simulated_plan", "placement_result"]
 class PlacementPlan:
     """A device per operator and how the one simulator judges it.
 
-    ``oom`` is true when a memory limit is exceeded: the placer needed its best-effort rule
-    (``best_effort`` lists what it placed over a limit) or the simulated peak of a device is
-    above its capacity.  ``clusters`` (Celeritas / Order-Place) lists each fused cluster's
+    ``oom`` - the one memory verdict - is true when the simulated liveness peak of a device, in
+    the placement's schedule, is above its capacity.  A placer's own memory budget is a
+    heuristic that guides it: ``best_effort`` lists what it placed beyond that budget, which
+    is reported but is not out of memory when the simulated peaks fit.  ``clusters`` (Celeritas / Order-Place) lists each fused cluster's
     operators and device; ``trace`` holds the steps the UI replays (orders, breakpoints,
     per-cluster EST decisions).
     """
@@ -57,7 +58,7 @@ class PlacementPlan:
 
     @property
     def oom(self) -> bool:
-        return bool(self.best_effort) or self.sim.oom(self.capacity)
+        return bool(self.sim.oom(self.capacity))
 
     def schedule_order(self) -> list:
         """The operators by their start in the simulated schedule (ties in graph order): a
