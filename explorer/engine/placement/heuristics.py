@@ -25,8 +25,9 @@ order (its schedule for m-ETF / m-SCT, the topological order for m-TOPO and sing
 output is charged from its operator until all its consumers are placed, a received copy
 likewise, persistent memory (parameters, gradients, updates) for good, a co-location group
 admitted by its persistent memory.  An operator that fits nowhere (or only where a pin or its
-group forbids) is placed by the best-effort rule and listed in ``best_effort``, so
-``oom`` is true.  METIS has no memory rule: it is judged by the simulated peak only.
+group forbids) is placed by the best-effort rule and listed in ``best_effort``; whether the
+placement is out of memory is the simulator's verdict (its liveness peak over a device's
+capacity), for METIS, which has no budget, as for every other placer.
 """
 
 from __future__ import annotations
