@@ -169,7 +169,9 @@ def main(argv=None):
     if args.steps < 1:
         print(f"error: --steps must be >= 1, got {args.steps}", file=sys.stderr)
         return 2
-    cuda = torch.cuda.is_available() and torch.cuda.device_count() >= DEVICES
+    # NCCL when every process of this node has its own GPU (several nodes: per node)
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", DEVICES))
+    cuda = torch.cuda.is_available() and torch.cuda.device_count() >= local_world
     dist.init_process_group("nccl" if cuda else "gloo")
     rank = dist.get_rank()
     device = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', rank))}" if cuda else "cpu")
