@@ -27,6 +27,7 @@ def _cuda() -> bool:
     return torch.cuda.is_available()
 
 
+@pytest.mark.multiprocess
 @pytest.mark.skipif(_cuda(), reason="this machine has a GPU: the benchmark would run")
 def test_without_a_gpu_it_says_so_in_one_line_and_exits_2():
     p = subprocess.run([sys.executable, str(PATH), "--quick"], capture_output=True, text=True,

@@ -138,12 +138,14 @@ def test_local_map_reads_the_environment(monkeypatch):
     assert M.local_map(2).backend == "gloo" and M.local_map(2).staged
 
 
+@pytest.mark.multiprocess
 def test_torchrun_ranks_are_placed_as_local_workers():
     assert M.torchrun_device(1, 4, 4) == ("nccl", "cuda:1")
     assert M.torchrun_device(3, 4, 2) == ("gloo", "cuda:1")
     assert M.torchrun_device(0, 2, 0) == ("gloo", "cpu")
 
 
+@pytest.mark.multiprocess
 def test_the_launcher_and_the_workers_use_the_map(monkeypatch):
     """``start_workers`` hands each rank its mapped device (the plain launcher on CPU here)
     and reports the map; ``validate`` warns when workers would share GPUs."""
@@ -367,6 +369,7 @@ def _staged_exchange(rank, world, device, payload, send):
     send("result", "got", (buf.tolist(), t.tolist(), out.tolist()))
 
 
+@pytest.mark.multiprocess
 def test_host_staged_transfers_deliver_into_the_callers_buffers():
     from explorer.engine.runtime.launcher import start_workers
     got = start_workers(2, _staged_exchange, None, timeout_s=60, kind="cpu")
@@ -583,6 +586,7 @@ def test_calibrate_output_for_gpus():
     assert "bf16     matmul    720.0 TFLOP/s" in text and "2900.0 GB/s" in text
 
 
+@pytest.mark.multiprocess
 def test_calibrate_takes_the_gpu_path_where_workers_are_gpus(monkeypatch):
     """On a (simulated) GPU machine ``calibrate`` measures the GPUs, not the CPU; asking for
     more GPUs than exist is refused before measuring."""
