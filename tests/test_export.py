@@ -83,7 +83,7 @@ def test_mlp_plans_match_one_process(capsys, tmp_path, algo):
 def test_megatron_pairs_and_sequence_parallel_norms(tmp_path):
     """Column-parallel q/k/v and fc1, row-parallel out and fc2 (the degree letter k),
     sequence-parallel norms: fc1 hands its shard to fc2, attention gets whole tensors."""
-    from explorer.engine.export import runner as program
+    from explorer.engine.export import program
     from explorer.engine.core.importer import import_spec
     g = import_spec("transformer", 4, TRANSFORMER)
     cfg = {}
