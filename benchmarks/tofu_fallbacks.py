@@ -38,10 +38,9 @@ def _spec(row: str) -> str:
 
 
 def _document(row: str, workers: int, batch: int) -> dict:
-    from explorer.engine.core.devices import preset
-    from explorer.engine.search import Problem, run
-    return run("tofu", Problem(preset("local", workers), _spec(row), batch,
-                               dict(SIZES[row]))).document()
+    from explorer.engine.search import Problem, Request, run
+    return run("tofu", Problem(Request(_spec(row), batch, dict(SIZES[row]),
+                                       preset="local", devices=workers))).document()
 
 
 def survey(rows, workers_list, batch: int, timeout_s: float = 1800.0) -> list:

@@ -70,11 +70,10 @@ def _calibrated(k: int) -> bool:
 
 
 def row(name, spec, batch, args, k, steps):
-    from explorer.engine.core.devices import preset
     from explorer.engine.runtime.dispatch import run_document
-    from explorer.engine.search import Problem, run
+    from explorer.engine.search import Problem, Request, run
     from explorer.engine.tofu import search as tofu
-    res = run("tofu", Problem(preset("local", k), spec, batch, dict(args)))
+    res = run("tofu", Problem(Request(spec, batch, dict(args), preset="local", devices=k)))
     doc = res.document()
     one = int(tofu.partition(res.capture, 1).peak_memory_bytes[0])
     r = run_document(doc, steps=steps, timeout_s=3600)
@@ -104,13 +103,12 @@ def row(name, spec, batch, args, k, steps):
 
 def big(ks, steps) -> list:
     """The run one worker cannot hold (see the module): rows per worker count."""
-    from explorer.engine.core.devices import preset
     from explorer.engine.runtime.memlimit import GiB, check_predicted
     from explorer.engine.runtime.dispatch import run_document
-    from explorer.engine.search import Problem, run
+    from explorer.engine.search import Problem, Request, run
     from explorer.errors import InfeasiblePlan
     name, spec, batch, args = BIG
-    one = run("tofu", Problem(preset("local", 1), spec, batch, dict(args))).document()
+    one = run("tofu", Problem(Request(spec, batch, dict(args), preset="local", devices=1))).document()
     need = max(one["peak_memory_bytes"])
     limit = 0.75 * need
     try:
@@ -122,7 +120,7 @@ def big(ks, steps) -> list:
           f"{limit / GiB:.2f} GiB; one worker: {refused}", flush=True)
     rows = []
     for k in ks:
-        doc = run("tofu", Problem(preset("local", k), spec, batch, dict(args))).document()
+        doc = run("tofu", Problem(Request(spec, batch, dict(args), preset="local", devices=k))).document()
         t0 = time.perf_counter()
         r = run_document(doc, steps=steps, train=True, memory_per_worker=limit,
                          timeout_s=3600)

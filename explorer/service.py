@@ -13,60 +13,15 @@ from __future__ import annotations
 import json
 import threading
 from collections import OrderedDict
-from dataclasses import asdict, dataclass, field
 
 
 from explorer.errors import ExplorerError, InfeasiblePlan
 from explorer.engine.core import capture_cache
 from explorer.engine.core import geometry as G
-from explorer.engine.layerwise.costmodel import CostModel
-from explorer.engine.core.devices import DeviceGraph, from_dict, preset
+from explorer.engine.core.devices import DeviceGraph
 from explorer.engine.core.layergraph import LayerGraph
-
-
-@dataclass
-class Request:
-    """What to search: model, batch, model args, device preset and count, algorithm."""
-
-    model: str = "vgg16"
-    batch: int | None = None
-    model_args: dict = field(default_factory=dict)
-    preset: str = "p100-nvlink-4"
-    devices: int = 4
-    algo: str = "optcnn"
-    cost: str = "analytic"
-    sync: str = "ps"
-    cluster: dict | None = None       # uploaded cluster JSON (when preset == "custom")
-    degrees: str = "auto"             # layer-wise degrees (see geometry.degree_values)
-
-    def __post_init__(self):
-        from explorer.engine.search.problem import check_settings
-        self.batch = check_settings(self.batch, self.cost, self.sync)
-        self.devices = int(self.devices)
-        if self.devices < 1:
-            raise ValueError(f"devices must be ≥ 1, got {self.devices}")
-        self.model = (self.model or "").strip()
-        if not self.model:
-            raise ValueError("choose a model: an example or path/to/file.py:function")
-        if not isinstance(self.degrees, str):                 # a list from a plan or the app
-            self.degrees = ",".join(str(d) for d in self.degrees)
-        G.degree_values(self.degrees, self.devices)          # ValueError with the numbers
-
-    @classmethod
-    def from_dict(cls, d: dict | None) -> "Request":
-        d = dict(d or {})
-        known = {k: d[k] for k in cls.__dataclass_fields__ if k in d}
-        return cls(**known)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    def graph_key(self) -> tuple:
-        return (self.model, self.batch, tuple(sorted(self.model_args.items())))
-
-    def device_key(self) -> tuple:
-        import json
-        return (self.preset, self.devices, json.dumps(self.cluster, sort_keys=True))
+from explorer.engine.layerwise.costmodel import CostModel
+from explorer.engine.search.request import Request
 
 
 _LOCK = threading.RLock()
@@ -143,19 +98,15 @@ def graph_for(req: Request) -> LayerGraph:
 
 
 def devices_for(req: Request) -> DeviceGraph:
-    if req.preset == "custom":
-        if not req.cluster:
-            raise ExplorerError("upload a cluster JSON file for the custom preset")
-        return from_dict(req.cluster, "custom", "the uploaded cluster").subset(req.devices)
-    return preset(req.preset, req.devices)
+    """The request's device graph."""
+    return req.device_graph()
 
 
 def cost_model_for(req: Request) -> CostModel:
     def make():
         return CostModel(graph_for(req), devices_for(req), compute=req.cost, sync=req.sync,
                          degrees=req.degrees)
-    return _lru(_MODELS, req.graph_key() + req.device_key() + (req.cost, req.sync, req.degrees),
-                make)
+    return _lru(_MODELS, req.cost_key(), make)
 
 
 def summary(req: Request) -> dict:
@@ -170,8 +121,7 @@ def problem_for(req: Request):
     """The request as a method's :class:`~explorer.engine.search.Problem`, whose captures
     come from this service's caches (each built once)."""
     from explorer.engine.search import Problem
-    return Problem(devices_for(req), req.model, req.batch, dict(req.model_args), req.cost,
-                   req.sync, degrees=req.degrees, builders={
+    return Problem(req, devices_for(req), builders={
                        "layer_graph": lambda: graph_for(req),
                        "cost_model": lambda: cost_model_for(req),
                        "opgraph": lambda: opgraph_for(req),

@@ -12,11 +12,11 @@ from explorer import service as session
 from explorer.cli import main
 from explorer.engine.core import geometry as G
 from explorer.engine.layerwise.costmodel import CostModel, CostTables
-from explorer.engine.core.devices import Device, DeviceGraph, preset
+from explorer.engine.core.devices import Device, DeviceGraph
 from explorer.engine.core.layergraph import Edge, Layer, LayerGraph
 from explorer.engine.core.importer import import_spec
 from explorer.engine.runtime import launch_many
-from explorer.engine.search import Problem, comparison, run
+from explorer.engine.search import Problem, Request, comparison, run
 from explorer.engine.layerwise.classic import default_tp, megatron_roles
 
 BW = 10e9
@@ -164,7 +164,7 @@ def test_column_then_row_wins_and_optcnn_equals_exhaustive():
 
 
 def test_megatron_plan_on_the_transformer_example():
-    p = Problem(preset("p100-nvlink-4", 4), "transformer", 8, TINY)
+    p = Problem(Request("transformer", 8, TINY, preset="p100-nvlink-4", devices=4))
     g = p.layer_graph()
     roles = megatron_roles(g)
     assert {n for n, r in roles.items() if r == "row"} == {"blocks_0_attn_out", "blocks_0_fc2"}
@@ -190,7 +190,7 @@ def test_megatron_plan_on_the_transformer_example():
                                        (0, "tp must be ≥ 1, got 0"),
                                        ("two", "tp must be an integer")])
 def test_megatron_tp_is_validated_with_the_numbers(tp, words):
-    p = Problem(preset("p100-nvlink-4", 4), "transformer", 8, TINY)
+    p = Problem(Request("transformer", 8, TINY, preset="p100-nvlink-4", devices=4))
     with pytest.raises(ValueError, match=words):
         run("megatron", p, options={"tp": tp})
 

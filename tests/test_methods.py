@@ -9,8 +9,7 @@ import pytest
 
 from _helpers import explorer_cli
 from explorer.engine.core import pins as P
-from explorer.engine.core.devices import preset
-from explorer.engine.search import METHODS, Problem, Result, describe, get, names, run
+from explorer.engine.search import METHODS, Problem, Request, Result, describe, get, names, run
 from explorer.errors import InfeasiblePlan
 
 ISSUE_METHODS = ["optcnn", "data", "model", "owt", "megatron", "exhaustive", "tofu", "allrow-greedy",
@@ -45,7 +44,7 @@ def test_unknown_method_family_and_option_are_named():
 
 @pytest.fixture(scope="module")
 def problem():
-    return Problem(preset("p100-nvlink-4", 2), "lenet5", 8)
+    return Problem(Request("lenet5", 8, preset="p100-nvlink-4", devices=2))
 
 
 @pytest.mark.parametrize("name", ISSUE_METHODS)
@@ -93,7 +92,7 @@ def test_each_family_says_why_it_cannot_honour_a_pin(family, pin, words):
 
 def test_tofu_honours_a_tensor_tiling_pin():
     from explorer.engine.tofu import search as tofu
-    prob = Problem(preset("k80-pcie-8", 4), "mlp", 16, {"layers": 2, "hidden": 64})
+    prob = Problem(Request("mlp", 16, {"layers": 2, "hidden": 64}, preset="k80-pcie-8", devices=4))
     free = run("tofu", prob)
     big = max(free.plan.tilings, key=lambda t: prob.opgraph().tensors[t].bytes)
     shape = free.plan.tilings[big]["shape"]

@@ -17,7 +17,7 @@ from explorer.engine.placement.estimate import VIEW_OPS
 from explorer.engine.runtime.compiled import _real_step, device_program, transfers
 from explorer.engine.runtime.opexec import placement_comm_bytes, run_placement
 from explorer.engine.runtime.reference import compare, traced_step
-from explorer.engine.search import Problem, run as run_method
+from explorer.engine.search import Problem, Request, run as run_method
 from explorer.errors import InfeasiblePlan, NotCalibrated
 
 #: small models the placement methods are run on (model, batch, arguments)
@@ -60,7 +60,7 @@ def graphs():
 def test_every_placement_method_runs_compiled_and_matches_one_device(graphs, model, batch,
                                                                      args, algo):
     og = graphs[model]
-    res = run_method(algo, Problem(preset("local", 2), model, batch, dict(args),
+    res = run_method(algo, Problem(Request(model, batch, dict(args), preset="local", devices=2),
                                    opgraph_=og), options={"memory_per_device": 2 ** 30})
     names, devs = res.plan.names, res.plan.placement
     r = _run(model, batch, args, names, devs)
@@ -222,7 +222,7 @@ def _calibrated(home):
 def test_measured_costs_reach_the_placers_graph(_isolated_home):
     _calibrated(_isolated_home)
     dev = local(2)
-    prob = Problem(dev, "lenet5", 8, {}, cost="measured")
+    prob = Problem(Request("lenet5", 8, cost="measured", devices=dev.n), dev)
     pg = prob.placement_graph()
     from explorer.engine.core.profile import op_times
     times, info = op_times(prob.opgraph(), dev.devices[0].kind,
@@ -232,7 +232,7 @@ def test_measured_costs_reach_the_placers_graph(_isolated_home):
     assert all(pg.w[idx[nm], 0] == pytest.approx(s) for nm, s in times.items())
     res = run_method("celeritas", prob)
     assert res.info["cost"] == "measured" and res.predicted_step_time_s > 0
-    analytic = Problem(dev, "lenet5", 8, {}).placement_graph()
+    analytic = Problem(Request("lenet5", 8, devices=dev.n), dev).placement_graph()
     assert not np.allclose(analytic.w, pg.w)
 
 
@@ -318,7 +318,7 @@ def test_a_hanging_worker_ends_the_compiled_run_with_one_error_and_no_orphans(gr
 
 def _planned(graphs, model, batch, args):
     og = graphs[model]
-    res = run_method("celeritas", Problem(preset("local", 2), model, batch, dict(args),
+    res = run_method("celeritas", Problem(Request(model, batch, dict(args), preset="local", devices=2),
                                           opgraph_=og), options={"memory_per_device": 2 ** 30})
     return og, res
 
@@ -554,7 +554,7 @@ def test_calibration_measures_the_point_to_point_figures_placements_use(_isolate
          "latency": link["latency"], **{k: link[k] for k in
                                         ("p2p_latency_s", "p2p_bw", "p2p_send_s",
                                          "p2p_send_bw", "p2p_recv_s", "p2p_recv_bw")}}))
-    pg = Problem(local(2), "mlp", 8, {"layers": 2, "hidden": 16}).placement_graph()
+    pg = Problem(Request("mlp", 8, {"layers": 2, "hidden": 16}, devices=2), local(2)).placement_graph()
     assert pg.b[0, 1] == pytest.approx(link["p2p_latency_s"])
     assert pg.k[0, 1] == pytest.approx(1 / link["p2p_bw"])
     assert pg.send_b == pytest.approx(link["p2p_send_s"])

@@ -14,9 +14,8 @@ from __future__ import annotations
 import pytest
 
 import example_models
-from explorer.engine.core.devices import preset
 from explorer.engine.runtime.dispatch import run_tofu_documents
-from explorer.engine.search import Problem, run
+from explorer.engine.search import Problem, Request, run
 
 pytestmark = pytest.mark.multiprocess   # every test here starts worker processes
 
@@ -34,7 +33,7 @@ def test_every_example_model_is_sized_here():
 
 def _doc(name, algo, k) -> dict:
     """The saved plan (what `explorer search NAME --algo ALGO --devices K --out` writes)."""
-    return run(algo, Problem(preset("local", k), name, BATCH, dict(SIZES[name]))).document()
+    return run(algo, Problem(Request(name, BATCH, dict(SIZES[name]), preset="local", devices=k))).document()
 
 
 def _run(docs) -> list:

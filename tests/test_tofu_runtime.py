@@ -18,7 +18,7 @@ from explorer.engine.core.geometry import ExecutionLayout
 from explorer.engine.core.opgraph import build_opgraph
 from explorer.engine.runtime.launcher import RunFailed
 from explorer.engine.runtime.dispatch import run_document
-from explorer.engine.search import Problem, run
+from explorer.engine.search import Problem, Request, run
 from explorer.engine.tofu import search as tofu
 from explorer.errors import InfeasiblePlan, PlanFileError
 
@@ -27,8 +27,7 @@ pytestmark = pytest.mark.multiprocess   # every test here starts worker processe
 
 def tofu_doc(spec, batch, args, workers=2, algo="tofu") -> dict:
     """A saved Tofu plan (what `explorer search --algo ALGO --out` writes)."""
-    from explorer.engine.core.devices import preset
-    prob = Problem(preset("local", workers), spec, batch, dict(args))
+    prob = Problem(Request(spec, batch, dict(args), preset="local", devices=workers))
     return run(algo, prob).document()
 
 
@@ -59,8 +58,7 @@ def test_a_small_resnet_with_batchnorm_and_residuals_runs_correctly():
 def test_the_saved_layout_is_the_search_s_layout_in_compact_form():
     """The saved layout is geometry's ExecutionLayout in its compact JSON: it round-trips the
     search's execution plan; repeated boxes are stored once, so the document stays small."""
-    from explorer.engine.core.devices import preset
-    result = run("tofu", Problem(preset("local", 2), "lenet5", 8))
+    result = run("tofu", Problem(Request("lenet5", 8, preset="local", devices=2)))
     g, res = result.capture, result.plan
     raw = tofu.execution_plan(res, g)
     # the saved form is geometry's vocabulary, where a 0-d tensor (the loss) is one element

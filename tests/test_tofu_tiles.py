@@ -21,7 +21,7 @@ from explorer.engine.core.geometry import window
 from explorer.engine.core.geometry.windows import transpose_window
 from explorer.engine.runtime import tiles
 from explorer.engine.runtime.dispatch import run_document
-from explorer.engine.search import Problem, run
+from explorer.engine.search import Problem, Request, run
 from explorer.engine.tofu import search as tofu
 
 aten = torch.ops.aten
@@ -250,8 +250,7 @@ FOUR = [("mlp", 16, {"layers": 2, "hidden": 64}), ("lenet5", 8, {}), ("wresnet",
 
 
 def _doc(spec, batch, args, k, algo="tofu"):
-    from explorer.engine.core.devices import preset
-    res = run(algo, Problem(preset("local", k), spec, batch, dict(args)))
+    res = run(algo, Problem(Request(spec, batch, dict(args), preset="local", devices=k)))
     return res, res.document()
 
 
@@ -339,8 +338,8 @@ def test_explorer_run_of_the_issue_s_mlp_reports_measured_against_predicted(tmp_
     assert out.returncode == 0, out.stderr
     d = json.loads(out.stdout)
     assert d["reference_ok"] and d["fallback_ops"] == {}
-    res = run("tofu", Problem(__import__("explorer.engine.core.devices", fromlist=["preset"])
-                              .preset("local", 2), "mlp", 256, {"layers": 6, "hidden": 2048}))
+    res = run("tofu", Problem(Request("mlp", 256, {"layers": 6, "hidden": 2048},
+                                      preset="local", devices=2)))
     one = _one_device_peak(res)
     for got, want in zip(d["measured_peak_memory_bytes"], d["peak_memory_bytes"]):
         assert abs(got - want) <= 0.10 * want and got <= 0.70 * one, (got, want, one)

@@ -21,9 +21,8 @@ Pipeline (paper Sections 4-5):
 
 Example
 -------
->>> from explorer.engine.core.devices import preset
->>> from explorer.engine.search.problem import Problem
->>> res = search(Problem(preset("v100-pcie-4"), "mlp", 8, {"layers": 2}))
+>>> from explorer.engine.search.problem import Problem, Request
+>>> res = search(Problem(Request("mlp", 8, {"layers": 2}, preset="v100-pcie-4")))
 >>> res.family, res.predicted_step_time_s > 0, len(res.plan.placement) == len(res.plan.names)
 ('placement', True, True)
 """

@@ -7,12 +7,11 @@ benchmarks list and call methods only through :data:`METHODS` and :func:`run`.
 
 Example::
 
-    >>> from explorer.engine.core.devices import preset
     >>> from explorer.engine.search import METHODS, names, run
-    >>> from explorer.engine.search.problem import Problem
+    >>> from explorer.engine.search.problem import Problem, Request
     >>> names("layerwise")
     ['optcnn', 'data', 'model', 'owt', 'megatron', 'exhaustive']
-    >>> res = run("optcnn", Problem(preset("p100-nvlink-4", 2), "lenet5", 8))
+    >>> res = run("optcnn", Problem(Request("lenet5", 8, devices=2)))
     >>> res.family, res.devices, res.objective_s > 0
     ('layerwise', 2, True)
 """
@@ -33,11 +32,12 @@ from explorer.engine.search.options import (
     make,
 )
 from explorer.engine.search.problem import Problem
+from explorer.engine.search.request import Request
 
 # ``Result`` and ``FAMILIES`` (from .result, which imports numpy and the cost model) load on
 # first use, so listing the registry (``explorer --help``) imports neither.
 
-__all__ = ["Method", "METHODS", "FAMILIES", "Problem", "Result", "run", "get", "names",
+__all__ = ["Method", "METHODS", "FAMILIES", "Problem", "Request", "Result", "run", "get", "names",
            "describe", "family_of", "comparison"]
 
 

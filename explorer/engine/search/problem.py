@@ -11,75 +11,58 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-__all__ = ["Problem", "check_settings"]
+from explorer.engine.search.request import Request
 
-
-def check_settings(batch=None, cost: str = "analytic", sync: str = "ps") -> int | None:
-    """The settings a request and a problem share, validated in one place: ``batch`` (``None``
-    or an integer ≥ 1, returned as ``int``), ``cost`` and ``sync``.  ``ValueError`` with the
-    value given."""
-    if batch is not None:
-        try:
-            batch = int(batch)
-        except (TypeError, ValueError):
-            raise ValueError(f"batch must be an integer ≥ 1, got {batch!r}") from None
-        if batch < 1:
-            raise ValueError(f"batch must be ≥ 1, got {batch}")
-    if cost not in ("analytic", "measured"):
-        raise ValueError(f"cost must be analytic or measured, got {cost!r}")
-    if sync not in ("ps", "ring"):
-        raise ValueError(f"sync must be ps or ring, got {sync!r}")
-    return batch
+__all__ = ["Problem", "Request"]
 
 
 @dataclass
 class Problem:
-    """A model (``model`` spec, ``batch``, ``model_args``) on ``devices`` (a DeviceGraph).
+    """A :class:`~explorer.engine.search.request.Request` (model, batch, model arguments, cost
+    settings) on ``devices``, a DeviceGraph (by default the request's own,
+    :meth:`Request.device_graph`; when given, the request's device count follows it).
 
-    ``cost`` ("analytic" | "measured"), ``sync`` ("ps" | "ring") and ``degrees`` (the degrees a
-    layer's dimensions may take, :func:`~explorer.engine.core.geometry.degree_values`) configure
-    the layer-wise cost model; ``cost="measured"`` also gives the placers each operator's time
-    measured on this machine (``local`` preset, after ``explorer calibrate``).
-    ``layer_graph``/``cost_model``/``opgraph``/``placement_graphs`` may be given prebuilt;
+    ``layer_graph_``/``cost_model_``/``opgraph_``/``placement_graphs`` may be given prebuilt;
     ``builders`` may map ``"layer_graph"``, ``"cost_model"``, ``"opgraph"`` and
     ``"placement_graph"`` (called with the memory cap in bytes or ``None``) to functions that
     build (and cache) them."""
 
-    devices: object
-    model: str | None = None
-    batch: int | None = None
-    model_args: dict = field(default_factory=dict)
-    cost: str = "analytic"
-    sync: str = "ps"
+    request: Request
+    devices: object = None
     layer_graph_: object = None
     cost_model_: object = None
     opgraph_: object = None
     placement_graphs: dict = field(default_factory=dict)
     builders: dict = field(default_factory=dict)
-    degrees: str = "auto"
 
     def __post_init__(self):
+        if not isinstance(self.request, Request):
+            raise TypeError(f"a problem holds a Request, got {type(self.request).__name__}")
         if self.devices is None:
-            raise ValueError("a problem needs a device graph")
-        self.batch = check_settings(self.batch, self.cost, self.sync)
-        if self.model is None:       # a prebuilt capture names its model (a placer graph
-            g = self.layer_graph_ or self.opgraph_       # alone does not: it cannot be re-traced)
-            if g is not None:
-                self.model = getattr(g, "spec", None) or getattr(g, "model", None)
-                if self.batch is None:
-                    self.batch = getattr(g, "batch", None)
+            self.devices = self.request.device_graph()
+        elif self.devices.n != self.request.devices:
+            self.request = self.request.replace(devices=self.devices.n)
+
+    # the request's fields, read through (one place holds and validates them)
+    model = property(lambda self: self.request.model)
+    batch = property(lambda self: self.request.batch)
+    model_args = property(lambda self: self.request.model_args)
+    cost = property(lambda self: self.request.cost)
+    sync = property(lambda self: self.request.sync)
+    degrees = property(lambda self: self.request.degrees)
 
     @classmethod
     def of(cls, graph, devices, cost_model=None) -> "Problem":
         """A problem around a prebuilt capture (layer graph, operator graph or placer graph)."""
         from explorer.engine.placement.placement_graph import PlacementGraph
-        if isinstance(graph, PlacementGraph):
-            return cls(devices, placement_graphs={None: graph})
+        if isinstance(graph, PlacementGraph):       # a placer graph cannot be traced again
+            return cls(Request(None, devices=devices.n), devices, placement_graphs={None: graph})
+        req = Request(getattr(graph, "spec", None) or getattr(graph, "model", None),
+                      getattr(graph, "batch", None),
+                      dict(getattr(graph, "model_args", {}) or {}), devices=devices.n)
         if hasattr(graph, "tensors") and hasattr(graph, "ops"):
-            return cls(devices, opgraph_=graph,
-                       model_args=dict(getattr(graph, "model_args", {}) or {}))
-        return cls(devices, layer_graph_=graph, cost_model_=cost_model,
-                   model_args=dict(getattr(graph, "model_args", {}) or {}))
+            return cls(req, devices, opgraph_=graph)
+        return cls(req, devices, layer_graph_=graph, cost_model_=cost_model)
 
     def _build(self, what: str, default: Callable, *args):
         fn = self.builders.get(what)
