@@ -88,6 +88,9 @@ _BINARY = {"add": "add", "add_": "add", "iadd": "add", "sub": "sub", "sub_": "su
            "div_": "div", "rsub": "sub", "pow": "pow", "maximum": "max", "minimum": "min"}
 _VIEWS = {"view", "reshape", "flatten", "unflatten", "transpose", "permute", "t",
           "unsqueeze", "squeeze", "_unsafe_view", "expand_as_view"}
+#: Ops that repeat a tensor's elements without computing (grouped-query attention's key/value
+#: heads): edge transforms, an ``expand`` between reshapes (see :meth:`_Importer.view_op`).
+_REPEATS = {"expand", "expand_as", "broadcast_to", "repeat_interleave", "repeat"}
 _MODULE_OPS = {
     nn.Conv1d: "conv", nn.Conv2d: "conv", nn.Conv3d: "conv",
     nn.Linear: "linear", nn.MaxPool1d: "maxpool", nn.MaxPool2d: "maxpool",
@@ -635,7 +638,9 @@ class _Importer:
             names = ["weight_ih", "weight_hh", "bias_ih", "bias_hh"]
             p = {names[i]: v.shape for i, v in enumerate(params)}
             return self.lstm_cell(node, x, hc, p)
-        if name in _VIEWS or name in ("expand",):
+        if name in _VIEWS or name in _REPEATS:
+            if vals[0].kind != "tensor":
+                return self.unsupported(node, f"{name} of a constant onto an activation's shape")
             return self.view_op(node, x, name, args, kw)
         if name in ("select", "slice"):
             return self.index_op(node, x, name, args)
@@ -817,6 +822,18 @@ class _Importer:
         got = dict(zip(("query", "key", "value", "attn_mask", "dropout_p", "is_causal",
                         "scale", "enable_gqa"), args))
         got.update(kw or {})
+        tens = list(tens)
+        if got.get("enable_gqa") and len(tens) >= 3:
+            # grouped-query attention inside the op: query head h reads key/value head
+            # h // (heads / kv_heads), i.e. keys and values repeat_interleave'd on the heads
+            for i in (1, 2):
+                kv = tens[i]
+                if len(kv.shape) == 4 and kv.shape[1] != shape[1] and shape[1] % kv.shape[1] == 0:
+                    rep = shape[1] // kv.shape[1]
+                    tens[i] = _Val("tensor", layer=kv.layer,
+                                   shape=(kv.shape[0], shape[1]) + tuple(kv.shape[2:]),
+                                   transforms=_interleave(tuple(kv.shape), rep, 1)
+                                   + tuple(kv.transforms))
         if len(tens) < 3 or any(tuple(v.shape[:2]) != tuple(shape[:2]) for v in tens[1:3]):
             return self.unsupported(node, "scaled_dot_product_attention with grouped or "
                                           "broadcast keys/values")
@@ -1056,13 +1073,52 @@ class _Importer:
         if name == "permute":
             perm = args[1:] if not isinstance(args[1], (list, tuple)) else args[1]
             return self.view(node, x, ("permute", tuple(p % len(src) for p in perm)))
-        if name == "expand":
+        if name in _REPEATS:
             if tuple(out) == src:
                 return self.fold(node, x, 0.0, check=False)
-            return self.unsupported(node, "expand")
+            if name == "repeat_interleave":
+                reps = kw.get("repeats", args[1] if len(args) > 1 else None)
+                dim = kw.get("dim", args[2] if len(args) > 2 else None)
+                if not isinstance(reps, int):
+                    return self.unsupported(node, "repeat_interleave with a tensor of repeats")
+                ts = _interleave(src, reps, dim)
+            elif name == "repeat":
+                ts = _tile(src, tuple(out))
+            else:
+                ts = (("expand", src, tuple(out)),)
+            self.vals[node] = _Val("tensor", layer=x.layer, shape=tuple(out),
+                                   transforms=ts + tuple(x.transforms))
+            return
         if math.prod(out) != math.prod(src):
             return self.unsupported(node, f"{name} changing element count")
         return self.view(node, x, ("reshape", src, tuple(out)))
+
+
+def _interleave(src: tuple, reps: int, dim) -> tuple:
+    """``repeat_interleave(x, reps, dim)`` as edge transforms (consumer side first): a new
+    axis of 1 after ``dim``, expanded to ``reps``, merged into ``dim`` (``dim=None`` flattens
+    first), so element ``i`` of the result reads element ``i // reps`` of ``x``."""
+    out = []
+    if dim is None:
+        out.append(("reshape", tuple(src), (math.prod(src),)))
+        src, dim = (math.prod(src),), 0
+    dim = dim % len(src)
+    one = src[:dim + 1] + (1,) + src[dim + 1:]
+    rep = src[:dim + 1] + (reps,) + src[dim + 1:]
+    res = src[:dim] + (src[dim] * reps,) + src[dim + 1:]
+    out += [("reshape", tuple(src), one), ("expand", one, rep), ("reshape", rep, res)]
+    return tuple(reversed(out))
+
+
+def _tile(src: tuple, res: tuple) -> tuple:
+    """``x.repeat(*sizes)`` (the result ``res``) as edge transforms (consumer side first):
+    leading axes of 1 for the new ones, an axis of 1 before each, expanded to its repeat
+    count and merged with it."""
+    full = (1,) * (len(res) - len(src)) + tuple(src)
+    reps = tuple(r // s for r, s in zip(res, full))
+    one = tuple(v for s in full for v in (1, s))
+    rep = tuple(v for r, s in zip(reps, full) for v in (r, s))
+    return (("reshape", rep, tuple(res)), ("expand", one, rep), ("reshape", tuple(src), one))
 
 
 def import_model(model: nn.Module, x: torch.Tensor, name: str = "model",

@@ -133,10 +133,29 @@ def megatron_roles(graph) -> dict:
     return roles
 
 
+def kv_heads(graph, layer) -> int:
+    """How many key heads an attention layer reads: its heads, or fewer under grouped-query
+    attention, where the key's edge repeats each key head over a group of query heads
+    (``expand``, ``repeat_interleave``, ``enable_gqa``): the distinct regions of the key's
+    producer that the attention's single heads need."""
+    heads = layer.size("c")
+    edge = next((e for e in graph.in_edges(layer.name) if e.index == 1), None)
+    if edge is None:
+        return heads
+    ax = layer.axis_of("c")
+    boxes = G.full_box(layer.out_shape, (heads,))
+    boxes[:, ax, 0] = range(heads)
+    boxes[:, ax, 1] = boxes[:, ax, 0] + 1
+    regions = G.edge_regions(graph, edge, boxes)
+    return len({r.tobytes() for r in regions})
+
+
 def default_tp(graph, n_devices: int) -> int:
     """The largest divisor of the device count that divides every attention's head count
-    (all devices when the model has no attention)."""
-    heads = [la.size("c") for la in graph.layers() if la.op == "sdpa" and "c" in la.dims]
+    and key/value head count (:func:`kv_heads`; Megatron-LM splits the key/value groups
+    with the query heads), all devices when the model has no attention."""
+    heads = [h for la in graph.layers() if la.op == "sdpa" and "c" in la.dims
+             for h in (la.size("c"), kv_heads(graph, la))]
     return max(d for d in range(1, n_devices + 1)
                if n_devices % d == 0 and all(h % d == 0 for h in heads))
 

@@ -1,7 +1,7 @@
 """Edge view ops applied *forward*: from a region of the producer's tensor to the consumer's view.
 
 An :class:`~explorer.engine.core.layergraph.Edge` lists its view ops (``reshape``, ``permute``,
-``select``, ``slice``, ``item``) from the consumer side back to the producer, and
+``select``, ``slice``, ``expand``, ``item``) from the consumer side back to the producer, and
 :func:`explorer.engine.core.geometry.apply_transforms` maps a box the consumer needs back onto the
 producer's output.  The runtime holds a *region* of the producer's output (the box geometry
 asked for) and must turn it into exactly the box of the consumer's input the op reads.
@@ -14,7 +14,10 @@ so gradients flow back to the region tensor by autograd.
 
 Any reshape is handled exactly, whatever the region (flatten after a pool split on n or c,
 view/transpose of attention heads, ...): when the region's elements are already in the
-consumer's row-major order the step is a plain ``reshape``, otherwise a gather.
+consumer's row-major order the step is a plain ``reshape``, otherwise a gather.  An ``expand``
+(grouped-query attention's repeated key/value heads) is ``Tensor.expand`` of the region to the
+consumer's box: the producer sends each key/value head once, and autograd sums the repeated
+heads' gradients into it.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from explorer.engine.core import geometry as G
 class Step:
     """One view op replayed forward: ``kind`` and what it needs at run time."""
 
-    kind: str                 # "permute" | "select" | "reshape" | "gather" | "none"
+    kind: str                 # "permute" | "select" | "reshape" | "gather" | "expand" | "none"
     arg: object = None        # permutation / axis / target extents / (index tensor, extents)
 
 
@@ -97,6 +100,8 @@ def plan_edge(layer, index: int, box: np.ndarray, transforms, where: str = "",
             steps.append(Step("select", int(t[1])))
         elif kind == "slice":
             steps.append(Step("none"))
+        elif kind == "expand":
+            steps.append(Step("expand", G.box_shape(dst_box)))
         elif kind == "reshape":
             _, src_shape, dst_shape = t
             steps.append(_reshape_step(src_box, dst_box, tuple(src_shape), tuple(dst_shape),
@@ -119,6 +124,8 @@ def forward(region: torch.Tensor, steps) -> torch.Tensor:
             x = x.select(s.arg, 0)
         elif s.kind == "reshape":
             x = x.reshape(s.arg)
+        elif s.kind == "expand":
+            x = x.expand(s.arg)
         elif s.kind == "gather":
             idx, ext = s.arg
             if idx.device != x.device:

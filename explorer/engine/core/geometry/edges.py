@@ -1,7 +1,11 @@
 """View transforms folded onto edges: consumer coordinates -> producer coordinates.
 
-An edge of the layer graph may carry the view ops (reshape, permute, select, slice) between
-the producer's output and the consumer's input.  :func:`apply_transforms` maps a box on the
+An edge of the layer graph may carry the view ops (reshape, permute, select, slice, expand)
+between the producer's output and the consumer's input.  ``expand`` (broadcast of size-1
+axes, new leading axes) is how grouped-query attention repeats key/value heads: Llama's
+``repeat_kv`` (``[:, :, None].expand(...).reshape(...)``) and ``repeat_interleave`` (the
+importer writes it as that reshape, expand, reshape), so a box on the repeated heads maps
+back to the key/value heads of its group.  :func:`apply_transforms` maps a box on the
 consumer's view back to the bounding box of the producer elements it covers, and
 :func:`edge_regions` composes that with the consumer's :func:`.regions.input_regions`.
 """
@@ -79,6 +83,23 @@ def _reshape_to_src(boxes, src, dst):
     return out
 
 
+def _expand_to_src(boxes, src, dst):
+    """Box on ``src`` that a box on ``expand(src, dst)`` reads: a broadcast axis (size 1 in
+    ``src``) maps to its one element (or none, for an empty box), an axis ``dst`` adds in
+    front is dropped (an empty range there empties the box), the others map to themselves."""
+    lead = len(dst) - len(src)
+    out = boxes[..., lead:, :].copy()
+    if lead and len(src):
+        empty = (boxes[..., :lead, 1] <= boxes[..., :lead, 0]).any(axis=-1)
+        out[..., 0, 1] = np.where(empty, out[..., 0, 0], out[..., 0, 1])
+    for ax, (s, d) in enumerate(zip(src, dst[lead:])):
+        if s == 1 and d != 1:
+            nonempty = out[..., ax, 1] > out[..., ax, 0]
+            out[..., ax, 0] = 0
+            out[..., ax, 1] = nonempty.astype(np.int64)
+    return out
+
+
 def apply_transforms(boxes: np.ndarray, transforms) -> np.ndarray:
     """Map boxes on the consumer's view of a tensor back onto the producer's tensor."""
     for t in transforms:
@@ -88,6 +109,9 @@ def apply_transforms(boxes: np.ndarray, transforms) -> np.ndarray:
         if kind == "reshape":
             _, src, dst = t
             boxes = _reshape_to_src(boxes, tuple(src), tuple(dst))
+        elif kind == "expand":
+            _, src, dst = t
+            boxes = _expand_to_src(boxes, tuple(src), tuple(dst))
         elif kind == "permute":
             perm = t[1]  # dst axis i is src axis perm[i]
             out = np.empty_like(boxes)
