@@ -104,19 +104,47 @@ def test_placement_pins_are_text_in_documents_and_rows_on_the_page():
 
 
 def test_a_failed_build_is_retried_not_cached():
+    from explorer.service.cache import Cache
     calls = []
 
     def boom():
         calls.append(1)
         raise ValueError("no")
-    cache = {}
-    import collections
-    cache = collections.OrderedDict()
+    cache = Cache("test")
     for _ in range(2):
         with pytest.raises(ValueError):
-            service._lru(cache, "k", boom)
-    assert len(calls) == 2 and "k" not in cache and not service._BUILDING
-    assert service._lru(cache, "k", lambda: 5) == 5 and service._lru(cache, "k", boom) == 5
+            cache.get("k", boom)
+    assert len(calls) == 2 and "k" not in cache and not cache.building
+    assert cache.get("k", lambda: 5) == 5 and cache.get("k", boom) == 5
+
+
+def test_a_result_is_reused_while_its_capture_is_the_cached_one():
+    """The one result cache: the same request, method and pins search once; a rebuilt cost
+    model (e.g. after calibration) makes the result stale."""
+    from explorer.service import captures, results
+    r = service.Request("lenet5", 8, devices=2)
+    first = service.result(r, "optcnn")
+    assert service.result(r, "optcnn") is first
+    assert service.result(r, "data") is not first
+    captures.COST_MODELS.clear()
+    assert service.result(r, "optcnn") is not first
+    before = len(results.RESULTS)
+    service.result(r, "tofu")
+    service.result(r, "tofu")
+    assert len(results.RESULTS) == before + 1
+
+
+def test_a_tofu_run_that_would_not_fit_is_refused_before_launching(monkeypatch):
+    """One run path: the memory check comes from the plan's own peaks, for any caller."""
+    import psutil
+    from explorer.errors import ExplorerError
+    doc = service.plan_file(service.tofu(service.Request("mlp", 8, devices=2), "tofu"))
+    need, why = service.execution.memory_needed(doc)
+    assert need > 0 and "2 workers" in why
+    free = type("M", (), {"available": need})()
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: free)
+    with pytest.raises(ExplorerError, match="needs up to .* GiB here .* is free"):
+        service.run_plan(doc, steps=1)
 
 
 @pytest.mark.multiprocess
@@ -162,17 +190,18 @@ def test_layerwise_results_are_cached_while_the_cost_model_is_the_same(monkeypat
     """A page opened again does not search again; new costs (calibration rebuilds the
     request's cost model) or other pins do."""
     from explorer import service as S
+    from explorer.service import captures, results
     S.clear_caches()
     calls = []
-    real = S.run_method
-    monkeypatch.setattr(S, "run_method", lambda *a, **k: calls.append(a) or real(*a, **k))
+    real = results.run_method
+    monkeypatch.setattr(results, "run_method",
+                        lambda *a, **k: calls.append(a) or real(*a, **k))
     req = S.Request(model="lenet5", preset="p100-cluster", devices=2, batch=8)
     first = S.search(req, keep_trace=True)
     again = S.search(req, keep_trace=True)
     assert len(calls) == 1 and again == first
     S.search(req, ["conv1=n=2"])
     assert len(calls) == 2
-    with S._LOCK:
-        S._MODELS.clear()                              # what calibrate_local does for local
+    captures.forget_preset("p100-cluster")          # what calibrate_local does for local
     S.search(req, keep_trace=True)
     assert len(calls) == 3

@@ -190,9 +190,9 @@ def test_the_page_holds_the_trace_by_reference_and_fetches_one_step(tmp_path, mo
     assert session.trace_of(kept) == inline["trace"]
     index, text, eq = steps.shown_step(2, "steps", kept)
     assert index == 1 and "Step 2/" in str(text) and eq
-    session._TRACES.clear()                          # another process: read from the file
+    session.layerwise._TRACES.clear()                          # another process: read from the file
     assert session.trace_of(kept) == inline["trace"]
-    session._TRACES.clear()
+    session.layerwise._TRACES.clear()
     for f in (tmp_path / "traces").glob("*.json"):
         f.unlink()
     assert session.trace_of(kept) is None
