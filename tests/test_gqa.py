@@ -1,6 +1,7 @@
 """Grouped-query and multi-query attention (Llama 3, Mistral, Qwen 2, Gemma): key/value heads
 repeated per group of query heads by ``expand`` + ``reshape`` (Hugging Face's ``repeat_kv``),
-``repeat_interleave`` or ``scaled_dot_product_attention(enable_gqa=True)``.
+``repeat_interleave`` or ``scaled_dot_product_attention(enable_gqa=True)``; and the LM head
+tied to the embedding that such decoders often have.
 
 The importer writes each form as edge transforms (``expand`` between reshapes); geometry maps a
 box on the repeated heads back to its group's key/value heads; the runtime expands the region
@@ -205,6 +206,11 @@ RUNS = [
     ("expand-searched", {"kv_heads": 2}, "optcnn", None, None),
     ("interleave-heads-pinned", {"kv_heads": 2, "repeat_kv": "interleave"}, "optcnn",
      ["scaled_dot_product_attention=c=2"], None),
+    # weight tying: the LM head shares the embedding's table, the two split differently (the
+    # table's columns by the embedding, its rows by the head), and its gradient is their sum
+    ("tied-split", {"kv_heads": 2, "tie_embeddings": True}, "optcnn",
+     ["embed_tokens=c=2", "lm_head=c=2"], None),
+    ("tied-tp2", {"kv_heads": 2, "tie_embeddings": True}, "megatron", None, {"tp": 2}),
 ]
 
 
@@ -224,10 +230,13 @@ def test_gqa_runs_match_one_device(ran, case):
     assert res["reference_ok"], (case, ref["worst_grad"], ref["max_grad_rel_err"],
                                  ref["problems"])
     assert ref["loss_rel_err"] < 1e-5
-    assert ref["params_compared"] == 12           # embedding, 9 weights, 3 RMSNorm scales
+    # embedding, 9 weights (the LM head's unless tied), 3 RMSNorm scales
+    assert ref["params_compared"] == (11 if case.startswith("tied") else 12)
     cfg = {la["name"]: la["config_label"] for la in plan["layers"]}
     if "tp2" in case or "pinned" in case:
         assert cfg["scaled_dot_product_attention"] == "c2"
     if "tp2" in case:
         # the key/value projections split with the query heads: each worker owns its group's
         assert cfg["layers_0_self_attn_k_proj"] == cfg["layers_0_self_attn_v_proj"] == "c2"
+    if case == "tied-split":
+        assert cfg["embed_tokens"] == cfg["lm_head"] == "c2"

@@ -170,6 +170,10 @@ class Executor:
                                      f"{graph_digest(self.graph)} vs {plan.graph_digest})")
         self.nodes = {n.name: n for n in self.gm.graph.nodes}
         self.tensors = dict(self.gm.named_parameters(remove_duplicate=False))
+        # a tied parameter (an LM head sharing the embedding's table) has several names: each
+        # name -> the first (the name the reference and the plan's gather use)
+        first: dict = {}
+        self.canon = {q: first.setdefault(id(t), q) for q, t in self.tensors.items()}
         self.param_names = set(self.tensors)
         self.tensors.update(dict(self.gm.named_buffers(remove_duplicate=False)))
         self.shards: dict = {}
@@ -192,9 +196,10 @@ class Executor:
         self.order = order
         self.state: dict = {}
         self.outputs = set(g.outputs or [order[-1]])
-        used_by: dict = {}
+        used_by: dict = {}      # parameter -> the shard keys of the layers using it
         groups_all: set = set()
         self.gather_plan = []   # (qual, logical shape, box, owner rank)
+        self.tied: dict = {}    # shard key of a tied parameter -> (parameter, box, owner?)
         for name in order:
             layer = g.layer(name)
             cfg = assign[name]
@@ -259,16 +264,15 @@ class Executor:
                 st.ins.append(ie)
             # parameters
             mapping = self._resolve_params(layer, node)
-            for qual in mapping.values():
-                if qual in used_by:
-                    raise NotImplementedError(
-                        f"parameter {qual} is used by layers {used_by[qual]} and {name} "
-                        f"(weight tying): not supported by the runtime")
-                used_by[qual] = name
             shards = G.param_shards(layer, tiles, red)
-            shard_boxes = {}
+            shard_boxes, local = {}, {}
             for key, (logical, reg) in shards.items():
-                qual = mapping[key]
+                seen = mapping[key]                      # the name this layer reads it by
+                qual = self.canon.get(seen, seen)
+                # weight tying: a later layer's shards are its own (key "param@layer"); the
+                # gradients of all the layers' shards are summed after the backward pass
+                skey = qual if qual not in used_by else f"{qual}@{name}"
+                used_by.setdefault(qual, []).append((skey, tuple(logical)))
                 trainable = qual in self.param_names
                 keyed: dict = {}
                 for k, row in enumerate(reg.reshape(cfg.total, -1).tolist()):
@@ -285,8 +289,9 @@ class Executor:
                         ranks = tuple(sorted(cfg.devices[m] for m in members))
                         if len(ranks) > 1:
                             groups_all.add(ranks)
-                        self.gather_plan.append((qual, tuple(logical), reg[members[0]],
-                                                 min(ranks)))
+                        if skey == qual:
+                            self.gather_plan.append((qual, tuple(logical), reg[members[0]],
+                                                     min(ranks)))
                 if pos is None:
                     continue
                 full = self.tensors[qual].detach()
@@ -296,19 +301,21 @@ class Executor:
                 sh = full[tuple(slice(int(a), int(b)) for a, b in box)].clone()
                 if trainable:
                     sh.requires_grad_(True)
-                    st.trainable.append(qual)
-                self.shards[qual] = sh
-                shard_boxes[qual] = box
+                    st.trainable.append(skey)
+                self.shards[skey] = sh
+                local[seen] = sh
+                shard_boxes[seen] = box
                 if trainable:
                     members = keyed[tuple(box.reshape(-1).tolist())]
                     ranks = tuple(sorted(cfg.devices[m] for m in members))
+                    self.tied[skey] = (qual, box, min(ranks) == self.rank)
                     if len(ranks) > 1:
                         for rr, quals in st.sync:
                             if rr == ranks:
-                                quals.append(qual)
+                                quals.append(skey)
                                 break
                         else:
-                            st.sync.append((ranks, [qual]))
+                            st.sync.append((ranks, [skey]))
             st.sync.sort(key=lambda t: t[0])
             st.needs_grad = bool(any(mapping[k] in self.param_names for k in shards)
                                  or any(ie.grad for ie in st.ins))
@@ -323,8 +330,8 @@ class Executor:
                         raise NotImplementedError(f"layer {name}: folded node {fn} is not in "
                                                   f"the traced model")
                     folded.append(fnode)
-                ctx = ops.LayerContext(layer, node, folded, self.gm, self.tensors,
-                                       {q: self.shards[q] for q in shard_boxes}, shard_boxes)
+                ctx = ops.LayerContext(layer, node, folded, self.gm, self.tensors, local,
+                                       shard_boxes)
                 ctx.weight_name = mapping.get("weight")
                 ctx.bias_name = mapping.get("bias")
                 if layer.op == "pool":
@@ -332,6 +339,15 @@ class Executor:
                 if layer.op == "adaptive_pool":
                     ctx.adaptive_kind = ops.adaptive_kind(ctx)
                 st.ctx = ctx
+        tied = {q: uses for q, uses in used_by.items() if len(uses) > 1 and q in self.param_names}
+        for q, uses in tied.items():
+            if len({logical for _, logical in uses}) > 1:
+                raise NotImplementedError(
+                    f"parameter {q} is used by {len(uses)} layers in different layouts "
+                    f"{sorted({logical for _, logical in uses})} (weight tying): not supported "
+                    f"by the runtime")
+        self.tied_params = {q: uses[0][1] for q, uses in sorted(tied.items())}
+        self.tied = {k: v for k, v in self.tied.items() if v[0] in tied}
         # backward pieces: for each producer, every consumer's pieces in consumer order
         for name in order:
             st = self.state[name]
@@ -758,8 +774,8 @@ class Executor:
             with torch.no_grad():
                 for q in st.trainable:
                     p = self.shards[q]
-                    if p.grad is None:
-                        continue
+                    if p.grad is None or q in self.tied:
+                        continue        # a tied parameter's shards update after the sum
                     if check:
                         extra["grads"][q] = p.grad.clone()
                     p.add_(p.grad, alpha=-self.lr)
@@ -769,9 +785,40 @@ class Executor:
             tm[li, 3] += t2 - t1
             tm[li, 4] += t3 - t2
             tm[li, 5] += t4 - t3
+        if self.tied_params:
+            self.phase = "tied parameters"
+            t0 = pc()
+            self._sync_tied(extra if check else None)
+            tm[len(self.order) - 1, 4] += pc() - t0
         self.phase = "between steps"
         self.step_no += 1
         return tm, extra
+
+    def _sync_tied(self, extra):
+        """Weight tying: a parameter several layers use (an LM head sharing the embedding's
+        table) gets the sum of their gradients.  Each layer's shards are already summed over
+        their replicas; the first replica of each adds its shard's gradient into the whole
+        parameter, one all-reduce over the workers sums the layers' parts, and every shard
+        takes its box of the sum, then the SGD update (so the copies stay equal)."""
+        for q, logical in self.tied_params.items():
+            mine = [(k, box, owner) for k, (qq, box, owner) in self.tied.items()
+                    if qq == q and k in self.shards]
+            dtype = self.tensors[q].dtype
+            total = torch.zeros(logical, dtype=dtype, device=self.device)
+            for k, box, owner in mine:
+                gr = self.shards[k].grad
+                if owner and gr is not None:
+                    total[tuple(slice(int(a), int(b)) for a, b in box)] += gr
+            if self.world > 1:
+                xfer.all_reduce(total)
+            with torch.no_grad():
+                for k, box, _ in mine:
+                    p = self.shards[k]
+                    p.grad = total[tuple(slice(int(a), int(b)) for a, b in box)].clone()
+                    if extra is not None and k == q:
+                        extra["grads"][q] = p.grad.clone()
+                    p.add_(p.grad, alpha=-self.lr)
+                    p.grad = None
 
     # ------------------------------------------------------------------------------------
     # assembling parameters on rank 0
