@@ -309,3 +309,65 @@ def test_a_placement_over_its_placers_budget_whose_peak_fits_is_not_out_of_memor
     assert placement_result(roomy, Problem.of(pg.with_capacity(peak * 1.5), dg)).fits_memory
     tight = simulated_plan("m-etf", pg.with_capacity(peak * 0.5), dev, 0.0)
     assert not tight.best_effort and tight.oom
+
+
+# -- each placement in its own schedule ----------------------------------------------------
+
+
+def _branch():
+    """a -> b (1 s), a -> c (1 s) -> d (5 s) on one device: the critical path runs through c."""
+    return graph({"a": (1, 1), "b": (1, 1), "c": (1, 1), "d": (5, 1)},
+                 [("a", "b"), ("a", "c"), ("c", "d")])
+
+
+def test_the_simulator_follows_the_order_it_is_given():
+    """CPD-TOPO (the default) starts c at 1, the critical path first; the order a, b, c, d
+    starts b at 1 and c at 2 - the same placement, another schedule, a later step."""
+    from explorer.engine.placement.result import order_priority
+    pg, i = _branch()
+    one = np.zeros(4, dtype=int)
+    cpd = simulate(pg, one)
+    assert cpd.start[i["c"]] == 1 and cpd.start[i["b"]] == 7
+    mine = simulate(pg, one, priority=order_priority(4, [i["a"], i["b"], i["c"], i["d"]]))
+    assert mine.start[i["b"]] == 1 and mine.start[i["c"]] == 2 and mine.makespan == 8
+    with pytest.raises(ValueError, match="each of the 4 operators once"):
+        order_priority(4, [0, 1, 1, 3])
+
+
+def test_each_placer_is_simulated_in_its_own_schedule():
+    """m-ETF's plan is judged in ETF's event order - its step is ETF's own makespan on the
+    hand-worked fork (2.5 s) - and names its schedule; the common CPD-TOPO step is kept for
+    reference.  METIS, which has no schedule, runs in CPD-TOPO."""
+    from explorer.engine.placement.placers import place
+    pg, i = _fork()
+    plan = place(pg, "m-etf")
+    assert plan.stats["schedule"] == "ETF event order"
+    assert plan.predicted_step_time_s == pytest.approx(2.5)
+    assert "common_order_step_s" in plan.stats
+    assert place(pg, "m-sct").stats["schedule"] == "SCT event order"
+    assert place(pg, "m-topo").stats["schedule"] == "BFS topological order"
+    metis = place(pg, "metis")
+    assert metis.stats["schedule"].startswith("CPD-TOPO") and \
+        "common_order_step_s" not in metis.stats
+    # the runtime's order is the simulated schedule's
+    order = plan.schedule_order()
+    assert order.index("a") < order.index("b") and order.index("a") < order.index("c")
+
+
+def test_sct_does_not_wait_for_a_favourite_child_whose_group_is_already_placed():
+    """z [0,1] and a [1,2] on device 0, y [0,2] on device 1; c (a's favourite child,
+    co-located with z) needs y's output, which arrives on device 0 at 3; a's output takes 2 s
+    to device 1, so b is schedulable at 2 on device 0 and 4 on device 1.  At 2 device 0 is
+    free: c's group was placed with z, so c counts as placed and device 0 runs b [2,3], then c
+    [3,4] - Baechi's rule.  Waiting for c instead would run c [3,4] and b [4,5]."""
+    from explorer.engine.placement import heuristics
+    pg, i = graph({"z": (1, 1, 1), "a": (1, 1, 20), "y": (2, 1, 10), "c": (1, 1), "b": (1, 1)},
+                  [("a", "c"), ("y", "c"), ("a", "b")], ndev=2, bw=10.0,
+                  group={"z": 0, "c": 0})
+    pins = np.full(5, -1)
+    pins[[i["z"], i["a"]]] = 0
+    pins[i["y"]] = 1
+    dev, info = heuristics._etf(pg, pins, favourite={i["a"]: i["c"]})
+    assert dev[i["c"]] == 0 and dev[i["b"]] == 0
+    assert info["etf_makespan_s"] == pytest.approx(4.0)
+    assert info["order"].tolist().index(i["b"]) < info["order"].tolist().index(i["c"])

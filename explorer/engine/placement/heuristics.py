@@ -15,10 +15,16 @@ Baechi's placers (Jeon et al., SoCC 2020) as the paper describes and its code im
   whose ``x`` is below the threshold 0.1 makes the child the parent's favourite.  A device whose
   last operator's favourite child could start there earliest *waits* for it, unless an
   *urgent* operator (one whose latest schedulable time over all devices has come) is due:
-  a preference, not a forced co-location.
+  a preference, not a forced co-location.  As in Baechi, a co-location group is placed when
+  its first member runs, so a favourite child whose group already has a device is placed and
+  not waited for: the device takes its earliest schedulable operator instead.
 * ``metis`` - k-way METIS (``pymetis``) on the undirected graph, vertex weight = memory,
   edge weight = bytes, minimising the cut under METIS's balance constraint.
 * ``single`` - everything on device 0.
+
+Schedule: every placer but METIS returns its own ``order`` (its event order for m-ETF / m-SCT,
+the topological order it walked for m-TOPO and single); the simulator runs the placement in
+that order (:func:`~.result.simulated_plan`), and METIS, which has none, in CPD-TOPO.
 
 Memory: every placer keeps :class:`~.memory.LiveBudget` - the liveness rule along its own
 order (its schedule for m-ETF / m-SCT, the topological order for m-TOPO and single): an
@@ -69,7 +75,8 @@ def single(pg, pins=None, **_):
         gd = live.group_device(x)
         d = int(p[x]) if p[x] >= 0 else (gd if gd >= 0 else 0)
         _place_forced(live, x, d, best)
-    return live.dev.copy(), {"best_effort": best, "budget_peak": live.peak.tolist()}
+    return live.dev.copy(), {"best_effort": best, "budget_peak": live.peak.tolist(),
+                             "order": pg.topo.copy(), "schedule": "topological order"}
 
 
 def m_topo(pg, pins=None, **_):
@@ -111,7 +118,8 @@ def m_topo(pg, pins=None, **_):
         share[d] += gsum[g] if g >= 0 else pg.mem[v]
         _place_forced(live, v, d, best)
     return live.dev.copy(), {"best_effort": best, "budget_peak": live.peak.tolist(),
-                             "topo_cap": float(cap)}
+                             "topo_cap": float(cap), "order": np.asarray(order),
+                             "schedule": "BFS topological order"}
 
 
 def _etf(pg, pins, favourite=None):
@@ -233,7 +241,10 @@ def _etf(pg, pins, favourite=None):
                 pick = None
                 fc = favourite.get(last_op[d], -1) if favourite is not None and \
                     last_op[d] >= 0 else -1
-                if fc >= 0 and dev[fc] < 0 and fc in ready:
+                # Baechi places a co-location group when its first member runs: a favourite
+                # child whose group already has a device counts as placed, not waited for
+                if fc >= 0 and dev[fc] < 0 and fc in ready and not (
+                        grp[fc] >= 0 and live.gdev[grp[fc]] >= 0):
                     i = R.index(fc)
                     if np.isfinite(ts[i, d]) and ts[i, d] == ts[i].min():
                         # awake: wait for the favourite child unless an urgent op is due
@@ -279,8 +290,12 @@ def _etf(pg, pins, favourite=None):
         commit(v, d)
         if not best or best[-1] != v:
             best.append(v)
+    # its schedule: the operators by their start in the placer's own event simulation
     return dev.copy(), {"best_effort": best, "budget_peak": live.peak.tolist(),
-                        "etf_makespan_s": float(fin.max()) if n else 0.0}
+                        "etf_makespan_s": float(fin.max()) if n else 0.0,
+                        "order": np.lexsort((topo, start)),
+                        "schedule": ("SCT" if favourite is not None else "ETF")
+                        + " event order"}
 
 
 def m_etf(pg, pins=None, **_):
@@ -418,8 +433,9 @@ def metis(pg, pins=None, seed: int = 0, **_):
         if pin[x] < 0 and gd >= 0:
             dev[x] = gd
         live.place(x, int(dev[x]))
-    # METIS has no memory rule of its own: its OOM is judged by the simulator only
-    return dev, {"budget_peak": live.peak.tolist()}
+    # METIS has no memory rule and no schedule of its own: its OOM is judged by the simulator
+    # only, and it runs in the simulator's CPD-TOPO order (the critical path first)
+    return dev, {"budget_peak": live.peak.tolist(), "schedule": "CPD-TOPO (METIS has none)"}
 
 
 BASELINES = {"m-topo": m_topo, "m-etf": m_etf, "m-sct": m_sct, "metis": metis,

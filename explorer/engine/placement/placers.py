@@ -36,8 +36,9 @@ def place(pg, algo: str, pins: dict | None = None, contention: str = "ports") ->
     dev, info = BASELINES[algo](pg, pin if (pin >= 0).any() else None)
     elapsed = time.perf_counter() - t0
     stats = {"nodes_before": pg.n, "edges_before": pg.n_edges, "ccr_before": pg.ccr(),
-             **{k: v for k, v in info.items() if k != "best_effort"}}
+             **{k: v for k, v in info.items() if k not in ("best_effort", "order", "schedule")}}
     best = [pg.names[v] if isinstance(v, (int,)) or hasattr(v, "__index__") else str(v)
             for v in info.get("best_effort", [])]
     return simulated_plan(algo, pg, dev, elapsed, best, (), stats,
-                          [{"step": algo, "info": stats}], contention)
+                          [{"step": algo, "info": stats}], contention, order=info.get("order"),
+                          schedule=info.get("schedule", "CPD-TOPO"))

@@ -11,7 +11,7 @@ import numpy as np
 from explorer.engine.core.plandoc import dumps
 from explorer.engine.placement.simulator import SimResult, simulate
 
-__all__ = ["PlacementPlan", "simulated_plan", "placement_result"]
+__all__ = ["PlacementPlan", "simulated_plan", "placement_result", "order_priority"]
 
 
 @dataclass
@@ -113,13 +113,37 @@ class PlacementPlan:
         return doc
 
 
+def order_priority(n: int, order) -> np.ndarray:
+    """The simulator's dispatch priority (larger first) that follows ``order`` (node ids,
+    first runs first)."""
+    order = np.asarray(order, dtype=np.int64)
+    if sorted(order.tolist()) != list(range(n)):
+        raise ValueError(f"a schedule order must list each of the {n} operators once")
+    pr = np.empty(n)
+    pr[order] = -np.arange(n, dtype=np.float64)
+    return pr
+
+
 def simulated_plan(algo, pg, placement, search_time_s, best_effort=(), clusters=(), stats=None,
-                   trace=None, contention: str = "ports") -> PlacementPlan:
-    """Simulate ``placement`` and wrap it in a :class:`PlacementPlan`."""
-    sim = simulate(pg, placement, contention=contention)
+                   trace=None, contention: str = "ports", order=None,
+                   schedule: str = "CPD-TOPO") -> PlacementPlan:
+    """Simulate ``placement`` in its placer's own schedule and wrap it in a
+    :class:`PlacementPlan`: each device runs its ready operators in ``order`` (node ids; the
+    placer's own schedule, named ``schedule``), or in CPD-TOPO when the placer has none.  The
+    step in the common CPD-TOPO order is kept beside it (``stats["common_order_step_s"]``) for
+    reference."""
+    stats = dict(stats or {})
+    stats["schedule"] = schedule
+    if order is None:
+        sim = simulate(pg, placement, contention=contention)
+    else:
+        sim = simulate(pg, placement, priority=order_priority(pg.n, order),
+                       contention=contention)
+        stats["common_order_step_s"] = float(
+            simulate(pg, placement, contention=contention).makespan)
     return PlacementPlan(algo, list(pg.names), placement, sim, pg.capacity.copy(),
                            float(search_time_s), list(best_effort), list(clusters),
-                           dict(stats or {}), list(trace or []), pg.meta.get("model"),
+                           stats, list(trace or []), pg.meta.get("model"),
                            pg.meta.get("batch"), getattr(pg.devices, "name", ""))
 
 
