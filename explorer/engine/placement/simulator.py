@@ -6,13 +6,13 @@ here, the same way - as the paper judges them all by running them.
 Execution model
 ---------------
 * Each device runs one operator at a time.  When it is idle it starts, among its operators
-  whose inputs are all present, the one first in CPD-TOPO order (:func:`dispatch_priority`:
-  the topological order that follows the critical path, Celeritas Algorithm 1).  The order
-  is fixed per graph, never the placer's own schedule, so no method is favoured by its own
-  model; it keeps the critical path first as a ``blevel`` list scheduler does, but a device
-  finishes a branch before starting the next - on Inception-v3 (batch 512, one device) the
-  same step time with a 47.6 GiB instead of a 69.5 GiB peak - which is also how the placers
-  walk the graph when they keep their live budget (:mod:`.memory`).
+  whose inputs are all present, the one first in the given ``priority`` - the placer's own
+  schedule (:func:`~.result.simulated_plan`: m-ETF's event order, m-TOPO's BFS order) - or
+  by default in CPD-TOPO order (:func:`dispatch_priority`: the topological order that
+  follows the critical path, Celeritas Algorithm 1).  CPD-TOPO keeps the critical path first
+  as a ``blevel`` list scheduler does, but a device finishes a branch before starting the
+  next - on Inception-v3 (batch 512, one device) the same step time with a 47.6 GiB instead
+  of a 69.5 GiB peak.
 * A tensor needed on another device is sent once per receiving device when its producer
   finishes, taking ``k·bytes + b`` on that link.  **Contention**: each device has one send and
   one receive port (full duplex); a transfer holds the sender's send port and the receiver's
