@@ -80,6 +80,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "devices; beyond, powers of two, or of 4, 8... only when powers of "
                         "two would be refused as too large), divisors, pow2, or a list such as "
                         "1,4,16,64")
+    s.add_argument("--dtype", default="fp32", metavar="fp32|tf32|bf16",
+                   help="the step's precision the costs, memory and the plan assume: fp32 "
+                        "(default), tf32 (tensor cores), bf16 (autocast, fp32 master weights)")
     s.add_argument("--json", action="store_true", help="print the plan as JSON")
     s.add_argument("--dump-costs", metavar="FILE", help="write the cost tables as JSON")
     s.add_argument("--out", "-o", metavar="PLAN.json", help="also save the plan JSON to a file")
@@ -104,6 +107,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--memory-per-worker", type=float, default=None, metavar="GIB",
                    help="per-worker memory limit (Tofu plans, placements): a plan predicted "
                         "over it is refused before launch, a worker going over it stops the run")
+    r.add_argument("--dtype", default=None, metavar="fp32|tf32|bf16",
+                   help="refuse a plan made for another precision (the plan's own is used)")
     r.add_argument("--sync", default="auto", choices=["auto", "p2p", "allreduce"],
                    help="gradient sums of replicated shards: point-to-point or all-reduce "
                         "(auto: p2p on gloo, all-reduce on NCCL)")
@@ -217,7 +222,8 @@ def _request(args):
     return Request(model=args.model, batch=args.batch, model_args=dict(args.model_arg),
                    preset=args.preset or "p100-cluster", devices=args.devices, algo=args.algo,
                    cost=getattr(args, "cost", "analytic"), sync=getattr(args, "sync", "ps"),
-                   degrees=getattr(args, "degrees", "auto"))
+                   degrees=getattr(args, "degrees", "auto"),
+                   dtype=getattr(args, "dtype", None) or "fp32")
 
 
 def _check_flags(args, family: str) -> None:
@@ -280,6 +286,10 @@ def cmd_search(args) -> int:
     req = _request(args)
     family = family_of(args.algo)
     _check_flags(args, family)
+    if req.preset == "local":          # the plan runs here: this machine must compute it
+        from explorer.engine.core.devices import worker_device_kind
+        from explorer.engine.core.precision import require_supported
+        require_supported(req.dtype, worker_device_kind())
     if args.cost == "measured" and family in ("layerwise", "placement") and \
             req.preset != "local":
         what = "shards" if family == "layerwise" else "operators"

@@ -54,7 +54,7 @@ def cost_model_for(req: Request) -> CostModel:
     """The layer-wise cost model of the request's layer graph on its devices."""
     def make():
         return CostModel(graph_for(req), devices_for(req), compute=req.cost, sync=req.sync,
-                         degrees=req.degrees)
+                         degrees=req.degrees, dtype=req.dtype)
     return COST_MODELS.get(req.cost_key(), make)
 
 
@@ -76,13 +76,16 @@ def memory_bytes(memory_gib) -> float | None:
 
 
 def _placement_graph(req: Request, cap: float | None):
+    from explorer.engine.core.precision import at_precision
     from explorer.engine.placement.estimate import from_opgraph, measured_times
 
     def make():
         og, dev = opgraph_for(req), devices_for(req)
         times = measured_times(og, dev) if req.cost == "measured" else None
-        return from_opgraph(og, dev, cap, times=times)
-    return PLACEMENT_GRAPHS.get(req.graph_key() + req.device_key() + (cap, req.cost), make)
+        return from_opgraph(at_precision(og, req.dtype), dev, cap, times=times,
+                            dtype=req.dtype)
+    return PLACEMENT_GRAPHS.get(req.graph_key() + req.device_key() + (cap, req.cost, req.dtype),
+                                make)
 
 
 def placement_graph_for(req: Request, memory_gib=None):

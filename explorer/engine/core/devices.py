@@ -135,6 +135,24 @@ class DeviceGraph:
     def bandwidth(self, i: int, j: int) -> float:
         return float(self.bw[i, j])
 
+    def peak_flops(self, dtype: str = "fp32") -> np.ndarray:
+        """``[n]`` peak FLOP/s of every device in precision ``dtype`` (``fp32`` | ``tf32`` |
+        ``bf16``): the device's own ``peak_flops`` for fp32, else the graph's
+        ``meta["peak_flops_by_dtype"][dtype]`` (presets: the data sheets' dense tensor-core
+        rates; ``local`` GPUs: the calibrated matmul rates).  A device without a rate for
+        ``dtype`` (P100, V100 and K80 have neither TF32 nor bf16 tensor cores; CPU workers)
+        computes at its fp32 rate."""
+        fp32 = np.array([d.peak_flops for d in self.devices], dtype=np.float64)
+        if dtype in (None, "fp32"):
+            return fp32
+        rate = (self.meta.get("peak_flops_by_dtype") or {}).get(dtype)
+        if not rate or not float(rate) > 0:
+            return fp32
+        # a graph-wide figure scales with each device's own fp32 rate (presets: one kind of
+        # device, so the figure itself)
+        ref = (self.meta.get("peak_flops_by_dtype") or {}).get("fp32") or float(fp32.max())
+        return fp32 * (float(rate) / float(ref))
+
     def subset(self, n: int) -> "DeviceGraph":
         """The first ``n`` devices (presets list a node's devices together)."""
         if n < 1:
@@ -199,6 +217,15 @@ def _cluster(name, n, per_node, make_dev, intra_bw, inter_bw, intra_lat, inter_l
 #    "interconnected via the PCIe bus"): 14 TFLOP/s FP32, 900 GB/s HBM2, 32 GB (the 32 GB
 #    card's 32 GiB); PCIe 3.0 x16 16 GB/s per direction.
 #  EDR InfiniBand 100 Gb/s = 12.5 GB/s.
+#  Precision: the P100 (Pascal) has no tensor cores - FP16 runs at 2x FP32 (21.2 TFLOP/s SXM2,
+#    NVIDIA Tesla P100 datasheet), but there is neither TF32 nor bf16; the K80 (Kepler) has
+#    neither.  The V100 (Volta) tensor cores compute FP16 only (112 TFLOP/s PCIe, NVIDIA V100
+#    datasheet): no TF32, no bf16 (bf16 matmuls run without tensor cores).  So on these three
+#    ``--dtype tf32`` and ``--dtype bf16`` compute at the FP32 rate (``DeviceGraph.peak_flops``
+#    falls back to it); bf16 still halves activation bytes and transfers.
+P100_FLOPS = {"fp64": 5.3e12, "fp32": 10.6e12, "fp16": 21.2e12}
+K80_FLOPS = {"fp64": 1.46e12, "fp32": 4.37e12}
+V100_PCIE_FLOPS = {"fp64": 7e12, "fp32": 14.0e12, "fp16": 112e12}
 def _p100(i, node):
     return Device(f"p100:{i}", "P100", 10.6e12, 732 * GB, 16 * GiB, node)
 
@@ -228,8 +255,10 @@ def _v100(i, node):
 #    2,039 GB/s; NVLink 600 GB/s (third generation, 12 links; 300 GB/s each way) through
 #    NVSwitch in a DGX / HGX A100 8-GPU board; PCIe Gen4 64 GB/s.
 #  The memory is the stacks' capacity as the V100's above (80 GiB: torch reports ~79.2 GiB
-#  total of which the driver keeps some).  ``peak_flops`` is the FP32 figure (the runtime
-#  trains in float32); every precision's dense peak is in ``meta["peak_flops_by_dtype"]``.
+#  total of which the driver keeps some).  ``peak_flops`` is the FP32 figure (``--dtype fp32``,
+#  the default); every precision's dense peak is in ``meta["peak_flops_by_dtype"]``: tf32 and
+#  bf16 are the "Tensor Core" columns above without sparsity (H100: 494.5 / 989.5 TFLOP/s,
+#  A100: 156 / 312 TFLOP/s), read by ``DeviceGraph.peak_flops(dtype)``.
 #  Latencies are not data-sheet figures: the same order as the presets above assume
 #  (5 µs inside a node, 10 µs across the fabric).
 H100_FLOPS = {"fp64": 67e12, "fp32": 67e12, "tf32": 494.5e12, "bf16": 989.5e12,
@@ -285,15 +314,20 @@ def preset(name: str, n: int | None = None) -> DeviceGraph:
         nodes = -(-n // 4)
         g = _cluster("p100-cluster", nodes * 4, 4, _p100, 40 * GB, 12.5 * GB, 5e-6, 10e-6,
                      PRESETS[name][0])
+        g.meta.update(peak_flops_by_dtype=dict(P100_FLOPS))
         return g.subset(n)
     if name == "p100-nvlink-4":
         g = _cluster(name, 4, 4, _p100, 40 * GB, 12.5 * GB, 5e-6, 10e-6, PRESETS[name][0])
+        g.meta.update(peak_flops_by_dtype=dict(P100_FLOPS))
     elif name == "p100-ib-16":
         g = _cluster(name, 16, 4, _p100, 40 * GB, 12.5 * GB, 5e-6, 10e-6, PRESETS[name][0])
+        g.meta.update(peak_flops_by_dtype=dict(P100_FLOPS))
     elif name == "k80-pcie-8":
         g = _cluster(name, 8, 8, _k80, 21 * GB, 21 * GB, 10e-6, 10e-6, PRESETS[name][0])
+        g.meta.update(peak_flops_by_dtype=dict(K80_FLOPS))
     elif name == "v100-pcie-4":
         g = _cluster(name, 4, 4, _v100, 16 * GB, 16 * GB, 10e-6, 10e-6, PRESETS[name][0])
+        g.meta.update(peak_flops_by_dtype=dict(V100_PCIE_FLOPS))
     elif name in ("h100-nvlink-8", "h100-ib-16", "h100-ib-32", "h100-cluster"):
         total = {"h100-nvlink-8": 8, "h100-ib-16": 16, "h100-ib-32": 32}.get(name)
         if total is None:
@@ -461,7 +495,11 @@ def from_dict(spec: dict, name: str = "custom", where: str = "the cluster") -> D
          "devices": [{"name": "gpu0", "kind": "A100", "peak_flops": 19.5e12,
                       "mem_bw": 1.5e12, "memory": 40e9, "node": 0}, ...],
          "intra_node_bw": 300e9, "inter_node_bw": 25e9,          # or "bandwidth": [[...]]
-         "latency": 5e-6}                                         # or a matrix
+         "latency": 5e-6,                                         # or a matrix
+         "peak_flops_by_dtype": {"tf32": 156e12, "bf16": 312e12}} # optional: --dtype rates
+
+    ``peak_flops_by_dtype`` gives the rate of each precision relative to which a device's
+    ``peak_flops`` (its fp32 rate) is scaled; without it tf32 and bf16 compute at fp32's.
     """
     try:
         devs = [Device(d["name"], d.get("kind", "custom"), float(d["peak_flops"]),
@@ -477,8 +515,12 @@ def from_dict(spec: dict, name: str = "custom", where: str = "the cluster") -> D
                           float(spec.get("inter_node_bw", spec["intra_node_bw"])))
         lat = spec.get("latency", 10e-6)
         lat = np.asarray(lat, dtype=float) if isinstance(lat, list) else np.full((n, n), lat)
+        meta = {}
+        if spec.get("peak_flops_by_dtype"):      # {"tf32": ..., "bf16": ...}, FLOP/s
+            meta["peak_flops_by_dtype"] = {str(k): float(v)
+                                           for k, v in spec["peak_flops_by_dtype"].items()}
         return DeviceGraph(spec.get("name", name), devs, bw, lat,
-                           spec.get("description", f"custom cluster ({name})"))
+                           spec.get("description", f"custom cluster ({name})"), meta)
     except UnknownPreset:
         raise
     except (KeyError, TypeError, ValueError, AttributeError) as exc:

@@ -25,16 +25,19 @@ _DENSE = {"mm": 0.6, "addmm": 0.6, "bmm": 0.6, "baddbmm": 0.6, "matmul": 0.6,
 LAUNCH_S = 5e-6
 
 
-def analytic_times(flops, nbytes, targets, devices) -> np.ndarray:
+def analytic_times(flops, nbytes, targets, devices, dtype: str = "fp32") -> np.ndarray:
     """Roofline time per operator and device, shape ``(n, D)`` (vectorised).
 
-    ``max(flops / (peak·eff), bytes / mem_bw) + launch``; views cost nothing.
+    ``max(flops / (peak·eff), bytes / mem_bw) + launch``; views cost nothing.  ``peak`` is
+    the devices' rate in precision ``dtype`` (:meth:`DeviceGraph.peak_flops`: fp32 unless
+    the device has a tf32 / bf16 rate); ``nbytes`` are counted by the caller in that
+    precision (:func:`explorer.engine.core.precision.at_precision`).
     """
     flops = np.asarray(flops, dtype=np.float64)
     nbytes = np.asarray(nbytes, dtype=np.float64)
     eff = np.array([_DENSE.get(t, 1.0) for t in targets])
     view = np.array([t in VIEW_OPS for t in targets], dtype=bool)
-    peak = np.array([d.peak_flops for d in devices.devices])
+    peak = devices.peak_flops(dtype)
     bw = np.array([d.mem_bw for d in devices.devices])
     t = np.maximum((flops / eff)[:, None] / peak[None, :], nbytes[:, None] / bw[None, :])
     t = t + LAUNCH_S

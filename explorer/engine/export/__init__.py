@@ -240,7 +240,7 @@ def export_torch(doc: dict, verify: bool = True) -> tuple[str, str]:
     configs = {la.name: ({k: int(v) for k, v in la.config.degrees if int(v) > 1},
                          tuple(la.config.devices)) for la in plan.layers}
     return program(plan.spec, plan.batch, plan.model_args, plan.n_devices, configs,
-                   model=plan.model, algo=plan.algo)
+                   model=plan.model, algo=plan.algo, dtype=plan.dtype)
 
 
 def not_as_planned(text: str) -> list:
@@ -265,17 +265,21 @@ def summary(text: str, layers: int) -> str:
 
 
 def program(spec: str, batch: int, model_args: dict, n: int, configs: dict, *,
-            model: str | None = None, algo: str = "custom") -> tuple[str, str]:
+            model: str | None = None, algo: str = "custom",
+            dtype: str = "fp32") -> tuple[str, str]:
     """``(file name, text)`` of the program for per-layer ``configs`` (layer -> ({letter:
-    degree > 1}, devices)) of model ``spec`` on ``n`` processes; :func:`export_torch` after
-    its checks (tests call it with configurations no search makes yet)."""
+    degree > 1}, devices)) of model ``spec`` on ``n`` processes, computing in precision
+    ``dtype`` (bf16: every forward pass under autocast, float32 master weights);
+    :func:`export_torch` after its checks (tests call it with configurations no search
+    makes yet)."""
     from explorer.engine.core.capture_cache import layer_graph
     from explorer.engine.core.importer import load_model
     graph = layer_graph(spec, batch, model_args)       # the search's capture, when cached
     module, x = load_model(spec, batch, model_args, meta=True)
     mp = mesh_plan(graph, configs, n, module)
     info = SimpleNamespace(spec=spec, model=model or spec, batch=int(batch), algo=algo,
-                           model_args=dict(model_args or {}), n_devices=int(n))
+                           model_args=dict(model_args or {}), n_devices=int(n),
+                           dtype=dtype)
     return _filename(info), render(info, mp, module, x)
 
 
@@ -374,6 +378,16 @@ def _comment_block(mp: MeshPlan) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _dtype(plan) -> str:
+    from explorer.engine.core.precision import check
+    return check(getattr(plan, "dtype", None))
+
+
+def _tol(plan) -> float:
+    from explorer.engine.core.precision import tolerance
+    return tolerance(_dtype(plan))
+
+
 def render(plan, mp: MeshPlan, model, x) -> str:
     """The program's text (see the module docstring)."""
     n = plan.n_devices
@@ -387,6 +401,7 @@ def render(plan, mp: MeshPlan, model, x) -> str:
             f"tp={mp.tp}) and trains K SGD steps:\n\n"
             f"    torchrun --standalone --nproc_per_node {n} {_filename(plan)} --steps K "
             f"[--check]\n\n"
+            f"Precision: {_dtype(plan)}.  "
             f"--check also runs the same steps on one process (float64 and float32) and exits "
             f"1 when\nthe loss or the parameter updates differ.  Standard library and torch "
             f"only"
@@ -397,7 +412,7 @@ def render(plan, mp: MeshPlan, model, x) -> str:
         head,
         _comment_block(mp),
         "from __future__ import annotations\n\n"
-        "import argparse\nimport copy\nimport os\nimport sys\n\n"
+        "import argparse\nimport contextlib\nimport copy\nimport os\nimport sys\n\n"
         "import torch\nimport torch.distributed as dist\n"
         "from torch.distributed.device_mesh import init_device_mesh\n"
         "from torch.distributed.fsdp import fully_shard\n"
@@ -407,8 +422,11 @@ def render(plan, mp: MeshPlan, model, x) -> str:
         "                                               parallelize_module)\n",
         f"DEVICES = {n}\nMESH = ({mp.dp}, {mp.tp})          # (dp, tp)\n"
         f"BATCH_DIM = {mp.batch_dim}          # the input's sample dimension, split over dp\n"
-        f"LR = {LR!r}\nSEED = {SEED}\nTOL = 1e-4            # as Plan Explorer's reference check\n"
-        f"ROUNDING_FACTOR = 10.0\nUPDATE_FLOOR = 1e-3\n"
+        f"LR = {LR!r}\nSEED = {SEED}\n"
+        f"TOL = {_tol(plan)!r}            # as Plan Explorer's reference check in {_dtype(plan)}\n"
+        f"ROUNDING_FACTOR = {10.0 if _dtype(plan) == 'fp32' else 2.0}\nUPDATE_FLOOR = 1e-3\n"
+        f"DTYPE = {_dtype(plan)!r}          # the plan's precision (bf16: autocast, fp32 "
+        f"master weights)\n"
         f"#: (layer, plan, exported, reason) of every layer not computed as planned\n"
         f"NOT_AS_PLANNED = {notes!r}\n",
         _model_code(plan, model, x),

@@ -8,6 +8,7 @@ the plan's own header (its docstring, the layers not computed as planned, ``DEVI
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import os
 import sys
@@ -32,6 +33,7 @@ SEED = 0
 TOL = 1e-4
 ROUNDING_FACTOR = 10.0
 UPDATE_FLOOR = 1e-3
+DTYPE = "fp32"                 # the plan's precision: fp32 | tf32 | bf16 (autocast)
 NOT_AS_PLANNED: list = []
 
 
@@ -77,9 +79,22 @@ def tensors(out):
 
 
 def loss_of(out):
-    """Plan Explorer's training loss: the sum over floating-point outputs of mean(o**2)."""
+    """Plan Explorer's training loss: the sum over floating-point outputs of mean(o**2),
+    in float32 at least (a bf16 output of autocast is summed in float32)."""
     ts = [o.full_tensor() if isinstance(o, DTensor) else o for o in tensors(out)]
-    return sum(t.pow(2).mean() for t in ts if t.is_floating_point())
+    return sum((t if t.dtype == torch.float64 else t.float()).pow(2).mean()
+               for t in ts if t.is_floating_point())
+
+
+def precision(device_type):
+    """The plan's numerics for a forward pass: bf16 autocast (float32 master weights);
+    on CUDA TF32 on for tf32, off otherwise (a no-op on CPU for fp32 and tf32)."""
+    if device_type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = DTYPE == "tf32"
+        torch.backends.cudnn.allow_tf32 = DTYPE == "tf32"
+    if DTYPE == "bf16":
+        return torch.autocast(device_type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
 
 
 def sgd_(model, lr):
@@ -97,13 +112,16 @@ def whole(p):
 
 
 def single_process(model, x, steps, lr, dtype):
-    """Losses and parameters of the same steps on one process in ``dtype``."""
+    """Losses and parameters of the same steps on one process in ``dtype`` (float32: in the
+    plan's precision, as the processes compute; float64: exact)."""
     m = copy.deepcopy(model).to(dtype)
     if x.is_floating_point():
         x = x.to(dtype)
     losses = []
     for _ in range(steps):
-        loss = loss_of(m(x))
+        with precision(x.device.type) if dtype == torch.float32 else contextlib.nullcontext():
+            out = m(x)
+        loss = loss_of(out)
         loss.backward()
         sgd_(m, lr)
         losses.append(float(loss.detach()))
@@ -121,8 +139,8 @@ def rel(a, b, floor=0.0):
 
 def check(reference, x, before, losses, after, steps, lr):
     """Compare the losses and the parameter updates with one process (float64 = exact; each
-    error may be max(TOL, ROUNDING_FACTOR x the float32 single process's own)).  Prints a
-    table; True when everything is within tolerance."""
+    error may be max(TOL, ROUNDING_FACTOR x the single process's own in the plan's
+    precision)).  Prints a table; True when everything is within tolerance."""
     l64, p64 = single_process(reference, x, steps, lr, torch.float64)
     l32, p32 = single_process(reference, x, steps, lr, torch.float32)
     ok = True
@@ -179,7 +197,8 @@ def main(argv=None):
         torch.cuda.set_device(device)
     mesh = init_device_mesh(device.type, MESH, mesh_dim_names=("dp", "tp"))
     if rank == 0:
-        print(f"{DEVICES} processes, mesh dp={MESH[0]} x tp={MESH[1]}, {args.steps} steps")
+        print(f"{DEVICES} processes, mesh dp={MESH[0]} x tp={MESH[1]}, {args.steps} steps, "
+              f"{DTYPE}")
         for layer, planned, exported, reason in NOT_AS_PLANNED:
             print(f"not as planned: {layer}: plan {planned} -> {exported}: {reason}")
     torch.manual_seed(SEED)
@@ -191,7 +210,9 @@ def main(argv=None):
     xs = x.tensor_split(MESH[0], dim=BATCH_DIM)[mesh.get_local_rank("dp")]
     losses = []
     for _ in range(args.steps):
-        loss = loss_of(model(xs))
+        with precision(device.type):
+            out = model(xs)
+        loss = loss_of(out)
         loss.backward()
         sgd_(model, args.lr)
         value = loss.detach().reshape(1).to(torch.float64)

@@ -30,6 +30,13 @@
   node cost (``reduce_s`` in the breakdown).  Such a device computes ``1/k`` of its tile's
   FLOPs and holds the partial tile and its gathered gradient besides its owned box.
 
+Precision (``dtype``, :mod:`explorer.engine.core.precision`): the roofline computes at the
+devices' rate in that precision (:meth:`DeviceGraph.peak_flops`); activations, their
+gradients, transfers and row-parallel partial sums count ``activation_bytes(dtype)`` per
+element (2 in bf16), parameters, their gradients, the momentum, the SGD update and the
+parameter synchronisation 4 (float32 master weights); bf16 adds the 2-byte working copy of
+each weight shard to memory, and its cast (read 4, write 2 bytes) to the traffic.
+
 All tables are numpy arrays indexed by candidate position, so the search is pure array work.
 """
 
@@ -47,6 +54,7 @@ import numpy as np
 
 from explorer.errors import InfeasiblePlan
 from explorer.engine.core import geometry as G
+from explorer.engine.core import precision as P
 from explorer.engine.core.devices import DeviceGraph
 from explorer.engine.core.layergraph import Edge, Layer, LayerGraph
 from explorer.engine.core.pins import Pin  # noqa: F401 - the one pin type, re-exported for cost-model users
@@ -175,11 +183,14 @@ class CostModel:
         of two would be over :data:`AUTO_WORK`, the most a search may start), ``"divisors"``,
         ``"pow2"`` or explicit degrees such as ``"1,4,16,64"``.  Pinned layers always get
         every divisor.
+    dtype: the step's precision, ``"fp32"`` (default), ``"tf32"`` or ``"bf16"`` (autocast with
+        float32 master weights; see the module's note).  ``dtype_bytes`` is the activation
+        element size it gives; ``param_bytes`` stays 4.
     """
 
     def __init__(self, graph: LayerGraph, devices: DeviceGraph, compute: str = "analytic",
-                 sync: str = "ps", profile_cache=None, dtype_bytes: int = 4,
-                 degrees="auto"):
+                 sync: str = "ps", profile_cache=None, dtype_bytes: int | None = None,
+                 degrees="auto", dtype: str = "fp32"):
         if compute not in ("analytic", "measured"):
             raise ValueError(f"compute cost mode {compute!r}: use 'analytic' or 'measured'")
         if sync not in ("ps", "ring"):
@@ -187,7 +198,17 @@ class CostModel:
         self.graph, self.devices = graph, devices
         self.compute, self.sync = compute, sync
         self.degrees = G.degree_values(degrees, devices.n)     # ValueError with the numbers
-        self.dtype_bytes = dtype_bytes
+        self.dtype = P.check(dtype)
+        if compute == "measured" and self.dtype != "fp32":
+            raise ValueError(f"--cost measured profiles shards in fp32 only, got dtype "
+                             f"{self.dtype!r}: use --cost analytic with --dtype {self.dtype}")
+        #: bytes of an activation element (and of its gradient and transfers)
+        self.dtype_bytes = P.activation_bytes(self.dtype) if dtype_bytes is None \
+            else int(dtype_bytes)
+        #: bytes of a parameter element (master weights, gradients, momentum: float32)
+        self.param_bytes = P.PARAM_BYTES
+        #: bytes of the low-precision working copy of a weight element (bf16: 2)
+        self.copy_bytes = P.working_copy_bytes(self.dtype)
         self.profile_cache = profile_cache
         self._profiler = None
         self.profile_time_s = 0.0
@@ -389,7 +410,7 @@ class CostModel:
         boxes, used = self._stacked(layer, cands)
         dev = np.clip(self._cinfo(cands)[1], 0, None)
         Dm = dev.shape[1]
-        db = self.dtype_bytes
+        db, pb, cb = self.dtype_bytes, self.param_bytes, self.copy_bytes
         vol = np.where(used, G.volume(boxes), 0).astype(float)
         tc, ts = np.zeros(C), np.zeros(C)
         if layer.op == "input":
@@ -409,15 +430,19 @@ class CostModel:
             pel += np.where(used, G.volume(reg), 0)
         mbw = np.array([d.mem_bw for d in self.devices.devices])[dev]
         # SGD update of the device's weight shards (read p, read grad, write p)
-        upd = np.where(used, UPDATE_PASSES * db * pel / mbw, 0.0)
+        upd = np.where(used, UPDATE_PASSES * pb * pel / mbw, 0.0)
         if self.compute == "measured":
             for i, cfg in enumerate(cands):
                 tc[i] = self._measured(layer, cfg) + upd[i].max()
         else:
             out_vol = max(math.prod(layer.out_shape), 1)
-            peak = np.array([d.peak_flops for d in self.devices.devices])[dev]
+            peak = self.devices.peak_flops(self.dtype)[dev]
             flops = 3.0 * layer.flops * vol / out_vol          # forward + 2x backward
-            traffic = 3.0 * db * (in_el + pel + vol + partial)
+            # kernels read weights at the working precision: bf16 from autocast's copy
+            # (made once a step: read 4, write 2 bytes), fp32 / tf32 the master itself
+            wb = cb if cb else pb
+            traffic = 3.0 * (db * (in_el + vol + partial) + wb * pel) + \
+                (pb + cb) * pel * (cb > 0)
             eff = EFFICIENCY.get(layer.op, 0.5)
             t = np.maximum(flops / (peak * eff), traffic / mbw) + LAUNCH_OVERHEAD_S + upd
             tc = np.where(used, t, 0.0).max(axis=1)
@@ -437,7 +462,7 @@ class CostModel:
                 ts[i] = self._sync(cfg, groups)
         # weights + gradients + momentum, activation + its gradient, fetched inputs (and a
         # row-parallel device's partial tile and the gathered gradient of it)
-        mem = (3 * pel + 2 * vol + in_el + 2 * partial).max(axis=1) * db
+        mem = ((pb * 3 + cb) * pel + db * (2 * vol + in_el + 2 * partial)).max(axis=1)
         return tc, ts, mem
 
     def reduce_costs(self, name: str, cands: list):
@@ -527,7 +552,7 @@ class CostModel:
             nn_ = node_u[order]
             span = np.minimum.reduceat(nn_, first) != np.maximum.reduceat(nn_, first)
             lead = order[first]                                      # the group's first slot
-            s = G.volume(reg)[ci[lead], slot[lead]].astype(float) * self.dtype_bytes
+            s = G.volume(reg)[ci[lead], slot[lead]].astype(float) * self.param_bytes
             bw = np.where(span, bw_out, bw_in)
             if self.sync == "ps":
                 cost = 2.0 * (r - 1) * s / bw
@@ -584,7 +609,7 @@ class CostModel:
             rmax = max(rmax, r)
             devs = tuple(cfg.devices[k] for k in members)
             bw = self._group_bw(devs)
-            s = elems * self.dtype_bytes
+            s = elems * self.param_bytes          # float32 gradients and parameters
             if self.sync == "ps":
                 cost = 2.0 * (r - 1) * s / bw
             else:

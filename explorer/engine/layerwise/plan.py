@@ -63,8 +63,12 @@ class Plan:
     #: :func:`~explorer.engine.core.layergraph.graph_digest` of the graph searched (set by the search;
     #: ``None`` or ``""``: unknown - a plan built by hand or from an older version)
     graph_digest: str | None = None
+    #: the step's precision (:mod:`explorer.engine.core.precision`): fp32 | tf32 | bf16
+    dtype: str = "fp32"
 
     def __post_init__(self):
+        from explorer.engine.core.precision import check
+        self.dtype = check(self.dtype)
         if self.n_devices < 1:
             raise ValueError(f"a plan needs ≥ 1 device, got {self.n_devices}")
         for la in self.layers:
@@ -107,7 +111,7 @@ class Plan:
             "pins": list(self.pins), "info": self.info,
             "layers": [la.to_dict() for la in self.layers],
             "edges": list(self.edges),
-            "graph_digest": self.digest(),
+            "graph_digest": self.digest(), "dtype": self.dtype,
         }
 
     def digest(self) -> str:
@@ -137,7 +141,7 @@ class Plan:
                        d.get("breakdown", {}), float(d.get("comm_bytes", 0.0)),
                        list(d.get("memory_per_device_bytes", [])), d.get("model_args", {}),
                        list(d.get("pins", [])), d.get("info", {}), list(d.get("edges", [])),
-                       str(d.get("graph_digest") or ""))
+                       str(d.get("graph_digest") or ""), d.get("dtype") or "fp32")
         except (KeyError, TypeError) as exc:
             raise ValueError(f"malformed plan: missing or bad field {exc}") from exc
 
@@ -146,10 +150,13 @@ class Plan:
         return cls.from_dict(json.loads(text))
 
 
-def memory_per_device(graph, tables, choice, n_devices: int, dtype_bytes: int = 4) -> np.ndarray:
-    """Bytes each device holds during a step: weights, gradients and momentum of its shards,
-    its activations and their gradients, and the input regions it fetches (a row-parallel
-    device: also its partial tile and the gathered gradient of it, as the cost model counts)."""
+def memory_per_device(graph, tables, choice, n_devices: int, dtype_bytes: int = 4,
+                      param_bytes: int = 4, copy_bytes: int = 0) -> np.ndarray:
+    """Bytes each device holds during a step: weights, gradients and momentum of its shards
+    (``param_bytes`` each, plus ``copy_bytes`` for bf16's working copy), its activations and
+    their gradients, and the input regions it fetches (a row-parallel device: also its
+    partial tile and the gathered gradient of it), at ``dtype_bytes`` an element, as the
+    cost model counts."""
     mem = np.zeros(n_devices)
     seen: dict = {}         # repeated blocks under the same configuration: computed once
     for n in tables.names:
@@ -164,7 +171,8 @@ def memory_per_device(graph, tables, choice, n_devices: int, dtype_bytes: int = 
             in_el = sum(G.volume(G.input_regions(layer, j, tiles, red)).astype(float)
                         for j in range(len(layer.in_shapes))) if layer.in_shapes else 0.0
             partial = 0.0 if red is None else G.volume(tiles).astype(float)
-            per = seen[key] = (3 * pel + 2 * vol + in_el + 2 * partial) * dtype_bytes
+            per = seen[key] = ((3 * param_bytes + copy_bytes) * pel +
+                               (2 * vol + in_el + 2 * partial) * dtype_bytes)
         np.add.at(mem, np.asarray(cfg.devices), per)
     return mem
 

@@ -31,7 +31,9 @@ def layerwise_result(algo, graph, devices, cost_model, tables: CostTables, choic
         layers.append(LayerAssignment(n, graph.layer(n).op, tables.candidates[n][i],
                                       float(tables.t_compute[n][i]), float(tables.t_sync[n][i]),
                                       float(tables.memory[n][i]), tables.reduce_time(n, i)))
-    mem = memory_per_device(graph, tables, choice, devices.n, cost_model.dtype_bytes)
+    mem = memory_per_device(graph, tables, choice, devices.n, cost_model.dtype_bytes,
+                            getattr(cost_model, "param_bytes", 4),
+                            getattr(cost_model, "copy_bytes", 0))
     xfer_bytes = sum(float(nb[choice[e.src], choice[e.dst]])
                      for (e, _), nb in zip(tables.edges, tables.bytes_xfer))
     sync_bytes = _sync_bytes(graph, tables, choice, cost_model)
@@ -62,6 +64,7 @@ def layerwise_result(algo, graph, devices, cost_model, tables: CostTables, choic
                 xfer_bytes + sync_bytes + reduce_bytes, mem.tolist(), dict(getattr(graph, "model_args", {})),
                 [p.text() for p in (pins or [])], info, edges)
     plan.graph_digest = graph_digest(graph)
+    plan.dtype = getattr(cost_model, "dtype", "fp32")
     return Result(algo, "layerwise", plan.model, plan.batch, plan.model_args, devices.name,
                   devices.n, objective, objective, search_s, mem.tolist(), plan.comm_bytes,
                   info["fits_memory"], plan, plan.pins, list(trace), info, tables, dict(choice))
@@ -76,7 +79,8 @@ def _sync_bytes(graph, tables, choice, cost_model) -> float:
         key = (layer_content_key(graph.layer(n)), cfg)
         if key not in seen:
             _, _, groups = G.shard_summary(graph.layer(n), cfg)
-            seen[key] = sum(2.0 * (len(members) - 1) * elems * cost_model.dtype_bytes
+            seen[key] = sum(2.0 * (len(members) - 1) * elems
+                            * getattr(cost_model, "param_bytes", 4)
                             for elems, members in groups if len(members) > 1)
         total += seen[key]
     return total

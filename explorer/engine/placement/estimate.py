@@ -125,7 +125,8 @@ def colocation_groups(og, names: list) -> np.ndarray:
 
 
 def from_opgraph(og, devices, capacity=None, times: dict | None = None,
-                 memory: dict | None = None, colocate: bool = True) -> PlacementGraph:
+                 memory: dict | None = None, colocate: bool = True,
+                 dtype: str = "fp32") -> PlacementGraph:
     """The :class:`PlacementGraph` of an :class:`~explorer.engine.core.opgraph.OpGraph`.
 
     Parameters
@@ -141,6 +142,10 @@ def from_opgraph(og, devices, capacity=None, times: dict | None = None,
         Operator name -> bytes (e.g. regressed); replaces the output size for those.
     colocate : bool
         Add co-location groups (:func:`colocation_groups`), as TensorFlow graphs have.
+    dtype : str
+        The step's precision: operators compute at the devices' rate in it; tensor sizes are
+        ``og``'s (a bf16 request's graph has 2-byte activations,
+        :func:`explorer.engine.core.precision.at_precision`).
     """
     ph = [t for t in og.tensors.values() if t.producer is None]
     ops = list(og.ops.values())
@@ -190,7 +195,7 @@ def from_opgraph(og, devices, capacity=None, times: dict | None = None,
             dst.append(i)
             if view and k == 0:
                 alias[i] = idx[p]
-    w = analytic_times(flops, nbytes, targets, devices)
+    w = analytic_times(flops, nbytes, targets, devices, dtype)
     if times:
         for nm, s in times.items():
             if nm in idx:

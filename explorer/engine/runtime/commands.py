@@ -5,7 +5,8 @@ Both commands take an ``argparse.Namespace`` and return an exit code; errors the
 raise :class:`explorer.errors.ExplorerError` subclasses (``main`` prints them, exit 2).
 
 ``explorer run PLAN.json [--steps K] [--warmup W] [--timeout S] [--json] [--devices N]
-[--model M] [--no-check] [--sync auto|p2p|allreduce] [--memory-per-worker GIB]`` — exit code 0 when the reference check
+[--model M] [--dtype fp32|tf32|bf16] [--no-check] [--sync auto|p2p|allreduce]
+[--memory-per-worker GIB]`` — exit code 0 when the reference check
 passes (or is skipped), 1 when it fails.
 
 ``explorer calibrate [--devices N] [--model M [--batch B] [--model-arg K=V]...] [--quick]
@@ -42,10 +43,22 @@ def run_options(args) -> dict:
             "timeout_s": float(getattr(args, "timeout", 600.0)),
             "check": not getattr(args, "no_check", False),
             "expect": {"devices": getattr(args, "devices", None),
-                       "model": getattr(args, "model", None)},
+                       "model": getattr(args, "model", None),
+                       "dtype": _dtype(getattr(args, "dtype", None))},
             "sync": getattr(args, "sync", "auto"), "progress": progress,
             "memory_per_worker": parse_gib(getattr(args, "memory_per_worker", None)),
             **_device_options(args)}
+
+
+def _dtype(value):
+    """``--dtype`` checked (one line naming the value when it is not fp32, tf32 or bf16)."""
+    if value is None:
+        return None
+    from explorer.engine.core.precision import check
+    try:
+        return check(value)
+    except ValueError as exc:
+        raise ExplorerError(f"--{exc}") from None
 
 
 def _device_options(args) -> dict:

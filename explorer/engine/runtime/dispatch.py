@@ -26,6 +26,7 @@ import math
 
 from explorer.errors import InfeasiblePlan, PlanFileError
 from explorer.engine.core import plandoc
+from explorer.engine.core import precision as P
 from explorer.engine.core.geometry import ExecutionLayout
 
 __all__ = ["read_document", "run_document", "run_tofu_documents"]
@@ -56,7 +57,7 @@ TOFU_STEPS = 4
 
 def run_document(doc: dict, *, steps: int = 20, warmup: int = 5, timeout_s: float = 600.0,
                  check: bool = True, expect: dict | None = None, sync: str = "auto",
-                 progress=None, fault: str | None = None, tol: float = 1e-4,
+                 progress=None, fault: str | None = None, tol: float | None = None,
                  verify: bool = True, memory_per_worker: float | None = None,
                  train: bool = False, timeline: bool = False, device: str | None = None,
                  backend: str | None = None, gpus: int | None = None) -> dict:
@@ -83,6 +84,12 @@ def run_document(doc: dict, *, steps: int = 20, warmup: int = 5, timeout_s: floa
     ``$EXPLORER_DEVICE``, else the GPUs when there are any); an impossible request is refused
     before anything starts.
 
+    Precision: the document's ``dtype`` (``fp32`` when absent; ``expect["dtype"]`` refuses
+    another), run as :mod:`explorer.engine.core.precision` says; ``bf16`` where the workers'
+    device has no bfloat16 support is refused in one line before anything starts.  ``tol``
+    (``None``): the precision's tolerance (1e-4 in fp32, 2e-2 in bf16).  Tofu plans and
+    placements run in fp32 only so far (another dtype is refused in one line).
+
     Returns the executor's result with ``kind`` (the plan kind) and ``warnings``; the caller
     stores it (:func:`.store.run_key`).
     """
@@ -102,6 +109,9 @@ def _run_document(doc, *, steps, warmup, timeout_s, check, expect, sync, progres
     if steps < 0 or warmup < 0:
         raise InfeasiblePlan(f"steps ({steps}) and warmup ({warmup}) must be ≥ 0")
     expect = {k: v for k, v in (expect or {}).items() if v is not None}
+    dtype = _check_precision(doc, kind, expect)
+    if tol is None:
+        tol = P.tolerance(dtype)
     mem = {}
     if memory_per_worker is not None:
         from explorer.engine.runtime.memlimit import check_predicted
@@ -129,6 +139,7 @@ def _run_document(doc, *, steps, warmup, timeout_s, check, expect, sync, progres
     if mem:
         out["memory_per_worker_bytes"] = mem["memory_limit"]
     out["kind"] = kind
+    out["dtype"] = dtype
     out.setdefault("warnings", [])
     return out
 
@@ -158,6 +169,26 @@ def _check_fields(doc: dict, kind: str) -> None:
                     or not isinstance(la.get("devices"), list):
                 raise PlanFileError(f"the plan's layer {str(la)[:60]!r} needs a 'config' object "
                                     f"and a 'devices' list")
+
+
+def _check_precision(doc: dict, kind: str, expect: dict) -> str:
+    """The document's precision, refused in one line where it cannot run here: a bad
+    ``dtype`` field, another than ``--dtype`` asked for, bf16 where the workers' device has
+    no bfloat16, or a Tofu plan or placement in anything but fp32."""
+    try:
+        dtype = P.of(doc)
+    except ValueError as exc:
+        raise PlanFileError(f"the plan's {exc}") from None
+    want = expect.pop("dtype", None)
+    if want is not None and P.check(want) != dtype:
+        raise InfeasiblePlan(f"the plan is for --dtype {dtype}, not {P.check(want)}: search "
+                             f"one with --dtype {P.check(want)}")
+    if kind != "layerwise" and dtype != "fp32":
+        raise InfeasiblePlan(f"{kind} plans run in fp32 only so far; this one is for "
+                             f"{dtype}: search it with --dtype fp32, or a layer-wise plan")
+    from explorer.engine.core.devices import worker_device_kind
+    P.require_supported(dtype, worker_device_kind())
+    return dtype
 
 
 def _check_expect(what: str, model: str, spec: str | None, batch, model_args: dict, n: int,

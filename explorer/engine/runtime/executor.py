@@ -55,6 +55,15 @@ Backward, in reverse topological order, for layer ``P``:
 
 Timing: per layer, forward fetch (comm), forward compute, gradient return (comm), backward
 compute, sync (all-reduce) and update, per step.
+
+Precision (the plan's ``dtype``, :mod:`explorer.engine.core.precision`): the step runs under
+:func:`~explorer.engine.core.precision.autocast` - bf16 autocast with the float32 shards as
+master weights (their gradients, the sync and the update stay float32), TF32 on or off on
+CUDA.  A layer's output is whatever autocast made it (bfloat16 after a matmul or
+convolution); what travels between workers is cast to the dtype the capture gave the
+producer's output, so every receiver knows its buffers' dtype (a bfloat16 value is exact in
+float32; the consumer's autocast casts it back).  Row-parallel partial sums travel in the
+dtype they were computed in, the same on every member.
 """
 
 from __future__ import annotations
@@ -68,6 +77,7 @@ import torch.distributed as dist
 
 from explorer.errors import InfeasiblePlan
 from explorer.engine.core import geometry as G
+from explorer.engine.core import precision as P
 from explorer.engine.core.capture import capture, deterministic, load, loss_function
 from explorer.engine.core.importer import import_model
 from explorer.engine.layerwise.plan import Plan
@@ -148,6 +158,8 @@ class Executor:
         if sync not in ("p2p", "allreduce"):
             raise ValueError(f"sync mode {sync!r}: use p2p, allreduce or auto")
         self.sync_mode = sync
+        #: the step's precision (fp32 | tf32 | bf16), the plan's
+        self.dtype = P.check(getattr(plan, "dtype", None))
         self._bufs: dict = {}
         self.step_no = 0
         self.phase = "setup"
@@ -507,7 +519,9 @@ class Executor:
                     recvs.append((peer, buf, tag))
                     todo.append((ei, rsl, buf))
             for src, peer, tag, ssl in f["send"]:
-                sends.append((peer, outs[src][ssl].detach().contiguous(), tag))
+                # in the dtype the receiver allocated (autocast may have made it bf16)
+                sends.append((peer, outs[src][ssl].detach().to(self.state[src].dtype)
+                              .contiguous(), tag))
             self._wait(recvs, sends)
             for ei, rsl, buf in todo:
                 regions[ei][rsl] = buf
@@ -673,9 +687,10 @@ class Executor:
     def step(self, check: bool = False):
         """One forward/backward/sync/SGD step of the train-mode graph under
         :class:`~explorer.engine.core.capture.deterministic` numerics (dropout the identity,
-        BatchNorm with running statistics), as :func:`.reference.reference_step` computes it.
+        BatchNorm with running statistics), as :func:`.reference.reference_step` computes it,
+        in the plan's precision (:func:`~explorer.engine.core.precision.autocast`).
         See :meth:`_step`."""
-        with deterministic(running_stats=True):
+        with deterministic(running_stats=True), P.autocast(self.dtype, self.device.type):
             return self._step(check)
 
     def _step(self, check: bool = False):

@@ -276,7 +276,7 @@ def start_workers(n: int, entry, payload, *, timeout_s: float, backend: str = "a
 def launch_many(plans: list, steps: int = 20, warmup: int = 5, timeout_s: float = 600.0, *,
                 check: bool = True, expect: dict | None = None, lr: float = 0.01,
                 seed: int = 0, fault: str | None = None, progress=None, store: bool = False,
-                tol: float = 1e-4, sync: str = "auto", dump: str | None = None,
+                tol: float | None = None, sync: str = "auto", dump: str | None = None,
                 reference: str = "both") -> list:
     """Run several plans (same device count) in one set of worker processes.
 
@@ -369,7 +369,7 @@ def launch(plan_dict: dict, steps: int = 20, warmup: int = 5, timeout_s: float =
     NCCL; or ``"p2p"`` / ``"allreduce"``), ``fault`` (``"RANK:STEP[:raise|exit|hang]"``,
     tests), ``progress`` (``callable(plan_index, steps_done, steps_total)``), ``store``
     (save the run in ``$EXPLORER_HOME/runs.sqlite``, default False: the service stores the
-    runs it makes), ``tol`` (1e-4), ``reference``
+    runs it makes), ``tol`` (``None``: the plan's precision's, 1e-4 in fp32), ``reference``
     (``"both"`` default: the exact float64 single-device step, with the float32 single-device
     step's own error as the rounding allowance; ``"float64"``: exact step only, tolerance
     ``tol``; ``"float32"``: the float32 single-device step only).

@@ -55,6 +55,7 @@ def run_job(job: dict, rank: int, world: int, device: str = "cpu", progress=None
     from explorer.engine.runtime.executor import PHASES, Executor
     from explorer.engine.runtime.faults import parse_fault
     from explorer.engine.runtime.reference import compare, reference_step
+    from explorer.engine.core import precision as P
     from explorer.engine.runtime.timing import clock, peak_allocated, reset_peak
 
     t_start = time.perf_counter()
@@ -115,18 +116,23 @@ def run_job(job: dict, rank: int, world: int, device: str = "cpu", progress=None
             ex.phase = "reference check"
             params, grads = gathered
             mode = job.get("reference", "both")
+            # the plan's precision: the single-device run computes in it, and the tolerance
+            # is its own (precision.TOLERANCE) unless the caller set one
+            prec = ex.dtype
+            tol = job.get("tol")
+            tol = P.tolerance(prec) if tol is None else float(tol)
             ref32 = None
             if mode in ("both", "float32"):
                 import copy
                 m32 = copy.deepcopy(ex.model) if mode == "both" else ex.model
-                ref32 = reference_step(m32, ex.x, lr, torch.float32)
+                ref32 = reference_step(m32, ex.x, lr, torch.float32, precision=prec)
                 del m32
             if mode == "float32":
-                ref = compare(loss, params, grads, ref32, None, float(job.get("tol", 1e-4)))
-                ref["precision"] = "float32"
+                ref = compare(loss, params, grads, ref32, None, tol, precision=prec)
+                ref["precision"] = "float32" if prec == "fp32" else prec
             else:
                 ref64 = reference_step(ex.model, ex.x, lr, torch.float64)
-                ref = compare(loss, params, grads, ref64, ref32, float(job.get("tol", 1e-4)))
+                ref = compare(loss, params, grads, ref64, ref32, tol, precision=prec)
                 del ref64
             del ref32
         reference_s = time.perf_counter() - t_ref
@@ -142,7 +148,7 @@ def run_job(job: dict, rank: int, world: int, device: str = "cpu", progress=None
                     "measured_peak_memory_bytes": (
                         [o[3] for o in objs] if all(len(o) > 3 and o[3] is not None
                                                     for o in objs) else None),
-                    "sync": ex.sync_mode,
+                    "sync": ex.sync_mode, "dtype": ex.dtype,
                     "world": world})
         return res
     except Exception as exc:

@@ -173,8 +173,12 @@ def run(name: str, problem: Problem, pins=None, options=None, progress=None) -> 
     opts = method.options(options)
     parsed = check(pins, method.family)
     if progress is not None and method.family == "tofu":
-        return method.entry(problem, parsed, opts, progress=progress)
-    res = method.entry(problem, parsed, opts)
+        res = method.entry(problem, parsed, opts, progress=progress)
+    else:
+        res = method.entry(problem, parsed, opts)
+    res.dtype = problem.dtype              # the precision the costs assumed
+    if getattr(res.plan, "dtype", None) is not None:
+        res.plan.dtype = problem.dtype
     if method.family == "placement":       # which operator times the prediction rests on
         res.info.setdefault("cost", problem.cost)
     return res

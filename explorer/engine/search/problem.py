@@ -50,6 +50,7 @@ class Problem:
     cost = property(lambda self: self.request.cost)
     sync = property(lambda self: self.request.sync)
     degrees = property(lambda self: self.request.degrees)
+    dtype = property(lambda self: self.request.dtype)
 
     @classmethod
     def of(cls, graph, devices, cost_model=None) -> "Problem":
@@ -84,16 +85,21 @@ class Problem:
             self.cost_model_ = self._build(
                 "cost_model", lambda: CostModel(self.layer_graph(), self.devices,
                                                 compute=self.cost, sync=self.sync,
-                                                degrees=self.degrees))
+                                                degrees=self.degrees, dtype=self.dtype))
         return self.cost_model_
 
     def opgraph(self):
-        """The joint forward+backward operator graph (Tofu and the placers)."""
+        """The joint forward+backward operator graph (Tofu and the placers), its tensors
+        sized in the request's precision
+        (:func:`~explorer.engine.core.precision.at_precision`: bf16 activations 2 bytes)."""
         if self.opgraph_ is None:
             def build():
                 from explorer.engine.core.opgraph import build_opgraph
                 return build_opgraph(self._spec(), self.batch, dict(self.model_args))
             self.opgraph_ = self._build("opgraph", build)
+        if getattr(self.opgraph_, "precision", "fp32") != self.dtype and self.dtype == "bf16":
+            from explorer.engine.core.precision import at_precision
+            self.opgraph_ = at_precision(self.opgraph_, self.dtype)
         return self.opgraph_
 
     def placement_graph(self, memory_per_device: float | None = None):
@@ -109,7 +115,7 @@ class Problem:
             def make(cap):
                 og = self.opgraph()
                 times = measured_times(og, self.devices) if self.cost == "measured" else None
-                return from_opgraph(og, self.devices, cap, times=times)
+                return from_opgraph(og, self.devices, cap, times=times, dtype=self.dtype)
             out = self._build("placement_graph", make, memory_per_device)
         self.placement_graphs[memory_per_device] = out
         return out

@@ -19,6 +19,7 @@ import json
 from dataclasses import asdict, dataclass, field, replace
 
 from explorer.engine.core import geometry as G
+from explorer.engine.core import precision as P
 from explorer.errors import ExplorerError
 
 __all__ = ["Request", "COSTS", "SYNCS"]
@@ -36,7 +37,9 @@ class Request:
     ``cost`` ("analytic" | "measured"), ``sync`` ("ps" | "ring") and ``degrees`` (the degrees a
     layer's dimensions may take, :func:`~explorer.engine.core.geometry.degree_values`)
     configure the layer-wise cost model; ``cost="measured"`` also gives the placers each
-    operator's time measured on this machine.  ``model`` is ``None`` only for a problem built
+    operator's time measured on this machine.  ``dtype`` is the step's precision (``fp32``,
+    ``tf32`` or ``bf16``: autocast with float32 master weights,
+    :mod:`explorer.engine.core.precision`); every family's costs and memory follow it.  ``model`` is ``None`` only for a problem built
     around a capture that cannot be traced again (:meth:`Problem.of`)."""
 
     model: str | None = "vgg16"
@@ -49,6 +52,7 @@ class Request:
     sync: str = "ps"
     cluster: dict | None = None       # uploaded cluster JSON (when preset == "custom")
     degrees: str = "auto"             # layer-wise degrees (see geometry.degree_values)
+    dtype: str = "fp32"               # the step's precision: fp32 | tf32 | bf16 (autocast)
 
     def __post_init__(self):
         if self.batch is not None:
@@ -63,6 +67,10 @@ class Request:
             raise ValueError(f"cost must be analytic or measured, got {self.cost!r}")
         if self.sync not in SYNCS:
             raise ValueError(f"sync must be ps or ring, got {self.sync!r}")
+        self.dtype = P.check(self.dtype)                      # ValueError naming the value
+        if self.cost == "measured" and self.dtype != "fp32":
+            raise ValueError(f"--cost measured times operators in fp32 only, got dtype "
+                             f"{self.dtype!r}: use --cost analytic with --dtype {self.dtype}")
         try:
             self.devices = int(self.devices)
         except (TypeError, ValueError):
@@ -101,7 +109,8 @@ class Request:
 
     def cost_key(self) -> tuple:
         """What the layer-wise cost model depends on."""
-        return self.graph_key() + self.device_key() + (self.cost, self.sync, self.degrees)
+        return self.graph_key() + self.device_key() + (self.cost, self.sync, self.degrees,
+                                                       self.dtype)
 
     def device_graph(self):
         """The :class:`~explorer.engine.core.devices.DeviceGraph` of ``devices`` devices of

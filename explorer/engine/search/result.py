@@ -23,7 +23,8 @@ FAMILIES = {"layerwise": "layerwise", "tofu": "tofu", "placement": "placement"}
 class Result:
     """What a method found and what it predicts.
 
-    Common fields: ``algo``, ``family``, ``model``, ``batch``, ``model_args``, ``preset``
+    Common fields: ``algo``, ``family``, ``model``, ``batch``, ``model_args``, ``dtype``
+    (the precision, ``fp32`` when absent from a document), ``preset``
     (device graph name), ``devices`` (count), ``objective_s`` (the method's own objective:
     equation 1 for layer-wise methods, Tofu's communication time, the simulated step for
     placements), ``predicted_step_time_s``, ``search_time_s``, ``memory_per_device_bytes``,
@@ -54,6 +55,9 @@ class Result:
     choice: dict | None = None
     #: the graph the plan was made on, or a function returning it (built when first saved)
     capture: object = field(default=None, repr=False)
+    #: the step's precision the costs assume and the runtime runs: fp32 | tf32 | bf16
+    #: (:mod:`explorer.engine.core.precision`; set by :func:`explorer.engine.search.run`)
+    dtype: str = "fp32"
 
     def __post_init__(self):
         if self.family not in FAMILIES:
@@ -79,7 +83,8 @@ class Result:
             "search_time_s": float(self.search_time_s),
             "memory_per_device_bytes": [float(x) for x in self.memory_per_device_bytes],
             "comm_bytes": float(self.comm_bytes), "fits_memory": bool(self.fits_memory),
-            "pins": list(self.pins), "info": json.loads(dumps(self.info))})
+            "pins": list(self.pins), "info": json.loads(dumps(self.info)),
+            "dtype": self.dtype})
         if trace:
             doc["trace"] = json.loads(dumps(self.trace))
         return doc

@@ -506,12 +506,13 @@ def _peak_live_bytes(g, st: _State, live: set, G: int) -> np.ndarray:
 
 
 
-def compute_seconds(g, xplan: dict, devices) -> np.ndarray:
+def compute_seconds(g, xplan: dict, devices, dtype: str = "fp32") -> np.ndarray:
     """Per worker, the roofline seconds of the operator shards it computes under ``xplan``
     (:func:`execution_plan`): an operator's FLOPs and bytes scaled by the share of its output
     box the worker computes, divided among the workers of a split reduction computing the
     same box (:func:`explorer.engine.core.roofline.analytic_times`; ``local`` devices take their
-    calibrated FLOP/s).  Operators the plan leaves out run whole on every worker."""
+    calibrated FLOP/s; ``dtype``: the devices' rate in that precision, bytes as ``g`` sizes
+    them).  Operators the plan leaves out run whole on every worker."""
     from explorer.engine.core.roofline import analytic_times
     K = int(xplan["workers"])
     names = list(g.ops)
@@ -534,7 +535,7 @@ def compute_seconds(g, xplan: dict, devices) -> np.ndarray:
     sub = devices.subset(K) if devices.n > K else devices
     t = np.zeros(K)
     for w in range(K):
-        tw = analytic_times(flops * share[:, w], nbytes * share[:, w], targets, sub)
+        tw = analytic_times(flops * share[:, w], nbytes * share[:, w], targets, sub, dtype)
         t[w] = float(tw[:, min(w, tw.shape[1] - 1)].sum())
     return t
 

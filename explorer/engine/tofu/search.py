@@ -85,7 +85,9 @@ def search(problem, pins=None, options: TofuOptions | None = None, progress=None
     options = make(TofuOptions, options)
     g, devices = problem.opgraph(), problem.devices
     plan = partition(g, devices.n, devices, pins, options, progress)
-    plan.compute_s = [float(x) for x in compute_seconds(g, execution_plan(plan, g), devices)]
+    dtype = getattr(problem, "dtype", "fp32")
+    plan.compute_s = [float(x) for x in compute_seconds(g, execution_plan(plan, g), devices,
+                                                        dtype)]
     step_s = plan.objective_s + max(plan.compute_s, default=0.0)
     cap = [float(d.memory) for d in devices.devices[:devices.n]]
     fits = all(m <= c for m, c in zip(plan.peak_memory_bytes, cap))
