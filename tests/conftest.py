@@ -1,6 +1,11 @@
 """Shared fixtures: every test runs with its own EXPLORER_HOME (profile cache, plan history,
 background-callback cache), so tests never touch the user's files or each other's.
 
+Two caches are shared by the whole session instead, because what they hold is keyed by content
+and costs seconds to make: traced models (``EXPLORER_CAPTURE_CACHE``, keyed by the code's
+digest) and numba's compiled kernels (``NUMBA_CACHE_DIR``).  The tests of the capture cache and
+of damaged stores keep the home's own file (:data:`OWN_CAPTURE_CACHE`).
+
 Tests run their plans on CPU worker processes on every machine: ``EXPLORER_DEVICE=cpu`` (the
 local preset, the launcher and the profiler all read it), so the suite passes the same on a
 machine with a GPU.  A test that needs CUDA is marked ``gpu`` (it keeps ``auto``: the GPUs)
@@ -27,10 +32,26 @@ def pytest_collection_modifyitems(config, items):
         item.add_marker(skip)
 
 
+#: test modules that test the capture cache file in the home itself
+OWN_CAPTURE_CACHE = {"test_capture_cache", "test_storage"}
+
+
+@pytest.fixture(scope="session")
+def _shared_caches(tmp_path_factory):
+    root = tmp_path_factory.mktemp("shared-caches")
+    return {"EXPLORER_CAPTURE_CACHE": str(root / "captures.sqlite"),
+            "NUMBA_CACHE_DIR": str(root / "numba")}
+
+
 @pytest.fixture(autouse=True)
-def _isolated_home(tmp_path_factory, monkeypatch):
+def _isolated_home(request, tmp_path_factory, monkeypatch, _shared_caches):
     home = tmp_path_factory.mktemp("explorer-home")
     monkeypatch.setenv("EXPLORER_HOME", str(home))
+    monkeypatch.setenv("NUMBA_CACHE_DIR", _shared_caches["NUMBA_CACHE_DIR"])
+    if request.module.__name__.rpartition(".")[2] in OWN_CAPTURE_CACHE:
+        monkeypatch.delenv("EXPLORER_CAPTURE_CACHE", raising=False)
+    else:
+        monkeypatch.setenv("EXPLORER_CAPTURE_CACHE", _shared_caches["EXPLORER_CAPTURE_CACHE"])
     yield home
 
 

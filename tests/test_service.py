@@ -10,6 +10,7 @@ from explorer import service
 
 @pytest.mark.parametrize("fn", [service.graph_for, service.opgraph_for])
 def test_concurrent_first_capture_builds_once(fn, monkeypatch):
+    monkeypatch.delenv("EXPLORER_CAPTURE_CACHE", raising=False)   # a cold cache: this home's
     service.clear_caches()
     req = service.Request(model="lenet5", batch=8, devices=2)
     calls = []

@@ -32,6 +32,7 @@ import hashlib
 import importlib.util
 import io
 import json
+import os
 import pickle
 import sqlite3
 import sys
@@ -41,7 +42,7 @@ from pathlib import Path
 
 from explorer.engine.core.storage import connect, home
 
-__all__ = ["FILE", "FORMAT", "layer_graph", "op_graph", "clear", "info", "path", "key_of"]
+__all__ = ["FILE", "PATH_ENV", "FORMAT", "layer_graph", "op_graph", "clear", "info", "path", "key_of"]
 
 FILE = "captures.sqlite"
 #: bump when what is stored changes shape (old entries are then never read again)
@@ -66,8 +67,19 @@ _PACKAGE = Path(__file__).resolve().parents[2]          # explorer/
 _EXAMPLES = _PACKAGE.parent / "example_models"
 
 
+#: a cache file to use instead of the home's (several homes, or CI jobs, sharing one cache)
+PATH_ENV = "EXPLORER_CAPTURE_CACHE"
+
+
 def path() -> Path:
-    """The cache file, ``$EXPLORER_HOME/captures.sqlite``."""
+    """The cache file: ``$EXPLORER_CAPTURE_CACHE`` when set, else
+    ``$EXPLORER_HOME/captures.sqlite``.  Entries are keyed by the code digest, so a cache
+    shared between homes never serves a capture made by other code."""
+    shared = os.environ.get(PATH_ENV)
+    if shared:
+        p = Path(shared).expanduser()
+        p.parent.mkdir(parents=True, exist_ok=True)
+        return p
     return home() / FILE
 
 
