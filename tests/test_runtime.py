@@ -449,6 +449,8 @@ def test_calibrate_writes_local_json(tmp_path, capsys):
     assert d.bandwidth(0, 1) == pytest.approx(doc["link_bw"])
     assert d.meta["calibrated"]
     assert cal["profiled"]["layers"] == 8 and cal["profiled"]["shards"] > 0
+    # how noisy the calibration was is recorded with it
+    assert doc["noise"]["canary_before_s"] > 0 and "noisy" in doc["noise"]
     with Profiler() as p:
         assert len(p) >= cal["profiled"]["shards"]
 

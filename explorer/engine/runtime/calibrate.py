@@ -215,7 +215,8 @@ def calibrate(devices: int | None = None, model: str | None = None, batch: int |
 
     On a GPU machine (the workers' device kind, ``$EXPLORER_DEVICE``, is ``cuda``) the GPUs are
     measured instead (:func:`calibrate_gpus`: ``devices`` GPUs, default all); on CPU
-    ``devices`` worker processes (default 2).
+    ``devices`` worker processes (default 2).  ``noise`` records the CPU stolen by other
+    tenants and the machine's speed before and after the measurement (:mod:`.noise`).
 
     With ``model`` also profile every candidate configuration of every layer of that model on
     ``devices`` local workers into the profile cache.  Returns the calibration dict (plus
@@ -225,12 +226,14 @@ def calibrate(devices: int | None = None, model: str | None = None, batch: int |
     if worker_device_kind() == "cuda":          # GPUs here (and not $EXPLORER_DEVICE=cpu)
         return calibrate_gpus(devices, model, batch, model_args, quick, write, progress,
                               profiled)
+    from explorer.engine.runtime.noise import Monitor
     devices = 2 if devices is None else int(devices)
     say = progress or (lambda msg: None)
-    say("compute and memory bandwidth (1 thread)")
-    comp = measure_compute(quick)
-    say(f"point-to-point and all-reduce between {max(2, devices)} processes")
-    link = measure_link(devices, quick)
+    with Monitor() as watch:
+        say("compute and memory bandwidth (1 thread)")
+        comp = measure_compute(quick)
+        say(f"point-to-point and all-reduce between {max(2, devices)} processes")
+        link = measure_link(devices, quick)
     cal = {"peak_flops": comp["peak_flops"], "mem_bw": comp["mem_bw"],
            "link_bw": link["link_bw"], "latency": link["latency"],
            "matmul_flops": comp["matmul_flops"], "conv_flops": comp["conv_flops"],
@@ -246,7 +249,7 @@ def calibrate(devices: int | None = None, model: str | None = None, batch: int |
            "allreduce_big_s": link.get("allreduce_big_s"),
            "allreduce_big_bytes": link.get("allreduce_big_bytes"),
            "devices": int(devices), "threads_per_worker": 1, "cores": _cores(),
-           "backend": "gloo", "measured_at": time.time()}
+           "backend": "gloo", "measured_at": time.time(), "noise": watch.report()}
     path = home() / "local.json"
     if write:
         path.write_text(json.dumps(cal, indent=2))

@@ -140,6 +140,12 @@ def _calibrate(args) -> int:
         print(f"  all-reduce 1 KB {cal['allreduce_1k_s'] * 1e3:.3f} ms, "
               f"{cal['allreduce_big_bytes'] / 2 ** 20:.0f} MB "
               f"{cal['allreduce_big_s'] * 1e3:.1f} ms")
+    nz = cal.get("noise") or {}
+    if nz.get("steal") is not None:
+        print(f"  noise    {nz['steal'] * 100:.1f} % of the CPU stolen by other tenants, "
+              f"machine speed change {nz['canary_change'] * 100:+.0f} %")
+    if nz.get("note"):
+        print(nz["note"].replace("timing", "calibration", 1))
     _print_profiled(cal)
     return 0
 

@@ -90,16 +90,21 @@ def run_document(doc: dict, *, steps: int = 20, warmup: int = 5, timeout_s: floa
     (``None``): the precision's tolerance (1e-4 in fp32, 2e-2 in bf16).  Tofu plans and
     placements run in fp32 only so far (another dtype is refused in one line).
 
-    Returns the executor's result with ``kind`` (the plan kind) and ``warnings``; the caller
-    stores it (:func:`.store.run_key`).
+    Returns the executor's result with ``kind`` (the plan kind), ``warnings`` and ``noise``
+    (:mod:`.noise`: the CPU stolen by other tenants, the machine's speed before and after, the
+    steps' spread, and a one-line ``note`` when the timing is noisy); the caller stores it
+    (:func:`.store.run_key`).
     """
     from explorer.engine.runtime.devicemap import requested
-    with requested(device, backend, gpus):
-        return _run_document(doc, steps=steps, warmup=warmup, timeout_s=timeout_s,
-                             check=check, expect=expect, sync=sync, progress=progress,
-                             fault=fault, tol=tol, verify=verify,
-                             memory_per_worker=memory_per_worker, train=train,
-                             timeline=timeline)
+    from explorer.engine.runtime.noise import Monitor
+    with requested(device, backend, gpus), Monitor() as watch:
+        out = _run_document(doc, steps=steps, warmup=warmup, timeout_s=timeout_s,
+                            check=check, expect=expect, sync=sync, progress=progress,
+                            fault=fault, tol=tol, verify=verify,
+                            memory_per_worker=memory_per_worker, train=train,
+                            timeline=timeline)
+    out["noise"] = watch.report(out.get("step_times_s"))
+    return out
 
 
 def _run_document(doc, *, steps, warmup, timeout_s, check, expect, sync, progress, fault, tol,

@@ -60,7 +60,29 @@ def format_report(res: dict, top: int = 12) -> str:
             lines.append(f"... {len(layers) - top} more layers (--json lists all)")
     for w in res.get("warnings", []):
         lines.append(f"warning: {w}")
+    lines.extend(noise_lines(res))
     return "\n".join(lines)
+
+
+def noise_lines(res: dict) -> list:
+    """The run's noise: the steps' median and minimum, the CPU stolen, and the one-line
+    verdict when the timing is noisy (:mod:`.noise`)."""
+    nz = res.get("noise") or {}
+    if not nz:
+        return []
+    sp = nz.get("spread") or {}
+    parts = []
+    if sp.get("steps"):
+        parts.append(f"steps: median {sp['median_s'] * 1e3:.2f} ms, min {sp['min_s'] * 1e3:.2f} "
+                     f"ms, max {sp['max_s'] * 1e3:.2f} ms over {sp['steps']}")
+    if nz.get("steal") is not None:
+        parts.append(f"CPU stolen by other tenants {nz['steal'] * 100:.1f} %")
+    if nz.get("canary_change") is not None:
+        parts.append(f"machine speed change {nz['canary_change'] * 100:+.0f} %")
+    out = ["noise: " + "; ".join(parts)] if parts else []
+    if nz.get("note"):
+        out.append(nz["note"])
+    return out
 
 
 def format_run(res: dict) -> str:
@@ -145,4 +167,5 @@ def format_run(res: dict) -> str:
                                              res["predicted_peak_memory_bytes"]))))
     for w in res.get("warnings", []):
         lines.append(f"warning: {w}")
+    lines.extend(noise_lines(res))
     return "\n".join(lines)
