@@ -120,6 +120,26 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--gpus", type=int, default=None, metavar="K",
                    help="use K of this machine's GPUs (workers beyond K share them)")
 
+    q = sub.add_parser("rank", help="search several methods, run every plan here, and check "
+                       "the predicted order against the measured one")
+    q.add_argument("model", help="example name, path/to/file.py:function or hf:NAME")
+    q.add_argument("--devices", "-n", type=int, default=2, help="local workers (default 2)")
+    q.add_argument("--preset", default="local", help="must be local: the plans run here")
+    q.add_argument("--batch", "-b", type=int, default=None, help="global batch size")
+    q.add_argument("--model-arg", "-a", action="append", default=[], type=_kv,
+                   metavar="KEY=VALUE", help="model keyword argument; repeatable")
+    q.add_argument("--methods", default=None, metavar="A,B,...",
+                   help="methods to rank (default: data, model, owt, megatron, optcnn, tofu, "
+                        "celeritas, m-etf, metis)")
+    q.add_argument("--cost", default="analytic", choices=["analytic", "measured"],
+                   help="layer-wise and placement costs (measured: after `explorer calibrate "
+                        "--model`)")
+    q.add_argument("--rounds", type=int, default=3,
+                   help="runs of every plan, interleaved (default 3)")
+    q.add_argument("--steps", type=int, default=5, help="measured steps per run (default 5)")
+    q.add_argument("--warmup", type=int, default=2, help="warm-up steps per run (default 2)")
+    q.add_argument("--json", action="store_true", help="print the report as JSON")
+
     x = sub.add_parser("export", help="write a layer-wise plan as a PyTorch program using "
                                       "PyTorch's parallel APIs (run it with torchrun)")
     x.add_argument("plan", metavar="PLAN.json", help="a layer-wise plan from `explorer search "
@@ -186,7 +206,7 @@ def main(argv=None) -> int:
         return {"search": cmd_search, "models": cmd_models, "presets": cmd_presets,
                 "graph": cmd_graph, "serve": cmd_serve, "run": cmd_run,
                 "calibrate": cmd_calibrate, "export": cmd_export,
-                "cache": cmd_cache}[args.cmd](args)
+                "cache": cmd_cache, "rank": cmd_rank}[args.cmd](args)
     except (ExplorerError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -546,6 +566,58 @@ def cmd_run(args) -> int:
     from explorer.engine.runtime.dispatch import read_document
     doc = read_document(args.plan)
     return print_run(service.run_plan(doc, **run_options(args)), args)
+
+
+def cmd_rank(args) -> int:
+    """``explorer rank``: every method's plan run here, predicted against measured."""
+    from explorer import service
+    from explorer.engine.core.plandoc import dumps
+    args.algo = "optcnn"
+    req = _request(args)
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()] if args.methods \
+        else None
+    say = None if args.json else (lambda msg: print(f"{msg} ...", file=sys.stderr, flush=True))
+    rep = service.rank(req, methods, rounds=args.rounds, steps=args.steps, warmup=args.warmup,
+                       progress=say or (lambda msg: None))
+    if args.json:
+        print(dumps(rep, indent=1))
+        return 0
+    print(format_ranking(rep))
+    return 0
+
+
+def format_ranking(rep: dict) -> str:
+    """The ranking report: one row per method, then τ, regret and noise."""
+    def ms(v):
+        return "-" if v is None else f"{v * 1e3:.2f}"
+    r = rep["request"]
+    lines = [f"{r['model']} (batch {r['batch']}) on {r['devices']} local workers: "
+             f"{rep['rounds']} interleaved rounds of {rep['steps']} steps per plan",
+             f"{'method':14s} {'family':10s} {'predicted ms':>12s} {'measured ms':>11s} "
+             f"{'min ms':>8s} {'error':>7s} {'rank p/m':>8s}  check  basis"]
+    for row in rep["rows"]:
+        if "failed" in row:
+            lines.append(f"{row['method']:14s} {row['family']:10s} {row['failed']}")
+            continue
+        if "measured_step_s" not in row:
+            continue
+        ok = {True: "ok", False: "FAILED", None: "-"}[row.get("reference_ok")]
+        lines.append(f"{row['method']:14s} {row['family']:10s} "
+                     f"{ms(row['predicted_step_s']):>12s} {ms(row['measured_step_s']):>11s} "
+                     f"{ms(row['measured_min_s']):>8s} {row['error'] * 100:+6.0f}% "
+                     f"{row['predicted_rank']:>3d}/{row['measured_rank']:<4d}  {ok:5s}  "
+                     f"{row['basis']}" + ("  (noisy)" if row["noisy"] else ""))
+    tau, reg = rep["kendall_tau"], rep["regret"]
+    lines.append(f"Kendall tau {'-' if tau is None else f'{tau:+.2f}'} between the predicted "
+                 f"and measured orders; regret "
+                 f"{'-' if reg is None else f'{reg * 100:.0f} %'} (the plan predicted fastest "
+                 f"against the fastest measured)")
+    if rep.get("max_steal") is not None:
+        lines.append(f"CPU stolen by other tenants: up to {rep['max_steal'] * 100:.1f} % "
+                     f"in a run")
+    if rep.get("noise_note"):
+        lines.append(rep["noise_note"])
+    return "\n".join(lines)
 
 
 def cmd_export(args) -> int:

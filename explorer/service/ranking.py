@@ -1,0 +1,126 @@
+"""Does the predicted order of plans hold when they run?  The ranking check.
+
+For one request, every chosen method searches its plan; every plan runs on the local workers,
+interleaved over several rounds (round 1 runs each plan once, then round 2, ...), so a slow
+spell of a shared machine falls on all plans alike.  The report puts each plan's predicted
+step beside its measured one (median over the rounds' step medians, and the minimum), ranks
+them, and gives Kendall's τ between the two orders and the *regret* of trusting the
+prediction: the measured step of the plan predicted fastest over the measured fastest, minus
+one.  Every run's noise (:mod:`explorer.engine.runtime.noise`) is kept, and a ranking taken
+under noise says so in one line.
+
+The predictions are each family's own: equation 1 (layer-wise), the time on the links
+(Tofu), the simulator (placements) - ``basis`` names it per row.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+from explorer.engine.search.request import Request
+from explorer.errors import ExplorerError
+from explorer.service.execution import run_plan
+from explorer.service.results import family, result
+
+__all__ = ["rank", "DEFAULT_METHODS", "kendall_tau", "regret"]
+
+#: what is ranked unless ``methods`` says otherwise: the layer-wise baselines and search, Tofu,
+#: and Celeritas with two of its baselines
+DEFAULT_METHODS = ("data", "model", "owt", "megatron", "optcnn", "tofu", "celeritas",
+                   "m-etf", "metis")
+
+BASIS = {"layerwise": "equation 1", "tofu": "time on the links",
+         "placement": "simulated schedule"}
+
+
+def kendall_tau(predicted: list, measured: list) -> float | None:
+    """Kendall's τ (τ-b: ties counted) between two orders; ``None`` below two plans."""
+    if len(predicted) < 2:
+        return None
+    from scipy.stats import kendalltau
+    tau = kendalltau(predicted, measured).statistic
+    return None if tau != tau else float(tau)          # NaN: every value tied
+
+
+def regret(predicted: list, measured: list) -> float | None:
+    """Measured step of the plan predicted fastest over the fastest measured, minus one."""
+    if not predicted:
+        return None
+    best_pred = min(range(len(predicted)), key=lambda i: (predicted[i], i))
+    return float(measured[best_pred] / min(measured) - 1.0)
+
+
+def rank(req: Request, methods=None, rounds: int = 3, steps: int = 5, warmup: int = 2,
+         timeout_s: float = 600.0, progress=lambda msg: None) -> dict:
+    """Search each of ``methods`` on ``req``, run every plan ``rounds`` times interleaved
+    (``steps`` measured steps after ``warmup`` each; the first round also checks the plan
+    against one device), and compare predicted and measured steps.
+
+    Returns ``{"request", "rounds", "steps", "rows", "kendall_tau", "regret", "noisy",
+    "noise_note", "max_steal"}``; each row has ``method``, ``family``, ``basis``,
+    ``predicted_step_s``, ``measured_step_s`` (median of the rounds), ``measured_min_s``,
+    ``rounds_s``, ``error`` (relative), ``reference_ok``, ``noisy`` - or ``failed`` with the
+    one-line reason (a method that cannot plan this model, a run that failed)."""
+    if req.preset != "local":
+        raise ExplorerError(f"ranking runs every plan here, so it needs --preset local, not "
+                            f"{req.preset}")
+    if rounds < 1 or steps < 1 or warmup < 0:
+        raise ValueError(f"rounds ({rounds}) and steps ({steps}) must be ≥ 1 and warmup "
+                         f"({warmup}) ≥ 0")
+    methods = list(methods or DEFAULT_METHODS)
+    unknown = [m for m in methods if family(m) is None]
+    if unknown:
+        raise ValueError(f"unknown method(s) {', '.join(unknown)}: see `explorer search --help`")
+    rows, docs = [], {}
+    for m in methods:
+        fam = family(m)
+        row = {"method": m, "family": fam, "basis": BASIS[fam], "rounds_s": [], "noise": []}
+        progress(f"searching {m}")
+        try:
+            res = result(req.replace(algo=m), m)
+            row["predicted_step_s"] = float(res.predicted_step_time_s)
+            docs[m] = res.document()
+        except (ExplorerError, ValueError) as exc:
+            row["failed"] = f"search: {exc}"
+        rows.append(row)
+    for r in range(rounds):
+        for row in rows:
+            if "failed" in row:
+                continue
+            progress(f"round {r + 1}/{rounds}: running {row['method']}")
+            try:
+                out = run_plan(docs[row["method"]], steps=steps, warmup=warmup,
+                               timeout_s=timeout_s, check=(r == 0))
+            except (ExplorerError, ValueError) as exc:
+                row["failed"] = f"run: {exc}"
+                continue
+            row["rounds_s"].append(float(out["measured_step_time_s"]))
+            row["noise"].append(out.get("noise") or {})
+            if r == 0:
+                row["reference_ok"] = out.get("reference_ok",
+                                              (out.get("reference") or {}).get("ok"))
+    ranked = [row for row in rows if "failed" not in row and row["rounds_s"]]
+    for row in ranked:
+        row["measured_step_s"] = statistics.median(row["rounds_s"])
+        row["measured_min_s"] = min(row["rounds_s"])
+        row["error"] = (row["predicted_step_s"] - row["measured_step_s"]) / row["measured_step_s"]
+        row["noisy"] = any(n.get("noisy") for n in row["noise"])
+    pred = [row["predicted_step_s"] for row in ranked]
+    meas = [row["measured_step_s"] for row in ranked]
+    for key, values in (("predicted_rank", pred), ("measured_rank", meas)):
+        order = sorted(range(len(values)), key=lambda i: (values[i], i))
+        for place, i in enumerate(order, 1):
+            ranked[i][key] = place
+    steals = [n.get("steal") for row in ranked for n in row["noise"]
+              if n.get("steal") is not None]
+    notes = [n["note"] for row in ranked for n in row["noise"] if n.get("note")]
+    noisy = bool(notes)
+    return {"request": req.to_dict(), "rounds": rounds, "steps": steps, "warmup": warmup,
+            "rows": rows, "kendall_tau": kendall_tau(pred, meas), "regret": regret(pred, meas),
+            "max_steal": max(steals) if steals else None, "noisy": noisy,
+            "noise_note": (f"noisy ranking: {len(notes)} of "
+                           f"{sum(len(r['noise']) for r in ranked)} runs were noisy ("
+                           + notes[0].removeprefix("noisy timing: ")
+                           .removesuffix(" - compare these timings with care")
+                           + ") - the measured order may not be the machine's")
+            if noisy else None}

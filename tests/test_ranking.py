@@ -1,0 +1,63 @@
+"""The ranking check (explorer/service/ranking.py, `explorer rank`): Kendall's τ and regret by
+hand, bad input in one line, and a real ranking of a tiny model's plans on 2 workers."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from explorer.service.ranking import kendall_tau, regret
+
+
+def test_kendall_tau_by_hand():
+    assert kendall_tau([1, 2, 3], [10, 20, 30]) == pytest.approx(1.0)
+    assert kendall_tau([1, 2, 3], [30, 20, 10]) == pytest.approx(-1.0)
+    # one discordant pair of three: (2 - 1) / 3
+    assert kendall_tau([1, 2, 3], [10, 30, 20]) == pytest.approx(1 / 3)
+    assert kendall_tau([1], [2]) is None
+
+
+def test_regret_is_the_predicted_best_against_the_measured_best():
+    """Predicted fastest is plan 0, which measured 12 against the best 10: 20 % regret."""
+    assert regret([1.0, 2.0, 3.0], [12.0, 10.0, 15.0]) == pytest.approx(0.2)
+    assert regret([1.0, 2.0], [5.0, 6.0]) == 0.0
+
+
+def _explorer(*args):
+    return subprocess.run([sys.executable, "-m", "explorer", *args], capture_output=True,
+                          text=True)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("args,words", [
+    (["--preset", "p100-cluster"], "needs --preset local"),
+    (["--methods", "data,nosuch"], "unknown method(s) nosuch"),
+    (["--rounds", "0"], "rounds (0)"),
+])
+def test_bad_input_is_one_line(args, words):
+    got = _explorer("rank", "lenet5", "--batch", "8", *args)
+    assert got.returncode == 2 and words in got.stderr, got.stderr
+    assert len(got.stderr.strip().splitlines()) == 1 and "Traceback" not in got.stderr
+
+
+@pytest.mark.multiprocess
+def test_a_ranking_runs_every_plan_and_compares_the_orders():
+    got = _explorer("rank", "lenet5", "--batch", "8", "--methods", "data,optcnn,celeritas",
+                    "--rounds", "2", "--steps", "2", "--warmup", "1", "--json")
+    assert got.returncode == 0, got.stderr
+    rep = json.loads(got.stdout)
+    rows = rep["rows"]
+    assert [r["method"] for r in rows] == ["data", "optcnn", "celeritas"]
+    for r in rows:
+        assert "failed" not in r, r
+        assert len(r["rounds_s"]) == 2 and r["reference_ok"] is True
+        assert r["measured_min_s"] <= r["measured_step_s"] and r["predicted_step_s"] > 0
+        assert len(r["noise"]) == 2 and "steal" in r["noise"][0]
+    assert sorted(r["predicted_rank"] for r in rows) == [1, 2, 3]
+    assert sorted(r["measured_rank"] for r in rows) == [1, 2, 3]
+    pred = [r["predicted_step_s"] for r in rows]
+    meas = [r["measured_step_s"] for r in rows]
+    assert rep["kendall_tau"] == pytest.approx(kendall_tau(pred, meas))
+    assert rep["regret"] == pytest.approx(regret(pred, meas)) and rep["regret"] >= 0
+    assert (rep["noise_note"] is None) == (not rep["noisy"])
