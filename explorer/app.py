@@ -1,11 +1,17 @@
-"""The Dash app: the shell (header, page navigation), the background-callback manager, and
-serving it.
+"""The Dash app: the shell (header, page navigation, the stores every page shares), the
+background-callback manager, and serving it.
 
-The app uses Dash pages: the main page (``/``, :mod:`explorer.views.page`) holds the form,
-the graph and the tabs, and opens on the request in its URL; more pages register the same
-way.  Each panel lives in ``explorer/views/<panel>.py`` with its layout, its pure
-figure-building functions and a ``register(app)`` that adds its callbacks to one app (no
-global callback registry, so tests and benchmarks can build several apps in one process).
+The app uses Dash pages, one module per page: the layer-wise page (``/``,
+:mod:`explorer.views.layerwise_page`: the form, the graph and the tabs Plan, Elimination
+steps, Tiling, Compare, Run), the Tofu page (``/tofu``), the placement page (``/placement``),
+the Plans page (``/plans``) and Learn (``/learn``).  Each opens on the request in its URL
+(:mod:`explorer.views.pages`).  The shell holds what the pages share: the request of the page
+shown last (the header's links carry it to the other pages, and the address bar follows it),
+a plan the Plans page loaded (handed to its family's page), and the opener of the address a
+page's callback writes (``ids.NAVIGATE``: Search with another family's method, loading a
+plan).  Each panel lives in ``explorer/views/<panel>.py`` with its layout,
+its pure figure-building functions and a ``register(app)`` that adds its callbacks to one app
+(no global callback registry, so tests and benchmarks can build several apps in one process).
 ``explorer serve`` opens it on VGG-16 on the 4×P100 NVLink preset with its optimal plan.
 """
 
@@ -52,28 +58,122 @@ def background_manager():
 def initial_state(request: session.Request | None):
     """The request dict and the layer-wise plan the default page opens with (the plan is
     ``{"error": ...}`` when it cannot be found)."""
-    from explorer.views import page
+    from explorer.views import pages
     doc = state.request_doc(request or DEFAULT_REQUEST)
-    return doc, page.first_results(doc)["plan"]
+    return doc, pages.first_result(doc, "layerwise")[0]
+
+
+#: the header's pages, in order: (key, path); the request-carrying ones get its query
+HEADER_PAGES = (("layerwise", "/"), ("tofu", "/tofu"), ("placement", "/placement"),
+                ("plans", "/plans"), ("learn", "/learn"))
+
+
+def nav_hrefs(doc: dict | None) -> list:
+    """The header links' addresses for request ``doc``: every page that shows a request
+    opens on it (Learn has its own scenarios)."""
+    query = state.query_string(doc)
+    return [path if key == "learn" else path + query for key, path in HEADER_PAGES]
+
+
+def shell():
+    """The app's layout around the pages: the header and the stores the pages share.  The
+    header's links, and the pages callbacks open, load their page from its address (the
+    address bar follows the request by ``replaceState``, which the pages router does not see,
+    so routing inside the app could start from a stale address)."""
+    from explorer.views import ids, pages
+    return html.Div(className="app", children=[
+        dcc.Store(id=ids.SHARED_REQUEST, data=None),
+        dcc.Store(id=ids.STORE_LOADED, data=None, storage_type="session"),
+        dcc.Store(id=ids.URL_QUERY, data=None),
+        html.Div(id=ids.URL_SYNC, hidden=True),
+        html.Div(id=ids.NAVIGATE_SYNC, hidden=True),
+        html.Header(className="header", children=[
+            html.H1("Plan Explorer"),
+            html.Span("parallelization plans: inspect, pin, re-run, execute",
+                      className="subtitle"),
+            html.Nav(className="pages", children=[
+                html.A(pages.NAMES[key], href=path, id=ids.NAV_LINK + key,
+                       className="page-link")
+                for key, path in HEADER_PAGES]),
+        ]),
+        dash.page_container,
+    ])
+
+
+#: writes the request's query string into the address bar without reloading or re-routing
+#: the page (``replaceState`` fires no event the pages router listens to)
+#: opens the address a callback wrote (a page load: the new page opens on its URL's request)
+_OPENER = """
+function(href) {
+    if (typeof href === 'string' && href) { window.location.assign(href); }
+    return '';
+}
+"""
+
+_URL_WRITER = """
+function(query) {
+    if (typeof query === 'string' && query && window.location.search !== query) {
+        window.history.replaceState(window.history.state, '', window.location.pathname + query);
+    }
+    return '';
+}
+"""
+
+
+def register_shell(app: Dash) -> None:
+    """The shell's callbacks: a page's request becomes the shared one; the header's links and
+    the address bar follow it."""
+    from dash import Input, Output
+
+    from explorer.views import ids
+
+    @app.callback(Output(ids.SHARED_REQUEST, "data"),
+                  Input(ids.STORE_REQUEST, "data", allow_optional=True))
+    def _share(doc):
+        if not doc:
+            raise dash.exceptions.PreventUpdate
+        return doc
+
+    @app.callback([Output(ids.NAV_LINK + key, "href") for key, _ in HEADER_PAGES],
+                  Input(ids.SHARED_REQUEST, "data"))
+    def _links(doc):
+        if not doc:
+            raise dash.exceptions.PreventUpdate
+        return nav_hrefs(doc)
+
+    @app.callback(Output(ids.URL_QUERY, "data"), Input(ids.SHARED_REQUEST, "data"))
+    def _query(doc):
+        if not doc:
+            raise dash.exceptions.PreventUpdate
+        return state.query_string(doc)
+
+    app.clientside_callback(_URL_WRITER, Output(ids.URL_SYNC, "children"),
+                            Input(ids.URL_QUERY, "data"))
+    app.clientside_callback(_OPENER, Output(ids.NAVIGATE_SYNC, "children"),
+                            Input(ids.NAVIGATE, "data", allow_optional=True))
 
 
 def create_app(request: session.Request | None = None, allow_model_files: bool = False) -> Dash:
-    """Build the app: the page opens on ``request`` (default VGG-16 on 4×P100 NVLink) unless
-    its URL says otherwise; ``allow_model_files`` lets the page load ``path.py:function``
+    """Build the app: its pages open on ``request`` (default VGG-16 on 4×P100 NVLink) unless
+    their URL says otherwise; ``allow_model_files`` lets the pages load ``path.py:function``
     models, which runs their code on this machine (a process-wide setting, see
     :mod:`explorer.views.state`)."""
     from explorer.views import (
         compare,
         graph,
+        layerwise_page,
         learn,
-        search_form as model,
-        page,
+        pages,
         placement,
+        placement_page,
         plans,
+        plans_page,
         run,
+        search_form,
         steps,
         tiling,
         tofu,
+        tofu_page,
     )
 
     state.allow_model_files(allow_model_files)
@@ -81,20 +181,12 @@ def create_app(request: session.Request | None = None, allow_model_files: bool =
                suppress_callback_exceptions=True,
                background_callback_manager=background_manager(),
                assets_folder=os.path.join(os.path.dirname(os.path.dirname(__file__)), "assets"))
-    app.server.config[page.CONFIG_KEY] = state.request_doc(request or DEFAULT_REQUEST)
-    for view in (page, model, graph, steps, tiling, compare, run, tofu, placement, plans, learn):
+    app.server.config[pages.CONFIG_KEY] = state.request_doc(request or DEFAULT_REQUEST)
+    for view in (layerwise_page, tofu_page, placement_page, plans_page, search_form, graph,
+                 steps, tiling, compare, run, tofu, placement, plans, learn):
         view.register(app)
-    app.layout = html.Div(className="app", children=[
-        html.Header(className="header", children=[
-            html.H1("Plan Explorer"),
-            html.Span("parallelization plans: inspect, pin, re-run, execute",
-                      className="subtitle"),
-            html.Nav(className="pages", children=[
-                dcc.Link(p["name"], href=p["relative_path"], className="page-link")
-                for p in dash.page_registry.values()]),
-        ]),
-        dash.page_container,
-    ])
+    register_shell(app)
+    app.layout = shell()
     return app
 
 

@@ -6,7 +6,7 @@ import pytest
 
 from explorer import app as A
 from explorer import service as session
-from explorer.views import graph, ids, page
+from explorer.views import graph, ids, layerwise_page, plans_page, tofu_page
 from explorer.views import search_form as model
 
 
@@ -14,9 +14,11 @@ from explorer.views import search_form as model
 def test_app_builds_with_default_plan_and_all_panels():
     dash_app = A.create_app()
     assert "_pages_content" in str(dash_app.layout)          # the shell routes to the page
-    text = str(page.layout())                                 # the main page, no query
+    text = str(layerwise_page.layout())                       # the main page, no query
+    text += str(plans_page.layout()) + str(tofu_page.layout())   # the pages beside it
     for panel in (ids.GRAPH, ids.CANDIDATE_TABLE, ids.STEP_SLIDER, ids.TILING_FIGURE,
-                  ids.COMPARE_TIME, ids.PLANS_TABLE, ids.SEARCH_BUTTON, ids.CANCEL_BUTTON):
+                  ids.COMPARE_TIME, ids.PLANS_TABLE, ids.SEARCH_BUTTON, ids.CANCEL_BUTTON,
+                  ids.TOFU_BUTTON):
         assert panel in text
     req_doc, plan = A.initial_state(None)
     assert req_doc["model"] == "vgg16" and plan["algo"] == "optcnn"

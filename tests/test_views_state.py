@@ -292,10 +292,11 @@ def test_apps_register_their_own_callbacks():
 def test_a_bad_pin_in_the_url_keeps_the_model_and_says_why(pin):
     """A link with a pin that cannot apply still opens its (valid) model: the graph, summary
     and plan are shown unpinned, and one line names the pin and the reason."""
-    from explorer.views import page
+    from explorer.views import pages
     doc, errors = state.from_query({"model": "lenet5", "devices": "2", "pin": pin},
                                    state.request_doc(state.DEFAULT_REQUEST))
-    first = page.first_results(doc)
+    plan, error = pages.first_result(doc, "layerwise")
+    first = {"plan": plan, "error": error}
     assert "error" not in first["plan"] and first["plan"]["layers"]
     assert first["error"].startswith(f"URL: pins {pin} ignored") and doc["pins"] == []
     if pin.startswith("nosuchlayer"):

@@ -1,12 +1,25 @@
 """Every component id of the app in one place (views import these, never spell ids inline)."""
 
-# shared stores (created in page.py)
-STORE_REQUEST = "store-request"      # THE app state: model, batch, args, preset, devices,
-                                     # method (algo) and layer-wise pins ("LAYER=n=2,c=2@0,1")
-STORE_PLAN = "store-plan"            # current plan dict (+ trace_ref, info, previous objective)
-STORE_SEEN = "store-seen"            # the model the page last showed (resets on a change)
+# the shell (explorer/app.py): what every page shares
+SHARED_REQUEST = "shared-request"    # the request of the page shown last (the nav links and
+                                     # the address bar follow it across pages)
+STORE_LOADED = "store-loaded"        # {"kind", "doc", "request"}: a plan the Plans page
+                                     # loaded, adopted by the page of its family (kept in the
+                                     # browser's session storage across that page's load)
+NAVIGATE_SYNC = "navigate-sync"      # dummy output of the clientside page opener
+NAV_LINK = "nav-"                    # + page key ("layerwise", "tofu", ...): a header link
 URL_QUERY = "url-query"              # the query string of the request (mirrored into the URL)
 URL_SYNC = "url-sync"                # dummy output of the clientside URL writer
+
+# each page's own stores (created by its page module)
+PAGE_FAMILY = "page-family"          # which family's page this is ("layerwise", "tofu", ...)
+STORE_REQUEST = "store-request"      # THE page's request: model, batch, args, preset, devices,
+                                     # method (algo) and layer-wise pins ("LAYER=n=2,c=2@0,1")
+FAMILY_HINT = "family-hint"          # "icml18 is a Tofu method: open the Tofu page"
+NAVIGATE = "navigate"                # an address the page's callbacks open (another page)
+STORE_FOUND = "store-found"          # {"family", "doc"}: what the form's Search found here
+STORE_PLAN = "store-plan"            # current plan dict (+ trace_ref, info, previous objective)
+STORE_SEEN = "store-seen"            # the model the page last showed (resets on a change)
 CONTEXT = "context-"                 # + tab name: the tab's "operates on" line
 STORE_SELECTED = "store-selected"    # selected layer name (or None)
 STORE_EXPANDED = "store-expanded"    # list of expanded hierarchy groups
@@ -167,7 +180,7 @@ PLACE_RUN_FIG = "place-run-fig"
 PLACE_RUN_SERIES = "place-run-series"
 PLACE_RUN_HISTORY = "place-run-history"
 STORE_PLACE_RUN = "store-place-run"              # last run_placement result (panel)
-STORE_PLACEMENT = "store-placement"              # current placement doc (page.py)
+STORE_PLACEMENT = "store-placement"              # current placement doc (page)
 STORE_PLACE_PINS = "store-place-pins"            # [{"target", "ops", "device"}] (panel)
 STORE_PLACE_SELECTED = "store-place-selected"    # {"kind": "cluster"|"op", ...} (panel)
 STORE_PLACE_EXPANDED = "store-place-expanded"    # expanded cluster index or None (panel)

@@ -101,17 +101,31 @@ COMPARE_ROW_STYLE = {"styleConditions": [
     {"condition": "params.data && params.data.oom === 'yes'", "style": {"color": "#b91c1c"}}]}
 
 
-def layout(req: dict | None = None):
-    """The panel; its method dropdown shows ``req``'s method when it is a placement method."""
+def panel_method(req: dict | None, shown: dict | None = None) -> str:
+    """The panel's method: the shown placement's, else the request's when it is a placement
+    method, else Celeritas."""
+    if shown and state.family(shown.get("algo")) == "placement":
+        return shown["algo"]
+    return state.tab_method("placement", req)
+
+
+def method_of(req_doc: dict | None, algo: str | None) -> str:
+    """The method Place and the pins run: the panel's (``algo``), else the request's."""
+    return algo if state.family(algo) == "placement" else state.tab_method("placement", req_doc)
+
+
+def layout(req: dict | None = None, shown: dict | None = None, pins: list | None = None):
+    """The panel; its method dropdown shows the shown placement's method (``shown``), else
+    ``req``'s when it is a placement method; ``pins`` are the shown placement's pin rows."""
     return html.Div(className="panel placement-panel", children=[
         context("placement"),
-        dcc.Store(id=ids.STORE_PLACE_PINS, data=[]),
+        dcc.Store(id=ids.STORE_PLACE_PINS, data=list(pins or [])),
         dcc.Store(id=ids.STORE_PLACE_SELECTED, data=None),
         dcc.Store(id=ids.STORE_PLACE_EXPANDED, data=None),
         html.P(PLACEMENT_INTRO, className="muted placement-intro"),
         html.Div(className="row", children=[
             html.Label(["Method", dcc.Dropdown(
-                id=ids.PLACE_ALGO, value=state.tab_method("placement", req), clearable=False,
+                id=ids.PLACE_ALGO, value=panel_method(req, shown), clearable=False,
                 style={"width": "300px"}, options=state.family_options("placement"))]),
             html.Label(["Memory per device (GiB)", dcc.Input(
                 id=ids.PLACE_MEMORY, type="number", placeholder="device memory",
@@ -675,12 +689,22 @@ def register(app: dash.Dash) -> None:
     def place(set_progress, _n, req_doc, algo, memory, pins):
         set_progress(["0"])
         try:
-            doc = do_place(req_doc, state.tab_method("placement", req_doc, algo), memory,
+            doc = do_place(req_doc, method_of(req_doc, algo), memory,
                            pins or [], lambda v: set_progress([str(v)]))
         except (ExplorerError, ValueError) as exc:
             return no_update, str(exc), "", ""
         set_progress(["100"])
         return doc, "", f"done: {doc['algo']} on {len(doc['capacity_bytes'])} devices", ""
+
+    @app.callback(Output(ids.PLACE_ALGO, "value", allow_duplicate=True),
+                  Input(ids.STORE_PLACEMENT, "data"), State(ids.PLACE_ALGO, "value"),
+                  prevent_initial_call=True)
+    def follow_shown(doc, algo):
+        # the panel's method is the shown placement's (a Search or a loaded plan may bring
+        # another one)
+        if not doc or doc.get("algo") == algo or state.family(doc.get("algo")) != "placement":
+            raise dash.exceptions.PreventUpdate
+        return doc["algo"]
 
     @app.callback(
         Output(ids.STORE_PLACE_PINS, "data"),
@@ -706,7 +730,7 @@ def register(app: dash.Dash) -> None:
             index = None
         # pins re-run the form's request (the one app state)
         return (*apply_pins(action, pins, selected, device, req_doc,
-                            state.tab_method("placement", req_doc, algo), memory, doc, index),
+                            method_of(req_doc, algo), memory, doc, index),
                 "")
 
     @app.callback(

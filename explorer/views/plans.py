@@ -1,16 +1,16 @@
 """Plans panel: the history of plans (SQLite, see :mod:`explorer.engine.core.history`), loading a
 saved plan back into the app, downloading the current plan and uploading a plan file of any
-kind (layer-wise, Tofu, placement): a loaded plan becomes the page's state - its model,
-devices and method fill the form, and its tab shows it.
+kind (layer-wise, Tofu, placement): a loaded plan becomes the app's state - the page of its
+family opens on its request (the form shows its model, devices and method) and shows it.
 
-Every plan that reaches the plan store (layer-wise) or the Tofu store without an ``"error"``
-is saved automatically, unless
-it came from the history (it then carries ``history_id``) or an identical plan is already
-saved (same model, devices, pins and per-layer choices).  The auto-save is a callback
-*without outputs* on the plan store; the table's callback saves too (atomically deduplicated),
-so it never lists the history without the plan that just arrived.  The logic lives in plain
-functions (:func:`autosave`, :func:`load_plan`, :func:`parse_upload`, :func:`ingest`,
-:func:`download_payload`); the callbacks only wire them to components.
+Every plan that reaches a page's result store (layer-wise, Tofu, placement) without an
+``"error"`` is saved automatically, unless it came from the history (it then carries
+``history_id``) or an identical plan is already saved (same model, devices, pins and
+per-layer choices).  The auto-save is a callback *without outputs* on the result stores; the
+table lists the history when the Plans page opens and on Refresh.  Upload validation lives in
+the plan-document module (:mod:`explorer.views.plan_files`); the logic here lives in plain
+functions (:func:`autosave`, :func:`load_plan`, :func:`ingest`, :func:`opened`); the
+callbacks, one per action, only wire them to components.
 """
 
 from __future__ import annotations
@@ -278,25 +278,20 @@ def layout():
     ])
 
 
-def _load_outputs() -> list:
-    from explorer.views import search_form as model
-    return [Output(ids.STORE_PLAN, "data", allow_duplicate=True),
-            Output(ids.STORE_TOFU, "data", allow_duplicate=True),
-            Output(ids.STORE_PLACEMENT, "data", allow_duplicate=True),
-            Output(ids.STORE_PLACE_PINS, "data", allow_duplicate=True),
-            Output(ids.TABS, "value", allow_duplicate=True),
-            Output(ids.STORE_REQUEST, "data", allow_duplicate=True),
-            *model.form_outputs()]
+def opened(kind: str, doc: dict, request: dict) -> tuple:
+    """``(loaded, href)``: what the shell hands to the page of a loaded plan's family
+    (``ids.STORE_LOADED``) and that page's address on the plan's request (``ids.NAVIGATE``),
+    where the form shows the request and the page shows the plan."""
+    page = kind if kind in ("tofu", "placement") else "layerwise"
+    return ({"kind": page, "doc": doc, "request": request}, state.page_url(page, request))
 
 
-def _load_values(kind=None, doc=None, request=None, plan=None) -> list:
-    """Values for :func:`_load_outputs` (all ``no_update`` without a plan)."""
-    from explorer.views import search_form as model
+def _opened_values(kind=None, doc=None, request=None) -> list:
+    """Values for the load callbacks' ``STORE_LOADED`` and ``NAVIGATE`` outputs (both
+    ``no_update`` without a plan)."""
     if kind is None:
-        return [dash.no_update] * (6 + len(model.FORM))
-    o = loaded_outputs(kind, doc, request, plan)
-    return [o["plan"], o["tofu"], o["placement"], o["place_pins"], o["tab"], o["request"],
-            *o["form"]]
+        return [dash.no_update, dash.no_update]
+    return list(opened(kind, doc, request))
 
 
 def load_saved(store: PlanStore, plan_id) -> tuple:
@@ -310,34 +305,17 @@ def load_saved(store: PlanStore, plan_id) -> tuple:
     return plan, request, f"loaded plan #{plan['history_id']}: {_describe(plan)}"
 
 
-def load_values(plan: dict, request: dict) -> list:
-    """The page's outputs for a plan of the history of any kind: a Tofu plan or a placement
-    opens its tab, the graph shows the layer-wise plan of the same request."""
-    kind = plandoc.kind_of(plan) or "layerwise"
-    if kind == "layerwise":
-        return _load_values("layerwise", plan, request)
-    from explorer.views.search_form import layerwise_plan
-    return _load_values(kind, plan, request, layerwise_plan(request))
-
-
-def _arrived(*docs):
-    """The documents among the page's stores a callback was triggered by (whose saving the
-    status line reports; all on a call Dash reports no trigger for)."""
-    trig = {t["prop_id"].split(".")[0] for t in (dash.ctx.triggered or [])}
-    names = (ids.STORE_PLAN, ids.STORE_TOFU, ids.STORE_PLACEMENT)
-    return [d for n, d in zip(names, docs) if not trig or n in trig or "." in trig]
-
-
 def register(app: dash.Dash) -> None:
     """The panel's callbacks on ``app``."""
 
     T.register_csv(app, ids.PLANS_CSV_BUTTON, ids.PLANS_CSV, ids.PLANS_TABLE, COLUMNS,
                    "plan-history")
 
-    @app.callback(Input(ids.STORE_PLAN, "data"), Input(ids.STORE_TOFU, "data"),
-                  Input(ids.STORE_PLACEMENT, "data"))
+    @app.callback(Input(ids.STORE_PLAN, "data", allow_optional=True),
+                  Input(ids.STORE_TOFU, "data", allow_optional=True),
+                  Input(ids.STORE_PLACEMENT, "data", allow_optional=True))
     def _autosave(plan, tofu_doc, placement_doc):
-        # no outputs: saves whichever tab is shown, every plan kind
+        # no outputs: saves the plan that arrived on whichever page holds it, every kind
         try:
             store = PlanStore()
             for doc, note in ((plan, "search"), (tofu_doc, "tofu"),
@@ -350,61 +328,56 @@ def register(app: dash.Dash) -> None:
         Output(ids.PLANS_TABLE, "rowData"),
         Output(ids.PLANS_STATUS, "children"),
         Input(ids.PLANS_REFRESH, "n_clicks"),
-        Input(ids.STORE_PLAN, "data"), Input(ids.STORE_TOFU, "data"),
-        Input(ids.STORE_PLACEMENT, "data"), Input(ids.TABS, "value"),
-        prevent_initial_call=True,                 # the page never opens on the Plans tab
     )
-    def _on_plan_or_refresh(_clicks, plan, tofu_doc, placement_doc, tab):
-        # save (a no-op if _autosave already did) and list - only while the Plans tab is
-        # shown (_autosave saves in any case; opening the tab lists)
-        if tab != "plans" and dash.ctx.triggered_id != ids.PLANS_REFRESH:
-            return dash.no_update, dash.no_update
+    def _on_open_or_refresh(_clicks):
+        # the page lists the history when it opens, and again on Refresh
         try:
             store = PlanStore()
-            msg = None
-            notes = {id(plan): "search", id(tofu_doc): "tofu", id(placement_doc): "placement"}
-            for doc in _arrived(plan, tofu_doc, placement_doc):
-                msg = autosave(doc, store, notes.get(id(doc), "search"))[1] or msg
             rows = table_rows(store)
         except Exception as exc:  # noqa: BLE001 - a broken history file must not break the app
             return dash.no_update, f"plan history unavailable: {exc}"
         if dash.ctx.triggered_id == ids.PLANS_REFRESH:
-            msg = msg or f"{len(rows)} saved plan(s) in {store.path}"
-        return rows, msg if msg else dash.no_update
+            return rows, f"{len(rows)} saved plan(s) in {store.path}"
+        return rows, dash.no_update
 
     @app.callback(
-        *_load_outputs(),
+        Output(ids.STORE_LOADED, "data", allow_duplicate=True),
+        Output(ids.NAVIGATE, "data", allow_duplicate=True),
         Output(ids.PLANS_STATUS, "children", allow_duplicate=True),
         Input(ids.PLAN_LOAD, "n_clicks"),
         State(ids.PLANS_TABLE, "selectedRows"),
         prevent_initial_call=True,
     )
     def _on_load(_clicks, selected):
+        if not _clicks:              # the page mounting (its outputs are the shell's)
+            raise dash.exceptions.PreventUpdate
         if not selected:
-            return *_load_values(), "select a plan in the table first"
+            return *_opened_values(), "select a plan in the table first"
         try:
             plan, request, msg = load_saved(PlanStore(), selected[0]["id"])
         except (KeyError, ValueError) as exc:
             msg = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
-            return *_load_values(), f"cannot load: {msg}"
-        return *load_values(plan, request), msg
+            return *_opened_values(), f"cannot load: {msg}"
+        return *_opened_values(_kind(plan), plan, request), msg
 
     @app.callback(
         Output(ids.PLAN_DOWNLOAD, "data"),
         Output(ids.PLANS_STATUS, "children", allow_duplicate=True),
         Input(ids.PLAN_DOWNLOAD_BUTTON, "n_clicks"),
-        State(ids.STORE_PLAN, "data"),
+        State(ids.STORE_REQUEST, "data"),
         prevent_initial_call=True,
     )
-    def _on_download(_clicks, plan):
+    def _on_download(_clicks, req_doc):
+        from explorer.views.search_form import layerwise_plan
         try:
-            data = download_payload(plan)
+            data = download_payload(layerwise_plan(req_doc) if req_doc else None)
         except ValueError as exc:
             return dash.no_update, str(exc)
         return data, f"downloading {data['filename']}"
 
     @app.callback(
-        *_load_outputs(),
+        Output(ids.STORE_LOADED, "data", allow_duplicate=True),
+        Output(ids.NAVIGATE, "data", allow_duplicate=True),
         Output(ids.PLANS_STATUS, "children", allow_duplicate=True),
         Output(ids.PLAN_UPLOAD, "contents"),
         Input(ids.PLAN_UPLOAD, "contents"),
@@ -418,12 +391,12 @@ def register(app: dash.Dash) -> None:
         try:
             got = ingest(contents, filename, PlanStore())
         except ValueError as exc:
-            return *_load_values(), f"not loaded: {exc}", None
-        return (*_load_values(got["kind"], got["doc"], got["request"], got.get("plan")),
-                got["message"], None)
+            return *_opened_values(), f"not loaded: {exc}", None
+        return (*_opened_values(got["kind"], got["doc"], got["request"]), got["message"],
+                None)
 
 
 __all__ = ["layout", "autosave", "load_plan", "download_payload", "download_name",
            "parse_upload", "parse_plan_text", "ingest_upload", "ingest", "request_of",
            "table_rows", "check_model", "tofu_doc", "placement_doc", "loaded_outputs",
-           "load_saved"]
+           "load_saved", "opened"]

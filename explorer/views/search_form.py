@@ -214,9 +214,11 @@ def _layerwise_request(req_doc, plan) -> session.Request:
 
 
 def do_search(trigger, controls: dict, pins, selected, pin_config, pin_devices, plan, req_doc,
-              progress=lambda v: None, memory=None):
+              progress=lambda v: None, memory=None, graph: bool = True):
     """The logic behind :func:`register`'s search callback as a plain function (tests call
-    it).  ``pins`` ``None`` means the request's own.
+    it).  ``pins`` ``None`` means the request's own; ``graph`` also searches the layer-wise
+    plan of a Tofu or placement request when ``plan`` shows another model (the graph of a
+    page that shows both).
 
     Returns a dict of outputs: plan, tofu, placement, place_pins, tab, request, pins, status,
     pin_error, request_error.  On failure the results are ``no_update`` and the
@@ -294,7 +296,7 @@ def do_search(trigger, controls: dict, pins, selected, pin_config, pin_devices, 
             out.update(plan=new_plan,
                        status=f"{new_plan['algo']}: {new_plan['objective_s'] * 1e3:.3f} ms/step, "
                               f"found in {new_plan['search_time_s'] * 1e3:.0f} ms")
-        if fam != "layerwise" and not state.same_target((plan or {}).get("request"),
+        if graph and fam != "layerwise" and not state.same_target((plan or {}).get("request"),
                                                         req.to_dict()):
             progress(90)                     # the graph shows the same model as the form
             out["plan"] = layerwise_plan(state.request_doc(req, pins))
@@ -331,6 +333,25 @@ def form_update(req_doc: dict) -> list:
     return [v[key] for _, key in FORM]
 
 
+def found(out: dict, page: str | None) -> tuple:
+    """``(found, href)`` for a :func:`do_search` result on the page of family ``page``: the
+    result for the page's ``ids.STORE_FOUND`` (``{"family", "doc", "pin_error"}``) when the
+    method is the page's family, else the address of the method's family page on the new
+    request (``no_update`` where nothing changes)."""
+    if out["request"] is no_update:             # failed: the message is in its slot
+        if out["pin_error"]:
+            return {"family": "layerwise", "doc": None, "pin_error": out["pin_error"]}, \
+                no_update
+        return no_update, no_update
+    fam = state.family(out["request"].get("algo"))
+    if out["plan"] is not no_update and out["tab"] is no_update:
+        fam = "layerwise"              # a layer-wise search, or a pin re-ran one
+    if fam != page:
+        return no_update, state.page_url(fam, out["request"])
+    doc = {"layerwise": out["plan"], "tofu": out["tofu"], "placement": out["placement"]}[fam]
+    return {"family": fam, "doc": doc, "pin_error": ""}, no_update
+
+
 def register(app: dash.Dash) -> None:
     """The panel's callbacks on ``app``."""
     app.callback(Output(ids.MODEL_ARGS, "placeholder"),
@@ -338,25 +359,25 @@ def register(app: dash.Dash) -> None:
     _register(app)
 
 
+def _optional(kind, cid, prop):
+    return kind(cid, prop, allow_optional=True)
+
+
 def _register(app: dash.Dash) -> None:
-    """The panel's callbacks on ``app``."""
+    """The panel's callbacks on ``app``: Search (and the layer-wise page's pins, which re-run
+    the same search), the form writing the request, the summary line."""
 
     @app.callback(
-        Output(ids.STORE_PLAN, "data"), Output(ids.STORE_TOFU, "data"),
-        Output(ids.STORE_PLACEMENT, "data"), Output(ids.STORE_PLACE_PINS, "data"),
-        Output(ids.TABS, "value"), Output(ids.STORE_REQUEST, "data"),
-        Output(ids.SEARCH_STATUS, "children"), Output(ids.PIN_ERROR, "children"),
-        Output(ids.REQUEST_ERROR, "children"), Output(ids.STORE_STEP, "data"),
-        Input(ids.SEARCH_BUTTON, "n_clicks"), Input(ids.PIN_BUTTON, "n_clicks"),
-        Input(ids.UNPIN_BUTTON, "n_clicks"), Input(ids.RERUN_BUTTON, "n_clicks"),
-        Input(ids.CLEAR_PINS, "n_clicks"),
+        Output(ids.STORE_FOUND, "data"), Output(ids.STORE_REQUEST, "data"),
+        Output(ids.SEARCH_STATUS, "children"), Output(ids.REQUEST_ERROR, "children"),
+        Output(ids.NAVIGATE, "data"),
+        Input(ids.SEARCH_BUTTON, "n_clicks"),
         State(ids.MODEL_DROPDOWN, "value"), State(ids.MODEL_FILE, "value"),
         State(ids.BATCH_INPUT, "value"), State(ids.MODEL_ARGS, "value"),
         State(ids.PRESET_DROPDOWN, "value"), State(ids.DEVICES_INPUT, "value"),
         State(ids.ALGO_DROPDOWN, "value"), State(ids.CLUSTER_UPLOAD, "contents"),
-        State(ids.STORE_SELECTED, "data"), State(ids.PIN_CONFIG, "value"),
-        State(ids.PIN_DEVICES, "value"), State(ids.STORE_PLAN, "data"),
-        State(ids.STORE_REQUEST, "data"), State(ids.PLACE_MEMORY, "value"),
+        _optional(State, ids.STORE_PLAN, "data"), State(ids.STORE_REQUEST, "data"),
+        _optional(State, ids.PLACE_MEMORY, "value"), State(ids.PAGE_FAMILY, "data"),
         background=True, interval=150,
         progress=[Output(ids.SEARCH_PROGRESS, "value")],
         running=C.running(ids.SEARCH_BUTTON, ids.CANCEL_BUTTON, ids.SEARCH_PROGRESS,
@@ -364,38 +385,62 @@ def _register(app: dash.Dash) -> None:
         cancel=[Input(ids.CANCEL_BUTTON, "n_clicks")],
         prevent_initial_call=True,
     )
-    def run_search(set_progress, _s, _p, _u, _r, _c, model, model_file, batch, args, preset,
-                   devices, algo, cluster, selected, pin_config, pin_devices, plan, req_doc,
-                   memory):
+    def run_search(set_progress, _n, model, model_file, batch, args, preset, devices, algo,
+                   cluster, plan, req_doc, memory, page):
+        # Search, on every family page: the form's method; its result is shown here when the
+        # method is this page's family, else its family's page opens on the new request.
+        if not _n:
+            raise dash.exceptions.PreventUpdate
         controls = dict(model=model, model_file=model_file, batch=batch, args=args,
                         preset=preset, devices=devices, algo=algo, cluster=cluster)
         set_progress(["0"])
-        out = do_search(dash.ctx.triggered_id, controls, None, selected, pin_config,
-                        pin_devices, plan, req_doc, progress=lambda v: set_progress([str(v)]),
-                        memory=memory)
-        step = None if out["plan"] is not no_update else no_update
-        return (out["plan"], out["tofu"], out["placement"], out["place_pins"], out["tab"],
-                out["request"], out["status"], out["pin_error"], out["request_error"], step)
+        out = do_search(ids.SEARCH_BUTTON, controls, None, None, None, None, plan, req_doc,
+                        progress=lambda v: set_progress([str(v)]), memory=memory, graph=False)
+        shown, href = found(out, page)
+        return shown, out["request"], out["status"], out["request_error"], href
+
+    @app.callback(
+        Output(ids.STORE_FOUND, "data", allow_duplicate=True),
+        Output(ids.STORE_REQUEST, "data", allow_duplicate=True),
+        Output(ids.SEARCH_STATUS, "children", allow_duplicate=True),
+        Input(ids.PIN_BUTTON, "n_clicks"), Input(ids.UNPIN_BUTTON, "n_clicks"),
+        Input(ids.RERUN_BUTTON, "n_clicks"), Input(ids.CLEAR_PINS, "n_clicks"),
+        State(ids.STORE_SELECTED, "data"), State(ids.PIN_CONFIG, "value"),
+        State(ids.PIN_DEVICES, "value"), State(ids.STORE_PLAN, "data"),
+        State(ids.STORE_REQUEST, "data"),
+        background=True, interval=150,
+        running=C.running(ids.SEARCH_BUTTON, ids.CANCEL_BUTTON, ids.SEARCH_PROGRESS,
+                          ids.SEARCH_STATUS, "re-running the search…"),
+        cancel=[Input(ids.CANCEL_BUTTON, "n_clicks")],
+        prevent_initial_call=True,
+    )
+    def run_pins(_p, _u, _r, _c, selected, pin_config, pin_devices, plan, req_doc):
+        # Pin, Unpin, Re-run, Clear pins (the layer-wise page): the layer-wise search again
+        out = do_search(dash.ctx.triggered_id, {}, None, selected, pin_config, pin_devices,
+                        plan, req_doc)
+        shown, _ = found(out, "layerwise")
+        return shown, out["request"], out["status"]
 
     @app.callback(
         Output(ids.STORE_REQUEST, "data", allow_duplicate=True),
         Output(ids.REQUEST_ERROR, "children", allow_duplicate=True),
-        Output(ids.ALGO_DROPDOWN, "value"), Output(ids.TOFU_ALGO, "value"),
-        Output(ids.PLACE_ALGO, "value"),
+        Output(ids.ALGO_DROPDOWN, "value"),
         Input(ids.MODEL_DROPDOWN, "value"), Input(ids.MODEL_FILE, "value"),
         Input(ids.BATCH_INPUT, "value"), Input(ids.MODEL_ARGS, "value"),
         Input(ids.PRESET_DROPDOWN, "value"), Input(ids.DEVICES_INPUT, "value"),
         Input(ids.ALGO_DROPDOWN, "value"), Input(ids.CLUSTER_UPLOAD, "contents"),
-        Input(ids.TOFU_ALGO, "value"), Input(ids.PLACE_ALGO, "value"),
+        _optional(Input, ids.TOFU_ALGO, "value"), _optional(Input, ids.PLACE_ALGO, "value"),
         State(ids.STORE_REQUEST, "data"),
         prevent_initial_call=True,
     )
     def on_form(model, model_file, batch, args, preset, devices, algo, cluster, tofu_algo,
                 place_algo, req_doc):
+        # the panels' own method lists (on the Tofu and placement pages) write the request
+        # and the form's method; the panels follow the result they show
         controls = dict(model=model, model_file=model_file, batch=batch, args=args,
                         preset=preset, devices=devices, algo=algo, cluster=cluster)
         out = sync_request(dash.ctx.triggered_id, controls, tofu_algo, place_algo, req_doc)
-        return out["request"], out["error"], out["algo"], out["tofu_algo"], out["place_algo"]
+        return out["request"], out["error"], out["algo"]
 
     @app.callback(
         Output(ids.STORE_SEEN, "data"),
@@ -404,29 +449,23 @@ def _register(app: dash.Dash) -> None:
         Output(ids.STORE_STEP, "data", allow_duplicate=True),
         Output(ids.STEP_SLIDER, "value", allow_duplicate=True),
         Output(ids.PIN_ERROR, "children", allow_duplicate=True),
-        Output(ids.TOFU_ERROR, "children", allow_duplicate=True),
-        Output(ids.PLACE_ERROR, "children", allow_duplicate=True),
-        Output(ids.PLACE_PIN_ERROR, "children", allow_duplicate=True),
         Output(ids.RUN_ERROR, "children", allow_duplicate=True),
-        Output(ids.PLACE_RUN_ERROR, "children", allow_duplicate=True),
-        Output(ids.STORE_PLACE_SELECTED, "data", allow_duplicate=True),
-        Output(ids.STORE_PLACE_EXPANDED, "data", allow_duplicate=True),
-        Output(ids.STORE_PLACE_PINS, "data", allow_duplicate=True),
         Input(ids.STORE_REQUEST, "data"), State(ids.STORE_SEEN, "data"),
         prevent_initial_call=True,
     )
     def on_request(req_doc, seen):
+        # the layer-wise page: a new model clears its selection, highlight and errors (the
+        # Tofu and placement pages reset their own)
         r = reset_on_change(req_doc, seen)
         if r is None:
             raise dash.exceptions.PreventUpdate
         e = r["error"]
-        return (r["seen"], r["selected"], r["expanded"], r["step"], r["slider"], e, e, e, e, e,
-                e, r["place_selected"], r["place_expanded"], r["place_pins"])
+        return r["seen"], r["selected"], r["expanded"], r["step"], r["slider"], e, e
 
     @app.callback(
         Output(ids.MODEL_SUMMARY, "children"),
-        Input(ids.STORE_PLAN, "data"), Input(ids.STORE_TOFU, "data"),
-        Input(ids.STORE_PLACEMENT, "data"),
+        _optional(Input, ids.STORE_PLAN, "data"), _optional(Input, ids.STORE_TOFU, "data"),
+        _optional(Input, ids.STORE_PLACEMENT, "data"),
         prevent_initial_call=True,
     )
     def on_result(plan, tofu, placement):

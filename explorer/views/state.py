@@ -136,6 +136,16 @@ def query_string(doc: dict | None) -> str:
     return "?" + urlencode(items)
 
 
+#: the path of each page that shows a request: one per method family, and the Plans page
+PAGE_PATHS = {"layerwise": "/", "tofu": "/tofu", "placement": "/placement", "plans": "/plans"}
+
+
+def page_url(page: str, doc: dict | None) -> str:
+    """The address of ``page`` ("layerwise", "tofu", "placement", "plans") opened on request
+    ``doc``."""
+    return PAGE_PATHS[page] + query_string(doc)
+
+
 def _many(v) -> list:
     if v is None:
         return []
@@ -290,5 +300,5 @@ def form_values(doc: dict) -> dict:
 __all__ = ["FAMILIES", "TAB_FAMILY", "DEFAULT_METHOD", "methods", "family", "method_options",
            "family_options", "allow_model_files", "model_files_allowed", "is_model_file",
            "check_model", "request", "request_doc", "pins_of", "same_graph", "same_target",
-           "query_string", "from_query", "request_from_document", "describe", "tab_method",
+           "query_string", "PAGE_PATHS", "page_url", "from_query", "request_from_document", "describe", "tab_method",
            "context_line", "form_values"]

@@ -43,8 +43,17 @@ STEP_COLUMNS = [("step", "step"), ("split", "groups → workers"), ("delta", "ad
                 ("search_s", "search s")]
 
 
-def layout(req: dict | None = None):
-    """The panel; its method dropdown shows ``req``'s method when it is a Tofu method."""
+def panel_method(req: dict | None, shown: dict | None = None) -> str:
+    """The panel's method: the shown partition's, else the request's when it is a Tofu
+    method, else Tofu's default."""
+    if shown and state.family(shown.get("algo")) == "tofu":
+        return shown["algo"]
+    return state.tab_method("tofu", req)
+
+
+def layout(req: dict | None = None, shown: dict | None = None):
+    """The panel; its method dropdown shows the shown partition's method (``shown``), else
+    ``req``'s when it is a Tofu method."""
     return html.Div(className="panel tofu-panel", children=[
         context("tofu"),
         html.P("Tofu (Wang et al., EuroSys 2019) partitions every tensor of the training step "
@@ -53,7 +62,7 @@ def layout(req: dict | None = None):
                "(k = k1·k2·…).", className="muted"),
         html.Div(className="row", children=[
             html.Label(["Method", dcc.Dropdown(
-                id=ids.TOFU_ALGO, value=state.tab_method("tofu", req), clearable=False,
+                id=ids.TOFU_ALGO, value=panel_method(req, shown), clearable=False,
                 style={"width": "260px"}, options=state.family_options("tofu"))]),
             *job_controls("Partition", ids.TOFU_BUTTON, ids.TOFU_CANCEL, ids.TOFU_PROGRESS,
                           ids.TOFU_STATUS),
@@ -287,12 +296,23 @@ def register(app: dash.Dash) -> None:
     def partition(set_progress, _n, req_doc, algo):
         set_progress(["0"])
         try:
-            doc = do_partition(req_doc, state.tab_method("tofu", req_doc, algo),
+            doc = do_partition(req_doc, algo if state.family(algo) == "tofu" else
+                               state.tab_method("tofu", req_doc),
                                lambda v: set_progress([str(v)]))
         except (ExplorerError, ValueError) as exc:
             return no_update, str(exc), ""
         set_progress(["100"])
         return doc, "", f"done: {doc['model']} on {doc['devices']} workers"
+
+    @app.callback(Output(ids.TOFU_ALGO, "value", allow_duplicate=True),
+                  Input(ids.STORE_TOFU, "data"), State(ids.TOFU_ALGO, "value"),
+                  prevent_initial_call=True)
+    def follow_shown(doc, algo):
+        # the panel's method is the shown partition's (a Search or a loaded plan may bring
+        # another one)
+        if not doc or doc.get("algo") == algo or state.family(doc.get("algo")) != "tofu":
+            raise dash.exceptions.PreventUpdate
+        return doc["algo"]
 
     register_download(app, ids.TOFU_DOWNLOAD_BUTTON, ids.TOFU_DOWNLOAD, ids.STORE_TOFU,
                       ids.TOFU_ERROR)
