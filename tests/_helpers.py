@@ -91,3 +91,27 @@ if (n.empty()) { return 'no-node'; }
 n.emit('tap');
 return 'ok';
 """
+
+
+#: browser tests: the header's link and a mark of each page of the app
+PAGES = {"Layer-wise": ("nav-layerwise", ".layerwise-page"), "Tofu": ("nav-tofu", ".tofu-page"),
+         "Placement": ("nav-placement", ".placement-page"), "Plans": ("nav-plans", ".plans-page"),
+         "Learn": ("nav-learn", ".learn-page")}
+
+
+def open_page(duo, name: str, timeout: float = 90) -> None:
+    """Browser tests: click the header's link to page ``name`` ("Layer-wise", "Tofu",
+    "Placement", "Plans") and wait until that page is shown."""
+    import time
+    link, mark = PAGES[name]
+    end = time.time() + 15
+    while name != "Learn" and time.time() < end and "model=" not in (
+            duo.find_element(f"#{link}").get_attribute("href") or ""):
+        time.sleep(0.2)                      # the link carries the request once it is shared
+    duo.find_element(f"#{link}").click()
+    duo.wait_for_element(mark, timeout=timeout)
+
+
+def page_path(duo) -> str:
+    """Browser tests: the path of the page shown ("/", "/tofu", ...)."""
+    return duo.driver.execute_script("return window.location.pathname;")

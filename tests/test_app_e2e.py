@@ -10,7 +10,7 @@ import time
 import psutil
 import pytest
 
-from _helpers import TAP
+from _helpers import TAP, open_page, page_path
 from explorer.app import create_app
 from explorer.views import ids
 
@@ -198,7 +198,7 @@ def test_tofu_page_partitions_tiles_and_compares(dash_duo):
                                              batch=8, model_args={"depth": "50", "width": "1",
                                                                   "image_size": "32"})))
     wait_objective(dash_duo, timeout=60)
-    dash_duo.find_element(f"#{ids.TABS} .tab:nth-child(6)").click()
+    open_page(dash_duo, "Tofu")
     dash_duo.find_element(f"#{ids.TOFU_BUTTON}").click()
     dash_duo.wait_for_contains_text("#tofu-headline", "B communicated", timeout=120)
     assert "k = 2 × 2" in dash_duo.find_element("#tofu-headline").text
@@ -224,11 +224,6 @@ def test_tofu_page_partitions_tiles_and_compares(dash_duo):
     dash_duo.wait_for_contains_text(f"#{ids.TOFU_COMPARE}", "allrow-greedy", timeout=120)
 
 
-TAB_INDEX = """
-const tabs = [...document.querySelectorAll('#tabs .tab')];
-return tabs.findIndex(t => t.textContent.trim() === arguments[0]) + 1;
-"""
-
 PLACE_CLUSTERS = """
 const cy = document.getElementById(arguments[0])._cyreg.cy;
 return cy.nodes('[kind = "cluster"]').map(n => [n.id(), n.data('device'), n.data('n_ops'),
@@ -244,9 +239,8 @@ return el && el.data ? el.data.map(t => [t.name, (t.x || []).length]) : null;
 def test_placement_page_places_shows_schedule_and_pins(dash_duo):
     dash_duo.start_server(create_app())
     wait_objective(dash_duo)
-    n = dash_duo.driver.execute_script(TAB_INDEX, "Placement")
-    assert n > 0
-    dash_duo.find_element(f"#{ids.TABS} .tab:nth-child({n})").click()
+    open_page(dash_duo, "Placement")
+    assert page_path(dash_duo) == "/placement"
     dash_duo.find_element(f"#{ids.PLACE_BUTTON}").click()
     dash_duo.wait_for_contains_text("#place-headline", "predicted step", timeout=90)
     assert "celeritas" in dash_duo.find_element("#place-headline").text
@@ -318,8 +312,7 @@ def test_placement_page_runs_the_placement_on_local_workers(dash_duo):
     dash_duo.start_server(create_app(Request(model="lenet5", preset="local", devices=2,
                                              batch=8)))
     wait_objective(dash_duo)
-    n = dash_duo.driver.execute_script(TAB_INDEX, "Placement")
-    dash_duo.find_element(f"#{ids.TABS} .tab:nth-child({n})").click()
+    open_page(dash_duo, "Placement")
     algos = names("placement")                   # option text is "name: description"
     dash_duo.select_dcc_dropdown(f"#{ids.PLACE_ALGO}", index=algos.index("metis"))
     dash_duo.find_element(f"#{ids.PLACE_BUTTON}").click()
@@ -377,8 +370,14 @@ def _text(driver, css):
     return els[0].text if els else ""
 
 
-def _selected_tab(driver):
-    return _text(driver, f"#{ids.TABS} .tab--selected")
+def _shown_page(duo):
+    """The path of the page shown, once the page there has mounted."""
+    marks = {"/": ".layerwise-page", "/tofu": ".tofu-page", "/placement": ".placement-page",
+             "/plans": ".plans-page"}
+    path = page_path(duo)
+    _wait(lambda: duo.driver.find_elements("css selector", marks.get(path, "body")), 30,
+          f"page {path}")
+    return path
 
 
 def test_four_sessions_open_four_models_on_one_server(dash_duo, caplog):
@@ -415,8 +414,7 @@ def test_four_sessions_open_four_models_on_one_server(dash_duo, caplog):
 
 
 def _upload(dash_duo, path):
-    n = dash_duo.driver.execute_script(TAB_INDEX, "Plans")
-    dash_duo.find_element(f"#{ids.TABS} .tab:nth-child({n})").click()
+    open_page(dash_duo, "Plans")
     dash_duo.find_element(f"#{ids.PLAN_UPLOAD} input[type=file]").send_keys(str(path))
 
 
@@ -431,7 +429,7 @@ def test_saved_tofu_plan_and_placement_fill_the_form(dash_duo, tmp_path):
     wait_objective(dash_duo)
     _upload(dash_duo, tofu_path)
     dash_duo.wait_for_contains_text("#tofu-headline", "icml18", timeout=60)
-    assert _selected_tab(dash_duo.driver) == "Tofu"
+    assert _shown_page(dash_duo) == "/tofu"
     assert "lenet5" in dash_duo.find_element(f"#{ids.MODEL_DROPDOWN}").text
     assert dash_duo.find_element(f"#{ids.DEVICES_INPUT}").get_attribute("value") == "2"
     assert "local" in dash_duo.find_element(f"#{ids.PRESET_DROPDOWN}").text
@@ -439,20 +437,22 @@ def test_saved_tofu_plan_and_placement_fill_the_form(dash_duo, tmp_path):
     dash_duo.wait_for_contains_text(f"#{ids.CONTEXT}tofu", "lenet5 · batch 8 · 2 × local · "
                                                            "icml18", timeout=10)
     _wait(lambda: "algo=icml18" in dash_duo.driver.current_url, 10, "URL")
+    open_page(dash_duo, "Layer-wise")                   # the layer-wise page keeps the request
     dash_duo.wait_for_contains_text(f"#{ids.GRAPH_INFO}", "lenet5: ", timeout=30)  # the graph too
     _upload(dash_duo, place_path)
     dash_duo.wait_for_contains_text("#place-headline", "metis", timeout=90)
-    assert _selected_tab(dash_duo.driver) == "Placement"
+    assert _shown_page(dash_duo) == "/placement"
     assert "alexnet" in dash_duo.find_element(f"#{ids.MODEL_DROPDOWN}").text
     assert dash_duo.find_element(f"#{ids.DEVICES_INPUT}").get_attribute("value") == "2"
     assert dash_duo.find_element(f"#{ids.BATCH_INPUT}").get_attribute("value") == "16"
     assert "metis" in dash_duo.find_element(f"#{ids.ALGO_DROPDOWN}").text
     dash_duo.wait_for_contains_text(f"#{ids.CONTEXT}placement", "alexnet", timeout=10)
-    dash_duo.wait_for_contains_text(f"#{ids.GRAPH_INFO}", "alexnet: ", timeout=30)
-    # the placement tab's Place acts on the form (now alexnet), not on the last search
+    # the placement page's Place acts on the form (now alexnet), not on the last search
     dash_duo.find_element(f"#{ids.PLACE_BUTTON}").click()
     dash_duo.wait_for_contains_text(f"#{ids.PLACE_STATUS}", "done", timeout=90)
     assert "alexnet" in dash_duo.find_element("#place-subline").text
+    open_page(dash_duo, "Layer-wise")
+    dash_duo.wait_for_contains_text(f"#{ids.GRAPH_INFO}", "alexnet: ", timeout=30)
     assert dash_duo.get_logs() == []
 
 
@@ -480,14 +480,20 @@ def test_reload_keeps_model_devices_method_and_pins(dash_duo):
           "URL has the pin and the method")
     url = drv.current_url
     drv.refresh()
-    dash_duo.wait_for_contains_text("#tofu-headline", "icml18", timeout=90)
-    assert _selected_tab(drv) == "Tofu"
+    # the layer-wise page opens on the same request: the pins are its own
+    dash_duo.wait_for_contains_text(f"#{ids.PIN_LIST}", "conv2=n=1,c=2", timeout=90)
+    assert _shown_page(dash_duo) == "/"
     assert drv.current_url == url
+    _wait(lambda: nodes(dash_duo).get("conv2", ("", ""))[1] == "c2", 30, "pinned conv2 drawn")
+    # the method is Tofu's: the Tofu page (one click away) shows its plan on the same request
+    assert "icml18" in dash_duo.find_element(f"#{ids.FAMILY_HINT}").text
+    open_page(dash_duo, "Tofu")
+    dash_duo.wait_for_contains_text("#tofu-headline", "icml18", timeout=90)
+    assert _shown_page(dash_duo) == "/tofu"
+    assert drv.current_url == url.replace("/?", "/tofu?")
     assert "lenet5" in dash_duo.find_element(f"#{ids.MODEL_DROPDOWN}").text
     assert dash_duo.find_element(f"#{ids.DEVICES_INPUT}").get_attribute("value") == "2"
     assert "icml18" in dash_duo.find_element(f"#{ids.ALGO_DROPDOWN}").text
-    dash_duo.wait_for_contains_text(f"#{ids.PIN_LIST}", "conv2=n=1,c=2", timeout=30)
-    _wait(lambda: nodes(dash_duo).get("conv2", ("", ""))[1] == "c2", 30, "pinned conv2 drawn")
 
 
 def test_model_change_and_cancel_reset_the_page(dash_duo):

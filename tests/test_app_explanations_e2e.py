@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from _helpers import TAP
+from _helpers import TAP, open_page, page_path
 from explorer.app import create_app
 from explorer.service import Request
 from explorer.views import ids, palette
@@ -217,13 +217,13 @@ def test_small_model_units_labels_history_of_every_kind(dash_duo):
     assert any("LSTM seq2seq (NMT-style, Wu et al. 2016)" in o for o in opts)
     dash_duo.driver.find_element("css selector", "body").click()
     # Tofu: units by magnitude, its steps downloadable
-    tab(dash_duo, "Tofu")
+    open_page(dash_duo, "Tofu")
     dash_duo.find_element(f"#{ids.TOFU_BUTTON}").click()
     dash_duo.wait_for_contains_text("#tofu-headline", "communicated", timeout=120)
     head = dash_duo.find_element("#tofu-headline").text
     assert "KiB communicated" in head and "0.00" not in head
     # Placement: plain introduction, units, OOM text only with a device over capacity
-    tab(dash_duo, "Placement")
+    open_page(dash_duo, "Placement")
     intro = dash_duo.find_element(".placement-intro").text
     assert "CPD-TOPO" not in intro and "device" in intro
     dash_duo.find_element(f"#{ids.PLACE_BUTTON}").click()
@@ -244,8 +244,8 @@ def test_small_model_units_labels_history_of_every_kind(dash_duo):
     cells = grid.find_elements("css selector", ".ag-cell[col-id=note]")
     assert cells and all(rect(dash_duo, c)[2] <= panel[2] + 1 for c in cells)
     assert any(rect(dash_duo, c)[3] - rect(dash_duo, c)[1] > 30 for c in cells)  # wrapped
-    # the history keeps every plan kind; a placement loads back into its tab
-    tab(dash_duo, "Plans")
+    # the history keeps every plan kind; a placement loads back into its page
+    open_page(dash_duo, "Plans")
     dash_duo.find_element(f"#{ids.PLANS_REFRESH}").click()
     kinds = """
     const rows = [];
@@ -277,19 +277,18 @@ def test_small_model_units_labels_history_of_every_kind(dash_duo):
     dash_duo.find_element(f"#{ids.PLANS_CSV_BUTTON}").click()
     with open(downloaded(dash_duo, "plan-history.csv"), newline="") as f:
         assert {r["kind"] for r in csv.DictReader(f)} == {"layer-wise", "Tofu", "placement"}
-    # Load opens the Placement tab; the grid's selection reaches the server a moment after the
+    # Load opens the placement page; the grid's selection reaches the server a moment after the
     # click that made it, so a Load pressed before it says "select a plan" and is pressed again
-    selected = "return document.querySelector('#tabs .tab--selected').textContent.trim()"
     for _ in range(4):
         dash_duo.find_element(f"#{ids.PLAN_LOAD}").click()
         try:
-            until(lambda: dash_duo.driver.execute_script(selected) == "Placement", 5)
+            until(lambda: page_path(dash_duo) == "/placement", 5)
             break
         except AssertionError:
             status = dash_duo.driver.execute_script(
                 "return document.getElementById(arguments[0]).textContent", ids.PLANS_STATUS)
-            assert "select a plan" in status, f"Load did not open the Placement tab: {status}"
-    assert dash_duo.driver.execute_script(selected) == "Placement"
+            assert "select a plan" in status, f"Load did not open the placement page: {status}"
+    assert page_path(dash_duo) == "/placement"
     dash_duo.wait_for_contains_text("#place-headline", "celeritas", timeout=30)
 
 

@@ -6,6 +6,7 @@ import re
 
 import pytest
 
+from _helpers import open_page
 from explorer.app import create_app
 from explorer.views import ids
 
@@ -17,7 +18,7 @@ def _open_tofu(dash_duo):
     dash_duo.start_server(create_app(Request(model="mlp", preset="local", devices=2, batch=16,
                                              model_args={"layers": "2", "hidden": "64"})))
     dash_duo.wait_for_contains_text("#objective-value", "ms", timeout=60)
-    dash_duo.find_element(f"#{ids.TABS} .tab:nth-child(6)").click()
+    open_page(dash_duo, "Tofu")
     dash_duo.find_element(f"#{ids.TOFU_BUTTON}").click()
     dash_duo.wait_for_contains_text("#tofu-headline", "B communicated", timeout=120)
 
@@ -50,7 +51,7 @@ def test_run_a_tofu_plan_from_its_page(dash_duo):
     assert _number(bytes_, r"measured ([\d.]+) MB") == pytest.approx(pred, rel=1e-3)
     dash_duo.wait_for_contains_text(f"#{ids.TOFU_RUN_HISTORY}", "ok", timeout=30)
     # the plan history keeps the Tofu plan
-    dash_duo.find_element(f"#{ids.TABS} .tab:nth-child(8)").click()
+    open_page(dash_duo, "Plans")
     dash_duo.find_element(f"#{ids.PLANS_REFRESH}").click()
     dash_duo.wait_for_contains_text(f"#{ids.PLANS_TABLE}", "tofu", timeout=30)
 
