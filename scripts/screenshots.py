@@ -23,6 +23,39 @@ def tab(drv, n):
     time.sleep(1.0)
 
 
+def page(drv, key):
+    """Open the header's page ``key`` ("tofu", "placement", "plans", "layerwise")."""
+    drv.find_element("id", f"nav-{key}").click()
+    B.wait(drv, lambda: drv.find_elements("css selector", f".{key}-page"), 120)
+    time.sleep(1.0)
+
+
+def pages_shots(out):
+    """The Tofu and placement pages, whole (header and form included), on WResNet-50 (width
+    1) at batch 8 on 4 K80s."""
+    with B.browser(1400, 1250) as drv, B.server(
+            "--model", "wresnet", "--model-arg", "depth=50", "--model-arg", "width=1",
+            "--model-arg", "image_size=32", "--batch", "8", "--preset", "k80-pcie-8",
+            "--devices", "4") as url:
+        drv.get(url)
+        B.wait(drv, lambda: B.nodes(drv), 120)
+        page(drv, "tofu")
+        drv.find_element("id", "tofu-button").click()
+        B.wait(drv, lambda: "communicated" in B.text(drv, "#tofu-headline"), 180)
+        B.wait(drv, lambda: drv.execute_script(
+            "return document.querySelectorAll('.tofu-tile').length"), 60)
+        time.sleep(1.5)
+        shot(drv, out, "page-tofu.png")
+        page(drv, "placement")
+        drv.find_element("id", "place-button").click()
+        B.wait(drv, lambda: "predicted step" in B.text(drv, "#place-headline"), 180)
+        time.sleep(2.5)
+        shot(drv, out, "page-placement.png")
+        page(drv, "plans")
+        time.sleep(1.5)
+        shot(drv, out, "page-plans.png")
+
+
 def shot(drv, out, name):
     path = os.path.join(out, name)
     drv.save_screenshot(path)
@@ -64,10 +97,14 @@ def learn_shots(out):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.path.join(ROOT, "docs", "screenshots"))
-    ap.add_argument("--only", choices=("learn",), default=None,
-                    help="take only the Learn page's screenshots")
+    ap.add_argument("--only", choices=("learn", "pages"), default=None,
+                    help="take only the Learn page's, or the family pages', screenshots")
     args = ap.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
+    if args.only in (None, "pages"):
+        pages_shots(args.out)
+    if args.only == "pages":
+        return
     learn_shots(args.out)
     if args.only == "learn":
         return
@@ -116,7 +153,7 @@ def main(argv=None):
                       "--batch", "8", "--preset", "k80-pcie-8", "--devices", "8") as url:
             drv.get(url)
             B.wait(drv, lambda: B.nodes(drv), 120)
-            tab(drv, 6)                                   # Tofu
+            page(drv, "tofu")
             drv.find_element("id", "tofu-button").click()
             B.wait(drv, lambda: "communicated" in B.text(drv, "#tofu-headline"), 180)
             B.wait(drv, lambda: drv.execute_script(
@@ -124,13 +161,13 @@ def main(argv=None):
             time.sleep(1.5)
             drv.execute_script("document.getElementById('tofu-steps').scrollIntoView()")
             shot(drv, args.out, "tofu.png")
-            tab(drv, 7)                                   # Placement
+            page(drv, "placement")
             drv.find_element("id", "place-button").click()
             B.wait(drv, lambda: "predicted step" in B.text(drv, "#place-headline"), 180)
             time.sleep(2.5)
             drv.execute_script("document.getElementById('place-headline').scrollIntoView()")
             shot(drv, args.out, "placement.png")
-        # a saved Tofu plan uploaded on the Plans tab fills the form and opens the Tofu tab
+        # a saved Tofu plan uploaded on the Plans page opens the Tofu page on its request
         plan = os.path.join(tempfile.mkdtemp(prefix="explorer-shots-"), "lenet5-tofu.json")
         subprocess.run([sys.executable, "-m", "explorer", "search", "lenet5", "--devices", "4",
                         "--preset", "p100-cluster", "--batch", "16", "--algo", "tofu",
@@ -138,7 +175,7 @@ def main(argv=None):
         with B.server() as url:
             drv.get(url + "?model=alexnet&devices=4&preset=p100-cluster&batch=64")
             B.wait(drv, lambda: B.nodes(drv), 60)
-            tab(drv, 8)                                   # Plans
+            page(drv, "plans")
             drv.find_element("css selector", "#plan-upload input[type=file]").send_keys(plan)
             B.wait(drv, lambda: drv.execute_script(
                 "return document.querySelectorAll('.tofu-tile').length"), 90)
