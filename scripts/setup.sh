@@ -27,4 +27,7 @@ if [ "${WITH_BROWSER:-0}" = "1" ] && ! command -v chromedriver >/dev/null 2>&1; 
     SUDO=""; [ "$(id -u)" = "0" ] || SUDO="sudo"
     $SUDO apt-get update -qq && $SUDO apt-get install -y -qq chromium chromium-driver >/dev/null
 fi
+# compile the placement simulator's kernel into numba's cache now (seconds, once), so that a
+# user's first placement of a large graph does not pay for it
+"$PY" -c "from explorer.engine.placement import simkernel; simkernel.main()" || true
 echo "setup: done"

@@ -52,6 +52,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from explorer.engine.placement import simkernel
 from explorer.engine.placement.memory import schedule_peak
 
 __all__ = ["SimResult", "simulate", "dispatch_priority", "receive_cost"]
@@ -137,6 +138,7 @@ def simulate(pg, placement, priority=None, contention: str = "ports") -> SimResu
     # rank: smaller = earlier (heap key), ties by node id
     rank = np.empty(n, dtype=np.int64)
     rank[np.lexsort((np.arange(n), -prio))] = np.arange(n)
+    rank_arr = rank
     rank = rank.tolist()
     devl = dev.tolist()
     w = pg.w[np.arange(n), dev].tolist()
@@ -150,6 +152,16 @@ def simulate(pg, placement, priority=None, contention: str = "ports") -> SimResu
     cnt = cnt.reshape(n, nd)
     cnt[np.arange(n), dev] = False
     ru, rdv = np.nonzero(cnt)                          # sorted by node, then device
+    # processor sharing: more devices than cores (CPU workers) share the cores evenly
+    cores = getattr(pg.devices, "meta", {}).get("cores")
+    shared = bool(cores) and cores < nd
+    ports = contention == "ports"
+    send_b, send_k = float(getattr(pg, "send_b", 0.0)), float(getattr(pg, "send_k", 0.0))
+    recv_b, recv_k = receive_cost(pg)
+    rendezvous = bool((getattr(pg.devices, "meta", None) or {}).get("p2p"))
+    if n >= simkernel.MIN_NODES and simkernel.available():
+        return _compiled(pg, dev, pg.w[np.arange(n), dev], pg.out_bytes, rank_arr, ru, rdv,
+                         ports, rendezvous, shared, cores or 0, send_b, send_k, recv_b, recv_k)
     remote: list = [None] * n
     if len(ru):
         cuts = np.flatnonzero(np.diff(ru)) + 1
@@ -168,9 +180,6 @@ def simulate(pg, placement, priority=None, contention: str = "ports") -> SimResu
     busy = [0.0] * nd
     comm_bytes = 0.0
 
-    # processor sharing: more devices than cores (CPU workers) share the cores evenly
-    cores = getattr(pg.devices, "meta", {}).get("cores")
-    shared = bool(cores) and cores < nd
     running: dict = {}          # shared: device -> [node, work left (s on a core of its own)]
     clock = [0.0]
 
@@ -217,11 +226,7 @@ def simulate(pg, placement, priority=None, contention: str = "ports") -> SimResu
         seq += 1
         heapq.heappush(events, (f, seq, 0, v, d))
 
-    ports = contention == "ports"
-    send_b, send_k = float(getattr(pg, "send_b", 0.0)), float(getattr(pg, "send_k", 0.0))
-    recv_b, recv_k = receive_cost(pg)
     pend = [0.0] * nd           # receive calls a device owes before its next operator
-    rendezvous = bool((getattr(pg.devices, "meta", None) or {}).get("p2p"))
     cur = [-1] * nd             # the operator each device is running (-1: none)
     deferred: dict = {}         # operator -> transfers whose receive is posted after it
 
@@ -304,3 +309,41 @@ def simulate(pg, placement, priority=None, contention: str = "ports") -> SimResu
     peak = schedule_peak(pg, dev, start, finish, transfers)
     return SimResult(makespan, peak, start, finish, dev, transfers,
                      np.asarray(busy), comm_bytes)
+
+
+def _succ_csr(pg) -> tuple:
+    """The successor lists as CSR arrays (cached on ``pg``)."""
+    got = pg.meta.get("_succ_csr")
+    if got is None:
+        lens = np.fromiter((len(x) for x in pg.succ), dtype=np.int64, count=pg.n)
+        ptr = np.zeros(pg.n + 1, dtype=np.int64)
+        np.cumsum(lens, out=ptr[1:])
+        idx = np.fromiter((s for x in pg.succ for s in x), dtype=np.int64, count=int(ptr[-1]))
+        got = pg.meta["_succ_csr"] = (ptr, idx)
+    return got
+
+
+def _compiled(pg, dev, w, ob, rank, ru, rdv, ports, rendezvous, shared, cores, send_b, send_k,
+              recv_b, recv_k) -> SimResult:
+    """:func:`simulate`'s loop, compiled (:mod:`.simkernel`): the same schedule."""
+    n, nd = pg.n, pg.ndev
+    rem_ptr = np.zeros(n + 1, dtype=np.int64)
+    np.add.at(rem_ptr, np.asarray(ru, dtype=np.int64) + 1, 1)
+    np.cumsum(rem_ptr, out=rem_ptr)
+    ptr, idx = _succ_csr(pg)
+    c = np.ascontiguousarray            # one signature: every array C-contiguous
+    start, finish, busy, comm_bytes, tr, stalled = simkernel.run(
+        n, nd, c(dev, dtype=np.int64), c(w, dtype=np.float64), c(ob, dtype=np.float64), ptr,
+        idx, c(rank, dtype=np.int64), rem_ptr, c(rdv, dtype=np.int64),
+        c(pg.k, dtype=np.float64), c(pg.b, dtype=np.float64), bool(ports), bool(rendezvous),
+        bool(shared), float(cores), float(send_b), float(send_k), float(recv_b),
+        float(recv_k))
+    if stalled:
+        raise ValueError("simulation stalled: the graph or placement is inconsistent")
+    transfers = list(zip(tr[:, 0].astype(np.int64).tolist(), tr[:, 1].astype(np.int64).tolist(),
+                         tr[:, 2].astype(np.int64).tolist(), tr[:, 3].tolist(),
+                         tr[:, 4].tolist(), tr[:, 5].tolist()))
+    makespan = float(max(finish.max() if n else 0.0,
+                         float(tr[:, 4].max()) if len(tr) else 0.0))
+    peak = schedule_peak(pg, dev, start, finish, transfers)
+    return SimResult(makespan, peak, start, finish, dev, transfers, busy, float(comm_bytes))
