@@ -134,3 +134,20 @@ def test_a_placement_url_opens_the_same_state_on_reload(dash_duo):
     dash_duo.wait_for_contains_text(f"#{ids.FAMILY_HINT}", "metis", timeout=120)
     assert page_path(dash_duo) == "/"
     assert dash_duo.get_logs() == []
+
+
+def test_a_partition_made_on_the_tofu_page_reopens_on_reload(dash_duo):
+    dash_duo.start_server(create_app(LENET))
+    dash_duo.wait_for_contains_text("#objective-value", "ms", timeout=90)
+    open_page(dash_duo, "Tofu")
+    assert "algo=optcnn" in dash_duo.driver.current_url       # the form's method, unchanged
+    dash_duo.find_element(f"#{ids.TOFU_BUTTON}").click()
+    dash_duo.wait_for_contains_text("#tofu-headline", "communicated", timeout=120)
+    # the shown partition's method becomes the request's: the form and the URL follow
+    _until(lambda: "algo=tofu" in dash_duo.driver.current_url, 15, "URL has the method")
+    assert "tofu" in _form(dash_duo)["algo"]
+    headline = dash_duo.find_element("#tofu-headline").text
+    dash_duo.driver.refresh()
+    dash_duo.wait_for_contains_text("#tofu-headline", "communicated", timeout=120)
+    assert dash_duo.find_element("#tofu-headline").text.split(", searched")[0] == \
+        headline.split(", searched")[0]

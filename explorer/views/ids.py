@@ -15,6 +15,7 @@ URL_SYNC = "url-sync"                # dummy output of the clientside URL writer
 PAGE_FAMILY = "page-family"          # which family's page this is ("layerwise", "tofu", ...)
 STORE_REQUEST = "store-request"      # THE page's request: model, batch, args, preset, devices,
                                      # method (algo) and layer-wise pins ("LAYER=n=2,c=2@0,1")
+SAVED = "saved-"                     # + family: the id the page's autosave gave its result
 FAMILY_HINT = "family-hint"          # "icml18 is a Tofu method: open the Tofu page"
 NAVIGATE = "navigate"                # an address the page's callbacks open (another page)
 STORE_FOUND = "store-found"          # {"family", "doc"}: what the form's Search found here

@@ -71,7 +71,8 @@ def stores(family: str, doc: dict) -> list:
     return [dcc.Store(id=ids.PAGE_FAMILY, data=family),
             dcc.Store(id=ids.STORE_REQUEST, data=doc),
             dcc.Store(id=ids.STORE_FOUND, data=None),
-            dcc.Store(id=ids.NAVIGATE, data=None)]
+            dcc.Store(id=ids.NAVIGATE, data=None),
+            dcc.Store(id=ids.SAVED + family, data=None)]
 
 
 def first_result(doc: dict, family: str) -> tuple[dict | None, str]:

@@ -702,7 +702,8 @@ def register(app: dash.Dash) -> None:
     def follow_shown(doc, algo):
         # the panel's method is the shown placement's (a Search or a loaded plan may bring
         # another one)
-        if not doc or doc.get("algo") == algo or state.family(doc.get("algo")) != "placement":
+        # (set even when unchanged: the form's request follows it, so the URL reopens it)
+        if not doc or state.family(doc.get("algo")) != "placement":
             raise dash.exceptions.PreventUpdate
         return doc["algo"]
 

@@ -6,8 +6,8 @@ family opens on its request (the form shows its model, devices and method) and s
 Every plan that reaches a page's result store (layer-wise, Tofu, placement) without an
 ``"error"`` is saved automatically, unless it came from the history (it then carries
 ``history_id``) or an identical plan is already saved (same model, devices, pins and
-per-layer choices).  The auto-save is a callback *without outputs* on the result stores; the
-table lists the history when the Plans page opens and on Refresh.  Upload validation lives in
+per-layer choices): one auto-save callback per family page, on its result store.  The table
+lists the history when the Plans page opens and on Refresh.  Upload validation lives in
 the plan-document module (:mod:`explorer.views.plan_files`); the logic here lives in plain
 functions (:func:`autosave`, :func:`load_plan`, :func:`ingest`, :func:`opened`); the
 callbacks, one per action, only wire them to components.
@@ -311,18 +311,20 @@ def register(app: dash.Dash) -> None:
     T.register_csv(app, ids.PLANS_CSV_BUTTON, ids.PLANS_CSV, ids.PLANS_TABLE, COLUMNS,
                    "plan-history")
 
-    @app.callback(Input(ids.STORE_PLAN, "data", allow_optional=True),
-                  Input(ids.STORE_TOFU, "data", allow_optional=True),
-                  Input(ids.STORE_PLACEMENT, "data", allow_optional=True))
-    def _autosave(plan, tofu_doc, placement_doc):
-        # no outputs: saves the plan that arrived on whichever page holds it, every kind
-        try:
-            store = PlanStore()
-            for doc, note in ((plan, "search"), (tofu_doc, "tofu"),
-                              (placement_doc, "placement")):
-                autosave(doc, store, note)
-        except Exception:  # noqa: BLE001 - the history is best effort; the table reports errors
-            pass
+    def _register_autosave(family, store_id, note):
+        @app.callback(Output(ids.SAVED + family, "data"), Input(store_id, "data"))
+        def _autosave(doc):
+            # the result a family page shows - the one it opened with, or a new one - goes
+            # into the history (once: an identical plan is not saved again)
+            try:
+                return autosave(doc, PlanStore(), note)[0]
+            except Exception:  # noqa: BLE001 - the history is best effort; the table reports
+                return None
+
+    for family, store_id, note in (("layerwise", ids.STORE_PLAN, "search"),
+                                   ("tofu", ids.STORE_TOFU, "tofu"),
+                                   ("placement", ids.STORE_PLACEMENT, "placement")):
+        _register_autosave(family, store_id, note)
 
     @app.callback(
         Output(ids.PLANS_TABLE, "rowData"),

@@ -310,7 +310,8 @@ def register(app: dash.Dash) -> None:
     def follow_shown(doc, algo):
         # the panel's method is the shown partition's (a Search or a loaded plan may bring
         # another one)
-        if not doc or doc.get("algo") == algo or state.family(doc.get("algo")) != "tofu":
+        # (set even when unchanged: the form's request follows it, so the URL reopens it)
+        if not doc or state.family(doc.get("algo")) != "tofu":
             raise dash.exceptions.PreventUpdate
         return doc["algo"]
 
