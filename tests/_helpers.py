@@ -110,6 +110,12 @@ def open_page(duo, name: str, timeout: float = 90) -> None:
         time.sleep(0.2)                      # the link carries the request once it is shared
     duo.find_element(f"#{link}").click()
     duo.wait_for_element(mark, timeout=timeout)
+    end = time.time() + 15                   # settled: the page's request reached the shell
+    while name != "Learn" and time.time() < end and "model=" not in (
+            duo.find_element(f"#{link}").get_attribute("href") or ""):
+        time.sleep(0.2)
+    time.sleep(0.3)
+    duo.wait_for_element(mark, timeout=timeout)
 
 
 def page_path(duo) -> str:
