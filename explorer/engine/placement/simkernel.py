@@ -39,6 +39,9 @@ def _kernel():
         from explorer.engine.core.storage import home
         os.environ.setdefault("NUMBA_CACHE_DIR", str(home() / "numba"))
         import numba
+        g = _loop.__globals__            # the helpers, compiled with the loop that calls them
+        for name in ("_hold", "_try_start", "_launch", "_advance"):
+            g[name] = numba.njit(cache=True)(g[name])
         _KERNEL = numba.njit(cache=True)(_loop)
     return _KERNEL
 
@@ -66,6 +69,90 @@ def warm() -> bool:
     return True
 
 
+# The loop's state that its helpers update: ``ctr`` = [event sequence number, transfers so far,
+# devices running while cores are shared]; ``cb`` = [bytes sent].  The helpers are compiled with
+# the loop (:func:`_kernel`) and mirror the nested functions of the Python loop.
+
+def _hold(d, t, call, idle, busy, shared, run_on, run_v, run_left, ctr, events):
+    """Device ``d``'s thread is busy from ``t`` for ``call`` seconds of send or receive calls."""
+    idle[d] = False
+    busy[d] += call
+    if shared:
+        if not run_on[d]:
+            ctr[2] += 1
+        run_on[d] = True
+        run_v[d] = -1
+        run_left[d] = call
+    else:
+        ctr[0] += 1
+        heapq.heappush(events, (t + call, ctr[0], 2, -1, d))
+
+
+def _try_start(d, t, idle, pend, ready, cur, start, finish, busy, w, shared, run_on, run_v,
+               run_left, ctr, events):
+    """An idle device pays the receive calls it owes, else starts its first ready operator."""
+    if not idle[d]:
+        return
+    if pend[d] > 0:
+        call = pend[d]
+        pend[d] = 0.0
+        _hold(d, t, call, idle, busy, shared, run_on, run_v, run_left, ctr, events)
+        return
+    if len(ready[d]) == 0:
+        return
+    _, v = heapq.heappop(ready[d])
+    idle[d] = False
+    cur[d] = v
+    start[v] = t
+    busy[d] += w[v]
+    if shared:
+        if not run_on[d]:
+            ctr[2] += 1
+        run_on[d] = True
+        run_v[d] = v
+        run_left[d] = w[v]
+        return
+    f = t + w[v]
+    finish[v] = f
+    ctr[0] += 1
+    heapq.heappush(events, (f, ctr[0], 0, v, d))
+
+
+def _launch(u, src, e, t, extra, ob, K, B, ports, send_free, recv_free, tr, ctr, cb, events):
+    """Transfer ``u``'s output from ``src`` to ``e``, its message ready at ``t``."""
+    nb = ob[u]
+    dur = K[src, e] * nb + B[src, e] + extra
+    st = t
+    if ports:
+        if send_free[src] > st:
+            st = send_free[src]
+        if recv_free[e] > st:
+            st = recv_free[e]
+        send_free[src] = st + dur
+        recv_free[e] = st + dur
+    cb[0] += nb
+    k = ctr[1]
+    tr[k, 0] = u
+    tr[k, 1] = src
+    tr[k, 2] = e
+    tr[k, 3] = st
+    tr[k, 4] = st + dur
+    tr[k, 5] = nb
+    ctr[1] += 1
+    ctr[0] += 1
+    heapq.heappush(events, (st + dur, ctr[0], 1, u, e))
+
+
+def _advance(t, clock, cores, run_on, run_left, ctr):
+    """Shared cores: the running operators progress from ``clock`` to ``t``; the new clock."""
+    if ctr[2] > 0 and t > clock:
+        r = min(1.0, cores / ctr[2])
+        for dd in range(len(run_on)):
+            if run_on[dd]:
+                run_left[dd] -= (t - clock) * r
+    return max(clock, t)
+
+
 def _loop(n, nd, dev, w, ob, succ_ptr, succ_idx, rank, rem_ptr, rem_dev, K, B, ports,
           rendezvous, shared, cores, send_b, send_k, recv_b, recv_k, ntr):
     start = np.zeros(n)
@@ -80,16 +167,14 @@ def _loop(n, nd, dev, w, ob, succ_ptr, succ_idx, rank, rem_ptr, rem_dev, K, B, p
     recv_free = np.zeros(nd)
     pend = np.zeros(nd)
     cur = np.full(nd, -1, dtype=np.int64)
-    # shared cores: running[d] = (node or -1 for send calls, work left)
+    # shared cores: run_on[d], with (node or -1 for send calls, work left)
     run_on = np.zeros(nd, dtype=np.bool_)
     run_v = np.full(nd, -1, dtype=np.int64)
     run_left = np.zeros(nd)
-    n_running = 0
     clock = 0.0
-    # transfers, in launch order: node, src, dst, start, end, bytes
-    tr = np.zeros((ntr, 6))
-    ntrans = 0
-    comm_bytes = 0.0
+    tr = np.zeros((ntr, 6))              # transfers in launch order: node, src, dst, start, end, bytes
+    ctr = np.zeros(3, dtype=np.int64)
+    cb = np.zeros(1)
     # deferred receives: per operator a linked list of (node, src, dst), in insertion order
     d_head = np.full(n, -1, dtype=np.int64)
     d_tail = np.full(n, -1, dtype=np.int64)
@@ -103,72 +188,30 @@ def _loop(n, nd, dev, w, ob, succ_ptr, succ_idx, rank, rem_ptr, rem_dev, K, B, p
     ready = [[(0, 0)] for _ in range(nd)]
     for d in range(nd):
         ready[d].pop()
-    seq = 0
 
     for v in range(n):
         if waiting[v] == 0:
             heapq.heappush(ready[dev[v]], (rank[v], v))
-    for d0 in range(nd):
-        # try_start(d0, 0.0)
-        if not idle[d0]:
-            continue
-        if pend[d0] > 0:
-            call = pend[d0]
-            pend[d0] = 0.0
-            idle[d0] = False
-            busy[d0] += call
-            if shared:
-                if not run_on[d0]:
-                    n_running += 1
-                run_on[d0] = True
-                run_v[d0] = -1
-                run_left[d0] = call
-            else:
-                seq += 1
-                heapq.heappush(events, (0.0 + call, seq, 2, -1, d0))
-            continue
-        if len(ready[d0]) == 0:
-            continue
-        _, v = heapq.heappop(ready[d0])
-        idle[d0] = False
-        cur[d0] = v
-        start[v] = 0.0
-        busy[d0] += w[v]
-        if shared:
-            if not run_on[d0]:
-                n_running += 1
-            run_on[d0] = True
-            run_v[d0] = v
-            run_left[d0] = w[v]
-            continue
-        f = 0.0 + w[v]
-        finish[v] = f
-        seq += 1
-        heapq.heappush(events, (f, seq, 0, v, d0))
+    for d in range(nd):
+        _try_start(d, 0.0, idle, pend, ready, cur, start, finish, busy, w, shared, run_on,
+                   run_v, run_left, ctr, events)
 
-    while len(events) > 0 or n_running > 0:
+    while len(events) > 0 or ctr[2] > 0:
         tf = 0.0
         dn = -1
         vn = -1
-        if n_running > 0:
+        if ctr[2] > 0:                   # shared: the next operator (or calls) to finish
             best = 0.0
             for dd in range(nd):
                 if run_on[dd] and (dn < 0 or run_left[dd] < best):
                     best = run_left[dd]
                     dn = dd
             vn = run_v[dn]
-            left = run_left[dn]
-            tf = clock + max(left, 0.0) / min(1.0, cores / n_running)
-        if n_running > 0 and not (len(events) > 0 and events[0][0] < tf):
-            # advance(tf)
-            if tf > clock:
-                r = min(1.0, cores / n_running)
-                for dd in range(nd):
-                    if run_on[dd]:
-                        run_left[dd] -= (tf - clock) * r
-            clock = max(clock, tf)
+            tf = clock + max(run_left[dn], 0.0) / min(1.0, cores / ctr[2])
+        if ctr[2] > 0 and not (len(events) > 0 and events[0][0] < tf):
+            clock = _advance(tf, clock, cores, run_on, run_left, ctr)
             run_on[dn] = False
-            n_running -= 1
+            ctr[2] -= 1
             if vn >= 0:
                 finish[vn] = tf
             t = tf
@@ -181,43 +224,19 @@ def _loop(n, nd, dev, w, ob, succ_ptr, succ_idx, rank, rem_ptr, rem_dev, K, B, p
             kind = ev[2]
             a = ev[3]
             d = ev[4]
-            if n_running > 0 and t > clock:
-                r = min(1.0, cores / n_running)
-                for dd in range(nd):
-                    if run_on[dd]:
-                        run_left[dd] -= (t - clock) * r
-            clock = max(clock, t)
-        if kind == 2:
+            clock = _advance(t, clock, cores, run_on, run_left, ctr)
+        target = d
+        if kind == 2:                    # the device's send calls are done
             idle[d] = True
-            target = d
         elif kind == 0:
             v = a
             idle[d] = True
             cur[d] = -1
             k = d_head[v]
             d_head[v] = -1
-            while k >= 0:                           # receives posted after v: now
-                u, src, e = d_u[k], d_src[k], d_dst[k]
-                nb = ob[u]
-                dur = K[src, e] * nb + B[src, e] + B[src, e]
-                st = t
-                if ports:
-                    if send_free[src] > st:
-                        st = send_free[src]
-                    if recv_free[e] > st:
-                        st = recv_free[e]
-                    send_free[src] = st + dur
-                    recv_free[e] = st + dur
-                comm_bytes += nb
-                tr[ntrans, 0] = u
-                tr[ntrans, 1] = src
-                tr[ntrans, 2] = e
-                tr[ntrans, 3] = st
-                tr[ntrans, 4] = st + dur
-                tr[ntrans, 5] = nb
-                ntrans += 1
-                seq += 1
-                heapq.heappush(events, (st + dur, seq, 1, u, e))
+            while k >= 0:                # receives posted after v: now
+                _launch(d_u[k], d_src[k], d_dst[k], t, B[d_src[k], d_dst[k]], ob, K, B, ports,
+                        send_free, recv_free, tr, ctr, cb, events)
                 k = d_next[k]
             for kk in range(succ_ptr[v], succ_ptr[v + 1]):
                 s = succ_idx[kk]
@@ -226,9 +245,7 @@ def _loop(n, nd, dev, w, ob, succ_ptr, succ_idx, rank, rem_ptr, rem_dev, K, B, p
                     if waiting[s] == 0:
                         heapq.heappush(ready[d], (rank[s], s))
             nrem = rem_ptr[v + 1] - rem_ptr[v]
-            target = d
             if nrem > 0:
-                nb = ob[v]
                 for kk in range(rem_ptr[v], rem_ptr[v + 1]):
                     e = rem_dev[kk]
                     r2 = cur[e]
@@ -237,7 +254,6 @@ def _loop(n, nd, dev, w, ob, succ_ptr, succ_idx, rank, rem_ptr, rem_dev, K, B, p
                         d_u[nd_def] = v
                         d_src[nd_def] = d
                         d_dst[nd_def] = e
-                        d_next[nd_def] = -1
                         if d_head[r2] < 0:
                             d_head[r2] = nd_def
                         else:
@@ -245,92 +261,29 @@ def _loop(n, nd, dev, w, ob, succ_ptr, succ_idx, rank, rem_ptr, rem_dev, K, B, p
                         d_tail[r2] = nd_def
                         nd_def += 1
                     else:
-                        dur = K[d, e] * nb + B[d, e] + 0.0
-                        st = t
-                        if ports:
-                            if send_free[d] > st:
-                                st = send_free[d]
-                            if recv_free[e] > st:
-                                st = recv_free[e]
-                            send_free[d] = st + dur
-                            recv_free[e] = st + dur
-                        comm_bytes += nb
-                        tr[ntrans, 0] = v
-                        tr[ntrans, 1] = d
-                        tr[ntrans, 2] = e
-                        tr[ntrans, 3] = st
-                        tr[ntrans, 4] = st + dur
-                        tr[ntrans, 5] = nb
-                        ntrans += 1
-                        seq += 1
-                        heapq.heappush(events, (st + dur, seq, 1, v, e))
-                call = nrem * (send_b + send_k * nb)
-                if call > 0:                        # the sender's thread makes the isend calls
-                    idle[d] = False
-                    busy[d] += call
-                    if shared:
-                        if not run_on[d]:
-                            n_running += 1
-                        run_on[d] = True
-                        run_v[d] = -1
-                        run_left[d] = call
-                    else:
-                        seq += 1
-                        heapq.heappush(events, (t + call, seq, 2, -1, d))
+                        _launch(v, d, e, t, 0.0, ob, K, B, ports, send_free, recv_free, tr,
+                                ctr, cb, events)
+                call = nrem * (send_b + send_k * ob[v])
+                if call > 0:             # the sender's thread makes the isend calls
+                    _hold(d, t, call, idle, busy, shared, run_on, run_v, run_left, ctr, events)
                     target = -1
-        else:
+        else:                            # a transfer arrived at device d
             u = a
-            e = d
-            pend[e] += recv_b + recv_k * ob[u]
+            pend[d] += recv_b + recv_k * ob[u]
             for kk in range(succ_ptr[u], succ_ptr[u + 1]):
                 s = succ_idx[kk]
-                if dev[s] == e:
+                if dev[s] == d:
                     waiting[s] -= 1
                     if waiting[s] == 0:
-                        heapq.heappush(ready[e], (rank[s], s))
-            target = e
-        if target < 0 or not idle[target]:
-            continue
-        # try_start(target, t)
-        d = target
-        if pend[d] > 0:
-            call = pend[d]
-            pend[d] = 0.0
-            idle[d] = False
-            busy[d] += call
-            if shared:
-                if not run_on[d]:
-                    n_running += 1
-                run_on[d] = True
-                run_v[d] = -1
-                run_left[d] = call
-            else:
-                seq += 1
-                heapq.heappush(events, (t + call, seq, 2, -1, d))
-            continue
-        if len(ready[d]) == 0:
-            continue
-        _, v = heapq.heappop(ready[d])
-        idle[d] = False
-        cur[d] = v
-        start[v] = t
-        busy[d] += w[v]
-        if shared:
-            if not run_on[d]:
-                n_running += 1
-            run_on[d] = True
-            run_v[d] = v
-            run_left[d] = w[v]
-            continue
-        f = t + w[v]
-        finish[v] = f
-        seq += 1
-        heapq.heappush(events, (f, seq, 0, v, d))
+                        heapq.heappush(ready[d], (rank[s], s))
+        if target >= 0:
+            _try_start(target, t, idle, pend, ready, cur, start, finish, busy, w, shared,
+                       run_on, run_v, run_left, ctr, events)
     stalled = False
     for v in range(n):
         if waiting[v] > 0:
             stalled = True
-    return start, finish, busy, comm_bytes, tr[:ntrans], stalled
+    return start, finish, busy, cb[0], tr[:ctr[1]], stalled
 
 
 def main() -> None:
