@@ -83,6 +83,10 @@ def rank(req: Request, methods=None, rounds: int = 3, steps: int = 5, warmup: in
         except (ExplorerError, ValueError) as exc:
             row["failed"] = f"search: {exc}"
         rows.append(row)
+    if all("failed" in row for row in rows):
+        why = rows[0]["failed"].removeprefix("search: ")
+        raise ExplorerError(f"no method could plan {req.model} on {req.devices} local workers"
+                            f" - {rows[0]['method']}: {why}")
     for r in range(rounds):
         for row in rows:
             if "failed" in row:
