@@ -256,6 +256,42 @@ def test_every_tab_says_what_it_operates_on():
     assert "loading a plan" in state.context_line("plans", doc, None)
 
 
+def test_results_for_another_request_than_the_form_are_marked_stale():
+    from explorer.views import pages
+    shown = {"request": state.request_doc(session.Request(model="gpt2", batch=8,
+                                                          preset="local", devices=8)),
+             "algo": "optcnn", "layers": []}
+    doc = dict(shown["request"])
+    assert state.stale_note("plan", doc, shown) == ""
+    assert pages.stale_view("plan", doc, shown) == ("", True, "results")
+    doc["model"] = "mlp"
+    note = state.stale_note("plan", doc, shown)
+    assert note.startswith("These results are for gpt2") and "not the form (mlp" in note
+    assert "press Search" in note
+    assert pages.stale_view("plan", doc, shown)[1:] == (False, "results stale")
+    # another layer-wise method in the form, or other devices, is stale too
+    assert state.stale_note("plan", dict(shown["request"], algo="owt"), shown)
+    assert state.stale_note("plan", dict(shown["request"], devices=4), shown)
+    # a Tofu method in the form: the layer-wise page shows optcnn by design, not stale
+    assert state.stale_note("plan", dict(shown["request"], algo="tofu"), shown) == ""
+    # nothing shown, or an error, has nothing to mark
+    assert state.stale_note("tofu", doc, None) == ""
+    assert state.stale_note("plan", doc, {"error": "x"}) == ""
+    tofu_shown = dict(shown, algo="tofu")
+    assert state.stale_note("tofu", dict(shown["request"], algo="tofu"), tofu_shown) == ""
+    assert "icml18" in state.stale_note("tofu", dict(shown["request"], algo="icml18"),
+                                        tofu_shown)
+
+
+def test_compare_status_says_the_scaling_time_once_it_is_drawn():
+    from explorer.views import compare
+    status = "lenet5, batch 8 · fastest: owt · compare 0.20 s, scaling next"
+    assert compare.status_after_scaling(status, 1.234) == \
+        "lenet5, batch 8 · fastest: owt · compare 0.20 s, scaling 1.23 s"
+    assert compare.status_after_scaling("compare 0.2 s, scaling (cached)", 1.0) is no_update
+    assert compare.status_after_scaling(None, 1.0) is no_update
+
+
 def test_step_highlight_only_on_the_steps_tab():
     plan = session.search(LENET, [])
     assert steps.shown_step(3, "steps", plan)[0] == 2        # the slider counts from 1

@@ -104,6 +104,19 @@ def run_compare(req: session.Request, pins: list | None, with_scaling: bool = Tr
             "status": " · ".join(status), "results": results}
 
 
+#: the status's words while the scaling figure is still being computed
+SCALING_NEXT = "scaling next"
+
+
+def status_after_scaling(status, seconds: float):
+    """The status once the scaling figure is drawn: "scaling next" becomes the seconds it
+    took, so the line never says a figure is coming that is already shown (``no_update``
+    when the status does not say it)."""
+    if not isinstance(status, str) or SCALING_NEXT not in status:
+        return dash.no_update
+    return status.replace(SCALING_NEXT, f"scaling {seconds:.2f} s")
+
+
 def shown_key(figure) -> str | None:
     """The comparison key a figure was drawn for (None for placeholders)."""
     meta = ((figure or {}).get("layout") or {}).get("meta")
@@ -178,12 +191,13 @@ def register(app: dash.Dash) -> None:
 
     @app.callback(
         Output(ids.COMPARE_SCALING, "figure", allow_duplicate=True),
+        Output(ids.COMPARE_STATUS, "children", allow_duplicate=True),
         Input(ids.COMPARE_TIME, "figure"),
         State(ids.STORE_PLAN, "data"), State(ids.STORE_REQUEST, "data"),
-        State(ids.COMPARE_SCALING, "figure"),
+        State(ids.COMPARE_SCALING, "figure"), State(ids.COMPARE_STATUS, "children"),
         prevent_initial_call=True,
     )
-    def _on_scaling(time_fig, plan, request, shown):
+    def _on_scaling(time_fig, plan, request, shown, status):
         # second step: the bars are drawn; the scaling figure follows for the same request
         if not shown_key(time_fig):
             raise dash.exceptions.PreventUpdate
@@ -193,8 +207,10 @@ def register(app: dash.Dash) -> None:
             raise dash.exceptions.PreventUpdate from None
         if ((shown or {}).get("layout") or {}).get("meta", {}).get("scaling_key") == _key(req):
             raise dash.exceptions.PreventUpdate
-        return scaling_view(req)
+        t0 = time.perf_counter()
+        fig = scaling_view(req)
+        return fig, status_after_scaling(status, time.perf_counter() - t0)
 
 
-__all__ = ["layout", "run_compare", "compare_key", "shown_key",
+__all__ = ["layout", "run_compare", "status_after_scaling", "compare_key", "shown_key",
            "cached_scaling", "request_for"]

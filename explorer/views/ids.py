@@ -25,6 +25,8 @@ CONTEXT = "context-"                 # + tab name: the tab's "operates on" line
 STORE_SELECTED = "store-selected"    # selected layer name (or None)
 STORE_EXPANDED = "store-expanded"    # list of expanded hierarchy groups
 STORE_STEP = "store-step"            # elimination step index shown on the graph (or None)
+STALE = "stale-"                     # + family: "these results are for …, not the form"
+RESULTS = "results-"                 # + family: the page's results (dimmed while stale)
 
 # model & devices panel
 MODEL_DROPDOWN = "model-dropdown"

@@ -47,6 +47,8 @@ def layout(**query):
         dcc.Store(id=ids.STORE_RUN, data=None),
         form.layout(doc, "\n".join(errors), summary),
         pages.elsewhere(doc, FAMILY),
+        pages.stale_banner(FAMILY),
+        html.Div(id=ids.RESULTS + FAMILY, className="results", children=[
         html.Div(className="main", children=[
             html.Div(className="left", children=[graph.layout()]),
             html.Div(className="right", children=[graph.details_layout()]),
@@ -57,6 +59,7 @@ def layout(**query):
             dcc.Tab(label="Tiling", value="tiling", children=[tiling.layout()]),
             dcc.Tab(label="Compare", value="compare", children=[compare.layout()]),
             dcc.Tab(label="Run", value="run", children=[run.layout()]),
+        ]),
         ]),
     ])
 
@@ -81,6 +84,8 @@ def register(app: dash.Dash) -> None:
     """Register the page with Dash pages (``/``) and its page-wide callbacks on ``app``."""
     dash.register_page("explorer.views.layerwise_page", path=PATH, name=pages.NAMES[FAMILY],
                        title="Plan Explorer", layout=layout, order=0)
+
+    pages.register_stale(app, FAMILY, ids.STORE_PLAN)
 
     @app.callback([Output(ids.CONTEXT + tab, "children") for tab in TABS],
                   Input(ids.STORE_REQUEST, "data"), Input(ids.STORE_PLAN, "data"))

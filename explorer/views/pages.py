@@ -75,6 +75,34 @@ def stores(family: str, doc: dict) -> list:
             dcc.Store(id=ids.SAVED + family, data=None)]
 
 
+def stale_banner(family: str):
+    """The banner over a page's results that says they answer another request than the form
+    (filled by :func:`register_stale`; hidden while they match)."""
+    return html.Div(id=ids.STALE + family, className="stale-banner", hidden=True, role="alert")
+
+
+def stale_view(tab: str, doc: dict | None, shown: dict | None, tab_algo: str | None = None):
+    """``(banner text, banner hidden, results class)`` for :func:`stale_banner`: the results
+    are dimmed while they answer another request than the form."""
+    note = state.stale_note(tab, doc, shown, tab_algo)
+    return note, not note, "results stale" if note else "results"
+
+
+def register_stale(app, family: str, shown_store: str, tab_algo_id: str | None = None) -> None:
+    """The callback of ``family``'s page that shows or hides its stale banner as the form
+    (``ids.STORE_REQUEST``) or the shown result (``shown_store``) changes."""
+    from dash import Input, Output
+    inputs = [Input(ids.STORE_REQUEST, "data"), Input(shown_store, "data")]
+    if tab_algo_id:
+        inputs.append(Input(tab_algo_id, "value"))
+    tab = "plan" if family == "layerwise" else family
+
+    @app.callback(Output(ids.STALE + family, "children"), Output(ids.STALE + family, "hidden"),
+                  Output(ids.RESULTS + family, "className"), *inputs)
+    def _stale(doc, shown, tab_algo=None):
+        return stale_view(tab, doc, shown, tab_algo)
+
+
 def first_result(doc: dict, family: str) -> tuple[dict | None, str]:
     """``(result, error)`` a family page opens with: the layer-wise page always searches (with
     the request's method when layer-wise, else optcnn); the Tofu and placement pages run the
@@ -107,4 +135,5 @@ def first_result(doc: dict, family: str) -> tuple[dict | None, str]:
 
 
 __all__ = ["CONFIG_KEY", "PATHS", "NAMES", "default_request", "open_request", "url",
-           "elsewhere", "stores", "first_result"]
+           "elsewhere", "stores", "stale_banner", "stale_view", "register_stale",
+           "first_result"]

@@ -30,7 +30,9 @@ def layout(**query):
         *pages.stores(FAMILY, doc),
         dcc.Store(id=ids.STORE_PLACEMENT, data=shown),
         form.layout(doc, "\n".join(errors), form.safe_summary(doc)),
-        placement.layout(doc, shown),
+        pages.stale_banner(FAMILY),
+        html.Div(id=ids.RESULTS + FAMILY, className="results",
+                 children=[placement.layout(doc, shown)]),
     ])
 
 
@@ -49,6 +51,8 @@ def register(app: dash.Dash) -> None:
     """Register the page (``/placement``) and its page-wide callbacks on ``app``."""
     dash.register_page("explorer.views.placement_page", path=PATH, name=pages.NAMES[FAMILY],
                        title="Plan Explorer · placement", layout=layout, order=2)
+
+    pages.register_stale(app, FAMILY, ids.STORE_PLACEMENT, ids.PLACE_ALGO)
 
     @app.callback(Output(ids.CONTEXT + "placement", "children"),
                   Input(ids.STORE_REQUEST, "data"), Input(ids.STORE_PLACEMENT, "data"),

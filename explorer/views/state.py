@@ -283,6 +283,22 @@ def context_line(tab: str, doc: dict | None, shown: dict | None,
     return line
 
 
+def stale_note(tab: str, doc: dict | None, shown: dict | None,
+               tab_algo: str | None = None) -> str:
+    """The warning a page shows over results made for another request than the form's
+    (``""`` when they match, or when nothing is shown): the form changed (another model,
+    batch, devices or method) and Search has not run yet, so what is on screen - graph,
+    pins, objective - no longer answers the form."""
+    if not shown or "error" in shown or not shown.get("request") or not doc:
+        return ""
+    method = tab_method(tab, doc, tab_algo)
+    req, algo = shown["request"], shown.get("algo")
+    if same_target(req, doc) and algo == method:
+        return ""
+    return (f"These results are for {describe(req, algo)}, not the form "
+            f"({describe(doc, method)}): press Search to update them.")
+
+
 # -- the form ---------------------------------------------------------------------------------
 
 def form_values(doc: dict) -> dict:
@@ -301,4 +317,4 @@ __all__ = ["FAMILIES", "TAB_FAMILY", "DEFAULT_METHOD", "methods", "family", "met
            "family_options", "allow_model_files", "model_files_allowed", "is_model_file",
            "check_model", "request", "request_doc", "pins_of", "same_graph", "same_target",
            "query_string", "PAGE_PATHS", "page_url", "from_query", "request_from_document", "describe", "tab_method",
-           "context_line", "form_values"]
+           "context_line", "stale_note", "form_values"]

@@ -29,7 +29,9 @@ def layout(**query):
         *pages.stores(FAMILY, doc),
         dcc.Store(id=ids.STORE_TOFU, data=shown),
         form.layout(doc, "\n".join(errors), form.safe_summary(doc)),
-        tofu.layout(doc, shown),
+        pages.stale_banner(FAMILY),
+        html.Div(id=ids.RESULTS + FAMILY, className="results",
+                 children=[tofu.layout(doc, shown)]),
     ])
 
 
@@ -47,6 +49,8 @@ def register(app: dash.Dash) -> None:
     """Register the page (``/tofu``) and its page-wide callbacks on ``app``."""
     dash.register_page("explorer.views.tofu_page", path=PATH, name=pages.NAMES[FAMILY],
                        title="Plan Explorer · Tofu", layout=layout, order=1)
+
+    pages.register_stale(app, FAMILY, ids.STORE_TOFU, ids.TOFU_ALGO)
 
     @app.callback(Output(ids.CONTEXT + "tofu", "children"),
                   Input(ids.STORE_REQUEST, "data"), Input(ids.STORE_TOFU, "data"),
