@@ -565,6 +565,12 @@ def cmd_run(args) -> int:
     from explorer.engine.runtime.commands import print_run, run_options
     from explorer.engine.runtime.dispatch import read_document
     doc = read_document(args.plan)
+    if str(doc.get("schema", "")).endswith("/layerwise"):
+        # pipeline stages, recomputation and ZeRO are planned, not executed (issue 28)
+        from explorer.engine.layerwise.plan import unsupported
+        why = unsupported(doc)
+        if why:
+            raise InfeasiblePlan(why)
     return print_run(service.run_plan(doc, **run_options(args)), args)
 
 

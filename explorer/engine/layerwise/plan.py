@@ -29,12 +29,26 @@ class LayerAssignment:
     t_sync_s: float = 0.0
     memory_bytes: float = 0.0
     t_reduce_s: float = 0.0      # reduce-scatter of a row-parallel (k) configuration
+    #: memory-saving choices (:mod:`.memory`): recompute the output during backward; the
+    #: ZeRO stage (0-3) sharding optimizer state, gradients, parameters over the replicas
+    recompute: bool = False
+    zero: int = 0
+    #: the pipeline stage the layer runs in (0 without a pipeline)
+    stage: int = 0
 
     def to_dict(self) -> dict:
-        return {"name": self.name, "op": self.op, "config": self.config.as_dict(),
-                "config_label": self.config.label(), "devices": list(self.config.devices),
-                "t_compute_s": self.t_compute_s, "t_sync_s": self.t_sync_s,
-                "t_reduce_s": self.t_reduce_s, "memory_bytes": self.memory_bytes}
+        d = {"name": self.name, "op": self.op, "config": self.config.as_dict(),
+             "config_label": self.config.label(), "devices": list(self.config.devices),
+             "t_compute_s": self.t_compute_s, "t_sync_s": self.t_sync_s,
+             "t_reduce_s": self.t_reduce_s, "memory_bytes": self.memory_bytes}
+        # only where used, so that plain plans' documents are unchanged
+        if self.recompute:
+            d["recompute"] = True
+        if self.zero:
+            d["zero"] = int(self.zero)
+        if self.stage:
+            d["stage"] = int(self.stage)
+        return d
 
 
 @dataclass
@@ -65,6 +79,12 @@ class Plan:
     graph_digest: str | None = None
     #: the step's precision (:mod:`explorer.engine.core.precision`): fp32 | tf32 | bf16
     dtype: str = "fp32"
+    #: bytes per device by category (:data:`.memory.CATEGORIES` and ``transient``), and the
+    #: optimizer they assume (``{"optimizer": ..., "params": [...], ...}``); empty: unknown
+    memory_by_category: dict = field(default_factory=dict)
+    #: pipeline stages (``stages``, ``micro_batches``, ``schedule``, ``devices_per_stage``,
+    #: ``bubble_fraction``, per-stage times and memory); ``None`` without a pipeline
+    pipeline: dict | None = None
 
     def __post_init__(self):
         from explorer.engine.core.precision import check
@@ -112,7 +132,15 @@ class Plan:
             "layers": [la.to_dict() for la in self.layers],
             "edges": list(self.edges),
             "graph_digest": self.digest(), "dtype": self.dtype,
+            **({"memory_by_category": self.memory_by_category}
+               if self.memory_by_category else {}),
+            **({"pipeline": self.pipeline} if self.pipeline else {}),
         }
+
+    def unsupported(self) -> str | None:
+        """Why the runtime cannot execute this plan yet (one line), or ``None``: pipeline
+        stages, recomputation and ZeRO sharding are planned and costed but not run."""
+        return unsupported(self.to_dict())
 
     def digest(self) -> str:
         """The digest of the graph the plan was searched on (``""``: unknown, e.g. a plan
@@ -134,20 +162,46 @@ class Plan:
                 cfg = G.Config(tuple(la["config"].items()), tuple(la["devices"]))
                 layers.append(LayerAssignment(la["name"], la["op"], cfg, la.get("t_compute_s", 0.0),
                                               la.get("t_sync_s", 0.0), la.get("memory_bytes", 0.0),
-                                              la.get("t_reduce_s", 0.0)))
+                                              la.get("t_reduce_s", 0.0),
+                                              bool(la.get("recompute", False)),
+                                              int(la.get("zero", 0)), int(la.get("stage", 0))))
             return cls(d["model"], d.get("spec", d["model"]), int(d["batch"]), d["algo"],
                        d["preset"], int(d["devices"]), layers, float(d["objective_s"]),
                        float(d["predicted_step_time_s"]), float(d["search_time_s"]),
                        d.get("breakdown", {}), float(d.get("comm_bytes", 0.0)),
                        list(d.get("memory_per_device_bytes", [])), d.get("model_args", {}),
                        list(d.get("pins", [])), d.get("info", {}), list(d.get("edges", [])),
-                       str(d.get("graph_digest") or ""), d.get("dtype") or "fp32")
+                       str(d.get("graph_digest") or ""), d.get("dtype") or "fp32",
+                       dict(d.get("memory_by_category") or {}), d.get("pipeline") or None)
         except (KeyError, TypeError) as exc:
             raise ValueError(f"malformed plan: missing or bad field {exc}") from exc
 
     @classmethod
     def from_json(cls, text: str) -> "Plan":
         return cls.from_dict(json.loads(text))
+
+
+def unsupported(doc: dict) -> str | None:
+    """One line saying why the runtime cannot execute a layer-wise plan document yet, or
+    ``None``.  Pipeline stages, recomputation and ZeRO sharding (issue 28) are searched and
+    costed, not executed."""
+    what = []
+    pipe = doc.get("pipeline") or {}
+    if pipe and (int(pipe.get("stages", 1)) > 1 or int(pipe.get("micro_batches", 1)) > 1):
+        what.append(f"{pipe.get('stages', 1)} pipeline stages x "
+                    f"{pipe.get('micro_batches', 1)} micro-batches")
+    layers = doc.get("layers") or []
+    rc = sum(1 for la in layers if la.get("recompute"))
+    zs = sorted({int(la.get("zero", 0)) for la in layers if la.get("zero")})
+    if rc:
+        what.append(f"recomputation of {rc} layer{'s' if rc > 1 else ''}")
+    if zs:
+        what.append(f"ZeRO-{'/'.join(map(str, zs))} sharding")
+    if not what:
+        return None
+    return (f"the runtime cannot execute {', '.join(what)} yet (they are planned and costed "
+            f"only): search with --opt recompute=false --opt zero=0 (and --algo optcnn), or "
+            f"export nothing of this plan")
 
 
 def memory_per_device(graph, tables, choice, n_devices: int, dtype_bytes: int = 4,

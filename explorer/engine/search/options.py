@@ -10,23 +10,153 @@ import dataclasses
 from dataclasses import dataclass
 
 __all__ = ["OptCNNOptions", "ExhaustiveOptions", "ClassicOptions", "MegatronOptions",
-           "TofuOptions", "CeleritasOptions", "PlacementOptions", "make"]
+           "TofuOptions", "CeleritasOptions", "PlacementOptions", "PipelineOptions",
+           "Megatron3DOptions", "FSDPOptions", "make"]
+
+OPTIMIZERS = ("sgd", "adam")
+SCHEDULES = ("1f1b", "gpipe")
+
+
+def _bool(name, value) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"{name} must be true or false, got {value!r}")
+
+
+def _int(name, value, lo=None, hi=None, none=False):
+    if value is None and none:
+        return None
+    try:
+        v = int(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be an integer, got {value!r}") from None
+    if isinstance(value, float) and v != value or isinstance(value, bool):
+        raise ValueError(f"{name} must be an integer, got {value!r}")
+    if lo is not None and v < lo or hi is not None and v > hi:
+        rng = f"{lo}..{hi}" if hi is not None else f"≥ {lo}"
+        raise ValueError(f"{name} must be {rng}, got {v}")
+    return v
 
 
 @dataclass(frozen=True)
-class OptCNNOptions:
-    """OptCNN's elimination search has no knobs: it is exact."""
+class MemoryOptions:
+    """What the memory-aware layer-wise searches assume and may use (issue 28):
+    ``optimizer`` (``sgd``: momentum, 1 float32 state per weight — what the runtime runs;
+    ``adam``: 2), ``memory_limit_gib`` (per device; default the devices' capacity),
+    ``recompute`` (may layers be recomputed), ``zero`` (highest ZeRO stage a layer may use,
+    0–3), ``saving`` (``when-needed``: the paper's plan unless it does not fit;
+    ``always``: search the savings even when it fits)."""
+
+    optimizer: str = "sgd"
+    memory_limit_gib: float | None = None
+    recompute: bool = True
+    zero: int = 3
+    saving: str = "when-needed"
+
+    def __post_init__(self):
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"optimizer must be sgd or adam, got {self.optimizer!r}")
+        if self.memory_limit_gib is not None:
+            try:
+                v = float(self.memory_limit_gib)
+            except (TypeError, ValueError):
+                raise ValueError(f"memory_limit_gib must be a number of GiB, got "
+                                 f"{self.memory_limit_gib!r}") from None
+            if not v > 0:
+                raise ValueError(f"memory_limit_gib must be > 0, got {v}")
+            object.__setattr__(self, "memory_limit_gib", v)
+        object.__setattr__(self, "recompute", _bool("recompute", self.recompute))
+        object.__setattr__(self, "zero", _int("zero", self.zero, 0, 3))
+        if self.saving not in ("when-needed", "always"):
+            raise ValueError(f"saving must be when-needed or always, got {self.saving!r}")
+
+    def settings(self):
+        from explorer.engine.layerwise.memory import MemorySettings
+        return MemorySettings(self.optimizer, self.recompute, self.zero)
 
 
 @dataclass(frozen=True)
-class ExhaustiveOptions:
-    """``max_space``: refuse to enumerate more complete strategies than this."""
+class OptCNNOptions(MemoryOptions):
+    """OptCNN's elimination search is exact for equation 1; under a memory limit it is the
+    Lagrangian search of :mod:`explorer.engine.layerwise.stages` (see
+    :class:`MemoryOptions`)."""
+
+
+@dataclass(frozen=True)
+class ExhaustiveOptions(MemoryOptions):
+    """``max_space``: refuse to enumerate more complete strategies than this; under a memory
+    limit it enumerates every layer's candidates × memory options (:class:`MemoryOptions`)
+    and is exact for the constrained problem (the check of the Lagrangian search)."""
 
     max_space: int = 10 ** 9
 
     def __post_init__(self):
+        super().__post_init__()
         if int(self.max_space) < 1:
             raise ValueError(f"max_space must be ≥ 1, got {self.max_space}")
+
+
+@dataclass(frozen=True)
+class PipelineOptions(MemoryOptions):
+    """The two-level pipeline search: ``stages`` (``None``: try 1, 2, 4, … ; or one count),
+    ``micro_batches`` (``None``: 1 without stages, else 2·S, 4·S and 8·S that divide the
+    batch; or one count), ``schedule`` (``1f1b`` or ``gpipe``)."""
+
+    stages: int | None = None
+    micro_batches: int | None = None
+    schedule: str = "1f1b"
+
+    def __post_init__(self):
+        super().__post_init__()
+        object.__setattr__(self, "stages", _int("stages", self.stages, 1, none=True))
+        object.__setattr__(self, "micro_batches",
+                           _int("micro_batches", self.micro_batches, 1, none=True))
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"schedule must be 1f1b or gpipe, got {self.schedule!r}")
+
+
+@dataclass(frozen=True)
+class Megatron3DOptions:
+    """Megatron-LM's ``tp × pp × dp``: ``tp`` (tensor-parallel degree, ``None``: the
+    largest divisor of a node's devices that divides every head count), ``pp`` (pipeline
+    stages, ``None``: the fewest that fit), ``micro_batches`` (``None``: 4·pp, or the batch's
+    largest divisor below it), ``recompute`` (full recomputation of every layer),
+    ``optimizer``, ``memory_limit_gib``."""
+
+    tp: int | None = None
+    pp: int | None = None
+    micro_batches: int | None = None
+    recompute: bool = True
+    optimizer: str = "adam"
+    memory_limit_gib: float | None = None
+
+    def __post_init__(self):
+        object.__setattr__(self, "tp", _int("tp", self.tp, 1, none=True))
+        object.__setattr__(self, "pp", _int("pp", self.pp, 1, none=True))
+        object.__setattr__(self, "micro_batches",
+                           _int("micro_batches", self.micro_batches, 1, none=True))
+        object.__setattr__(self, "recompute", _bool("recompute", self.recompute))
+        MemoryOptions(self.optimizer, self.memory_limit_gib)      # the same checks
+
+
+@dataclass(frozen=True)
+class FSDPOptions:
+    """ZeRO-3 / FSDP data parallelism: every layer split on the sample over all devices,
+    optimizer state, gradients and parameters sharded over them; ``recompute`` (full
+    recomputation), ``optimizer``, ``memory_limit_gib``."""
+
+    recompute: bool = True
+    optimizer: str = "adam"
+    memory_limit_gib: float | None = None
+
+    def __post_init__(self):
+        object.__setattr__(self, "recompute", _bool("recompute", self.recompute))
+        MemoryOptions(self.optimizer, self.memory_limit_gib)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,708 @@
+"""Memory-constrained layer-wise search and its pipeline stages (issue 28).
+
+**The problem.**  Choose for every layer a candidate configuration ``c`` and a memory option
+``o = (recompute, ZeRO stage)`` (:mod:`.memory`) minimising the step time, such that every
+device's memory fits.  Without a pipeline the step time is equation 1 with the options' times.
+
+**Per-device peak is a max, not a sum.**  A device's memory is the sum over the layers it
+runs; the constraint is on the largest device.  The search constrains the additive bound
+``U = Σ_layers max_{d ∈ devices(c_l)} mem_l(c_l, o_l, d)`` instead (sound: ``U`` ≥ every
+device's sum).  Configurations run on the first devices of their group (candidates of k
+devices use devices 0..k−1, :mod:`.costmodel`), so device 0 holds a share of every layer and
+``U`` equals its memory when splits are even; the exact per-device memory of the plan found
+is computed afterwards (:func:`~.memory.plan_memory`) and reported.
+
+**Lagrangian relaxation** (exact only where the duality gap closes).  For a multiplier
+``λ ≥ 0`` (seconds per byte), each layer's unary cost becomes ``min_o t(c, o) + λ·U_l(c, o)``
+— the option is a node-local choice, so it folds into the unary and the edge tables are
+untouched — and the existing elimination (equations 2/3) finds the exact minimiser of
+``time + λ·U``.  ``λ = 0`` is the paper's search; if its plan fits it is returned.  Otherwise
+``λ`` is raised until a plan fits and then bisected (geometrically) between the largest
+``λ`` that did not fit and the smallest that did; the fastest fitting plan seen is returned.
+Every ``λ`` gives a lower bound of the constrained optimum, ``L(λ) − λ·cap`` (weak duality);
+the best is reported as ``info.memory.lower_bound_s`` with the gap to the plan.  Gap 0
+certifies the plan optimal for the constrained problem; otherwise it is a heuristic within
+that gap.  Transients (a recomputed layer's output, ZeRO-3's gathered weights, alive while one
+layer's backward runs) are a max over layers: they are added to the check of each plan
+found, not to the relaxed objective.
+
+**Repeated blocks.**  The graph is cut at *single-tensor cuts* (layers whose output is the
+only tensor crossing the gap after them, in graph order: a Transformer's residual stream
+between blocks) into segments.  Each segment with a series-parallel inside is reduced by node
+and edge eliminations (equations 2, 3) to one table ``[c_a, c_b]`` over its two cut layers,
+keeping every interior layer's argmin for every pair; identical segments (repeated blocks:
+same layers, options and tables, compared by content) are reduced once.  The chain is then
+solved by min-plus vector–matrix products — the same optimum as :func:`.optcnn.solve` (the
+tests check it).  Graphs that do not decompose so fall back to :func:`.optcnn.solve` on the
+relaxed tables (exact, slower at hundreds of layers).
+
+**Pipeline stages** (GPipe, Huang et al. 2019; 1F1B, Narayanan et al. 2019; the two-level
+search of Alpa, Zheng et al. 2022).  ``S`` stages on groups of ``G = N / S`` consecutive
+devices, ``M`` micro-batches of ``B / M`` samples.  Stage boundaries are the cut layers.  A
+stage's cost for a contiguous range of segments is the elimination search above on that
+range, on a group of ``G`` devices at the micro-batch's size (its first layers read the
+incoming tensor in any layout: the re-layout is part of the stage-boundary transfer).  The
+outer dynamic program over cut positions chooses the split minimising the slowest stage
+(Alpa's outer DP with equal device groups), subject to each stage's memory.  With per
+micro-batch stage times ``t_s`` (forward, backward, transfers) and once-per-step times
+``u_s`` (synchronisation, update):
+
+    T = Σ_s t_s + (M − 1) · max_s t_s + max_s u_s
+
+which is ``(M + S − 1) · t`` for balanced stages: the bubble is ``(S − 1) / (M + S − 1)`` of
+the step.  Inside a stage the per-micro-batch terms weigh ``M + S − 1`` and the once-per-step
+terms 1.  A stage boundary sends the cut tensor of one micro-batch forward and its gradient
+back, each device of the group sending ``1/G`` of it to its peer in the next group:
+``2 · (bytes / G / b + α)``, part of the sending stage's ``t_s``.  Memory per stage: static
+bytes plus the activations of the micro-batches in flight, ``M`` under GPipe and
+``min(S − s, M)`` under 1F1B (stage ``s`` from 0); inside the search every stage is held to
+stage 0's count, ``min(S, M)`` (exact for stage 0, conservative for the others), and the
+plan's memory is reported with each stage's own count.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from explorer.errors import InfeasiblePlan
+from explorer.engine.layerwise import optcnn
+from explorer.engine.layerwise.costmodel import CostTables
+from explorer.engine.layerwise.memory import MemorySettings, options_of
+
+__all__ = ["Chain", "Evaluation", "evaluate", "lagrangian", "stage_counts"]
+
+#: bisection steps on λ once a fitting plan is bracketed
+BISECT_STEPS = 12
+#: doublings of λ tried before concluding that nothing fits
+MAX_DOUBLINGS = 60
+
+
+# --------------------------------------------------------------------------------------------
+# the chain of segments between single-tensor cuts
+# --------------------------------------------------------------------------------------------
+
+@dataclass
+class Segment:
+    """Layers strictly between cut layers ``a`` and ``b`` and the edges among ``a``, them
+    and ``b`` (indices into ``tables.edges``)."""
+
+    a: str
+    b: str
+    interior: list
+    edges: list
+
+
+@dataclass
+class Chain:
+    """The cut layers ``cuts`` (the first layer, every single-tensor cut, the last layer) and
+    the ``segments`` between consecutive cuts."""
+
+    cuts: list
+    segments: list
+
+    @classmethod
+    def of(cls, tables: CostTables) -> "Chain":
+        names = list(tables.names)
+        pos = {n: i for i, n in enumerate(names)}
+        L = len(names)
+        viol = np.zeros(L + 1, dtype=np.int64)
+        for e, _ in tables.edges:
+            i, j = pos[e.src], pos[e.dst]
+            if j <= i:
+                raise InfeasiblePlan(f"edge {e.src} -> {e.dst} goes against graph order")
+            viol[i + 1] += 1             # crosses gaps i+1 .. j-1 without starting there
+            viol[j] -= 1
+        viol = np.cumsum(viol)[:L]
+        cut_pos = [0] + [g for g in range(1, L - 1) if viol[g] == 0] + [L - 1]
+        cut_pos = sorted(set(cut_pos))
+        cuts = [names[p] for p in cut_pos]
+        segs = []
+        by_seg: dict = {}
+        for k in range(1, len(cut_pos)):
+            by_seg[k] = []
+        seg_of = np.zeros(L, dtype=np.int64)
+        for k in range(1, len(cut_pos)):
+            seg_of[cut_pos[k - 1] + 1: cut_pos[k] + 1] = k
+        for idx, (e, _) in enumerate(tables.edges):
+            by_seg[int(seg_of[pos[e.dst]])].append(idx)
+        for k in range(1, len(cut_pos)):
+            segs.append(Segment(cuts[k - 1], cuts[k],
+                                names[cut_pos[k - 1] + 1: cut_pos[k]], by_seg[k]))
+        return cls(cuts, segs)
+
+
+def _edge_keys(tables: CostTables) -> list:
+    """A content key per edge table (repeated blocks' tables compare equal)."""
+    keys, seen = [], {}
+    for _, m in tables.edges:
+        k = seen.get(id(m))
+        if k is None:
+            a = np.ascontiguousarray(m)
+            k = seen[id(m)] = (a.shape, hash(a.tobytes()))
+        keys.append(k)
+    return keys
+
+
+@dataclass
+class _Reduced:
+    """A segment reduced to ``[c_a, c_b]``: the relaxed cost and, at its argmin, the sums
+    of per-micro-batch time ``A``, once-per-step time ``B``, static bytes ``Ms``, activation
+    bytes ``Ma`` of the interior and its edges; ``choice[name]`` ``[Ca, Cb]``."""
+
+    L: np.ndarray
+    A: np.ndarray
+    B: np.ndarray
+    Ms: np.ndarray
+    Ma: np.ndarray
+    choice: dict
+
+
+def _reduce(seg: Segment, tables: CostTables, unary: dict, weight: float, parts: dict):
+    """Series-parallel reduction of a segment (equations 2, 3, and leaves), or ``None`` when
+    its inside is not series-parallel."""
+    a, b = seg.a, seg.b
+    edges: dict = {}
+    for idx in seg.edges:
+        e, m = tables.edges[idx]
+        edges[idx] = (e.src, e.dst, weight * np.asarray(m, dtype=np.float64))
+    extra = {a: np.zeros(len(unary[a])), b: np.zeros(len(unary[b]))}
+    alive = set(seg.interior)
+    order = {n: i for i, n in enumerate(seg.interior)}
+    undo = []
+    nxt = max(edges, default=0) + 1
+    ins: dict = {}
+    outs: dict = {}
+    for k, (u, v, _) in edges.items():
+        outs.setdefault(u, set()).add(k)
+        ins.setdefault(v, set()).add(k)
+
+    def drop(k):
+        u, v, m = edges.pop(k)
+        outs[u].discard(k)
+        ins[v].discard(k)
+        return u, v, m
+
+    def add(u, v, m):
+        nonlocal nxt
+        edges[nxt] = (u, v, m)
+        outs.setdefault(u, set()).add(nxt)
+        ins.setdefault(v, set()).add(nxt)
+        nxt += 1
+
+    def merge(u):
+        """Equation 3 on ``u``'s out-edges: parallel edges sum."""
+        seen: dict = {}
+        for k in sorted(outs.get(u, ())):
+            v = edges[k][1]
+            if v in seen:
+                _, _, m1 = drop(seen[v])
+                _, _, m2 = drop(k)
+                add(u, v, m1 + m2)
+                seen[v] = nxt - 1
+            else:
+                seen[v] = k
+
+    for n in [a] + seg.interior:
+        merge(n)
+    queue = sorted(alive, key=order.get)
+    while queue:
+        progressed = False
+        for j in sorted(alive, key=order.get):
+            i_s, o_s = ins.get(j, set()), outs.get(j, set())
+            uj = unary[j]
+            if len(i_s) == 1 and len(o_s) == 1:
+                (k1,), (k2,) = tuple(i_s), tuple(o_s)
+                i, _, ma = drop(k1)
+                _, k, mb = drop(k2)
+                m, arg = optcnn.min_plus(ma + uj[None, :], mb)          # equation 2
+                add(i, k, m)
+                merge(i)
+                undo.append(("node", j, i, k, arg))
+            elif len(i_s) == 1 and not o_s:             # a leaf: its best per source
+                i, _, ma = drop(next(iter(i_s)))
+                t = ma + uj[None, :]
+                arg = t.argmin(axis=1)
+                _add_unary(extra, unary, i, t[np.arange(len(arg)), arg])
+                undo.append(("out", j, i, arg))
+            elif len(o_s) == 1 and not i_s:
+                _, k, mb = drop(next(iter(o_s)))
+                t = mb + uj[:, None]
+                arg = t.argmin(axis=0)
+                _add_unary(extra, unary, k, t[arg, np.arange(len(arg))])
+                undo.append(("in", j, k, arg))
+            elif not i_s and not o_s:
+                undo.append(("free", j, int(uj.argmin())))
+                extra[a] = extra[a] + float(uj.min())
+            else:
+                continue
+            alive.discard(j)
+            progressed = True
+        if not progressed:
+            break
+        queue = list(alive)
+    if alive:
+        return None
+    Ca, Cb = len(unary[a]), len(unary[b])
+    L = extra[a][:, None] + extra[b][None, :]
+    for u, v, m in edges.values():
+        if (u, v) != (a, b):
+            return None
+        L = L + m
+    choice = {a: np.broadcast_to(np.arange(Ca)[:, None], (Ca, Cb)),
+              b: np.broadcast_to(np.arange(Cb)[None, :], (Ca, Cb))}
+    for rec in reversed(undo):
+        kind, j = rec[0], rec[1]
+        if kind == "node":
+            _, _, i, k, arg = rec
+            choice[j] = arg[choice[i], choice[k]]
+        elif kind == "out":
+            choice[j] = rec[3][choice[rec[2]]]
+        elif kind == "in":
+            choice[j] = rec[3][choice[rec[2]]]
+        else:
+            choice[j] = np.full((Ca, Cb), rec[2])
+    A = np.zeros((Ca, Cb))
+    B, Ms, Ma = A.copy(), A.copy(), A.copy()
+    for n in seg.interior:
+        tm, to, st, ac = parts[n]
+        ch = choice[n]
+        A += tm[ch]
+        B += to[ch]
+        Ms += st[ch]
+        Ma += ac[ch]
+    for idx in seg.edges:
+        e, m = tables.edges[idx]
+        A += np.asarray(m)[choice[e.src], choice[e.dst]]
+    return _Reduced(L, A, B, Ms, Ma, {n: choice[n] for n in seg.interior})
+
+
+def _add_unary(extra, unary, n, vec):
+    """Add a leaf's best cost to layer ``n``: a terminal's extra vector, or an interior
+    layer's unary (a copy: the caller's unary is shared)."""
+    if n in extra:
+        extra[n] = extra[n] + vec
+    else:
+        unary[n] = unary[n] + vec
+
+
+# --------------------------------------------------------------------------------------------
+# one evaluation: a plan for a multiplier λ
+# --------------------------------------------------------------------------------------------
+
+@dataclass
+class Evaluation:
+    """A plan found for one λ: per layer ``choice`` (candidate) and ``option``; ``stages``
+    the layer names of each stage; per stage per-micro-batch time ``t_mb``, once
+    per step ``t_once``, surrogate memory ``memory`` (with its own in-flight count), and
+    ``transient``; ``time_s`` the step time; ``relaxed`` the relaxed objective (no pipeline:
+    its minimum, for the lower bound)."""
+
+    lam: float
+    choice: dict
+    option: dict
+    stages: list
+    t_mb: list
+    t_once: list
+    memory: list
+    transient: list
+    time_s: float
+    relaxed: float
+    fits: bool = False
+    boundary_s: list = field(default_factory=list)
+
+    @property
+    def peak(self) -> float:
+        return max(m + t for m, t in zip(self.memory, self.transient))
+
+
+class Evaluator:
+    """Plans of one cost model (a stage's device group at one micro-batch size) for any λ:
+    ``S`` stages, ``M`` micro-batches, a schedule, a memory cap per device."""
+
+    def __init__(self, cost_model, tables: CostTables, settings: MemorySettings, cap: float,
+                 stages: int = 1, micro_batches: int = 1, schedule: str = "1f1b",
+                 boundary_bw: float | None = None, boundary_lat: float = 0.0,
+                 masks: dict | None = None, option_mask=None):
+        self.cm, self.tables, self.settings, self.cap = cost_model, tables, settings, cap
+        self.S, self.M, self.schedule = int(stages), int(micro_batches), schedule
+        self.opts = options_of(cost_model, tables, settings)
+        self.chain = Chain.of(tables)
+        self.edge_keys = _edge_keys(tables)
+        self.weight = float(self.M + self.S - 1)
+        self.kbar = float(self.M if schedule == "gpipe" else min(self.S, self.M))
+        self.masks = masks or {}          # layer -> allowed candidate indices (baselines)
+        self.option_mask = option_mask    # [O] allowed options (baselines)
+        G_ = cost_model.devices.n
+        self.boundary = []
+        for x in self.chain.cuts:
+            lay = cost_model.graph.layer(x)
+            nbytes = float(math.prod(lay.out_shape)) * cost_model.dtype_bytes
+            self.boundary.append(0.0 if boundary_bw is None else
+                                 2.0 * (nbytes / G_ / boundary_bw + boundary_lat))
+        if self.S > len(self.chain.segments):
+            raise InfeasiblePlan(f"{self.S} pipeline stages need {self.S} segments between "
+                                 f"single-tensor cuts; the graph has "
+                                 f"{len(self.chain.segments)}")
+
+    def inflight(self, s: int) -> float:
+        return float(self.M if self.schedule == "gpipe" else min(self.S - s, self.M))
+
+    def _parts(self, lam: float):
+        unary, parts, option = {}, {}, {}
+        for n in self.tables.names:
+            lo = self.opts[n]
+            cost, o = lo.pick(lam, self.weight, self.kbar, self.option_mask)
+            if n in self.masks:
+                keep = np.full(len(cost), np.inf)
+                keep[self.masks[n]] = 0.0
+                cost = cost + keep
+            unary[n] = cost
+            ix = np.arange(len(o))
+            option[n] = o
+            parts[n] = (lo.t_mb[ix, o], lo.t_once[ix, o], lo.static[ix, o], lo.act[ix, o])
+        return unary, parts, option
+
+    def evaluate(self, lam: float) -> Evaluation:
+        unary, parts, option = self._parts(lam)
+        chain = self.chain
+        reduced, cache = [], {}
+        for seg in chain.segments:
+            key = (tuple(id(self.opts[n]) for n in [seg.a] + seg.interior + [seg.b]),
+                   tuple(self.edge_keys[i] for i in seg.edges),
+                   tuple(n in self.masks for n in seg.interior))
+            if any(n in self.masks for n in [seg.a, seg.b] + seg.interior):
+                key = key + (tuple(seg.interior), seg.a, seg.b)
+            r = cache.get(key)
+            if r is None:
+                r = _reduce(seg, self.tables, dict(unary), self.weight, parts)
+                if r is None:
+                    if self.S > 1:
+                        raise InfeasiblePlan(
+                            f"the pipeline search needs a chain of series-parallel blocks; "
+                            f"the layers between {seg.a} and {seg.b} are not")
+                    return self._whole(lam, unary, parts, option)
+                cache[key] = r
+            reduced.append(r)
+        return self._chain(lam, unary, parts, option, reduced)
+
+    # -- the chain ---------------------------------------------------------------------------
+    def _start(self, i: int, unary, parts, reduced):
+        """The vector at cut ``i+1`` of a stage starting after cut ``i`` (``i = -1``: the
+        first stage, which holds cut 0) with its tracked sums and argmins."""
+        x0, x1 = self.chain.cuts[max(i, 0)], self.chain.cuts[i + 1 if i >= 0 else 1]
+        r = reduced[max(i, 0)]
+        if i < 0:
+            tm, to, st, ac = parts[x0]
+            lag = unary[x0][:, None] + r.L
+            arg = lag.argmin(axis=0)
+            cols = np.arange(lag.shape[1])
+            q = [tm[arg] + r.A[arg, cols], to[arg] + r.B[arg, cols],
+                 st[arg] + r.Ms[arg, cols], ac[arg] + r.Ma[arg, cols]]
+            v = lag[arg, cols]
+        else:
+            arg = r.L.argmin(axis=0)
+            cols = np.arange(r.L.shape[1])
+            v = r.L[arg, cols]
+            q = [r.A[arg, cols], r.B[arg, cols], r.Ms[arg, cols], r.Ma[arg, cols]]
+        tm, to, st, ac = parts[x1]
+        v = v + unary[x1]
+        q = [q[0] + tm, q[1] + to, q[2] + st, q[3] + ac]
+        return v, q, arg
+
+    def _step(self, k, v, q, unary, parts, reduced):
+        """Extend a stage over segment ``k`` (from cut ``k`` to cut ``k+1``)."""
+        r = reduced[k]
+        lag = v[:, None] + r.L
+        arg = lag.argmin(axis=0)
+        cols = np.arange(lag.shape[1])
+        x = self.chain.cuts[k + 1]
+        tm, to, st, ac = parts[x]
+        v2 = lag[arg, cols] + unary[x]
+        q2 = [q[0][arg] + r.A[arg, cols] + tm, q[1][arg] + r.B[arg, cols] + to,
+              q[2][arg] + r.Ms[arg, cols] + st, q[3][arg] + r.Ma[arg, cols] + ac]
+        return v2, q2, arg
+
+    def _chain(self, lam, unary, parts, option, reduced) -> Evaluation:
+        K = len(self.chain.segments)          # cuts 0..K
+        S = self.S
+        if S == 1:
+            ranges = {(-1, K): None}
+        else:
+            ranges = {}
+        best = {}
+        starts = [-1] if S == 1 else [-1] + list(range(1, K))
+        for i in starts:
+            v, q, _ = self._start(i, unary, parts, reduced)
+            j = (i + 1) if i >= 0 else 1
+            while True:
+                c = int(v.argmin())
+                best[(i, j)] = (float(v[c]), [float(x[c]) for x in q])
+                if j == K or (S == 1 and j == K):
+                    break
+                v, q, _ = self._step(j, v, q, unary, parts, reduced)
+                j += 1
+        del ranges
+        # the outer DP over cut positions: S stages, each a range (i, j] of cuts, minimising
+        # the slowest stage's weighted time, each stage's memory within the cap
+        W = self.weight
+        INF = math.inf
+
+        def stage_cost(i, j, s):
+            lagv, (A, B, Ms, Ma) = best[(i, j)]
+            A = A + (self.boundary[j] if j < K else 0.0)
+            mem = Ms + self.inflight(s) * Ma
+            return W * A + B, A, B, mem
+
+        if S == 1:
+            plan_ranges = [(-1, K)]
+        else:
+            f = [[INF] * (K + 1) for _ in range(S + 1)]
+            back = [[None] * (K + 1) for _ in range(S + 1)]
+            for j in range(1, K + 1):
+                c, _, _, mem = stage_cost(-1, j, 0)
+                if mem <= self.cap:
+                    f[1][j], back[1][j] = c, -1
+            for s in range(2, S + 1):
+                for j in range(s, K + 1):
+                    for i in range(s - 1, j):
+                        if f[s - 1][i] == INF:
+                            continue
+                        c, _, _, mem = stage_cost(i, j, s - 1)
+                        if mem > self.cap:
+                            continue
+                        val = max(f[s - 1][i], c)
+                        if val < f[s][j]:
+                            f[s][j], back[s][j] = val, i
+            if f[S][K] == INF:
+                # nothing fits: the split minimising the slowest stage regardless of memory
+                # (so that raising λ has a plan to judge)
+                for j in range(1, K + 1):
+                    f[1][j], back[1][j] = stage_cost(-1, j, 0)[0], -1
+                for s in range(2, S + 1):
+                    for j in range(s, K + 1):
+                        f[s][j] = INF
+                        for i in range(s - 1, j):
+                            if f[s - 1][i] < INF:
+                                val = max(f[s - 1][i], stage_cost(i, j, s - 1)[0])
+                                if val < f[s][j]:
+                                    f[s][j], back[s][j] = val, i
+            plan_ranges, j = [], K
+            for s in range(S, 0, -1):
+                i = back[s][j]
+                plan_ranges.append((i, j))
+                j = i
+            plan_ranges.reverse()
+        choice, opt_of = {}, {}
+        t_mb, t_once, mem, trans, bnd, stage_layers = [], [], [], [], [], []
+        relaxed = 0.0
+        for s, (i, j) in enumerate(plan_ranges):
+            ch = self._backtrack(i, j, unary, parts, reduced)
+            stage_layers.append(ch)
+            choice.update(ch)
+            _, A, B, m = stage_cost(i, j, s)
+            relaxed += best[(i, j)][0]
+            t_mb.append(A)
+            t_once.append(B)
+            mem.append(m)
+            bnd.append(self.boundary[j] if j < K else 0.0)
+            trans.append(max((float(self.opts[n].trans[ch[n], option[n][ch[n]]])
+                              for n in ch), default=0.0))
+        for n in choice:
+            opt_of[n] = int(option[n][choice[n]])
+        T = sum(t_mb) + (self.M - 1) * max(t_mb) + max(t_once)
+        pos = {n: k for k, n in enumerate(self.tables.names)}
+        stages = [sorted(ch, key=pos.get) for ch in stage_layers]
+        ev = Evaluation(lam, choice, opt_of, stages, t_mb, t_once, mem, trans, T, relaxed,
+                        boundary_s=bnd)
+        ev.fits = ev.peak <= self.cap
+        return ev
+
+    def _backtrack(self, i, j, unary, parts, reduced) -> dict:
+        """Each layer's candidate in the stage covering cuts ``(i, j]`` (``i = -1``: from
+        cut 0)."""
+        v, q, arg0 = self._start(i, unary, parts, reduced)
+        args = []
+        k = (i + 1) if i >= 0 else 1
+        while k < j:
+            v, q, arg = self._step(k, v, q, unary, parts, reduced)
+            args.append(arg)
+            k += 1
+        cuts = self.chain.cuts
+        cfg = {cuts[j]: int(v.argmin())}
+        k = j
+        for arg in reversed(args):
+            cfg[cuts[k - 1]] = int(arg[cfg[cuts[k]]])
+            k -= 1
+        first = (i + 1) if i >= 0 else 1
+        prev = int(arg0[cfg[cuts[first]]])
+        if i < 0:
+            cfg[cuts[0]] = prev
+        out = dict(cfg)
+        for kk in range(first - 1, j):
+            seg = self.chain.segments[kk]
+            ca = cfg[seg.a] if seg.a in cfg else prev
+            cb = cfg[seg.b]
+            for n, arr in reduced[kk].choice.items():
+                out[n] = int(arr[ca, cb])
+        return out
+
+    def _whole(self, lam, unary, parts, option) -> Evaluation:
+        """No chain of series-parallel segments: the elimination of :mod:`.optcnn` on the
+        relaxed tables (one stage)."""
+        t = self.tables
+        zeros = {n: np.zeros(len(unary[n])) for n in t.names}
+        relaxed_tables = CostTables(t.names, t.candidates, unary, zeros, t.memory,
+                                    [(e, self.weight * np.asarray(m)) for e, m in t.edges])
+        choice, _, _ = optcnn.solve(relaxed_tables)
+        A = sum(float(parts[n][0][choice[n]]) for n in t.names) + \
+            sum(float(m[choice[e.src], choice[e.dst]]) for e, m in t.edges)
+        B = sum(float(parts[n][1][choice[n]]) for n in t.names)
+        Ms = sum(float(parts[n][2][choice[n]]) for n in t.names)
+        Ma = sum(float(parts[n][3][choice[n]]) for n in t.names)
+        opt_of = {n: int(option[n][choice[n]]) for n in t.names}
+        tr = max((float(self.opts[n].trans[choice[n], opt_of[n]]) for n in t.names),
+                 default=0.0)
+        relaxed = relaxed_tables.objective(choice)
+        mem = Ms + self.inflight(0) * Ma
+        T = self.M * A + B
+        ev = Evaluation(lam, choice, opt_of, [list(t.names)], [A], [B],
+                        [mem], [tr], T, relaxed)
+        ev.fits = ev.peak <= self.cap
+        return ev
+
+
+def lagrangian(evaluator: Evaluator, plain: Evaluation | None = None):
+    """The fastest fitting plan over λ (module docstring): ``(best, smallest, info)`` where
+    ``best`` is the fastest fitting :class:`Evaluation` (``None`` when none fits),
+    ``smallest`` the one of least peak memory seen, and ``info`` the λ steps, the lower bound
+    and the gap."""
+    cap = evaluator.cap
+    seen = []
+
+    def ev(lam):
+        e = evaluator.evaluate(lam)
+        seen.append(e)
+        return e
+
+    e0 = plain if plain is not None else ev(0.0)
+    if plain is not None:
+        seen.append(plain)
+    best = e0 if e0.fits else None
+    if best is None:
+        # a scale for λ: seconds per byte of the plain plan, then doublings
+        lam = max(e0.time_s, 1e-9) / max(e0.peak, 1.0) * 1e-3
+        lo, hi = 0.0, None
+        for _ in range(MAX_DOUBLINGS):
+            e = ev(lam)
+            if e.fits:
+                hi = lam
+                break
+            lo = lam
+            prev = seen[-2] if len(seen) > 1 else None
+            if prev is not None and lam > 1e-3 and e.peak >= prev.peak and \
+                    all(abs(a - b) == 0 for a, b in zip(e.memory, prev.memory)) and \
+                    lam > 1e6 * max(e0.time_s, 1e-9) / max(e0.peak, 1.0):
+                break                          # memory no longer falls: nothing fits
+            lam *= 4.0
+        if hi is not None:
+            for _ in range(BISECT_STEPS):
+                mid = math.sqrt(hi * lo) if lo > 0 else hi / 4.0
+                e = ev(mid)
+                if e.fits:
+                    hi = mid
+                else:
+                    lo = mid
+                if hi / max(lo, 1e-300) < 1.01:
+                    break
+        fits = [e for e in seen if e.fits]
+        best = min(fits, key=lambda e: e.time_s) if fits else None
+        if best is not None:
+            best = improve(evaluator, best)
+    smallest = min(seen, key=lambda e: e.peak)
+    lb = None
+    if evaluator.S == 1:
+        lb = max(e.relaxed - e.lam * cap for e in seen)
+    info = {"lambdas": len(seen), "lambda": best.lam if best else None,
+            "lower_bound_s": lb,
+            "gap": (None if best is None or lb is None else
+                    max(0.0, (best.time_s - lb) / max(best.time_s, 1e-30)))}
+    return best, smallest, info
+
+
+def improve(evaluator: Evaluator, ev: Evaluation, passes: int = 20) -> Evaluation:
+    """Greedy improvement of a fitting one-stage plan: move one layer at a time to the
+    (candidate, option) that lowers the step time most while the plan still fits (the
+    memory bound plus the largest transient, conservatively the current one); repeated
+    until no move helps.  Closes part of the Lagrangian's duality gap; a heuristic."""
+    if evaluator.S != 1 or evaluator.M != 1 or not ev.fits:
+        return ev
+    t = evaluator.tables
+    opts = evaluator.opts
+    nbrs: dict = {n: [] for n in t.names}
+    for e, m in t.edges:
+        m = np.asarray(m)
+        nbrs[e.dst].append((e.src, m.T, True))
+        nbrs[e.src].append((e.dst, m, True))
+    ch, op = dict(ev.choice), dict(ev.option)
+    total = {n: opts[n].t_mb + opts[n].t_once for n in t.names}
+    mm = {n: opts[n].static + opts[n].act for n in t.names}
+    if evaluator.masks or evaluator.option_mask is not None:
+        return ev
+    mem = sum(float(mm[n][ch[n], op[n]]) for n in t.names)
+    tr = max(float(opts[n].trans[ch[n], op[n]]) for n in t.names)
+    cap = evaluator.cap
+    for _ in range(passes):
+        moved = False
+        for n in t.names:
+            edge = np.zeros(total[n].shape[0])
+            for w, m, _ in nbrs[n]:
+                edge = edge + m[:, ch[w]]
+            cost = total[n] + edge[:, None]
+            cur = float(cost[ch[n], op[n]])
+            dm = mm[n] - mm[n][ch[n], op[n]]
+            ok = (mem + dm + np.maximum(tr, opts[n].trans) <= cap) & np.isfinite(cost)
+            cand = np.where(ok, cost, np.inf)
+            c, o = np.unravel_index(int(cand.argmin()), cand.shape)
+            if cand[c, o] < cur - 1e-12 * max(abs(cur), 1e-30):
+                mem += float(dm[c, o])
+                tr = max(tr, float(opts[n].trans[c, o]))
+                ch[n], op[n] = int(c), int(o)
+                moved = True
+        if not moved:
+            break
+    A = sum(float(opts[n].t_mb[ch[n], op[n]]) for n in t.names) + \
+        sum(float(np.asarray(m)[ch[e.src], ch[e.dst]]) for e, m in t.edges)
+    B = sum(float(opts[n].t_once[ch[n], op[n]]) for n in t.names)
+    if A + B >= ev.time_s:
+        return ev
+    Ms = sum(float(opts[n].static[ch[n], op[n]]) for n in t.names)
+    Ma = sum(float(opts[n].act[ch[n], op[n]]) for n in t.names)
+    trn = max(float(opts[n].trans[ch[n], op[n]]) for n in t.names)
+    out = Evaluation(ev.lam, ch, op, ev.stages, [A], [B], [Ms + Ma], [trn], A + B, ev.relaxed,
+                     boundary_s=ev.boundary_s)
+    out.fits = out.peak <= cap
+    return out if out.fits else ev
+
+
+def stage_counts(n_devices: int, segments: int, batch: int) -> list:
+    """Stage counts the pipeline search tries: powers of two dividing the devices, at most
+    the segments between cuts and the batch."""
+    out, s = [], 1
+    while s <= n_devices and s <= segments and s <= batch:
+        if n_devices % s == 0:
+            out.append(s)
+        s *= 2
+    return out
+
+
+def evaluate(evaluator: Evaluator, lam: float) -> Evaluation:
+    """One λ's plan (for tests and the views)."""
+    return evaluator.evaluate(lam)
+
+
+def now() -> float:
+    return time.perf_counter()
