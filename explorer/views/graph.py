@@ -25,6 +25,10 @@ from explorer.views import palette as P
 from explorer.views import state
 from explorer.views.controls import context, export_controls, register_export
 
+#: a collapsed group's pie has at most this many slices (the rest share a grey one)
+PIE_SLICES = 6
+
+
 STYLESHEET = [
     {"selector": "node", "style": {
         "label": "data(label)", "font-size": 9, "text-valign": "bottom", "text-halign": "center",
@@ -33,7 +37,9 @@ STYLESHEET = [
         "border-width": 1, "border-color": "#333", "color": "#222"}},
     {"selector": "node[kind = 'group']", "style": {
         "shape": "round-rectangle", "width": 34, "height": 22, "border-width": 2,
-        "border-style": "double", "font-weight": "bold"}},
+        "border-style": "double", "font-weight": "bold", "pie-size": "100%",
+        **{f"pie-{i}-background-{k}": f"data(pie{i}{k[0]})"
+           for i in range(1, PIE_SLICES + 1) for k in ("color", "size")}}},
     {"selector": "node[kind = 'parent']", "style": {
         "background-color": "#f4f6fa", "background-opacity": 0.6, "border-color": "#99a",
         "border-style": "dashed", "label": "data(label)", "text-valign": "top",
@@ -231,6 +237,37 @@ def _positions(graph_key, visible: tuple, unit_edges: tuple):
     return L.layered_positions(list(visible), list(unit_edges))
 
 
+@lru_cache(maxsize=32)
+def _nested(graph_key, tops: tuple, top_edges: tuple, boxes: tuple):
+    return L.nested_positions(list(tops), list(top_edges),
+                              {gid: (list(m), list(e)) for gid, m, e in boxes})
+
+
+def unit_positions(req_key, order, edges, unit_of, parent_of) -> dict:
+    """Positions of the drawn units: a layered layout of the units, where each opened group
+    (``parent_of``: member -> group) is laid out as one box of its own size
+    (:func:`graph_layout.nested_positions`), so opened groups never cover each other."""
+    visible = list(dict.fromkeys(unit_of[n] for n in order))
+    if not parent_of:
+        uedges = L.collapsed_edges(edges, unit_of)
+        return _positions(req_key, tuple(visible), tuple(uedges))
+    top_of = {n: parent_of.get(n, unit_of[n]) for n in order}
+    tops = tuple(dict.fromkeys(top_of[n] for n in order))
+    top_edges = tuple(L.collapsed_edges(edges, top_of))
+    members: dict = {}
+    for n in order:
+        if n in parent_of:
+            members.setdefault(parent_of[n], []).append(n)
+    boxes = tuple((gid, tuple(ms), tuple((a, b) for a, b in edges
+                                         if parent_of.get(a) == gid and parent_of.get(b) == gid))
+                  for gid, ms in sorted(members.items()))
+    try:
+        return _nested(req_key, tops, top_edges, boxes)
+    except Exception:  # noqa: BLE001 - a group that is not convex makes a cycle: flat layout
+        uedges = L.collapsed_edges(edges, unit_of)
+        return _positions(req_key, tuple(visible), tuple(uedges))
+
+
 def step_classes(trace: list, step: int | None) -> tuple:
     """Per-layer highlight classes and hot edges for trace step ``step``."""
     if step is None or not trace:
@@ -262,6 +299,43 @@ def step_classes(trace: list, step: int | None) -> tuple:
     elif cur["kind"] == "undo":
         cls[cur["node"]] = "assigned"
     return cls, hot
+
+
+def config_mix(labels) -> list:
+    """``[(configuration, layers)]`` of a group's members, most common first."""
+    counts: dict = {}
+    for lab in labels:
+        counts[lab] = counts.get(lab, 0) + 1
+    return sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+
+
+def mix_text(labels) -> str:
+    """A collapsed group's configuration mix as text, most common first.
+
+    >>> mix_text(["n2", "n4", "n2", "n2"])
+    '3×n2, 1×n4'
+    """
+    return ", ".join(f"{k}×{lab}" for lab, k in config_mix(labels))
+
+
+def pie_data(labels, colors: dict) -> dict:
+    """The node data of a collapsed group's pie (``pie1c``/``pie1s`` … one slice per
+    configuration of its members, sized by how many layers have it, in the configuration's
+    colour), so a group's single colour never hides a mix of configurations."""
+    mix = config_mix(labels)
+    total = sum(k for _, k in mix) or 1
+    head, rest = mix[:PIE_SLICES - 1], mix[PIE_SLICES - 1:]
+    if len(rest) == 1:
+        head, rest = mix, []
+    slices = [(colors.get(lab, P.UNKNOWN), k) for lab, k in head]
+    if rest:
+        slices.append((P.UNKNOWN, sum(k for _, k in rest)))
+    out = {}
+    for i in range(PIE_SLICES):
+        c, k = slices[i] if i < len(slices) else (P.UNKNOWN, 0)
+        out[f"pie{i + 1}c"] = c
+        out[f"pie{i + 1}s"] = round(100.0 * k / total, 3)
+    return out
 
 
 def clear_boxes(pos: dict, parent_of: dict, pad: float = 30.0) -> dict:
@@ -329,7 +403,6 @@ def build_elements(req: session.Request, plan: dict, expanded: list, step=None,
     unit_of, groups = L.units(order, modules, set(expanded or []), collapse=collapse)
     visible = list(dict.fromkeys(unit_of[n] for n in order))
     uedges = L.collapsed_edges(edges, unit_of)
-    pos = _positions(req.graph_key(), tuple(visible), tuple(uedges))
     assign = {la["name"]: la for la in plan.get("layers", [])} if plan else {}
     colors = config_colors(plan) if plan else {}
     xcost = {}
@@ -343,10 +416,13 @@ def build_elements(req: session.Request, plan: dict, expanded: list, step=None,
         if all(unit_of[m] == m for m in members):
             for m in members:
                 parent_of[m] = gid
+    pos = unit_positions(req.graph_key(), order, edges, unit_of, parent_of)
     els = []
     for gid in sorted(set(parent_of.values())):
+        # classes always given: cytoscape keeps an element's classes when an update leaves
+        # them out, so an opened group would keep the ring it had as a collapsed group
         els.append({"data": {"id": gid, "label": gid[6:] + "  (click to collapse)",
-                             "kind": "parent", "color": "#eee"}})
+                             "kind": "parent", "color": "#eee"}, "classes": ""})
     prefix = {gid: _prefix(groups[gid], gid) for gid in set(parent_of.values())}
     pos = clear_boxes(pos, parent_of)
     for u in visible:
@@ -358,7 +434,8 @@ def build_elements(req: session.Request, plan: dict, expanded: list, step=None,
             mixed = len(set(labels)) > 1
             data = {"id": u, "label": f"{u[6:]} ({len(members)})", "kind": "group",
                     "op": "group", "config": common + (" …" if mixed else ""),
-                    "color": colors.get(common, P.UNKNOWN), "members": len(members)}
+                    "color": colors.get(common, P.UNKNOWN), "members": len(members),
+                    "mix": mix_text(labels), **pie_data(labels, colors)}
             c = {cls.get(m) for m in members} - {None}
             klass = next((k for k in ("current", "nbr", "residual", "assigned") if k in c),
                          "gone" if c == {"gone"} and all(cls.get(m) == "gone" for m in members)
@@ -412,7 +489,8 @@ def legend(colors: dict, plan: dict):
     mark = [html.Span(className="legend-item", children=["★ pinned layer"])] if pins else []
     return [html.Span(["colour = configuration (degrees per dimension: ", G.term("n"), " ",
                        G.term("c"), " ", G.term("h"), " ", G.term("w"), " ", G.term("l"), " ",
-                       G.term("k"), "); edge width = transfer time (", G.term("t_X"), "); "],
+                       G.term("k"), "); a collapsed group's pie = its layers' configurations; "
+                       "edge width = transfer time (", G.term("t_X"), "); "],
                       className="muted")] + items + mark
 
 

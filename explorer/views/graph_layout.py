@@ -89,6 +89,83 @@ def _wrap(pos, rank, layers, x_gap, y_gap, aspect=2.2):
     return out
 
 
+def nested_positions(nodes: list, edges: list, boxes: dict, x_gap: float = 90.0,
+                     y_gap: float = 70.0, pad: float = 40.0) -> dict:
+    """``{node: (x, y)}`` for a DAG some of whose units are opened groups drawn as boxes.
+
+    ``nodes`` and ``edges`` are the top-level units (an opened group is one unit, its id in
+    ``boxes``); ``boxes[gid]`` is ``(members, member edges)``.  Each group is laid out on its
+    own (:func:`layered_positions`), then the top level is laid out with every unit as big as
+    its box (``pad`` around the members, for the box's border and title), so no box covers
+    another unit or another box.  Members get their group's place plus their own offset;
+    the group ids themselves get no position.  Without boxes this is
+    :func:`layered_positions`.
+
+    >>> pos = nested_positions(["a", "g", "d"], [("a", "g"), ("g", "d")],
+    ...                        {"g": (["b", "c"], [("b", "c")])})
+    >>> pos["a"][0] < pos["b"][0] < pos["c"][0] < pos["d"][0]
+    True
+    """
+    inner, size = {}, {}
+    for gid, (members, medges) in boxes.items():
+        p = layered_positions(list(members), list(medges), x_gap, y_gap)
+        xs, ys = [x for x, _ in p.values()], [y for _, y in p.values()]
+        cx, cy = (min(xs) + max(xs)) / 2, (min(ys) + max(ys)) / 2
+        inner[gid] = {m: (x - cx, y - cy) for m, (x, y) in p.items()}
+        size[gid] = (max(xs) - min(xs) + 2 * pad, max(ys) - min(ys) + 2 * pad)
+    g = nx.DiGraph()
+    g.add_nodes_from(nodes)
+    g.add_edges_from((u, v) for u, v in edges if u != v)
+    rank = {n: r for r, gen in enumerate(nx.topological_generations(g)) for n in gen}
+    layers: dict = defaultdict(list)
+    for n in nodes:
+        layers[rank[n]].append(n)
+    order_index = {n: i for i, n in enumerate(nodes)}
+    col_w = {r: max(size.get(n, (0.0, 0.0))[0] for n in row) for r, row in layers.items()}
+    col_h: dict = {}
+    local: dict = {}                            # y within its column, centred on 0
+    for r in sorted(layers):
+        row = layers[r]
+
+        def bary(n):
+            ys = [local[p] for p in g.predecessors(n) if p in local]
+            return (sum(ys) / len(ys) if ys else 0.0, order_index[n])
+        row.sort(key=bary)
+        hs = [size.get(n, (0.0, 0.0))[1] for n in row]
+        total = sum(hs) + (len(row) - 1) * y_gap
+        y = -total / 2
+        for n, h in zip(row, hs):
+            local[n] = y + h / 2
+            y += h + y_gap
+        col_h[r] = total
+    # fold the ranks into rows, as layered_positions does, with each row as tall as its
+    # tallest column and each column as wide as its widest unit
+    ranks = sorted(layers)
+    width = sum(col_w[r] + x_gap for r in ranks)
+    height = max(col_h.values()) + y_gap
+    rows = max(1, round(math.sqrt(width / (2.2 * height))))
+    per_row = math.ceil(len(ranks) / rows)
+    out, top = {}, 0.0
+    for start in range(0, len(ranks), per_row):
+        chunk = ranks[start:start + per_row]
+        if (start // per_row) % 2:              # boustrophedon: odd rows run right to left
+            chunk = chunk[::-1]
+        band = max(col_h[r] for r in chunk)
+        x = 0.0
+        for r in chunk:
+            cx = x + col_w[r] / 2
+            for n in layers[r]:
+                y = top + band / 2 + local[n]
+                if n in inner:
+                    for m, (dx, dy) in inner[n].items():
+                        out[m] = (cx + dx, y + dy)
+                else:
+                    out[n] = (cx, y)
+            x += col_w[r] + x_gap
+        top += band + 1.5 * y_gap
+    return out
+
+
 def choose_depth(modules: dict, min_units: int = 10, max_depth: int = 6) -> int:
     """The shallowest module depth that splits the graph into at least ``min_units`` groups."""
     for d in range(1, max_depth + 1):

@@ -75,6 +75,10 @@ STEP_SLIDER = "step-slider"
 STEP_PREV = "step-prev"
 STEP_NEXT = "step-next"
 STEP_TEXT = "step-text"
+STEP_INPUT = "step-input"            # the step number box (jumps on Enter)
+STEP_DOCK = "step-dock"              # the stepper over the graph (shown with the Steps tab)
+STEP_SCROLL = "step-scroll"          # dummy output of the clientside scroll to the stepper
+STORE_STEP_OPENED = "store-step-opened"  # the groups the stepper opened (closed as it moves)
 
 # tiling
 TILING_LAYER = "tiling-layer"

@@ -44,11 +44,14 @@ def layout(**query):
         dcc.Store(id=ids.STORE_SELECTED, data=None),
         dcc.Store(id=ids.STORE_EXPANDED, data=[]),
         dcc.Store(id=ids.STORE_STEP, data=None),
+        dcc.Store(id=ids.STORE_STEP_OPENED, data=[]),
+        html.Div(id=ids.STEP_SCROLL, hidden=True),
         dcc.Store(id=ids.STORE_RUN, data=None),
         form.layout(doc, "\n".join(errors), summary),
         pages.elsewhere(doc, FAMILY),
         pages.stale_banner(FAMILY),
         html.Div(id=ids.RESULTS + FAMILY, className="results", children=[
+        steps.dock(),
         html.Div(className="main", children=[
             html.Div(className="left", children=[graph.layout()]),
             html.Div(className="right", children=[graph.details_layout()]),

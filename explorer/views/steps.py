@@ -45,19 +45,34 @@ def legend():
                       "eliminated. ", className="muted")] + items
 
 
-def layout():
-    return html.Div(className="panel steps-panel", children=[
-        context("steps"),
+def dock():
+    """The stepper - Prev, Next, the step box, the slider and the step's sentence - docked
+    over the graph it highlights, so both fit one window (shown while the Steps tab is)."""
+    return html.Div(id=ids.STEP_DOCK, className="panel step-dock", hidden=True, children=[
         html.Div(className="row", children=[
             html.Button("◀ Prev", id=ids.STEP_PREV),
             html.Button("Next ▶", id=ids.STEP_NEXT),
+            html.Label(["step ", dcc.Input(id=ids.STEP_INPUT, type="number", min=1, step=1,
+                                           debounce=True, placeholder="#",
+                                           style={"width": "72px"})],
+                       title="type a step number and press Enter"),
             html.Div(dcc.Slider(id=ids.STEP_SLIDER, min=1, max=1, step=1, value=None,
-                                marks=None, tooltip={"placement": "top"}),
+                                marks=None, tooltip={"placement": "bottom"},
+                                allow_direct_input=False),    # the step box is the input
                      className="grow step-slider"),
         ]),
-        html.Div(id=ids.STEP_LEGEND, className="legend", children=legend()),
         html.Div(id=ids.STEP_TEXT, className="step-text",
                  children="Run the optcnn search to see its elimination steps."),
+    ])
+
+
+def layout():
+    """The tab: what it operates on, the legend of the rings, the step's equations (the
+    stepper itself is :func:`dock`, over the graph)."""
+    return html.Div(className="panel steps-panel", children=[
+        context("steps"),
+        html.P("The stepper is over the graph, above.", className="muted"),
+        html.Div(id=ids.STEP_LEGEND, className="legend", children=legend()),
         html.Div(id=ids.STEP_EQUATIONS, className="step-equations"),
     ])
 
@@ -167,23 +182,70 @@ def shown_step(value, tab, plan) -> tuple:
 def groups_to_open(step, plan, req_doc, expanded) -> list | None:
     """The expanded groups with every layer the step highlights shown on its own (``None``
     when nothing needs opening): a step inside a collapsed module group opens the group."""
+    need = groups_needed(step, plan, req_doc, expanded)
+    return None if not need else sorted(set(expanded or []) | need)
+
+
+def groups_needed(step, plan, req_doc, expanded) -> set:
+    """The collapsed module groups that hold a layer step ``step`` highlights (the layer, its
+    neighbours): they must open for the rings to show on the layers themselves."""
     trace = session.trace_of(plan) if step is not None else None
     if step is None or not trace:
-        return None
+        return set()
     cur = trace[max(0, min(int(step), len(trace) - 1))]
     names = [cur[k] for k in ("node", "src", "dst") if isinstance(cur.get(k), str)]
     try:
         g = session.graph_for(state.request((plan or {}).get("request") or req_doc))
     except (ExplorerError, ValueError):
-        return None
+        return set()
     order = g.names()
     if len(order) <= L.COLLAPSE_THRESHOLD:
-        return None
+        return set()
     unit_of, _ = L.units(order, {n: g.layer(n).module for n in order}, set(expanded or []))
-    closed = sorted({unit_of[n] for n in names if n in unit_of and unit_of[n] != n})
-    if not closed:
-        return None
-    return sorted(set(expanded or []) | set(closed))
+    return {unit_of[n] for n in names if n in unit_of and unit_of[n] != n}
+
+
+def step_groups(step, plan, req_doc, expanded, opened) -> tuple:
+    """``(expanded groups, groups the stepper holds open)`` for step ``step``: the groups the
+    former step opened close again (those the user opened stay), and the current step's
+    layers are shown on their own - so opened groups never pile up as the steps go on.
+    ``step`` ``None`` (the tab left) closes what the stepper opened."""
+    mine = set(opened or [])
+    user = [e for e in (expanded or []) if e not in mine]
+    need = groups_needed(step, plan, req_doc, user)
+    return sorted(set(user) | need), sorted(need)
+
+
+def step_control(trigger, typed, value, top) -> tuple:
+    """``(slider value, step box value)`` after Prev, Next, a number typed in the step box
+    (Enter) or the slider moved: both show the same 1-based step, kept within 1..``top``."""
+    top = max(1, int(top or 1))
+    if trigger == ids.STEP_INPUT:
+        if typed in (None, ""):
+            return no_update, no_update
+        v = max(1, min(int(typed), top))
+        return v, (v if v != typed else no_update)
+    if trigger == ids.STEP_SLIDER:
+        return no_update, value
+    if trigger == ids.STEP_NEXT:
+        v = 1 if value is None else min(int(value) + 1, top)
+    else:
+        v = 1 if value is None else max(int(value) - 1, 1)
+    return v, v
+
+
+#: shows the stepper over the graph and scrolls it into view when the Steps tab opens
+_SCROLL_TO_DOCK = """
+function(hidden) {
+    if (hidden === false) {
+        setTimeout(function () {
+            const e = document.getElementById('%s');
+            if (e) { e.scrollIntoView({block: 'start', behavior: 'instant'}); }
+        }, 50);
+    }
+    return '';
+}
+""" % ids.STEP_DOCK
 
 
 def register(app: dash.Dash) -> None:
@@ -196,13 +258,20 @@ def register(app: dash.Dash) -> None:
         return reset_view(plan)
 
     @app.callback(Output(ids.STEP_SLIDER, "value", allow_duplicate=True),
+                  Output(ids.STEP_INPUT, "value"),
                   Input(ids.STEP_PREV, "n_clicks"), Input(ids.STEP_NEXT, "n_clicks"),
-                  State(ids.STEP_SLIDER, "value"), State(ids.STEP_SLIDER, "max"),
+                  Input(ids.STEP_INPUT, "value"), Input(ids.STEP_SLIDER, "value"),
+                  State(ids.STEP_SLIDER, "max"),
                   prevent_initial_call=True)
-    def nudge(_p, _n, value, top):
-        if dash.ctx.triggered_id == ids.STEP_NEXT:
-            return 1 if value is None else min(value + 1, top or 1)
-        return 1 if value is None else max(value - 1, 1)
+    def nudge(_p, _n, typed, value, top):
+        return step_control(dash.ctx.triggered_id, typed, value, top)
+
+    @app.callback(Output(ids.STEP_DOCK, "hidden"), Input(ids.TABS, "value"))
+    def dock_shown(tab):
+        return tab != "steps"
+
+    app.clientside_callback(_SCROLL_TO_DOCK, Output(ids.STEP_SCROLL, "children"),
+                            Input(ids.STEP_DOCK, "hidden"), prevent_initial_call=True)
 
     @app.callback(Output(ids.STORE_STEP, "data", allow_duplicate=True),
                   Output(ids.STEP_TEXT, "children", allow_duplicate=True),
@@ -214,9 +283,13 @@ def register(app: dash.Dash) -> None:
         return shown_step(value, tab, plan)
 
     @app.callback(Output(ids.STORE_EXPANDED, "data", allow_duplicate=True),
+                  Output(ids.STORE_STEP_OPENED, "data"),
                   Input(ids.STORE_STEP, "data"), State(ids.STORE_PLAN, "data"),
                   State(ids.STORE_REQUEST, "data"), State(ids.STORE_EXPANDED, "data"),
+                  State(ids.STORE_STEP_OPENED, "data"),
                   prevent_initial_call=True)
-    def open_groups(step, plan, req_doc, expanded):
-        got = groups_to_open(step, plan, req_doc, expanded)
-        return no_update if got is None else got
+    def open_groups(step, plan, req_doc, expanded, opened):
+        if step is None and not opened:
+            raise dash.exceptions.PreventUpdate
+        new, mine = step_groups(step, plan, req_doc, expanded, opened)
+        return (no_update if new == sorted(expanded or []) else new), mine
