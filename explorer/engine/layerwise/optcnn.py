@@ -99,8 +99,8 @@ def constrain(algo, problem, cost_model, tables, choice, trace, info, options, t
              "unconstrained_peak_bytes": peak, **linfo}
     if best is None:
         minfo["why"] = (
-            f"no {algo} plan fits {cap / 2**30:.2f} GiB per device: the smallest footprint "
-            f"found needs {smallest.peak / 2**30:.2f} GiB on a device (with "
+            f"no {algo} plan fits {cap / 2**30:.3g} GiB per device: the smallest footprint "
+            f"found needs {smallest.peak / 2**30:.3g} GiB on a device (with "
             f"{'recomputation, ' if settings.recompute else ''}ZeRO up to stage "
             f"{settings.zero}, optimizer {settings.optimizer}); use more devices, a smaller "
             f"--batch, --algo pipeline, or --ignore-memory to see it anyway")

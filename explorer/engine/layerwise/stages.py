@@ -105,7 +105,12 @@ class Chain:
     segments: list
 
     @classmethod
-    def of(cls, tables: CostTables) -> "Chain":
+    def of(cls, tables) -> "Chain":
+        """The chain of a :class:`CostTables` (or of a layer graph: its names and edges)."""
+        if not isinstance(tables, CostTables):
+            graph = tables
+            tables = CostTables(list(graph.names()), {}, {}, {}, {},
+                                [(e, None) for e in graph.edges()])
         names = list(tables.names)
         pos = {n: i for i, n in enumerate(names)}
         L = len(names)
@@ -355,7 +360,10 @@ class Evaluator:
         unary, parts, option = {}, {}, {}
         for n in self.tables.names:
             lo = self.opts[n]
-            cost, o = lo.pick(lam, self.weight, self.kbar, self.option_mask)
+            om = self.option_mask
+            if isinstance(om, dict):
+                om = om.get(n)
+            cost, o = lo.pick(lam, self.weight, self.kbar, om)
             if n in self.masks:
                 keep = np.full(len(cost), np.inf)
                 keep[self.masks[n]] = 0.0
@@ -638,7 +646,8 @@ def improve(evaluator: Evaluator, ev: Evaluation, passes: int = 20) -> Evaluatio
     (candidate, option) that lowers the step time most while the plan still fits (the
     memory bound plus the largest transient, conservatively the current one); repeated
     until no move helps.  Closes part of the Lagrangian's duality gap; a heuristic."""
-    if evaluator.S != 1 or evaluator.M != 1 or not ev.fits:
+    if evaluator.S != 1 or evaluator.M != 1 or not ev.fits or evaluator.masks or \
+            evaluator.option_mask is not None:
         return ev
     t = evaluator.tables
     opts = evaluator.opts

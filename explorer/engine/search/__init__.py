@@ -10,7 +10,7 @@ Example::
     >>> from explorer.engine.search import METHODS, names, run
     >>> from explorer.engine.search.problem import Problem, Request
     >>> names("layerwise")
-    ['optcnn', 'data', 'model', 'owt', 'megatron', 'exhaustive']
+    ['optcnn', 'data', 'model', 'owt', 'megatron', 'megatron-3d', 'fsdp', 'pipeline', 'exhaustive']
     >>> res = run("optcnn", Problem(Request("lenet5", 8, devices=2)))
     >>> res.family, res.devices, res.objective_s > 0
     ('layerwise', 2, True)
@@ -25,8 +25,11 @@ from explorer.engine.search.options import (
     CeleritasOptions,
     ClassicOptions,
     ExhaustiveOptions,
+    FSDPOptions,
+    Megatron3DOptions,
     MegatronOptions,
     OptCNNOptions,
+    PipelineOptions,
     PlacementOptions,
     TofuOptions,
     make,
@@ -89,6 +92,15 @@ _register("owt", "layerwise", "one weird trick: data-parallel convolutions, mode
 _register("megatron", "layerwise", "Megatron-LM tensor x data parallelism: column- then "
           "row-parallel linears, attention heads split, sequence-parallel norms (option tp)",
           MegatronOptions, "explorer.engine.layerwise.classic")
+_register("megatron-3d", "layerwise", "Megatron-LM tensor x pipeline x data parallelism: "
+          "Megatron's layout in each of pp stages, 1F1B, full recomputation (options tp, pp, "
+          "micro_batches)", Megatron3DOptions, "explorer.engine.layerwise.pipeline_megatron")
+_register("fsdp", "layerwise", "ZeRO-3 / FSDP data parallelism: every layer split on the "
+          "sample, optimizer state, gradients and parameters sharded", FSDPOptions,
+          "explorer.engine.layerwise.pipeline_fsdp")
+_register("pipeline", "layerwise", "two-level search: pipeline stages x micro-batches (outer "
+          "DP, Alpa) over the memory-constrained elimination search with recomputation and "
+          "ZeRO", PipelineOptions, "explorer.engine.layerwise.pipeline", role="search")
 _register("exhaustive", "layerwise", "depth-first search over all strategies (small graphs; "
           "verification)", ExhaustiveOptions, "explorer.engine.layerwise.exhaustive", role="verification")
 _register("tofu", "tofu", "recursive DP with output reduction (Wang et al., EuroSys 2019)",

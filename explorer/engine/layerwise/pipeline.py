@@ -1,0 +1,236 @@
+"""Pipeline stages over the layer-wise search, and the practitioners' baselines (issue 28).
+
+* ``pipeline`` — the two-level search (Alpa's outer DP over contiguous stage splits with the
+  elimination search inside each stage; the formulas are in :mod:`.stages`): for each stage
+  count ``S`` (powers of two dividing the devices) and micro-batch count ``M``, one stage's
+  device group ``G = N / S`` is costed at the micro-batch's size, the stage split and every
+  layer's configuration, recomputation and ZeRO stage are chosen under the memory limit, and
+  the fastest fitting ``(S, M)`` wins.  Stages get equal device groups (Alpa also searches
+  unequal submeshes).
+* ``megatron-3d`` — Megatron-LM's ``tp × pp × dp`` (Narayanan et al. 2021): inside each of
+  ``pp`` stages the Megatron tensor × data layout of :func:`.classic.megatron` on
+  ``tp · dp`` devices, 1F1B over ``M`` micro-batches, full recomputation when asked, no ZeRO;
+  the stage split is the outer DP's (balanced stage times, as Megatron's even split of
+  identical blocks).
+* ``fsdp`` — ZeRO-3 data parallelism (PyTorch FSDP): every layer split on the sample over all
+  devices, optimizer state, gradients and parameters sharded over them.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from explorer.errors import InfeasiblePlan
+from explorer.engine.layerwise import stages as ST
+from explorer.engine.layerwise.costmodel import CostModel
+from explorer.engine.layerwise.memory import MemorySettings
+from explorer.engine.layerwise.result import memory_result
+from explorer.engine.search.options import FSDPOptions, Megatron3DOptions, PipelineOptions
+from explorer.engine.search.result import Result
+
+
+def _cap(devices, limit_gib) -> float:
+    cap = min(d.memory for d in devices.devices)
+    return cap if limit_gib is None else min(cap, float(limit_gib) * 2 ** 30)
+
+
+def _degrees(spec: str, G: int) -> str:
+    """The request's degrees for a stage's group of ``G`` devices (an explicit list keeps
+    the degrees that divide ``G``)."""
+    if spec in ("auto", "pow2", "divisors"):
+        return spec
+    keep = [d for d in (int(x) for x in str(spec).split(",")) if G % d == 0]
+    return ",".join(map(str, sorted(set(keep) | {1})))
+
+
+def _graph_at(problem, b: int):
+    """The layer graph at batch ``b`` (a micro-batch), from the capture cache."""
+    graph = problem.layer_graph()
+    if b == graph.batch:
+        return graph
+    if not problem.model:
+        raise InfeasiblePlan("micro-batches need the model itself (a prebuilt graph cannot "
+                             "be captured at another batch)")
+    from explorer.engine.core.capture_cache import layer_graph
+    return layer_graph(problem.model, b, dict(problem.model_args))
+
+
+def _stage_setup(problem, S: int, M: int):
+    """``(cost model, tables, boundary bw, latency)`` of one stage's group at the
+    micro-batch's size."""
+    N = problem.devices.n
+    G = N // S
+    graph = _graph_at(problem, problem.layer_graph().batch // M)
+    devs = problem.devices.subset(G) if G < N else problem.devices
+    if G == N and M == 1:
+        cm = problem.cost_model()
+    else:
+        cm = CostModel(graph, devs, compute=problem.cost, sync=problem.sync,
+                       degrees=_degrees(problem.degrees, G), dtype=problem.dtype)
+    tables = cm.tables()
+    bw, lat = None, 0.0
+    if S > 1:
+        bw = float(problem.devices.bw[0, G])
+        lat = float(problem.devices.latency[0, G])
+    return cm, tables, bw, lat
+
+
+def search(problem, pins=None, options: PipelineOptions | None = None) -> Result:
+    """The fastest fitting pipelined plan (module docstring)."""
+    options = options or PipelineOptions()
+    if pins:
+        raise InfeasiblePlan("the pipeline search takes no pins yet: use --algo optcnn to pin "
+                             "layers")
+    t0 = time.perf_counter()
+    graph = problem.layer_graph()
+    N, B = problem.devices.n, graph.batch
+    settings = options.settings()
+    cap = _cap(problem.devices, options.memory_limit_gib)
+    K = len(ST.Chain.of(graph).segments)
+    counts = [options.stages] if options.stages else ST.stage_counts(N, K, B)
+    tried, best, smallest = [], None, None
+    for S in counts:
+        if N % S:
+            raise InfeasiblePlan(f"{S} stages do not divide the {N} devices")
+        if options.micro_batches:
+            Ms = [options.micro_batches]
+        else:
+            Ms = [1] if S == 1 else [m for m in (2 * S, 4 * S, 8 * S) if B % m == 0] or \
+                [m for m in range(min(B, 8 * S), 0, -1) if B % m == 0][:1]
+        for M in Ms:
+            if B % M:
+                raise InfeasiblePlan(f"{M} micro-batches do not divide the batch {B}")
+            try:
+                cm, tables, bw, lat = _stage_setup(problem, S, M)
+                ev = ST.Evaluator(cm, tables, settings, cap, S, M, options.schedule, bw, lat)
+                plain = ev.evaluate(0.0)
+                if plain.fits and options.saving == "when-needed":
+                    found, small = plain, plain
+                else:
+                    found, small, _ = ST.lagrangian(ev, plain)
+            except InfeasiblePlan as exc:
+                tried.append({"stages": S, "micro_batches": M, "error": str(exc)})
+                continue
+            tried.append({"stages": S, "micro_batches": M,
+                          "time_s": None if found is None else found.time_s,
+                          "peak_bytes": small.peak})
+            if found is not None and (best is None or found.time_s < best[0].time_s):
+                best = (found, cm, tables, ev)
+            if smallest is None or small.peak < smallest[0].peak:
+                smallest = (small, cm, tables, ev)
+    if best is None and smallest is None:
+        raise InfeasiblePlan("no pipeline configuration could be costed: "
+                             + "; ".join(t.get("error", "") for t in tried[:3]))
+    info = {"strategy": "pipeline", "tried": tried}
+    pick = best or smallest
+    if best is None:
+        info["memory"] = {"why": (
+            f"no pipelined plan fits {cap / 2**30:.3g} GiB per device: the smallest footprint "
+            f"found needs {smallest[0].peak / 2**30:.3g} GiB on a device ({len(tried)} "
+            f"stage/micro-batch counts tried, optimizer {settings.optimizer}); use more "
+            f"devices or a smaller --batch")}
+    return memory_result("pipeline", problem, pick[1], pick[2], pick[0], settings, pick[3], info,
+                         time.perf_counter() - t0)
+
+
+# --------------------------------------------------------------------------------------------
+# baselines
+# --------------------------------------------------------------------------------------------
+
+def _option_masks(ev_opts, choice_masks, settings, want) -> dict:
+    """Per layer, the options ``want(rc, z)`` allows, falling back to ``(rc, 0)`` where that
+    option does not exist for the layer's allowed candidate (no replicas to shard)."""
+    out = {}
+    for n, lo in ev_opts.items():
+        ok = np.array([want(rc, z) for rc, z in lo.options])
+        idx = choice_masks.get(n, slice(None))
+        if not np.isfinite(lo.t_mb[idx][:, ok]).any():
+            ok = np.array([want(rc, 0) and z == 0 for rc, z in lo.options])
+            if not np.isfinite(lo.t_mb[idx][:, ok]).any():
+                ok = np.array([z == 0 and not rc for rc, z in lo.options])
+        out[n] = ok
+    return out
+
+
+def fsdp(problem, pins=None, options: FSDPOptions | None = None) -> Result:
+    """ZeRO-3 data parallelism (module docstring)."""
+    options = options or FSDPOptions()
+    t0 = time.perf_counter()
+    graph, cm = problem.layer_graph(), problem.cost_model()
+    N = cm.devices.n
+    tables = cm.tables(pins)
+    masks = {}
+    for nm in tables.names:
+        cands = tables.candidates[nm]
+        want = [i for i, c in enumerate(cands) if c.deg("n") == N and c.total == N]
+        if not want:
+            layer = graph.layer(nm)
+            if layer.op != "input" and "n" in layer.dims:
+                raise InfeasiblePlan(f"FSDP needs the batch ({graph.batch}) split across {N} "
+                                     f"devices, but layer {nm} cannot be: choose a batch "
+                                     f"divisible by {N}")
+            want = [0]
+        masks[nm] = want
+    settings = MemorySettings(options.optimizer, True, 3)
+    cap = _cap(cm.devices, options.memory_limit_gib)
+    ev = ST.Evaluator(cm, tables, settings, cap, masks=masks)
+    ev.option_mask = _option_masks(ev.opts, masks, settings,
+                                   lambda rc, z: z == 3 and rc == options.recompute)
+    e = ev.evaluate(0.0)
+    info = {"strategy": "fsdp", "recompute": options.recompute}
+    return memory_result("fsdp", problem, cm, tables, e, settings, ev, info,
+                         time.perf_counter() - t0, pins)
+
+
+def megatron3d(problem, pins=None, options: Megatron3DOptions | None = None) -> Result:
+    """Megatron-LM's tp × pp × dp (module docstring): ``pp`` by default the fewest stages
+    (powers of two) whose plan fits."""
+    from explorer.engine.layerwise import classic
+    from explorer.engine.search.options import MegatronOptions
+    from explorer.engine.search.problem import Problem
+    options = options or Megatron3DOptions()
+    if pins:
+        raise InfeasiblePlan("megatron-3d takes no pins")
+    t0 = time.perf_counter()
+    graph = problem.layer_graph()
+    N, B = problem.devices.n, graph.batch
+    node = sum(1 for d in problem.devices.devices if d.node == problem.devices.devices[0].node)
+    tp = options.tp or classic.default_tp(graph, min(node, N))
+    K = len(ST.Chain.of(graph).segments)
+    pps = [options.pp] if options.pp else [s for s in ST.stage_counts(N // tp, K, B)]
+    settings = MemorySettings(options.optimizer, True, 0)
+    cap = _cap(problem.devices, options.memory_limit_gib)
+    last, tried = None, []
+    for pp in pps:
+        if N % (tp * pp):
+            raise InfeasiblePlan(f"tp={tp} x pp={pp} does not divide the {N} devices")
+        M = options.micro_batches or next((m for m in range(min(B, 4 * pp), 0, -1)
+                                           if B % m == 0), 1)
+        if pp == 1 and not options.micro_batches:
+            M = 1
+        try:
+            cm, tables, bw, lat = _stage_setup(problem, pp, M)
+            sub = Problem.of(cm.graph, cm.devices, cm)
+            meg = classic.megatron(sub, None, MegatronOptions(tp=tp))
+        except (InfeasiblePlan, ValueError) as exc:
+            tried.append({"pp": pp, "error": str(exc)})
+            continue
+        masks = {n: [i] for n, i in meg.choice.items()}
+        ev = ST.Evaluator(cm, tables, settings, cap, pp, M, "1f1b", bw, lat, masks=masks)
+        ev.option_mask = _option_masks(ev.opts, masks, settings,
+                                       lambda rc, z: z == 0 and rc == options.recompute)
+        e = ev.evaluate(0.0)
+        tried.append({"pp": pp, "micro_batches": M, "time_s": e.time_s, "peak_bytes": e.peak})
+        last = (e, cm, tables, ev, pp, M)
+        if e.fits:
+            break
+    if last is None:
+        raise InfeasiblePlan("megatron-3d: no tp x pp layout could be costed: "
+                             + "; ".join(t["error"] for t in tried[:3]))
+    e, cm, tables, ev, pp, M = last
+    info = {"strategy": "megatron-3d", "tp": tp, "pp": pp, "dp": N // (tp * pp),
+            "micro_batches": M, "recompute": options.recompute, "tried": tried}
+    return memory_result("megatron-3d", problem, cm, tables, e, settings, ev, info,
+                         time.perf_counter() - t0)
