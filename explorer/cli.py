@@ -330,6 +330,9 @@ def cmd_search(args) -> int:
 
 def _does_not_fit(res, devices) -> str:
     """One line: which device the plan overfills, by how much, and what to do."""
+    why = (res.info.get("memory") or {}).get("why")
+    if why:                   # the memory-aware searches say what they found, in one line
+        return why
     mem = res.memory_per_device_bytes
     worst = max(range(len(mem)), key=lambda d: mem[d] - devices.devices[d].memory)
     what = "placement" if res.family == "placement" else "plan"
@@ -480,6 +483,26 @@ def print_plan(plan, devices, compare=None):
         print(f"; final graph {plan.info['residual_nodes']} nodes "
               f"({plan.info['residual_method']})", end="")
     print()
+    cats = getattr(plan, "memory_by_category", None) or {}
+    if cats.get("params"):
+        tot = plan.memory_per_device_bytes
+        d = max(range(len(tot)), key=tot.__getitem__)
+        parts = ", ".join(f"{k} {cats[k][d] / 2**30:.2f}" for k in
+                          ("params", "grads", "optimizer", "activations", "transient")
+                          if k in cats)
+        rc = sum(1 for la in plan.layers if getattr(la, "recompute", False))
+        zs = {}
+        for la in plan.layers:
+            if getattr(la, "zero", 0):
+                zs[la.zero] = zs.get(la.zero, 0) + 1
+        print(f"memory on device {d} (GiB, optimizer {cats.get('optimizer_kind', 'sgd')}): "
+              f"{parts}" + (f"; {rc} layers recomputed" if rc else "")
+              + "".join(f"; ZeRO-{z} on {k} layers" for z, k in sorted(zs.items())))
+    pipe = getattr(plan, "pipeline", None)
+    if pipe:
+        print(f"pipeline: {pipe['stages']} stages of {pipe['devices_per_stage']} devices, "
+              f"{pipe['micro_batches']} micro-batches of {pipe['micro_batch']} ({pipe['schedule']}), "
+              f"bubble {pipe['bubble_fraction'] * 100:.0f} %")
     if compare:
         print(f"\n{'strategy':10s} {'step ms':>10s} {'compute':>10s} {'transfer':>10s} "
               f"{'sync':>10s} {'reduce':>10s} {'comm MiB':>10s}")

@@ -93,6 +93,7 @@ def test_constrained_search_against_exhaustive(model, batch, n, frac):
     assert ours.objective_s <= exact.objective_s / (1 - mem["gap"]) * (1 + 1e-9) + 1e-15
 
 
+@pytest.mark.slow
 def test_constrained_search_equals_exhaustive_on_most_cases():
     """The Lagrangian search with its greedy improvement is exact on 3 of these 5 cases
     (measured; the other two are within 4 %): a heuristic, as the docs say."""

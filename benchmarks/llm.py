@@ -1,0 +1,93 @@
+"""LLM benchmark (issue 28): Llama-3-like decoders on H100 nodes, memory-feasible plans.
+
+For each (model, devices): the capture time (layer graphs at the full batch and at the
+micro-batch sizes tried, from the capture cache when warm), then for ``pipeline`` (the
+two-level search), ``optcnn`` (memory-constrained, no stages), and the ``megatron-3d`` and
+``fsdp`` baselines: search time, predicted step, whether it fits, the layout (stages,
+micro-batches, recomputed layers, ZeRO layers) and memory per device by category on the
+fullest device (params / grads / optimizer / activations / transient, GiB).  Adam, bf16,
+``h100-cluster`` (8 × H100 80 GB per node, NVLink 4, 400 Gb/s NDR InfiniBand per GPU).
+
+    python benchmarks/llm.py [--configs 8b@8,8b@64,8b@512,70b@64,70b@1024]
+                             [--methods pipeline,optcnn,megatron-3d,fsdp] [--markdown]
+
+Target: every plan of ``pipeline`` fits; search ≤ 10 s each on 2 cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+#: Llama-3-8B-like and -70B-like (Grattafiori et al. 2024, Table 3), sequence 4,096
+MODELS = {
+    "8b": dict(layers=32, hidden=4096, heads=32, kv_heads=8, intermediate=14336,
+               vocab=128256, seq_len=4096),
+    "70b": dict(layers=80, hidden=8192, heads=64, kv_heads=8, intermediate=28672,
+                vocab=128256, seq_len=4096),
+}
+#: global batch (sequences) per device count
+BATCH = {8: 16, 64: 128, 512: 1024, 1024: 2048}
+
+
+def row(algo, res, wall):
+    from explorer.engine.layerwise.memory import CATEGORIES
+    cats = res.plan.memory_by_category
+    tot = res.memory_per_device_bytes
+    d = max(range(len(tot)), key=tot.__getitem__)
+    pipe = res.plan.pipeline or {}
+    layout = (f"S={pipe.get('stages', 1)} M={pipe.get('micro_batches', 1)}"
+              f" rc={res.info.get('recomputed_layers', 0)}"
+              f" zero={res.info.get('zero_layers', {})}")
+    if "tp" in res.info:
+        layout = f"tp={res.info['tp']} pp={res.info['pp']} dp={res.info['dp']} " + layout
+    mem = " / ".join(f"{cats.get(k, [0] * len(tot))[d] / 2**30:.1f}"
+                     for k in CATEGORIES + ("transient",))
+    return (f"| {algo} | {wall:.1f} | {res.objective_s:.3f} | "
+            f"{'yes' if res.fits_memory else 'NO'} | {tot[d] / 2**30:.1f} | {mem} | {layout} |")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--configs", default="8b@8,8b@64,8b@512,70b@64,70b@1024")
+    ap.add_argument("--methods", default="pipeline,optcnn,megatron-3d,fsdp")
+    args = ap.parse_args(argv)
+    from explorer.engine.core.capture_cache import layer_graph
+    from explorer.engine.search import Problem, Request, run
+    from explorer.errors import ExplorerError
+    print(f"load: {os.getloadavg()}, cores: {os.cpu_count()}")
+    print("| method | search s | step s | fits | peak GiB | params / grads / optimizer / "
+          "activations / transient GiB | layout |")
+    print("|---|---|---|---|---|---|---|")
+    for cfg in args.configs.split(","):
+        name, n = cfg.split("@")
+        n = int(n)
+        B = BATCH[n]
+        margs = MODELS[name]
+        t0 = time.perf_counter()
+        graph = layer_graph("llama", B, dict(margs))
+        cap_s = time.perf_counter() - t0
+        print(f"| **llama-{name} on {n} devices, batch {B} × {margs['seq_len']}** | capture "
+              f"{cap_s:.1f} s ({len(graph.names())} layers) | | | | | |", flush=True)
+        req = Request("llama", B, dict(margs), preset="h100-cluster", devices=n, dtype="bf16")
+        for algo in args.methods.split(","):
+            opts = {"optimizer": "adam"} if algo in ("pipeline", "optcnn") else {}
+            p = Problem(req, layer_graph_=graph)
+            t0 = time.perf_counter()
+            try:
+                res = run(algo, p, options=opts)
+            except (ExplorerError, ValueError) as exc:
+                print(f"| {algo} | {time.perf_counter() - t0:.1f} | refused: {exc} | | | | |",
+                      flush=True)
+                continue
+            print(row(algo, res, time.perf_counter() - t0), flush=True)
+    print(f"load after: {os.getloadavg()}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
