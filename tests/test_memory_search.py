@@ -236,3 +236,15 @@ def test_baselines_fsdp_and_megatron3d():
 def test_unsupported_plain_plan_is_none():
     res = run("optcnn", _problem())
     assert unsupported(res.document()) is None
+
+
+def test_explorer_run_refuses_what_the_runtime_cannot_execute(tmp_path, capsys):
+    """A plan with recomputation / ZeRO / stages: one line, exit 2, before any worker."""
+    from explorer.cli import main
+    from explorer.engine.core.plandoc import dumps
+    res = run("optcnn", _problem(), options=dict(optimizer="adam", memory_limit_gib=0.02))
+    path = tmp_path / "plan.json"
+    path.write_text(dumps(res.document(), indent=1))
+    assert main(["run", str(path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "the runtime cannot execute" in err[0] and "ZeRO" in err[0]
