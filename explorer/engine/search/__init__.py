@@ -82,7 +82,8 @@ def _register(name, family, description, options_type, module, role="baseline", 
 
 
 _register("optcnn", "layerwise", "layer-wise parallelism: node/edge elimination "
-          "(Jia et al., ICML 2018)", OptCNNOptions, "explorer.engine.layerwise.optcnn", role="search")
+          "(Jia et al., ICML 2018), under the devices' memory", OptCNNOptions,
+          "explorer.engine.layerwise.constrained", role="search")
 _register("data", "layerwise", "data parallelism: every layer split on the sample dimension",
           ClassicOptions, "explorer.engine.layerwise.classic", strategy="data")
 _register("model", "layerwise", "model parallelism: every layer's channels split over all "
