@@ -139,7 +139,7 @@ def search(problem, pins=None, options: PipelineOptions | None = None) -> Result
 # baselines
 # --------------------------------------------------------------------------------------------
 
-def _option_masks(ev_opts, choice_masks, settings, want) -> dict:
+def _option_masks(ev_opts, choice_masks, settings, want, recompute: bool) -> dict:
     """Per layer, the options ``want(rc, z)`` allows, falling back to ``(rc, 0)`` where that
     option does not exist for the layer's allowed candidate (no replicas to shard)."""
     out = {}
@@ -147,7 +147,7 @@ def _option_masks(ev_opts, choice_masks, settings, want) -> dict:
         ok = np.array([want(rc, z) for rc, z in lo.options])
         idx = choice_masks.get(n, slice(None))
         if not np.isfinite(lo.t_mb[idx][:, ok]).any():
-            ok = np.array([want(rc, 0) and z == 0 for rc, z in lo.options])
+            ok = np.array([rc == recompute and z == 0 for rc, z in lo.options])
             if not np.isfinite(lo.t_mb[idx][:, ok]).any():
                 ok = np.array([z == 0 and not rc for rc, z in lo.options])
         out[n] = ok
@@ -177,7 +177,8 @@ def fsdp(problem, pins=None, options: FSDPOptions | None = None) -> Result:
     cap = _cap(cm.devices, options.memory_limit_gib)
     ev = ST.Evaluator(cm, tables, settings, cap, masks=masks)
     ev.option_mask = _option_masks(ev.opts, masks, settings,
-                                   lambda rc, z: z == 3 and rc == options.recompute)
+                                   lambda rc, z: z == 3 and rc == options.recompute,
+                                   options.recompute)
     e = ev.evaluate(0.0)
     info = {"strategy": "fsdp", "recompute": options.recompute}
     return memory_result("fsdp", problem, cm, tables, e, settings, ev, info,
@@ -220,7 +221,8 @@ def megatron3d(problem, pins=None, options: Megatron3DOptions | None = None) -> 
         masks = {n: [i] for n, i in meg.choice.items()}
         ev = ST.Evaluator(cm, tables, settings, cap, pp, M, "1f1b", bw, lat, masks=masks)
         ev.option_mask = _option_masks(ev.opts, masks, settings,
-                                       lambda rc, z: z == 0 and rc == options.recompute)
+                                       lambda rc, z: z == 0 and rc == options.recompute,
+                                       options.recompute)
         e = ev.evaluate(0.0)
         tried.append({"pp": pp, "micro_batches": M, "time_s": e.time_s, "peak_bytes": e.peak})
         last = (e, cm, tables, ev, pp, M)
