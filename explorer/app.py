@@ -141,11 +141,13 @@ def register_shell(app: Dash) -> None:
             raise dash.exceptions.PreventUpdate
         return nav_hrefs(doc)
 
-    @app.callback(Output(ids.URL_QUERY, "data"), Input(ids.SHARED_REQUEST, "data"))
-    def _query(doc):
+    @app.callback(Output(ids.URL_QUERY, "data"), Input(ids.SHARED_REQUEST, "data"),
+                  Input(ids.STORE_VIEW, "data", allow_optional=True))
+    def _query(doc, view):
+        # the request, and the view of the page that keeps one (tab, layer, step)
         if not doc:
             raise dash.exceptions.PreventUpdate
-        return state.query_string(doc)
+        return state.query_string(doc, view)
 
     app.clientside_callback(_URL_WRITER, Output(ids.URL_SYNC, "children"),
                             Input(ids.URL_QUERY, "data"))

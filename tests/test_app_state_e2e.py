@@ -99,3 +99,42 @@ def test_compare_status_does_not_say_scaling_next_once_it_is_drawn(dash_duo):
     until(lambda: "scaling next" not in dash_duo.find_element(f"#{ids.COMPARE_STATUS}").text,
           15, "the status to give the scaling time")
     assert "scaling" in dash_duo.find_element(f"#{ids.COMPARE_STATUS}").text
+
+
+def test_the_url_keeps_tab_layer_and_step_and_a_reload_restores_them(dash_duo):
+    dash_duo.start_server(create_app(LENET))
+    dash_duo.wait_for_contains_text("#objective-value", "ms", timeout=90)
+    until(lambda: dash_duo.driver.execute_script(TAP, ids.GRAPH, "conv2") == "ok", 15,
+          "a tap on conv2")
+    dash_duo.wait_for_contains_text(f"#{ids.DETAILS}", "conv2", timeout=20)
+    tab(dash_duo, "Elimination steps")
+    dash_duo.wait_for_contains_text(f"#{ids.STEP_TEXT}", "node eliminations", timeout=30)
+    for _ in range(3):
+        dash_duo.find_element(f"#{ids.STEP_NEXT}").click()
+    dash_duo.wait_for_contains_text(f"#{ids.STEP_TEXT}", "Step 3/", timeout=20)
+    until(lambda: all(p in dash_duo.driver.current_url
+                      for p in ("tab=steps", "layer=conv2", "step=3")), 15,
+          "the address to keep the view")
+    url = dash_duo.driver.current_url
+    assert "model=lenet5" in url
+    dash_duo.driver.refresh()
+    dash_duo.wait_for_contains_text(f"#{ids.STEP_TEXT}", "Step 3/", timeout=90)
+    assert dash_duo.driver.current_url == url
+    active = dash_duo.driver.execute_script(
+        "return document.querySelector('#tabs .tab--selected').textContent.trim();")
+    assert active == "Elimination steps"
+    dash_duo.wait_for_contains_text(f"#{ids.DETAILS}", "conv2", timeout=20)
+    # the Learn page keeps its tab the same way
+    base = dash_duo.server_url.rstrip("/")
+    dash_duo.driver.get(f"{base}/learn")
+    dash_duo.wait_for_element(".learn-page", timeout=30)
+    dash_duo.driver.execute_script(
+        "[...document.querySelectorAll('#learn-tabs .tab')]"
+        ".find(t => t.textContent.includes('Tofu Fig. 1')).click()")
+    until(lambda: "s=tofu-" in dash_duo.driver.current_url, 15, "the Learn tab in the URL")
+    url = dash_duo.driver.current_url
+    dash_duo.driver.refresh()
+    dash_duo.wait_for_element(".learn-page", timeout=30)
+    active = dash_duo.driver.execute_script(
+        "return document.querySelector('#learn-tabs .tab--selected').textContent.trim();")
+    assert "Tofu Fig. 1" in active and dash_duo.driver.current_url == url

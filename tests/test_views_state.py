@@ -283,6 +283,31 @@ def test_results_for_another_request_than_the_form_are_marked_stale():
                                         tofu_shown)
 
 
+def test_the_url_keeps_the_tab_the_layer_and_the_step():
+    doc = state.request_doc(LENET)
+    view = {"tab": "steps", "layer": "conv2", "step": 5}
+    q = state.query_string(doc, view)
+    assert q.endswith("&tab=steps&layer=conv2&step=5")
+    back = state.view_from_query(_params(q))
+    assert back == view
+    # the first tab and no selection add nothing; a step only with the Steps tab
+    assert state.query_string(doc, {"tab": "plan", "layer": None, "step": None}) == \
+        state.query_string(doc)
+    assert "step=" not in state.query_string(doc, {"tab": "tiling", "layer": "x", "step": 3})
+    # nonsense in the address opens the first tab, no step
+    assert state.view_from_query({"tab": "nope", "step": "-2"}) == \
+        {"tab": "plan", "layer": None, "step": None}
+    assert state.view_from_query({"step": "abc"})["step"] is None
+    # the page drops a layer the plan does not have and a step past its trace
+    from explorer.views import layerwise_page
+    plan = session.search(LENET, [], keep_trace=True)
+    name = plan["layers"][1]["name"]
+    got = layerwise_page.opened_view({"tab": "steps", "layer": name, "step": "3"}, plan)
+    assert got == {"tab": "steps", "layer": name, "step": 3}
+    got = layerwise_page.opened_view({"tab": "steps", "layer": "nosuch", "step": "9999"}, plan)
+    assert got == {"tab": "steps", "layer": None, "step": None}
+
+
 def test_compare_status_says_the_scaling_time_once_it_is_drawn():
     from explorer.views import compare
     status = "lenet5, batch 8 · fastest: owt · compare 0.20 s, scaling next"

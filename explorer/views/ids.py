@@ -25,6 +25,8 @@ CONTEXT = "context-"                 # + tab name: the tab's "operates on" line
 STORE_SELECTED = "store-selected"    # selected layer name (or None)
 STORE_EXPANDED = "store-expanded"    # list of expanded hierarchy groups
 STORE_STEP = "store-step"            # elimination step index shown on the graph (or None)
+STORE_VIEW = "store-view"            # {"tab", "layer", "step"}: the view the URL keeps
+LEARN_URL_SYNC = "learn-url-sync"    # dummy output of the Learn page's address writer
 STALE = "stale-"                     # + family: "these results are for …, not the form"
 RESULTS = "results-"                 # + family: the page's results (dimmed while stale)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dash
 from dash import Input, Output, State, dcc, html, no_update
 
+from explorer import service as session
 from explorer.views import (
     compare,
     graph,
@@ -36,12 +37,14 @@ def layout(**query):
     if error:
         errors.append(error)
     summary = form.safe_summary(doc) if plan and "error" not in plan else ""
+    view = opened_view(query, plan)
     return html.Div(className="page layerwise-page", children=[
         *pages.stores(FAMILY, doc),
         dcc.Store(id=ids.STORE_SEEN, data={k: doc.get(k)
                                            for k in ("model", "batch", "model_args")}),
         dcc.Store(id=ids.STORE_PLAN, data=plan),
-        dcc.Store(id=ids.STORE_SELECTED, data=None),
+        dcc.Store(id=ids.STORE_SELECTED, data=view["layer"]),
+        dcc.Store(id=ids.STORE_VIEW, data=view),
         dcc.Store(id=ids.STORE_EXPANDED, data=[]),
         dcc.Store(id=ids.STORE_STEP, data=None),
         dcc.Store(id=ids.STORE_STEP_OPENED, data=[]),
@@ -51,12 +54,12 @@ def layout(**query):
         pages.elsewhere(doc, FAMILY),
         pages.stale_banner(FAMILY),
         html.Div(id=ids.RESULTS + FAMILY, className="results", children=[
-        steps.dock(),
+        steps.dock(plan, view["step"]),
         html.Div(className="main", children=[
             html.Div(className="left", children=[graph.layout()]),
             html.Div(className="right", children=[graph.details_layout()]),
         ]),
-        dcc.Tabs(id=ids.TABS, value="plan", className="tabs", children=[
+        dcc.Tabs(id=ids.TABS, value=view["tab"], className="tabs", children=[
             dcc.Tab(label="Plan", value="plan", children=[graph.plan_layout()]),
             dcc.Tab(label="Elimination steps", value="steps", children=[steps.layout()]),
             dcc.Tab(label="Tiling", value="tiling", children=[tiling.layout()]),
@@ -65,6 +68,24 @@ def layout(**query):
         ]),
         ]),
     ])
+
+
+def opened_view(query: dict, plan: dict | None) -> dict:
+    """The view the page opens on from its URL (``tab``, ``layer``, ``step``): a layer that is
+    not the plan's and a step past its trace are left out."""
+    view = state.view_from_query(query)
+    names = {la["name"] for la in (plan or {}).get("layers") or []}
+    if view["layer"] not in names:
+        view["layer"] = None
+    if view["step"] is not None and (view["tab"] != "steps"
+                                     or view["step"] > session.trace_length(plan)):
+        view["step"] = None
+    return view
+
+
+def view_of(tab, layer, step) -> dict:
+    """The view the URL keeps for the page's controls."""
+    return {"tab": tab, "layer": layer, "step": step if tab == "steps" else None}
 
 
 def context_lines(tabs, doc, plan) -> list:
@@ -90,6 +111,13 @@ def register(app: dash.Dash) -> None:
 
     pages.register_stale(app, FAMILY, ids.STORE_PLAN)
 
+    @app.callback(Output(ids.STORE_VIEW, "data"), Input(ids.TABS, "value"),
+                  Input(ids.STORE_SELECTED, "data"), Input(ids.STEP_SLIDER, "value"),
+                  prevent_initial_call=True)
+    def _view(tab, layer, step):
+        # what the address keeps beside the request, so a reload shows the same view
+        return view_of(tab, layer, step)
+
     @app.callback([Output(ids.CONTEXT + tab, "children") for tab in TABS],
                   Input(ids.STORE_REQUEST, "data"), Input(ids.STORE_PLAN, "data"))
     def _context(doc, plan):
@@ -114,4 +142,4 @@ def register(app: dash.Dash) -> None:
         return adopt_loaded(loaded, doc)
 
 
-__all__ = ["layout", "context_lines", "adopt_loaded", "register"]
+__all__ = ["layout", "opened_view", "view_of", "context_lines", "adopt_loaded", "register"]

@@ -122,9 +122,46 @@ def same_target(a: dict | None, b: dict | None) -> bool:
 
 # -- the URL ----------------------------------------------------------------------------------
 
-def query_string(doc: dict | None) -> str:
+#: the layer-wise page's view a URL keeps beside the request: the tab shown, the selected
+#: layer, the elimination step (1-based, while the Steps tab is shown)
+VIEW_TABS = ("plan", "steps", "tiling", "compare", "run")
+
+
+def view_items(view: dict | None) -> list:
+    """The query items of a page's view: ``tab`` (when not the first), ``layer``, ``step``
+    (only with the Steps tab)."""
+    view = view or {}
+    items = []
+    tab = view.get("tab")
+    if tab in VIEW_TABS and tab != VIEW_TABS[0]:
+        items.append(("tab", tab))
+    if view.get("layer"):
+        items.append(("layer", str(view["layer"])))
+    if tab == "steps" and isinstance(view.get("step"), int) and view["step"] >= 1:
+        items.append(("step", view["step"]))
+    return items
+
+
+def view_from_query(params: dict | None) -> dict:
+    """``{"tab", "layer", "step"}`` from a page's query parameters: what a shared link or a
+    reload shows besides the request (a value that makes no sense is left out: the first
+    tab, no selection, no step)."""
+    given = {k: _one(v) for k, v in (params or {}).items() if v not in (None, "", [])}
+    tab = given.get("tab")
+    step = given.get("step")
+    try:
+        step = int(step) if step is not None else None
+    except ValueError:
+        step = None
+    return {"tab": tab if tab in VIEW_TABS else VIEW_TABS[0],
+            "layer": given.get("layer") or None,
+            "step": step if step is not None and step >= 1 else None}
+
+
+def query_string(doc: dict | None, view: dict | None = None) -> str:
     """``?model=vgg16&devices=4&preset=p100-nvlink-4&algo=optcnn[&batch=B][&arg=K=V][&pin=P]``
-    for a request dict (an uploaded custom cluster cannot travel in a URL)."""
+    for a request dict (an uploaded custom cluster cannot travel in a URL), then the page's
+    ``view`` (:func:`view_items`: tab, selected layer, elimination step)."""
     if not doc:
         return ""
     items = [("model", doc.get("model", "")), ("devices", doc.get("devices", "")),
@@ -133,6 +170,7 @@ def query_string(doc: dict | None) -> str:
         items.append(("batch", doc["batch"]))
     items += [("arg", f"{k}={v}") for k, v in (doc.get("model_args") or {}).items()]
     items += [("pin", p) for p in pins_of(doc)]
+    items += view_items(view)
     return "?" + urlencode(items)
 
 
@@ -316,5 +354,5 @@ def form_values(doc: dict) -> dict:
 __all__ = ["FAMILIES", "TAB_FAMILY", "DEFAULT_METHOD", "methods", "family", "method_options",
            "family_options", "allow_model_files", "model_files_allowed", "is_model_file",
            "check_model", "request", "request_doc", "pins_of", "same_graph", "same_target",
-           "query_string", "PAGE_PATHS", "page_url", "from_query", "request_from_document", "describe", "tab_method",
+           "query_string", "VIEW_TABS", "view_items", "view_from_query", "PAGE_PATHS", "page_url", "from_query", "request_from_document", "describe", "tab_method",
            "context_line", "stale_note", "form_values"]

@@ -45,24 +45,26 @@ def legend():
                       "eliminated. ", className="muted")] + items
 
 
-def dock():
+def dock(plan: dict | None = None, step: int | None = None):
     """The stepper - Prev, Next, the step box, the slider and the step's sentence - docked
-    over the graph it highlights, so both fit one window (shown while the Steps tab is)."""
+    over the graph it highlights, so both fit one window (shown while the Steps tab is).
+    It opens on ``plan``'s trace at ``step`` (1-based; a URL's ``step=``)."""
+    top, _, text, _ = reset_view(plan) if plan else (1, None, None, None)
     return html.Div(id=ids.STEP_DOCK, className="panel step-dock", hidden=True, children=[
         html.Div(className="row", children=[
             html.Button("◀ Prev", id=ids.STEP_PREV),
             html.Button("Next ▶", id=ids.STEP_NEXT),
             html.Label(["step ", dcc.Input(id=ids.STEP_INPUT, type="number", min=1, step=1,
-                                           debounce=True, placeholder="#",
+                                           debounce=True, placeholder="#", value=step,
                                            style={"width": "72px"})],
                        title="type a step number and press Enter"),
-            html.Div(dcc.Slider(id=ids.STEP_SLIDER, min=1, max=1, step=1, value=None,
+            html.Div(dcc.Slider(id=ids.STEP_SLIDER, min=1, max=top, step=1, value=step,
                                 marks=None, tooltip={"placement": "bottom"},
                                 allow_direct_input=False),    # the step box is the input
                      className="grow step-slider"),
         ]),
         html.Div(id=ids.STEP_TEXT, className="step-text",
-                 children="Run the optcnn search to see its elimination steps."),
+                 children=text or "Run the optcnn search to see its elimination steps."),
     ])
 
 
@@ -253,8 +255,9 @@ def register(app: dash.Dash) -> None:
 
     @app.callback(Output(ids.STEP_SLIDER, "max"), Output(ids.STEP_SLIDER, "value"),
                   Output(ids.STEP_TEXT, "children"), Output(ids.STEP_EQUATIONS, "children"),
-                  Input(ids.STORE_PLAN, "data"))
+                  Input(ids.STORE_PLAN, "data"), prevent_initial_call=True)
     def reset(plan):
+        # a new plan (the page opens with its own trace's length and the URL's step)
         return reset_view(plan)
 
     @app.callback(Output(ids.STEP_SLIDER, "value", allow_duplicate=True),
@@ -278,8 +281,9 @@ def register(app: dash.Dash) -> None:
                   Output(ids.STEP_EQUATIONS, "children", allow_duplicate=True),
                   Input(ids.STEP_SLIDER, "value"), Input(ids.TABS, "value"),
                   State(ids.STORE_PLAN, "data"),
-                  prevent_initial_call=True)
+                  prevent_initial_call="initial_duplicate")
     def show(value, tab, plan):
+        # also on opening: a URL with tab=steps&step=N shows that step
         return shown_step(value, tab, plan)
 
     @app.callback(Output(ids.STORE_EXPANDED, "data", allow_duplicate=True),

@@ -42,6 +42,7 @@ def layout(s: str | None = None, **_query):
     return html.Div(className="page learn-page", children=[
         dcc.Store(id=ids.STORE_LEARN_TOUR, storage_type="local"),
         dcc.Store(id=ids.STORE_LEARN_STEP, data=None),
+        html.Div(id=ids.LEARN_URL_SYNC, hidden=True),
         html.Div(className="learn-head", children=[
             html.P("The papers' figures, computed live by our engine: change a control and the "
                    "figure is recomputed; the paper's numbers stand beside ours.",
@@ -67,6 +68,21 @@ def layout(s: str | None = None, **_query):
     ])
 
 
+#: the shown scenario goes into the address (``?s=KEY``) without reloading, so a reload or
+#: a shared link opens the same tab
+_URL_WRITER = """
+function(key) {
+    if (typeof key === 'string' && key) {
+        const q = '?s=' + encodeURIComponent(key);
+        if (window.location.search !== q) {
+            window.history.replaceState(window.history.state, '', window.location.pathname + q);
+        }
+    }
+    return '';
+}
+"""
+
+
 def tour_step(step) -> tuple:
     """``(hidden, content)`` of the tour overlay for step index ``step`` (``None``: closed)."""
     if step is None:
@@ -83,6 +99,9 @@ def register(app: dash.Dash) -> None:
                        title="Plan Explorer – Learn", layout=layout, order=1)
     for m in MODULES:
         m.register(app)
+
+    app.clientside_callback(_URL_WRITER, Output(ids.LEARN_URL_SYNC, "children"),
+                            Input(ids.LEARN_TABS, "value"), prevent_initial_call=True)
 
     @app.callback(Output(ids.LEARN_BODY, "children"), Input(ids.LEARN_TABS, "value"),
                   prevent_initial_call=True)
