@@ -105,3 +105,18 @@ def test_tiling_plan_messages():
     assert tiling.plan_message({"layers": [{"name": "x"}]}) == ""
     fig = tiling.strip_figure({"layers": []})
     assert fig.layout.annotations[0].text == "The plan has no layers to draw."
+
+
+def test_figures_with_nothing_to_show_say_what_to_press_instead_of_empty_axes():
+    from explorer.views.figures import placement as PF
+    from explorer.views.figures import tofu as TF
+    empty = {"gantt": PF.gantt_figure(None), "memory": PF.memory_figure(None),
+             "run": PF.run_figure(None), "series": PF.run_series(None),
+             "compare": PF.compare_figure([]), "tofu memory": TF.run_memory_figure(None, None),
+             "tofu time": TF.run_time_figure(None, None)}
+    for name, fig in empty.items():
+        lay = fig.layout
+        assert fig.data == (), name
+        assert lay.xaxis.visible is False and lay.yaxis.visible is False, name
+        assert any("press" in a.text for a in lay.annotations), name
+        assert lay.title.text, name                    # still says what will be drawn there

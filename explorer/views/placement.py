@@ -170,8 +170,9 @@ def layout(req: dict | None = None, shown: dict | None = None, pins: list | None
             ]),
         ]),
         html.Div(className="placement-figures", children=[
-            dcc.Graph(id=ids.PLACE_GANTT, figure=go.Figure(), style={"height": "360px"}),
-            dcc.Graph(id=ids.PLACE_MEMORY_FIG, figure=go.Figure(), style={"height": "300px"}),
+            dcc.Graph(id=ids.PLACE_GANTT, figure=F.gantt_figure(None), style={"height": "360px"}),
+            dcc.Graph(id=ids.PLACE_MEMORY_FIG, figure=F.memory_figure(None),
+                      style={"height": "300px"}),
         ]),
         html.H4("Run the placement on this machine"),
         html.P("Each device of the placement becomes a gloo worker process here running its "
@@ -188,8 +189,9 @@ def layout(req: dict | None = None, shown: dict | None = None, pins: list | None
         html.Div(id=ids.PLACE_RUN_ERROR, className="error"),
         html.Div(id=ids.PLACE_RUN_RESULT),
         html.Div(className="run-figures", children=[
-            dcc.Graph(id=ids.PLACE_RUN_FIG, figure=go.Figure(), style={"height": "280px"}),
-            dcc.Graph(id=ids.PLACE_RUN_SERIES, figure=go.Figure(), style={"height": "280px"}),
+            dcc.Graph(id=ids.PLACE_RUN_FIG, figure=F.run_figure(None), style={"height": "280px"}),
+            dcc.Graph(id=ids.PLACE_RUN_SERIES, figure=F.run_series(None),
+                      style={"height": "280px"}),
         ]),
         html.H5("Runs of this placement"),
         history_table(ids.PLACE_RUN_HISTORY),

@@ -34,6 +34,7 @@ from explorer.views.controls import (
     register_local_run,
     running,
 )
+from explorer.views.figures import PARTITION_FIRST, RUN_FIRST, empty_figure
 from explorer.views.figures import tofu as F
 from explorer.views.run import history_table
 
@@ -70,6 +71,9 @@ def layout(req: dict | None = None, shown: dict | None = None):
             *download_controls(ids.TOFU_DOWNLOAD_BUTTON, ids.TOFU_DOWNLOAD, "Tofu plan"),
         ]),
         html.Div(id=ids.TOFU_ERROR, className="error"),
+        # right under its button: the comparison, not 2,000 px down under the tiles
+        dcc.Loading(dcc.Graph(id=ids.TOFU_COMPARE, figure=go.Figure(),
+                              style={"height": "340px", "display": "none"})),
         html.Div(id=ids.TOFU_SUMMARY),
         html.Div(className="row", children=[
             html.Label("After recursion step"),
@@ -79,8 +83,6 @@ def layout(req: dict | None = None, shown: dict | None = None):
         T.grid(ids.TOFU_STEPS, STEP_COLUMNS),
         html.Div(className="row", children=T.csv_button(ids.TOFU_CSV_BUTTON, ids.TOFU_CSV)),
         html.Div(id=ids.TOFU_STRIP, className="tofu-strip"),
-        dcc.Loading(dcc.Graph(id=ids.TOFU_COMPARE, figure=go.Figure(),
-                              style={"height": "340px", "display": "none"})),
         html.H4("Run the plan"),
         dcc.Store(id=ids.STORE_TOFU_RUN, data=None),
         html.Div(className="row", children=[
@@ -93,8 +95,11 @@ def layout(req: dict | None = None, shown: dict | None = None):
         html.Div(id=ids.TOFU_RUN_ERROR, className="error"),
         html.Div(id=ids.TOFU_RUN_RESULT),
         html.Div(className="run-figures", children=[
-            dcc.Graph(id=ids.TOFU_RUN_MEMORY_FIG, figure=go.Figure(), style={"height": "300px"}),
-            dcc.Graph(id=ids.TOFU_RUN_TIME_FIG, figure=go.Figure(), style={"height": "300px"}),
+            dcc.Graph(id=ids.TOFU_RUN_MEMORY_FIG, figure=F.run_memory_figure(None, shown),
+                      style={"height": "300px"}),
+            dcc.Graph(id=ids.TOFU_RUN_TIME_FIG,
+                      figure=empty_figure(RUN_FIRST if shown else PARTITION_FIRST, "Step time"),
+                      style={"height": "300px"}),
         ]),
         html.H4("Runs of this plan"),
         history_table(ids.TOFU_RUN_HISTORY),
@@ -346,7 +351,9 @@ def register(app: dash.Dash) -> None:
     def show_run(res, doc):
         shown = res if _shown(res, doc) else None
         return (run_view(res, doc), F.run_memory_figure(shown, doc),
-                F.run_time_figure(shown, doc) if shown else go.Figure(), run_history(doc))
+                F.run_time_figure(shown, doc) if shown else
+                empty_figure(RUN_FIRST if doc else PARTITION_FIRST, "Step time"),
+                run_history(doc))
 
     @app.callback(Output(ids.TOFU_COMPARE, "figure"), Output(ids.TOFU_COMPARE, "style"),
                   Output(ids.TOFU_ERROR, "children", allow_duplicate=True),

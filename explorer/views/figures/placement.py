@@ -11,6 +11,7 @@ import plotly.graph_objects as go
 
 from explorer.views import fmt
 from explorer.views import palette as P
+from explorer.views.figures import PLACE_FIRST, RUN_FIRST, empty_figure
 from explorer.views.figures.run import series_figure
 
 #: above this many operators the Gantt chart draws one bar per run of a cluster on a device
@@ -46,10 +47,9 @@ def _gantt_ops(doc: dict) -> list:
 def gantt_figure(doc: dict | None) -> go.Figure:
     """The simulator's schedule: per device a compute row and a receive row (transfers into
     that device, coloured by the sending device). Times in ms."""
-    fig = go.Figure()
     if not doc:
-        fig.update_layout(title="Predicted schedule (place the model first)")
-        return fig
+        return empty_figure(PLACE_FIRST, "Predicted schedule")
+    fig = go.Figure()
     ndev = len(doc["capacity_bytes"])
     rows = []
     for d in range(ndev):
@@ -96,10 +96,9 @@ def memory_figure(doc: dict | None) -> go.Figure:
     capacity is the 100 % line), each bar labelled with its bytes in their own unit - the
     same numbers the summary's OOM text is judged by, readable for a 3 MiB model on 16 GiB
     devices as for a model that fills them."""
-    fig = go.Figure()
     if not doc:
-        fig.update_layout(title="Peak memory per device (place the model first)")
-        return fig
+        return empty_figure(PLACE_FIRST, "Peak memory per device")
+    fig = go.Figure()
     peak_b, cap_b = doc["peak_memory_bytes"], doc["capacity_bytes"]
     pct = [100.0 * p / c if c else 0.0 for p, c in zip(peak_b, cap_b)]
     xs = [f"dev {d}" for d in range(len(pct))]
@@ -130,6 +129,9 @@ def compare_figure(rows: list) -> go.Figure:
     """Predicted step time of every method (``session.placement_compare`` rows); Celeritas
     highlighted, out-of-memory placements in the error colour."""
     good = [r for r in rows if "error" not in r]
+    if not rows:
+        return empty_figure("No comparison yet: press Compare all.",
+                            "Predicted step time of every method")
     fig = go.Figure([go.Bar(
         x=[r["algo"] for r in good], y=[r["step_time_s"] for r in good],
         text=[f"{r['step_time_s']:.3f} s" + (" OOM" if r["oom"] else "") for r in good],
@@ -148,6 +150,8 @@ def compare_figure(rows: list) -> go.Figure:
 def run_figure(res: dict | None) -> go.Figure:
     """Per device: the simulator's busy time next to the measured compute time (``res`` from
     ``session.run_placement``; no bars without one)."""
+    if not res:
+        return empty_figure(RUN_FIRST, "Busy time per device")
     fig = go.Figure()
     if res:
         n = len(res.get("compute_s") or [])
@@ -170,8 +174,7 @@ def run_series(res: dict | None) -> go.Figure:
     empty titled figure without a run."""
     if res:
         return series_figure(res)
-    return go.Figure().update_layout(title="Step time per measured step",
-                                     margin=dict(l=50, r=20, t=40, b=40))
+    return empty_figure(RUN_FIRST, "Step time per measured step")
 
 
 __all__ = ["MAX_GANTT_BARS", "device_color", "gantt_figure", "memory_figure", "compare_figure",

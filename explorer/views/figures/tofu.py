@@ -7,6 +7,7 @@ import plotly.graph_objects as go
 
 from explorer.views import fmt
 from explorer.views import palette as P
+from explorer.views.figures import PARTITION_FIRST, RUN_FIRST, empty_figure
 
 
 def compare_figure(cmp: dict) -> go.Figure:
@@ -54,9 +55,11 @@ def predicted_step(res: dict | None, doc: dict | None) -> tuple:
 def run_memory_figure(res: dict | None, doc: dict | None) -> go.Figure:
     """Per worker: the plan's predicted peak against the run's measured peak (one unit
     picked by magnitude)."""
-    fig = go.Figure()
     pred = [float(x) for x in (doc or {}).get("peak_memory_bytes") or []]
     meas = measured_peaks(res)
+    if not pred and not meas:
+        return empty_figure(PARTITION_FIRST if not doc else RUN_FIRST, "Memory per worker")
+    fig = go.Figure()
     limit = (res or {}).get("memory_per_worker_bytes")
     unit, div = fmt.scale(max(pred + list(meas or []) + [float(limit or 0.0)]))
     workers = [f"worker {i}" for i in range(max(len(pred), len(meas or [])))]
@@ -80,6 +83,8 @@ def run_time_figure(res: dict | None, doc: dict | None) -> go.Figure:
     """Step time: predicted against measured (median of the run's steps), ms."""
     pred, what = predicted_step(res, doc)
     meas = (res or {}).get("measured_step_time_s")
+    if pred is None and meas is None:
+        return empty_figure(PARTITION_FIRST if not doc else RUN_FIRST, "Step time")
     x, y, c, t = [], [], [], []
     if pred is not None:
         x.append(f"predicted ({what})")
