@@ -14,7 +14,8 @@ from explorer.errors import InfeasiblePlan
 
 ISSUE_METHODS = ["optcnn", "data", "model", "owt", "megatron", "exhaustive", "tofu", "allrow-greedy",
                  "spartan", "equalchop", "icml18", "celeritas", "celeritas-paper",
-                 "order-place", "m-topo", "m-etf", "m-sct", "metis", "single"]
+                 "order-place", "m-topo", "m-etf", "m-sct", "metis", "single",
+                 "megatron-3d", "fsdp", "pipeline"]          # issue 28
 
 
 def test_every_method_is_registered_once_with_family_description_and_options():

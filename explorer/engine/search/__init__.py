@@ -59,6 +59,9 @@ class Method:
     #: "search" (a paper's method), "baseline" (what it is compared against) or
     #: "verification" (exhaustive: small graphs only, never in comparisons)
     role: str = "baseline"
+    #: shown in its family's comparison (the memory-aware LLM methods are not: they search
+    #: for minutes on CNNs' comparisons and answer another question, issue 28)
+    in_comparison: bool = True
 
     def options(self, options=None):
         """The validated options dataclass for this method."""
@@ -73,12 +76,14 @@ class Method:
 METHODS: dict = {}
 
 
-def _register(name, family, description, options_type, module, role="baseline", **fixed):
+def _register(name, family, description, options_type, module, role="baseline",
+              in_comparison=True, **fixed):
     if name in METHODS:
         raise ValueError(f"method {name!r} is registered twice")
     if role not in ("search", "baseline", "verification"):
         raise ValueError(f"method {name!r}: unknown role {role!r}")
-    METHODS[name] = Method(name, family, description, options_type, module, fixed, role)
+    METHODS[name] = Method(name, family, description, options_type, module, fixed, role,
+                           in_comparison)
 
 
 _register("optcnn", "layerwise", "layer-wise parallelism: node/edge elimination "
@@ -95,13 +100,15 @@ _register("megatron", "layerwise", "Megatron-LM tensor x data parallelism: colum
           MegatronOptions, "explorer.engine.layerwise.classic")
 _register("megatron-3d", "layerwise", "Megatron-LM tensor x pipeline x data parallelism: "
           "Megatron's layout in each of pp stages, 1F1B, full recomputation (options tp, pp, "
-          "micro_batches)", Megatron3DOptions, "explorer.engine.layerwise.pipeline_megatron")
+          "micro_batches)", Megatron3DOptions, "explorer.engine.layerwise.pipeline_megatron",
+          in_comparison=False)
 _register("fsdp", "layerwise", "ZeRO-3 / FSDP data parallelism: every layer split on the "
           "sample, optimizer state, gradients and parameters sharded", FSDPOptions,
-          "explorer.engine.layerwise.pipeline_fsdp")
+          "explorer.engine.layerwise.pipeline_fsdp", in_comparison=False)
 _register("pipeline", "layerwise", "two-level search: pipeline stages x micro-batches (outer "
           "DP, Alpa) over the memory-constrained elimination search with recomputation and "
-          "ZeRO", PipelineOptions, "explorer.engine.layerwise.pipeline", role="search")
+          "ZeRO", PipelineOptions, "explorer.engine.layerwise.pipeline", role="search",
+          in_comparison=False)
 _register("exhaustive", "layerwise", "depth-first search over all strategies (small graphs; "
           "verification)", ExhaustiveOptions, "explorer.engine.layerwise.exhaustive", role="verification")
 _register("tofu", "tofu", "recursive DP with output reduction (Wang et al., EuroSys 2019)",
@@ -161,7 +168,7 @@ def names(family: str | None = None) -> list:
 def comparison(family: str) -> list:
     """The methods a family's comparison shows: its baselines, then its searches (the
     papers' order: data, model, OWT, then layer-wise); verification methods are left out."""
-    methods = [METHODS[n] for n in names(family)]
+    methods = [METHODS[n] for n in names(family) if METHODS[n].in_comparison]
     return [m.name for m in methods if m.role == "baseline"] + \
         [m.name for m in methods if m.role == "search"]
 
