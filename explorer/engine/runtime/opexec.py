@@ -29,8 +29,10 @@ and tensors travel once to each device that reads them.
 
 from __future__ import annotations
 
+import json
 import os
 import time
+from collections import OrderedDict
 
 import numpy as np
 import torch
@@ -702,9 +704,18 @@ def _constant(gm, node):
     return getattr(gm, node.target) if node.op == "get_attr" else None
 
 
+#: this process's latest traces, ``(spec, batch, arguments, lr, dtype, seed) -> OpGraph``: the
+#: plans of one launch are grouped by model, so a worker traces each model once per dtype
+#: instead of once per plan (tracing is most of a small plan's run)
+_TRACES: OrderedDict = OrderedDict()
+_TRACES_KEPT = 2
+
+
 def _build(spec, batch, model_args, seed, lr, dtype=torch.float64):
     """The real model and input (seeded: every worker and the reference get the same), in
-    float64 by default so that a wrong region shows as a large error, not as rounding."""
+    float64 by default so that a wrong region shows as a large error, not as rounding.  The
+    traced step is reused from :data:`_TRACES` when this process traced the same one (the
+    graph is read, never changed, by the passes; the model and its parameters are rebuilt)."""
     from explorer.engine.core.capture import load, loss_function
     from explorer.engine.core.opgraph import build_from_module
     torch.manual_seed(seed)
@@ -713,7 +724,15 @@ def _build(spec, batch, model_args, seed, lr, dtype=torch.float64):
         model = model.to(dtype)
         if x.is_floating_point():
             x = x.to(dtype)
-    g = build_from_module(model, x, spec, lr, loss_function(spec))
+    key = (spec, batch, json.dumps(model_args or {}, sort_keys=True, default=str), lr,
+           str(dtype), seed)
+    g = _TRACES.get(key)
+    if g is None:
+        g = build_from_module(model, x, spec, lr, loss_function(spec))
+        _TRACES[key] = g
+        while len(_TRACES) > _TRACES_KEPT:
+            _TRACES.popitem(last=False)
+    _TRACES.move_to_end(key)
     params = [p.detach() for n, p in model.named_parameters() if p.requires_grad]
     buffers = [b.detach() for _, b in model.named_buffers()]
     return g, params, buffers, x

@@ -2,8 +2,10 @@
 
 Every method takes a :class:`Problem` and asks it for the capture its family works on — the
 layer graph and cost model (layer-wise), the joint forward+backward operator graph (Tofu), or
-the placers' graph (placement).  Captures are built on first use; a caller that caches them
-(the application service) passes its own builders, and tests pass prebuilt graphs.
+the placers' graph (placement).  Captures are built on first use, through the capture cache
+(:mod:`explorer.engine.core.capture_cache`: a model traced once, in any process, is read
+back); a caller that keeps them in memory (the application service) passes its own builders,
+and tests pass prebuilt graphs.
 """
 
 from __future__ import annotations
@@ -73,8 +75,8 @@ class Problem:
         """The layer graph (OptCNN's layers), captured on first use."""
         if self.layer_graph_ is None:
             def build():                 # torch is imported only when nothing is cached
-                from explorer.engine.core.importer import import_spec
-                return import_spec(self._spec(), self.batch, dict(self.model_args))
+                from explorer.engine.core.capture_cache import layer_graph
+                return layer_graph(self._spec(), self.batch, dict(self.model_args))
             self.layer_graph_ = self._build("layer_graph", build)
         return self.layer_graph_
 
@@ -94,8 +96,8 @@ class Problem:
         (:func:`~explorer.engine.core.precision.at_precision`: bf16 activations 2 bytes)."""
         if self.opgraph_ is None:
             def build():
-                from explorer.engine.core.opgraph import build_opgraph
-                return build_opgraph(self._spec(), self.batch, dict(self.model_args))
+                from explorer.engine.core.capture_cache import op_graph
+                return op_graph(self._spec(), self.batch, dict(self.model_args))
             self.opgraph_ = self._build("opgraph", build)
         if getattr(self.opgraph_, "precision", "fp32") != self.dtype and self.dtype == "bf16":
             from explorer.engine.core.precision import at_precision
