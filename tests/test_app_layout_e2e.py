@@ -66,3 +66,53 @@ def test_tofu_compare_appears_right_under_its_button(dash_duo):
     button = dash_duo.driver.execute_script(RECT, ids.TOFU_COMPARE_BUTTON)
     figure = dash_duo.driver.execute_script(RECT, ids.TOFU_COMPARE)
     assert 0 <= figure[0] - button[1] < 150, (button, figure)
+
+
+#: cells of column ``arguments[0]`` whose text runs past the cell (cut with "…")
+CUT = """
+return [...document.querySelectorAll('.ag-cell[col-id="' + arguments[0] + '"]')]
+    .filter(c => c.offsetParent !== null && c.textContent.trim())
+    .map(c => [c.textContent.trim(), [c, c.querySelector('.ag-cell-value') || c].some(
+        e => e.scrollWidth > e.clientWidth + 1) || c.getBoundingClientRect().right >
+        c.closest('.ag-root-wrapper').getBoundingClientRect().right + 1]);
+"""
+
+
+def test_why_column_dates_and_objectives_are_shown_whole(dash_duo):
+    from _helpers import TAP, open_page
+    from explorer.service import Request
+    dash_duo.driver.set_window_size(1400, 1000)
+    dash_duo.start_server(create_app(Request(model="lenet5", preset="local", devices=2,
+                                             batch=8)))
+    dash_duo.wait_for_contains_text("#objective-value", "ms", timeout=90)
+    until(lambda: dash_duo.driver.execute_script(TAP, ids.GRAPH, "conv2") == "ok", 15, "tap")
+    why = until(lambda: dash_duo.driver.execute_script(CUT, "why"), 20, "the why cells")
+    assert any("vs chosen" in t for t, _ in why)
+    snap(dash_duo, "candidates-why.png")
+    assert [t for t, cut in why if cut] == []
+    # the history: whole dates, and Tofu's link time in a column of its own
+    open_page(dash_duo, "Tofu")
+    dash_duo.find_element(f"#{ids.TOFU_BUTTON}").click()
+    dash_duo.wait_for_contains_text("#tofu-headline", "communicated", timeout=120)
+    open_page(dash_duo, "Plans")
+    dates = until(lambda: dash_duo.driver.execute_script(CUT, "time"), 30, "the dates")
+    assert len(dates) >= 2 and [t for t, cut in dates if cut] == []
+    headers = dash_duo.driver.execute_script(
+        "return [...document.querySelectorAll('.ag-header-cell-text')].map(h => h.textContent);")
+    assert "step objective (ms)" in headers and "Tofu link time (ms)" in headers
+    rows = dash_duo.driver.execute_script("""
+        return [...document.querySelectorAll('.ag-center-cols-container .ag-row')].map(r =>
+            ['kind', 'step_ms', 'link_ms'].map(c =>
+                (r.querySelector('[col-id="' + c + '"]') || {}).textContent || ''));""")
+    tofu = [r for r in rows if r[0] == "Tofu"]
+    layer = [r for r in rows if r[0] == "layer-wise"]
+    assert tofu and all(r[1] == "" and r[2] for r in tofu)
+    assert layer and all(r[1] and r[2] == "" for r in layer)
+
+
+def snap(duo, name):
+    """Save a screenshot to ``$EXPLORER_SCREENSHOTS/name`` when that folder is set."""
+    import os
+    folder = os.environ.get("EXPLORER_SCREENSHOTS")
+    if folder:
+        duo.driver.save_screenshot(os.path.join(folder, name))

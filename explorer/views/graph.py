@@ -93,12 +93,18 @@ def layout():
 
 
 #: the candidate table's columns: the plan's choice, the costs of equation 1 that depend on
-#: this layer's configuration alone, and why (its cost against the chosen row's)
+#: this layer's configuration alone, and why (its cost against the chosen row's, after the
+#: total and wrapped, so it is read whole without scrolling the table)
 CANDIDATE_COLUMNS = [
     ("chosen", ""), ("config", "config"), ("devices", "devices"), ("memory_mib", "MiB"),
-    ("total_ms", "total ms"), ("t_compute_ms", "t_C ms"), ("t_sync_ms", "t_S ms"),
-    ("t_reduce_ms", "t_R ms"), ("t_xin_ms", "t_X in ms"), ("t_xout_ms", "t_X out ms"),
-    ("why", "why (given the neighbours' choices)")]
+    ("total_ms", "total ms"), ("why", "why"),
+    ("t_compute_ms", "t_C ms"), ("t_sync_ms", "t_S ms"),
+    ("t_reduce_ms", "t_R ms"), ("t_xin_ms", "t_X in ms"), ("t_xout_ms", "t_X out ms")]
+#: the candidate table's widths: narrow numbers, so the wrapped "why" fits the panel beside
+#: the choice, the memory and the total (the time terms follow, to scroll to)
+CANDIDATE_WIDTHS = {"chosen": 30, "config": 66, "devices": 74, "memory_mib": 58,
+                    "total_ms": 80, "why": 180, "t_compute_ms": 74, "t_sync_ms": 74,
+                    "t_reduce_ms": 74, "t_xin_ms": 84, "t_xout_ms": 90}
 CANDIDATE_TIPS = dict(
     G.header_tips({"t_compute_ms": "t_C", "t_sync_ms": "t_S", "t_reduce_ms": "t_R",
                    "t_xin_ms": "t_X", "t_xout_ms": "t_X"}),
@@ -107,7 +113,9 @@ CANDIDATE_TIPS = dict(
     devices="the devices the configuration runs on",
     total_ms="t_C + t_S + t_R + t_X in + t_X out: this layer's share of equation 1 given its "
              "neighbours' chosen configurations",
-    memory_mib="peak memory on one device for this layer (MiB)")
+    memory_mib="peak memory on one device for this layer (MiB)",
+    why="why (given the neighbours' choices): this configuration's cost against the chosen "
+        "one's, and the term that makes most of the difference")
 
 
 def device_ranges(devices: str) -> str:
@@ -163,7 +171,8 @@ def details_layout():
         html.Div(id=ids.DETAILS, className="details",
                  children=html.P("Click a layer in the graph.", className="muted")),
         T.grid(ids.CANDIDATE_TABLE, CANDIDATE_COLUMNS, height=280, row_style=T.CHOSEN_ROW,
-               widths={"chosen": 44, "devices": 82}, tooltips=CANDIDATE_TIPS),
+               widths=CANDIDATE_WIDTHS, column_size=None, tooltips=CANDIDATE_TIPS,
+               wrap=("why",)),             # the whole "why", never cut at the column's end
         html.Div(className="row", children=T.csv_button(ids.CANDIDATE_CSV_BUTTON,
                                                          ids.CANDIDATE_CSV)),
         html.Div(className="pin-controls", children=[

@@ -36,8 +36,12 @@ from explorer.views.plan_files import (  # noqa: F401 - re-exported: the panel's
 
 COLUMNS = [("id", "#"), ("time", "saved"), ("kind", "kind"), ("model", "model"),
            ("algo", "algorithm"), ("preset", "devices preset"), ("devices", "devices"),
-           ("batch", "batch"), ("objective_ms", "objective (ms)"), ("pins", "pins"),
-           ("note", "note")]
+           ("batch", "batch"), ("step_ms", "step objective (ms)"),
+           ("link_ms", "Tofu link time (ms)"), ("pins", "pins"), ("note", "note")]
+#: header tooltips: the two objectives are different quantities, so they get a column each
+TIPS = {"step_ms": "layer-wise: equation 1's t_O; placement: the simulated step time",
+        "link_ms": "Tofu's objective: the time its communication takes on the links, not a "
+                   "step time"}
 #: what each plan kind's objective is
 KIND_NAMES = {"layerwise": "layer-wise", "tofu": "Tofu", "placement": "placement"}
 
@@ -56,7 +60,8 @@ def table_rows(store: PlanStore, limit: int = 200) -> list:
             fam = None
         r["kind"] = KIND_NAMES.get(fam, fam or "?")
         r["time"] = r["time"].replace("T", " ")[:19]
-        r["objective_ms"] = None if r["objective_ms"] is None else round(r["objective_ms"], 4)
+        ms = None if r["objective_ms"] is None else round(r["objective_ms"], 4)
+        r["step_ms"], r["link_ms"] = (None, ms) if fam == "tofu" else (ms, None)
         r["pins"] = "; ".join(r["pins"])
         rows.append(r)
     return rows
@@ -272,6 +277,7 @@ def layout():
         ]),
         html.Div(id=ids.PLANS_STATUS, className="status plans-status"),
         T.grid(ids.PLANS_TABLE, COLUMNS, height=440, selectable=True, row_id="id",
+               tooltips=TIPS, widths={"time": 160},  # a date whole, never "2026-11-…"
                wrap=("pins",)),  # the row id keeps a selection across refreshes
         html.Div(className="row", children=T.csv_button(ids.PLANS_CSV_BUTTON, ids.PLANS_CSV,
                                                          "Download history as CSV")),

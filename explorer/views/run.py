@@ -67,7 +67,7 @@ HISTORY_COLUMNS = [("id", "run"), ("time", "time"), ("devices", "devices"),
 def history_table(table_id: str):
     """The table of stored runs (one row per run, newest first) - layer-wise plans and
     placements alike."""
-    return T.grid(table_id, HISTORY_COLUMNS, height=230)
+    return T.grid(table_id, HISTORY_COLUMNS, height=230, widths={"time": 160})
 
 
 def ui_text(text: str) -> str:

@@ -29,12 +29,13 @@ def columns(pairs, widths: dict | None = None, tooltips: dict | None = None,
     out = []
     for field, header in pairs:
         col = {"field": field, "headerName": header}
-        if widths and field in widths:
-            col["width"] = widths[field]
+        if widths and field in widths:      # also the least width: autoSize never cuts it
+            col["width"] = col["minWidth"] = widths[field]
         if tooltips and field in tooltips:
             col["headerTooltip"] = tooltips[field]
         if field in wrap:
-            col.update(wrapText=True, autoHeight=True, flex=1, minWidth=220,
+            col.update(wrapText=True, autoHeight=True, flex=1,
+                       minWidth=(widths or {}).get(field, 220),
                        cellStyle={"whiteSpace": "normal", "lineHeight": "1.3"})
         out.append(col)
     return out
@@ -43,8 +44,10 @@ def columns(pairs, widths: dict | None = None, tooltips: dict | None = None,
 def grid(table_id: str, pairs, height: int | None = None, selectable: bool = False,
          row_style: dict | None = None, row_id: str | None = None, **kw) -> dag.AgGrid:
     """An AG Grid with ``columns(pairs, **kw)``; without ``height`` it grows with its rows
-    (``autoHeight``), with it it scrolls inside ``height`` pixels."""
+    (``autoHeight``), with it it scrolls inside ``height`` pixels.  Columns size to their
+    content unless ``column_size=None`` (then ``widths`` hold, for a narrow panel)."""
     col_kw = {k: kw.pop(k) for k in ("widths", "tooltips", "wrap") if k in kw}
+    column_size = kw.pop("column_size", "autoSize")   # None: the widths given, as given
     options = {"domLayout": "autoHeight" if height is None else "normal",
                "tooltipShowDelay": 200, "enableCellTextSelection": True,
                "suppressColumnVirtualisation": True}
@@ -57,7 +60,7 @@ def grid(table_id: str, pairs, height: int | None = None, selectable: bool = Fal
         id=table_id, rowData=[], columnDefs=columns(pairs, **col_kw),
         defaultColDef={"sortable": True, "resizable": True, "filter": False,
                        "minWidth": 60, "cellStyle": {"fontSize": "12px"}},
-        columnSize="autoSize", dashGridOptions=options, getRowStyle=row_style,
+        columnSize=column_size, dashGridOptions=options, getRowStyle=row_style,
         className="ag-theme-alpine explorer-grid",
         style={"height": f"{height}px" if height else None, "width": "100%"}, **kw)
 
