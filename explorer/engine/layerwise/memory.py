@@ -155,7 +155,7 @@ def layer_options(cost_model, tables, name: str, settings: MemorySettings,
     vol = np.where(used, G.volume(owned), 0).astype(float)
     if layer.op == "input":
         # the model input: nothing to recompute or shard, every other option is refused
-        act = (vol * db).max(axis=1)
+        act = (2 * vol * db).max(axis=1)     # as the plan's memory counts it
         t_mb = np.full((C, O), np.inf)
         t_mb[:, 0] = 0.0
         cats = np.zeros((C, O, 4))
@@ -293,12 +293,9 @@ def plan_memory(cost_model, tables, choice: dict, option: dict, settings: Memory
             vol = G.volume(boxes).astype(float)
             in_el = sum(G.volume(G.input_regions(layer, j, tiles, red)).astype(float)
                         for j in range(len(layer.in_shapes))) if layer.in_shapes else 0.0
-            partial = 0.0 if red is None else np.where(
-                red[..., 1] - red[..., 0] < (G.reduction_size(layer) or 0),
-                G.volume(tiles), 0).astype(float)
+            # as :func:`.plan.memory_per_device` counts (the model input's box twice)
+            partial = 0.0 if red is None else G.volume(tiles).astype(float)
             act = db * (in_el if rc else 2 * vol + in_el + 2 * partial)
-            if layer.op == "input":              # the model input: held once (costmodel)
-                act = db * vol
             tr = np.maximum(db * (2 * vol + 2 * partial) if rc else 0.0,
                             (cb or pb) * pel if z >= 3 else 0.0)
             per = seen[key] = ((pb + cb) * pel / (r if z >= 3 else 1.0),
