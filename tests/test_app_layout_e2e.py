@@ -116,3 +116,72 @@ def snap(duo, name):
     folder = os.environ.get("EXPLORER_SCREENSHOTS")
     if folder:
         duo.driver.save_screenshot(os.path.join(folder, name))
+
+
+#: every drawn figure's title, legend, toolbar and annotations as boxes (left, top, right,
+#: bottom), with the title's text
+PARTS = """
+return [...document.querySelectorAll('.js-plotly-plot')].filter(g => g.offsetParent !== null)
+    .map(g => {
+        const box = s => [...g.querySelectorAll(s)].map(e => {
+            const r = e.getBoundingClientRect(); return [r.left, r.top, r.right, r.bottom]; })
+            .filter(r => r[2] > r[0] && r[3] > r[1]);
+        const t = g.querySelector('.gtitle');
+        return {id: g.parentElement.id || g.id, title: t ? t.textContent : '',
+                titles: box('.gtitle'), legends: box('.legend .bg'),
+                modebar: box('.modebar-container .modebar'),
+                notes: box('.annotation-text-g .annotation')};
+    });
+"""
+
+
+def _hit(a, b) -> bool:
+    return a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]
+
+
+def _clashes(parts) -> list:
+    """Figures whose title runs under their legend, toolbar or a line's label."""
+    out = []
+    for p in parts:
+        for t in p["titles"]:
+            for what in ("legends", "modebar", "notes"):
+                out += [(p["id"], what) for r in p[what] if _hit(t, r)]
+    return out
+
+
+def _hover_all(duo):
+    """Hover every figure, so Plotly shows its toolbar (it covers titles only then)."""
+    from selenium.webdriver.common.action_chains import ActionChains
+    for g in duo.driver.find_elements("css selector", ".js-plotly-plot"):
+        if g.is_displayed():
+            ActionChains(duo.driver).move_to_element(g).perform()
+            time.sleep(0.3)
+            yield g
+
+
+def test_titles_are_never_covered_nor_raw_data(dash_duo):
+    dash_duo.driver.set_window_size(1400, 1000)
+    dash_duo.start_server(create_app())
+    base = dash_duo.server_url.rstrip("/")
+    # Learn: Figures 1-4 name the configuration as the app writes it, never a dict; the
+    # Equation 2 title is not under its legend
+    for scenario, wait in (("optcnn-dims", "Figure 4"), ("optcnn-elim", "Equation")):
+        dash_duo.driver.get(f"{base}/learn?s={scenario}")
+        until(lambda: any(wait in p["title"] for p in
+                          dash_duo.driver.execute_script(PARTS)), 90, f"{scenario}'s figures")
+        time.sleep(1.0)
+        parts = dash_duo.driver.execute_script(PARTS)
+        assert not [p["title"] for p in parts if "{" in p["title"]]
+        assert _clashes(parts) == [], scenario
+    # Compare: the toolbar never covers "lower is better"
+    dash_duo.driver.get(f"{base}/?{LENET}&algo=optcnn&tab=compare")
+    until(lambda: any("lower is better" in p["title"]
+                      for p in dash_duo.driver.execute_script(PARTS)), 120, "the bars")
+    for g in _hover_all(dash_duo):
+        assert _clashes(dash_duo.driver.execute_script(PARTS)) == []
+    # Tofu: the memory figure's legend and limit line stay off its title
+    dash_duo.driver.get(f"{base}/tofu?{LENET}&algo=icml18")
+    dash_duo.wait_for_contains_text("#tofu-headline", "icml18", timeout=120)
+    time.sleep(1.0)
+    parts = [p for p in dash_duo.driver.execute_script(PARTS) if "Memory" in p["title"]]
+    assert parts and _clashes(parts) == []

@@ -105,8 +105,8 @@ def test_figures_from_plain_dicts():
             "value_s": 3e-6}
     fig = LF.elimination_figure(step)
     assert list(fig.data[0].y) == pytest.approx([1, 2, 3])
-    cmp = {"tofu": {"predicted_step_time_s": 0.001, "comm_bytes": 2e6},
-           "spartan": {"predicted_step_time_s": 0.002, "comm_bytes": 4e6},
+    cmp = {"tofu": {"predicted_step_time_s": 0.001, "comm_bytes": 2 * 2 ** 20},   # MiB
+           "spartan": {"predicted_step_time_s": 0.002, "comm_bytes": 4 * 2 ** 20},
            "icml18": {"error": "OOM"}}
     fig = LF.tofu_algorithms_figure(cmp)
     assert list(fig.data[0].x) == ["tofu", "spartan"] and list(fig.data[1].y) == [2, 4]
@@ -164,3 +164,21 @@ def test_the_minimum_arrow_points_at_the_chosen_bar_when_it_is_configuration_1()
     fig = elimination_figure({"kind": "node", "node": "fc1", "rows": rows, "best": 1})
     assert fig.layout.xaxis.type == "category"
     assert fig.layout.annotations[0].x == "1" and list(fig.data[0].x) == ["n2", "1", "c2"]
+
+
+def test_learn_titles_name_configurations_and_units_are_mib():
+    from explorer.views.learn.common import fmt_bytes
+    tiles = {"devices": [0, 1], "config": {"n": 1, "c": 2, "h": 1, "w": 1},
+             "boxes": [[[0, 8], [0, 4]], [[0, 8], [4, 8]]], "inputs": [], "params": {}}
+    title = LF.device_reads_figure(tiles).layout.title.text
+    assert "under c2 (Figure 4)" in title and "{" not in title
+    assert LF.config_label({"n": 1, "c": 1}) == "1" and LF.config_label("n2 c2") == "n2 c2"
+    dense = LF.dense_figure({"layer": "fc6", "devices": 2, "strategies": [
+        {"strategy": "data", "config": "n2", "sync_bytes": 2 ** 21, "xfer_bytes": 0}]})
+    assert dense.layout.yaxis.title.text == "MiB per step"
+    assert dense.data[0].y[0] == 2.0 and "MiB" in dense.data[0].texttemplate
+    assert fmt_bytes(3 * 2 ** 20) == "3.00 MiB"
+    # the title sits above the legend's own line
+    lay = LF.elimination_figure({"kind": "edge", "src": "a", "dst": "b", "t_x1_s": 1e-6,
+                                 "t_x2_s": 2e-6, "value_s": 3e-6}).layout
+    assert lay.title.y > 0.9 and lay.margin.t >= 90

@@ -54,6 +54,8 @@ def _num(v: float) -> str:
 
 
 def _title(text: str) -> dict:
+    """A title at the figure's top left; its second line (``<br><sup>…</sup>``) keeps it short
+    enough that Plotly's toolbar, at the top right, never covers it."""
     return dict(text=text, x=0, xanchor="left", xref="paper", y=0.97, yanchor="top",
                 font=dict(size=15))
 
@@ -139,7 +141,7 @@ def time_figure(results: dict, order: list | None = None) -> go.Figure:
                               ("transfer", PART_COLORS["transfer"],
                                part("transfer_s", "reduce_s")),
                               ("sync", PART_COLORS["sync"], part("sync_s"))],
-                    "Predicted step time per strategy (lower is better)", "step time (ms)",
+                    "Predicted step time per strategy<br><sup>lower is better</sup>", "step time (ms)",
                     "ms", ".3f", order=order)
 
 
@@ -158,7 +160,7 @@ def bytes_figure(results: dict, order: list | None = None) -> go.Figure:
                     [("transfer", PART_COLORS["transfer"], lambda p: _xfer_bytes(p) / MIB),
                      ("sync", PART_COLORS["sync"],
                       lambda p: float((p.get("info") or {}).get("sync_bytes", 0.0)) / MIB)],
-                    "Data communicated per step (lower is better)", "MiB per step", "MiB",
+                    "Data communicated per step<br><sup>lower is better</sup>", "MiB per step", "MiB",
                     ",.1f", log_spread=20.0, order=order)
 
 

@@ -8,11 +8,33 @@ from plotly.subplots import make_subplots
 
 from explorer.views import palette as P
 
-MB = 1e6
+MIB = 2.0 ** 20                 # sizes in MiB, as everywhere in the app
 #: legend under the plot, for figures whose subplot titles sit where a top legend would
 _BOTTOM_LEGEND = dict(orientation="h", y=-0.18, x=0.5, xanchor="center")
-_LAYOUT = dict(template="plotly_white", margin=dict(l=60, r=20, t=60, b=50), height=380,
-               legend=dict(orientation="h", yanchor="bottom", y=1.02, x=1, xanchor="right"))
+#: the title on the figure's first line, the legend on its own line under it (a long title -
+#: "Equation 2: eliminating mixed_5b_branch3x3dbl_2" - never runs under the legend)
+_LAYOUT = dict(template="plotly_white", margin=dict(l=60, r=20, t=92, b=50), height=400,
+               title=dict(x=0.01, xanchor="left", y=0.98, yanchor="top"),
+               legend=dict(orientation="h", yanchor="bottom", y=1.02, x=0, xanchor="left"))
+
+
+def config_label(config) -> str:
+    """A configuration as the app writes it (``"c4"``, ``"n2 c2"``, ``"1"``), from a
+    ``{dim: degree}`` dict or a label already; never a raw dict in a title.
+
+    >>> config_label({"n": 1, "c": 4, "h": 1, "w": 1})
+    'c4'
+    """
+    if isinstance(config, dict):
+        return " ".join(f"{k}{v}" for k, v in config.items() if int(v) > 1) or "1"
+    return str(config)
+
+
+def _titled(fig: go.Figure, text: str, **layout) -> go.Figure:
+    """``fig`` with the learn layout and ``text`` as its title (the layout's title place)."""
+    fig.update_layout(**{**_LAYOUT, **layout})
+    fig.update_layout(title_text=text)
+    return fig
 
 
 def _volume(box) -> int:
@@ -34,8 +56,8 @@ def config_times_figure(rows: list, selected: str | None = None) -> go.Figure:
         go.Bar(x=xs, y=[r["t_sync_ms"] for r in rows], name="t_S parameter sync",
                marker=dict(color=P.PART_COLORS["sync"], line=dict(width=line, color="#111"))),
     ])
-    fig.update_layout(barmode="stack", title="Time of this layer per configuration (Figure 1)",
-                      yaxis_title="ms per step", xaxis_title="configuration", **_LAYOUT)
+    _titled(fig, "Time of this layer per configuration (Figure 1)", barmode="stack",
+            yaxis_title="ms per step", xaxis_title="configuration")
     fig.update_xaxes(type="category")       # configurations are names ("1", "n2"), not numbers
     return fig
 
@@ -74,9 +96,8 @@ def device_reads_figure(tiles: dict) -> go.Figure:
                              marker=dict(color=[P.device_color(d) for d in devs],
                                          pattern_shape=pattern),
                              hovertemplate="%{x}: %{y:,} elements<extra>" + label + "</extra>"))
-    fig.update_layout(barmode="group", yaxis_title="elements (float32: ×4 bytes)",
-                      title=f"What each device computes and reads under {tiles['config']}"
-                            " (Figure 4)", **_LAYOUT)
+    _titled(fig, f"What each device computes and reads under {config_label(tiles['config'])}"
+                 " (Figure 4)", barmode="group", yaxis_title="elements (float32: ×4 bytes)")
     return fig
 
 
@@ -113,16 +134,15 @@ def dense_figure(doc: dict) -> go.Figure:
     channel parallelism: gradient synchronisation against input transfers."""
     xs = [s["strategy"] + f" ({s['config']})" for s in doc["strategies"]]
     fig = go.Figure([
-        go.Bar(x=xs, y=[s["sync_bytes"] / MB for s in doc["strategies"]],
+        go.Bar(x=xs, y=[s["sync_bytes"] / MIB for s in doc["strategies"]],
                name="parameter synchronisation", marker_color=P.PART_COLORS["sync"],
-               texttemplate="%{y:,.1f} MB", textposition="auto"),
-        go.Bar(x=xs, y=[s["xfer_bytes"] / MB for s in doc["strategies"]],
+               texttemplate="%{y:,.1f} MiB", textposition="auto"),
+        go.Bar(x=xs, y=[s["xfer_bytes"] / MIB for s in doc["strategies"]],
                name="input transfer", marker_color=P.PART_COLORS["transfer"],
-               texttemplate="%{y:,.1f} MB", textposition="auto"),
+               texttemplate="%{y:,.1f} MiB", textposition="auto"),
     ])
-    fig.update_layout(barmode="stack", yaxis_title="MB per step",
-                      title=f"{doc['layer']} on {doc['devices']} devices: data moved per step",
-                      **_LAYOUT)
+    _titled(fig, f"{doc['layer']} on {doc['devices']} devices: data moved per step",
+            barmode="stack", yaxis_title="MiB per step")
     return fig
 
 
@@ -144,9 +164,8 @@ def elimination_figure(step: dict) -> go.Figure:
         best = rows[step["best"]]
         fig.add_annotation(x=best["config"], y=best["total_s"] * us, text="min: c_j*",
                            showarrow=True, arrowhead=2, ay=-40)
-        fig.update_layout(barmode="stack", xaxis_title=f"c_j: configuration of {step['node']}",
-                          yaxis_title="µs", title=f"Equation 2: eliminating {step['node']}",
-                          **_LAYOUT)
+        _titled(fig, f"Equation 2: eliminating {step['node']}", barmode="stack",
+                xaxis_title=f"c_j: configuration of {step['node']}", yaxis_title="µs")
         fig.update_xaxes(type="category")   # a configuration named "1" is a name, not x = 1
         return fig
     xs = ["t_X(e1, c_i, c_j)", "t_X(e2, c_i, c_j)", "t_X(e', c_i, c_j)"]
@@ -154,9 +173,8 @@ def elimination_figure(step: dict) -> go.Figure:
     fig = go.Figure(go.Bar(x=xs, y=ys, marker_color=[P.PART_COLORS["transfer"], "#f2c14e",
                                                      P.HIGHLIGHT],
                            texttemplate="%{y:,.2f} µs", textposition="auto"))
-    fig.update_layout(yaxis_title="µs", showlegend=False,
-                      title=f"Equation 3: merging two edges {step['src']} → {step['dst']}",
-                      **_LAYOUT)
+    _titled(fig, f"Equation 3: merging two edges {step['src']} → {step['dst']}",
+            yaxis_title="µs", showlegend=False)
     return fig
 
 
@@ -239,8 +257,7 @@ def intervals_figure(strategy: dict, shapes: dict) -> go.Figure:
     title = (f"split output {strategy['dim']}: workers concatenate" if strategy["kind"] == "split"
              else f"split reduction {strategy['dim']}: workers {strategy['reducer']} "
                   "partial outputs")
-    fig.update_layout(barmode="overlay", title=title,
-                      **{**_LAYOUT, "height": 440, "legend": _BOTTOM_LEGEND})
+    _titled(fig, title, barmode="overlay", height=440, legend=_BOTTOM_LEGEND)
     return fig
 
 
@@ -308,12 +325,12 @@ def tofu_algorithms_figure(cmp: dict) -> go.Figure:
     algorithm on the same model and devices (Tofu highlighted)."""
     algos = [a for a in cmp if "error" not in cmp[a]]
     fig = make_subplots(rows=1, cols=2, subplot_titles=("time per step (ms)",
-                                                        "communication per step (MB)"))
+                                                        "communication per step (MiB)"))
     colors = [P.HIGHLIGHT if a == "tofu" else P.PREDICTED for a in algos]
     fig.add_trace(go.Bar(x=algos, y=[cmp[a]["predicted_step_time_s"] * 1e3 for a in algos],
                          marker_color=colors, texttemplate="%{y:,.2f}", textposition="auto",
                          showlegend=False), row=1, col=1)
-    fig.add_trace(go.Bar(x=algos, y=[cmp[a]["comm_bytes"] / MB for a in algos],
+    fig.add_trace(go.Bar(x=algos, y=[cmp[a]["comm_bytes"] / MIB for a in algos],
                          marker_color=colors, texttemplate="%{y:,.1f}", textposition="auto",
                          showlegend=False), row=1, col=2)
     fig.update_layout(**_LAYOUT)

@@ -69,13 +69,15 @@ def run_memory_figure(res: dict | None, doc: dict | None) -> go.Figure:
     if meas:
         fig.add_bar(name="measured peak", x=workers[:len(meas)], y=[m / div for m in meas],
                     marker_color=P.MEASURED, text=[fmt.bytes_(m) for m in meas])
-    if limit:
+    if limit:          # its label under the line's right end, never over the title
         fig.add_hline(y=float(limit) / div, line_dash="dash", line_color=P.ERROR,
-                      annotation_text=f"limit {fmt.bytes_(limit)}")
+                      annotation_text=f"limit {fmt.bytes_(limit)}",
+                      annotation_position="bottom right")
     title = "Memory per worker: predicted vs measured" if meas else \
         "Memory per worker: predicted (this run reports no per-worker measurement)"
-    fig.update_layout(barmode="group", title=title, yaxis_title=unit,
-                      margin=dict(l=50, r=20, t=40, b=40), legend=dict(orientation="h", y=1.1))
+    fig.update_layout(barmode="group", title=dict(text=title, y=0.97, yanchor="top"),
+                      yaxis_title=unit, margin=dict(l=50, r=20, t=70, b=40),
+                      legend=dict(orientation="h", yanchor="bottom", y=1.0, x=0))
     return fig
 
 

@@ -72,10 +72,10 @@ def explorer_href(model: str, devices: int, preset: str, algo: str, batch=None,
 
 
 def fmt_bytes(b: float) -> str:
-    for unit, f in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if abs(b) >= f:
-            return f"{b / f:,.2f} {unit}"
-    return f"{b:,.0f} B"
+    """Bytes in the app's one unit system (KiB, MiB, GiB: :func:`explorer.views.fmt.bytes_`),
+    so the Learn page and the explorer say the same number the same way."""
+    from explorer.views import fmt
+    return fmt.bytes_(b)
 
 
 def fmt_time(s: float) -> str:
