@@ -140,6 +140,27 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--warmup", type=int, default=2, help="warm-up steps per run (default 2)")
     q.add_argument("--json", action="store_true", help="print the report as JSON")
 
+    c = sub.add_parser("compare", help="search every family's methods on one model and "
+                       "devices and rank their predicted steps in one table")
+    c.add_argument("model", help="example name, path/to/file.py:function or hf:NAME")
+    c.add_argument("--devices", "-n", type=int, default=4, help="number of devices (default 4)")
+    c.add_argument("--preset", default=None,
+                   help="device preset or cluster JSON (default: P100 cluster sized to "
+                        "--devices)")
+    c.add_argument("--batch", "-b", type=int, default=None, help="global batch size")
+    c.add_argument("--model-arg", "-a", action="append", default=[], type=_kv,
+                   metavar="KEY=VALUE", help="model keyword argument; repeatable")
+    c.add_argument("--methods", default=None, metavar="A,B,...",
+                   help="methods to compare (default: every family's comparison: the "
+                        "layer-wise baselines and optcnn, Tofu and its baselines, Celeritas "
+                        "and its baselines)")
+    c.add_argument("--cost", default="analytic", choices=["analytic", "measured"],
+                   help="layer-wise and placement costs (measured: after `explorer calibrate "
+                        "--model`)")
+    c.add_argument("--dtype", default="fp32", metavar="fp32|tf32|bf16",
+                   help="the step's precision every method assumes")
+    c.add_argument("--json", action="store_true", help="print the table as JSON")
+
     x = sub.add_parser("export", help="write a layer-wise plan as a PyTorch program using "
                                       "PyTorch's parallel APIs (run it with torchrun)")
     x.add_argument("plan", metavar="PLAN.json", help="a layer-wise plan from `explorer search "
@@ -206,7 +227,8 @@ def main(argv=None) -> int:
         return {"search": cmd_search, "models": cmd_models, "presets": cmd_presets,
                 "graph": cmd_graph, "serve": cmd_serve, "run": cmd_run,
                 "calibrate": cmd_calibrate, "export": cmd_export,
-                "cache": cmd_cache, "rank": cmd_rank}[args.cmd](args)
+                "cache": cmd_cache, "rank": cmd_rank,
+                "compare": cmd_compare}[args.cmd](args)
     except (ExplorerError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -646,6 +668,50 @@ def format_ranking(rep: dict) -> str:
                      f"in a run")
     if rep.get("noise_note"):
         lines.append(rep["noise_note"])
+    return "\n".join(lines)
+
+
+def cmd_compare(args) -> int:
+    """``explorer compare``: every family's methods on one request, ranked by predicted step."""
+    from explorer import service
+    from explorer.engine.core.plandoc import dumps
+    args.algo = "optcnn"
+    req = _request(args)
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()] if args.methods \
+        else None
+    say = None if args.json else (lambda msg: print(f"{msg} ...", file=sys.stderr, flush=True))
+    rep = service.compare_all(req, methods, progress=say or (lambda msg: None))
+    print(dumps(rep, indent=1) if args.json else format_comparison(rep))
+    return 0
+
+
+def format_comparison(rep: dict) -> str:
+    """The comparison across families: one row per method, fastest predicted first."""
+    def ms(v):
+        return "-" if v is None else f"{v * 1e3:.3f}"
+    r = rep["request"]
+    lines = [f"{r['model']} (batch {r['batch']}) on {r['devices']} devices of "
+             f"{r['preset']}: every method's predicted step on the same devices",
+             f"{'method':15s} {'family':10s} {'predicted ms':>12s} {'peak MiB':>9s} "
+             f"{'moved MiB':>10s} {'search s':>8s} {'fits':4s} {'measured ms':>11s}  basis"]
+    for row in rep["rows"]:
+        if "failed" in row:
+            lines.append(f"{row['method']:15s} {row['family']:10s} cannot plan: "
+                         f"{row['failed']}")
+            continue
+        meas = ms(row.get("measured_step_s"))
+        if row.get("error") is not None:
+            meas += f" ({row['error'] * 100:+.0f}%)"
+        lines.append(f"{row['method']:15s} {row['family']:10s} "
+                     f"{ms(row['predicted_step_s']):>12s} {row['peak_bytes'] / 2**20:9.1f} "
+                     f"{row['comm_bytes'] / 2**20:10.2f} {row['search_time_s']:8.2f} "
+                     f"{'yes' if row['fits_memory'] else 'NO':4s} {meas:>11s}  {row['basis']}")
+    best = rep.get("best")
+    lines.append(f"fastest predicted that fits: {best}" if best else
+                 "no method's plan fits the devices' memory")
+    if not any(row.get("measured_step_s") for row in rep["rows"]):
+        lines.append("measured: none of these plans has run here yet (`explorer rank` "
+                     "runs them on --preset local)")
     return "\n".join(lines)
 
 

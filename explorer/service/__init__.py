@@ -10,7 +10,8 @@ Split by concern:
 * :mod:`.layerwise`, :mod:`.partitions` (Tofu), :mod:`.placements` — what each family's page shows;
 * :mod:`.learn` — the Learn page's worked examples;
 * :mod:`.execution` — plan files, export, and the one run path;
-* :mod:`.ranking` — the ranking check: every method's plan run, predicted against measured;
+* :mod:`.ranking` — one comparison across the families, and the ranking check: every method's
+  plan run, predicted against measured;
 * :mod:`.calibration` — which costs a plan rests on, calibrating ``local``.
 
 Imported graphs and cost models are cached per request, so re-running a search after a pin
@@ -55,7 +56,7 @@ from explorer.service.placements import (
     placement_pins,
     placement_structure,
 )
-from explorer.service.ranking import rank
+from explorer.service.ranking import all_methods, compare_all, rank
 from explorer.service.results import family, methods, result, run_method
 from explorer.service.execution import (
     export,
@@ -80,4 +81,6 @@ __all__ = [
     "result", "run_method", "export", "export_note", "placement_runs", "plan_file",
     "run_placement", "run_plan", "run_tofu", "runs", "tofu", "tofu_compare", "tofu_strip",
     "rank",
+    "compare_all",
+    "all_methods",
 ]

@@ -9,8 +9,10 @@ prediction: the measured step of the plan predicted fastest over the measured fa
 one.  Every run's noise (:mod:`explorer.engine.runtime.noise`) is kept, and a ranking taken
 under noise says so in one line.
 
-The predictions are each family's own: equation 1 (layer-wise), the time on the links
-(Tofu), the simulator (placements) - ``basis`` names it per row.
+The predictions are each family's own, on the same device graph and operator rates: equation 1
+(layer-wise), the time on the links plus the slowest device's compute (Tofu), the simulated
+schedule (placements) - ``basis`` names it per row.  :func:`compare_all` puts every family's
+methods in one table without running them.
 """
 
 from __future__ import annotations
@@ -22,14 +24,14 @@ from explorer.errors import ExplorerError
 from explorer.service.execution import run_plan
 from explorer.service.results import family, result
 
-__all__ = ["rank", "DEFAULT_METHODS", "kendall_tau", "regret"]
+__all__ = ["rank", "compare_all", "all_methods", "DEFAULT_METHODS", "kendall_tau", "regret"]
 
 #: what is ranked unless ``methods`` says otherwise: the layer-wise baselines and search, Tofu,
 #: and Celeritas with two of its baselines
 DEFAULT_METHODS = ("data", "model", "owt", "megatron", "optcnn", "tofu", "celeritas",
                    "m-etf", "metis")
 
-BASIS = {"layerwise": "equation 1", "tofu": "time on the links",
+BASIS = {"layerwise": "equation 1", "tofu": "links + slowest compute",
          "placement": "simulated schedule"}
 
 
@@ -128,3 +130,68 @@ def rank(req: Request, methods=None, rounds: int = 3, steps: int = 5, warmup: in
                            .removesuffix(" - compare these timings with care")
                            + ") - the measured order may not be the machine's")
             if noisy else None}
+
+
+def all_methods() -> list:
+    """Every family's comparison, in one list: the layer-wise baselines and OptCNN, Tofu and
+    its baselines, Celeritas and its baselines (the registry's ``comparison`` of each)."""
+    from explorer.engine.search import comparison
+    return [m for fam in ("layerwise", "tofu", "placement") for m in comparison(fam)]
+
+
+def _stored_run(doc: dict) -> dict | None:
+    """The newest stored run of this plan (any kind), or None."""
+    from explorer.service.execution import runs
+    try:
+        got = runs(doc, limit=1)
+    except Exception:  # noqa: BLE001 - an unreadable store: no measurement to show
+        return None
+    return got[0] if got else None
+
+
+def compare_all(req: Request, methods=None, progress=lambda msg: None) -> dict:
+    """One comparison across the families: every method of ``methods`` (default
+    :func:`all_methods`) searched on ``req``, each row its predicted step time on the same
+    device graph (``basis`` names the family's predictor), peak memory per device, bytes
+    moved per step, search time, whether it fits, and - when this plan was run before (the
+    run store, any kind) - the newest measured step beside the prediction.
+
+    Rows are ordered by predicted step (a plan that does not fit after those that do; a
+    method that cannot plan the model last, with its one-line reason).  Nothing is run here:
+    `explorer rank` runs them."""
+    methods = list(methods or all_methods())
+    unknown = [m for m in methods if family(m) is None]
+    if unknown:
+        raise ValueError(f"unknown method(s) {', '.join(unknown)}: see `explorer search --help`")
+    req.device_graph()                  # an unknown preset is the request's error, said once
+    rows = []
+    for m in methods:
+        fam = family(m)
+        row = {"method": m, "family": fam, "basis": BASIS[fam]}
+        progress(f"searching {m}")
+        try:
+            res = result(req.replace(algo=m), m)
+        except (ExplorerError, ValueError) as exc:
+            row["failed"] = str(exc)
+            rows.append(row)
+            continue
+        row.update(batch=res.batch, predicted_step_s=float(res.predicted_step_time_s),
+                   peak_bytes=float(max(res.memory_per_device_bytes, default=0.0)),
+                   comm_bytes=float(res.comm_bytes), search_time_s=float(res.search_time_s),
+                   fits_memory=bool(res.fits_memory), measured_step_s=None)
+        run = _stored_run(res.document())
+        if run and run.get("measured_ms"):
+            row.update(measured_step_s=run["measured_ms"] / 1e3, run_id=run["id"],
+                       run_time=run["time"], reference=run["reference"])
+            row["error"] = (row["predicted_step_s"] - row["measured_step_s"]) / \
+                row["measured_step_s"]
+        rows.append(row)
+    if all("failed" in row for row in rows):
+        raise ExplorerError(f"no method could plan {req.model} on {req.devices} devices - "
+                            f"{rows[0]['method']}: {rows[0]['failed']}")
+    rows.sort(key=lambda r: ("failed" in r, not r.get("fits_memory", False),
+                             r.get("predicted_step_s", 0.0)))
+    ok = [r for r in rows if "failed" not in r and r["fits_memory"]]
+    batch = next((r["batch"] for r in rows if "batch" in r), req.batch)
+    return {"request": {**req.to_dict(), "batch": batch}, "rows": rows,
+            "best": ok[0]["method"] if ok else None}
