@@ -185,3 +185,30 @@ def test_titles_are_never_covered_nor_raw_data(dash_duo):
     time.sleep(1.0)
     parts = [p for p in dash_duo.driver.execute_script(PARTS) if "Memory" in p["title"]]
     assert parts and _clashes(parts) == []
+
+
+#: the glossary terms in a Learn scenario: {term text: its tooltip}
+TERMS = """
+const s = document.querySelector('.learn-scenario');
+return s ? Object.fromEntries([...s.querySelectorAll('abbr.term')]
+    .map(a => [a.textContent, a.title])) : null;
+"""
+
+
+@pytest.mark.parametrize("scenario,terms", [
+    ("optcnn-elim", {"t_R", "equation 2", "Theorem 1"}),
+    ("tofu-algos", {"coarsened graph"}),
+    ("celeritas-tables", {"Standard Evaluation", "CPD-TOPO", "Adjusting Placement", "Baechi"}),
+])
+def test_learn_defines_its_terms_where_they_are_used(dash_duo, scenario, terms):
+    dash_duo.start_server(create_app())
+    dash_duo.driver.get(f"{dash_duo.server_url.rstrip('/')}/learn?s={scenario}")
+    dash_duo.wait_for_element(".learn-scenario .learn-text", timeout=60)
+    got = dash_duo.driver.execute_script(TERMS)
+    missing = terms - set(got)
+    assert not missing, f"{scenario}: no tooltip on {missing}"
+    assert all(len(got[t]) > 30 for t in terms)
+    if scenario == "optcnn-elim":
+        # the equation written out names t_R, as the figure's legend does, and a
+        # configuration "1" is defined where the step shows it
+        dash_duo.wait_for_contains_text(f"#learn-{scenario}-equation", "t_R", timeout=90)

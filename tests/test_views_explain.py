@@ -203,3 +203,13 @@ def test_the_page_holds_the_trace_by_reference_and_fetches_one_step(tmp_path, mo
     # bookkeeping never changes a plan's identity in the history
     from explorer.engine.core.history import digest
     assert digest({k: v for k, v in kept.items() if k != "trace_ref"}) == digest(kept)
+
+
+def test_learn_terms_and_configuration_1_carry_their_definition():
+    from explorer.views import glossary as G
+    got = G.explain("Standard Evaluation, then CPD-TOPO and Adjusting Placement; Baechi's "
+                    "m-TOPO; the coarsened graph; at c_j = 1, not c_j = 12")
+    tips = {str(p.children): p.title for p in got if not isinstance(p, str)}
+    assert set(tips) == {"Standard Evaluation", "CPD-TOPO", "Adjusting Placement", "Baechi",
+                         "coarsened graph", "c_j = 1"}
+    assert "not split" in tips["c_j = 1"] and "critical path" in tips["CPD-TOPO"]

@@ -1,5 +1,7 @@
 """The vocabulary the app shows, explained where it is shown: every dimension letter and cost
-symbol of OptCNN (Jia et al., ICML 2018) and the equation and theorem names, as hover tooltips.
+symbol of OptCNN (Jia et al., ICML 2018), the equation and theorem names, the configuration
+"1", and the Tofu and Celeritas terms the Learn page uses (coarsened graph, CPD-TOPO, Standard
+Evaluation, Adjusting Placement, Baechi), as hover tooltips.
 
 :func:`term` wraps a word in an ``<abbr>`` whose tooltip is its entry; :func:`explain` turns a
 text with such words ("n2 c2", "t_X", "equation 2") into a list of strings and tooltipped
@@ -48,12 +50,31 @@ GLOSSARY = {
                  "reduced graph, with each eliminated layer given the configuration that "
                  "minimised equation 2 for its neighbours' choices (undo), is the best plan "
                  "of the original graph.",
+    "configuration 1": 'configuration "1": every dimension has degree 1 - the layer is not '
+                       "split; it runs whole on one device.",
+    "coarsened graph": "Tofu's coarsened graph: the training step's operators grouped (an "
+                       "operator with its gradient, element-wise chains fused) so that the "
+                       "dynamic program partitions far fewer nodes, each group tiled alike.",
+    "CPD-TOPO": "CPD-TOPO (Celeritas): a topological order that visits the critical path "
+                "first - each operator's longest path to the end decides which ready operator "
+                "comes next - so a chain stays together and few edges are cut between devices.",
+    "Standard Evaluation": "Standard Evaluation (Celeritas): every operator's compute time, "
+                           "memory and output size estimated once, with the same rules for "
+                           "every placer, so their placements are judged alike.",
+    "Adjusting Placement": "Adjusting Placement (Celeritas): the fused clusters are assigned "
+                           "in CPD-TOPO order, each to the device where it finishes earliest "
+                           "within its memory; a cluster that does not fit moves on.",
+    "Baechi": "Baechi (Jeon et al., SoCC 2020): the device placers m-TOPO, m-ETF and m-SCT "
+              "(memory-constrained topological, earliest-task-first and small-"
+              "communication-time placement) that Celeritas compares against.",
 }
 
 #: a configuration label's parts, e.g. "n4", "c2", "k8"
 _DEGREE = re.compile(r"\b([nchwlk])(\d+)\b")
+_CONFIG_1 = re.compile(r"c_[ijk]\*? ?= ?1\b")
 _TERMS = re.compile(r"(t_[CSXRO]\b|[Ee]quation [123]\b|eq\. [123]\b|Theorem 1\b|"
-                    r"\b[nchwlk]\d+\b)")
+                    r"\b[nchwlk]\d+\b|coarsened graph|CPD-TOPO|Standard Evaluation|"
+                    r"Adjusting Placement|Baechi|c_[ijk]\*? ?= ?1\b)")
 
 
 def key_of(word: str) -> str | None:
@@ -61,6 +82,8 @@ def key_of(word: str) -> str | None:
     m = _DEGREE.fullmatch(word)
     if m:
         return m.group(1)
+    if _CONFIG_1.fullmatch(word):          # "c_j = 1": the configuration named "1"
+        return "configuration 1"
     w = word.replace("eq.", "equation").replace("Equation", "equation")
     return w if w in GLOSSARY else None
 

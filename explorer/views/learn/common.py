@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dash import dcc, html
 
+from explorer.views import glossary as G
 from explorer.views import ids, state
 from explorer.views.figures.compare import message_figure
 
@@ -45,7 +46,8 @@ def frame(key: str, title: str, text: list, controls: list, figures: list, paper
     (``paper``, static: what the paper reports)."""
     return html.Section(className="learn-scenario", id=ids.learn(key, "section"), children=[
         html.H2(title),
-        *[html.P(t, className="learn-text") for t in text],
+        *[html.P(G.explain(t) if isinstance(t, str) else t, className="learn-text")
+          for t in text],
         html.Div(className="learn-controls", children=controls),
         html.Div(className="learn-columns", children=[
             html.Div(className="learn-ours", children=[

@@ -9,6 +9,7 @@ from dash import Input, Output, dcc, html
 
 from explorer import service as session
 from explorer.errors import ExplorerError
+from explorer.views import glossary as G
 from explorer.views import ids
 from explorer.views.figures import compare as CF
 from explorer.views.figures import learn as LF
@@ -173,8 +174,9 @@ def _elim_layout():
         "Algorithm 1 shrinks the layer graph without losing the optimum. A node elimination "
         "removes a layer l_j with one input edge e1 = (l_i, l_j) and one output edge "
         "e2 = (l_j, l_k) and adds an edge e' whose cost table is equation 2: "
-        "t_X(e', c_i, c_k) = min over c_j of t_C(l_j, c_j) + t_S(l_j, c_j) + t_X(e1, c_i, c_j) "
-        "+ t_X(e2, c_j, c_k). An edge elimination merges two edges with the same ends by "
+        "t_X(e', c_i, c_k) = min over c_j of t_C(l_j, c_j) + t_S(l_j, c_j) + t_R(l_j, c_j) "
+        "+ t_X(e1, c_i, c_j) + t_X(e2, c_j, c_k) (t_R is zero unless c_j splits the "
+        "reduction dimension k). An edge elimination merges two edges with the same ends by "
         "equation 3: t_X(e', c_i, c_j) = t_X(e1, c_i, c_j) + t_X(e2, c_i, c_j).",
         "Each step below is evaluated at the configurations the optimal plan finally gives "
         "the neighbours (c_i, c_k): by Theorem 1 the minimising c_j is the one the plan "
@@ -221,17 +223,18 @@ def elim_view(doc, index, kind):
              + f" (step {s['step'] + 1} of Algorithm 1's trace)")
     if s["kind"] == "node":
         r = s["rows"][s["best"]]
-        eq = [html.Code(f"t_X(e', c_i={s['c_i']}, c_k={s['c_k']}) = min over c_j of "
-                        f"[t_C + t_S + t_X(e1) + t_X(e2)]"),
+        eq = [html.Code(G.explain(f"t_X(e', c_i={s['c_i']}, c_k={s['c_k']}) = min over c_j "
+                                  f"of [t_C + t_S + t_R + t_X(e1) + t_X(e2)]")),
               html.Br(),
-              html.Code(f"= {fmt_time(r['t_compute_s'])} + "
-                        f"{fmt_time(r['t_sync_s'] + r['t_reduce_s'])}"
-                        f" + {fmt_time(r['t_x_in_s'])} + {fmt_time(r['t_x_out_s'])} "
-                        f"= {fmt_time(s['value_s'])}   at c_j = {r['config']}"),
-              html.P(f"{where}: node {s['node']} between {s['src']} and {s['dst']} "
-                     f"({s['remaining_nodes']} nodes remain). Equation 2's minimiser "
-                     f"{r['config']} {'is' if r['config'] == s['chosen'] else 'is not'} the "
-                     f"plan's choice {s['chosen']} (Theorem 1).")]
+              html.Code(G.explain(f"= {fmt_time(r['t_compute_s'])} + "
+                                  f"{fmt_time(r['t_sync_s'])} + {fmt_time(r['t_reduce_s'])}"
+                                  f" + {fmt_time(r['t_x_in_s'])} + {fmt_time(r['t_x_out_s'])} "
+                                  f"= {fmt_time(s['value_s'])}   at c_j = {r['config']}")),
+              html.P(G.explain(
+                  f"{where}: node {s['node']} between {s['src']} and {s['dst']} "
+                  f"({s['remaining_nodes']} nodes remain). Equation 2's minimiser "
+                  f"c_j = {r['config']} {'is' if r['config'] == s['chosen'] else 'is not'} "
+                  f"the plan's choice {s['chosen']} (Theorem 1)."))]
     else:
         eq = [html.Code(f"t_X(e', c_i={s['c_i']}, c_j={s['c_j']}) = t_X(e1) + t_X(e2) = "
                         f"{fmt_time(s['t_x1_s'])} + {fmt_time(s['t_x2_s'])} = "
