@@ -231,8 +231,22 @@ def memory_per_device(graph, tables, choice, n_devices: int, dtype_bytes: int = 
     return mem
 
 
+def param_role(name: str) -> str:
+    """What :func:`~explorer.engine.core.geometry.regions.param_shards` reads of a parameter's
+    name: ``weight`` exactly, or its prefix (``weight…``, ``bias…``, ``operand…``).  A folded
+    norm's weight is keyed by its qualified name (``layers.3.input_layernorm.weight``), so the
+    role, not the name, is what repeated blocks share."""
+    if name == "weight":
+        return "weight"
+    for prefix in ("weight", "bias", "operand"):
+        if name.startswith(prefix):
+            return prefix + "*"
+    return "-"
+
+
 def layer_content_key(layer) -> tuple:
     """What a layer's boxes, shards and regions under a configuration depend on (layers of
-    repeated blocks share it)."""
+    repeated blocks share it: parameters by role and shape, not by their block's name)."""
     return (layer.op, layer.out_shape, layer.axes, tuple(map(tuple, layer.in_shapes)),
-            repr(sorted(layer.attrs.items())), repr(sorted(layer.params.items())))
+            repr(sorted(layer.attrs.items())),
+            tuple((param_role(k), tuple(v)) for k, v in layer.params.items()))

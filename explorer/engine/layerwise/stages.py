@@ -156,7 +156,9 @@ def _edge_keys(tables: CostTables) -> list:
 class _Reduced:
     """A segment reduced to ``[c_a, c_b]``: the relaxed cost and, at its argmin, the sums
     of per-micro-batch time ``A``, once-per-step time ``B``, static bytes ``Ms``, activation
-    bytes ``Ma`` of the interior and its edges; ``choice[name]`` ``[Ca, Cb]``."""
+    bytes ``Ma`` of the interior and its edges; ``choice[k]`` ``[Ca, Cb]`` the candidate of
+    the segment's ``k``-th interior layer (by position: identical segments share one
+    reduction)."""
 
     L: np.ndarray
     A: np.ndarray
@@ -282,7 +284,7 @@ def _reduce(seg: Segment, tables: CostTables, unary: dict, weight: float, parts:
     for idx in seg.edges:
         e, m = tables.edges[idx]
         A += np.asarray(m)[choice[e.src], choice[e.dst]]
-    return _Reduced(L, A, B, Ms, Ma, {n: choice[n] for n in seg.interior})
+    return _Reduced(L, A, B, Ms, Ma, [choice[n] for n in seg.interior])
 
 
 def _add_unary(extra, unary, n, vec):
@@ -337,9 +339,10 @@ class Evaluator:
         self.opts = options_of(cost_model, tables, settings)
         self.chain = Chain.of(tables)
         self.edge_keys = _edge_keys(tables)
+        self.masks = masks or {}          # layer -> allowed candidate indices (baselines)
+        self.seg_keys = [self._segment_key(seg) for seg in self.chain.segments]
         self.weight = float(self.M + self.S - 1)
         self.kbar = float(self.M if schedule == "gpipe" else min(self.S, self.M))
-        self.masks = masks or {}          # layer -> allowed candidate indices (baselines)
         self.option_mask = option_mask    # [O] allowed options (baselines)
         G_ = cost_model.devices.n
         self.boundary = []
@@ -353,37 +356,57 @@ class Evaluator:
                                  f"single-tensor cuts; the graph has "
                                  f"{len(self.chain.segments)}")
 
+    def _segment_key(self, seg) -> tuple:
+        """What a segment's reduction depends on: its layers' options (shared by content,
+        :func:`~.memory.options_of`), its edges' tables by content and wiring (positions in
+        the segment), and any masked layer by name.  Identical blocks get equal keys."""
+        names = [seg.a] + seg.interior + [seg.b]
+        pos = {n: k for k, n in enumerate(names)}
+        wiring = []
+        for i in seg.edges:
+            e, _ = self.tables.edges[i]
+            wiring.append((pos[e.src], pos[e.dst], e.index, self.edge_keys[i]))
+        key = (tuple(id(self.opts[n]) for n in names), tuple(wiring))
+        if any(n in self.masks for n in names):
+            key = key + (tuple(names), tuple(repr(self.masks.get(n)) for n in names))
+        return key
+
     def inflight(self, s: int) -> float:
         return float(self.M if self.schedule == "gpipe" else min(self.S - s, self.M))
 
     def _parts(self, lam: float):
+        """Per layer at multiplier ``lam``: the relaxed unary cost ``[C]``, the option each
+        candidate takes, and its parts (per-micro-batch time, once-per-step time, static and
+        activation bytes).  Layers sharing options, option mask and candidate mask share one
+        computation (repeated blocks)."""
         unary, parts, option = {}, {}, {}
+        memo: dict = {}
         for n in self.tables.names:
             lo = self.opts[n]
             om = self.option_mask
             if isinstance(om, dict):
                 om = om.get(n)
-            cost, o = lo.pick(lam, self.weight, self.kbar, om)
-            if n in self.masks:
-                keep = np.full(len(cost), np.inf)
-                keep[self.masks[n]] = 0.0
-                cost = cost + keep
-            unary[n] = cost
-            ix = np.arange(len(o))
-            option[n] = o
-            parts[n] = (lo.t_mb[ix, o], lo.t_once[ix, o], lo.static[ix, o], lo.act[ix, o])
+            mk = self.masks.get(n)
+            key = (id(lo), None if om is None else np.asarray(om).tobytes(),
+                   None if mk is None else tuple(np.atleast_1d(mk).tolist()))
+            hit = memo.get(key)
+            if hit is None:
+                cost, o = lo.pick(lam, self.weight, self.kbar, om)
+                if mk is not None:
+                    keep = np.full(len(cost), np.inf)
+                    keep[mk] = 0.0
+                    cost = cost + keep
+                ix = np.arange(len(o))
+                hit = memo[key] = (cost, o, (lo.t_mb[ix, o], lo.t_once[ix, o],
+                                             lo.static[ix, o], lo.act[ix, o]))
+            unary[n], option[n], parts[n] = hit
         return unary, parts, option
 
     def evaluate(self, lam: float) -> Evaluation:
         unary, parts, option = self._parts(lam)
         chain = self.chain
         reduced, cache = [], {}
-        for seg in chain.segments:
-            key = (tuple(id(self.opts[n]) for n in [seg.a] + seg.interior + [seg.b]),
-                   tuple(self.edge_keys[i] for i in seg.edges),
-                   tuple(n in self.masks for n in seg.interior))
-            if any(n in self.masks for n in [seg.a, seg.b] + seg.interior):
-                key = key + (tuple(seg.interior), seg.a, seg.b)
+        for seg, key in zip(chain.segments, self.seg_keys):
             r = cache.get(key)
             if r is None:
                 r = _reduce(seg, self.tables, dict(unary), self.weight, parts)
@@ -437,23 +460,7 @@ class Evaluator:
     def _chain(self, lam, unary, parts, option, reduced) -> Evaluation:
         K = len(self.chain.segments)          # cuts 0..K
         S = self.S
-        if S == 1:
-            ranges = {(-1, K): None}
-        else:
-            ranges = {}
-        best = {}
-        starts = [-1] if S == 1 else [-1] + list(range(1, K))
-        for i in starts:
-            v, q, _ = self._start(i, unary, parts, reduced)
-            j = (i + 1) if i >= 0 else 1
-            while True:
-                c = int(v.argmin())
-                best[(i, j)] = (float(v[c]), [float(x[c]) for x in q])
-                if j == K or (S == 1 and j == K):
-                    break
-                v, q, _ = self._step(j, v, q, unary, parts, reduced)
-                j += 1
-        del ranges
+        best = self._ranges(K, S > 1, unary, parts, reduced)
         # the outer DP over cut positions: S stages, each a range (i, j] of cuts, minimising
         # the slowest stage's weighted time, each stage's memory within the cap
         W = self.weight
@@ -529,6 +536,44 @@ class Evaluator:
         ev.fits = ev.peak <= self.cap
         return ev
 
+    def _ranges(self, K, every_start, unary, parts, reduced) -> dict:
+        """``{(i, j): (relaxed cost, [A, B, Ms, Ma])}`` of the best stage over cuts ``(i, j]``
+        for the first stage (``i = -1``) and, with ``every_start``, every later start
+        ``i ≥ 1``, each ended at every cut ``j``: all open stages are extended together, one
+        min-plus step per segment (the same sums and ties as one stage at a time)."""
+        best = {}
+        v, q, _ = self._start(-1, unary, parts, reduced)
+        starts = [-1]
+        V, Q = v[None, :], [x[None, :] for x in q]
+        j = 1
+        while True:
+            c = V.argmin(axis=1)
+            rows = np.arange(len(starts))
+            vals = V[rows, c]
+            qs = [x[rows, c] for x in Q]
+            for k, i in enumerate(starts):
+                best[(i, j)] = (float(vals[k]), [float(x[k]) for x in qs])
+            if j == K:
+                break
+            r = reduced[j]
+            lag = V[:, :, None] + r.L[None, :, :]
+            arg = lag.argmin(axis=1)                                  # [n, Cb]
+            cols = np.arange(lag.shape[2])[None, :]
+            x = self.chain.cuts[j + 1]
+            tm, to, st, ac = parts[x]
+            V = np.take_along_axis(lag, arg[:, None, :], axis=1)[:, 0, :] + unary[x]
+            Q = [np.take_along_axis(Q[0], arg, axis=1) + r.A[arg, cols] + tm,
+                 np.take_along_axis(Q[1], arg, axis=1) + r.B[arg, cols] + to,
+                 np.take_along_axis(Q[2], arg, axis=1) + r.Ms[arg, cols] + st,
+                 np.take_along_axis(Q[3], arg, axis=1) + r.Ma[arg, cols] + ac]
+            if every_start:
+                v, q, _ = self._start(j, unary, parts, reduced)
+                starts.append(j)
+                V = np.vstack([V, v[None, :]])
+                Q = [np.vstack([a, b[None, :]]) for a, b in zip(Q, q)]
+            j += 1
+        return best
+
     def _backtrack(self, i, j, unary, parts, reduced) -> dict:
         """Each layer's candidate in the stage covering cuts ``(i, j]`` (``i = -1``: from
         cut 0)."""
@@ -554,7 +599,7 @@ class Evaluator:
             seg = self.chain.segments[kk]
             ca = cfg[seg.a] if seg.a in cfg else prev
             cb = cfg[seg.b]
-            for n, arr in reduced[kk].choice.items():
+            for n, arr in zip(seg.interior, reduced[kk].choice):
                 out[n] = int(arr[ca, cb])
         return out
 
