@@ -75,7 +75,7 @@ def layout(req: dict | None = None, shown: dict | None = None):
         dcc.Loading(dcc.Graph(id=ids.TOFU_COMPARE, figure=go.Figure(),
                               style={"height": "340px", "display": "none"})),
         html.Div(id=ids.TOFU_SUMMARY),
-        html.Div(className="row", children=[
+        html.Div(className="row tofu-step-row", children=[   # clear of the summary above
             html.Label("After recursion step"),
             html.Div(dcc.Slider(id=ids.TOFU_STEP, min=0, max=1, step=1, value=1,
                                 marks={0: "0", 1: "1"}), style={"width": "320px"}),

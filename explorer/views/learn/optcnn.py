@@ -187,8 +187,10 @@ def _elim_layout():
                                 "inception_v3")),
         control("devices", choice(key, "devices", [2, 4], 4)),
         control("bandwidth", choice(key, "preset", BANDWIDTHS, PRESET)),
+        # no bubble: the slider's own number box shows the step, and a bubble under the
+        # slider covered the heading below it
         control("step", dcc.Slider(id=ids.learn(key, "step"), min=1, max=2, step=1, value=1,
-                                   marks=None, tooltip={"placement": "bottom"}), wide=True),
+                                   marks=None), wide=True),
         control("kind", choice(key, "kind", [{"label": "any step", "value": "any"},
                                              {"label": "edge eliminations only",
                                               "value": "edge"}], "any")),
