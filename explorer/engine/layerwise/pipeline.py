@@ -45,24 +45,17 @@ def _degrees(spec: str, G: int) -> str:
     return ",".join(map(str, sorted(set(keep) | {1})))
 
 
-def _graph_at(problem, b: int):
-    """The layer graph at batch ``b`` (a micro-batch), from the capture cache."""
-    graph = problem.layer_graph()
-    if b == graph.batch:
-        return graph
-    if not problem.model:
-        raise InfeasiblePlan("micro-batches need the model itself (a prebuilt graph cannot "
-                             "be captured at another batch)")
-    from explorer.engine.core.capture_cache import layer_graph
-    return layer_graph(problem.model, b, dict(problem.model_args))
-
-
-def _stage_setup(problem, S: int, M: int):
+def _stage_setup(problem, S: int, M: int, how: dict | None = None):
     """``(cost model, tables, boundary bw, latency)`` of one stage's group at the
-    micro-batch's size."""
+    micro-batch's size (the graph rebatched from the capture, :mod:`.rebatch`; ``how``
+    records per micro-batch size whether it was rebatched or captured)."""
+    from explorer.engine.layerwise.rebatch import graph_at
     N = problem.devices.n
     G = N // S
-    graph = _graph_at(problem, problem.layer_graph().batch // M)
+    b = problem.layer_graph().batch // M
+    graph, way = graph_at(problem, b)
+    if how is not None:
+        how[b] = way
     devs = problem.devices.subset(G) if G < N else problem.devices
     if G == N and M == 1:
         cm = problem.cost_model()
@@ -90,7 +83,7 @@ def search(problem, pins=None, options: PipelineOptions | None = None) -> Result
     cap = _cap(problem.devices, options.memory_limit_gib)
     K = len(ST.Chain.of(graph).segments)
     counts = [options.stages] if options.stages else ST.stage_counts(N, K, B)
-    tried, best, smallest = [], None, None
+    tried, best, smallest, how = [], None, None, {}
     for S in counts:
         if N % S:
             raise InfeasiblePlan(f"{S} stages do not divide the {N} devices")
@@ -103,7 +96,7 @@ def search(problem, pins=None, options: PipelineOptions | None = None) -> Result
             if B % M:
                 raise InfeasiblePlan(f"{M} micro-batches do not divide the batch {B}")
             try:
-                cm, tables, bw, lat = _stage_setup(problem, S, M)
+                cm, tables, bw, lat = _stage_setup(problem, S, M, how)
                 ev = ST.Evaluator(cm, tables, settings, cap, S, M, options.schedule, bw, lat)
                 plain = ev.evaluate(0.0)
                 if plain.fits and options.saving == "when-needed":
@@ -123,7 +116,8 @@ def search(problem, pins=None, options: PipelineOptions | None = None) -> Result
     if best is None and smallest is None:
         raise InfeasiblePlan("no pipeline configuration could be costed: "
                              + "; ".join(t.get("error", "") for t in tried[:3]))
-    info = {"strategy": "pipeline", "tried": tried}
+    info = {"strategy": "pipeline", "tried": tried,
+            "micro_batch_graphs": {str(b): way for b, way in sorted(how.items())}}
     pick = best or smallest
     if best is None:
         info["memory"] = {"why": (
