@@ -212,3 +212,32 @@ def test_learn_defines_its_terms_where_they_are_used(dash_duo, scenario, terms):
         # the equation written out names t_R, as the figure's legend does, and a
         # configuration "1" is defined where the step shows it
         dash_duo.wait_for_contains_text(f"#learn-{scenario}-equation", "t_R", timeout=90)
+
+
+BOX = "const r = arguments[0].getBoundingClientRect(); return [r.left, r.top, r.right, r.bottom];"
+
+
+def test_slider_handles_and_bubbles_cover_no_text(dash_duo):
+    from selenium.webdriver.common.action_chains import ActionChains
+    dash_duo.driver.set_window_size(1400, 1000)
+    dash_duo.start_server(create_app())
+    base = dash_duo.server_url.rstrip("/")
+    # Tofu: the recursion-step slider below the summary, not over its last line
+    dash_duo.driver.get(f"{base}/tofu?{LENET}&algo=icml18")
+    dash_duo.wait_for_contains_text("#tofu-headline", "icml18", timeout=120)
+    time.sleep(1.0)
+    summary = dash_duo.driver.execute_script(BOX, dash_duo.find_element(f"#{ids.TOFU_SUMMARY}"))
+    handle = dash_duo.find_element(f"#{ids.TOFU_STEP} [role=slider]")
+    assert not _hit(dash_duo.driver.execute_script(BOX, handle), summary)
+    # Learn: hovering or dragging the step slider shows no bubble over the heading below
+    dash_duo.driver.get(f"{base}/learn?s=optcnn-elim")
+    dash_duo.wait_for_contains_text("#learn-optcnn-elim-equation", "Elimination", timeout=120)
+    handle = dash_duo.find_element("#learn-optcnn-elim-step [role=slider]")
+    ActionChains(dash_duo.driver).move_to_element(handle).click_and_hold().perform()
+    time.sleep(0.5)
+    heads = [dash_duo.driver.execute_script(BOX, h) for h in
+             dash_duo.driver.find_elements("css selector", ".learn-scenario h3")]
+    tips = [dash_duo.driver.execute_script(BOX, t) for t in dash_duo.driver.find_elements(
+        "css selector", "#learn-optcnn-elim-step [class*=tooltip]") if t.is_displayed()]
+    ActionChains(dash_duo.driver).release().perform()
+    assert not [(t, h) for t in tips for h in heads if _hit(t, h)]
