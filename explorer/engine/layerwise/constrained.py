@@ -23,16 +23,23 @@ def search(problem, pins=None, options: OptCNNOptions | None = None) -> Result:
     cost_model = problem.cost_model()
     t0 = time.perf_counter()
     tables = cost_model.tables(pins)
-    choice, trace, info = solve(tables)
-    return constrain("optcnn", problem, cost_model, tables, choice, trace, info, options, t0,
+    return constrain("optcnn", problem, cost_model, tables, None, None, None, options, t0,
                      pins)
 
 
 def constrain(algo, problem, cost_model, tables, choice, trace, info, options, t0, pins):
-    """The memory constraint (:mod:`.stages`): the plan ``choice`` of equation 1 when it
-    fits (``options.saving == "when-needed"``), else the Lagrangian search over
-    configurations, recomputation and ZeRO stages; when nothing fits, the plan of least
-    memory found, ``fits_memory`` false and ``info.memory.why`` saying so in one line."""
+    """The memory constraint (:mod:`.stages`): the plan of equation 1 when it fits
+    (``options.saving == "when-needed"``), else the Lagrangian search over configurations,
+    recomputation and ZeRO stages; when nothing fits, the plan of least memory found,
+    ``fits_memory`` false and ``info.memory.why`` saying so in one line.
+
+    ``choice``/``trace``/``info`` are equation 1's plan from :func:`.optcnn.solve`, or
+    ``None`` to have it found here only when it can be the answer: an equation-1 optimum
+    is first found by the chain of repeated blocks (:class:`.stages.Evaluator` with the
+    plain option only, seconds faster at hundreds of layers), and Algorithm 1 runs (for its
+    plan and trace) only when that optimum fits.  When it does not, the constrained search
+    starts at once: any other equation-1 optimum that fits (a tie) is one the Lagrangian
+    finds at the smallest λ."""
     from explorer.engine.layerwise import stages
     from explorer.engine.layerwise.memory import plan_memory, CATEGORIES
     from explorer.engine.layerwise.result import memory_result
@@ -42,8 +49,27 @@ def constrain(algo, problem, cost_model, tables, choice, trace, info, options, t
     if options.memory_limit_gib is not None:
         cap = min(cap, options.memory_limit_gib * 2 ** 30)
     plain = {n: 0 for n in tables.names}
-    mem = plan_memory(cost_model, tables, choice, plain, settings, devices.n)
-    peak = float(np.max(np.sum([mem[k] for k in CATEGORIES], axis=0)))
+
+    def peak_of(ch):
+        m = plan_memory(cost_model, tables, ch, plain, settings, devices.n)
+        return m, float(np.max(np.sum([m[k] for k in CATEGORIES], axis=0)))
+
+    ev = stages.Evaluator(cost_model, tables, settings, cap)
+    mem = peak = None
+    if choice is None:
+        ev.option_mask = np.array([o == (False, 0) for o in settings.options()])
+        first = ev.evaluate(0.0)
+        ev.option_mask = None
+        mem, peak = peak_of(first.choice)
+        if peak <= cap and options.saving == "when-needed":
+            choice, trace, info = solve(tables)
+            mem = peak = None
+        else:
+            info = {"residual_method": "chain of repeated blocks (equation 1's optimum "
+                                       "does not fit: no elimination trace)"}
+            trace = []
+    if mem is None:
+        mem, peak = peak_of(choice)
     if peak <= cap and options.saving == "when-needed":
         res = layerwise_result(algo, problem.layer_graph(), devices, cost_model, tables,
                                choice, trace, info, time.perf_counter() - t0, pins)
@@ -54,7 +80,6 @@ def constrain(algo, problem, cost_model, tables, choice, trace, info, options, t
         res.info["memory"] = {"limit_bytes": cap, "constrained": False,
                               "optimizer": settings.optimizer}
         return res
-    ev = stages.Evaluator(cost_model, tables, settings, cap)
     best, smallest, linfo = stages.lagrangian(ev)
     plan = best or smallest
     minfo = {"limit_bytes": cap, "constrained": True, "optimizer": settings.optimizer,
@@ -69,5 +94,3 @@ def constrain(algo, problem, cost_model, tables, choice, trace, info, options, t
     info = dict(info, memory=minfo)
     return memory_result(algo, problem, cost_model, tables, plan, settings, ev, info,
                          time.perf_counter() - t0, pins, trace if plan.lam == 0 else [])
-
-

@@ -57,6 +57,7 @@ from explorer.engine.core import geometry as G
 from explorer.engine.core import precision as P
 from explorer.engine.core.devices import DeviceGraph
 from explorer.engine.core.layergraph import Edge, Layer, LayerGraph
+from explorer.engine.layerwise.plan import params_key
 from explorer.engine.core.pins import Pin  # noqa: F401 - the one pin type, re-exported for cost-model users
 
 #: Fraction of peak FLOP/s dense kernels reach (cuDNN/cuBLAS on P100 ~ 50-70%).
@@ -372,7 +373,7 @@ class CostModel:
         """``(t_compute[C], t_sync[C], memory[C])`` for ``name`` over ``cands``."""
         layer = self.graph.layer(name)
         key = (layer.op, repr(sorted(layer.attrs.items())), tuple(map(tuple, layer.in_shapes)),
-               layer.out_shape, layer.axes, repr(sorted(layer.params.items())), layer.flops,
+               layer.out_shape, layer.axes, params_key(layer), layer.flops,
                self._ckey(cands), self.input_grads(name))
         hit = self._layer_cache.get(key)
         if hit is None:

@@ -248,5 +248,10 @@ def layer_content_key(layer) -> tuple:
     """What a layer's boxes, shards and regions under a configuration depend on (layers of
     repeated blocks share it: parameters by role and shape, not by their block's name)."""
     return (layer.op, layer.out_shape, layer.axes, tuple(map(tuple, layer.in_shapes)),
-            repr(sorted(layer.attrs.items())),
-            tuple((param_role(k), tuple(v)) for k, v in layer.params.items()))
+            repr(sorted(layer.attrs.items())), params_key(layer))
+
+
+def params_key(layer) -> tuple:
+    """A layer's parameters as the geometry and the costs see them: role and shape each, in
+    order (:func:`param_role`)."""
+    return tuple((param_role(k), tuple(v)) for k, v in layer.params.items())

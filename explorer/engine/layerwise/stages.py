@@ -17,8 +17,12 @@ is computed afterwards (:func:`~.memory.plan_memory`) and reported.
 — the option is a node-local choice, so it folds into the unary and the edge tables are
 untouched — and the existing elimination (equations 2/3) finds the exact minimiser of
 ``time + λ·U``.  ``λ = 0`` is the paper's search; if its plan fits it is returned.  Otherwise
-``λ`` is raised until a plan fits and then bisected (geometrically) between the largest
-``λ`` that did not fit and the smallest that did; the fastest fitting plan seen is returned.
+a very large ``λ`` gives the least-memory plan of the relaxation.  When it fits, the first
+``λ`` tried is the price that plan pays per byte saved and ×4 steps bracket the smallest
+fitting ``λ``; when it does not (transients are outside the relaxation), ``λ`` rises ×4 from
+a small price until a plan fits or the plan is the least-memory one.  A geometric bisection
+then narrows the bracket to a factor 1.25 (``BISECT_RATIO``); the fastest fitting plan seen
+is returned, after a greedy pass (:func:`improve`).
 Every ``λ`` gives a lower bound of the constrained optimum, ``L(λ) − λ·cap`` (weak duality);
 the best is reported as ``info.memory.lower_bound_s`` with the gap to the plan.  Gap 0
 certifies the plan optimal for the constrained problem; otherwise it is a heuristic within
@@ -76,9 +80,13 @@ from explorer.engine.layerwise.memory import MemorySettings, options_of
 __all__ = ["Chain", "Evaluation", "evaluate", "lagrangian", "stage_counts"]
 
 #: bisection steps on λ once a fitting plan is bracketed
-BISECT_STEPS = 12
-#: doublings of λ tried before concluding that nothing fits
-MAX_DOUBLINGS = 60
+BISECT_STEPS = 8
+#: the bisection stops when the bracket [lo, hi] of λ is this narrow (hi / lo)
+BISECT_RATIO = 1.25
+#: ×4 steps of λ tried to bracket the smallest fitting λ
+MAX_DOUBLINGS = 20
+#: the price (in units of the plain plan's seconds per byte) at which only memory counts
+LAMBDA_TOP = 1e7
 
 
 # --------------------------------------------------------------------------------------------
@@ -646,31 +654,55 @@ def lagrangian(evaluator: Evaluator, plain: Evaluation | None = None):
         seen.append(plain)
     best = e0 if e0.fits else None
     if best is None:
-        # a scale for λ: seconds per byte of the plain plan, then doublings
-        lam = max(e0.time_s, 1e-9) / max(e0.peak, 1.0) * 1e-3
+        # λ prices a byte in seconds.  At a price far above any plan's time per byte the
+        # plan is the least-memory one.  When it fits, the first price tried is the average
+        # it pays per byte saved, then ×4 steps bracket the smallest fitting λ and a
+        # geometric bisection narrows it.
+        unit = max(e0.time_s, 1e-9) / max(e0.peak, 1.0)
+        top = ev(unit * LAMBDA_TOP)
         lo, hi = 0.0, None
-        for _ in range(MAX_DOUBLINGS):
-            e = ev(lam)
-            if e.fits:
-                hi = lam
-                break
-            lo = lam
-            prev = seen[-2] if len(seen) > 1 else None
-            if prev is not None and lam > 1e-3 and e.peak >= prev.peak and \
-                    all(abs(a - b) == 0 for a, b in zip(e.memory, prev.memory)) and \
-                    lam > 1e6 * max(e0.time_s, 1e-9) / max(e0.peak, 1.0):
-                break                          # memory no longer falls: nothing fits
-            lam *= 4.0
+        if top.fits:
+            hi = unit * LAMBDA_TOP
+        else:
+            # transients (a max, outside the relaxation) can make the least-memory plan of
+            # the relaxation miss the cap where a plan between does not: scan upwards
+            lam = unit * 1e-3
+            while lam < unit * LAMBDA_TOP:
+                e = ev(lam)
+                if e.fits:
+                    hi = lam
+                    break
+                lo = lam
+                if e.memory == top.memory and e.transient == top.transient:
+                    break                  # already the least-memory plan: nothing fits
+                lam *= 4.0
+        if hi is not None and (top.fits or lo == 0.0):
+            saved = max(e0.peak - top.peak, 1.0)
+            lam = min(max((top.time_s - e0.time_s) / saved, unit * 1e-4), hi / 4.0)
+            for _ in range(MAX_DOUBLINGS):
+                e = ev(lam)
+                if e.fits:
+                    hi = lam
+                    if lam / 4.0 <= lo or lam / 4.0 < unit * 1e-6:
+                        break
+                    lam /= 4.0
+                else:
+                    lo = lam
+                    if lam * 4.0 >= hi:
+                        break
+                    lam *= 4.0
+                if lo > 0 and hi / lo <= 4.0:
+                    break
         if hi is not None:
             for _ in range(BISECT_STEPS):
+                if lo > 0 and hi / lo <= BISECT_RATIO:
+                    break
                 mid = math.sqrt(hi * lo) if lo > 0 else hi / 4.0
                 e = ev(mid)
                 if e.fits:
                     hi = mid
                 else:
                     lo = mid
-                if hi / max(lo, 1e-300) < 1.01:
-                    break
         fits = [e for e in seen if e.fits]
         best = min(fits, key=lambda e: e.time_s) if fits else None
         if best is not None:
