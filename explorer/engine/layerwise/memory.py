@@ -119,17 +119,23 @@ class LayerOptions:
         return tot[np.arange(len(o)), o], o
 
 
-def _group_cost(devices, members: tuple, nbytes: float) -> float:
+def _group_cost(devices, members: tuple, nbytes: float, links: dict | None = None) -> float:
     """A ring reduce-scatter (or all-gather) of ``nbytes`` over ``members``: ``(r−1)/r · s/b``
-    over the slowest link of the group plus ``r−1`` latencies."""
+    over the slowest link of the group plus ``r−1`` latencies (``links`` memoises each
+    group's slowest link and largest latency: the same groups recur in every layer)."""
     r = len(members)
     if r < 2 or nbytes <= 0:
         return 0.0
-    idx = np.asarray(members)
-    bw = devices.bw[np.ix_(idx, idx)]
-    lat = devices.latency[np.ix_(idx, idx)]
-    off = ~np.eye(r, dtype=bool)
-    return (r - 1) / r * nbytes / float(bw[off].min()) + (r - 1) * float(lat[off].max())
+    hit = None if links is None else links.get(members)
+    if hit is None:
+        idx = np.asarray(members)
+        bw = devices.bw[np.ix_(idx, idx)]
+        lat = devices.latency[np.ix_(idx, idx)]
+        off = ~np.eye(r, dtype=bool)
+        hit = (float(bw[off].min()), float(lat[off].max()))
+        if links is not None:
+            links[members] = hit
+    return (r - 1) / r * nbytes / hit[0] + (r - 1) * hit[1]
 
 
 def layer_options(cost_model, tables, name: str, settings: MemorySettings,
@@ -191,6 +197,7 @@ def layer_options(cost_model, tables, name: str, settings: MemorySettings,
     rs_g, ag_w = np.zeros(C), np.zeros(C)
     if layer.params:
         wb = cb if cb else pb
+        links = {} if _cache is None else _cache.setdefault("links", {})
         for i, c in enumerate(cands):
             _, _, groups = G.shard_summary(layer, c)
             big = [(e, m) for e, m in groups if len(m) > 1 and e > 0]
@@ -202,8 +209,10 @@ def layer_options(cost_model, tables, name: str, settings: MemorySettings,
             load_ag: dict = {}
             for e, m in big:
                 devs = tuple(c.devices[k] for k in m)
-                load_rs[devs[0]] = load_rs.get(devs[0], 0.0) + _group_cost(devices, devs, pb * e)
-                load_ag[devs[0]] = load_ag.get(devs[0], 0.0) + _group_cost(devices, devs, wb * e)
+                load_rs[devs[0]] = load_rs.get(devs[0], 0.0) + _group_cost(devices, devs,
+                                                                           pb * e, links)
+                load_ag[devs[0]] = load_ag.get(devs[0], 0.0) + _group_cost(devices, devs,
+                                                                           wb * e, links)
             rs_g[i], ag_w[i] = max(load_rs.values()), max(load_ag.values())
     t_mb, t_once = np.zeros((C, O)), np.zeros((C, O))
     static, actb = np.zeros((C, O)), np.zeros((C, O))

@@ -47,15 +47,18 @@ def _degrees(spec: str, G: int) -> str:
 
 def _stage_setup(problem, S: int, M: int, how: dict | None = None):
     """``(cost model, tables, boundary bw, latency)`` of one stage's group at the
-    micro-batch's size (the graph rebatched from the capture, :mod:`.rebatch`; ``how``
-    records per micro-batch size whether it was rebatched or captured)."""
+    micro-batch's size (the graph rebatched from the capture, :mod:`.rebatch`, once per
+    size: ``how`` maps each size to its graph and whether it was rebatched or captured)."""
     from explorer.engine.layerwise.rebatch import graph_at
     N = problem.devices.n
     G = N // S
     b = problem.layer_graph().batch // M
-    graph, way = graph_at(problem, b)
-    if how is not None:
-        how[b] = way
+    if how is not None and b in how:
+        graph, way = how[b]
+    else:
+        graph, way = graph_at(problem, b)
+        if how is not None:
+            how[b] = (graph, way)
     devs = problem.devices.subset(G) if G < N else problem.devices
     if G == N and M == 1:
         cm = problem.cost_model()
@@ -117,7 +120,7 @@ def search(problem, pins=None, options: PipelineOptions | None = None) -> Result
         raise InfeasiblePlan("no pipeline configuration could be costed: "
                              + "; ".join(t.get("error", "") for t in tried[:3]))
     info = {"strategy": "pipeline", "tried": tried,
-            "micro_batch_graphs": {str(b): way for b, way in sorted(how.items())}}
+            "micro_batch_graphs": {str(b): way for b, (_, way) in sorted(how.items())}}
     pick = best or smallest
     if best is None:
         info["memory"] = {"why": (
