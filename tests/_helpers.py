@@ -10,11 +10,19 @@ import psutil
 
 
 def spawned_workers() -> list:
-    """Worker processes (multiprocessing spawn children) still alive under this process."""
+    """Worker processes still alive under this process: spawned ones (``spawn_main``) and
+    those forked from the fork server (whose command line they share; the server itself,
+    kept for the next launch, is not a worker)."""
     out = []
     for c in psutil.Process().children(recursive=True):
         try:
-            if c.status() != psutil.STATUS_ZOMBIE and "spawn_main" in " ".join(c.cmdline()):
+            if c.status() == psutil.STATUS_ZOMBIE:
+                continue
+            cmd = " ".join(c.cmdline())
+            parent = c.parent()
+            forked = "forkserver" in cmd and parent is not None and \
+                "forkserver" in " ".join(parent.cmdline())
+            if "spawn_main" in cmd or forked:
                 out.append(c)
         except psutil.NoSuchProcess:
             pass

@@ -424,12 +424,14 @@ def _tagged(tag: str) -> list:
 
 
 def _workers(procs) -> list:
-    """The torch.multiprocessing (spawn) workers among ``procs``."""
+    """The torch.multiprocessing workers among ``procs`` (spawned, or forked from the fork
+    server - the server counted too: it must go with its launcher)."""
     import psutil
     out = []
     for p in procs:
         try:
-            if "spawn_main" in " ".join(p.cmdline()):
+            cmd = " ".join(p.cmdline())
+            if "spawn_main" in cmd or "forkserver" in cmd:
                 out.append(p)
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             pass

@@ -2,7 +2,8 @@
 
 :func:`start_workers` is the one way the runtime starts workers, for both executors (the
 layer executor's :func:`worker.run_jobs`, the operator-level executor's entry in
-:mod:`.opexec`): one process per rank with ``torch.multiprocessing`` (spawn, one thread each;
+:mod:`.opexec`): one process per rank with ``torch.multiprocessing`` (forked from a server
+that imported torch once, or spawned with ``EXPLORER_START_METHOD=spawn``; one thread each;
 the process group is gloo on CPU, NCCL when there is a CUDA GPU per worker), and a watchdog:
 
 * a worker that raises reports ``(rank, error)`` through a queue and exits;
@@ -132,6 +133,33 @@ def validate(plan_dict: dict, expect: dict | None = None, check_local: bool = Tr
     return plan, warns
 
 
+#: how workers are started: ``forkserver`` (default: one server process imports torch once and
+#: every worker is forked from it, so a worker starts in milliseconds instead of importing
+#: torch for seconds) or ``spawn`` (a fresh interpreter per worker)
+START_METHOD_ENV = "EXPLORER_START_METHOD"
+#: what the fork server imports before forking workers (nothing here starts a thread or CUDA)
+PRELOAD = ["numpy", "torch", "torch.distributed", "explorer.engine.runtime.worker"]
+
+
+def _context():
+    """The multiprocessing context workers start from (:data:`START_METHOD_ENV`)."""
+    import torch.multiprocessing as mp
+    method = os.environ.get(START_METHOD_ENV, "forkserver") or "forkserver"
+    if method not in ("forkserver", "spawn"):
+        raise ExplorerError(f"{START_METHOD_ENV}={method!r}: use forkserver or spawn")
+    ctx = mp.get_context(method)
+    if method == "forkserver":
+        ctx.set_forkserver_preload(PRELOAD)
+    return ctx
+
+
+def _launch_context() -> dict:
+    """What a worker takes from the launcher as it is now, not as the fork server was when it
+    started: environment, working directory and import path."""
+    import sys
+    return {"env": dict(os.environ), "cwd": os.getcwd(), "sys_path": list(sys.path)}
+
+
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -181,7 +209,9 @@ def start_workers(n: int, entry, payload, *, timeout_s: float, backend: str = "a
                   use_gpus: int | None = None) -> Gathered:
     """Run ``entry(rank, world, device, payload, send)`` in ``n`` new local processes.
 
-    The one way the runtime starts workers: ``torch.multiprocessing`` spawn, a free port on
+    The one way the runtime starts workers: ``torch.multiprocessing`` (a fork server that
+    imported torch once, :data:`START_METHOD_ENV`; each worker takes the launcher's current
+    environment, directory and import path), a free port on
     127.0.0.1 for the rendezvous, the process group set up in each worker
     (:func:`worker.process_main`), one thread each.  Devices and backend come from
     :func:`.devicemap.local_map` (``kind``: ``cpu`` / ``cuda`` / ``auto``, default
@@ -196,18 +226,17 @@ def start_workers(n: int, entry, payload, *, timeout_s: float, backend: str = "a
     ``memory_limit`` (bytes): each worker's :class:`.memlimit.MemoryGuard` (armed by the
     entry once set up); a worker over it reports so and exits, and the run stops as above.
     """
-    import torch.multiprocessing as mp
-
     from explorer.engine.runtime.devicemap import local_map
     from explorer.engine.runtime.worker import process_main
     wmap = local_map(n, backend=backend, kind=kind, use_gpus=use_gpus)
     backend = wmap.backend
-    ctx = mp.get_context("spawn")
+    ctx = _context()
     q = ctx.Queue()
     port = _free_port()
+    here = _launch_context()
     procs = [ctx.Process(target=process_main, name=f"{name}-{r}",
                          args=(r, n, "127.0.0.1", port, backend, timeout_s, entry, payload, q,
-                               memory_limit, wmap.device(r), wmap.staged))
+                               memory_limit, wmap.device(r), wmap.staged, here))
              for r in range(n)]
     t0 = time.monotonic()
     results: dict = {}

@@ -234,7 +234,9 @@ def summarize(plan, order, per_rank, phases, no_grad=()) -> dict:
 
 
 def _set_pdeathsig():
-    """Die with the parent (Linux): a killed launcher never leaves workers behind.
+    """Die with the parent (Linux): a killed launcher never leaves workers behind.  A worker
+    forked from the fork server has the server as its parent, and the server exits as soon
+    as the launcher's pipe to it closes, so the signal still follows the launcher.
 
     A launcher killed while this process was still starting (importing torch, before the
     ``prctl``; e.g. a job cancelled from the app) has already handed it to another parent, and
@@ -249,7 +251,8 @@ def _set_pdeathsig():
         libc.prctl(1, signal.SIGKILL)   # PR_SET_PDEATHSIG
     except Exception:  # noqa: BLE001 - not Linux
         return
-    if launcher is not None and launcher.pid is not None and os.getppid() != launcher.pid:
+    # the launcher's pipe (spawn), or its pipe to the fork server, closed: it is gone
+    if launcher is not None and not launcher.is_alive():
         os._exit(1)
 
 
@@ -316,17 +319,30 @@ def join_group(rank: int, world: int, backend: str, timeout_s: float,
     return str(device)
 
 
+def _adopt(context: dict | None) -> None:
+    """Take the launcher's environment, directory and import path (a worker forked from the
+    fork server starts with the server's, from whenever it started)."""
+    if not context:
+        return
+    os.environ.clear()
+    os.environ.update(context["env"])
+    os.chdir(context["cwd"])
+    sys.path[:] = context["sys_path"]
+
+
 def process_main(rank, world, addr, port, backend, timeout_s, entry, payload, queue,
-                 memory_limit=None, device=None, staged=None):
+                 memory_limit=None, device=None, staged=None, context=None):
     """Body of every local worker process (:func:`launcher.start_workers`, one per rank).
 
     Joins the process group, then calls ``entry(rank, world, device, payload, send)``;
     ``send(kind, key, value)`` reports to the launcher (``"result"``, ``"progress"``).  Ends by
     reporting ``done``, or the error, after which the process exits at once.
     ``memory_limit`` (bytes): a :class:`.memlimit.MemoryGuard` the entry arms once set up.
-    ``device`` / ``staged``: this rank's device and transfer staging (:func:`join_group`)."""
+    ``device`` / ``staged``: this rank's device and transfer staging (:func:`join_group`);
+    ``context``: the launcher's environment, directory and import path (:func:`_adopt`)."""
     from explorer.engine.runtime import memlimit
     _set_pdeathsig()
+    _adopt(context)
     os.environ.update({"MASTER_ADDR": addr, "MASTER_PORT": str(port), "RANK": str(rank),
                        "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank)})
 
