@@ -257,9 +257,10 @@ def layer_options(cost_model, tables, name: str, settings: MemorySettings,
     return out
 
 
-def options_of(cost_model, tables, settings: MemorySettings) -> dict:
-    """:func:`layer_options` of every layer (repeated layers computed once)."""
-    cache: dict = {}
+def options_of(cost_model, tables, settings: MemorySettings, cache: dict | None = None) -> dict:
+    """:func:`layer_options` of every layer (repeated layers computed once; ``cache`` shares
+    them with another call on the same cost model)."""
+    cache = {} if cache is None else cache
     return {n: layer_options(cost_model, tables, n, settings, cache) for n in tables.names}
 
 

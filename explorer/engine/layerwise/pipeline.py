@@ -62,6 +62,8 @@ def _stage_setup(problem, S: int, M: int, how: dict | None = None):
     devs = problem.devices.subset(G) if G < N else problem.devices
     if G == N and M == 1:
         cm = problem.cost_model()
+    elif how is not None and ("cost model", G, b) in how:
+        cm = how[("cost model", G, b)]
     else:
         cm = CostModel(graph, devs, compute=problem.cost, sync=problem.sync,
                        degrees=_degrees(problem.degrees, G), dtype=problem.dtype)
@@ -71,6 +73,57 @@ def _stage_setup(problem, S: int, M: int, how: dict | None = None):
         bw = float(problem.devices.bw[0, G])
         lat = float(problem.devices.latency[0, G])
     return cm, tables, bw, lat
+
+
+def step_bound(problem, S: int, M: int, settings, how: dict) -> float:
+    """A lower bound of the step time of any plan with ``S`` stages and ``M`` micro-batches,
+    from the layers' own costs alone (no transfer tables, no memory limit):
+
+        T = Σ_s t_s + (M − 1)·max_s t_s + max_s u_s
+          ≥ (1/S) · Σ_layers min_(candidate, option) [(M + S − 1)·t_mb + t_once]
+
+    (each stage's ``t_s`` is at least its layers' per-micro-batch times, a maximum at least
+    the mean, transfers and boundaries cost ≥ 0).  The pipeline search tries
+    configurations in order of this bound and skips those whose bound is no better than
+    the fastest fitting plan found, so the skipped ones cannot hold a faster plan."""
+    from explorer.engine.layerwise.costmodel import CostTables
+    from explorer.engine.layerwise.memory import options_of
+    N = problem.devices.n
+    G = N // S
+    b = problem.layer_graph().batch // M
+    if b in how:
+        graph, _ = how[b]
+    else:
+        from explorer.engine.layerwise.rebatch import graph_at
+        graph, way = how[b] = graph_at(problem, b)
+    devs = problem.devices.subset(G) if G < N else problem.devices
+    if G == N and M == 1:
+        cm = problem.cost_model()
+    elif ("cost model", G, b) in how:
+        cm = how[("cost model", G, b)]
+    else:
+        cm = how[("cost model", G, b)] = CostModel(
+            graph, devs, compute=problem.cost, sync=problem.sync,
+            degrees=_degrees(problem.degrees, G), dtype=problem.dtype)
+    names = graph.names()
+    cands, tc, ts, mem, tr = {}, {}, {}, {}, {}
+    for n in names:
+        cands[n] = cm.candidates(n, None)
+        tc[n], ts[n], mem[n] = cm.layer_costs(n, cands[n])
+        red = cm.reduce_costs(n, cands[n])
+        if red is not None:
+            tr[n] = red[0]
+    part = CostTables(names, cands, tc, ts, mem, [], t_reduce=tr)
+    opts = options_of(cm, part, settings, how.setdefault(("options", G, b), {}))
+    W = float(M + S - 1)
+    total, seen = 0.0, {}
+    for n in names:
+        lo = opts[n]
+        v = seen.get(id(lo))
+        if v is None:
+            v = seen[id(lo)] = float(np.min(W * lo.t_mb + lo.t_once))
+        total += v
+    return total / S
 
 
 def search(problem, pins=None, options: PipelineOptions | None = None) -> Result:
@@ -87,6 +140,7 @@ def search(problem, pins=None, options: PipelineOptions | None = None) -> Result
     K = len(ST.Chain.of(graph).segments)
     counts = [options.stages] if options.stages else ST.stage_counts(N, K, B)
     tried, best, smallest, how = [], None, None, {}
+    configs = []
     for S in counts:
         if N % S:
             raise InfeasiblePlan(f"{S} stages do not divide the {N} devices")
@@ -98,29 +152,43 @@ def search(problem, pins=None, options: PipelineOptions | None = None) -> Result
         for M in Ms:
             if B % M:
                 raise InfeasiblePlan(f"{M} micro-batches do not divide the batch {B}")
-            try:
-                cm, tables, bw, lat = _stage_setup(problem, S, M, how)
-                ev = ST.Evaluator(cm, tables, settings, cap, S, M, options.schedule, bw, lat)
-                plain = ev.evaluate(0.0)
-                if plain.fits and options.saving == "when-needed":
-                    found, small = plain, plain
-                else:
-                    found, small, _ = ST.lagrangian(ev, plain)
-            except InfeasiblePlan as exc:
-                tried.append({"stages": S, "micro_batches": M, "error": str(exc)})
-                continue
-            tried.append({"stages": S, "micro_batches": M,
-                          "time_s": None if found is None else found.time_s,
-                          "peak_bytes": small.peak})
-            if found is not None and (best is None or found.time_s < best[0].time_s):
-                best = (found, cm, tables, ev)
-            if smallest is None or small.peak < smallest[0].peak:
-                smallest = (small, cm, tables, ev)
+            configs.append((S, M))
+    bounds = {}
+    for S, M in configs:
+        try:
+            bounds[(S, M)] = step_bound(problem, S, M, settings, how)
+        except InfeasiblePlan as exc:
+            tried.append({"stages": S, "micro_batches": M, "error": str(exc)})
+    for S, M in sorted(bounds, key=lambda c: (bounds[c], c)):
+        if best is not None and bounds[(S, M)] >= best[0].time_s:
+            tried.append({"stages": S, "micro_batches": M, "bound_s": bounds[(S, M)],
+                          "skipped": "its lower bound is no faster than the plan found"})
+            continue
+        try:
+            cm, tables, bw, lat = _stage_setup(problem, S, M, how)
+            ev = ST.Evaluator(cm, tables, settings, cap, S, M, options.schedule, bw, lat,
+                              opts_cache=how.get(("options", cm.devices.n, cm.graph.batch)))
+            plain = ev.evaluate(0.0)
+            if plain.fits and options.saving == "when-needed":
+                found, small = plain, plain
+            else:
+                found, small, _ = ST.lagrangian(ev, plain)
+        except InfeasiblePlan as exc:
+            tried.append({"stages": S, "micro_batches": M, "error": str(exc)})
+            continue
+        tried.append({"stages": S, "micro_batches": M, "bound_s": bounds[(S, M)],
+                      "time_s": None if found is None else found.time_s,
+                      "peak_bytes": small.peak})
+        if found is not None and (best is None or found.time_s < best[0].time_s):
+            best = (found, cm, tables, ev)
+        if smallest is None or small.peak < smallest[0].peak:
+            smallest = (small, cm, tables, ev)
     if best is None and smallest is None:
         raise InfeasiblePlan("no pipeline configuration could be costed: "
                              + "; ".join(t.get("error", "") for t in tried[:3]))
     info = {"strategy": "pipeline", "tried": tried,
-            "micro_batch_graphs": {str(b): way for b, (_, way) in sorted(how.items())}}
+            "micro_batch_graphs": {str(b): v[1] for b, v in sorted(
+                (k, v) for k, v in how.items() if isinstance(k, int))}}
     pick = best or smallest
     if best is None:
         info["memory"] = {"why": (

@@ -341,10 +341,10 @@ class Evaluator:
     def __init__(self, cost_model, tables: CostTables, settings: MemorySettings, cap: float,
                  stages: int = 1, micro_batches: int = 1, schedule: str = "1f1b",
                  boundary_bw: float | None = None, boundary_lat: float = 0.0,
-                 masks: dict | None = None, option_mask=None):
+                 masks: dict | None = None, option_mask=None, opts_cache: dict | None = None):
         self.cm, self.tables, self.settings, self.cap = cost_model, tables, settings, cap
         self.S, self.M, self.schedule = int(stages), int(micro_batches), schedule
-        self.opts = options_of(cost_model, tables, settings)
+        self.opts = options_of(cost_model, tables, settings, opts_cache)
         self.chain = Chain.of(tables)
         self.edge_keys = _edge_keys(tables)
         self.masks = masks or {}          # layer -> allowed candidate indices (baselines)
@@ -483,39 +483,14 @@ class Evaluator:
         if S == 1:
             plan_ranges = [(-1, K)]
         else:
-            f = [[INF] * (K + 1) for _ in range(S + 1)]
-            back = [[None] * (K + 1) for _ in range(S + 1)]
-            for j in range(1, K + 1):
-                c, _, _, mem = stage_cost(-1, j, 0)
-                if mem <= self.cap:
-                    f[1][j], back[1][j] = c, -1
-            for s in range(2, S + 1):
-                for j in range(s, K + 1):
-                    for i in range(s - 1, j):
-                        if f[s - 1][i] == INF:
-                            continue
-                        c, _, _, mem = stage_cost(i, j, s - 1)
-                        if mem > self.cap:
-                            continue
-                        val = max(f[s - 1][i], c)
-                        if val < f[s][j]:
-                            f[s][j], back[s][j] = val, i
-            if f[S][K] == INF:
+            back = self._outer_dp(best, K, S, W, True)
+            if back is None:
                 # nothing fits: the split minimising the slowest stage regardless of memory
                 # (so that raising λ has a plan to judge)
-                for j in range(1, K + 1):
-                    f[1][j], back[1][j] = stage_cost(-1, j, 0)[0], -1
-                for s in range(2, S + 1):
-                    for j in range(s, K + 1):
-                        f[s][j] = INF
-                        for i in range(s - 1, j):
-                            if f[s - 1][i] < INF:
-                                val = max(f[s - 1][i], stage_cost(i, j, s - 1)[0])
-                                if val < f[s][j]:
-                                    f[s][j], back[s][j] = val, i
+                back = self._outer_dp(best, K, S, W, False)
             plan_ranges, j = [], K
             for s in range(S, 0, -1):
-                i = back[s][j]
+                i = int(back[s][j])
                 plan_ranges.append((i, j))
                 j = i
             plan_ranges.reverse()
@@ -543,6 +518,35 @@ class Evaluator:
                         boundary_s=bnd)
         ev.fits = ev.peak <= self.cap
         return ev
+
+    def _outer_dp(self, best: dict, K: int, S: int, W: float, memory: bool):
+        """Alpa's outer DP over cut positions, vectorised over the stage ends: ``f_s[j]`` the
+        least slowest-stage cost of ``s`` stages covering cuts ``0..j``, each stage ``(i, j]``
+        costing ``W·(A + boundary) + B`` and (with ``memory``) holding ``Ms + inflight·Ma``
+        within the cap.  ``back[s][j]`` the chosen ``i`` (the first of equal minima), or
+        ``None`` when no split of ``S`` stages qualifies."""
+        INF = math.inf
+        A = np.full((K + 1, K + 1), np.nan)          # row i + 1 for a stage after cut i
+        Bm, Ms, Ma = A.copy(), A.copy(), A.copy()
+        for (i, j), (_, q) in best.items():
+            A[i + 1, j], Bm[i + 1, j], Ms[i + 1, j], Ma[i + 1, j] = q
+        bnd = np.array([self.boundary[j] if j < K else 0.0 for j in range(K + 1)])
+        C = W * (A + bnd[None, :]) + Bm
+        C = np.where(np.isnan(C), INF, C)
+        f = np.where((Ms[0] + self.inflight(0) * Ma[0] <= self.cap) | (not memory), C[0], INF)
+        f[0] = INF
+        back = {1: np.full(K + 1, -1)}
+        for s in range(2, S + 1):
+            mem = Ms[2:] + self.inflight(s - 1) * Ma[2:]            # rows i = 1 .. K-1
+            V = np.maximum(f[1:K, None], C[2:])
+            if memory:
+                V = np.where(mem <= self.cap, V, INF)
+            arg = V.argmin(axis=0)
+            f = V[arg, np.arange(K + 1)]
+            back[s] = arg + 1
+        if not np.isfinite(f[K]):
+            return None
+        return back
 
     def _ranges(self, K, every_start, unary, parts, reduced) -> dict:
         """``{(i, j): (relaxed cost, [A, B, Ms, Ma])}`` of the best stage over cuts ``(i, j]``
