@@ -300,6 +300,11 @@ class CostModel:
         axes and reduction share them (repeated blocks)."""
         return (layer.out_shape, layer.axes, G.reduction_size(layer), self._ckey(cands))
 
+    def candidates_key(self, cands: list) -> int:
+        """A small integer standing for a candidate list's contents, equal for equal lists
+        of this cost model (what caches of per-candidate arrays key on)."""
+        return self._ckey(cands)
+
     def _ckey(self, cands: list) -> int:
         """A small key for a candidate list's contents (hashing hundreds of configurations
         of 1,024 devices each on every cache lookup would cost seconds)."""

@@ -147,7 +147,7 @@ def layer_options(cost_model, tables, name: str, settings: MemorySettings,
     layer = graph.layer(name)
     cands = tables.candidates[name]
     arrays = (tables.t_compute[name], tables.t_sync[name], tables.t_reduce.get(name))
-    key = (layer_content_key(layer), layer.flops, tuple(cands), settings,
+    key = (layer_content_key(layer), layer.flops, cost_model.candidates_key(cands), settings,
            cost_model.needs_grad(name),
            tuple(None if a is None else hash(np.ascontiguousarray(a).tobytes()) for a in arrays))
     if _cache is not None and key in _cache:
