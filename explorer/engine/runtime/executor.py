@@ -68,7 +68,9 @@ dtype they were computed in, the same on every member.
 
 from __future__ import annotations
 
+import json
 import math
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -136,6 +138,46 @@ class LayerState:
     kgroup: tuple | None = None                      # k: (ranks, my index, slices of parts)
 
 
+#: this process's latest captures (:func:`_captured`): the plans of one launch are grouped by
+#: model, so a worker captures each model once, not once per plan
+_CAPTURES: OrderedDict = OrderedDict()
+_CAPTURES_KEPT = 1
+
+
+def _captured(plan, seed: int, device):
+    """``(model, x, gm, graph)`` of the plan's model as a fresh worker builds it: seeded, in
+    train mode on ``device``, traced with shapes (:func:`~explorer.engine.core.capture.capture`)
+    and imported as the search's layer graph.
+
+    A capture this process made for the same model, batch, arguments, seed and device is
+    reused: its parameters and buffers are put back to their initial values and dtype (the
+    float64 reference check converts the model in place) and the random generator to its state
+    after the capture, so the executor starts exactly as from a fresh build."""
+    key = (plan.spec, plan.batch, json.dumps(plan.model_args or {}, sort_keys=True, default=str),
+           seed, str(device))
+    hit = _CAPTURES.get(key)
+    if hit is not None:
+        model, x, gm, graph, state, rng = hit
+        for name, value in model.state_dict(keep_vars=True).items():
+            value.data = state[name].clone()           # values, dtype (the float64 reference
+                                                        # converts the model in place) and device
+        gm.__dict__.pop("_explorer_consts", None)      # constants evaluated by the last plan
+        torch.manual_seed(seed)
+        torch.set_rng_state(rng)
+        return model, x, gm, graph
+    torch.manual_seed(seed)
+    model, x = load(plan.spec, plan.batch, plan.model_args, meta=False)   # train mode
+    model = model.to(device)
+    x = x.to(device)
+    gm, source = capture(model, x, plan.model)
+    # the search's graph, from this capture (same train-mode trace: same digest)
+    graph = import_model(model, x, plan.model, captured=(gm, source))
+    state = {name: value.detach().clone() for name, value in model.state_dict().items()}
+    _CAPTURES.clear()                                   # one model's capture is kept
+    _CAPTURES[key] = (model, x, gm, graph, state, torch.get_rng_state())
+    return model, x, gm, graph
+
+
 class Executor:
     """Executes a :class:`~explorer.engine.layerwise.plan.Plan` as rank ``rank`` of ``world``.
 
@@ -168,12 +210,7 @@ class Executor:
             raise InfeasiblePlan(f"{plan.spec}: the model file defines loss(output); the "
                                  f"layer-wise runtime trains with the default loss Σ mean(o²) "
                                  f"only: run a tofu or placement plan of it instead")
-        model, x = load(plan.spec, plan.batch, plan.model_args, meta=False)   # train mode
-        model = model.to(self.device)
-        self.model, self.x = model, x.to(self.device)
-        self.gm, source = capture(model, self.x, plan.model)
-        # the search's graph, from this capture (same train-mode trace: same digest)
-        self.graph = import_model(model, self.x, plan.model, captured=(self.gm, source))
+        self.model, self.x, self.gm, self.graph = _captured(plan, self.seed, self.device)
         if plan.graph_digest:
             from explorer.engine.core.layergraph import graph_digest
             if graph_digest(self.graph) != plan.graph_digest:
