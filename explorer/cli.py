@@ -493,11 +493,15 @@ def print_plan(plan, devices, compare=None):
         print(f"{la.name[:32]:32s} {la.op:13s} {la.config.label():14s} {dv:14s} "
               f"{_ms(la.t_compute_s)} {_ms(la.t_sync_s)} {la.memory_bytes / 2**20:9.1f}")
     b = plan.breakdown
-    print(f"\nobjective (eq. 1) {plan.objective_s * 1e3:.3f} ms  = compute "
-          f"{b['compute_s'] * 1e3:.3f} + transfer {b['transfer_s'] * 1e3:.3f} + sync "
-          f"{b['sync_s'] * 1e3:.3f}"
-          + (f" + reduce-scatter {b['reduce_s'] * 1e3:.3f}" if b.get("reduce_s") else "")
-          + " ms")
+    summary = plan.objective_lines() if hasattr(plan, "objective_lines") else None
+    if summary:                 # a memory-constrained or pipelined plan says what it minimised
+        print("\n" + "\n".join(summary))
+    else:
+        print(f"\nobjective (eq. 1) {plan.objective_s * 1e3:.3f} ms  = compute "
+              f"{b['compute_s'] * 1e3:.3f} + transfer {b['transfer_s'] * 1e3:.3f} + sync "
+              f"{b['sync_s'] * 1e3:.3f}"
+              + (f" + reduce-scatter {b['reduce_s'] * 1e3:.3f}" if b.get("reduce_s") else "")
+              + " ms")
     print(f"communication {plan.comm_bytes / 2**20:.1f} MiB/step; peak memory "
           f"{max(plan.memory_per_device_bytes) / 2**30:.2f} GiB/device; search "
           f"{plan.search_time_s * 1e3:.1f} ms", end="")
@@ -521,7 +525,7 @@ def print_plan(plan, devices, compare=None):
               f"{parts}" + (f"; {rc} layers recomputed" if rc else "")
               + "".join(f"; ZeRO-{z} on {k} layers" for z, k in sorted(zs.items())))
     pipe = getattr(plan, "pipeline", None)
-    if pipe:
+    if pipe and not summary:
         print(f"pipeline: {pipe['stages']} stages of {pipe['devices_per_stage']} devices, "
               f"{pipe['micro_batches']} micro-batches of {pipe['micro_batch']} ({pipe['schedule']}), "
               f"bubble {pipe['bubble_fraction'] * 100:.0f} %")

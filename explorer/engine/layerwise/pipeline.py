@@ -187,15 +187,17 @@ def search(problem, pins=None, options: PipelineOptions | None = None) -> Result
         raise InfeasiblePlan("no pipeline configuration could be costed: "
                              + "; ".join(t.get("error", "") for t in tried[:3]))
     info = {"strategy": "pipeline", "tried": tried,
+            "memory": {"limit_bytes": cap, "constrained": True,
+                       "optimizer": settings.optimizer},
             "micro_batch_graphs": {str(b): v[1] for b, v in sorted(
                 (k, v) for k, v in how.items() if isinstance(k, int))}}
     pick = best or smallest
     if best is None:
-        info["memory"] = {"why": (
+        info["memory"]["why"] = (
             f"no pipelined plan fits {cap / 2**30:.3g} GiB per device: the smallest footprint "
             f"found needs {smallest[0].peak / 2**30:.3g} GiB on a device ({len(tried)} "
             f"stage/micro-batch counts tried, optimizer {settings.optimizer}); use more "
-            f"devices or a smaller --batch")}
+            f"devices or a smaller --batch")
     return memory_result("pipeline", problem, pick[1], pick[2], pick[0], settings, pick[3], info,
                          time.perf_counter() - t0)
 
@@ -245,7 +247,9 @@ def fsdp(problem, pins=None, options: FSDPOptions | None = None) -> Result:
                                    lambda rc, z: z == 3 and rc == options.recompute,
                                    options.recompute)
     e = ev.evaluate(0.0)
-    info = {"strategy": "fsdp", "recompute": options.recompute}
+    info = {"strategy": "fsdp", "recompute": options.recompute,
+            "memory": {"limit_bytes": cap, "constrained": False, "layout": True,
+                       "optimizer": settings.optimizer}}
     return memory_result("fsdp", problem, cm, tables, e, settings, ev, info,
                          time.perf_counter() - t0, pins)
 
@@ -298,6 +302,8 @@ def megatron3d(problem, pins=None, options: Megatron3DOptions | None = None) -> 
                              + "; ".join(t["error"] for t in tried[:3]))
     e, cm, tables, ev, pp, M = last
     info = {"strategy": "megatron-3d", "tp": tp, "pp": pp, "dp": N // (tp * pp),
-            "micro_batches": M, "recompute": options.recompute, "tried": tried}
+            "micro_batches": M, "recompute": options.recompute, "tried": tried,
+            "memory": {"limit_bytes": cap, "constrained": False, "layout": True,
+                       "optimizer": settings.optimizer}}
     return memory_result("megatron-3d", problem, cm, tables, e, settings, ev, info,
                          time.perf_counter() - t0)

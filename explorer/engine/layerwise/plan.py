@@ -105,6 +105,70 @@ class Plan:
     def assignment(self) -> dict:
         return {la.name: la.config for la in self.layers}
 
+    def objective_lines(self) -> list | None:
+        """What a memory-aware plan's objective is, as lines of text (``explorer search``
+        prints them in place of equation 1's sum), or ``None`` for a plan of equation 1
+        alone.  A constrained plan says it is the fastest step time found under the memory
+        limit, split into per-micro-batch and once-per-step time, with the Lagrangian's
+        lower bound; a pipelined plan adds the pipeline's formula, its stages,
+        micro-batches, schedule and bubble, and per stage its layers, devices, times and
+        memory by category on its fullest device."""
+        mem = self.info.get("memory") or {}
+        pipe = self.pipeline
+        layout = bool(mem.get("layout"))          # a baseline's fixed layout, not a search
+        if not mem.get("constrained") and not pipe and not layout:
+            return None
+        b = self.breakdown
+        limit = mem.get("limit_bytes")
+        under = (f"under {limit / 2**30:.2f} GiB per device" if limit else "under the "
+                 "devices' memory")
+        what = "pipelined step time" if pipe else "step time"
+        if layout:
+            out = [f"objective: {what} of the {self.algo} layout, memory checked {under}: "
+                   f"{self.objective_s * 1e3:.3f} ms"]
+        else:
+            out = [f"objective: fastest {what} found {under} (memory-constrained search, "
+                   f"{self.algo}): {self.objective_s * 1e3:.3f} ms"]
+        if pipe:
+            S, M = pipe["stages"], pipe["micro_batches"]
+            out.append(f"  = Σ stage times + ({M} − 1) × slowest stage + slowest once-per-step "
+                       f"time: (M + S − 1)·t for balanced stages")
+        else:
+            out.append(f"  = per micro-batch {b.get('per_microbatch_s', 0.0) * 1e3:.3f} "
+                       f"(compute, transfers, recomputation, ZeRO-2/3 collectives) + once per "
+                       f"step {b.get('once_per_step_s', 0.0) * 1e3:.3f} ms (synchronisation, "
+                       f"ZeRO-1 collectives, update)")
+        lb = mem.get("lower_bound_s")
+        if lb is not None:
+            gap = mem.get("gap")
+            out.append(f"  lower bound {lb * 1e3:.3f} ms (Lagrangian, {mem.get('lambdas', 0)} "
+                       f"multipliers)" + (f"; gap {gap * 100:.1f} %" if gap is not None else ""))
+        elif mem.get("constrained") is False and not layout:
+            out.append("  equation 1's optimum: it fits, so no memory saving was needed")
+        if pipe:
+            out.append(f"pipeline: {S} stages × {pipe['devices_per_stage']} devices, {M} "
+                       f"micro-batches of {pipe['micro_batch']} (schedule {pipe['schedule']}), "
+                       f"bubble {pipe['bubble_fraction'] * 100:.1f} % = (S − 1)/(M + S − 1)")
+            cats = self.memory_by_category or {}
+            G_ = pipe["devices_per_stage"]
+            kinds = [k for k in ("params", "grads", "optimizer", "activations", "transient")
+                     if k in cats]
+            for s, (first, last, count) in enumerate(pipe.get("stage_layers", [])):
+                devs = range(s * G_, (s + 1) * G_)
+                tot = [sum(cats[k][d] for k in kinds) for d in devs]
+                d = devs[max(range(len(tot)), key=tot.__getitem__)] if tot else s * G_
+                t_mb = pipe["stage_time_per_microbatch_s"][s]
+                t_once = pipe["stage_time_once_s"][s]
+                bnd = pipe.get("stage_boundary_s", [0.0] * S)[s]
+                flight = pipe.get("in_flight", [M] * S)[s]
+                by = ", ".join(f"{k} {cats[k][d] / 2**30:.2f}" for k in kinds)
+                out.append(f"  stage {s}: {count} layers {first} … {last} on devices "
+                           f"{s * G_}-{(s + 1) * G_ - 1}; {t_mb * 1e3:.3f} ms per micro-batch"
+                           + (f" (boundary {bnd * 1e3:.3f})" if bnd else "")
+                           + f", {t_once * 1e3:.3f} ms once per step; {flight:g} micro-batches "
+                           f"in flight; memory on device {d} (GiB): {by}")
+        return out
+
     #: a layer-level plan: its document needs no operator graph
     operator_level = False
 

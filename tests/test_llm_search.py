@@ -1,0 +1,183 @@
+"""Issue 28, search speed and output: micro-batch graphs rebatched from one capture (checked
+against real captures), repeated blocks reduced once, the pipeline's configuration bound,
+the λ schedule, and what ``explorer search`` prints for constrained and pipelined plans."""
+
+from __future__ import annotations
+
+import re
+import sys
+
+import numpy as np
+import pytest
+
+from explorer.engine.core.capture_cache import layer_graph
+from explorer.engine.layerwise import stages
+from explorer.engine.layerwise.memory import MemorySettings
+from explorer.engine.layerwise.pipeline import step_bound
+from explorer.engine.layerwise.rebatch import rebatch
+from explorer.engine.search import Problem, Request, run
+
+sys.path.insert(0, __file__.rpartition("/")[0])
+from _helpers import explorer_cli  # noqa: E402
+
+TINY = dict(layers=2, hidden=64, heads=4, kv_heads=2, intermediate=128, seq_len=16, vocab=100)
+
+
+def _same(a, b) -> str | None:
+    """``None`` when two layer graphs are equal (layers, order, edges and their views)."""
+    if a.batch != b.batch or a.names() != b.names():
+        return "names or batch"
+    for n in a.names():
+        if a.layer(n).to_dict() != b.layer(n).to_dict():
+            return f"layer {n}"
+    ea = sorted((e.src, e.dst, e.index, repr(e.transforms)) for e in a.edges())
+    eb = sorted((e.src, e.dst, e.index, repr(e.transforms)) for e in b.edges())
+    return None if ea == eb else "edges"
+
+
+# -- rebatching against real captures ------------------------------------------------------
+
+@pytest.mark.parametrize("args", [
+    dict(TINY),                                          # grouped-query, expand
+    dict(TINY, repeat_kv="interleave"),
+    dict(TINY, kv_heads=1, tie_embeddings=True),
+])
+def test_rebatched_llama_equals_its_capture(args):
+    full = layer_graph("llama", 6, dict(args))
+    for b in (1, 2, 3):
+        got = rebatch(full, b)
+        assert got is not None
+        assert _same(got, layer_graph("llama", b, dict(args))) is None
+    assert full.batch == 6 and full.layer("tokens").out_shape[0] == 6      # not modified
+
+
+@pytest.mark.slow
+def test_rebatched_examples_equal_their_captures():
+    """Every example model (small sizes) at two micro-batch sizes."""
+    import example_models
+    for name, args in example_models.SMALL.items():
+        full = layer_graph(name, 6, dict(args))
+        for b in (2, 3):
+            got = rebatch(full, b)
+            assert got is not None, name
+            assert _same(got, layer_graph(name, b, dict(args))) is None, name
+
+
+def test_rebatch_to_a_size_that_does_not_divide_the_batch():
+    """Batch 6 to 4: every batch-carrying size is a multiple of 6, so it still scales."""
+    full = layer_graph("llama", 6, dict(TINY))
+    assert _same(rebatch(full, 4), layer_graph("llama", 4, dict(TINY))) is None
+
+
+def test_rebatch_refuses_what_it_cannot_follow():
+    """A slice along the samples cannot be rebatched (the caller captures instead)."""
+    g = layer_graph("mlp", 4, {"hidden": 16, "layers": 1})
+    e = next(iter(g.edges()))
+    g2 = rebatch(g, 2)
+    assert g2 is not None
+    e.transforms = (("slice", 0, 1),) + tuple(e.transforms)     # a slice of the samples
+    try:
+        assert rebatch(g, 2) is None
+    finally:
+        e.transforms = tuple(e.transforms[1:])
+
+
+# -- repeated blocks, bound, λ ---------------------------------------------------------------
+
+def test_repeated_blocks_are_reduced_once():
+    """Blocks that differ only by their parameters' names share one segment reduction."""
+    p = Problem(Request("llama", 8, dict(TINY, layers=6), preset="h100-cluster", devices=4))
+    cm = p.cost_model()
+    ev = stages.Evaluator(cm, cm.tables(), MemorySettings("adam"), 1e30)
+    assert len(ev.chain.segments) >= 12
+    assert len(set(ev.seg_keys)) <= 6
+    e = ev.evaluate(0.0)
+    assert set(e.choice) == set(cm.tables().names)
+
+
+def test_pipeline_bound_is_below_every_configuration_it_tries():
+    """The configuration bound never exceeds the step time the search finds for it, and a
+    skipped configuration's bound is at least the plan returned."""
+    p = Problem(Request("llama", 8, dict(TINY), preset="h100-cluster", devices=4,
+                        dtype="bf16"))
+    res = run("pipeline", p, options=dict(optimizer="adam"))
+    tried = res.info["tried"]
+    assert tried and all("bound_s" in t for t in tried if "error" not in t)
+    for t in tried:
+        if t.get("time_s") is not None:
+            assert t["bound_s"] <= t["time_s"] * (1 + 1e-9)
+        if t.get("skipped"):
+            assert t["bound_s"] >= res.objective_s * (1 - 1e-9)
+    settings = MemorySettings("adam")
+    assert step_bound(p, 2, 4, settings, {}) > 0
+
+
+def test_nothing_fits_is_found_in_few_multipliers():
+    """Under an impossible limit the search stops once λ has the least-memory plan."""
+    p = Problem(Request("llama", 8, dict(TINY), preset="h100-cluster", devices=2))
+    res = run("optcnn", p, options=dict(memory_limit_gib=1e-6, optimizer="adam"))
+    assert not res.fits_memory
+    assert res.info["memory"]["lambdas"] <= 25
+    assert "smallest footprint" in res.info["memory"]["why"]
+
+
+# -- what explorer search prints -------------------------------------------------------------
+
+def _peak(p) -> float:
+    return max(run("optcnn", p, options=dict(optimizer="adam")).memory_per_device_bytes)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_cli_says_what_a_constrained_plan_minimises():
+    args = dict(TINY)
+    p = Problem(Request("llama", 8, dict(args), preset="h100-cluster", devices=4))
+    limit = 0.6 * _peak(p) / 2**30
+    base = ["search", "llama", "-b", 8, "-n", 4, "--preset", "h100-cluster", "--algo",
+            "optcnn", "--opt", "optimizer=adam"]
+    for k, v in args.items():
+        base += ["-a", f"{k}={v}"]
+    out = explorer_cli(*base, "--opt", f"memory_limit_gib={limit:.6f}")
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert not any(line.startswith("objective (eq. 1)") for line in lines)
+    head = next(line for line in lines if line.startswith("objective:"))
+    assert re.search(r"objective: fastest step time found under [0-9.]+ GiB per device "
+                     r"\(memory-constrained search, optcnn\): [0-9.]+ ms", head), head
+    assert any(line.strip().startswith("= per micro-batch") and "once per step" in line
+               for line in lines)
+    assert any(line.strip().startswith("lower bound") and "gap" in line for line in lines)
+    assert any(line.startswith("memory on device") for line in lines)
+
+    plain = explorer_cli(*base)
+    assert plain.returncode == 0, plain.stderr
+    assert any(line.startswith("objective (eq. 1)") for line in plain.stdout.splitlines())
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_cli_shows_the_pipeline_stage_by_stage():
+    cmd = ["search", "llama", "-b", 8, "-n", 4, "--preset", "h100-cluster", "--algo",
+           "pipeline", "--opt", "stages=2", "--opt", "micro_batches=4",
+           "--opt", "optimizer=adam"]
+    for k, v in TINY.items():
+        cmd += ["-a", f"{k}={v}"]
+    out = explorer_cli(*cmd)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert any(line.startswith("objective: fastest pipelined step time found under")
+               for line in lines)
+    assert any("(4 − 1) × slowest stage" in line for line in lines)
+    assert any(line.startswith("pipeline: 2 stages × 2 devices, 4 micro-batches of 2 "
+                               "(schedule 1f1b), bubble 20.0 %") for line in lines)
+    stage_lines = [line.strip() for line in lines if line.strip().startswith("stage ")]
+    assert [s.split(":")[0] for s in stage_lines] == ["stage 0", "stage 1"]
+    for s, line in enumerate(stage_lines):
+        assert f"on devices {2 * s}-{2 * s + 1}" in line
+        assert "ms per micro-batch" in line and "once per step" in line
+        assert re.search(r"memory on device \d \(GiB\): params [0-9.]+, grads [0-9.]+, "
+                         r"optimizer [0-9.]+, activations [0-9.]+, transient [0-9.]+", line)
+    assert "2 micro-batches in flight" in stage_lines[0]
+    assert "1 micro-batches in flight" in stage_lines[1]
+    assert np.isfinite(float(re.search(r"\): ([0-9.]+) ms", next(
+        line for line in lines if line.startswith("objective:"))).group(1)))
