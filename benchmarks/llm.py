@@ -9,7 +9,11 @@ fullest device (params / grads / optimizer / activations / transient, GiB).  Ada
 ``h100-cluster`` (8 × H100 80 GB per node, NVLink 4, 400 Gb/s NDR InfiniBand per GPU).
 
     python benchmarks/llm.py [--configs 8b@8,8b@64,8b@512,70b@64,70b@1024]
-                             [--methods pipeline,optcnn,megatron-3d,fsdp] [--markdown]
+                             [--methods pipeline,optcnn,megatron-3d,fsdp] [--degrees SPEC]
+
+``--degrees`` is the request's degree ladder (default ``auto``: every divisor up to 16
+devices, powers of two beyond); a coarser one (``1,8,64,512``) is a smaller search space,
+printed in each configuration's heading when given.
 
 Target: every plan of ``pipeline`` fits; search ≤ 10 s each on 2 cores.
 """
@@ -55,6 +59,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--configs", default="8b@8,8b@64,8b@512,70b@64,70b@1024")
     ap.add_argument("--methods", default="pipeline,optcnn,megatron-3d,fsdp")
+    ap.add_argument("--degrees", default="auto")
     args = ap.parse_args(argv)
     from explorer.engine.core.capture_cache import layer_graph
     from explorer.engine.search import Problem, Request, run
@@ -71,9 +76,11 @@ def main(argv=None) -> int:
         t0 = time.perf_counter()
         graph = layer_graph("llama", B, dict(margs))
         cap_s = time.perf_counter() - t0
-        print(f"| **llama-{name} on {n} devices, batch {B} × {margs['seq_len']}** | capture "
-              f"{cap_s:.1f} s ({len(graph.names())} layers) | | | | | |", flush=True)
-        req = Request("llama", B, dict(margs), preset="h100-cluster", devices=n, dtype="bf16")
+        deg = "" if args.degrees == "auto" else f", degrees {args.degrees}"
+        print(f"| **llama-{name} on {n} devices, batch {B} × {margs['seq_len']}{deg}** | "
+              f"capture {cap_s:.1f} s ({len(graph.names())} layers) | | | | | |", flush=True)
+        req = Request("llama", B, dict(margs), preset="h100-cluster", devices=n, dtype="bf16",
+                      degrees=args.degrees)
         for algo in args.methods.split(","):
             opts = {"optimizer": "adam"} if algo in ("pipeline", "optcnn") else {}
             p = Problem(req, layer_graph_=graph)

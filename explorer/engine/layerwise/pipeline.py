@@ -3,10 +3,12 @@
 * ``pipeline`` — the two-level search (Alpa's outer DP over contiguous stage splits with the
   elimination search inside each stage; the formulas are in :mod:`.stages`): for each stage
   count ``S`` (powers of two dividing the devices) and micro-batch count ``M``, one stage's
-  device group ``G = N / S`` is costed at the micro-batch's size, the stage split and every
+  device group ``G = N / S`` is costed at the micro-batch's size (the captured graph
+  rebatched, :mod:`.rebatch`), the stage split and every
   layer's configuration, recomputation and ZeRO stage are chosen under the memory limit, and
-  the fastest fitting ``(S, M)`` wins.  Stages get equal device groups (Alpa also searches
-  unequal submeshes).
+  the fastest fitting ``(S, M)`` wins; configurations are tried in order of a lower bound
+  from the layers' own costs (:func:`step_bound`) and skipped when it cannot beat the plan
+  found.  Stages get equal device groups (Alpa also searches unequal submeshes).
 * ``megatron-3d`` — Megatron-LM's ``tp × pp × dp`` (Narayanan et al. 2021): inside each of
   ``pp`` stages the Megatron tensor × data layout of :func:`.classic.megatron` on
   ``tp · dp`` devices, 1F1B over ``M`` micro-batches, full recomputation when asked, no ZeRO;
