@@ -181,3 +181,56 @@ def test_cli_shows_the_pipeline_stage_by_stage():
     assert "1 micro-batches in flight" in stage_lines[1]
     assert np.isfinite(float(re.search(r"\): ([0-9.]+) ms", next(
         line for line in lines if line.startswith("objective:"))).group(1)))
+
+
+def test_outer_dp_equals_brute_force_over_stage_splits():
+    """The vectorised outer DP (slowest stage minimised, each stage's memory within the cap)
+    against every split of a small chain into S stages."""
+    import itertools
+    import math
+
+    class _Ev:                      # what _outer_dp reads of an Evaluator
+        pass
+
+    rng = np.random.default_rng(3)
+    for trial in range(30):
+        K, S = int(rng.integers(3, 8)), int(rng.integers(2, 4))
+        if S > K:
+            continue
+        ev = _Ev()
+        ev.boundary = list(rng.uniform(0, 0.2, K + 1))
+        ev.cap = float(rng.uniform(2.0, 6.0))
+        ev.S, ev.M, ev.schedule = S, 2 * S, "1f1b"
+        ev.inflight = lambda s, ev=ev: float(min(ev.S - s, ev.M))
+        best = {}
+        for i in [-1] + list(range(1, K)):
+            for j in range((i + 1) if i >= 0 else 1, K + 1):
+                best[(i, j)] = (0.0, list(rng.uniform(0, 1, 4)))
+        W = float(ev.M + S - 1)
+        back = stages.Evaluator._outer_dp(ev, best, K, S, W, True)
+
+        def cost(i, j, s):
+            A, B, Ms, Ma = best[(i, j)][1]
+            A = A + (ev.boundary[j] if j < K else 0.0)
+            return W * A + B, Ms + ev.inflight(s) * Ma
+
+        brute = math.inf
+        for cuts in itertools.combinations(range(1, K), S - 1):
+            ends = list(cuts) + [K]
+            starts = [-1] + list(cuts)
+            vals = [cost(i, j, s) for s, (i, j) in enumerate(zip(starts, ends))]
+            if all(m <= ev.cap for _, m in vals):
+                brute = min(brute, max(c for c, _ in vals))
+        if not math.isfinite(brute):
+            assert back is None
+            continue
+        assert back is not None
+        j, got, ranges = K, [], []
+        for s in range(S, 0, -1):
+            i = int(back[s][j])
+            ranges.append((i, j))
+            j = i
+        assert j == -1
+        vals = [cost(i, j, s) for s, (i, j) in enumerate(reversed(ranges))]
+        assert all(m <= ev.cap for _, m in vals)
+        assert max(c for c, _ in vals) == pytest.approx(brute, rel=1e-12)
