@@ -6,6 +6,8 @@ two-level search), ``optcnn`` (memory-constrained, no stages), and the ``megatro
 ``fsdp`` baselines: search time, predicted step, whether it fits, the layout (stages,
 micro-batches, recomputed layers, ZeRO layers) and memory per device by category on the
 fullest device (params / grads / optimizer / activations / transient, GiB).  Adam, bf16,
+ring all-reduce for data-parallel synchronisation (``--sync ring``, as NCCL does; the ZeRO
+collectives are rings in any case),
 ``h100-cluster`` (8 × H100 80 GB per node, NVLink 4, 400 Gb/s NDR InfiniBand per GPU).
 
     python benchmarks/llm.py [--configs 8b@8,8b@64,8b@512,70b@64,70b@1024]
@@ -60,11 +62,15 @@ def main(argv=None) -> int:
     ap.add_argument("--configs", default="8b@8,8b@64,8b@512,70b@64,70b@1024")
     ap.add_argument("--methods", default="pipeline,optcnn,megatron-3d,fsdp")
     ap.add_argument("--degrees", default="auto")
+    ap.add_argument("--sync", default="ring", choices=("ring", "ps"),
+                    help="a data-parallel group's synchronisation: ring all-reduce (NCCL's, "
+                         "the default here) or the paper's parameter server")
     args = ap.parse_args(argv)
     from explorer.engine.core.capture_cache import layer_graph
     from explorer.engine.search import Problem, Request, run
     from explorer.errors import ExplorerError
-    print(f"load: {os.getloadavg()}, cores: {os.cpu_count()}")
+    print(f"load: {os.getloadavg()}, cores: {os.cpu_count()}, sync {args.sync}, "
+          f"degrees {args.degrees}")
     print("| method | search s | step s | fits | peak GiB | params / grads / optimizer / "
           "activations / transient GiB | layout |")
     print("|---|---|---|---|---|---|---|")
@@ -80,7 +86,7 @@ def main(argv=None) -> int:
         print(f"| **llama-{name} on {n} devices, batch {B} × {margs['seq_len']}{deg}** | "
               f"capture {cap_s:.1f} s ({len(graph.names())} layers) | | | | | |", flush=True)
         req = Request("llama", B, dict(margs), preset="h100-cluster", devices=n, dtype="bf16",
-                      degrees=args.degrees)
+                      degrees=args.degrees, sync=args.sync)
         for algo in args.methods.split(","):
             opts = {"optimizer": "adam"} if algo in ("pipeline", "optcnn") else {}
             p = Problem(req, layer_graph_=graph)

@@ -257,8 +257,11 @@ def fsdp(problem, pins=None, options: FSDPOptions | None = None) -> Result:
 
 
 def megatron3d(problem, pins=None, options: Megatron3DOptions | None = None) -> Result:
-    """Megatron-LM's tp × pp × dp (module docstring): ``pp`` by default the fewest stages
-    (powers of two) whose plan fits."""
+    """Megatron-LM's tp × pp × dp (module docstring).  ``pp`` by default the fewest stages
+    (powers of two) at which some ``tp`` fits; ``tp`` by default every divisor of a node's
+    devices (and of the stage's group) that divides every attention's head count, the
+    fastest fitting one kept, as a Megatron user tunes it (the same stage tables serve every
+    ``tp``: only the layers' configurations change)."""
     from explorer.engine.layerwise import classic
     from explorer.engine.search.options import MegatronOptions
     from explorer.engine.search.problem import Problem
@@ -269,40 +272,58 @@ def megatron3d(problem, pins=None, options: Megatron3DOptions | None = None) -> 
     graph = problem.layer_graph()
     N, B = problem.devices.n, graph.batch
     node = sum(1 for d in problem.devices.devices if d.node == problem.devices.devices[0].node)
-    tp = options.tp or classic.default_tp(graph, min(node, N))
+    top = classic.default_tp(graph, min(node, N))
+    tps = [options.tp] if options.tp else [t for t in range(top, 0, -1) if top % t == 0]
     K = len(ST.Chain.of(graph).segments)
-    pps = [options.pp] if options.pp else [s for s in ST.stage_counts(N // tp, K, B)]
+    pps = [options.pp] if options.pp else ST.stage_counts(N, K, B)
     settings = MemorySettings(options.optimizer, True, 0)
     cap = _cap(problem.devices, options.memory_limit_gib)
-    last, tried = None, []
+    best, least, tried = None, None, []
     for pp in pps:
-        if N % (tp * pp):
-            raise InfeasiblePlan(f"tp={tp} x pp={pp} does not divide the {N} devices")
+        if N % pp:
+            raise InfeasiblePlan(f"pp={pp} does not divide the {N} devices")
         M = options.micro_batches or next((m for m in range(min(B, 4 * pp), 0, -1)
                                            if B % m == 0), 1)
         if pp == 1 and not options.micro_batches:
             M = 1
         try:
             cm, tables, bw, lat = _stage_setup(problem, pp, M)
-            sub = Problem.of(cm.graph, cm.devices, cm)
-            meg = classic.megatron(sub, None, MegatronOptions(tp=tp))
         except (InfeasiblePlan, ValueError) as exc:
             tried.append({"pp": pp, "error": str(exc)})
             continue
-        masks = {n: [i] for n, i in meg.choice.items()}
-        ev = ST.Evaluator(cm, tables, settings, cap, pp, M, "1f1b", bw, lat, masks=masks)
-        ev.option_mask = _option_masks(ev.opts, masks, settings,
-                                       lambda rc, z: z == 0 and rc == options.recompute,
-                                       options.recompute)
-        e = ev.evaluate(0.0)
-        tried.append({"pp": pp, "micro_batches": M, "time_s": e.time_s, "peak_bytes": e.peak})
-        last = (e, cm, tables, ev, pp, M)
-        if e.fits:
+        sub = Problem.of(cm.graph, cm.devices, cm)
+        opts: dict = {}                   # layer options shared by every tp of this pp
+        for tp in tps:
+            if (N // pp) % tp:
+                if options.tp:
+                    raise InfeasiblePlan(f"tp={tp} x pp={pp} does not divide the {N} devices")
+                continue
+            try:
+                meg = classic.megatron(sub, None, MegatronOptions(tp=tp))
+            except (InfeasiblePlan, ValueError) as exc:
+                tried.append({"pp": pp, "tp": tp, "error": str(exc)})
+                continue
+            masks = {n: [i] for n, i in meg.choice.items()}
+            ev = ST.Evaluator(cm, tables, settings, cap, pp, M, "1f1b", bw, lat, masks=masks,
+                              opts_cache=opts)
+            ev.option_mask = _option_masks(ev.opts, masks, settings,
+                                           lambda rc, z: z == 0 and rc == options.recompute,
+                                           options.recompute)
+            e = ev.evaluate(0.0)
+            tried.append({"pp": pp, "tp": tp, "micro_batches": M, "time_s": e.time_s,
+                          "peak_bytes": e.peak, "fits": e.fits})
+            item = (e, cm, tables, ev, tp, pp, M)
+            if e.fits and (best is None or e.time_s < best[0].time_s):
+                best = item
+            if least is None or e.peak < least[0].peak:
+                least = item
+        if best is not None:
             break
-    if last is None:
+    pick = best or least
+    if pick is None:
         raise InfeasiblePlan("megatron-3d: no tp x pp layout could be costed: "
-                             + "; ".join(t["error"] for t in tried[:3]))
-    e, cm, tables, ev, pp, M = last
+                             + "; ".join(t["error"] for t in tried[:3] if "error" in t))
+    e, cm, tables, ev, tp, pp, M = pick
     info = {"strategy": "megatron-3d", "tp": tp, "pp": pp, "dp": N // (tp * pp),
             "micro_batches": M, "recompute": options.recompute, "tried": tried,
             "memory": {"limit_bytes": cap, "constrained": False, "layout": True,
