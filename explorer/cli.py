@@ -40,6 +40,9 @@ def _methods_help() -> str:
 def build_parser() -> argparse.ArgumentParser:
     from explorer.engine.search import METHODS
     p = argparse.ArgumentParser(prog="explorer", description=__doc__.splitlines()[0])
+    p.add_argument("--verbose", action="store_true",
+                   help="let torch's and Transformers' own log lines through while tracing a "
+                        "model (they are silenced: an error is one line)")
     sub = p.add_subparsers(dest="cmd", required=True)
 
     s = sub.add_parser("search", help="find a parallelization plan for a model")
@@ -223,6 +226,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    if args.verbose:
+        import os
+
+        from explorer.engine.core.capture import VERBOSE_ENV
+        os.environ[VERBOSE_ENV] = "1"
     try:
         return {"search": cmd_search, "models": cmd_models, "presets": cmd_presets,
                 "graph": cmd_graph, "serve": cmd_serve, "run": cmd_run,

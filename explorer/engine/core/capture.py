@@ -33,7 +33,9 @@ from __future__ import annotations
 import contextlib
 import functools
 import io
+import logging
 import operator
+import os
 import re
 import sys
 import sysconfig
@@ -176,17 +178,51 @@ def _register_outputs(model, x) -> bool:
     return found
 
 
+#: ``1``: let torch's and Transformers' own log lines through while tracing (``--verbose``)
+VERBOSE_ENV = "EXPLORER_VERBOSE"
+
+
+@contextlib.contextmanager
+def quiet_libraries(stderr: bool = False):
+    """Silence torch's and Transformers' loggers below ERROR while tracing: a model that
+    cannot be traced is reported in our one line, not after dozens of their warnings and
+    graph dumps (``$EXPLORER_VERBOSE=1``, ``explorer --verbose``: keep them).  ``stderr``:
+    also swallow what is printed there (``torch.export`` prints the graph it failed on)."""
+    if os.environ.get(VERBOSE_ENV, "") not in ("", "0"):
+        yield
+        return
+    if stderr:
+        with contextlib.redirect_stderr(io.StringIO()), quiet_libraries():
+            yield
+        return
+    names = [n for n in list(logging.Logger.manager.loggerDict)
+             if n.split(".")[0] in ("torch", "transformers")] + ["torch", "transformers"]
+    saved = {}
+    for n in names:
+        lg = logging.getLogger(n)
+        saved[n] = lg.level
+        if lg.level < logging.ERROR:
+            lg.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for n, level in saved.items():
+            logging.getLogger(n).setLevel(level)
+
+
 def _export(model, x, name, fx_exc):
     try:
         try:
-            ep = torch.export.export(model, (x,))
+            with quiet_libraries(stderr=True):
+                ep = torch.export.export(model, (x,))
         except Exception as first:  # noqa: BLE001
             if "pytree" not in str(first) or not _register_outputs(model, x):
                 raise
-            ep = torch.export.export(model, (x,))
+            with quiet_libraries(stderr=True):
+                ep = torch.export.export(model, (x,))
     except Exception as ex_exc:  # noqa: BLE001
         where = user_line(ex_exc)
-        if data_dependent_error(ex_exc) and op_in(where):
+        if data_dependent_error(ex_exc):          # a data-dependent op, or a branch on values
             raise DataDependent(data_dependent_message(name, op_in(where), where)) from None
         raise UnsupportedModel(
             f"{name}: torch.fx could not trace the model ({type(fx_exc).__name__}: "

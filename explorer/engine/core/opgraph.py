@@ -292,6 +292,7 @@ def trace_step(model, x, lr: float = 0.01, loss_fn=None, name: str = "model"):
         data_dependent_message,
         op_in,
         check_data_dependent,
+        quiet_libraries,
         loss_of,
         user_line,
     )
@@ -320,7 +321,7 @@ def trace_step(model, x, lr: float = 0.01, loss_fn=None, name: str = "model"):
     handles = _module_annotations(model)
     model.train()
     try:
-        with fxtb.preserve_node_meta(), one_attention_kernel():
+        with fxtb.preserve_node_meta(), one_attention_kernel(), quiet_libraries():
             gm = make_fx(step, tracing_mode="fake", record_stack_traces=True)(
                 params, [b.detach() for _, b in model.named_buffers()], x)
         check_data_dependent(gm, name)

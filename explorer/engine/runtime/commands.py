@@ -117,6 +117,10 @@ def _calibrate(args) -> int:
     if devices < 1:
         raise ExplorerError(f"--devices must be ≥ 1, got {devices}")
     model_args = dict(getattr(args, "model_arg", []) or [])
+    if getattr(args, "model", None):
+        # an unknown or untraceable model fails in one line before anything is measured
+        from explorer.engine.core.capture_cache import layer_graph
+        layer_graph(args.model, getattr(args, "batch", None), model_args)
     quiet = bool(getattr(args, "json", False))
     say = None if quiet else (lambda msg: print(f"measuring {msg} ...", file=sys.stderr))
     cal = calibrate(devices, model=getattr(args, "model", None),

@@ -330,6 +330,21 @@ def _adopt(context: dict | None) -> None:
     sys.path[:] = context["sys_path"]
 
 
+def _thread_progress_lock() -> None:
+    """torch.fx's interpreter draws a (disabled) tqdm bar, and tqdm's first bar makes a
+    multiprocessing lock, a named semaphore.  A worker that ends at once after a failure
+    (``os._exit``) never releases it, and the resource tracker then reports "leaked semaphore
+    objects" when the launcher exits.  A worker's bars never cross processes: a thread lock
+    does."""
+    try:
+        import threading
+
+        from tqdm import tqdm
+    except ImportError:
+        return
+    tqdm.set_lock(threading.RLock())
+
+
 def process_main(rank, world, addr, port, backend, timeout_s, entry, payload, queue,
                  memory_limit=None, device=None, staged=None, context=None):
     """Body of every local worker process (:func:`launcher.start_workers`, one per rank).
@@ -343,6 +358,7 @@ def process_main(rank, world, addr, port, backend, timeout_s, entry, payload, qu
     from explorer.engine.runtime import memlimit
     _set_pdeathsig()
     _adopt(context)
+    _thread_progress_lock()
     os.environ.update({"MASTER_ADDR": addr, "MASTER_PORT": str(port), "RANK": str(rank),
                        "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank)})
 
