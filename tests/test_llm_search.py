@@ -234,3 +234,18 @@ def test_outer_dp_equals_brute_force_over_stage_splits():
         vals = [cost(i, j, s) for s, (i, j) in enumerate(reversed(ranges))]
         assert all(m <= ev.cap for _, m in vals)
         assert max(c for c, _ in vals) == pytest.approx(brute, rel=1e-12)
+
+
+def test_objective_lines_only_for_memory_aware_plans():
+    """Equation 1's plan keeps its own summary; a constrained plan and a baseline layout say
+    what they are."""
+    p = Problem(Request("llama", 8, dict(TINY), preset="h100-cluster", devices=2))
+    plain = run("optcnn", p, options=dict(optimizer="adam"))
+    assert plain.plan.objective_lines() is None
+    peak = max(plain.memory_per_device_bytes)
+    tight = run("optcnn", p, options=dict(optimizer="adam",
+                                          memory_limit_gib=0.6 * peak / 2**30))
+    lines = tight.plan.objective_lines()
+    assert lines[0].startswith("objective: fastest step time found under")
+    fsdp = run("fsdp", p)
+    assert fsdp.plan.objective_lines()[0].startswith("objective: step time of the fsdp layout")
