@@ -161,7 +161,9 @@ def search(problem, pins=None, options: PipelineOptions | None = None) -> Result
             bounds[(S, M)] = step_bound(problem, S, M, settings, how)
         except InfeasiblePlan as exc:
             tried.append({"stages": S, "micro_batches": M, "error": str(exc)})
-    for S, M in sorted(bounds, key=lambda c: (bounds[c], c)):
+    # one stage last: its group is all the devices (the largest tables), and by then the plan
+    # found lets its unconstrained optimum, a bound too, stand in for its whole search
+    for S, M in sorted(bounds, key=lambda c: (c[0] == 1, bounds[c], c)):
         if best is not None and bounds[(S, M)] >= best[0].time_s:
             tried.append({"stages": S, "micro_batches": M, "bound_s": bounds[(S, M)],
                           "skipped": "its lower bound is no faster than the plan found"})
@@ -171,6 +173,13 @@ def search(problem, pins=None, options: PipelineOptions | None = None) -> Result
             ev = ST.Evaluator(cm, tables, settings, cap, S, M, options.schedule, bw, lat,
                               opts_cache=how.get(("options", cm.devices.n, cm.graph.batch)))
             plain = ev.evaluate(0.0)
+            if S == 1 and best is not None and plain.time_s >= best[0].time_s and \
+                    not plain.fits:
+                # one stage at λ = 0 is the least step time with no memory limit: a bound
+                tried.append({"stages": S, "micro_batches": M, "bound_s": plain.time_s,
+                              "skipped": "its optimum without a memory limit is no faster "
+                                         "than the plan found"})
+                continue
             if plain.fits and options.saving == "when-needed":
                 found, small = plain, plain
             else:
