@@ -348,10 +348,10 @@ class Evaluator:
         self.chain = Chain.of(tables)
         self.edge_keys = _edge_keys(tables)
         self.masks = masks or {}          # layer -> allowed candidate indices (baselines)
+        self.option_mask = option_mask    # [O] allowed options (baselines)
         self.seg_keys = [self._segment_key(seg) for seg in self.chain.segments]
         self.weight = float(self.M + self.S - 1)
         self.kbar = float(self.M if schedule == "gpipe" else min(self.S, self.M))
-        self.option_mask = option_mask    # [O] allowed options (baselines)
         G_ = cost_model.devices.n
         self.boundary = []
         for x in self.chain.cuts:
@@ -367,7 +367,8 @@ class Evaluator:
     def _segment_key(self, seg) -> tuple:
         """What a segment's reduction depends on: its layers' options (shared by content,
         :func:`~.memory.options_of`), its edges' tables by content and wiring (positions in
-        the segment), and any masked layer by name.  Identical blocks get equal keys."""
+        the segment), and the candidate and option masks of its layers (baselines), by
+        content.  Identical blocks get equal keys."""
         names = [seg.a] + seg.interior + [seg.b]
         pos = {n: k for k, n in enumerate(names)}
         wiring = []
@@ -376,7 +377,11 @@ class Evaluator:
             wiring.append((pos[e.src], pos[e.dst], e.index, self.edge_keys[i]))
         key = (tuple(id(self.opts[n]) for n in names), tuple(wiring))
         if any(n in self.masks for n in names):
-            key = key + (tuple(names), tuple(repr(self.masks.get(n)) for n in names))
+            key = key + (tuple(repr(self.masks.get(n)) for n in names),)
+        om = self.option_mask
+        if isinstance(om, dict) and any(n in om for n in names):
+            key = key + (tuple(None if om.get(n) is None else np.asarray(om[n]).tobytes()
+                               for n in names),)
         return key
 
     def inflight(self, s: int) -> float:
@@ -414,7 +419,10 @@ class Evaluator:
         unary, parts, option = self._parts(lam)
         chain = self.chain
         reduced, cache = [], {}
-        for seg, key in zip(chain.segments, self.seg_keys):
+        keys = self.seg_keys
+        if isinstance(self.option_mask, dict):        # per-layer option masks set since
+            keys = [self._segment_key(seg) for seg in chain.segments]
+        for seg, key in zip(chain.segments, keys):
             r = cache.get(key)
             if r is None:
                 r = _reduce(seg, self.tables, dict(unary), self.weight, parts)
