@@ -340,13 +340,15 @@ class DimBranch(nn.Module):
         return x
 
 
-def test_value_dependent_control_flow_is_unsupported_naming_both_tracers():
+def test_value_dependent_control_flow_is_unsupported_naming_the_branch_s_line():
+    """Neither fx nor export can follow a branch on a tensor's value: the one line says so as
+    the operator-level families do (data-dependent control flow) and names the user's line."""
     with pytest.raises(UnsupportedModel) as ei:
         import_model(ValueBranch(), torch.randn(2, 4), "vb")
     msg = str(ei.value)
-    assert "torch.fx" in msg and "torch.export" in msg
-    assert msg.startswith("vb:")
-    assert "control flow" in msg
+    assert msg.startswith("vb: data-dependent control flow")
+    assert "test_importer.py" in msg and "if y.sum() > 0" in msg
+    assert "torch.where" in msg
 
 
 def test_shape_dependent_control_flow_falls_back_to_export():
