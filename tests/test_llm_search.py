@@ -249,3 +249,14 @@ def test_objective_lines_only_for_memory_aware_plans():
     assert lines[0].startswith("objective: fastest step time found under")
     fsdp = run("fsdp", p)
     assert fsdp.plan.objective_lines()[0].startswith("objective: step time of the fsdp layout")
+
+
+def test_repeated_chain_tells_transformers_from_cnns():
+    """The chain search goes first on repeated blocks only; other graphs keep Algorithm 1
+    first (and the constrained search's plan of a fitting request is Algorithm 1's)."""
+    llama = Problem(Request("llama", 8, dict(TINY, layers=6), preset="h100-cluster",
+                            devices=4)).cost_model().tables()
+    vgg = Problem(Request("vgg16", 8, {"image_size": 32, "num_classes": 10, "fc": 32},
+                          preset="h100-cluster", devices=2)).cost_model().tables()
+    assert stages.repeated_chain(llama)
+    assert not stages.repeated_chain(vgg)

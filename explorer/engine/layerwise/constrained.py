@@ -34,10 +34,11 @@ def constrain(algo, problem, cost_model, tables, choice, trace, info, options, t
     ``fits_memory`` false and ``info.memory.why`` saying so in one line.
 
     ``choice``/``trace``/``info`` are equation 1's plan from :func:`.optcnn.solve`, or
-    ``None`` to have it found here only when it can be the answer: an equation-1 optimum
-    is first found by the chain of repeated blocks (:class:`.stages.Evaluator` with the
-    plain option only, seconds faster at hundreds of layers), and Algorithm 1 runs (for its
-    plan and trace) only when that optimum fits.  When it does not, the constrained search
+    ``None`` to have it found here.  On a chain of repeated blocks
+    (:func:`.stages.repeated_chain`) an equation-1 optimum is first found by the chain
+    search (:class:`.stages.Evaluator` with the plain option only, seconds faster at
+    hundreds of layers), and Algorithm 1 runs (for its plan and trace) only when that
+    optimum fits; on other graphs Algorithm 1 runs first, as before.  When it does not, the constrained search
     starts at once: any other equation-1 optimum that fits (a tie) is one the Lagrangian
     finds at the smallest λ."""
     from explorer.engine.layerwise import stages
@@ -54,7 +55,9 @@ def constrain(algo, problem, cost_model, tables, choice, trace, info, options, t
         m = plan_memory(cost_model, tables, ch, plain, settings, devices.n)
         return m, float(np.max(np.sum([m[k] for k in CATEGORIES], axis=0)))
 
-    ev = stages.Evaluator(cost_model, tables, settings, cap)
+    if choice is None and not stages.repeated_chain(tables):
+        choice, trace, info = solve(tables)          # Algorithm 1 first, as the paper does
+    ev = stages.Evaluator(cost_model, tables, settings, cap) if choice is None else None
     mem = peak = None
     if choice is None:
         ev.option_mask = np.array([o == (False, 0) for o in settings.options()])
@@ -80,6 +83,7 @@ def constrain(algo, problem, cost_model, tables, choice, trace, info, options, t
         res.info["memory"] = {"limit_bytes": cap, "constrained": False,
                               "optimizer": settings.optimizer}
         return res
+    ev = ev or stages.Evaluator(cost_model, tables, settings, cap)
     best, smallest, linfo = stages.lagrangian(ev)
     plan = best or smallest
     minfo = {"limit_bytes": cap, "constrained": True, "optimizer": settings.optimizer,

@@ -77,7 +77,7 @@ from explorer.engine.layerwise import optcnn
 from explorer.engine.layerwise.costmodel import CostTables
 from explorer.engine.layerwise.memory import MemorySettings, options_of
 
-__all__ = ["Chain", "Evaluation", "evaluate", "lagrangian", "stage_counts"]
+__all__ = ["Chain", "Evaluation", "evaluate", "lagrangian", "repeated_chain", "stage_counts"]
 
 #: bisection steps on λ once a fitting plan is bracketed
 BISECT_STEPS = 8
@@ -302,6 +302,37 @@ def _add_unary(extra, unary, n, vec):
         extra[n] = extra[n] + vec
     else:
         unary[n] = unary[n] + vec
+
+
+def repeated_chain(tables: CostTables, chain: Chain | None = None) -> bool:
+    """Whether ``tables``' graph is a chain of series-parallel segments most of which repeat
+    (a Transformer's blocks): the case where the chain search (:class:`Evaluator`) beats
+    Algorithm 1 by reducing each distinct segment once.  Checked on the structure alone
+    (each segment reduced with one zero-cost candidate per layer); segments compared by
+    their wiring, candidate counts and edge tables' content (repeated blocks' tables are
+    equal)."""
+    chain = chain or Chain.of(tables)
+    ekeys = _edge_keys(tables)
+    if len(chain.segments) < 4:
+        return False
+    one = np.zeros(1)
+    fake = CostTables(tables.names, {}, {}, {}, {}, [(e, np.zeros((1, 1)))
+                                                     for e, _ in tables.edges])
+    unary = {n: one for n in tables.names}
+    parts = {n: (one, one, one, one) for n in tables.names}
+    shapes = set()
+    for seg in chain.segments:
+        names = [seg.a] + seg.interior + [seg.b]
+        pos = {n: k for k, n in enumerate(names)}
+        shape = (tuple((pos[tables.edges[i][0].src], pos[tables.edges[i][0].dst],
+                        tables.edges[i][0].index, ekeys[i]) for i in seg.edges),
+                 tuple(len(tables.candidates[n]) for n in names))
+        if shape in shapes:
+            continue
+        shapes.add(shape)
+        if _reduce(seg, fake, dict(unary), 1.0, parts) is None:
+            return False
+    return len(shapes) * 2 <= len(chain.segments)
 
 
 # --------------------------------------------------------------------------------------------
