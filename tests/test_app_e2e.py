@@ -395,7 +395,9 @@ def test_four_sessions_open_four_models_on_one_server(dash_duo, caplog):
         for drv, name in zip(drivers, models):
             _wait(lambda: f"{name} · batch" in _text(drv, f"#{ids.PLAN_SUMMARY}"), 120,
                   f"{name} plan")
-            assert name in _text(drv, f"#{ids.MODEL_DROPDOWN}")
+            # the dropdown shows the model once its options arrive (a callback of its own)
+            _wait(lambda: name in _text(drv, f"#{ids.MODEL_DROPDOWN}"), 60,
+                  f"{name} in the model dropdown")
             assert f"Operates on: {name}" in _text(drv, f"#{ids.CONTEXT}plan")
             assert f"model={name}" in drv.current_url
             assert "objective" in _text(drv, f"#{ids.PLAN_SUMMARY}")

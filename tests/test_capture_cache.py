@@ -204,6 +204,7 @@ def test_measured_replay_reads_torch_values(tmp_path):
 
 def test_second_capture_does_not_trace(monkeypatch):
     req = service.Request(model="lenet5", batch=4, devices=2)
+    service.clear_caches()      # an earlier test's in-memory graph would skip this home's cache
     first_layers, first_ops = service.graph_for(req), service.opgraph_for(req)
     service.clear_caches()                     # a new process: only the capture cache is left
 
