@@ -25,6 +25,7 @@ from __future__ import annotations
 import os
 import queue as queue_mod
 import socket
+import threading
 import time
 import warnings
 from dataclasses import dataclass
@@ -139,6 +140,31 @@ def validate(plan_dict: dict, expect: dict | None = None, check_local: bool = Tr
 START_METHOD_ENV = "EXPLORER_START_METHOD"
 #: what the fork server imports before forking workers (nothing here starts a thread or CUDA)
 PRELOAD = ["numpy", "torch", "torch.distributed", "explorer.engine.runtime.worker"]
+
+
+def _forget_inherited_forkserver() -> None:
+    """In a process just forked from one that had started the fork server (the app's
+    background-callback processes, forked from the server): forget that server.  Its pid is
+    not this process's child, so the standard library's liveness check (``waitpid``) would
+    fail with ``ChildProcessError`` at the first launch; forgetting it makes this process
+    start a server of its own.  Registered with :func:`os.register_at_fork`."""
+    from multiprocessing import forkserver
+    server = getattr(forkserver, "_forkserver", None)
+    if server is None or getattr(server, "_forkserver_pid", None) is None:
+        return
+    fd = getattr(server, "_forkserver_alive_fd", None)
+    if fd is not None:
+        try:
+            os.close(fd)      # this copy would keep the parent's server alive as long as us
+        except OSError:
+            pass
+    server._forkserver_alive_fd = None
+    server._forkserver_pid = None
+    server._forkserver_address = None
+    server._lock = threading.Lock()     # it may have been held by another thread at the fork
+
+
+os.register_at_fork(after_in_child=_forget_inherited_forkserver)
 
 
 def _context():
