@@ -7,9 +7,12 @@ Baechi's placers (Jeon et al., SoCC 2020) as the paper describes and its code im
   by its persistent memory and then placed whole), then device 1, and so on.
 * ``m_etf`` - m-ETF: event-driven list scheduling.  At each instant every idle device takes,
   among the ready operators (all inputs finished) it may hold, the one with the earliest
-  schedulable time ``max(ready on this device, device free)`` - ties by topological order -
-  if that time has come; transfers queue on one send channel of the sender and one receive
-  channel of the receiver, and a tensor is sent once per receiving device.
+  schedulable time ``max(ready on this device, device free, now)`` - ties by topological
+  order, then by the lower device - if that time has come.  Each device has *one* channel
+  for what it sends and receives: a copy starts when the sender's channel is free, is
+  received when the receiver's is, and holds each for the transfer's time; a tensor is sent
+  once per receiving device.  An operator whose estimated time is 0 takes 1 us in this
+  schedule (and in the SCT LP), as in Baechi's placement graph.
 * ``m_sct`` - m-SCT: m-ETF plus the *favourite child* of the small-communication-time LP
   relaxation (Hanen & Munier; solved with HiGHS through ``scipy.optimize.linprog``): an edge
   whose ``x`` is below the threshold 0.1 makes the child the parent's favourite.  A device whose
@@ -51,6 +54,23 @@ __all__ = ["m_topo", "m_etf", "m_sct", "metis", "single", "BASELINES", "sct_favo
 
 #: Baechi's rounding threshold of the SCT relaxation: ``x < 0.1`` marks a favourite child
 SCT_THRESHOLD = 0.1
+
+#: the least duration (s) an operator takes in m-ETF's and m-SCT's own schedule and in the SCT
+#: LP: Baechi's placement graph gives an operator whose measured duration is <= 0 one
+#: microsecond ("each operator should have compute cost > 0"), and its event loop relies on it
+MIN_OP_TIME_S = 1e-6
+
+
+def baechi_times(w):
+    """Compute times as Baechi's placers see them: a time <= 0 becomes 1 us.
+
+    Views, reshapes and parameter nodes cost 0 s in the estimates.  With zero durations an
+    event-driven list scheduler runs whole chains of them at one instant, in an order that
+    depends on how ties fall; Baechi never sees a zero duration, and a device that runs one
+    is busy for a microsecond.  Only the placers' own schedules use this; the simulator that
+    judges the placement keeps the estimates as they are."""
+    w = np.asarray(w, dtype=np.float64)
+    return np.where(w <= 0, MIN_OP_TIME_S, w)
 
 
 def _pins(pg, pins):
@@ -129,7 +149,7 @@ def _etf(pg, pins, favourite=None):
     pin = _pins(pg, pins)
     K, B = pg.k, pg.b
     ob = pg.out_bytes
-    w = pg.w
+    w = baechi_times(pg.w)
     topo = np.empty(n, dtype=np.int64)
     topo[_m_topo_order(n, pg.succ, pg.pred)] = np.arange(n)
     live = LiveBudget(pg)
@@ -137,8 +157,8 @@ def _etf(pg, pins, favourite=None):
     fin = np.zeros(n)
     start = np.zeros(n)
     avail = np.zeros(nd)
-    send_free = np.zeros(nd)
-    recv_free = np.zeros(nd)
+    chan = np.zeros(nd)                      # when each device's one channel (sends and
+    #                                          receives alike) is free
     copy_at: dict = {}                       # (node, device) -> arrival of its copy there
     last_op = [-1] * nd
     waiting = [len(p) for p in pg.pred]
@@ -168,9 +188,10 @@ def _etf(pg, pins, favourite=None):
                     t_ = fin[p]
                 else:
                     t_ = copy_at.get((p, d))
-                    if t_ is None:
-                        t_ = max(fin[p], send_free[dp], recv_free[d]) + K[dp, d] * ob[p] \
-                            + B[dp, d]
+                    if t_ is None:              # the send starts, then the receive
+                        # (the transfer's time as one number, added once: ties between
+                        # devices are exact and must not hang on rounding)
+                        t_ = max(fin[p], chan[dp], chan[d]) + (K[dp, d] * ob[p] + B[dp, d])
                     if not (held and d in held):
                         need[d] += ob[p]
                 if t_ > r[d]:
@@ -198,9 +219,11 @@ def _etf(pg, pins, favourite=None):
         for p in pg.pred[v]:
             dp = int(dev[p])
             if dp != d and (p, d) not in copy_at:
-                st = max(fin[p], send_free[dp], recv_free[d])
-                e = st + K[dp, d] * ob[p] + B[dp, d]
-                send_free[dp] = recv_free[d] = e
+                cost = K[dp, d] * ob[p] + B[dp, d]
+                ss = max(fin[p], chan[dp])           # the sender's channel, then
+                e = max(ss, chan[d]) + cost          # the receiver's
+                chan[dp] = ss + cost
+                chan[d] = e
                 copy_at[(p, d)] = e
                 version += 1
         rt = max([fin[p] if dev[p] == d else copy_at[(p, d)] for p in pg.pred[v]],
@@ -220,6 +243,10 @@ def _etf(pg, pins, favourite=None):
 
     t = 0.0
     while placed < n:
+        # as Baechi's devices advance: an idle device is free from now, not from when its
+        # last operator ended - every op schedulable in the past is schedulable *now*, and
+        # ties between them go by topological order
+        np.maximum(avail, t, out=avail)
         while done and done[0][0] <= t:
             _, v = heapq.heappop(done)
             for s_ in pg.succ[v]:
@@ -323,7 +350,7 @@ def sct_favourites(pg, threshold: float = SCT_THRESHOLD, time_limit: float = 60.
         return {}
     if x is not None:
         return _favourites(pg, np.asarray(x, dtype=np.float64), threshold)
-    w = pg.w_ref()
+    w = baechi_times(pg.w_ref())
     c = pg.edge_comm()
     nv = m + n + 1                               # [x_e..., s_v..., W]
     rows, cols, vals, rhs = [], [], [], []
