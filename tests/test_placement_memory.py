@@ -239,6 +239,32 @@ def test_etf_transfers_share_one_send_channel():
     assert info["etf_makespan_s"] == pytest.approx(3.5)
 
 
+def test_etf_a_device_sends_and_receives_on_one_channel():
+    """Baechi's device has one channel for what it sends and receives.  a on 0 and b on 1 run
+    [0, 1]; c (on 1) reads a, d (on 2) reads b; each copy takes 1 s.  At 2 c goes first
+    (topological order): a's copy is received on 1 over [1, 2], c runs [2, 3].  b's copy
+    leaves 1 only when 1's channel is free: [2, 3], so d runs [3, 4] - 3 s if device 1 could
+    send while it received."""
+    pg, i = graph({"a": (1, 1, 10), "b": (1, 1, 10), "c": (1, 1), "d": (1, 1)},
+                  [("a", "c"), ("b", "d")], ndev=3, bw=10.0)
+    dev, info = m_etf(pg, np.array([0, 1, 1, 2]))
+    assert info["etf_makespan_s"] == pytest.approx(4.0)
+
+
+def test_etf_a_zero_time_operator_keeps_its_device_busy_for_a_microsecond():
+    """Baechi's placement graph gives an operator of 0 s one microsecond.  z (0 s), x and y
+    (1 s each) are ready at 0 on two devices: z goes to device 0, which is then busy until
+    1 us, so x goes to device 1 and y to device 0 at 1 us.  (At 0 s device 0 would be free
+    again at once and take x too.)  The simulator judges the placement with the estimates:
+    y runs [0, 1] on device 0, the step is 1 s."""
+    from explorer.engine.placement.placers import place
+    pg, i = graph({"z": (0, 1), "x": (1, 1), "y": (1, 1)}, [], ndev=2)
+    dev, info = m_etf(pg)
+    assert dev.tolist() == [0, 1, 0]
+    assert info["etf_makespan_s"] == pytest.approx(1 + 1e-6)
+    assert place(pg, "m-etf").predicted_step_time_s == pytest.approx(1.0)
+
+
 def test_etf_sends_a_tensor_once_per_device():
     """b and c both on 1 read a: one 1 s copy, then b and c in turn: 1 + 1 + 0.5 + 0.5."""
     pg, i = graph({"a": (1, 1, 10), "b": (0.5, 1), "c": (0.5, 1)}, [("a", "b"), ("a", "c")],
