@@ -28,8 +28,11 @@ placer's own order (a topological order: its own schedule for m-ETF / m-SCT, the
 cluster order for Celeritas, the m-TOPO order).  Along that order this holds every buffer at
 least as long as the rule does, so its peak is at least the rule's peak of a device that runs
 its operators in that order (tested).  The simulator may order a device's operators
-differently (it dispatches by ``blevel``), so its peak can differ either way: ``oom`` is true
-when the placer needed best effort *or* the simulated peak exceeds a capacity.
+differently (each placement runs in its placer's own order, METIS's in CPD-TOPO), so its peak
+can differ either way.  The one memory verdict is the simulator's: ``oom`` is true exactly
+when a device's simulated liveness peak exceeds its capacity.  A placer's budget only guides
+it; what it placed beyond the budget is listed as best effort, and a placement whose peaks fit
+is reported as fitting.
 """
 
 from __future__ import annotations
