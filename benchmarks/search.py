@@ -12,6 +12,16 @@ process (second run, so the import caches are warm) and its peak memory, and the
                                 [--scale-models inception_v3,resnet50,gpt2]
                                 [--scale-devices 32,64,256,1024] [--no-e2e]
                                 [--pow2-devices 1024]
+    python benchmarks/search.py --first-run inception_v3:64,inception_v3:1024 [--warm 1]
+
+``--first-run inception_v3:64,inception_v3:1024`` prints, instead, the end-to-end
+``explorer search MODEL --devices N --degrees pow2 --json`` twice per pair: first in a
+fresh process with an empty home (``EXPLORER_HOME`` a new temporary directory, so the
+numba cache ``$EXPLORER_HOME/numba`` and the capture cache are empty; ``NUMBA_CACHE_DIR``
+and ``EXPLORER_CAPTURE_CACHE`` unset), then warm (the same home again): wall and CPU
+seconds (the child's user + system), its peak RSS, and beside them the 1-minute load
+average before and after and the CPU steal over the run (``/proc/stat``).
+Issue 30's target: Inception-v3 at 1,024 devices ≤ 30 s wall, first run included, ≤ 2 GiB.
 
 ``--pow2-devices`` also runs the scale models with ``--degrees pow2`` (every power of two,
 each bounded by its dimension: the issue's degree set, which ``auto`` now takes unless it
@@ -144,6 +154,79 @@ def end_to_end(model: str, n: int, degrees: str):
     return out
 
 
+def _cpu_stat():
+    """``(busy + idle jiffies, steal jiffies)`` of every CPU so far (``/proc/stat``)."""
+    try:
+        with open("/proc/stat") as f:
+            vals = [int(x) for x in f.readline().split()[1:9]]
+    except OSError:
+        return 0, 0
+    return sum(vals), vals[7]
+
+
+def _one_search(cmd, env) -> dict:
+    """One ``explorer search`` process: wall, CPU, peak RSS, load and steal beside them."""
+    import resource
+    load0 = os.getloadavg()[0]
+    tot0, st0 = _cpu_stat()
+    ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    p = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env,
+                       cwd=ROOT, text=True)
+    wall = time.perf_counter() - t0
+    ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    tot1, st1 = _cpu_stat()
+    lines = p.stderr.strip().splitlines()
+    peak = [int(x.split("=")[1]) / 1024 for x in lines if x.startswith("peak_kib=")]
+    out = {"wall_s": wall,
+           "cpu_s": (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime),
+           "peak_MiB": peak[-1] if peak else float("nan"),
+           "load": f"{load0:.2f}->{os.getloadavg()[0]:.2f}",
+           "steal_pct": 100.0 * (st1 - st0) / max(1, tot1 - tot0)}
+    if p.returncode != 0:
+        msg = [x for x in lines if x and not x.startswith("peak_kib=")]
+        out["error"] = (msg[-1] if msg else f"exit {p.returncode}")[:200]
+    return out
+
+
+def first_and_warm(model: str, n: int, degrees: str = "pow2", warm: int = 1) -> list:
+    """``explorer search`` in a fresh process with an empty home (numba and capture caches
+    empty), then ``warm`` more times with the same home: one row each."""
+    import shutil
+    import tempfile
+    cmd = [sys.executable, "-c", _CHILD, "search", model, "--devices", str(n), "--json"]
+    if degrees != "auto":
+        cmd += ["--degrees", degrees]
+    tmp = tempfile.mkdtemp(prefix="explorer-bench-")
+    env = dict(os.environ, PYTHONPATH=ROOT, EXPLORER_HOME=tmp)
+    for var in ("NUMBA_CACHE_DIR", "EXPLORER_CAPTURE_CACHE"):
+        env.pop(var, None)
+    rows = []
+    try:
+        for i in range(1 + warm):
+            r = _one_search(cmd, env)
+            rows.append({"model": model, "devices": n, "degrees": degrees,
+                         "run": "first" if i == 0 else "warm", **r})
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return rows
+
+
+FIRST_COLS = ["model", "devices", "degrees", "run", "wall_s", "cpu_s", "peak_MiB", "load",
+              "steal_pct"]
+
+
+def _first_cells(r: dict) -> list:
+    out = []
+    for c in FIRST_COLS:
+        v = r.get(c, "")
+        if isinstance(v, float):
+            v = "-" if math.isnan(v) else f"{v:.0f}" if c == "peak_MiB" else \
+                f"{v:.1f}" if c == "steal_pct" else f"{v:.2f}"
+        out.append(str(v))
+    return out
+
+
 def bench(model: str, n: int, repeat: int, cost: str, degrees: str = "auto", e2e: bool = True,
           graph=None):
     g = graph if graph is not None else import_spec(model)
@@ -236,7 +319,29 @@ def main(argv=None):
     ap.add_argument("--no-e2e", action="store_true",
                     help="skip the end-to-end `explorer search` subprocess runs")
     ap.add_argument("--markdown", action="store_true", help="print a Markdown table")
+    ap.add_argument("--first-run", default="",
+                    help="MODEL:N pairs (e.g. inception_v3:64,inception_v3:1024): first-run "
+                         "(empty caches) and warm `explorer search --degrees pow2` figures "
+                         "only")
+    ap.add_argument("--warm", type=int, default=1, help="warm runs after each first run")
     args = ap.parse_args(argv)
+    if args.first_run:
+        if args.markdown:
+            print("| " + " | ".join(FIRST_COLS) + " |")
+            print("|" + "---|" * len(FIRST_COLS))
+        else:
+            print(" ".join(f"{c:>12s}" for c in FIRST_COLS))
+        rows = []
+        for pair in args.first_run.split(","):
+            model, _, n = pair.rpartition(":")
+            for r in first_and_warm(model, int(n), "pow2", args.warm):
+                rows.append(r)
+                cells = _first_cells(r)
+                print("| " + " | ".join(cells) + " |" if args.markdown else
+                      " ".join(f"{c:>12s}" for c in cells), flush=True)
+                if r.get("error"):
+                    print(f"  explorer search failed: {r['error']}", flush=True)
+        return rows
     jobs = [(m, int(n), args.degrees, args.repeat) for m in args.models.split(",") if m
             for n in args.devices.split(",") if n]
     jobs += [(m, int(n), args.degrees, args.repeat) for m in args.scale_models.split(",") if m

@@ -218,6 +218,7 @@ class CostModel:
         self._layer_cache: dict = {}
         self._bw_cache: dict = {}
         self._stack_cache: OrderedDict = OrderedDict()
+        self._group_stacks: dict = {}       # a layer's candidates of one total, while costed
         self._lat_cache: dict = {}
         self._cand_cache: dict = {}
         self._ctok: dict = {}
@@ -352,8 +353,11 @@ class CostModel:
 
     def _stacked_all(self, layer: Layer, cands: list):
         """``(tiles, reduce, owned, used)`` of every candidate (one pass for both views)."""
-        return self._lru(self._stack_cache, self._layout_key(layer, cands),
-                         lambda: G.stacked_boxes(layer, cands))
+        key = self._layout_key(layer, cands)
+        hit = self._group_stacks.get(key)
+        if hit is not None:
+            return hit
+        return self._lru(self._stack_cache, key, lambda: G.stacked_boxes(layer, cands))
 
     def _stacked(self, layer: Layer, cands: list):
         _, _, owned, used = self._stacked_all(layer, cands)
@@ -403,10 +407,18 @@ class CostModel:
                         r_ = red[idx, :k]
                     else:
                         o_ = t_
-                    self._lru(self._stack_cache, self._layout_key(layer, sub),
-                              lambda: (t_, r_, o_, used[idx, :k]))
-                    for out, part in zip(hit, self._layer_costs(layer, sub)):
-                        out[idx] = part
+                    # (held apart from the LRU of whole lists while the group is costed:
+                    # eleven groups a layer evicted the whole lists the edges read next,
+                    # which were then stacked again - 92 stackings for 30 layouts)
+                    gkey = self._layout_key(layer, sub)
+                    with _LRU_LOCK:
+                        self._group_stacks[gkey] = (t_, r_, o_, used[idx, :k])
+                    try:
+                        for out, part in zip(hit, self._layer_costs(layer, sub)):
+                            out[idx] = part
+                    finally:
+                        with _LRU_LOCK:
+                            self._group_stacks.pop(gkey, None)
             self._layer_cache[key] = hit
         return tuple(a.copy() for a in hit)
 
@@ -1228,5 +1240,10 @@ class CostModel:
         for e, (t, nb) in zip(self.graph.edges(), xf):
             edges.append((e, t))
             nbytes.append(nb)
+        # the box layouts ([C, devices, ndim, 2] each: up to a gigabyte at 1,024 devices) are
+        # only the tables' inputs; the search that follows needs the memory
+        with _LRU_LOCK:
+            self._stack_cache.clear()
+            self._tile_cache.clear()
         return CostTables(names, cands, tc, ts, mem, edges, time.perf_counter() - t0, nbytes,
                           tr, br, est)

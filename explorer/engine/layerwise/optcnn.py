@@ -159,7 +159,7 @@ def solve(tables: CostTables):
                 drop_edge(k2)
                 alive.discard(j)
                 ne = new_edge(i, k, m, f"{i}->{k}")
-                undo.append(("node", j, i, k, arg, a, b))
+                undo.append(("node", j, i, k, compact_index(arg, len(unary[j])), a, b))
                 # the numbers of the new edge's cheapest entry (the views write equation 2)
                 ci, ck = np.unravel_index(int(m.argmin()), m.shape)
                 trace.append({"step": len(trace), "kind": "node", "node": j, "src": i, "dst": k,
@@ -300,6 +300,16 @@ def _min_plus(a: np.ndarray, b: np.ndarray):
     # the minimum is the sum at its argument: the same two operands added once more
     m = a[np.arange(ci)[:, None], arg] + b[arg, np.arange(ck)[None, :]]
     return m, arg
+
+
+def compact_index(arg: np.ndarray, n: int) -> np.ndarray:
+    """``arg`` (indices below ``n``) in the smallest signed integer type that holds them: the
+    undo records keep one ``[C_i, C_k]`` table per node elimination until the end (int64
+    tables were about 0.6 GiB of Inception-v3's search at 1,024 devices; int16 a quarter)."""
+    for t in (np.int16, np.int32):
+        if n <= np.iinfo(t).max + 1:
+            return arg.astype(t)
+    return arg
 
 
 def _useful_middle(a: np.ndarray, b: np.ndarray):
