@@ -5,14 +5,21 @@
 * ``slow`` is added here to every browser and multi-process test, and written on the unit tests
   that take more than a few seconds;
 * ``python -m pytest -m "not slow"`` is the fast tier; ``bash scripts/test.sh`` runs all.
+
+With pytest-xdist (``-n 2 --dist loadgroup``) every test file is one unit of work, so a
+module's fixtures run once, and every browser test is in one unit (one Chromium and one Dash
+test server at a time).
 """
 
 import pytest
 
 
+@pytest.hookimpl(tryfirst=True)      # before xdist reads the groups
 def pytest_collection_modifyitems(config, items):
     slow = pytest.mark.slow
     for item in items:
-        if (item.get_closest_marker("browser") is not None
-                or item.get_closest_marker("multiprocess") is not None):
+        browser = item.get_closest_marker("browser") is not None
+        if browser or item.get_closest_marker("multiprocess") is not None:
             item.add_marker(slow)
+        group = "browser" if browser else item.nodeid.partition("::")[0]
+        item.add_marker(pytest.mark.xdist_group(group))

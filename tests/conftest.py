@@ -11,6 +11,8 @@ local preset, the launcher and the profiler all read it), so the suite passes th
 machine with a GPU.  A test that needs CUDA is marked ``gpu`` (it keeps ``auto``: the GPUs)
 and is skipped where torch sees no CUDA GPU."""
 
+import os
+
 import pytest
 
 
@@ -38,7 +40,13 @@ OWN_CAPTURE_CACHE = {"test_capture_cache", "test_storage"}
 
 @pytest.fixture(scope="session")
 def _shared_caches(tmp_path_factory):
-    root = tmp_path_factory.mktemp("shared-caches")
+    # under pytest-xdist the workers share them too (beside their own base folders; SQLite
+    # and numba's cache take concurrent writers)
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = tmp_path_factory.getbasetemp().parent / "shared-caches"
+        root.mkdir(exist_ok=True)
+    else:
+        root = tmp_path_factory.mktemp("shared-caches")
     return {"EXPLORER_CAPTURE_CACHE": str(root / "captures.sqlite"),
             "NUMBA_CACHE_DIR": str(root / "numba")}
 

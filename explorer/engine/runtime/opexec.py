@@ -709,13 +709,84 @@ def _constant(gm, node):
 #: instead of once per plan (tracing is most of a small plan's run)
 _TRACES: OrderedDict = OrderedDict()
 _TRACES_KEPT = 2
+#: traces the launcher made and shipped with the job (``key -> `` :func:`_pickle_trace`): a worker
+#: unpickles one (a fraction of a second) instead of tracing the step again (seconds to
+#: minutes, once per worker); the launcher traces each model once anyway for its reference
+_SHIPPED: dict = {}
 
 
-def _build(spec, batch, model_args, seed, lr, dtype=torch.float64):
+def _trace_key(spec, batch, model_args, seed, lr, dtype) -> tuple:
+    return (spec, batch, json.dumps(model_args or {}, sort_keys=True, default=str), lr,
+            str(dtype), seed)
+
+
+def _names_digest(gm) -> str:
+    import hashlib
+    return hashlib.sha256("\n".join(f"{n.name} {n.target}" for n in gm.graph.nodes)
+                          .encode()).hexdigest()
+
+
+def _pickle_trace(g) -> tuple:
+    """``g`` for a worker: its fields pickled, its graph module by torch's graph pickler
+    (which keeps every node's name and metadata; a plain pickle re-traces the module's code
+    and renames its inputs), and the digest of its nodes' names and targets."""
+    import copy
+    import pickle
+
+    from torch.fx._graph_pickler import GraphPickler, Options
+    rest = copy.copy(g)
+    rest.gm = None
+    return (pickle.dumps(rest, protocol=pickle.HIGHEST_PROTOCOL),
+            GraphPickler.dumps(g.gm, Options(ops_filter=None)), _names_digest(g.gm))
+
+
+def _unpickle_trace(blob: tuple):
+    """:func:`_pickle_trace`'s ``g`` again, or ``None`` when its graph did not come back
+    node for node (the worker then traces the step itself)."""
+    import pickle
+    import warnings
+
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx._graph_pickler import GraphPickler
+    fields, module, names = blob
+    with warnings.catch_warnings():      # torch's pytree specs warn as they are rebuilt
+        warnings.simplefilter("ignore")
+        g = pickle.loads(fields)
+        gm = GraphPickler.loads(module, FakeTensorMode())
+    if _names_digest(gm) != names:
+        return None
+    g.gm = gm
+    return g
+
+
+def _ship_traces(plans: list, seed, lr) -> dict:
+    """The float64 traces of the launch's models (what the check pass and the reference run),
+    pickled for the workers (:data:`_SHIPPED`).  A model that does not trace or pickle here
+    is left out: its workers trace it (and report an error) as before."""
+    out = {}
+    for plan in plans:
+        key = _trace_key(plan["spec"], plan["batch"], plan["model_args"], seed, lr,
+                         torch.float64)
+        if key in out:
+            continue
+        try:
+            # traced afresh: a model file edited since this process last traced it must
+            # fail the workers' digest check, not run the old graph
+            g = _build(plan["spec"], plan["batch"], plan["model_args"], seed, lr,
+                       fresh=True)[0]
+            out[key] = _pickle_trace(g)
+        except Exception:  # noqa: BLE001 - the workers trace it and say why it fails
+            continue
+    return out
+
+
+def _build(spec, batch, model_args, seed, lr, dtype=torch.float64, fresh=False):
     """The real model and input (seeded: every worker and the reference get the same), in
     float64 by default so that a wrong region shows as a large error, not as rounding.  The
-    traced step is reused from :data:`_TRACES` when this process traced the same one (the
-    graph is read, never changed, by the passes; the model and its parameters are rebuilt)."""
+    traced step is reused from :data:`_TRACES` when this process traced the same one, or
+    unpickled from :data:`_SHIPPED` when the launcher sent it (the graph is read, never
+    changed, by the passes; the model and its parameters are rebuilt).  ``fresh``: trace
+    it again whatever was kept."""
     from explorer.engine.core.capture import load, loss_function
     from explorer.engine.core.opgraph import build_from_module
     torch.manual_seed(seed)
@@ -724,11 +795,13 @@ def _build(spec, batch, model_args, seed, lr, dtype=torch.float64):
         model = model.to(dtype)
         if x.is_floating_point():
             x = x.to(dtype)
-    key = (spec, batch, json.dumps(model_args or {}, sort_keys=True, default=str), lr,
-           str(dtype), seed)
-    g = _TRACES.get(key)
+    key = _trace_key(spec, batch, model_args, seed, lr, dtype)
+    g = None if fresh else _TRACES.get(key)
     if g is None:
-        g = build_from_module(model, x, spec, lr, loss_function(spec))
+        blob = None if fresh else _SHIPPED.get(key)
+        g = _unpickle_trace(blob) if blob is not None else None
+        if g is None:
+            g = build_from_module(model, x, spec, lr, loss_function(spec))
         _TRACES[key] = g
         while len(_TRACES) > _TRACES_KEPT:
             _TRACES.popitem(last=False)
@@ -746,7 +819,9 @@ def _op_entry(rank, world, device, job, send):
     """One worker of an operator-level launch (the entry :func:`launcher.start_workers`
     calls): each plan of ``job["plans"]`` in turn (:func:`_op_plan`) on the worker's
     ``device``, its results sent under ``(plan index, kind)``."""
-    common = {k: v for k, v in job.items() if k != "plans"}
+    common = {k: v for k, v in job.items() if k not in ("plans", "traces")}
+    _SHIPPED.clear()
+    _SHIPPED.update(job.get("traces") or {})
     for i, plan in enumerate(job["plans"]):
         def send_i(kind, what=None, value=None, i=i):
             send(kind, (i, what), value)
@@ -952,7 +1027,6 @@ def run_layouts(layouts: list, *, steps: int = 1, seed: int = 0, lr: float = 0.0
     from explorer.engine.runtime.launcher import start_workers
     if dtype not in ("float32", "float64"):
         raise InfeasiblePlan(f"the timed steps compute in float32 or float64, not {dtype!r}")
-    from explorer.engine.runtime.reference import compare
     if not layouts:
         return []
     counts = {int(lay["xplan"]["workers"]) for lay in layouts}
@@ -966,12 +1040,28 @@ def run_layouts(layouts: list, *, steps: int = 1, seed: int = 0, lr: float = 0.0
     plans = [{"spec": lay["spec"], "batch": lay["batch"],
               "model_args": dict(lay.get("model_args") or {}), "xplan": lay["xplan"],
               "digest": lay["digest"]} for lay in layouts]
+    # with the check, the launcher traces each model once (its reference needs it) and the
+    # workers take that trace instead of tracing it again each
+    traces = _ship_traces(plans, seed, lr) if check else {}
     job = {"plans": plans, "seed": seed, "lr": lr, "fault": fault, "debug": debug,
            "steps": max(1, int(steps)), "timeout_s": timeout_s, "train": bool(train),
-           "dtype": dtype, "check": bool(check)}
+           "dtype": dtype, "check": bool(check), "traces": traces}
     got = start_workers(workers, _op_entry, job, timeout_s=timeout_s,
                         name="explorer-op-worker", memory_limit=memory_limit,
                         jobs=len(plans))
+    _SHIPPED.clear()
+    _SHIPPED.update(traces)            # the references below read them, not trace again
+    try:
+        return _gather_layouts(plans, got, workers, dtype, check, seed, lr, steps, train,
+                               tol, debug)
+    finally:
+        _SHIPPED.clear()
+
+
+def _gather_layouts(plans, got, workers, dtype, check, seed, lr, steps, train, tol, debug):
+    """:func:`run_layouts`' result per plan from what the workers sent, each compared with
+    its model's float64 single-device step when ``check``."""
+    from explorer.engine.runtime.reference import compare
     outs, refs = [], {}
     for i, plan in enumerate(plans):
         res = {r: {k[1]: v for k, v in got.results[r].items() if k[0] == i}
