@@ -266,7 +266,7 @@ def summary(text: str, layers: int) -> str:
 
 def program(spec: str, batch: int, model_args: dict, n: int, configs: dict, *,
             model: str | None = None, algo: str = "custom",
-            dtype: str = "fp32") -> tuple[str, str]:
+            dtype: str = "fp32", layouts: bool = True) -> tuple[str, str]:
     """``(file name, text)`` of the program for per-layer ``configs`` (layer -> ({letter:
     degree > 1}, devices)) of model ``spec`` on ``n`` processes, computing in precision
     ``dtype`` (bf16: every forward pass under autocast, float32 master weights);
@@ -276,7 +276,10 @@ def program(spec: str, batch: int, model_args: dict, n: int, configs: dict, *,
     from explorer.engine.core.importer import load_model
     graph = layer_graph(spec, batch, model_args)       # the search's capture, when cached
     module, x = load_model(spec, batch, model_args, meta=True)
-    mp = mesh_plan(graph, configs, n, module)
+    from explorer.engine.export.layouts import plan_layouts
+    mp = plan_layouts(graph, configs, n, module) if layouts else None
+    if mp is None:                     # torch.fx cannot trace it: one (dp, tp) mesh
+        mp = mesh_plan(graph, configs, n, module)
     info = SimpleNamespace(spec=spec, model=model or spec, batch=int(batch), algo=algo,
                            model_args=dict(model_args or {}), n_devices=int(n),
                            dtype=dtype)
@@ -388,8 +391,11 @@ def _tol(plan) -> float:
     return tolerance(_dtype(plan))
 
 
-def render(plan, mp: MeshPlan, model, x) -> str:
+def render(plan, mp, model, x) -> str:
     """The program's text (see the module docstring)."""
+    from explorer.engine.export.layouts import LayoutPlan
+    if isinstance(mp, LayoutPlan):
+        return _render_layouts(plan, mp, model, x)
     n = plan.n_devices
     tp_lines = [f"            {m!r}: {_style_code(s, a)}," for m, (s, a) in sorted(mp.styles.items())
                 if s in ("colwise", "rowwise")]
@@ -447,3 +453,61 @@ def render(plan, mp: MeshPlan, model, x) -> str:
     ]
     return "\n\n".join(p.strip("\n") + "\n" for p in parts)
 
+
+
+def _render_layouts(plan, lp, model, x) -> str:
+    """The program of a per-layer layout plan (:mod:`explorer.engine.export.layouts`)."""
+    import pprint
+    n = plan.n_devices
+    mesh = " x ".join(str(s) for s in lp.mesh)
+    done = lp.layers - len(lp.deviations)
+    head = (f'"""{plan.model}: the {plan.algo} plan for {n} devices (batch {plan.batch}'
+            f'{", arguments " + str(plan.model_args) if plan.model_args else ""}), '
+            f'exported by Plan Explorer.\n\n'
+            f"Applies the plan layer by layer with DTensor on one DeviceMesh ({mesh}): each "
+            f"layer's\nconfiguration is a placement per mesh dimension (Shard / Replicate / "
+            f"Partial), its inputs are\nredistributed to it, and it computes on its shards.  "
+            f"{done} of {lp.layers} layers as planned.\n\n"
+            f"    torchrun --standalone --nproc_per_node {n} {_filename(plan)} --steps K "
+            f"[--check]\n\n"
+            f"Precision: {_dtype(plan)}.  "
+            f"--check also runs the same steps on one process (float64 and float32) and exits "
+            f"1 when\nthe loss or the parameter updates differ.  Standard library and torch "
+            f"only"
+            f"{' (and transformers)' if plan.spec.startswith('hf:') else ''}.\n"
+            f'"""\n')
+    notes = [(d.layer, d.planned, d.exported, d.reason) for d in lp.deviations]
+    block = (f"# {done} of {lp.layers} layers as planned.\n"
+             + (_comment_block(lp) if lp.deviations else ""))
+    parts = [
+        head,
+        block,
+        "from __future__ import annotations\n\n"
+        "import argparse\nimport contextlib\nimport copy\nimport os\nimport sys\n\n"
+        "import torch\nimport torch.distributed as dist\n"
+        "from torch.distributed.device_mesh import init_device_mesh\n"
+        "from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, "
+        "distribute_tensor\n"
+        "from torch.distributed.tensor.parallel import (PrepareModuleOutput, SequenceParallel,\n"
+        "                                               parallelize_module)\n",
+        f"DEVICES = {n}\nMESH = (1, {n})          # unused: the layers' own mesh below\n"
+        f"BATCH_DIM = 0\n"
+        f"LR = {LR!r}\nSEED = {SEED}\n"
+        f"TOL = {_tol(plan)!r}            # as Plan Explorer's reference check in {_dtype(plan)}\n"
+        f"ROUNDING_FACTOR = {10.0 if _dtype(plan) == 'fp32' else 2.0}\nUPDATE_FLOOR = 1e-3\n"
+        f"DTYPE = {_dtype(plan)!r}          # the plan's precision (bf16: autocast, fp32 "
+        f"master weights)\n"
+        f"#: (layer, plan, exported, reason) of every layer not computed as planned\n"
+        f"NOT_AS_PLANNED = {notes!r}\n"
+        f"#: the mesh: the device count's prime factors; one placement per mesh dimension\n"
+        f"LAYER_MESH = {tuple(lp.mesh)!r}\n"
+        f"#: fx node -> mode, output shape, placements of its output (and, for a module layer,\n"
+        f"#: of its input and parameters): R = Replicate, P = Partial, S<d> = Shard(d)\n"
+        f"LAYOUTS = {pprint.pformat(lp.specs, width=96, compact=True)}\n",
+        _model_code(plan, model, x),
+        "def parallelize(model, mesh):\n"
+        "    \"\"\"Unused: the layers' placements apply through parallelize_layers.\"\"\"\n"
+        "    return model\n",
+        program_body(),
+    ]
+    return "\n\n".join(p.strip("\n") + "\n" for p in parts)

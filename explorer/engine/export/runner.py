@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.parallel import (
     PrepareModuleOutput,
     SequenceParallel,
@@ -35,6 +35,8 @@ ROUNDING_FACTOR = 10.0
 UPDATE_FLOOR = 1e-3
 DTYPE = "fp32"                 # the plan's precision: fp32 | tf32 | bf16 (autocast)
 NOT_AS_PLANNED: list = []
+LAYER_MESH = None              # the prime-factor mesh of the per-layer layouts (None: (dp, tp))
+LAYOUTS: dict = {}             # fx node name -> the layer's placements (per-layer layouts)
 
 
 def build_model():
@@ -65,6 +67,202 @@ def sequence_parallel(module, mesh, dim):
     module.register_forward_pre_hook(as_dtensor, prepend=True)
     parallelize_module(module, mesh, PrepareModuleOutput(output_layouts=Shard(dim),
                                                          desired_output_layouts=Replicate()))
+
+
+def placement(code):
+    """``"R"`` / ``"P"`` / ``"S<dim>"`` as a DTensor placement."""
+    return Replicate() if code == "R" else Partial() if code == "P" else Shard(int(code[1:]))
+
+
+class Layouts:
+    """The plan's per-layer placements applied to an fx-traced model on ``mesh``: every
+    layer's node is replaced by :meth:`run`, which redistributes its inputs to the layer's
+    placements and computes it on local shards (module layers, element-wise ops, attention,
+    pooling) or through DTensor (other ops, whose output placements are then checked)."""
+
+    def __init__(self, gm, mesh, layouts):
+        self.gm, self.mesh, self.layouts = gm, mesh, layouts
+        self.fns, self.drift = {}, {}
+
+    def coords(self):
+        return self.mesh.get_coordinate()
+
+    def arg_layout(self, spec, shape, pls=None):
+        """The placements an input of global ``shape`` takes for a layer whose output has
+        ``spec['shape']``: the output's, right-aligned, Replicate where the sizes differ."""
+        out, oshape = pls or spec["out"], spec["shape"]
+        off = len(oshape) - len(shape)
+        res = []
+        for code in out:
+            if code.startswith("S"):
+                d = int(code[1:]) - off
+                res.append(code[0] + str(d) if 0 <= d < len(shape)
+                           and shape[d] == oshape[int(code[1:])] else "R")
+            else:
+                res.append("R")
+        return res
+
+    def to_layout(self, t, codes):
+        if not isinstance(t, DTensor):
+            t = DTensor.from_local(t, self.mesh, [Replicate()] * self.mesh.ndim,
+                                   run_check=False)
+        want = tuple(placement(c) for c in codes)
+        return t if tuple(t.placements) == want else t.redistribute(self.mesh, want)
+
+    def local(self, t, codes, active):
+        """``t`` in ``codes`` as this rank's shard; its gradient is summed over the mesh
+        dims where the layer splits something and ``t`` is replicated."""
+        d = self.to_layout(t, codes)
+        grads = [Partial() if c == "R" and a else placement(c) for c, a in zip(codes, active)]
+        out = d.to_local(grad_placements=grads)
+        return _ContiguousGrad.apply(out) if out.requires_grad else out
+
+    def run(self, name, *args, **kwargs):
+        spec, (mode, fn) = self.layouts[name], self.fns[name]
+        out_codes = spec["out"]
+        active = [c != "R" for c in out_codes]
+        if mode == "value":
+            return self.to_layout(fn(*args, **kwargs), out_codes)
+        if mode == "module":
+            active = [a or i != "R" or any(p[d] != "R" for p in spec["params"].values())
+                      for d, (a, i) in enumerate(zip(active, spec["in"]))]
+        if mode in ("module", "local"):
+            largs = []
+            for i, a in enumerate(args):
+                if isinstance(a, torch.Tensor):
+                    codes = (spec["in"] if mode == "module"
+                             else self.arg_layout(spec, tuple(a.shape)))
+                    if mode == "module" and i > 0:
+                        codes = self.arg_layout(spec, tuple(a.shape), spec["in"])
+                    a = self.local(a, codes, active)
+                largs.append(a)
+            lkw = {k: self.local(v, self.arg_layout(spec, tuple(v.shape)), active)
+                   if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
+            if mode == "module":
+                params = {}
+                for pname, p in fn.named_parameters():
+                    codes = spec["params"].get(pname, ["R"] * self.mesh.ndim)
+                    pcodes = ["R" if c == "mask" else c for c in codes]
+                    lp = self.local(p, pcodes, active)
+                    if "mask" in codes and any(self.coords()[d] for d, c in enumerate(codes)
+                                               if c == "mask"):
+                        lp = lp * 0.0     # the bias of a reduction split: added once
+                    params[pname] = lp
+                for bname, b in fn.named_buffers():
+                    params[bname] = (b.to_local() if isinstance(b, DTensor) else b)
+                out = torch.func.functional_call(fn, params, tuple(largs), lkw)
+            else:
+                out = fn(*largs, **lkw)
+            pls = [placement(c) for c in out_codes]
+            return _map_tensors(out, lambda o: DTensor.from_local(o.contiguous(), self.mesh, pls,
+                                                                  run_check=False)
+                                if o.dim() == len(spec["shape"]) else o)
+        args = [self.to_layout(a, self.arg_layout(spec, tuple(a.shape)))
+                if isinstance(a, torch.Tensor) else a for a in args]
+        out = fn(*args, **kwargs)
+        want = tuple(placement(c) for c in out_codes)
+
+        def fix(o):
+            if not isinstance(o, DTensor) or o.dim() != len(spec["shape"]):
+                return o
+            if tuple(o.placements) != want:
+                self.drift[name] = "".join(str(p) for p in o.placements)
+                return o.redistribute(self.mesh, want)
+            return o
+        return _map_tensors(out, fix)
+
+
+class _ContiguousGrad(torch.autograd.Function):
+    """Identity whose gradient is made contiguous: a shard's gradient becomes a DTensor
+    whose global view ops assume contiguous shards."""
+
+    @staticmethod
+    def forward(ctx, t):
+        return t.view_as(t)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g.contiguous()
+
+
+def _map_tensors(out, f):
+    if isinstance(out, torch.Tensor):
+        return f(out)
+    if isinstance(out, tuple):
+        return tuple(_map_tensors(o, f) for o in out)
+    if isinstance(out, list):
+        return [_map_tensors(o, f) for o in out]
+    return out
+
+
+_LAYOUTS = None
+
+
+def run_layer(name, *args, **kwargs):
+    """A layer's node in the traced model (see :class:`Layouts`)."""
+    return _LAYOUTS.run(name, *args, **kwargs)
+
+
+def _method(name):
+    return lambda self, *a, **k: getattr(self, name)(*a, **k)
+
+
+def parallelize_layers(model, mesh, layouts):
+    """The plan's per-layer layouts on ``model``: parameters distributed with their layer's
+    placements (Replicate where no layer splits them), every layer's fx node wrapped."""
+    global _LAYOUTS
+    import torch.fx
+    gm = torch.fx.symbolic_trace(model)
+    lay = Layouts(gm, mesh, layouts)
+    owned = {}
+    for nd in gm.graph.nodes:
+        spec = layouts.get(nd.name)
+        if spec is not None and spec["mode"] == "module":
+            owned[nd.target] = spec
+    for mname, mod in gm.named_modules():
+        spec = owned.get(mname)
+        for pname, p in list(mod.named_parameters(recurse=False)):
+            codes = (spec["params"].get(pname) if spec else None) or ["R"] * mesh.ndim
+            if spec is None:
+                for prefix, other in owned.items():       # a submodule of a module layer
+                    if mname.startswith(prefix + "."):
+                        key = mname[len(prefix) + 1:] + "." + pname
+                        codes = other["params"].get(key, codes)
+            pls = [Replicate() if c in ("R", "mask") else placement(c) for c in codes]
+            mod.register_parameter(pname, torch.nn.Parameter(
+                distribute_tensor(p.detach(), mesh, pls)))
+        if list(mod.parameters(recurse=False)):
+            for bname, b in list(mod.named_buffers(recurse=False)):
+                if b is not None and b.is_floating_point():
+                    mod.register_buffer(bname, DTensor.from_local(
+                        b, mesh, [Replicate()] * mesh.ndim, run_check=False))
+    graph = gm.graph
+    for nd in list(graph.nodes):
+        spec = layouts.get(nd.name)
+        if spec is None:
+            continue
+        name = nd.name
+        if nd.op in ("placeholder", "get_attr"):
+            lay.fns[name] = ("value", lambda t: t)
+            with graph.inserting_after(nd):
+                new = graph.call_function(run_layer, (name, nd))
+            nd.replace_all_uses_with(new, delete_user_cb=lambda u: u is not new)
+            continue
+        if nd.op == "call_module":
+            fn = gm.get_submodule(nd.target)
+        elif nd.op == "call_method":
+            fn = _method(nd.target)
+        else:
+            fn = nd.target
+        mode = spec["mode"] if spec["mode"] != "value" else "value"
+        lay.fns[name] = (mode, fn)
+        with graph.inserting_before(nd):
+            new = graph.call_function(run_layer, (name, *nd.args), dict(nd.kwargs))
+        nd.replace_all_uses_with(new)
+        graph.erase_node(nd)
+    gm.recompile()
+    _LAYOUTS = lay
+    return gm
 
 
 def tensors(out):
@@ -102,7 +300,10 @@ def sgd_(model, lr):
     with torch.no_grad():
         for p in model.parameters():
             if p.grad is not None:
-                p.add_(p.grad, alpha=-lr)
+                g = p.grad
+                if isinstance(p, DTensor) and tuple(g.placements) != tuple(p.placements):
+                    g = g.redistribute(p.device_mesh, p.placements)   # e.g. Partial -> sum
+                p.add_(g, alpha=-lr)
                 p.grad = None
 
 
@@ -195,10 +396,17 @@ def main(argv=None):
     device = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', rank))}" if cuda else "cpu")
     if cuda:
         torch.cuda.set_device(device)
-    mesh = init_device_mesh(device.type, MESH, mesh_dim_names=("dp", "tp"))
+    if LAYER_MESH:
+        mesh = init_device_mesh(device.type, tuple(LAYER_MESH),
+                                mesh_dim_names=tuple(f"m{i}" for i in range(len(LAYER_MESH))))
+    else:
+        mesh = init_device_mesh(device.type, MESH, mesh_dim_names=("dp", "tp"))
     if rank == 0:
-        print(f"{DEVICES} processes, mesh dp={MESH[0]} x tp={MESH[1]}, {args.steps} steps, "
-              f"{DTYPE}")
+        shape = (" x ".join(str(s) for s in LAYER_MESH) + " (one placement per layer)"
+                 if LAYER_MESH else f"dp={MESH[0]} x tp={MESH[1]}")
+        print(f"{DEVICES} processes, mesh {shape}, {args.steps} steps, {DTYPE}; "
+              f"{len(LAYOUTS) - len(NOT_AS_PLANNED) if LAYOUTS else '?'} of "
+              f"{len(LAYOUTS) or '?'} layers as planned")
         for layer, planned, exported, reason in NOT_AS_PLANNED:
             print(f"not as planned: {layer}: plan {planned} -> {exported}: {reason}")
     torch.manual_seed(SEED)
@@ -206,8 +414,12 @@ def main(argv=None):
     model, x = model.to(device).eval(), x.to(device)   # eval: dropout off, BatchNorm running
     reference = copy.deepcopy(model) if args.check and rank == 0 else None   # stats (as the
     before = {n: p.detach().clone() for n, p in model.named_parameters()}    # reference)
-    parallelize(model, mesh)
-    xs = x.tensor_split(MESH[0], dim=BATCH_DIM)[mesh.get_local_rank("dp")]
+    if LAYER_MESH:
+        model = parallelize_layers(model, mesh, LAYOUTS)
+        xs = x                     # the input layer takes its own shard
+    else:
+        parallelize(model, mesh)
+        xs = x.tensor_split(MESH[0], dim=BATCH_DIM)[mesh.get_local_rank("dp")]
     losses = []
     for _ in range(args.steps):
         with precision(device.type):
@@ -216,15 +428,20 @@ def main(argv=None):
         loss.backward()
         sgd_(model, args.lr)
         value = loss.detach().reshape(1).to(torch.float64)
-        if MESH[0] > 1:
+        if MESH[0] > 1 and not LAYER_MESH:
             dist.all_reduce(value, group=mesh.get_group("dp"))
             value /= MESH[0]
         losses.append(float(value))
     after = {n: whole(p).cpu() for n, p in model.named_parameters()}
     ok = True
+    drift = dict(_LAYOUTS.drift) if _LAYOUTS is not None else {}
+    if rank == 0 and drift:
+        print(f"computed in other placements than planned at run time: "
+              f"{', '.join(f'{k} ({v})' for k, v in sorted(drift.items()))}")
+        ok = False
     if rank == 0:
         if reference is not None:
-            ok = check(reference.cpu(), x.cpu(), {n: p.cpu() for n, p in before.items()},
+            ok = ok & check(reference.cpu(), x.cpu(), {n: p.cpu() for n, p in before.items()},
                        losses, after, args.steps, args.lr)
         else:
             for i, value in enumerate(losses):

@@ -1,0 +1,271 @@
+"""Per-layer layouts: each layer's configuration as DTensor placements on one device mesh.
+
+The N processes form one ``DeviceMesh`` whose dimensions are N's prime factors (4 -> (2, 2),
+8 -> (2, 2, 2), 6 -> (2, 3)).  Any configuration whose degrees multiply to N then maps onto it:
+each dimension letter takes mesh dimensions whose sizes multiply to its degree (n2 c4 on 8
+devices: n on mesh dim 0, c on dims 1 and 2), and becomes a placement per mesh dimension:
+
+=============  ===========================================  ==================================
+letter          the layer's output                          its parameters
+=============  ===========================================  ==================================
+``n`` ``l``     ``Shard(axis)`` (sample / sequence axis)     ``Replicate`` (gradient: Partial,
+                                                              summed when the step reads it)
+``c``           ``Shard(feature axis)``                      ``Shard(0)`` (linear, conv),
+                                                              ``Shard(1)`` (embedding)
+``k``           ``Partial()`` (input ``Shard(feature)``)     ``Shard(1)``; the bias added on
+                                                              one coordinate of the k dims
+=============  ===========================================  ==================================
+
+The exported program traces the model with ``torch.fx`` and wraps every layer's node: its
+inputs are redistributed to the layer's placements (the plan's redistribution on each edge),
+then a module layer (linear, embedding, norm, conv, or any module split on the sample only)
+computes on its local shards with its local parameter shards, element-wise ops, attention and
+pooling compute on local shards, and every other op computes through DTensor's sharding
+propagation, its output placements checked against the plan when it runs.  What the mesh
+cannot express - a layer on a subset of the devices, a split on ``h``/``w`` (halos), a letter
+no rule computes, an uneven split - is listed with its reason and computed replicated on the
+mesh dimensions it cannot use.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+ORDER = "nlckhw"
+
+
+@dataclass(frozen=True)
+class Deviation:
+    """A layer the exported program computes in another form than the plan gives it."""
+
+    layer: str
+    planned: str
+    exported: str
+    reason: str
+
+
+@dataclass
+class LayoutPlan:
+    """The mesh and each layer's placements (``specs``: fx node name -> spec dict) and the
+    layers not computed as planned."""
+
+    mesh: tuple
+    specs: dict = field(default_factory=dict)
+    deviations: list = field(default_factory=list)
+    layers: int = 0
+
+
+def factors(n: int) -> tuple:
+    """n's prime factors, ascending (the mesh's shape)."""
+    out, p = [], 2
+    while n > 1:
+        while n % p == 0:
+            out.append(p)
+            n //= p
+        p += 1
+    return tuple(out) or (1,)
+
+
+def assign(deg: dict, shape: tuple) -> dict | None:
+    """letter -> mesh dims whose sizes multiply to its degree (letters in ``ORDER``, each
+    taking the lowest free dims that fit), or None when no assignment exists."""
+    letters = sorted(deg, key=lambda k: (ORDER.index(k) if k in ORDER else 99, k))
+
+    def go(i, free):
+        if i == len(letters):
+            return {}
+        want = deg[letters[i]]
+
+        def pick(j, prod, chosen):
+            if prod == want:
+                rest = go(i + 1, [d for d in free if d not in chosen])
+                if rest is not None:
+                    return {letters[i]: tuple(chosen), **rest}
+                return None
+            for m in range(j, len(free)):
+                d = free[m]
+                if want % (prod * shape[d]) == 0:
+                    got = pick(m + 1, prod * shape[d], chosen + [d])
+                    if got is not None:
+                        return got
+            return None
+        return pick(0, 1, [])
+    return go(0, list(range(len(shape))))
+
+
+def _label(deg: dict) -> str:
+    return " ".join(f"{k}{v}" for k, v in deg.items()) or "1"
+
+
+def _norm_types():
+    from torch import nn
+    return tuple(t for t in (getattr(nn, "LayerNorm", None), getattr(nn, "RMSNorm", None))
+                 if t is not None)
+
+
+def fx_nodes(model) -> dict | None:
+    """fx node name -> (op, target) of ``model`` traced as the program traces it, or None
+    when ``torch.fx`` cannot trace it."""
+    import torch.fx
+    try:
+        gm = torch.fx.symbolic_trace(model)
+    except Exception:                                     # noqa: BLE001 - any trace error
+        return None
+    return {nd.name: (nd.op, nd.target) for nd in gm.graph.nodes}
+
+
+def _rules(la, mod, node, own: bool) -> tuple:
+    """``(mode, {letter: (out placement, in placement or None, {param: placement})},
+    {letter: reason})`` for layer ``la``: which letters the program computes as planned."""
+    from torch import nn
+    axes = list(la.axes)
+    last = len(axes) - 1
+    out_axis = {k: i for i, k in enumerate(axes) if k not in ("-",)}
+    ok, why = {}, {}
+    op, kind = la.op, node[0]
+    if op in ("input", "param") or kind in ("placeholder", "get_attr"):
+        for k, i in out_axis.items():
+            ok[k] = (f"S{i}", None, {})
+        return "value", ok, why
+    if kind == "call_module" and mod is not None and own:
+        if isinstance(mod, nn.Linear) and op == "linear":
+            for k, i in out_axis.items():
+                if k == "c" and i == last:
+                    ok[k] = (f"S{i}", "R", {"weight": "S0", "bias": "S0"})
+                elif k != "c":
+                    ok[k] = (f"S{i}", f"S{i}", {})
+            ok["k"] = ("P", f"S{last}", {"weight": "S1", "bias": "mask"})
+            return "module", ok, why
+        if isinstance(mod, nn.Embedding) and op == "embedding":
+            for k, i in out_axis.items():
+                ok[k] = ((f"S{i}", "R", {"weight": "S1"}) if k == "c" and i == last
+                         else (f"S{i}", f"S{i}", {}))
+            return "module", ok, why
+        if isinstance(mod, _norm_types()) and op == "norm":
+            for k, i in out_axis.items():
+                if i != last:
+                    ok[k] = (f"S{i}", f"S{i}", {})
+            why["c"] = "a norm split on the axis it normalises needs its statistics reduced"
+            return "module", ok, why
+        if (isinstance(mod, (nn.Conv1d, nn.Conv2d)) and op in ("conv", "conv1d", "conv2d")
+                and mod.groups == 1):
+            for k, i in out_axis.items():
+                if k == "n":
+                    ok[k] = ("S0", "S0", {})
+                elif k == "c" and i == 1:
+                    ok[k] = ("S1", "R", {"weight": "S0", "bias": "S0"})
+            ok["k"] = ("P", "S1", {"weight": "S1", "bias": "mask"})
+            for k in ("h", "w"):
+                why[k] = (f"a convolution split on {k} needs halos from its neighbours, which "
+                          f"DTensor does not exchange")
+            return "module", ok, why
+        if "n" in out_axis:
+            ok["n"] = (f"S{out_axis['n']}", f"S{out_axis['n']}", {})
+        return "module", ok, why
+    if la.params and not own:
+        pass  # its parameters stay replicated: letters that would shard them are not rules
+    if op == "eltwise":
+        for k, i in out_axis.items():
+            ok[k] = (f"S{i}", None, {})
+        return ("follow" if la.params else "local"), ok, why
+    if op == "sdpa":
+        for k, i in out_axis.items():
+            if i in (0, 1):
+                ok[k] = (f"S{i}", None, {})
+        why["l"] = "attention split on the sequence needs every key on every query shard"
+        return "local", ok, why
+    if op in ("pool", "adaptive_pool"):
+        for k, i in out_axis.items():
+            if i in (0, 1):
+                ok[k] = (f"S{i}", None, {})
+        for k in ("h", "w"):
+            why[k] = f"pooling split on {k} needs halos from its neighbours"
+        return "local", ok, why
+    for k, i in out_axis.items():
+        ok[k] = (f"S{i}", None, {})
+    return "follow", ok, why
+
+
+def plan_layouts(graph, configs: dict, n: int, model) -> LayoutPlan | None:
+    """Each layer's placements on the prime-factor mesh of ``n`` devices, or None when the
+    model cannot be traced by ``torch.fx`` into nodes named as the layers."""
+    nodes = fx_nodes(model)
+    layers = graph.layers()
+    if nodes is None or any(la.name not in nodes for la in layers):
+        return None
+    modules = dict(model.named_modules())
+    uses: dict = {}
+    for name, (kind, target) in nodes.items():
+        if kind == "call_module":
+            uses[target] = uses.get(target, 0) + 1
+    shape = factors(n)
+    lp = LayoutPlan(shape, layers=len(layers))
+    everyone = list(range(n))
+    for la in layers:
+        want, devices = configs[la.name]
+        node = nodes[la.name]
+        mod = modules.get(node[1]) if node[0] == "call_module" else None
+        own = (mod is not None and uses.get(node[1], 0) == 1
+               and set(la.params) <= {k for k, _ in mod.named_parameters()})
+        mode, ok, why = _rules(la, mod, node, own)
+        reasons, keep = [], {}
+        if sorted(devices) != everyone:
+            reasons.append(f"it runs on devices {list(devices)} of {n}: a layer on a subset of "
+                           f"the devices is computed on every rank (no sub-mesh yet)")
+        else:
+            for k, d in want.items():
+                if k not in ok:
+                    reasons.append(why.get(k) or f"no rule computes a {la.op} split on {k} "
+                                                  f"(module {la.module or '-'})")
+                    continue
+                outp, inp, params = ok[k]
+                if not _even(la, k, d, outp, inp, params, mod):
+                    reasons.append(f"{k}{d} does not divide its axis evenly")
+                    continue
+                keep[k] = d
+            if keep and assign(keep, shape) is None:
+                reasons.append(f"its degrees ({_label(keep)}) do not factor onto the mesh "
+                               f"{shape}")
+                keep = {}
+        spec = {"mode": mode, "shape": list(la.out_shape), "out": ["R"] * len(shape)}
+        dims = assign(keep, shape) or {}
+        if mode == "module":
+            spec["in"] = ["R"] * len(shape)
+            spec["params"] = {}
+            if mod is not None:
+                for pname, p in mod.named_parameters():
+                    spec["params"][pname] = ["R"] * len(shape)
+        for k, mdims in dims.items():
+            outp, inp, params = ok[k]
+            for d in mdims:
+                spec["out"][d] = outp
+                if mode == "module":
+                    spec["in"][d] = inp
+                    for pname, pl in params.items():
+                        if pname in spec["params"]:
+                            spec["params"][pname][d] = pl
+        if reasons:
+            lp.deviations.append(Deviation(
+                la.name, _label(want) + (f" on {list(devices)}"
+                                         if sorted(devices) != everyone else ""),
+                (_label(keep) + ", replicated on the rest of the mesh" if keep
+                 else "whole on every rank"), "; ".join(reasons)))
+        lp.specs[la.name] = spec
+    return lp
+
+
+def _even(la, k, d, outp, inp, params, mod) -> bool:
+    """Every tensor the letter splits divides evenly by ``d``."""
+    if outp.startswith("S") and la.out_shape[int(outp[1:])] % d:
+        return False
+    if inp and inp.startswith("S") and la.in_shapes:
+        shp = la.in_shapes[0]
+        ax = int(inp[1:])
+        if ax < len(shp) and shp[ax] % d:
+            return False
+    if mod is not None:
+        own = dict(mod.named_parameters())
+        for pname, pl in params.items():
+            if pl.startswith("S") and pname in own and own[pname].shape[int(pl[1:])] % d:
+                return False
+    return True
