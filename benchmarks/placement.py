@@ -85,7 +85,8 @@ def bench_model(label, spec, batch, args, devices, algos):
     rows = {algo: run(algo, pg, devices) for algo in algos}
     cel = rows["celeritas"]
     ref = {k: cel.stats.get(k) for k in ("step_before_refine_s", "refine_moves", "refine_evals",
-                                          "refine_s", "refine_exhausted")}
+                                          "refine_s", "refine_exhausted", "schedule",
+                                          "schedule_steps_s")}
     return {"label": label, "spec": spec, "batch": batch, "args": args, "ops": len(og.ops),
             "nodes": pg.n, "edges": pg.n_edges, "trace_s": trace_s,
             "capacity_gib": float(pg.capacity[0]) / GiB,
@@ -117,7 +118,9 @@ def print_model(m):
           f"CCR {m['ccr_before']:.3f} -> {m['ccr_after']:.3f}"
           + (f"   [paper: {p2[0]} -> {p2[2]}, CCR {p2[1]} -> {p2[3]}]" if p2 else ""))
     print("step: in the placer's own schedule (m-ETF/m-SCT event order, m-TOPO's BFS order; "
-          "Celeritas and METIS: CPD-TOPO); common: every placement in CPD-TOPO, for reference")
+          "celeritas: CPD-TOPO or the placed blevel, whichever runs its placement faster; "
+          "celeritas-paper, Order-Place and METIS: CPD-TOPO); common: every placement in "
+          "CPD-TOPO, for reference")
     print(f"{'method':15s} {'step s':>9s} {'common s':>9s} {'paper s':>8s} {'place s':>9s} "
           f"{'paper s':>8s} {'peak GiB per device':>26s} {'comm GB':>8s} oom")
     for algo, r in m["results"].items():
@@ -133,6 +136,9 @@ def print_model(m):
     print(f"celeritas = celeritas-paper + simulated refinement: {rf['refine_moves']} moves in "
           f"{rf['refine_evals']} simulations, {rf['refine_s']:.2f} s"
           + (" (budget spent)" if rf["refine_exhausted"] else ""))
+    if rf.get("schedule_steps_s"):
+        print(f"celeritas schedule: {rf['schedule']} ("
+              + ", ".join(f"{k} {v:.4f} s" for k, v in rf["schedule_steps_s"].items()) + ")")
     ok = {a: r for a, r in m["results"].items() if not r["oom"]}
     if ok:
         best = min(ok, key=lambda a: ok[a]["step_s"])

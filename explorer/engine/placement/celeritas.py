@@ -17,7 +17,11 @@ Pipeline (paper Sections 4-5):
    ``split_R``: a block's parallel branches apart) and the operators on the cut
    (:mod:`~explorer.engine.placement.refine`).
    ``algo="celeritas-paper"`` (or ``refine=False``) stops after step 4, as published;
-6. the shared simulator predicts step time and per-device peak memory.
+6. (``algo="celeritas"`` only, ``schedule="placed"``) the schedule: each device runs its ready
+   operators in CPD-TOPO, or by the *placed* graph's blevel (an edge costs its transfer only
+   where the placement cuts it; CPD-TOPO breaks ties) when that simulates the placement
+   faster within capacity (:func:`choose_schedule`); the plan carries it as its ``order``;
+7. the shared simulator predicts step time and per-device peak memory.
 
 Example
 -------
@@ -37,10 +41,11 @@ import numpy as np
 from explorer.errors import InfeasiblePlan
 from explorer.engine.placement.fusion import fuse
 from explorer.engine.placement.placement_graph import PlacementGraph
-from explorer.engine.placement.order import graph_order
+from explorer.engine.placement.order import graph_order, placed_order
 from explorer.engine.placement.place import adjusting_placement, order_place
 from explorer.engine.placement.refine import placement_units, refine
 from explorer.engine.placement.result import PlacementPlan, placement_result, simulated_plan
+from explorer.engine.placement.simulator import simulate
 from explorer.engine.search.options import CeleritasOptions, make
 from explorer.engine.search.result import Result
 
@@ -126,6 +131,25 @@ def _finer_units(pg, order, R, M, pin) -> list:
     return placement_units(pg, fine)
 
 
+#: the schedules ``celeritas`` chooses between (``schedule="placed"``)
+SCHEDULE_CPD, SCHEDULE_PLACED = "CPD-TOPO", "placed blevel, then CPD-TOPO"
+
+
+def choose_schedule(pg, dev, candidates, contention="ports"):
+    """The ``(name, order)`` among ``candidates`` (``order``: node ids, first runs first)
+    that runs placement ``dev`` best - least memory over capacity by the simulated peaks,
+    then the shortest simulated step, the first on a tie - and each one's ``(over, step)``."""
+    scored = []
+    for _, order in candidates:
+        pr = np.empty(pg.n)
+        pr[np.asarray(order, dtype=np.int64)] = -np.arange(pg.n, dtype=np.float64)
+        s = simulate(pg, dev, priority=pr, contention=contention)
+        over = float(np.maximum(s.peak_memory - pg.capacity * (1 + 1e-9), 0.0).sum())
+        scored.append((over, float(s.makespan)))
+    best = min(range(len(candidates)), key=lambda i: (scored[i], i))
+    return candidates[best], scored
+
+
 def place(graph, devices, options: dict | None = None) -> PlacementPlan:
     """Place ``graph`` on ``devices`` with Celeritas (or Order-Place).
 
@@ -185,6 +209,14 @@ def place(graph, devices, options: dict | None = None) -> PlacementPlan:
                      contention=opts["contention"], memory=opts["refine_memory"],
                      split_units=split)
         placement = ref.placement
+    # the schedule is part of the plan: CPD-TOPO (the one the refinement judged moves in), or
+    # the placed graph's blevel where that runs this placement faster within capacity
+    schedules, schedule_scores = [(SCHEDULE_CPD, order)], None
+    sched = schedules[0]
+    if algo == "celeritas" and checked.schedule == "placed":
+        schedules.append((SCHEDULE_PLACED, placed_order(pg, placement, order)))
+        sched, schedule_scores = choose_schedule(pg, placement, schedules, opts["contention"])
+    sched_order = None if sched[0] == SCHEDULE_CPD else sched[1]
     elapsed = time.perf_counter() - t0
     if ref is not None:               # a cluster's device: where most of its work now runs
         cdev = [int(np.bincount(placement[m], weights=pg.w[m, 0] + 1e-12,
@@ -204,6 +236,9 @@ def place(graph, devices, options: dict | None = None) -> PlacementPlan:
              "placer_makespan_s": float(cp.finish.max()) if co.n else 0.0,
              "placer_memory_bytes": cp.used.tolist() if cp.used is not None else None,
              "refine": ref is not None}
+    if schedule_scores is not None:
+        stats["schedule_steps_s"] = {name: sc[1] for (name, _), sc in
+                                     zip(schedules, schedule_scores)}
     if ref is not None:
         stats.update({"step_before_refine_s": ref.before, "refine_moves": len(ref.moves),
                       "refine_evals": ref.evals, "refine_passes": ref.passes,
@@ -225,4 +260,4 @@ def place(graph, devices, options: dict | None = None) -> PlacementPlan:
         if ref.overflow == 0.0 and opts["refine_memory"] == "simulated":
             best = []
     return simulated_plan(algo, pg, placement, elapsed, best, clusters, stats, trace,
-                          opts["contention"])
+                          opts["contention"], order=sched_order, schedule=sched[0])

@@ -251,7 +251,10 @@ class CeleritasOptions(PlacementOptions):
     ("simulated": each device's simulated peak, the liveness rule ``oom`` is judged by |
     "budget": the stricter whole-step sum of every output and received tensor) and, between
     its cluster and boundary moves, the moves of a finer fusion's clusters (window
-    ``split_R``, 0: none) that can split a block of parallel branches over devices."""
+    ``split_R``, 0: none) that can split a block of parallel branches over devices;
+    ``schedule`` the order each device runs its ready operators in (``celeritas`` only):
+    "placed" (the default: by the placed graph's blevel, CPD-TOPO breaking ties, kept only
+    where it simulates better than CPD-TOPO) | "cpd" (CPD-TOPO, as ``celeritas-paper``)."""
 
     algo: str = "celeritas"
     R: int = 200
@@ -261,6 +264,7 @@ class CeleritasOptions(PlacementOptions):
     refine_evals: int | None = None
     refine_memory: str = "simulated"
     split_R: int = 10
+    schedule: str = "placed"
 
     def __post_init__(self):
         super().__post_init__()
@@ -283,6 +287,8 @@ class CeleritasOptions(PlacementOptions):
         if self.refine_memory not in ("budget", "simulated"):
             raise ValueError(f"refine_memory must be budget or simulated, got "
                              f"{self.refine_memory!r}")
+        if self.schedule not in ("placed", "cpd"):
+            raise ValueError(f"schedule must be placed or cpd, got {self.schedule!r}")
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
