@@ -172,6 +172,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="what to export to: torch (DeviceMesh, parallelize_module, FSDP2)")
     x.add_argument("--out", "-o", metavar="FILE.py", default=None,
                    help="where to write the program (default: a name from the plan, here)")
+    x.add_argument("--strict", action="store_true",
+                   help="write nothing (exit 1) when a layer would depart from the plan")
 
     c = sub.add_parser("calibrate", help="measure this machine for the `local` preset")
     c.add_argument("--devices", "-n", type=int, default=None,
@@ -735,11 +737,19 @@ def cmd_export(args) -> int:
     doc = read_document(args.plan)
     name, text = service.export(doc, to=args.to)
     path = args.out or name
+    from explorer.engine.export import deviation_lines, summary
+    line, devs = summary(text, len(doc.get("layers") or [])), deviation_lines(text)
+    if getattr(args, "strict", False) and devs:
+        print(f"error: --strict: not written, {line.split(';')[0]}:", file=sys.stderr)
+        print("\n".join(devs), file=sys.stderr)
+        return 1
     with open(path, "w") as fh:
         fh.write(text)
     n = doc.get("devices")
-    from explorer.engine.export import summary
-    print(f"wrote {path}: {summary(text, len(doc.get('layers') or []))}")
+    print(f"wrote {path}: {line.split(';')[0]}")
+    if devs:
+        print("not as planned:")
+        print("\n".join(devs))
     print(f"run it with `torchrun --standalone --nproc_per_node {n} {path} --steps 3 --check`")
     return 0
 

@@ -214,7 +214,9 @@ def test_an_export_says_how_many_layers_are_not_as_planned():
     from explorer.engine.export import not_as_planned, summary
     text = 'x = 1\nNOT_AS_PLANNED = [("conv1", "w2", "n2", "halos")]\n'
     assert not_as_planned(text) == [("conv1", "w2", "n2", "halos")]
-    assert summary(text, 7).startswith("1 of 7 layers NOT as planned") and "conv1" in summary(
+    assert summary(text, 7).startswith("6 of 7 layers as planned; 1 not") and "conv1" in summary(
         text, 7)
-    assert summary("NOT_AS_PLANNED = []\n", 3) == "all 3 layers exported as planned"
-    assert service.export_note("NOT_AS_PLANNED = []\n", 3) == ""
+    assert summary("NOT_AS_PLANNED = []\n", 3) == "3 of 3 layers as planned"
+    assert service.export_note("NOT_AS_PLANNED = []\n", 3) == "3 of 3 layers as planned"
+    note = service.export_note(text, 7)
+    assert note.startswith("6 of 7 layers as planned. Not as planned:") and "conv1: plan w2" in note

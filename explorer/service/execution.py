@@ -54,10 +54,12 @@ def export(doc: dict, to: str = "torch") -> tuple:
 
 
 def export_note(text: str, layers: int) -> str:
-    """The line the app shows after an export: empty when every one of the ``layers`` layers
-    is exported as planned, else how many are not and where the file says why."""
-    from explorer.engine.export import not_as_planned, summary
-    return summary(text, layers) if not_as_planned(text) else ""
+    """What the app shows with an export: "N of M layers as planned", then each layer that
+    is not, with the form it is computed in and why."""
+    from explorer.engine.export import deviation_lines, summary
+    devs = deviation_lines(text)
+    return summary(text, layers).split(";")[0] + (
+        ". Not as planned:\n" + "\n".join(d.strip() for d in devs) if devs else "")
 
 
 

@@ -255,13 +255,20 @@ def not_as_planned(text: str) -> list:
 
 
 def summary(text: str, layers: int) -> str:
-    """One line on how much of a plan of ``layers`` layers the program ``text`` follows."""
+    """One line on how much of a plan of ``layers`` layers the program ``text`` follows:
+    "N of M layers as planned"."""
     off = not_as_planned(text)
     if not off:
-        return f"all {layers} layers exported as planned"
-    return (f"{len(off)} of {layers} layers NOT as planned ({', '.join(d[0] for d in off[:3])}"
-            f"{' …' if len(off) > 3 else ''}): the file's header lists each with the form it "
-            f"is computed in instead and why")
+        return f"{layers} of {layers} layers as planned"
+    return (f"{layers - len(off)} of {layers} layers as planned; {len(off)} not "
+            f"({', '.join(d[0] for d in off[:3])}{' …' if len(off) > 3 else ''}): the file's "
+            f"header lists each with the form it is computed in instead and why")
+
+
+def deviation_lines(text: str) -> list:
+    """One line per layer the program ``text`` computes in another form than its plan."""
+    return [f"  {layer}: plan {planned} -> {exported}: {reason}"
+            for layer, planned, exported, reason in not_as_planned(text)]
 
 
 def program(spec: str, batch: int, model_args: dict, n: int, configs: dict, *,

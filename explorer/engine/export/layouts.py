@@ -23,7 +23,7 @@ computes on its local shards with its local parameter shards, element-wise ops, 
 pooling compute on local shards, and every other op computes through DTensor's sharding
 propagation, its output placements checked against the plan when it runs.  What the mesh
 cannot express - a layer on a subset of the devices, a split on ``h``/``w`` (halos), a letter
-no rule computes, an uneven split - is listed with its reason and computed replicated on the
+no rule computes - is listed with its reason and computed replicated on the
 mesh dimensions it cannot use.
 """
 
@@ -127,7 +127,7 @@ def _rules(la, mod, node, own: bool) -> tuple:
         for k, i in out_axis.items():
             ok[k] = (f"S{i}", None, {})
         return "value", ok, why
-    if kind == "call_module" and mod is not None and own:
+    if kind == "call_module" and mod is not None and own and la.params:
         if isinstance(mod, nn.Linear) and op == "linear":
             for k, i in out_axis.items():
                 if k == "c" and i == last:
@@ -219,9 +219,6 @@ def plan_layouts(graph, configs: dict, n: int, model) -> LayoutPlan | None:
                                                   f"(module {la.module or '-'})")
                     continue
                 outp, inp, params = ok[k]
-                if not _even(la, k, d, outp, inp, params, mod):
-                    reasons.append(f"{k}{d} does not divide its axis evenly")
-                    continue
                 keep[k] = d
             if keep and assign(keep, shape) is None:
                 reasons.append(f"its degrees ({_label(keep)}) do not factor onto the mesh "
@@ -252,20 +249,3 @@ def plan_layouts(graph, configs: dict, n: int, model) -> LayoutPlan | None:
                  else "whole on every rank"), "; ".join(reasons)))
         lp.specs[la.name] = spec
     return lp
-
-
-def _even(la, k, d, outp, inp, params, mod) -> bool:
-    """Every tensor the letter splits divides evenly by ``d``."""
-    if outp.startswith("S") and la.out_shape[int(outp[1:])] % d:
-        return False
-    if inp and inp.startswith("S") and la.in_shapes:
-        shp = la.in_shapes[0]
-        ax = int(inp[1:])
-        if ax < len(shp) and shp[ax] % d:
-            return False
-    if mod is not None:
-        own = dict(mod.named_parameters())
-        for pname, pl in params.items():
-            if pl.startswith("S") and pname in own and own[pname].shape[int(pl[1:])] % d:
-                return False
-    return True

@@ -118,6 +118,14 @@ class Layouts:
         return _ContiguousGrad.apply(out) if out.requires_grad else out
 
     def run(self, name, *args, **kwargs):
+        if name not in self.layouts:           # an op folded into a layer, or a view
+            fn = self.fns[name][1]
+            if any(isinstance(a, DTensor) for a in args):
+                args = [DTensor.from_local(a, self.mesh, [Replicate()] * self.mesh.ndim,
+                                           run_check=False)
+                        if isinstance(a, torch.Tensor) and not isinstance(a, DTensor)
+                        and a.dim() > 0 else a for a in args]
+            return fn(*args, **kwargs)
         spec, (mode, fn) = self.layouts[name], self.fns[name]
         out_codes = spec["out"]
         active = [c != "R" for c in out_codes]
@@ -154,9 +162,11 @@ class Layouts:
             else:
                 out = fn(*largs, **lkw)
             pls = [placement(c) for c in out_codes]
-            return _map_tensors(out, lambda o: DTensor.from_local(o.contiguous(), self.mesh, pls,
-                                                                  run_check=False)
-                                if o.dim() == len(spec["shape"]) else o)
+            shape = torch.Size(spec["shape"])
+            stride = tuple(int(torch.Size(shape[i + 1:]).numel()) for i in range(len(shape)))
+            return _map_tensors(out, lambda o: DTensor.from_local(
+                o.contiguous(), self.mesh, pls, run_check=False, shape=shape, stride=stride)
+                if o.dim() == len(shape) else o)
         args = [self.to_layout(a, self.arg_layout(spec, tuple(a.shape)))
                 if isinstance(a, torch.Tensor) else a for a in args]
         out = fn(*args, **kwargs)
@@ -239,6 +249,17 @@ def parallelize_layers(model, mesh, layouts):
     graph = gm.graph
     for nd in list(graph.nodes):
         spec = layouts.get(nd.name)
+        if spec is None and nd.op in ("call_function", "call_method") and any(
+                isinstance(a, torch.fx.Node) for a in nd.args[1:]):
+            # an op between layers reading a constant (a rotary table) and an activation:
+            # the constant joins the mesh replicated
+            lay.fns[nd.name] = ("mixed", _method(nd.target) if nd.op == "call_method"
+                                else nd.target)
+            with graph.inserting_before(nd):
+                new = graph.call_function(run_layer, (nd.name, *nd.args), dict(nd.kwargs))
+            nd.replace_all_uses_with(new)
+            graph.erase_node(nd)
+            continue
         if spec is None:
             continue
         name = nd.name
