@@ -749,10 +749,14 @@ def _unpickle_trace(blob: tuple):
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx._graph_pickler import GraphPickler
     fields, module, names = blob
-    with warnings.catch_warnings():      # torch's pytree specs warn as they are rebuilt
-        warnings.simplefilter("ignore")
-        g = pickle.loads(fields)
-        gm = GraphPickler.loads(module, FakeTensorMode())
+    try:
+        with warnings.catch_warnings():      # torch's pytree specs warn as they are rebuilt
+            warnings.simplefilter("ignore")
+            g = pickle.loads(fields)
+            gm = GraphPickler.loads(module, FakeTensorMode())
+            gm.recompile()                   # its forward (the reference calls the module)
+    except Exception:  # noqa: BLE001 - whatever did not come back is traced here instead
+        return None
     if _names_digest(gm) != names:
         return None
     g.gm = gm

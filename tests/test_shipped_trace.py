@@ -1,0 +1,40 @@
+"""The trace a launcher ships to its workers (explorer/engine/runtime/opexec.py): it comes
+back node for node and computes the same step; what does not come back is traced again."""
+
+from __future__ import annotations
+
+import torch
+
+from explorer.engine.core.opgraph import opgraph_digest
+from explorer.engine.runtime import opexec
+from explorer.engine.runtime.reference import traced_step
+
+
+def test_a_shipped_trace_comes_back_node_for_node_and_computes_the_same_step():
+    g, params, buffers, x = opexec._build("lenet5", 2, {}, 0, 0.01, fresh=True)
+    back = opexec._unpickle_trace(opexec._pickle_trace(g))
+    assert back is not None
+    assert [(n.name, n.op, str(n.target)) for n in back.gm.graph.nodes] == \
+        [(n.name, n.op, str(n.target)) for n in g.gm.graph.nodes]
+    assert opgraph_digest(back) == opgraph_digest(g)
+    assert back.loss == g.loss and back.param_names == g.param_names
+    loss, new = traced_step(g, params, buffers, x)[:2]
+    loss2, new2 = traced_step(back, params, buffers, x)[:2]
+    assert loss == loss2
+    assert all(torch.equal(new[k], new2[k]) for k in new)
+
+
+def test_a_damaged_shipment_is_traced_again_not_run():
+    g = opexec._build("lenet5", 2, {}, 0, 0.01, fresh=True)[0]
+    fields, module, names = opexec._pickle_trace(g)
+    assert opexec._unpickle_trace((fields, module[: len(module) // 2], names)) is None
+    assert opexec._unpickle_trace((fields, module, "another graph")) is None
+    # a worker given a damaged shipment traces the step itself
+    key = opexec._trace_key("lenet5", 2, {}, 0, 0.01, torch.float64)
+    opexec._SHIPPED[key] = (fields, b"", names)
+    opexec._TRACES.clear()
+    try:
+        again = opexec._build("lenet5", 2, {}, 0, 0.01)[0]
+    finally:
+        opexec._SHIPPED.clear()
+    assert opgraph_digest(again) == opgraph_digest(g)
