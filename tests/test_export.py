@@ -49,6 +49,13 @@ def torchrun(prog, *args, n=2):
                           timeout=300)
 
 
+def layouts_of(text):
+    """The program's LAYOUTS: fx node -> mode and placements."""
+    import ast
+    start = text.index("LAYOUTS = ") + len("LAYOUTS = ")
+    return ast.literal_eval(text[start:text.index("\n\n", start)])
+
+
 def passes(prog):
     proc = torchrun(prog)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
@@ -66,7 +73,7 @@ def test_program_is_self_contained(capsys, tmp_path):
     assert imports <= {"__future__", "argparse", "contextlib", "copy", "os", "sys", "torch",
                        "importlib"}   # the standard library and torch only
     assert "class TransformerClassifier" in text          # the example's source, inlined
-    assert "ColwiseParallel(output_layouts=Replicate())" in text
+    assert "LAYER_MESH = (2,)" in text and "'mode': 'module'" in text   # per-layer layouts
     compile(text, str(prog), "exec")
 
 
@@ -75,8 +82,9 @@ def test_program_is_self_contained(capsys, tmp_path):
 def test_mlp_plans_match_one_process(capsys, tmp_path, algo):
     prog = export(capsys, tmp_path, "mlp", algo, *MLP)
     text = prog.read_text()
-    assert ("fully_shard" in text and "MESH = (2, 1)" in text) if algo == "data" else \
-        ("MESH = (1, 2)" in text and "'body.0': ColwiseParallel" in text)
+    assert "LAYER_MESH = (2,)" in text and "NOT_AS_PLANNED = []" in text
+    assert ("'out': ['S0']" in text) if algo == "data" else ("'params': {'bias': ['S0'], "
+                                                               "'weight': ['S0']}" in text)
     passes(prog)
 
 
@@ -95,11 +103,12 @@ def test_megatron_pairs_and_sequence_parallel_norms(tmp_path):
         cfg[la.name] = (deg, (0, 1))
     name, text = program("transformer", 4, TRANSFORMER, 2, cfg, algo="megatron")
     assert name == "transformer_megatron_2dev.py"
-    assert "'blocks.0.fc1': ColwiseParallel()," in text
-    assert "'blocks.0.fc2': RowwiseParallel()," in text
-    assert "'blocks.0.attn.out': RowwiseParallel(input_layouts=Replicate())," in text
-    assert "'blocks.0.ln1': 1" in text and "'ln_f': 1" in text
-    assert "#   scaled_dot_product_attention  plan: n2" in text     # listed, not hidden
+    from explorer.engine.export import not_as_planned
+    assert not_as_planned(text) == []            # attention n2 too, on its local shard
+    lay = layouts_of(text)
+    assert (lay["blocks_0_fc1"]["in"], lay["blocks_0_fc1"]["out"]) == (["R"], ["S2"])  # column
+    assert (lay["blocks_0_fc2"]["in"], lay["blocks_0_fc2"]["out"]) == (["S2"], ["P"])  # row
+    assert lay["blocks_0_fc2"]["params"]["weight"] == ["S1"]
     prog = tmp_path / name
     prog.write_text(text)
     passes(prog)
@@ -111,11 +120,11 @@ def test_spatial_conv_split_is_listed_and_the_program_still_matches(capsys, tmp_
                   "--pin", "conv2=h=2")
     text = prog.read_text()
     head = text[:text.index("from __future__")]
-    assert "#   conv1  plan: h2  ->  exported: n2" in head
-    assert "a conv split on h: DTensor computes it without the halo" in head
+    assert "#   conv1  plan: h2  ->  exported: whole on every rank" in head
+    assert "a convolution split on h needs halos" in head
     assert "conv2" in head
     out = passes(prog)
-    assert "not as planned: conv1: plan h2 -> n2: a conv split on h" in out
+    assert "not as planned: conv1: plan h2 -> whole on every rank: a convolution split" in out
 
 
 @pytest.mark.multiprocess
@@ -124,7 +133,8 @@ def test_check_fails_when_the_distributed_step_differs(capsys, tmp_path):
     other updates than one process on the whole batch, and the program exits 1."""
     prog = export(capsys, tmp_path, "mlp", "data", *MLP)
     text = prog.read_text()
-    wrong = text.replace('[mesh.get_local_rank("dp")]', "[0]")
+    wrong = text.replace("xs = x                     # the input layer takes its own shard",
+                         "xs = x * (1 + dist.get_rank())")
     assert wrong != text
     prog.write_text(wrong)
     proc = torchrun(prog)
@@ -163,7 +173,7 @@ def test_the_app_offers_the_program_for_its_layerwise_plan():
     req = service.Request(model="mlp", batch=8, devices=2, preset="local", algo="data",
                           model_args={"layers": 1, "hidden": 8})
     name, text = service.export(service.search(req))
-    assert name == "mlp_data_2dev.py" and "fully_shard(model, mesh=dp)" in text
+    assert name == "mlp_data_2dev.py" and "LAYER_MESH = (2,)" in text
     compile(text, name, "exec")
     with pytest.raises(ExplorerError, match="layer-wise plans"):
         service.export(service.plan_file(service.tofu(req, "tofu")))
@@ -183,7 +193,8 @@ def test_transformer_megatron_plans_run_under_torchrun(capsys, tmp_path, model):
     exported and run for 3 steps on 2 gloo processes match one process."""
     prog = export(capsys, tmp_path, model, "megatron", *TODAY[model])
     text = prog.read_text()
-    assert "ColwiseParallel" in text and "RowwiseParallel" in text
+    outs = {tuple(v["out"]) for v in layouts_of(text).values() if v["mode"] == "module"}
+    assert ("S2",) in outs and ("P",) in outs          # column- then row-parallel linears
     passes(prog)
 
 

@@ -63,7 +63,7 @@ def test_what_the_mesh_cannot_express_is_listed_with_its_reason():
 
 @pytest.mark.multiprocess
 def test_mixed_layouts_match_one_process_under_torchrun(tmp_path):
-    """The mixed plan above on 4 ... here on 2 gloo processes: n2 norms, c2 then k2 linears,
+    """A mixed plan on 2 gloo processes: n2 norms and attention, c2 then k2 linears,
     l2 adds, c2 embeddings; 3 SGD steps match one process."""
     from explorer.engine.core.capture_cache import layer_graph
     g = layer_graph("gpt2", 4, GPT2)
@@ -81,7 +81,6 @@ def test_mixed_layouts_match_one_process_under_torchrun(tmp_path):
     prog = tmp_path / name
     prog.write_text(text)
     out = passes(prog)
-    assert "25 of 25" not in out or True
     assert "computed in other placements" not in out
 
 

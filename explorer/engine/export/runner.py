@@ -92,6 +92,15 @@ class Layouts:
         ``spec['shape']``: the output's, right-aligned, Replicate where the sizes differ."""
         out, oshape = pls or spec["out"], spec["shape"]
         off = len(oshape) - len(shape)
+        if off < 0:            # a reduction's input: its dims matched to the output's in order
+            where, i = {}, 0
+            for j, size in enumerate(oshape):
+                while i < len(shape) and shape[i] != size:
+                    i += 1
+                if i < len(shape):
+                    where[j], i = i, i + 1
+            return [f"S{where[int(c[1:])]}" if c.startswith("S") and int(c[1:]) in where
+                    else "R" for c in out]
         res = []
         for code in out:
             if code.startswith("S"):
@@ -125,7 +134,8 @@ class Layouts:
                                            run_check=False)
                         if isinstance(a, torch.Tensor) and not isinstance(a, DTensor)
                         and a.dim() > 0 else a for a in args]
-            return fn(*args, **kwargs)
+            return _map_tensors(fn(*args, **kwargs), lambda o: _LocalContiguousGrad.apply(o)
+                                if isinstance(o, DTensor) and o.requires_grad else o)
         spec, (mode, fn) = self.layouts[name], self.fns[name]
         out_codes = spec["out"]
         active = [c != "R" for c in out_codes]
@@ -167,8 +177,13 @@ class Layouts:
             return _map_tensors(out, lambda o: DTensor.from_local(
                 o.contiguous(), self.mesh, pls, run_check=False, shape=shape, stride=stride)
                 if o.dim() == len(shape) else o)
-        args = [self.to_layout(a, self.arg_layout(spec, tuple(a.shape)))
-                if isinstance(a, torch.Tensor) else a for a in args]
+        # inputs of the output's rank take its placements; others (a reduction's input)
+        # join the mesh as they come and DTensor's propagation places the output
+        def join(a):
+            if a.dim() >= len(spec["shape"]):
+                return self.to_layout(a, self.arg_layout(spec, tuple(a.shape)))
+            return a if isinstance(a, DTensor) else self.to_layout(a, ["R"] * self.mesh.ndim)
+        args = [_map_tensors(a, join) for a in args]
         out = fn(*args, **kwargs)
         want = tuple(placement(c) for c in out_codes)
 
@@ -193,6 +208,22 @@ class _ContiguousGrad(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         return g.contiguous()
+
+
+class _LocalContiguousGrad(torch.autograd.Function):
+    """Identity on a DTensor whose gradient's shard is made contiguous: DTensor decides a
+    view from the global strides, and a non-contiguous shard then fails ``view``."""
+
+    @staticmethod
+    def forward(ctx, t):
+        return t.view_as(t)
+
+    @staticmethod
+    def backward(ctx, g):
+        if isinstance(g, DTensor) and not g.to_local().is_contiguous():
+            g = DTensor.from_local(g.to_local().contiguous(), g.device_mesh, g.placements,
+                                   run_check=False, shape=g.shape, stride=g.stride())
+        return g
 
 
 def _map_tensors(out, f):
@@ -249,10 +280,9 @@ def parallelize_layers(model, mesh, layouts):
     graph = gm.graph
     for nd in list(graph.nodes):
         spec = layouts.get(nd.name)
-        if spec is None and nd.op in ("call_function", "call_method") and any(
-                isinstance(a, torch.fx.Node) for a in nd.args[1:]):
-            # an op between layers reading a constant (a rotary table) and an activation:
-            # the constant joins the mesh replicated
+        if spec is None and nd.op in ("call_function", "call_method"):
+            # an op between layers (a view, an op folded into a layer): a constant it reads
+            # with an activation (a rotary table) joins the mesh replicated
             lay.fns[nd.name] = ("mixed", _method(nd.target) if nd.op == "call_method"
                                 else nd.target)
             with graph.inserting_before(nd):
