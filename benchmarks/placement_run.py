@@ -41,6 +41,9 @@ CONFIGS = {
     "transformer": {"batch": 8, "model_args": {"layers": 2, "hidden": 256, "seq": 64}},
     "lenet5": {"batch": 64, "model_args": {}},
     "mobilenet_v2": {"batch": 8, "model_args": {"image_size": 64, "num_classes": 10}},
+    # NMT's structure (4 stacked LSTM layers, encoder and decoder unrolled) at a CPU size
+    "seq2seq": {"batch": 16, "model_args": {"layers": 4, "hidden": 256, "src_steps": 8,
+                                            "tgt_steps": 8, "vocab": 1000}},
 }
 
 
@@ -191,8 +194,9 @@ def replayed_peaks(req, plan, run: dict) -> dict:
     pg.persistent = pg.persistent & ~np.array([nm in grads for nm in pg.names])
     freed = schedule_peak(pg, place, start, finish, tr)
     # the simulator again, each operator costing the CPU time it took in the traced step
-    from explorer.engine.placement.simulator import dispatch_priority, simulate
-    prio = dispatch_priority(pg).copy()          # the plan's order, from the planned costs
+    from explorer.engine.placement.simulator import simulate
+    prio = np.empty(pg.n)                        # the plan's own order, from the planned costs
+    prio[[idx[nm] for nm in plan.schedule_order()]] = -np.arange(pg.n, dtype=np.float64)
     w = pg.w.copy()
     for line in run.get("timeline") or []:
         for kind, what, a, b, c in line:
