@@ -45,6 +45,7 @@ from types import SimpleNamespace
 
 from explorer.errors import PlanFileError
 from explorer.engine.core import plandoc
+from explorer.engine.export.layouts import Deviation
 from explorer.engine.export.runner import body as program_body
 
 __all__ = ["TARGETS", "Deviation", "MeshPlan", "export_torch", "mesh_plan", "program"]
@@ -55,15 +56,17 @@ LR = 0.01          # the runtime's SGD learning rate
 SEED = 0           # the runtime's seed for weights and input
 
 
-@dataclass(frozen=True)
-class Deviation:
-    """A layer the exported program computes in another form than the plan gives it."""
 
-    layer: str
-    planned: str
-    exported: str
-    reason: str
-
+def _usage(plan, n: int) -> str:
+    """The end of a program's docstring: how to run it, its precision, what --check does."""
+    return (f"    torchrun --standalone --nproc_per_node {n} {_filename(plan)} --steps K "
+            f"[--check]\n\n"
+            f"Precision: {_dtype(plan)}.  "
+            f"--check also runs the same steps on one process (float64 and float32) and exits "
+            f"1 when\nthe loss or the parameter updates differ.  Standard library and torch "
+            f"only"
+            f"{' (and transformers)' if plan.spec.startswith('hf:') else ''}.\n"
+            f'"""\n')
 
 @dataclass
 class MeshPlan:
@@ -414,14 +417,7 @@ def render(plan, mp, model, x) -> str:
             f'exported by Plan Explorer.\n\n'
             f"Applies the plan with PyTorch's parallel APIs on a DeviceMesh (dp={mp.dp}, "
             f"tp={mp.tp}) and trains K SGD steps:\n\n"
-            f"    torchrun --standalone --nproc_per_node {n} {_filename(plan)} --steps K "
-            f"[--check]\n\n"
-            f"Precision: {_dtype(plan)}.  "
-            f"--check also runs the same steps on one process (float64 and float32) and exits "
-            f"1 when\nthe loss or the parameter updates differ.  Standard library and torch "
-            f"only"
-            f"{' (and transformers)' if plan.spec.startswith('hf:') else ''}.\n"
-            f'"""\n')
+            + _usage(plan, n))
     notes = [(d.layer, d.planned, d.exported, d.reason) for d in mp.deviations]
     parts = [
         head,
@@ -477,14 +473,7 @@ def _render_layouts(plan, lp, model, x) -> str:
             f"layer's\nconfiguration is a placement per mesh dimension (Shard / Replicate / "
             f"Partial), its inputs are\nredistributed to it, and it computes on its shards.  "
             f"{done} of {lp.layers} layers as planned.\n\n"
-            f"    torchrun --standalone --nproc_per_node {n} {_filename(plan)} --steps K "
-            f"[--check]\n\n"
-            f"Precision: {_dtype(plan)}.  "
-            f"--check also runs the same steps on one process (float64 and float32) and exits "
-            f"1 when\nthe loss or the parameter updates differ.  Standard library and torch "
-            f"only"
-            f"{' (and transformers)' if plan.spec.startswith('hf:') else ''}.\n"
-            f'"""\n')
+            + _usage(plan, n))
     notes = [(d.layer, d.planned, d.exported, d.reason) for d in lp.deviations]
     block = (f"# {done} of {lp.layers} layers as planned.\n"
              + (_comment_block(lp) if lp.deviations else ""))
