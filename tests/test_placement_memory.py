@@ -397,3 +397,23 @@ def test_sct_does_not_wait_for_a_favourite_child_whose_group_is_already_placed()
     assert dev[i["c"]] == 0 and dev[i["b"]] == 0
     assert info["etf_makespan_s"] == pytest.approx(4.0)
     assert info["order"].tolist().index(i["b"]) < info["order"].tolist().index(i["c"])
+
+
+def test_etf_an_idle_device_is_free_from_now_not_from_its_last_operator():
+    """Baechi's devices advance with the event clock: a device idle since its last operator
+    ended takes a newly placeable operator *now*, not back when it fell idle.
+
+    Device 0 (capacity 12) runs h [0, 1] (a 10-byte output that y reads) and a [1, 2]
+    (1 byte, read by x).  x (5 bytes, pinned to 0) is ready at 2 but does not fit while h's
+    output is held for y: 10 + 1 + 5 > 12.  y (pinned to 1) can start only at 4, when L
+    (4 s on device 1) ends; placing y frees h's output, and x fits at 4.  Device 0 was idle
+    since 2, so x runs [4, 5] and the step ends at 5.  (Free from when it fell idle, x would
+    run [2, 3] - before the memory it needs was freed - and the step would end at 4.5.)"""
+    pg, i = graph({"h": (1, 10), "a": (1, 1), "L": (4, 1), "x": (1, 5), "y": (0.5, 1)},
+                  [("h", "y"), ("a", "x"), ("L", "y")], ndev=2, bw=10.0,
+                  cap=np.array([12.0, 100.0]))
+    pins = np.array([0, 0, 1, 0, 1])
+    dev, info = m_etf(pg, pins)
+    assert dev.tolist() == [0, 0, 1, 0, 1] and not info["best_effort"]
+    assert info["etf_makespan_s"] == pytest.approx(5.0)
+    assert max(info["budget_peak"][:1]) <= 12
