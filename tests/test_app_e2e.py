@@ -4,6 +4,7 @@ Graph nodes are drawn on a canvas, so clicks on nodes go through cytoscape's own
 (``element.emit('tap')``), exactly what a mouse click on the node triggers.
 """
 
+import os
 import re
 import time
 
@@ -98,6 +99,26 @@ def test_pin_and_rerun_changes_plan_and_objective(app_duo):
     app_duo.wait_for_contains_text("#changed-layers", "features_24")
     assert "features_24=" in app_duo.find_element(f"#{ids.PIN_LIST}").text
     assert nodes(app_duo)["features_24"][1] == "h2 w2"
+
+
+def test_export_preview_says_what_the_program_follows_before_download(app_duo):
+    """The plan tab says how much of the plan the PyTorch export follows before anything is
+    downloaded; a pin the export cannot follow (a convolution split on h and w: DTensor has
+    no halo exchange) is listed with its reason."""
+    app_duo.wait_for_contains_text(f"#{ids.PLAN_EXPORT_PREVIEW}", "23 of 23 layers as planned",
+                                   timeout=60)
+    tap(app_duo, "features_24")
+    app_duo.wait_for_contains_text(f"#{ids.DETAILS}", "features_24")
+    app_duo.select_dcc_dropdown(f"#{ids.PIN_CONFIG}", value="n=1 c=1 h=2 w=2")
+    app_duo.find_element(f"#{ids.PIN_BUTTON}").click()
+    app_duo.wait_for_contains_text(f"#{ids.PLAN_EXPORT_PREVIEW}", "22 of 23 layers as planned",
+                                   timeout=60)
+    app_duo.find_element(f"#{ids.PLAN_EXPORT_PREVIEW} summary").click()
+    app_duo.wait_for_contains_text(f"#{ids.PLAN_EXPORT_PREVIEW}", "features_24: plan h2 w2")
+    assert "halos" in app_duo.find_element(f"#{ids.PLAN_EXPORT_PREVIEW}").text
+    assert app_duo.find_element(f"#{ids.PLAN_EXPORT_ERROR}").text == ""
+    if os.environ.get("EXPLORER_SCREENSHOTS"):          # for a person to look at
+        app_duo.driver.save_screenshot(os.environ["EXPLORER_SCREENSHOTS"] + "/export-preview.png")
 
 
 def test_impossible_pin_shows_error_and_keeps_plan(app_duo):

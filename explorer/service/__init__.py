@@ -61,6 +61,7 @@ from explorer.service.results import family, methods, result, run_method
 from explorer.service.execution import (
     export,
     export_note,
+    export_preview,
     placement_runs,
     plan_file,
     run_placement,
@@ -78,7 +79,7 @@ __all__ = [
     "trace_counts", "trace_length", "trace_of", "learn_conv1d", "learn_dense",
     "learn_elimination", "learn_orders", "placement", "placement_compare",
     "placement_pin_rows", "placement_pins", "placement_structure", "family", "methods",
-    "result", "run_method", "export", "export_note", "placement_runs", "plan_file",
+    "result", "run_method", "export", "export_note", "export_preview", "placement_runs", "plan_file",
     "run_placement", "run_plan", "run_tofu", "runs", "tofu", "tofu_compare", "tofu_strip",
     "rank",
     "compare_all",

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 from explorer.engine.search.request import Request
 from explorer.errors import ExplorerError
+from explorer.service.cache import Cache
 from explorer.service.captures import memory_bytes
 from explorer.service.placements import placement_pin_rows, placement_result
 from explorer.service.results import result
 
-__all__ = ["plan_file", "export", "export_note", "run_plan", "run_tofu", "run_placement",
+__all__ = ["plan_file", "export", "export_note", "export_preview", "run_plan", "run_tofu", "run_placement",
            "runs", "placement_runs", "memory_needed"]
 
 
@@ -40,17 +41,36 @@ def plan_file(doc: dict) -> dict:
     return res.document()
 
 
+_EXPORTS = Cache("exports", size=16)     # sealed plan's checksum -> (file name, program)
+
+
 def export(doc: dict, to: str = "torch") -> tuple:
     """``(file name, text)`` of a layer-wise plan exported as a program using PyTorch's own
     parallel APIs (:func:`explorer.engine.export.export_torch`).  ``doc``: a sealed document
-    read from a file, or the app's plan (sealed here first)."""
+    read from a file, or the app's plan (sealed here first).  A plan exported once is not
+    exported again (the app previews the export, then downloads the same program)."""
     from explorer.engine.export import TARGETS, export_torch
     from explorer.engine.core.plandoc import kind_of
     if to not in TARGETS:
         raise ExplorerError(f"cannot export to {to!r}: --to {' or '.join(TARGETS)}")
     if isinstance(doc, dict) and "checksum" not in doc and kind_of(doc) == "layerwise":
         doc = plan_file(doc)
-    return export_torch(doc)
+    key = doc.get("checksum") if isinstance(doc, dict) else None
+    if not isinstance(key, str):
+        return export_torch(doc)
+    return _EXPORTS.get((key, to), lambda: export_torch(doc))
+
+
+def export_preview(doc: dict) -> dict:
+    """What exporting the layer-wise plan ``doc`` would write, before anything is downloaded:
+    ``{"file", "layers", "planned", "not_as_planned": [{layer, plan, exported, reason}]}``."""
+    from explorer.engine.export import not_as_planned
+    name, text = export(doc)
+    off = not_as_planned(text)
+    layers = len(doc.get("layers") or ())
+    return {"file": name, "layers": layers, "planned": layers - len(off),
+            "not_as_planned": [dict(zip(("layer", "plan", "exported", "reason"), d))
+                               for d in off]}
 
 
 def export_note(text: str, layers: int) -> str:
@@ -60,7 +80,6 @@ def export_note(text: str, layers: int) -> str:
     devs = deviation_lines(text)
     return summary(text, layers).split(";")[0] + (
         ". Not as planned:\n" + "\n".join(d.strip() for d in devs) if devs else "")
-
 
 
 def memory_needed(doc: dict) -> tuple | None:

@@ -74,30 +74,67 @@ def export_controls(button_id: str, download_id: str, error_id: str) -> list:
     """An "Export to PyTorch" button, its ``dcc.Download`` and its error text."""
     return [html.Button("Export to PyTorch", id=button_id,
                         title="the plan as a program using PyTorch's parallel APIs "
-                              "(DeviceMesh, parallelize_module, FSDP2); run it with torchrun"),
+                              "(DeviceMesh, DTensor placements per layer); run it with "
+                              "torchrun"),
             dcc.Download(id=download_id),
             html.Span(id=error_id, className="error")]
 
 
+def export_preview(preview: dict | None):
+    """The export preview shown beside the button: "Export: N of M layers as planned", and
+    the layers the program computes in another form, each with that form and why."""
+    if not preview:
+        return ""
+    head = (f"Export: {preview['planned']} of {preview['layers']} layers as planned"
+            f" ({preview['file']})")
+    off = preview.get("not_as_planned") or []
+    if not off:
+        return html.Span(head, className="muted")
+    return html.Details([
+        html.Summary(f"{head}; {len(off)} not as planned"),
+        html.Ul([html.Li(f"{d['layer']}: plan {d['plan']} → {d['exported']}: {d['reason']}")
+                 for d in off])], className="export-deviations")
+
+
 def register_export(app, button_id: str, download_id: str, store_id: str,
-                    error_id: str) -> None:
-    """The export's callback: the program :func:`explorer.service.export` writes for the
-    layer-wise plan in ``store_id``, or one line saying why there is none."""
+                    error_id: str, preview_id: str | None = None) -> None:
+    """The export's callbacks: the program :func:`explorer.service.export` writes for the
+    layer-wise plan in ``store_id`` (or one line saying why there is none) and, with
+    ``preview_id``, what that program follows, shown whenever the plan changes - before
+    anything is downloaded."""
     from explorer.errors import ExplorerError
+
+    def _exportable(doc) -> bool:
+        return isinstance(doc, dict) and "layers" in doc and "error" not in doc
 
     @app.callback(Output(download_id, "data"), Output(error_id, "children"),
                   Input(button_id, "n_clicks"), State(store_id, "data"),
                   prevent_initial_call=True)
     def export(_n, doc):
         from explorer import service
-        if not isinstance(doc, dict) or "layers" not in doc or "error" in doc:
+        if not _exportable(doc):
             return dash.no_update, "there is no layer-wise plan to export: run a search first"
         try:
             name, text = service.export(doc)
         except (ExplorerError, ValueError) as exc:
             return dash.no_update, str(exc)
-        note = service.export_note(text, len(doc["layers"]))
+        note = "" if preview_id else service.export_note(text, len(doc["layers"]))
         return dcc.send_string(text, name, type="text/x-python"), note
+
+    if preview_id is None:
+        return
+
+    @app.callback(Output(preview_id, "children"), Output(error_id, "children",
+                                                         allow_duplicate=True),
+                  Input(store_id, "data"), prevent_initial_call="initial_duplicate")
+    def preview(doc):
+        from explorer import service
+        if not _exportable(doc):
+            return "", ""
+        try:
+            return export_preview(service.export_preview(doc)), ""
+        except (ExplorerError, ValueError) as exc:
+            return "", str(exc)
 
 
 def register_local_run(app, *, button_id: str, cancel_id: str, progress_id: str, status_id: str,

@@ -209,6 +209,7 @@ def plan_layout():
         html.Div(className="row", children=export_controls(
             ids.PLAN_EXPORT_BUTTON, ids.PLAN_EXPORT, ids.PLAN_EXPORT_ERROR)
             + T.csv_button(ids.PLAN_CSV_BUTTON, ids.PLAN_CSV, "Download plan table (CSV)")),
+        html.Div(id=ids.PLAN_EXPORT_PREVIEW, className="export-preview"),
         T.grid(ids.PLAN_TABLE, PLAN_COLUMNS, height=320, tooltips=PLAN_TIPS,
                widths={"devices": 90}),
     ])
@@ -651,7 +652,7 @@ def summary_view(plan, pins):
 def register(app: dash.Dash) -> None:
     """The panel's callbacks on ``app``."""
     register_export(app, ids.PLAN_EXPORT_BUTTON, ids.PLAN_EXPORT, ids.STORE_PLAN,
-                    ids.PLAN_EXPORT_ERROR)
+                    ids.PLAN_EXPORT_ERROR, ids.PLAN_EXPORT_PREVIEW)
 
     @app.callback(Output(ids.GRAPH, "elements"), Output(ids.GRAPH_INFO, "children"),
                   Output(ids.GRAPH_LEGEND, "children"),

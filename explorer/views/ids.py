@@ -71,6 +71,7 @@ PLAN_CHANGES = "plan-changes"
 PLAN_EXPORT_BUTTON = "plan-export-button"   # the layer-wise plan as a PyTorch program
 PLAN_EXPORT = "plan-export"
 PLAN_EXPORT_ERROR = "plan-export-error"
+PLAN_EXPORT_PREVIEW = "plan-export-preview"   # "N of M layers as planned", before download
 
 # elimination steps
 STEP_SLIDER = "step-slider"
