@@ -68,6 +68,7 @@ dtype they were computed in, the same on every member.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 from collections import OrderedDict
@@ -136,6 +137,28 @@ class LayerState:
     is_output: bool = False
     tile: np.ndarray | None = None                   # the box I compute (k: group's tile)
     kgroup: tuple | None = None                      # k: (ranks, my index, slices of parts)
+    #: the plan's memory savings: recompute the output in the backward pass; ZeRO stage
+    recompute: bool = False
+    zero: int = 0
+    zshards: list = field(default_factory=list)      # [ZeroShard] of my replicated shards
+    last_use: int = -1                               # order index of the last consumer
+    bwd_leaves: list = field(default_factory=list)   # consumers' regions my gradient reads
+
+
+@dataclass
+class ZeroShard:
+    """A weight shard this worker holds with the other members ``ranks`` of its replica group,
+    under ZeRO: member ``j`` owns elements ``bounds[j]:bounds[j + 1]`` of the flattened shard
+    (its optimizer state, ZeRO-2 its gradient, ZeRO-3 its parameter)."""
+
+    key: str
+    ranks: tuple
+    j: int
+    bounds: list
+
+    @property
+    def mine(self) -> slice:
+        return slice(self.bounds[self.j], self.bounds[self.j + 1])
 
 
 #: this process's latest captures (:func:`_captured`): the plans of one launch are grouped by
@@ -413,6 +436,59 @@ class Executor:
                 self.groups[ranks] = None
             else:
                 self.groups[ranks] = dist.new_group(list(ranks))
+        self._setup_savings()
+
+    def _setup_savings(self):
+        """The plan's per-layer memory savings (``recompute``, ``zero``) on this worker.
+
+        A recomputed layer's output is released after its last consumer's fetch
+        (``last_use``).  Under ZeRO every replicated shard of the layer (a tied parameter's
+        excepted: its gradient is summed across layers first) is cut into one contiguous
+        slice of its flattened elements per member of its replica group; ZeRO-2/3 shards
+        leave the plain gradient sync (a reduce-scatter replaces it), and a ZeRO-3 shard
+        keeps only its slice between uses (the whole shard's storage is freed)."""
+        opts = {la.name: (bool(la.recompute), int(la.zero)) for la in self.plan.layers}
+        #: my slice of each ZeRO-3 shard (the parameter it keeps) and of each ZeRO-2/3 shard's
+        #: summed gradient (from the reduce-scatter until the update)
+        self.zslices: dict = {}
+        self.gslices: dict = {}
+        self._recomp_in: dict = {}       # recomputed layer -> the input regions it keeps
+        self.meter = None                # a .memtrack.MemoryMeter during a measured step
+        self._inputs: list = []          # my boxes of the model input in the current step
+        #: forward index -> the recomputed layers whose output is released after it
+        self._release: dict = {}
+        pos = {n: i for i, n in enumerate(self.order)}
+        for name in self.order:
+            st = self.state[name]
+            st.recompute, st.zero = opts.get(name, (False, 0))
+            if st.layer.op == "input":
+                st.recompute, st.zero = False, 0
+            st.last_use = max((pos[e.dst] for e in self.graph.out_edges(name)), default=-1)
+            if st.recompute and st.last_use >= 0 and name not in self.outputs:
+                self._release.setdefault(st.last_use, []).append(name)
+            if not st.zero or st.pos is None:
+                continue
+            keep = []
+            for ranks, quals in st.sync:
+                plain = []
+                for q in quals:
+                    if q in self.tied:
+                        plain.append(q)
+                        continue
+                    n = self.shards[q].numel()
+                    r = len(ranks)
+                    st.zshards.append(ZeroShard(q, ranks, ranks.index(self.rank),
+                                                [n * i // r for i in range(r + 1)]))
+                    if st.zero == 1:
+                        plain.append(q)          # ZeRO-1: the gradient is summed whole
+                if plain:
+                    keep.append((ranks, plain))
+            st.sync = keep
+            if st.zero >= 3:
+                for zs in st.zshards:
+                    p = self.shards[zs.key]
+                    self.zslices[zs.key] = p.detach().reshape(-1)[zs.mine].clone()
+                    p.untyped_storage().resize_(0)
 
     def _dtype(self, node):
         tm = node.meta.get("tensor_meta")
@@ -524,6 +600,7 @@ class Executor:
                 bwd["recv"].append((pc.dst, tag, G.box_shape(pc.box), bsl))
         st.bwd = bwd
         st.full = full
+        st.bwd_leaves = sorted({(c[0], c[1]) for c in bwd["local"] + bwd["send"]})
 
     def participation(self) -> np.ndarray:
         """``[layers, 3]`` bool: does this rank exchange data in the layer's forward fetch,
@@ -533,7 +610,7 @@ class Executor:
             st = self.state[name]
             out[i, 0] = bool(st.fwd.get("recv") or st.fwd.get("send"))
             out[i, 1] = bool(st.bwd.get("recv") or st.bwd.get("send"))
-            out[i, 2] = bool(st.sync)
+            out[i, 2] = bool(st.sync or st.zshards)
         return out
 
     def _fetch(self, st, outs, leaves):
@@ -707,6 +784,100 @@ class Executor:
             full[parts[i]] = b
         return full
 
+    #: message tags of the ZeRO collectives
+    _ZRS_TAG, _ZAG_TAG = (1 << 20) + 2, (1 << 20) + 3
+
+    def _zero_reduce_scatter(self, zs, flat):
+        """The sum over ``zs``'s replica group of my slice of ``flat`` (each member's
+        flattened gradient of the shard; ``flat`` may be overwritten).  ``p2p``: each member
+        sends every other member that member's slice and adds the slices it receives, in
+        member order; ``allreduce``: one ``all_reduce`` of the whole, then my slice."""
+        b, j = zs.bounds, zs.j
+        if self.sync_mode == "allreduce":
+            xfer.all_reduce(flat, group=self.groups[zs.ranks])
+            return flat[zs.mine].clone()
+        r = len(zs.ranks)
+        mine = flat[zs.mine]
+        bufs = {i: torch.empty_like(mine) for i in range(r) if i != j and mine.numel()}
+        self._wait([(zs.ranks[i], buf, self._ZRS_TAG) for i, buf in bufs.items()],
+                   [(zs.ranks[i], flat[b[i]:b[i + 1]].contiguous(), self._ZRS_TAG)
+                    for i in range(r) if i != j and b[i + 1] > b[i]])
+        out = None
+        for i in range(r):
+            piece = mine if i == j else bufs.get(i)
+            if piece is not None:
+                out = piece.clone() if out is None else out.add_(piece)
+        return mine.clone() if out is None else out
+
+    def _zero_all_gather(self, zs, flat):
+        """Fill every member's slice of ``flat`` (the flattened shard, mine already in place)
+        from its owner: ``p2p`` sends, ``allreduce`` sums a zero-filled whole."""
+        b, j = zs.bounds, zs.j
+        if self.sync_mode == "allreduce":
+            mine = flat[zs.mine].clone()
+            flat.zero_()
+            flat[zs.mine] = mine
+            xfer.all_reduce(flat, group=self.groups[zs.ranks])
+            return flat
+        r = len(zs.ranks)
+        self._wait([(zs.ranks[i], flat[b[i]:b[i + 1]], self._ZAG_TAG) for i in range(r)
+                    if i != j and b[i + 1] > b[i]],
+                   [(zs.ranks[i], flat[zs.mine], self._ZAG_TAG) for i in range(r)
+                    if i != j and b[j + 1] > b[j]])
+        return flat
+
+    def _zero_gather(self, st):
+        """ZeRO-3: the layer's whole shards from the members' slices (before its forward
+        and its backward)."""
+        for zs in st.zshards:
+            p = self.shards[zs.key]
+            p.untyped_storage().resize_(p.numel() * p.element_size())
+            flat = p.data.view(-1)          # .data: the saved tensors' version stays
+            flat[zs.mine] = self.zslices[zs.key]
+            self._zero_all_gather(zs, flat)
+
+    def _zero_free(self, st):
+        """ZeRO-3: release the layer's whole shards (their slices stay)."""
+        for zs in st.zshards:
+            self.shards[zs.key].untyped_storage().resize_(0)
+
+    def _zero_sync(self, st):
+        """ZeRO-2/3 after the layer's backward: reduce-scatter each shard's gradient; I keep
+        my slice of the sum, the whole gradient is dropped."""
+        for zs in st.zshards:
+            p = self.shards[zs.key]
+            g = torch.zeros_like(p) if p.grad is None else p.grad
+            self.gslices[zs.key] = self._zero_reduce_scatter(zs, g.contiguous().view(-1))
+            p.grad = None
+
+    def _zero_update(self, st, grads: dict | None):
+        """SGD under ZeRO: each member updates its slice of the shard with its slice of the
+        summed gradient; ZeRO-1/2 then all-gather the updated shard, ZeRO-3 keeps the slice
+        and frees the shard.  ``grads`` (the check step): each shard's whole summed gradient
+        (ZeRO-2/3: all-gathered for the comparison only)."""
+        for zs in st.zshards:
+            p = self.shards[zs.key]
+            if st.zero == 1:
+                g = torch.zeros_like(p) if p.grad is None else p.grad
+                if grads is not None:
+                    grads[zs.key] = g.clone()
+                gs = g.contiguous().view(-1)[zs.mine]
+                p.grad = None
+            else:
+                gs = self.gslices.pop(zs.key)
+                if grads is not None:
+                    full = torch.zeros(p.numel(), dtype=gs.dtype, device=gs.device)
+                    full[zs.mine] = gs
+                    grads[zs.key] = self._zero_all_gather(zs, full).view(p.shape)
+            if st.zero >= 3:
+                self.zslices[zs.key].add_(gs, alpha=-self.lr)
+                continue
+            flat = p.data.view(-1)
+            flat[zs.mine].add_(gs, alpha=-self.lr)
+            self._zero_all_gather(zs, flat)
+        if st.zero >= 3:
+            self._zero_free(st)
+
     def _buffer(self, key, like):
         b = self._bufs.get(key)
         if b is None or b.shape != like.shape or b.dtype != like.dtype:
@@ -721,14 +892,71 @@ class Executor:
     # ------------------------------------------------------------------------------------
     # a training step
     # ------------------------------------------------------------------------------------
-    def step(self, check: bool = False):
+    def step(self, check: bool = False, measure: bool = False):
         """One forward/backward/sync/SGD step of the train-mode graph under
         :class:`~explorer.engine.core.capture.deterministic` numerics (dropout the identity,
         BatchNorm with running statistics), as :func:`.reference.reference_step` computes it,
         in the plan's precision (:func:`~explorer.engine.core.precision.autocast`).
-        See :meth:`_step`."""
-        with deterministic(running_stats=True), P.autocast(self.dtype, self.device.type):
-            return self._step(check)
+        ``measure``: count the step's live memory by category (:mod:`.memtrack`; slower),
+        returned as ``extra["memory"]``.  See :meth:`_step`."""
+        from explorer.engine.runtime.memtrack import MemoryMeter
+        self.meter = MemoryMeter() if measure else None
+        hooks = self.meter.hooks() if measure else contextlib.nullcontext()
+        try:
+            with deterministic(running_stats=True), P.autocast(self.dtype, self.device.type), \
+                    hooks:
+                tm, extra = self._step(check)
+            if measure:
+                extra["memory"] = self.meter.result()
+            return tm, extra
+        finally:
+            self.meter = None
+
+    def _compute(self, st, regions, partials):
+        """``(y, comm seconds)``: my output box of layer ``st`` from its input regions
+        (a row-parallel layer: the partial tile, the group's reduce-scatter, then the bias
+        and folded ops; ``partials`` keeps the partial for the backward pass, ``None``: not
+        kept, as under ``no_grad``)."""
+        ins = [None if r is None else T.forward(r, ie.steps) for r, ie in zip(regions, st.ins)]
+        q_boxes = [ie.q_box for ie in st.ins]
+        if st.kgroup is None:
+            return ops.compute(st.ctx, ins, q_boxes, st.box), 0.0
+        part = ops.compute_partial(st.ctx, ins, q_boxes, st.tile)
+        tr = self.clock()
+        z = self._reduce_scatter(st, part.detach())
+        comm = self.clock() - tr
+        z.requires_grad_(part.requires_grad)
+        y = ops.finish(st.ctx, z, st.box)
+        if partials is not None:
+            partials[st.name] = (part, z)
+        return y, comm
+
+    def _sample(self, where, outs, leaves, partials, loss_grads, g=None, transient=()):
+        """One sample of the measured step's live memory (:class:`.memtrack.MemoryMeter`):
+        my shards (a ZeRO-3 shard's slice; its whole shard while gathered is transient),
+        their gradients and gradient slices, the activations the step holds (outputs, fetched
+        regions and their gradients, partial tiles, loss gradients, the gradient in flight),
+        autograd's saved tensors.  The model input is counted as my box of it (every worker
+        builds the whole input), the whole model each worker builds to cut its shards from
+        not at all."""
+        z3 = set(self.zslices)
+        inputs = {id(t) for t in self._inputs}
+        acts = [t for t in outs.values() if t is not None and id(t) not in inputs]
+        for leaf in leaves.values():
+            acts += [leaf, leaf.grad]
+        for part, z in partials.values():
+            acts += [part, z, z.grad]
+        acts += list(loss_grads.values()) + [g]
+        for regions in self._recomp_in.values():
+            acts += list(regions)
+        self.meter.sample(where, {
+            "params": [p for q, p in self.shards.items() if q not in z3]
+                      + list(self.zslices.values()),
+            "grads": [p.grad for p in self.shards.values()] + list(self.gslices.values()),
+            "activations": acts,
+            "transient": [self.shards[q] for q in z3] + list(transient)},
+            skip=[self.x], sized={"activations": sum(t.numel() * t.element_size()
+                                                     for t in self._inputs)})
 
     def _step(self, check: bool = False):
         """One forward/backward/sync/SGD step.
@@ -741,6 +969,9 @@ class Executor:
         outs, leaves, loss_grads, partials = {}, {}, {}, {}
         pc = self.clock               # on CUDA: synchronised, so phases time their kernels
         mid = len(self.order) // 2
+        meter = self.meter
+        self._recomp_in.clear()
+        self._inputs = []
         for li, name in enumerate(self.order):
             st = self.state[name]
             self.phase = f"forward of layer {name}"
@@ -749,26 +980,31 @@ class Executor:
             if st.layer.op == "input":
                 if st.pos is not None:
                     outs[name] = self.x[tuple(slice(int(a), int(b)) for a, b in st.box)]
+                    self._inputs.append(outs[name])
                 continue
             t0 = pc()
             regions = self._fetch(st, outs, leaves)
             t1 = pc()
             comm = 0.0
             if st.pos is not None:
-                ins = [None if r is None else T.forward(r, ie.steps)
-                       for r, ie in zip(regions, st.ins)]
-                q_boxes = [ie.q_box for ie in st.ins]
-                if st.kgroup is None:
-                    y = ops.compute(st.ctx, ins, q_boxes, st.box)
-                else:        # row-parallel: partial tile, reduce-scatter, bias and folded ops
-                    part = ops.compute_partial(st.ctx, ins, q_boxes, st.tile)
+                if st.zero >= 3:
                     tr = pc()
-                    z = self._reduce_scatter(st, part.detach())
-                    comm = pc() - tr
-                    z.requires_grad_(part.requires_grad)
-                    y = ops.finish(st.ctx, z, st.box)
-                    partials[name] = (part, z)
+                    self._zero_gather(st)
+                    comm += pc() - tr
+                if st.recompute:     # no graph: the backward pass computes it again
+                    self._recomp_in[name] = regions
+                    with torch.no_grad():
+                        y, c = self._compute(st, regions, None)
+                else:
+                    y, c = self._compute(st, regions, partials)
+                comm += c
                 outs[name] = y
+                if meter is not None:
+                    self._sample(f"forward of {name}", outs, leaves, partials, loss_grads)
+                if st.zero >= 3:
+                    self._zero_free(st)
+            for src in self._release.get(li, ()):
+                outs[src] = None     # a recomputed layer's output, fetched by every consumer
             t2 = pc()
             tm[li, 0] += t1 - t0 + comm
             tm[li, 1] += t2 - t1 - comm
@@ -784,6 +1020,9 @@ class Executor:
             loss_grads[o] = y.detach() * (2.0 / numel[o])
             if check:
                 part += y.detach().double().pow(2).sum() / numel[o]
+        if meter is not None:
+            from explorer.engine.runtime.memtrack import FORWARD_END
+            self._sample(FORWARD_END, outs, leaves, partials, loss_grads)
         if check:
             if self.world > 1:
                 xfer.all_reduce(part)
@@ -800,7 +1039,22 @@ class Executor:
             t1 = pc()
             comm = 0.0
             if st.pos is not None:
-                y = outs[name]
+                if st.zero >= 3:
+                    tr = pc()
+                    self._zero_gather(st)
+                    comm += pc() - tr
+                if st.recompute:
+                    if meter is not None:
+                        meter.kind = "transient"
+                    y, c = self._compute(st, self._recomp_in.pop(name), partials)
+                    comm += c
+                    if meter is not None:
+                        meter.kind = "activations"
+                else:
+                    y = outs[name]
+                if meter is not None:
+                    self._sample(f"backward of {name}", outs, leaves, partials, loss_grads,
+                                 g=g, transient=[y] if st.recompute else ())
                 if y.requires_grad:
                     torch.autograd.backward(y, g)
                 outs[name] = None
@@ -812,6 +1066,11 @@ class Executor:
                     comm = pc() - tr
                     if part.requires_grad:
                         torch.autograd.backward(part, gt)
+            if meter is not None and st.pos is not None:
+                self._sample(f"after the backward of {name}", outs, leaves, partials,
+                             loss_grads, g=g)
+            for key in st.bwd_leaves:
+                leaves.pop(key, None)          # the region gradients are in g now
             t2 = pc()
             t1 += comm          # the gather counts as gradient communication
             for ranks, quals in st.sync:
@@ -822,16 +1081,21 @@ class Executor:
                         p.grad = torch.zeros_like(p)
                     grads.append(p.grad)
                 self._sync_grads(ranks, grads)
+            if st.zero >= 2:
+                self._zero_sync(st)
             t3 = pc()
             with torch.no_grad():
+                zkeys = {zs.key for zs in st.zshards}
                 for q in st.trainable:
                     p = self.shards[q]
-                    if p.grad is None or q in self.tied:
+                    if p.grad is None or q in self.tied or q in zkeys:
                         continue        # a tied parameter's shards update after the sum
                     if check:
                         extra["grads"][q] = p.grad.clone()
                     p.add_(p.grad, alpha=-self.lr)
                     p.grad = None
+                if st.zshards:
+                    self._zero_update(st, extra["grads"] if check else None)
             t4 = pc()
             tm[li, 2] += t1 - t0
             tm[li, 3] += t2 - t1
@@ -878,6 +1142,16 @@ class Executor:
     def gather(self, grads: dict | None = None):
         """Full parameters (and, given this rank's synchronised ``grads``, full gradients) on
         rank 0 assembled from the shards; other ranks return ``None``."""
+        z3 = [st for st in self.state.values() if st.zero >= 3 and st.zshards]
+        for st in z3:                  # ZeRO-3: whole shards, for the gather only
+            self._zero_gather(st)
+        try:
+            return self._gather(grads)
+        finally:
+            for st in z3:
+                self._zero_free(st)
+
+    def _gather(self, grads):
         me = self.rank
         full: dict = {}
         recvs, sends, todo = [], [], []

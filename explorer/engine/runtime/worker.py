@@ -73,9 +73,11 @@ def run_job(job: dict, rank: int, world: int, device: str = "cpu", progress=None
         total = warmup + steps + (1 if job.get("check", True) else 0)
         done = 0
         check_s = reference_s = 0.0
+        memory = None                  # the step's live memory by category (.memtrack)
         if job.get("check", True):
             t_check = time.perf_counter()
-            _, extra = ex.step(check=True)
+            _, extra = ex.step(check=True, measure=True)
+            memory = extra["memory"]
             loss = extra["loss"]
             ex.phase = "gathering parameters on rank 0"
             gathered = ex.gather(extra["grads"])
@@ -90,8 +92,11 @@ def run_job(job: dict, rank: int, world: int, device: str = "cpu", progress=None
             ex.phase = "barrier before a step"
             _barrier(world)
             t0 = pc()
-            tm, _ = ex.step()
+            measure = memory is None and i < warmup     # a warm-up step, not a timed one
+            tm, extra = ex.step(measure=measure)
             t1 = pc()
+            if measure:
+                memory = extra["memory"]
             if i >= warmup:
                 step_times.append(t1 - t0)
                 timings.append(tm)
@@ -100,7 +105,7 @@ def run_job(job: dict, rank: int, world: int, device: str = "cpu", progress=None
                 progress(done, total)
         ex.phase = "collecting timings"
         payload = (step_times, np.asarray(timings), ex.participation(),
-                   peak_allocated(device))
+                   peak_allocated(device), memory)
         if world > 1:
             objs = [None] * world
             dist.all_gather_object(objs, payload)
@@ -149,11 +154,34 @@ def run_job(job: dict, rank: int, world: int, device: str = "cpu", progress=None
                         [o[3] for o in objs] if all(len(o) > 3 and o[3] is not None
                                                     for o in objs) else None),
                     "sync": ex.sync_mode, "dtype": ex.dtype,
-                    "world": world})
+                    "world": world,
+                    **memory_report(plan, [o[4] if len(o) > 4 else None for o in objs])})
         return res
     except Exception as exc:
         where = "setting up the plan" if ex is None else f"step {ex.step_no}, {ex.phase}"
         raise WorkerError(f"{where}: {type(exc).__name__}: {exc}") from exc
+
+
+def memory_report(plan, measured: list) -> dict:
+    """The plan's memory by category per worker beside what the first step held
+    (:mod:`.memtrack`): ``predicted_memory_by_category`` / ``measured_memory_by_category``,
+    ``{category: [bytes per worker]}`` (params, grads, optimizer, activations, transient;
+    measured: each category's largest value in the step, and ``peak``, the largest total).
+    Empty when no step was measured."""
+    from explorer.engine.runtime.memtrack import CATEGORIES
+    if not measured or any(m is None for m in measured):
+        return {}
+    out = {"measured_memory_by_category": {
+        k: [int(m[k]) for m in measured] for k in (*CATEGORIES, "peak")},
+        "measured_memory_peak_at": [m.get("where", "") for m in measured],
+        "measured_memory_forward_end": [m.get("forward_end", {}) for m in measured]}
+    cats = plan.memory_by_category or {}
+    if all(isinstance(cats.get(k), list) and len(cats[k]) == len(measured)
+           for k in CATEGORIES):
+        pred = {k: [float(v) for v in cats[k]] for k in CATEGORIES}
+        pred["peak"] = [sum(pred[k][w] for k in CATEGORIES) for w in range(len(measured))]
+        out["predicted_memory_by_category"] = pred
+    return out
 
 
 def summarize(plan, order, per_rank, phases, no_grad=()) -> dict:
