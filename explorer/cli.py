@@ -625,7 +625,7 @@ def cmd_run(args) -> int:
     from explorer.engine.runtime.dispatch import read_document
     doc = read_document(args.plan)
     if str(doc.get("schema", "")).endswith("/layerwise"):
-        # pipeline stages, recomputation and ZeRO are planned, not executed (issue 28)
+        # pipeline stages are planned, not executed (issue 28); recomputation and ZeRO run
         from explorer.engine.layerwise.plan import unsupported
         why = unsupported(doc)
         if why:

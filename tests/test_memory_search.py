@@ -238,13 +238,25 @@ def test_unsupported_plain_plan_is_none():
     assert unsupported(res.document()) is None
 
 
-def test_explorer_run_refuses_what_the_runtime_cannot_execute(tmp_path, capsys):
-    """A plan with recomputation / ZeRO / stages: one line, exit 2, before any worker."""
+def test_unsupported_is_only_pipeline_stages():
+    """Recomputation and ZeRO run (tests/test_zero_runtime.py); stages are refused."""
+    res = run("optcnn", _problem(), options=dict(optimizer="adam", memory_limit_gib=0.02))
+    doc = res.document()
+    assert any(la.get("zero") for la in doc["layers"])
+    assert unsupported(doc) is None
+    doc = dict(doc, layers=[dict(la, recompute=True) for la in doc["layers"]])
+    assert unsupported(doc) is None
+
+
+def test_explorer_run_refuses_a_pipelined_plan(tmp_path, capsys):
+    """A plan with pipeline stages: one line, exit 2, before any worker."""
     from explorer.cli import main
     from explorer.engine.core.plandoc import dumps
-    res = run("optcnn", _problem(), options=dict(optimizer="adam", memory_limit_gib=0.02))
+    res = run("pipeline", _problem(), options=dict(stages=2, micro_batches=2))
+    assert res.plan.pipeline["stages"] == 2
     path = tmp_path / "plan.json"
     path.write_text(dumps(res.document(), indent=1))
     assert main(["run", str(path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "the runtime cannot execute" in err[0] and "ZeRO" in err[0]
+    assert len(err) == 1 and "the runtime cannot execute 2 pipeline stages" in err[0]
+    assert "ZeRO" not in err[0] and "recomputation" not in err[0]

@@ -203,7 +203,7 @@ class Plan:
 
     def unsupported(self) -> str | None:
         """Why the runtime cannot execute this plan yet (one line), or ``None``: pipeline
-        stages, recomputation and ZeRO sharding are planned and costed but not run."""
+        stages are planned and costed but not run."""
         return unsupported(self.to_dict())
 
     def digest(self) -> str:
@@ -247,25 +247,15 @@ class Plan:
 
 def unsupported(doc: dict) -> str | None:
     """One line saying why the runtime cannot execute a layer-wise plan document yet, or
-    ``None``.  Pipeline stages, recomputation and ZeRO sharding (issue 28) are searched and
-    costed, not executed."""
-    what = []
+    ``None``.  Pipeline stages (issue 28) are searched and costed, not executed; per-layer
+    recomputation and ZeRO sharding are executed (:mod:`explorer.engine.runtime.executor`)."""
     pipe = doc.get("pipeline") or {}
-    if pipe and (int(pipe.get("stages", 1)) > 1 or int(pipe.get("micro_batches", 1)) > 1):
-        what.append(f"{pipe.get('stages', 1)} pipeline stages x "
-                    f"{pipe.get('micro_batches', 1)} micro-batches")
-    layers = doc.get("layers") or []
-    rc = sum(1 for la in layers if la.get("recompute"))
-    zs = sorted({int(la.get("zero", 0)) for la in layers if la.get("zero")})
-    if rc:
-        what.append(f"recomputation of {rc} layer{'s' if rc > 1 else ''}")
-    if zs:
-        what.append(f"ZeRO-{'/'.join(map(str, zs))} sharding")
-    if not what:
+    if not pipe or (int(pipe.get("stages", 1)) <= 1 and int(pipe.get("micro_batches", 1)) <= 1):
         return None
-    return (f"the runtime cannot execute {', '.join(what)} yet (they are planned and costed "
-            f"only): search with --opt recompute=false --opt zero=0 (and --algo optcnn), or "
-            f"export nothing of this plan")
+    return (f"the runtime cannot execute {pipe.get('stages', 1)} pipeline stages x "
+            f"{pipe.get('micro_batches', 1)} micro-batches yet (they are planned and costed "
+            f"only): search without stages (--algo optcnn, or --opt stages=1 --opt "
+            f"micro_batches=1)")
 
 
 def memory_per_device(graph, tables, choice, n_devices: int, dtype_bytes: int = 4,

@@ -16,6 +16,25 @@ def _where(res: dict) -> str:
     return " on " + ", ".join(map(str, devs)) + (" (shared)" if res.get("shared") else "")
 
 
+def memory_lines(res: dict) -> list:
+    """Per worker, the live memory the first step held by category (each category's
+    largest value; ``peak`` the largest total) beside the plan's prediction."""
+    got = res.get("measured_memory_by_category")
+    if not got:
+        return []
+    pred = res.get("predicted_memory_by_category") or {}
+    out = []
+    for w in range(len(got["peak"])):
+        parts = []
+        for k in ("params", "grads", "optimizer", "activations", "transient", "peak"):
+            p = pred.get(k)
+            parts.append(f"{k} {got[k][w] / 2 ** 10:.1f}" +
+                         (f" / {p[w] / 2 ** 10:.1f}" if p else ""))
+        out.append(f"memory on worker {w} (KiB, measured{' / predicted' if pred else ''}): "
+                   + ", ".join(parts))
+    return out
+
+
 def format_report(res: dict, top: int = 12) -> str:
     lines = []
     ref = res.get("reference")
@@ -25,6 +44,7 @@ def format_report(res: dict, top: int = 12) -> str:
     if res.get("measured_peak_memory_bytes"):
         lines.append("peak allocated per worker: " + ", ".join(
             f"{b / 2 ** 30:.2f} GiB" for b in res["measured_peak_memory_bytes"]))
+    lines += memory_lines(res)
     if ref is None:
         lines.append("reference check: skipped")
     else:
