@@ -244,8 +244,10 @@ def export_torch(doc: dict, verify: bool = True) -> tuple[str, str]:
     plan, _warns = validate(doc, check_local=False)
     configs = {la.name: ({k: int(v) for k, v in la.config.degrees if int(v) > 1},
                          tuple(la.config.devices)) for la in plan.layers}
+    savings = {la.name: (bool(la.recompute), int(la.zero)) for la in plan.layers
+               if la.recompute or la.zero}
     return program(plan.spec, plan.batch, plan.model_args, plan.n_devices, configs,
-                   model=plan.model, algo=plan.algo, dtype=plan.dtype)
+                   model=plan.model, algo=plan.algo, dtype=plan.dtype, savings=savings)
 
 
 def not_as_planned(text: str) -> list:
@@ -278,24 +280,48 @@ def deviation_lines(text: str) -> list:
 
 def program(spec: str, batch: int, model_args: dict, n: int, configs: dict, *,
             model: str | None = None, algo: str = "custom",
-            dtype: str = "fp32", layouts: bool = True) -> tuple[str, str]:
+            dtype: str = "fp32", layouts: bool = True,
+            savings: dict | None = None) -> tuple[str, str]:
     """``(file name, text)`` of the program for per-layer ``configs`` (layer -> ({letter:
     degree > 1}, devices)) of model ``spec`` on ``n`` processes, computing in precision
     ``dtype`` (bf16: every forward pass under autocast, float32 master weights);
     :func:`export_torch` after its checks (tests call it with configurations no search
-    makes yet)."""
+    makes yet).  ``savings``: layer -> (recompute, ZeRO stage) of the layers that save
+    memory: ``torch.utils.checkpoint`` and ``fully_shard`` in the per-layer layouts."""
     from explorer.engine.core.capture_cache import layer_graph
     from explorer.engine.core.importer import load_model
     graph = layer_graph(spec, batch, model_args)       # the search's capture, when cached
     module, x = load_model(spec, batch, model_args, meta=True)
     from explorer.engine.export.layouts import plan_layouts
-    mp = plan_layouts(graph, configs, n, module) if layouts else None
+    mp = plan_layouts(graph, configs, n, module, savings) if layouts else None
     if mp is None:                     # torch.fx cannot trace it: one (dp, tp) mesh
         mp = mesh_plan(graph, configs, n, module)
+        _savings_on_mesh(mp, configs, savings or {})
     info = SimpleNamespace(spec=spec, model=model or spec, batch=int(batch), algo=algo,
                            model_args=dict(model_args or {}), n_devices=int(n),
                            dtype=dtype)
     return _filename(info), render(info, mp, module, x)
+
+
+def _savings_on_mesh(mp: MeshPlan, configs: dict, savings: dict) -> None:
+    """The (dp, tp) program of a model ``torch.fx`` cannot trace applies no per-layer
+    saving: a recomputed layer, and a ZeRO layer other than what its ``fully_shard`` of the
+    whole model over dp does (ZeRO-3 of a layer split on the samples only), are listed."""
+    listed = {d.layer for d in mp.deviations}
+    for name, (rc, zero) in savings.items():
+        want = configs[name][0]
+        why = []
+        if rc:
+            why.append("recomputation wraps one traced layer in torch.utils.checkpoint, and "
+                       "torch.fx cannot trace this model")
+        if zero and not (zero >= 3 and mp.dp > 1 and set(want) == {"n"}):
+            why.append(f"ZeRO-{zero}: the program's only sharding is fully_shard of the whole "
+                       f"model over dp (ZeRO-3 of the sample-split layers)")
+        if why and name not in listed:
+            lbl = _label(want)
+            mp.deviations.append(Deviation(
+                name, lbl + (" recomputed" if rc else "") + (f" ZeRO-{zero}" if zero else ""),
+                lbl + " as the (dp, tp) mesh computes it", "; ".join(why)))
 
 
 def _filename(plan) -> str:
@@ -430,7 +456,8 @@ def render(plan, mp, model, x) -> str:
         "from torch.distributed.tensor import DTensor, Replicate, Shard\n"
         "from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleOutput,\n"
         "                                               RowwiseParallel, SequenceParallel,\n"
-        "                                               parallelize_module)\n",
+        "                                               parallelize_module)\n"
+        "from torch.utils.checkpoint import checkpoint\n",
         f"DEVICES = {n}\nMESH = ({mp.dp}, {mp.tp})          # (dp, tp)\n"
         f"BATCH_DIM = {mp.batch_dim}          # the input's sample dimension, split over dp\n"
         f"LR = {LR!r}\nSEED = {SEED}\n"
@@ -484,10 +511,12 @@ def _render_layouts(plan, lp, model, x) -> str:
         "import argparse\nimport contextlib\nimport copy\nimport os\nimport sys\n\n"
         "import torch\nimport torch.distributed as dist\n"
         "from torch.distributed.device_mesh import init_device_mesh\n"
+        "from torch.distributed.fsdp import fully_shard\n"
         "from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, "
         "distribute_tensor\n"
         "from torch.distributed.tensor.parallel import (PrepareModuleOutput, SequenceParallel,\n"
-        "                                               parallelize_module)\n",
+        "                                               parallelize_module)\n"
+        "from torch.utils.checkpoint import checkpoint\n",
         f"DEVICES = {n}\nMESH = (1, {n})          # unused: the layers' own mesh below\n"
         f"BATCH_DIM = 0\n"
         f"LR = {LR!r}\nSEED = {SEED}\n"

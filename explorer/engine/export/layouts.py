@@ -186,9 +186,38 @@ def _rules(la, mod, node, own: bool) -> tuple:
     return "follow", ok, why
 
 
-def plan_layouts(graph, configs: dict, n: int, model) -> LayoutPlan | None:
+def zero_form(spec: dict, zero: int, planned: bool, has_params: bool) -> str | None:
+    """How a layer's ZeRO stage is exported: ``None`` when ``fully_shard`` computes it as
+    planned (``spec`` then carries ``fsdp``: 3 resharding after forward, 2 keeping the
+    gathered weights until the backward, PyTorch's SHARD_GRAD_OP), else the reason it
+    is not.  ``planned``: the layer's configuration itself is computed as planned;
+    ``has_params``: the layer has parameters (without, there is nothing to shard)."""
+    params = spec.get("params")
+    if not zero or not has_params:
+        return None                   # nothing to shard: as planned
+    if zero == 1:
+        return ("ZeRO-1 shards only the optimizer's state, which fully_shard has no mode for, "
+                "and the program's SGD keeps none: its parameters and gradients are "
+                "replicated, as ZeRO-1 keeps them")
+    if spec["mode"] != "module" or params is None:
+        return ("its parameters are not one module's own, and fully_shard shards a module's "
+                "parameters: they stay replicated")
+    if not planned:
+        return "its configuration is not computed as planned, so its parameters stay replicated"
+    if any(c != "R" for codes in params.values() for c in codes):
+        return ("it also shards its parameters (tensor parallel), and fully_shard over the "
+                "replicas of a sharded parameter is not expressed here: its shards stay "
+                "replicated on their replica group")
+    spec["fsdp"] = 3 if zero >= 3 else 2
+    return None
+
+
+def plan_layouts(graph, configs: dict, n: int, model,
+                 savings: dict | None = None) -> LayoutPlan | None:
     """Each layer's placements on the prime-factor mesh of ``n`` devices, or None when the
-    model cannot be traced by ``torch.fx`` into nodes named as the layers."""
+    model cannot be traced by ``torch.fx`` into nodes named as the layers.  ``savings``:
+    layer -> (recompute, ZeRO stage): a recomputed layer's spec carries ``recompute``
+    (``torch.utils.checkpoint``), a ZeRO layer's ``fsdp`` where :func:`zero_form` allows."""
     nodes = fx_nodes(model)
     layers = graph.layers()
     if nodes is None or any(la.name not in nodes for la in layers):
@@ -241,11 +270,19 @@ def plan_layouts(graph, configs: dict, n: int, model) -> LayoutPlan | None:
                     for pname, pl in params.items():
                         if pname in spec["params"]:
                             spec["params"][pname][d] = pl
+        rc, zero = (savings or {}).get(la.name, (False, 0))
+        if rc:
+            spec["recompute"] = True
+        why_zero = zero_form(spec, int(zero), not reasons, bool(la.params))
+        planned = _label(want) + (f" on {list(devices)}" if sorted(devices) != everyone
+                                  else "")
         if reasons:
             lp.deviations.append(Deviation(
-                la.name, _label(want) + (f" on {list(devices)}"
-                                         if sorted(devices) != everyone else ""),
+                la.name, planned + (f" ZeRO-{zero}" if why_zero else ""),
                 (_label(keep) + ", replicated on the rest of the mesh" if keep
                  else "whole on every rank"), "; ".join(reasons)))
+        elif why_zero:
+            lp.deviations.append(Deviation(la.name, f"{planned} ZeRO-{zero}",
+                                           f"{planned}, parameters replicated", why_zero))
         lp.specs[la.name] = spec
     return lp

@@ -17,12 +17,14 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.parallel import (
     PrepareModuleOutput,
     SequenceParallel,
     parallelize_module,
 )
+from torch.utils.checkpoint import checkpoint
 
 # Placeholders: the exported file defines these above the body.
 DEVICES = 1
@@ -127,6 +129,15 @@ class Layouts:
         return _ContiguousGrad.apply(out) if out.requires_grad else out
 
     def run(self, name, *args, **kwargs):
+        """The layer ``name`` on its placements; a recomputed layer (``recompute``) under
+        ``torch.utils.checkpoint``: nothing of it is kept for the backward pass but its
+        inputs, and its forward (redistributions and gathers included) runs again there."""
+        spec = self.layouts.get(name)
+        if spec is not None and spec.get("recompute") and torch.is_grad_enabled():
+            return checkpoint(self.compute, name, *args, use_reentrant=False, **kwargs)
+        return self.compute(name, *args, **kwargs)
+
+    def compute(self, name, *args, **kwargs):
         if name not in self.layouts:           # an op folded into a layer, or a view
             fn = self.fns[name][1]
             if any(isinstance(a, DTensor) for a in args):
@@ -156,7 +167,9 @@ class Layouts:
                 largs.append(a)
             lkw = {k: self.local(v, self.arg_layout(spec, tuple(v.shape)), active)
                    if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
-            if mode == "module":
+            if mode == "module" and spec.get("fsdp"):
+                out = fn(*largs, **lkw)        # fully_shard's hooks gather its parameters
+            elif mode == "module":
                 params = {}
                 for pname, p in fn.named_parameters():
                     codes = spec["params"].get(pname, ["R"] * self.mesh.ndim)
@@ -260,8 +273,11 @@ def parallelize_layers(model, mesh, layouts):
         spec = layouts.get(nd.name)
         if spec is not None and spec["mode"] == "module":
             owned[nd.target] = spec
+    sharded = {m: s["fsdp"] for m, s in owned.items() if s.get("fsdp")}
     for mname, mod in gm.named_modules():
         spec = owned.get(mname)
+        if mname in sharded or any(mname.startswith(m + ".") for m in sharded):
+            continue                   # fully_shard distributes these below
         for pname, p in list(mod.named_parameters(recurse=False)):
             codes = (spec["params"].get(pname) if spec else None) or ["R"] * mesh.ndim
             if spec is None:
@@ -277,6 +293,18 @@ def parallelize_layers(model, mesh, layouts):
                 if b is not None and b.is_floating_point():
                     mod.register_buffer(bname, DTensor.from_local(
                         b, mesh, [Replicate()] * mesh.ndim, run_check=False))
+    if sharded:
+        # ZeRO: a layer computed on every rank with whole parameters shards them over all
+        # the ranks (its replica group): ZeRO-3 regathers them in the backward pass,
+        # ZeRO-2 keeps them gathered until then (PyTorch's SHARD_GRAD_OP); gradients are
+        # reduce-scattered as sums (each rank's loss is the whole loss)
+        flat = mesh if mesh.ndim == 1 else init_device_mesh(
+            mesh.device_type, (mesh.size(),), mesh_dim_names=("zero",))
+        for mname, zero in sharded.items():
+            mod = gm.get_submodule(mname)
+            fully_shard(mod, mesh=flat, reshard_after_forward=zero >= 3)
+            mod.set_gradient_divide_factor(1.0)
+            mod.set_force_sum_reduction_for_comms(True)    # a plain sum (gloo has no PREMUL)
     graph = gm.graph
     for nd in list(graph.nodes):
         spec = layouts.get(nd.name)
