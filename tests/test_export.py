@@ -231,3 +231,40 @@ def test_an_export_says_how_many_layers_are_not_as_planned():
     assert service.export_note("NOT_AS_PLANNED = []\n", 3) == "3 of 3 layers as planned"
     note = service.export_note(text, 7)
     assert note.startswith("6 of 7 layers as planned. Not as planned:") and "conv1: plan w2" in note
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_fsdp_plan_exports_checkpoint_and_fully_shard(capsys, tmp_path):
+    """The fsdp baseline (every layer data-parallel, ZeRO-3 and recomputed): each layer's
+    module under fully_shard, run under torch.utils.checkpoint, as planned; the program
+    matches one process."""
+    prog = export(capsys, tmp_path, "mlp", "fsdp", *MLP)
+    text = prog.read_text()
+    assert "NOT_AS_PLANNED = []" in text
+    specs = layouts_of(text)
+    assert all(specs[n].get("fsdp") == 3 and specs[n].get("recompute")
+               for n in ("body_0", "body_2", "head"))
+    passes(prog)
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_zero2_recompute_and_zero1_export(tmp_path):
+    """ZeRO-2 (fully_shard keeping the gathered weights until the backward) and a
+    recomputed feature-split layer as planned; ZeRO-1 (optimizer state only) listed as not
+    as planned with its reason.  The program matches one process."""
+    from explorer.engine.export import not_as_planned, program
+    cfg = {"x": ({"n": 2}, (0, 1)), "body_0": ({"n": 2}, (0, 1)),
+           "body_2": ({"c": 2}, (0, 1)), "head": ({"n": 2}, (0, 1))}
+    savings = {"body_0": (True, 2), "body_2": (True, 0), "head": (False, 1)}
+    _, text = program("mlp", 8, {"hidden": 16, "layers": 2}, 2, cfg, savings=savings)
+    specs = layouts_of(text)
+    assert specs["body_0"]["fsdp"] == 2 and specs["body_0"]["recompute"]
+    assert specs["body_2"]["recompute"] and "fsdp" not in specs["body_2"]
+    off = not_as_planned(text)
+    assert [d[0] for d in off] == ["head"] and "ZeRO-1" in off[0][1]
+    prog = tmp_path / "mlp_zero.py"
+    prog.write_text(text)
+    out = passes(prog)
+    assert "3 of 4 layers as planned" in out

@@ -127,3 +127,12 @@ def test_report_shows_predicted_beside_measured(runs):
     line = next(ln for ln in text.splitlines() if ln.startswith("memory on worker 0"))
     for cat in ("params", "grads", "optimizer", "activations", "transient", "peak"):
         assert cat in line
+
+
+def test_zero_with_allreduce_collectives():
+    """``--sync allreduce``: the ZeRO reduce-scatter and all-gather as all-reduces on the
+    replica group's process group; the same step as one device."""
+    plans = [CASES["mlp-zero2"](), CASES["mlp-zero3"]()]
+    results = launch_many(plans, steps=1, warmup=0, timeout_s=300, store=False,
+                          sync="allreduce")
+    assert all(r["reference_ok"] and r["sync"] == "allreduce" for r in results)
