@@ -136,3 +136,18 @@ def test_zero_with_allreduce_collectives():
     results = launch_many(plans, steps=1, warmup=0, timeout_s=300, store=False,
                           sync="allreduce")
     assert all(r["reference_ok"] and r["sync"] == "allreduce" for r in results)
+
+
+def test_explorer_run_executes_a_zero3_recomputed_plan(tmp_path, capsys):
+    """`explorer run` of the fsdp baseline's plan (ZeRO-3, every layer recomputed): no
+    refusal, the reference check passes, memory measured beside predicted per worker."""
+    from explorer.cli import main
+    plan = tmp_path / "fsdp.json"
+    assert main(["search", "mlp", "-n", "2", "--preset", "local", "--algo", "fsdp", "-a",
+                 "hidden=16", "-a", "layers=2", "-b", "8", "-o", str(plan)]) == 0
+    capsys.readouterr()
+    assert main(["run", str(plan), "--steps", "1", "--warmup", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "reference check: OK" in out
+    mem = [ln for ln in out.splitlines() if ln.startswith("memory on worker")]
+    assert len(mem) == 2 and "measured / predicted" in mem[0] and "params 1.4 / 1.4" in mem[0]
