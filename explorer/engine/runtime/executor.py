@@ -854,7 +854,9 @@ class Executor:
         """SGD under ZeRO: each member updates its slice of the shard with its slice of the
         summed gradient; ZeRO-1/2 then all-gather the updated shard, ZeRO-3 keeps the slice
         and frees the shard.  ``grads`` (the check step): each shard's whole summed gradient
-        (ZeRO-2/3: all-gathered for the comparison only)."""
+        (ZeRO-2/3: all-gathered for the comparison only).  Returns the seconds spent in the
+        all-gathers (the step's sync, not its update)."""
+        comm = 0.0
         for zs in st.zshards:
             p = self.shards[zs.key]
             if st.zero == 1:
@@ -874,9 +876,12 @@ class Executor:
                 continue
             flat = p.data.view(-1)
             flat[zs.mine].add_(gs, alpha=-self.lr)
+            t0 = self.clock()
             self._zero_all_gather(zs, flat)
+            comm += self.clock() - t0
         if st.zero >= 3:
             self._zero_free(st)
+        return comm
 
     def _buffer(self, key, like):
         b = self._bufs.get(key)
@@ -1094,13 +1099,13 @@ class Executor:
                         extra["grads"][q] = p.grad.clone()
                     p.add_(p.grad, alpha=-self.lr)
                     p.grad = None
-                if st.zshards:
-                    self._zero_update(st, extra["grads"] if check else None)
+                zcomm = self._zero_update(st, extra["grads"] if check else None) \
+                    if st.zshards else 0.0
             t4 = pc()
             tm[li, 2] += t1 - t0
             tm[li, 3] += t2 - t1
-            tm[li, 4] += t3 - t2
-            tm[li, 5] += t4 - t3
+            tm[li, 4] += t3 - t2 + zcomm
+            tm[li, 5] += t4 - t3 - zcomm
         if self.tied_params:
             self.phase = "tied parameters"
             t0 = pc()
