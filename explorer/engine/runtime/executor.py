@@ -1068,7 +1068,7 @@ class Executor:
                     tr = pc()
                     gt = self._all_gather(st, z.grad if z.grad is not None
                                           else torch.zeros_like(z))
-                    comm = pc() - tr
+                    comm += pc() - tr
                     if part.requires_grad:
                         torch.autograd.backward(part, gt)
             if meter is not None and st.pos is not None:
