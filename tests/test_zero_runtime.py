@@ -112,6 +112,9 @@ def test_recomputation_lowers_activations_by_hand(runs):
     rc = runs["mixed-recompute"][1]
     assert [m["activations"] for m in plain["measured_memory_forward_end"]] == [1856, 1856]
     assert [m["activations"] for m in rc["measured_memory_forward_end"]] == [1344, 1344]
+    # the cost model's activations of the same two plans: 1,024 B less per worker
+    pred = {k: _predicted_activations(runs[k][0]) for k in ("mixed-plain", "mixed-recompute")}
+    assert [a - b for a, b in zip(pred["mixed-plain"], pred["mixed-recompute"])] == [1024, 1024]
     # over the whole step too: the recomputed output is a transient of its backward
     for w in range(2):
         assert rc["measured_memory_by_category"]["activations"][w] < \
@@ -119,6 +122,24 @@ def test_recomputation_lowers_activations_by_hand(runs):
         assert rc["measured_memory_by_category"]["peak"][w] < \
             plain["measured_memory_by_category"]["peak"][w]
         assert rc["measured_memory_by_category"]["transient"][w] > 0
+
+
+def _predicted_activations(doc) -> list:
+    """The cost model's activation bytes per device for the plan document ``doc``
+    (:func:`explorer.engine.layerwise.memory.plan_memory`, its options as the plan sets them)."""
+    from explorer.engine.core import geometry as G
+    from explorer.engine.layerwise.memory import MemorySettings, plan_memory
+    from explorer.engine.search import Problem, Request
+    cm = Problem(Request("mlp", doc["batch"], MLP, preset="local", devices=2)).cost_model()
+    tables = cm.tables()
+    settings = MemorySettings()
+    choice, option = {}, {}
+    for la in doc["layers"]:
+        cfg = G.Config(tuple(la["config"].items()), tuple(la["devices"]))
+        choice[la["name"]] = tables.candidates[la["name"]].index(cfg)
+        option[la["name"]] = settings.options().index((bool(la.get("recompute")),
+                                                      int(la.get("zero", 0))))
+    return plan_memory(cm, tables, choice, option, settings, 2)["activations"]
 
 
 def test_report_shows_predicted_beside_measured(runs):
