@@ -29,6 +29,11 @@ implements, degrees other than the mesh's - is computed in the data-parallel for
 computes correctly, and listed with its reason in a comment block at the top of the file and
 on the first rank's output when it runs: never silently changed.
 
+A plan's memory savings follow the layers (:func:`.layouts.zero_form`): a recomputed layer
+runs under ``torch.utils.checkpoint``; a ZeRO-3 (ZeRO-2) layer computing on whole parameters
+is put under ``fully_shard`` resharding after forward (keeping the gathered weights until the
+backward pass); ZeRO-1 and the cases ``fully_shard`` cannot express are listed.
+
 The export reads the plan and the model's layer graph; it never searches.
 """
 
