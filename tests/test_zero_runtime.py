@@ -172,3 +172,27 @@ def test_explorer_run_executes_a_zero3_recomputed_plan(tmp_path, capsys):
     assert "reference check: OK" in out
     mem = [ln for ln in out.splitlines() if ln.startswith("memory on worker")]
     assert len(mem) == 2 and "measured / predicted" in mem[0] and "params 1.4 / 1.4" in mem[0]
+
+
+def test_four_workers_replica_subgroups_and_uneven_slices():
+    """4 workers: LeNet-5 data-parallel under ZeRO-3 (groups of 4; shards whose size 4 does
+    not divide: uneven slices), and a mixed plan (n×h, c×w, c4, n×c) under ZeRO-2 with
+    recomputation (replica groups of 2 among the 4, each with its own slices)."""
+    def plan(algo, pins, flags):
+        req = session.Request(model="lenet5", preset="local", devices=4, batch=8, algo=algo)
+        doc = session.search(req, pins)
+        doc.pop("trace", None)
+        for la in doc["layers"]:
+            if la["op"] != "input":
+                la.update(flags)
+        return doc
+    plans = [plan("data", None, {"zero": 3}),
+             plan("optcnn", ["conv1=n=2,h=2", "pool1=c=2,w=2", "conv2=c=4", "fc1=n=2,c=2",
+                             "fc2=n=2,c=2", "fc3=n=4"], {"zero": 2, "recompute": True})]
+    with pytest.warns(RuntimeWarning, match="4 CPU workers"):
+        results = launch_many(plans, steps=1, warmup=0, timeout_s=300, store=False)
+    for r in results:
+        assert r["reference_ok"], (r["reference"]["worst_grad"],
+                                   r["reference"]["max_grad_rel_err"])
+    params = results[0]["measured_memory_by_category"]["params"]
+    assert len(set(params)) == 2 and sum(params) == 177704     # all 44,426 weights: uneven
