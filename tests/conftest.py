@@ -71,3 +71,17 @@ def _cpu_workers(request, monkeypatch):
     else:
         monkeypatch.setenv("EXPLORER_DEVICE", "auto")
     yield
+
+
+@pytest.fixture(autouse=True)
+def _free_dash_port(request):
+    """A browser test's Dash server takes a port the OS says is free, not dash's counter
+    from 58050 (which every pytest process starts alike: two runs at once would collide)."""
+    if request.node.get_closest_marker("browser") is not None:
+        import socket
+
+        from dash.testing.application_runners import BaseDashRunner
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            BaseDashRunner._next_port = sock.getsockname()[1]
+    yield
