@@ -51,6 +51,24 @@ def _shared_caches(tmp_path_factory):
             "NUMBA_CACHE_DIR": str(root / "numba")}
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _session_home(tmp_path_factory, _shared_caches):
+    """The environment module- and session-scoped fixtures see: they are set up before any
+    test's own home, and must not read or write the user's ``~/.explorer`` (a calibration
+    there would change what they predict) - a home of the session's own, the shared caches,
+    CPU workers."""
+    env = {"EXPLORER_HOME": str(tmp_path_factory.mktemp("session-home")),
+           "EXPLORER_DEVICE": "cpu", **_shared_caches}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    yield
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
 @pytest.fixture(autouse=True)
 def _isolated_home(request, tmp_path_factory, monkeypatch, _shared_caches):
     home = tmp_path_factory.mktemp("explorer-home")
