@@ -18,6 +18,7 @@ from torch import nn
 
 #: Bottleneck blocks per stage for each supported depth.
 DEPTH_BLOCKS: dict[int, tuple[int, int, int, int]] = {
+    26: (2, 2, 2, 2),          # the smallest bottleneck ResNet (1 + 3 x 8 + 1 layers)
     50: (3, 4, 6, 3),
     101: (3, 4, 23, 3),
     152: (3, 8, 36, 3),

@@ -114,6 +114,7 @@ def test_layer_counts():
         r50, _ = em.build("resnet50")
         w101, _ = em.build("wresnet", depth=101)
         w152, _ = em.build("wresnet", depth=152, width=10)
+        w26, _ = em.build("wresnet", depth=26, width=2)
         lstm, _ = em.build("lstm", layers=3)
         tr, _ = em.build("transformer", layers=3)
     assert 90 <= count(inc, nn.Conv2d) <= 100
@@ -121,6 +122,8 @@ def test_layer_counts():
     assert count(r50, nn.Conv2d) == 53
     assert len(w101.layer3) == 23
     assert [len(getattr(w152, f"layer{i}")) for i in range(1, 5)] == [3, 8, 36, 3]
+    assert count(w26, nn.Conv2d) == 1 + 3 * 8 + 4        # stem, 8 bottlenecks, 4 downsamples
+    assert w26.layer1[0].conv1.out_channels == 2 * 64    # the width doubles the inner channels
     assert count(lstm, nn.LSTMCell) == 3
     assert count(tr, nn.Linear) == 6 * 3 + 1
 
