@@ -6,9 +6,10 @@
   that take more than a few seconds;
 * ``python -m pytest -m "not slow"`` is the fast tier; ``bash scripts/test.sh`` runs all.
 
-With pytest-xdist (``-n 2 --dist loadgroup``) every test file is one unit of work, so a
-module's fixtures run once, and every browser test is in one unit (one Chromium and one Dash
-test server at a time).
+With pytest-xdist (``--dist loadgroup``) every test file is one unit of work, so a module's
+fixtures run once; a module may split itself into units with its own ``xdist_group`` marks
+(the Tofu example runs: one unit per worker count).  Browser tests take a free port each
+(``tests/conftest.py``), so browser files run side by side.
 """
 
 import pytest
@@ -21,5 +22,5 @@ def pytest_collection_modifyitems(config, items):
         browser = item.get_closest_marker("browser") is not None
         if browser or item.get_closest_marker("multiprocess") is not None:
             item.add_marker(slow)
-        group = "browser" if browser else item.nodeid.partition("::")[0]
-        item.add_marker(pytest.mark.xdist_group(group))
+        if item.get_closest_marker("xdist_group") is None:   # a module may split itself
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.partition("::")[0]))

@@ -40,36 +40,54 @@ def _run(docs) -> list:
     return run_tofu_documents(docs, steps=1, timeout_s=1800)
 
 
-@pytest.fixture(scope="module")
-def runs(request):
-    """(model, algo, workers) -> the run's result, or the exception that stopped it; only the
-    cases this session selected are run."""
-    wanted = {tuple(it.callspec.params[p] for p in ("name", "algo", "workers"))
-              for it in request.session.items
-              if getattr(it, "originalname", "") == "test_example_plan_runs_as_predicted"}
-    out: dict = {}
-    for k in WORKERS:
+class _Runs:
+    """(model, algo, workers) -> the run's result, or the exception that stopped it.  The
+    plans of one worker count are searched and run in one launch when the first of their
+    tests asks, and only the cases this session selected: under pytest-xdist the two worker
+    counts are two units of work (``xdist_group`` below), each launching only its own."""
+
+    def __init__(self, session):
+        self.wanted = {tuple(it.callspec.params[p] for p in ("name", "algo", "workers"))
+                       for it in session.items
+                       if getattr(it, "originalname", "") == "test_example_plan_runs_as_predicted"}
+        self.out: dict = {}
+        self.launched: set = set()
+
+    def __getitem__(self, case):
+        k = case[2]
+        if k not in self.launched:
+            self.launched.add(k)
+            self._launch(k)
+        return self.out[case]
+
+    def _launch(self, k):
         docs = {}
-        for case in (c for c in CASES if c in wanted and c[2] == k):
+        for case in (c for c in CASES if c in self.wanted and c[2] == k):
             try:
                 docs[case] = _doc(*case)
             except Exception as exc:  # noqa: BLE001 - reported by the case's test
-                out[case] = exc
+                self.out[case] = exc
         if not docs:
-            continue
+            return
         try:
-            out.update(zip(docs, _run(list(docs.values()))))
+            self.out.update(zip(docs, _run(list(docs.values()))))
         except Exception:  # noqa: BLE001 - run each alone: the failure names its plan
             for case, doc in docs.items():
                 try:
-                    out[case] = _run([doc])[0]
+                    self.out[case] = _run([doc])[0]
                 except Exception as exc:  # noqa: BLE001
-                    out[case] = exc
-    return out
+                    self.out[case] = exc
 
 
-@pytest.mark.parametrize("name,algo,workers", CASES,
-                         ids=[f"{m}-{a}-{k}" for m, a, k in CASES])
+@pytest.fixture(scope="module")
+def runs(request):
+    return _Runs(request.session)
+
+
+@pytest.mark.parametrize("name,algo,workers", [
+    pytest.param(m, a, k, id=f"{m}-{a}-{k}",
+                 marks=pytest.mark.xdist_group(f"tests/test_tofu_examples.py-{k}-workers"))
+    for m, a, k in CASES])
 def test_example_plan_runs_as_predicted(runs, name, algo, workers):
     r = runs[(name, algo, workers)]
     if isinstance(r, BaseException):
