@@ -171,8 +171,14 @@ def test_compare_panel_shows_all_four_strategies(app_duo):
 
 def _own_processes() -> set:
     """This test process's descendants other than the browser's."""
-    return {p.pid for p in psutil.Process().children(recursive=True)
-            if "chrom" not in p.name().lower()}
+    out = set()
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if "chrom" not in p.name().lower() and p.status() != psutil.STATUS_ZOMBIE:
+                out.add(p.pid)
+        except psutil.NoSuchProcess:
+            pass
+    return out
 
 
 def test_background_search_can_be_cancelled(app_duo):
@@ -199,7 +205,7 @@ def test_background_search_can_be_cancelled(app_duo):
     assert objective_ms(app_duo) == before
     assert "vgg16" in app_duo.find_element(f"#{ids.PLAN_SUMMARY}").text
     time.sleep(1.5)
-    jobs = [psutil.Process(pid).name() for pid in _own_processes() - kept]
+    jobs = sorted(_own_processes() - kept)
     assert not jobs, f"background job processes left: {jobs}"
 
 
