@@ -118,6 +118,9 @@ def test_export_preview_says_what_the_program_follows_before_download(app_duo):
     assert "halos" in app_duo.find_element(f"#{ids.PLAN_EXPORT_PREVIEW}").text
     assert app_duo.find_element(f"#{ids.PLAN_EXPORT_ERROR}").text == ""
     if os.environ.get("EXPLORER_SCREENSHOTS"):          # for a person to look at
+        app_duo.driver.set_window_size(1400, 900)
+        app_duo.driver.execute_script("arguments[0].scrollIntoView({block: 'center'})",
+                                      app_duo.find_element(f"#{ids.PLAN_EXPORT_PREVIEW}"))
         app_duo.driver.save_screenshot(os.environ["EXPLORER_SCREENSHOTS"] + "/export-preview.png")
 
 
