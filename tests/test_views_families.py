@@ -122,6 +122,7 @@ def test_basis_note_says_the_families_are_not_one_currency():
     assert "explorer rank mlp --devices 2 --preset local" in str(V.basis_note(none))
 
 
+@pytest.mark.slow
 def test_run_families_on_the_real_service_and_a_stored_run(monkeypatch):
     methods = ["data", "optcnn", "tofu", "celeritas"]
     monkeypatch.setattr(service, "all_methods", lambda: methods)
