@@ -63,7 +63,7 @@ def test_figure_draws_every_family_with_its_basis_in_the_legend():
     assert step["tofu"][0] == pytest.approx(3.0) and step["tofu"][1] == fmt.seconds(3e-3)
     assert fig.layout.xaxis2.title.text == "peak memory per device (GiB)"
     # the stored run's measurement as a diamond beside its prediction
-    meas = [t for t in fig.data if t.type == "scatter"]
+    meas = [t for t in fig.data if t.type == "scatter" and t.name]
     assert len(meas) == 1 and list(meas[0].y) == ["optcnn"]
     assert meas[0].x[0] == pytest.approx(2.5) and meas[0].marker.symbol == "diamond"
     # a plan that does not fit is hatched (and the hatching named once in the legend)
@@ -143,7 +143,7 @@ def test_run_families_on_the_real_service_and_a_stored_run(monkeypatch):
     assert [p for p, _ in seen] == sorted(p for p, _ in seen) and len(seen) == 4
     assert "mlp, batch 8, 2 × p100-cluster" in out["status"]
     assert "3 families" in out["status"]
-    assert any(t.type == "scatter" for t in out["figure"].data)
+    assert any(t.type == "scatter" and t.name for t in out["figure"].data)
 
 
 @pytest.mark.parametrize("doc,words", [

@@ -1,4 +1,5 @@
-"""Compare panel: data / model / OWT / layer-wise plans side by side (OptCNN Section 6).
+"""Compare panel: data / model / OWT / layer-wise plans side by side (OptCNN Section 6), under
+the section that compares every family (:mod:`explorer.views.families`, its own bar first).
 
 The three figures (step time, bytes per step, scaling) are drawn by
 :mod:`explorer.views.figures.compare`; this module fetches their data from the service.

@@ -113,6 +113,11 @@ def families_figure(report: dict | None) -> go.Figure:
                              marker=dict(color="#bbb", pattern=dict(shape="x", fgcolor="#fff",
                                                                     solidity=0.3)),
                              hoverinfo="skip"), row=1, col=1)
+    failed = [r for r in rows if "failed" in r]
+    if failed:                  # their rows exist on the axis (an annotation alone adds none)
+        fig.add_trace(go.Scatter(x=[0] * len(failed), y=[r["method"] for r in failed],
+                                 mode="markers", marker=dict(opacity=0), showlegend=False,
+                                 hoverinfo="skip"), row=1, col=1)
     for r in rows:
         if "failed" in r:
             fig.add_annotation(x=0, xref="x", y=r["method"], yref="y", xanchor="left",
