@@ -213,7 +213,7 @@ def layout():
 def register(app: dash.Dash) -> None:
     """The section's callbacks on ``app``: the comparison (a background job) and its CSV."""
     T.register_csv(app, ids.FAMILIES_CSV_BUTTON, ids.FAMILIES_CSV, ids.FAMILIES_TABLE,
-                   [c for c in COLUMNS if c[0] != "open"], "families", ids.STORE_REQUEST)
+                   [c for c in COLUMNS if c[0] != "open"], "families")
 
     @app.callback(
         Output(ids.FAMILIES_TABLE, "rowData"), Output(ids.FAMILIES_FIG, "figure"),
