@@ -71,7 +71,7 @@ def families_shot(out):
     old = os.environ.get("EXPLORER_HOME")
     os.environ["EXPLORER_HOME"] = home                # the server reads the same run store
     try:
-        with B.browser(1400, 1250) as drv, B.server() as url:
+        with B.browser(1400, 1800) as drv, B.server() as url:
             drv.get(url + "?model=lenet5&devices=2&preset=local&algo=optcnn&batch=8"
                           "&tab=compare")
             B.wait(drv, lambda: drv.find_elements("id", "families-button"), 120)
