@@ -117,9 +117,10 @@ def basis_note(report: dict | None) -> list:
                                                       if r["family"] == f))),
                       f": {BASIS_TEXT.get(f, '')}."]) for f in fams]
     req = (report or {}).get("request") or {}
-    run_hint = (f"run a plan from its page (Run on local workers), or "
-                f"`explorer rank {req.get('model')} --devices {req.get('devices')} "
-                f"--preset local`")
+    run_hint = "run a plan from its page (Run on local workers)"
+    if req.get("preset") == "local":        # `explorer rank` runs plans made for this machine
+        run_hint += (f", or all of them with `explorer rank {req.get('model')} --devices "
+                     f"{req.get('devices')} --preset local`")
     tail = (f"{len(measured)} of {len(ok)} plans have a measured step (◆ in the chart): those "
             f"are one currency; for the others, {run_hint}." if measured else
             f"None of these plans has run here yet, so no row has a measured step: {run_hint}.")
