@@ -77,6 +77,21 @@ def test_figure_draws_every_family_with_its_basis_in_the_legend():
     assert "fastest predicted that fits: optcnn" in fig.layout.title.text
 
 
+def test_step_panel_turns_logarithmic_when_steps_span_orders_of_magnitude():
+    # a measurement 100x its prediction (an uncalibrated roofline on a CPU): the predicted bars
+    # must stay readable beside it
+    rows = [dict(r) for r in REPORT["rows"]]
+    rows[1]["measured_step_s"], rows[1]["error"] = 0.3, -0.99
+    fig = F.families_figure({**REPORT, "rows": rows})
+    assert fig.layout.xaxis.type == "log"
+    assert fig.layout.xaxis.title.text == "predicted step (ms, log scale)"
+    lo, hi = fig.layout.xaxis.range
+    assert 10 ** lo < 1.0 < 300.0 < 10 ** hi               # 1 ms .. 300 ms inside the axis
+    assert fig.layout.xaxis2.type != "log"                  # memory and bytes stay linear
+    note = next(a for a in fig.layout.annotations if a.y == "data")
+    assert note.x == pytest.approx(lo)                      # "cannot plan" at the left edge
+
+
 def test_figure_before_any_comparison_says_what_to_press():
     fig = F.families_figure(None)
     assert not fig.data and F.FIRST in fig.layout.annotations[0].text

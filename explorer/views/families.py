@@ -34,6 +34,9 @@ COLUMNS = [("rank", "#"), ("method", "method"), ("family", "family"),
            ("measured", "measured step"), ("peak", "peak memory / device"),
            ("moved", "moved per step"), ("search", "search time"), ("fits", "fits"),
            ("open", "open the plan"), ("note", "what it is")]
+WIDTHS = {"rank": 46, "method": 112, "family": 90, "basis": 152, "predicted": 90,
+          "measured": 124, "peak": 98, "moved": 90, "search": 86, "fits": 56, "open": 120,
+          "note": 220}
 TOOLTIPS = {
     "basis": "what the prediction rests on: each family predicts a step its own way, on the "
              "same devices and operator rates",
@@ -177,11 +180,15 @@ def run_families(req_doc: dict | None, progress=lambda pct, text: None) -> dict:
 
 def _grid():
     """The table: an AG Grid whose "open the plan" cells are links (markdown)."""
+    # widths fixed, not sized to the content: the grid is built hidden (before the first
+    # comparison), where AG Grid's auto-size measures nothing and leaves every column narrow
     grid = T.grid(ids.FAMILIES_TABLE, COLUMNS, tooltips=TOOLTIPS, wrap=("note",),
-                  row_style=ROW_STYLE, row_id="method", widths={"note": 260})
+                  row_style=ROW_STYLE, row_id="method", widths=WIDTHS, column_size=None)
     for col in grid.columnDefs:
         if col["field"] == "open":
             col["cellRenderer"] = "markdown"
+    grid.defaultColDef = {**grid.defaultColDef, "wrapHeaderText": True,
+                          "autoHeaderHeight": True}
     return grid
 
 

@@ -12,6 +12,7 @@ hatched; a method that cannot plan the model keeps its row with the reason.
 
 from __future__ import annotations
 
+import math
 import textwrap
 
 import plotly.graph_objects as go
@@ -33,7 +34,10 @@ PANELS = (("predicted step", "predicted_step_s", fmt.TIME_UNITS),
           ("moved per step", "comm_bytes", fmt.BYTE_UNITS))
 ROW_PX = 24
 PLOT_PX = 20
-MARGIN = dict(l=110, r=30, t=80, b=100)
+LEGEND_PX = 62          # the legend's top, under the plot (below the axis titles)
+MARGIN = dict(l=110, r=30, t=80, b=110)
+#: the step panel turns logarithmic when its steps span more than this factor
+LOG_SPREAD = 20.0
 
 
 def family_name(fam: str) -> str:
@@ -113,23 +117,31 @@ def families_figure(report: dict | None) -> go.Figure:
                              marker=dict(color="#bbb", pattern=dict(shape="x", fgcolor="#fff",
                                                                     solidity=0.3)),
                              hoverinfo="skip"), row=1, col=1)
+    # the step panel: log when the steps (predicted and measured) span orders of magnitude
+    steps = [float(v) / scales[0][1] for r in ok
+             for v in (r["predicted_step_s"], r.get("measured_step_s")) if v]
+    log = len(steps) > 1 and max(steps) / min(steps) > LOG_SPREAD
+    if log:
+        lo, hi = math.log10(min(steps)) - 0.15, math.log10(max(steps)) + 0.35
+        fig.update_xaxes(type="log", range=[lo, hi], row=1, col=1)
+    else:   # room on the right of the step bars for their labels
+        lo = 0.0
+        fig.update_xaxes(range=[0, (max(steps, default=0.0) or 1.0) * 1.3], row=1, col=1)
     failed = [r for r in rows if "failed" in r]
     if failed:                  # their rows exist on the axis (an annotation alone adds none)
-        fig.add_trace(go.Scatter(x=[0] * len(failed), y=[r["method"] for r in failed],
-                                 mode="markers", marker=dict(opacity=0), showlegend=False,
-                                 hoverinfo="skip"), row=1, col=1)
-    for r in rows:
-        if "failed" in r:
-            fig.add_annotation(x=0, xref="x", y=r["method"], yref="y", xanchor="left",
-                               showarrow=False, font=dict(size=11, color=P.ERROR),
-                               text="cannot plan: " + textwrap.shorten(str(r["failed"]), 70))
+        fig.add_trace(go.Scatter(x=[10 ** lo if log else 0] * len(failed),
+                                 y=[r["method"] for r in failed], mode="markers",
+                                 marker=dict(opacity=0), showlegend=False, hoverinfo="skip"),
+                      row=1, col=1)
+    for r in failed:
+        fig.add_annotation(x=lo, xref="x", y=r["method"], yref="y", xanchor="left",
+                           showarrow=False, font=dict(size=11, color=P.ERROR),
+                           text="cannot plan: " + textwrap.shorten(str(r["failed"]), 70))
     for col, ((title, _, _), (unit, _)) in enumerate(zip(PANELS, scales), 1):
-        fig.update_xaxes(title_text=f"{title} ({unit})", title_font=dict(size=12),
-                         rangemode="tozero", row=1, col=col)
-    # room on the right of the step bars for their labels
-    top = max([float(r["predicted_step_s"]) for r in ok]
-              + [float(r.get("measured_step_s") or 0.0) for r in ok] + [0.0]) / scales[0][1]
-    fig.update_xaxes(range=[0, (top or 1.0) * 1.3], row=1, col=1)
+        fig.update_xaxes(title_text=f"{title} ({unit}{', log scale' if log and col == 1 else ''})",
+                         title_font=dict(size=12), title_standoff=6, row=1, col=col)
+        if col > 1:
+            fig.update_xaxes(rangemode="tozero", row=1, col=col)
     fig.update_yaxes(type="category", categoryorder="array", categoryarray=cats[::-1],
                      tickfont=dict(size=12), row=1, col=1)
     req = (report or {}).get("request") or {}
@@ -138,13 +150,17 @@ def families_figure(report: dict | None) -> go.Figure:
            "◆ a stored run's measured step"
            + (f" · fastest predicted that fits: {best}" if best else ""))
     fig.update_layout(
+        # above the plot, inside the top margin: the toolbar (top right) is above the
+        # plot's right end, the title's lines end before it
         title=dict(text=f"{TITLE}: {_request_line(req)}<br><sup>{sub}</sup>", x=0,
-                   xanchor="left", xref="paper", y=0.99, yanchor="top", font=dict(size=15)),
+                   xanchor="left", xref="paper", y=1.0, yref="paper", yanchor="bottom",
+                   pad=dict(b=14), font=dict(size=15)),
         template="plotly_white", barmode="overlay", bargap=0.25,
         height=PLOT_PX + MARGIN["t"] + MARGIN["b"] + ROW_PX * len(cats), margin=MARGIN,
         # under the axis titles, whatever the number of rows (``y`` is in plot heights)
         legend=dict(orientation="h", x=0, xanchor="left",
-                    y=-52 / (PLOT_PX + ROW_PX * len(cats)), yanchor="top", font=dict(size=12)),
+                    y=-LEGEND_PX / (PLOT_PX + ROW_PX * len(cats)), yanchor="top",
+                    font=dict(size=12)),
         hoverlabel=dict(align="left"))
     return fig
 
