@@ -70,6 +70,26 @@ def test_compare_across_families_reads_rows_of_all_three_families(dash_duo):
     assert "not one currency" in dash_duo.find_element(f"#{ids.FAMILIES_NOTE}").text
     status = dash_duo.find_element(f"#{ids.FAMILIES_STATUS}").text
     assert "mlp, batch 8, 2 × p100-cluster" in status and "3 families" in status
+    # a run stored since (as a Run from the data plan's page would): pressed again, the
+    # comparison keeps its plans and reads the runs again, without searching
+    from explorer import service
+    from explorer.engine.runtime.store import RunStore, run_key
+    req = service.Request(model="mlp", preset="p100-cluster", devices=2, batch=8,
+                          model_args={"hidden": 16, "layers": 1})
+    doc = service.result(req.replace(algo="data"), "data").document()
+    RunStore().add(run_key(doc), {"model": "mlp", "algo": "data", "devices": 2,
+                                  "preset": "p100-cluster", "measured_step_time_s": 0.5,
+                                  "predicted_step_time_s": doc["predicted_step_time_s"],
+                                  "reference_ok": True})
+    t0 = time.time()
+    dash_duo.find_element(f"#{ids.FAMILIES_BUTTON}").click()
+    again = _until(lambda: {r["method"]: r for r in dash_duo.driver.execute_script(ROWS)
+                            if r["method"] == "data" and r["measured"].startswith("500 ms")},
+                   60, "the data plan's measured step")
+    assert time.time() - t0 < 20
+    dash_duo.wait_for_contains_text(f"#{ids.FAMILIES_STATUS}", "runs read again", timeout=10)
+    assert "(" in again["data"]["measured"] and "%" in again["data"]["measured"]
+    assert "1 of" in dash_duo.find_element(f"#{ids.FAMILIES_NOTE}").text
     # a row opens its plan on its family's page: the Tofu row on /tofu with that method
     href = by["equalchop"]["href"]
     assert href.startswith("/tofu?") and "algo=equalchop" in href and "devices=2" in href

@@ -163,6 +163,21 @@ def test_run_families_on_the_real_service_and_a_stored_run(monkeypatch):
     assert any(t.type == "scatter" and t.name for t in out["figure"].data)
 
 
+def test_pressed_again_on_the_same_request_only_the_runs_are_read_again(monkeypatch):
+    calls = []
+    monkeypatch.setattr(service, "compare_all",
+                        lambda req, methods, progress: calls.append(req) or REPORT)
+    monkeypatch.setattr(service, "remeasure", lambda rep: {**rep, "again": True})
+    first = V.run_families(REQ)
+    assert len(calls) == 1 and first["store"]["report"] is REPORT
+    again = V.run_families(REQ, last=first["store"])
+    assert len(calls) == 1 and again["report"]["again"]          # no search
+    assert "runs read again" in again["status"]
+    other = V.run_families(dict(REQ, devices=4), last=first["store"])
+    assert len(calls) == 2 and calls[-1].devices == 4           # another request: searched
+    assert "runs read again" not in other["status"]
+
+
 @pytest.mark.parametrize("doc,words", [
     (dict(REQ, preset="nosuchpreset"), "unknown device preset 'nosuchpreset'"),
     (dict(REQ, devices=0), "devices"),

@@ -11,11 +11,15 @@ downloaded.
 
 The comparison searches every method (seconds to minutes, the first time), so it is a
 background job with progress and Cancel; :func:`run_families` is what the job does, a plain
-function the tests and the UI benchmark call.
+function the tests and the UI benchmark call.  The job runs in a process forked from the
+server, which keeps none of the plans it finds; so the page keeps its last comparison
+(``ids.STORE_FAMILIES``), and the button pressed again on the same request reads only the
+runs stored since (``service.remeasure``) instead of searching every method again.
 """
 
 from __future__ import annotations
 
+import json
 import time
 
 import dash
@@ -155,27 +159,44 @@ def status_line(report: dict, seconds: float, pins: list | None = None) -> str:
     return " · ".join(parts)
 
 
-def run_families(req_doc: dict | None, progress=lambda pct, text: None) -> dict:
+def request_key(req: session.Request) -> str:
+    """Identity of a comparison: its request (pins are not applied)."""
+    return json.dumps(req.to_dict(), sort_keys=True, default=str)
+
+
+def run_families(req_doc: dict | None, progress=lambda pct, text: None,
+                 last: dict | None = None) -> dict:
     """What the job does: every family's methods on the request ``req_doc`` (the form's).
-    Returns ``{"rows", "figure", "note", "status", "report"}``, or ``{"error"}`` with one
-    line (a bad request, no method could plan); never raises for what a user can enter."""
+    When ``last`` (the page's last comparison, ``{"key", "report"}``) is of the same request,
+    its plans are kept and only their measured steps are read again (``service.remeasure``):
+    the searches are deterministic, and the job runs in a process that has none of them
+    cached.  Returns ``{"rows", "figure", "note", "status", "report", "store"}``, or
+    ``{"error"}`` with one line (a bad request, no method could plan); never raises for
+    what a user can enter."""
     t0 = time.perf_counter()
     try:
         req = state.request(req_doc)
-        methods = session.all_methods()
-        index = {m: i for i, m in enumerate(methods)}
+        key = request_key(req)
+        if last and last.get("key") == key and last.get("report"):
+            progress(50, "reading the runs stored since…")
+            report, again = session.remeasure(last["report"]), True
+        else:
+            methods = session.all_methods()
+            index = {m: i for i, m in enumerate(methods)}
 
-        def said(msg: str) -> None:
-            m = msg.removeprefix("searching ")
-            progress(int(100 * index.get(m, 0) / max(len(methods), 1)), f"{msg}…")
-        report = session.compare_all(req, methods, progress=said)
+            def said(msg: str) -> None:
+                m = msg.removeprefix("searching ")
+                progress(int(100 * index.get(m, 0) / max(len(methods), 1)), f"{msg}…")
+            report, again = session.compare_all(req, methods, progress=said), False
     except (ExplorerError, ValueError) as exc:
         return {"error": f"cannot compare across families: {exc}"}
     descriptions = {m: d for m, (_, d) in state.methods().items()}
+    status = status_line(report, time.perf_counter() - t0, state.pins_of(req_doc))
+    if again:
+        status += " · the plans of the last comparison, runs read again (reload to search again)"
     return {"rows": table_rows(report, descriptions), "figure": F.families_figure(report),
-            "note": basis_note(report), "report": report,
-            "status": status_line(report, time.perf_counter() - t0,
-                                  state.pins_of(req_doc))}
+            "note": basis_note(report), "report": report, "status": status,
+            "store": {"key": key, "report": report}}
 
 
 def _grid():
@@ -206,6 +227,7 @@ def layout():
                  "and its baselines, on the form's model and devices: predicted step, memory, "
                  "bytes, search time, and measured step where a run is stored.",
                  className="muted families-hint"),
+        dcc.Store(id=ids.STORE_FAMILIES, data=None),
         html.Div(id=ids.FAMILIES_RESULTS, style=HIDDEN, children=[
             html.Div(id=ids.FAMILIES_NOTE, className="families-note"),
             dcc.Graph(id=ids.FAMILIES_FIG, figure=F.families_figure(None),
@@ -226,9 +248,9 @@ def register(app: dash.Dash) -> None:
     @app.callback(
         Output(ids.FAMILIES_TABLE, "rowData"), Output(ids.FAMILIES_FIG, "figure"),
         Output(ids.FAMILIES_NOTE, "children"), Output(ids.FAMILIES_STATUS, "children"),
-        Output(ids.FAMILIES_RESULTS, "style"),
+        Output(ids.FAMILIES_RESULTS, "style"), Output(ids.STORE_FAMILIES, "data"),
         Input(ids.FAMILIES_BUTTON, "n_clicks"),
-        State(ids.STORE_REQUEST, "data"),
+        State(ids.STORE_REQUEST, "data"), State(ids.STORE_FAMILIES, "data"),
         background=True, interval=300,
         progress=[Output(ids.FAMILIES_PROGRESS, "value"),
                   Output(ids.FAMILIES_STATUS, "children")],
@@ -236,13 +258,14 @@ def register(app: dash.Dash) -> None:
         cancel=[Input(ids.FAMILIES_CANCEL, "n_clicks")],
         prevent_initial_call=True,
     )
-    def compare_families(set_progress, _n, req_doc):
+    def compare_families(set_progress, _n, req_doc, last):
         set_progress(["0", "searching every family's methods…"])
-        out = run_families(req_doc, lambda pct, text: set_progress([str(pct), text]))
+        out = run_families(req_doc, lambda pct, text: set_progress([str(pct), text]), last)
         if "error" in out:
-            return no_update, no_update, no_update, out["error"], no_update
-        return out["rows"], out["figure"], out["note"], out["status"], SHOWN
+            return no_update, no_update, no_update, out["error"], no_update, no_update
+        return (out["rows"], out["figure"], out["note"], out["status"], SHOWN,
+                out["store"])
 
 
 __all__ = ["COLUMNS", "BASIS_TEXT", "family_page", "plan_url", "table_rows", "basis_note",
-           "status_line", "run_families", "layout", "register"]
+           "status_line", "request_key", "run_families", "layout", "register"]

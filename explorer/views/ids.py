@@ -106,6 +106,7 @@ FAMILIES_FIG = "families-fig"
 FAMILIES_TABLE = "families-table"
 FAMILIES_CSV_BUTTON = "families-csv-button"
 FAMILIES_CSV = "families-csv"
+STORE_FAMILIES = "store-families"      # {"key", "report"}: the last comparison (its request)
 
 # plans (history)
 PLANS_TABLE = "plans-table"
