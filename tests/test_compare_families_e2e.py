@@ -27,6 +27,23 @@ return [...document.querySelectorAll('#families-table .ag-center-cols-container 
 """
 
 
+#: the families chart's title, legend, toolbar and annotations as boxes (left, top, right,
+#: bottom), as tests/test_app_layout_e2e.py reads every figure's
+PARTS = """
+const g = document.querySelector('#families-fig .js-plotly-plot');
+const box = s => [...g.querySelectorAll(s)].map(e => {
+    const r = e.getBoundingClientRect(); return [r.left, r.top, r.right, r.bottom]; })
+    .filter(r => r[2] > r[0] && r[3] > r[1]);
+return {titles: box('.gtitle'), legends: box('.legend .bg'),
+        xtitles: box('.xtitle, .x2title, .x3title'), modebar: box('.modebar-container .modebar'),
+        notes: box('.annotation-text-g .annotation')};
+"""
+
+
+def _hit(a, b) -> bool:
+    return a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]
+
+
 def _until(pred, timeout, what):
     end = time.time() + timeout
     while time.time() < end:
@@ -68,6 +85,17 @@ def test_compare_across_families_reads_rows_of_all_three_families(dash_duo):
                   "placement · simulated schedule", "predicted step"):
         assert words in fig, fig
     assert "not one currency" in dash_duo.find_element(f"#{ids.FAMILIES_NOTE}").text
+    # nothing over the title (the toolbar shows on hover), the legend off the axis titles
+    from selenium.webdriver.common.action_chains import ActionChains
+    ActionChains(dash_duo.driver).move_to_element(
+        dash_duo.find_element(f"#{ids.FAMILIES_FIG}")).perform()
+    time.sleep(0.5)
+    parts = dash_duo.driver.execute_script(PARTS)
+    assert parts["titles"] and parts["modebar"] and len(parts["xtitles"]) == 3
+    for t in parts["titles"]:
+        assert not [r for w in ("legends", "modebar", "notes") for r in parts[w] if _hit(t, r)]
+    for x in parts["xtitles"]:
+        assert not [r for r in parts["legends"] if _hit(x, r)], parts
     status = dash_duo.find_element(f"#{ids.FAMILIES_STATUS}").text
     assert "mlp, batch 8, 2 × p100-cluster" in status and "3 families" in status
     # a run stored since (as a Run from the data plan's page would): pressed again, the
