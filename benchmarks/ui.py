@@ -18,8 +18,19 @@
    (target ≤ 2 s); then the scaling figure the page draws next (every method at 1, 2, 4, 8,
    16 devices: a capture per batch size; no target, reported).  In this process, fresh
    caches each repetition (``--compare`` runs only these).
+7. Compare across families on Inception-v3 at 16 devices (p100-cluster): what the section's
+   job does (:func:`explorer.views.families.run_families`: every family's methods - layer-wise,
+   Tofu, placement, 18 plans - through ``service.compare_all``, the chart and the table), warm:
+   the service has found these plans before (target ≤ 3 s); and its first, cold run (fresh
+   result caches, the captures from the disk cache; no target, reported).  In this process
+   (``--families`` runs only these).  In the served app the job is a background callback,
+   which runs in a process forked from the server and keeps none of the plans it finds: the
+   page keeps its last comparison, and the button pressed again on the same request reads
+   only the runs stored since.  ``--families --browser`` times that in headless Chromium: the
+   first press (every plan searched in the job) and the next ones (target ≤ 3 s).
 
-    python benchmarks/ui.py [--repeat 3] [--figures] [--learn] [--compare] [--big]
+    python benchmarks/ui.py [--repeat 3] [--figures] [--learn] [--compare] [--families [--browser]]
+                            [--big]
 
 Each row is the median of --repeat fresh page loads (the server process is started once per
 model and excluded: its start-up and the import happen before timing).  A page load searches
@@ -162,6 +173,66 @@ def compare_times(repeat: int = 3) -> list:
              statistics.median(scal), float("inf"))]
 
 
+def families_times(repeat: int = 3) -> list:
+    """Rows for Compare across families on Inception-v3 at 16 devices (see the module
+    docstring): one cold run, then the median of ``repeat`` warm ones."""
+    from explorer import service as session
+    from explorer.views import families, state
+    doc = state.request_doc(session.Request(model="inception_v3", preset="p100-cluster",
+                                            devices=16))
+    families.layout()                 # as the served page has: plotly's template loaded once
+    session.clear_caches()
+    t0 = time.perf_counter()
+    out = families.run_families(doc)
+    cold = time.perf_counter() - t0
+    if "error" in out:
+        raise SystemExit(out["error"])
+    warm = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        families.run_families(doc)["figure"].to_json()
+        warm.append(time.perf_counter() - t0)
+    n = len(out["rows"])
+    return [(f"Compare across families, Inception-v3 at 16 devices ({n} plans), warm",
+             statistics.median(warm), 3.0),
+            ("  its first run (every plan searched; captures from the disk cache)", cold,
+             float("inf"))]
+
+
+FAMILIES_DONE = """
+const s = document.getElementById('families-status');
+const rows = document.querySelectorAll('#families-table .ag-center-cols-container .ag-row');
+return (s && s.textContent.includes(arguments[0]) && rows.length) ? performance.now() : null;
+"""
+
+
+def families_press(drv, words: str, timeout: float) -> float:
+    """Seconds from a press of "Compare across families" until its status says ``words``
+    (the status is blanked first, so the previous press's text does not count)."""
+    from selenium.webdriver.common.by import By
+    drv.execute_script("document.getElementById('families-status').textContent = '';")
+    t0 = drv.execute_script("return performance.now();")
+    drv.find_element(By.ID, "families-button").click()
+    return (B.wait(drv, lambda: drv.execute_script(FAMILIES_DONE, words), timeout,
+                   poll=0.02) - t0) / 1000.0
+
+
+def families_browser_rows(drv, repeat: int = 3) -> list:
+    """Compare across families in the served app, Inception-v3 at 16 devices: the first press
+    and the median of ``repeat`` presses after it."""
+    with B.server("--model", "inception_v3", "--devices", "16", "--preset", "p100-cluster",
+                  timeout=300) as url:
+        drv.get(url + "?model=inception_v3&devices=16&preset=p100-cluster&algo=optcnn"
+                      "&tab=compare")
+        B.wait(drv, lambda: drv.find_elements("id", "families-button"), 300)
+        first = families_press(drv, "families", 900)
+        ts = [families_press(drv, "runs read again", 120) for _ in range(repeat)]
+    return [("Compare across families in the browser, Inception-v3 at 16 devices, pressed "
+             "again", statistics.median(ts), 3.0),
+            ("  its first press (every plan searched in the background job)", first,
+             float("inf"))]
+
+
 def print_rows(rows):
     print("load average (1, 5, 15 min): " + ", ".join(f"{x:.2f}" for x in os.getloadavg()))
     print(f"{'measurement':70s} {'seconds':>8s} {'target':>7s}")
@@ -181,7 +252,20 @@ def main(argv=None):
     ap.add_argument("--big", action="store_true", help="only the 2,000-layer graph's rows")
     ap.add_argument("--compare", action="store_true",
                     help="only the Compare tab on Inception-v3 at 16 devices, in this process")
+    ap.add_argument("--families", action="store_true",
+                    help="only Compare across families on Inception-v3 at 16 devices, in this "
+                         "process")
+    ap.add_argument("--browser", action="store_true",
+                    help="with --families: in the served app, in headless Chromium")
     args = ap.parse_args(argv)
+    if args.families:
+        if args.browser:
+            with B.browser() as drv:
+                rows = families_browser_rows(drv, args.repeat)
+        else:
+            rows = families_times(args.repeat)
+        print_rows(rows)
+        return rows
     if args.compare:
         rows = compare_times(args.repeat)
         print_rows(rows)
@@ -202,6 +286,7 @@ def main(argv=None):
         print_rows(rows)
         return rows
     rows += compare_times(args.repeat)
+    rows += families_times(args.repeat)
     with B.browser() as drv:
         with B.server("--model", "inception_v3", "--devices", "4",
                       "--preset", "p100-cluster") as url:

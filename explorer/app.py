@@ -162,6 +162,7 @@ def create_app(request: session.Request | None = None, allow_model_files: bool =
     :mod:`explorer.views.state`)."""
     from explorer.views import (
         compare,
+        families,
         graph,
         layerwise_page,
         learn,
@@ -185,7 +186,7 @@ def create_app(request: session.Request | None = None, allow_model_files: bool =
                assets_folder=os.path.join(os.path.dirname(os.path.dirname(__file__)), "assets"))
     app.server.config[pages.CONFIG_KEY] = state.request_doc(request or DEFAULT_REQUEST)
     for view in (layerwise_page, tofu_page, placement_page, plans_page, search_form, graph,
-                 steps, tiling, compare, run, tofu, placement, plans, learn):
+                 steps, tiling, compare, families, run, tofu, placement, plans, learn):
         view.register(app)
     register_shell(app)
     app.layout = shell()

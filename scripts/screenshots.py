@@ -56,6 +56,40 @@ def pages_shots(out):
         shot(drv, out, "page-plans.png")
 
 
+def families_shot(out):
+    """Compare across families on LeNet-5 (batch 8) on 2 local workers, after three of its
+    plans (one per family) ran here, so their measured steps stand beside the predictions."""
+    home = tempfile.mkdtemp(prefix="explorer-shots-families-")
+    env = dict(os.environ, EXPLORER_HOME=home)
+    for algo in ("optcnn", "tofu", "celeritas"):
+        plan = os.path.join(home, f"lenet5-{algo}.json")
+        for cmd in (["search", "lenet5", "--devices", "2", "--preset", "local", "--batch", "8",
+                     "--algo", algo, "--out", plan],
+                    ["run", plan, "--steps", "5", "--warmup", "2", "--no-check"]):
+            subprocess.run([sys.executable, "-m", "explorer", *cmd], cwd=ROOT, env=env,
+                           check=True, stdout=subprocess.DEVNULL)
+    old = os.environ.get("EXPLORER_HOME")
+    os.environ["EXPLORER_HOME"] = home                # the server reads the same run store
+    try:
+        with B.browser(1400, 1800) as drv, B.server() as url:
+            drv.get(url + "?model=lenet5&devices=2&preset=local&algo=optcnn&batch=8"
+                          "&tab=compare")
+            B.wait(drv, lambda: drv.find_elements("id", "families-button"), 120)
+            drv.find_element("id", "families-button").click()
+            B.wait(drv, lambda: "families" in B.text(drv, "#families-status")
+                   and drv.find_elements("css selector", "#families-table .ag-row"), 300)
+            time.sleep(2.0)
+            drv.execute_script("document.getElementById('families-status').scrollIntoView()")
+            drv.execute_script("window.scrollBy(0, -60)")
+            time.sleep(0.5)
+            shot(drv, out, "compare-families.png")
+    finally:
+        if old is None:
+            os.environ.pop("EXPLORER_HOME", None)
+        else:
+            os.environ["EXPLORER_HOME"] = old
+
+
 def shot(drv, out, name):
     path = os.path.join(out, name)
     drv.save_screenshot(path)
@@ -97,10 +131,15 @@ def learn_shots(out):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.path.join(ROOT, "docs", "screenshots"))
-    ap.add_argument("--only", choices=("learn", "pages"), default=None,
-                    help="take only the Learn page's, or the family pages', screenshots")
+    ap.add_argument("--only", choices=("learn", "pages", "families"), default=None,
+                    help="take only the Learn page's, the family pages', or Compare across "
+                         "families' screenshots")
     args = ap.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
+    if args.only in (None, "families"):
+        families_shot(args.out)
+    if args.only == "families":
+        return
     if args.only in (None, "pages"):
         pages_shots(args.out)
     if args.only == "pages":

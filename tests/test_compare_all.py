@@ -92,3 +92,43 @@ def test_cli_prints_one_table_across_the_families():
     body = [line.split()[0] for line in lines[2:5]]
     assert sorted(body) == ["celeritas", "data", "tofu"]
     assert "fastest predicted that fits:" in got.stdout
+
+
+def test_stored_runs_are_found_without_sealing_the_plans(monkeypatch):
+    # compare_all looks each row's run up by the plan's run key, not its sealed file: a Tofu
+    # file's execution layout (seconds on a large model) is no part of any run key
+    from explorer.engine.search.result import Result
+    docs = {m: service.result(REQ.replace(algo=m), m).document()
+            for m in ("data", "tofu", "celeritas")}
+    for i, (m, doc) in enumerate(docs.items()):
+        RunStore().add(run_key(doc), {"model": "mlp", "algo": m, "devices": 2,
+                                      "preset": "p100-cluster",
+                                      "predicted_step_time_s": doc["predicted_step_time_s"],
+                                      "measured_step_time_s": 0.25 + i})
+
+    def sealed(self):
+        raise AssertionError("compare_all sealed a plan document")
+    monkeypatch.setattr(Result, "document", sealed)
+    rows = {r["method"]: r for r in compare_all(REQ, list(docs))["rows"]}
+    assert [rows[m]["measured_step_s"] for m in docs] == pytest.approx([0.25, 1.25, 2.25])
+
+
+def test_remeasure_reads_runs_stored_since_without_searching(monkeypatch):
+    rep = compare_all(REQ, ["data", "tofu"])
+    assert all(r["measured_step_s"] is None for r in rep["rows"])
+    doc = service.result(REQ.replace(algo="tofu"), "tofu").document()
+    RunStore().add(run_key(doc), {"model": "mlp", "algo": "tofu", "devices": 2,
+                                  "preset": "p100-cluster",
+                                  "predicted_step_time_s": doc["predicted_step_time_s"],
+                                  "measured_step_time_s": 0.5, "reference_ok": True})
+
+    def searched(*_a, **_k):
+        raise AssertionError("remeasure searched again")
+    monkeypatch.setattr("explorer.service.ranking.result", searched)
+    again = service.remeasure(rep)
+    rows = {r["method"]: r for r in again["rows"]}
+    assert rows["tofu"]["measured_step_s"] == pytest.approx(0.5)
+    assert rows["tofu"]["reference"] == "ok" and rows["tofu"]["error"] is not None
+    assert rows["data"]["measured_step_s"] is None and "error" not in rows["data"]
+    assert [r["method"] for r in again["rows"]] == [r["method"] for r in rep["rows"]]
+    assert rep["rows"][1]["measured_step_s"] is None          # the report itself is kept

@@ -56,7 +56,7 @@ from explorer.service.placements import (
     placement_pins,
     placement_structure,
 )
-from explorer.service.ranking import all_methods, compare_all, rank
+from explorer.service.ranking import all_methods, compare_all, rank, remeasure
 from explorer.service.results import family, methods, result, run_method
 from explorer.service.execution import (
     export,
@@ -83,5 +83,6 @@ __all__ = [
     "run_placement", "run_plan", "run_tofu", "runs", "tofu", "tofu_compare", "tofu_strip",
     "rank",
     "compare_all",
+    "remeasure",
     "all_methods",
 ]

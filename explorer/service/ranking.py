@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import statistics
 
+from explorer.engine.runtime.store import run_digests
 from explorer.engine.search.request import Request
 from explorer.errors import ExplorerError
 from explorer.service.execution import run_plan
 from explorer.service.results import family, result
 
-__all__ = ["rank", "compare_all", "all_methods", "DEFAULT_METHODS", "kendall_tau", "regret"]
+__all__ = ["rank", "compare_all", "remeasure", "all_methods", "DEFAULT_METHODS", "kendall_tau", "regret"]
 
 #: what is ranked unless ``methods`` says otherwise: the layer-wise baselines and search, Tofu,
 #: and Celeritas with two of its baselines
@@ -139,14 +140,57 @@ def all_methods() -> list:
     return [m for fam in ("layerwise", "tofu", "placement") for m in comparison(fam)]
 
 
-def _stored_run(doc: dict) -> dict | None:
-    """The newest stored run of this plan (any kind), or None."""
-    from explorer.service.execution import runs
+def _run_doc(res) -> dict:
+    """What the run store keys the runs of result ``res`` by (``run_key``): its plan document
+    with the operator graph's digest, unsealed and without the execution ``layout`` a Tofu
+    file adds - no run key reads it, and it takes seconds on a large model (15 s of a warm
+    comparison of Inception-v3 on 16 devices)."""
+    doc = res.to_dict()
+    if getattr(res.plan, "operator_level", False) and res.capture is not None:
+        from explorer.engine.core.opgraph import opgraph_digest
+        if callable(res.capture):           # as Result.document() does: built once
+            res.capture = res.capture()
+        doc["opgraph_digest"] = opgraph_digest(res.capture)
+    return doc
+
+
+def _stored_run(digests: list, preset: str | None) -> dict | None:
+    """The newest stored run of the plan whose run digests are ``digests`` (its current
+    key's, then its earlier formats'), or None."""
+    from explorer.engine.runtime.store import RunStore
     try:
-        got = runs(doc, limit=1)
+        first, *legacy = digests
+        got = RunStore().rows(first, 1, legacy=legacy, preset=preset)
     except Exception:  # noqa: BLE001 - an unreadable store: no measurement to show
         return None
     return got[0] if got else None
+
+
+_MEASURED = ("measured_step_s", "run_id", "run_time", "reference", "error")
+
+
+def _measured(row: dict, preset: str | None) -> dict:
+    """``row`` with the newest stored run of its plan (``run_digests``) beside its
+    prediction: ``measured_step_s`` (``None`` without one), ``run_id``, ``run_time``,
+    ``reference`` and ``error`` (relative)."""
+    row = {k: v for k, v in row.items() if k not in _MEASURED}
+    row["measured_step_s"] = None
+    run = _stored_run(row.get("run_digests") or [], preset)
+    if run and run.get("measured_ms"):
+        row.update(measured_step_s=run["measured_ms"] / 1e3, run_id=run["id"],
+                   run_time=run["time"], reference=run["reference"])
+        row["error"] = (row["predicted_step_s"] - row["measured_step_s"]) / \
+            row["measured_step_s"]
+    return row
+
+
+def remeasure(report: dict) -> dict:
+    """A :func:`compare_all` report with every row's measured step read again from the run
+    store (runs stored since, e.g. from a plan's page), without searching again: the plans
+    are the report's."""
+    preset = (report.get("request") or {}).get("preset")
+    return {**report, "rows": [_measured(r, preset) if "run_digests" in r else dict(r)
+                               for r in report.get("rows") or []]}
 
 
 def compare_all(req: Request, methods=None, progress=lambda msg: None) -> dict:
@@ -154,7 +198,8 @@ def compare_all(req: Request, methods=None, progress=lambda msg: None) -> dict:
     :func:`all_methods`) searched on ``req``, each row its predicted step time on the same
     device graph (``basis`` names the family's predictor), peak memory per device, bytes
     moved per step, search time, whether it fits, and - when this plan was run before (the
-    run store, any kind) - the newest measured step beside the prediction.
+    run store, any kind) - the newest measured step beside the prediction.  Each row keeps
+    its plan's ``run_digests``, so :func:`remeasure` reads the runs again without searching.
 
     Rows are ordered by predicted step (a plan that does not fit after those that do; a
     method that cannot plan the model last, with its one-line reason).  Nothing is run here:
@@ -178,14 +223,9 @@ def compare_all(req: Request, methods=None, progress=lambda msg: None) -> dict:
         row.update(batch=res.batch, predicted_step_s=float(res.predicted_step_time_s),
                    peak_bytes=float(max(res.memory_per_device_bytes, default=0.0)),
                    comm_bytes=float(res.comm_bytes), search_time_s=float(res.search_time_s),
-                   fits_memory=bool(res.fits_memory), measured_step_s=None)
-        run = _stored_run(res.document())
-        if run and run.get("measured_ms"):
-            row.update(measured_step_s=run["measured_ms"] / 1e3, run_id=run["id"],
-                       run_time=run["time"], reference=run["reference"])
-            row["error"] = (row["predicted_step_s"] - row["measured_step_s"]) / \
-                row["measured_step_s"]
-        rows.append(row)
+                   fits_memory=bool(res.fits_memory),
+                   run_digests=run_digests(_run_doc(res)))
+        rows.append(_measured(row, req.preset))
     if all("failed" in row for row in rows):
         raise ExplorerError(f"no method could plan {req.model} on {req.devices} devices - "
                             f"{rows[0]['method']}: {rows[0]['failed']}")

@@ -1,4 +1,5 @@
-"""Compare panel: data / model / OWT / layer-wise plans side by side (OptCNN Section 6).
+"""Compare panel: data / model / OWT / layer-wise plans side by side (OptCNN Section 6), under
+the section that compares every family (:mod:`explorer.views.families`, its own bar first).
 
 The three figures (step time, bytes per step, scaling) are drawn by
 :mod:`explorer.views.figures.compare`; this module fetches their data from the service.
@@ -22,7 +23,7 @@ from dash import Input, Output, State, dcc, html
 
 from explorer import service as session
 from explorer.errors import ExplorerError
-from explorer.views import ids
+from explorer.views import families, ids
 from explorer.views import state
 from explorer.views.controls import context
 from explorer.views.figures import compare as F
@@ -139,7 +140,9 @@ def layout():
     blank = F.message_figure("press “Compare strategies” or open this tab after a search")
     return html.Div(className="panel compare", children=[
         context("compare"),
+        families.layout(),
         html.Div(className="compare-bar", children=[
+            html.Span("Layer-wise strategies", className="families-title"),
             html.Button("Compare strategies", id=ids.COMPARE_BUTTON, n_clicks=0,
                         className="button"),
             html.Span(id=ids.COMPARE_STATUS, className="status compare-status"),

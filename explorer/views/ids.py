@@ -95,6 +95,18 @@ COMPARE_TIME = "compare-time"
 COMPARE_BYTES = "compare-bytes"
 COMPARE_SCALING = "compare-scaling"
 COMPARE_STATUS = "compare-status"
+# compare across families (the Compare tab's first section: every family on the form's request)
+FAMILIES_BUTTON = "families-button"
+FAMILIES_CANCEL = "families-cancel"
+FAMILIES_PROGRESS = "families-progress"
+FAMILIES_STATUS = "families-status"
+FAMILIES_RESULTS = "families-results"    # hidden until the first comparison
+FAMILIES_NOTE = "families-note"          # what each family's prediction rests on
+FAMILIES_FIG = "families-fig"
+FAMILIES_TABLE = "families-table"
+FAMILIES_CSV_BUTTON = "families-csv-button"
+FAMILIES_CSV = "families-csv"
+STORE_FAMILIES = "store-families"      # {"key", "report"}: the last comparison (its request)
 
 # plans (history)
 PLANS_TABLE = "plans-table"

@@ -82,6 +82,9 @@ STEP_COLORS = {"current": "#8e0038", "nbr": "#6b3fa0", "residual": "#00524a",
 STRATEGY_COLORS = {"data": "#4c78a8", "model": "#f58518", "owt": "#54a24b", "megatron": "#9d755d",
                    "optcnn": "#b279a2"}
 PART_COLORS = {"compute": "#4c78a8", "transfer": "#f58518", "sync": "#54a24b"}
+#: one colour per method family in the comparison across families (none of them a part colour
+#: of the layer-wise comparison drawn in the same tab)
+FAMILY_COLORS = {"layerwise": "#7b5ea7", "tofu": "#c98a12", "placement": "#2a9d8f"}
 
 
 def device_color(d: int) -> str:
@@ -133,4 +136,5 @@ def rgba(color: str, alpha: float) -> str:
 
 __all__ = ["DEVICE_COLORS", "CONFIG_COLORS", "device_color", "config_colors", "ink", "rgba",
            "SHARED_FILL", "UNOWNED_FILL", "UNKNOWN", "PREDICTED", "MEASURED", "HIGHLIGHT",
-           "ERROR", "IDEAL", "STRATEGY_COLORS", "PART_COLORS", "STEP_COLORS", "distance"]
+           "ERROR", "IDEAL", "STRATEGY_COLORS", "PART_COLORS", "FAMILY_COLORS", "STEP_COLORS",
+           "distance"]
