@@ -213,6 +213,9 @@ def plan_row(model: str, batch: int, margs: dict, kind: str, workers: int, steps
         doc = service.run_method(req).document()
         res = run_document(doc, steps=steps, warmup=warmup, timeout_s=600.0, device="cuda")
     except Exception as exc:  # noqa: BLE001 - one failing plan is one row, not the end
+        if os.environ.get("EXPLORER_DEBUG"):
+            import traceback
+            traceback.print_exc()
         row["note"] = f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:100]}"
         return row
     row.update(predicted_s=res.get("predicted_step_time_s"),
@@ -227,6 +230,14 @@ def plan_row(model: str, batch: int, margs: dict, kind: str, workers: int, steps
     return row
 
 
+_T0 = time.perf_counter()
+
+
+def say(msg: str) -> None:
+    """A progress line on stderr, with the seconds since the benchmark started."""
+    print(f"[{time.perf_counter() - _T0:6.1f} s] {msg}", file=sys.stderr, flush=True)
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     require_cuda()
@@ -238,7 +249,7 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     steps, warmup = (5, 2) if args.quick else (args.steps, args.warmup)
     if not args.no_calibrate:
-        print(f"calibrating {name} ...", file=sys.stderr)
+        say(f"calibrating {name} ...")
         cal = calibrate(None, quick=args.quick)
         print(format_gpu_calibration(cal), file=sys.stderr)
     rows = []
@@ -246,17 +257,18 @@ def main(argv=None) -> int:
         batch, margs = MODELS[model]
         truth = {}
         for dt in TRUTH_DTYPES:
-            print(f"{model} b{batch}: plain PyTorch step in {dt} ...", file=sys.stderr)
+            say(f"{model} b{batch}: plain PyTorch step in {dt} ...")
             t, mem = truth_step(model, batch, margs, dt, steps, warmup)
             truth[dt] = t
             torch.cuda.empty_cache()
             rows.append({"model": model, "batch": batch, "dtype": dt, "kind": "plain PyTorch",
                          "truth_s": t, "measured_s": t, "mem_measured": mem})
+            say(" | ".join(row_cells(rows[-1])))
         for kind in args.kinds:
-            print(f"{model} b{batch}: {kind} plan on {args.workers} worker(s) ...",
-                  file=sys.stderr)
+            say(f"{model} b{batch}: {kind} plan on {args.workers} worker(s) ...")
             rows.append(plan_row(model, batch, margs, kind, args.workers, steps, warmup,
                                  truth["fp32"]))
+            say(" | ".join(row_cells(rows[-1])))
     table = format_table(rows)
     took = time.perf_counter() - t0
     head = (f"{name} × {torch.cuda.device_count()}, torch {torch.__version__}, "
