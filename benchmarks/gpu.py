@@ -18,7 +18,8 @@ and of ``torch.cuda.max_memory_allocated``):
    and the date (for ``benchmarks/results/``).
 
     python benchmarks/gpu.py [--quick] [--models resnet50,vgg16,inception_v3,gpt2]
-                             [--kinds layerwise,tofu,placement] [--workers 1] [--out FILE]
+                             [--kinds layerwise,layerwise-bf16,tofu,placement]
+                             [--truth fp32,tf32,bf16] [--no-calibrate] [--workers 1] [--out FILE]
 
 Without a CUDA GPU it prints one line and exits with status 2.  Runs with more workers than
 GPUs share them (gloo, host-staged transfers): their times are reported but are not
@@ -46,8 +47,13 @@ MODELS = {
 }
 
 #: plan kind -> (method, cost model it is searched with)
-KINDS = {"layerwise": ("optcnn", "measured"), "tofu": ("tofu", "analytic"),
-         "placement": ("m-topo", "measured")}
+#: plan kind -> (method, cost model it is searched with, precision): the layer-wise plan in
+#: fp32 on the profiled operator times, in bf16 on the calibrated roofline (measured costs are
+#: fp32's)
+KINDS = {"layerwise": ("optcnn", "measured", "fp32"),
+         "layerwise-bf16": ("optcnn", "analytic", "bf16"),
+         "tofu": ("tofu", "analytic", "fp32"),
+         "placement": ("m-topo", "measured", "fp32")}
 
 TRUTH_DTYPES = ("fp32", "tf32", "bf16")
 
@@ -60,6 +66,8 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="benchmarks/gpu.py", description=__doc__.split("\n")[0])
     p.add_argument("--models", default=",".join(MODELS),
                    help=f"comma-separated, of {', '.join(MODELS)}")
+    p.add_argument("--truth", default=",".join(TRUTH_DTYPES),
+                   help="precisions of the plain PyTorch step (default fp32,tf32,bf16)")
     p.add_argument("--kinds", default=",".join(KINDS),
                    help=f"plan kinds to run, of {', '.join(KINDS)}")
     p.add_argument("--workers", type=int, default=1,
@@ -73,7 +81,9 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     args.models = [m for m in args.models.split(",") if m]
     args.kinds = [k for k in args.kinds.split(",") if k]
+    args.truth = [d for d in args.truth.split(",") if d]
     bad = [m for m in args.models if m not in MODELS] + [k for k in args.kinds if k not in KINDS]
+    bad += [d for d in args.truth if d not in TRUTH_DTYPES]
     if bad:
         p.error(f"unknown {', '.join(bad)}: models are {', '.join(MODELS)}, kinds "
                 f"{', '.join(KINDS)}")
@@ -103,6 +113,19 @@ def _pct(v) -> str:
 
 COLUMNS = ("model", "batch", "dtype", "kind", "truth ms", "predicted ms", "measured ms",
            "error", "mem pred GiB", "mem meas GiB", "note")
+
+
+def step_spread(times):
+    """Half the interquartile range of the step times over their median (None for < 4)."""
+    try:
+        ts = sorted(float(t) for t in (times or []))
+    except (TypeError, ValueError):
+        return None
+    if len(ts) < 4:
+        return None
+    q = statistics.quantiles(ts, n=4)
+    med = statistics.median(ts)
+    return (q[2] - q[0]) / 2 / med if med > 0 else None
 
 
 def row_cells(r: dict) -> list:
@@ -161,13 +184,14 @@ def require_cuda() -> None:
 
 def truth_step(model: str, batch: int, margs: dict, dtype: str, steps: int = 20,
                warmup: int = 5) -> tuple:
-    """``(median step seconds, peak allocated bytes)`` of a plain PyTorch training step of
+    """``(median step seconds, peak allocated bytes, step seconds)`` of a plain PyTorch training step of
     the model on cuda:0 (forward, loss, backward, SGD), ``dtype`` ``fp32`` (TF32 off),
     ``tf32`` or ``bf16`` (autocast, fp32 master weights)."""
     import torch
 
     from explorer.engine.core.capture import load, loss_function, loss_of
     dev = torch.device("cuda:0")
+    torch.cuda.set_device(dev)
     torch.manual_seed(0)
     net, x = load(model, batch, margs, meta=False)
     net, x = net.to(dev).train(), x.to(dev)
@@ -194,7 +218,7 @@ def truth_step(model: str, batch: int, margs: dict, dtype: str, steps: int = 20,
             b.record()
             b.synchronize()
             times.append(a.elapsed_time(b) / 1e3)
-        return statistics.median(times), int(torch.cuda.max_memory_allocated(dev))
+        return statistics.median(times), int(torch.cuda.max_memory_allocated(dev)), times
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
 
@@ -204,12 +228,12 @@ def plan_row(model: str, batch: int, margs: dict, kind: str, workers: int, steps
     """Search a plan of ``kind`` on the local preset, run it on the GPU(s), its row."""
     from explorer import service
     from explorer.engine.runtime.dispatch import run_document
-    algo, cost = KINDS[kind]
-    row = {"model": model, "batch": batch, "dtype": "fp32", "kind": f"{kind} ({algo})",
-           "truth_s": truth}
+    algo, cost, dtype = KINDS[kind]
+    row = {"model": model, "batch": batch, "dtype": dtype,
+           "kind": f"{kind.split('-')[0]} ({algo}, {cost})", "truth_s": truth.get(dtype)}
     try:
         req = service.Request(model=model, batch=batch, model_args=dict(margs), preset="local",
-                              devices=workers, algo=algo, cost=cost)
+                              devices=workers, algo=algo, cost=cost, dtype=dtype)
         doc = service.run_method(req).document()
         res = run_document(doc, steps=steps, warmup=warmup, timeout_s=600.0, device="cuda")
     except Exception as exc:  # noqa: BLE001 - one failing plan is one row, not the end
@@ -222,10 +246,16 @@ def plan_row(model: str, batch: int, margs: dict, kind: str, workers: int, steps
                measured_s=res.get("measured_step_time_s"),
                mem_predicted=plan_memory(doc), mem_measured=run_memory(res))
     notes = []
+    spread = step_spread(res.get("step_times_s"))
+    if spread is not None:
+        notes.append(f"steps ±{spread * 100:.0f} %")
     if res.get("shared"):
         notes.append("shared GPU: not a prediction target")
     if res.get("reference_ok") is False:
-        notes.append("REFERENCE CHECK FAILED")
+        ref = res.get("reference") or {}
+        worst = ref.get("max_rel_error", res.get("max_rel_error"))
+        notes.append("REFERENCE CHECK FAILED" + (f" (max rel. error {worst:.2g})"
+                                                 if isinstance(worst, (int, float)) else ""))
     row["note"] = "; ".join(notes)
     return row
 
@@ -256,18 +286,19 @@ def main(argv=None) -> int:
     for model in args.models:
         batch, margs = MODELS[model]
         truth = {}
-        for dt in TRUTH_DTYPES:
+        for dt in args.truth:
             say(f"{model} b{batch}: plain PyTorch step in {dt} ...")
-            t, mem = truth_step(model, batch, margs, dt, steps, warmup)
+            t, mem, times = truth_step(model, batch, margs, dt, steps, warmup)
             truth[dt] = t
             torch.cuda.empty_cache()
             rows.append({"model": model, "batch": batch, "dtype": dt, "kind": "plain PyTorch",
-                         "truth_s": t, "measured_s": t, "mem_measured": mem})
+                         "truth_s": t, "measured_s": t, "mem_measured": mem,
+                         "note": f"steps ±{(step_spread(times) or 0) * 100:.0f} %"})
             say(" | ".join(row_cells(rows[-1])))
         for kind in args.kinds:
             say(f"{model} b{batch}: {kind} plan on {args.workers} worker(s) ...")
             rows.append(plan_row(model, batch, margs, kind, args.workers, steps, warmup,
-                                 truth["fp32"]))
+                                 truth))
             say(" | ".join(row_cells(rows[-1])))
     table = format_table(rows)
     took = time.perf_counter() - t0

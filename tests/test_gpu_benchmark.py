@@ -39,7 +39,9 @@ def test_without_a_gpu_it_says_so_in_one_line_and_exits_2():
 def test_arguments(bench):
     a = bench.parse_args([])
     assert a.models == ["resnet50", "vgg16", "inception_v3", "gpt2"]
-    assert a.kinds == ["layerwise", "tofu", "placement"] and a.workers == 1
+    assert a.kinds == ["layerwise", "layerwise-bf16", "tofu", "placement"] and a.workers == 1
+    assert a.truth == ["fp32", "tf32", "bf16"]
+    assert bench.KINDS["layerwise-bf16"] == ("optcnn", "analytic", "bf16")
     assert bench.MODELS["inception_v3"][0] == 32 and bench.MODELS["gpt2"][0] == 8
     a = bench.parse_args(["--models", "gpt2", "--kinds", "tofu", "--workers", "2"])
     assert a.models == ["gpt2"] and a.kinds == ["tofu"] and a.workers == 2
@@ -73,3 +75,11 @@ def test_figures(bench):
     assert bench.run_memory({"measured_peak_memory_bytes": [1, 4]}) == 4.0
     assert bench.run_memory({"measured_allocated_peak_bytes": [2, 3]}) == 3.0
     assert bench.run_memory({"measured_allocated_peak_bytes": None}) is None
+
+
+def test_step_spread(bench):
+    assert bench.step_spread([1.0, 1.0, 1.0]) is None            # too few to say
+    assert bench.step_spread([1.0, 1.0, 1.0, 1.0]) == 0.0
+    s = bench.step_spread([0.9, 1.0, 1.0, 1.1, 1.0])
+    assert 0 < s < 0.1
+    assert bench.step_spread(None) is None

@@ -56,7 +56,7 @@ def run_job(job: dict, rank: int, world: int, device: str = "cpu", progress=None
     from explorer.engine.runtime.faults import parse_fault
     from explorer.engine.runtime.reference import compare, reference_step
     from explorer.engine.core import precision as P
-    from explorer.engine.runtime.timing import clock, peak_allocated, reset_peak
+    from explorer.engine.runtime.timing import clock, is_cuda, peak_allocated, reset_peak
 
     t_start = time.perf_counter()
     plan = Plan.from_dict(job["plan"])
@@ -87,10 +87,17 @@ def run_job(job: dict, rank: int, world: int, device: str = "cpu", progress=None
                 progress(done, total)
         step_times, timings = [], []
         pc = clock(device)             # on CUDA: synchronised, the step's kernels included
+        # On CUDA the timed steps queue their kernels without waiting between phases (a
+        # synchronisation per layer and phase would add its latency to every layer), and one
+        # more step with synchronised phases gives the per-layer breakdown.
+        phased = ex.clock
+        cuda = is_cuda(device)
         reset_peak(device)
         for i in range(warmup + steps):
             ex.phase = "barrier before a step"
             _barrier(world)
+            if cuda:
+                ex.clock = time.perf_counter if i >= warmup else phased
             t0 = pc()
             measure = memory is None and i < warmup     # a warm-up step, not a timed one
             tm, extra = ex.step(measure=measure)
@@ -99,10 +106,18 @@ def run_job(job: dict, rank: int, world: int, device: str = "cpu", progress=None
                 memory = extra["memory"]
             if i >= warmup:
                 step_times.append(t1 - t0)
-                timings.append(tm)
+                if not cuda:
+                    timings.append(tm)
             done += 1
             if progress:
                 progress(done, total)
+        if cuda:
+            ex.clock = phased
+            if steps:
+                ex.phase = "barrier before the breakdown step"
+                _barrier(world)
+                tm, _ = ex.step()
+                timings.append(tm)
         ex.phase = "collecting timings"
         payload = (step_times, np.asarray(timings), ex.participation(),
                    peak_allocated(device), memory)
@@ -329,6 +344,10 @@ def join_group(rank: int, world: int, backend: str, timeout_s: float,
         device = f"cuda:{local}" if backend == "nccl" else "cpu"
     if str(device).startswith("cuda"):
         torch.cuda.set_device(torch.device(device))
+        # float32 means float32: cuDNN's convolutions default to TF32, which a plan in fp32
+        # neither predicts nor matches one device with (a tf32 plan turns it on per step)
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
     if staged is None:
         staged = backend == "gloo" and str(device).startswith("cuda")
     comm.set_staged(bool(staged))
