@@ -158,8 +158,10 @@ def plan_memory(doc: dict):
 
 
 def run_memory(res: dict):
-    """The measured peak bytes of a run (CUDA: ``max_memory_allocated``, largest worker)."""
-    for key in ("measured_peak_memory_bytes", "measured_allocated_peak_bytes"):
+    """The measured peak bytes of a run: the allocator's ``max_memory_allocated`` (largest
+    worker).  A Tofu run's ``measured_peak_memory_bytes`` is its own count of live tiles, the
+    plan's accounting, so the allocator's figure comes first."""
+    for key in ("measured_allocated_peak_bytes", "measured_peak_memory_bytes"):
         v = res.get(key)
         if isinstance(v, list) and v and all(x is not None for x in v):
             return float(max(v))

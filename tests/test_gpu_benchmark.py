@@ -83,3 +83,12 @@ def test_step_spread(bench):
     s = bench.step_spread([0.9, 1.0, 1.0, 1.1, 1.0])
     assert 0 < s < 0.1
     assert bench.step_spread(None) is None
+
+
+def test_run_memory_is_the_allocators(bench):
+    """A Tofu run reports its tile accounting as ``measured_peak_memory_bytes``: the
+    benchmark's measured column is the allocator's peak."""
+    res = {"measured_peak_memory_bytes": [100, 200], "measured_allocated_peak_bytes": [150, 260]}
+    assert bench.run_memory(res) == 260
+    assert bench.run_memory({"measured_peak_memory_bytes": [5, 7]}) == 7
+    assert bench.run_memory({"measured_allocated_peak_bytes": [None, 3]}) is None

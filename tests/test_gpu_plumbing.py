@@ -664,3 +664,35 @@ def test_the_report_says_which_gpus_ran_it():
     cpu = format_report(dict(res, worker_devices=["cpu", "cpu"], shared=False,
                              measured_peak_memory_bytes=None, warnings=[]))
     assert "on cpu" not in cpu and "peak allocated" not in cpu
+
+
+def test_a_bare_cuda_device_profiles_on_the_current_gpu(monkeypatch):
+    """``Profiler(device="cuda")`` (what ``--cost measured`` uses on a GPU machine) selects
+    the current GPU: ``torch.cuda.set_device("cuda")`` would refuse a device without an index
+    (the first GPU benchmark failed every fp32 layer-wise row so)."""
+    from explorer.engine.core.profile import cuda_index
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 2)
+    assert cuda_index("cuda") == 2 and cuda_index("cuda:1") == 1
+    assert cuda_index(torch.device("cuda", 0)) == 0
+
+
+def test_a_placement_run_on_gpus_is_judged_against_float64():
+    """Workers on CPU must match this process's float32 step; workers on GPUs round otherwise
+    (the first GPU benchmark: ResNet-50 b64's placement differed from the CPU's float32 step
+    by 4.9 %), so they are judged against the float64 step with the float32 step's own error
+    allowed - and a wrong result still fails."""
+    from explorer.engine.runtime.compiled import GPU_BASIS, _Whole, _judge, _real_step
+    from explorer.engine.runtime.reference import traced_step
+    spec, batch, margs, seed, lr = "lenet5", 4, {}, 0, 0.01
+    g, gm, params, buffers, x = _real_step(spec, batch, margs, seed, lr)
+    ref32 = traced_step(_Whole(g, gm), params, buffers, x)
+    same = dict(ref32[1])
+    args = (spec, batch, margs, seed, lr, None)
+    cpu = _judge({"loss": ref32[0], "device_kind": "cpu"}, same, ref32, 1e-4, *args)
+    assert cpu["ok"] and cpu["max_rel_error"] == 0.0 and "basis" not in cpu
+    gpu = _judge({"loss": ref32[0], "device_kind": "cuda"}, same, ref32, 1e-4, *args)
+    assert gpu["ok"] and 0.0 < gpu["max_rel_error"] < 1e-4 and gpu["basis"] == GPU_BASIS
+    wrong = {k: v * 1.01 for k, v in same.items()}
+    for kind in ("cpu", "cuda"):
+        assert not _judge({"loss": ref32[0], "device_kind": kind}, wrong, ref32, 1e-4,
+                          *args)["ok"]

@@ -701,7 +701,7 @@ class Profiler:
         CUDA with TF32 off: measured costs are fp32's)."""
         from explorer.engine.core.precision import autocast
         if self._cuda:
-            torch.cuda.set_device(torch.device(self.device))
+            torch.cuda.set_device(cuda_index(self.device))
         with autocast("fp32", "cuda" if self._cuda else "cpu"):
             return self._run_fp32(layer, out_shape, in_shapes, input_grads)
 
@@ -782,6 +782,17 @@ class Profiler:
         finally:
             if not self._cuda:
                 torch.set_num_threads(threads)
+
+
+def cuda_index(device) -> int:
+    """The GPU a CUDA ``device`` names: its index, or the current GPU for a bare ``"cuda"``
+    (``torch.cuda.set_device`` refuses a device without an index).
+
+    >>> cuda_index("cuda:3")
+    3
+    """
+    index = torch.device(device).index
+    return torch.cuda.current_device() if index is None else int(index)
 
 
 def merge_caches(paths, into, device_kind: str | None = None) -> int:

@@ -1105,6 +1105,16 @@ def _reference(plan, seed, lr, steps, train):
     return ref
 
 
+def float64_reference(spec: str, batch: int, model_args: dict | None, seed: int, lr: float,
+                      digest: str | None = None) -> tuple:
+    """``(loss, params_after, None)`` of one float64 single-device step of the model (seeded
+    as the workers seed it): what an operator-level run is judged against, and a compiled
+    placement that ran on GPUs, whose kernels round otherwise than this CPU's."""
+    plan = {"spec": spec, "batch": batch, "model_args": dict(model_args or {}),
+            "digest": digest}
+    return _reference(plan, seed, lr, 1, False)
+
+
 def _reference_steps(plan, seed, lr, steps, train):
     from explorer.engine.runtime.reference import traced_step
     g, params, buffers, x = _build(plan["spec"], plan["batch"], plan["model_args"], seed, lr)

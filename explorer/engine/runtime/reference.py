@@ -210,7 +210,7 @@ def compare(loss, params, grads, ref, ref32=None, tol: float = DEFAULT_TOL,
                 ok = False
             continue
         r32p = ref32[1].get(name) if ref32 else None
-        r32g = ref32[2].get(name) if ref32 else None
+        r32g = ref32[2].get(name) if ref32 and ref32[2] is not None else None
         pe, pe32, pa = judge("param", name, params[name], rp, r32p, pfloor)
         rg = ref_grads.get(name)
         if rg is None:
