@@ -135,7 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="methods to rank (default: data, model, owt, megatron, optcnn, tofu, "
                         "celeritas, m-etf, metis)")
     q.add_argument("--cost", default="analytic", choices=["analytic", "measured"],
-                   help="layer-wise and placement costs (measured: after `explorer calibrate "
+                   help="every family's costs (measured: after `explorer calibrate "
                         "--model`)")
     q.add_argument("--rounds", type=int, default=3,
                    help="runs of every plan, interleaved (default 3)")
@@ -158,7 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "layer-wise baselines and optcnn, Tofu and its baselines, Celeritas "
                         "and its baselines)")
     c.add_argument("--cost", default="analytic", choices=["analytic", "measured"],
-                   help="layer-wise and placement costs (measured: after `explorer calibrate "
+                   help="every family's costs (measured: after `explorer calibrate "
                         "--model`)")
     c.add_argument("--dtype", default="fp32", metavar="fp32|tf32|bf16",
                    help="the step's precision every method assumes")
@@ -281,7 +281,7 @@ def _request(args):
 def _check_flags(args, family: str) -> None:
     """A flag the chosen method does not use is an error, not silently ignored."""
     only = [("--dump-costs", args.dump_costs, ("layerwise",)),
-            ("--cost measured", args.cost != "analytic", ("layerwise", "placement")),
+            ("--cost measured", args.cost != "analytic", ("layerwise", "placement", "tofu")),
             ("--sync ring", args.sync != "ps", ("layerwise",)),
             ("--degrees", args.degrees != "auto", ("layerwise",)),
             ("--dump-graph", args.dump_graph, ("placement",)),
@@ -443,6 +443,8 @@ def _search_tofu(args, req, res, g) -> int:
         print(f"communication {res.comm_bytes / 1e9:.3f} GB per step, {res.objective_s * 1e3:.1f}"
               f" ms; peak memory per worker {worst / 2**30:.2f} GiB (capacity {cap / 2**30:.0f}"
               f" GiB)")
+        print(f"predicted step {res.predicted_step_time_s * 1e3:.1f} ms ("
+              f"{res.info.get('prediction') or 'links + slowest compute, roofline'})")
         big = sorted(plan.tilings.items(), key=lambda kv: -g.tensors[kv[0]].bytes)[:8]
         print("largest tensors' tilings (grid per axis):")
         for t, v in big:

@@ -63,3 +63,24 @@ def test_a_ranking_runs_every_plan_and_compares_the_orders():
     assert rep["kendall_tau"] == pytest.approx(kendall_tau(pred, meas))
     assert rep["regret"] == pytest.approx(regret(pred, meas)) and rep["regret"] >= 0
     assert (rep["noise_note"] is None) == (not rep["noisy"])
+
+
+@pytest.mark.multiprocess
+def test_a_tofu_search_with_measured_costs_predicts_what_its_run_predicts():
+    """With ``--cost measured`` every family predicts from this machine's operator times: a
+    Tofu result's step is its shards timed here plus its exchanges - the figure its run
+    reports - not the search's roofline (which put Tofu first in rankings it ran last in)."""
+    from explorer import service
+    from explorer.engine.runtime.calibrate import calibrate
+    from explorer.engine.runtime.dispatch import run_document
+    from explorer.service.ranking import basis
+    calibrate(2, quick=True)
+    req = service.Request(model="mlp", batch=8, preset="local", devices=2, algo="tofu",
+                          cost="measured", model_args={"layers": 2, "hidden": 32})
+    res = service.result(req, "tofu")
+    assert res.info["prediction"].startswith("operator shards rehearsed on this machine")
+    assert res.info["roofline_step_s"] > 0 and basis(res) == "shards timed here + exchanges"
+    out = run_document(res.document(), steps=1, warmup=0)
+    assert out["predicted_step_time_s"] == pytest.approx(res.predicted_step_time_s, rel=1e-6)
+    roof = service.result(req.replace(cost="analytic"), "tofu")
+    assert "roofline_step_s" not in roof.info and basis(roof) == "links + slowest compute"

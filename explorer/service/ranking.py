@@ -36,6 +36,14 @@ BASIS = {"layerwise": "equation 1", "tofu": "links + slowest compute",
          "placement": "simulated schedule"}
 
 
+def basis(res) -> str:
+    """What a result's predicted step rests on: its family's predictor, or, for a Tofu plan
+    with measured costs, its operator shards timed here (:func:`.results.measured_tofu_step`)."""
+    if res.family == "tofu" and "roofline_step_s" in (res.info or {}):
+        return "shards timed here + exchanges"
+    return BASIS[res.family]
+
+
 def kendall_tau(predicted: list, measured: list) -> float | None:
     """Kendall's τ (τ-b: ties counted) between two orders; ``None`` below two plans."""
     if len(predicted) < 2:
@@ -82,6 +90,7 @@ def rank(req: Request, methods=None, rounds: int = 3, steps: int = 5, warmup: in
         try:
             res = result(req.replace(algo=m), m)
             row["predicted_step_s"] = float(res.predicted_step_time_s)
+            row["basis"] = basis(res)
             docs[m] = res.document()
         except (ExplorerError, ValueError) as exc:
             row["failed"] = f"search: {exc}"
@@ -221,6 +230,7 @@ def compare_all(req: Request, methods=None, progress=lambda msg: None) -> dict:
             rows.append(row)
             continue
         row.update(batch=res.batch, predicted_step_s=float(res.predicted_step_time_s),
+                   basis=basis(res),
                    peak_bytes=float(max(res.memory_per_device_bytes, default=0.0)),
                    comm_bytes=float(res.comm_bytes), search_time_s=float(res.search_time_s),
                    fits_memory=bool(res.fits_memory),

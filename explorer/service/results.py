@@ -15,7 +15,7 @@ from explorer.engine.search.request import Request
 from explorer.service.cache import Cache
 from explorer.service.captures import cost_model_for, opgraph_for, problem_for
 
-__all__ = ["methods", "family", "run_method", "result", "RESULTS"]
+__all__ = ["methods", "family", "run_method", "result", "measured_tofu_step", "RESULTS"]
 
 RESULTS = Cache("method results", size=32)
 
@@ -35,7 +35,10 @@ def family(algo: str) -> str | None:
 def run_method(req: Request, algo: str | None = None, pins=None, options=None):
     """Run any registered method on the request, uncached: the :class:`Result`."""
     from explorer.engine.search import run
-    return run(algo or req.algo, problem_for(req), pins, options)
+    res = run(algo or req.algo, problem_for(req), pins, options)
+    if res.family == "tofu":
+        measured_tofu_step(req, res)
+    return res
 
 
 def _pin_text(pin) -> str:
@@ -59,3 +62,28 @@ def result(req: Request, algo: str | None = None, pins=(), options: dict | None 
     def make():
         return capture, run_method(req, algo, list(pins or ()), options)
     return RESULTS.get(key, make, valid=lambda got: got[0] is capture)[1]
+
+
+def measured_tofu_step(req: Request, res) -> None:
+    """With ``--cost measured`` on a calibrated CPU ``local`` preset, a Tofu result's
+    predicted step is the one its run will report: every operator's shards timed on this
+    machine as the workers compute them, plus the plan's exchanges
+    (:func:`explorer.engine.runtime.dispatch.tofu_prediction_of`) - the currency the other
+    families' measured costs use.  Otherwise the search's own roofline stays.  Sets
+    ``res.info["prediction"]`` to what the figure rests on."""
+    if req.cost != "measured":
+        return
+    from explorer.errors import ExplorerError, NotCalibrated
+    if req.preset != "local":
+        raise ExplorerError(f"--cost measured times a Tofu plan's operator shards on this "
+                            f"machine: search it on --preset local, not {req.preset}")
+    from explorer.engine.runtime.dispatch import tofu_prediction_of
+    pred = tofu_prediction_of(res.document())
+    if "not calibrated" in str(pred.get("compute_source")):
+        raise NotCalibrated("--cost measured needs this machine's compute and link figures: "
+                            "run `explorer calibrate` first")
+    res.info["prediction"] = pred.get("compute_source")
+    if pred.get("compute_source", "").startswith("operator shards") and \
+            pred.get("predicted_step_time_s"):
+        res.info["roofline_step_s"] = float(res.predicted_step_time_s)
+        res.predicted_step_time_s = float(pred["predicted_step_time_s"])

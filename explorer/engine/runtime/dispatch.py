@@ -338,6 +338,15 @@ def _tofu_report(out: dict, doc: dict, lay: dict, steps: int, train: bool,
     return out
 
 
+def tofu_prediction_of(doc: dict, progress=None) -> dict:
+    """:func:`tofu_prediction` of a Tofu plan document as its run will compute it (float32
+    timed steps): what a search with measured costs reports, so that the search, the ranking
+    and the run predict the same step."""
+    from explorer.engine.runtime.opexec import TIMED_DTYPE
+    lay = _tofu_layout(doc, {})
+    return tofu_prediction(doc, lay["g"], lay["xplan"], TIMED_DTYPE, progress=progress)
+
+
 def _link_seconds(doc: dict, bw: float) -> float:
     """Tofu's time on the links at this machine's calibrated bandwidth ``bw`` (the plan's
     recursion steps moved their bytes at the bandwidth of the search; ``local`` links are
