@@ -188,6 +188,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--device", default=None, choices=["auto", "cpu", "cuda"],
                    help="measure the GPUs (cuda) or CPU worker processes (cpu); default "
                         "$EXPLORER_DEVICE, else the GPUs when there are any")
+    c.add_argument("--dtype", default="fp32", metavar="fp32|tf32|bf16",
+                   help="profile --model's shards in this precision (what `search --cost "
+                        "measured --dtype` reads; default fp32)")
     c.add_argument("--json", action="store_true")
 
     sub.add_parser("models", help="list the built-in example models")

@@ -24,8 +24,8 @@ def test_request_dtype_default_and_validation():
     # the cost caches key on it
     a, b = Request("mlp", 8, devices=2), Request("mlp", 8, devices=2, dtype="bf16")
     assert a.cost_key() != b.cost_key()
-    with pytest.raises(ValueError, match="measured"):
-        Request("mlp", 8, devices=2, cost="measured", dtype="bf16")
+    # measured costs follow the precision (layer-wise shards profiled under it)
+    assert Request("mlp", 8, devices=2, cost="measured", dtype="bf16").dtype == "bf16"
 
 
 # -- device rates -----------------------------------------------------------------------------
@@ -317,3 +317,65 @@ def test_bf16_export_runs_and_checks(tmp_path, monkeypatch):
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     assert "bf16" in p.stdout and "check: passed" in p.stdout
+
+
+# -- measured costs in the plan's precision ---------------------------------------------------
+def test_the_profiler_times_shards_in_its_precision():
+    """``Profiler(dtype=...)`` times a shard under that precision's numerics (bf16 autocast
+    here) and keeps it under its own key; fp32 keys are unchanged, so old caches stay valid."""
+    from explorer.engine.core.layergraph import Layer
+    from explorer.engine.core.profile import Profiler
+    lin = Layer("fc", "linear", (8, 32), ("n", "c"), in_shapes=((8, 64),),
+                params={"weight": (32, 64), "bias": (32,)})
+    with Profiler(":memory:", reps=1, warmup=0) as p32, \
+            Profiler(":memory:", reps=1, warmup=0, dtype="bf16") as p16:
+        assert p16.dtype == "bf16" and p32.dtype == "fp32"
+        k32 = p32.key(lin, (8, 32), [(8, 64)], "cpu")
+        k16 = p16.key(lin, (8, 32), [(8, 64)], "cpu")
+        assert k32 != k16 and k32[1:] != k16[1:]
+        assert p16.measure(lin, (8, 32), [(8, 64)], "cpu") > 0
+        assert p16.lookup(lin, (8, 32), [(8, 64)], "cpu") is not None
+        assert p32.lookup(lin, (8, 32), [(8, 64)], "cpu") is None
+
+
+def test_measured_costs_follow_the_precision(monkeypatch):
+    """A layer-wise search with ``--cost measured --dtype bf16`` profiles its shards in bf16;
+    Tofu and placements, which run in fp32 only, refuse measured costs in another precision in
+    one line."""
+    from explorer import service
+    from explorer.engine.layerwise.costmodel import CostModel
+    from explorer.errors import ExplorerError
+    monkeypatch.setenv(P.EMULATED_ENV, "1")
+    req = Request("mlp", 8, devices=2, preset="local", cost="measured", dtype="bf16",
+                  model_args={"layers": 1, "hidden": 16})
+    cm = service.cost_model_for(req)
+    assert isinstance(cm, CostModel) and cm.dtype == "bf16"
+    cm.tables()
+    assert cm._profiler.dtype == "bf16" and cm._profiler.misses > 0
+    assert all("|bf16" in sig for _, sig, *_ in cm._profiler.rows())
+    for algo, words in (("tofu", "Tofu plan's operator shards in fp32 only"),
+                        ("m-topo", "placement's operators in fp32 only")):
+        with pytest.raises(ExplorerError, match=words):
+            service.run_method(req.replace(algo=algo))
+
+
+@pytest.mark.multiprocess
+def test_calibrate_profiles_a_model_in_the_precision_asked_for(monkeypatch, capsys):
+    """``explorer calibrate --model M --dtype bf16`` fills the profile with bf16 shards (what
+    ``search --cost measured --dtype bf16`` reads); without a model, or a precision the CPU
+    lacks, it is one line and exit 2."""
+    from explorer.cli import main
+    from explorer.engine.core.profile import Profiler
+    monkeypatch.delenv(P.EMULATED_ENV, raising=False)
+    for argv, words in ((["--dtype", "fp16"], "dtype must be fp32, tf32 or bf16"),
+                        (["--dtype", "bf16"], "give --model")):
+        assert main(["calibrate", "--quick", *argv]) == 2
+        err = capsys.readouterr().err
+        assert words in err and len(err.strip().splitlines()) == 1
+    monkeypatch.setenv(P.EMULATED_ENV, "1")
+    assert main(["calibrate", "--quick", "--dtype", "bf16", "--model", "mlp", "-a", "layers=1",
+                 "-a", "hidden=16", "--batch", "8"]) == 0
+    capsys.readouterr()
+    with Profiler() as prof:
+        sigs = [sig for _, sig, *_ in prof.rows()]
+    assert sigs and any("|bf16" in s for s in sigs)

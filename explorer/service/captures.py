@@ -81,7 +81,7 @@ def _placement_graph(req: Request, cap: float | None):
 
     def make():
         og, dev = opgraph_for(req), devices_for(req)
-        times = measured_times(og, dev) if req.cost == "measured" else None
+        times = measured_times(og, dev, dtype=req.dtype) if req.cost == "measured" else None
         return from_opgraph(at_precision(og, req.dtype), dev, cap, times=times,
                             dtype=req.dtype)
     return PLACEMENT_GRAPHS.get(req.graph_key() + req.device_key() + (cap, req.cost, req.dtype),

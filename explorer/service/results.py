@@ -74,6 +74,10 @@ def measured_tofu_step(req: Request, res) -> None:
     if req.cost != "measured":
         return
     from explorer.errors import ExplorerError, NotCalibrated
+    if req.dtype != "fp32":
+        raise ExplorerError(f"--cost measured times a Tofu plan's operator shards in fp32 only "
+                            f"(Tofu plans run in fp32), not {req.dtype}: use --cost analytic "
+                            f"with --dtype {req.dtype}")
     if req.preset != "local":
         raise ExplorerError(f"--cost measured times a Tofu plan's operator shards on this "
                             f"machine: search it on --preset local, not {req.preset}")

@@ -514,7 +514,9 @@ class Profiler:
 
     def __init__(self, cache_path=None, reps: int = 5, warmup: int = 2,
                  device: str | None = None, budget_s: float | None = 5.0, cold: bool = False,
-                 flush_bytes: int | None = None):
+                 flush_bytes: int | None = None, dtype: str = "fp32"):
+        from explorer.engine.core.precision import check
+        self.dtype = check(dtype)
         if reps < 1:
             raise ValueError(f"reps must be ≥ 1, got {reps}")
         if warmup < 0:
@@ -536,6 +538,8 @@ class Profiler:
             self._on = "cuda:" + torch.cuda.get_device_name(torch.device(self.device))
         else:
             self._on = dev_type
+        if self.dtype != "fp32":       # fp32 entries keep their keys (caches stay valid)
+            self._on += f"|{self.dtype}"
         self._cuda = dev_type == "cuda"
         path = default_cache_path() if cache_path is None else cache_path
         if str(path) != ":memory:":
@@ -697,12 +701,13 @@ class Profiler:
             torch.cuda.synchronize(self.device)
 
     def _run(self, layer: Layer, out_shape, in_shapes, input_grads=None):
-        """``(median seconds, timed runs)`` of forward+backward of the shard, in float32 (on
-        CUDA with TF32 off: measured costs are fp32's)."""
+        """``(median seconds, timed runs)`` of forward+backward of the shard in the profiler's
+        precision (:func:`~explorer.engine.core.precision.autocast`: fp32 with TF32 off on
+        CUDA, tf32, or bf16 autocast)."""
         from explorer.engine.core.precision import autocast
         if self._cuda:
             torch.cuda.set_device(cuda_index(self.device))
-        with autocast("fp32", "cuda" if self._cuda else "cpu"):
+        with autocast(self.dtype, "cuda" if self._cuda else "cpu"):
             return self._run_fp32(layer, out_shape, in_shapes, input_grads)
 
     def _run_fp32(self, layer: Layer, out_shape, in_shapes, input_grads=None):

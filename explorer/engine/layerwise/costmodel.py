@@ -200,9 +200,6 @@ class CostModel:
         self.compute, self.sync = compute, sync
         self.degrees = G.degree_values(degrees, devices.n)     # ValueError with the numbers
         self.dtype = P.check(dtype)
-        if compute == "measured" and self.dtype != "fp32":
-            raise ValueError(f"--cost measured profiles shards in fp32 only, got dtype "
-                             f"{self.dtype!r}: use --cost analytic with --dtype {self.dtype}")
         #: bytes of an activation element (and of its gradient and transfers)
         self.dtype_bytes = P.activation_bytes(self.dtype) if dtype_bytes is None \
             else int(dtype_bytes)
@@ -659,7 +656,7 @@ class CostModel:
         """t_C by running the slowest shard shape on this machine (cached in SQLite)."""
         if self._profiler is None:
             from explorer.engine.core.profile import Profiler
-            self._profiler = Profiler(self.profile_cache)
+            self._profiler = Profiler(self.profile_cache, dtype=self.dtype)
         worst = 0.0
         shapes = {(s[0], tuple(s[1])) for s in self.shard_shapes(layer, cfg)}
         grads = self.input_grads(layer.name)

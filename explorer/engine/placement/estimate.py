@@ -211,7 +211,7 @@ def from_opgraph(og, devices, capacity=None, times: dict | None = None,
                           {"model": og.model, "batch": og.batch}, group)
 
 
-def measured_times(og, devices, progress=None) -> dict:
+def measured_times(og, devices, progress=None, dtype: str = "fp32") -> dict:
     """Every operator's time measured on this machine for the ``local`` preset (``--cost
     measured``): the step's aten calls timed as the placement's workers run them - compiled,
     one thread, in as many processes side by side as the workers keep cores busy - cached in the
@@ -219,8 +219,12 @@ def measured_times(og, devices, progress=None) -> dict:
     placers, the simulator and ``explorer run`` see the same hardware.  :class:`~explorer.errors.NotCalibrated` for
     another preset or before ``explorer calibrate`` (the links' latency and bandwidth come
     from there)."""
-    from explorer.errors import NotCalibrated
+    from explorer.errors import ExplorerError, NotCalibrated
     from explorer.engine.core.profile import op_times
+    if dtype != "fp32":
+        raise ExplorerError(f"--cost measured times a placement's operators in fp32 only (a "
+                            f"placement runs in fp32), not {dtype}: use --cost analytic with "
+                            f"--dtype {dtype}")
     if getattr(devices, "name", None) != "local":
         raise NotCalibrated(f"--cost measured times operators on this machine, so it needs "
                             f"--preset local; the {getattr(devices, 'name', '?')} preset's "

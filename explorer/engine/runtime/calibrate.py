@@ -210,7 +210,7 @@ def _cores() -> int:
 
 def calibrate(devices: int | None = None, model: str | None = None, batch: int | None = None,
               model_args: dict | None = None, quick: bool = False, write: bool = True,
-              progress=None, profiled=None) -> dict:
+              progress=None, profiled=None, dtype: str = "fp32") -> dict:
     """Measure compute, memory and link speed; write ``$EXPLORER_HOME/local.json``.
 
     On a GPU machine (the workers' device kind, ``$EXPLORER_DEVICE``, is ``cuda``) the GPUs are
@@ -225,7 +225,7 @@ def calibrate(devices: int | None = None, model: str | None = None, batch: int |
     from explorer.engine.core.devices import worker_device_kind
     if worker_device_kind() == "cuda":          # GPUs here (and not $EXPLORER_DEVICE=cpu)
         return calibrate_gpus(devices, model, batch, model_args, quick, write, progress,
-                              profiled)
+                              profiled, dtype)
     from explorer.engine.runtime.noise import Monitor
     devices = 2 if devices is None else int(devices)
     say = progress or (lambda msg: None)
@@ -258,7 +258,7 @@ def calibrate(devices: int | None = None, model: str | None = None, batch: int |
         say(f"profiling every candidate configuration of {model}")
         cal.update(profile_model(model, devices, batch, model_args,
                                  reps=5 if quick else 15, warmup=1 if quick else 3,
-                                 progress=profiled))
+                                 progress=profiled, dtype=dtype))
         say(f"timing every operator of {model}'s training step (placement methods)")
         cal["op_profile"] = profile_ops(model, batch, model_args, quick, devices)
     return cal
@@ -313,12 +313,15 @@ def _graph_and_shards(model, devices, batch, model_args):
     return g, dev.devices[0].kind, _shard_list(g, cm)
 
 
-def _profile_into(path, model, devices, batch, model_args, reps, warmup, progress=None):
-    """Every shard alone (one process), cold, into the cache at ``path``."""
+def _profile_into(path, model, devices, batch, model_args, reps, warmup, progress=None,
+                  dtype: str = "fp32"):
+    """Every shard alone (one process), cold, in precision ``dtype``, into the cache at
+    ``path``."""
     from explorer.engine.core.profile import Profiler
     g, kind, shards = _graph_and_shards(model, devices, batch, model_args)
     # cold: the caches are evicted before every run, as the layers before it do in a step
-    with Profiler(path, reps=reps, warmup=warmup, budget_s=10.0, cold=True) as prof:
+    with Profiler(path, reps=reps, warmup=warmup, budget_s=10.0, cold=True,
+                  dtype=dtype) as prof:
         for i, (name, out_shape, in_shapes, grads, _) in enumerate(shards):
             prof.measure(g.layer(name), out_shape, in_shapes, kind, input_grads=grads)
             if progress:
@@ -400,7 +403,7 @@ def _profile_lockstep(k, model, devices, batch, model_args, reps, warmup,
 
 def profile_model(model: str, devices: int, batch: int | None = None,
                   model_args: dict | None = None, reps: int = 15, warmup: int = 3,
-                  progress=None, concurrent: bool | None = None) -> dict:
+                  progress=None, concurrent: bool | None = None, dtype: str = "fp32") -> dict:
     """Fill the profile cache for every (layer, candidate) of ``model`` on local workers.
 
     Each distinct shard shape the cost model will ask for is measured alone with ``reps``
@@ -412,7 +415,9 @@ def profile_model(model: str, devices: int, batch: int | None = None,
     all starting every run together, and the slowest process's time is stored for that
     worker count: in a run those workers compute at once, share the memory system (5–20 %
     slower here) and the step waits for the slowest.  Then the cost tables are built once,
-    so every later lookup is a cache hit.
+    so every later lookup is a cache hit.  ``dtype``: the precision the shards are timed in
+    (``search --cost measured --dtype`` reads them); the lockstep pass is fp32's only (in
+    another precision a configuration's shards count alone).
     """
     from explorer.engine.layerwise.costmodel import CostModel
     from explorer.engine.core.devices import local
@@ -425,12 +430,15 @@ def profile_model(model: str, devices: int, batch: int | None = None,
     nproc = min(devices, cores)
     if concurrent is None:
         concurrent = nproc > 1
-    shards = _profile_into(None, model, devices, batch, model_args, reps, warmup, progress)
+    if dtype != "fp32":
+        concurrent = False
+    shards = _profile_into(None, model, devices, batch, model_args, reps, warmup, progress,
+                           dtype)
     together = 0
     if concurrent and nproc > 1:
         together = _profile_lockstep(nproc, model, devices, batch, model_args, reps, warmup)
     g = import_spec(model, batch, dict(model_args or {}))
-    tables = CostModel(g, local(devices), compute="measured").tables()
+    tables = CostModel(g, local(devices), compute="measured", dtype=dtype).tables()
     n = sum(len(c) for c in tables.candidates.values())
     return {"profiled": {"model": model, "layers": len(tables.names), "candidates": n,
                          "shards": shards, "shards_in_lockstep": together,
@@ -633,7 +641,7 @@ def gpu_calibration(compute: dict, links: dict | None, gpus: int,
 def calibrate_gpus(devices: int | None = None, model: str | None = None,
                    batch: int | None = None, model_args: dict | None = None,
                    quick: bool = False, write: bool = True, progress=None,
-                   profiled=None) -> dict:
+                   profiled=None, dtype: str = "fp32") -> dict:
     """``explorer calibrate`` on a GPU machine: :func:`measure_gpu` on the first GPU, NCCL
     links between ``devices`` GPUs (default all) when there are two or more; written to
     ``$EXPLORER_HOME/local.json`` (:func:`gpu_calibration`).  With ``model``: the profile cache
@@ -662,7 +670,7 @@ def calibrate_gpus(devices: int | None = None, model: str | None = None,
         say(f"profiling every candidate configuration of {model} on the GPU")
         cal.update(profile_model(model, gpus, batch, model_args, reps=5 if quick else 15,
                                  warmup=2 if quick else 5, progress=profiled,
-                                 concurrent=False))
+                                 concurrent=False, dtype=dtype))
         say(f"timing every operator of {model}'s training step on the GPU")
         cal["op_profile"] = profile_ops(model, batch, model_args, quick, 1)
     return cal

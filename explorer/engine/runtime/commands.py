@@ -117,6 +117,16 @@ def _calibrate(args) -> int:
     if devices < 1:
         raise ExplorerError(f"--devices must be ≥ 1, got {devices}")
     model_args = dict(getattr(args, "model_arg", []) or [])
+    from explorer.engine.core import precision as P
+    try:
+        dtype = P.check(getattr(args, "dtype", None) or "fp32")
+    except ValueError as exc:
+        raise ExplorerError(f"--dtype: {exc}") from None
+    if dtype != "fp32":
+        if not getattr(args, "model", None):
+            raise ExplorerError(f"--dtype {dtype} profiles a model's shards: give --model "
+                                f"(the machine's figures are measured in every precision)")
+        P.require_supported(dtype, worker_device_kind())
     if getattr(args, "model", None):
         # an unknown or untraceable model fails in one line before anything is measured
         from explorer.engine.core.capture_cache import layer_graph
@@ -125,7 +135,7 @@ def _calibrate(args) -> int:
     say = None if quiet else (lambda msg: print(f"measuring {msg} ...", file=sys.stderr))
     cal = calibrate(devices, model=getattr(args, "model", None),
                     batch=getattr(args, "batch", None), model_args=model_args,
-                    quick=bool(getattr(args, "quick", False)), progress=say)
+                    quick=bool(getattr(args, "quick", False)), progress=say, dtype=dtype)
     if quiet:
         print(dumps(cal, indent=2))
         return 0

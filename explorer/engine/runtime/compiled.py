@@ -647,18 +647,18 @@ GPU_BASIS = ("the float64 step, allowing 10 × the float32 CPU step's own error:
              "round otherwise than the CPU's")
 
 
-def _judge(out, got_params, ref32, tol, spec, batch, model_args, seed, lr, digest) -> dict:
+def _judge(out, got_params, ref32, tol, float64_ref=None) -> dict:
     """The reference check of a compiled placement's first step.  Workers on CPU run the
     CPU's float32 kernels, so they must match this process's float32 step (``tol``).  Workers
     on GPUs round otherwise (cuDNN's algorithms, other reduction orders): they are judged as
     the layer-wise runtime judges every run, against the float64 step with the float32 step's
-    own error (times :data:`.reference.ROUNDING_FACTOR`) allowed."""
+    own error (times :data:`.reference.ROUNDING_FACTOR`) allowed.  ``float64_ref()`` gives
+    that step (the caller's: :func:`.opexec.float64_reference`); without it, the float32
+    check."""
     from explorer.engine.runtime.reference import compare
-    if out.get("device_kind") != "cuda":
+    if out.get("device_kind") != "cuda" or float64_ref is None:
         return compare(out["loss"], got_params, None, ref32, None, tol)
-    from explorer.engine.runtime.opexec import float64_reference
-    ref64 = float64_reference(spec, batch, model_args, seed, lr, digest)
-    doc = compare(out["loss"], got_params, None, ref64, ref32, tol)
+    doc = compare(out["loss"], got_params, None, float64_ref(), ref32, tol)
     doc["basis"] = GPU_BASIS
     return doc
 
@@ -668,7 +668,7 @@ def run_compiled(spec: str, batch: int | None, model_args: dict | None, names, p
                  seed: int = 0, lr: float = 0.01, timeout_s: float = 300.0,
                  tol: float = 1e-4, fault: str | None = None, check: bool = True,
                  memory_limit: float | None = None, order=None,
-                 timeline: bool = False) -> dict:
+                 timeline: bool = False, float64_ref=None) -> dict:
     """Run placement ``names[i] -> placement[i]`` of ``spec``'s step as one compiled program
     per device on ``workers`` local worker processes (CPU or CUDA: :mod:`.devicemap`),
     ``warmup`` discarded and ``steps`` timed steps.
@@ -682,6 +682,8 @@ def run_compiled(spec: str, batch: int | None, model_args: dict | None, names, p
     step: below ``compute_s`` when other processes take the core), ``peak_memory_bytes``
     (live tensor bytes), ``transfers`` and ``program_nodes``; with ``timeline`` also one
     traced step per worker (:func:`timeline`, times from the first call of any worker).
+    ``float64_ref``: a function giving the float64 step a run on GPUs is judged against
+    (:func:`_judge`).
     ``order``: the plan's operators in its simulated schedule (:func:`device_program`)."""
     from explorer.engine.runtime.launcher import start_workers
     from explorer.engine.runtime.reference import traced_step
@@ -739,7 +741,7 @@ def run_compiled(spec: str, batch: int | None, model_args: dict | None, names, p
         finally:
             torch.set_num_threads(threads)
         got_params = {k: torch.from_numpy(v) for k, v in held.items() if k != "loss"}
-        doc = _judge(out, got_params, ref, tol, spec, batch, model_args, seed, lr, digest)
+        doc = _judge(out, got_params, ref, tol, float64_ref)
         out.update(reference=doc, reference_ok=doc["ok"], max_rel_error=doc["max_rel_error"],
                    reference_loss=ref[0])
     return out

@@ -1278,7 +1278,9 @@ def run_placement(spec: str, batch: int | None, model_args: dict | None, names, 
         out = run_compiled(spec, batch, model_args, names, placement, workers, g=g,
                            digest=opgraph_digest(g), steps=steps, warmup=warmup, seed=seed,
                            lr=lr, timeout_s=timeout_s, tol=tol, fault=fault, check=check,
-                           memory_limit=memory_limit, order=order, timeline=timeline)
+                           memory_limit=memory_limit, order=order, timeline=timeline,
+                           float64_ref=lambda: float64_reference(spec, batch, model_args, seed,
+                                                                 lr, opgraph_digest(g)))
         out["predicted_comm_bytes"] = placement_comm_bytes(g, names, placement)
         return out
     x = placement_xplan(g, names, placement, workers)

@@ -116,7 +116,8 @@ class Problem:
 
             def make(cap):
                 og = self.opgraph()
-                times = measured_times(og, self.devices) if self.cost == "measured" else None
+                times = (measured_times(og, self.devices, dtype=self.dtype)
+                         if self.cost == "measured" else None)
                 return from_opgraph(og, self.devices, cap, times=times, dtype=self.dtype)
             out = self._build("placement_graph", make, memory_per_device)
         self.placement_graphs[memory_per_device] = out

@@ -68,9 +68,6 @@ class Request:
         if self.sync not in SYNCS:
             raise ValueError(f"sync must be ps or ring, got {self.sync!r}")
         self.dtype = P.check(self.dtype)                      # ValueError naming the value
-        if self.cost == "measured" and self.dtype != "fp32":
-            raise ValueError(f"--cost measured times operators in fp32 only, got dtype "
-                             f"{self.dtype!r}: use --cost analytic with --dtype {self.dtype}")
         try:
             self.devices = int(self.devices)
         except (TypeError, ValueError):
