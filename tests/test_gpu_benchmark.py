@@ -39,9 +39,10 @@ def test_without_a_gpu_it_says_so_in_one_line_and_exits_2():
 def test_arguments(bench):
     a = bench.parse_args([])
     assert a.models == ["resnet50", "vgg16", "inception_v3", "gpt2"]
-    assert a.kinds == ["layerwise", "layerwise-bf16", "tofu", "placement"] and a.workers == 1
-    assert a.truth == ["fp32", "tf32", "bf16"]
-    assert bench.KINDS["layerwise-bf16"] == ("optcnn", "analytic", "bf16")
+    assert a.kinds == ["layerwise", "layerwise-bf16", "roofline-bf16", "tofu", "placement"]
+    assert a.workers == 1 and a.truth == ["fp32", "tf32", "bf16"]
+    assert bench.KINDS["layerwise-bf16"] == ("optcnn", "measured", "bf16")
+    assert bench.KINDS["roofline-bf16"] == ("optcnn", "analytic", "bf16")
     assert bench.MODELS["inception_v3"][0] == 32 and bench.MODELS["gpt2"][0] == 8
     a = bench.parse_args(["--models", "gpt2", "--kinds", "tofu", "--workers", "2"])
     assert a.models == ["gpt2"] and a.kinds == ["tofu"] and a.workers == 2
