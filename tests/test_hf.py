@@ -114,3 +114,31 @@ def test_hf_specs_are_not_model_files():
     assert state.is_model_file("models/mine.py:build")
     assert hf.is_hf("hf:llama") and not hf.is_hf("llama")
     assert issubclass(UnknownModel, ExplorerError)
+
+
+T5 = {"num_layers": 1, "num_decoder_layers": 1, "d_model": 32, "d_ff": 64, "num_heads": 2,
+      "d_kv": 16, "vocab_size": 64, "seq_len": 8}
+
+
+def test_an_encoder_decoder_model_is_fed_its_decoder_tokens(transformers):
+    """T5 (encoder–decoder) needs decoder inputs its ``forward`` cannot take from one tensor:
+    the model is wrapped so the decoder reads the tokens shifted right behind the start token,
+    as teacher-forced training does - and every family plans it."""
+    model, x = load_model("hf:t5", 2, T5, meta=False)
+    assert type(model).__name__ == "EncoderDecoder" and model.config.is_encoder_decoder
+    out = model(x)
+    assert tuple(out["last_hidden_state"].shape) == (2, 8, 32)
+    for algo in ("optcnn", "tofu", "celeritas"):
+        assert cli.main(["search", "hf:t5", *sum((["-a", f"{k}={v}"] for k, v in T5.items()),
+                                                 []), "-n", "2", "-b", "2", "--algo", algo]) == 0
+
+
+@pytest.mark.multiprocess
+def test_an_encoder_decoder_layerwise_plan_runs_against_one_device(transformers, tmp_path,
+                                                                    capsys):
+    plan = tmp_path / "t5.json"
+    args = sum((["-a", f"{k}={v}"] for k, v in T5.items()), [])
+    assert cli.main(["search", "hf:t5", *args, "-n", "2", "-b", "2", "--preset", "local",
+                     "--out", str(plan)]) == 0
+    assert cli.main(["run", str(plan), "--steps", "1"]) == 0
+    assert "reference check: OK" in capsys.readouterr().out

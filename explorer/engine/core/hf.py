@@ -234,5 +234,35 @@ def build(name: str, batch: int | None = None, model_args: dict | None = None):
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise ValueError(f"hf:{name}: the config rejects the overrides: {first}") from None
         model = _model(transformers, name, task, config)
+    x = _example_input(name, model, config, batch, seq_len)
+    if getattr(config, "is_encoder_decoder", False):
+        model = EncoderDecoder(model, config)
     model.train()
-    return model, _example_input(name, model, config, batch, seq_len)
+    return model, x
+
+
+def _encoder_decoder_class():
+    import torch
+
+    class EncoderDecoder(torch.nn.Module):
+        """An encoder–decoder model (T5, BART, ...) fed one tensor of token ids: the decoder
+        reads the same tokens shifted right behind the start token, as teacher-forced
+        training feeds it (the model's own ``forward`` needs both inputs)."""
+
+        def __init__(self, model, config):
+            super().__init__()
+            self.model = model
+            self.config = model.config
+            start = getattr(config, "decoder_start_token_id", None)
+            self.start = int(start) if isinstance(start, int) else 0
+
+        def forward(self, input_ids):
+            dec = torch.cat([torch.full_like(input_ids[:, :1], self.start),
+                             input_ids[:, :-1]], dim=1)
+            return self.model(input_ids=input_ids, decoder_input_ids=dec)
+    return EncoderDecoder
+
+
+def EncoderDecoder(model, config):  # noqa: N802 - builds the module class on first use
+    """:func:`_encoder_decoder_class`'s module around ``model`` (torch is imported lazily)."""
+    return _encoder_decoder_class()(model, config)
