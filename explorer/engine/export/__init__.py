@@ -5,8 +5,8 @@ self-contained Python file (standard library and torch only; ``transformers`` fo
 models) that users run with ``torchrun --standalone --nproc_per_node N FILE.py --steps K
 [--check]``.  The file builds the model (a built-in example's source is inlined, a
 ``file.py:function`` is imported from its absolute path) and applies the plan layer by layer:
-each layer's configuration as DTensor placements on one prime-factor mesh
-(:mod:`explorer.engine.export.layouts`).  A model ``torch.fx`` cannot trace falls back to one
+each layer's configuration as DTensor placements on one prime-factor mesh, a layer on a
+subset of the devices on a mesh of its own ranks (:mod:`explorer.engine.export.layouts`).  A model ``torch.fx`` cannot trace falls back to one
 ``DeviceMesh`` ("dp", "tp") with PyTorch's parallel styles:
 
 =====================================  ================================================

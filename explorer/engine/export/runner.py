@@ -291,7 +291,16 @@ class Layouts:
                 return self.to_layout(a, self.arg_layout(spec, tuple(a.shape)), mesh)
             return a if isinstance(a, DTensor) else self.to_layout(a, ["R"] * mesh.ndim, mesh)
         args = [_map_tensors(a, join) for a in args]
-        out = fn(*args, **kwargs)
+        if isinstance(fn, torch.nn.Module) and self.token is not None:
+            # a module computed through DTensor whose parameters live on another mesh (one
+            # module called by layers on several meshes): they cross to this layer's mesh
+            params = {k: self.move(p, mesh) for k, p in fn.named_parameters()}
+            if any(params[k] is not p for k, p in fn.named_parameters()):
+                out = torch.func.functional_call(fn, params, tuple(args), kwargs)
+            else:
+                out = fn(*args, **kwargs)
+        else:
+            out = fn(*args, **kwargs)
         want = tuple(placement(c) for c in out_codes)
 
         def fix(o):
@@ -425,10 +434,16 @@ def parallelize_layers(model, mesh, layouts):
     gm = torch.fx.symbolic_trace(model)
     lay = Layouts(gm, mesh, layouts)
     owned = {}
+    calls: dict = {}
     for nd in gm.graph.nodes:
         spec = layouts.get(nd.name)
         if spec is not None and spec["mode"] == "module":
             owned[nd.target] = spec
+        if nd.op == "call_module":
+            calls.setdefault(nd.target, []).append(spec)
+    # a module computed through DTensor by one layer on a sub-mesh keeps its parameters there
+    homes = {m: specs[0] for m, specs in calls.items() if len(specs) == 1
+             and specs[0] is not None and specs[0].get("ranks") and m not in owned}
     sharded = {m: s["fsdp"] for m, s in owned.items() if s.get("fsdp")}
     for mname, mod in gm.named_modules():
         spec = owned.get(mname)
@@ -436,12 +451,12 @@ def parallelize_layers(model, mesh, layouts):
             continue                   # fully_shard distributes these below
         owner = spec
         if spec is None:
-            owner = next((other for prefix, other in owned.items()   # a submodule of a
-                          if mname.startswith(prefix + ".")), None)   # module layer
+            owner = next((other for prefix, other in {**homes, **owned}.items()  # a submodule
+                          if mname == prefix or mname.startswith(prefix + ".")), None)
         pmesh = lay.mesh_of(owner)            # the owning layer's mesh (a sub-mesh, or all)
         for pname, p in list(mod.named_parameters(recurse=False)):
             codes = (spec["params"].get(pname) if spec else None) or ["R"] * pmesh.ndim
-            if spec is None and owner is not None:
+            if spec is None and owner is not None and "params" in owner:
                 prefix = next(m for m, o in owned.items() if o is owner
                               and mname.startswith(m + "."))
                 key = mname[len(prefix) + 1:] + "." + pname
