@@ -111,8 +111,8 @@ class Layouts:
         """``t`` on ``mesh``: a DTensor of another mesh is gathered on its ranks, broadcast
         from the first, and replicated on ``mesh`` (a placeholder where this rank is not in
         ``mesh``).  Every rank calls it for every crossing, in the same order."""
-        if not isinstance(t, DTensor) or t.device_mesh is mesh:
-            return t
+        if self.token is None or not isinstance(t, DTensor) or t.device_mesh is mesh:
+            return t                   # (without sub-meshes every layer is on one mesh)
         src = t.device_mesh.mesh.flatten().tolist()
         dst = mesh.mesh.flatten().tolist()
         me, dev = dist.get_rank(), _device_of(mesh)
