@@ -209,7 +209,9 @@ class Layouts:
     def compute(self, name, *args, **kwargs):
         if self.token is None:
             return self.compute_on(name, *args, **kwargs)
-        args, kwargs = self.tie((args, kwargs))       # the layer after everything before it
+        keys = list(kwargs)                           # the layer after everything before it
+        args, vals = self.tie((args, [kwargs[k] for k in keys]))
+        kwargs = dict(zip(keys, vals))
         return self.tie(self.compute_on(name, *args, **kwargs))
 
     def compute_on(self, name, *args, **kwargs):
