@@ -498,13 +498,17 @@ def _render_layouts(plan, lp, model, x) -> str:
     n = plan.n_devices
     mesh = " x ".join(str(s) for s in lp.mesh)
     done = lp.layers - len(lp.deviations)
+    subs = sorted({tuple(sp["ranks"]) for sp in lp.specs.values() if sp.get("ranks")},
+                  key=lambda r: (len(r), r))
     head = (f'"""{plan.model}: the {plan.algo} plan for {n} devices (batch {plan.batch}'
             f'{", arguments " + str(plan.model_args) if plan.model_args else ""}), '
             f'exported by Plan Explorer.\n\n'
             f"Applies the plan layer by layer with DTensor on one DeviceMesh ({mesh}): each "
             f"layer's\nconfiguration is a placement per mesh dimension (Shard / Replicate / "
             f"Partial), its inputs are\nredistributed to it, and it computes on its shards.  "
-            f"{done} of {lp.layers} layers as planned.\n\n"
+            + (f"Layers on a subset of the devices\ncompute on a DeviceMesh of those ranks "
+               f"({', '.join(str(list(r)) for r in subs)}).  " if subs else "")
+            + f"{done} of {lp.layers} layers as planned.\n\n"
             + _usage(plan, n))
     notes = [(d.layer, d.planned, d.exported, d.reason) for d in lp.deviations]
     block = (f"# {done} of {lp.layers} layers as planned.\n"
