@@ -88,6 +88,21 @@ def test_transformer_on_sub_meshes_matches_one_process(tmp_path):
     passes(prog, n=4)
 
 
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_eight_processes_on_a_2x2x2_mesh_and_its_sub_meshes(tmp_path):
+    """8 gloo processes: the input split 8 ways on the 2 x 2 x 2 mesh, a layer on the 2 x 2
+    sub-mesh of ranks 0-3, one on ranks 4-7, the head on rank 5 alone."""
+    cfg = {"x": ({"n": 2, "c": 4}, tuple(range(8))), "body_0": ({"n": 2, "c": 2}, (0, 1, 2, 3)),
+           "body_2": ({"k": 4}, (4, 5, 6, 7)), "head": ({}, (5,))}
+    name, text = program("mlp", 8, MLP_ARGS, 8, cfg)
+    lay = layouts_of(text)
+    assert not_as_planned(text) == [] and lay["body_0"]["mesh"] == [2, 2]
+    prog = tmp_path / name
+    prog.write_text(text)
+    passes(prog, n=8)
+
+
 @pytest.mark.multiprocess
 def test_searched_small_gpt2_plan_runs_as_planned_on_4_processes(capsys, tmp_path):
     """optcnn at example_models.SMALL puts GPT-2 on device 0: before sub-meshes the export

@@ -116,15 +116,19 @@ class Layouts:
         src = t.device_mesh.mesh.flatten().tolist()
         dst = mesh.mesh.flatten().tolist()
         me, dev = dist.get_rank(), _device_of(mesh)
-        head = torch.zeros(10, dtype=torch.int64, device=dev)
-        if me == src[0]:
-            head[0], head[1] = _DTYPES.index(t.dtype), t.dim()
-            head[2:2 + t.dim()] = torch.tensor(list(t.shape), dtype=torch.int64)
-        dist.broadcast(head, src[0])
-        dtype, shape = _DTYPES[int(head[0])], tuple(int(v) for v in head[2:2 + int(head[1])])
+        every = len(src) == dist.get_world_size()    # from the global mesh: no broadcast
+        dtype, shape = t.dtype, tuple(t.shape)
+        if not every:          # a placeholder's dtype may be a guess: the source's says
+            head = torch.zeros(10, dtype=torch.int64, device=dev)
+            if me == src[0]:
+                head[0], head[1] = _DTYPES.index(t.dtype), t.dim()
+                head[2:2 + t.dim()] = torch.tensor(list(t.shape), dtype=torch.int64)
+            dist.broadcast(head, src[0])
+            dtype = _DTYPES[int(head[0])]
+            shape = tuple(int(v) for v in head[2:2 + int(head[1])])
         full = t.full_tensor() if me in src else torch.empty(0, dtype=dtype, device=dev)
-        self.token, buf = _Hop.apply(self.token, full, src[0], shape, dtype, me == dst[0],
-                                     me in src)
+        self.token, buf = _Hop.apply(self.token, full, None if every else src[0], shape, dtype,
+                                     me == dst[0], me in src)
         pls = [Replicate()] * mesh.ndim
         if me in dst:
             return DTensor.from_local(buf, mesh, pls, run_check=False)
@@ -339,7 +343,7 @@ def _flat(tree):
 
 class _Hop(torch.autograd.Function):
     """A tensor crossing meshes: the whole tensor (on the source mesh's ranks) broadcast from
-    its first rank to every rank; backward, the gradient of the destination mesh's first rank
+    its first rank (``root``) to every rank; backward, the gradient of the destination mesh's first rank
     (every rank of that mesh holds the whole one) summed to every rank, the source ranks'
     gradient of the whole tensor.  The token in and out orders it among the others."""
 
@@ -347,7 +351,8 @@ class _Hop(torch.autograd.Function):
     def forward(ctx, token, full, root, shape, dtype, contributes, source):
         buf = (full.detach().contiguous().clone() if source
                else torch.empty(shape, dtype=dtype, device=token.device))
-        dist.broadcast(buf, root)
+        if root is not None:               # None: every rank holds the whole tensor already
+            dist.broadcast(buf, root)
         ctx.shape, ctx.dtype, ctx.contributes, ctx.source = shape, dtype, contributes, source
         if not dtype.is_floating_point:
             ctx.mark_non_differentiable(buf)
