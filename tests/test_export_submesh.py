@@ -52,13 +52,16 @@ def test_a_subset_layer_gets_a_mesh_of_its_ranks():
 
 def test_what_still_departs_on_a_sub_mesh_is_listed_with_its_ranks():
     """A norm split on the axis it normalises, on ranks 0-1: listed, computed whole on
-    those ranks (not on every rank); recomputation in a program with sub-meshes is listed."""
+    those ranks (not on every rank); recomputation and ZeRO-3 in a program with sub-meshes
+    are listed (they would communicate outside the order the program keeps)."""
     cfg = transformer_configs()
     cfg["blocks_0_ln1"] = ({"c": 2}, (0, 1))
     _, text = program("transformer", 4, TRANSFORMER, 4, cfg,
-                      savings={"blocks_0_fc1": (True, 0)})
+                      savings={"blocks_0_fc1": (True, 0), "blocks_0_ln2": (False, 3)})
     off = {d[0]: d for d in not_as_planned(text)}
-    assert set(off) == {"blocks_0_ln1", "blocks_0_fc1"}
+    assert set(off) == {"blocks_0_ln1", "blocks_0_fc1", "blocks_0_ln2"}
+    assert "ZeRO-3" in off["blocks_0_ln2"][1] and "sub-meshes" in off["blocks_0_ln2"][3]
+    assert "fsdp" not in layouts_of(text)["blocks_0_ln2"]
     assert off["blocks_0_ln1"][1:3] == ("c2 on [0, 1]", "whole on ranks [0, 1]")
     assert "statistics reduced" in off["blocks_0_ln1"][3]
     assert "recomputed" in off["blocks_0_fc1"][1] and "sub-meshes" in off["blocks_0_fc1"][3]
