@@ -6,8 +6,9 @@ models) that users run with ``torchrun --standalone --nproc_per_node N FILE.py -
 [--check]``.  The file builds the model (a built-in example's source is inlined, a
 ``file.py:function`` is imported from its absolute path) and applies the plan layer by layer:
 each layer's configuration as DTensor placements on one prime-factor mesh, a layer on a
-subset of the devices on a mesh of its own ranks (:mod:`explorer.engine.export.layouts`).  A model ``torch.fx`` cannot trace falls back to one
-``DeviceMesh`` ("dp", "tp") with PyTorch's parallel styles:
+subset of the devices on a mesh of its own ranks (:mod:`explorer.engine.export.layouts`).
+A model ``torch.fx`` cannot trace falls back to one ``DeviceMesh`` ("dp", "tp") with
+PyTorch's parallel styles:
 
 =====================================  ================================================
 a layer's configuration (plan)          in the exported file

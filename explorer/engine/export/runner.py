@@ -235,21 +235,17 @@ class Layouts:
         mesh = self.mesh_of(spec)
         out_codes = spec["out"]
         active = [c != "R" for c in out_codes]
-        if mesh is not self.mesh:
-            # every rank moves the inputs (a crossing is a collective of all ranks); the
-            # ranks outside the layer's mesh hold a placeholder of its output
-            args = _map_tensors(args, lambda a: self.move(a, mesh))
-            kwargs = {k: self.move(v, mesh) for k, v in kwargs.items()}
-            if mesh.get_coordinate() is None:
-                shape = tuple(spec["shape"])
-                dtype = next((a.dtype for a in _flat(args) if a.is_floating_point()),
-                             torch.get_default_dtype())
-                if mode == "value":
-                    dtype = next((a.dtype for a in _flat(args)), dtype)
-                return _placeholder(mesh, [placement(c) for c in out_codes], shape, dtype)
-        else:
-            args = _map_tensors(args, lambda a: self.move(a, mesh))
-            kwargs = {k: self.move(v, mesh) for k, v in kwargs.items()}
+        # every rank moves the inputs (a crossing is a collective of all ranks); the ranks
+        # outside the layer's mesh hold a placeholder of its output
+        args = _map_tensors(args, lambda a: self.move(a, mesh))
+        kwargs = {k: self.move(v, mesh) for k, v in kwargs.items()}
+        if mesh.get_coordinate() is None:
+            dtype = next((a.dtype for a in _flat(args) if a.is_floating_point()),
+                         torch.get_default_dtype())
+            if mode == "value":
+                dtype = next((a.dtype for a in _flat(args)), dtype)
+            return _placeholder(mesh, [placement(c) for c in out_codes], tuple(spec["shape"]),
+                                dtype)
         if mode == "value":
             return self.to_layout(fn(*args, **kwargs), out_codes, mesh)
         if mode == "module":
@@ -343,9 +339,9 @@ def _flat(tree):
 
 class _Hop(torch.autograd.Function):
     """A tensor crossing meshes: the whole tensor (on the source mesh's ranks) broadcast from
-    its first rank (``root``) to every rank; backward, the gradient of the destination mesh's first rank
-    (every rank of that mesh holds the whole one) summed to every rank, the source ranks'
-    gradient of the whole tensor.  The token in and out orders it among the others."""
+    its first rank (``root``) to every rank; backward, the gradient of the destination mesh's
+    first rank (every rank of that mesh holds the whole one) summed to every rank, the source
+    ranks' gradient of the whole tensor.  The token in and out orders it among the others."""
 
     @staticmethod
     def forward(ctx, token, full, root, shape, dtype, contributes, source):
