@@ -3,6 +3,7 @@ and whether the program's ``--check`` passes under torchrun on CPU processes.
 
     python benchmarks/export.py                    # 4 and 8 devices, then --check on 2 and 4
     python benchmarks/export.py --models gpt2 --devices 4 --run 2
+    python benchmarks/export.py --small --run         # example_models.SMALL sizes, export only
 
 Each model is searched (``optcnn`` on the default preset, the model's default size: the plans
 the app and the CLI make) and exported; "as planned" is the export's own count.  A program of a
@@ -39,9 +40,10 @@ RUN_ARGS = {
 RUN_BATCH = 8
 
 
-def search(model: str, n: int, out: str, args=(), algo: str = "optcnn") -> dict:
+def search(model: str, n: int, out: str, args=(), algo: str = "optcnn",
+           tag: str = "") -> dict:
     from explorer.cli import main
-    path = os.path.join(out, f"{model}-{n}-{algo}.json")
+    path = os.path.join(out, f"{model}-{n}-{algo}{tag}.json")
     if not os.path.exists(path):
         with contextlib.redirect_stdout(io.StringIO()):
             code = main(["search", model, "-n", str(n), "--algo", algo, *args, "-o", path])
@@ -111,14 +113,20 @@ def main(argv=None) -> int:
     ap.add_argument("--run", nargs="*", type=int, default=[2, 4],
                     help="process counts to run --check on (none: export only)")
     ap.add_argument("--out", default=None, help="folder for plans and programs")
+    ap.add_argument("--small", action="store_true",
+                    help="search at example_models.SMALL sizes (the app's small examples)")
     args = ap.parse_args(argv)
+    small = ()
     out = args.out or tempfile.mkdtemp(prefix="export-bench-")
     os.makedirs(out, exist_ok=True)
     print("| model | devices | layers as planned | share | export s |")
     print("|---|---:|---:|---:|---:|")
     for model in args.models:
+        if args.small:
+            from example_models import SMALL
+            small = [x for k, v in SMALL[model].items() for x in ("-a", f"{k}={v}")]
         for n in args.devices:
-            doc = search(model, n, out)
+            doc = search(model, n, out, small, tag="-small" if args.small else "")
             done, m, off, secs = as_planned(doc)
             print(f"| {model} | {n} | {done} of {m} | {100 * done / m:.0f} % | {secs:.2f} |")
             for d in off:

@@ -56,8 +56,8 @@ def layouts_of(text):
     return ast.literal_eval(text[start:text.index("\n\n", start)])
 
 
-def passes(prog):
-    proc = torchrun(prog)
+def passes(prog, n=2):
+    proc = torchrun(prog, n=n)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert "check: passed" in proc.stdout
     return proc.stdout

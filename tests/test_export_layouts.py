@@ -56,9 +56,8 @@ def test_what_the_mesh_cannot_express_is_listed_with_its_reason():
     cfg[convs[1]] = ({"n": 2}, (0, 1))
     _, text = program("vgg16", 4, VGG, 4, cfg)
     off = {d[0]: d for d in not_as_planned(text)}
-    assert set(off) == {convs[0], convs[1]}
+    assert set(off) == {convs[0]}           # the subset layer is on a mesh of its own ranks
     assert "halos" in off[convs[0]][3] and off[convs[0]][2].startswith("n2, replicated")
-    assert "subset of the devices" in off[convs[1]][3]
 
 
 @pytest.mark.multiprocess

@@ -5,9 +5,10 @@ self-contained Python file (standard library and torch only; ``transformers`` fo
 models) that users run with ``torchrun --standalone --nproc_per_node N FILE.py --steps K
 [--check]``.  The file builds the model (a built-in example's source is inlined, a
 ``file.py:function`` is imported from its absolute path) and applies the plan layer by layer:
-each layer's configuration as DTensor placements on one prime-factor mesh
-(:mod:`explorer.engine.export.layouts`).  A model ``torch.fx`` cannot trace falls back to one
-``DeviceMesh`` ("dp", "tp") with PyTorch's parallel styles:
+each layer's configuration as DTensor placements on one prime-factor mesh, a layer on a
+subset of the devices on a mesh of its own ranks (:mod:`explorer.engine.export.layouts`).
+A model ``torch.fx`` cannot trace falls back to one ``DeviceMesh`` ("dp", "tp") with
+PyTorch's parallel styles:
 
 =====================================  ================================================
 a layer's configuration (plan)          in the exported file
@@ -456,7 +457,7 @@ def render(plan, mp, model, x) -> str:
         "from __future__ import annotations\n\n"
         "import argparse\nimport contextlib\nimport copy\nimport os\nimport sys\n\n"
         "import torch\nimport torch.distributed as dist\n"
-        "from torch.distributed.device_mesh import init_device_mesh\n"
+        "from torch.distributed.device_mesh import DeviceMesh, init_device_mesh\n"
         "from torch.distributed.fsdp import fully_shard\n"
         "from torch.distributed.tensor import DTensor, Replicate, Shard\n"
         "from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleOutput,\n"
@@ -498,13 +499,17 @@ def _render_layouts(plan, lp, model, x) -> str:
     n = plan.n_devices
     mesh = " x ".join(str(s) for s in lp.mesh)
     done = lp.layers - len(lp.deviations)
+    subs = sorted({tuple(sp["ranks"]) for sp in lp.specs.values() if sp.get("ranks")},
+                  key=lambda r: (len(r), r))
     head = (f'"""{plan.model}: the {plan.algo} plan for {n} devices (batch {plan.batch}'
             f'{", arguments " + str(plan.model_args) if plan.model_args else ""}), '
             f'exported by Plan Explorer.\n\n'
             f"Applies the plan layer by layer with DTensor on one DeviceMesh ({mesh}): each "
             f"layer's\nconfiguration is a placement per mesh dimension (Shard / Replicate / "
             f"Partial), its inputs are\nredistributed to it, and it computes on its shards.  "
-            f"{done} of {lp.layers} layers as planned.\n\n"
+            + (f"Layers on a subset of the devices\ncompute on a DeviceMesh of those ranks "
+               f"({', '.join(str(list(r)) for r in subs)}).  " if subs else "")
+            + f"{done} of {lp.layers} layers as planned.\n\n"
             + _usage(plan, n))
     notes = [(d.layer, d.planned, d.exported, d.reason) for d in lp.deviations]
     block = (f"# {done} of {lp.layers} layers as planned.\n"
@@ -515,7 +520,7 @@ def _render_layouts(plan, lp, model, x) -> str:
         "from __future__ import annotations\n\n"
         "import argparse\nimport contextlib\nimport copy\nimport os\nimport sys\n\n"
         "import torch\nimport torch.distributed as dist\n"
-        "from torch.distributed.device_mesh import init_device_mesh\n"
+        "from torch.distributed.device_mesh import DeviceMesh, init_device_mesh\n"
         "from torch.distributed.fsdp import fully_shard\n"
         "from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, "
         "distribute_tensor\n"

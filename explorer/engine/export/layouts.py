@@ -21,10 +21,15 @@ inputs are redistributed to the layer's placements (the plan's redistribution on
 then a module layer (linear, embedding, norm, conv, or any module split on the sample only)
 computes on its local shards with its local parameter shards, element-wise ops, attention and
 pooling compute on local shards, and every other op computes through DTensor's sharding
-propagation, its output placements checked against the plan when it runs.  What the mesh
-cannot express - a layer on a subset of the devices, a split on ``h``/``w`` (halos), a letter
-no rule computes - is listed with its reason and computed replicated on the
-mesh dimensions it cannot use.
+propagation, its output placements checked against the plan when it runs.
+
+A layer on a subset of the devices gets a mesh of its own: a ``DeviceMesh`` over exactly those
+ranks, shaped by the prime factors of their count (``spec["ranks"]``, ``spec["mesh"]``), with
+its placements there; the other ranks do not compute it.  A tensor crossing from one mesh to
+another is gathered on its source mesh and broadcast, then placed on the destination mesh (DTensor
+redistributes within one mesh only).  What the meshes cannot express - a split on ``h``/``w``
+(halos), a letter no rule computes, degrees that do not factor onto the layer's mesh - is
+listed with its reason and computed replicated on the mesh dimensions it cannot use.
 """
 
 from __future__ import annotations
@@ -186,12 +191,14 @@ def _rules(la, mod, node, own: bool) -> tuple:
     return "follow", ok, why
 
 
-def zero_form(spec: dict, zero: int, planned: bool, has_params: bool) -> str | None:
+def zero_form(spec: dict, zero: int, planned: bool, has_params: bool,
+              submeshes: bool = False) -> str | None:
     """How a layer's ZeRO stage is exported: ``None`` when ``fully_shard`` computes it as
     planned (``spec`` then carries ``fsdp``: 3 resharding after forward, 2 keeping the
     gathered weights until the backward, PyTorch's SHARD_GRAD_OP), else the reason it
     is not.  ``planned``: the layer's configuration itself is computed as planned;
-    ``has_params``: the layer has parameters (without, there is nothing to shard)."""
+    ``has_params``: the layer has parameters (without, there is nothing to shard);
+    ``submeshes``: some layer of the program runs on a sub-mesh."""
     params = spec.get("params")
     if not zero or not has_params:
         return None                   # nothing to shard: as planned
@@ -204,6 +211,10 @@ def zero_form(spec: dict, zero: int, planned: bool, has_params: bool) -> str | N
                 "parameters: they stay replicated")
     if not planned:
         return "its configuration is not computed as planned, so its parameters stay replicated"
+    if submeshes:
+        return ("fully_shard's hooks communicate in the backward pass outside the order the "
+                "program keeps between its meshes, so with sub-meshes its parameters stay "
+                "replicated")
     if any(c != "R" for codes in params.values() for c in codes):
         return ("it also shards its parameters (tensor parallel), and fully_shard over the "
                 "replicas of a sharded parameter is not expressed here: its shards stay "
@@ -230,37 +241,38 @@ def plan_layouts(graph, configs: dict, n: int, model,
     shape = factors(n)
     lp = LayoutPlan(shape, layers=len(layers))
     everyone = list(range(n))
+    submeshes = any(sorted(int(d) for d in configs[la.name][1]) != everyone for la in layers)
     for la in layers:
         want, devices = configs[la.name]
+        ranks = sorted(int(d) for d in devices)
+        sub = ranks != everyone
+        lshape = factors(len(ranks)) if sub else shape      # the layer's own mesh
         node = nodes[la.name]
         mod = modules.get(node[1]) if node[0] == "call_module" else None
         own = (mod is not None and uses.get(node[1], 0) == 1
                and set(la.params) <= {k for k, _ in mod.named_parameters()})
         mode, ok, why = _rules(la, mod, node, own)
         reasons, keep = [], {}
-        if sorted(devices) != everyone:
-            reasons.append(f"it runs on devices {list(devices)} of {n}: a layer on a subset of "
-                           f"the devices is computed on every rank (no sub-mesh yet)")
-        else:
-            for k, d in want.items():
-                if k not in ok:
-                    reasons.append(why.get(k) or f"no rule computes a {la.op} split on {k} "
-                                                  f"(module {la.module or '-'})")
-                    continue
-                outp, inp, params = ok[k]
-                keep[k] = d
-            if keep and assign(keep, shape) is None:
-                reasons.append(f"its degrees ({_label(keep)}) do not factor onto the mesh "
-                               f"{shape}")
-                keep = {}
-        spec = {"mode": mode, "shape": list(la.out_shape), "out": ["R"] * len(shape)}
-        dims = assign(keep, shape) or {}
+        for k, d in want.items():
+            if k not in ok:
+                reasons.append(why.get(k) or f"no rule computes a {la.op} split on {k} "
+                                              f"(module {la.module or '-'})")
+                continue
+            keep[k] = d
+        if keep and assign(keep, lshape) is None:
+            reasons.append(f"its degrees ({_label(keep)}) do not factor onto the mesh "
+                           f"{lshape}")
+            keep = {}
+        spec = {"mode": mode, "shape": list(la.out_shape), "out": ["R"] * len(lshape)}
+        if sub:
+            spec["ranks"], spec["mesh"] = ranks, list(lshape)
+        dims = assign(keep, lshape) or {}
         if mode == "module":
-            spec["in"] = ["R"] * len(shape)
+            spec["in"] = ["R"] * len(lshape)
             spec["params"] = {}
             if mod is not None:
                 for pname, p in mod.named_parameters():
-                    spec["params"][pname] = ["R"] * len(shape)
+                    spec["params"][pname] = ["R"] * len(lshape)
         for k, mdims in dims.items():
             outp, inp, params = ok[k]
             for d in mdims:
@@ -271,16 +283,22 @@ def plan_layouts(graph, configs: dict, n: int, model,
                         if pname in spec["params"]:
                             spec["params"][pname][d] = pl
         rc, zero = (savings or {}).get(la.name, (False, 0))
-        if rc:
+        if rc and submeshes:
+            reasons.append("recomputation would run its communication again in the backward "
+                           "pass, outside the order the program keeps between its meshes: "
+                           "with sub-meshes it is computed once and kept")
+        elif rc:
             spec["recompute"] = True
-        why_zero = zero_form(spec, int(zero), not reasons, bool(la.params))
-        planned = _label(want) + (f" on {list(devices)}" if sorted(devices) != everyone
-                                  else "")
+        why_zero = zero_form(spec, int(zero), not reasons, bool(la.params), submeshes)
+        planned = _label(want) + (f" on {ranks}" if sub else "")
+        where = f"ranks {ranks}" if sub else "every rank"
         if reasons:
             lp.deviations.append(Deviation(
-                la.name, planned + (f" ZeRO-{zero}" if why_zero else ""),
-                (_label(keep) + ", replicated on the rest of the mesh" if keep
-                 else "whole on every rank"), "; ".join(reasons)))
+                la.name, planned + (" recomputed" if rc and submeshes else "")
+                + (f" ZeRO-{zero}" if why_zero else ""),
+                (_label(keep) + (f" on {ranks}" if sub else "")
+                 + ", replicated on the rest of the mesh" if keep
+                 else f"whole on {where}"), "; ".join(reasons)))
         elif why_zero:
             lp.deviations.append(Deviation(la.name, f"{planned} ZeRO-{zero}",
                                            f"{planned}, parameters replicated", why_zero))

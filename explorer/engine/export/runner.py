@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.parallel import (
@@ -80,14 +80,86 @@ class Layouts:
     """The plan's per-layer placements applied to an fx-traced model on ``mesh``: every
     layer's node is replaced by :meth:`run`, which redistributes its inputs to the layer's
     placements and computes it on local shards (module layers, element-wise ops, attention,
-    pooling) or through DTensor (other ops, whose output placements are then checked)."""
+    pooling) or through DTensor (other ops, whose output placements are then checked).
+
+    A layer on a subset of the ranks (``ranks`` in its spec) computes on a ``DeviceMesh`` of
+    those ranks only; the others hold a placeholder (a DTensor without data).  A tensor
+    crossing meshes is gathered on its source mesh and broadcast to every rank (:class:`_Hop`),
+    then placed on the destination mesh.  Ranks then build different autograd graphs, so the
+    backward pass could order its collectives differently on two ranks and hang: a token
+    threads every layer and every crossing (:class:`_Tie`), which makes the backward pass
+    visit them in one order, the reverse of the forward's, on every rank."""
 
     def __init__(self, gm, mesh, layouts):
         self.gm, self.mesh, self.layouts = gm, mesh, layouts
         self.fns, self.drift = {}, {}
+        self.meshes, self.token = {}, None
+        for spec in layouts.values():          # every rank creates every mesh, in one order
+            key = tuple(spec.get("ranks") or ())
+            if key and key not in self.meshes:
+                self.meshes[key] = DeviceMesh(mesh.device_type,
+                                              torch.tensor(key).reshape(tuple(spec["mesh"])))
+        if self.meshes:
+            self.token = torch.zeros((), requires_grad=True,
+                                     device=_device_of(mesh))
 
-    def coords(self):
-        return self.mesh.get_coordinate()
+    def mesh_of(self, spec):
+        """The mesh a layer computes on: its own ranks', or the global one."""
+        return self.meshes[tuple(spec["ranks"])] if spec and spec.get("ranks") else self.mesh
+
+    def move(self, t, mesh):
+        """``t`` on ``mesh``: a DTensor of another mesh is gathered on its ranks, broadcast
+        from the first, and replicated on ``mesh`` (a placeholder where this rank is not in
+        ``mesh``).  Every rank calls it for every crossing, in the same order."""
+        if self.token is None or not isinstance(t, DTensor) or t.device_mesh is mesh:
+            return t                   # (without sub-meshes every layer is on one mesh)
+        src = t.device_mesh.mesh.flatten().tolist()
+        dst = mesh.mesh.flatten().tolist()
+        me, dev = dist.get_rank(), _device_of(mesh)
+        every = len(src) == dist.get_world_size()    # from the global mesh: no broadcast
+        dtype, shape = t.dtype, tuple(t.shape)
+        if not every:          # a placeholder's dtype may be a guess: the source's says
+            head = torch.zeros(10, dtype=torch.int64, device=dev)
+            if me == src[0]:
+                head[0], head[1] = _DTYPES.index(t.dtype), t.dim()
+                head[2:2 + t.dim()] = torch.tensor(list(t.shape), dtype=torch.int64)
+            dist.broadcast(head, src[0])
+            dtype = _DTYPES[int(head[0])]
+            shape = tuple(int(v) for v in head[2:2 + int(head[1])])
+        full = t.full_tensor() if me in src else torch.empty(0, dtype=dtype, device=dev)
+        self.token, buf = _Hop.apply(self.token, full, None if every else src[0], shape, dtype,
+                                     me == dst[0], me in src)
+        pls = [Replicate()] * mesh.ndim
+        if me in dst:
+            return DTensor.from_local(buf, mesh, pls, run_check=False)
+        return _placeholder(mesh, pls, shape, dtype)
+
+    def tie(self, tree):
+        """``tree`` with its tensors that carry gradients tied to the token (identity)."""
+        if self.token is None:
+            return tree
+        found = []
+        _map_tensors(tree, lambda t: found.append(t) if t.requires_grad else None)
+        if not found:
+            return tree
+        self.token, *tied = _Tie.apply(self.token, *found)
+        it = iter(tied)
+        return _map_tensors(tree, lambda t: next(it) if t.requires_grad else t)
+
+    def finish(self, out):
+        """The model's output on the global mesh (what every rank's loss reads)."""
+        if self.token is None:
+            return out
+        return self.tie(_map_tensors(out, lambda o: self.move(o, self.mesh)))
+
+    def anchor(self, loss):
+        """``loss`` that also reaches the token, so every rank's backward pass visits every
+        layer and crossing (each adds 0)."""
+        if self.token is None:
+            return loss
+        loss = loss + 0.0 * self.token.to(loss.dtype)
+        self.token = torch.zeros((), requires_grad=True, device=self.token.device)  # next step
+        return loss
 
     def arg_layout(self, spec, shape, pls=None):
         """The placements an input of global ``shape`` takes for a layer whose output has
@@ -113,17 +185,18 @@ class Layouts:
                 res.append("R")
         return res
 
-    def to_layout(self, t, codes):
+    def to_layout(self, t, codes, mesh=None):
+        mesh = mesh or self.mesh
         if not isinstance(t, DTensor):
-            t = DTensor.from_local(t, self.mesh, [Replicate()] * self.mesh.ndim,
-                                   run_check=False)
+            t = DTensor.from_local(t, mesh, [Replicate()] * mesh.ndim, run_check=False)
+        t = self.move(t, mesh)
         want = tuple(placement(c) for c in codes)
-        return t if tuple(t.placements) == want else t.redistribute(self.mesh, want)
+        return t if tuple(t.placements) == want else t.redistribute(mesh, want)
 
-    def local(self, t, codes, active):
+    def local(self, t, codes, active, mesh=None):
         """``t`` in ``codes`` as this rank's shard; its gradient is summed over the mesh
         dims where the layer splits something and ``t`` is replicated."""
-        d = self.to_layout(t, codes)
+        d = self.to_layout(t, codes, mesh)
         grads = [Partial() if c == "R" and a else placement(c) for c, a in zip(codes, active)]
         out = d.to_local(grad_placements=grads)
         return _ContiguousGrad.apply(out) if out.requires_grad else out
@@ -138,20 +211,43 @@ class Layouts:
         return self.compute(name, *args, **kwargs)
 
     def compute(self, name, *args, **kwargs):
+        if self.token is None:
+            return self.compute_on(name, *args, **kwargs)
+        keys = list(kwargs)                           # the layer after everything before it
+        args, vals = self.tie((args, [kwargs[k] for k in keys]))
+        kwargs = dict(zip(keys, vals))
+        return self.tie(self.compute_on(name, *args, **kwargs))
+
+    def compute_on(self, name, *args, **kwargs):
         if name not in self.layouts:           # an op folded into a layer, or a view
             fn = self.fns[name][1]
-            if any(isinstance(a, DTensor) for a in args):
-                args = [DTensor.from_local(a, self.mesh, [Replicate()] * self.mesh.ndim,
+            meshes = {id(a.device_mesh): a.device_mesh for a in args if isinstance(a, DTensor)}
+            mesh = next(iter(meshes.values())) if len(meshes) == 1 else self.mesh
+            args = [self.move(a, mesh) for a in args]
+            if meshes:
+                args = [DTensor.from_local(a, mesh, [Replicate()] * mesh.ndim,
                                            run_check=False)
                         if isinstance(a, torch.Tensor) and not isinstance(a, DTensor)
                         and a.dim() > 0 else a for a in args]
             return _map_tensors(fn(*args, **kwargs), lambda o: _LocalContiguousGrad.apply(o)
                                 if isinstance(o, DTensor) and o.requires_grad else o)
         spec, (mode, fn) = self.layouts[name], self.fns[name]
+        mesh = self.mesh_of(spec)
         out_codes = spec["out"]
         active = [c != "R" for c in out_codes]
+        # every rank moves the inputs (a crossing is a collective of all ranks); the ranks
+        # outside the layer's mesh hold a placeholder of its output
+        args = _map_tensors(args, lambda a: self.move(a, mesh))
+        kwargs = {k: self.move(v, mesh) for k, v in kwargs.items()}
+        if mesh.get_coordinate() is None:
+            dtype = next((a.dtype for a in _flat(args) if a.is_floating_point()),
+                         torch.get_default_dtype())
+            if mode == "value":
+                dtype = next((a.dtype for a in _flat(args)), dtype)
+            return _placeholder(mesh, [placement(c) for c in out_codes], tuple(spec["shape"]),
+                                dtype)
         if mode == "value":
-            return self.to_layout(fn(*args, **kwargs), out_codes)
+            return self.to_layout(fn(*args, **kwargs), out_codes, mesh)
         if mode == "module":
             active = [a or i != "R" or any(p[d] != "R" for p in spec["params"].values())
                       for d, (a, i) in enumerate(zip(active, spec["in"]))]
@@ -163,20 +259,20 @@ class Layouts:
                              else self.arg_layout(spec, tuple(a.shape)))
                     if mode == "module" and i > 0:
                         codes = self.arg_layout(spec, tuple(a.shape), spec["in"])
-                    a = self.local(a, codes, active)
+                    a = self.local(a, codes, active, mesh)
                 largs.append(a)
-            lkw = {k: self.local(v, self.arg_layout(spec, tuple(v.shape)), active)
+            lkw = {k: self.local(v, self.arg_layout(spec, tuple(v.shape)), active, mesh)
                    if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
             if mode == "module" and spec.get("fsdp"):
                 out = fn(*largs, **lkw)        # fully_shard's hooks gather its parameters
             elif mode == "module":
                 params = {}
                 for pname, p in fn.named_parameters():
-                    codes = spec["params"].get(pname, ["R"] * self.mesh.ndim)
+                    codes = spec["params"].get(pname, ["R"] * mesh.ndim)
                     pcodes = ["R" if c == "mask" else c for c in codes]
-                    lp = self.local(p, pcodes, active)
-                    if "mask" in codes and any(self.coords()[d] for d, c in enumerate(codes)
-                                               if c == "mask"):
+                    lp = self.local(p, pcodes, active, mesh)
+                    if "mask" in codes and any(mesh.get_coordinate()[d]
+                                               for d, c in enumerate(codes) if c == "mask"):
                         lp = lp * 0.0     # the bias of a reduction split: added once
                     params[pname] = lp
                 for bname, b in fn.named_buffers():
@@ -188,16 +284,25 @@ class Layouts:
             shape = torch.Size(spec["shape"])
             stride = tuple(int(torch.Size(shape[i + 1:]).numel()) for i in range(len(shape)))
             return _map_tensors(out, lambda o: DTensor.from_local(
-                o.contiguous(), self.mesh, pls, run_check=False, shape=shape, stride=stride)
+                o.contiguous(), mesh, pls, run_check=False, shape=shape, stride=stride)
                 if o.dim() == len(shape) else o)
         # inputs of the output's rank take its placements; others (a reduction's input)
         # join the mesh as they come and DTensor's propagation places the output
         def join(a):
             if a.dim() >= len(spec["shape"]):
-                return self.to_layout(a, self.arg_layout(spec, tuple(a.shape)))
-            return a if isinstance(a, DTensor) else self.to_layout(a, ["R"] * self.mesh.ndim)
+                return self.to_layout(a, self.arg_layout(spec, tuple(a.shape)), mesh)
+            return a if isinstance(a, DTensor) else self.to_layout(a, ["R"] * mesh.ndim, mesh)
         args = [_map_tensors(a, join) for a in args]
-        out = fn(*args, **kwargs)
+        if isinstance(fn, torch.nn.Module) and self.token is not None:
+            # a module computed through DTensor whose parameters live on another mesh (one
+            # module called by layers on several meshes): they cross to this layer's mesh
+            params = {k: self.move(p, mesh) for k, p in fn.named_parameters()}
+            if any(params[k] is not p for k, p in fn.named_parameters()):
+                out = torch.func.functional_call(fn, params, tuple(args), kwargs)
+            else:
+                out = fn(*args, **kwargs)
+        else:
+            out = fn(*args, **kwargs)
         want = tuple(placement(c) for c in out_codes)
 
         def fix(o):
@@ -205,9 +310,72 @@ class Layouts:
                 return o
             if tuple(o.placements) != want:
                 self.drift[name] = "".join(str(p) for p in o.placements)
-                return o.redistribute(self.mesh, want)
+                return o.redistribute(mesh, want)
             return o
         return _map_tensors(out, fix)
+
+
+_DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int64,
+           torch.int32, torch.bool, torch.uint8, torch.int8, torch.int16]
+
+
+def _device_of(mesh):
+    return torch.device(mesh.device_type, torch.cuda.current_device()) \
+        if mesh.device_type == "cuda" else torch.device(mesh.device_type)
+
+
+def _placeholder(mesh, pls, shape, dtype):
+    """A DTensor of global ``shape`` on a mesh this rank is not in (no data)."""
+    stride = tuple(int(torch.Size(shape[i + 1:]).numel()) for i in range(len(shape)))
+    return DTensor.from_local(torch.empty(0, dtype=dtype, device=_device_of(mesh)), mesh, pls,
+                              run_check=False, shape=torch.Size(shape), stride=stride)
+
+
+def _flat(tree):
+    found = []
+    _map_tensors(tree, found.append)
+    return found
+
+
+class _Hop(torch.autograd.Function):
+    """A tensor crossing meshes: the whole tensor (on the source mesh's ranks) broadcast from
+    its first rank (``root``) to every rank; backward, the gradient of the destination mesh's
+    first rank (every rank of that mesh holds the whole one) summed to every rank, the source
+    ranks' gradient of the whole tensor.  The token in and out orders it among the others."""
+
+    @staticmethod
+    def forward(ctx, token, full, root, shape, dtype, contributes, source):
+        buf = (full.detach().contiguous().clone() if source
+               else torch.empty(shape, dtype=dtype, device=token.device))
+        if root is not None:               # None: every rank holds the whole tensor already
+            dist.broadcast(buf, root)
+        ctx.shape, ctx.dtype, ctx.contributes, ctx.source = shape, dtype, contributes, source
+        if not dtype.is_floating_point:
+            ctx.mark_non_differentiable(buf)
+        return token.clone(), buf
+
+    @staticmethod
+    def backward(ctx, gtoken, gbuf):
+        grad = None
+        if ctx.dtype.is_floating_point:
+            grad = (gbuf.contiguous().clone() if ctx.contributes and gbuf is not None
+                    else torch.zeros(ctx.shape, dtype=ctx.dtype, device=gtoken.device))
+            dist.all_reduce(grad)
+        return gtoken, (grad if ctx.source else None), None, None, None, None, None
+
+
+class _Tie(torch.autograd.Function):
+    """Identity on the token and some tensors: in the backward pass none of them is done
+    before all of them have their gradients."""
+
+    @staticmethod
+    def forward(ctx, token, *ts):
+        ctx.set_materialize_grads(False)      # a rank that does not compute the layer
+        return (token.clone(), *(t.view_as(t) for t in ts))   # leaves its inputs unused
+
+    @staticmethod
+    def backward(ctx, *grads):
+        return grads
 
 
 class _ContiguousGrad(torch.autograd.Function):
@@ -269,30 +437,41 @@ def parallelize_layers(model, mesh, layouts):
     gm = torch.fx.symbolic_trace(model)
     lay = Layouts(gm, mesh, layouts)
     owned = {}
+    calls: dict = {}
     for nd in gm.graph.nodes:
         spec = layouts.get(nd.name)
         if spec is not None and spec["mode"] == "module":
             owned[nd.target] = spec
+        if nd.op == "call_module":
+            calls.setdefault(nd.target, []).append(spec)
+    # a module computed through DTensor by one layer on a sub-mesh keeps its parameters there
+    homes = {m: specs[0] for m, specs in calls.items() if len(specs) == 1
+             and specs[0] is not None and specs[0].get("ranks") and m not in owned}
     sharded = {m: s["fsdp"] for m, s in owned.items() if s.get("fsdp")}
     for mname, mod in gm.named_modules():
         spec = owned.get(mname)
         if mname in sharded or any(mname.startswith(m + ".") for m in sharded):
             continue                   # fully_shard distributes these below
+        owner = spec
+        if spec is None:
+            owner = next((other for prefix, other in {**homes, **owned}.items()  # a submodule
+                          if mname == prefix or mname.startswith(prefix + ".")), None)
+        pmesh = lay.mesh_of(owner)            # the owning layer's mesh (a sub-mesh, or all)
         for pname, p in list(mod.named_parameters(recurse=False)):
-            codes = (spec["params"].get(pname) if spec else None) or ["R"] * mesh.ndim
-            if spec is None:
-                for prefix, other in owned.items():       # a submodule of a module layer
-                    if mname.startswith(prefix + "."):
-                        key = mname[len(prefix) + 1:] + "." + pname
-                        codes = other["params"].get(key, codes)
+            codes = (spec["params"].get(pname) if spec else None) or ["R"] * pmesh.ndim
+            if spec is None and owner is not None and "params" in owner:
+                prefix = next(m for m, o in owned.items() if o is owner
+                              and mname.startswith(m + "."))
+                key = mname[len(prefix) + 1:] + "." + pname
+                codes = owner["params"].get(key, codes)
             pls = [Replicate() if c in ("R", "mask") else placement(c) for c in codes]
             mod.register_parameter(pname, torch.nn.Parameter(
-                distribute_tensor(p.detach(), mesh, pls)))
+                distribute_tensor(p.detach(), pmesh, pls)))
         if list(mod.parameters(recurse=False)):
             for bname, b in list(mod.named_buffers(recurse=False)):
                 if b is not None and b.is_floating_point():
                     mod.register_buffer(bname, DTensor.from_local(
-                        b, mesh, [Replicate()] * mesh.ndim, run_check=False))
+                        b, pmesh, [Replicate()] * pmesh.ndim, run_check=False))
     if sharded:
         # ZeRO: a layer computed on every rank with whole parameters shards them over all
         # the ranks (its replica group): ZeRO-3 regathers them in the backward pass,
@@ -387,8 +566,17 @@ def sgd_(model, lr):
 
 
 def whole(p):
-    """A parameter as one full tensor (a collective for DTensors: every rank calls it)."""
-    return (p.full_tensor() if isinstance(p, DTensor) else p).detach()
+    """A parameter as one full tensor (a collective for DTensors: every rank calls it); one
+    on a sub-mesh is gathered there and broadcast from its first rank."""
+    if not isinstance(p, DTensor):
+        return p.detach()
+    ranks = p.device_mesh.mesh.flatten().tolist()
+    if len(ranks) == dist.get_world_size():
+        return p.full_tensor().detach()
+    full = (p.full_tensor().detach().contiguous().clone() if dist.get_rank() in ranks
+            else torch.empty(p.shape, dtype=p.dtype, device=p.to_local().device))
+    dist.broadcast(full, ranks[0])
+    return full
 
 
 def single_process(model, x, steps, lr, dtype):
@@ -503,7 +691,11 @@ def main(argv=None):
     for _ in range(args.steps):
         with precision(device.type):
             out = model(xs)
+        if _LAYOUTS is not None:
+            out = _LAYOUTS.finish(out)           # sub-mesh outputs onto the global mesh
         loss = loss_of(out)
+        if _LAYOUTS is not None:
+            loss = _LAYOUTS.anchor(loss)
         loss.backward()
         sgd_(model, args.lr)
         value = loss.detach().reshape(1).to(torch.float64)
