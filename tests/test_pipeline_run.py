@@ -5,6 +5,7 @@ one device; the pipelines the runtime refuses, in one line before any worker sta
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import pytest
 
@@ -15,12 +16,14 @@ from explorer.engine.runtime import launch_many
 from explorer.engine.search import Problem, Request, run
 
 MLP = {"hidden": 16, "layers": 1}
+#: a convolution, BatchNorm and a linear head (tests/_pipeline_models.py)
+BN_MODEL = f"{Path(__file__).parent / '_pipeline_models.py'}:conv_bn"
 
 
 def _pipeline(model, batch, devices, stages, micro, schedule="gpipe", algo="pipeline",
               **opts) -> dict:
     """A searched pipelined plan's sealed document (SMALL arguments of ``model``)."""
-    p = Problem(Request(model, batch, dict(SMALL[model]), preset="p100-nvlink-4",
+    p = Problem(Request(model, batch, dict(SMALL.get(model, {})), preset="p100-nvlink-4",
                         devices=devices))
     if algo == "pipeline":
         opts = dict(stages=stages, micro_batches=micro, schedule=schedule, **opts)
@@ -127,6 +130,9 @@ TWO = {
     "gpt2-1f1b-m4": lambda: _pipeline("gpt2", 8, 2, 2, 4, schedule="1f1b"),
     "transformer-m2": lambda: _pipeline("transformer", 4, 2, 2, 2),
     "mlp-m4": lambda: _pipeline("mlp", 8, 2, 2, 4),
+    # BatchNorm: the layer-wise runs compute it with its running statistics (the reference
+    # too), so a micro-batch's samples are normalised as the whole batch's are
+    "conv-bn-m2": lambda: _pipeline(BN_MODEL, 4, 2, 2, 2),
     "hand-m1": lambda: _hand(1),
     "hand-m2": lambda: _hand(2),
 }
