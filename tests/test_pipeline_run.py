@@ -53,7 +53,7 @@ def _reseal(doc: dict) -> dict:
     return seal(doc, "layerwise")
 
 
-def _hand(micro: int, batch: int = 4) -> dict:
+def _hand(micro: int, batch: int = 4, schedule: str = "gpipe") -> dict:
     """The hand-built plan: the MLP (x [B, 16] -> body_0 linear+ReLU 16 -> head linear 10)
     in two stages, x and body_0 on worker 0, head on worker 1, ``micro`` micro-batches."""
     p = Problem(Request("mlp", batch, MLP, preset="p100-nvlink-4", devices=2))
@@ -65,7 +65,7 @@ def _hand(micro: int, batch: int = 4) -> dict:
         la.pop("stage", None)
         if s:
             la["stage"] = s
-    doc["pipeline"] = {"stages": 2, "micro_batches": micro, "schedule": "gpipe",
+    doc["pipeline"] = {"stages": 2, "micro_batches": micro, "schedule": schedule,
                        "devices_per_stage": 1, "micro_batch": batch // micro,
                        "bubble_fraction": 1 / (micro + 1),
                        "stage_layers": [["x", "body_0", 2], ["head", "head", 1]],
@@ -126,7 +126,7 @@ def test_launcher_refuses_a_bad_pipeline():
 TWO = {
     # 2 stages x 1 worker, GPipe over 2 micro-batches
     "llama-gpipe-m2": lambda: _pipeline("llama", 4, 2, 2, 2),
-    # the plan says 1F1B; the runtime runs it in GPipe's order (same bubble)
+    # 1F1B: stage 0 runs one forward ahead, then forwards and backwards in turn
     "gpt2-1f1b-m4": lambda: _pipeline("gpt2", 8, 2, 2, 4, schedule="1f1b"),
     "transformer-m2": lambda: _pipeline("transformer", 4, 2, 2, 2),
     "mlp-m4": lambda: _pipeline("mlp", 8, 2, 2, 4),
@@ -135,6 +135,8 @@ TWO = {
     "conv-bn-m2": lambda: _pipeline(BN_MODEL, 4, 2, 2, 2),
     "hand-m1": lambda: _hand(1),
     "hand-m2": lambda: _hand(2),
+    "hand-gpipe-m4": lambda: _hand(4, batch=8),
+    "hand-1f1b-m4": lambda: _hand(4, batch=8, schedule="1f1b"),
 }
 FOUR = {
     # 2 stages x 2 workers: Megatron's tensor parallelism inside each stage, recomputation
@@ -174,7 +176,7 @@ def _matches(plan, res, case):
     if plan["pipeline"]["micro_batches"] > 1 or plan["pipeline"]["stages"] > 1:
         assert pipe["stages"] == plan["pipeline"]["stages"]
         assert pipe["micro_batches"] == plan["pipeline"]["micro_batches"]
-        assert pipe["executed_schedule"] == "gpipe"
+        assert pipe["executed_schedule"] == plan["pipeline"]["schedule"]     # CPU: gloo
         assert len(pipe["measured_stage_time_per_microbatch_s"]) == pipe["stages"]
         assert 0.0 <= pipe["measured_bubble_fraction"] < 1.0
     assert res["predicted_step_time_s"] == plan["predicted_step_time_s"]
@@ -217,3 +219,21 @@ def test_hand_plan_holds_every_micro_batch(two):
     a, b = two["hand-m1"][1]["reference"], two["hand-m2"][1]["reference"]
     assert a["loss"] == pytest.approx(b["loss"], rel=1e-6)
     assert two["hand-m2"][1]["pipeline"]["predicted_bubble_fraction"] == pytest.approx(1 / 3)
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_hand_plan_1f1b_holds_fewer_micro_batches(two):
+    """The hand-built plan at batch 8 in 4 micro-batches of 2 (fp32, bytes; the largest
+    activations of the step).  A micro-batch in flight holds 256 B on stage 0 (its input box
+    and body_0's output, 2 x 16 x 4 each) and 288 B on stage 1 (the fetched body_0 output,
+    head's output and its loss gradient, 128 + 80 + 80).  GPipe holds all 4 on both stages:
+    stage 0 4 x 256 plus body_0's output gradient arriving (128) = 1,152 B.  1F1B runs a
+    micro-batch's backward right after its forward where it can: stage 0 holds
+    min(S, M) = 2 (640 B), stage 1 one (3 x 288 B fewer than GPipe).  Both match one
+    device."""
+    g = two["hand-gpipe-m4"][1]["measured_memory_by_category"]["activations"]
+    f = two["hand-1f1b-m4"][1]["measured_memory_by_category"]["activations"]
+    assert two["hand-1f1b-m4"][1]["pipeline"]["executed_schedule"] == "1f1b"
+    assert g[0] == 4 * 256 + 128 and f[0] == 2 * 256 + 128
+    assert g[1] - f[1] == 3 * 288

@@ -172,6 +172,7 @@ class MicroBatch:
     loss_grads: dict = field(default_factory=dict)
     partials: dict = field(default_factory=dict)
     recomp_in: dict = field(default_factory=dict)
+    inputs: list = field(default_factory=list)     # my boxes of its model input
     loss: object = None            # a float64 tensor of one element
 
     def tensors(self) -> list:
@@ -286,6 +287,19 @@ class Executor:
         #: are for that graph); one micro-batch, the whole input, otherwise
         self.micro_batches = micro_batches_of(plan)
         self.micro_x = [self.x]
+        pipe = plan.pipeline or {}
+        self.stages = max(1, int(pipe.get("stages", 1) or 1))
+        self.stage = rank // max(1, int(pipe.get("devices_per_stage", world) or world)) \
+            if pipe else 0
+        #: the order the micro-batches run in: 1F1B where the plan says so and the workers
+        #: talk over gloo (NCCL serialises a rank's sends and receives on one stream, so a
+        #: send not yet received would hold back the receive 1F1B needs next), else GPipe's
+        self.schedule = "gpipe"
+        if pipe.get("schedule") == "1f1b" and self.micro_batches > 1 and self.stages > 1 and \
+                (self.device.type == "cpu" or xfer.staged()):
+            self.schedule = "1f1b"
+        #: a pipelined step's sends still in flight (``None``: sends are waited for at once)
+        self._pending = None
         #: the full batch's element count of each output (the loss is their mean)
         self.loss_numel = {o: math.prod(self.graph.layer(o).out_shape)
                            for o in (self.graph.outputs or [self.graph.names()[-1]])}
@@ -614,6 +628,19 @@ class Executor:
         for w in works:
             w.wait()
 
+    def _exchange(self, recvs, sends):
+        """A layer's fetch or gradient return: :meth:`_wait`, except in a pipelined step,
+        where only the receives are waited for and the sends complete in the background
+        (kept until the step's end; nothing writes to what they send)."""
+        if self._pending is None:
+            self._wait(recvs, sends)
+            return
+        works = [xfer.irecv(buf, peer, tag=tag) for peer, buf, tag in recvs]
+        for peer, t, tag in sends:
+            self._pending.append((xfer.isend(t, peer, tag=tag), t))
+        for w in works:
+            w.wait()
+
     def _compile(self, st):
         """Precompute this rank's part of the layer's exchanges (no numpy in the step loop).
 
@@ -709,7 +736,7 @@ class Executor:
                 # in the dtype the receiver allocated (autocast may have made it bf16)
                 sends.append((peer, outs[src][ssl].detach().to(self.state[src].dtype)
                               .contiguous(), tag))
-            self._wait(recvs, sends)
+            self._exchange(recvs, sends)
             for ei, rsl, buf in todo:
                 regions[ei][rsl] = buf
         for ei, src, ssl, rsl in f["local"]:
@@ -761,7 +788,7 @@ class Executor:
                 sends.append((peer, part.contiguous(), tag))
             for peer, tag, ext, bsl in b["recv"]:
                 recvs.append((peer, torch.empty(ext, dtype=st.dtype, device=dev), tag))
-            self._wait([(p, buf, t) for p, buf, t in recvs], sends)
+            self._exchange([(p, buf, t) for p, buf, t in recvs], sends)
             for (peer, tag, ext, bsl), (_, buf, _) in zip(b["recv"], recvs):
                 add(bsl, buf)
         for cname, ei, ext, rsl, bsl in b["local"]:
@@ -1046,11 +1073,12 @@ class Executor:
         ``check``, the loss (all-reduced) and a copy of each trainable shard's synchronised
         gradient.
 
-        A pipelined plan (:attr:`micro_batches` > 1) runs GPipe's order: every micro-batch's
-        forward pass, then every micro-batch's backward pass (gradients accumulate in the
-        shards' ``.grad``), then the sync and update of each layer once.  A stage's workers
-        take part only in their layers' exchanges, so the stages overlap as the activations
-        and their gradients arrive point to point.  Timings add up over the micro-batches.
+        A pipelined plan (:attr:`micro_batches` > 1) runs its micro-batches' forward and
+        backward passes in :meth:`pipeline_order` (GPipe's or 1F1B's; gradients accumulate
+        in the shards' ``.grad``), then the sync and update of each layer once.  A stage's
+        workers take part only in their layers' exchanges, so the stages overlap as the
+        activations and their gradients arrive point to point.  Timings add up over the
+        micro-batches.
         """
         tm = np.zeros((len(self.order), len(PHASES)))
         extra = {"grads": {}} if check else {}
@@ -1060,15 +1088,26 @@ class Executor:
             self._loss(extra, mb.loss, check)
             self._backward(mb, tm, extra, check, update=True)
         else:
-            self._live = []
+            self._live = [None] * self.micro_batches
+            self._pending = []
             loss = torch.zeros(1, dtype=torch.float64, device=self.device)
-            for m, x in enumerate(self.micro_x):
-                mb = self._forward(x, tm, check, first=m == 0)
-                self._live.append(mb)
-                loss += mb.loss
-            for m in range(len(self._live)):
-                mb, self._live[m] = self._live[m], None
-                self._backward(mb, tm, extra, check, update=False)
+            for kind, m in self.pipeline_order():
+                if kind == "F":
+                    mb = self._forward(self.micro_x[m], tm, check, first=m == 0)
+                    self._live[m] = mb
+                    loss += mb.loss
+                else:
+                    mb, self._live[m] = self._live[m], None
+                    self._backward(mb, tm, extra, check, update=False)
+                    done = {id(t) for t in mb.inputs}     # no longer held for this one
+                    self._inputs = [t for t in self._inputs if id(t) not in done]
+                self._pending = [(w, t) for w, t in self._pending if not w.is_completed()]
+            self.phase = "sends of the last micro-batches"
+            t0 = self.clock()
+            for w, _ in self._pending:
+                w.wait()
+            tm[0, 2] += self.clock() - t0
+            self._pending = None
             self._live = []
             for li in range(len(self.order) - 1, -1, -1):
                 st = self.state[self.order[li]]
@@ -1084,6 +1123,22 @@ class Executor:
         self.phase = "between steps"
         self.step_no += 1
         return tm, extra
+
+    def pipeline_order(self) -> list:
+        """This worker's ``[("F" | "B", micro-batch)]`` for one step: GPipe's (every forward,
+        then every backward), or 1F1B's for my stage ``s`` of ``S``: ``min(S − s − 1, M)``
+        warm-up forwards, then one forward and one backward in turn, then the remaining
+        backwards.  Sends are not waited for until the step's end (:meth:`_exchange`), so
+        a stage that sends an activation while its successor sends it a gradient cannot
+        wait on it."""
+        M = self.micro_batches
+        if self.schedule != "1f1b":
+            return [("F", m) for m in range(M)] + [("B", m) for m in range(M)]
+        w = min(self.stages - self.stage - 1, M)
+        order = [("F", m) for m in range(w)]
+        for i in range(M - w):
+            order += [("F", w + i), ("B", i)]
+        return order + [("B", m) for m in range(M - w, M)]
 
     def _loss(self, extra, part, check):
         """The checked step's loss: every worker's share summed (all-reduce)."""
@@ -1113,6 +1168,7 @@ class Executor:
                 if st.pos is not None:
                     outs[name] = x[tuple(slice(int(a), int(b)) for a, b in st.box)]
                     self._inputs.append(outs[name])
+                    mb.inputs.append(outs[name])
                 continue
             t0 = pc()
             regions = self._fetch(st, outs, leaves)

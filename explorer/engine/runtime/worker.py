@@ -158,6 +158,8 @@ def run_job(job: dict, rank: int, world: int, device: str = "cpu", progress=None
         reference_s = time.perf_counter() - t_ref
         no_grad = {n for n in ex.order if not ex.state[n].needs_grad}
         res = summarize(plan, ex.order, objs, PHASES, no_grad)
+        if "pipeline" in res:
+            res["pipeline"]["executed_schedule"] = ex.schedule
         res.update({"reference": ref, "reference_ok": None if ref is None else ref["ok"],
                     "setup_s": setup_s, "job_s": time.perf_counter() - t_start,
                     "check_s": check_s, "reference_s": reference_s, "steps": steps,
@@ -300,9 +302,8 @@ def pipeline_report(pipe: dict, busy, per_step, measured) -> dict:
     idle = [None if not measured else max(0.0, 1.0 - b / measured) for b in stage_busy]
     return {"stages": S, "micro_batches": M, "devices_per_stage": G_,
             "schedule": pipe.get("schedule"),
-            # 1F1B changes the order and the activations in flight, not the bubble: the
-            # runtime runs every schedule in GPipe's order (all forwards, then all backwards)
-            "executed_schedule": "gpipe",
+            # the order the workers ran (run_job sets it: 1F1B runs as GPipe on NCCL)
+            "executed_schedule": pipe.get("schedule"),
             "predicted_stage_time_per_microbatch_s": [
                 float(t) for t in pipe.get("stage_time_per_microbatch_s", [])],
             "measured_stage_time_per_microbatch_s": [b / M for b in stage_busy],
