@@ -630,7 +630,8 @@ def cmd_run(args) -> int:
     from explorer.engine.runtime.dispatch import read_document
     doc = read_document(args.plan)
     if str(doc.get("schema", "")).endswith("/layerwise"):
-        # pipeline stages are planned, not executed (issue 28); recomputation and ZeRO run
+        # a pipeline the runtime cannot execute (more stages than workers, micro-batches
+        # that do not divide the batch, ...) is one line before any worker starts
         from explorer.engine.layerwise.plan import unsupported
         why = unsupported(doc)
         if why:

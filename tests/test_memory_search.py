@@ -207,7 +207,7 @@ def test_pipeline_fits_and_is_a_valid_document():
     assert stage1 and all(min(la.config.devices) >= 4 for la in stage1)
     doc = res.document()
     assert json.loads(json.dumps(doc))["pipeline"]["stages"] == 2
-    assert unsupported(doc) and "pipeline stages" in unsupported(doc)
+    assert unsupported(doc) is None          # the runtime executes it (test_pipeline_run)
 
 
 def test_pipeline_1f1b_memory_counts_in_flight_micro_batches():
@@ -238,8 +238,9 @@ def test_unsupported_plain_plan_is_none():
     assert unsupported(res.document()) is None
 
 
-def test_unsupported_is_only_pipeline_stages():
-    """Recomputation and ZeRO run (tests/test_zero_runtime.py); stages are refused."""
+def test_unsupported_refuses_no_saving():
+    """Recomputation and ZeRO run (tests/test_zero_runtime.py), and so do pipeline stages
+    (tests/test_pipeline_run.py, which tests the pipelines refused)."""
     res = run("optcnn", _problem(), options=dict(optimizer="adam", memory_limit_gib=0.02))
     doc = res.document()
     assert any(la.get("zero") for la in doc["layers"])
@@ -248,15 +249,19 @@ def test_unsupported_is_only_pipeline_stages():
     assert unsupported(doc) is None
 
 
-def test_explorer_run_refuses_a_pipelined_plan(tmp_path, capsys):
-    """A plan with pipeline stages: one line, exit 2, before any worker."""
+def test_explorer_run_refuses_a_pipeline_it_cannot_execute(tmp_path, capsys):
+    """A searched pipelined plan runs; one edited to more stages than workers (resealed) is
+    one line, exit 2, before any worker."""
     from explorer.cli import main
-    from explorer.engine.core.plandoc import dumps
+    from explorer.engine.core.plandoc import dumps, seal
     res = run("pipeline", _problem(), options=dict(stages=2, micro_batches=2))
     assert res.plan.pipeline["stages"] == 2
+    doc = res.document()
+    assert unsupported(doc) is None
+    doc = {k: v for k, v in doc.items() if k != "checksum"}
+    doc["pipeline"] = dict(doc["pipeline"], stages=4, devices_per_stage=1)
     path = tmp_path / "plan.json"
-    path.write_text(dumps(res.document(), indent=1))
+    path.write_text(dumps(seal(doc, "layerwise"), indent=1))
     assert main(["run", str(path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "the runtime cannot execute 2 pipeline stages" in err[0]
-    assert "ZeRO" not in err[0] and "recomputation" not in err[0]
+    assert len(err) == 1 and "4 pipeline stages but 2 devices" in err[0]

@@ -202,8 +202,8 @@ class Plan:
         }
 
     def unsupported(self) -> str | None:
-        """Why the runtime cannot execute this plan yet (one line), or ``None``: pipeline
-        stages are planned and costed but not run."""
+        """Why the runtime cannot execute this plan (one line), or ``None``
+        (:func:`unsupported`)."""
         return unsupported(self.to_dict())
 
     def digest(self) -> str:
@@ -246,16 +246,52 @@ class Plan:
 
 
 def unsupported(doc: dict) -> str | None:
-    """One line saying why the runtime cannot execute a layer-wise plan document yet, or
-    ``None``.  Pipeline stages (issue 28) are searched and costed, not executed; per-layer
-    recomputation and ZeRO sharding are executed (:mod:`explorer.engine.runtime.executor`)."""
+    """One line saying why the runtime cannot execute a layer-wise plan document, or
+    ``None``.  Pipeline stages run (:mod:`explorer.engine.runtime.executor`, issue 28) when
+    the document's pipeline is consistent: ``S`` stages of ``G`` devices covering the plan's
+    devices (so no more stages than workers), ``M`` micro-batches dividing the batch, a known
+    schedule, and each layer's devices inside its stage's group.  Recomputation and ZeRO
+    sharding run too."""
     pipe = doc.get("pipeline") or {}
-    if not pipe or (int(pipe.get("stages", 1)) <= 1 and int(pipe.get("micro_batches", 1)) <= 1):
+    if not pipe:
         return None
-    return (f"the runtime cannot execute {pipe.get('stages', 1)} pipeline stages x "
-            f"{pipe.get('micro_batches', 1)} micro-batches yet (they are planned and costed "
-            f"only): search without stages (--algo optcnn, or --opt stages=1 --opt "
-            f"micro_batches=1)")
+    try:
+        S = int(pipe.get("stages", 1))
+        M = int(pipe.get("micro_batches", 1))
+        N = int(doc.get("devices", 0))
+        B = int(doc.get("batch", 0))
+        G_ = int(pipe.get("devices_per_stage", N // max(S, 1) if S > 0 else 0))
+    except (TypeError, ValueError) as exc:
+        return f"the plan's pipeline is malformed: {exc}"
+    if S < 1 or M < 1:
+        return f"the plan's pipeline needs ≥ 1 stage and ≥ 1 micro-batch, got {S} x {M}"
+    if S > N:
+        return f"the plan has {S} pipeline stages but {N} devices: more stages than workers"
+    if G_ < 1 or S * G_ != N:
+        return (f"the plan's {S} pipeline stages x {G_} devices per stage do not cover its {N} "
+                f"devices")
+    if B % M:
+        return f"{M} micro-batches do not divide the batch {B}"
+    if int(pipe.get("micro_batch", B // M)) != B // M:
+        return (f"the plan's micro-batch {pipe.get('micro_batch')} is not the batch {B} over "
+                f"{M} micro-batches")
+    if pipe.get("schedule", "gpipe") not in PIPELINE_SCHEDULES:
+        return (f"pipeline schedule {pipe.get('schedule')!r}: the runtime executes "
+                f"{' or '.join(PIPELINE_SCHEDULES)}")
+    for la in doc.get("layers") or []:
+        s = int(la.get("stage", 0) or 0)
+        devs = list(la.get("devices") or [])
+        if not 0 <= s < S:
+            return f"layer {la.get('name')} is in stage {s}, the plan has {S} stages"
+        off = [d for d in devs if not s * G_ <= int(d) < (s + 1) * G_]
+        if off:
+            return (f"layer {la.get('name')} of stage {s} runs on devices {off} outside its "
+                    f"stage's group {s * G_}-{(s + 1) * G_ - 1}")
+    return None
+
+
+#: the pipeline schedules the runtime executes (both in GPipe's order, the same bubble)
+PIPELINE_SCHEDULES = ("gpipe", "1f1b")
 
 
 def memory_per_device(graph, tables, choice, n_devices: int, dtype_bytes: int = 4,

@@ -161,6 +161,48 @@ class ZeroShard:
         return slice(self.bounds[self.j], self.bounds[self.j + 1])
 
 
+@dataclass
+class MicroBatch:
+    """What one (micro-)batch's forward pass leaves for its backward pass: layer outputs,
+    fetched regions (autograd leaves), loss gradients, row-parallel partials, a recomputed
+    layer's input regions, and its share of the loss (the checked step)."""
+
+    outs: dict = field(default_factory=dict)
+    leaves: dict = field(default_factory=dict)
+    loss_grads: dict = field(default_factory=dict)
+    partials: dict = field(default_factory=dict)
+    recomp_in: dict = field(default_factory=dict)
+    inputs: list = field(default_factory=list)     # my boxes of its model input
+    loss: object = None            # a float64 tensor of one element
+
+    def tensors(self) -> list:
+        """The activations it holds (for the memory meter)."""
+        out = [t for t in self.outs.values() if t is not None]
+        for leaf in self.leaves.values():
+            out += [leaf, leaf.grad]
+        for part, z in self.partials.values():
+            out += [part, z, z.grad]
+        out += list(self.loss_grads.values())
+        for regions in self.recomp_in.values():
+            out += list(regions)
+        return out
+
+
+def micro_batches_of(plan) -> int:
+    """The plan's micro-batch count (1 without a pipeline)."""
+    pipe = getattr(plan, "pipeline", None) or {}
+    return max(1, int(pipe.get("micro_batches", 1) or 1))
+
+
+def batch_axis(graph) -> int:
+    """The model input's sample axis (``n``; 0 when the importer named none)."""
+    for name in graph.names():
+        layer = graph.layer(name)
+        if layer.op == "input" and "n" in (layer.axes or ""):
+            return list(layer.axes).index("n")
+    return 0
+
+
 #: this process's latest captures (:func:`_captured`): the plans of one launch are grouped by
 #: model, so a worker captures each model once, not once per plan
 _CAPTURES: OrderedDict = OrderedDict()
@@ -240,6 +282,29 @@ class Executor:
                 raise InfeasiblePlan(f"the worker's capture of {plan.spec!r} differs from the "
                                      f"graph the plan was searched on (digest "
                                      f"{graph_digest(self.graph)} vs {plan.graph_digest})")
+        #: pipelined plans (:attr:`Plan.pipeline`): the micro-batches of the step, each run
+        #: on the layer graph captured at the micro-batch's size (the plan's configurations
+        #: are for that graph); one micro-batch, the whole input, otherwise
+        self.micro_batches = micro_batches_of(plan)
+        self.micro_x = [self.x]
+        pipe = plan.pipeline or {}
+        self.stages = max(1, int(pipe.get("stages", 1) or 1))
+        self.stage = rank // max(1, int(pipe.get("devices_per_stage", world) or world)) \
+            if pipe else 0
+        #: the order the micro-batches run in: 1F1B where the plan says so and the workers
+        #: talk over gloo (NCCL serialises a rank's sends and receives on one stream, so a
+        #: send not yet received would hold back the receive 1F1B needs next), else GPipe's
+        self.schedule = "gpipe"
+        if pipe.get("schedule") == "1f1b" and self.micro_batches > 1 and self.stages > 1 and \
+                (self.device.type == "cpu" or xfer.staged()):
+            self.schedule = "1f1b"
+        #: a pipelined step's sends still in flight (``None``: sends are waited for at once)
+        self._pending = None
+        #: the full batch's element count of each output (the loss is their mean)
+        self.loss_numel = {o: math.prod(self.graph.layer(o).out_shape)
+                           for o in (self.graph.outputs or [self.graph.names()[-1]])}
+        if self.micro_batches > 1:
+            self._micro_capture()
         self.nodes = {n.name: n for n in self.gm.graph.nodes}
         self.tensors = dict(self.gm.named_parameters(remove_duplicate=False))
         # a tied parameter (an LM head sharing the embedding's table) has several names: each
@@ -250,6 +315,27 @@ class Executor:
         self.tensors.update(dict(self.gm.named_buffers(remove_duplicate=False)))
         self.shards: dict = {}
         self._setup()
+
+    def _micro_capture(self):
+        """Split the input into the plan's micro-batches along its sample axis and capture
+        the model on one of them: the layer graph the pipelined plan's configurations are
+        for (the search rebatched the same graph, :mod:`~explorer.engine.layerwise.rebatch`,
+        which equals a capture at that size).  An output that does not carry the batch (its
+        mean over the whole batch is not the mean of the micro-batches' means) is refused."""
+        M, B = self.micro_batches, self.plan.batch
+        full = self.graph
+        axis = batch_axis(full)
+        b = B // M
+        if B % M or self.x.shape[axis] != B:
+            raise InfeasiblePlan(f"{M} micro-batches do not divide the batch {B}")
+        self.micro_x = [c.contiguous() for c in self.x.split(b, dim=axis)]
+        gm, source = capture(self.model, self.micro_x[0], self.plan.model)
+        graph = import_model(self.model, self.micro_x[0], self.plan.model, captured=(gm, source))
+        for o, n in self.loss_numel.items():
+            if o not in graph or math.prod(graph.layer(o).out_shape) * M != n:
+                raise InfeasiblePlan(f"output {o} does not split with the batch: a pipelined "
+                                     f"plan of {M} micro-batches cannot compute its loss")
+        self.gm, self.graph = gm, graph
 
     # ------------------------------------------------------------------------------------
     # static schedule
@@ -455,6 +541,7 @@ class Executor:
         self._recomp_in: dict = {}       # recomputed layer -> the input regions it keeps
         self.meter = None                # a .memtrack.MemoryMeter during a measured step
         self._inputs: list = []          # my boxes of the model input in the current step
+        self._live: list = []            # a pipelined step's micro-batches in flight
         #: forward index -> the recomputed layers whose output is released after it
         self._release: dict = {}
         pos = {n: i for i, n in enumerate(self.order)}
@@ -538,6 +625,19 @@ class Executor:
             works.append(xfer.irecv(buf, peer, tag=tag))
         for peer, t, tag in sends:
             works.append(xfer.isend(t, peer, tag=tag))
+        for w in works:
+            w.wait()
+
+    def _exchange(self, recvs, sends):
+        """A layer's fetch or gradient return: :meth:`_wait`, except in a pipelined step,
+        where only the receives are waited for and the sends complete in the background
+        (kept until the step's end; nothing writes to what they send)."""
+        if self._pending is None:
+            self._wait(recvs, sends)
+            return
+        works = [xfer.irecv(buf, peer, tag=tag) for peer, buf, tag in recvs]
+        for peer, t, tag in sends:
+            self._pending.append((xfer.isend(t, peer, tag=tag), t))
         for w in works:
             w.wait()
 
@@ -636,7 +736,7 @@ class Executor:
                 # in the dtype the receiver allocated (autocast may have made it bf16)
                 sends.append((peer, outs[src][ssl].detach().to(self.state[src].dtype)
                               .contiguous(), tag))
-            self._wait(recvs, sends)
+            self._exchange(recvs, sends)
             for ei, rsl, buf in todo:
                 regions[ei][rsl] = buf
         for ei, src, ssl, rsl in f["local"]:
@@ -688,7 +788,7 @@ class Executor:
                 sends.append((peer, part.contiguous(), tag))
             for peer, tag, ext, bsl in b["recv"]:
                 recvs.append((peer, torch.empty(ext, dtype=st.dtype, device=dev), tag))
-            self._wait([(p, buf, t) for p, buf, t in recvs], sends)
+            self._exchange([(p, buf, t) for p, buf, t in recvs], sends)
             for (peer, tag, ext, bsl), (_, buf, _) in zip(b["recv"], recvs):
                 add(bsl, buf)
         for cname, ei, ext, rsl, bsl in b["local"]:
@@ -954,6 +1054,9 @@ class Executor:
         acts += list(loss_grads.values()) + [g]
         for regions in self._recomp_in.values():
             acts += list(regions)
+        for other in self._live:       # the other micro-batches in flight (a pipeline)
+            if other is not None and other.outs is not outs:
+                acts += other.tensors()
         self.meter.sample(where, {
             "params": [p for q, p in self.shards.items() if q not in z3]
                       + list(self.zslices.values()),
@@ -969,23 +1072,103 @@ class Executor:
         Returns ``(timings [layers, len(PHASES)], extra)`` where ``extra`` holds, when
         ``check``, the loss (all-reduced) and a copy of each trainable shard's synchronised
         gradient.
+
+        A pipelined plan (:attr:`micro_batches` > 1) runs its micro-batches' forward and
+        backward passes in :meth:`pipeline_order` (GPipe's or 1F1B's; gradients accumulate
+        in the shards' ``.grad``), then the sync and update of each layer once.  A stage's
+        workers take part only in their layers' exchanges, so the stages overlap as the
+        activations and their gradients arrive point to point.  Timings add up over the
+        micro-batches.
         """
         tm = np.zeros((len(self.order), len(PHASES)))
-        outs, leaves, loss_grads, partials = {}, {}, {}, {}
+        extra = {"grads": {}} if check else {}
+        self._inputs = []
+        if self.micro_batches == 1:
+            mb = self._forward(self.x, tm, check, first=True)
+            self._loss(extra, mb.loss, check)
+            self._backward(mb, tm, extra, check, update=True)
+        else:
+            self._live = [None] * self.micro_batches
+            self._pending = []
+            loss = torch.zeros(1, dtype=torch.float64, device=self.device)
+            for kind, m in self.pipeline_order():
+                if kind == "F":
+                    mb = self._forward(self.micro_x[m], tm, check, first=m == 0)
+                    self._live[m] = mb
+                    loss += mb.loss
+                else:
+                    mb, self._live[m] = self._live[m], None
+                    self._backward(mb, tm, extra, check, update=False)
+                    done = {id(t) for t in mb.inputs}     # no longer held for this one
+                    self._inputs = [t for t in self._inputs if id(t) not in done]
+                self._pending = [(w, t) for w, t in self._pending if not w.is_completed()]
+            self.phase = "sends of the last micro-batches"
+            t0 = self.clock()
+            for w, _ in self._pending:
+                w.wait()
+            tm[0, 2] += self.clock() - t0
+            self._pending = None
+            self._live = []
+            for li in range(len(self.order) - 1, -1, -1):
+                st = self.state[self.order[li]]
+                if st.needs_grad:
+                    self.phase = f"sync and update of layer {st.name}"
+                    self._sync_update(li, st, tm, extra, check)
+            self._loss(extra, loss, check)
+        if self.tied_params:
+            self.phase = "tied parameters"
+            t0 = self.clock()
+            self._sync_tied(extra if check else None)
+            tm[len(self.order) - 1, 4] += self.clock() - t0
+        self.phase = "between steps"
+        self.step_no += 1
+        return tm, extra
+
+    def pipeline_order(self) -> list:
+        """This worker's ``[("F" | "B", micro-batch)]`` for one step: GPipe's (every forward,
+        then every backward), or 1F1B's for my stage ``s`` of ``S``: ``min(S − s − 1, M)``
+        warm-up forwards, then one forward and one backward in turn, then the remaining
+        backwards.  Sends are not waited for until the step's end (:meth:`_exchange`), so
+        a stage that sends an activation while its successor sends it a gradient cannot
+        wait on it."""
+        M = self.micro_batches
+        if self.schedule != "1f1b":
+            return [("F", m) for m in range(M)] + [("B", m) for m in range(M)]
+        w = min(self.stages - self.stage - 1, M)
+        order = [("F", m) for m in range(w)]
+        for i in range(M - w):
+            order += [("F", w + i), ("B", i)]
+        return order + [("B", m) for m in range(M - w, M)]
+
+    def _loss(self, extra, part, check):
+        """The checked step's loss: every worker's share summed (all-reduce)."""
+        if not check:
+            return
+        self.phase = "loss"
+        if self.world > 1:
+            xfer.all_reduce(part)
+        extra["loss"] = float(part.item())
+
+    def _forward(self, x, tm, check, first=True) -> "MicroBatch":
+        """The forward pass of one (micro-)batch ``x`` (my boxes of it); its loss share and
+        the loss gradients of my output boxes (scaled by the whole batch's element count, so
+        that micro-batches' gradients add up to the batch's)."""
+        mb = MicroBatch(loss=torch.zeros(1, dtype=torch.float64, device=self.device))
+        outs, leaves, loss_grads, partials = mb.outs, mb.leaves, mb.loss_grads, mb.partials
+        self._recomp_in = mb.recomp_in
         pc = self.clock               # on CUDA: synchronised, so phases time their kernels
         mid = len(self.order) // 2
         meter = self.meter
-        self._recomp_in.clear()
-        self._inputs = []
         for li, name in enumerate(self.order):
             st = self.state[name]
             self.phase = f"forward of layer {name}"
-            if li == mid:
+            if li == mid and first:
                 self._check_fault(self.phase)
             if st.layer.op == "input":
                 if st.pos is not None:
-                    outs[name] = self.x[tuple(slice(int(a), int(b)) for a, b in st.box)]
+                    outs[name] = x[tuple(slice(int(a), int(b)) for a, b in st.box)]
                     self._inputs.append(outs[name])
+                    mb.inputs.append(outs[name])
                 continue
             t0 = pc()
             regions = self._fetch(st, outs, leaves)
@@ -1013,26 +1196,28 @@ class Executor:
             t2 = pc()
             tm[li, 0] += t1 - t0 + comm
             tm[li, 1] += t2 - t1 - comm
-        extra = {}
         self.phase = "loss"
-        numel = {o: math.prod(self.graph.layer(o).out_shape) for o in self.outputs}
-        part = torch.zeros(1, dtype=torch.float64, device=self.device)
         for o in sorted(self.outputs):
             st = self.state[o]
             if st.pos is None:
                 continue
             y = outs[o]
-            loss_grads[o] = y.detach() * (2.0 / numel[o])
+            n = self.loss_numel.get(o) or math.prod(self.graph.layer(o).out_shape)
+            loss_grads[o] = y.detach() * (2.0 / n)
             if check:
-                part += y.detach().double().pow(2).sum() / numel[o]
+                mb.loss += y.detach().double().pow(2).sum() / n
         if meter is not None:
             from explorer.engine.runtime.memtrack import FORWARD_END
             self._sample(FORWARD_END, outs, leaves, partials, loss_grads)
-        if check:
-            if self.world > 1:
-                xfer.all_reduce(part)
-            extra["loss"] = float(part.item())
-            extra["grads"] = {}
+        return mb
+
+    def _backward(self, mb, tm, extra, check, update=True):
+        """The backward pass of one (micro-)batch; ``update``: each layer's sync and SGD
+        update right after its backward (one batch), else the gradients accumulate."""
+        outs, leaves, loss_grads, partials = mb.outs, mb.leaves, mb.loss_grads, mb.partials
+        self._recomp_in = mb.recomp_in
+        pc = self.clock
+        meter = self.meter
         for li in range(len(self.order) - 1, -1, -1):
             name = self.order[li]
             st = self.state[name]
@@ -1071,6 +1256,8 @@ class Executor:
                     comm += pc() - tr
                     if part.requires_grad:
                         torch.autograd.backward(part, gt)
+                if not update and st.zero >= 3:
+                    self._zero_free(st)    # gathered again for the next micro-batch
             if meter is not None and st.pos is not None:
                 self._sample(f"after the backward of {name}", outs, leaves, partials,
                              loss_grads, g=g)
@@ -1078,42 +1265,42 @@ class Executor:
                 leaves.pop(key, None)          # the region gradients are in g now
             t2 = pc()
             t1 += comm          # the gather counts as gradient communication
-            for ranks, quals in st.sync:
-                grads = []
-                for q in quals:
-                    p = self.shards[q]
-                    if p.grad is None:
-                        p.grad = torch.zeros_like(p)
-                    grads.append(p.grad)
-                self._sync_grads(ranks, grads)
-            if st.zero >= 2:
-                self._zero_sync(st)
-            t3 = pc()
-            with torch.no_grad():
-                zkeys = {zs.key for zs in st.zshards}
-                for q in st.trainable:
-                    p = self.shards[q]
-                    if p.grad is None or q in self.tied or q in zkeys:
-                        continue        # a tied parameter's shards update after the sum
-                    if check:
-                        extra["grads"][q] = p.grad.clone()
-                    p.add_(p.grad, alpha=-self.lr)
-                    p.grad = None
-                zcomm = self._zero_update(st, extra["grads"] if check else None) \
-                    if st.zshards else 0.0
-            t4 = pc()
             tm[li, 2] += t1 - t0
             tm[li, 3] += t2 - t1
-            tm[li, 4] += t3 - t2 + zcomm
-            tm[li, 5] += t4 - t3 - zcomm
-        if self.tied_params:
-            self.phase = "tied parameters"
-            t0 = pc()
-            self._sync_tied(extra if check else None)
-            tm[len(self.order) - 1, 4] += pc() - t0
-        self.phase = "between steps"
-        self.step_no += 1
-        return tm, extra
+            if update:
+                self._sync_update(li, st, tm, extra, check)
+
+    def _sync_update(self, li, st, tm, extra, check):
+        """Layer ``st``'s gradient sync over its replica groups (ZeRO-2/3: reduce-scatter)
+        and SGD update of my shards (``extra["grads"]``: the synchronised gradients)."""
+        pc = self.clock
+        t2 = pc()
+        for ranks, quals in st.sync:
+            grads = []
+            for q in quals:
+                p = self.shards[q]
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+                grads.append(p.grad)
+            self._sync_grads(ranks, grads)
+        if st.zero >= 2:
+            self._zero_sync(st)
+        t3 = pc()
+        with torch.no_grad():
+            zkeys = {zs.key for zs in st.zshards}
+            for q in st.trainable:
+                p = self.shards[q]
+                if p.grad is None or q in self.tied or q in zkeys:
+                    continue        # a tied parameter's shards update after the sum
+                if check:
+                    extra["grads"][q] = p.grad.clone()
+                p.add_(p.grad, alpha=-self.lr)
+                p.grad = None
+            zcomm = self._zero_update(st, extra["grads"] if check else None) \
+                if st.zshards else 0.0
+        t4 = pc()
+        tm[li, 4] += t3 - t2 + zcomm
+        tm[li, 5] += t4 - t3 - zcomm
 
     def _sync_tied(self, extra):
         """Weight tying: a parameter several layers use (an LM head sharing the embedding's

@@ -66,6 +66,10 @@ def validate(plan_dict: dict, expect: dict | None = None, check_local: bool = Tr
         plan = Plan.from_dict(plan_dict)
     except ValueError as exc:
         raise InfeasiblePlan(f"not a runnable plan: {exc}") from None
+    from explorer.engine.layerwise.plan import unsupported
+    why = unsupported(plan_dict)
+    if why:
+        raise InfeasiblePlan(why)
     expect = dict(expect or {})
     warns = []
     want = expect.get("model")

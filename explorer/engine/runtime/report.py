@@ -64,6 +64,22 @@ def format_report(res: dict, top: int = 12) -> str:
     lines.append(f"step time: predicted {_ms(pred).strip()} ms, measured {_ms(meas).strip()} ms "
                  f"(median of {res.get('steps')} steps after {res.get('warmup')} warm-up), "
                  f"error {'-' if err is None else f'{err * 100:+.1f}%'}")
+    pipe = res.get("pipeline")
+    if pipe:
+        bub = pipe.get("measured_bubble_fraction")
+        lines.append(
+            f"pipeline: {pipe['stages']} stages x {pipe['devices_per_stage']} workers, "
+            f"{pipe['micro_batches']} micro-batches (plan's schedule {pipe['schedule']}, run in "
+            f"{pipe['executed_schedule']} order); bubble predicted "
+            f"{pipe['predicted_bubble_fraction'] * 100:.1f} %, measured "
+            f"{'-' if bub is None else f'{bub * 100:.1f} %'} (the busiest stage's idle time)")
+        for s, (p, m) in enumerate(zip(pipe["predicted_stage_time_per_microbatch_s"] or
+                                       [None] * pipe["stages"],
+                                       pipe["measured_stage_time_per_microbatch_s"])):
+            idle = (pipe.get("measured_idle_fraction") or [None] * pipe["stages"])[s]
+            lines.append(f"  stage {s}: per micro-batch predicted {_ms(p).strip()} ms, "
+                         f"measured compute {_ms(m).strip()} ms; idle "
+                         f"{'-' if idle is None else f'{idle * 100:.0f} %'} of the step")
     bd = res.get("measured_breakdown_s") or {}
     if bd:
         lines.append("measured per step (slowest worker): " + ", ".join(

@@ -158,6 +158,8 @@ def run_job(job: dict, rank: int, world: int, device: str = "cpu", progress=None
         reference_s = time.perf_counter() - t_ref
         no_grad = {n for n in ex.order if not ex.state[n].needs_grad}
         res = summarize(plan, ex.order, objs, PHASES, no_grad)
+        if "pipeline" in res:
+            res["pipeline"]["executed_schedule"] = ex.schedule
         res.update({"reference": ref, "reference_ok": None if ref is None else ref["ok"],
                     "setup_s": setup_s, "job_s": time.perf_counter() - t_start,
                     "check_s": check_s, "reference_s": reference_s, "steps": steps,
@@ -241,6 +243,8 @@ def summarize(plan, order, per_rank, phases, no_grad=()) -> dict:
         xfer_in[e["dst"]] = xfer_in.get(e["dst"], 0.0) + fwd
         xfer_out[e["src"]] = xfer_out.get(e["src"], 0.0) + t - fwd
     by_name = {la.name: la for la in plan.layers}
+    # a pipelined plan's layer costs are per micro-batch; the step computes M of them
+    M = int((plan.pipeline or {}).get("micro_batches", 1) or 1)
     layers = []
     for i, name in enumerate(order):
         la = by_name[name]
@@ -249,6 +253,7 @@ def summarize(plan, order, per_rank, phases, no_grad=()) -> dict:
         # measured at the consumer (fetch), the backward half at the producer (return)
         p_comm = float(la.t_sync_s) + xfer_in.get(name, 0.0) + xfer_out.get(name, 0.0)
         # t_C includes the SGD update of the layer's shards
+        p_comp, p_comm = p_comp * M, p_comm * M
         m_comp, m_comm = float(comp_m[i]), float(comm_m[i])
         layers.append({"name": name, "op": la.op, "config": la.config.label(),
                        "devices": list(la.config.devices),
@@ -261,7 +266,7 @@ def summarize(plan, order, per_rank, phases, no_grad=()) -> dict:
     # the step split by phase (sum over layers of the slowest worker's medians)
     tot = {p: float(np.median(tim[..., ph[p]].sum(axis=2), axis=1).max()) if tim.shape[1]
            else 0.0 for p in phases}
-    return {
+    out = {
         "model": plan.model, "spec": plan.spec, "batch": plan.batch,
         "model_args": plan.model_args, "algo": plan.algo, "preset": plan.preset,
         "devices": plan.n_devices,
@@ -274,6 +279,39 @@ def summarize(plan, order, per_rank, phases, no_grad=()) -> dict:
         "edges": [{"src": e["src"], "dst": e["dst"], "index": e.get("index", 0),
                    "predicted_s": float(e.get("t_xfer_s", 0.0))} for e in plan.edges],
     }
+    if plan.pipeline:
+        out["pipeline"] = pipeline_report(plan.pipeline, comp + upd, per_step, measured)
+    return out
+
+
+def pipeline_report(pipe: dict, busy, per_step, measured) -> dict:
+    """A pipelined run's stages: predicted against measured time per micro-batch and bubble.
+
+    ``busy`` is ``[workers, steps, layers]`` compute (forward, backward, update) seconds.  A
+    stage's measured busy time is its slowest worker's median per step (its time per
+    micro-batch: that over ``M``); its idle fraction is ``1 − busy / step``, the time it
+    waits for the other stages and for transfers.  The measured bubble is the busiest
+    stage's idle fraction, which the plan's ``(S − 1)/(M + S − 1)`` predicts for balanced
+    stages (the transfers at the boundaries are in it too)."""
+    S, M = int(pipe["stages"]), int(pipe["micro_batches"])
+    G_ = int(pipe.get("devices_per_stage", 1))
+    W = busy.shape[0]
+    per_worker = np.median(busy.sum(axis=2), axis=1) if busy.shape[1] else np.zeros(W)
+    stage_busy = [float(max((per_worker[w] for w in range(s * G_, min((s + 1) * G_, W))),
+                            default=0.0)) for s in range(S)]
+    idle = [None if not measured else max(0.0, 1.0 - b / measured) for b in stage_busy]
+    return {"stages": S, "micro_batches": M, "devices_per_stage": G_,
+            "schedule": pipe.get("schedule"),
+            # the order the workers ran (run_job sets it: 1F1B runs as GPipe on NCCL)
+            "executed_schedule": pipe.get("schedule"),
+            "predicted_stage_time_per_microbatch_s": [
+                float(t) for t in pipe.get("stage_time_per_microbatch_s", [])],
+            "measured_stage_time_per_microbatch_s": [b / M for b in stage_busy],
+            "predicted_bubble_fraction": float(pipe.get("bubble_fraction",
+                                                        (S - 1) / (M + S - 1))),
+            "measured_idle_fraction": idle,
+            "measured_bubble_fraction": (None if not measured or not stage_busy
+                                         else max(0.0, 1.0 - max(stage_busy) / measured))}
 
 
 def _set_pdeathsig():
