@@ -39,6 +39,7 @@ import os
 import re
 import sys
 import sysconfig
+import threading
 from pathlib import Path
 
 import torch
@@ -53,6 +54,22 @@ from explorer.errors import UnsupportedModel
 __all__ = ["load", "capture", "deterministic", "float_leaves", "loss_of", "loss_function",
            "DETERMINISTIC_ATEN", "parameter_count", "user_line", "DataDependent", "DATA_DEPENDENT",
            "check_data_dependent"]
+
+
+#: torch.fx, torch.export and make_fx keep tracing state in module globals: two threads tracing
+#: at once (the app serves callbacks in threads) can abort the process.  Every trace in this
+#: project holds this lock (:func:`capture` and :func:`explorer.engine.core.opgraph`'s step
+#: trace); re-entrant, so a trace may call another.  A forked child gets a fresh one.
+TRACE_LOCK = threading.RLock()
+
+
+def _fresh_trace_lock() -> None:
+    global TRACE_LOCK
+    TRACE_LOCK = threading.RLock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_fresh_trace_lock)
 
 
 class DataDependent(UnsupportedModel):
@@ -124,6 +141,11 @@ def capture(model: nn.Module, x: torch.Tensor, name: str = "model", stack_traces
     nodes without source lines (faster; errors then name no line: the importer traces again
     with them to report one).
     """
+    with TRACE_LOCK:
+        return _capture(model, x, name, stack_traces)
+
+
+def _capture(model, x, name, stack_traces):
     model.train()
     try:
         gm = _fx_trace(model, name, stack_traces)

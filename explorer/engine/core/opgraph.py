@@ -202,7 +202,6 @@ class OpGraph:
 
 
 _STACKS: dict = {}
-_TRACE_LOCK = __import__("threading").Lock()
 
 
 def fresh_trace_state() -> None:
@@ -220,8 +219,6 @@ def fresh_trace_state() -> None:
 
 
 def _after_fork_in_child():
-    global _TRACE_LOCK
-    _TRACE_LOCK = __import__("threading").Lock()
     fresh_trace_state()
 
 
@@ -316,7 +313,9 @@ def trace_step(model, x, lr: float = 0.01, loss_fn=None, name: str = "model"):
 
     params = [p.detach().requires_grad_(True) for n, p in model.named_parameters()
               if p.requires_grad]
-    _TRACE_LOCK.acquire()
+    from explorer.engine.core import capture as _capture_module
+    lock = _capture_module.TRACE_LOCK          # the one lock every trace holds
+    lock.acquire()
     fresh_trace_state()
     handles = _module_annotations(model)
     model.train()
@@ -348,7 +347,7 @@ def trace_step(model, x, lr: float = 0.01, loss_fn=None, name: str = "model"):
             except Exception:  # noqa: BLE001 - fx's meta was reset by the failure
                 pass
         _STACKS.pop(id(handles), None)
-        _TRACE_LOCK.release()
+        lock.release()
     return gm, names, bnames
 
 

@@ -112,8 +112,11 @@ def fx_nodes(model) -> dict | None:
     """fx node name -> (op, target) of ``model`` traced as the program traces it, or None
     when ``torch.fx`` cannot trace it."""
     import torch.fx
+
+    from explorer.engine.core import capture
     try:
-        gm = torch.fx.symbolic_trace(model)
+        with capture.TRACE_LOCK:                       # fx tracing is not thread-safe
+            gm = torch.fx.symbolic_trace(model)
     except Exception:                                     # noqa: BLE001 - any trace error
         return None
     return {nd.name: (nd.op, nd.target) for nd in gm.graph.nodes}
