@@ -91,6 +91,49 @@ def _cpu_workers(request, monkeypatch):
     yield
 
 
+class _InFlight:
+    """Requests the test servers are serving now (Flask's signals, every app)."""
+
+    def __init__(self):
+        import threading
+        self.n, self.lock = 0, threading.Lock()
+
+    def started(self, *_a, **_k):
+        with self.lock:
+            self.n += 1
+
+    def ended(self, *_a, **_k):
+        with self.lock:
+            self.n -= 1
+
+
+_IN_FLIGHT = None
+
+
+@pytest.fixture(autouse=True)
+def _callbacks_finish_before_the_server_stops(request):
+    """A browser test may pass while a callback still computes (a search, a trace): dash's
+    thread runner then stops the server by raising into that thread, and an exception landing
+    inside torch's tracer aborted the whole test process.  Before the server stops, wait
+    (at most two minutes) for the requests in flight to end."""
+    global _IN_FLIGHT
+    if "dash_thread_server" not in request.fixturenames:
+        yield
+        return
+    import time
+
+    import flask
+    if _IN_FLIGHT is None:
+        _IN_FLIGHT = _InFlight()
+        flask.request_started.connect(_IN_FLIGHT.started)
+        flask.request_tearing_down.connect(_IN_FLIGHT.ended)
+    request.getfixturevalue("dash_thread_server")     # set up first, so stopped after this
+    yield
+    end = time.monotonic() + 120
+    while _IN_FLIGHT.n > 0 and time.monotonic() < end:
+        time.sleep(0.1)
+
+
 @pytest.fixture(autouse=True)
 def _free_dash_port(request):
     """A browser test's Dash server takes a port the OS says is free, not dash's counter
