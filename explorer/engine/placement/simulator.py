@@ -139,12 +139,6 @@ def simulate(pg, placement, priority=None, contention: str = "ports") -> SimResu
     rank = np.empty(n, dtype=np.int64)
     rank[np.lexsort((np.arange(n), -prio))] = np.arange(n)
     rank_arr = rank
-    rank = rank.tolist()
-    devl = dev.tolist()
-    w = pg.w[np.arange(n), dev].tolist()
-    ob = pg.out_bytes.tolist()
-    succ, pred = pg.succ, pg.pred
-    K, B = pg.k, pg.b
 
     # remote devices needing each node's output (one transfer per (node, device) pair)
     cnt = np.zeros(n * nd, dtype=bool)
@@ -162,6 +156,12 @@ def simulate(pg, placement, priority=None, contention: str = "ports") -> SimResu
     if n >= simkernel.MIN_NODES and simkernel.available():
         return _compiled(pg, dev, pg.w[np.arange(n), dev], pg.out_bytes, rank_arr, ru, rdv,
                          ports, rendezvous, shared, cores or 0, send_b, send_k, recv_b, recv_k)
+    rank = rank_arr.tolist()
+    devl = dev.tolist()
+    w = pg.w[np.arange(n), dev].tolist()
+    ob = pg.out_bytes.tolist()
+    succ, pred = pg.succ, pg.pred
+    K, B = pg.k, pg.b
     remote: list = [None] * n
     if len(ru):
         cuts = np.flatnonzero(np.diff(ru)) + 1
@@ -345,5 +345,5 @@ def _compiled(pg, dev, w, ob, rank, ru, rdv, ports, rendezvous, shared, cores, s
                          tr[:, 4].tolist(), tr[:, 5].tolist()))
     makespan = float(max(finish.max() if n else 0.0,
                          float(tr[:, 4].max()) if len(tr) else 0.0))
-    peak = schedule_peak(pg, dev, start, finish, transfers)
+    peak = schedule_peak(pg, dev, start, finish, tr)      # the array: no list round trip
     return SimResult(makespan, peak, start, finish, dev, transfers, busy, float(comm_bytes))
