@@ -207,6 +207,10 @@ def test_figure_turns_logarithmic_when_steps_span_orders_of_magnitude():
     fig = F.ranking_figure(rep)
     assert fig.layout.xaxis.type == "log" and fig.layout.yaxis.type == "log"
     assert "log scale" in fig.layout.xaxis.title.text
+    # labelled in full at 1, 2, 5 of each decade, on both axes alike
+    assert list(fig.layout.xaxis.ticktext)[:3] == ["0.01", "0.02", "0.05"]
+    assert "1" in fig.layout.xaxis.ticktext and "5" in fig.layout.xaxis.ticktext
+    assert list(fig.layout.yaxis.tickvals) == list(fig.layout.xaxis.tickvals)
     line = next(t for t in fig.data if t.name == F.IDEAL_NAME)
     assert line.x[0] <= 1e-2 and line.x[1] >= 6.5         # ms, over every point
 

@@ -248,6 +248,9 @@ def _grid():
     # widths fixed: the grid is built hidden, where AG Grid's auto-size measures nothing
     grid = T.grid(ids.RANK_TABLE, COLUMNS, tooltips=TOOLTIPS, wrap=("note",),
                   row_style=ROW_STYLE, row_id="method", widths=WIDTHS, column_size=None)
+    for col in grid.columnDefs:
+        if col["field"] == "note":      # wrapped, yet centred like the cells beside it
+            col["cellStyle"] = {**col["cellStyle"], "display": "flex", "alignItems": "center"}
     grid.defaultColDef = {**grid.defaultColDef, "wrapHeaderText": True,
                           "autoHeaderHeight": True}
     return grid

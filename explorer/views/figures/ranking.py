@@ -46,6 +46,14 @@ def regret_text(regret) -> str:
     return "–" if regret is None else f"{regret * 100:.0f} %"
 
 
+def log_ticks(lo: float, hi: float) -> dict:
+    """Ticks of a log axis over ``10**lo .. 10**hi``: 1, 2 and 5 of each decade, each
+    labelled in full (plotly's own labels every digit, or only the digit: "2" for 20)."""
+    vals = [m * 10.0 ** k for k in range(math.floor(lo), math.ceil(hi) + 1) for m in (1, 2, 5)
+            if lo <= math.log10(m * 10.0 ** k) <= hi]
+    return dict(tickvals=vals, ticktext=[f"{v:g}" for v in vals])
+
+
 def _request_line(report: dict) -> str:
     req = report.get("request") or {}
     return (f"{req.get('model')} · batch {req.get('batch') or 'default'} · "
@@ -100,8 +108,7 @@ def ranking_figure(report: dict | None) -> go.Figure:
                              line=dict(color=P.IDEAL, dash="dash", width=1.5),
                              hoverinfo="skip"))
     scale = "log" if log else "linear"
-    # log axes labelled at 1, 2, 5 of each decade (plotly's default labels every digit)
-    ticks = dict(dtick="D2") if log else {}
+    ticks = log_ticks(lo_r, hi_r) if log else {}
     fig.update_xaxes(type=scale, range=[lo_r, hi_r], zeroline=False, **ticks,
                      title_text=f"predicted step ({unit}{', log scale' if log else ''})",
                      title_font=dict(size=12))
@@ -123,4 +130,5 @@ def ranking_figure(report: dict | None) -> go.Figure:
     return fig
 
 
-__all__ = ["TITLE", "FIRST", "IDEAL_NAME", "ran", "tau_text", "regret_text", "ranking_figure"]
+__all__ = ["TITLE", "FIRST", "IDEAL_NAME", "ran", "tau_text", "regret_text", "log_ticks",
+           "ranking_figure"]
