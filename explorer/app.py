@@ -171,6 +171,7 @@ def create_app(request: session.Request | None = None, allow_model_files: bool =
         placement_page,
         plans,
         plans_page,
+        ranking,
         run,
         search_form,
         steps,
@@ -186,7 +187,7 @@ def create_app(request: session.Request | None = None, allow_model_files: bool =
                assets_folder=os.path.join(os.path.dirname(os.path.dirname(__file__)), "assets"))
     app.server.config[pages.CONFIG_KEY] = state.request_doc(request or DEFAULT_REQUEST)
     for view in (layerwise_page, tofu_page, placement_page, plans_page, search_form, graph,
-                 steps, tiling, compare, families, run, tofu, placement, plans, learn):
+                 steps, tiling, compare, families, ranking, run, tofu, placement, plans, learn):
         view.register(app)
     register_shell(app)
     app.layout = shell()

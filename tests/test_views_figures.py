@@ -15,7 +15,7 @@ FIGURES = sorted(Path(figures.__file__).parent.glob("*.py"))
 #: what a figure module may not import: Dash (callbacks, ids, components), the panels' ids
 #: module and the application service
 FORBIDDEN = ("dash", "explorer.service", "explorer.views.ids", "explorer.app")
-PANELS = ("compare", "tiling", "placement", "run", "tofu")
+PANELS = ("compare", "tiling", "placement", "run", "tofu", "ranking")
 
 
 ROOT = Path(figures.__file__).parents[3]      # the directory holding the explorer package

@@ -56,6 +56,7 @@ from explorer.service.placements import (
     placement_pins,
     placement_structure,
 )
+from explorer.service.ranking import DEFAULT_METHODS as RANK_METHODS
 from explorer.service.ranking import all_methods, compare_all, rank, remeasure
 from explorer.service.results import family, methods, result, run_method
 from explorer.service.execution import (
@@ -82,6 +83,7 @@ __all__ = [
     "result", "run_method", "export", "export_note", "export_preview", "placement_runs", "plan_file",
     "run_placement", "run_plan", "run_tofu", "runs", "tofu", "tofu_compare", "tofu_strip",
     "rank",
+    "RANK_METHODS",
     "compare_all",
     "remeasure",
     "all_methods",

@@ -1,5 +1,6 @@
 """Compare panel: data / model / OWT / layer-wise plans side by side (OptCNN Section 6), under
-the section that compares every family (:mod:`explorer.views.families`, its own bar first).
+the section that compares every family (:mod:`explorer.views.families`, its own bar first) and
+the ranking check that runs the plans here (:mod:`explorer.views.ranking`).
 
 The three figures (step time, bytes per step, scaling) are drawn by
 :mod:`explorer.views.figures.compare`; this module fetches their data from the service.
@@ -23,7 +24,7 @@ from dash import Input, Output, State, dcc, html
 
 from explorer import service as session
 from explorer.errors import ExplorerError
-from explorer.views import families, ids
+from explorer.views import families, ids, ranking
 from explorer.views import state
 from explorer.views.controls import context
 from explorer.views.figures import compare as F
@@ -141,6 +142,7 @@ def layout():
     return html.Div(className="panel compare", children=[
         context("compare"),
         families.layout(),
+        ranking.layout(),
         html.Div(className="compare-bar", children=[
             html.Span("Layer-wise strategies", className="families-title"),
             html.Button("Compare strategies", id=ids.COMPARE_BUTTON, n_clicks=0,

@@ -107,6 +107,22 @@ FAMILIES_TABLE = "families-table"
 FAMILIES_CSV_BUTTON = "families-csv-button"
 FAMILIES_CSV = "families-csv"
 STORE_FAMILIES = "store-families"      # {"key", "report"}: the last comparison (its request)
+# rank by running (the Compare tab's second section: every chosen method's plan run here)
+RANK_BUTTON = "rank-button"
+RANK_CANCEL = "rank-cancel"
+RANK_PROGRESS = "rank-progress"
+RANK_STATUS = "rank-status"
+RANK_ROUNDS = "rank-rounds"
+RANK_STEPS = "rank-steps"
+RANK_METHODS = "rank-methods-"          # + family: the methods of that family to rank
+RANK_GATE = "rank-gate"                 # why the button is off (the preset is not local)
+RANK_ERROR = "rank-error"               # bad input or a ranking that failed, in one line
+RANK_RESULTS = "rank-results"           # hidden until the first ranking
+RANK_SUMMARY = "rank-summary"           # tau, regret, the noise seen
+RANK_FIG = "rank-fig"
+RANK_TABLE = "rank-table"
+RANK_CSV_BUTTON = "rank-csv-button"
+RANK_CSV = "rank-csv"
 
 # plans (history)
 PLANS_TABLE = "plans-table"
