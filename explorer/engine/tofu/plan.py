@@ -56,6 +56,9 @@ class TofuPlan:
     coarse_graph: object = field(default=None, repr=False)
     levels: list = field(default_factory=list)  # steps, most significant device digit first
     compute_s: list | None = None      # per worker, predicted compute seconds of its shards
+    #: (graph, execution plan) of the last :func:`execution_plan` call: the search and the
+    #: document both need it, and it is the largest part of either
+    xplan_memo: tuple | None = field(default=None, repr=False, compare=False)
 
     #: an operator-level plan: its document carries the operator graph's digest
     operator_level = True
@@ -100,6 +103,8 @@ def execution_plan(res: TofuPlan, g) -> dict:
     ``zero[t][w]`` marks inputs that worker w must not add (terms outside a partitioned sum,
     e.g. a bias, are added by the first worker of the reduction only).
     """
+    if res.xplan_memo is not None and res.xplan_memo[0] is g:
+        return res.xplan_memo[1]
     st, co = res.state, res.coarse_graph
     K = max(1, math.prod(res.factors))
     held = {t: st.held[t] for t in res.tilings}
@@ -128,7 +133,9 @@ def execution_plan(res: TofuPlan, g) -> dict:
                     zero[t] = ~first
         ops[o] = {"out": st.out[o], "needs": {t: regs[n] for n, t in oi.inputs},
                   "reducer": reducer, "zero": zero}
-    return {"held": held, "ops": ops, "workers": K}
+    plan = {"held": held, "ops": ops, "workers": K}
+    res.xplan_memo = (g, plan)
+    return plan
 
 
 # ------------------------------------------------------------------------------------------------

@@ -439,19 +439,28 @@ class Bound:
                 out[name] = np.zeros(lead + (nd, 2), dtype=np.int64)
                 continue
             size = np.asarray(shp, dtype=np.int64)
-            los = np.stack([np.stack([np.broadcast_to(lo, lead) for lo, _ in r], -1)
-                            for r, _ in accs])
-            his = np.stack([np.stack([np.broadcast_to(hi, lead) for _, hi in r], -1)
-                            for r, _ in accs])
+            # [access, *lead, axis] bounds, filled in place (broadcast on assignment: no
+            # broadcast_to / stack per access - this runs for every operator of every plan)
+            los = np.empty((len(accs),) + lead + (nd,), dtype=np.int64)
+            his = np.empty_like(los)
+            valid = np.empty((len(accs),) + lead + (1,), dtype=bool)
+            for i, (r, ok) in enumerate(accs):
+                for ax, (lo, hi) in enumerate(r):
+                    los[i, ..., ax] = lo
+                    his[i, ..., ax] = hi
+                valid[i, ..., 0] = ok
             start = np.clip(los, 0, size)
             stop = np.maximum(np.clip(his + 1, 0, size), start)
-            valid = np.stack([np.broadcast_to(np.asarray(ok, dtype=bool), lead)
-                              for _, ok in accs])[..., None]
+            reg = np.empty(lead + (nd, 2), dtype=np.int64)
+            if len(accs) == 1:           # one access: its clipped box (even where invalid)
+                reg[..., 0] = start[0]
+                reg[..., 1] = stop[0]
+                out[name] = reg
+                continue
             big = np.iinfo(np.int64).max
             s_u = np.where(valid, start, big).min(0)
             e_u = np.where(valid, stop, -1).max(0)
             anyv = valid.any(0)
-            reg = np.empty(lead + (nd, 2), dtype=np.int64)
             reg[..., 0] = np.where(anyv, s_u, start[0])
             reg[..., 1] = np.where(anyv, e_u, stop[0])
             out[name] = reg
