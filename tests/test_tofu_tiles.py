@@ -244,7 +244,9 @@ def test_mean_of_a_tile_is_a_partial_sum_of_the_whole_mean_and_unknown_ops_fall_
 # plans on workers
 # --------------------------------------------------------------------------------------------
 
-RESNET = {"depth": 50, "width": 1, "image_size": 32, "num_classes": 10}
+#: bottlenecks 2, 2, 2, 2: every rule ResNet-50 needs (strided and 1x1 convolutions, BatchNorm,
+#: residual sums, pooling) at half its depth
+RESNET = {"depth": 26, "width": 1, "image_size": 32, "num_classes": 10}
 FOUR = [("mlp", 16, {"layers": 2, "hidden": 64}), ("lenet5", 8, {}), ("wresnet", 2, RESNET),
         ("lstm", 4, {"layers": 1, "hidden": 32, "steps": 3})]
 

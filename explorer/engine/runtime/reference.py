@@ -131,16 +131,18 @@ _CHUNK = 1 << 20
 _NAMES = {"fp32": "float32", "tf32": "tf32", "bf16": "bf16-autocast"}
 
 
-def rel_err(a: torch.Tensor, b: torch.Tensor, floor: float = 0.0) -> float:
+def rel_err(a: torch.Tensor, b: torch.Tensor, floor: float = 0.0,
+            scale: float | None = None) -> float:
     """``max|a − b| / max(max|b|, floor)`` (the absolute difference when both are 0).
 
     Computed in ``b``'s precision, a million elements at a time (small reused temporaries
-    instead of tensor-sized ones).
+    instead of tensor-sized ones).  ``scale``: ``max|b|`` when the caller knows it already.
     """
     if not a.numel():
         return 0.0
     a, b = a.detach().reshape(-1), b.detach().reshape(-1)
-    d = scale = 0.0
+    d, known = 0.0, scale is not None
+    scale = float(scale) if known else 0.0
     for i in range(0, a.numel(), _CHUNK):
         x, y = a[i:i + _CHUNK], b[i:i + _CHUNK]
         if x.dtype != y.dtype or x.device != y.device:
@@ -149,7 +151,8 @@ def rel_err(a: torch.Tensor, b: torch.Tensor, floor: float = 0.0) -> float:
         if diff != diff:               # NaN: a broken run, never within tolerance
             return float("nan")
         d = max(d, diff)
-        scale = max(scale, float(y.abs().max().item()))
+        if not known:
+            scale = max(scale, float(y.abs().max().item()))
     scale = max(scale, floor)
     return d / scale if scale > 0 else d
 
@@ -161,7 +164,7 @@ def _absmax(t: torch.Tensor) -> float:
 
 
 def compare(loss, params, grads, ref, ref32=None, tol: float = DEFAULT_TOL,
-            precision: str = "fp32") -> dict:
+            precision: str = "fp32", memo: dict | None = None) -> dict:
     """The reference check document.
 
     ``ref`` = ``(loss, params, grads)`` of the exact (float64) single-device step, ``ref32``
@@ -171,25 +174,33 @@ def compare(loss, params, grads, ref, ref32=None, tol: float = DEFAULT_TOL,
     only the loss and the updated parameters): parameters and loss only, and every
     parameter of ``ref`` must be there.  ``precision``: what ``ref32`` and the run computed
     in (fp32, tf32 or bf16; the ``float32_*`` fields then hold that single-device run's
-    errors, and ``precision`` says so).
+    errors, and ``precision`` says so).  ``memo``: a dict kept with ``ref`` and ``ref32``
+    across plans of one model - what depends on the references alone (each tensor's
+    ``max|b|``, the float32 run's own errors, the floors) is computed once into it.
     """
+    memo = {} if memo is None else memo
     ref_loss, ref_params, ref_grads = ref
     factor = ROUNDING_FACTOR if P.check(precision) == "fp32" else LOW_PRECISION_FACTOR
     check_grads = grads is not None and ref_grads is not None
     grads, ref_grads = grads or {}, ref_grads or {}
     problems, rows = [], []
-    gmax = max((_absmax(g) for g in ref_grads.values() if g.numel()), default=0.0)
-    floor = GRAD_FLOOR * gmax
-    pfloor = PARAM_FLOOR * max((_absmax(p) for p in ref_params.values() if p.numel()),
-                               default=0.0)
+    if "floors" not in memo:
+        gmax = max((_absmax(g) for g in ref_grads.values() if g.numel()), default=0.0)
+        memo["floors"] = (GRAD_FLOOR * gmax, PARAM_FLOOR * max(
+            (_absmax(p) for p in ref_params.values() if p.numel()), default=0.0))
+    floor, pfloor = memo["floors"]
     worst = {"param": (0.0, None), "grad": (0.0, None)}
     allowance_used = []
     ok = True
 
     def judge(kind, name, a, b, b32, fl=0.0):
         nonlocal ok
-        e = rel_err(a, b, fl)
-        e32 = rel_err(b32, b, fl) if b32 is not None else None
+        key = (kind, name, fl)
+        if key not in memo:            # the references' own figures: once per model
+            bmax = _absmax(b)
+            memo[key] = (bmax, rel_err(b32, b, fl, bmax) if b32 is not None else None)
+        bmax, e32 = memo[key]
+        e = rel_err(a, b, fl, bmax)
         allowed = max(tol, factor * e32) if e32 is not None else tol
         if not e <= allowed:           # NaN fails too
             ok = False
