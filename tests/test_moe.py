@@ -64,3 +64,102 @@ def test_builder_validates():
     with pytest.raises(ValueError, match="capacity_factor must be > 0"):
         em.build("moe", 2, **dict(TINY, capacity_factor=0.0))
     assert capacity_of(128, 8, 2, 1.25) == 40 and capacity_of(8, 4, 2, 9.0) == 8
+
+
+# --------------------------------------------------------------------------------------------
+# import, geometry and costs of expert parallelism
+# --------------------------------------------------------------------------------------------
+
+from explorer.engine.core import geometry as G                       # noqa: E402
+from explorer.engine.core.devices import Device, DeviceGraph, preset  # noqa: E402
+from explorer.engine.core.importer import import_model                # noqa: E402
+from explorer.engine.layerwise.costmodel import CostModel             # noqa: E402
+from explorer.engine.search import Problem, run                       # noqa: E402
+from example_models.moe import MoE                                    # noqa: E402
+
+BW = 10e9
+
+
+def _layer_graph(hidden=16, inter=32, experts=4, seq=8, batch=4, top_k=2):
+    """One MoE layer on ``x [batch, seq, hidden]`` (capacity ``top_k·seq/experts``)."""
+    with torch.device("meta"):
+        m = MoE(hidden, inter, experts, top_k, top_k * seq // experts)
+        x = torch.randn(batch, seq, hidden)
+    return import_model(m, x, "moe-layer")
+
+
+def _flat(n, peak=1e12):
+    devs = [Device(f"d{i}", "toy", peak, 100e9, 16e9, 0) for i in range(n)]
+    return DeviceGraph("toy", devs, np.full((n, n), BW), np.zeros((n, n)))
+
+
+def _experts(g):
+    return [la for la in g.layers() if la.op == "experts"]
+
+
+def test_import_gives_experts_layers_and_a_scan():
+    g = _layer_graph()
+    ex = _experts(g)
+    assert [la.out_shape for la in ex] == [(4, 4, 4, 32), (4, 4, 4, 32), (4, 4, 4, 16)]
+    assert all(la.axes == ("n", "e", "-", "c") and la.dims == ("n", "e", "c") for la in ex)
+    assert [tuple(la.params.values()) for la in ex] == [((4, 16, 32),), ((4, 16, 32),),
+                                                        ((4, 32, 16),)]
+    # balanced load × capacity factor: every expert computes its capacity of tokens, so the
+    # FLOPs are those of top_k tokens per token (factor 1 here) through one expert's MLP
+    # (the down projection; gate's layer adds its folded SiLU)
+    assert ex[2].flops == 2.0 * 4 * 8 * 2 * 32 * 16 == 2.0 * math.prod(ex[2].out_shape) * 32
+    scan = next(la for la in g.layers() if la.op == "cumsum")
+    assert scan.attrs["full_axes"] == (1,) and scan.axes[1] == "-"
+    assert g.parameters == 16 * 4 + 3 * 4 * 16 * 32
+
+
+def test_expert_split_shards_the_experts_weights_and_regions():
+    la = _experts(_layer_graph())[0]
+    cfg = G.Config((("n", 1), ("e", 2), ("c", 1)), (0, 1))
+    boxes = G.output_boxes(la, cfg)
+    (shape, shard), = G.param_shards(la, boxes).values()
+    assert shape == (4, 16, 32)
+    assert shard.tolist() == [[[0, 2], [0, 16], [0, 32]], [[2, 4], [0, 16], [0, 32]]]
+    reg = G.input_regions(la, 0, boxes)          # its experts' slots, every sample and feature
+    assert reg.tolist() == [[[0, 4], [0, 2], [0, 4], [0, 16]], [[0, 4], [2, 4], [0, 4], [0, 16]]]
+
+
+def test_dispatch_and_combine_cost_an_all_to_all():
+    """Tokens split by samples (``n4``) feeding experts split by experts (``e4``): each device
+    receives its quarter of the experts' slots from the 3 others, (p−1)/p² of the tensor — an
+    all-to-all, forward and backward; the experts hold a quarter of the weights each, so
+    nothing synchronises, where sample-split experts replicate (and synchronise) them all."""
+    g = _layer_graph()
+    cm = CostModel(g, _flat(4))
+    disp = next(la for la in g.layers() if la.op == "matmul" and la.out_shape == (4, 16, 16))
+    first = _experts(g)[0]
+    edge = next(e for e in g.in_edges(first.name))
+    assert edge.src == disp.name
+    n4 = G.Config((("n", 4), ("l", 1), ("c", 1)), (0, 1, 2, 3))
+    e4 = G.Config((("n", 1), ("e", 4), ("c", 1)), (0, 1, 2, 3))
+    t, nbytes = cm.xfer(edge, [n4], [e4])
+    tensor = 4 * 16 * 16 * 4                     # [4, 4·4, 16] float32
+    assert nbytes[0, 0] == pytest.approx(2 * 4 * 3 * tensor / 16)
+    assert t[0, 0] == pytest.approx(2 * 3 * (tensor / 16) / BW)
+    en4 = G.Config((("n", 4), ("e", 1), ("c", 1)), (0, 1, 2, 3))
+    tc, ts, mem = cm.layer_costs(first.name, [e4, en4])
+    assert ts[0] == 0 and ts[1] > 0
+    assert mem[0] < mem[1]
+
+
+@pytest.mark.parametrize("devices", [2, 4])
+def test_search_chooses_expert_parallelism_and_equals_exhaustive(devices):
+    """Weights large against the tokens: the optimum splits the experts (all-to-all in and
+    out) rather than replicating them, and the elimination equals the exhaustive search."""
+    g = _layer_graph(hidden=256, inter=1024, experts=4, seq=16, batch=4)
+    d = preset("p100-nvlink-4", devices)
+    cm = CostModel(g, d)
+    fast = run("optcnn", Problem.of(g, d, cm))
+    slow = run("exhaustive", Problem.of(g, d, cm), options={"max_space": 10 ** 90})
+    assert fast.objective_s == pytest.approx(slow.objective_s, rel=1e-9)
+    labels = {la.name: la.config for la in fast.plan.layers}
+    assert all(labels[la.name].deg("e") == devices for la in _experts(g))
+    # the best plan that keeps every expert whole on each device is slower
+    pins = [f"{la.name}=e=1" for la in _experts(g)]
+    kept = run("optcnn", Problem.of(g, d, cm), pins=pins)
+    assert kept.objective_s > fast.objective_s * 1.05
