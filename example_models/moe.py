@@ -22,8 +22,8 @@ Each MoE layer, on hidden states ``x [b, s, h]``:
 Every shape is fixed by the arguments, whatever the router picks (no ``nonzero``, ``histc``
 or index lists), so the model traces and every device's share of the experts is known ahead.
 Routing happens per sequence (a sequence is GShard's *group*), so splitting the samples never
-moves a token's slot.  Comparisons are turned into 0.0/1.0 with ``torch.where`` at once, so
-every tensor between layers is floating point.
+moves a token's slot.  Comparisons are turned into 0.0/1.0 with ``torch.where`` at once (in
+the input's precision), so every tensor between layers is floating point.
 """
 
 from __future__ import annotations
@@ -62,13 +62,14 @@ class MoE(nn.Module):
         mask = None
         for _ in range(self.top_k):
             top = rest.amax(dim=-1, keepdim=True)
-            pick = torch.where(rest >= top, 1.0, 0.0)                    # the largest left
+            pick = torch.where(rest >= top, 1.0, 0.0).to(x.dtype)       # the largest left
             mask = pick if mask is None else mask + pick
             rest = rest * (1.0 - pick)
         gates = probs * mask
         gates = gates / gates.sum(dim=-1, keepdim=True)                 # renormalised top-k
         slot = torch.cumsum(mask, dim=1)                                # queue position, 1-based
-        dispatch = torch.where(slot.unsqueeze(-1) == self.slots, 1.0, 0.0) * mask.unsqueeze(-1)
+        hit = torch.where(slot.unsqueeze(-1) == self.slots, 1.0, 0.0).to(x.dtype)
+        dispatch = hit * mask.unsqueeze(-1)
         combine = dispatch * gates.unsqueeze(-1)                        # [b, s, E, cap]
         xe = torch.matmul(dispatch.reshape(b, s, e * cap).transpose(1, 2), x)
         xe = xe.reshape(b, e, cap, h)                                   # experts' inputs

@@ -163,3 +163,48 @@ def test_search_chooses_expert_parallelism_and_equals_exhaustive(devices):
     pins = [f"{la.name}=e=1" for la in _experts(g)]
     kept = run("optcnn", Problem.of(g, d, cm), pins=pins)
     assert kept.objective_s > fast.objective_s * 1.05
+
+
+# --------------------------------------------------------------------------------------------
+# runtime: experts on different workers against one device
+# --------------------------------------------------------------------------------------------
+
+
+def _run_plans():
+    """Expert parallelism as MoE systems run it (tokens split by samples, experts split over
+    the 2 workers: all-to-all in and out), and the searched plan."""
+    from explorer import service as session
+    req = session.Request(model="moe", preset="local", devices=2, batch=4,
+                          model_args=dict(em.SMALL["moe"]))
+    g = session.graph_for(req)
+    ex = [la.name for la in _experts(g)]
+    mm = [la.name for la in g.layers() if la.op == "matmul"]        # dispatch, combine
+    ep = [f"{n}=e=2" for n in ex] + [f"{n}=n=2" for n in mm]
+    plans = [session.run_method(req, "optcnn", pins).to_dict() for pins in (ep, None)]
+    return ex, plans
+
+
+@pytest.fixture(scope="module")
+def moe_runs():
+    from explorer.engine.runtime import launch_many
+    ex, plans = _run_plans()
+    for p in plans:
+        p.pop("trace", None)
+    return ex, plans, launch_many(plans, steps=1, warmup=0, timeout_s=600, store=False)
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("case", [0, 1], ids=["experts-split", "searched"])
+def test_moe_runs_on_two_workers_match_one_device(moe_runs, case):
+    ex, plans, results = moe_runs
+    res, plan = results[case], plans[case]
+    ref = res["reference"]
+    assert res["reference_ok"], (ref["worst_grad"], ref["max_grad_rel_err"], ref["problems"])
+    assert ref["loss_rel_err"] < 1e-5
+    # embedding, q/k/v/o, router, 3 experts' weights, 3 RMSNorm scales, LM head
+    assert ref["params_compared"] == 13
+    cfg = {la["name"]: la for la in plan["layers"]}
+    if case == 0:                    # each worker holds half the experts, tokens all-to-all
+        assert all(cfg[n]["config_label"] == "e2" and cfg[n]["devices"] == [0, 1] for n in ex)
+        assert plan["breakdown"]["transfer_s"] > 0
