@@ -37,7 +37,13 @@ MODELS = {
                vocab=128256, seq_len=4096),
     "70b": dict(layers=80, hidden=8192, heads=64, kv_heads=8, intermediate=28672,
                 vocab=128256, seq_len=4096),
+    # Mixtral-8x7B-like (Jiang et al. 2024): 8 experts of Mistral-7B's MLP, top-2, capacity
+    # factor 1.25, the ``moe`` example's static dispatch
+    "8x7b": dict(layers=32, hidden=4096, heads=32, kv_heads=8, intermediate=14336, experts=8,
+                 top_k=2, capacity_factor=1.25, vocab=32000, seq_len=4096),
 }
+#: the example each configuration is built from
+EXAMPLE = {"8b": "llama", "70b": "llama", "8x7b": "moe"}
 #: global batch (sequences) per device count
 BATCH = {8: 16, 64: 128, 512: 1024, 1024: 2048}
 
@@ -82,12 +88,13 @@ def main(argv=None) -> int:
         B = BATCH[n]
         margs = MODELS[name]
         t0 = time.perf_counter()
-        graph = layer_graph("llama", B, dict(margs))
+        example = EXAMPLE[name]
+        graph = layer_graph(example, B, dict(margs))
         cap_s = time.perf_counter() - t0
         deg = "" if args.degrees == "auto" else f", degrees {args.degrees}"
-        print(f"| **llama-{name} on {n} devices, batch {B} × {margs['seq_len']}{deg}** | "
+        print(f"| **{example}-{name} on {n} devices, batch {B} × {margs['seq_len']}{deg}** | "
               f"capture {cap_s:.1f} s ({len(graph.names())} layers) | | | | | |", flush=True)
-        req = Request("llama", B, dict(margs), preset="h100-cluster", devices=n, dtype="bf16",
+        req = Request(example, B, dict(margs), preset="h100-cluster", devices=n, dtype="bf16",
                       degrees=args.degrees, sync=args.sync)
         for algo in args.methods.split(","):
             opts = {"optimizer": "adam"} if algo in ("pipeline", "optcnn") else {}

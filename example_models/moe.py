@@ -5,12 +5,14 @@ SwiGLU experts behind a router.
 Each MoE layer, on hidden states ``x [b, s, h]``:
 
 * **router**: ``probs = softmax(router(x))`` over the experts, ``[b, s, E]``;
-* **top-k**: ``top_k`` rounds of "the largest remaining probability" (``amax``, ``>=``),
-  each marking one expert per token, give the 0/1 ``mask [b, s, E]``; the gates are the
-  chosen probabilities renormalised to sum to 1 per token (as Mixtral does);
+* **top-k**: ``top_k − 1`` rounds of "drop the largest remaining probability" (``amax``,
+  ``>=``) leave the k-th largest as the largest; the probabilities at least that large are
+  the 0/1 ``mask [b, s, E]``; the gates are the chosen probabilities renormalised to sum to
+  1 per token (as Mixtral does);
 * **capacity**: every expert takes at most ``capacity = ceil(capacity_factor · top_k · s /
-  E)`` tokens of each sequence; a token's slot in expert ``e``'s queue is the running count
-  ``cumsum(mask, dim=1)`` (earlier tokens first), and tokens past the capacity are dropped;
+  E)`` tokens of each sequence; a routed token's slot in expert ``e``'s queue is the running
+  count ``cumsum(mask, dim=1)`` (earlier tokens first), and tokens past the capacity are
+  dropped;
 * **dispatch / combine**: the one-hot ``dispatch [b, s, E, capacity]`` (slot == 1…capacity)
   and ``combine = dispatch · gate``; the experts' inputs are ``dispatchᵀ @ x``, ``[b, E,
   capacity, h]``;
@@ -59,17 +61,14 @@ class MoE(nn.Module):
         e, cap = self.experts, self.capacity
         probs = F.softmax(self.router(x), dim=-1)                        # [b, s, E]
         rest = probs
-        mask = None
-        for _ in range(self.top_k):
-            top = rest.amax(dim=-1, keepdim=True)
-            pick = torch.where(rest >= top, 1.0, 0.0).to(x.dtype)       # the largest left
-            mask = pick if mask is None else mask + pick
-            rest = rest * (1.0 - pick)
+        for _ in range(self.top_k - 1):                                 # drop the largest
+            rest = torch.where(rest >= rest.amax(dim=-1, keepdim=True), -1.0, rest)
+        kth = rest.amax(dim=-1, keepdim=True)                           # k-th largest
+        mask = torch.where(probs >= kth, 1.0, 0.0).to(x.dtype)          # the top k
         gates = probs * mask
         gates = gates / gates.sum(dim=-1, keepdim=True)                 # renormalised top-k
-        slot = torch.cumsum(mask, dim=1)                                # queue position, 1-based
-        hit = torch.where(slot.unsqueeze(-1) == self.slots, 1.0, 0.0).to(x.dtype)
-        dispatch = hit * mask.unsqueeze(-1)
+        slot = torch.cumsum(mask, dim=1) * mask          # 1-based queue position, 0: not routed
+        dispatch = torch.where(slot.unsqueeze(-1) == self.slots, 1.0, 0.0).to(x.dtype)
         combine = dispatch * gates.unsqueeze(-1)                        # [b, s, E, cap]
         xe = torch.matmul(dispatch.reshape(b, s, e * cap).transpose(1, 2), x)
         xe = xe.reshape(b, e, cap, h)                                   # experts' inputs

@@ -208,3 +208,34 @@ def test_moe_runs_on_two_workers_match_one_device(moe_runs, case):
     if case == 0:                    # each worker holds half the experts, tokens all-to-all
         assert all(cfg[n]["config_label"] == "e2" and cfg[n]["devices"] == [0, 1] for n in ex)
         assert plan["breakdown"]["transfer_s"] > 0
+
+
+# --------------------------------------------------------------------------------------------
+# repeated MoE blocks: the chain search fixes the routing mask (not series-parallel)
+# --------------------------------------------------------------------------------------------
+
+
+def test_moe_blocks_reduce_exactly_with_the_routing_mask_fixed():
+    """The router's mask is read by the dispatch and by the combine, so an MoE block is not
+    series-parallel; the chain search reduces it with one layer fixed per candidate and
+    finds the same optimum as the elimination (Algorithm 1 with its exact residual solve)."""
+    from explorer.engine.layerwise import optcnn, stages
+    from explorer.engine.layerwise.memory import MemorySettings
+    from explorer.engine.search import Request
+    args = dict(TINY, layers=6, hidden=32, intermediate=64)
+    p = Problem(Request("moe", 4, args, preset="h100-cluster", devices=4))
+    cm, tables = p.cost_model(), p.cost_model().tables()
+    chain = stages.Chain.of(tables)
+    moe_seg = next(s for s in chain.segments
+                   if any(cm.graph.layer(n).op == "experts" for n in s.interior))
+    unary = {n: tables.node_cost(n) for n in tables.names}
+    edges = {i: (tables.edges[i][0].src, tables.edges[i][0].dst, tables.edges[i][1])
+             for i in moe_seg.edges}
+    assert stages._series_parallel(moe_seg.a, moe_seg.b, moe_seg.interior, edges,
+                                   dict(unary)) is None
+    assert stages.repeated_chain(tables, chain)
+    ev = stages.Evaluator(cm, tables, MemorySettings(recompute=False, zero=0), 1e30)
+    e = ev.evaluate(0.0)
+    choice, _, _ = optcnn.solve(tables)
+    assert e.time_s == pytest.approx(tables.objective(choice), rel=1e-9)
+    assert tables.objective(e.choice) == pytest.approx(e.time_s, rel=1e-9)

@@ -177,16 +177,46 @@ class _Reduced:
 
 
 def _reduce(seg: Segment, tables: CostTables, unary: dict, weight: float, parts: dict):
-    """Series-parallel reduction of a segment (equations 2, 3, and leaves), or ``None`` when
-    its inside is not series-parallel."""
-    a, b = seg.a, seg.b
+    """A segment reduced to ``[c_a, c_b]`` (:class:`_Reduced`), or ``None`` when its inside
+    is not series-parallel even with one layer fixed (:func:`_conditioned`)."""
     edges: dict = {}
     for idx in seg.edges:
         e, m = tables.edges[idx]
         edges[idx] = (e.src, e.dst, weight * np.asarray(m, dtype=np.float64))
-    extra = {a: np.zeros(len(unary[a])), b: np.zeros(len(unary[b]))}
-    alive = set(seg.interior)
-    order = {n: i for i, n in enumerate(seg.interior)}
+    got = _series_parallel(seg.a, seg.b, seg.interior, edges, dict(unary))
+    if got is None:
+        got = _conditioned(seg.a, seg.b, seg.interior, edges, unary)
+    if got is None:
+        return None
+    L, choice = got
+    a, b = seg.a, seg.b
+    Ca, Cb = L.shape
+    A = np.zeros((Ca, Cb))
+    B, Ms, Ma = A.copy(), A.copy(), A.copy()
+    for n in seg.interior:
+        tm, to, st, ac = parts[n]
+        ch = choice[n]
+        A += tm[ch]
+        B += to[ch]
+        Ms += st[ch]
+        Ma += ac[ch]
+    for idx in seg.edges:
+        e, m = tables.edges[idx]
+        A += np.asarray(m)[choice[e.src], choice[e.dst]]
+    return _Reduced(L, A, B, Ms, Ma, [choice[n] for n in seg.interior])
+
+
+def _series_parallel(a, b, interior, edges: dict, unary: dict, extra0: dict | None = None):
+    """Series-parallel reduction of the layers ``interior`` between ``a`` and ``b``
+    (equations 2, 3, and leaves): ``(L [Ca, Cb], choice)``, ``choice[n]`` ``[Ca, Cb]`` the
+    candidate of every layer at each pair, or ``None`` when the inside does not reduce.
+    ``edges`` maps a key to ``(src, dst, table)`` (weighted; left unchanged), ``extra0``
+    the terminals' starting vectors (zeros)."""
+    edges = dict(edges)
+    extra = {a: np.zeros(len(unary[a])) if extra0 is None else extra0[a].copy(),
+             b: np.zeros(len(unary[b])) if extra0 is None else extra0[b].copy()}
+    alive = set(interior)
+    order = {n: i for i, n in enumerate(interior)}
     undo = []
     nxt = max(edges, default=0) + 1
     ins: dict = {}
@@ -221,7 +251,7 @@ def _reduce(seg: Segment, tables: CostTables, unary: dict, weight: float, parts:
             else:
                 seen[v] = k
 
-    for n in [a] + seg.interior:
+    for n in [a] + interior:
         merge(n)
     queue = sorted(alive, key=order.get)
     while queue:
@@ -280,19 +310,69 @@ def _reduce(seg: Segment, tables: CostTables, unary: dict, weight: float, parts:
             choice[j] = rec[3][choice[rec[2]]]
         else:
             choice[j] = np.full((Ca, Cb), rec[2])
-    A = np.zeros((Ca, Cb))
-    B, Ms, Ma = A.copy(), A.copy(), A.copy()
-    for n in seg.interior:
-        tm, to, st, ac = parts[n]
-        ch = choice[n]
-        A += tm[ch]
-        B += to[ch]
-        Ms += st[ch]
-        Ma += ac[ch]
-    for idx in seg.edges:
-        e, m = tables.edges[idx]
-        A += np.asarray(m)[choice[e.src], choice[e.dst]]
-    return _Reduced(L, A, B, Ms, Ma, [choice[n] for n in seg.interior])
+    return L, choice
+
+
+def _conditioned(a, b, interior, edges: dict, unary: dict):
+    """A segment that is not series-parallel, reduced exactly by fixing one layer: for each
+    of its candidates ``c`` the layer's edges become unary costs of its neighbours, the rest
+    is reduced (:func:`_series_parallel`), and each pair ``(c_a, c_b)`` keeps the ``c`` of
+    least cost.  The layer is the one with the fewest candidates whose removal leaves the
+    rest series-parallel (a mixture-of-experts layer's routing mask, read by both its
+    dispatch and its combine); ``None`` when no single layer does."""
+    one = {n: np.zeros(1) for n in [a, b] + list(interior)}
+    flat = {k: (u, v, np.zeros((1, 1))) for k, (u, v, _) in edges.items()}
+    best_x = None
+    for x in sorted(interior, key=lambda n: len(unary[n])):
+        if best_x is not None and len(unary[x]) >= len(unary[best_x]):
+            break
+        sub_e, sub_u, extra, _ = _fix(x, 0, a, b, flat, one)
+        rest = [n for n in interior if n != x]
+        if _series_parallel(a, b, rest, sub_e, sub_u, extra) is not None:
+            best_x = x
+    if best_x is None:
+        return None
+    x = best_x
+    rest = [n for n in interior if n != x]
+    bestL = pick = choice = None
+    for c in range(len(unary[x])):
+        sub_e, sub_u, extra, const = _fix(x, c, a, b, edges, unary)
+        L, ch = _series_parallel(a, b, rest, sub_e, sub_u, extra)
+        L = L + const
+        if bestL is None:
+            bestL, pick = L, np.zeros(L.shape, dtype=np.int64)
+            choice = {n: np.array(v, copy=True) for n, v in ch.items()}
+            continue
+        better = L < bestL
+        if better.any():
+            bestL = np.where(better, L, bestL)
+            pick[better] = c
+            for n in rest:
+                choice[n][better] = np.asarray(ch[n])[better]
+    choice[x] = pick
+    return bestL, choice
+
+
+def _fix(x, c, a, b, edges: dict, unary: dict):
+    """Layer ``x`` fixed to candidate ``c``: the other edges, the unary costs with ``x``'s
+    edges added to its neighbours (to the terminals' vectors for ``a``, ``b``), and
+    ``x``'s own cost."""
+    sub_u = dict(unary)
+    extra = {a: np.zeros(len(unary[a])), b: np.zeros(len(unary[b]))}
+    sub_e = {}
+    for k, (u, v, m) in edges.items():
+        if u == x:
+            n, vec = v, m[c, :]
+        elif v == x:
+            n, vec = u, m[:, c]
+        else:
+            sub_e[k] = (u, v, m)
+            continue
+        if n in extra:
+            extra[n] = extra[n] + vec
+        else:
+            sub_u[n] = sub_u[n] + vec
+    return sub_e, sub_u, extra, float(unary[x][c])
 
 
 def _add_unary(extra, unary, n, vec):
