@@ -231,8 +231,7 @@ def test_moe_blocks_reduce_exactly_with_the_routing_mask_fixed():
     unary = {n: tables.node_cost(n) for n in tables.names}
     edges = {i: (tables.edges[i][0].src, tables.edges[i][0].dst, tables.edges[i][1])
              for i in moe_seg.edges}
-    assert stages._series_parallel(moe_seg.a, moe_seg.b, moe_seg.interior, edges,
-                                   dict(unary)) is None
+    assert stages._SP(moe_seg.a, moe_seg.b, moe_seg.interior, edges, dict(unary)).alive
     assert stages.repeated_chain(tables, chain)
     ev = stages.Evaluator(cm, tables, MemorySettings(recompute=False, zero=0), 1e30)
     e = ev.evaluate(0.0)
