@@ -21,6 +21,12 @@ Each MoE layer, on hidden states ``x [b, s, h]``:
   balanced load times the capacity factor;
 * **combine**: ``combine @ expert outputs`` back to ``[b, s, h]``, then the residual.
 
+The routing's slot numbers feed both the dispatch and the combine, so a block's layer graph
+is not series-parallel; with that one tensor fixed it is, which is how the layer-wise chain
+search reduces the block (exactly, once per candidate of that tensor; it splits only samples,
+so it has few).  The combine therefore compares the slots again rather than reading the
+dispatch tensor, which would be a second such tensor with many candidates.
+
 Every shape is fixed by the arguments, whatever the router picks (no ``nonzero``, ``histc``
 or index lists), so the model traces and every device's share of the experts is known ahead.
 Routing happens per sequence (a sequence is GShard's *group*), so splitting the samples never
@@ -69,7 +75,9 @@ class MoE(nn.Module):
         gates = gates / gates.sum(dim=-1, keepdim=True)                 # renormalised top-k
         slot = torch.cumsum(mask, dim=1) * mask          # 1-based queue position, 0: not routed
         dispatch = torch.where(slot.unsqueeze(-1) == self.slots, 1.0, 0.0).to(x.dtype)
-        combine = dispatch * gates.unsqueeze(-1)                        # [b, s, E, cap]
+        # the combine compares the slots again instead of reading ``dispatch``: then the
+        # slot numbers are the one tensor both read (see the module docstring)
+        combine = torch.where(slot.unsqueeze(-1) == self.slots, gates.unsqueeze(-1), 0.0)
         xe = torch.matmul(dispatch.reshape(b, s, e * cap).transpose(1, 2), x)
         xe = xe.reshape(b, e, cap, h)                                   # experts' inputs
         act = F.silu(torch.matmul(xe, self.w_gate)) * torch.matmul(xe, self.w_up)
