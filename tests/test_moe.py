@@ -238,3 +238,15 @@ def test_moe_blocks_reduce_exactly_with_the_routing_mask_fixed():
     choice, _, _ = optcnn.solve(tables)
     assert e.time_s == pytest.approx(tables.objective(choice), rel=1e-9)
     assert tables.objective(e.choice) == pytest.approx(e.time_s, rel=1e-9)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algo", ["tofu", "celeritas"])
+def test_operator_families_plan_the_moe(algo):
+    """Tofu and Celeritas plan the operator graph of the same model (cumsum, comparisons,
+    the experts' batched matmuls are aten ops they describe)."""
+    from explorer import service as session
+    req = session.Request(model="moe", preset="local", devices=2, batch=2,
+                          model_args=dict(em.SMALL["moe"]))
+    res = session.run_method(req, algo)
+    assert res.objective_s > 0 and res.plan is not None

@@ -34,7 +34,9 @@ found, not to the relaxed objective.
 only tensor crossing the gap after them, in graph order: a Transformer's residual stream
 between blocks) into segments.  Each segment with a series-parallel inside is reduced by node
 and edge eliminations (equations 2, 3) to one table ``[c_a, c_b]`` over its two cut layers,
-keeping every interior layer's argmin for every pair; identical segments (repeated blocks:
+keeping every interior layer's argmin for every pair; a segment whose inside is series-parallel
+once one layer is fixed (a mixture-of-experts block) is reduced exactly once per candidate of
+that layer (:func:`_conditioned`); identical segments (repeated blocks:
 same layers, options and tables, compared by content) are reduced once.  The chain is then
 solved by min-plus vector–matrix products — the same optimum as :func:`.optcnn.solve` (the
 tests check it).  Graphs that do not decompose so fall back to :func:`.optcnn.solve` on the
