@@ -211,14 +211,15 @@ def test_moe_runs_on_two_workers_match_one_device(moe_runs, case):
 
 
 # --------------------------------------------------------------------------------------------
-# repeated MoE blocks: the chain search fixes the routing mask (not series-parallel)
+# repeated MoE blocks: the chain search fixes one layer (not series-parallel)
 # --------------------------------------------------------------------------------------------
 
 
-def test_moe_blocks_reduce_exactly_with_the_routing_mask_fixed():
-    """The router's mask is read by the dispatch and by the combine, so an MoE block is not
-    series-parallel; the chain search reduces it with one layer fixed per candidate and
-    finds the same optimum as the elimination (Algorithm 1 with its exact residual solve)."""
+def test_moe_blocks_reduce_exactly_with_one_layer_fixed():
+    """The routing's slot numbers are read by the dispatch and by the combine, so an MoE
+    block is not series-parallel; the chain search reduces it with one layer fixed per
+    candidate and finds the same optimum as the elimination (Algorithm 1 with its exact
+    residual solve)."""
     from explorer.engine.layerwise import optcnn, stages
     from explorer.engine.layerwise.memory import MemorySettings
     from explorer.engine.search import Request
