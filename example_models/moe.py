@@ -6,7 +6,7 @@ Each MoE layer, on hidden states ``x [b, s, h]``:
 
 * **router**: ``probs = softmax(router(x))`` over the experts, ``[b, s, E]``;
 * **top-k**: ``top_k − 1`` rounds of "drop the largest remaining probability" (``amax``,
-  ``>=``) leave the k-th largest as the largest; the probabilities at least that large are
+  ``>=``, minus 2) leave the k-th largest as the largest; the probabilities at least that large are
   the 0/1 ``mask [b, s, E]``; the gates are the chosen probabilities renormalised to sum to
   1 per token (as Mixtral does);
 * **capacity**: every expert takes at most ``capacity = ceil(capacity_factor · top_k · s /
@@ -31,7 +31,8 @@ Every shape is fixed by the arguments, whatever the router picks (no ``nonzero``
 or index lists), so the model traces and every device's share of the experts is known ahead.
 Routing happens per sequence (a sequence is GShard's *group*), so splitting the samples never
 moves a token's slot.  Comparisons are turned into 0.0/1.0 with ``torch.where`` at once (in
-the input's precision), so every tensor between layers is floating point.
+the input's precision), so every tensor between layers is floating point (no boolean tensor
+crosses from one layer to another).
 """
 
 from __future__ import annotations
@@ -68,7 +69,8 @@ class MoE(nn.Module):
         probs = F.softmax(self.router(x), dim=-1)                        # [b, s, E]
         rest = probs
         for _ in range(self.top_k - 1):                                 # drop the largest
-            rest = torch.where(rest >= rest.amax(dim=-1, keepdim=True), -1.0, rest)
+            top = torch.where(rest >= rest.amax(dim=-1, keepdim=True), 1.0, 0.0).to(x.dtype)
+            rest = rest - 2.0 * top
         kth = rest.amax(dim=-1, keepdim=True)                           # k-th largest
         mask = torch.where(probs >= kth, 1.0, 0.0).to(x.dtype)          # the top k
         gates = probs * mask
@@ -77,7 +79,8 @@ class MoE(nn.Module):
         dispatch = torch.where(slot.unsqueeze(-1) == self.slots, 1.0, 0.0).to(x.dtype)
         # the combine compares the slots again instead of reading ``dispatch``: then the
         # slot numbers are the one tensor both read (see the module docstring)
-        combine = torch.where(slot.unsqueeze(-1) == self.slots, gates.unsqueeze(-1), 0.0)
+        combine = torch.where(slot.unsqueeze(-1) == self.slots, 1.0, 0.0).to(x.dtype) \
+            * gates.unsqueeze(-1)
         xe = torch.matmul(dispatch.reshape(b, s, e * cap).transpose(1, 2), x)
         xe = xe.reshape(b, e, cap, h)                                   # experts' inputs
         act = F.silu(torch.matmul(xe, self.w_gate)) * torch.matmul(xe, self.w_up)

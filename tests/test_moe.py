@@ -251,3 +251,20 @@ def test_operator_families_plan_the_moe(algo):
                           model_args=dict(em.SMALL["moe"]))
     res = session.run_method(req, algo)
     assert res.objective_s > 0 and res.plan is not None
+
+
+def test_export_lists_split_experts_as_not_as_planned():
+    """``explorer export``: DTensor's matmul does not shard a batched weight's experts, so an
+    experts layer split on ``e`` is listed with that reason (computed whole) rather than
+    drifting at run time; its sample split is kept."""
+    from explorer.engine.core.capture_cache import layer_graph
+    from explorer.engine.export import not_as_planned, program
+    args = dict(em.SMALL["moe"])
+    g = layer_graph("moe", 4, args)
+    ex = [la.name for la in _experts(g)]
+    cfg = {la.name: ({"n": 2} if "n" in la.dims else {}, (0, 1) if "n" in la.dims else (0,))
+           for la in g.layers()}
+    cfg[ex[0]] = ({"e": 2}, (0, 1))
+    _, text = program("moe", 4, args, 2, cfg)
+    off = {d[0]: d for d in not_as_planned(text)}
+    assert set(off) == {ex[0]} and "batched weight" in off[ex[0]][3]
