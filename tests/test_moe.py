@@ -172,7 +172,8 @@ def test_search_chooses_expert_parallelism_and_equals_exhaustive(devices):
 
 def _run_plans():
     """Expert parallelism as MoE systems run it (tokens split by samples, experts split over
-    the 2 workers: all-to-all in and out), and the searched plan."""
+    the 2 workers: all-to-all in and out), the searched plan, and Megatron's (tensor
+    parallel attention, expert-parallel experts)."""
     from explorer import service as session
     req = session.Request(model="moe", preset="local", devices=2, batch=4,
                           model_args=dict(em.SMALL["moe"]))
@@ -181,6 +182,7 @@ def _run_plans():
     mm = [la.name for la in g.layers() if la.op == "matmul"]        # dispatch, combine
     ep = [f"{n}=e=2" for n in ex] + [f"{n}=n=2" for n in mm]
     plans = [session.run_method(req, "optcnn", pins).to_dict() for pins in (ep, None)]
+    plans.append(session.run_method(req, "megatron").to_dict())
     return ex, plans
 
 
@@ -195,7 +197,7 @@ def moe_runs():
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("case", [0, 1], ids=["experts-split", "searched"])
+@pytest.mark.parametrize("case", [0, 1, 2], ids=["experts-split", "searched", "megatron"])
 def test_moe_runs_on_two_workers_match_one_device(moe_runs, case):
     ex, plans, results = moe_runs
     res, plan = results[case], plans[case]
@@ -208,6 +210,9 @@ def test_moe_runs_on_two_workers_match_one_device(moe_runs, case):
     if case == 0:                    # each worker holds half the experts, tokens all-to-all
         assert all(cfg[n]["config_label"] == "e2" and cfg[n]["devices"] == [0, 1] for n in ex)
         assert plan["breakdown"]["transfer_s"] > 0
+    if case == 2:                    # expert parallelism over both workers
+        assert plan["info"]["ep"] == 2
+        assert all(cfg[n]["config_label"] == "e2" for n in ex)
 
 
 # --------------------------------------------------------------------------------------------
