@@ -1,4 +1,5 @@
-"""LLM benchmark (issue 28): Llama-3-like decoders on H100 nodes, memory-feasible plans.
+"""LLM benchmark (issue 28): Llama-3-like decoders and a Mixtral-like mixture-of-experts
+decoder on H100 nodes, memory-feasible plans.
 
 For each (model, devices): the capture time (layer graphs at the full batch and at the
 micro-batch sizes tried, from the capture cache when warm), then for ``pipeline`` (the
@@ -10,12 +11,17 @@ ring all-reduce for data-parallel synchronisation (``--sync ring``, as NCCL does
 collectives are rings in any case),
 ``h100-cluster`` (8 × H100 80 GB per node, NVLink 4, 400 Gb/s NDR InfiniBand per GPU).
 
-    python benchmarks/llm.py [--configs 8b@8,8b@64,8b@512,70b@64,70b@1024]
+    python benchmarks/llm.py [--configs 8b@8,8b@64,8b@512,70b@64,70b@1024,8x7b@64]
                              [--methods pipeline,optcnn,megatron-3d,fsdp] [--degrees SPEC]
 
 ``--degrees`` is the request's degree ladder (default ``auto``: every divisor up to 16
 devices, powers of two beyond); a coarser one (``1,8,64,512``) is a smaller search space,
 printed in each configuration's heading when given.
+
+``8x7b`` is the ``moe`` example at Mixtral-8x7B's sizes (8 experts, top-2, capacity factor
+1.25): its experts layers may split their experts (expert parallelism, all-to-all dispatch
+and combine), and Megatron's layouts split them over the largest divisor of the devices
+that divides the experts.
 
 Target: every plan of ``pipeline`` fits; search ≤ 10 s each on 2 cores (met for the 8B on
 8 devices; the measurements, and where it is not met, are in
@@ -37,7 +43,13 @@ MODELS = {
                vocab=128256, seq_len=4096),
     "70b": dict(layers=80, hidden=8192, heads=64, kv_heads=8, intermediate=28672,
                 vocab=128256, seq_len=4096),
+    # Mixtral-8x7B-like (Jiang et al. 2024): 8 experts of Mistral-7B's MLP, top-2, capacity
+    # factor 1.25, the ``moe`` example's static dispatch
+    "8x7b": dict(layers=32, hidden=4096, heads=32, kv_heads=8, intermediate=14336, experts=8,
+                 top_k=2, capacity_factor=1.25, vocab=32000, seq_len=4096),
 }
+#: the example each configuration is built from
+EXAMPLE = {"8b": "llama", "70b": "llama", "8x7b": "moe"}
 #: global batch (sequences) per device count
 BATCH = {8: 16, 64: 128, 512: 1024, 1024: 2048}
 
@@ -61,7 +73,7 @@ def row(algo, res, wall):
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--configs", default="8b@8,8b@64,8b@512,70b@64,70b@1024")
+    ap.add_argument("--configs", default="8b@8,8b@64,8b@512,70b@64,70b@1024,8x7b@64")
     ap.add_argument("--methods", default="pipeline,optcnn,megatron-3d,fsdp")
     ap.add_argument("--degrees", default="auto")
     ap.add_argument("--sync", default="ring", choices=("ring", "ps"),
@@ -82,12 +94,13 @@ def main(argv=None) -> int:
         B = BATCH[n]
         margs = MODELS[name]
         t0 = time.perf_counter()
-        graph = layer_graph("llama", B, dict(margs))
+        example = EXAMPLE[name]
+        graph = layer_graph(example, B, dict(margs))
         cap_s = time.perf_counter() - t0
         deg = "" if args.degrees == "auto" else f", degrees {args.degrees}"
-        print(f"| **llama-{name} on {n} devices, batch {B} × {margs['seq_len']}{deg}** | "
+        print(f"| **{example}-{name} on {n} devices, batch {B} × {margs['seq_len']}{deg}** | "
               f"capture {cap_s:.1f} s ({len(graph.names())} layers) | | | | | |", flush=True)
-        req = Request("llama", B, dict(margs), preset="h100-cluster", devices=n, dtype="bf16",
+        req = Request(example, B, dict(margs), preset="h100-cluster", devices=n, dtype="bf16",
                       degrees=args.degrees, sync=args.sync)
         for algo in args.methods.split(","):
             opts = {"optimizer": "adam"} if algo in ("pipeline", "optcnn") else {}

@@ -74,6 +74,8 @@ _ENTRIES = [
      ("bert", "build_bert"), 8),
     ("llama", "Llama-style decoder (Touvron et al. 2023): RMSNorm, SwiGLU, rotary, causal SDPA, no biases",
      ("llama", "build_llama"), 8),
+    ("moe", "Mixture-of-experts decoder (Mixtral-style, GShard/Switch dispatch): router, top-k, "
+     "capacity-based one-hot dispatch, experts as batched matmuls", ("moe", "build_moe"), 8),
     ("vit", "Vision Transformer (Dosovitskiy et al. 2021), torchvision ViT-B/16 layout, nn.MultiheadAttention",
      ("vit", "build_vit"), 32),
     ("mobilenet_v2", "MobileNetV2 (Sandler et al. 2018): inverted residuals, depthwise 3x3, ReLU6, 224x224",
@@ -189,6 +191,8 @@ SMALL = {
     "bert": {"layers": 1, "hidden": 16, "heads": 2, "seq_len": 8, "vocab": 20, "num_classes": 3},
     "llama": {"layers": 1, "hidden": 16, "heads": 2, "intermediate": 24, "seq_len": 8,
               "vocab": 20},
+    "moe": {"layers": 1, "hidden": 16, "heads": 2, "intermediate": 24, "experts": 4, "top_k": 2,
+            "seq_len": 8, "vocab": 20},
     "vit": {"image_size": 16, "patch": 8, "layers": 1, "hidden": 16, "heads": 2, "mlp": 32,
             "num_classes": 10},
     "mobilenet_v2": {"width": 0.25, "image_size": 32, "num_classes": 10},

@@ -13,7 +13,7 @@ from torch import nn
 import example_models as em
 
 NAMES = ["lenet5", "alexnet", "vgg16", "inception_v3", "resnet50", "wresnet", "mlp", "lstm", "transformer",
-         "densenet", "unet", "seq2seq", "holography", "gpt2", "bert", "llama", "vit", "mobilenet_v2"]
+         "densenet", "unet", "seq2seq", "holography", "gpt2", "bert", "llama", "moe", "vit", "mobilenet_v2"]
 
 # Small settings so that a real CPU forward+backward of every model stays fast.
 SMALL = {
@@ -33,6 +33,8 @@ SMALL = {
     "gpt2": {"layers": 2, "hidden": 32, "heads": 4, "seq_len": 16, "vocab": 50},
     "bert": {"layers": 2, "hidden": 32, "heads": 4, "seq_len": 16, "vocab": 50, "num_classes": 3},
     "llama": {"layers": 2, "hidden": 32, "heads": 4, "intermediate": 48, "seq_len": 16, "vocab": 50},
+    "moe": {"layers": 2, "hidden": 32, "heads": 4, "intermediate": 48, "experts": 4, "top_k": 2,
+            "seq_len": 16, "vocab": 50},
     "vit": {"image_size": 32, "patch": 8, "layers": 2, "hidden": 32, "heads": 4, "mlp": 64,
             "num_classes": 10},
     "mobilenet_v2": {"width": 0.25, "image_size": 32, "num_classes": 10},
@@ -48,7 +50,7 @@ def out_shape(name, batch, params):
         return (batch, params["tgt_steps"], params["vocab"])
     if name == "holography":         # amplitude and phase for 3 colours, per pixel
         return (batch, 6, params["res"], params["res"])
-    if name in ("gpt2", "llama"):    # next-token scores for every position
+    if name in ("gpt2", "llama", "moe"):    # next-token scores for every position
         return (batch, params["seq_len"], params["vocab"])
     return (batch, params["num_classes"])
 

@@ -25,6 +25,9 @@ GLOSSARY = {
          "the columns.",
     "l": "l: the length of a sequence (time steps / tokens). l2 = each device computes half "
          "of the positions.",
+    "e": "e: the experts of a mixture-of-experts layer. e4 = each device holds a quarter of "
+         "the experts and computes their tokens (expert parallelism); tokens reach it by an "
+         "all-to-all.",
     "k": "k: the reduction dimension (input channels / features summed over). k2 = each "
          "device holds half of the inputs and the partial outputs are added "
          "(reduce-scatter, t_R).",
@@ -70,10 +73,10 @@ GLOSSARY = {
 }
 
 #: a configuration label's parts, e.g. "n4", "c2", "k8"
-_DEGREE = re.compile(r"\b([nchwlk])(\d+)\b")
+_DEGREE = re.compile(r"\b([nchwlek])(\d+)\b")
 _CONFIG_1 = re.compile(r"c_[ijk]\*? ?= ?1\b")
 _TERMS = re.compile(r"(t_[CSXRO]\b|[Ee]quation [123]\b|eq\. [123]\b|Theorem 1\b|"
-                    r"\b[nchwlk]\d+\b|coarsened graph|CPD-TOPO|Standard Evaluation|"
+                    r"\b[nchwlek]\d+\b|coarsened graph|CPD-TOPO|Standard Evaluation|"
                     r"Adjusting Placement|Baechi|c_[ijk]\*? ?= ?1\b)")
 
 

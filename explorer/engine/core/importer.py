@@ -556,6 +556,9 @@ class _Importer:
             return self.fold(node, x)
         if name in ("conv_transpose1d", "conv_transpose2d", "conv_transpose3d"):
             return self.conv_transpose_call(node, x, args, kw, name)
+        if name == "matmul" and len(tens) == 1 and len(params) == 1 and \
+                len(params[0].shape) == 3 and params[0].param in self.trainable:
+            return self.experts(node, args, x, params[0])
         if name in ("addmm", "mm", "matmul") and len(tens) == 1 and params:
             return self.linear_t(node, name, args, kw, x)
         if name == "baddbmm":
@@ -613,6 +616,9 @@ class _Importer:
         if name in ("softmax", "log_softmax", "_softmax", "_log_softmax"):
             dim = kw.get("dim", args[1] if len(args) > 1 else -1)
             return self.softmax(node, x, dim)
+        if name == "cumsum":
+            dim = kw.get("dim", args[1] if len(args) > 1 else None)
+            return self.cumsum(node, x, dim)
         if name in ("mean", "sum", "amax"):
             dim = kw.get("dim", args[1] if len(args) > 1 else None)
             keep = kw.get("keepdim", args[2] if len(args) > 2 else False)
@@ -781,6 +787,31 @@ class _Importer:
         axes[dim] = "-"
         self.new_layer(node, "softmax", shape, tuple(axes), [x], {}, {"full_axes": (dim,)},
                        5.0 * math.prod(shape))
+
+    def cumsum(self, node, x, dim):
+        """``cumsum`` along ``dim``: a scan, so that axis is whole on every device (like a
+        softmax's); the others follow the output box."""
+        shape = self.shape_of(node)
+        dim = dim % len(shape)
+        axes = list(self.axes_like(x, shape))
+        axes[dim] = "-"
+        self.new_layer(node, "cumsum", shape, tuple(axes), [x], {}, {"full_axes": (dim,)},
+                       float(math.prod(shape)))
+
+    def experts(self, node, args, x, w):
+        """``x [n, E, C, in] @ W [E, in, out]``: one matmul per expert (mixture-of-experts
+        layers, each expert's tokens gathered into ``C`` capacity slots), an ``experts`` layer
+        whose expert axis ``e`` splits the weight's experts (expert parallelism) and whose
+        ``c`` splits each expert's output features."""
+        shape = self.shape_of(node)
+        if (len(x.shape) != 4 or len(shape) != 4 or args[0] is not node.args[0]
+                or not isinstance(args[1], torch.fx.Node) or x.shape[1] != w.shape[0]
+                or x.shape[-1] != w.shape[1]):
+            return self.unsupported(node, f"matmul of a {list(x.shape)} activation by a "
+                                          f"{list(w.shape)} parameter (an experts layer takes "
+                                          f"x [n, experts, capacity, in] @ W [experts, in, out])")
+        self.new_layer(node, "experts", shape, ("n", "e", "-", "c"), [x], {w.param: w.shape},
+                       {}, 2.0 * math.prod(shape) * x.shape[-1])
 
     def reduce(self, node, x, dim, keep):
         shape = self.shape_of(node)

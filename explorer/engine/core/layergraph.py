@@ -6,7 +6,8 @@ A :class:`LayerGraph` wraps a ``networkx.MultiDiGraph`` whose nodes are layer na
 paper's edge elimination merges exactly those.
 
 Each layer names the *axes* of its output tensor with the paper's dimension letters
-(``n`` sample, ``c`` channel, ``h`` height, ``w`` width, ``l`` length); an axis that cannot be
+(``n`` sample, ``c`` channel, ``h`` height, ``w`` width, ``l`` length, ``e`` the experts of
+a mixture-of-experts layer); an axis that cannot be
 partitioned is ``"-"``.  Those letters are what configurations are keyed by.
 """
 
@@ -21,7 +22,7 @@ import networkx as nx
 
 from explorer.engine.core.plandoc import dumps
 
-DIM_LETTERS = ("n", "c", "h", "w", "l")
+DIM_LETTERS = ("n", "c", "h", "w", "l", "e")
 
 
 @dataclass

@@ -33,7 +33,7 @@ from explorer.errors import InfeasiblePlan
 
 __all__ = ["Pin", "parse", "parse_all", "check", "from_placement_ui", "to_placement_ui"]
 
-_LETTERS = ("n", "c", "h", "w", "l", "k")
+_LETTERS = ("n", "c", "h", "w", "l", "e", "k")
 
 
 @dataclass(frozen=True)

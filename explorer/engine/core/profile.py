@@ -61,6 +61,8 @@ _SIG_ATTRS = {
     "concat": ("dim",),
     "norm": ("full_axes",),
     "softmax": ("full_axes",),
+    "cumsum": ("full_axes",),
+    "experts": (),
     "reduce": ("dims", "keepdim"),
     "embedding": (),
     "lstm_cell": ("has_state",),
@@ -330,6 +332,19 @@ def _linear(layer, out_shape, in_shapes, b):
     return lambda: [F.linear(x, w, bias)]
 
 
+def _experts(layer, out_shape, in_shapes, b):
+    """This device's experts: ``x [n, e, C, in] @ W [e, in, out]``."""
+    x = b.input(0, in_shapes[0])
+    w = b.rand((out_shape[1], in_shapes[0][-1], out_shape[-1]))
+    return lambda: [torch.matmul(x, w)]
+
+
+def _cumsum(layer, out_shape, in_shapes, b):
+    x = b.input(0, in_shapes[0])
+    dim = layer.attrs["full_axes"][0]
+    return lambda: [torch.cumsum(x, dim)]
+
+
 def _matmul(layer, out_shape, in_shapes, b):
     x, y = b.input(0, in_shapes[0]), b.input(1, in_shapes[1])
     return lambda: [torch.matmul(x, y)]
@@ -433,7 +448,7 @@ _RULES = {"param": _param, "conv": _conv, "pool": _pool, "adaptive_pool": _adapt
           "upsample": _upsample,
           "matmul": _matmul, "sdpa": _sdpa, "eltwise": _eltwise, "concat": _concat,
           "norm": _norm, "softmax": _softmax, "reduce": _reduce, "embedding": _embedding,
-          "lstm_cell": _lstm_cell, "mha": _mha}
+          "lstm_cell": _lstm_cell, "mha": _mha, "experts": _experts, "cumsum": _cumsum}
 _RULES["conv_transpose"] = _conv_transpose
 
 

@@ -182,6 +182,13 @@ def _rules(la, mod, node, own: bool) -> tuple:
                 ok[k] = (f"S{i}", None, {})
         why["l"] = "attention split on the sequence needs every key on every query shard"
         return "local", ok, why
+    if op == "experts":
+        if "n" in out_axis:
+            ok["n"] = (f"S{out_axis['n']}", None, {})
+        for k in ("e", "c"):
+            why[k] = (f"an experts layer split on {k} shards a batched weight, which "
+                      f"DTensor's matmul does not propagate")
+        return "follow", ok, why
     if op in ("pool", "adaptive_pool"):
         for k, i in out_axis.items():
             if i in (0, 1):

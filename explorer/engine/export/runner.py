@@ -244,6 +244,7 @@ class Layouts:
                          torch.get_default_dtype())
             if mode == "value":
                 dtype = next((a.dtype for a in _flat(args)), dtype)
+            dtype = _meta_dtype(fn, args, kwargs, dtype)
             return _placeholder(mesh, [placement(c) for c in out_codes], tuple(spec["shape"]),
                                 dtype)
         if mode == "value":
@@ -322,6 +323,22 @@ _DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.in
 def _device_of(mesh):
     return torch.device(mesh.device_type, torch.cuda.current_device()) \
         if mesh.device_type == "cuda" else torch.device(mesh.device_type)
+
+
+def _meta_dtype(fn, args, kwargs, default):
+    """The dtype ``fn`` gives on these arguments (a comparison: bool), found on the meta
+    device so a rank outside a layer's mesh holds a placeholder of the right dtype;
+    ``default`` when a plain function of tensors cannot tell (a module, an error)."""
+    if isinstance(fn, torch.nn.Module):
+        return default
+    try:
+        def meta(a):
+            return torch.empty(tuple(a.shape), dtype=a.dtype, device="meta") \
+                if isinstance(a, torch.Tensor) else a
+        out = fn(*[meta(a) for a in args], **{k: meta(v) for k, v in kwargs.items()})
+    except Exception:  # noqa: BLE001 - any op meta cannot run keeps the default
+        return default
+    return out.dtype if isinstance(out, torch.Tensor) else default
 
 
 def _placeholder(mesh, pls, shape, dtype):

@@ -15,7 +15,9 @@
   reduce-scattered along the sequence); the other layers with a sequence axis (norms,
   residual adds, embeddings: ``SequenceParallel``) split it (``n=dp, l=tp``), the rest
   (pooled heads, classifiers) are data-parallel over all devices.  Column vs row is read off
-  the graph's structure, not layer names.
+  the graph's structure, not layer names.  Mixture-of-experts layers (an expert axis ``e``)
+  use expert parallelism as Megatron-Core does with an expert tensor-parallel size of 1: the
+  experts split over ``ep`` devices (:func:`default_ep`), the samples over the rest.
 
 Each is costed with the same tables as the search, so objectives are comparable.  Pinned
 layers keep their pin (cheapest candidate that meets it).
@@ -160,6 +162,14 @@ def default_tp(graph, n_devices: int) -> int:
                if n_devices % d == 0 and all(h % d == 0 for h in heads))
 
 
+def default_ep(graph, n_devices: int) -> int:
+    """Megatron's expert-parallel degree: the largest divisor of the device count that
+    divides every experts layer's expert count (1 when the model has none)."""
+    experts = [la.size("e") for la in graph.layers() if "e" in la.dims]
+    return max(d for d in range(1, n_devices + 1)
+               if n_devices % d == 0 and all(e % d == 0 for e in experts))
+
+
 def _find(cands, want: dict):
     """Index of the candidate with exactly the degrees ``want`` (the others 1), on as many
     devices as they multiply to, or ``None``."""
@@ -188,6 +198,7 @@ def megatron(problem, pins=None, options: MegatronOptions | None = None) -> Resu
     tables = cost_model.tables(pins)
     pinned = {p.layer for p in (pins or [])}
     roles = megatron_roles(graph)
+    ep = default_ep(graph, n)
     want_of = {"column": {"n": dp, "c": tp}, "row": {"n": dp, G.REDUCE: tp}}
     choice, fallback = {}, {}
     for nm in tables.names:
@@ -198,6 +209,8 @@ def megatron(problem, pins=None, options: MegatronOptions | None = None) -> Resu
         layer = graph.layer(nm)
         if roles[nm] in want_of:
             intended = want_of[roles[nm]]
+        elif "e" in layer.dims:         # experts (and their SwiGLU product): expert-parallel
+            intended = {"n": n // ep, "e": ep}
         else:               # sequence-parallel where there is a sequence, else data-parallel
             intended = {"n": dp, "l": tp} if "l" in layer.dims else {"n": n}
         pick = None
@@ -213,5 +226,7 @@ def megatron(problem, pins=None, options: MegatronOptions | None = None) -> Resu
     counts = {r: sum(1 for v in roles.values() if v == r) for r in ("column", "row", "other")}
     info = {"strategy": "megatron", "tp": tp, "dp": dp, "roles": counts,
             "fallback": fallback}
+    if any("e" in graph.layer(nm).dims for nm in tables.names):
+        info["ep"] = ep
     return layerwise_result("megatron", graph, devices, cost_model, tables, choice, [], info,
                             time.perf_counter() - t0, pins)

@@ -33,7 +33,7 @@ __all__ = ["rebatch", "graph_at"]
 _PER_SAMPLE = {"eltwise", "linear", "embedding", "sdpa", "softmax", "norm", "layernorm",
                "conv", "conv2d", "conv1d", "conv3d", "conv_transpose", "pool", "maxpool", "avgpool",
                "adaptive_pool", "matmul", "bmm", "dropout", "activation", "mha", "lstm_cell",
-               "concat", "pad", "upsample", "interpolate", "reduce", "gelu", "relu"}
+               "concat", "pad", "upsample", "interpolate", "reduce", "gelu", "relu", "cumsum", "experts"}
 #: attribute keys known to hold no batch-dependent number (``dim``/``dims``: checked below)
 _SAFE_ATTRS = {"fn", "causal", "weight_t", "dims", "keepdim", "dim", "offsets", "kernel",
                "stride", "padding", "dilation", "groups", "ceil_mode", "eps", "mode",
@@ -143,6 +143,8 @@ def _out_axis(layer, in_axes: list) -> int | None:
     if "dim" in layer.attrs and layer.op in ("softmax",) and \
             layer.attrs["dim"] % len(layer.out_shape) == q:
         raise _Stop(f"layer {layer.name} normalises over the batch")
+    if q in layer.attrs.get("full_axes", ()):
+        raise _Stop(f"layer {layer.name} ({layer.op}) needs the whole batch axis")
     return q
 
 

@@ -34,7 +34,9 @@ found, not to the relaxed objective.
 only tensor crossing the gap after them, in graph order: a Transformer's residual stream
 between blocks) into segments.  Each segment with a series-parallel inside is reduced by node
 and edge eliminations (equations 2, 3) to one table ``[c_a, c_b]`` over its two cut layers,
-keeping every interior layer's argmin for every pair; identical segments (repeated blocks:
+keeping every interior layer's argmin for every pair; a segment whose inside is series-parallel
+once one layer is fixed (a mixture-of-experts block) is reduced exactly once per candidate of
+that layer (:func:`_conditioned`); identical segments (repeated blocks:
 same layers, options and tables, compared by content) are reduced once.  The chain is then
 solved by min-plus vector–matrix products — the same optimum as :func:`.optcnn.solve` (the
 tests check it).  Graphs that do not decompose so fall back to :func:`.optcnn.solve` on the
@@ -177,109 +179,28 @@ class _Reduced:
 
 
 def _reduce(seg: Segment, tables: CostTables, unary: dict, weight: float, parts: dict):
-    """Series-parallel reduction of a segment (equations 2, 3, and leaves), or ``None`` when
-    its inside is not series-parallel."""
-    a, b = seg.a, seg.b
+    """A segment reduced to ``[c_a, c_b]`` (:class:`_Reduced`), or ``None`` when its inside
+    is not series-parallel even with one layer fixed (:func:`_conditioned`)."""
     edges: dict = {}
     for idx in seg.edges:
         e, m = tables.edges[idx]
         edges[idx] = (e.src, e.dst, weight * np.asarray(m, dtype=np.float64))
-    extra = {a: np.zeros(len(unary[a])), b: np.zeros(len(unary[b]))}
-    alive = set(seg.interior)
-    order = {n: i for i, n in enumerate(seg.interior)}
-    undo = []
-    nxt = max(edges, default=0) + 1
-    ins: dict = {}
-    outs: dict = {}
-    for k, (u, v, _) in edges.items():
-        outs.setdefault(u, set()).add(k)
-        ins.setdefault(v, set()).add(k)
-
-    def drop(k):
-        u, v, m = edges.pop(k)
-        outs[u].discard(k)
-        ins[v].discard(k)
-        return u, v, m
-
-    def add(u, v, m):
-        nonlocal nxt
-        edges[nxt] = (u, v, m)
-        outs.setdefault(u, set()).add(nxt)
-        ins.setdefault(v, set()).add(nxt)
-        nxt += 1
-
-    def merge(u):
-        """Equation 3 on ``u``'s out-edges: parallel edges sum."""
-        seen: dict = {}
-        for k in sorted(outs.get(u, ())):
-            v = edges[k][1]
-            if v in seen:
-                _, _, m1 = drop(seen[v])
-                _, _, m2 = drop(k)
-                add(u, v, m1 + m2)
-                seen[v] = nxt - 1
-            else:
-                seen[v] = k
-
-    for n in [a] + seg.interior:
-        merge(n)
-    queue = sorted(alive, key=order.get)
-    while queue:
-        progressed = False
-        for j in sorted(alive, key=order.get):
-            i_s, o_s = ins.get(j, set()), outs.get(j, set())
-            uj = unary[j]
-            if len(i_s) == 1 and len(o_s) == 1:
-                (k1,), (k2,) = tuple(i_s), tuple(o_s)
-                i, _, ma = drop(k1)
-                _, k, mb = drop(k2)
-                m, arg = optcnn.min_plus(ma + uj[None, :], mb)          # equation 2
-                add(i, k, m)
-                merge(i)
-                undo.append(("node", j, i, k, arg))
-            elif len(i_s) == 1 and not o_s:             # a leaf: its best per source
-                i, _, ma = drop(next(iter(i_s)))
-                t = ma + uj[None, :]
-                arg = t.argmin(axis=1)
-                _add_unary(extra, unary, i, t[np.arange(len(arg)), arg])
-                undo.append(("out", j, i, arg))
-            elif len(o_s) == 1 and not i_s:
-                _, k, mb = drop(next(iter(o_s)))
-                t = mb + uj[:, None]
-                arg = t.argmin(axis=0)
-                _add_unary(extra, unary, k, t[arg, np.arange(len(arg))])
-                undo.append(("in", j, k, arg))
-            elif not i_s and not o_s:
-                undo.append(("free", j, int(uj.argmin())))
-                extra[a] = extra[a] + float(uj.min())
-            else:
-                continue
-            alive.discard(j)
-            progressed = True
-        if not progressed:
-            break
-        queue = list(alive)
-    if alive:
-        return None
-    Ca, Cb = len(unary[a]), len(unary[b])
-    L = extra[a][:, None] + extra[b][None, :]
-    for u, v, m in edges.values():
-        if (u, v) != (a, b):
+    a, b = seg.a, seg.b
+    st = _SP(a, b, seg.interior, edges, dict(unary))
+    if st.alive:
+        got = _conditioned(st)
+        if got is None:
             return None
-        L = L + m
-    choice = {a: np.broadcast_to(np.arange(Ca)[:, None], (Ca, Cb)),
-              b: np.broadcast_to(np.arange(Cb)[None, :], (Ca, Cb))}
-    for rec in reversed(undo):
-        kind, j = rec[0], rec[1]
-        if kind == "node":
-            _, _, i, k, arg = rec
-            choice[j] = arg[choice[i], choice[k]]
-        elif kind == "out":
-            choice[j] = rec[3][choice[rec[2]]]
-        elif kind == "in":
-            choice[j] = rec[3][choice[rec[2]]]
-        else:
-            choice[j] = np.full((Ca, Cb), rec[2])
+        L, choice = got
+    else:
+        L = st.closed()
+        if L is None:
+            return None
+        Ca, Cb = L.shape
+        choice = {a: np.broadcast_to(np.arange(Ca)[:, None], (Ca, Cb)),
+                  b: np.broadcast_to(np.arange(Cb)[None, :], (Ca, Cb))}
+    st.replay(choice)
+    Ca, Cb = L.shape
     A = np.zeros((Ca, Cb))
     B, Ms, Ma = A.copy(), A.copy(), A.copy()
     for n in seg.interior:
@@ -293,6 +214,192 @@ def _reduce(seg: Segment, tables: CostTables, unary: dict, weight: float, parts:
         e, m = tables.edges[idx]
         A += np.asarray(m)[choice[e.src], choice[e.dst]]
     return _Reduced(L, A, B, Ms, Ma, [choice[n] for n in seg.interior])
+
+
+class _SP:
+    """Series-parallel reduction of the layers ``interior`` between ``a`` and ``b``
+    (equations 2, 3, and leaves), run as far as it goes: ``alive`` the layers left (none
+    when the inside is series-parallel), ``edges``/``unary``/``extra`` what remains (the
+    terminals' vectors in ``extra``), ``undo`` the eliminations to replay.  ``edges`` maps a
+    key to ``(src, dst, table)`` (weighted; the caller's dict is left unchanged)."""
+
+    def __init__(self, a, b, interior, edges: dict, unary: dict, extra0: dict | None = None):
+        self.a, self.b = a, b
+        self.unary = unary
+        edges = self.edges = dict(edges)
+        extra = self.extra = {a: np.zeros(len(unary[a])) if extra0 is None else extra0[a].copy(),
+                              b: np.zeros(len(unary[b])) if extra0 is None else extra0[b].copy()}
+        alive = set(interior)
+        order = {n: i for i, n in enumerate(interior)}
+        undo = self.undo = []
+        nxt = max(edges, default=0) + 1
+        ins: dict = {}
+        outs: dict = {}
+        for k, (u, v, _) in edges.items():
+            outs.setdefault(u, set()).add(k)
+            ins.setdefault(v, set()).add(k)
+
+        def drop(k):
+            u, v, m = edges.pop(k)
+            outs[u].discard(k)
+            ins[v].discard(k)
+            return u, v, m
+
+        def add(u, v, m):
+            nonlocal nxt
+            edges[nxt] = (u, v, m)
+            outs.setdefault(u, set()).add(nxt)
+            ins.setdefault(v, set()).add(nxt)
+            nxt += 1
+
+        def merge(u):
+            """Equation 3 on ``u``'s out-edges: parallel edges sum."""
+            seen: dict = {}
+            for k in sorted(outs.get(u, ())):
+                v = edges[k][1]
+                if v in seen:
+                    _, _, m1 = drop(seen[v])
+                    _, _, m2 = drop(k)
+                    add(u, v, m1 + m2)
+                    seen[v] = nxt - 1
+                else:
+                    seen[v] = k
+
+        for n in [a] + interior:
+            merge(n)
+        queue = sorted(alive, key=order.get)
+        while queue:
+            progressed = False
+            for j in sorted(alive, key=order.get):
+                i_s, o_s = ins.get(j, set()), outs.get(j, set())
+                uj = unary[j]
+                if len(i_s) == 1 and len(o_s) == 1:
+                    (k1,), (k2,) = tuple(i_s), tuple(o_s)
+                    i, _, ma = drop(k1)
+                    _, k, mb = drop(k2)
+                    m, arg = optcnn.min_plus(ma + uj[None, :], mb)          # equation 2
+                    add(i, k, m)
+                    merge(i)
+                    undo.append(("node", j, i, k, arg))
+                elif len(i_s) == 1 and not o_s:             # a leaf: its best per source
+                    i, _, ma = drop(next(iter(i_s)))
+                    t = ma + uj[None, :]
+                    arg = t.argmin(axis=1)
+                    _add_unary(extra, unary, i, t[np.arange(len(arg)), arg])
+                    undo.append(("out", j, i, arg))
+                elif len(o_s) == 1 and not i_s:
+                    _, k, mb = drop(next(iter(o_s)))
+                    t = mb + uj[:, None]
+                    arg = t.argmin(axis=0)
+                    _add_unary(extra, unary, k, t[arg, np.arange(len(arg))])
+                    undo.append(("in", j, k, arg))
+                elif not i_s and not o_s:
+                    undo.append(("free", j, int(uj.argmin())))
+                    extra[a] = extra[a] + float(uj.min())
+                else:
+                    continue
+                alive.discard(j)
+                progressed = True
+            if not progressed:
+                break
+            queue = list(alive)
+        self.alive = sorted(alive, key=order.get)
+
+    def closed(self):
+        """``L [Ca, Cb]`` when only edges between the terminals are left, else ``None``."""
+        a, b = self.a, self.b
+        L = self.extra[a][:, None] + self.extra[b][None, :]
+        for u, v, m in self.edges.values():
+            if (u, v) != (a, b):
+                return None
+            L = L + m
+        return L
+
+    def replay(self, choice: dict) -> None:
+        """Undo the eliminations: every eliminated layer's ``[Ca, Cb]`` choice from those of
+        the layers it was eliminated onto (``choice`` holds the terminals and the layers
+        left alive)."""
+        shape = choice[self.a].shape
+        for rec in reversed(self.undo):
+            kind, j = rec[0], rec[1]
+            if kind == "node":
+                _, _, i, k, arg = rec
+                choice[j] = arg[choice[i], choice[k]]
+            elif kind in ("out", "in"):
+                choice[j] = rec[3][choice[rec[2]]]
+            else:
+                choice[j] = np.full(shape, rec[2])
+
+
+def _conditioned(st: _SP):
+    """The layers a series-parallel reduction left (``st.alive``: a mixture-of-experts
+    layer's routing mask is read by its dispatch and by its combine), reduced exactly by
+    fixing one of them: for each of its candidates ``c`` its edges become unary costs of its
+    neighbours, the rest is reduced again, and each pair ``(c_a, c_b)`` keeps the ``c`` of
+    least cost.  The layer fixed is the one with the fewest candidates whose removal leaves
+    the rest series-parallel; ``(L, choice)`` of the terminals and the layers left, or
+    ``None`` when no single layer does."""
+    a, b = st.a, st.b
+    one = {n: np.zeros(1) for n in [a, b] + st.alive}
+    flat = {k: (u, v, np.zeros((1, 1))) for k, (u, v, _) in st.edges.items()}
+    x = None
+    for y in sorted(st.alive, key=lambda n: len(st.unary[n])):
+        rest = [n for n in st.alive if n != y]
+        sub_e, sub_u, extra, _ = _fix(y, 0, a, b, flat, one)
+        sub = _SP(a, b, rest, sub_e, sub_u, extra)
+        if not sub.alive and sub.closed() is not None:
+            x = y
+            break
+    if x is None:
+        return None
+    rest = [n for n in st.alive if n != x]
+    Ca, Cb = len(st.unary[a]), len(st.unary[b])
+    base = {a: np.broadcast_to(np.arange(Ca)[:, None], (Ca, Cb)),
+            b: np.broadcast_to(np.arange(Cb)[None, :], (Ca, Cb))}
+    extra0 = st.extra
+    bestL = pick = choice = None
+    for c in range(len(st.unary[x])):
+        sub_e, sub_u, extra, const = _fix(x, c, a, b, st.edges, st.unary)
+        extra = {t: extra[t] + extra0[t] for t in (a, b)}
+        sub = _SP(a, b, rest, sub_e, sub_u, extra)
+        L = sub.closed() + const
+        ch = dict(base)
+        sub.replay(ch)
+        if bestL is None:
+            bestL, pick = L, np.zeros(L.shape, dtype=np.int64)
+            choice = {n: np.array(ch[n], copy=True) for n in rest}
+            continue
+        better = L < bestL
+        if better.any():
+            bestL = np.where(better, L, bestL)
+            pick[better] = c
+            for n in rest:
+                choice[n][better] = np.asarray(ch[n])[better]
+    choice.update(base)
+    choice[x] = pick
+    return bestL, choice
+
+
+def _fix(x, c, a, b, edges: dict, unary: dict):
+    """Layer ``x`` fixed to candidate ``c``: the other edges, the unary costs with ``x``'s
+    edges added to its neighbours (to the terminals' vectors for ``a``, ``b``), and
+    ``x``'s own cost."""
+    sub_u = dict(unary)
+    extra = {a: np.zeros(len(unary[a])), b: np.zeros(len(unary[b]))}
+    sub_e = {}
+    for k, (u, v, m) in edges.items():
+        if u == x:
+            n, vec = v, m[c, :]
+        elif v == x:
+            n, vec = u, m[:, c]
+        else:
+            sub_e[k] = (u, v, m)
+            continue
+        if n in extra:
+            extra[n] = extra[n] + vec
+        else:
+            sub_u[n] = sub_u[n] + vec
+    return sub_e, sub_u, extra, float(unary[x][c])
 
 
 def _add_unary(extra, unary, n, vec):

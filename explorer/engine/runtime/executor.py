@@ -115,6 +115,10 @@ class InEdge:
     steps: list = field(default_factory=list)
 
 
+#: element-wise layer functions whose value has no gradient with respect to their inputs
+_COMPARISONS = {"lt", "le", "gt", "ge", "eq", "ne"}
+
+
 @dataclass
 class LayerState:
     name: str
@@ -378,7 +382,10 @@ class Executor:
             node = self.nodes.get(name)
             if node is None:
                 raise InfeasiblePlan(f"layer {name} has no node in the traced model")
-            dtype = self._dtype(node)
+            # the layer's value is its last folded node's (a comparison made 0/1 by a
+            # folded ``where``: floating point, not the comparison's bool)
+            dtype = self._dtype(self.nodes.get(layer.folded[-1], node) if layer.folded
+                                else node)
             st = LayerState(name, layer, cfg, boxes, pos, None if pos is None else boxes[pos],
                             dtype, is_output=name in self.outputs)
             self.state[name] = st
@@ -475,8 +482,10 @@ class Executor:
                         else:
                             st.sync.append((ranks, [skey]))
             st.sync.sort(key=lambda t: t[0])
+            # a comparison passes no gradient to its inputs (only to folded parameters)
+            flows = layer.op != "eltwise" or layer.attrs.get("fn") not in _COMPARISONS
             st.needs_grad = bool(any(mapping[k] in self.param_names for k in shards)
-                                 or any(ie.grad for ie in st.ins))
+                                 or (flows and any(ie.grad for ie in st.ins)))
             st.needs_grad = st.needs_grad and dtype.is_floating_point
             if pos is not None:
                 folded = []

@@ -13,8 +13,9 @@ box of the single-device result:
   rows cropped to the owned box (zero rows where no input reaches it), then the bias.
 * ``adaptive_pool``: separable averaging (or max) matrices over the region when h/w is split.
 * ``linear`` (weight rows), ``embedding`` (table columns), ``concat`` (input slices placed),
-  ``eltwise`` (broadcasting), ``norm``/``softmax``/``reduce``/``sdpa``/``matmul`` (the
-  reduced axes are whole in the region) call the model's own function on the regions.
+  ``eltwise`` (broadcasting), ``norm``/``softmax``/``reduce``/``cumsum``/``sdpa``/``matmul`` (the
+  reduced or scanned axes are whole in the region) and ``experts`` (the device's experts' and
+  output columns' weight shard) call the model's own function on the regions.
 * ``upsample``: nearest-neighbour index arithmetic when h/w is split.
 * ``sdpa``: a constant mask cut to the box's query rows; ``is_causal`` on split rows becomes an
   explicit mask offset by the first row.  ``mha``: ``F.multi_head_attention_forward`` with the
@@ -512,7 +513,8 @@ def _lstm(ctx, ins, in_boxes, out_box):
 RULES = {"param": _param, "conv": _conv, "pool": _pool, "adaptive_pool": _adaptive_pool, "upsample": _upsample,
          "linear": _linear, "embedding": _embedding, "concat": _concat, "eltwise": _generic,
          "norm": _generic, "softmax": _generic, "reduce": _generic, "sdpa": _sdpa,
-         "matmul": _matmul, "lstm_cell": _lstm, "mha": _mha}
+         "matmul": _matmul, "lstm_cell": _lstm, "mha": _mha, "cumsum": _generic,
+         "experts": _generic}
 RULES["conv_transpose"] = _conv_transpose
 
 

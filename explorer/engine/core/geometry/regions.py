@@ -4,8 +4,9 @@
 compute its output box: halos for convolution and pooling windows (:mod:`.windows`; the rows
 whose taps reach the box for a transposed convolution), full rows for matrix products, every
 key position for attention (``sdpa``, ``mha``: the query rows follow the box), per-input slices
-for concat.  :func:`param_shards` gives the part of each weight it needs (column ranges for a
-``linear`` whose weight is stored ``[in, out]``),
+for concat, the whole scanned axis for ``cumsum``.  :func:`param_shards` gives the part of
+each weight it needs (column ranges for a ``linear`` whose weight is stored ``[in, out]``; an
+``experts`` layer's experts and output columns),
 :func:`shard_summary` the replica groups the weight gradients synchronise in.
 """
 
@@ -99,7 +100,9 @@ def input_regions(layer: Layer, index: int, boxes: np.ndarray,
             if a.get("mode") != "nearest":
                 lo, top = np.maximum(lo - 1, 0), np.minimum(top + 1, hi_)
             reg[..., ax, 0], reg[..., ax, 1] = lo, np.maximum(top, lo)
-    elif op == "linear":
+    elif op in ("linear", "experts"):
+        # experts: x [n, E, C, in] -> [n, E, C, out]: the box's samples, experts and slots,
+        # every input feature
         reg[..., :-1, :] = boxes[..., :-1, :]
         if reduce is not None:
             reg[..., -1, :] = reduce
@@ -145,7 +148,7 @@ def input_regions(layer: Layer, index: int, boxes: np.ndarray,
         lo = np.clip(boxes[..., dim, 0] - off, 0, shp[dim])
         hi = np.clip(boxes[..., dim, 1] - off, 0, shp[dim])
         reg[..., dim, 0], reg[..., dim, 1] = lo, np.maximum(hi, lo)
-    elif op in ("norm", "softmax"):
+    elif op in ("norm", "softmax", "cumsum"):
         reg[...] = boxes
         for ax in a["full_axes"]:
             reg[..., ax, 0], reg[..., ax, 1] = 0, shp[ax]
@@ -210,6 +213,10 @@ def param_shards(layer: Layer, boxes: np.ndarray, reduce: np.ndarray | None = No
             reg[..., 1, :] = boxes[..., c_ax, :]     # weight [in, out]: output columns
             if reduce is not None:
                 reg[..., 0, :] = reduce              # row-parallel: its input-feature rows
+        elif op == "experts":
+            # W [E, in, out]: the box's experts (e) and output features (c), every input row
+            reg[..., 0, :] = boxes[..., 1, :]
+            reg[..., 2, :] = boxes[..., 3, :]
         elif op in ("eltwise", "param") or name.startswith("operand"):
             reg = broadcast_region(boxes, shape)
         elif op == "norm":
