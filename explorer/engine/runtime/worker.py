@@ -512,6 +512,7 @@ def run_jobs(rank, world, device, jobs, send):
         res = run_job(job, rank, world, device, progress)
         if rank == 0:
             send("result", i, res)
+    _LAST_REF.clear()                  # the references are for this launch's plans only
 
 
 def report_and_exit(queue, rank: int, exc: BaseException) -> None:
