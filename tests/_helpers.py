@@ -3,6 +3,7 @@ random operator DAGs for the placers, a tap on a graph node in the browser tests
 
 import subprocess
 import sys
+import time
 
 import networkx as nx
 import numpy as np
@@ -129,3 +130,18 @@ def open_page(duo, name: str, timeout: float = 90) -> None:
 def page_path(duo) -> str:
     """Browser tests: the path of the page shown ("/", "/tofu", ...)."""
     return duo.driver.execute_script("return window.location.pathname;")
+
+
+def until(pred, timeout: float, what: str):
+    """Poll ``pred`` until it returns something truthy (returned) or ``timeout`` seconds pass
+    (an AssertionError naming ``what``); exceptions count as not yet (a page still rendering)."""
+    end = time.time() + timeout
+    while time.time() < end:
+        try:
+            got = pred()
+            if got:
+                return got
+        except Exception:                      # noqa: BLE001 - the page is still rendering
+            pass
+        time.sleep(0.3)
+    raise AssertionError(f"{what} not met in {timeout} s")

@@ -6,6 +6,8 @@ import time
 
 import pytest
 
+from _helpers import until
+
 from explorer.app import create_app
 from explorer.views import ids
 
@@ -44,19 +46,6 @@ def _hit(a, b) -> bool:
     return a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]
 
 
-def _until(pred, timeout, what):
-    end = time.time() + timeout
-    while time.time() < end:
-        try:
-            got = pred()
-            if got:
-                return got
-        except Exception:                      # noqa: BLE001 - the page is still rendering
-            pass
-        time.sleep(0.3)
-    raise AssertionError(f"{what} not met in {timeout} s")
-
-
 @pytest.mark.slow
 def test_compare_across_families_reads_rows_of_all_three_families(dash_duo):
     dash_duo.start_server(create_app())
@@ -65,7 +54,7 @@ def test_compare_across_families_reads_rows_of_all_three_families(dash_duo):
     # nothing is searched before the button: the section is only its bar
     assert not dash_duo.find_element(f"#{ids.FAMILIES_RESULTS}").is_displayed()
     dash_duo.find_element(f"#{ids.FAMILIES_BUTTON}").click()
-    rows = _until(lambda: [r for r in dash_duo.driver.execute_script(ROWS)
+    rows = until(lambda: [r for r in dash_duo.driver.execute_script(ROWS)
                            if r["method"]] or None, 240, "the cross-family table")
     fams = {r["family"] for r in rows}
     assert fams == {"layer-wise", "Tofu", "placement"}, rows
@@ -111,7 +100,7 @@ def test_compare_across_families_reads_rows_of_all_three_families(dash_duo):
                                   "reference_ok": True})
     t0 = time.time()
     dash_duo.find_element(f"#{ids.FAMILIES_BUTTON}").click()
-    again = _until(lambda: {r["method"]: r for r in dash_duo.driver.execute_script(ROWS)
+    again = until(lambda: {r["method"]: r for r in dash_duo.driver.execute_script(ROWS)
                             if r["method"] == "data" and r["measured"].startswith("500 ms")},
                    60, "the data plan's measured step")
     assert time.time() - t0 < 20

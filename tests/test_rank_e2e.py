@@ -6,6 +6,8 @@ import time
 
 import pytest
 
+from _helpers import until
+
 from explorer.app import create_app
 from explorer.views import ids
 
@@ -34,19 +36,6 @@ return [...document.querySelectorAll('.rank-methods label')]
 """
 
 
-def _until(pred, timeout, what):
-    end = time.time() + timeout
-    while time.time() < end:
-        try:
-            got = pred()
-            if got:
-                return got
-        except Exception:                      # noqa: BLE001 - the page is still rendering
-            pass
-        time.sleep(0.3)
-    raise AssertionError(f"{what} not met in {timeout} s")
-
-
 def _type(duo, cid, text):
     box = duo.find_element(f"#{cid}")
     box.clear()
@@ -65,7 +54,7 @@ def test_rank_by_running_shows_tau_regret_noise_and_a_row_per_plan(dash_duo):
     dash_duo.driver.get(base + QUERY)
     dash_duo.wait_for_contains_text(f"#{ids.CONTEXT}compare", "local", timeout=90)
     button = dash_duo.find_element(f"#{ids.RANK_BUTTON}")
-    _until(lambda: button.is_enabled(), 30, "the button on for the local preset")
+    until(lambda: button.is_enabled(), 30, "the button on for the local preset")
     assert dash_duo.find_element(f"#{ids.RANK_GATE}").text == ""
     assert not dash_duo.find_element(f"#{ids.RANK_RESULTS}").is_displayed()
     # a bad count is one line on the page, and nothing runs
@@ -78,9 +67,9 @@ def test_rank_by_running_shows_tau_regret_noise_and_a_row_per_plan(dash_duo):
     assert set(dash_duo.driver.execute_script(UNTICK, sorted(KEEP))) == KEEP
     _type(dash_duo, ids.RANK_ROUNDS, "1")
     _type(dash_duo, ids.RANK_STEPS, "1")
-    _until(lambda: button.is_enabled(), 30, "the button back after the refused job")
+    until(lambda: button.is_enabled(), 30, "the button back after the refused job")
     button.click()
-    rows = _until(lambda: [r for r in dash_duo.driver.execute_script(ROWS) if r["method"]]
+    rows = until(lambda: [r for r in dash_duo.driver.execute_script(ROWS) if r["method"]]
                   or None, 300, "the ranking's table")
     assert {r["method"] for r in rows} == KEEP, rows
     assert dash_duo.find_element(f"#{ids.RANK_ERROR}").text == ""
