@@ -30,7 +30,7 @@ dispatch tensor, which would be a second such tensor with many candidates.
 Every shape is fixed by the arguments, whatever the router picks (no ``nonzero``, ``histc``
 or index lists), so the model traces and every device's share of the experts is known ahead.
 Routing happens per sequence (a sequence is GShard's *group*), so splitting the samples never
-moves a token's slot.  Comparisons are turned into 0.0/1.0 with ``torch.where`` at once (in
+moves a token's slot.  Comparisons are turned into 0.0/1.0 with ``torch.where`` at once (buffers in
 the input's precision), so every tensor between layers is floating point (no boolean tensor
 crosses from one layer to another).
 """
@@ -62,24 +62,29 @@ class MoE(nn.Module):
         # slot numbers 1..capacity of an expert's queue (a token's running count)
         self.register_buffer("slots", torch.arange(1, capacity + 1, dtype=torch.float32),
                              persistent=False)
+        # 1.0 and 0.0 as buffers, so ``model.to(dtype)`` converts them: comparisons become
+        # 0.0/1.0 in the model's precision with the same operators in float32 and float64
+        self.register_buffer("one", torch.ones(()), persistent=False)
+        self.register_buffer("zero", torch.zeros(()), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, s, h = x.shape[0], x.shape[1], x.shape[2]
         e, cap = self.experts, self.capacity
         probs = F.softmax(self.router(x), dim=-1)                        # [b, s, E]
+        one, zero = self.one, self.zero      # in the model's precision (no conversion op)
         rest = probs
         for _ in range(self.top_k - 1):                                 # drop the largest
-            top = torch.where(rest >= rest.amax(dim=-1, keepdim=True), 1.0, 0.0).to(x.dtype)
+            top = torch.where(rest >= rest.amax(dim=-1, keepdim=True), one, zero)
             rest = rest - 2.0 * top
         kth = rest.amax(dim=-1, keepdim=True)                           # k-th largest
-        mask = torch.where(probs >= kth, 1.0, 0.0).to(x.dtype)          # the top k
+        mask = torch.where(probs >= kth, one, zero)                     # the top k
         gates = probs * mask
         gates = gates / gates.sum(dim=-1, keepdim=True)                 # renormalised top-k
         slot = torch.cumsum(mask, dim=1) * mask          # 1-based queue position, 0: not routed
-        dispatch = torch.where(slot.unsqueeze(-1) == self.slots, 1.0, 0.0).to(x.dtype)
+        dispatch = torch.where(slot.unsqueeze(-1) == self.slots, one, zero)
         # the combine compares the slots again instead of reading ``dispatch``: then the
         # slot numbers are the one tensor both read (see the module docstring)
-        combine = torch.where(slot.unsqueeze(-1) == self.slots, 1.0, 0.0).to(x.dtype) \
+        combine = torch.where(slot.unsqueeze(-1) == self.slots, one, zero) \
             * gates.unsqueeze(-1)
         xe = torch.matmul(dispatch.reshape(b, s, e * cap).transpose(1, 2), x)
         xe = xe.reshape(b, e, cap, h)                                   # experts' inputs
