@@ -15,7 +15,7 @@ from explorer.engine.core.devices import local, preset
 from explorer.engine.core.opgraph import build_opgraph
 from explorer.engine.placement.estimate import VIEW_OPS
 from explorer.engine.runtime.compiled import _real_step, device_program, transfers
-from explorer.engine.runtime.opexec import placement_comm_bytes, run_placement
+from explorer.engine.runtime.opexec import placement_comm_bytes, run_placement, run_placements
 from explorer.engine.runtime.reference import compare, traced_step
 from explorer.engine.search import Problem, Request, run as run_method
 from explorer.errors import InfeasiblePlan, NotCalibrated
@@ -54,16 +54,69 @@ def graphs():
     return {m: build_opgraph(m, b, a) for m, b, a in MODELS}
 
 
+def _alternating(og):
+    """Every other operator (and parameter) on the other device."""
+    names = [t.id for t in og.tensors.values() if t.producer is None] + list(og.ops)
+    return names, [i % 2 for i in range(len(names))]
+
+
+class _Batched:
+    """model -> {case: result}: each model's placements (every method's, the alternating
+    one) run in one launch (:func:`run_placements`: the workers start and trace once), when
+    the first of its tests asks; a failed launch runs each placement alone, so the failing
+    test names its method."""
+
+    def __init__(self, graphs):
+        self.graphs, self.out = graphs, {}
+
+    def __call__(self, model, case):
+        if model not in self.out:
+            self.out[model] = self._launch(model)
+        r = self.out[model][case]
+        if isinstance(r, BaseException):
+            raise r
+        return r
+
+    def _launch(self, model):
+        batch, args = next((b, a) for m, b, a in MODELS if m == model)
+        og = self.graphs[model]
+        plans, out = {"alternating": _alternating(og)}, {}
+        if model in (m for m, *_ in MODELS[:2]):
+            for algo in METHODS:
+                try:
+                    res = run_method(algo, Problem(
+                        Request(model, batch, dict(args), preset="local", devices=2),
+                        opgraph_=og), options={"memory_per_device": 2 ** 30})
+                    plans[algo] = (res.plan.names, res.plan.placement)
+                except Exception as exc:  # noqa: BLE001 - reported by the method's test
+                    out[algo] = exc
+        kw = dict(g=og, steps=1, warmup=0, timeout_s=300)
+        try:
+            out.update(zip(plans, run_placements(model, batch, args, list(plans.values()),
+                                                 2, **kw)))
+        except Exception:  # noqa: BLE001 - each alone: the failure names its placement
+            for case, plan in plans.items():
+                try:
+                    out[case] = run_placements(model, batch, args, [plan], 2, **kw)[0]
+                except Exception as exc:  # noqa: BLE001
+                    out[case] = exc
+        out["plans"] = plans
+        return out
+
+
+@pytest.fixture(scope="module")
+def batched(graphs):
+    return _Batched(graphs)
+
+
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("algo", METHODS)
 @pytest.mark.parametrize("model,batch,args", MODELS[:2], ids=[m for m, *_ in MODELS[:2]])
-def test_every_placement_method_runs_compiled_and_matches_one_device(graphs, model, batch,
-                                                                     args, algo):
+def test_every_placement_method_runs_compiled_and_matches_one_device(graphs, batched, model,
+                                                                     batch, args, algo):
     og = graphs[model]
-    res = run_method(algo, Problem(Request(model, batch, dict(args), preset="local", devices=2),
-                                   opgraph_=og), options={"memory_per_device": 2 ** 30})
-    names, devs = res.plan.names, res.plan.placement
-    r = _run(model, batch, args, names, devs)
+    r = batched(model, algo)
+    names, devs = batched.out[model]["plans"][algo]
     assert r["executor"] == "compiled"
     assert r["reference_ok"], r["reference"]
     assert r["max_rel_error"] < 1e-5
@@ -73,20 +126,35 @@ def test_every_placement_method_runs_compiled_and_matches_one_device(graphs, mod
 
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("model,batch,args", MODELS, ids=[m for m, *_ in MODELS])
-def test_an_alternating_placement_sends_every_crossing_tensor_and_matches(graphs, model,
-                                                                          batch, args):
+def test_an_alternating_placement_sends_every_crossing_tensor_and_matches(graphs, batched,
+                                                                          model, batch, args):
     """Every other operator (and parameter) on the other device: most tensors cross, and
     multi-output calls, views and parameters read on the other device all go through
     send/recv; the result is still the single-device step."""
     og = graphs[model]
-    names = [t.id for t in og.tensors.values() if t.producer is None] + list(og.ops)
-    devs = [i % 2 for i in range(len(names))]
-    r = _run(model, batch, args, names, devs)
+    names, devs = _alternating(og)
+    r = batched(model, "alternating")
     assert r["reference_ok"], r["reference"]
     assert r["transfers"] == len(transfers(og, dict(zip(names, devs)), 2)) > 20
     _moves_the_planned_bytes(og, names, devs, r)
     assert min(r["compute_s"]) > 0 and all(w >= 0 for w in r["wait_s"])
     assert all(p > 0 for p in r["peak_memory_bytes"])
+
+
+@pytest.mark.multiprocess
+def test_placements_launched_together_each_match_what_they_give_alone(graphs):
+    """Two placements in one launch report what each reports alone: the second starts from
+    the same parameters and buffers (not the first's updated ones) and moves its own bytes."""
+    model, batch, args = MODELS[2]
+    og = graphs[model]
+    alt = _alternating(og)
+    whole = (alt[0], [0] * len(alt[0]))
+    both = run_placements(model, batch, args, [alt, whole], 2, g=og, steps=2, warmup=0)
+    alone = run_placements(model, batch, args, [whole], 2, g=og, steps=2, warmup=0)[0]
+    assert both[0]["transfers"] > 20 and both[1]["transfers"] == alone["transfers"] == 0
+    assert both[1]["loss"] == alone["loss"] and both[1]["reference_ok"]
+    assert both[1]["max_rel_error"] == alone["max_rel_error"]
+    assert both[0]["measured_comm_bytes"] > both[1]["measured_comm_bytes"] == 0
 
 
 def test_a_one_device_program_is_the_whole_step(graphs):

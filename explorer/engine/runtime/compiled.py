@@ -49,8 +49,8 @@ from explorer.engine.runtime import comm
 from explorer.engine.runtime.launcher import RunFailed
 from explorer.engine.runtime.timing import clock, is_cuda, peak_allocated, reset_peak
 
-__all__ = ["device_program", "transfers", "run_compiled", "LiveBytes", "traced_program",
-           "timeline", "instep_op_times"]
+__all__ = ["device_program", "transfers", "run_compiled", "run_compiled_many", "LiveBytes",
+           "traced_program", "timeline", "instep_op_times"]
 
 #: random ops the deterministic numerics cannot make the identity
 _RANDOM = {"bernoulli", "bernoulli_", "rand_like", "randn_like", "rand", "randn",
@@ -564,11 +564,11 @@ def _constants_on(gm, device):
 
 
 def _entry(rank, world, device, job, send):
-    """One worker (an entry of :func:`launcher.start_workers`): trace the step, check it is
-    the plan's graph, build this device's program, run it ``warmup + steps`` times and once
-    more counting live bytes; send the held finals, times, bytes and memory."""
+    """One worker (an entry of :func:`launcher.start_workers`): trace the step once, check it
+    is the plans' graph, then each placement of ``job["plans"]`` in turn
+    (:func:`_run_plan`), its results sent under ``(plan index, kind)``."""
     from explorer.engine.core.opgraph import opgraph_digest
-    from explorer.engine.runtime.faults import FAULT_ENV, inject_fault, parse_fault
+    from explorer.engine.runtime.faults import FAULT_ENV, parse_fault
     fault = parse_fault(job.get("fault") or os.environ.get(FAULT_ENV))
     set_device(device)
     g, gm, params, buffers, x = _real_step(job["spec"], job["batch"], job["model_args"],
@@ -577,9 +577,23 @@ def _entry(rank, world, device, job, send):
         raise InfeasiblePlan("the worker's trace of the model differs from the plan's "
                              "operator graph (model code or arguments changed?)")
     g.gm = gm
+    flat = list(params) + list(buffers) + [x]
+    # a step may update buffers in place (BatchNorm's ``num_batches_tracked.add_``): with
+    # several plans, each starts from a copy of the values the first one was given
+    pristine = [t.clone() for t in flat] if len(job["plans"]) > 1 else None
+    for i, plan in enumerate(job["plans"]):
+        def send_i(kind, what=None, value=None, i=i):
+            send(kind, (i, what), value)
+        start = flat if i == 0 else [t.clone() for t in pristine]
+        _run_plan(rank, world, device, g, start, {**job, **plan}, fault, send_i)
+
+
+def _run_plan(rank, world, device, g, flat, job, fault, send):
+    """One placement on this worker: build this device's program, run it ``warmup + steps``
+    times and once more counting live bytes; send the held finals, times, bytes and memory."""
+    from explorer.engine.runtime.faults import inject_fault
     dev = job["placement"]
     prog = device_program(g, dev, rank, world, job.get("order"))
-    flat = list(params) + list(buffers) + [x]
     times, waits, cpus, finals, sent = [], [], [], None, 0
     warmup, steps = int(job["warmup"]), int(job["steps"])
     from explorer.engine.runtime.memlimit import arm, disarm
@@ -664,14 +678,11 @@ def _judge(out, got_params, ref32, tol, float64_ref=None) -> dict:
 
 
 def run_compiled(spec: str, batch: int | None, model_args: dict | None, names, placement,
-                 workers: int = 2, *, g, digest: str, steps: int = 20, warmup: int = 3,
-                 seed: int = 0, lr: float = 0.01, timeout_s: float = 300.0,
-                 tol: float = 1e-4, fault: str | None = None, check: bool = True,
-                 memory_limit: float | None = None, order=None,
-                 timeline: bool = False, float64_ref=None) -> dict:
+                 workers: int = 2, *, g, digest: str, order=None, **kw) -> dict:
     """Run placement ``names[i] -> placement[i]`` of ``spec``'s step as one compiled program
     per device on ``workers`` local worker processes (CPU or CUDA: :mod:`.devicemap`),
-    ``warmup`` discarded and ``steps`` timed steps.
+    ``warmup`` discarded and ``steps`` timed steps (:func:`run_compiled_many` with one plan,
+    whose keyword arguments it takes).
 
     Returns ``reference_ok`` / ``reference`` / ``max_rel_error`` / ``loss`` /
     ``reference_loss`` (the first step against the whole step run in this process),
@@ -685,26 +696,77 @@ def run_compiled(spec: str, batch: int | None, model_args: dict | None, names, p
     ``float64_ref``: a function giving the float64 step a run on GPUs is judged against
     (:func:`_judge`).
     ``order``: the plan's operators in its simulated schedule (:func:`device_program`)."""
+    return run_compiled_many(spec, batch, model_args, [(names, placement, order)], workers,
+                             g=g, digest=digest, **kw)[0]
+
+
+def run_compiled_many(spec: str, batch: int | None, model_args: dict | None, plans: list,
+                      workers: int = 2, *, g, digest: str, steps: int = 20, warmup: int = 3,
+                      seed: int = 0, lr: float = 0.01, timeout_s: float = 300.0,
+                      tol: float = 1e-4, fault: str | None = None, check: bool = True,
+                      memory_limit: float | None = None, timeline: bool = False,
+                      float64_ref=None) -> list:
+    """Several placements of one model, ``plans`` = ``[(names, placement, order), ...]``
+    (``order`` may be None), in one launch: the workers start and trace the step once and
+    run the placements one after the other; the single-device reference is computed once.
+    One result per plan, as :func:`run_compiled`'s.  ``memory_limit`` guards a launch of one
+    plan only."""
     from explorer.engine.runtime.launcher import start_workers
     from explorer.engine.runtime.reference import traced_step
-    dev = {str(nm): int(d) for nm, d in zip(names, placement)}
-    bad = sorted({d for d in dev.values() if not 0 <= d < workers})
-    if bad:
-        raise InfeasiblePlan(f"the placement uses devices {bad}; this run has {workers} "
-                             f"workers (0..{workers - 1})")
-    plan = transfers(g, dev, workers)
+    if not plans:
+        return []
+    if memory_limit is not None and len(plans) > 1:
+        raise InfeasiblePlan("a memory limit guards a launch of one plan: run the plans one "
+                             "at a time")
+    devs, moves = [], []
+    for names, placement, _ in plans:
+        dev = {str(nm): int(d) for nm, d in zip(names, placement)}
+        bad = sorted({d for d in dev.values() if not 0 <= d < workers})
+        if bad:
+            raise InfeasiblePlan(f"the placement uses devices {bad}; this run has {workers} "
+                                 f"workers (0..{workers - 1})")
+        devs.append(dev)
+        moves.append(transfers(g, dev, workers))
     job = {"spec": spec, "batch": batch, "model_args": dict(model_args or {}), "seed": seed,
-           "lr": lr, "placement": dev, "fault": fault, "digest": digest,
-           "steps": max(1, int(steps)), "warmup": max(0, int(warmup)),
-           "order": list(order) if order is not None else None, "timeline": timeline}
+           "lr": lr, "fault": fault, "digest": digest,
+           "steps": max(1, int(steps)), "warmup": max(0, int(warmup)), "timeline": timeline,
+           "plans": [{"placement": dev, "order": list(order) if order is not None else None}
+                     for dev, (_, _, order) in zip(devs, plans)]}
     got = start_workers(workers, _entry, job, timeout_s=timeout_s,
-                        name="explorer-place-worker", memory_limit=memory_limit)
-    stats = {r: v["stats"] for r, v in got.results.items() if "stats" in v}
-    if len(stats) != workers or any("main" not in v for v in got.results.values()):
+                        name="explorer-place-worker", memory_limit=memory_limit,
+                        jobs=len(plans))
+    ref = None
+    outs = []
+    for i, plan in enumerate(moves):
+        res = {r: {k[1]: v for k, v in got.results[r].items() if k[0] == i}
+               for r in got.results}
+        out, held = _plan_result(spec, g, res, workers, got, plan, timeline)
+        if check:
+            if ref is None:
+                _, gm, params, buffers, x = _real_step(spec, batch, model_args, seed, lr, g)
+                threads = torch.get_num_threads()
+                torch.set_num_threads(1)       # as the workers: the same kernels' rounding
+                try:
+                    ref = traced_step(_Whole(g, gm), params, buffers, x)
+                finally:
+                    torch.set_num_threads(threads)
+            got_params = {k: torch.from_numpy(v) for k, v in held.items() if k != "loss"}
+            doc = _judge(out, got_params, ref, tol, float64_ref)
+            out.update(reference=doc, reference_ok=doc["ok"],
+                       max_rel_error=doc["max_rel_error"], reference_loss=ref[0])
+        outs.append(out)
+    return outs
+
+
+def _plan_result(spec, g, res, workers, got, plan, timeline):
+    """One plan's result from what its workers sent (``res``: rank -> kind -> value), and the
+    finals the workers held."""
+    stats = {r: v["stats"] for r, v in res.items() if "stats" in v}
+    if len(stats) != workers or any("main" not in v for v in res.values()):
         raise RunFailed("the workers finished without sending their results", 0, got.pids)
     held: dict = {}
-    for r in sorted(got.results):
-        held.update(got.results[r]["main"])
+    for r in sorted(res):
+        held.update(res[r]["main"])
     per_step = [max(ts) for ts in zip(*(stats[r]["times"] for r in sorted(stats)))]
     out = {"model": spec, "workers": workers, "executor": "compiled",
            "dtype": g.tensors[next(iter(g.params.values()))].dtype,
@@ -732,16 +794,4 @@ def run_compiled(spec: str, batch: int | None, model_args: dict | None, names, p
     out.update(got.describe())
     if got.map is not None and got.map.shared:
         out.setdefault("warnings", []).append(got.map.note)
-    if check:
-        _, gm, params, buffers, x = _real_step(spec, batch, model_args, seed, lr, g)
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)               # as the workers: the same kernels' rounding
-        try:
-            ref = traced_step(_Whole(g, gm), params, buffers, x)
-        finally:
-            torch.set_num_threads(threads)
-        got_params = {k: torch.from_numpy(v) for k, v in held.items() if k != "loss"}
-        doc = _judge(out, got_params, ref, tol, float64_ref)
-        out.update(reference=doc, reference_ok=doc["ok"], max_rel_error=doc["max_rel_error"],
-                   reference_loss=ref[0])
-    return out
+    return out, held

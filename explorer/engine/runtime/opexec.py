@@ -47,7 +47,8 @@ from explorer.engine.runtime import comm
 from explorer.engine.runtime.launcher import RunFailed
 from explorer.engine.runtime.timing import clock, peak_allocated, reset_peak
 
-__all__ = ["run_layout", "run_layouts", "run_placement", "placement_xplan", "placement_comm_bytes"]
+__all__ = ["run_layout", "run_layouts", "run_placement", "run_placements", "placement_xplan",
+           "placement_comm_bytes"]
 
 #: random ops :class:`~explorer.engine.core.capture.deterministic` cannot make the identity
 #: (it makes ``native_dropout`` and the ``bernoulli_`` mask a dropout traces to the identity)
@@ -1239,6 +1240,40 @@ def placement_comm_bytes(g, names, placement) -> float:
         readers = {dev[o] for o in consumers[t] if o in dev}
         pred += ten.bytes * len(readers - {src})
     return pred
+
+
+def run_placements(spec: str, batch: int | None, model_args: dict | None, plans: list,
+                   workers: int = 2, *, g=None, seed: int = 0, lr: float = 0.01,
+                   timeout_s: float = 300.0, tol: float = 1e-4, steps: int = 3,
+                   warmup: int = 1, check: bool = True) -> list:
+    """Several placements of one model, ``plans`` = ``[(names, placement), ...]`` or
+    ``[(names, placement, order), ...]``, compiled and run in one launch
+    (:func:`.compiled.run_compiled_many`: the workers start and trace the step once, the
+    reference is computed once).  One result per plan, as :func:`run_placement`'s."""
+    from explorer.engine.core.capture_cache import op_graph
+    from explorer.engine.core.opgraph import opgraph_digest
+    from explorer.engine.runtime.compiled import run_compiled_many
+    if g is None:
+        g = op_graph(spec, batch, model_args)
+    full = []
+    for plan in plans:
+        names, placement, order = (tuple(plan) + (None,))[:3]
+        names = list(names)
+        missing = [o for o in g.ops if o not in set(names)]
+        if missing:
+            raise InfeasiblePlan(f"the placement does not cover operator {missing[0]} of "
+                                 f"{spec} ({len(missing)} missing): was it made for another "
+                                 f"model or batch?")
+        full.append((names, placement, order))
+    digest = opgraph_digest(g)
+    outs = run_compiled_many(spec, batch, model_args, full, workers, g=g, digest=digest,
+                             steps=steps, warmup=warmup, seed=seed, lr=lr,
+                             timeout_s=timeout_s, tol=tol, check=check,
+                             float64_ref=lambda: float64_reference(spec, batch, model_args,
+                                                                   seed, lr, digest))
+    for out, (names, placement, _) in zip(outs, full):
+        out["predicted_comm_bytes"] = placement_comm_bytes(g, names, placement)
+    return outs
 
 
 def run_placement(spec: str, batch: int | None, model_args: dict | None, names, placement,
