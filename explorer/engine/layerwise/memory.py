@@ -260,8 +260,20 @@ def layer_options(cost_model, tables, name: str, settings: MemorySettings,
 def options_of(cost_model, tables, settings: MemorySettings, cache: dict | None = None) -> dict:
     """:func:`layer_options` of every layer (repeated layers computed once; ``cache`` shares
     them with another call on the same cost model)."""
+    from explorer.engine.layerwise.plan import layer_content_key
     cache = {} if cache is None else cache
-    return {n: layer_options(cost_model, tables, n, settings, cache) for n in tables.names}
+    graph, out, reps = cost_model.graph, {}, {}
+    for n in tables.names:
+        # what layer_options' own key holds, less the tables' arrays, which follow from it
+        # (a layer's costs depend on its content, candidates and gradient flags): the layers
+        # of repeated blocks take their first one's options without hashing their arrays
+        layer = graph.layer(n)
+        key = (layer_content_key(layer), layer.flops,
+               cost_model.candidates_key(tables.candidates[n]), cost_model.needs_grad(n),
+               cost_model.input_grads(n))
+        rep = reps.setdefault(key, n)
+        out[n] = out[rep] if rep != n else layer_options(cost_model, tables, n, settings, cache)
+    return out
 
 
 def transient(opts: dict, choice: dict, option: dict) -> float:

@@ -90,6 +90,7 @@ def step_bound(problem, S: int, M: int, settings, how: dict) -> float:
     the fastest fitting plan found, so the skipped ones cannot hold a faster plan."""
     from explorer.engine.layerwise.costmodel import CostTables
     from explorer.engine.layerwise.memory import options_of
+    from explorer.engine.layerwise.plan import layer_content_key
     N = problem.devices.n
     G = N // S
     b = problem.layer_graph().batch // M
@@ -108,19 +109,26 @@ def step_bound(problem, S: int, M: int, settings, how: dict) -> float:
             graph, devs, compute=problem.cost, sync=problem.sync,
             degrees=_degrees(problem.degrees, G), dtype=problem.dtype)
     names = graph.names()
-    cands, tc, ts, mem, tr = {}, {}, {}, {}, {}
+    # a layer's term depends on its content and gradient flags only: the layers of repeated
+    # blocks are costed once (one representative each), then summed in the layers' order
+    rep_of, reps = {}, {}
     for n in names:
+        layer = graph.layer(n)
+        key = (layer_content_key(layer), layer.flops, cm.needs_grad(n), cm.input_grads(n))
+        rep_of[n] = reps.setdefault(key, n)
+    cands, tc, ts, mem, tr = {}, {}, {}, {}, {}
+    for n in dict.fromkeys(reps.values()):
         cands[n] = cm.candidates(n, None)
         tc[n], ts[n], mem[n] = cm.layer_costs(n, cands[n])
         red = cm.reduce_costs(n, cands[n])
         if red is not None:
             tr[n] = red[0]
-    part = CostTables(names, cands, tc, ts, mem, [], t_reduce=tr)
+    part = CostTables(list(cands), cands, tc, ts, mem, [], t_reduce=tr)
     opts = options_of(cm, part, settings, how.setdefault(("options", G, b), {}))
     W = float(M + S - 1)
     total, seen = 0.0, {}
     for n in names:
-        lo = opts[n]
+        lo = opts[rep_of[n]]
         v = seen.get(id(lo))
         if v is None:
             v = seen[id(lo)] = float(np.min(W * lo.t_mb + lo.t_once))
