@@ -203,11 +203,13 @@ def test_outer_dp_equals_brute_force_over_stage_splits():
         ev.S, ev.M, ev.schedule = S, 2 * S, "1f1b"
         ev.inflight = lambda s, ev=ev: float(min(ev.S - s, ev.M))
         best = {}
+        best_q = np.full((4, K + 1, K + 1), np.nan)    # as _ranges gives it: [i + 1, j]
         for i in [-1] + list(range(1, K)):
             for j in range((i + 1) if i >= 0 else 1, K + 1):
                 best[(i, j)] = (0.0, list(rng.uniform(0, 1, 4)))
+                best_q[:, i + 1, j] = best[(i, j)][1]
         W = float(ev.M + S - 1)
-        back = stages.Evaluator._outer_dp(ev, best, K, S, W, True)
+        back = stages.Evaluator._outer_dp(ev, best_q, K, S, W, True)
 
         def cost(i, j, s):
             A, B, Ms, Ma = best[(i, j)][1]

@@ -614,14 +614,14 @@ class Evaluator:
     def _chain(self, lam, unary, parts, option, reduced) -> Evaluation:
         K = len(self.chain.segments)          # cuts 0..K
         S = self.S
-        best = self._ranges(K, S > 1, unary, parts, reduced)
+        best_v, best_q = self._ranges(K, S > 1, unary, parts, reduced)
         # the outer DP over cut positions: S stages, each a range (i, j] of cuts, minimising
         # the slowest stage's weighted time, each stage's memory within the cap
         W = self.weight
         INF = math.inf
 
         def stage_cost(i, j, s):
-            lagv, (A, B, Ms, Ma) = best[(i, j)]
+            A, B, Ms, Ma = (float(x) for x in best_q[:, i + 1, j])
             A = A + (self.boundary[j] if j < K else 0.0)
             mem = Ms + self.inflight(s) * Ma
             return W * A + B, A, B, mem
@@ -629,11 +629,11 @@ class Evaluator:
         if S == 1:
             plan_ranges = [(-1, K)]
         else:
-            back = self._outer_dp(best, K, S, W, True)
+            back = self._outer_dp(best_q, K, S, W, True)
             if back is None:
                 # nothing fits: the split minimising the slowest stage regardless of memory
                 # (so that raising λ has a plan to judge)
-                back = self._outer_dp(best, K, S, W, False)
+                back = self._outer_dp(best_q, K, S, W, False)
             plan_ranges, j = [], K
             for s in range(S, 0, -1):
                 i = int(back[s][j])
@@ -648,7 +648,7 @@ class Evaluator:
             stage_layers.append(ch)
             choice.update(ch)
             _, A, B, m = stage_cost(i, j, s)
-            relaxed += best[(i, j)][0]
+            relaxed += float(best_v[i + 1, j])
             t_mb.append(A)
             t_once.append(B)
             mem.append(m)
@@ -665,17 +665,14 @@ class Evaluator:
         ev.fits = ev.peak <= self.cap
         return ev
 
-    def _outer_dp(self, best: dict, K: int, S: int, W: float, memory: bool):
+    def _outer_dp(self, best_q, K: int, S: int, W: float, memory: bool):
         """Alpa's outer DP over cut positions, vectorised over the stage ends: ``f_s[j]`` the
         least slowest-stage cost of ``s`` stages covering cuts ``0..j``, each stage ``(i, j]``
         costing ``W·(A + boundary) + B`` and (with ``memory``) holding ``Ms + inflight·Ma``
         within the cap.  ``back[s][j]`` the chosen ``i`` (the first of equal minima), or
         ``None`` when no split of ``S`` stages qualifies."""
         INF = math.inf
-        A = np.full((K + 1, K + 1), np.nan)          # row i + 1 for a stage after cut i
-        Bm, Ms, Ma = A.copy(), A.copy(), A.copy()
-        for (i, j), (_, q) in best.items():
-            A[i + 1, j], Bm[i + 1, j], Ms[i + 1, j], Ma[i + 1, j] = q
+        A, Bm, Ms, Ma = best_q                       # row i + 1 for a stage after cut i
         bnd = np.array([self.boundary[j] if j < K else 0.0 for j in range(K + 1)])
         C = W * (A + bnd[None, :]) + Bm
         C = np.where(np.isnan(C), INF, C)
@@ -695,11 +692,13 @@ class Evaluator:
         return back
 
     def _ranges(self, K, every_start, unary, parts, reduced) -> dict:
-        """``{(i, j): (relaxed cost, [A, B, Ms, Ma])}`` of the best stage over cuts ``(i, j]``
-        for the first stage (``i = -1``) and, with ``every_start``, every later start
-        ``i ≥ 1``, each ended at every cut ``j``: all open stages are extended together, one
-        min-plus step per segment (the same sums and ties as one stage at a time)."""
-        best = {}
+        """``(relaxed cost [K+1, K+1], [A, B, Ms, Ma] [4, K+1, K+1])`` of the best stage over
+        cuts ``(i, j]`` at ``[i + 1, j]`` (NaN elsewhere) for the first stage (``i = -1``) and,
+        with ``every_start``, every later start ``i ≥ 1``, each ended at every cut ``j``: all
+        open stages are extended together, one min-plus step per segment (the same sums and
+        ties as one stage at a time)."""
+        best_v = np.full((K + 1, K + 1), np.nan)
+        best_q = np.full((4, K + 1, K + 1), np.nan)
         v, q, _ = self._start(-1, unary, parts, reduced)
         starts = [-1]
         V, Q = v[None, :], [x[None, :] for x in q]
@@ -708,9 +707,10 @@ class Evaluator:
             c = V.argmin(axis=1)
             rows = np.arange(len(starts))
             vals = V[rows, c]
-            qs = [x[rows, c] for x in Q]
-            for k, i in enumerate(starts):
-                best[(i, j)] = (float(vals[k]), [float(x[k]) for x in qs])
+            at = np.asarray(starts) + 1
+            best_v[at, j] = vals
+            for m, x in enumerate(Q):
+                best_q[m, at, j] = x[rows, c]
             if j == K:
                 break
             r = reduced[j]
@@ -730,7 +730,7 @@ class Evaluator:
                 V = np.vstack([V, v[None, :]])
                 Q = [np.vstack([a, b[None, :]]) for a, b in zip(Q, q)]
             j += 1
-        return best
+        return best_v, best_q
 
     def _backtrack(self, i, j, unary, parts, reduced) -> dict:
         """Each layer's candidate in the stage covering cuts ``(i, j]`` (``i = -1``: from
