@@ -699,6 +699,8 @@ class Evaluator:
         ties as one stage at a time)."""
         best_v = np.full((K + 1, K + 1), np.nan)
         best_q = np.full((4, K + 1, K + 1), np.nan)
+        if self._compiled_ranges(K, reduced):
+            return self._ranges_compiled(K, every_start, unary, parts, reduced, best_v, best_q)
         v, q, _ = self._start(-1, unary, parts, reduced)
         starts = [-1]
         V, Q = v[None, :], [x[None, :] for x in q]
@@ -730,6 +732,52 @@ class Evaluator:
                 V = np.vstack([V, v[None, :]])
                 Q = [np.vstack([a, b[None, :]]) for a, b in zip(Q, q)]
             j += 1
+        return best_v, best_q
+
+    #: above this much work (stage starts × segments × candidates²) the stage ranges run in
+    #: the compiled kernel (:func:`.xkernel.ranges_kernel`; loading numba costs about a
+    #: second, so small chains keep the numpy path)
+    JIT_RANGES = 2_000_000
+
+    def _compiled_ranges(self, K: int, reduced) -> bool:
+        if K < 2:
+            return False
+        cmax = max(max(r.L.shape) for r in reduced)
+        return K * K * cmax * cmax // 2 >= self.JIT_RANGES
+
+    def _ranges_compiled(self, K, every_start, unary, parts, reduced, best_v, best_q):
+        """:meth:`_ranges` in the compiled kernel: the segments' reductions and the cuts'
+        parts padded into arrays (identical numbers; the kernel's docstring)."""
+        from explorer.engine.layerwise.xkernel import ranges_kernel
+        cuts = self.chain.cuts
+        nc = np.array([len(unary[x]) for x in cuts], dtype=np.int64)
+        cmax = int(nc.max())
+        uniq: dict = {}                       # identical segments share one reduction
+        seg = np.array([uniq.setdefault(id(r), len(uniq)) for r in reduced], dtype=np.int64)
+        n = len(uniq)
+        L = np.full((n, cmax, cmax), np.inf)
+        A, B, Ms, Ma = (np.zeros((n, cmax, cmax)) for _ in range(4))
+        done = set()
+        for k, r in enumerate(reduced):
+            u = int(seg[k])
+            if u in done:
+                continue
+            done.add(u)
+            ca, cb = r.L.shape
+            L[u, :ca, :cb], A[u, :ca, :cb], B[u, :ca, :cb] = r.L, r.A, r.B
+            Ms[u, :ca, :cb], Ma[u, :ca, :cb] = r.Ms, r.Ma
+        P = np.zeros((K + 1, 4, cmax))
+        U = np.full((K + 1, cmax), np.inf)
+        for k, x in enumerate(cuts):
+            P[k, :, :nc[k]] = parts[x]
+            U[k, :nc[k]] = unary[x]
+        v, q, _ = self._start(-1, unary, parts, reduced)
+        SV = np.full(cmax, np.inf)
+        SQ = np.zeros((4, cmax))
+        SV[:len(v)] = v
+        SQ[:, :len(v)] = q
+        ranges_kernel()(K, bool(every_start), nc, seg, L, A, B, Ms, Ma, P, U, SV, SQ,
+                        best_v, best_q)
         return best_v, best_q
 
     def _backtrack(self, i, j, unary, parts, reduced) -> dict:

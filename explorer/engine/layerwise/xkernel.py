@@ -317,3 +317,82 @@ def by_node(src_side, need, ddev, cut, item, nodes, sizes):
     run = kernel()
     split(lambda lo, hi: run(*args, lo, hi), Cd)
     return t, nbytes
+
+
+_RANGES = None
+
+
+def ranges_kernel():
+    """The compiled :func:`_stage_ranges` (see :func:`kernel`)."""
+    global _RANGES
+    with _INIT:
+        if _RANGES is None:
+            os.environ.setdefault("NUMBA_CACHE_DIR", str(home() / "numba"))
+            import numba
+
+            _RANGES = numba.njit(cache=True, nogil=True)(_stage_ranges)
+    return _RANGES
+
+
+def _stage_ranges(K, every, nc, seg, L, A, B, Ms, Ma, P, U, SV, SQ, best_v, best_q):
+    """:meth:`.stages.Evaluator._ranges` over padded arrays, the same sums in the same order
+    and the same ties (the first minimum).  ``nc[k]`` candidates at cut ``k``; segment ``k``
+    (cut ``k`` to ``k + 1``) is reduction ``u = seg[k]``: ``L/A/B/Ms/Ma[u, :nc[k], :nc[k+1]]``
+    (identical segments share one); at cut ``k``: parts ``P[k, 4, :nc[k]]`` and unary
+    ``U[k, :nc[k]]``; ``SV``/``SQ``: the first stage at cut 1 (the later stages' starts are
+    computed here, as :meth:`~.stages.Evaluator._start` does).  Writes ``best_v[i + 1, j]``
+    and ``best_q[:, i + 1, j]``."""
+    cmax = L.shape[2]
+    V = np.empty((K, cmax))
+    Q = np.empty((4, K, cmax))
+    V2 = np.empty((K, cmax))
+    Q2 = np.empty((4, K, cmax))
+    for c in range(nc[1]):
+        V[0, c] = SV[c]
+        for m in range(4):
+            Q[m, 0, c] = SQ[m, c]
+    n = 1
+    j = 1
+    while True:
+        cj = nc[j]
+        for r in range(n):
+            best = 0
+            for c in range(1, cj):
+                if V[r, c] < V[r, best]:
+                    best = c
+            at = 0 if r == 0 else r + 1
+            best_v[at, j] = V[r, best]
+            for m in range(4):
+                best_q[m, at, j] = Q[m, r, best]
+        if j == K:
+            break
+        cb = nc[j + 1]
+        u = seg[j]
+        for r in range(n):
+            for b in range(cb):
+                arg = 0
+                low = V[r, 0] + L[u, 0, b]
+                for a in range(1, cj):
+                    x = V[r, a] + L[u, a, b]
+                    if x < low:
+                        low, arg = x, a
+                V2[r, b] = low + U[j + 1, b]
+                Q2[0, r, b] = Q[0, r, arg] + A[u, arg, b] + P[j + 1, 0, b]
+                Q2[1, r, b] = Q[1, r, arg] + B[u, arg, b] + P[j + 1, 1, b]
+                Q2[2, r, b] = Q[2, r, arg] + Ms[u, arg, b] + P[j + 1, 2, b]
+                Q2[3, r, b] = Q[3, r, arg] + Ma[u, arg, b] + P[j + 1, 3, b]
+        V, V2 = V2, V
+        Q, Q2 = Q2, Q
+        if every:                      # a stage starting after cut j, at cut j + 1
+            for b in range(cb):
+                arg = 0
+                for a in range(1, cj):
+                    if L[u, a, b] < L[u, arg, b]:
+                        arg = a
+                V[n, b] = L[u, arg, b] + U[j + 1, b]
+                Q[0, n, b] = A[u, arg, b] + P[j + 1, 0, b]
+                Q[1, n, b] = B[u, arg, b] + P[j + 1, 1, b]
+                Q[2, n, b] = Ms[u, arg, b] + P[j + 1, 2, b]
+                Q[3, n, b] = Ma[u, arg, b] + P[j + 1, 3, b]
+            n += 1
+        j += 1
