@@ -273,3 +273,40 @@ def test_export_lists_split_experts_as_not_as_planned():
     _, text = program("moe", 4, args, 2, cfg)
     off = {d[0]: d for d in not_as_planned(text)}
     assert set(off) == {ex[0]} and "batched weight" in off[ex[0]][3]
+
+
+def _megatron_experts_degrees(algo, opts, devices=4):
+    from explorer.engine.search import Problem, Request, run
+    res = run(algo, Problem(Request("moe", 8, dict(TINY, layers=2), preset="p100-cluster",
+                                    devices=devices)), options=opts)
+    plan = res.to_dict()
+    degs = {la["name"]: la for la in plan["layers"]}
+    ex = [n for n in degs if "e" in (degs[n].get("config") or {})]
+    return res, {n: degs[n]["config"] for n in ex}
+
+
+@pytest.mark.parametrize("algo", ["megatron", "megatron-3d"])
+def test_megatron_takes_the_expert_parallel_degree_it_is_given(algo):
+    """``--opt ep=K`` puts every expert on K groups of devices (the samples over the rest);
+    the default is the largest divisor of the devices dividing the expert count (4 here)."""
+    opts = {"pp": 1} if algo == "megatron-3d" else {}
+    res, cfg = _megatron_experts_degrees(algo, dict(opts))
+    assert cfg and {c["e"] for c in cfg.values()} == {4}
+    assert res.info["ep"] == 4 if algo == "megatron" else True
+    res, cfg = _megatron_experts_degrees(algo, dict(opts, ep=2))
+    assert {c["e"] for c in cfg.values()} == {2} and {c["n"] for c in cfg.values()} == {2}
+
+
+@pytest.mark.parametrize("ep,message", [
+    (3, r"ep=3 must divide the 4 devices and every expert count \(4\); possible: 1, 2, 4"),
+    (0, r"ep must be ≥ 1, got 0")])
+def test_a_bad_expert_parallel_degree_is_one_line_with_the_numbers(ep, message):
+    with pytest.raises(ValueError, match=message):
+        _megatron_experts_degrees("megatron", {"ep": ep})
+
+
+def test_an_expert_parallel_degree_for_a_model_without_experts_is_refused():
+    from explorer.engine.search import Problem, Request, run
+    with pytest.raises(ValueError, match="ep=2 applies to experts layers; this model has none"):
+        run("megatron", Problem(Request("mlp", 8, {}, preset="p100-cluster", devices=4)),
+            options={"ep": 2})

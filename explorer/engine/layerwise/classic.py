@@ -29,7 +29,7 @@ import time
 
 from explorer.errors import InfeasiblePlan
 from explorer.engine.core import geometry as G
-from explorer.engine.search.options import ClassicOptions, MegatronOptions, check_tp
+from explorer.engine.search.options import ClassicOptions, MegatronOptions, check_ep, check_tp
 from explorer.engine.layerwise.result import layerwise_result
 from explorer.engine.search.result import Result
 
@@ -198,7 +198,9 @@ def megatron(problem, pins=None, options: MegatronOptions | None = None) -> Resu
     tables = cost_model.tables(pins)
     pinned = {p.layer for p in (pins or [])}
     roles = megatron_roles(graph)
-    ep = default_ep(graph, n)
+    if options.ep is not None:
+        check_ep(options.ep, n, [la.size("e") for la in graph.layers() if "e" in la.dims])
+    ep = options.ep if options.ep is not None else default_ep(graph, n)
     want_of = {"column": {"n": dp, "c": tp}, "row": {"n": dp, G.REDUCE: tp}}
     choice, fallback = {}, {}
     for nm in tables.names:

@@ -316,7 +316,7 @@ def megatron3d(problem, pins=None, options: Megatron3DOptions | None = None) -> 
                     raise InfeasiblePlan(f"tp={tp} x pp={pp} does not divide the {N} devices")
                 continue
             try:
-                meg = classic.megatron(sub, None, MegatronOptions(tp=tp))
+                meg = classic.megatron(sub, None, MegatronOptions(tp=tp, ep=options.ep))
             except (InfeasiblePlan, ValueError) as exc:
                 tried.append({"pp": pp, "tp": tp, "error": str(exc)})
                 continue

@@ -126,7 +126,8 @@ class Megatron3DOptions:
     largest divisor of a node's devices that divides every head count), ``pp`` (pipeline
     stages, ``None``: the fewest that fit), ``micro_batches`` (``None``: 4·pp, or the batch's
     largest divisor below it), ``recompute`` (full recomputation of every layer),
-    ``optimizer``, ``memory_limit_gib``."""
+    ``optimizer``, ``memory_limit_gib``, ``ep`` (expert-parallel degree within a stage's
+    devices, as :class:`MegatronOptions`)."""
 
     tp: int | None = None
     pp: int | None = None
@@ -134,9 +135,11 @@ class Megatron3DOptions:
     recompute: bool = True
     optimizer: str = "adam"
     memory_limit_gib: float | None = None
+    ep: int | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "tp", _int("tp", self.tp, 1, none=True))
+        object.__setattr__(self, "ep", _int("ep", self.ep, 1, none=True))
         object.__setattr__(self, "pp", _int("pp", self.pp, 1, none=True))
         object.__setattr__(self, "micro_batches",
                            _int("micro_batches", self.micro_batches, 1, none=True))
@@ -175,11 +178,15 @@ class MegatronOptions:
     """``tp``: the tensor-parallel degree (the data-parallel degree is devices / tp); ``None``
     picks the largest divisor of the device count that divides every attention's head count.
     That it divides the device count is checked by the search, which knows the devices
-    (:func:`check_tp`)."""
+    (:func:`check_tp`).  ``ep``: the expert-parallel degree of experts layers (each expert on
+    ``ep`` groups of devices, the samples over the rest); ``None`` picks the largest divisor
+    of the device count dividing every expert count (:func:`check_ep`)."""
 
     tp: int | None = None
+    ep: int | None = None
 
     def __post_init__(self):
+        object.__setattr__(self, "ep", _int("ep", self.ep, 1, none=True))
         if self.tp is None:
             return
         try:
@@ -191,6 +198,19 @@ class MegatronOptions:
         if tp < 1:
             raise ValueError(f"tp must be ≥ 1, got {tp}")
         object.__setattr__(self, "tp", tp)
+
+
+def check_ep(ep: int, devices: int, experts: list) -> None:
+    """``ValueError`` with the numbers unless the expert-parallel degree divides the devices
+    and every experts layer's expert count (``experts``; empty: the model has none)."""
+    if not experts:
+        raise ValueError(f"ep={ep} applies to experts layers; this model has none")
+    ok = [d for d in range(1, devices + 1)
+          if devices % d == 0 and all(e % d == 0 for e in experts)]
+    if ep not in ok:
+        raise ValueError(f"ep={ep} must divide the {devices} devices and every expert count "
+                         f"({', '.join(map(str, sorted(set(experts))))}); possible: "
+                         f"{', '.join(map(str, ok))}")
 
 
 def check_tp(tp: int, devices: int) -> None:
