@@ -58,6 +58,8 @@ class LayoutPlan:
     specs: dict = field(default_factory=dict)
     deviations: list = field(default_factory=list)
     layers: int = 0
+    #: (plan, exported, reason) where the plan's pipeline is not followed
+    pipeline_notes: list = field(default_factory=list)
 
 
 def factors(n: int) -> tuple:

@@ -1,0 +1,158 @@
+"""A pipelined layer-wise plan as ``torch.distributed.pipelining`` stages and schedule.
+
+The plan's ``pipeline`` entry (``stages``, ``micro_batches``, ``schedule``,
+``devices_per_stage``) and each layer's ``stage`` become: the model traced by ``torch.fx`` and
+cut into one ``GraphModule`` per stage at the plan's stage boundaries
+(:func:`~explorer.engine.export.runner.split_stages`: a cut may fall anywhere in the graph,
+not only where a module begins), each run as a ``PipelineStage`` on the ranks of its group,
+under ``ScheduleGPipe`` or ``Schedule1F1B`` over the plan's micro-batches.  The ranks form a
+(stages x group) mesh: stage ``s`` on ranks ``s*G .. s*G+G-1``, as the search puts it.
+
+Inside a stage, each rank of its group runs the whole stage module: a group of several
+devices is a set of data-parallel replicas (each its share of every micro-batch, gradients
+averaged), which is the plan where its layers split the samples over the group.  A layer
+planned otherwise (tensor or sequence parallel inside the stage, a subset of the group) is
+listed: PyTorch's ``PipelineStage`` runs a module per rank, and the per-layer DTensor layouts
+are not combined with it here.  Per-layer recomputation and ZeRO are listed too.  Where the
+pipeline itself cannot be built - ``torch.fx`` cannot trace the model into nodes named as its
+layers, a stage boundary carries a value that is not a tensor, the batch has no sample
+dimension to cut into micro-batches - :func:`pipe_plan` says why and the caller exports the
+layers without the pipeline, saying so (``PIPELINE_NOT_AS_PLANNED``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from explorer.engine.export.layouts import Deviation, _label, fx_nodes
+
+
+@dataclass
+class PipePlan:
+    """What a pipelined program runs: ``stage_of`` (fx node -> stage) of every layer, the
+    schedule it runs (``schedule``: ``gpipe`` / ``1f1b``), ``group`` ranks per stage and
+    whether they split each micro-batch (``split``) or each compute all of it, the layers
+    ``deviations`` and the pipeline-level ``notes`` ``(plan, exported, reason)``."""
+
+    stages: int
+    micro_batches: int
+    schedule: str
+    group: int
+    split: bool
+    batch_dim: int
+    stage_of: dict = field(default_factory=dict)
+    deviations: list = field(default_factory=list)
+    notes: list = field(default_factory=list)
+    layers: int = 0
+
+    def program_dict(self) -> dict:
+        """The ``PIPELINE`` dict the program's body reads."""
+        return {"stages": self.stages, "micro_batches": self.micro_batches,
+                "schedule": self.schedule, "group": self.group, "split": self.split,
+                "stage_of": dict(self.stage_of)}
+
+
+def describe(pipe: dict) -> str:
+    """The plan's pipeline in words: "4 stages x 1 device, 8 micro-batches, 1f1b"."""
+    g = int(pipe.get("devices_per_stage") or 1)
+    return (f"{pipe['stages']} stages x {g} device{'s' if g > 1 else ''}, "
+            f"{pipe['micro_batches']} micro-batches, {pipe['schedule']}")
+
+
+def _crossings_ok(model, x, stage_of: dict, S: int) -> str:
+    """Why the traced model cannot be cut at the plan's stages ("" when it can): every value
+    a stage boundary carries must be a tensor (``PipelineStage`` sends tensors)."""
+    import torch.fx
+    from torch.fx.passes.shape_prop import ShapeProp
+
+    from explorer.engine.core import capture
+    from explorer.engine.export.runner import split_stages
+    try:
+        with capture.TRACE_LOCK:
+            gm = torch.fx.symbolic_trace(model)
+        ShapeProp(gm).propagate(x)
+        _mods, received = split_stages(gm, stage_of, S)
+    except Exception as exc:                       # noqa: BLE001 - any trace/cut error
+        return f"the traced model cannot be cut at the plan's stages ({exc})"
+    nodes = {nd.name: nd for nd in gm.graph.nodes}
+    for s, names in enumerate(received):
+        bad = [n for n in names if "tensor_meta" not in nodes[n].meta]
+        if bad:
+            return (f"stage {s} would receive {', '.join(bad[:3])}, which "
+                    f"{'is' if len(bad) == 1 else 'are'} not a tensor, and a PipelineStage "
+                    f"sends tensors only")
+    return ""
+
+
+def pipe_plan(graph, configs: dict, stages: dict, pipe: dict, n: int, model, x,
+              savings: dict | None = None) -> tuple[PipePlan | None, str]:
+    """``(plan, "")`` for a pipelined plan the program can run with
+    ``torch.distributed.pipelining``, or ``(None, reason)`` when it cannot (module
+    docstring).  ``configs``: layer -> ({letter: degree > 1}, devices); ``stages``: layer ->
+    its stage; ``pipe``: the plan's ``pipeline`` entry; ``model``/``x`` on the meta device."""
+    S, M = int(pipe["stages"]), int(pipe["micro_batches"])
+    G = n // S
+    layers = graph.layers()
+    nodes = fx_nodes(model)
+    if nodes is None or any(la.name not in nodes for la in layers):
+        return None, ("torch.fx cannot trace the model into nodes named as its layers, and "
+                      "the program cuts the stages from that trace")
+    inputs = [la for la in layers if la.op == "input"]
+    if len(inputs) != 1 or "n" not in inputs[0].axes:
+        return None, ("the model does not have one input with a sample dimension to cut into "
+                      "micro-batches")
+    batch_dim = inputs[0].axis_of("n")
+    B = inputs[0].size("n")
+    if S * G != n or B % M:
+        return None, f"{S} stages of {G} devices and {M} micro-batches do not fit {n} devices " \
+                     f"and batch {B}"
+    stage_of = {la.name: int(stages.get(la.name, 0)) for la in layers}
+    why = _crossings_ok(model, x, stage_of, S)
+    if why:
+        return None, why
+    b = B // M
+    split = G > 1 and b % G == 0
+    schedule = str(pipe.get("schedule") or "gpipe")
+    pp = PipePlan(S, M, schedule, G, split, batch_dim, stage_of, layers=len(layers))
+    if schedule == "1f1b" and M < S:
+        pp.schedule = "gpipe"
+        pp.notes.append((f"schedule 1f1b, {M} micro-batches on {S} stages", "ScheduleGPipe",
+                         "torch's Schedule1F1B needs at least as many micro-batches as stages; "
+                         "with fewer, 1F1B's warm-up runs every forward first, GPipe's order"))
+    elif schedule not in ("gpipe", "1f1b"):
+        return None, f"schedule {schedule!r} is neither gpipe nor 1f1b"
+    if G > 1 and not split:
+        pp.notes.append((f"micro-batches of {b} split over the {G} devices of each stage",
+                         f"each of the {G} devices computes every micro-batch whole",
+                         f"a micro-batch of {b} samples does not split into {G} equal shares"))
+    for la in layers:
+        want, devices = configs[la.name]
+        s = stage_of[la.name]
+        group = list(range(s * G, (s + 1) * G))
+        gave = {"n": G} if split and "n" in la.axes else {}
+        rc, zero = (savings or {}).get(la.name, (False, 0))
+        planned = _label(want) + f" on {sorted(int(d) for d in devices)}"
+        exported = (_label(gave) if gave else "whole") + f" on {group}"
+        reasons = []
+        if sorted(int(d) for d in devices) != group or want != gave:
+            if sorted(int(d) for d in devices) != group:
+                reasons.append(f"the program runs stage {s} on every device of its group "
+                               f"{group}")
+            if any(k != "n" for k in want):
+                reasons.append("a PipelineStage runs the stage as one module on each rank, and "
+                               "tensor/sequence splits inside a stage are not combined with "
+                               "it here: the stage's group computes it data parallel")
+            elif want != gave:
+                reasons.append("its group's devices are the stage's data-parallel replicas"
+                               + ("" if split else ", each computing the whole micro-batch"))
+        if rc:
+            reasons.append("recomputation is not applied inside the pipeline's stage modules")
+        if zero:
+            reasons.append(f"ZeRO-{zero} is not applied inside the pipeline's stage modules: "
+                           f"parameters and gradients stay whole on every replica")
+        if reasons:
+            pp.deviations.append(Deviation(
+                la.name, planned + (" recomputed" if rc else "") + (f" ZeRO-{zero}" if zero
+                                                                    else ""),
+                exported, "; ".join(reasons)))
+    return pp, ""
