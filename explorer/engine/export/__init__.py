@@ -288,11 +288,12 @@ def summary(text: str, layers: int) -> str:
     any ";", the part ``explorer export`` prints)."""
     off, pipe = not_as_planned(text), pipeline_not_as_planned(text)
     head = f"{layers - len(off)} of {layers} layers as planned"
-    if "\nPIPELINE = {'" in text:
-        head += (", in the plan's pipeline" if not pipe else
-                 ", the plan's pipeline not: " + "; ".join(f"{p[0]} -> {p[1]}" for p in pipe))
-    elif pipe:
+    runs = re.search(r"^# \d+ of \d+ layers as planned, in the plan's pipeline \((.*)\)\.$",
+                     text, re.M)
+    if pipe:
         head += ", the plan's pipeline not: " + "; ".join(f"{p[0]} -> {p[1]}" for p in pipe)
+    elif runs:
+        head += f", in the plan's pipeline ({runs.group(1)})"
     if not off:
         return head
     return (f"{head}; {len(off)} not "

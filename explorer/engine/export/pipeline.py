@@ -141,7 +141,9 @@ def pipe_plan(graph, configs: dict, stages: dict, pipe: dict, n: int, model, x,
             if any(k != "n" for k in want):
                 reasons.append("a PipelineStage runs the stage as one module on each rank, and "
                                "tensor/sequence splits inside a stage are not combined with "
-                               "it here: the stage's group computes it data parallel")
+                               "it here: " + ("the stage's group computes it data parallel"
+                                              if split else "each rank of the stage's group "
+                                              "computes it whole"))
             elif want != gave:
                 reasons.append("its group's devices are the stage's data-parallel replicas"
                                + ("" if split else ", each computing the whole micro-batch"))
