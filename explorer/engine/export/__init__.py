@@ -35,6 +35,10 @@ runs under ``torch.utils.checkpoint``; a ZeRO-3 (ZeRO-2) layer computing on whol
 is put under ``fully_shard`` resharding after forward (keeping the gathered weights until the
 backward pass); ZeRO-1 and the cases ``fully_shard`` cannot express are listed.
 
+A pipelined plan (more than one stage) runs its stages, micro-batches and schedule with
+``torch.distributed.pipelining`` (:mod:`explorer.engine.export.pipeline`); what it cannot
+follow of the pipeline is listed in ``PIPELINE_NOT_AS_PLANNED`` and said by :func:`summary`.
+
 The export reads the plan and the model's layer graph; it never searches.
 """
 
@@ -54,7 +58,8 @@ from explorer.engine.core import plandoc
 from explorer.engine.export.layouts import Deviation
 from explorer.engine.export.runner import body as program_body
 
-__all__ = ["TARGETS", "Deviation", "MeshPlan", "export_torch", "mesh_plan", "program"]
+__all__ = ["TARGETS", "Deviation", "MeshPlan", "export_torch", "mesh_plan",
+           "pipeline_not_as_planned", "program"]
 
 #: what ``explorer export --to`` accepts
 TARGETS = ("torch",)

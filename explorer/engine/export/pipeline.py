@@ -121,7 +121,7 @@ def pipe_plan(graph, configs: dict, stages: dict, pipe: dict, n: int, model, x,
                          "with fewer, 1F1B's warm-up runs every forward first, GPipe's order"))
     elif schedule not in ("gpipe", "1f1b"):
         return None, f"schedule {schedule!r} is neither gpipe nor 1f1b"
-    if G > 1 and not split:
+    if G > 1 and not split and any("n" in configs[la.name][0] for la in layers):
         pp.notes.append((f"micro-batches of {b} split over the {G} devices of each stage",
                          f"each of the {G} devices computes every micro-batch whole",
                          f"a micro-batch of {b} samples does not split into {G} equal shares"))
