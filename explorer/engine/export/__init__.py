@@ -527,7 +527,9 @@ def render(plan, mp, model, x) -> str:
         f"#: (layer, plan, exported, reason) of every layer not computed as planned\n"
         f"NOT_AS_PLANNED = {notes!r}\n"
         f"#: (plan, exported, reason) where the plan's pipeline is not followed\n"
-        f"PIPELINE_NOT_AS_PLANNED = {mp.pipeline_notes!r}\n",
+        f"PIPELINE_NOT_AS_PLANNED = {mp.pipeline_notes!r}\n"
+        f"LAYER_MESH = None       # no per-layer layouts: the (dp, tp) mesh above\n"
+        f"LAYOUTS = {{}}\nPIPELINE = {{}}          # no pipeline run\n",
         _model_code(plan, model, x),
         "def parallelize(model, mesh):\n"
         "    \"\"\"The plan: tensor-parallel styles on mesh['tp'], then FSDP2 on mesh['dp'].\"\"\"\n"
@@ -594,6 +596,7 @@ def _render_layouts(plan, lp, model, x) -> str:
         f"NOT_AS_PLANNED = {notes!r}\n"
         f"#: (plan, exported, reason) where the plan's pipeline is not followed\n"
         f"PIPELINE_NOT_AS_PLANNED = {lp.pipeline_notes!r}\n"
+        f"PIPELINE = {{}}          # no pipeline run\n"
         f"#: the mesh: the device count's prime factors; one placement per mesh dimension\n"
         f"LAYER_MESH = {tuple(lp.mesh)!r}\n"
         f"#: fx node -> mode, output shape, placements of its output (and, for a module layer,\n"

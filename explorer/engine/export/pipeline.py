@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from explorer.engine.export.layouts import Deviation, _label, fx_nodes
+from explorer.engine.export.layouts import Deviation, fx_nodes
 
 
 @dataclass
@@ -50,6 +50,10 @@ class PipePlan:
         return {"stages": self.stages, "micro_batches": self.micro_batches,
                 "schedule": self.schedule, "group": self.group, "split": self.split,
                 "stage_of": dict(self.stage_of)}
+
+
+def _label(deg: dict) -> str:
+    return " ".join(f"{k}{v}" for k, v in deg.items()) or "1"
 
 
 def describe(pipe: dict) -> str:
