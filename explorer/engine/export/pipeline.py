@@ -13,7 +13,8 @@ devices is a set of data-parallel replicas (each its share of every micro-batch,
 averaged), which is the plan where its layers split the samples over the group.  A layer
 planned otherwise (tensor or sequence parallel inside the stage, a subset of the group) is
 listed: PyTorch's ``PipelineStage`` runs a module per rank, and the per-layer DTensor layouts
-are not combined with it here.  Per-layer recomputation and ZeRO are listed too.  Where the
+are not combined with it here.  A recomputed layer computes under ``torch.utils.checkpoint``
+in its stage module; ZeRO is listed.  Where the
 pipeline itself cannot be built - ``torch.fx`` cannot trace the model into nodes named as its
 layers, a stage boundary carries a value that is not a tensor, the batch has no sample
 dimension to cut into micro-batches - :func:`pipe_plan` says why and the caller exports the
@@ -30,9 +31,9 @@ from explorer.engine.export.layouts import Deviation, fx_nodes
 @dataclass
 class PipePlan:
     """What a pipelined program runs: ``stage_of`` (fx node -> stage) of every layer, the
-    schedule it runs (``schedule``: ``gpipe`` / ``1f1b``), ``group`` ranks per stage and
-    whether they split each micro-batch (``split``) or each compute all of it, the layers
-    ``deviations`` and the pipeline-level ``notes`` ``(plan, exported, reason)``."""
+    layers it ``recompute``s, the schedule it runs (``gpipe`` / ``1f1b``), ``group`` ranks
+    per stage and whether they split each micro-batch (``split``) or each compute all of it,
+    the layers' ``deviations`` and the pipeline-level ``notes`` ``(plan, exported, reason)``."""
 
     stages: int
     micro_batches: int
@@ -44,12 +45,14 @@ class PipePlan:
     deviations: list = field(default_factory=list)
     notes: list = field(default_factory=list)
     layers: int = 0
+    #: the layers computed under torch.utils.checkpoint (the plan's recomputation)
+    recompute: list = field(default_factory=list)
 
     def program_dict(self) -> dict:
         """The ``PIPELINE`` dict the program's body reads."""
         return {"stages": self.stages, "micro_batches": self.micro_batches,
                 "schedule": self.schedule, "group": self.group, "split": self.split,
-                "stage_of": dict(self.stage_of)}
+                "recompute": list(self.recompute), "stage_of": dict(self.stage_of)}
 
 
 def _label(deg: dict) -> str:
@@ -151,8 +154,6 @@ def pipe_plan(graph, configs: dict, stages: dict, pipe: dict, n: int, model, x,
             elif want != gave:
                 reasons.append("its group's devices are the stage's data-parallel replicas"
                                + ("" if split else ", each computing the whole micro-batch"))
-        if rc:
-            reasons.append("recomputation is not applied inside the pipeline's stage modules")
         if zero:
             reasons.append(f"ZeRO-{zero} is not applied inside the pipeline's stage modules: "
                            f"parameters and gradients stay whole on every replica")
@@ -160,5 +161,7 @@ def pipe_plan(graph, configs: dict, stages: dict, pipe: dict, n: int, model, x,
             pp.deviations.append(Deviation(
                 la.name, planned + (" recomputed" if rc else "") + (f" ZeRO-{zero}" if zero
                                                                     else ""),
-                exported, "; ".join(reasons)))
+                exported + (" recomputed" if rc else ""), "; ".join(reasons)))
+        if rc:
+            pp.recompute.append(la.name)
     return pp, ""

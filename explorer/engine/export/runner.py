@@ -569,12 +569,37 @@ def stage_of_nodes(gm, stage_of, n_stages):
     return where
 
 
-def split_stages(gm, stage_of, n_stages):
+def _recomputed(fn):
+    """``fn`` under ``torch.utils.checkpoint`` (non-reentrant): nothing of it is kept for
+    the backward pass but its inputs, and its forward runs again there."""
+    def run(*args, **kwargs):
+        return checkpoint(fn, *args, use_reentrant=False, **kwargs)
+    return run
+
+
+def _recompute_module(module, *args, **kwargs):
+    return checkpoint(module, *args, use_reentrant=False, **kwargs)
+
+
+def _recomputed_node(g, nd, env):
+    """A copy of the layer node ``nd`` in graph ``g`` that computes under checkpoint (a
+    module layer reads its module through ``get_attr``, so the stage keeps its parameters)."""
+    import torch.fx
+    args = torch.fx.map_arg(nd.args, lambda a: env[a])
+    kwargs = torch.fx.map_arg(nd.kwargs, lambda a: env[a])
+    if nd.op == "call_module":
+        return g.call_function(_recompute_module, (g.get_attr(nd.target), *args), kwargs)
+    fn = _method(nd.target) if nd.op == "call_method" else nd.target
+    return g.call_function(_recomputed(fn), args, kwargs)
+
+
+def split_stages(gm, stage_of, n_stages, recompute=()):
     """``(modules, received)``: the traced model ``gm`` cut into one ``GraphModule`` per
     pipeline stage (:func:`stage_of_nodes`), sharing ``gm``'s parameters, and per stage the
     names of the values it receives from the previous one.  A value read ``k`` stages after
     the one computing it is passed on by the stages between (a pipeline stage talks to its
-    neighbours only); stage 0 takes the model's inputs, the last returns its output."""
+    neighbours only); stage 0 takes the model's inputs, the last returns its output.  The
+    layers named in ``recompute`` compute under ``torch.utils.checkpoint``."""
     import torch.fx
     nodes = list(gm.graph.nodes)
     where = stage_of_nodes(gm, stage_of, n_stages)
@@ -600,7 +625,10 @@ def split_stages(gm, stage_of, n_stages):
                 keep = any(where.get(u) == s for u in nd.users)
             else:
                 keep = where.get(nd) == s
-            if keep:
+            if keep and nd.name in recompute and nd.op in ("call_function", "call_method",
+                                                           "call_module"):
+                env[nd] = _recomputed_node(g, nd, env)
+            elif keep:
                 env[nd] = g.node_copy(nd, lambda a: env[a])
         if s == n_stages - 1:
             g.output(torch.fx.map_arg(nodes[-1].args[0], lambda a: env[a]))
@@ -629,7 +657,8 @@ class Pipelined:
         self.model, self.mesh, self.device = model, mesh, device
         S, G = PIPELINE["stages"], PIPELINE["group"]
         self.s, self.g = mesh.get_local_rank("pp"), mesh.get_local_rank("dp")
-        modules, _ = split_stages(torch.fx.symbolic_trace(model), PIPELINE["stage_of"], S)
+        modules, _ = split_stages(torch.fx.symbolic_trace(model), PIPELINE["stage_of"], S,
+                                  set(PIPELINE.get("recompute", ())))
         self.module = modules[self.s]
         name_of = {id(p): n for n, p in model.named_parameters()}
         self.readers = {}                 # parameter name -> the stages that read it
@@ -650,9 +679,14 @@ class Pipelined:
         self.dp = mesh.get_group("dp") if G > 1 else None
         stage = PipelineStage(self.module, self.s, S, device, group=mesh.get_group("pp"))
         kind = Schedule1F1B if PIPELINE["schedule"] == "1f1b" else ScheduleGPipe
+        # the schedule divides the gradients by the micro-batch count (scale_grads, torch
+        # >= 2.6); an older torch has no such option, and the step divides them itself
+        import inspect
+        self.divide = "scale_grads" not in inspect.signature(kind.__init__).parameters
         self.schedule = kind(stage, PIPELINE["micro_batches"],
                              loss_fn=lambda out, _target: loss_of(out),
-                             args_chunk_spec=(TensorChunkSpec(BATCH_DIM),), scale_grads=True)
+                             args_chunk_spec=(TensorChunkSpec(BATCH_DIM),),
+                             **({} if self.divide else {"scale_grads": True}))
 
     def input_of(self, x):
         """This rank's share of the batch: its replica's slice, or all of it."""
@@ -667,6 +701,10 @@ class Pipelined:
         target = torch.zeros(x.shape[BATCH_DIM], device=self.device)
         with precision(self.device.type):
             self.schedule.step(*((x,) if self.s == 0 else ()), target=target, losses=losses)
+        if self.divide:
+            for p in self.module.parameters():
+                if p.grad is not None:
+                    p.grad.div_(PIPELINE["micro_batches"])
         for name, group in sorted(self.ties.items()):
             if self.params[name].grad is not None:
                 dist.all_reduce(self.params[name].grad, group=group)
