@@ -104,6 +104,41 @@ def test_what_the_pipeline_cannot_follow_is_said():
     assert "the plan's pipeline not" in summary(text, 4)
 
 
+CHUNKY = """
+import torch
+from torch import nn
+
+
+class Chunky(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.c = nn.Linear(8, 16), nn.Linear(8, 8), nn.Linear(8, 8)
+
+    def forward(self, x):
+        p, q = self.a(x).chunk(2, dim=-1)
+        return self.b(p) + self.c(q)
+
+
+def build():
+    return Chunky(), torch.randn(8, 8)
+"""
+
+
+def test_a_boundary_carrying_no_tensor_is_not_pipelined(tmp_path):
+    """A cut between the two halves of a ``chunk`` would send the pair (a tuple) to the
+    next stage, which a PipelineStage cannot: the program runs without the pipeline and
+    says so, with that reason."""
+    (tmp_path / "chunky.py").write_text(CHUNKY)
+    stages = {"x": 0, "a": 0, "b": 0, "c": 1, "add": 1}
+    cfg = {name: ({}, (s,)) for name, s in stages.items()}
+    _, text = program(f"{tmp_path / 'chunky.py'}:build", 8, {}, 2, cfg, stages=stages,
+                      pipeline=pipe(micro=2, schedule="gpipe"))
+    [(_, exported, reason)] = pipeline_not_as_planned(text)
+    assert reason == ("stage 1 would receive chunk, which is not a tensor, and a "
+                      "PipelineStage sends tensors only")
+    assert summary(text, 5).startswith("5 of 5 layers as planned, the plan's pipeline not")
+
+
 @pytest.mark.multiprocess
 def test_searched_mlp_pipeline_matches_one_process(capsys, tmp_path):
     """`explorer search mlp --algo pipeline` on 2 devices (2 stages), exported: the program

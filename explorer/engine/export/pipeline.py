@@ -70,7 +70,7 @@ def _crossings_ok(model, x, stage_of: dict, S: int) -> str:
     """Why the traced model cannot be cut at the plan's stages ("" when it can): every value
     a stage boundary carries must be a tensor (``PipelineStage`` sends tensors)."""
     import torch.fx
-    from torch.fx.passes.shape_prop import ShapeProp
+    from torch.fx.passes.shape_prop import ShapeProp, TensorMetadata
 
     from explorer.engine.core import capture
     from explorer.engine.export.runner import split_stages
@@ -83,7 +83,8 @@ def _crossings_ok(model, x, stage_of: dict, S: int) -> str:
         return f"the traced model cannot be cut at the plan's stages ({exc})"
     nodes = {nd.name: nd for nd in gm.graph.nodes}
     for s, names in enumerate(received):
-        bad = [n for n in names if "tensor_meta" not in nodes[n].meta]
+        bad = [n for n in names
+               if not isinstance(nodes[n].meta.get("tensor_meta"), TensorMetadata)]
         if bad:
             return (f"stage {s} would receive {', '.join(bad[:3])}, which "
                     f"{'is' if len(bad) == 1 else 'are'} not a tensor, and a PipelineStage "
