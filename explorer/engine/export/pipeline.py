@@ -114,6 +114,10 @@ def pipe_plan(graph, configs: dict, stages: dict, pipe: dict, n: int, model, x,
     if S * G != n or B % M:
         return None, f"{S} stages of {G} devices and {M} micro-batches do not fit {n} devices " \
                      f"and batch {B}"
+    whole = [o for o in (graph.outputs or []) if "n" not in graph.layer(o).axes]
+    if whole:
+        return None, (f"output {whole[0]} has no sample dimension: each micro-batch's loss "
+                      f"would not be its share of the batch's")
     stage_of = {la.name: int(stages.get(la.name, 0)) for la in layers}
     why = _crossings_ok(model, x, stage_of, S)
     if why:
