@@ -665,7 +665,8 @@ def _render_pipeline(plan, pp, pipe: dict, model, x) -> str:
         f"LAYER_MESH = None\nLAYOUTS = {{}}\n"
         f"#: the pipeline: stages, micro-batches, the schedule run, ranks per stage (group),\n"
         f"#: whether they split each micro-batch (split), and every layer's fx node -> stage\n"
-        f"PIPELINE = {pprint.pformat(pp.program_dict(), width=96, compact=True, sort_dicts=False)}\n",
+        f"PIPELINE = "
+        f"{pprint.pformat(pp.program_dict(), width=96, compact=True, sort_dicts=False)}\n",
         _model_code(plan, model, x),
         "def parallelize(model, mesh):\n"
         "    \"\"\"Unused: the pipeline's stages apply through Pipelined.\"\"\"\n"
