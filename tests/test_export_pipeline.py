@@ -60,8 +60,8 @@ def test_a_pipelined_plan_runs_its_stages_and_schedule():
     its header says so, every layer is as planned and the summary names the pipeline."""
     _, text = program("mlp", 8, MLP_ARGS, 2, mlp_configs(), stages=MLP_STAGES, pipeline=pipe())
     assert pipeline_of(text) == {"stages": 2, "micro_batches": 4, "schedule": "1f1b",
-                                 "group": 1, "split": False, "recompute": [],
-                                 "stage_of": MLP_STAGES}
+                                 "group": 1, "dp": 1, "tp": 1, "split": False,
+                                 "recompute": [], "styles": {}, "stage_of": MLP_STAGES}
     assert "Schedule1F1B over 4 micro-batches" in text
     assert not_as_planned(text) == [] and pipeline_not_as_planned(text) == []
     assert summary(text, 4) == ("4 of 4 layers as planned, in the plan's pipeline (2 stages, "
@@ -81,8 +81,25 @@ def test_stage_replicas_split_the_micro_batches_and_tensor_splits_are_listed():
     _, text = program("mlp", 8, MLP_ARGS, 4, cfg, stages=MLP_STAGES, pipeline=pipe(group=2))
     [(layer, planned, exported, reason)] = not_as_planned(text)
     assert (layer, planned, exported) == ("body_2", "c2 on [2, 3]", "n2 on [2, 3]")
-    assert "tensor/sequence splits inside a stage" in reason
+    assert "no tensor-parallel ranks" in reason
     assert summary(text, 4).startswith("3 of 4 layers as planned, in the plan's pipeline")
+
+
+def megatron_mlp():
+    """The mlp in 2 stages of 2 tensor-parallel ranks: column, row and column splits."""
+    return {"x": ({}, (0, 1)), "body_0": ({"c": 2}, (0, 1)), "body_2": ({"k": 2}, (2, 3)),
+            "head": ({"c": 2}, (2, 3))}
+
+
+def test_tensor_parallel_inside_stages_takes_parallel_styles():
+    """Linears split on c / k by the stage's whole group: the group is 2 tensor-parallel
+    ranks, the linears ColwiseParallel / RowwiseParallel on them: all as planned."""
+    _, text = program("mlp", 8, MLP_ARGS, 4, megatron_mlp(), stages=MLP_STAGES,
+                      pipeline=pipe(group=2))
+    got = pipeline_of(text)
+    assert (got["dp"], got["tp"], got["split"]) == (1, 2, False)
+    assert got["styles"] == {"body.0": "colwise", "body.2": "rowwise", "head": "colwise"}
+    assert not_as_planned(text) == []
 
 
 def test_what_the_pipeline_cannot_follow_is_said():

@@ -106,7 +106,7 @@ def _norm_types():
                  if t is not None)
 
 
-def _kinds(graph, model) -> dict:
+def module_kinds(graph, model) -> dict:
     """layer -> (module path, style letters it can take: {letter: style}) or (path, {}) with
     a reason in the third item when its module cannot carry a style."""
     from torch import nn
@@ -216,7 +216,7 @@ def mesh_plan(graph, configs: dict, n: int, model) -> MeshPlan:
     """The (dp, tp) mesh and styles that compute the most layers as planned (ties: the smaller
     tp).  ``configs``: layer -> ({letter: degree > 1}, devices).  ``model``: the module (on the
     meta device is enough) whose submodules the layers name."""
-    kinds = _kinds(graph, model)
+    kinds = module_kinds(graph, model)
     layers = graph.layers()
     inputs = [la for la in layers if la.op == "input"]
     batch_ok = all("n" in la.axes for la in layers) and len(inputs) == 1

@@ -47,12 +47,18 @@ class PipePlan:
     layers: int = 0
     #: the layers computed under torch.utils.checkpoint (the plan's recomputation)
     recompute: list = field(default_factory=list)
+    #: each stage's group as dp replicas x tp ranks, and module path -> "colwise" /
+    #: "rowwise" (ColwiseParallel / RowwiseParallel on the stage's tp ranks)
+    dp: int = 1
+    tp: int = 1
+    styles: dict = field(default_factory=dict)
 
     def program_dict(self) -> dict:
         """The ``PIPELINE`` dict the program's body reads."""
         return {"stages": self.stages, "micro_batches": self.micro_batches,
-                "schedule": self.schedule, "group": self.group, "split": self.split,
-                "recompute": list(self.recompute), "stage_of": dict(self.stage_of)}
+                "schedule": self.schedule, "group": self.group, "dp": self.dp, "tp": self.tp,
+                "split": self.split, "recompute": list(self.recompute),
+                "styles": dict(sorted(self.styles.items())), "stage_of": dict(self.stage_of)}
 
 
 def _label(deg: dict) -> str:
@@ -92,12 +98,87 @@ def _crossings_ok(model, x, stage_of: dict, S: int) -> str:
     return ""
 
 
+def _shared_modules(model) -> set:
+    """Paths of the modules holding a parameter another module holds too (tied weights):
+    a parallel style would distribute the shared tensor twice."""
+    owners: dict = {}
+    for path, mod in model.named_modules():
+        for p in mod.parameters(recurse=False):
+            owners.setdefault(id(p), []).append(path)
+    return {m for paths in owners.values() if len(paths) > 1 for m in paths}
+
+
+def _in_stage(pp: PipePlan, layers, configs: dict, kinds: dict, shared: set, b: int,
+              savings: dict) -> None:
+    """Each layer's form inside its stage on ``pp``'s (dp, tp) group: the samples split over
+    the dp replicas (when the micro-batch of ``b`` splits), replicated over the tp ranks,
+    and a linear or embedding split on ``c``/``k`` by tp as ``ColwiseParallel`` /
+    ``RowwiseParallel`` on the stage's tp ranks; what differs from the plan is listed."""
+    G, dp, tp = pp.group, pp.dp, pp.tp
+    pp.split = dp > 1 and b % dp == 0
+    for la in layers:
+        want, devices = configs[la.name]
+        s = pp.stage_of[la.name]
+        group = list(range(s * G, (s + 1) * G))
+        gave = {"n": dp} if pp.split and "n" in la.axes else {}
+        module, letters, why = kinds.get(la.name, (None, {}, ""))
+        if tp > 1 and module and module not in shared:
+            for letter, style in letters.items():
+                if style in ("colwise", "rowwise") and want == dict(gave, **{letter: tp}):
+                    gave = dict(gave, **{letter: tp})
+                    pp.styles[module] = style
+                    break
+        rc, zero = savings.get(la.name, (False, 0))
+        mine = sorted(int(d) for d in devices)
+        planned = _label(want) + f" on {mine}"
+        if not gave:
+            exported = f"whole on each of {group}"
+        else:
+            exported = f"{_label(gave)} on {group}" + (
+                f", replicated on its {tp} tp ranks" if tp > 1 and module not in pp.styles
+                else "")
+        reasons = []
+        if mine != group:
+            reasons.append(f"the program runs stage {s} on every device of its group {group}")
+        if mine == group and want != gave:
+            other = sorted(set(want) - {"n"})
+            if not other:
+                reasons.append(f"the samples are split over the stage's {dp} data-parallel "
+                               f"replica{'s' if dp > 1 else ''}"
+                               + ("" if pp.split or dp == 1 else ", each computing the whole "
+                                  "micro-batch") + (f", replicated on {tp} tp ranks"
+                                                    if tp > 1 else ""))
+            elif tp == 1:
+                reasons.append(f"the stage groups run as {dp} data-parallel replicas (the form "
+                               f"that computes the most layers as planned), with no "
+                               f"tensor-parallel ranks to split {'/'.join(other)} over")
+            elif module in shared:
+                reasons.append(f"its module {module} shares its parameters with another "
+                               f"module, which a parallel style would distribute twice")
+            else:
+                reasons.append(why or f"inside a pipeline stage the program applies "
+                                      f"ColwiseParallel/RowwiseParallel on the tp ranks only "
+                                      f"(split {'/'.join(other)} by {tp}), not "
+                                      f"{_label(want)}")
+        if zero:
+            reasons.append(f"ZeRO-{zero} is not applied inside the pipeline's stage modules: "
+                           f"parameters and gradients stay whole on every replica")
+        if reasons:
+            pp.deviations.append(Deviation(
+                la.name, planned + (" recomputed" if rc else "") + (f" ZeRO-{zero}" if zero
+                                                                    else ""),
+                exported + (", recomputed" if rc else ""), "; ".join(reasons)))
+        if rc:
+            pp.recompute.append(la.name)
+
+
 def pipe_plan(graph, configs: dict, stages: dict, pipe: dict, n: int, model, x,
               savings: dict | None = None) -> tuple[PipePlan | None, str]:
     """``(plan, "")`` for a pipelined plan the program can run with
     ``torch.distributed.pipelining``, or ``(None, reason)`` when it cannot (module
     docstring).  ``configs``: layer -> ({letter: degree > 1}, devices); ``stages``: layer ->
     its stage; ``pipe``: the plan's ``pipeline`` entry; ``model``/``x`` on the meta device."""
+    from explorer.engine.export import module_kinds
     S, M = int(pipe["stages"]), int(pipe["micro_batches"])
     G = n // S
     layers = graph.layers()
@@ -123,50 +204,27 @@ def pipe_plan(graph, configs: dict, stages: dict, pipe: dict, n: int, model, x,
     if why:
         return None, why
     b = B // M
-    split = G > 1 and b % G == 0
     schedule = str(pipe.get("schedule") or "gpipe")
-    pp = PipePlan(S, M, schedule, G, split, batch_dim, stage_of, layers=len(layers))
+    if schedule not in ("gpipe", "1f1b"):
+        return None, f"schedule {schedule!r} is neither gpipe nor 1f1b"
+    kinds = module_kinds(graph, model) if G > 1 else {}
+    shared = _shared_modules(model) if G > 1 else set()
+    best = None
+    for tp in (t for t in range(1, G + 1) if G % t == 0):
+        pp = PipePlan(S, M, schedule, G, False, batch_dim, stage_of, layers=len(layers),
+                      dp=G // tp, tp=tp)
+        _in_stage(pp, layers, configs, kinds, shared, b, savings or {})
+        if best is None or len(pp.deviations) < len(best.deviations):
+            best = pp
+    pp = best
     if schedule == "1f1b" and M < S:
         pp.schedule = "gpipe"
         pp.notes.append((f"schedule 1f1b, {M} micro-batches on {S} stages", "ScheduleGPipe",
                          "torch's Schedule1F1B needs at least as many micro-batches as stages; "
                          "with fewer, 1F1B's warm-up runs every forward first, GPipe's order"))
-    elif schedule not in ("gpipe", "1f1b"):
-        return None, f"schedule {schedule!r} is neither gpipe nor 1f1b"
-    if G > 1 and not split and any("n" in configs[la.name][0] for la in layers):
-        pp.notes.append((f"micro-batches of {b} split over the {G} devices of each stage",
-                         f"each of the {G} devices computes every micro-batch whole",
-                         f"a micro-batch of {b} samples does not split into {G} equal shares"))
-    for la in layers:
-        want, devices = configs[la.name]
-        s = stage_of[la.name]
-        group = list(range(s * G, (s + 1) * G))
-        gave = {"n": G} if split and "n" in la.axes else {}
-        rc, zero = (savings or {}).get(la.name, (False, 0))
-        planned = _label(want) + f" on {sorted(int(d) for d in devices)}"
-        exported = (_label(gave) if gave else "whole") + f" on {group}"
-        reasons = []
-        if sorted(int(d) for d in devices) != group or want != gave:
-            if sorted(int(d) for d in devices) != group:
-                reasons.append(f"the program runs stage {s} on every device of its group "
-                               f"{group}")
-            if any(k != "n" for k in want):
-                reasons.append("a PipelineStage runs the stage as one module on each rank, and "
-                               "tensor/sequence splits inside a stage are not combined with "
-                               "it here: " + ("the stage's group computes it data parallel"
-                                              if split else "each rank of the stage's group "
-                                              "computes it whole"))
-            elif want != gave:
-                reasons.append("its group's devices are the stage's data-parallel replicas"
-                               + ("" if split else ", each computing the whole micro-batch"))
-        if zero:
-            reasons.append(f"ZeRO-{zero} is not applied inside the pipeline's stage modules: "
-                           f"parameters and gradients stay whole on every replica")
-        if reasons:
-            pp.deviations.append(Deviation(
-                la.name, planned + (" recomputed" if rc else "") + (f" ZeRO-{zero}" if zero
-                                                                    else ""),
-                exported + (" recomputed" if rc else ""), "; ".join(reasons)))
-        if rc:
-            pp.recompute.append(la.name)
+    if pp.dp > 1 and not pp.split and any("n" in configs[la.name][0] for la in layers):
+        pp.notes.append((f"micro-batches of {b} split over the {pp.dp} replicas of each stage",
+                         f"each replica computes every micro-batch whole",
+                         f"a micro-batch of {b} samples does not split into {pp.dp} equal "
+                         f"shares"))
     return pp, ""

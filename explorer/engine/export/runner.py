@@ -639,13 +639,22 @@ def split_stages(gm, stage_of, n_stages, recompute=()):
     return modules, [[a.name for a in r] for r in received]
 
 
+def _local(t):
+    """A DTensor's local shard (the tensor itself otherwise), sharing its storage (outside
+    autograd ``to_local`` returns the shard itself)."""
+    with torch.no_grad():
+        return t.to_local() if isinstance(t, DTensor) else t
+
+
 class Pipelined:
     """The plan's pipeline with ``torch.distributed.pipelining``: the ranks form a
-    (stages x group) mesh ("pp", "dp"); this rank runs the stage module of its "pp"
+    (stages x dp x tp) mesh ("pp", "dp", "tp"); this rank runs the stage module of its "pp"
     coordinate (:func:`split_stages`) as a ``PipelineStage`` under ``ScheduleGPipe`` or
-    ``Schedule1F1B`` over the plan's micro-batches.  The ranks of one stage's group are
-    data-parallel replicas (each its share of the batch, or all of it when the micro-batch
-    does not split over them), their gradients averaged.  Each micro-batch's loss is its
+    ``Schedule1F1B`` over the plan's micro-batches.  A stage's group is ``dp`` data-parallel
+    replicas (each its share of the batch, or all of it when the micro-batch does not split
+    over them; gradients averaged) of ``tp`` ranks, on which the stage's linears take
+    ``ColwiseParallel`` / ``RowwiseParallel`` (``styles``), whole tensors between modules
+    (the rest is replicated on the tp ranks).  Each micro-batch's loss is its
     mean and the schedule divides the accumulated gradients by the micro-batch count, so a
     step is the full batch's mean, as on one process.  A parameter several stages read (tied
     weights) has its gradients summed over their ranks."""
@@ -654,9 +663,11 @@ class Pipelined:
         import torch.fx
         from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
         from torch.distributed.pipelining.microbatch import TensorChunkSpec
+        from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
         self.model, self.mesh, self.device = model, mesh, device
-        S, G = PIPELINE["stages"], PIPELINE["group"]
-        self.s, self.g = mesh.get_local_rank("pp"), mesh.get_local_rank("dp")
+        S, dp, tp = PIPELINE["stages"], PIPELINE["dp"], PIPELINE["tp"]
+        self.s, self.d = mesh.get_local_rank("pp"), mesh.get_local_rank("dp")
+        self.t = mesh.get_local_rank("tp")
         modules, _ = split_stages(torch.fx.symbolic_trace(model), PIPELINE["stage_of"], S,
                                   set(PIPELINE.get("recompute", ())))
         self.module = modules[self.s]
@@ -665,18 +676,27 @@ class Pipelined:
         for i, m in enumerate(modules):
             for p in m.parameters():
                 self.readers.setdefault(name_of[id(p)], []).append(i)
+        # tensor parallel inside the stage: its linears' styles on the stage's tp ranks,
+        # outputs whole (replicated) between modules
+        mine = dict(self.module.named_modules())
+        styles = {path: (ColwiseParallel(output_layouts=Replicate()) if style == "colwise"
+                         else RowwiseParallel(input_layouts=Replicate()))
+                  for path, style in PIPELINE.get("styles", {}).items() if path in mine}
+        if tp > 1 and styles:
+            parallelize_module(self.module, mesh["tp"], styles)
         self.params = dict(model.named_parameters())
         self.ties, groups = {}, {}        # every rank creates every group, in one order
         for name, stages in sorted(self.readers.items()):
             if len(stages) < 2:
                 continue
-            for g in range(G):
-                ranks = tuple(int(mesh.mesh[t, g]) for t in stages)
-                if ranks not in groups:
-                    groups[ranks] = dist.new_group(list(ranks))
-                if g == self.g and self.s in stages:
-                    self.ties[name] = groups[ranks]
-        self.dp = mesh.get_group("dp") if G > 1 else None
+            for d in range(dp):
+                for t in range(tp):
+                    ranks = tuple(int(mesh.mesh[i, d, t]) for i in stages)
+                    if ranks not in groups:
+                        groups[ranks] = dist.new_group(list(ranks))
+                    if (d, t) == (self.d, self.t) and self.s in stages:
+                        self.ties[name] = groups[ranks]
+        self.dp = mesh.get_group("dp") if dp > 1 else None
         stage = PipelineStage(self.module, self.s, S, device, group=mesh.get_group("pp"))
         kind = Schedule1F1B if PIPELINE["schedule"] == "1f1b" else ScheduleGPipe
         # the schedule divides the gradients by the micro-batch count (scale_grads, torch
@@ -690,12 +710,12 @@ class Pipelined:
 
     def input_of(self, x):
         """This rank's share of the batch: its replica's slice, or all of it."""
-        G = PIPELINE["group"]
-        return x.tensor_split(G, dim=BATCH_DIM)[self.g] if PIPELINE["split"] and G > 1 else x
+        dp = PIPELINE["dp"]
+        return x.tensor_split(dp, dim=BATCH_DIM)[self.d] if PIPELINE["split"] and dp > 1 else x
 
     def step(self, x, lr):
         """One SGD step of the pipeline on ``x`` (this rank's share); the loss on every rank."""
-        S, G = PIPELINE["stages"], PIPELINE["group"]
+        S, dp = PIPELINE["stages"], PIPELINE["dp"]
         losses = []
         # the schedule splits a target with the micro-batches; the loss reads the output only
         target = torch.zeros(x.shape[BATCH_DIM], device=self.device)
@@ -705,22 +725,24 @@ class Pipelined:
             for p in self.module.parameters():
                 if p.grad is not None:
                     p.grad.div_(PIPELINE["micro_batches"])
-        for name, group in sorted(self.ties.items()):
-            if self.params[name].grad is not None:
-                dist.all_reduce(self.params[name].grad, group=group)
-        if self.dp is not None:
-            for p in self.module.parameters():
-                if p.grad is not None:
-                    dist.all_reduce(p.grad, group=self.dp)
-                    p.grad.div_(G)
+        with torch.no_grad():
+            for name, group in sorted(self.ties.items()):
+                if self.params[name].grad is not None:
+                    dist.all_reduce(_local(self.params[name].grad), group=group)
+            if self.dp is not None:
+                for p in self.module.parameters():
+                    if p.grad is not None:
+                        g = _local(p.grad)       # a tensor-parallel shard: its own replicas
+                        dist.all_reduce(g, group=self.dp)
+                        g.div_(dp)
         sgd_(self.module, lr)
         value = torch.zeros(1, dtype=torch.float64, device=self.device)
         if self.s == S - 1:
             value += torch.stack([v.detach().double() for v in losses]).mean()
             if self.dp is not None:
                 dist.all_reduce(value, group=self.dp)
-                value /= G
-        dist.broadcast(value, int(self.mesh.mesh[S - 1, 0]))
+                value /= dp
+        dist.broadcast(value, int(self.mesh.mesh[S - 1, 0, 0]))
         return float(value)
 
     def whole_params(self):
@@ -728,8 +750,8 @@ class Pipelined:
         reads it (a collective: every rank calls it)."""
         out = {}
         for name, p in self.model.named_parameters():
-            src = int(self.mesh.mesh[self.readers.get(name, [0])[0], 0])
-            t = p.detach().contiguous().clone()
+            src = int(self.mesh.mesh[self.readers.get(name, [0])[0], 0, 0])
+            t = (p.full_tensor() if isinstance(p, DTensor) else p).detach().contiguous().clone()
             dist.broadcast(t, src)
             out[name] = t.cpu()
         return out
@@ -904,8 +926,8 @@ def main(argv=None):
     if cuda:
         torch.cuda.set_device(device)
     if PIPELINE:
-        mesh = init_device_mesh(device.type, (PIPELINE["stages"], PIPELINE["group"]),
-                                mesh_dim_names=("pp", "dp"))
+        mesh = init_device_mesh(device.type, (PIPELINE["stages"], PIPELINE["dp"],
+                                              PIPELINE["tp"]), mesh_dim_names=("pp", "dp", "tp"))
     elif LAYER_MESH:
         mesh = init_device_mesh(device.type, tuple(LAYER_MESH),
                                 mesh_dim_names=tuple(f"m{i}" for i in range(len(LAYER_MESH))))
@@ -913,8 +935,8 @@ def main(argv=None):
         mesh = init_device_mesh(device.type, MESH, mesh_dim_names=("dp", "tp"))
     if rank == 0:
         if PIPELINE:
-            shape = (f"pp={PIPELINE['stages']} x dp={PIPELINE['group']} ({PIPELINE['schedule']}, "
-                     f"{PIPELINE['micro_batches']} micro-batches)")
+            shape = (f"pp={PIPELINE['stages']} x dp={PIPELINE['dp']} x tp={PIPELINE['tp']} "
+                     f"({PIPELINE['schedule']}, {PIPELINE['micro_batches']} micro-batches)")
         else:
             shape = (" x ".join(str(s) for s in LAYER_MESH) + " (one placement per layer)"
                      if LAYER_MESH else f"dp={MESH[0]} x tp={MESH[1]}")
