@@ -1,7 +1,8 @@
 """Exported pipelined plans: the program runs the plan's stages, micro-batches and schedule
 with ``torch.distributed.pipelining`` (stages cut from the fx trace, ``PipelineStage``,
-``Schedule1F1B`` / ``ScheduleGPipe``), lists what it does otherwise, and run under torchrun on
-2 and 4 gloo processes matches one process (--check).
+``Schedule1F1B`` / ``ScheduleGPipe``; data-parallel replicas and tensor-parallel styles inside
+a stage), lists what it does otherwise, and run under torchrun on 2 and 4 gloo processes
+matches one process (--check).
 
 Tiny models and 2 steps: every torchrun costs seconds on the shared cores.
 """
@@ -168,7 +169,7 @@ def test_searched_mlp_pipeline_matches_one_process(capsys, tmp_path):
     code, out, err = cli(capsys, "export", plan, "-o", prog)
     assert code == 0, err
     assert "layers as planned, in the plan's pipeline (2 stages" in out
-    assert "mesh pp=2 x dp=1 (1f1b" in run(prog, 2)
+    assert "mesh pp=2 x dp=1 x tp=1 (1f1b" in run(prog, 2)
 
 
 @pytest.mark.multiprocess
@@ -188,7 +189,7 @@ def test_llama_four_stages_matches_one_process(tmp_path):
     assert not_as_planned(text) == [] and pipeline_not_as_planned(text) == []
     prog = tmp_path / name
     prog.write_text(text)
-    assert "mesh pp=4 x dp=1 (1f1b, 8 micro-batches)" in run(prog, 4)
+    assert "mesh pp=4 x dp=1 x tp=1 (1f1b, 8 micro-batches)" in run(prog, 4)
 
 
 @pytest.mark.multiprocess
@@ -206,5 +207,18 @@ def test_stage_replicas_match_one_process(tmp_path):
     prog = tmp_path / name
     prog.write_text(text)
     out = run(prog, 4)
-    assert "mesh pp=2 x dp=2 (gpipe, 2 micro-batches)" in out
+    assert "mesh pp=2 x dp=2 x tp=1 (gpipe, 2 micro-batches)" in out
     assert "2 of 4 layers as planned" in out and "not as planned: body_2" in out
+
+
+@pytest.mark.multiprocess
+def test_tensor_parallel_stages_match_one_process(tmp_path):
+    """2 stages of 2 tensor-parallel ranks (ColwiseParallel / RowwiseParallel inside each
+    stage, a (2, 1, 2) mesh), 1F1B over 4 micro-batches: matches one process."""
+    name, text = program("mlp", 8, MLP_ARGS, 4, megatron_mlp(), stages=MLP_STAGES,
+                         pipeline=pipe(group=2))
+    prog = tmp_path / name
+    prog.write_text(text)
+    out = run(prog, 4)
+    assert "mesh pp=2 x dp=1 x tp=2 (1f1b, 4 micro-batches)" in out
+    assert "4 of 4 layers as planned" in out

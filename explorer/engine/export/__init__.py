@@ -628,8 +628,8 @@ def _render_pipeline(plan, pp, pipe: dict, model, x) -> str:
             f"the model\ntraced by torch.fx and cut at the plan's stage boundaries, stage s a "
             f"PipelineStage on the ranks\n{groups}, {kind} over {pp.micro_batches} "
             f"micro-batches of the batch"
-            + (f"; the {G} ranks of a stage are data-parallel replicas"
-               if G > 1 else "")
+            + (f"; a stage's {G} ranks are {pp.dp} data-parallel replica(s) of {pp.tp} "
+               f"tensor-parallel rank(s)" if G > 1 else "")
             + f".  {done} of {pp.layers} layers as planned.\n\n"
             + _usage(plan, n))
     notes = [(d.layer, d.planned, d.exported, d.reason) for d in pp.deviations]

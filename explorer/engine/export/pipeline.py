@@ -6,19 +6,20 @@ cut into one ``GraphModule`` per stage at the plan's stage boundaries
 (:func:`~explorer.engine.export.runner.split_stages`: a cut may fall anywhere in the graph,
 not only where a module begins), each run as a ``PipelineStage`` on the ranks of its group,
 under ``ScheduleGPipe`` or ``Schedule1F1B`` over the plan's micro-batches.  The ranks form a
-(stages x group) mesh: stage ``s`` on ranks ``s*G .. s*G+G-1``, as the search puts it.
+(stages x dp x tp) mesh: stage ``s`` on ranks ``s*G .. s*G+G-1``, as the search puts it.
 
-Inside a stage, each rank of its group runs the whole stage module: a group of several
-devices is a set of data-parallel replicas (each its share of every micro-batch, gradients
-averaged), which is the plan where its layers split the samples over the group.  A layer
-planned otherwise (tensor or sequence parallel inside the stage, a subset of the group) is
-listed: PyTorch's ``PipelineStage`` runs a module per rank, and the per-layer DTensor layouts
-are not combined with it here.  A recomputed layer computes under ``torch.utils.checkpoint``
-in its stage module; ZeRO is listed.  Where the
-pipeline itself cannot be built - ``torch.fx`` cannot trace the model into nodes named as its
-layers, a stage boundary carries a value that is not a tensor, the batch has no sample
-dimension to cut into micro-batches - :func:`pipe_plan` says why and the caller exports the
-layers without the pipeline, saying so (``PIPELINE_NOT_AS_PLANNED``).
+Inside a stage, the group of ``G`` devices is ``dp`` data-parallel replicas (each its
+share of every micro-batch, gradients averaged) of ``tp`` ranks, on which a linear or
+embedding split on ``c``/``k`` by ``tp`` takes ``ColwiseParallel`` / ``RowwiseParallel``
+(whole tensors between modules; the rest is replicated on the tp ranks); the ``(dp, tp)``
+computing the most layers as planned is chosen.  Any other split inside a stage, a layer on
+part of its group, and ZeRO are listed; a recomputed layer computes under
+``torch.utils.checkpoint`` in its stage module.
+
+Where the pipeline itself cannot be built - ``torch.fx`` cannot trace the model into nodes
+named as its layers, a stage boundary carries a value that is not a tensor, the batch has no
+sample dimension to cut into micro-batches - :func:`pipe_plan` says why and the caller exports
+the layers without the pipeline, saying so (``PIPELINE_NOT_AS_PLANNED``).
 """
 
 from __future__ import annotations
