@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from explorer.engine.export.layouts import Deviation, fx_nodes
+from explorer.engine.export.layouts import Deviation, fx_nodes, module_kinds
 
 
 @dataclass
@@ -179,7 +179,6 @@ def pipe_plan(graph, configs: dict, stages: dict, pipe: dict, n: int, model, x,
     ``torch.distributed.pipelining``, or ``(None, reason)`` when it cannot (module
     docstring).  ``configs``: layer -> ({letter: degree > 1}, devices); ``stages``: layer ->
     its stage; ``pipe``: the plan's ``pipeline`` entry; ``model``/``x`` on the meta device."""
-    from explorer.engine.export import module_kinds
     S, M = int(pipe["stages"]), int(pipe["micro_batches"])
     G = n // S
     layers = graph.layers()
