@@ -62,7 +62,8 @@ def test_a_pipelined_plan_runs_its_stages_and_schedule():
     _, text = program("mlp", 8, MLP_ARGS, 2, mlp_configs(), stages=MLP_STAGES, pipeline=pipe())
     assert pipeline_of(text) == {"stages": 2, "micro_batches": 4, "schedule": "1f1b",
                                  "group": 1, "dp": 1, "tp": 1, "split": False,
-                                 "recompute": [], "styles": {}, "stage_of": MLP_STAGES}
+                                 "recompute": [], "styles": {}, "fsdp": {},
+                                 "stage_of": MLP_STAGES}
     assert "Schedule1F1B over 4 micro-batches" in text
     assert not_as_planned(text) == [] and pipeline_not_as_planned(text) == []
     assert summary(text, 4) == ("4 of 4 layers as planned, in the plan's pipeline (2 stages, "
@@ -101,6 +102,10 @@ def test_tensor_parallel_inside_stages_takes_parallel_styles():
     assert (got["dp"], got["tp"], got["split"]) == (1, 2, False)
     assert got["styles"] == {"body.0": "colwise", "body.2": "rowwise", "head": "colwise"}
     assert not_as_planned(text) == []
+    _, text = program("mlp", 8, MLP_ARGS, 4, megatron_mlp(), stages=MLP_STAGES,
+                      pipeline=pipe(group=2), savings={"head": (False, 3), "body_0": (False, 1)})
+    off = {d[0]: d[3] for d in not_as_planned(text)}
+    assert "no data-parallel replicas" in off["head"] and "ZeRO-1" in off["body_0"]
 
 
 def test_what_the_pipeline_cannot_follow_is_said():
@@ -195,20 +200,22 @@ def test_llama_four_stages_matches_one_process(tmp_path):
 @pytest.mark.multiprocess
 def test_stage_replicas_match_one_process(tmp_path):
     """2 stages x 2 data-parallel replicas, GPipe over 2 micro-batches, one layer planned
-    tensor parallel inside its stage (listed), one recomputed (under checkpoint, as planned)
-    and one ZeRO-3 (listed): matches one process on 4 gloo processes."""
+    tensor parallel inside its stage (listed), one recomputed and ZeRO-3 (under checkpoint
+    and fully_shard over its replicas, as planned), one ZeRO-2: matches one process on 4
+    gloo processes."""
     cfg = mlp_configs(group=2)
     cfg["body_2"] = ({"c": 2}, (2, 3))
     name, text = program("mlp", 8, MLP_ARGS, 4, cfg, stages=MLP_STAGES,
                          pipeline=pipe(micro=2, schedule="gpipe", group=2),
-                         savings={"body_0": (True, 0), "head": (False, 3)})
+                         savings={"body_0": (True, 3), "head": (False, 2)})
     assert pipeline_of(text)["recompute"] == ["body_0"]
-    assert {d[0] for d in not_as_planned(text)} == {"body_2", "head"}
+    assert pipeline_of(text)["fsdp"] == {"body.0": 3, "head": 2}
+    assert [d[0] for d in not_as_planned(text)] == ["body_2"]
     prog = tmp_path / name
     prog.write_text(text)
     out = run(prog, 4)
     assert "mesh pp=2 x dp=2 x tp=1 (gpipe, 2 micro-batches)" in out
-    assert "2 of 4 layers as planned" in out and "not as planned: body_2" in out
+    assert "3 of 4 layers as planned" in out and "not as planned: body_2" in out
 
 
 @pytest.mark.multiprocess

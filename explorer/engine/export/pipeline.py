@@ -12,9 +12,10 @@ Inside a stage, the group of ``G`` devices is ``dp`` data-parallel replicas (eac
 share of every micro-batch, gradients averaged) of ``tp`` ranks, on which a linear or
 embedding split on ``c``/``k`` by ``tp`` takes ``ColwiseParallel`` / ``RowwiseParallel``
 (whole tensors between modules; the rest is replicated on the tp ranks); the ``(dp, tp)``
-computing the most layers as planned is chosen.  Any other split inside a stage, a layer on
-part of its group, and ZeRO are listed; a recomputed layer computes under
-``torch.utils.checkpoint`` in its stage module.
+computing the most layers as planned is chosen.  A recomputed layer computes under
+``torch.utils.checkpoint`` in its stage module, a ZeRO-2/3 layer's module under
+``fully_shard`` over its stage's dp replicas.  Any other split inside a stage, a layer on
+part of its group, ZeRO-1 and ZeRO without replicas are listed.
 
 Where the pipeline itself cannot be built - ``torch.fx`` cannot trace the model into nodes
 named as its layers, a stage boundary carries a value that is not a tensor, the batch has no
@@ -53,13 +54,16 @@ class PipePlan:
     dp: int = 1
     tp: int = 1
     styles: dict = field(default_factory=dict)
+    #: module path -> ZeRO stage (2, 3) of the modules fully_shard shards over the dp replicas
+    fsdp: dict = field(default_factory=dict)
 
     def program_dict(self) -> dict:
         """The ``PIPELINE`` dict the program's body reads."""
         return {"stages": self.stages, "micro_batches": self.micro_batches,
                 "schedule": self.schedule, "group": self.group, "dp": self.dp, "tp": self.tp,
                 "split": self.split, "recompute": list(self.recompute),
-                "styles": dict(sorted(self.styles.items())), "stage_of": dict(self.stage_of)}
+                "styles": dict(sorted(self.styles.items())),
+                "fsdp": dict(sorted(self.fsdp.items())), "stage_of": dict(self.stage_of)}
 
 
 def _label(deg: dict) -> str:
@@ -109,8 +113,43 @@ def _shared_modules(model) -> set:
     return {m for paths in owners.values() if len(paths) > 1 for m in paths}
 
 
+def _zero_form(pp: PipePlan, la, module, zero: int, planned: bool, owned: set,
+               shared: set) -> str:
+    """Why a layer's ZeRO stage is not applied ("" when it is: ``fully_shard`` of its
+    module over its stage's dp replicas, ``pp.fsdp``)."""
+    if not zero or not la.params:
+        return ""                     # nothing to shard: as planned
+    if zero == 1:
+        return ("ZeRO-1 shards only the optimizer's state, which fully_shard has no mode for, "
+                "and the program's SGD keeps none")
+    if pp.dp == 1:
+        return f"ZeRO-{zero}: its stage has no data-parallel replicas to shard over here"
+    if module not in owned or module in shared:
+        return (f"ZeRO-{zero}: its parameters are not one module's own, and fully_shard "
+                f"shards a module's parameters")
+    if module in pp.styles:
+        return (f"ZeRO-{zero}: it is also tensor parallel, and fully_shard over the replicas "
+                f"of a sharded parameter is not expressed here")
+    if not planned:
+        return f"ZeRO-{zero}: its configuration is not computed as planned"
+    pp.fsdp[module] = 3 if zero >= 3 else 2
+    return ""
+
+
+def _owned(layers, model) -> set:
+    """Module paths that one layer calls, and whose parameters that layer reads only."""
+    modules = dict(model.named_modules())
+    calls: dict = {}
+    for la in layers:
+        if la.op != "input" and la.module:
+            calls[la.module] = calls.get(la.module, 0) + 1
+    return {la.module for la in layers if la.module in modules and calls.get(la.module) == 1
+            and la.params and set(la.params) <= {k for k, _ in
+                                                 modules[la.module].named_parameters()}}
+
+
 def _in_stage(pp: PipePlan, layers, configs: dict, kinds: dict, shared: set, b: int,
-              savings: dict) -> None:
+              savings: dict, owned: set) -> None:
     """Each layer's form inside its stage on ``pp``'s (dp, tp) group: the samples split over
     the dp replicas (when the micro-batch of ``b`` splits), replicated over the tp ranks,
     and a linear or embedding split on ``c``/``k`` by tp as ``ColwiseParallel`` /
@@ -161,9 +200,9 @@ def _in_stage(pp: PipePlan, layers, configs: dict, kinds: dict, shared: set, b: 
                                       f"ColwiseParallel/RowwiseParallel on the tp ranks only "
                                       f"(split {'/'.join(other)} by {tp}), not "
                                       f"{_label(want)}")
-        if zero:
-            reasons.append(f"ZeRO-{zero} is not applied inside the pipeline's stage modules: "
-                           f"parameters and gradients stay whole on every replica")
+        why_zero = _zero_form(pp, la, module, int(zero), not reasons, owned, shared)
+        if why_zero:
+            reasons.append(why_zero)
         if reasons:
             pp.deviations.append(Deviation(
                 la.name, planned + (" recomputed" if rc else "") + (f" ZeRO-{zero}" if zero
@@ -208,12 +247,13 @@ def pipe_plan(graph, configs: dict, stages: dict, pipe: dict, n: int, model, x,
     if schedule not in ("gpipe", "1f1b"):
         return None, f"schedule {schedule!r} is neither gpipe nor 1f1b"
     kinds = module_kinds(graph, model) if G > 1 else {}
+    owned = _owned(layers, model)
     shared = _shared_modules(model) if G > 1 else set()
     best = None
     for tp in (t for t in range(1, G + 1) if G % t == 0):
         pp = PipePlan(S, M, schedule, G, False, batch_dim, stage_of, layers=len(layers),
                       dp=G // tp, tp=tp)
-        _in_stage(pp, layers, configs, kinds, shared, b, savings or {})
+        _in_stage(pp, layers, configs, kinds, shared, b, savings or {}, owned)
         if best is None or len(pp.deviations) < len(best.deviations):
             best = pp
     pp = best

@@ -684,6 +684,15 @@ class Pipelined:
                   for path, style in PIPELINE.get("styles", {}).items() if path in mine}
         if tp > 1 and styles:
             parallelize_module(self.module, mesh["tp"], styles)
+        # ZeRO-2/3: fully_shard of a layer's module over the stage's dp replicas; gradients
+        # reduce-scattered as sums (gloo has no average) and divided by the replicas below
+        self.sharded = []
+        for path, zero in PIPELINE.get("fsdp", {}).items():
+            if dp > 1 and path in mine:
+                fully_shard(mine[path], mesh=mesh["dp"], reshard_after_forward=zero >= 3)
+                mine[path].set_gradient_divide_factor(1.0)
+                mine[path].set_force_sum_reduction_for_comms(True)
+                self.sharded += [id(p) for p in mine[path].parameters()]
         self.params = dict(model.named_parameters())
         self.ties, groups = {}, {}        # every rank creates every group, in one order
         for name, stages in sorted(self.readers.items()):
@@ -733,7 +742,8 @@ class Pipelined:
                 for p in self.module.parameters():
                     if p.grad is not None:
                         g = _local(p.grad)       # a tensor-parallel shard: its own replicas
-                        dist.all_reduce(g, group=self.dp)
+                        if id(p) not in self.sharded:    # (fully_shard summed its own)
+                            dist.all_reduce(g, group=self.dp)
                         g.div_(dp)
         sgd_(self.module, lr)
         value = torch.zeros(1, dtype=torch.float64, device=self.device)
