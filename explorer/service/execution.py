@@ -63,14 +63,22 @@ def export(doc: dict, to: str = "torch") -> tuple:
 
 def export_preview(doc: dict) -> dict:
     """What exporting the layer-wise plan ``doc`` would write, before anything is downloaded:
-    ``{"file", "layers", "planned", "not_as_planned": [{layer, plan, exported, reason}]}``."""
-    from explorer.engine.export import not_as_planned
+    ``{"file", "layers", "planned", "pipeline", "not_as_planned": [{layer, plan, exported,
+    reason}]}``; ``pipeline``: for a pipelined plan, whether the program runs its pipeline
+    (", in the plan's pipeline (...)" or ", the plan's pipeline not: ..."), else ""; a
+    departure from the pipeline is listed first, as layer "the pipeline"."""
+    from explorer.engine.export import not_as_planned, pipeline_not_as_planned, summary
     name, text = export(doc)
     off = not_as_planned(text)
     layers = len(doc.get("layers") or ())
+    head = f"{layers - len(off)} of {layers} layers as planned"
+    line = summary(text, layers).split(";")[0]
     return {"file": name, "layers": layers, "planned": layers - len(off),
-            "not_as_planned": [dict(zip(("layer", "plan", "exported", "reason"), d))
-                               for d in off]}
+            "pipeline": line[len(head):] if line.startswith(head) else "",
+            "not_as_planned": [dict(zip(("layer", "plan", "exported", "reason"),
+                                        ("the pipeline", *d)))
+                               for d in pipeline_not_as_planned(text)]
+            + [dict(zip(("layer", "plan", "exported", "reason"), d)) for d in off]}
 
 
 def export_note(text: str, layers: int) -> str:

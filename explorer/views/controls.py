@@ -86,7 +86,7 @@ def export_preview(preview: dict | None):
     if not preview:
         return ""
     head = (f"Export: {preview['planned']} of {preview['layers']} layers as planned"
-            f" ({preview['file']})")
+            f"{preview.get('pipeline') or ''} ({preview['file']})")
     off = preview.get("not_as_planned") or []
     if not off:
         return html.Span(head, className="muted")

@@ -35,6 +35,10 @@ runs under ``torch.utils.checkpoint``; a ZeRO-3 (ZeRO-2) layer computing on whol
 is put under ``fully_shard`` resharding after forward (keeping the gathered weights until the
 backward pass); ZeRO-1 and the cases ``fully_shard`` cannot express are listed.
 
+A pipelined plan (more than one stage) runs its stages, micro-batches and schedule with
+``torch.distributed.pipelining`` (:mod:`explorer.engine.export.pipeline`); what it cannot
+follow of the pipeline is listed in ``PIPELINE_NOT_AS_PLANNED`` and said by :func:`summary`.
+
 The export reads the plan and the model's layer graph; it never searches.
 """
 
@@ -51,10 +55,11 @@ from types import SimpleNamespace
 
 from explorer.errors import PlanFileError
 from explorer.engine.core import plandoc
-from explorer.engine.export.layouts import Deviation
+from explorer.engine.export.layouts import Deviation, module_kinds
 from explorer.engine.export.runner import body as program_body
 
-__all__ = ["TARGETS", "Deviation", "MeshPlan", "export_torch", "mesh_plan", "program"]
+__all__ = ["TARGETS", "Deviation", "MeshPlan", "export_torch", "mesh_plan",
+           "pipeline_not_as_planned", "program"]
 
 #: what ``explorer export --to`` accepts
 TARGETS = ("torch",)
@@ -87,59 +92,12 @@ class MeshPlan:
     styles: dict = field(default_factory=dict)
     deviations: list = field(default_factory=list)
     batch_dim: int = 0
+    #: (plan, exported, reason) where the plan's pipeline is not followed
+    pipeline_notes: list = field(default_factory=list)
 
 
 def _label(deg: dict) -> str:
     return " ".join(f"{k}{v}" for k, v in deg.items()) or "1"
-
-
-def _norm_types():
-    from torch import nn
-    return tuple(t for t in (getattr(nn, "LayerNorm", None), getattr(nn, "RMSNorm", None))
-                 if t is not None)
-
-
-def _kinds(graph, model) -> dict:
-    """layer -> (module path, style letters it can take: {letter: style}) or (path, {}) with
-    a reason in the third item when its module cannot carry a style."""
-    from torch import nn
-    modules = dict(model.named_modules())
-    uses: dict = {}
-    for la in graph.layers():
-        if la.op != "input" and la.module:
-            uses[la.module] = uses.get(la.module, 0) + 1
-    out = {}
-    for la in graph.layers():
-        mod = modules.get(la.module) if la.module else None
-        letters, why = {}, ""
-        if la.op == "input":
-            why = ("the exported program splits the input on its sample dimension over dp "
-                   "only, whole on the tp ranks")
-        elif la.op == "sdpa":
-            why = ("attention follows its inputs, and the exported program hands it whole "
-                   "q/k/v (torch 2.13's DTensor attention on CPU gathers split heads anyway)")
-        elif mod is None or not la.params:
-            why = ("it has no parameters of its own (it computes on what its inputs bring, "
-                   "and the exported program hands it whole tensors)")
-        elif uses.get(la.module, 0) > 1:
-            why = (f"its module {la.module} is called more than once, and a parallel style "
-                   f"applies to a module, not to one call of it")
-        elif not set(la.params) <= set(dict(mod.named_parameters(recurse=False))):
-            other = sorted(set(la.params) - set(dict(mod.named_parameters(recurse=False))))
-            why = (f"it uses parameter(s) {other} that are not module {la.module}'s own, and "
-                   f"PyTorch's styles shard one module's parameters")
-        elif isinstance(mod, nn.Linear) and la.op == "linear":
-            letters = {"c": "colwise", "k": "rowwise", "l": "sequence"}
-        elif isinstance(mod, nn.Embedding) and la.op == "embedding":
-            letters = {"c": "colwise"}
-        elif isinstance(mod, _norm_types()) and la.op == "norm":
-            letters = {"l": "sequence"}
-        else:
-            why = (f"no style of torch.distributed.tensor.parallel computes a "
-                   f"{type(mod).__name__} split this way (ColwiseParallel/RowwiseParallel: "
-                   f"nn.Linear and nn.Embedding; SequenceParallel: norms and linears on l)")
-        out[la.name] = (la.module, letters, why)
-    return out
 
 
 def _reason(layer, want: dict, devices: tuple, n: int, dp: int, tp: int, why: str) -> str:
@@ -209,7 +167,7 @@ def mesh_plan(graph, configs: dict, n: int, model) -> MeshPlan:
     """The (dp, tp) mesh and styles that compute the most layers as planned (ties: the smaller
     tp).  ``configs``: layer -> ({letter: degree > 1}, devices).  ``model``: the module (on the
     meta device is enough) whose submodules the layers name."""
-    kinds = _kinds(graph, model)
+    kinds = module_kinds(graph, model)
     layers = graph.layers()
     inputs = [la for la in layers if la.op == "input"]
     batch_ok = all("n" in la.axes for la in layers) and len(inputs) == 1
@@ -252,60 +210,96 @@ def export_torch(doc: dict, verify: bool = True) -> tuple[str, str]:
                          tuple(la.config.devices)) for la in plan.layers}
     savings = {la.name: (bool(la.recompute), int(la.zero)) for la in plan.layers
                if la.recompute or la.zero}
+    pipe = getattr(plan, "pipeline", None) or None
+    stages = {la.name: int(la.stage) for la in plan.layers} if pipe else None
     return program(plan.spec, plan.batch, plan.model_args, plan.n_devices, configs,
-                   model=plan.model, algo=plan.algo, dtype=plan.dtype, savings=savings)
+                   model=plan.model, algo=plan.algo, dtype=plan.dtype, savings=savings,
+                   stages=stages, pipeline=pipe)
+
+
+def _read_list(text: str, name: str) -> list:
+    import ast
+    for line in text.splitlines():
+        if line.startswith(f"{name} = "):
+            return [tuple(x) for x in ast.literal_eval(line[len(name) + 3:])]
+    return []
 
 
 def not_as_planned(text: str) -> list:
     """``[(layer, plan, exported, reason)]`` of the layers an exported program computes in
     another form than its plan (read back from the program's ``NOT_AS_PLANNED``), so that
     whoever exports can say so."""
-    import ast
-    for line in text.splitlines():
-        if line.startswith("NOT_AS_PLANNED = "):
-            return [tuple(x) for x in ast.literal_eval(line[len("NOT_AS_PLANNED = "):])]
-    return []
+    return _read_list(text, "NOT_AS_PLANNED")
+
+
+def pipeline_not_as_planned(text: str) -> list:
+    """``[(plan, exported, reason)]`` of what an exported program does otherwise than the
+    plan's pipeline (its stages, micro-batches or schedule), from ``PIPELINE_NOT_AS_PLANNED``."""
+    return _read_list(text, "PIPELINE_NOT_AS_PLANNED")
 
 
 def summary(text: str, layers: int) -> str:
     """One line on how much of a plan of ``layers`` layers the program ``text`` follows:
-    "N of M layers as planned"."""
-    off = not_as_planned(text)
+    "N of M layers as planned", and for a pipelined plan whether its pipeline is (before
+    any ";", the part ``explorer export`` prints)."""
+    off, pipe = not_as_planned(text), pipeline_not_as_planned(text)
+    head = f"{layers - len(off)} of {layers} layers as planned"
+    runs = re.search(r"^# \d+ of \d+ layers as planned, in the plan's pipeline \((.*)\)\.$",
+                     text, re.M)
+    if pipe:
+        head += ", the plan's pipeline not: " + "; ".join(f"{p[0]} -> {p[1]}" for p in pipe)
+    elif runs:
+        head += f", in the plan's pipeline ({runs.group(1)})"
     if not off:
-        return f"{layers} of {layers} layers as planned"
-    return (f"{layers - len(off)} of {layers} layers as planned; {len(off)} not "
+        return head
+    return (f"{head}; {len(off)} not "
             f"({', '.join(d[0] for d in off[:3])}{' …' if len(off) > 3 else ''}): the file's "
             f"header lists each with the form it is computed in instead and why")
 
 
 def deviation_lines(text: str) -> list:
-    """One line per layer the program ``text`` computes in another form than its plan."""
-    return [f"  {layer}: plan {planned} -> {exported}: {reason}"
-            for layer, planned, exported, reason in not_as_planned(text)]
+    """One line per layer the program ``text`` computes in another form than its plan, and
+    one per departure from the plan's pipeline."""
+    return ([f"  the pipeline: plan {planned} -> {exported}: {reason}"
+             for planned, exported, reason in pipeline_not_as_planned(text)]
+            + [f"  {layer}: plan {planned} -> {exported}: {reason}"
+               for layer, planned, exported, reason in not_as_planned(text)])
 
 
 def program(spec: str, batch: int, model_args: dict, n: int, configs: dict, *,
             model: str | None = None, algo: str = "custom",
             dtype: str = "fp32", layouts: bool = True,
-            savings: dict | None = None) -> tuple[str, str]:
+            savings: dict | None = None, stages: dict | None = None,
+            pipeline: dict | None = None) -> tuple[str, str]:
     """``(file name, text)`` of the program for per-layer ``configs`` (layer -> ({letter:
     degree > 1}, devices)) of model ``spec`` on ``n`` processes, computing in precision
     ``dtype`` (bf16: every forward pass under autocast, float32 master weights);
     :func:`export_torch` after its checks (tests call it with configurations no search
     makes yet).  ``savings``: layer -> (recompute, ZeRO stage) of the layers that save
-    memory: ``torch.utils.checkpoint`` and ``fully_shard`` in the per-layer layouts."""
+    memory: ``torch.utils.checkpoint`` and ``fully_shard`` in the per-layer layouts.
+    ``pipeline``: the plan's ``pipeline`` entry, ``stages``: layer -> its stage; with more
+    than one stage the program runs the plan's pipeline (:mod:`.pipeline`), or says why not."""
     from explorer.engine.core.capture_cache import layer_graph
     from explorer.engine.core.importer import load_model
     graph = layer_graph(spec, batch, model_args)       # the search's capture, when cached
     module, x = load_model(spec, batch, model_args, meta=True)
+    info = SimpleNamespace(spec=spec, model=model or spec, batch=int(batch), algo=algo,
+                           model_args=dict(model_args or {}), n_devices=int(n),
+                           dtype=dtype)
+    notes = []
+    if pipeline and int(pipeline.get("stages") or 1) > 1:
+        from explorer.engine.export.pipeline import describe, pipe_plan
+        pp, why = pipe_plan(graph, configs, stages or {}, pipeline, n, module, x, savings)
+        if pp is not None:
+            return _filename(info), _render_pipeline(info, pp, pipeline, module, x)
+        notes.append((describe(pipeline), "one sequential step on the whole batch, each "
+                      "layer on its stage's devices, no micro-batches and no schedule", why))
     from explorer.engine.export.layouts import plan_layouts
     mp = plan_layouts(graph, configs, n, module, savings) if layouts else None
     if mp is None:                     # torch.fx cannot trace it: one (dp, tp) mesh
         mp = mesh_plan(graph, configs, n, module)
         _savings_on_mesh(mp, configs, savings or {})
-    info = SimpleNamespace(spec=spec, model=model or spec, batch=int(batch), algo=algo,
-                           model_args=dict(model_args or {}), n_devices=int(n),
-                           dtype=dtype)
+    mp.pipeline_notes = notes
     return _filename(info), render(info, mp, module, x)
 
 
@@ -425,6 +419,16 @@ def _comment_block(mp: MeshPlan) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _pipeline_block(notes: list) -> str:
+    """The header's lines on what the program does otherwise than the plan's pipeline."""
+    lines = []
+    for planned, exported, reason in notes:
+        lines.append(f"# NOT AS PLANNED: the pipeline: plan {planned}  ->  exported: {exported}")
+        lines += textwrap.wrap(f"because {reason}", 96, initial_indent="#   ",
+                               subsequent_indent="#     ")
+    return "\n".join(lines) + "\n" if lines else ""
+
+
 def _dtype(plan) -> str:
     from explorer.engine.core.precision import check
     return check(getattr(plan, "dtype", None))
@@ -453,7 +457,7 @@ def render(plan, mp, model, x) -> str:
     notes = [(d.layer, d.planned, d.exported, d.reason) for d in mp.deviations]
     parts = [
         head,
-        _comment_block(mp),
+        _pipeline_block(mp.pipeline_notes) + _comment_block(mp),
         "from __future__ import annotations\n\n"
         "import argparse\nimport contextlib\nimport copy\nimport os\nimport sys\n\n"
         "import torch\nimport torch.distributed as dist\n"
@@ -472,7 +476,11 @@ def render(plan, mp, model, x) -> str:
         f"DTYPE = {_dtype(plan)!r}          # the plan's precision (bf16: autocast, fp32 "
         f"master weights)\n"
         f"#: (layer, plan, exported, reason) of every layer not computed as planned\n"
-        f"NOT_AS_PLANNED = {notes!r}\n",
+        f"NOT_AS_PLANNED = {notes!r}\n"
+        f"#: (plan, exported, reason) where the plan's pipeline is not followed\n"
+        f"PIPELINE_NOT_AS_PLANNED = {mp.pipeline_notes!r}\n"
+        f"LAYER_MESH = None       # no per-layer layouts: the (dp, tp) mesh above\n"
+        f"LAYOUTS = {{}}\nPIPELINE = {{}}          # no pipeline run\n",
         _model_code(plan, model, x),
         "def parallelize(model, mesh):\n"
         "    \"\"\"The plan: tensor-parallel styles on mesh['tp'], then FSDP2 on mesh['dp'].\"\"\"\n"
@@ -513,6 +521,7 @@ def _render_layouts(plan, lp, model, x) -> str:
             + _usage(plan, n))
     notes = [(d.layer, d.planned, d.exported, d.reason) for d in lp.deviations]
     block = (f"# {done} of {lp.layers} layers as planned.\n"
+             + _pipeline_block(lp.pipeline_notes)
              + (_comment_block(lp) if lp.deviations else ""))
     parts = [
         head,
@@ -536,6 +545,9 @@ def _render_layouts(plan, lp, model, x) -> str:
         f"master weights)\n"
         f"#: (layer, plan, exported, reason) of every layer not computed as planned\n"
         f"NOT_AS_PLANNED = {notes!r}\n"
+        f"#: (plan, exported, reason) where the plan's pipeline is not followed\n"
+        f"PIPELINE_NOT_AS_PLANNED = {lp.pipeline_notes!r}\n"
+        f"PIPELINE = {{}}          # no pipeline run\n"
         f"#: the mesh: the device count's prime factors; one placement per mesh dimension\n"
         f"LAYER_MESH = {tuple(lp.mesh)!r}\n"
         f"#: fx node -> mode, output shape, placements of its output (and, for a module layer,\n"
@@ -544,6 +556,71 @@ def _render_layouts(plan, lp, model, x) -> str:
         _model_code(plan, model, x),
         "def parallelize(model, mesh):\n"
         "    \"\"\"Unused: the layers' placements apply through parallelize_layers.\"\"\"\n"
+        "    return model\n",
+        program_body(),
+    ]
+    return "\n\n".join(p.strip("\n") + "\n" for p in parts)
+
+
+def _render_pipeline(plan, pp, pipe: dict, model, x) -> str:
+    """The program of a pipelined plan (:mod:`explorer.engine.export.pipeline`)."""
+    import pprint
+
+    from explorer.engine.export.pipeline import describe
+    n = plan.n_devices
+    done = pp.layers - len(pp.deviations)
+    S, G = pp.stages, pp.group
+    groups = ", ".join(str(list(range(s * G, (s + 1) * G))) for s in range(S))
+    kind = "Schedule1F1B" if pp.schedule == "1f1b" else "ScheduleGPipe"
+    head = (f'"""{plan.model}: the {plan.algo} plan for {n} devices (batch {plan.batch}'
+            f'{", arguments " + str(plan.model_args) if plan.model_args else ""}), '
+            f'exported by Plan Explorer.\n\n'
+            f"Runs the plan's pipeline ({describe(pipe)}) with torch.distributed.pipelining: "
+            f"the model\ntraced by torch.fx and cut at the plan's stage boundaries, stage s a "
+            f"PipelineStage on the ranks\n{groups}, {kind} over {pp.micro_batches} "
+            f"micro-batches of the batch"
+            + (f"; a stage's {G} ranks are {pp.dp} data-parallel replica(s) of {pp.tp} "
+               f"tensor-parallel rank(s)" if G > 1 else "")
+            + f".  {done} of {pp.layers} layers as planned.\n\n"
+            + _usage(plan, n))
+    notes = [(d.layer, d.planned, d.exported, d.reason) for d in pp.deviations]
+    block = (f"# {done} of {pp.layers} layers as planned, in the plan's pipeline "
+             f"({S} stages, {pp.micro_batches} micro-batches, {pp.schedule}).\n"
+             + _pipeline_block(pp.notes)
+             + (_comment_block(pp) if pp.deviations else ""))
+    parts = [
+        head,
+        block,
+        "from __future__ import annotations\n\n"
+        "import argparse\nimport contextlib\nimport copy\nimport os\nimport sys\n\n"
+        "import torch\nimport torch.distributed as dist\n"
+        "from torch.distributed.device_mesh import DeviceMesh, init_device_mesh\n"
+        "from torch.distributed.fsdp import fully_shard\n"
+        "from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, "
+        "distribute_tensor\n"
+        "from torch.distributed.tensor.parallel import (PrepareModuleOutput, SequenceParallel,\n"
+        "                                               parallelize_module)\n"
+        "from torch.utils.checkpoint import checkpoint\n",
+        f"DEVICES = {n}\nMESH = (1, {n})          # unused: the pipeline's (pp, dp) mesh below\n"
+        f"BATCH_DIM = {pp.batch_dim}          # the input's sample dimension: the "
+        f"micro-batches cut it\n"
+        f"LR = {LR!r}\nSEED = {SEED}\n"
+        f"TOL = {_tol(plan)!r}            # as Plan Explorer's reference check in {_dtype(plan)}\n"
+        f"ROUNDING_FACTOR = {10.0 if _dtype(plan) == 'fp32' else 2.0}\nUPDATE_FLOOR = 1e-3\n"
+        f"DTYPE = {_dtype(plan)!r}          # the plan's precision (bf16: autocast, fp32 "
+        f"master weights)\n"
+        f"#: (layer, plan, exported, reason) of every layer not computed as planned\n"
+        f"NOT_AS_PLANNED = {notes!r}\n"
+        f"#: (plan, exported, reason) where the plan's pipeline is not followed\n"
+        f"PIPELINE_NOT_AS_PLANNED = {pp.notes!r}\n"
+        f"LAYER_MESH = None\nLAYOUTS = {{}}\n"
+        f"#: the pipeline: stages, micro-batches, the schedule run, ranks per stage (group),\n"
+        f"#: whether they split each micro-batch (split), and every layer's fx node -> stage\n"
+        f"PIPELINE = "
+        f"{pprint.pformat(pp.program_dict(), width=96, compact=True, sort_dicts=False)}\n",
+        _model_code(plan, model, x),
+        "def parallelize(model, mesh):\n"
+        "    \"\"\"Unused: the pipeline's stages apply through Pipelined.\"\"\"\n"
         "    return model\n",
         program_body(),
     ]

@@ -58,6 +58,8 @@ class LayoutPlan:
     specs: dict = field(default_factory=dict)
     deviations: list = field(default_factory=list)
     layers: int = 0
+    #: (plan, exported, reason) where the plan's pipeline is not followed
+    pipeline_notes: list = field(default_factory=list)
 
 
 def factors(n: int) -> tuple:
@@ -106,6 +108,49 @@ def _norm_types():
     from torch import nn
     return tuple(t for t in (getattr(nn, "LayerNorm", None), getattr(nn, "RMSNorm", None))
                  if t is not None)
+
+
+def module_kinds(graph, model) -> dict:
+    """layer -> (module path, style letters it can take: {letter: style}) or (path, {}) with
+    a reason in the third item when its module cannot carry a style."""
+    from torch import nn
+    modules = dict(model.named_modules())
+    uses: dict = {}
+    for la in graph.layers():
+        if la.op != "input" and la.module:
+            uses[la.module] = uses.get(la.module, 0) + 1
+    out = {}
+    for la in graph.layers():
+        mod = modules.get(la.module) if la.module else None
+        letters, why = {}, ""
+        if la.op == "input":
+            why = ("the exported program splits the input on its sample dimension over dp "
+                   "only, whole on the tp ranks")
+        elif la.op == "sdpa":
+            why = ("attention follows its inputs, and the exported program hands it whole "
+                   "q/k/v (torch 2.13's DTensor attention on CPU gathers split heads anyway)")
+        elif mod is None or not la.params:
+            why = ("it has no parameters of its own (it computes on what its inputs bring, "
+                   "and the exported program hands it whole tensors)")
+        elif uses.get(la.module, 0) > 1:
+            why = (f"its module {la.module} is called more than once, and a parallel style "
+                   f"applies to a module, not to one call of it")
+        elif not set(la.params) <= set(dict(mod.named_parameters(recurse=False))):
+            other = sorted(set(la.params) - set(dict(mod.named_parameters(recurse=False))))
+            why = (f"it uses parameter(s) {other} that are not module {la.module}'s own, and "
+                   f"PyTorch's styles shard one module's parameters")
+        elif isinstance(mod, nn.Linear) and la.op == "linear":
+            letters = {"c": "colwise", "k": "rowwise", "l": "sequence"}
+        elif isinstance(mod, nn.Embedding) and la.op == "embedding":
+            letters = {"c": "colwise"}
+        elif isinstance(mod, _norm_types()) and la.op == "norm":
+            letters = {"l": "sequence"}
+        else:
+            why = (f"no style of torch.distributed.tensor.parallel computes a "
+                   f"{type(mod).__name__} split this way (ColwiseParallel/RowwiseParallel: "
+                   f"nn.Linear and nn.Embedding; SequenceParallel: norms and linears on l)")
+        out[la.name] = (la.module, letters, why)
+    return out
 
 
 def fx_nodes(model) -> dict | None:

@@ -39,6 +39,8 @@ DTYPE = "fp32"                 # the plan's precision: fp32 | tf32 | bf16 (autoc
 NOT_AS_PLANNED: list = []
 LAYER_MESH = None              # the prime-factor mesh of the per-layer layouts (None: (dp, tp))
 LAYOUTS: dict = {}             # fx node name -> the layer's placements (per-layer layouts)
+PIPELINE: dict = {}            # the plan's pipeline (stages, micro-batches, schedule, ...)
+PIPELINE_NOT_AS_PLANNED: list = []   # (plan, exported, reason) of the pipeline itself
 
 
 def build_model():
@@ -540,6 +542,231 @@ def parallelize_layers(model, mesh, layouts):
     return gm
 
 
+def stage_of_nodes(gm, stage_of, n_stages):
+    """fx node -> pipeline stage of the traced model ``gm``: a layer's node its plan's stage
+    (``stage_of``), the model's inputs stage 0, its output the last stage, an op between
+    layers (a view, a shape, an op folded into a layer) the first stage that reads it (so
+    the tensors a stage boundary carries are the layers' outputs); a constant (``get_attr``)
+    none: each stage that reads it has its own copy.  Raises ValueError when a node would
+    read a later stage's value (the stages are not contiguous in the graph)."""
+    nodes = list(gm.graph.nodes)
+    where = {}
+    for nd in reversed(nodes):
+        if nd.op == "output":
+            where[nd] = n_stages - 1
+        elif nd.name in stage_of:
+            where[nd] = int(stage_of[nd.name])
+        elif nd.op == "placeholder":
+            where[nd] = 0
+        elif nd.op != "get_attr":
+            users = [where[u] for u in nd.users if where.get(u) is not None]
+            where[nd] = min(users) if users else None        # None: nothing reads it
+    for nd in nodes:
+        for a in nd.all_input_nodes:
+            if where.get(a) is not None and where.get(nd) is not None and where[a] > where[nd]:
+                raise ValueError(f"{nd.name} (stage {where[nd]}) reads {a.name} of the later "
+                                 f"stage {where[a]}")
+    return where
+
+
+def _recomputed(fn):
+    """``fn`` under ``torch.utils.checkpoint`` (non-reentrant): nothing of it is kept for
+    the backward pass but its inputs, and its forward runs again there."""
+    def run(*args, **kwargs):
+        return checkpoint(fn, *args, use_reentrant=False, **kwargs)
+    return run
+
+
+def _recompute_module(module, *args, **kwargs):
+    return checkpoint(module, *args, use_reentrant=False, **kwargs)
+
+
+def _recomputed_node(g, nd, env):
+    """A copy of the layer node ``nd`` in graph ``g`` that computes under checkpoint (a
+    module layer reads its module through ``get_attr``, so the stage keeps its parameters)."""
+    import torch.fx
+    args = torch.fx.map_arg(nd.args, lambda a: env[a])
+    kwargs = torch.fx.map_arg(nd.kwargs, lambda a: env[a])
+    if nd.op == "call_module":
+        return g.call_function(_recompute_module, (g.get_attr(nd.target), *args), kwargs)
+    fn = _method(nd.target) if nd.op == "call_method" else nd.target
+    return g.call_function(_recomputed(fn), args, kwargs)
+
+
+def split_stages(gm, stage_of, n_stages, recompute=()):
+    """``(modules, received)``: the traced model ``gm`` cut into one ``GraphModule`` per
+    pipeline stage (:func:`stage_of_nodes`), sharing ``gm``'s parameters, and per stage the
+    names of the values it receives from the previous one.  A value read ``k`` stages after
+    the one computing it is passed on by the stages between (a pipeline stage talks to its
+    neighbours only); stage 0 takes the model's inputs, the last returns its output.  The
+    layers named in ``recompute`` compute under ``torch.utils.checkpoint``."""
+    import torch.fx
+    nodes = list(gm.graph.nodes)
+    where = stage_of_nodes(gm, stage_of, n_stages)
+    last_use = {}
+    for nd in nodes:
+        if where.get(nd) is None:
+            continue
+        for a in nd.all_input_nodes:
+            if where.get(a) is not None and where[a] < where[nd]:
+                last_use[a] = max(last_use.get(a, -1), where[nd])
+    received = [[a for a in nodes if a in last_use and where[a] < s <= last_use[a]]
+                for s in range(n_stages)]
+    modules = []
+    for s in range(n_stages):
+        g = torch.fx.Graph()
+        env = {a: g.placeholder(a.name) for a in received[s]}
+        for nd in nodes:
+            if nd.op == "output":
+                continue
+            if nd.op == "placeholder":
+                keep = s == 0
+            elif nd.op == "get_attr":
+                keep = any(where.get(u) == s for u in nd.users)
+            else:
+                keep = where.get(nd) == s
+            if keep and nd.name in recompute and nd.op in ("call_function", "call_method",
+                                                           "call_module"):
+                env[nd] = _recomputed_node(g, nd, env)
+            elif keep:
+                env[nd] = g.node_copy(nd, lambda a: env[a])
+        if s == n_stages - 1:
+            g.output(torch.fx.map_arg(nodes[-1].args[0], lambda a: env[a]))
+        else:
+            sends = tuple(env[a] for a in received[s + 1])
+            g.output(sends[0] if len(sends) == 1 else sends)
+        modules.append(torch.fx.GraphModule(gm, g))
+    return modules, [[a.name for a in r] for r in received]
+
+
+def _local(t):
+    """A DTensor's local shard (the tensor itself otherwise), sharing its storage (outside
+    autograd ``to_local`` returns the shard itself)."""
+    with torch.no_grad():
+        return t.to_local() if isinstance(t, DTensor) else t
+
+
+class Pipelined:
+    """The plan's pipeline with ``torch.distributed.pipelining``: the ranks form a
+    (stages x dp x tp) mesh ("pp", "dp", "tp"); this rank runs the stage module of its "pp"
+    coordinate (:func:`split_stages`) as a ``PipelineStage`` under ``ScheduleGPipe`` or
+    ``Schedule1F1B`` over the plan's micro-batches.  A stage's group is ``dp`` data-parallel
+    replicas (each its share of the batch, or all of it when the micro-batch does not split
+    over them; gradients averaged) of ``tp`` ranks, on which the stage's linears take
+    ``ColwiseParallel`` / ``RowwiseParallel`` (``styles``), whole tensors between modules
+    (the rest is replicated on the tp ranks).  Each micro-batch's loss is its
+    mean and the schedule divides the accumulated gradients by the micro-batch count, so a
+    step is the full batch's mean, as on one process.  A parameter several stages read (tied
+    weights) has its gradients summed over their ranks."""
+
+    def __init__(self, model, mesh, device):
+        import torch.fx
+        from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+        from torch.distributed.pipelining.microbatch import TensorChunkSpec
+        from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+        self.model, self.mesh, self.device = model, mesh, device
+        S, dp, tp = PIPELINE["stages"], PIPELINE["dp"], PIPELINE["tp"]
+        self.s, self.d = mesh.get_local_rank("pp"), mesh.get_local_rank("dp")
+        self.t = mesh.get_local_rank("tp")
+        modules, _ = split_stages(torch.fx.symbolic_trace(model), PIPELINE["stage_of"], S,
+                                  set(PIPELINE.get("recompute", ())))
+        self.module = modules[self.s]
+        name_of = {id(p): n for n, p in model.named_parameters()}
+        self.readers = {}                 # parameter name -> the stages that read it
+        for i, m in enumerate(modules):
+            for p in m.parameters():
+                self.readers.setdefault(name_of[id(p)], []).append(i)
+        # tensor parallel inside the stage: its linears' styles on the stage's tp ranks,
+        # outputs whole (replicated) between modules
+        mine = dict(self.module.named_modules())
+        styles = {path: (ColwiseParallel(output_layouts=Replicate()) if style == "colwise"
+                         else RowwiseParallel(input_layouts=Replicate()))
+                  for path, style in PIPELINE.get("styles", {}).items() if path in mine}
+        if tp > 1 and styles:
+            parallelize_module(self.module, mesh["tp"], styles)
+        # ZeRO-2/3: fully_shard of a layer's module over the stage's dp replicas; gradients
+        # reduce-scattered as sums (gloo has no average) and divided by the replicas below
+        self.sharded = []
+        for path, zero in PIPELINE.get("fsdp", {}).items():
+            if dp > 1 and path in mine:
+                fully_shard(mine[path], mesh=mesh["dp"], reshard_after_forward=zero >= 3)
+                mine[path].set_gradient_divide_factor(1.0)
+                mine[path].set_force_sum_reduction_for_comms(True)
+                self.sharded += [id(p) for p in mine[path].parameters()]
+        self.params = dict(model.named_parameters())
+        self.ties, groups = {}, {}        # every rank creates every group, in one order
+        for name, stages in sorted(self.readers.items()):
+            if len(stages) < 2:
+                continue
+            for d in range(dp):
+                for t in range(tp):
+                    ranks = tuple(int(mesh.mesh[i, d, t]) for i in stages)
+                    if ranks not in groups:
+                        groups[ranks] = dist.new_group(list(ranks))
+                    if (d, t) == (self.d, self.t) and self.s in stages:
+                        self.ties[name] = groups[ranks]
+        self.dp = mesh.get_group("dp") if dp > 1 else None
+        stage = PipelineStage(self.module, self.s, S, device, group=mesh.get_group("pp"))
+        kind = Schedule1F1B if PIPELINE["schedule"] == "1f1b" else ScheduleGPipe
+        # the schedule divides the gradients by the micro-batch count (scale_grads, torch
+        # >= 2.6); an older torch has no such option, and the step divides them itself
+        import inspect
+        self.divide = "scale_grads" not in inspect.signature(kind.__init__).parameters
+        self.schedule = kind(stage, PIPELINE["micro_batches"],
+                             loss_fn=lambda out, _target: loss_of(out),
+                             args_chunk_spec=(TensorChunkSpec(BATCH_DIM),),
+                             **({} if self.divide else {"scale_grads": True}))
+
+    def input_of(self, x):
+        """This rank's share of the batch: its replica's slice, or all of it."""
+        dp = PIPELINE["dp"]
+        return x.tensor_split(dp, dim=BATCH_DIM)[self.d] if PIPELINE["split"] and dp > 1 else x
+
+    def step(self, x, lr):
+        """One SGD step of the pipeline on ``x`` (this rank's share); the loss on every rank."""
+        S, dp = PIPELINE["stages"], PIPELINE["dp"]
+        losses = []
+        # the schedule splits a target with the micro-batches; the loss reads the output only
+        target = torch.zeros(x.shape[BATCH_DIM], device=self.device)
+        with precision(self.device.type):
+            self.schedule.step(*((x,) if self.s == 0 else ()), target=target, losses=losses)
+        if self.divide:
+            for p in self.module.parameters():
+                if p.grad is not None:
+                    p.grad.div_(PIPELINE["micro_batches"])
+        with torch.no_grad():
+            for name, group in sorted(self.ties.items()):
+                if self.params[name].grad is not None:
+                    dist.all_reduce(_local(self.params[name].grad), group=group)
+            if self.dp is not None:
+                for p in self.module.parameters():
+                    if p.grad is not None:
+                        g = _local(p.grad)       # a tensor-parallel shard: its own replicas
+                        if id(p) not in self.sharded:    # (fully_shard summed its own)
+                            dist.all_reduce(g, group=self.dp)
+                        g.div_(dp)
+        sgd_(self.module, lr)
+        value = torch.zeros(1, dtype=torch.float64, device=self.device)
+        if self.s == S - 1:
+            value += torch.stack([v.detach().double() for v in losses]).mean()
+            if self.dp is not None:
+                dist.all_reduce(value, group=self.dp)
+                value /= dp
+        dist.broadcast(value, int(self.mesh.mesh[S - 1, 0, 0]))
+        return float(value)
+
+    def whole_params(self):
+        """Every parameter of the model by name, from the first rank of the first stage that
+        reads it (a collective: every rank calls it)."""
+        out = {}
+        for name, p in self.model.named_parameters():
+            src = int(self.mesh.mesh[self.readers.get(name, [0])[0], 0, 0])
+            t = (p.full_tensor() if isinstance(p, DTensor) else p).detach().contiguous().clone()
+            dist.broadcast(t, src)
+            out[name] = t.cpu()
+        return out
+
+
 def tensors(out):
     """The tensors of a model output: a tensor, tuple, list, dict or ModelOutput."""
     if isinstance(out, torch.Tensor):
@@ -656,6 +883,34 @@ def check(reference, x, before, losses, after, steps, lr):
     return ok and not bad
 
 
+def train(model, mesh, device, x, steps, lr):
+    """``(losses, parameters after)`` of ``steps`` SGD steps of the plan's layouts (or of
+    the (dp, tp) mesh's styles) applied to ``model``."""
+    if LAYER_MESH:
+        model = parallelize_layers(model, mesh, LAYOUTS)
+        xs = x                     # the input layer takes its own shard
+    else:
+        parallelize(model, mesh)
+        xs = x.tensor_split(MESH[0], dim=BATCH_DIM)[mesh.get_local_rank("dp")]
+    losses = []
+    for _ in range(steps):
+        with precision(device.type):
+            out = model(xs)
+        if _LAYOUTS is not None:
+            out = _LAYOUTS.finish(out)           # sub-mesh outputs onto the global mesh
+        loss = loss_of(out)
+        if _LAYOUTS is not None:
+            loss = _LAYOUTS.anchor(loss)
+        loss.backward()
+        sgd_(model, lr)
+        value = loss.detach().reshape(1).to(torch.float64)
+        if MESH[0] > 1 and not LAYER_MESH:
+            dist.all_reduce(value, group=mesh.get_group("dp"))
+            value /= MESH[0]
+        losses.append(float(value))
+    return losses, {n: whole(p).cpu() for n, p in model.named_parameters()}
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=3, help="SGD steps (default 3)")
@@ -680,47 +935,41 @@ def main(argv=None):
     device = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', rank))}" if cuda else "cpu")
     if cuda:
         torch.cuda.set_device(device)
-    if LAYER_MESH:
+    if PIPELINE:
+        mesh = init_device_mesh(device.type, (PIPELINE["stages"], PIPELINE["dp"],
+                                              PIPELINE["tp"]), mesh_dim_names=("pp", "dp", "tp"))
+    elif LAYER_MESH:
         mesh = init_device_mesh(device.type, tuple(LAYER_MESH),
                                 mesh_dim_names=tuple(f"m{i}" for i in range(len(LAYER_MESH))))
     else:
         mesh = init_device_mesh(device.type, MESH, mesh_dim_names=("dp", "tp"))
     if rank == 0:
-        shape = (" x ".join(str(s) for s in LAYER_MESH) + " (one placement per layer)"
-                 if LAYER_MESH else f"dp={MESH[0]} x tp={MESH[1]}")
+        if PIPELINE:
+            shape = (f"pp={PIPELINE['stages']} x dp={PIPELINE['dp']} x tp={PIPELINE['tp']} "
+                     f"({PIPELINE['schedule']}, {PIPELINE['micro_batches']} micro-batches)")
+        else:
+            shape = (" x ".join(str(s) for s in LAYER_MESH) + " (one placement per layer)"
+                     if LAYER_MESH else f"dp={MESH[0]} x tp={MESH[1]}")
+        count = len(PIPELINE["stage_of"]) if PIPELINE else len(LAYOUTS)
         print(f"{DEVICES} processes, mesh {shape}, {args.steps} steps, {DTYPE}; "
-              f"{len(LAYOUTS) - len(NOT_AS_PLANNED) if LAYOUTS else '?'} of "
-              f"{len(LAYOUTS) or '?'} layers as planned")
+              f"{count - len(NOT_AS_PLANNED) if count else '?'} of "
+              f"{count or '?'} layers as planned")
         for layer, planned, exported, reason in NOT_AS_PLANNED:
             print(f"not as planned: {layer}: plan {planned} -> {exported}: {reason}")
+        for planned, exported, reason in PIPELINE_NOT_AS_PLANNED:
+            print(f"not as planned: the pipeline: plan {planned} -> {exported}: {reason}")
     torch.manual_seed(SEED)
     model, x = build_model()
     model, x = model.to(device).eval(), x.to(device)   # eval: dropout off, BatchNorm running
     reference = copy.deepcopy(model) if args.check and rank == 0 else None   # stats (as the
     before = {n: p.detach().clone() for n, p in model.named_parameters()}    # reference)
-    if LAYER_MESH:
-        model = parallelize_layers(model, mesh, LAYOUTS)
-        xs = x                     # the input layer takes its own shard
+    if PIPELINE:
+        pipe = Pipelined(model, mesh, device)
+        xs = pipe.input_of(x)
+        losses = [pipe.step(xs, args.lr) for _ in range(args.steps)]
+        after = pipe.whole_params()
     else:
-        parallelize(model, mesh)
-        xs = x.tensor_split(MESH[0], dim=BATCH_DIM)[mesh.get_local_rank("dp")]
-    losses = []
-    for _ in range(args.steps):
-        with precision(device.type):
-            out = model(xs)
-        if _LAYOUTS is not None:
-            out = _LAYOUTS.finish(out)           # sub-mesh outputs onto the global mesh
-        loss = loss_of(out)
-        if _LAYOUTS is not None:
-            loss = _LAYOUTS.anchor(loss)
-        loss.backward()
-        sgd_(model, args.lr)
-        value = loss.detach().reshape(1).to(torch.float64)
-        if MESH[0] > 1 and not LAYER_MESH:
-            dist.all_reduce(value, group=mesh.get_group("dp"))
-            value /= MESH[0]
-        losses.append(float(value))
-    after = {n: whole(p).cpu() for n, p in model.named_parameters()}
+        losses, after = train(model, mesh, device, x, args.steps, args.lr)
     ok = True
     drift = dict(_LAYOUTS.drift) if _LAYOUTS is not None else {}
     if rank == 0 and drift:
