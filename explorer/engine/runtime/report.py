@@ -84,6 +84,12 @@ def format_report(res: dict, top: int = 12) -> str:
     if bd:
         lines.append("measured per step (slowest worker): " + ", ".join(
             f"{k} {v * 1e3:.2f} ms" for k, v in bd.items()))
+    wc = res.get("measured_worker_compute_s") or []
+    if len(wc) > 1:
+        lines.append("per worker computing: " + ", ".join(f"{v * 1e3:.1f}" for v in wc) +
+                     f" ms; waiting for slower workers in exchanges "
+                     f"{res.get('measured_wait_s', 0.0) * 1e3:.1f} ms per step (the plan's "
+                     f"prediction assumes equal workers)")
     layers = sorted(res.get("layers", []), key=lambda r: -max(r["measured_s"], r["predicted_s"]))
     if layers:
         lines.append(f"{'layer':28s} {'config':10s} {'pred ms':>9s} {'meas ms':>9s} "

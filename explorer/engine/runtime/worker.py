@@ -307,6 +307,12 @@ def summarize(plan, order, per_rank, phases, no_grad=()) -> dict:
         "step_times_s": [float(v) for v in per_step],
         "measured_breakdown_s": tot,
         "predicted_breakdown_s": dict(plan.breakdown),
+        # per worker, median over steps: its computing (forward, backward, update) and its
+        # waiting for slower workers inside collectives - the imbalance a model of equal
+        # workers does not predict
+        "measured_worker_compute_s": [float(v) for v in np.median(
+            (comp + upd).sum(axis=2), axis=1)] if tim.shape[1] else [],
+        "measured_wait_s": float(np.median(wait_steps.sum(axis=1))) if tim.shape[1] else 0.0,
         "layers": layers,
         "edges": [{"src": e["src"], "dst": e["dst"], "index": e.get("index", 0),
                    "predicted_s": float(e.get("t_xfer_s", 0.0))} for e in plan.edges],
