@@ -142,3 +142,26 @@ def test_an_encoder_decoder_layerwise_plan_runs_against_one_device(transformers,
                      "--out", str(plan)]) == 0
     assert cli.main(["run", str(plan), "--steps", "1"]) == 0
     assert "reference check: OK" in capsys.readouterr().out
+
+
+MIXTRAL = ["-a", "num_hidden_layers=1", "-a", "hidden_size=32", "-a", "intermediate_size=64",
+           "-a", "num_attention_heads=2", "-a", "num_key_value_heads=1", "-a",
+           "num_local_experts=4", "-a", "vocab_size=50", "--devices", "2", "--batch", "2"]
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("algo,words", [
+    ("optcnn", ["data-dependent op 'histc'", "fixed shapes"]),
+    ("tofu", ["grouped matmul", "`moe` example"]),
+    ("celeritas", ["grouped matmul", "`moe` example"])])
+def test_a_mixtral_layer_is_refused_in_one_line_without_torchs_log(transformers, algo, words):
+    """Hugging Face's Mixtral routes tokens to experts with data-dependent shapes: every
+    family says so in one line (exit 2), and torch's fake-tensor logger, which logs each
+    operator it cannot run with a traceback, prints nothing."""
+    from _helpers import explorer_cli
+    r = explorer_cli("search", "hf:mixtral", *MIXTRAL, "--algo", algo)
+    assert r.returncode == 2, r.stderr
+    lines = [ln for ln in (r.stdout + r.stderr).splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:"), lines
+    assert all(w in lines[0] for w in words), lines[0]

@@ -206,9 +206,11 @@ VERBOSE_ENV = "EXPLORER_VERBOSE"
 
 @contextlib.contextmanager
 def quiet_libraries(stderr: bool = False):
-    """Silence torch's and Transformers' loggers below ERROR while tracing: a model that
-    cannot be traced is reported in our one line, not after dozens of their warnings and
-    graph dumps (``$EXPLORER_VERBOSE=1``, ``explorer --verbose``: keep them).  ``stderr``:
+    """Silence torch's and Transformers' loggers while tracing, their errors too (fake
+    tensors log every operator they cannot run as an ERROR with its traceback, before the
+    exception we report): a model that cannot be traced is reported in our one line, not
+    after dozens of their warnings and graph dumps (``$EXPLORER_VERBOSE=1``, ``explorer
+    --verbose``: keep them).  ``stderr``:
     also swallow what is printed there (``torch.export`` prints the graph it failed on)."""
     if os.environ.get(VERBOSE_ENV, "") not in ("", "0"):
         yield
@@ -223,8 +225,8 @@ def quiet_libraries(stderr: bool = False):
     for n in names:
         lg = logging.getLogger(n)
         saved[n] = lg.level
-        if lg.level < logging.ERROR:
-            lg.setLevel(logging.ERROR)
+        if lg.level < logging.CRITICAL:
+            lg.setLevel(logging.CRITICAL)
     try:
         yield
     finally:

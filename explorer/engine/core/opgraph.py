@@ -331,10 +331,16 @@ def trace_step(model, x, lr: float = 0.01, loss_fn=None, name: str = "model"):
         if data_dependent_error(e):
             raise DataDependent(data_dependent_message(name, op_in(where), where)) from None
         first = str(e).splitlines()[0] if str(e) else ""
-        hint = ("batch norm needs more than one value per channel to train: use a larger "
-                "--batch or input size" if "value per channel" in first else
-                "In-place ops on inputs are a usual cause; rewrite that part of forward() "
-                "or pick another model")
+        if "value per channel" in first:
+            hint = ("batch norm needs more than one value per channel to train: use a larger "
+                    "--batch or input size")
+        elif "grouped_mm" in f"{first} {where}":
+            hint = ("its experts are one grouped matmul over token groups whose sizes the "
+                    "router decides at run time, which no method can plan for; the built-in "
+                    "`moe` example routes with a fixed capacity per expert instead")
+        else:
+            hint = ("In-place ops on inputs are a usual cause; rewrite that part of forward() "
+                    "or pick another model")
         raise UnsupportedModel(
             f"could not trace a training step of the model with make_fx: "
             f"{type(e).__name__}: {first}{f' at {where}' if where else ''}. {hint}.") from None
