@@ -396,3 +396,22 @@ def _stage_ranges(K, every, nc, seg, L, A, B, Ms, Ma, P, U, SV, SQ, best_v, best
                 Q[3, n, b] = Ma[u, arg, b] + P[j + 1, 3, b]
             n += 1
         j += 1
+
+
+def warm() -> bool:
+    """Compile the stage-range kernel into numba's cache now (scripts/setup.sh), so that a
+    user's first pipeline search of a large model does not pay for it; ``False`` without
+    numba."""
+    import importlib.util
+    if importlib.util.find_spec("numba") is None:
+        return False
+    i64 = np.int64
+    K, c = 2, 1
+    nc = np.ones(K + 1, dtype=i64)
+    seg = np.zeros(K, dtype=i64)
+    L = np.zeros((1, c, c))
+    ranges_kernel()(K, True, nc, seg, L, L.copy(), L.copy(), L.copy(), L.copy(),
+                    np.zeros((K + 1, 4, c)), np.zeros((K + 1, c)), np.zeros(c),
+                    np.zeros((4, c)), np.full((K + 1, K + 1), np.nan),
+                    np.full((4, K + 1, K + 1), np.nan))
+    return True
