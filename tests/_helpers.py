@@ -1,6 +1,7 @@
 """Helpers shared by tests: worker processes left behind, the command line in a subprocess,
 random operator DAGs for the placers, a tap on a graph node in the browser tests."""
 
+import os
 import subprocess
 import sys
 import time
@@ -145,3 +146,49 @@ def until(pred, timeout: float, what: str):
             pass
         time.sleep(0.3)
     raise AssertionError(f"{what} not met in {timeout} s")
+
+
+def tagged(tag: str) -> list:
+    """Processes other than this one that inherited the environment variable ``tag`` (the
+    app's background jobs and the workers they start, even once re-parented)."""
+    out = []
+    for p in psutil.process_iter(["pid"]):
+        if p.pid == os.getpid():
+            continue
+        try:
+            if p.environ().get("EXPLORER_TEST_TAG") == tag:
+                out.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
+            pass
+    return out
+
+
+def mp_workers(procs) -> list:
+    """The torch.multiprocessing workers among ``procs`` (spawned, or forked from the fork
+    server - the server counted too: it must go with its launcher)."""
+    import psutil
+    out = []
+    for p in procs:
+        try:
+            cmd = " ".join(p.cmdline())
+            if "spawn_main" in cmd or "forkserver" in cmd:
+                out.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            pass
+    return out
+
+
+def leftover(tag: str, earlier: set) -> dict:
+    """pid -> command line of what is still running of a job that was stopped: children of
+    this process (not Chromium, not the ``earlier`` ones) and processes that inherited
+    ``tag`` (:func:`tagged`), zombies excepted."""
+    kids = [p for p in psutil.Process().children(recursive=True)
+            if "chrom" not in p.name().lower() and p.pid not in earlier]
+    out = {}
+    for p in kids + tagged(tag):
+        try:
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                out[p.pid] = " ".join(p.cmdline())[:160]
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
+    return out

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from _helpers import TAP, open_page, page_path
+from _helpers import TAP, leftover, mp_workers, open_page, page_path, tagged
 from explorer.app import create_app
 from explorer.service import Request
 from explorer.views import ids, palette
@@ -407,37 +407,6 @@ def test_tiling_halo_is_shaded_labelled_and_hoverable(dash_duo):
           "four devices' regions")
 
 
-def _tagged(tag: str) -> list:
-    """Processes other than this one that inherited the environment variable ``tag`` (the
-    app's background jobs and the workers they start, even once re-parented)."""
-    import psutil
-    out = []
-    for p in psutil.process_iter(["pid"]):
-        if p.pid == os.getpid():
-            continue
-        try:
-            if p.environ().get("EXPLORER_TEST_TAG") == tag:
-                out.append(p)
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
-            pass
-    return out
-
-
-def _workers(procs) -> list:
-    """The torch.multiprocessing workers among ``procs`` (spawned, or forked from the fork
-    server - the server counted too: it must go with its launcher)."""
-    import psutil
-    out = []
-    for p in procs:
-        try:
-            cmd = " ".join(p.cmdline())
-            if "spawn_main" in cmd or "forkserver" in cmd:
-                out.append(p)
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-            pass
-    return out
-
-
 def test_cancelling_calibration_leaves_no_process(dash_duo, monkeypatch):
     """Calibrate from the Run tab, Cancel while its workers run: the page says it was
     cancelled, and within a bounded wait neither a child of the server process nor any
@@ -455,7 +424,7 @@ def test_cancelling_calibration_leaves_no_process(dash_duo, monkeypatch):
     # by an earlier test and alive until pytest exits) are not the calibration's
     earlier = {p.pid for p in psutil.Process().children(recursive=True)}
     dash_duo.find_element(f"#{ids.CALIB_BUTTON}").click()
-    seen = until(lambda: _workers(_tagged(tag)), 180, "calibration workers running")
+    seen = until(lambda: mp_workers(tagged(tag)), 180, "calibration workers running")
     pids = {p.pid for p in seen}
     dash_duo.find_element(f"#{ids.CALIB_CANCEL}").click()
     dash_duo.wait_for_contains_text(f"#{ids.CALIB_STATUS}", "cancelled", timeout=30)
@@ -463,16 +432,7 @@ def test_cancelling_calibration_leaves_no_process(dash_duo, monkeypatch):
                                               timeout=30)
 
     def left():
-        kids = [p for p in psutil.Process().children(recursive=True)
-                if "chrom" not in p.name().lower() and p.pid not in earlier]
-        out = {}
-        for p in kids + _tagged(tag):
-            try:
-                if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
-                    out[p.pid] = " ".join(p.cmdline())[:160]
-            except (psutil.NoSuchProcess, psutil.AccessDenied):
-                pass
-        return out
+        return leftover(tag, earlier)
     end = time.time() + 30
     while time.time() < end and left():
         time.sleep(0.5)

@@ -94,3 +94,40 @@ def test_rank_by_running_shows_tau_regret_noise_and_a_row_per_plan(dash_duo):
     time.sleep(0.5)
     dash_duo.driver.save_screenshot(SCREENSHOT)
     assert dash_duo.get_logs() == []
+
+
+def test_cancelling_a_ranking_stops_its_workers_and_says_so(dash_duo, monkeypatch):
+    """Rank by running, Cancel while the plans' workers run: the page says the ranking was
+    cancelled, the button comes back, no table appears, and within a bounded wait no process
+    of the job is left (found by an environment variable each inherits)."""
+    import uuid
+
+    import psutil
+
+    from _helpers import leftover, mp_workers, tagged
+    from explorer.views.ranking import CANCELLED
+    tag = uuid.uuid4().hex
+    monkeypatch.setenv("EXPLORER_TEST_TAG", tag)
+    dash_duo.driver.set_window_size(1400, 1300)
+    dash_duo.start_server(create_app())
+    dash_duo.driver.get(dash_duo.server_url.rstrip("/") + "/" + QUERY)
+    dash_duo.wait_for_contains_text(f"#{ids.CONTEXT}compare", "local", timeout=90)
+    button = dash_duo.find_element(f"#{ids.RANK_BUTTON}")
+    until(lambda: button.is_enabled(), 30, "the button on for the local preset")
+    assert set(dash_duo.driver.execute_script(UNTICK, ["data"])) == {"data"}
+    _type(dash_duo, ids.RANK_ROUNDS, "3")
+    _type(dash_duo, ids.RANK_STEPS, "50")
+    earlier = {p.pid for p in psutil.Process().children(recursive=True)}
+    button.click()
+    seen = until(lambda: mp_workers(tagged(tag)) or None, 180, "the ranking's workers")
+    dash_duo.find_element(f"#{ids.RANK_CANCEL}").click()
+    dash_duo.wait_for_contains_text(f"#{ids.RANK_STATUS}", CANCELLED, timeout=30)
+    dash_duo.wait_for_element_by_css_selector(f"#{ids.RANK_BUTTON}:not([disabled])",
+                                              timeout=30)
+    end = time.time() + 30
+    while time.time() < end and leftover(tag, earlier):
+        time.sleep(0.5)
+    assert not leftover(tag, earlier), f"processes left after Cancel: {leftover(tag, earlier)}"
+    assert not any(psutil.pid_exists(p.pid) and p.status() != psutil.STATUS_ZOMBIE
+                   for p in seen if p.is_running())
+    assert not dash_duo.find_element(f"#{ids.RANK_RESULTS}").is_displayed()
