@@ -337,12 +337,13 @@ def test_compiled_placement_names_the_device_of_every_tensor_it_makes(fake_two_r
         ops = list(g.ops)
         place.update({o: (0 if i < len(ops) // 2 else 1) for i, o in enumerate(ops)})
     job = {"spec": "mlp", "batch": 4, "model_args": dict(layers=2, hidden=16), "seed": 0,
-           "lr": 0.01, "placement": place, "fault": None, "digest": opgraph_digest(g),
-           "steps": 1, "warmup": 0, "order": None, "timeline": True}
+           "lr": 0.01, "fault": None, "digest": opgraph_digest(g),
+           "steps": 1, "warmup": 0, "timeline": True,
+           "plans": [{"placement": place, "order": None}]}
     sent = []
     with audit:
         _entry(0, 2, "cpu", job, lambda *a: sent.append(a))
-    assert any(a[1] == "stats" for a in sent)
+    assert any(a[1] == (0, "stats") for a in sent)
     assert not audit.undeviced, f"CPU-only tensors made by the compiled placement: " \
                                 f"{audit.undeviced}"
 

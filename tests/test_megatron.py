@@ -207,7 +207,7 @@ def test_cli_megatron_with_tp_option(capsys):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "tp=3 does not divide the 4 devices" in err
     assert main(args + ["--opt", "pp=2"]) == 2
-    assert "unknown option pp for MegatronOptions: valid are tp" in capsys.readouterr().err
+    assert "unknown option pp for MegatronOptions: valid are ep, tp" in capsys.readouterr().err
 
 
 def test_views_candidate_table_and_tiles_show_k():
