@@ -213,3 +213,22 @@ def test_learn_terms_and_configuration_1_carry_their_definition():
     assert set(tips) == {"Standard Evaluation", "CPD-TOPO", "Adjusting Placement", "Baechi",
                          "coarsened graph", "c_j = 1"}
     assert "not split" in tips["c_j = 1"] and "critical path" in tips["CPD-TOPO"]
+
+
+def test_a_pipelined_plans_summary_gives_its_pipeline_not_equation_1():
+    """A pipelined plan's step overlaps its stages, so the summary names the schedule, the
+    stages and micro-batches and the bubble instead of equation 1's sum (whose terms would
+    not add up to the step)."""
+    req = session.Request(model="llama", preset="local", devices=4, batch=8, algo="pipeline",
+                          model_args=dict(layers=4, hidden=64, heads=4, kv_heads=2,
+                                          intermediate=128, seq_len=16, vocab=100))
+    plan = session.search(req)
+    text = str(graph.summary_view(plan, [])[0])
+    pipe = plan["pipeline"]
+    assert "equation 1" not in text and "final graph" not in text
+    assert f"({pipe['schedule']} pipeline)" in text
+    assert f"{pipe['stages']} stages of 1 device, {pipe['micro_batches']} micro-batches of " \
+           f"{pipe['micro_batch']} sample" in text            # 4 stages on 4 devices
+    assert f"bubble {pipe['bubble_fraction'] * 100:.0f} %" in text
+    lenet = graph.summary_view(session.search(session.Request(model="lenet5")), [])[0]
+    assert "equation 1" in str(lenet) and "final graph" in str(lenet)

@@ -615,20 +615,33 @@ def summary_view(plan, pins):
     if "error" in plan:
         return html.Div(plan["error"], className="error"), "", pin_view
     b = plan["breakdown"]
+    pipe = plan.get("pipeline")
+    if pipe:
+        # a pipelined plan's step is not equation 1's sum: the stages overlap
+        head = [html.Span(f"predicted step ({pipe['schedule']} pipeline) ", className="muted"),
+                html.B(f"{plan['objective_s'] * 1e3:.3f} ms", id="objective-value"),
+                html.Span(f"  = Σ stages' time per micro-batch + ({pipe['micro_batches']} − 1)"
+                          f" × the slowest stage + once per step; bubble "
+                          f"{pipe['bubble_fraction'] * 100:.0f} %", className="muted")]
+        d, mb = int(pipe["devices_per_stage"]), int(pipe["micro_batch"])
+        shape = (f"{pipe['stages']} stages of {d} device{'s' if d != 1 else ''}, "
+                 f"{pipe['micro_batches']} micro-batches of {mb} sample{'s' if mb != 1 else ''}")
+    else:
+        head = [html.Span(G.explain("objective t_O (equation 1) "), className="muted"),
+                html.B(f"{plan['objective_s'] * 1e3:.3f} ms", id="objective-value"),
+                html.Span(G.explain(
+                    f"  = compute Σ t_C {b['compute_s'] * 1e3:.3f} + transfer Σ t_X "
+                    f"{b['transfer_s'] * 1e3:.3f} + sync Σ t_S {b['sync_s'] * 1e3:.3f}"
+                    + (f" + reduce-scatter Σ t_R {b['reduce_s'] * 1e3:.3f}"
+                       if b.get("reduce_s") else "") + " ms"),
+                    className="muted")]
+        shape = (f"final graph {plan['info'].get('residual_nodes', '–')} nodes "
+                 f"({plan['info'].get('residual_method', '–')})")
     summary = html.Div(className="plan-summary", children=[
-        html.Div([html.Span(G.explain("objective t_O (equation 1) "), className="muted"),
-                  html.B(f"{plan['objective_s'] * 1e3:.3f} ms", id="objective-value"),
-                  html.Span(G.explain(
-                      f"  = compute Σ t_C {b['compute_s'] * 1e3:.3f} + transfer Σ t_X "
-                      f"{b['transfer_s'] * 1e3:.3f} + sync Σ t_S {b['sync_s'] * 1e3:.3f}"
-                      + (f" + reduce-scatter Σ t_R {b['reduce_s'] * 1e3:.3f}"
-                         if b.get("reduce_s") else "") + " ms"),
-                            className="muted")]),
+        html.Div(head),
         html.Div(f"{plan['model']} · batch {plan['batch']} · {plan['devices']} devices "
                  f"({plan['preset']}) · {plan['algo']} · search "
-                 f"{plan['search_time_s'] * 1e3:.0f} ms · final graph "
-                 f"{plan['info'].get('residual_nodes', '–')} nodes "
-                 f"({plan['info'].get('residual_method', '–')}) · communication "
+                 f"{plan['search_time_s'] * 1e3:.0f} ms · {shape} · communication "
                  f"{fmt.bytes_(plan['comm_bytes'])}/step · peak memory "
                  f"{fmt.bytes_(max(plan['memory_per_device_bytes'] or [0]))}/device"),
     ])
