@@ -68,6 +68,20 @@ SEED = 0           # the runtime's seed for weights and input
 
 
 
+#: the imports of a program that applies per-layer meshes or a pipeline
+_IMPORTS = ("from __future__ import annotations\n\n"
+            "import argparse\nimport contextlib\nimport copy\nimport os\nimport sys\n\n"
+            "import torch\nimport torch.distributed as dist\n"
+            "from torch.distributed.device_mesh import DeviceMesh, init_device_mesh\n"
+            "from torch.distributed.fsdp import fully_shard\n"
+            "from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, "
+            "distribute_tensor\n"
+            "from torch.distributed.tensor.parallel import (PrepareModuleOutput, "
+            "SequenceParallel,\n"
+            "                                               parallelize_module)\n"
+            "from torch.utils.checkpoint import checkpoint\n")
+
+
 def _usage(plan, n: int) -> str:
     """The end of a program's docstring: how to run it, its precision, what --check does."""
     return (f"    torchrun --standalone --nproc_per_node {n} {_filename(plan)} --steps K "
@@ -526,16 +540,7 @@ def _render_layouts(plan, lp, model, x) -> str:
     parts = [
         head,
         block,
-        "from __future__ import annotations\n\n"
-        "import argparse\nimport contextlib\nimport copy\nimport os\nimport sys\n\n"
-        "import torch\nimport torch.distributed as dist\n"
-        "from torch.distributed.device_mesh import DeviceMesh, init_device_mesh\n"
-        "from torch.distributed.fsdp import fully_shard\n"
-        "from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, "
-        "distribute_tensor\n"
-        "from torch.distributed.tensor.parallel import (PrepareModuleOutput, SequenceParallel,\n"
-        "                                               parallelize_module)\n"
-        "from torch.utils.checkpoint import checkpoint\n",
+        _IMPORTS,
         f"DEVICES = {n}\nMESH = (1, {n})          # unused: the layers' own mesh below\n"
         f"BATCH_DIM = 0\n"
         f"LR = {LR!r}\nSEED = {SEED}\n"
@@ -591,16 +596,7 @@ def _render_pipeline(plan, pp, pipe: dict, model, x) -> str:
     parts = [
         head,
         block,
-        "from __future__ import annotations\n\n"
-        "import argparse\nimport contextlib\nimport copy\nimport os\nimport sys\n\n"
-        "import torch\nimport torch.distributed as dist\n"
-        "from torch.distributed.device_mesh import DeviceMesh, init_device_mesh\n"
-        "from torch.distributed.fsdp import fully_shard\n"
-        "from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, "
-        "distribute_tensor\n"
-        "from torch.distributed.tensor.parallel import (PrepareModuleOutput, SequenceParallel,\n"
-        "                                               parallelize_module)\n"
-        "from torch.utils.checkpoint import checkpoint\n",
+        _IMPORTS,
         f"DEVICES = {n}\nMESH = (1, {n})          # unused: the pipeline's (pp, dp) mesh below\n"
         f"BATCH_DIM = {pp.batch_dim}          # the input's sample dimension: the "
         f"micro-batches cut it\n"

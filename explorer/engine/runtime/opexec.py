@@ -1242,6 +1242,17 @@ def placement_comm_bytes(g, names, placement) -> float:
     return pred
 
 
+def _covering(g, spec: str, names) -> list:
+    """``names`` as a list, or :class:`InfeasiblePlan` when it misses an operator of ``g``."""
+    names = list(names)
+    missing = [o for o in g.ops if o not in set(names)]
+    if missing:
+        raise InfeasiblePlan(f"the placement does not cover operator {missing[0]} of "
+                             f"{spec} ({len(missing)} missing): was it made for another model "
+                             f"or batch?")
+    return names
+
+
 def run_placements(spec: str, batch: int | None, model_args: dict | None, plans: list,
                    workers: int = 2, *, g=None, seed: int = 0, lr: float = 0.01,
                    timeout_s: float = 300.0, tol: float = 1e-4, steps: int = 3,
@@ -1258,12 +1269,7 @@ def run_placements(spec: str, batch: int | None, model_args: dict | None, plans:
     full = []
     for plan in plans:
         names, placement, order = (tuple(plan) + (None,))[:3]
-        names = list(names)
-        missing = [o for o in g.ops if o not in set(names)]
-        if missing:
-            raise InfeasiblePlan(f"the placement does not cover operator {missing[0]} of "
-                                 f"{spec} ({len(missing)} missing): was it made for another "
-                                 f"model or batch?")
+        names = _covering(g, spec, names)
         full.append((names, placement, order))
     digest = opgraph_digest(g)
     outs = run_compiled_many(spec, batch, model_args, full, workers, g=g, digest=digest,
@@ -1302,12 +1308,7 @@ def run_placement(spec: str, batch: int | None, model_args: dict | None, names, 
         raise InfeasiblePlan(f"executor must be compiled or interpreted, not {executor!r}")
     if g is None:
         g = op_graph(spec, batch, model_args)
-    names = list(names)
-    missing = [o for o in g.ops if o not in set(names)]
-    if missing:
-        raise InfeasiblePlan(f"the placement does not cover operator {missing[0]} of "
-                             f"{spec} ({len(missing)} missing): was it made for another model "
-                             f"or batch?")
+    names = _covering(g, spec, names)
     if executor == "compiled":
         from explorer.engine.runtime.compiled import run_compiled
         out = run_compiled(spec, batch, model_args, names, placement, workers, g=g,
