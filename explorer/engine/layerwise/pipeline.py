@@ -288,6 +288,9 @@ def megatron3d(problem, pins=None, options: Megatron3DOptions | None = None) -> 
     t0 = time.perf_counter()
     graph = problem.layer_graph()
     N, B = problem.devices.n, graph.batch
+    if options.ep is not None:         # a degree dividing a stage's devices divides them all
+        from explorer.engine.search.options import check_ep
+        check_ep(options.ep, N, [la.size("e") for la in graph.layers() if "e" in la.dims])
     node = sum(1 for d in problem.devices.devices if d.node == problem.devices.devices[0].node)
     top = classic.default_tp(graph, min(node, N))
     tps = [options.tp] if options.tp else [t for t in range(top, 0, -1) if top % t == 0]
