@@ -310,10 +310,41 @@ def test_imported_user_module_edit_invalidates(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
     spec = _model_file(tmp_path, hidden="sizes_for_cache_test.HIDDEN",
                        extra="import sizes_for_cache_test")
-    assert cc.layer_graph(spec).layer("fc").out_shape[-1] == 12
-    lib.write_text("HIDDEN = 120\n")
-    sys.modules.pop("sizes_for_cache_test", None)
-    assert cc.layer_graph(spec).layer("fc").out_shape[-1] == 120
+    try:
+        assert cc.layer_graph(spec).layer("fc").out_shape[-1] == 12
+        lib.write_text("HIDDEN = 120\n")
+        sys.modules.pop("sizes_for_cache_test", None)
+        assert cc.layer_graph(spec).layer("fc").out_shape[-1] == 120
+    finally:    # loaded again above: a later capture would see it edited since start-up
+        sys.modules.pop("sizes_for_cache_test", None)
+
+
+def test_a_launch_ships_the_cached_trace_until_the_model_is_edited(tmp_path, monkeypatch):
+    """The runtime's pickled float64 step (kind ``trace``) is traced once per code digest:
+    a second launch of the same model ships the stored bytes without tracing, and an edited
+    model file is traced again - the workers never receive a graph of the old code."""
+    from explorer.engine.runtime import opexec
+    traced = []
+    real = opexec._build
+
+    def counting(*a, **k):
+        traced.append(a[0])
+        return real(*a, **k)
+    monkeypatch.setattr(opexec, "_build", counting)
+    spec = _model_file(tmp_path, hidden=16)
+    plans = [{"spec": spec, "batch": 2, "model_args": {}}]
+    first = opexec._ship_traces(plans, 0, 0.01)
+    assert len(traced) == 1 and len(first) == 1
+    assert opexec._ship_traces(plans, 0, 0.01) == first and len(traced) == 1
+    assert cc.info()["entries"] == {"trace": 1}
+    g = opexec._unpickle_trace(next(iter(first.values())))
+    assert g is not None and g.tensors["param:fc.weight"].shape == (16, 256)
+    assert len(opexec._ship_traces(plans, 1, 0.01)) == 1 and len(traced) == 2   # other seed
+    _model_file(tmp_path, hidden=124)                  # the same file, edited
+    edited = opexec._ship_traces(plans, 0, 0.01)
+    assert len(traced) == 3
+    g = opexec._unpickle_trace(next(iter(edited.values())))
+    assert g.tensors["param:fc.weight"].shape == (124, 256)
 
 
 def test_capture_with_a_stale_loaded_module_is_not_stored(tmp_path, monkeypatch):

@@ -21,7 +21,10 @@ is not a database is replaced.  Only the newest entry per ``(kind, spec, batch, 
 is kept.  ``explorer cache clear`` (:func:`clear`) empties it; deleting the file does too.
 
 A cached :class:`~explorer.engine.core.opgraph.OpGraph` has no ``gm`` (the traced GraphModule):
-the searches never need it, and the runtime traces its real model itself.
+the searches never need it.  The runtime keeps its own kind, ``trace`` (:func:`trace`): the
+float64 step it ships to its workers, already pickled by torch's graph pickler.  The entry
+itself is bytes to this module (read back by the same restricted unpickler); only the runtime
+unpickles what they hold, with torch, as it does with a trace it made in this process.
 """
 
 from __future__ import annotations
@@ -42,7 +45,8 @@ from pathlib import Path
 
 from explorer.engine.core.storage import connect, home
 
-__all__ = ["FILE", "PATH_ENV", "FORMAT", "layer_graph", "op_graph", "clear", "info", "path", "key_of"]
+__all__ = ["FILE", "PATH_ENV", "FORMAT", "layer_graph", "op_graph", "trace", "clear", "info", "path",
+           "key_of"]
 
 FILE = "captures.sqlite"
 #: bump when what is stored changes shape (old entries are then never read again)
@@ -136,12 +140,16 @@ def _model_file(spec: str) -> Path | None:
     return Path(spec.rpartition(":")[0]).expanduser().resolve()
 
 
-def key_of(kind: str, spec: str, batch, model_args: dict | None) -> tuple:
+def key_of(kind: str, spec: str, batch, model_args: dict | None,
+           extra: dict | None = None) -> tuple:
     """``(key, request)``: the entry's key (a digest of everything the capture depends on
-    except a file model's imported modules, checked on read) and the request's text."""
-    request = json.dumps({"spec": spec, "batch": batch,
-                          "args": {str(k): str(v) for k, v in (model_args or {}).items()}},
-                         sort_keys=True)
+    except a file model's imported modules, checked on read) and the request's text.
+    ``extra``: more of what the entry depends on (JSON values), part of the request."""
+    req = {"spec": spec, "batch": batch,
+           "args": {str(k): str(v) for k, v in (model_args or {}).items()}}
+    if extra:
+        req["extra"] = extra
+    request = json.dumps(req, sort_keys=True)
     parts = {"format": FORMAT, "kind": kind, "request": request, "code": _code_digest(),
              "python": list(sys.version_info[:2]), "torch": _library("torch", "version.py"),
              "networkx": _library("networkx", "__init__.py")}     # it pickles graph internals
@@ -253,6 +261,8 @@ def _connect():
 
 
 def _kind_type(kind: str) -> type:
+    if kind == "trace":
+        return tuple
     if kind == "layers":
         from explorer.engine.core.layergraph import LayerGraph
         return LayerGraph
@@ -307,8 +317,9 @@ def _put(key: str, kind: str, request: str, deps: dict, obj) -> None:
         con.close()
 
 
-def _cached(kind: str, spec: str, batch, model_args: dict | None, build):
-    key, request = key_of(kind, spec, batch, model_args)
+def _cached(kind: str, spec: str, batch, model_args: dict | None, build,
+            extra: dict | None = None):
+    key, request = key_of(kind, spec, batch, model_args, extra)
     hit = _get(key, kind)
     if hit is not None:
         return hit
@@ -340,6 +351,13 @@ def op_graph(spec: str, batch: int | None = None, model_args: dict | None = None
         from explorer.engine.core.opgraph import build_opgraph
         return build_opgraph(spec, batch, dict(model_args or {}))
     return _cached("ops", spec, batch, model_args, build)
+
+
+def trace(spec: str, batch, model_args: dict | None, extra: dict, build) -> tuple:
+    """The runtime's pickled trace of a model's step: ``build()`` (a tuple of bytes and
+    strings), from the cache when it holds it for the same code and ``extra`` (seed, rate,
+    dtype, the runtime's own digest)."""
+    return _cached("trace", spec, batch, model_args, build, extra)
 
 
 def info() -> dict:

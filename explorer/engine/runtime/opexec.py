@@ -29,11 +29,13 @@ and tensors travel once to each device that reads them.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import resource
 import time
 from collections import OrderedDict
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -767,23 +769,38 @@ def _unpickle_trace(blob: tuple):
 
 def _ship_traces(plans: list, seed, lr) -> dict:
     """The float64 traces of the launch's models (what the check pass and the reference run),
-    pickled for the workers (:data:`_SHIPPED`).  A model that does not trace or pickle here
-    is left out: its workers trace it (and report an error) as before."""
+    pickled for the workers (:data:`_SHIPPED`).  Each is traced and pickled once per code
+    digest and kept in the capture cache (:func:`capture_cache.trace`: an edited model file
+    or runtime makes a new entry), so launching a model again costs an unpickle, not a
+    trace.  A model that does not trace or pickle here is left out: its workers trace it
+    (and report an error) as before."""
+    from explorer.engine.core import capture_cache
     out = {}
     for plan in plans:
         key = _trace_key(plan["spec"], plan["batch"], plan["model_args"], seed, lr,
                          torch.float64)
         if key in out:
             continue
+
+        def build(plan=plan):
+            return _pickle_trace(_build(plan["spec"], plan["batch"], plan["model_args"], seed,
+                                        lr, fresh=True)[0])
         try:
-            # traced afresh: a model file edited since this process last traced it must
-            # fail the workers' digest check, not run the old graph
-            g = _build(plan["spec"], plan["batch"], plan["model_args"], seed, lr,
-                       fresh=True)[0]
-            out[key] = _pickle_trace(g)
+            out[key] = capture_cache.trace(
+                plan["spec"], plan["batch"], plan["model_args"],
+                {"seed": seed, "lr": lr, "dtype": "float64", "runtime": _runtime_digest()},
+                build)
         except Exception:  # noqa: BLE001 - the workers trace it and say why it fails
             continue
     return out
+
+
+@functools.lru_cache(maxsize=1)
+def _runtime_digest() -> str:
+    """The digest of this module's source: how a step is traced and pickled for the workers
+    (a cached trace made by other code is never shipped)."""
+    from explorer.engine.core.capture_cache import files_digest
+    return files_digest([Path(__file__)])
 
 
 def _build(spec, batch, model_args, seed, lr, dtype=torch.float64, fresh=False):
