@@ -347,6 +347,23 @@ def test_a_launch_ships_the_cached_trace_until_the_model_is_edited(tmp_path, mon
     assert g.tensors["param:fc.weight"].shape == (124, 256)
 
 
+def test_a_float32_launch_ships_both_dtypes_traced_once_each(tmp_path):
+    """Timed steps in float32 and the float64 check: the launcher ships both traces (the
+    workers trace neither), each kept in the cache under its own dtype."""
+    import torch
+
+    from explorer.engine.runtime import opexec
+    spec = _model_file(tmp_path, hidden=16)
+    plans = [{"spec": spec, "batch": 2, "model_args": {}}] * 2      # one model, two plans
+    shipped = opexec._ship_traces(plans, 0, 0.01, (torch.float32, torch.float64))
+    assert sorted(k[4] for k in shipped) == ["torch.float32", "torch.float64"]
+    assert cc.info()["entries"] == {"trace": 2}
+    for key, blob in shipped.items():
+        g = opexec._unpickle_trace(blob)
+        dtypes = {v.dtype for v in g.tensors.values() if "float" in str(v.dtype)}
+        assert dtypes == {key[4].replace("torch.", "")}, (key, dtypes)
+
+
 def test_capture_with_a_stale_loaded_module_is_not_stored(tmp_path, monkeypatch):
     """A user module this process loaded before its file changed: the capture uses the code
     in memory, which the file no longer holds, so it is returned but not stored."""

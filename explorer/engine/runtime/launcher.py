@@ -142,8 +142,11 @@ def validate(plan_dict: dict, expect: dict | None = None, check_local: bool = Tr
 #: every worker is forked from it, so a worker starts in milliseconds instead of importing
 #: torch for seconds) or ``spawn`` (a fresh interpreter per worker)
 START_METHOD_ENV = "EXPLORER_START_METHOD"
-#: what the fork server imports before forking workers (nothing here starts a thread or CUDA)
-PRELOAD = ["numpy", "torch", "torch.distributed", "explorer.engine.runtime.worker"]
+#: what the fork server imports before forking workers (nothing here starts a thread or CUDA).
+#: ``torch._dynamo``: torch imports it (with inductor, about a second) the first time a trace
+#: records its nodes' source lines, which every worker's trace does
+PRELOAD = ["numpy", "torch", "torch.distributed", "torch._dynamo",
+           "explorer.engine.runtime.worker"]
 
 
 def _forget_inherited_forkserver() -> None:

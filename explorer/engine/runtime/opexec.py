@@ -767,9 +767,10 @@ def _unpickle_trace(blob: tuple):
     return g
 
 
-def _ship_traces(plans: list, seed, lr) -> dict:
-    """The float64 traces of the launch's models (what the check pass and the reference run),
-    pickled for the workers (:data:`_SHIPPED`).  Each is traced and pickled once per code
+def _ship_traces(plans: list, seed, lr, dtypes=(torch.float64,)) -> dict:
+    """The traces of the launch's models in ``dtypes`` (float64: what the check pass and the
+    reference run; the timed steps' dtype when it differs), pickled for the workers
+    (:data:`_SHIPPED`).  Each is traced and pickled once per code
     digest and kept in the capture cache (:func:`capture_cache.trace`: an edited model file
     or runtime makes a new entry), so launching a model again costs an unpickle, not a
     trace.  A model that does not trace or pickle here is left out: its workers trace it
@@ -777,21 +778,21 @@ def _ship_traces(plans: list, seed, lr) -> dict:
     from explorer.engine.core import capture_cache
     out = {}
     for plan in plans:
-        key = _trace_key(plan["spec"], plan["batch"], plan["model_args"], seed, lr,
-                         torch.float64)
-        if key in out:
-            continue
+        for dtype in dtypes:
+            key = _trace_key(plan["spec"], plan["batch"], plan["model_args"], seed, lr, dtype)
+            if key in out:
+                continue
 
-        def build(plan=plan):
-            return _pickle_trace(_build(plan["spec"], plan["batch"], plan["model_args"], seed,
-                                        lr, fresh=True)[0])
-        try:
-            out[key] = capture_cache.trace(
-                plan["spec"], plan["batch"], plan["model_args"],
-                {"seed": seed, "lr": lr, "dtype": "float64", "runtime": _runtime_digest()},
-                build)
-        except Exception:  # noqa: BLE001 - the workers trace it and say why it fails
-            continue
+            def build(plan=plan, dtype=dtype):
+                return _pickle_trace(_build(plan["spec"], plan["batch"], plan["model_args"],
+                                            seed, lr, dtype=dtype, fresh=True)[0])
+            try:
+                out[key] = capture_cache.trace(
+                    plan["spec"], plan["batch"], plan["model_args"],
+                    {"seed": seed, "lr": lr, "dtype": str(dtype).replace("torch.", ""),
+                     "runtime": _runtime_digest()}, build)
+            except Exception:  # noqa: BLE001 - the workers trace it and say why it fails
+                continue
     return out
 
 
@@ -1063,9 +1064,12 @@ def run_layouts(layouts: list, *, steps: int = 1, seed: int = 0, lr: float = 0.0
     plans = [{"spec": lay["spec"], "batch": lay["batch"],
               "model_args": dict(lay.get("model_args") or {}), "xplan": lay["xplan"],
               "digest": lay["digest"]} for lay in layouts]
-    # with the check, the launcher traces each model once (its reference needs it) and the
-    # workers take that trace instead of tracing it again each
-    traces = _ship_traces(plans, seed, lr) if check else {}
+    # the launcher traces each model once per dtype (its reference needs the float64 one;
+    # the timed steps the other) and the workers take those traces instead of tracing
+    # them again each
+    timed = getattr(torch, str(dtype))
+    traces = _ship_traces(plans, seed, lr,
+                          tuple(dict.fromkeys([timed] + ([torch.float64] if check else []))))
     job = {"plans": plans, "seed": seed, "lr": lr, "fault": fault, "debug": debug,
            "steps": max(1, int(steps)), "timeout_s": timeout_s, "train": bool(train),
            "dtype": dtype, "check": bool(check), "traces": traces}
