@@ -323,7 +323,7 @@ def test_a_launch_ships_the_cached_trace_until_the_model_is_edited(tmp_path, mon
     """The runtime's pickled float64 step (kind ``trace``) is traced once per code digest:
     a second launch of the same model ships the stored bytes without tracing, and an edited
     model file is traced again - the workers never receive a graph of the old code."""
-    from explorer.engine.runtime import opexec
+    from explorer.engine.runtime import opexec, traces
     traced = []
     real = opexec._build
 
@@ -337,13 +337,13 @@ def test_a_launch_ships_the_cached_trace_until_the_model_is_edited(tmp_path, mon
     assert len(traced) == 1 and len(first) == 1
     assert opexec._ship_traces(plans, 0, 0.01) == first and len(traced) == 1
     assert cc.info()["entries"] == {"trace": 1}
-    g = opexec._unpickle_trace(next(iter(first.values())))
+    g = traces.unpickle_trace(next(iter(first.values())))
     assert g is not None and g.tensors["param:fc.weight"].shape == (16, 256)
     assert len(opexec._ship_traces(plans, 1, 0.01)) == 1 and len(traced) == 2   # other seed
     _model_file(tmp_path, hidden=124)                  # the same file, edited
     edited = opexec._ship_traces(plans, 0, 0.01)
     assert len(traced) == 3
-    g = opexec._unpickle_trace(next(iter(edited.values())))
+    g = traces.unpickle_trace(next(iter(edited.values())))
     assert g.tensors["param:fc.weight"].shape == (124, 256)
 
 
@@ -352,14 +352,14 @@ def test_a_float32_launch_ships_both_dtypes_traced_once_each(tmp_path):
     workers trace neither), each kept in the cache under its own dtype."""
     import torch
 
-    from explorer.engine.runtime import opexec
+    from explorer.engine.runtime import opexec, traces
     spec = _model_file(tmp_path, hidden=16)
     plans = [{"spec": spec, "batch": 2, "model_args": {}}] * 2      # one model, two plans
     shipped = opexec._ship_traces(plans, 0, 0.01, (torch.float32, torch.float64))
     assert sorted(k[4] for k in shipped) == ["torch.float32", "torch.float64"]
     assert cc.info()["entries"] == {"trace": 2}
     for key, blob in shipped.items():
-        g = opexec._unpickle_trace(blob)
+        g = traces.unpickle_trace(blob)
         dtypes = {v.dtype for v in g.tensors.values() if "float" in str(v.dtype)}
         assert dtypes == {key[4].replace("torch.", "")}, (key, dtypes)
 

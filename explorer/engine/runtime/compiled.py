@@ -48,6 +48,7 @@ from explorer.errors import InfeasiblePlan
 from explorer.engine.runtime import comm
 from explorer.engine.runtime.launcher import RunFailed
 from explorer.engine.runtime.timing import clock, is_cuda, peak_allocated, reset_peak
+from explorer.engine.runtime.traces import pickle_trace, shipped, unpickle_trace
 
 __all__ = ["device_program", "transfers", "run_compiled", "run_compiled_many", "LiveBytes",
            "traced_program", "timeline", "instep_op_times"]
@@ -572,7 +573,8 @@ def _entry(rank, world, device, job, send):
     fault = parse_fault(job.get("fault") or os.environ.get(FAULT_ENV))
     set_device(device)
     g, gm, params, buffers, x = _real_step(job["spec"], job["batch"], job["model_args"],
-                                           job["seed"], job["lr"], device=device)
+                                           job["seed"], job["lr"], device=device,
+                                           g=_shipped_step(job.get("trace")))
     if opgraph_digest(g) != job["digest"]:
         raise InfeasiblePlan("the worker's trace of the model differs from the plan's "
                              "operator graph (model code or arguments changed?)")
@@ -586,6 +588,23 @@ def _entry(rank, world, device, job, send):
             send(kind, (i, what), value)
         start = flat if i == 0 else [t.clone() for t in pristine]
         _run_plan(rank, world, device, g, start, {**job, **plan}, fault, send_i)
+
+
+def _meta_step(spec, batch, model_args, lr) -> tuple | None:
+    """The plan's meta-device step (:func:`build_opgraph` with its GraphModule), pickled for
+    the workers (:mod:`.traces`: traced once per model code, then read from the capture
+    cache), or ``None`` when it cannot be: the workers then trace it themselves."""
+    from explorer.engine.core.opgraph import build_opgraph
+    try:
+        return shipped(spec, batch, model_args, {"lr": lr, "dtype": "meta"},
+                       lambda: pickle_trace(build_opgraph(spec, batch, model_args, lr)))
+    except Exception:  # noqa: BLE001 - the workers trace it and say why it fails
+        return None
+
+
+def _shipped_step(blob):
+    """:func:`_meta_step`'s graph again (``None``: none shipped, or it did not come back)."""
+    return unpickle_trace(blob) if blob is not None else None
 
 
 def _run_plan(rank, world, device, g, flat, job, fault, send):
@@ -732,6 +751,7 @@ def run_compiled_many(spec: str, batch: int | None, model_args: dict | None, pla
            "steps": max(1, int(steps)), "warmup": max(0, int(warmup)), "timeline": timeline,
            "plans": [{"placement": dev, "order": list(order) if order is not None else None}
                      for dev, (_, _, order) in zip(devs, plans)]}
+    job["trace"] = _meta_step(spec, batch, model_args, lr)
     got = start_workers(workers, _entry, job, timeout_s=timeout_s,
                         name="explorer-place-worker", memory_limit=memory_limit,
                         jobs=len(plans))
@@ -743,7 +763,10 @@ def run_compiled_many(spec: str, batch: int | None, model_args: dict | None, pla
         out, held = _plan_result(spec, g, res, workers, got, plan, timeline)
         if check:
             if ref is None:
-                _, gm, params, buffers, x = _real_step(spec, batch, model_args, seed, lr, g)
+                _, gm, params, buffers, x = _real_step(
+                    spec, batch, model_args, seed, lr,
+                    g if getattr(g, "gm", None) is not None else
+                    (_shipped_step(job["trace"]) or g))
                 threads = torch.get_num_threads()
                 torch.set_num_threads(1)       # as the workers: the same kernels' rounding
                 try:

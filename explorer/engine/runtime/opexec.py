@@ -29,13 +29,11 @@ and tensors travel once to each device that reads them.
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import resource
 import time
 from collections import OrderedDict
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -48,6 +46,7 @@ from explorer.engine.core.opgraph import TorchValue
 from explorer.engine.runtime import comm
 from explorer.engine.runtime.launcher import RunFailed
 from explorer.engine.runtime.timing import clock, peak_allocated, reset_peak
+from explorer.engine.runtime.traces import pickle_trace, shipped, unpickle_trace
 
 __all__ = ["run_layout", "run_layouts", "run_placement", "run_placements", "placement_xplan",
            "placement_comm_bytes"]
@@ -713,7 +712,7 @@ def _constant(gm, node):
 #: instead of once per plan (tracing is most of a small plan's run)
 _TRACES: OrderedDict = OrderedDict()
 _TRACES_KEPT = 2
-#: traces the launcher made and shipped with the job (``key -> `` :func:`_pickle_trace`): a worker
+#: traces the launcher made and shipped with the job (``key -> `` :func:`.traces.pickle_trace`): a worker
 #: unpickles one (a fraction of a second) instead of tracing the step again (seconds to
 #: minutes, once per worker); the launcher traces each model once anyway for its reference
 _SHIPPED: dict = {}
@@ -724,58 +723,14 @@ def _trace_key(spec, batch, model_args, seed, lr, dtype) -> tuple:
             str(dtype), seed)
 
 
-def _names_digest(gm) -> str:
-    import hashlib
-    return hashlib.sha256("\n".join(f"{n.name} {n.target}" for n in gm.graph.nodes)
-                          .encode()).hexdigest()
-
-
-def _pickle_trace(g) -> tuple:
-    """``g`` for a worker: its fields pickled, its graph module by torch's graph pickler
-    (which keeps every node's name and metadata; a plain pickle re-traces the module's code
-    and renames its inputs), and the digest of its nodes' names and targets."""
-    import copy
-    import pickle
-
-    from torch.fx._graph_pickler import GraphPickler, Options
-    rest = copy.copy(g)
-    rest.gm = None
-    return (pickle.dumps(rest, protocol=pickle.HIGHEST_PROTOCOL),
-            GraphPickler.dumps(g.gm, Options(ops_filter=None)), _names_digest(g.gm))
-
-
-def _unpickle_trace(blob: tuple):
-    """:func:`_pickle_trace`'s ``g`` again, or ``None`` when its graph did not come back
-    node for node (the worker then traces the step itself)."""
-    import pickle
-    import warnings
-
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.fx._graph_pickler import GraphPickler
-    fields, module, names = blob
-    try:
-        with warnings.catch_warnings():      # torch's pytree specs warn as they are rebuilt
-            warnings.simplefilter("ignore")
-            g = pickle.loads(fields)
-            gm = GraphPickler.loads(module, FakeTensorMode())
-            gm.recompile()                   # its forward (the reference calls the module)
-    except Exception:  # noqa: BLE001 - whatever did not come back is traced here instead
-        return None
-    if _names_digest(gm) != names:
-        return None
-    g.gm = gm
-    return g
-
-
 def _ship_traces(plans: list, seed, lr, dtypes=(torch.float64,)) -> dict:
     """The traces of the launch's models in ``dtypes`` (float64: what the check pass and the
     reference run; the timed steps' dtype when it differs), pickled for the workers
     (:data:`_SHIPPED`).  Each is traced and pickled once per code
-    digest and kept in the capture cache (:func:`capture_cache.trace`: an edited model file
+    digest and kept in the capture cache (:func:`.traces.shipped`: an edited model file
     or runtime makes a new entry), so launching a model again costs an unpickle, not a
     trace.  A model that does not trace or pickle here is left out: its workers trace it
     (and report an error) as before."""
-    from explorer.engine.core import capture_cache
     out = {}
     for plan in plans:
         for dtype in dtypes:
@@ -784,24 +739,15 @@ def _ship_traces(plans: list, seed, lr, dtypes=(torch.float64,)) -> dict:
                 continue
 
             def build(plan=plan, dtype=dtype):
-                return _pickle_trace(_build(plan["spec"], plan["batch"], plan["model_args"],
+                return pickle_trace(_build(plan["spec"], plan["batch"], plan["model_args"],
                                             seed, lr, dtype=dtype, fresh=True)[0])
             try:
-                out[key] = capture_cache.trace(
-                    plan["spec"], plan["batch"], plan["model_args"],
-                    {"seed": seed, "lr": lr, "dtype": str(dtype).replace("torch.", ""),
-                     "runtime": _runtime_digest()}, build)
+                out[key] = shipped(plan["spec"], plan["batch"], plan["model_args"],
+                                   {"seed": seed, "lr": lr,
+                                    "dtype": str(dtype).replace("torch.", "")}, build)
             except Exception:  # noqa: BLE001 - the workers trace it and say why it fails
                 continue
     return out
-
-
-@functools.lru_cache(maxsize=1)
-def _runtime_digest() -> str:
-    """The digest of this module's source: how a step is traced and pickled for the workers
-    (a cached trace made by other code is never shipped)."""
-    from explorer.engine.core.capture_cache import files_digest
-    return files_digest([Path(__file__)])
 
 
 def _build(spec, batch, model_args, seed, lr, dtype=torch.float64, fresh=False):
@@ -823,7 +769,7 @@ def _build(spec, batch, model_args, seed, lr, dtype=torch.float64, fresh=False):
     g = None if fresh else _TRACES.get(key)
     if g is None:
         blob = None if fresh else _SHIPPED.get(key)
-        g = _unpickle_trace(blob) if blob is not None else None
+        g = unpickle_trace(blob) if blob is not None else None
         if g is None:
             g = build_from_module(model, x, spec, lr, loss_function(spec))
         _TRACES[key] = g
