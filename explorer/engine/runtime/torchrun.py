@@ -10,6 +10,8 @@ import json
 import os
 import sys
 
+import torch.distributed as dist
+
 from explorer.engine.runtime.worker import destroy_group, join_group, run_job
 
 # --------------------------------------------------------------------------------------------
@@ -88,13 +90,30 @@ def _torchrun_rank(doc: dict, args):
         job = {"plan": plan_dict, "steps": args.steps, "warmup": args.warmup,
                "check": not args.no_check, "lr": args.lr}
         res = run_job(job, rank, world, device)
-    finally:
+        if world > 1:
+            dist.barrier()       # every rank is done, rank 0's reference check included
+    except BaseException:
+        destroy_group()
+        raise
+    if not _LEAVE_GROUP:
         destroy_group()
     if res is not None:
         res["kind"] = "layerwise"
     return res
 
 
+#: end the process without tearing the process group down (set when run as a program): with
+#: gloo on a loaded CPU, destroying it after a run that passed can abort a rank ("terminate
+#: called without an active exception"); every rank has passed the barrier by then
+_LEAVE_GROUP = False
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    if "RANK" not in os.environ:           # a local launch: the usual exit (its workers and
+        sys.exit(main())                   # queues are released by multiprocessing's hooks)
+    _LEAVE_GROUP = True
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
