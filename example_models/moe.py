@@ -7,7 +7,7 @@ Each MoE layer, on hidden states ``x [b, s, h]``:
 * **router**: ``probs = softmax(router(x))`` over the experts, ``[b, s, E]``;
 * **top-k**: ``top_k − 1`` rounds of "drop the largest remaining probability" (``amax``,
   ``>=``, minus 2) leave the k-th largest as the largest; the probabilities at least that large are
-  the 0/1 ``mask [b, s, E]``; the gates are the chosen probabilities renormalised to sum to
+  the 0/1 ``mask [b, s, E]`` (ranked with ties broken by expert index, so exactly ``top_k``); the gates are the chosen probabilities renormalised to sum to
   1 per token (as Mixtral does);
 * **capacity**: every expert takes at most ``capacity = ceil(capacity_factor · top_k · s /
   E)`` tokens of each sequence; a routed token's slot in expert ``e``'s queue is the running
@@ -66,18 +66,24 @@ class MoE(nn.Module):
         # 0.0/1.0 in the model's precision with the same operators in float32 and float64
         self.register_buffer("one", torch.ones(()), persistent=False)
         self.register_buffer("zero", torch.zeros(()), persistent=False)
+        # ties broken by expert index, as top-k does: expert j's probability counts
+        # j · 1e-7 less when ranking (never for the gates), so exactly top_k are chosen even
+        # when probabilities are equal (a router that starts at zero gives all experts 1/E)
+        self.register_buffer("tiebreak", -1e-7 * torch.arange(experts, dtype=torch.float32),
+                             persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, s, h = x.shape[0], x.shape[1], x.shape[2]
         e, cap = self.experts, self.capacity
         probs = F.softmax(self.router(x), dim=-1)                        # [b, s, E]
         one, zero = self.one, self.zero      # in the model's precision (no conversion op)
-        rest = probs
+        rank = probs + self.tiebreak                                    # no two equal
+        rest = rank
         for _ in range(self.top_k - 1):                                 # drop the largest
             top = torch.where(rest >= rest.amax(dim=-1, keepdim=True), one, zero)
             rest = rest - 2.0 * top
         kth = rest.amax(dim=-1, keepdim=True)                           # k-th largest
-        mask = torch.where(probs >= kth, one, zero)                     # the top k
+        mask = torch.where(rank >= kth, one, zero)                      # the top k
         gates = probs * mask
         gates = gates / gates.sum(dim=-1, keepdim=True)                 # renormalised top-k
         slot = torch.cumsum(mask, dim=1) * mask          # 1-based queue position, 0: not routed

@@ -58,6 +58,24 @@ def test_static_dispatch_equals_a_token_loop(factor, top_k):
         assert not torch.allclose(got, _loop_moe(moe, x, capacity=8))
 
 
+@pytest.mark.parametrize("top_k", [1, 2, 3])
+def test_tied_router_probabilities_route_to_exactly_top_k_experts(top_k):
+    """A router whose weights are zero gives every expert 1/E: exactly ``top_k`` experts take
+    each token (the lowest indices, ties broken as a stable top-k does), not every tied one."""
+    torch.manual_seed(0)
+    model, _ = em.build("moe", 2, **dict(TINY, top_k=top_k, capacity_factor=4.0))
+    moe = model.layers[0].moe
+    torch.nn.init.zeros_(moe.router.weight)
+    x = torch.randn(2, 8, 16)
+    want = torch.zeros_like(x)
+    for i in range(2):
+        for t in range(8):
+            for e in range(top_k):                     # experts 0..k-1, gates 1/k each
+                y = F.silu(x[i, t] @ moe.w_gate[e]) * (x[i, t] @ moe.w_up[e])
+                want[i, t] += (y @ moe.w_down[e]) / top_k
+    torch.testing.assert_close(moe(x), want, rtol=1e-5, atol=1e-6)
+
+
 def test_builder_validates():
     with pytest.raises(ValueError, match=r"top_k \(5\) must be at most experts \(4\)"):
         em.build("moe", 2, **dict(TINY, top_k=5))
