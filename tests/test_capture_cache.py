@@ -323,14 +323,12 @@ def test_a_launch_ships_the_cached_trace_until_the_model_is_edited(tmp_path, mon
     """The runtime's pickled float64 step (kind ``trace``) is traced once per code digest:
     a second launch of the same model ships the stored bytes without tracing, and an edited
     model file is traced again - the workers never receive a graph of the old code."""
-    from explorer.engine.runtime import opexec, traces
-    traced = []
-    real = opexec._build
+    from unittest import mock
 
-    def counting(*a, **k):
-        traced.append(a[0])
-        return real(*a, **k)
-    monkeypatch.setattr(opexec, "_build", counting)
+    from explorer.engine.runtime import opexec, traces
+    spy = mock.Mock(wraps=opexec._build)
+    monkeypatch.setattr(opexec, "_build", spy)
+    traced = spy.call_args_list                         # one entry per trace made
     spec = _model_file(tmp_path, hidden=16)
     plans = [{"spec": spec, "batch": 2, "model_args": {}}]
     first = opexec._ship_traces(plans, 0, 0.01)

@@ -44,18 +44,17 @@ def test_the_compiled_placement_ships_the_meta_step_traced_once(monkeypatch):
     """The compiled placement's workers get the plan's meta-device step from the launcher
     (kept in the capture cache), the same graph as a fresh trace; a second launch reads it
     back without tracing."""
+    from unittest import mock
+
     from explorer.engine.core import opgraph
     from explorer.engine.runtime import compiled
     monkeypatch.delenv("EXPLORER_CAPTURE_CACHE", raising=False)   # this test's home's own
-    calls = []
     real = opgraph.build_opgraph
-
-    def counting(*a, **k):
-        calls.append(a[0])
-        return real(*a, **k)
-    monkeypatch.setattr(opgraph, "build_opgraph", counting)
+    spy = mock.Mock(wraps=real)
+    monkeypatch.setattr(opgraph, "build_opgraph", spy)
     blob = compiled._meta_step("lenet5", 4, {}, 0.01)
-    assert compiled._meta_step("lenet5", 4, {}, 0.01) == blob and calls == ["lenet5"]
+    assert compiled._meta_step("lenet5", 4, {}, 0.01) == blob
+    assert [c.args[0] for c in spy.call_args_list] == ["lenet5"]
     g = compiled._shipped_step(blob)
     assert g is not None and g.gm is not None
     assert opgraph_digest(g) == opgraph_digest(real("lenet5", 4, {}, 0.01))
