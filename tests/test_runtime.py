@@ -53,8 +53,9 @@ def spatial_pins(model, batch, model_args, letter):
 # both spatial letters and a hand-mixed plan.
 CNNS = [
     ("lenet5", 8, {}),
-    ("alexnet", 4, {"image_size": 63, "num_classes": 10}),
-    ("vgg16", 4, SMALL),
+    # the classifiers at width 32 (torchvision's 4096 adds minutes of float64 steps, not rules)
+    ("alexnet", 4, {"image_size": 63, "num_classes": 10, "fc": 32}),
+    ("vgg16", 4, {**SMALL, "fc": 32}),
     ("resnet50", 4, SMALL),
     ("inception_v3", 4, {"image_size": 75, "num_classes": 10}),
     # bottlenecks 2, 2, 2, 2 at twice ResNet's width (depth 50 at width 2 is ResNet-50's

@@ -1053,27 +1053,28 @@ class Executor:
         autograd's saved tensors.  The model input is counted as my box of it (every worker
         builds the whole input), the whole model each worker builds to cut its shards from
         not at all."""
-        z3 = set(self.zslices)
-        inputs = {id(t) for t in self._inputs}
-        acts = [t for t in outs.values() if t is not None and id(t) not in inputs]
-        for leaf in leaves.values():
-            acts += [leaf, leaf.grad]
-        for part, z in partials.values():
-            acts += [part, z, z.grad]
-        acts += list(loss_grads.values()) + [g]
-        for regions in self._recomp_in.values():
-            acts += list(regions)
-        for other in self._live:       # the other micro-batches in flight (a pipeline)
-            if other is not None and other.outs is not outs:
-                acts += other.tensors()
-        self.meter.sample(where, {
-            "params": [p for q, p in self.shards.items() if q not in z3]
-                      + list(self.zslices.values()),
-            "grads": [p.grad for p in self.shards.values()] + list(self.gslices.values()),
-            "activations": acts,
-            "transient": [self.shards[q] for q in z3] + list(transient)},
-            skip=[self.x], sized={"activations": sum(t.numel() * t.element_size()
-                                                     for t in self._inputs)})
+        with torch._C.DisableTorchFunction():   # bookkeeping, not the step: no mode sees it
+            z3 = set(self.zslices)
+            inputs = {id(t) for t in self._inputs}
+            acts = [t for t in outs.values() if t is not None and id(t) not in inputs]
+            for leaf in leaves.values():
+                acts += [leaf, leaf.grad]
+            for part, z in partials.values():
+                acts += [part, z, z.grad]
+            acts += list(loss_grads.values()) + [g]
+            for regions in self._recomp_in.values():
+                acts += list(regions)
+            for other in self._live:       # the other micro-batches in flight (a pipeline)
+                if other is not None and other.outs is not outs:
+                    acts += other.tensors()
+            self.meter.sample(where, {
+                "params": [p for q, p in self.shards.items() if q not in z3]
+                          + list(self.zslices.values()),
+                "grads": [p.grad for p in self.shards.values()] + list(self.gslices.values()),
+                "activations": acts,
+                "transient": [self.shards[q] for q in z3] + list(transient)},
+                skip=[self.x], sized={"activations": sum(t.numel() * t.element_size()
+                                                         for t in self._inputs)})
 
     def _step(self, check: bool = False):
         """One forward/backward/sync/SGD step.

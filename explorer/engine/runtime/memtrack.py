@@ -62,22 +62,26 @@ class MemoryMeter:
         optimizer; then autograd's saved tensors under the category they were saved in.
         ``skip``: tensors whose storages are not counted (and views of them);
         ``sized``: bytes added to a category as they are."""
-        seen = {_key(t) for t in skip}
-        got = dict.fromkeys(CATEGORIES, 0)
-        for cat, n in (sized or {}).items():
-            got[cat] += int(n)
-        saved = [(k, t) for t, k in self.saved()]
-        order = [(cat, t) for cat in ("params", "grads", "activations", "transient",
-                                      "optimizer") for t in groups.get(cat, ())]
-        for cat, t in order + saved:
-            if not isinstance(t, torch.Tensor):
-                continue
-            n = t.untyped_storage().nbytes()
-            key = _key(t)
-            if n == 0 or key in seen:
-                continue
-            seen.add(key)
-            got[cat] += n
+        # Outside any torch-function mode (the run's ``deterministic`` context would see
+        # every storage query): a sample looks at every live tensor, at every layer.
+        with torch._C.DisableTorchFunction():
+            seen = {_key(t) for t in skip if isinstance(t, torch.Tensor)}
+            got = dict.fromkeys(CATEGORIES, 0)
+            for cat, n in (sized or {}).items():
+                got[cat] += int(n)
+            saved = [(k, t) for t, k in self.saved()]
+            order = [(cat, t) for cat in ("params", "grads", "activations", "transient",
+                                          "optimizer") for t in groups.get(cat, ())]
+            for cat, t in order + saved:
+                if not isinstance(t, torch.Tensor):
+                    continue
+                storage = t.untyped_storage()
+                n = storage.nbytes()
+                key = (storage.data_ptr(), t.device)
+                if n == 0 or key in seen:
+                    continue
+                seen.add(key)
+                got[cat] += n
         self.samples[where] = got
         for cat, v in got.items():
             self.peak[cat] = max(self.peak[cat], v)
@@ -101,4 +105,4 @@ def _unpack(t):
 
 def _key(t) -> tuple:
     """A storage's identity: where its data lives."""
-    return (t.untyped_storage().data_ptr(), str(t.device))
+    return (t.untyped_storage().data_ptr(), t.device)
