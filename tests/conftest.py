@@ -146,3 +146,90 @@ def _free_dash_port(request):
             sock.bind(("127.0.0.1", 0))
             BaseDashRunner._next_port = sock.getsockname()[1]
     yield
+
+
+class _Chromium:
+    """The session's one headless Chromium (dash.testing's :class:`Browser`), started by the
+    first browser test and quit at the end of the session: starting a browser costs about
+    two seconds, more than many browser tests' own clicks.  Each test still gets its own
+    server (a new port: a new origin, so no storage is shared), its own download folder,
+    window size, wait timeout and console log; a browser a test left broken is replaced."""
+
+    def __init__(self, config):
+        self.config = config
+        self.browser = None
+        self.size = None
+
+    def get(self, download: str):
+        from dash.testing.browser import Browser
+        if self.browser is not None:
+            try:
+                self.browser.driver.window_handles       # alive?
+            except Exception:  # noqa: BLE001 - whatever broke it, start another
+                self.close()
+        if self.browser is None:
+            cfg = self.config
+            self.browser = Browser(
+                browser=cfg.getoption("webdriver"), remote=cfg.getoption("remote"),
+                remote_url=cfg.getoption("remote_url"), headless=cfg.getoption("headless"),
+                options=cfg.hook.pytest_setup_options(), download_path=download,
+                percy_assets_root=cfg.getoption("percy_assets"),
+                percy_finalize=cfg.getoption("nopercyfinalize"), pause=cfg.getoption("pause"))
+            self.size = self.browser.driver.get_window_size()
+        return self.browser
+
+    def reset(self):
+        """After a test: its extra windows closed, a blank page, the first size again."""
+        try:
+            drv = self.browser.driver
+            handles = drv.window_handles
+            for h in handles[1:]:
+                drv.switch_to.window(h)
+                drv.close()
+            drv.switch_to.window(handles[0])
+            drv.get("about:blank")
+            drv.set_window_size(self.size["width"], self.size["height"])
+        except Exception:  # noqa: BLE001 - the next test gets a fresh browser
+            self.close()
+
+    def close(self):
+        if self.browser is not None:
+            try:
+                self.browser.driver.quit()
+            except Exception:  # noqa: BLE001 - already gone
+                pass
+            self.browser = None
+
+
+@pytest.fixture(scope="session")
+def _chromium(request):
+    shared = _Chromium(request.config)
+    yield shared
+    shared.close()
+
+
+@pytest.fixture
+def dash_duo(dash_thread_server, _chromium, tmp_path):
+    """dash.testing's ``dash_duo`` (a server and a browser for one test) on the session's
+    shared Chromium (:class:`_Chromium`)."""
+    from dash.testing.composite import DashComposite
+    download = tmp_path / "download"
+    download.mkdir()
+    browser = _chromium.get(str(download))
+    duo = DashComposite.__new__(DashComposite)
+    duo.__dict__.update(browser.__dict__)
+    duo.server = dash_thread_server
+    duo._download_path = str(download)
+    duo._url = ""
+    duo._window_idx = 0
+    duo.wait_timeout = browser.wait_timeout          # a wait of its own (tests change it)
+    try:
+        duo.driver.execute_cdp_cmd("Page.setDownloadBehavior",
+                                   {"behavior": "allow", "downloadPath": str(download)})
+    except Exception:  # noqa: BLE001 - a driver without CDP keeps its first folder
+        pass
+    duo.reset_log_timestamp()                        # earlier tests' console is not this one's
+    try:
+        yield duo
+    finally:
+        _chromium.reset()
