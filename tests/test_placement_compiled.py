@@ -376,7 +376,7 @@ def test_a_hanging_worker_ends_the_compiled_run_with_one_error_and_no_orphans(gr
     before = {c.pid for c in spawned_workers()}
     with pytest.raises(RunFailed, match="did not finish within|timed out|Timed out"):
         run_placement("lenet5", 8, {}, names, devs, 2, steps=1, warmup=0, g=og,
-                      fault="1:1:hang", timeout_s=20)
+                      fault="1:1:hang", timeout_s=12)
     assert not {c.pid for c in spawned_workers()} - before
 
 

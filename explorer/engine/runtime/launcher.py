@@ -144,9 +144,14 @@ def validate(plan_dict: dict, expect: dict | None = None, check_local: bool = Tr
 START_METHOD_ENV = "EXPLORER_START_METHOD"
 #: what the fork server imports before forking workers (nothing here starts a thread or CUDA).
 #: ``torch._dynamo``: torch imports it (with inductor, about a second) the first time a trace
-#: records its nodes' source lines, which every worker's trace does
-PRELOAD = ["numpy", "torch", "torch.distributed", "torch._dynamo",
-           "explorer.engine.runtime.worker"]
+#: records its nodes' source lines, which every worker's trace does; ``torch.export._trace``:
+#: what a worker's fake tensors import the first time they ask where a line is; then the
+#: modules the three kinds of worker run (layer-wise executor, Tofu's tiles, placement
+#: programs).  Imported once here, each worker gets them with its fork (about 0.4 s a worker).
+PRELOAD = ["numpy", "torch", "torch.distributed", "torch._dynamo", "torch.export._trace",
+           "explorer.engine.runtime.worker", "explorer.engine.layerwise.plan",
+           "explorer.engine.runtime.executor", "explorer.engine.runtime.opexec",
+           "explorer.engine.runtime.compiled"]
 
 
 def _forget_inherited_forkserver() -> None:
