@@ -377,14 +377,14 @@ def test_placement_page_runs_the_placement_on_local_workers(dash_duo):
 
 # -- one app state: the URL, plans of every kind, reload ----------------------------------------
 
-def _chrome():
-    """Another headless Chromium, like dash_duo's, for sessions running side by side."""
-    import tempfile
-
+def _chrome(profile):
+    """Another headless Chromium, like dash_duo's, for sessions running side by side; its
+    profile in the folder ``profile`` (the test's own temporary folder)."""
     from selenium import webdriver
+    profile.mkdir(parents=True, exist_ok=True)
     opts = webdriver.ChromeOptions()
     for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--window-size=1280,1000",
-                 f"--user-data-dir={tempfile.mkdtemp(prefix='explorer-e2e-')}"):
+                 f"--user-data-dir={profile}"):
         opts.add_argument(flag)
     opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     return webdriver.Chrome(options=opts)
@@ -418,7 +418,7 @@ def _shown_page(duo):
     return path
 
 
-def test_four_sessions_open_four_models_on_one_server(dash_duo, caplog):
+def test_four_sessions_open_four_models_on_one_server(dash_duo, caplog, tmp_path):
     import logging
     caplog.set_level(logging.INFO)
     dash_duo.start_server(create_app())
@@ -426,7 +426,7 @@ def test_four_sessions_open_four_models_on_one_server(dash_duo, caplog):
     models = {"lenet5": "devices=2&preset=local&batch=8",
               "alexnet": "devices=4&preset=p100-cluster",
               "mlp": "devices=2&preset=p100-cluster", "vgg16": "devices=4&preset=p100-nvlink-4"}
-    drivers = [dash_duo.driver] + [_chrome() for _ in range(3)]
+    drivers = [dash_duo.driver] + [_chrome(tmp_path / f"chromium-{i}") for i in range(3)]
     try:
         for drv, (name, query) in zip(drivers, models.items()):   # all four load at once
             drv.get(f"{base}/?model={name}&{query}&algo=optcnn")
