@@ -133,3 +133,74 @@ def test_topo_orders_count_cuts_against_brute_force():
 def test_topo_orders_bad_input(args, msg):
     with pytest.raises(ExplorerError, match=msg):
         S.learn_orders(*args)
+
+
+@pytest.mark.parametrize("workers", [2, 4, 8])
+def test_tofu_recursion_replays_the_plans_steps(workers):
+    """Section 5.2: k = 2^m workers take m steps, each halving every group; the bytes the
+    steps add sum to the plan's communication, and each step's per-operator bytes to that
+    level's total; every tensor and operator is counted once per step; the tree's leaves
+    are the devices, each once."""
+    from explorer.engine.core.opgraph import build_opgraph
+    from explorer.engine.tofu.partition import partition
+    g = build_opgraph("mlp", 64)
+    plan = partition(g, workers=workers)
+    doc = L.tofu_recursion(plan, g)
+    m = workers.bit_length() - 1
+    assert len(doc["steps"]) == m and doc["factors"] == [2] * m
+    assert [s["groups_before"] for s in doc["steps"]] == [2 ** i for i in range(m)]
+    assert sum(s["delta_bytes"] for s in doc["steps"]) == pytest.approx(plan.comm_bytes)
+    assert doc["total_bytes"] == plan.comm_bytes == doc["steps"][-1]["total_bytes"]
+    for s, trace in zip(doc["steps"], plan.steps):
+        assert sum(trace.op_bytes.values()) == pytest.approx(trace.total_bytes)
+        assert sum(n for axes in s["tensors"].values() for n in axes.values()) == \
+            len(plan.tilings)
+        assert sum(s["ops"].values()) == len(plan.strategies)
+        assert set(s["ops"]) <= {"split", "reduce", "replicate"}
+        assert all(t["bytes"] > 0 for t in s["top"]) and len(s["top"]) <= 3
+        # the strategy recorded for the step is the plan's strategy at that step
+        assert all(trace.strategies[o] == plan.strategies[o][s["step"] - 1]
+                   for o in plan.strategies)
+    assert len(doc["tree"]) == 2 * workers - 1
+    leaves = [n for n in doc["tree"] if n["step"] == m]
+    assert sorted(int(n["devices"]) for n in leaves) == list(range(workers))
+    ids = {n["id"] for n in doc["tree"]}
+    assert all(n["parent"] in ids for n in doc["tree"] if n["parent"])
+
+
+def test_tofu_recursion_of_one_worker_has_no_step():
+    from explorer.engine.core.opgraph import build_opgraph
+    from explorer.engine.tofu.partition import partition
+    g = build_opgraph("mlp", 64)
+    doc = L.tofu_recursion(partition(g, workers=1), g)
+    assert doc["steps"] == [] and len(doc["tree"]) == 1 and doc["total_bytes"] == 0
+
+
+def test_learn_recursion_is_the_tofu_pages_plan():
+    req = S.Request(model="mlp", devices=4, batch=64, preset="k80-pcie-8", algo="tofu")
+    doc = S.learn_recursion(req)
+    assert doc["total_bytes"] == pytest.approx(S.tofu(req)["comm_bytes"])
+    assert len(doc["steps"]) == 2 and doc["request"]["devices"] == 4
+
+
+def test_celeritas_pipeline_stages_in_numbers():
+    """Figure 2: the graph shrinks from operators to clusters to devices; Standard
+    Evaluation's one-device time is the operators' sum; the last stage's step is the
+    plan's simulated step."""
+    req = S.Request(model="mlp", devices=4, batch=64, model_args={"layers": "4"},
+                    preset="v100-pcie-4", algo="celeritas")
+    doc = S.learn_pipeline(req)
+    names = [s["stage"] for s in doc["stages"]]
+    assert names[:4] == ["Standard Evaluation", "CPD-TOPO", "Optimal Operation Fusion",
+                         "Adjusting Placement"]
+    se, order, fusion, place = doc["stages"][:4]
+    pg = S.placement_graph_for(req)
+    assert se["nodes"] == order["nodes"] == pg.n and se["edges"] == pg.n_edges
+    assert se["time_s"] == pytest.approx(float(pg.w[:, 0].sum()))
+    assert 1 <= fusion["nodes"] <= se["nodes"] and 1 <= place["nodes"] <= place["devices"] == 4
+    assert place["nodes"] <= fusion["nodes"]
+    assert order["critical_path_s"] >= float(pg.w[:, 0].max())
+    res = S.run_method(req, "celeritas")
+    assert doc["step_s"] == pytest.approx(res.predicted_step_time_s)
+    assert doc["stages"][-1]["step_s"] == pytest.approx(res.predicted_step_time_s)
+    assert (names[-1] == "refinement") == bool(res.plan.stats.get("refine"))

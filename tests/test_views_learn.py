@@ -26,7 +26,8 @@ def test_first_render_computes_nothing(monkeypatch):
         raise AssertionError("the layout must not compute")
     for name in ("graph_for", "run_method", "search", "candidates", "tiles", "scaling",
                  "compare", "tofu_compare", "placement_compare", "learn_dense",
-                 "learn_elimination", "learn_conv1d", "learn_orders"):
+                 "learn_elimination", "learn_conv1d", "learn_orders", "learn_recursion",
+                 "learn_pipeline"):
         monkeypatch.setattr(S, name, refuse)
     page = learn.layout()
     assert "learn-optcnn-dims-section" in str(page)
@@ -182,3 +183,53 @@ def test_learn_titles_name_configurations_and_units_are_mib():
     lay = LF.elimination_figure({"kind": "edge", "src": "a", "dst": "b", "t_x1_s": 1e-6,
                                  "t_x2_s": 2e-6, "value_s": 3e-6}).layout
     assert lay.title.y > 0.9 and lay.margin.t >= 90
+
+
+def test_recursion_view_counts_the_steps_of_the_workers():
+    """Tofu Section 5.2: 2, 4, 8 workers take 1, 2, 3 recursion steps; the tree holds every
+    worker group, the bars every step's bytes, and the table a row per step."""
+    for workers, m in ((2, 1), (4, 2), (8, 3)):
+        tree, steps, ours, href = tofu.recursion_view("lstm", workers)
+        assert len(tree.data[0].ids) == 2 * workers - 1
+        assert len(steps.data[0].y) == m and f"step {m} (×2)" in steps.data[0].x
+        text = str(ours)
+        assert f"{m} recursion step" in text and "MiB" in text and " MB" not in text
+        assert "tofu" in href and f"devices={workers}" in href
+    # the steps' bars add up to the total the line ends at
+    assert sum(steps.data[0].y) == pytest.approx(steps.data[1].y[-1])
+
+
+def test_pipeline_view_shows_the_four_stages_with_their_terms():
+    fig, ours, href = celeritas.pipeline_view("seq2seq", 2)
+    stages = list(fig.data[0].y)
+    assert stages[:4] == ["Standard Evaluation", "CPD-TOPO", "Optimal Operation Fusion",
+                          "Adjusting Placement"]
+    assert list(fig.data[0].x)[2] <= list(fig.data[0].x)[0]       # clusters ≤ operators
+    text = str(ours)
+    for term in ("Standard Evaluation", "CPD-TOPO", "Optimal Operation Fusion",
+                 "Adjusting Placement", "CCR"):
+        assert f"children='{term}'" in text and "title=" in text, term
+    assert "celeritas" in href
+
+
+def test_recursion_and_pipeline_figures_from_plain_dicts():
+    step = {"step": 1, "k": 2, "groups_before": 1, "groups_after": 2, "group_workers": 1,
+            "delta_bytes": 3 * 2 ** 20, "total_bytes": 3 * 2 ** 20, "bytes_per_group":
+            3 * 2 ** 20, "tensors": {"data": {"axis 0": 2}}, "ops": {"split": 2}, "top": []}
+    doc = {"workers": 2, "total_bytes": 3 * 2 ** 20, "steps": [step],
+           "tree": [{"id": "all", "parent": "", "step": 0, "workers": 2, "devices": "0–1"},
+                    {"id": "s1g0", "parent": "all", "step": 1, "workers": 1, "devices": "0"},
+                    {"id": "s1g1", "parent": "all", "step": 1, "workers": 1, "devices": "1"}]}
+    tree = LF.recursion_tree_figure(doc)
+    assert list(tree.data[0].labels) == ["2 workers: 3.00 MiB", "devices 0", "devices 1"]
+    assert "2 axis 0" in tree.data[0].customdata[1]
+    bars = LF.recursion_steps_figure(doc)
+    assert list(bars.data[0].y) == [3.0] and bars.layout.yaxis.title.text.startswith("MiB")
+    stages = [{"stage": "Standard Evaluation", "nodes": 10, "time_s": 4e-3},
+              {"stage": "CPD-TOPO", "nodes": 10, "critical_path_s": 2e-3},
+              {"stage": "Optimal Operation Fusion", "nodes": 3},
+              {"stage": "Adjusting Placement", "nodes": 2, "placer_step_s": 3e-3,
+               "step_s": 2.5e-3}]
+    fig = LF.pipeline_figure({"model": "m", "devices": 2, "stages": stages})
+    assert list(fig.data[0].x) == [10, 10, 3, 2]
+    assert list(fig.data[1].x) == pytest.approx([4.0, 2.0, 3.0, 2.5])

@@ -14,7 +14,11 @@ papers shows - nothing here is a stored result:
   analysis discovers for ``conv1d`` and the input region each worker reads;
 * :func:`topo_orders` - Celeritas Figure 3: M-TOPO against DFS-TOPO on a DAG of parallel
   chains (edges cut when the order is split over devices) and Optimal Operation Fusion's
-  clusters over the CPD-TOPO order.
+  clusters over the CPD-TOPO order;
+* :func:`tofu_recursion` - Tofu Section 5.2 / Figure 6: a plan's recursion replayed step by
+  step (the worker groups halved, the cut each step chose, the bytes it added);
+* :func:`celeritas_pipeline` - Celeritas Figure 2: Standard Evaluation, CPD-TOPO, Optimal
+  Operation Fusion and Adjusting Placement with each stage's numbers on a placed model.
 """
 
 from __future__ import annotations
@@ -24,7 +28,8 @@ import numpy as np
 from explorer.engine.core import geometry as G
 from explorer.engine.layerwise.costmodel import CostTables
 
-__all__ = ["elimination_steps", "dense_layer", "conv1d_strategies", "topo_orders"]
+__all__ = ["elimination_steps", "dense_layer", "conv1d_strategies", "topo_orders",
+           "tofu_recursion", "celeritas_pipeline"]
 
 
 # -- OptCNN Figures 5-6: equations 2 and 3 in numbers -----------------------------------------
@@ -233,3 +238,129 @@ def topo_orders(chains: int, length: int, devices: int, op_bytes: float = 1e6) -
     result["fusion"] = {"clusters": [[int(v) for v in m] for m in coarse.members],
                         "breakpoints": [int(b) for b in bps], "cut_comm": float(s_n)}
     return result
+
+
+# -- Tofu Section 5.2 / Figure 6: the recursion, step by step --------------------------------
+
+def _span(ws) -> str:
+    """Worker or device numbers as ranges (``[0, 1, 2, 5]`` -> ``"0–2, 5"``)."""
+    ws = sorted(int(w) for w in ws)
+    out, i = [], 0
+    while i < len(ws):
+        j = i
+        while j + 1 < len(ws) and ws[j + 1] == ws[j] + 1:
+            j += 1
+        out.append(str(ws[i]) if i == j else f"{ws[i]}–{ws[j]}")
+        i = j + 1
+    return ", ".join(out)
+
+
+def tofu_recursion(plan, graph, top: int = 3) -> dict:
+    """Replay a Tofu plan's recursive partitioning (Section 5.2) from the steps its search
+    recorded (:class:`~explorer.engine.tofu.plan.StepTrace`).
+
+    Step i splits every one of the G worker groups of the previous step k_i ways with one
+    choice for all groups (Tofu applies the partition of the first group to all of them):
+    per step, how many tensors it splits along each axis (or replicates), how many operators
+    take each kind of strategy (split an output axis, reduce a summed variable, replicate),
+    the ``top`` operators adding the most bytes, and the bytes δ_i the step adds - the plan's
+    communication is their sum.  ``tree`` lists the worker groups (a node per group per
+    step, its parent the group it was cut from) with the devices they hold; ``graph`` is the
+    operator graph the plan was made on (tensor kinds)."""
+    from explorer.engine.core.geometry import device_of
+
+    factors = [int(k) for k in plan.factors]
+    workers = int(plan.workers)
+    dev = device_of(factors, list(plan.levels or range(len(factors)))) if factors else \
+        np.zeros(1, dtype=np.int64)
+    steps, tree = [], [{"id": "all", "parent": "", "step": 0, "workers": workers,
+                        "devices": _span(dev.tolist()), "bytes": 0.0}]
+    prev_ops: dict = {}
+    size = workers
+    for i, (s, k) in enumerate(zip(plan.steps, factors)):
+        groups = int(s.groups)
+        child = size // k
+        tensors: dict = {}
+        for t, tiling in plan.tilings.items():
+            ax = tiling["steps"][i] if i < len(tiling["steps"]) else -1
+            kind = "weights" if graph.tensors[t].kind in ("param", "update") else "data"
+            key = "replicated" if ax < 0 else f"axis {ax}"
+            tensors.setdefault(kind, {}).setdefault(key, 0)
+            tensors[kind][key] += 1
+        ops: dict = {}
+        for label in s.strategies.values():
+            kind = label.split(" ", 1)[0]
+            ops[kind] = ops.get(kind, 0) + 1
+        added = {o: b - prev_ops.get(o, 0.0) for o, b in s.op_bytes.items()}
+        movers = sorted((o for o in added if added[o] > 0), key=lambda o: (-added[o], o))
+        steps.append({"step": i + 1, "k": k, "groups_before": groups,
+                      "groups_after": groups * k, "group_workers": child,
+                      "delta_bytes": float(s.delta_bytes), "total_bytes": float(s.total_bytes),
+                      "bytes_per_group": float(s.delta_bytes) / groups,
+                      "seconds": float(s.seconds), "bandwidth_Bps": float(s.bandwidth),
+                      "tensors": {kind: dict(sorted(v.items())) for kind, v in
+                                  sorted(tensors.items())},
+                      "ops": dict(sorted(ops.items())),
+                      "top": [{"op": o, "strategy": s.strategies.get(o, ""),
+                               "bytes": float(added[o])} for o in movers[:top]]})
+        for g in range(groups * k):
+            ws = dev[g * child:(g + 1) * child].tolist()
+            tree.append({"id": f"s{i + 1}g{g}", "parent": "all" if i == 0 else
+                         f"s{i}g{g // k}", "step": i + 1, "workers": child,
+                         "devices": _span(ws), "bytes": float(s.delta_bytes) / groups})
+        prev_ops = dict(s.op_bytes)
+        size = child
+    return {"algo": plan.algo, "model": plan.model, "workers": workers, "factors": factors,
+            "total_bytes": float(plan.comm_bytes), "objective_s": float(plan.objective_s),
+            "coarsening": dict(plan.coarse), "steps": steps, "tree": tree}
+
+
+# -- Celeritas Figure 2: the pipeline in numbers ----------------------------------------------
+
+def celeritas_pipeline(pg, plan) -> dict:
+    """The four stages of Celeritas (Figure 2) with their numbers on one placed graph.
+
+    ``pg`` is the :class:`~explorer.engine.placement.placement_graph.PlacementGraph` the
+    placer saw (Standard Evaluation's output: every operator's time, memory and output
+    size), ``plan`` the :class:`~explorer.engine.placement.result.PlacementPlan` Celeritas
+    made of it (its ``stats`` hold the fusion's and the placer's numbers).  Stages: Standard
+    Evaluation (operators, edges, the one-device time, CCR), CPD-TOPO (the order's critical
+    path: the longest chain of operator times and transfers), Optimal Operation Fusion
+    (clusters, the coarse graph's edges and CCR, the communication left between clusters)
+    and Adjusting Placement (devices, clusters moved off their predecessor's device, the
+    placer's own estimate and the simulated step); the simulated refinement after it (ours,
+    not the paper's) when the plan ran one."""
+    from explorer.engine.placement.order import graph_order
+
+    st = dict(plan.stats)
+    _, tl, bl = graph_order(pg, "cpd")
+    one_device = float(pg.w[:, 0].sum())
+    used = sorted({int(d) for d in np.asarray(plan.placement).tolist()})
+    placed_s = float(st.get("step_before_refine_s", plan.predicted_step_time_s))
+    stages = [
+        {"stage": "Standard Evaluation", "nodes": int(pg.n), "edges": int(pg.n_edges),
+         "time_s": one_device, "ccr": float(pg.ccr()),
+         "memory_bytes": float(pg.total_memory()), "seconds": None},
+        {"stage": "CPD-TOPO", "nodes": int(pg.n), "edges": int(pg.n_edges),
+         "critical_path_s": float((tl + bl).max()) if pg.n else 0.0,
+         "seconds": float(st.get("order_s", 0.0))},
+        {"stage": "Optimal Operation Fusion", "nodes": int(st.get("nodes_after", 0)),
+         "edges": int(st.get("edges_after", 0)), "ccr": float(st.get("ccr_after", 0.0)),
+         "R": int(st.get("R", 0)), "M_bytes": float(st.get("M_bytes", 0.0)),
+         "cut_comm_s": float(st.get("cut_comm_s", 0.0)),
+         "largest_cluster": max((len(c["ops"]) for c in plan.clusters), default=0),
+         "seconds": float(st.get("fusion_s", 0.0))},
+        {"stage": "Adjusting Placement", "nodes": len(used), "devices": int(pg.ndev),
+         "moves": int(st.get("moves", 0)),
+         "placer_step_s": float(st.get("placer_makespan_s", 0.0)),
+         "step_s": placed_s, "seconds": float(st.get("place_s", 0.0))},
+    ]
+    if st.get("refine"):
+        stages.append({"stage": "refinement", "nodes": len(used), "devices": int(pg.ndev),
+                       "moves": int(st.get("refine_moves", 0)),
+                       "step_s": float(plan.predicted_step_time_s),
+                       "seconds": float(st.get("refine_s", 0.0))})
+    return {"algo": plan.algo, "model": plan.model, "devices": int(pg.ndev),
+            "stages": stages, "step_s": float(plan.predicted_step_time_s),
+            "one_device_s": one_device, "oom": bool(plan.oom),
+            "search_time_s": float(plan.search_time_s)}

@@ -48,7 +48,14 @@ from explorer.service.layerwise import (
     trace_length,
     trace_of,
 )
-from explorer.service.learn import learn_conv1d, learn_dense, learn_elimination, learn_orders
+from explorer.service.learn import (
+    learn_conv1d,
+    learn_dense,
+    learn_elimination,
+    learn_orders,
+    learn_pipeline,
+    learn_recursion,
+)
 from explorer.service.placements import (
     placement,
     placement_compare,
@@ -78,7 +85,7 @@ __all__ = [
     "problem_for", "summary", "candidates", "compare", "comparison", "comparison_baselines",
     "keep_trace_steps", "layer_info", "plan_changes", "scaling", "search", "tiles",
     "trace_counts", "trace_length", "trace_of", "learn_conv1d", "learn_dense",
-    "learn_elimination", "learn_orders", "placement", "placement_compare",
+    "learn_elimination", "learn_orders", "learn_pipeline", "learn_recursion", "placement", "placement_compare",
     "placement_pin_rows", "placement_pins", "placement_structure", "family", "methods",
     "result", "run_method", "export", "export_note", "export_preview", "placement_runs", "plan_file",
     "run_placement", "run_plan", "run_tofu", "runs", "tofu", "tofu_compare", "tofu_strip",

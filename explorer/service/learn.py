@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from explorer.engine.search.request import Request
 from explorer.errors import ExplorerError
-from explorer.service.captures import cost_model_for, graph_for
+from explorer.service.captures import cost_model_for, graph_for, opgraph_for, placement_graph_for
 from explorer.service.results import result
 
-__all__ = ["learn_elimination", "learn_dense", "learn_conv1d", "learn_orders"]
+__all__ = ["learn_elimination", "learn_dense", "learn_conv1d", "learn_orders", "learn_recursion",
+           "learn_pipeline"]
 
 
 def learn_elimination(req: Request) -> dict:
@@ -54,3 +55,25 @@ def learn_orders(chains: int, length: int, devices: int) -> dict:
     except (ValueError, TypeError) as exc:
         raise ExplorerError(str(exc)) from None
 
+
+
+def learn_recursion(req: Request) -> dict:
+    """Tofu Section 5.2 (Figure 6) on the request's model: Tofu's plan over ``req.devices``
+    workers replayed step by step - each step's worker groups, the cut it chose and the bytes
+    it added (the one result cache: the same plan as the Tofu page's)."""
+    from explorer.engine.lessons import tofu_recursion
+    res = result(req, "tofu")
+    out = tofu_recursion(res.plan, opgraph_for(req))
+    out["request"] = req.to_dict()
+    return out
+
+
+def learn_pipeline(req: Request) -> dict:
+    """Celeritas Figure 2 on the request's model: Standard Evaluation, CPD-TOPO, Optimal
+    Operation Fusion and Adjusting Placement, each with its numbers, from the Celeritas plan
+    of the one result cache and the operator graph the placer saw."""
+    from explorer.engine.lessons import celeritas_pipeline
+    res = result(req, "celeritas")
+    out = celeritas_pipeline(placement_graph_for(req), res.plan)
+    out["request"] = req.to_dict()
+    return out

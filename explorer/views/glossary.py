@@ -1,7 +1,8 @@
 """The vocabulary the app shows, explained where it is shown: every dimension letter and cost
 symbol of OptCNN (Jia et al., ICML 2018), the equation and theorem names, the configuration
-"1", and the Tofu and Celeritas terms the Learn page uses (coarsened graph, CPD-TOPO, Standard
-Evaluation, Adjusting Placement, Baechi), as hover tooltips.
+"1", and the Tofu and Celeritas terms the Learn page uses (coarsened graph, recursion step,
+partition-n-reduce, CPD-TOPO, Standard Evaluation, Optimal Operation Fusion, CCR, Adjusting
+Placement, Order-Place, Baechi), as hover tooltips.
 
 :func:`term` wraps a word in an ``<abbr>`` whose tooltip is its entry; :func:`explain` turns a
 text with such words ("n2 c2", "t_X", "equation 2") into a list of strings and tooltipped
@@ -67,6 +68,27 @@ GLOSSARY = {
     "Adjusting Placement": "Adjusting Placement (Celeritas): the fused clusters are assigned "
                            "in CPD-TOPO order, each to the device where it finishes earliest "
                            "within its memory; a cluster that does not fit moves on.",
+    "Optimal Operation Fusion": "Optimal Operation Fusion (Celeritas, Algorithm 1): "
+                                "operators consecutive in the CPD-TOPO order are merged into "
+                                "clusters by a dynamic program over breakpoints (at most R "
+                                "operators and M bytes per cluster) that leaves the least "
+                                "communication between clusters; the clusters form an "
+                                "acyclic coarse graph.",
+    "CCR": "CCR (communication-to-computation ratio): the mean time to send an operator's "
+           "output to another device over its mean compute time. A high CCR (thousands of "
+           "small operators) misleads list schedulers; fusion lowers it.",
+    "Order-Place": "Order-Place (Celeritas): the fused clusters placed in CPD-TOPO order on "
+                   "one device until its memory is full, then on the next - Adjusting "
+                   "Placement without its moves.",
+    "partition-n-reduce": "partition-n-reduce (Tofu): an operator's way to run on several "
+                          "workers - split an output coordinate (each worker computes a "
+                          "slice) or a summed variable (each worker computes a partial "
+                          "output, then the partials are added).",
+    "recursion step": "A recursion step (Tofu, Section 5.2): every worker group of the "
+                      "previous step is cut in k_i (2 for a power of two); one choice - an "
+                      "axis per tensor, a strategy per operator - is applied to every group "
+                      "and costs the bytes the groups then exchange. m steps give 2^m "
+                      "workers; the plan's bytes are the steps' sum.",
     "Baechi": "Baechi (Jeon et al., SoCC 2020): the device placers m-TOPO, m-ETF and m-SCT "
               "(memory-constrained topological, earliest-task-first and small-"
               "communication-time placement) that Celeritas compares against.",
@@ -77,7 +99,9 @@ _DEGREE = re.compile(r"\b([nchwlek])(\d+)\b")
 _CONFIG_1 = re.compile(r"c_[ijk]\*? ?= ?1\b")
 _TERMS = re.compile(r"(t_[CSXRO]\b|[Ee]quation [123]\b|eq\. [123]\b|Theorem 1\b|"
                     r"\b[nchwlek]\d+\b|coarsened graph|CPD-TOPO|Standard Evaluation|"
-                    r"Adjusting Placement|Baechi|c_[ijk]\*? ?= ?1\b)")
+                    r"Adjusting Placement|Baechi|Optimal Operation Fusion|\bCCR\b|"
+                    r"Order-Place|partition-n-reduce|recursion steps?\b|"
+                    r"c_[ijk]\*? ?= ?1\b)")
 
 
 def key_of(word: str) -> str | None:
@@ -87,6 +111,8 @@ def key_of(word: str) -> str | None:
         return m.group(1)
     if _CONFIG_1.fullmatch(word):          # "c_j = 1": the configuration named "1"
         return "configuration 1"
+    if word == "recursion steps":
+        return "recursion step"
     w = word.replace("eq.", "equation").replace("Equation", "equation")
     return w if w in GLOSSARY else None
 

@@ -657,6 +657,7 @@ def partition(g, workers: int, devices=None, pins=None,
         # the templates' strategies at the chosen classes, and the new state
         total = 0.0
         new_out, new_red = {}, {}
+        step_strats, step_bytes = {}, {}   # this step's cut per op, and its level bytes
         for (tid, names, strat, arg, vars_), f in zip(meta, fac):
             idx = tuple(assign[v] for v in vars_)
             si = int(arg[idx]) if vars_ else int(arg)
@@ -666,13 +667,17 @@ def partition(g, workers: int, devices=None, pins=None,
                 oi = co.ops[o]
                 cout, red = _child(oi, st, s, k)
                 new_out[o], new_red[o] = cout, red
-                strategies_out[o].append(f"{s[0]} {s[1]}" if s[1] is not None else s[0])
+                label = f"{s[0]} {s[1]}" if s[1] is not None else s[0]
+                strategies_out[o].append(label)
+                step_strats[o] = label
                 vec = _op_vectors(oi, st, k, choices, co.cls, g.tensors,
                                   strat if oi.sig == co.ops[names[0]].sig else
                                   _strategies(oi, st, k, reduction))
                 slots = [t for _, t in oi.inputs] + [oi.output]
-                op_bytes[o] += float(sum(vec[min(si, len(vec) - 1), j, assign[co.cls[t]]]
-                                         for j, t in enumerate(slots)))
+                b_o = float(sum(vec[min(si, len(vec) - 1), j, assign[co.cls[t]]]
+                                for j, t in enumerate(slots)))
+                op_bytes[o] += b_o
+                step_bytes[o] = b_o
         new_held = {}
         axis_of = {}
         for t, h in st.held.items():
@@ -696,7 +701,7 @@ def partition(g, workers: int, devices=None, pins=None,
         delta = total - prev_total
         steps.append(StepTrace(k, G, delta, total, bw, delta / bw if bw != float("inf") else 0.0,
                                {c: int(choices[c][assign[c]]) for c in choices},
-                               {}, time.perf_counter() - ts))
+                               step_strats, time.perf_counter() - ts, step_bytes))
         prev_total = total
         G *= k
         st = _State(new_held, new_out, new_red, G)

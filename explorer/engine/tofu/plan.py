@@ -16,7 +16,9 @@ from explorer.engine.core.geometry import (
 
 @dataclass
 class StepTrace:
-    """One recursion step: k_i, the bytes it adds, the choices made."""
+    """One recursion step: k_i, the bytes it adds, the choices made (every tensor class's
+    axis, every operator's strategy) and each operator's bytes at this step's level (its
+    share of ``total_bytes``), so the recursion can be replayed step by step."""
 
     k: int
     groups: int
@@ -27,6 +29,7 @@ class StepTrace:
     classes: dict                      # class id -> axis (or -1)
     strategies: dict                   # op name -> "split 0" / "reduce ci" / "replicate"
     search_time_s: float = 0.0
+    op_bytes: dict = field(default_factory=dict)   # op name -> its bytes at this level
 
     def to_dict(self) -> dict:
         return {"k": self.k, "groups": self.groups, "delta_bytes": self.delta_bytes,

@@ -355,6 +355,104 @@ def placement_algorithms_figure(rows: list) -> go.Figure:
     return fig
 
 
+def _cut_text(step: dict) -> str:
+    """One step's cut in words: the tensors' axes and the operators' strategies."""
+    parts = []
+    for kind, axes in step["tensors"].items():
+        parts.append(f"{kind}: " + ", ".join(f"{n} {a}" for a, n in axes.items()))
+    ops = ", ".join(f"{n} {k}" for k, n in step["ops"].items())
+    return "<br>".join(parts + [f"operators: {ops}"])
+
+
+def recursion_tree_figure(doc: dict) -> go.Figure:
+    """Tofu Section 5.2 / Figure 6 as a tree: the workers (top) halved step by step, one row
+    per recursion step, each group's devices written in it; the hover says the cut the step
+    chose (one choice for every group) and the bytes it added."""
+    from explorer.views import fmt
+    steps = {s["step"]: s for s in doc["steps"]}
+    colors = [P.rgba(P.HIGHLIGHT, 0.18)] + [P.rgba(P.FAMILY_COLORS["tofu"], 0.25 + 0.6 * i / 3)
+                                            for i in range(1, 4)]
+    labels, hover, fill = [], [], []
+    for n in doc["tree"]:
+        i = n["step"]
+        if i == 0:
+            labels.append(f"{doc['workers']} workers: {fmt.bytes_(doc['total_bytes'])}")
+            hover.append(f"the whole graph on devices {n['devices']}<br>communication of the "
+                         f"plan: {fmt.bytes_(doc['total_bytes'])} (Σ of the steps' bytes)")
+        else:
+            s = steps[i]
+            labels.append(f"devices {n['devices']}")
+            hover.append(f"step {i} (×{s['k']}): {s['groups_before']} group(s) → "
+                         f"{s['groups_after']}<br>adds {fmt.bytes_(s['delta_bytes'])} "
+                         f"({fmt.bytes_(s['bytes_per_group'])} per parent group)<br>"
+                         + _cut_text(s))
+        fill.append(colors[min(i, len(colors) - 1)])
+    fig = go.Figure(go.Icicle(
+        ids=[n["id"] for n in doc["tree"]], parents=[n["parent"] for n in doc["tree"]],
+        labels=labels, values=[n["workers"] for n in doc["tree"]], branchvalues="total",
+        tiling=dict(orientation="v"), marker=dict(colors=fill, line=dict(color="#fff", width=2)),
+        customdata=hover, hovertemplate="%{customdata}<extra></extra>",
+        textinfo="label", insidetextfont=dict(size=13), maxdepth=-1, sort=False))
+    rows = ", ".join(f"step {s['step']}: ×{s['k']}" for s in doc["steps"]) or "no step"
+    _titled(fig, f"Recursion tree: {doc['workers']} workers, {rows}", height=360,
+            margin=dict(l=10, r=10, t=50, b=10))
+    return fig
+
+
+def recursion_steps_figure(doc: dict) -> go.Figure:
+    """The bytes each recursion step adds (bars, δ_i) and the total so far (line, the plan's
+    communication at the last step), in the unit the largest calls for."""
+    from explorer.views import fmt
+    xs = [f"step {s['step']} (×{s['k']})" for s in doc["steps"]]
+    unit, div = fmt.scale(max([doc["total_bytes"]] + [s["total_bytes"] for s in doc["steps"]]))
+    fig = go.Figure([
+        go.Bar(x=xs, y=[s["delta_bytes"] / div for s in doc["steps"]], name="bytes the step adds",
+               marker_color=P.FAMILY_COLORS["tofu"], texttemplate="%{y:,.3g}",
+               textposition="auto"),
+        go.Scatter(x=xs, y=[s["total_bytes"] / div for s in doc["steps"]], name="total so far",
+                   mode="lines+markers", line=dict(color=P.HIGHLIGHT)),
+    ])
+    _titled(fig, f"Bytes per step: total {fmt.bytes_(doc['total_bytes'])}",
+            yaxis_title=f"{unit} per training step", height=360)
+    return fig
+
+
+def pipeline_figure(doc: dict) -> go.Figure:
+    """Celeritas Figure 2 in numbers: the graph each stage works on (operators, then fused
+    clusters, then the devices used) and the step time known after it (one device, the
+    critical path, the placer's estimate, the simulated step)."""
+    from explorer.views import fmt
+    st = {s["stage"]: s for s in doc["stages"]}
+    fig = make_subplots(rows=1, cols=2, column_widths=[0.5, 0.5], horizontal_spacing=0.22,
+                        subplot_titles=("nodes each stage works on", "step time (ms)"))
+    stages = [s["stage"] for s in doc["stages"]]
+    nodes = [s["nodes"] for s in doc["stages"]]
+    what = {"Standard Evaluation": "operators", "CPD-TOPO": "operators in order",
+            "Optimal Operation Fusion": "clusters", "Adjusting Placement": "devices used",
+            "refinement": "devices used"}
+    fig.add_trace(go.Funnel(y=stages, x=nodes, text=[f"{n:,} {what[s]}" for s, n in
+                                                      zip(stages, nodes)],
+                            textinfo="text", marker_color=P.FAMILY_COLORS["placement"],
+                            hovertemplate="%{y}: %{text}<extra></extra>", showlegend=False),
+                  row=1, col=1)
+    times = [("one device (Σ operators)", st["Standard Evaluation"]["time_s"]),
+             ("critical path (CPD-TOPO)", st["CPD-TOPO"]["critical_path_s"]),
+             ("placer's estimate", st["Adjusting Placement"]["placer_step_s"]),
+             ("simulated: Adjusting Placement", st["Adjusting Placement"]["step_s"])]
+    if "refinement" in st:
+        times.append(("simulated: after refinement", st["refinement"]["step_s"]))
+    fig.add_trace(go.Bar(y=[t[0] for t in times], x=[t[1] * 1e3 for t in times],
+                         orientation="h", marker_color=[P.PREDICTED] * 3 + [P.HIGHLIGHT] *
+                         (len(times) - 3), text=[fmt.seconds(t[1]) for t in times],
+                         textposition="auto", hovertemplate="%{y}: %{text}<extra></extra>",
+                         showlegend=False), row=1, col=2)
+    fig.update_yaxes(autorange="reversed", row=1, col=2)
+    _titled(fig, f"The Celeritas pipeline on {doc['model']}, {doc['devices']} devices",
+            height=380, margin=dict(l=10, r=20, t=80, b=40))
+    return fig
+
+
 __all__ = ["config_times_figure", "device_reads_figure", "tile_map_figure", "dense_figure",
            "elimination_figure", "elimination_diagram", "intervals_figure", "orders_figure",
-           "tofu_algorithms_figure", "placement_algorithms_figure"]
+           "tofu_algorithms_figure", "placement_algorithms_figure", "recursion_tree_figure",
+           "recursion_steps_figure", "pipeline_figure"]

@@ -9,6 +9,8 @@ from dash import Input, Output, html
 
 from explorer import service as session
 from explorer.errors import ExplorerError
+from explorer.views import fmt
+from explorer.views import glossary as G
 from explorer.views import ids
 from explorer.views.figures import learn as LF
 from explorer.views.figures.compare import message_figure
@@ -25,13 +27,86 @@ from explorer.views.learn.common import (
 )
 
 K = "celeritas-"
-SCENARIOS = {"orders": "Celeritas Fig. 3: orders and fusion",
+SCENARIOS = {"pipeline": "Celeritas Fig. 2: the pipeline",
+             "orders": "Celeritas Fig. 3: orders and fusion",
              "tables": "Celeritas Tables 3–4"}
 PRESET = "v100-pcie-4"
 MODELS = {"seq2seq": ("NMT: LSTM seq2seq, 1 layer, hidden 256", "NMT",
                       {"layers": "1", "hidden": "256", "src_steps": "4", "tgt_steps": "4",
                        "vocab": "1000"}, 16),
           "inception_v3": ("Inception-v3, 75×75 input", "Inception_V3", {"image_size": "75"}, 8)}
+
+
+def _pipeline_layout():
+    key = K + "pipeline"
+    return frame(key, "Celeritas, stage by stage (Figure 2)", [
+        "Celeritas places a training graph of thousands of operators on a few devices in "
+        "four stages. Standard Evaluation estimates every operator's time, memory and output "
+        "size once. CPD-TOPO orders the operators so that each critical path stays "
+        "together. Optimal Operation Fusion merges operators consecutive in that order into "
+        "clusters - far fewer nodes and a lower CCR. Adjusting Placement then assigns the "
+        "clusters in order, keeping each on its predecessor's device unless another device "
+        "starts it sooner.",
+        "Below, each stage's numbers on the chosen model: the graph it works on shrinks from "
+        "operators to clusters to devices, and the step time known after it. Our Celeritas "
+        "adds a simulated refinement after Adjusting Placement (not in the paper).",
+    ], [
+        control("model", choice(key, "model", [{"label": v[0], "value": k}
+                                               for k, v in MODELS.items()], "seq2seq")),
+        control("devices", choice(key, "devices", [2, 4], 4)),
+    ], [graph(key)], [
+        html.P(paper.CELERITAS["fig2"]),
+        html.H4("Table 2: nodes and CCR before and after merging"),
+        table(("model", "nodes", "CCR", "nodes after", "CCR after"), paper.CELERITAS["table2"]),
+    ])
+
+
+def _stage_numbers(s: dict) -> str:
+    """One stage's numbers in words."""
+    name = s["stage"]
+    if name == "Standard Evaluation":
+        return (f"{s['nodes']:,} operators, {s['edges']:,} edges; on one device "
+                f"{fmt.seconds(s['time_s'])}, {fmt.bytes_(s['memory_bytes'])}; "
+                f"CCR {s['ccr']:.3g}")
+    if name == "CPD-TOPO":
+        return (f"{s['nodes']:,} operators in one order; critical path "
+                f"{fmt.seconds(s['critical_path_s'])} (operators and transfers)")
+    if name == "Optimal Operation Fusion":
+        return (f"{s['nodes']:,} clusters (at most R = {s['R']} operators and M = "
+                f"{fmt.bytes_(s['M_bytes'])} each; the largest {s['largest_cluster']}), "
+                f"{s['edges']:,} edges, CCR {s['ccr']:.3g}; transfers between clusters "
+                f"{fmt.seconds(s['cut_comm_s'])}")
+    if name == "Adjusting Placement":
+        return (f"{s['nodes']} of {s['devices']} devices used; {s['moves']} clusters moved "
+                f"off their predecessor's device; placer's estimate "
+                f"{fmt.seconds(s['placer_step_s'])}, simulated {fmt.seconds(s['step_s'])}")
+    return f"{s['moves']} moves kept; simulated {fmt.seconds(s['step_s'])}"
+
+
+def pipeline_view(model, devices):
+    """Celeritas' four stages on ``model`` over ``devices``: the figure, the stages' table
+    and the link to the same placement in the explorer."""
+    label, paper_name, args, batch = MODELS[model]
+    req = session.Request(model=model, devices=int(devices), preset=PRESET, batch=batch,
+                          model_args=dict(args), algo="celeritas")
+    doc = session.learn_pipeline(req)
+    rows = [html.Tr([html.Td(G.term(s["stage"]) if s["stage"] != "refinement" else
+                             "refinement (ours, not in the paper)"),
+                     html.Td(G.explain(_stage_numbers(s))),
+                     html.Td("–" if s["seconds"] is None else fmt.seconds(s["seconds"]))])
+            for s in doc["stages"]]
+    first = doc["stages"][0]
+    ours = [html.Table(className="learn-table", id=ids.learn(K + "pipeline", "stages"),
+                       children=[html.Thead(html.Tr([html.Th("stage"), html.Th("its numbers"),
+                                                     html.Th("time it took")])),
+                                 html.Tbody(rows)]),
+            html.P(f"{label}: {first['nodes']:,} operators on {doc['devices']} devices, "
+                   f"{fmt.seconds(doc['step_s'])} per step simulated against "
+                   f"{fmt.seconds(doc['one_device_s'])} on one device"
+                   + (" (out of memory)" if doc["oom"] else "") + ".",
+                   className="learn-verdict")]
+    href = explorer_href(model, devices, PRESET, "celeritas", batch, args)
+    return LF.pipeline_figure(doc), ours, href
 
 
 def _orders_layout():
@@ -113,10 +188,24 @@ def tables_view(model, devices):
     return LF.placement_algorithms_figure(rows), ours, href
 
 
-LAYOUTS = {K + "orders": _orders_layout, K + "tables": _tables_layout}
+LAYOUTS = {K + "pipeline": _pipeline_layout, K + "orders": _orders_layout,
+           K + "tables": _tables_layout}
 
 
 def register(app: dash.Dash) -> None:
+    p = K + "pipeline"
+
+    @app.callback(Output(ids.learn(p, "fig"), "figure"), Output(ids.learn(p, "ours"), "children"),
+                  Output(ids.learn(p, "link"), "href"), Output(ids.learn(p, "error"), "children"),
+                  Input(ids.learn(p, "model"), "value"), Input(ids.learn(p, "devices"), "value"))
+    def _pipeline(model, devices):
+        if model not in MODELS or not devices:
+            raise dash.exceptions.PreventUpdate
+        try:
+            return (*pipeline_view(model, devices), "")
+        except (ExplorerError, ValueError) as exc:
+            return message_figure(str(exc)), [], dash.no_update, f"error: {exc}"
+
     o = K + "orders"
 
     @app.callback(Output(ids.learn(o, "fig"), "figure"), Output(ids.learn(o, "ours"), "children"),
@@ -150,4 +239,4 @@ def register(app: dash.Dash) -> None:
             return message_figure(str(exc)), [], dash.no_update, f"error: {exc}"
 
 
-__all__ = ["LAYOUTS", "SCENARIOS", "register", "orders_view", "tables_view"]
+__all__ = ["LAYOUTS", "SCENARIOS", "register", "orders_view", "tables_view", "pipeline_view"]

@@ -42,6 +42,18 @@ TOFU = {
               ("ICML18", "7% slower than Tofu on RNN-4-8K; out of memory on WResNet-152-10 "
                "(no output reduction)"),
               ("Tofu", "fastest; 8 GPUs, RNN-4-8K batch 512, WResNet-152-10 batch 8")],
+    "fig6": "Figure 6 / §5.2: to partition for k = 2^m workers, Tofu runs its dynamic program "
+            "for two worker groups, then again inside each group, m times; each step "
+            "partitions every tensor along one dimension and applies the first group's "
+            "choice to all groups. A matrix cut by row, then by column, ends in a 2×2 grid; "
+            "data one group fetched at step i is an extra input at step i + 1.",
+    "table1": [("Original DP (Jia et al.)", "n/a", "n/a"),
+               ("DP with coarsening", "8 hours", "> 24 hours"),
+               ("Using recursion", "8.3 seconds", "66.6 seconds")],
+    "theorem": "Appendix A: the steps' costs are commutative, so the greedy sequence of "
+               "per-step optima is no worse than the optimal sequence (Theorem 4: steps "
+               "that move fewer bytes come first, suited to slower links at the top of a "
+               "hierarchy).",
     "fig11": "Figure 11: Tofu's partition of WResNet-152-10 on 8 GPUs - weights (top) and "
              "activations (bottom) of the convolutions, one colour per GPU; most convolutions "
              "are not partitioned by the batch alone.",
@@ -49,6 +61,15 @@ TOFU = {
 
 #: Celeritas (Table 3: step time in seconds on 4 V100; Table 4: placement time in seconds)
 CELERITAS = {
+    "fig2": "Figure 2: Standard Evaluation acquires the graph's node and edge information; "
+            "Celeritas coarsens the graph by merging CPD-TOPO-ordered nodes; Adjusting "
+            "Placement allocates the coarse graph's nodes; the placement maps back to the "
+            "original operators.",
+    #: Table 2: nodes and CCR before and after Optimal Operation Fusion
+    "table2": [("Inception_V3", "6332", "33.118", "59", "8.137"),
+               ("NMT", "25463", "18.630", "154", "6.372"),
+               ("Transformer", "36352", "111.957", "220", "11.10"),
+               ("Tensor Holography", "3810", "49.147", "37", "7.438")],
     "fig3": "Figure 3: placing the example on two devices in M-TOPO order cuts 4 edges; "
             "DFS-TOPO order cuts none.",
     "fig3_cuts": {"M-TOPO": 4, "DFS-TOPO": 0},

@@ -9,6 +9,7 @@ from dash import Input, Output, html
 
 from explorer import service as session
 from explorer.errors import ExplorerError
+from explorer.views import glossary as G
 from explorer.views import ids
 from explorer.views.figures import learn as LF
 from explorer.views.figures.compare import message_figure
@@ -27,7 +28,8 @@ from explorer.views.learn.common import (
 )
 
 K = "tofu-"
-SCENARIOS = {"conv1d": "Tofu Fig. 1–3: conv1d in TDL", "algos": "Tofu Fig. 10–11"}
+SCENARIOS = {"conv1d": "Tofu Fig. 1–3: conv1d in TDL",
+             "recursion": "Tofu Fig. 6: recursive partitioning", "algos": "Tofu Fig. 10–11"}
 TDL_SOURCE = """@tofu.op
 def conv1d(data, filters):
     return lambda b, co, x: Sum(lambda ci, dx: data[b, ci, x + dx] * filters[ci, co, dx])"""
@@ -125,7 +127,68 @@ def algos_view(model, workers):
     return LF.tofu_algorithms_figure(cmp), strip_view(blocks), ours, href
 
 
-LAYOUTS = {K + "conv1d": _conv1d_layout, K + "algos": _algos_layout}
+def _recursion_layout():
+    key = K + "recursion"
+    return frame(key, "Recursive partitioning, step by step (Section 5.2, Figure 6)", [
+        "Searching every way to cut every tensor among k workers at once explodes. Tofu "
+        "partitions recursively instead: each recursion step cuts every worker group of the "
+        "previous step in two (k = 2^m workers take m steps), one partition-n-reduce "
+        "strategy per operator and one axis per tensor, chosen by dynamic programming over "
+        "the coarsened graph and applied alike to every group.",
+        "The tree shows the worker groups after each recursion step (hover a group for the "
+        "cut its step chose); the bars show the bytes each step adds to a training step - "
+        "their sum is the plan's communication.",
+    ], [
+        control("model", choice(key, "model", [{"label": v[0], "value": k}
+                                               for k, v in MODELS.items()], "lstm")),
+        control("workers", choice(key, "workers", [2, 4, 8], 8)),
+    ], [graph(key), graph(key, "steps")], [
+        html.P(paper.TOFU["fig6"]),
+        html.H4("Table 1: search time for 8 workers"),
+        table(("search", "WResNet-152", "RNN-10"), paper.TOFU["table1"]),
+        html.P(paper.TOFU["theorem"]),
+    ])
+
+
+def _count(d: dict) -> str:
+    return ", ".join(f"{n} {k}" for k, n in d.items())
+
+
+def recursion_view(model, workers):
+    """The recursion of Tofu's plan on ``model`` over ``workers``: the tree and step figures,
+    the steps' table and the link to the same plan in the explorer."""
+    label, args, batch = MODELS[model]
+    req = session.Request(model=model, devices=int(workers), preset=PRESET, batch=batch,
+                          model_args=dict(args), algo="tofu")
+    doc = session.learn_recursion(req)
+    rows = []
+    for s in doc["steps"]:
+        cut = "; ".join(f"{kind}: {_count(axes)}" for kind, axes in s["tensors"].items())
+        top = "; ".join(f"{t['op']} ({t['strategy']}, {fmt_bytes(t['bytes'])})"
+                        for t in s["top"]) or "–"
+        rows.append((f"{s['step']} (×{s['k']})",
+                     f"{s['groups_before']} → {s['groups_after']} of {s['group_workers']}",
+                     cut, _count(s["ops"]), top, fmt_bytes(s["delta_bytes"]),
+                     fmt_bytes(s["total_bytes"])))
+    n = len(doc["steps"])
+    co = doc["coarsening"]
+    ours = [html.H4(f"{n} recursion step{'s' if n != 1 else ''} for {doc['workers']} workers",
+                    id=ids.learn(K + "recursion", "count")),
+            table((G.term("step", "recursion step"), "groups (workers each)",
+                   "tensors cut (axis: count)", G.term("operators' strategies",
+                                                       "partition-n-reduce"),
+                   "most bytes added", "bytes added", "total so far"), rows),
+            html.P(G.explain(
+                f"Total: {fmt_bytes(doc['total_bytes'])} per training step, on the links "
+                f"{fmt_time(doc['objective_s'])}. The coarsened graph has "
+                f"{co.get('ops_after', '?')} operator groups (of {co.get('ops_before', '?')} "
+                f"operators)."), className="learn-verdict")]
+    href = explorer_href(model, workers, PRESET, "tofu", batch, args)
+    return LF.recursion_tree_figure(doc), LF.recursion_steps_figure(doc), ours, href
+
+
+LAYOUTS = {K + "conv1d": _conv1d_layout, K + "recursion": _recursion_layout,
+           K + "algos": _algos_layout}
 
 
 def register(app: dash.Dash) -> None:
@@ -161,6 +224,21 @@ def register(app: dash.Dash) -> None:
         except (ExplorerError, ValueError) as exc:
             return message_figure(str(exc)), [], [], dash.no_update, f"error: {exc}"
 
+    r = K + "recursion"
+
+    @app.callback(Output(ids.learn(r, "fig"), "figure"), Output(ids.learn(r, "steps"), "figure"),
+                  Output(ids.learn(r, "ours"), "children"), Output(ids.learn(r, "link"), "href"),
+                  Output(ids.learn(r, "error"), "children"),
+                  Input(ids.learn(r, "model"), "value"), Input(ids.learn(r, "workers"), "value"))
+    def _recursion(model, workers):
+        if model not in MODELS or not workers:
+            raise dash.exceptions.PreventUpdate
+        try:
+            return (*recursion_view(model, workers), "")
+        except (ExplorerError, ValueError) as exc:
+            return message_figure(str(exc)), message_figure(""), [], dash.no_update, \
+                f"error: {exc}"
+
     # the conv1d scenario links to Tofu on the scaled-down Wide-ResNet
     @app.callback(Output(ids.learn(c, "link"), "href"), Input(ids.learn(c, "workers"), "value"))
     def _conv1d_link(workers):
@@ -168,4 +246,4 @@ def register(app: dash.Dash) -> None:
         return explorer_href("wresnet", workers or 2, PRESET, "tofu", batch, args)
 
 
-__all__ = ["LAYOUTS", "SCENARIOS", "register", "conv1d_view", "algos_view"]
+__all__ = ["LAYOUTS", "SCENARIOS", "register", "conv1d_view", "algos_view", "recursion_view"]
