@@ -30,6 +30,7 @@ fi
 # compile the placement simulator's kernel into numba's cache now (seconds, once), so that a
 # user's first placement of a large graph does not pay for it
 "$PY" -c "from explorer.engine.placement import simkernel; simkernel.main()" || true
-# and the pipeline search's stage-range kernel (layer-wise searches of large models)
-"$PY" -c "from explorer.engine.layerwise import xkernel; xkernel.warm() and print('setup: pipeline search kernel compiled')" || true
+# and the layer-wise search's kernels (transfer tables at many devices, min-plus products,
+# pipeline stage ranges); both go to a user cache directory that every $EXPLORER_HOME shares
+"$PY" -c "from explorer.engine.layerwise import xkernel; xkernel.warm() and print('setup: layer-wise search kernels compiled')" || true
 echo "setup: done"

@@ -274,6 +274,40 @@ def test_compiled_transfer_kernel_equals_the_numpy_kernel(model, n, pre, degrees
                         assert m[i, j] == pytest.approx(want_t, rel=1e-12, abs=1e-18)
 
 
+def test_a_search_with_enough_transfer_work_runs_its_edges_compiled(monkeypatch):
+    # the search-wide rule: above JIT_SEARCH kernel elements every edge above JIT_EDGE goes
+    # through the compiled kernel (loaded once), and the tables are the numpy path's
+    from explorer.engine.layerwise import xkernel
+    g = import_spec("mlp")
+    calls = []
+    real = xkernel.by_node
+    monkeypatch.setattr(xkernel, "by_node", lambda *a: calls.append(1) or real(*a))
+    jit, ref = (CostModel(g, preset("p100-cluster", 8), degrees="pow2") for _ in range(2))
+    jit.PAD_LIMIT = ref.PAD_LIMIT = 0
+    jit.JIT_SEARCH, jit.JIT_EDGE = 0.0, 0
+    ref.JIT_SEARCH = float("inf")
+    est = ref.estimate()
+    assert est["xfer_work"] > 0
+    tr = ref.tables()
+    assert not calls
+    tj = jit.tables()
+    assert calls
+    for (e, mj), (_, mr), bj, br in zip(tj.edges, tr.edges, tj.bytes_xfer, tr.bytes_xfer):
+        assert np.array_equal(mj, mr) and np.array_equal(bj, br), (e.src, e.dst)
+
+
+def test_kernel_cache_is_shared_by_every_home_unless_numba_cache_dir_is_set(monkeypatch, tmp_path):
+    from explorer.engine.core.storage import kernel_cache
+    monkeypatch.delenv("NUMBA_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setenv("EXPLORER_HOME", str(tmp_path / "home-a"))
+    assert kernel_cache() == str(tmp_path / "cache" / "plan-explorer" / "numba")
+    monkeypatch.setenv("EXPLORER_HOME", str(tmp_path / "home-b"))
+    assert kernel_cache() == str(tmp_path / "cache" / "plan-explorer" / "numba")
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path / "mine"))
+    assert kernel_cache() == str(tmp_path / "mine")
+
+
 @pytest.mark.slow
 def test_tables_built_on_two_threads_equal_one_thread(monkeypatch):
     import explorer.engine.layerwise.costmodel as cmod

@@ -25,7 +25,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["HOME_ENV", "home", "connect", "transaction", "move_aside"]
+__all__ = ["HOME_ENV", "home", "kernel_cache", "connect", "transaction", "move_aside"]
 
 HOME_ENV = "EXPLORER_HOME"
 
@@ -37,6 +37,18 @@ def home(create: bool = True) -> Path:
     if create:
         p.mkdir(parents=True, exist_ok=True)
     return p
+
+
+def kernel_cache() -> str:
+    """Where numba keeps the compiled kernels, set as ``NUMBA_CACHE_DIR`` unless the user set
+    it: ``$XDG_CACHE_HOME/plan-explorer/numba`` (default ``~/.cache/plan-explorer/numba``).
+
+    Machine code depends on the installed sources, not on a user's plans, so it lives outside
+    :func:`home`: ``scripts/setup.sh`` compiles every kernel once, and a search in a new
+    ``$EXPLORER_HOME`` loads them instead of compiling them again (numba keys each entry by
+    its source file's path and time, so an edited kernel is compiled afresh)."""
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache").expanduser()
+    return os.environ.setdefault("NUMBA_CACHE_DIR", str(base / "plan-explorer" / "numba"))
 
 
 def connect(path, schema_sql: str = "", timeout: float = 60.0,

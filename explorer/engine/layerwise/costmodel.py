@@ -225,6 +225,7 @@ class CostModel:
         self._grad_cache: dict | None = None
         self._memory = None
         self._tables_cache: dict = {}      # pins' text -> CostTables (shared by the methods)
+        self._jit_search = False           # this search's tables use the compiled kernel
         if degrees in (None, "auto") and devices.n > G.ALL_DIVISORS_UP_TO:
             self.degrees = self._auto_degrees()
 
@@ -773,6 +774,13 @@ class CostModel:
     #: the compiled kernel (:mod:`.xkernel`): several times faster, but loading numba costs
     #: about a second, and compiling it (once; cached) a few more
     JIT_WORK = 1 << 24
+    #: By-node kernel elements of a whole search (:meth:`estimate`'s ``xfer_work``) from
+    #: which every one of its edges above :data:`JIT_EDGE` elements runs compiled: loading
+    #: the kernel compiled at install costs about 0.4 s, which 6e7 elements at the numpy
+    #: path's ~8 ns against the kernel's ~2 ns repay (Inception-v3 at 64 devices, 9e7: its
+    #: tables take 1.1 s instead of 2.5 s; ResNet-50 at 64, 3e7, stays on numpy)
+    JIT_SEARCH = 6e7
+    JIT_EDGE = 1 << 16
 
     def _src_tiles(self, src, src_cands):
         """``(tiles [Cs, Ds, nd, 2], device [Cs, Ds])`` of the producer (device -1: unused)."""
@@ -833,7 +841,9 @@ class CostModel:
         Dd = ddev.shape[1]
         small = Cs * Cd * Dd <= self.PAD_LIMIT and (ddev == np.where(ddev >= 0, np.arange(Dd),
                                                                       -1)).all()
-        jit = not small and Cs * int(kd.sum()) >= self.JIT_WORK
+        work = Cs * int(kd.sum())
+        jit = not small and (work >= self.JIT_WORK or
+                             (self._jit_search and work >= self.JIT_EDGE))
         if jit:           # the compiled kernel reads the source's boxes per axis (int32)
             side = self._node_side(src, src_cands, node_of)
             if side is None:
@@ -1124,7 +1134,10 @@ class CostModel:
             per[n] = (len(cs), int(totals.sum()), int(totals.max()))
             sizes[n] = len(cs)
             tok[n] = self._ckey(cs)
-        table = sum(16.0 * sizes[e.src] * sizes[e.dst] for e in self._distinct_edges(tok))
+        distinct = self._distinct_edges(tok)
+        table = sum(16.0 * sizes[e.src] * sizes[e.dst] for e in distinct)
+        xfer = (sum(float(per[e.src][0]) * per[e.dst][1] for e in distinct)
+                if self._node_structure() is not None else 0.0)
         table += sum(48.0 * c for c in sizes.values())
         merged = sum(16.0 * sizes[e.src] * sizes[e.dst] for e in self.graph.edges())
         work = self._work(per, tok)
@@ -1134,7 +1147,7 @@ class CostModel:
         peak = table + merged + 12 * 8.0 * self.BLOCK + layouts
         return {"degrees": list(self.degrees), "candidates_mean": sum(sizes.values()) / len(sizes),
                 "candidates_max": cmax, "table_bytes": table, "peak_bytes": peak,
-                "work": work}
+                "work": work, "xfer_work": xfer}
 
     def check_fits(self, est: dict) -> None:
         """``InfeasiblePlan`` naming the estimate when the search cannot fit this machine: peak
@@ -1206,6 +1219,7 @@ class CostModel:
         t0 = time.perf_counter()
         est = self.estimate(pins)
         self.check_fits(est)
+        self._jit_search = est["xfer_work"] >= self.JIT_SEARCH
         by_layer = self._pins_by_layer(pins)
         names = self.graph.names()
         cands, tc, ts, mem, tr, br = {}, {}, {}, {}, {}, {}

@@ -13,7 +13,7 @@ loops vectorise), skips the overlap on an axis one side covers whole, and is use
 :data:`.costmodel.CostModel.JIT_WORK` elements (hundreds of devices), where it takes about a
 quarter of the numpy path's CPU.  Both kernels release the GIL and run over disjoint halves
 on two Python threads (:func:`split`).  Compiling takes a few seconds the first time; the
-machine code is cached in ``$EXPLORER_HOME/numba`` (numba's ``cache=True``), so later
+machine code is cached in the user cache directory (:func:`.storage.kernel_cache`, numba's ``cache=True``; compiled by ``scripts/setup.sh``), so later
 processes load it.
 
 Every number equals the numpy path's bit for bit: volumes are exact integers (products and
@@ -28,7 +28,7 @@ import threading
 
 import numpy as np
 
-from explorer.engine.core.storage import home
+from explorer.engine.core.storage import kernel_cache
 
 _KERNEL = None
 _MIN_PLUS = None
@@ -44,7 +44,7 @@ def kernel():
     global _KERNEL
     with _INIT:
         if _KERNEL is None:
-            os.environ.setdefault("NUMBA_CACHE_DIR", str(home() / "numba"))
+            kernel_cache()
             import numba
 
             # the two reductions may run in any order: a maximum, and a sum of whole numbers
@@ -327,7 +327,7 @@ def ranges_kernel():
     global _RANGES
     with _INIT:
         if _RANGES is None:
-            os.environ.setdefault("NUMBA_CACHE_DIR", str(home() / "numba"))
+            kernel_cache()
             import numba
 
             _RANGES = numba.njit(cache=True, nogil=True)(_stage_ranges)
@@ -399,12 +399,23 @@ def _stage_ranges(K, every, nc, seg, L, A, B, Ms, Ma, P, U, SV, SQ, best_v, best
 
 
 def warm() -> bool:
-    """Compile the stage-range kernel into numba's cache now (scripts/setup.sh), so that a
-    user's first pipeline search of a large model does not pay for it; ``False`` without
+    """Compile every layer-wise kernel into numba's cache now (scripts/setup.sh), so that a
+    user's first search of a large model or at many devices does not pay for it: the
+    by-node transfer kernel and the min-plus rows (through a small two-level search, so
+    with the argument types real searches pass) and the stage ranges; ``False`` without
     numba."""
     import importlib.util
     if importlib.util.find_spec("numba") is None:
         return False
+    from explorer.engine.core.devices import preset
+    from explorer.engine.core.importer import import_spec
+    from explorer.engine.layerwise.costmodel import CostModel
+    cm = CostModel(import_spec("mlp"), preset("p100-cluster", 8), degrees="pow2")
+    cm.JIT_WORK = cm.PAD_LIMIT = 0        # every by-node table through the kernel
+    cm.tables()
+    a = np.zeros((2, 2))
+    min_plus_kernel()(a, a.copy(), np.array([0, 2, 4]), np.array([0, 1, 0, 1]),
+                      np.zeros((2, 2), dtype=np.int64), 0, 2)
     i64 = np.int64
     K, c = 2, 1
     nc = np.ones(K + 1, dtype=i64)

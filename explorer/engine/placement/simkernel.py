@@ -6,7 +6,7 @@ simulations per placement), so the event loop of :func:`~.simulator.simulate` is
 same arithmetic in the same order, so its schedule is identical (tested against the Python
 loop on random graphs, every device graph kind: contention, rendezvous, shared cores, send and
 receive calls).  numba is imported on first use, and its machine code is cached in
-``$EXPLORER_HOME/numba`` (``cache=True``), like the layer-wise kernels.
+the user cache directory (:func:`.storage.kernel_cache`, ``cache=True``), like the layer-wise kernels.
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ def available() -> bool:
 def _kernel():
     global _KERNEL
     if _KERNEL is None:
-        from explorer.engine.core.storage import home
-        os.environ.setdefault("NUMBA_CACHE_DIR", str(home() / "numba"))
+        from explorer.engine.core.storage import kernel_cache
+        kernel_cache()
         import numba
         g = _loop.__globals__            # the helpers, compiled with the loop that calls them
         for name in ("_hold", "_try_start", "_launch", "_advance"):
