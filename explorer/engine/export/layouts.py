@@ -14,13 +14,21 @@ letter          the layer's output                          its parameters
                                                               ``Shard(1)`` (embedding)
 ``k``           ``Partial()`` (input ``Shard(feature)``)     ``Shard(1)``; the bias added on
                                                               one coordinate of the k dims
+``e``           ``Shard(1)`` (input ``Shard(1)``: an          ``Shard(0)``: each rank holds its
+                experts layer's experts)                     experts' weights
 =============  ===========================================  ==================================
+
+An experts layer (``x [n, E, C, in] @ W [E, in, out]``) computes on local shards of both
+operands (``args``: their placements): ``e`` splits both on the experts, ``c`` the weight on
+its output features (``Shard(2)``, output ``Shard(3)``, input whole); its weight is stored as it
+reads it (``weights``).  DTensor's matmul would propagate one mesh dimension on the experts,
+but not two (e4 on a 2 x 2 mesh), which local shards compute alike.
 
 The exported program traces the model with ``torch.fx`` and wraps every layer's node: its
 inputs are redistributed to the layer's placements (the plan's redistribution on each edge),
 then a module layer (linear, embedding, norm, conv, or any module split on the sample only)
-computes on its local shards with its local parameter shards, element-wise ops, attention and
-pooling compute on local shards, and every other op computes through DTensor's sharding
+computes on its local shards with its local parameter shards, element-wise ops, attention,
+pooling and experts compute on local shards, and every other op computes through DTensor's sharding
 propagation, its output placements checked against the plan when it runs.
 
 A layer on a subset of the devices gets a mesh of its own: a ``DeviceMesh`` over exactly those
@@ -228,12 +236,12 @@ def _rules(la, mod, node, own: bool) -> tuple:
         why["l"] = "attention split on the sequence needs every key on every query shard"
         return "local", ok, why
     if op == "experts":
-        if "n" in out_axis:
-            ok["n"] = (f"S{out_axis['n']}", None, {})
-        for k in ("e", "c"):
-            why[k] = (f"an experts layer split on {k} shards a batched weight, which "
-                      f"DTensor's matmul does not propagate")
-        return "follow", ok, why
+        # x [n, E, C, in] @ W [E, in, out] on local shards: the experts (e) split both
+        # operands alike, so each rank multiplies its experts' tokens by its experts'
+        # weights; c splits the weight's output features, n the samples (weight whole)
+        rule = {"n": ("S0", "S0", {"weight": "R"}), "e": ("S1", "S1", {"weight": "S0"}),
+                "c": ("S3", "R", {"weight": "S2"})}
+        return "local", {k: v for k, v in rule.items() if k in out_axis}, why
     if op in ("pool", "adaptive_pool"):
         for k, i in out_axis.items():
             if i in (0, 1):
@@ -297,6 +305,10 @@ def plan_layouts(graph, configs: dict, n: int, model,
     lp = LayoutPlan(shape, layers=len(layers))
     everyone = list(range(n))
     submeshes = any(sorted(int(d) for d in configs[la.name][1]) != everyone for la in layers)
+    readers: dict = {}                       # parameter -> how many layers read it
+    for la in layers:
+        for pname in la.params:
+            readers[pname] = readers.get(pname, 0) + 1
     for la in layers:
         want, devices = configs[la.name]
         ranks = sorted(int(d) for d in devices)
@@ -322,6 +334,8 @@ def plan_layouts(graph, configs: dict, n: int, model,
         if sub:
             spec["ranks"], spec["mesh"] = ranks, list(lshape)
         dims = assign(keep, lshape) or {}
+        if la.op == "experts" and mode == "local":
+            spec["args"] = [["R"] * len(lshape), ["R"] * len(lshape)]     # x, its weight
         if mode == "module":
             spec["in"] = ["R"] * len(lshape)
             spec["params"] = {}
@@ -337,6 +351,14 @@ def plan_layouts(graph, configs: dict, n: int, model,
                     for pname, pl in params.items():
                         if pname in spec["params"]:
                             spec["params"][pname][d] = pl
+                elif "args" in spec:
+                    spec["args"][0][d], spec["args"][1][d] = inp, params["weight"]
+        if "args" in spec:
+            # the weight is stored as the layer reads it (each rank holds its experts) when
+            # no other layer reads it; otherwise it stays whole and is split when read
+            for pname in la.params:
+                if readers.get(pname) == 1:
+                    spec["weights"] = {pname: list(spec["args"][1])}
         rc, zero = (savings or {}).get(la.name, (False, 0))
         if rc and submeshes:
             reasons.append("recomputation would run its communication again in the backward "

@@ -82,7 +82,8 @@ class Layouts:
     """The plan's per-layer placements applied to an fx-traced model on ``mesh``: every
     layer's node is replaced by :meth:`run`, which redistributes its inputs to the layer's
     placements and computes it on local shards (module layers, element-wise ops, attention,
-    pooling) or through DTensor (other ops, whose output placements are then checked).
+    pooling, experts: an input's placements given in ``args`` or else the output's) or
+    through DTensor (other ops, whose output placements are then checked).
 
     A layer on a subset of the ranks (``ranks`` in its spec) computes on a ``DeviceMesh`` of
     those ranks only; the others hold a placeholder (a DTensor without data).  A tensor
@@ -255,13 +256,15 @@ class Layouts:
             active = [a or i != "R" or any(p[d] != "R" for p in spec["params"].values())
                       for d, (a, i) in enumerate(zip(active, spec["in"]))]
         if mode in ("module", "local"):
-            largs = []
+            largs, given = [], spec.get("args") or []     # given: an arg's own placements
             for i, a in enumerate(args):
                 if isinstance(a, torch.Tensor):
                     codes = (spec["in"] if mode == "module"
                              else self.arg_layout(spec, tuple(a.shape)))
                     if mode == "module" and i > 0:
                         codes = self.arg_layout(spec, tuple(a.shape), spec["in"])
+                    if i < len(given) and given[i] is not None:
+                        codes = given[i]
                     a = self.local(a, codes, active, mesh)
                 largs.append(a)
             lkw = {k: self.local(v, self.arg_layout(spec, tuple(v.shape)), active, mesh)
@@ -467,6 +470,9 @@ def parallelize_layers(model, mesh, layouts):
     homes = {m: specs[0] for m, specs in calls.items() if len(specs) == 1
              and specs[0] is not None and specs[0].get("ranks") and m not in owned}
     sharded = {m: s["fsdp"] for m, s in owned.items() if s.get("fsdp")}
+    # a weight an op layer reads (an experts layer's) stored as that layer reads it
+    weights = {p: (codes, spec) for spec in layouts.values()
+               for p, codes in (spec.get("weights") or {}).items()}
     for mname, mod in gm.named_modules():
         spec = owned.get(mname)
         if mname in sharded or any(mname.startswith(m + ".") for m in sharded):
@@ -483,9 +489,13 @@ def parallelize_layers(model, mesh, layouts):
                               and mname.startswith(m + "."))
                 key = mname[len(prefix) + 1:] + "." + pname
                 codes = owner["params"].get(key, codes)
+            where, full = pmesh, (f"{mname}.{pname}" if mname else pname)
+            if full in weights:
+                codes, reader = weights[full]
+                where = lay.mesh_of(reader)
             pls = [Replicate() if c in ("R", "mask") else placement(c) for c in codes]
             mod.register_parameter(pname, torch.nn.Parameter(
-                distribute_tensor(p.detach(), pmesh, pls)))
+                distribute_tensor(p.detach(), where, pls)))
         if list(mod.parameters(recurse=False)):
             for bname, b in list(mod.named_buffers(recurse=False)):
                 if b is not None and b.is_floating_point():
