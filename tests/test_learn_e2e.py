@@ -17,7 +17,8 @@ pytestmark = pytest.mark.browser
 #: per scenario, a number of the paper the aside must show
 PAPER_MARK = {"optcnn-dims": "Conv8 of VGG-16", "optcnn-dense": "12×",
               "optcnn-elim": "K = 2", "optcnn-scale": "14.8×",
-              "tofu-conv1d": "Figure 2(b)", "tofu-algos": "7% slower",
+              "tofu-conv1d": "Figure 2(b)", "tofu-recursion": "8.3 seconds",
+              "tofu-algos": "7% slower", "celeritas-pipeline": "25463",
               "celeritas-orders": "cuts 4 edges", "celeritas-tables": "2.859"}
 
 TRACES = """
@@ -197,3 +198,55 @@ def test_figure8_and_table5_say_why_layerwise_moves_more_bytes(learn_duo):
     assert "minimises time, not bytes" in why and "GB/s" in why
     t5 = until(lambda: duo.find_element("#" + ids.learn(key, "why-table5")).text)
     assert "the paper's Table 5, our costs" in t5 and "h2 w2" in t5 and "n2 c2" in t5
+
+
+#: the glossary terms of the shown scenario: {term text: its tooltip}
+TERMS = """
+const s = document.querySelector('.learn-scenario');
+return s ? Object.fromEntries([...s.querySelectorAll('abbr.term')]
+    .map(a => [a.textContent, a.title])) : null;
+"""
+
+
+def test_recursion_and_pipeline_follow_their_controls_and_define_their_terms(learn_duo):
+    """Tofu's recursion: 8, 2 and 4 workers take 3, 1 and 2 recursion steps (the tree holds
+    every worker group); the Celeritas pipeline shows its four stages with their numbers and
+    follows the devices; every term of both carries its definition."""
+    duo = learn_duo
+    open_learn(duo)
+    key = "tofu-recursion"
+    show(duo, key)
+    drawn(duo, key)
+    drawn(duo, key, "steps")
+    count = "#" + ids.learn(key, "count")
+    until(lambda: "3 recursion steps for 8 workers" in duo.find_element(count).text)
+    assert figure(duo, key).count('"s3g') == 8                   # 8 groups after step 3
+    assert "step 3 (×2)" in figure(duo, key, "steps")
+    for workers, text in (("2", "1 recursion step for 2 workers"),
+                          ("4", "2 recursion steps for 4 workers")):
+        duo.select_dcc_dropdown("#" + ids.learn(key, "workers"), value=workers)
+        until(lambda: text in duo.find_element(count).text)
+    until(lambda: '"s2g3"' in figure(duo, key) and '"s3g' not in figure(duo, key))
+    terms = duo.driver.execute_script(TERMS)
+    for term in ("recursion step", "partition-n-reduce", "coarsened graph"):
+        assert len(terms.get(term, "")) > 30, (term, sorted(terms))
+    ours = duo.find_element("#" + ids.learn(key, "ours")).text
+    assert "MiB" in ours and " MB" not in ours
+    assert not duo.find_element("#" + ids.learn(key, "error")).text
+
+    key = "celeritas-pipeline"
+    show(duo, key)
+    drawn(duo, key)
+    stages = "#" + ids.learn(key, "stages")
+    table = until(lambda: duo.find_element(stages).text)
+    for stage in ("Standard Evaluation", "CPD-TOPO", "Optimal Operation Fusion",
+                  "Adjusting Placement"):
+        assert stage in table
+    assert "operators" in table and "clusters" in table and ", 4 devices" in figure(duo, key)
+    terms = duo.driver.execute_script(TERMS)
+    for term in ("Standard Evaluation", "CPD-TOPO", "Optimal Operation Fusion", "CCR",
+                 "Adjusting Placement"):
+        assert len(terms.get(term, "")) > 30, (term, sorted(terms))
+    duo.select_dcc_dropdown("#" + ids.learn(key, "devices"), value="2")
+    until(lambda: ", 2 devices" in figure(duo, key))
+    assert not duo.find_element("#" + ids.learn(key, "error")).text

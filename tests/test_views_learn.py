@@ -205,6 +205,7 @@ def test_pipeline_view_shows_the_four_stages_with_their_terms():
     assert stages[:4] == ["Standard Evaluation", "CPD-TOPO", "Optimal Operation Fusion",
                           "Adjusting Placement"]
     assert list(fig.data[0].x)[2] <= list(fig.data[0].x)[0]       # clusters ≤ operators
+    assert fig.layout.xaxis.type == "log"
     text = str(ours)
     for term in ("Standard Evaluation", "CPD-TOPO", "Optimal Operation Fusion",
                  "Adjusting Placement", "CCR"):
@@ -221,7 +222,8 @@ def test_recursion_and_pipeline_figures_from_plain_dicts():
                     {"id": "s1g0", "parent": "all", "step": 1, "workers": 1, "devices": "0"},
                     {"id": "s1g1", "parent": "all", "step": 1, "workers": 1, "devices": "1"}]}
     tree = LF.recursion_tree_figure(doc)
-    assert list(tree.data[0].labels) == ["2 workers: 3.00 MiB", "devices 0", "devices 1"]
+    assert list(tree.data[0].labels) == ["2 workers: 3.00 MiB", "device 0<br>step 1",
+                                         "device 1<br>step 1"]
     assert "2 axis 0" in tree.data[0].customdata[1]
     bars = LF.recursion_steps_figure(doc)
     assert list(bars.data[0].y) == [3.0] and bars.layout.yaxis.title.text.startswith("MiB")

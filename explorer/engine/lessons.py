@@ -263,7 +263,9 @@ def tofu_recursion(plan, graph, top: int = 3) -> dict:
     choice for all groups (Tofu applies the partition of the first group to all of them):
     per step, how many tensors it splits along each axis (or replicates), how many operators
     take each kind of strategy (split an output axis, reduce a summed variable, replicate),
-    the ``top`` operators adding the most bytes, and the bytes δ_i the step adds - the plan's
+    the axis of each of the ``top`` largest weights and its grid so far (a matrix cut by row,
+    then by column, is a 2×2 grid: Figure 6), the ``top`` operators adding the most bytes,
+    and the bytes δ_i the step adds - the plan's
     communication is their sum.  ``tree`` lists the worker groups (a node per group per
     step, its parent the group it was cut from) with the devices they hold; ``graph`` is the
     operator graph the plan was made on (tensor kinds)."""
@@ -275,6 +277,9 @@ def tofu_recursion(plan, graph, top: int = 3) -> dict:
         np.zeros(1, dtype=np.int64)
     steps, tree = [], [{"id": "all", "parent": "", "step": 0, "workers": workers,
                         "devices": _span(dev.tolist()), "bytes": 0.0}]
+    weights = sorted((t for t in plan.tilings if graph.tensors[t].kind == "param"),
+                     key=lambda t: (-graph.tensors[t].bytes, t))[:top]
+    grids = {t: [1] * len(graph.tensors[t].shape) for t in weights}
     prev_ops: dict = {}
     size = workers
     for i, (s, k) in enumerate(zip(plan.steps, factors)):
@@ -291,6 +296,13 @@ def tofu_recursion(plan, graph, top: int = 3) -> dict:
         for label in s.strategies.values():
             kind = label.split(" ", 1)[0]
             ops[kind] = ops.get(kind, 0) + 1
+        largest = []
+        for t in weights:
+            ax = plan.tilings[t]["steps"][i]
+            if ax >= 0:
+                grids[t][ax] *= k
+            largest.append({"tensor": t, "shape": list(graph.tensors[t].shape), "axis": ax,
+                            "grid": list(grids[t])})
         added = {o: b - prev_ops.get(o, 0.0) for o, b in s.op_bytes.items()}
         movers = sorted((o for o in added if added[o] > 0), key=lambda o: (-added[o], o))
         steps.append({"step": i + 1, "k": k, "groups_before": groups,
@@ -300,7 +312,7 @@ def tofu_recursion(plan, graph, top: int = 3) -> dict:
                       "seconds": float(s.seconds), "bandwidth_Bps": float(s.bandwidth),
                       "tensors": {kind: dict(sorted(v.items())) for kind, v in
                                   sorted(tensors.items())},
-                      "ops": dict(sorted(ops.items())),
+                      "ops": dict(sorted(ops.items())), "largest": largest,
                       "top": [{"op": o, "strategy": s.strategies.get(o, ""),
                                "bytes": float(added[o])} for o in movers[:top]]})
         for g in range(groups * k):
@@ -317,26 +329,27 @@ def tofu_recursion(plan, graph, top: int = 3) -> dict:
 
 # -- Celeritas Figure 2: the pipeline in numbers ----------------------------------------------
 
-def celeritas_pipeline(pg, plan) -> dict:
+def celeritas_pipeline(pg, plan, refined=None) -> dict:
     """The four stages of Celeritas (Figure 2) with their numbers on one placed graph.
 
     ``pg`` is the :class:`~explorer.engine.placement.placement_graph.PlacementGraph` the
     placer saw (Standard Evaluation's output: every operator's time, memory and output
-    size), ``plan`` the :class:`~explorer.engine.placement.result.PlacementPlan` Celeritas
-    made of it (its ``stats`` hold the fusion's and the placer's numbers).  Stages: Standard
+    size), ``plan`` the :class:`~explorer.engine.placement.result.PlacementPlan` of Celeritas
+    as published (``celeritas-paper``: its ``stats`` hold the fusion's and the placer's
+    numbers), ``refined`` optionally our Celeritas' plan (the same stages, then a simulated
+    refinement - ours, not the paper's - whose moves and step are a fifth stage).  Stages: Standard
     Evaluation (operators, edges, the one-device time, CCR), CPD-TOPO (the order's critical
     path: the longest chain of operator times and transfers), Optimal Operation Fusion
     (clusters, the coarse graph's edges and CCR, the communication left between clusters)
     and Adjusting Placement (devices, clusters moved off their predecessor's device, the
-    placer's own estimate and the simulated step); the simulated refinement after it (ours,
-    not the paper's) when the plan ran one."""
+    placer's own estimate and the simulated step)."""
     from explorer.engine.placement.order import graph_order
 
     st = dict(plan.stats)
     _, tl, bl = graph_order(pg, "cpd")
     one_device = float(pg.w[:, 0].sum())
     used = sorted({int(d) for d in np.asarray(plan.placement).tolist()})
-    placed_s = float(st.get("step_before_refine_s", plan.predicted_step_time_s))
+    placed_s = float(plan.predicted_step_time_s)
     stages = [
         {"stage": "Standard Evaluation", "nodes": int(pg.n), "edges": int(pg.n_edges),
          "time_s": one_device, "ccr": float(pg.ccr()),
@@ -355,12 +368,16 @@ def celeritas_pipeline(pg, plan) -> dict:
          "placer_step_s": float(st.get("placer_makespan_s", 0.0)),
          "step_s": placed_s, "seconds": float(st.get("place_s", 0.0))},
     ]
-    if st.get("refine"):
-        stages.append({"stage": "refinement", "nodes": len(used), "devices": int(pg.ndev),
-                       "moves": int(st.get("refine_moves", 0)),
-                       "step_s": float(plan.predicted_step_time_s),
-                       "seconds": float(st.get("refine_s", 0.0))})
-    return {"algo": plan.algo, "model": plan.model, "devices": int(pg.ndev),
-            "stages": stages, "step_s": float(plan.predicted_step_time_s),
-            "one_device_s": one_device, "oom": bool(plan.oom),
-            "search_time_s": float(plan.search_time_s)}
+    last = plan
+    if refined is not None and refined.stats.get("refine"):
+        rs = refined.stats
+        stages.append({"stage": "refinement",
+                       "nodes": len({int(d) for d in np.asarray(refined.placement).tolist()}),
+                       "devices": int(pg.ndev), "moves": int(rs.get("refine_moves", 0)),
+                       "step_s": float(refined.predicted_step_time_s),
+                       "seconds": float(rs.get("refine_s", 0.0))})
+        last = refined
+    return {"algo": last.algo, "model": plan.model, "devices": int(pg.ndev),
+            "stages": stages, "step_s": float(last.predicted_step_time_s),
+            "one_device_s": one_device, "oom": bool(last.oom),
+            "search_time_s": float(last.search_time_s)}

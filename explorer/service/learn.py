@@ -70,10 +70,11 @@ def learn_recursion(req: Request) -> dict:
 
 def learn_pipeline(req: Request) -> dict:
     """Celeritas Figure 2 on the request's model: Standard Evaluation, CPD-TOPO, Optimal
-    Operation Fusion and Adjusting Placement, each with its numbers, from the Celeritas plan
-    of the one result cache and the operator graph the placer saw."""
+    Operation Fusion and Adjusting Placement, each with its numbers, from Celeritas as
+    published (``celeritas-paper``), then our Celeritas' simulated refinement; both plans
+    from the one result cache (the Tables tab's), on the operator graph the placer saw."""
     from explorer.engine.lessons import celeritas_pipeline
-    res = result(req, "celeritas")
-    out = celeritas_pipeline(placement_graph_for(req), res.plan)
+    out = celeritas_pipeline(placement_graph_for(req), result(req, "celeritas-paper").plan,
+                             result(req, "celeritas").plan)
     out["request"] = req.to_dict()
     return out

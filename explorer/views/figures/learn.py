@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import math
+
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
@@ -381,7 +383,8 @@ def recursion_tree_figure(doc: dict) -> go.Figure:
                          f"plan: {fmt.bytes_(doc['total_bytes'])} (Σ of the steps' bytes)")
         else:
             s = steps[i]
-            labels.append(f"devices {n['devices']}")
+            one = n["workers"] == 1
+            labels.append(f"{'device' if one else 'devices'} {n['devices']}<br>step {i}")
             hover.append(f"step {i} (×{s['k']}): {s['groups_before']} group(s) → "
                          f"{s['groups_after']}<br>adds {fmt.bytes_(s['delta_bytes'])} "
                          f"({fmt.bytes_(s['bytes_per_group'])} per parent group)<br>"
@@ -423,20 +426,27 @@ def pipeline_figure(doc: dict) -> go.Figure:
     critical path, the placer's estimate, the simulated step)."""
     from explorer.views import fmt
     st = {s["stage"]: s for s in doc["stages"]}
-    fig = make_subplots(rows=1, cols=2, column_widths=[0.5, 0.5], horizontal_spacing=0.22,
-                        subplot_titles=("nodes each stage works on", "step time (ms)"))
+    fig = make_subplots(rows=1, cols=2, column_widths=[0.5, 0.5], horizontal_spacing=0.26,
+                        subplot_titles=("nodes each stage works on (log scale)",
+                                        "step time (ms)"))
     stages = [s["stage"] for s in doc["stages"]]
     nodes = [s["nodes"] for s in doc["stages"]]
-    what = {"Standard Evaluation": "operators", "CPD-TOPO": "operators in order",
-            "Optimal Operation Fusion": "clusters", "Adjusting Placement": "devices used",
-            "refinement": "devices used"}
-    fig.add_trace(go.Funnel(y=stages, x=nodes, text=[f"{n:,} {what[s]}" for s, n in
-                                                      zip(stages, nodes)],
-                            textinfo="text", marker_color=P.FAMILY_COLORS["placement"],
-                            hovertemplate="%{y}: %{text}<extra></extra>", showlegend=False),
+    what = {"Standard Evaluation": ("operator", "operators"),
+            "CPD-TOPO": ("operator in order", "operators in order"),
+            "Optimal Operation Fusion": ("cluster", "clusters"),
+            "Adjusting Placement": ("device used", "devices used"),
+            "refinement": ("device used", "devices used")}
+    fig.add_trace(go.Bar(y=stages, x=nodes, orientation="h",
+                         text=[f"{n:,} {what[s][n != 1]}" for s, n in zip(stages, nodes)],
+                         textposition="auto", cliponaxis=False,
+                         marker_color=P.FAMILY_COLORS["placement"],
+                         hovertemplate="%{y}: %{text}<extra></extra>", showlegend=False),
                   row=1, col=1)
+    fig.update_xaxes(type="log", range=[-0.1, 1.15 * math.log10(max(nodes + [10]))],
+                     row=1, col=1)
+    fig.update_yaxes(autorange="reversed", row=1, col=1)
     times = [("one device (Σ operators)", st["Standard Evaluation"]["time_s"]),
-             ("critical path (CPD-TOPO)", st["CPD-TOPO"]["critical_path_s"]),
+             ("critical path (edges cut)", st["CPD-TOPO"]["critical_path_s"]),
              ("placer's estimate", st["Adjusting Placement"]["placer_step_s"]),
              ("simulated: Adjusting Placement", st["Adjusting Placement"]["step_s"])]
     if "refinement" in st:

@@ -166,16 +166,20 @@ def recursion_view(model, workers):
         cut = "; ".join(f"{kind}: {_count(axes)}" for kind, axes in s["tensors"].items())
         top = "; ".join(f"{t['op']} ({t['strategy']}, {fmt_bytes(t['bytes'])})"
                         for t in s["top"]) or "–"
+        big = "; ".join(f"{w['tensor'].split(':', 1)[-1]} "
+                        f"{'replicated' if w['axis'] < 0 else 'axis ' + str(w['axis'])} → "
+                        + "×".join(map(str, w["grid"])) for w in s["largest"]) or "–"
         rows.append((f"{s['step']} (×{s['k']})",
                      f"{s['groups_before']} → {s['groups_after']} of {s['group_workers']}",
-                     cut, _count(s["ops"]), top, fmt_bytes(s["delta_bytes"]),
+                     cut, big, _count(s["ops"]), top, fmt_bytes(s["delta_bytes"]),
                      fmt_bytes(s["total_bytes"])))
     n = len(doc["steps"])
     co = doc["coarsening"]
     ours = [html.H4(f"{n} recursion step{'s' if n != 1 else ''} for {doc['workers']} workers",
                     id=ids.learn(K + "recursion", "count")),
             table((G.term("step", "recursion step"), "groups (workers each)",
-                   "tensors cut (axis: count)", G.term("operators' strategies",
+                   "tensors cut (count per axis)", "largest weights: axis → grid",
+                   G.term("operators' strategies",
                                                        "partition-n-reduce"),
                    "most bytes added", "bytes added", "total so far"), rows),
             html.P(G.explain(
