@@ -87,3 +87,28 @@ def test_experts_split_every_way_on_four_processes(tmp_path):
     prog.write_text(text)
     out = passes(prog, n=4)
     assert "computed in other placements" not in out
+
+
+@pytest.mark.multiprocess
+def test_searched_optcnn_plan_with_experts_on_a_sub_mesh(capsys, tmp_path):
+    """optcnn on 4 devices with the experts pinned to e2 and the dispatch and combine to n2
+    puts them on ranks 0-1 and the rest on rank 0: the experts split on their sub-mesh, and
+    the slot numbers (read only by comparisons, so without a gradient) get zeros there."""
+    from explorer.engine.core.capture_cache import layer_graph
+    g = layer_graph("moe", 4, ARGS)
+    ex = _experts(g)
+    mm = [la.name for la in g.layers() if la.op == "matmul"]          # dispatch, combine
+    pins = [x for n in ex for x in ("--pin", f"{n}=e=2")] + \
+        [x for n in mm for x in ("--pin", f"{n}=n=2")]
+    plan, prog = tmp_path / "moe.json", tmp_path / "moe_optcnn.py"
+    code, _, err = cli(capsys, "search", "moe", "-n", 4, "--preset", "local", "--algo",
+                       "optcnn", "-b", 4, *pins,
+                       *(x for k, v in ARGS.items() for x in ("-a", f"{k}={v}")), "-o", plan)
+    assert code == 0, err
+    code, out, err = cli(capsys, "export", plan, "--to", "torch", "-o", prog)
+    assert code == 0, err
+    text = prog.read_text()
+    assert not_as_planned(text) == []
+    lay = layouts_of(text)
+    assert all(lay[n]["args"] == [["S1"], ["S0"]] and lay[n].get("ranks") for n in ex)
+    passes(prog, n=4)

@@ -388,16 +388,34 @@ class _Hop(torch.autograd.Function):
 
 class _Tie(torch.autograd.Function):
     """Identity on the token and some tensors: in the backward pass none of them is done
-    before all of them have their gradients."""
+    before all of them have their gradients.  A DTensor that gets none (read only by a
+    comparison, as an MoE's slot numbers are) gets zeros in its own layout: autograd would
+    otherwise hand the op that made it a plain zero tensor, which DTensor's backward refuses."""
 
     @staticmethod
     def forward(ctx, token, *ts):
         ctx.set_materialize_grads(False)      # a rank that does not compute the layer
+        ctx.zeros = [_zeros_of(t) for t in ts]
         return (token.clone(), *(t.view_as(t) for t in ts))   # leaves its inputs unused
 
     @staticmethod
-    def backward(ctx, *grads):
-        return grads
+    def backward(ctx, gtoken, *grads):
+        return (gtoken, *(z() if g is None and z is not None else g
+                          for g, z in zip(grads, ctx.zeros)))
+
+
+def _zeros_of(t):
+    """A function making a zero gradient for the DTensor ``t`` (its mesh, its placements with
+    Partial as Replicate, its shard's shape), or None for a plain tensor."""
+    if not isinstance(t, DTensor):
+        return None
+    with torch.no_grad():
+        local = t.to_local()
+    mesh, shape, stride = t.device_mesh, t.shape, t.stride()
+    pls = [Replicate() if p.is_partial() else p for p in t.placements]
+    lshape, dtype, device = tuple(local.shape), local.dtype, local.device
+    return lambda: DTensor.from_local(torch.zeros(lshape, dtype=dtype, device=device), mesh,
+                                      pls, run_check=False, shape=shape, stride=stride)
 
 
 class _ContiguousGrad(torch.autograd.Function):
