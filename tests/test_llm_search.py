@@ -277,12 +277,21 @@ def test_compiled_stage_ranges_equal_the_numpy_ranges_bit_for_bit(monkeypatch):
     cm, tables, bw, lat = P._stage_setup(pr, 4, 16, {})
     ev = stages.Evaluator(cm, tables, opt.settings(), 80 * 2 ** 30, 4, 16, "1f1b", bw, lat)
     K = len(ev.chain.segments)
-    for lam in (0.0, 3e-10):
+    from explorer.engine.layerwise.xkernel import shift_agreement
+    shifted = []
+    real = shift_agreement
+    monkeypatch.setattr("explorer.engine.layerwise.xkernel.shift_agreement",
+                        lambda *a: shifted.append(real(*a)) or shifted[-1])
+    for lam, share in ((0.0, False), (3e-10, False), (3e-10, True)):
         unary, parts, _ = ev._parts(lam)
         reduced = [stages._reduce(seg, tables, dict(unary), ev.weight, parts)
                    for seg in ev.chain.segments]
+        if share:         # as evaluate() does: identical blocks share one reduction, so the
+            one = {}      # kernel copies the stages of repeated blocks instead of computing
+            reduced = [one.setdefault(k, r) for k, r in zip(ev.seg_keys, reduced)]
         for every in (True, False):
             monkeypatch.setattr(stages.Evaluator, "JIT_RANGES", 10 ** 18)
+            monkeypatch.setattr("explorer.engine.layerwise.xkernel._RANGES", None)
             v0, q0 = ev._ranges(K, every, unary, parts, reduced)
             monkeypatch.setattr(stages.Evaluator, "JIT_RANGES", 0)
             v1, q1 = ev._ranges(K, every, unary, parts, reduced)
@@ -290,3 +299,5 @@ def test_compiled_stage_ranges_equal_the_numpy_ranges_bit_for_bit(monkeypatch):
             assert np.array_equal(q0, q1, equal_nan=True)
             assert np.isfinite(v0[0, 1:]).all()
             assert np.isfinite(v0[2:, -1]).all() == every
+            base, lcp, _, nh = shifted[-1]
+            assert (lcp.max() >= K // 2 and nh >= 1) == share, shifted[-1]

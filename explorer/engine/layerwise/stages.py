@@ -740,15 +740,20 @@ class Evaluator:
     JIT_RANGES = 2_000_000
 
     def _compiled_ranges(self, K: int, reduced) -> bool:
+        """Whether the stage ranges run compiled: large chains, and every chain once a
+        search has loaded the kernel (the numbers are the same either way)."""
         if K < 2:
             return False
+        from explorer.engine.layerwise import xkernel
+        if xkernel._RANGES is not None:
+            return True
         cmax = max(max(r.L.shape) for r in reduced)
         return K * K * cmax * cmax // 2 >= self.JIT_RANGES
 
     def _ranges_compiled(self, K, every_start, unary, parts, reduced, best_v, best_q):
         """:meth:`_ranges` in the compiled kernel: the segments' reductions and the cuts'
         parts padded into arrays (identical numbers; the kernel's docstring)."""
-        from explorer.engine.layerwise.xkernel import ranges_kernel
+        from explorer.engine.layerwise.xkernel import ranges_kernel, shift_agreement
         cuts = self.chain.cuts
         nc = np.array([len(unary[x]) for x in cuts], dtype=np.int64)
         cmax = int(nc.max())
@@ -777,7 +782,7 @@ class Evaluator:
         SV[:len(v)] = v
         SQ[:, :len(v)] = q
         ranges_kernel()(K, bool(every_start), nc, seg, L, A, B, Ms, Ma, P, U, SV, SQ,
-                        best_v, best_q)
+                        best_v, best_q, *shift_agreement(seg, U, P, nc))
         return best_v, best_q
 
     def _backtrack(self, i, j, unary, parts, reduced) -> dict:

@@ -334,19 +334,29 @@ def ranges_kernel():
     return _RANGES
 
 
-def _stage_ranges(K, every, nc, seg, L, A, B, Ms, Ma, P, U, SV, SQ, best_v, best_q):
+def _stage_ranges(K, every, nc, seg, L, A, B, Ms, Ma, P, U, SV, SQ, best_v, best_q, base,
+                  lcp, hidx, nh):
     """:meth:`.stages.Evaluator._ranges` over padded arrays, the same sums in the same order
     and the same ties (the first minimum).  ``nc[k]`` candidates at cut ``k``; segment ``k``
     (cut ``k`` to ``k + 1``) is reduction ``u = seg[k]``: ``L/A/B/Ms/Ma[u, :nc[k], :nc[k+1]]``
     (identical segments share one); at cut ``k``: parts ``P[k, 4, :nc[k]]`` and unary
     ``U[k, :nc[k]]``; ``SV``/``SQ``: the first stage at cut 1 (the later stages' starts are
     computed here, as :meth:`~.stages.Evaluator._start` does).  Writes ``best_v[i + 1, j]``
-    and ``best_q[:, i + 1, j]``."""
+    and ``best_q[:, i + 1, j]``.
+
+    Repeated blocks (:func:`shift_agreement`): the stage starting after cut ``r`` meets, over
+    its first ``lcp[r]`` segments, the same reductions and cuts as the stage starting after
+    cut ``b = base[r]`` (``-1``: none), so there it holds ``b``'s vectors ``r − b`` cuts
+    later: they are copied from ``b``'s history (row ``hidx[b]`` of ``nh`` kept), not
+    recomputed - the same numbers, the same operations on the same operands - and a chain of
+    ``K`` identical blocks costs ``O(K)`` min-plus steps instead of ``O(K²)``."""
     cmax = L.shape[2]
     V = np.empty((K, cmax))
     Q = np.empty((4, K, cmax))
     V2 = np.empty((K, cmax))
     Q2 = np.empty((4, K, cmax))
+    HV = np.empty((nh, K + 1, cmax))
+    HQ = np.empty((4, nh, K + 1, cmax))
     for c in range(nc[1]):
         V[0, c] = SV[c]
         for m in range(4):
@@ -369,33 +379,105 @@ def _stage_ranges(K, every, nc, seg, L, A, B, Ms, Ma, P, U, SV, SQ, best_v, best
         cb = nc[j + 1]
         u = seg[j]
         for r in range(n):
-            for b in range(cb):
+            b = base[r] if r > 0 else -1
+            if b > 0 and j - r < lcp[r]:       # base b's vectors at cut j + 1 - (r - b)
+                h = hidx[b]
+                c = j + 1 - (r - b)
+                for x in range(cb):
+                    V2[r, x] = HV[h, c, x]
+                    for m in range(4):
+                        Q2[m, r, x] = HQ[m, h, c, x]
+                continue
+            for x in range(cb):
                 arg = 0
-                low = V[r, 0] + L[u, 0, b]
+                low = V[r, 0] + L[u, 0, x]
                 for a in range(1, cj):
-                    x = V[r, a] + L[u, a, b]
-                    if x < low:
-                        low, arg = x, a
-                V2[r, b] = low + U[j + 1, b]
-                Q2[0, r, b] = Q[0, r, arg] + A[u, arg, b] + P[j + 1, 0, b]
-                Q2[1, r, b] = Q[1, r, arg] + B[u, arg, b] + P[j + 1, 1, b]
-                Q2[2, r, b] = Q[2, r, arg] + Ms[u, arg, b] + P[j + 1, 2, b]
-                Q2[3, r, b] = Q[3, r, arg] + Ma[u, arg, b] + P[j + 1, 3, b]
+                    y = V[r, a] + L[u, a, x]
+                    if y < low:
+                        low, arg = y, a
+                V2[r, x] = low + U[j + 1, x]
+                Q2[0, r, x] = Q[0, r, arg] + A[u, arg, x] + P[j + 1, 0, x]
+                Q2[1, r, x] = Q[1, r, arg] + B[u, arg, x] + P[j + 1, 1, x]
+                Q2[2, r, x] = Q[2, r, arg] + Ms[u, arg, x] + P[j + 1, 2, x]
+                Q2[3, r, x] = Q[3, r, arg] + Ma[u, arg, x] + P[j + 1, 3, x]
+            if r > 0 and hidx[r] >= 0:         # a base: keep its vectors at cut j + 1
+                h = hidx[r]
+                for x in range(cb):
+                    HV[h, j + 1, x] = V2[r, x]
+                    for m in range(4):
+                        HQ[m, h, j + 1, x] = Q2[m, r, x]
         V, V2 = V2, V
         Q, Q2 = Q2, Q
         if every:                      # a stage starting after cut j, at cut j + 1
-            for b in range(cb):
+            for x in range(cb):
                 arg = 0
                 for a in range(1, cj):
-                    if L[u, a, b] < L[u, arg, b]:
+                    if L[u, a, x] < L[u, arg, x]:
                         arg = a
-                V[n, b] = L[u, arg, b] + U[j + 1, b]
-                Q[0, n, b] = A[u, arg, b] + P[j + 1, 0, b]
-                Q[1, n, b] = B[u, arg, b] + P[j + 1, 1, b]
-                Q[2, n, b] = Ms[u, arg, b] + P[j + 1, 2, b]
-                Q[3, n, b] = Ma[u, arg, b] + P[j + 1, 3, b]
+                V[n, x] = L[u, arg, x] + U[j + 1, x]
+                Q[0, n, x] = A[u, arg, x] + P[j + 1, 0, x]
+                Q[1, n, x] = B[u, arg, x] + P[j + 1, 1, x]
+                Q[2, n, x] = Ms[u, arg, x] + P[j + 1, 2, x]
+                Q[3, n, x] = Ma[u, arg, x] + P[j + 1, 3, x]
+            if hidx[n] >= 0:
+                h = hidx[n]
+                for x in range(cb):
+                    HV[h, j + 1, x] = V[n, x]
+                    for m in range(4):
+                        HQ[m, h, j + 1, x] = Q[m, n, x]
             n += 1
         j += 1
+
+
+#: Shifts (in segments) between stage starts that :func:`shift_agreement` compares: a
+#: repeated block is a few segments long (a Transformer block: 2)
+MAX_SHIFT = 8
+
+
+def shift_agreement(seg, U, P, nc):
+    """``(base, lcp, hidx, nh)`` for :func:`_stage_ranges`.  Segment ``k``'s token is its
+    reduction ``seg[k]`` and the cut after it (candidate count, unary and parts, compared
+    by content); the stage starting after cut ``r`` (``r ≥ 1``; ``r = 0`` starts
+    differently) meets tokens ``r, r + 1, ...``.  ``base[r]`` is a stage start ``b < r``
+    computed in full whose first ``lcp[r]`` tokens are ``r``'s (found through shifts of
+    up to :data:`MAX_SHIFT` segments, longest first, chained to the first start of the
+    chain), ``-1`` when none; ``hidx[b]`` the history row kept for each base that others
+    copy (``-1`` otherwise), ``nh`` their count."""
+    K = len(seg)
+    cut = {}
+    cid = np.array([cut.setdefault((int(nc[k]), U[k, :nc[k]].tobytes(),
+                                    P[k, :, :nc[k]].tobytes()), len(cut))
+                    for k in range(K + 1)], dtype=np.int64)
+    tok = np.asarray(seg, dtype=np.int64) * (len(cut) + 1) + cid[1:]
+    # run[p][i]: how many tokens from i on equal those p earlier (tok[i + t] == tok[i - p + t])
+    runs = {}
+    for p in range(1, min(MAX_SHIFT, K - 1) + 1):
+        eq = np.zeros(K + 1, dtype=np.int64)
+        eq[p:K] = tok[p:] == tok[:-p]
+        run = np.zeros(K + 1, dtype=np.int64)
+        for i in range(K - 1, p - 1, -1):
+            run[i] = run[i + 1] + 1 if eq[i] else 0
+        runs[p] = run
+    base = np.full(K + 1, -1, dtype=np.int64)
+    lcp = np.zeros(K + 1, dtype=np.int64)
+    for r in range(2, K):
+        best_p, best_l = 0, 0
+        for p, run in runs.items():
+            if r - p >= 1 and run[r] > best_l:
+                best_p, best_l = p, int(run[r])
+        if best_l == 0:
+            continue
+        src = r - best_p
+        if base[src] >= 0:                 # src copies its own base: chain to it
+            base[r], lcp[r] = base[src], min(best_l, int(lcp[src]))
+        else:
+            base[r], lcp[r] = src, best_l
+    hidx = np.full(K + 1, -1, dtype=np.int64)
+    nh = 0
+    for b in np.unique(base[base >= 0]):
+        hidx[b] = nh
+        nh += 1
+    return base, lcp, hidx, nh
 
 
 def warm() -> bool:
@@ -424,5 +506,6 @@ def warm() -> bool:
     ranges_kernel()(K, True, nc, seg, L, L.copy(), L.copy(), L.copy(), L.copy(),
                     np.zeros((K + 1, 4, c)), np.zeros((K + 1, c)), np.zeros(c),
                     np.zeros((4, c)), np.full((K + 1, K + 1), np.nan),
-                    np.full((4, K + 1, K + 1), np.nan))
+                    np.full((4, K + 1, K + 1), np.nan), np.full(K + 1, -1, dtype=i64),
+                    np.zeros(K + 1, dtype=i64), np.full(K + 1, -1, dtype=i64), 0)
     return True
