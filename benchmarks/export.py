@@ -25,7 +25,7 @@ import sys
 import tempfile
 import time
 
-MODELS = ["gpt2", "bert", "llama", "vit", "vgg16"]
+MODELS = ["gpt2", "bert", "llama", "vit", "vgg16", "moe"]
 #: small instances for --check: every split of the searched plans divides their axes
 RUN_ARGS = {
     "gpt2": {"layers": 2, "hidden": 64, "heads": 8, "seq_len": 16, "vocab": 64},
@@ -36,6 +36,8 @@ RUN_ARGS = {
     "vit": {"image_size": 32, "patch": 8, "layers": 2, "hidden": 64, "heads": 8, "mlp": 128,
             "num_classes": 8},
     "vgg16": {"image_size": 32, "num_classes": 8, "fc": 64},
+    "moe": {"layers": 2, "hidden": 64, "heads": 8, "intermediate": 96, "experts": 8, "top_k": 2,
+            "seq_len": 16, "vocab": 64},
 }
 RUN_BATCH = 8
 
