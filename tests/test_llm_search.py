@@ -106,10 +106,41 @@ def test_pipeline_bound_is_below_every_configuration_it_tries():
     for t in tried:
         if t.get("time_s") is not None:
             assert t["bound_s"] <= t["time_s"] * (1 + 1e-9)
-        if t.get("skipped"):
+        if t.get("skipped") and "memory_bound_bytes" not in t:
             assert t["bound_s"] >= res.objective_s * (1 - 1e-9)
     settings = MemorySettings("adam")
     assert step_bound(p, 2, 4, settings, {}) > 0
+
+
+def test_configurations_whose_memory_bound_is_over_the_limit_are_costed_only_if_none_fits(
+        monkeypatch):
+    """A stage/micro-batch count whose least memory (:func:`memory_bound`) exceeds the limit
+    holds no fitting plan: the search skips it once a plan fits, and finds what it finds
+    when it costs every configuration; under a limit nothing meets, it is costed (the
+    least-memory plan is reported)."""
+    from explorer.engine.layerwise import pipeline as PL
+
+    def search(limit, bound=None):
+        if bound is not None:
+            monkeypatch.setattr(PL, "memory_bound", bound)
+        p = Problem(Request("llama", 8, dict(TINY), preset="h100-cluster", devices=4,
+                            dtype="bf16"))
+        return run("pipeline", p, options=dict(optimizer="adam", memory_limit_gib=limit))
+    limit = 0.6 / 1024                                  # 0.6 MiB: one stage needs ≥ 0.64
+    res = search(limit)
+    skipped = [t for t in res.info["tried"] if "memory_bound_bytes" in t]
+    assert [(t["stages"], t["micro_batches"]) for t in skipped] == [(1, 1)]
+    assert skipped[0]["memory_bound_bytes"] > limit * 2**30
+    assert "over the" in skipped[0]["skipped"] and res.fits_memory
+    every = search(limit, lambda *a: 0.0)
+    assert every.objective_s == res.objective_s and every.plan.layers == res.plan.layers
+    costed = {(t["stages"], t["micro_batches"]): t for t in every.info["tried"]}
+    assert costed[(1, 1)]["time_s"] is None                 # it held no fitting plan
+    assert costed[(1, 1)]["peak_bytes"] >= skipped[0]["memory_bound_bytes"]
+    monkeypatch.undo()
+    none = search(1e-9)
+    assert not none.fits_memory
+    assert not any("memory_bound_bytes" in t for t in none.info["tried"])
 
 
 def test_nothing_fits_is_found_in_few_multipliers():

@@ -8,7 +8,8 @@
   layer's configuration, recomputation and ZeRO stage are chosen under the memory limit, and
   the fastest fitting ``(S, M)`` wins; configurations are tried in order of a lower bound
   from the layers' own costs (:func:`step_bound`) and skipped when it cannot beat the plan
-  found.  Stages get equal device groups (Alpa also searches unequal submeshes).
+  found, or when their least memory (:func:`memory_bound`) is over the limit and a plan
+  fits.  Stages get equal device groups (Alpa also searches unequal submeshes).
 * ``megatron-3d`` — Megatron-LM's ``tp × pp × dp`` (Narayanan et al. 2021): inside each of
   ``pp`` stages the Megatron tensor × data layout of :func:`.classic.megatron` on
   ``tp · dp`` devices, 1F1B over ``M`` micro-batches, full recomputation when asked, no ZeRO;
@@ -88,9 +89,6 @@ def step_bound(problem, S: int, M: int, settings, how: dict) -> float:
     the mean, transfers and boundaries cost ≥ 0).  The pipeline search tries
     configurations in order of this bound and skips those whose bound is no better than
     the fastest fitting plan found, so the skipped ones cannot hold a faster plan."""
-    from explorer.engine.layerwise.costmodel import CostTables
-    from explorer.engine.layerwise.memory import options_of
-    from explorer.engine.layerwise.plan import layer_content_key
     N = problem.devices.n
     G = N // S
     b = problem.layer_graph().batch // M
@@ -108,6 +106,57 @@ def step_bound(problem, S: int, M: int, settings, how: dict) -> float:
         cm = how[("cost model", G, b)] = CostModel(
             graph, devs, compute=problem.cost, sync=problem.sync,
             degrees=_degrees(problem.degrees, G), dtype=problem.dtype)
+    names, rep_of, opts = _layer_options(problem, graph, cm, G, b, settings, how)
+    W = float(M + S - 1)
+    total, seen = 0.0, {}
+    for n in names:
+        lo = opts[rep_of[n]]
+        v = seen.get(id(lo))
+        if v is None:
+            v = seen[id(lo)] = float(np.min(W * lo.t_mb + lo.t_once))
+        total += v
+    return total / S
+
+
+def memory_bound(problem, S: int, M: int, settings, how: dict, schedule: str) -> float:
+    """A lower bound of the peak bytes of any plan with ``S`` stages and ``M`` micro-batches
+    (after :func:`step_bound` of the same ``S, M``, whose layer options it reads): a stage
+    holds ``Σ_layers (static + inflight · act)`` of its layers (:mod:`.stages`), every stage
+    holds at least ``inflight(S − 1)`` micro-batches (all ``M`` under GPipe, one under 1F1B),
+    and the fullest stage holds at least the mean and at least any one layer:
+
+        peak ≥ max( (1/S) · Σ_l m_l, max_l m_l ),  m_l = min_(candidate, option)
+                                                     [static + inflight(S − 1) · act]
+
+    A configuration whose bound exceeds the cap cannot hold a fitting plan, so the search
+    costs it only when nothing else fits."""
+    G = problem.devices.n // S
+    b = problem.layer_graph().batch // M
+    graph = how[b][0]
+    cm = problem.cost_model() if G == problem.devices.n and M == 1 else \
+        how[("cost model", G, b)]
+    names, rep_of, opts = _layer_options(problem, graph, cm, G, b, settings, how)
+    k = float(M if schedule == "gpipe" else min(1, M))
+    total, most, seen = 0.0, 0.0, {}
+    for n in names:
+        lo = opts[rep_of[n]]
+        v = seen.get(id(lo))
+        if v is None:
+            v = seen[id(lo)] = float(np.min(lo.static + k * lo.act))
+        total += v
+        most = max(most, v)
+    return max(total / S, most)
+
+
+def _layer_options(problem, graph, cm, G: int, b: int, settings, how: dict):
+    """``(names, representative of each, options of each representative)`` of the graph at
+    micro-batch size ``b`` on ``G`` devices (cached in ``how``)."""
+    from explorer.engine.layerwise.costmodel import CostTables
+    from explorer.engine.layerwise.memory import options_of
+    from explorer.engine.layerwise.plan import layer_content_key
+    hit = how.get(("layer options", G, b))
+    if hit is not None:
+        return hit
     names = graph.names()
     # a layer's term depends on its content and gradient flags only: the layers of repeated
     # blocks are costed once (one representative each), then summed in the layers' order
@@ -125,15 +174,8 @@ def step_bound(problem, S: int, M: int, settings, how: dict) -> float:
             tr[n] = red[0]
     part = CostTables(list(cands), cands, tc, ts, mem, [], t_reduce=tr)
     opts = options_of(cm, part, settings, how.setdefault(("options", G, b), {}))
-    W = float(M + S - 1)
-    total, seen = 0.0, {}
-    for n in names:
-        lo = opts[rep_of[n]]
-        v = seen.get(id(lo))
-        if v is None:
-            v = seen[id(lo)] = float(np.min(W * lo.t_mb + lo.t_once))
-        total += v
-    return total / S
+    how[("layer options", G, b)] = names, rep_of, opts
+    return names, rep_of, opts
 
 
 def search(problem, pins=None, options: PipelineOptions | None = None) -> Result:
@@ -163,15 +205,25 @@ def search(problem, pins=None, options: PipelineOptions | None = None) -> Result
             if B % M:
                 raise InfeasiblePlan(f"{M} micro-batches do not divide the batch {B}")
             configs.append((S, M))
-    bounds = {}
+    bounds, least = {}, {}
     for S, M in configs:
         try:
             bounds[(S, M)] = step_bound(problem, S, M, settings, how)
+            least[(S, M)] = memory_bound(problem, S, M, settings, how, options.schedule)
         except InfeasiblePlan as exc:
             tried.append({"stages": S, "micro_batches": M, "error": str(exc)})
     # one stage last: its group is all the devices (the largest tables), and by then the plan
-    # found lets its unconstrained optimum, a bound too, stand in for its whole search
-    for S, M in sorted(bounds, key=lambda c: (c[0] == 1, bounds[c], c)):
+    # found lets its unconstrained optimum, a bound too, stand in for its whole search;
+    # configurations that cannot fit (memory bound over the cap) only when nothing else does
+    order = sorted(bounds, key=lambda c: (c[0] == 1, bounds[c], c))
+    fitting = [c for c in order if least[c] <= cap]
+    for S, M in fitting + [c for c in order if least[c] > cap]:
+        if least[(S, M)] > cap and best is not None:
+            tried.append({"stages": S, "micro_batches": M, "bound_s": bounds[(S, M)],
+                          "memory_bound_bytes": least[(S, M)],
+                          "skipped": f"its plans need at least {least[(S, M)] / 2**30:.3g} "
+                                     f"GiB on a device, over the {cap / 2**30:.3g} GiB limit"})
+            continue
         if best is not None and bounds[(S, M)] >= best[0].time_s:
             tried.append({"stages": S, "micro_batches": M, "bound_s": bounds[(S, M)],
                           "skipped": "its lower bound is no faster than the plan found"})
