@@ -224,8 +224,8 @@ def first_and_warm(model: str, n: int, degrees: str = "pow2", warm: int = 1) -> 
 
 #: What scripts/setup.sh compiles (the placement simulator's and the layer-wise kernels)
 _SETUP = ("from explorer.engine.placement import simkernel\n"
-          "from explorer.engine.layerwise import xkernel\n"
-          "simkernel.warm(); xkernel.warm()\n")
+          "from explorer.engine.layerwise import costmodel\n"
+          "simkernel.warm(); costmodel.warm()\n")
 
 
 FIRST_COLS = ["model", "devices", "degrees", "run", "wall_s", "cpu_s", "peak_MiB", "load",

@@ -32,5 +32,5 @@ fi
 "$PY" -c "from explorer.engine.placement import simkernel; simkernel.main()" || true
 # and the layer-wise search's kernels (transfer tables at many devices, min-plus products,
 # pipeline stage ranges); both go to a user cache directory that every $EXPLORER_HOME shares
-"$PY" -c "from explorer.engine.layerwise import xkernel; xkernel.warm() and print('setup: layer-wise search kernels compiled')" || true
+"$PY" -c "from explorer.engine.layerwise import costmodel; costmodel.warm() and print('setup: layer-wise search kernels compiled')" || true
 echo "setup: done"

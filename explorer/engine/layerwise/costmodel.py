@@ -1258,3 +1258,19 @@ class CostModel:
             self._tile_cache.clear()
         return CostTables(names, cands, tc, ts, mem, edges, time.perf_counter() - t0, nbytes,
                           tr, br, est)
+
+
+def warm() -> bool:
+    """Compile every layer-wise kernel into numba's cache now (scripts/setup.sh): the by-node
+    transfer kernel through a small two-level search (so with the argument types real
+    searches pass), then :func:`.xkernel.warm`'s; ``False`` without numba."""
+    import importlib.util
+    if importlib.util.find_spec("numba") is None:
+        return False
+    from explorer.engine.core.devices import preset
+    from explorer.engine.core.importer import import_spec
+    from explorer.engine.layerwise import xkernel
+    cm = CostModel(import_spec("mlp"), preset("p100-cluster", 8), degrees="pow2")
+    cm.JIT_WORK = cm.PAD_LIMIT = 0        # every by-node table through the kernel
+    cm.tables()
+    return xkernel.warm()

@@ -745,7 +745,7 @@ class Evaluator:
         if K < 2:
             return False
         from explorer.engine.layerwise import xkernel
-        if xkernel._RANGES is not None:
+        if xkernel.ranges_loaded():
             return True
         cmax = max(max(r.L.shape) for r in reduced)
         return K * K * cmax * cmax // 2 >= self.JIT_RANGES

@@ -480,21 +480,20 @@ def shift_agreement(seg, U, P, nc):
     return base, lcp, hidx, nh
 
 
+def ranges_loaded() -> bool:
+    """Whether this process has loaded the stage-range kernel (a search then runs every
+    chain compiled: loading it is what small chains avoid)."""
+    return _RANGES is not None
+
+
 def warm() -> bool:
-    """Compile every layer-wise kernel into numba's cache now (scripts/setup.sh), so that a
-    user's first search of a large model or at many devices does not pay for it: the
-    by-node transfer kernel and the min-plus rows (through a small two-level search, so
-    with the argument types real searches pass) and the stage ranges; ``False`` without
-    numba."""
+    """Compile the min-plus rows and the stage ranges into numba's cache now (through
+    :func:`.costmodel.warm`, which compiles the by-node kernel by a small search; see
+    scripts/setup.sh), so that a user's first search of a large model or at many devices
+    does not pay for it; ``False`` without numba."""
     import importlib.util
     if importlib.util.find_spec("numba") is None:
         return False
-    from explorer.engine.core.devices import preset
-    from explorer.engine.core.importer import import_spec
-    from explorer.engine.layerwise.costmodel import CostModel
-    cm = CostModel(import_spec("mlp"), preset("p100-cluster", 8), degrees="pow2")
-    cm.JIT_WORK = cm.PAD_LIMIT = 0        # every by-node table through the kernel
-    cm.tables()
     a = np.zeros((2, 2))
     min_plus_kernel()(a, a.copy(), np.array([0, 2, 4]), np.array([0, 1, 0, 1]),
                       np.zeros((2, 2), dtype=np.int64), 0, 2)
