@@ -21,3 +21,26 @@ def test_every_trace_holds_the_one_trace_lock():
     for j in jobs:
         j.join(timeout=120)
     assert len(done) == 2
+
+
+def test_batch_norm_shapes_on_meta_tensors_skip_torchs_decomposition(monkeypatch):
+    """On meta tensors a batch norm's output is its input's shape, given directly: torch's
+    meta kernel for it is a Python decomposition (its first call imports torch._dynamo, about a
+    second of a first capture).  The capture never calls it, and the shapes are right."""
+    import torch
+    from torch import nn
+
+    from explorer.engine.core import capture as C
+
+    def refuse(*a, **k):
+        raise AssertionError("batch_norm ran")
+    monkeypatch.setattr(torch, "batch_norm", refuse)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU(), nn.Flatten(),
+                          nn.Linear(8 * 6 * 6, 5), nn.BatchNorm1d(5)).to("meta")
+    x = torch.empty(4, 3, 8, 8, device="meta")
+    gm, how = C.capture(model, x, "bn")
+    assert how == "fx"
+    shapes = {n.target: tuple(n.meta["tensor_meta"].shape) for n in gm.graph.nodes
+              if n.op == "call_module"}
+    assert shapes == {"0": (4, 8, 6, 6), "1": (4, 8, 6, 6), "2": (4, 8, 6, 6),
+                      "3": (4, 288), "4": (4, 5), "5": (4, 5)}

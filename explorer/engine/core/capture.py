@@ -96,16 +96,32 @@ def load(spec: str, batch: int | None = None, model_args: dict | None = None,
     return model, x
 
 
+@functools.cache
+def _shape_prop_class():
+    """``ShapeProp`` that gives a batch norm's output on meta tensors its input's shape
+    directly: torch's meta kernel for it is a Python decomposition, about a second of
+    Inception-v3's first capture (imported on first use, as torch.fx's passes are)."""
+    from torch.fx.passes.shape_prop import ShapeProp
+
+    class Prop(ShapeProp):
+        def call_module(self, target, args, kwargs):
+            mod = self.fetch_attr(target)
+            if isinstance(mod, nn.modules.batchnorm._BatchNorm) and args and \
+                    isinstance(args[0], torch.Tensor) and args[0].device.type == "meta":
+                return torch.empty_like(args[0])
+            return super().call_module(target, args, kwargs)
+    return Prop
+
+
 def _shape_prop(gm, x):
     """Shapes on every node (``ShapeProp``; fake tensors for a real input).  On failure the
     exception gets ``.node``, the node it failed on; ShapeProp's own traceback print is
     swallowed (the caller turns the failure into one line)."""
-    from torch.fx.passes.shape_prop import ShapeProp
     fake = None
     if x.device.type != "meta":
         from torch._subclasses.fake_tensor import FakeTensorMode
         fake = FakeTensorMode(allow_non_fake_inputs=True)
-    sp = ShapeProp(gm, fake_mode=fake)
+    sp = _shape_prop_class()(gm, fake_mode=fake)
     current = []
     run_node = sp.run_node
 
