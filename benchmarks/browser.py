@@ -36,19 +36,23 @@ def free_port() -> int:
 
 @contextlib.contextmanager
 def server(*serve_args: str, timeout: float = 120.0):
-    """``explorer serve`` in a subprocess; yields its URL once it answers."""
+    """``explorer serve`` in a subprocess; yields its URL once it answers.  Its output (a log
+    line per request) goes to a temporary file, not a pipe nobody reads: a full pipe would
+    block the server after a few hundred callbacks."""
     port = free_port()
     env = dict(os.environ)
     env.setdefault("EXPLORER_HOME", tempfile.mkdtemp(prefix="explorer-bench-"))
+    log = tempfile.TemporaryFile()
     proc = subprocess.Popen([sys.executable, "-m", "explorer", "serve", "--port", str(port),
-                             *serve_args], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                             *serve_args], cwd=ROOT, env=env, stdout=log,
                             stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}/"
     try:
         end = time.time() + timeout
         while time.time() < end:
             if proc.poll() is not None:
-                raise RuntimeError(f"server exited: {proc.stdout.read().decode()[-2000:]}")
+                log.seek(0)
+                raise RuntimeError(f"server exited: {log.read().decode()[-2000:]}")
             try:
                 urllib.request.urlopen(url, timeout=1)
                 break
@@ -63,6 +67,7 @@ def server(*serve_args: str, timeout: float = 120.0):
             proc.wait(10)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, 9)
+        log.close()
 
 
 @contextlib.contextmanager

@@ -98,8 +98,9 @@ def shot(drv, out, name):
 
 def learn_shots(out):
     """The Learn page (/learn) at 1500×1100 and 1024×768: the first scenario (OptCNN Figures
-    1-4) once its figures are drawn, the elimination scenario (equations 2 and 3), and
-    Figures 7-8 / Table 5 with why layer-wise moves more bytes than OWT."""
+    1-4) once its figures are drawn, the elimination scenario (equations 2 and 3),
+    Figures 7-8 / Table 5 with why layer-wise moves more bytes than OWT, Tofu's recursion and
+    the Celeritas pipeline (their sections)."""
     for (w, h), name in (((1500, 1100), "learn.png"), ((1024, 768), "learn-1024.png")):
         with B.browser(w, h) as drv, B.server() as url:
             drv.get(url + "learn")
@@ -126,6 +127,22 @@ def learn_shots(out):
                                    ".scrollIntoView({block: 'start'})")
                 time.sleep(1.5)
                 shot(drv, out, "learn-fig8.png")
+                # Tofu's recursion (RNN, 8 workers) and the Celeritas pipeline (NMT, 4
+                # devices): the scenario's section once its figures are drawn, in a window
+                # tall enough to hold the whole section
+                drv.set_window_size(1400, 1600)
+                for key, figs in (("tofu-recursion", ("fig", "steps")),
+                                  ("celeritas-pipeline", ("fig",))):
+                    drv.get(url + "learn?s=" + key)
+                    B.wait(drv, lambda: all(drv.execute_script(
+                        "const e = document.querySelector('#' + arguments[0] + "
+                        "' .js-plotly-plot'); return e && e.data && e.data.length",
+                        f"learn-{key}-{f}") for f in figs), 300)
+                    B.wait(drv, lambda: B.text(drv, f"#learn-{key}-ours"), 60)
+                    time.sleep(1.5)
+                    path = os.path.join(out, f"learn-{key}.png")
+                    drv.find_element("id", f"learn-{key}-section").screenshot(path)
+                    print("wrote", path)
 
 
 def main(argv=None):
