@@ -351,6 +351,9 @@ def cmd_search(args) -> int:
         raise ValueError(f"--cost measured times {what} on this machine, so it needs --preset "
                          f"local; the {req.preset} preset's devices are not here and use the "
                          f"analytic roofline")
+    if family == "layerwise":     # a search needs no torch here: trace in a child (if at all)
+        from explorer.engine.core import capture_cache
+        capture_cache.TRACE_IN_CHILD = True
     t0 = time.perf_counter()
     capture = {"layerwise": service.graph_for, "tofu": service.opgraph_for,
                "placement": service.opgraph_for}[family](req)

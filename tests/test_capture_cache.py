@@ -262,6 +262,50 @@ def test_second_search_imports_no_torch(argv, tmp_path):
 
 
 @pytest.mark.multiprocess
+def test_a_first_layerwise_search_traces_in_a_child_and_holds_no_torch(tmp_path):
+    """``explorer search`` of a model not yet captured traces it in a child process (which
+    stores the capture), so the search itself never imports torch (its ~260 MiB are not held
+    through the search); the plan is the one an in-process capture gives."""
+    argv = ["search", "alexnet", "-n", "4", "--batch", "8", "-a", "image_size=64", "--json"]
+    first = _run_py(NO_TORCH.format(argv=argv), tmp_path / "a")
+    assert first.returncode == 0, first.stderr
+    out = first.stdout.rpartition("no torch")[0]
+    here = _run_py(f"import torch\nfrom explorer.cli import main\n"
+                   f"raise SystemExit(main({argv!r}))", tmp_path / "b")
+    assert here.returncode == 0, here.stderr
+    a, b = json.loads(out), json.loads(here.stdout)
+    for k in ("objective_s", "comm_bytes", "memory_per_device_bytes", "layers", "algo"):
+        assert a[k] == b[k], k
+
+
+@pytest.mark.multiprocess
+def test_a_model_a_child_cannot_trace_is_refused_in_one_line(tmp_path):
+    """When the child fails, the search captures here and says why in one line, exit 2."""
+    f = tmp_path / "dd.py"
+    f.write_text(textwrap.dedent("""
+        import torch
+        from torch import nn
+
+        class M(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.fc = nn.Linear(8, 8)
+
+            def forward(self, x):
+                return self.fc(x[x > 0].reshape(-1, 8))
+
+        def build(batch=4):
+            return M(), torch.randn(batch, 8)
+        """))
+    r = _run_py(f"from explorer.cli import main\n"
+                f"raise SystemExit(main(['search', '{f}:build', '-n', '2']))", tmp_path / "h")
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    lines = [x for x in r.stderr.splitlines() if x.strip()]
+    assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
+    assert "data" in lines[0].lower() or "mask" in lines[0].lower(), lines[0]
+
+
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("argv", [["--help"], ["models"], ["presets"], ["search", "--help"],
                                   ["cache"]])
 def test_listing_commands_import_no_torch(argv, tmp_path):

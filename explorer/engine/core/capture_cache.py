@@ -337,12 +337,48 @@ def _cached(kind: str, spec: str, batch, model_args: dict | None, build,
 # --------------------------------------------------------------------------------------------
 
 
+#: Capture a missing layer graph in a child process when this one has not imported torch
+#: (``explorer search`` sets it): the child traces and stores the entry, this process reads
+#: it back and never holds torch (about 260 MiB resident after tracing Inception-v3) through
+#: the search that follows.  Whatever the child could not store is built here as before.
+TRACE_IN_CHILD = False
+
+
 def layer_graph(spec: str, batch: int | None = None, model_args: dict | None = None):
-    """:func:`~explorer.engine.core.importer.import_spec`, from the cache when it holds it."""
+    """:func:`~explorer.engine.core.importer.import_spec`, from the cache when it holds it
+    (see :data:`TRACE_IN_CHILD`)."""
     def build():
         from explorer.engine.core.importer import import_spec
         return import_spec(spec, batch, dict(model_args or {}))
+    if TRACE_IN_CHILD and "torch" not in sys.modules:
+        key, _ = key_of("layers", spec, batch, model_args)
+        hit = _get(key, "layers")
+        if hit is None and _capture_in_child(spec, batch, model_args):
+            hit = _get(key, "layers")
+        if hit is not None:
+            return hit
     return _cached("layers", spec, batch, model_args, build)
+
+
+def _capture_in_child(spec: str, batch, model_args: dict | None) -> bool:
+    """Run :func:`layer_graph` in a child Python (same environment, so the same cache file);
+    ``True`` when it succeeded.  Its errors are not read: on failure the caller captures in
+    this process, which raises them as usual."""
+    import subprocess
+    try:
+        job = json.dumps([spec, batch, model_args or {}])
+    except (TypeError, ValueError):
+        return False
+    code = ("import json, sys\n"
+            "from explorer.engine.core.capture_cache import layer_graph\n"
+            "spec, batch, args = json.loads(sys.argv[1])\n"
+            "layer_graph(spec, batch, args)\n")
+    try:
+        done = subprocess.run([sys.executable, "-c", code, job], stdin=subprocess.DEVNULL,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    except OSError:
+        return False
+    return done.returncode == 0
 
 
 def op_graph(spec: str, batch: int | None = None, model_args: dict | None = None):
