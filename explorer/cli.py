@@ -334,6 +334,11 @@ def _write(path: str, doc: dict) -> None:
         fh.write(dumps(doc, indent=1))
 
 
+#: From this many devices a layer-wise search loads the compiled kernels while its model is
+#: traced (in a child process): it will need them, and the wait costs nothing then
+PRELOAD_DEVICES = 64
+
+
 def cmd_search(args) -> int:
     """``explorer search``: any registered method, through the service."""
     from explorer import service
@@ -354,6 +359,10 @@ def cmd_search(args) -> int:
     if family == "layerwise":     # a search needs no torch here: trace in a child (if at all)
         from explorer.engine.core import capture_cache
         capture_cache.TRACE_IN_CHILD = True
+        if capture_cache.start_layer_graph(req.model, req.batch, dict(req.model_args)) and \
+                req.devices >= PRELOAD_DEVICES:
+            from explorer.engine.layerwise import xkernel
+            xkernel.preload()          # while the child traces, on the other core
     t0 = time.perf_counter()
     capture = {"layerwise": service.graph_for, "tofu": service.opgraph_for,
                "placement": service.opgraph_for}[family](req)

@@ -227,6 +227,22 @@ def test_compiled_min_plus_equals_numpy_with_ties(monkeypatch):
     assert np.array_equal(m, want[0]) and np.array_equal(arg, want[1])
 
 
+def test_compiled_pruning_of_the_middle_candidates_equals_numpy(monkeypatch):
+    # the fused, compiled test of which middle candidates can attain a row's minimum keeps
+    # exactly what the numpy passes keep (and so the min-plus answers are the same)
+    import explorer.engine.layerwise.optcnn as oc
+    rng = np.random.default_rng(7)
+    i = np.arange(70)
+    a = np.round(np.abs(i[:, None] - i[None, :50]) * 0.3 + rng.random((70, 50)), 1)
+    b = np.round(np.abs(i[:50, None] - i[None, :40]) * 0.3 + rng.random((50, 40)), 1)
+    monkeypatch.setattr(oc, "MIN_PLUS_JIT", 1 << 62)
+    k0, r0 = oc._useful_middle(a, b)
+    monkeypatch.setattr(oc, "MIN_PLUS_JIT", 0)
+    k1, r1 = oc._useful_middle(a, b)
+    assert 0 < k0.sum() < k0.size
+    assert np.array_equal(k0, k1) and np.array_equal(r0, r1)
+
+
 @pytest.mark.slow
 def test_by_node_transfer_tables_do_not_depend_on_the_block_size():
     g = import_spec("resnet50")

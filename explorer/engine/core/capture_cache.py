@@ -342,6 +342,25 @@ def _cached(kind: str, spec: str, batch, model_args: dict | None, build,
 #: it back and never holds torch (about 260 MiB resident after tracing Inception-v3) through
 #: the search that follows.  Whatever the child could not store is built here as before.
 TRACE_IN_CHILD = False
+_CHILDREN: dict = {}          # entry key -> the child capturing it (started, not yet waited)
+_REAPER = False
+
+
+def start_layer_graph(spec: str, batch: int | None = None,
+                      model_args: dict | None = None) -> bool:
+    """Start capturing ``spec``'s layer graph in a child process now (:data:`TRACE_IN_CHILD`,
+    torch not imported here, the entry missing, the model an example, an ``hf:`` name or an
+    existing file), so that the caller's own start-up overlaps it; :func:`layer_graph` waits
+    for it.  ``True`` when a child was started."""
+    if not TRACE_IN_CHILD or "torch" in sys.modules or not _plausible(spec):
+        return False
+    key, _ = key_of("layers", spec, batch, model_args)
+    if key in _CHILDREN or _has(key):
+        return False
+    child = _child(spec, batch, model_args)
+    if child is not None:
+        _CHILDREN[key] = child
+    return child is not None
 
 
 def layer_graph(spec: str, batch: int | None = None, model_args: dict | None = None):
@@ -352,33 +371,83 @@ def layer_graph(spec: str, batch: int | None = None, model_args: dict | None = N
         return import_spec(spec, batch, dict(model_args or {}))
     if TRACE_IN_CHILD and "torch" not in sys.modules:
         key, _ = key_of("layers", spec, batch, model_args)
-        hit = _get(key, "layers")
-        if hit is None and _capture_in_child(spec, batch, model_args):
+        child = _CHILDREN.pop(key, None)
+        hit = _get(key, "layers") if child is None else None
+        if hit is None and child is None and _plausible(spec):
+            child = _child(spec, batch, model_args)
+        if child is not None and _wait(child) == 0:
             hit = _get(key, "layers")
         if hit is not None:
             return hit
     return _cached("layers", spec, batch, model_args, build)
 
 
-def _capture_in_child(spec: str, batch, model_args: dict | None) -> bool:
-    """Run :func:`layer_graph` in a child Python (same environment, so the same cache file);
-    ``True`` when it succeeded.  Its errors are not read: on failure the caller captures in
-    this process, which raises them as usual."""
+def _plausible(spec: str) -> bool:
+    """Whether a child could capture ``spec`` (an unknown name fails here at once instead)."""
+    import example_models
+    if spec in example_models.MODELS or spec.startswith("hf:"):
+        return True
+    f = _model_file(spec)
+    return f is not None and f.is_file()
+
+
+def _has(key: str) -> bool:
+    """Whether the cache holds an entry under ``key`` (not read)."""
+    try:
+        con = _connect()
+    except (sqlite3.Error, OSError):
+        return False
+    try:
+        return con.execute("SELECT 1 FROM captures WHERE key = ?", (key,)).fetchone() \
+            is not None
+    except sqlite3.Error:
+        return False
+    finally:
+        con.close()
+
+
+def _child(spec: str, batch, model_args: dict | None):
+    """A child Python (same environment, so the same cache file) running
+    :func:`layer_graph`, or ``None``.  Its errors are not read: on failure the caller
+    captures in this process, which raises them as usual."""
     import subprocess
     try:
         job = json.dumps([spec, batch, model_args or {}])
     except (TypeError, ValueError):
-        return False
+        return None
     code = ("import json, sys\n"
             "from explorer.engine.core.capture_cache import layer_graph\n"
             "spec, batch, args = json.loads(sys.argv[1])\n"
             "layer_graph(spec, batch, args)\n")
     try:
-        done = subprocess.run([sys.executable, "-c", code, job], stdin=subprocess.DEVNULL,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        child = subprocess.Popen([sys.executable, "-c", code, job], stdin=subprocess.DEVNULL,
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     except OSError:
-        return False
-    return done.returncode == 0
+        return None
+    global _REAPER
+    if not _REAPER:
+        import atexit
+        atexit.register(_reap)
+        _REAPER = True
+    return child
+
+
+def _wait(child) -> int:
+    try:
+        return child.wait()
+    except BaseException:            # interrupted: the child goes too
+        child.kill()
+        child.wait()
+        raise
+
+
+def _reap() -> None:
+    """At exit: children started but never waited for (the command failed first) stop."""
+    for child in _CHILDREN.values():
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    _CHILDREN.clear()
 
 
 def op_graph(spec: str, batch: int | None = None, model_args: dict | None = None):

@@ -85,6 +85,42 @@ def split(fn, n: int, threads: int = 0) -> None:
             f.result()                  # re-raises a part's error here
 
 
+def _useful_rows(a, b, refs, margin, keep, i0, i1):
+    """:func:`.optcnn._useful_middle`'s test for rows ``i0 <= i < i1``, fused: ``keep[i, j]``
+    stays true only if ``a[i, j] − a[i, t] <= max_k (b[t, k] − b[j, k]) + margin`` for every
+    reference ``t`` - the same subtractions, maximum and comparison as its numpy lines, in
+    one pass without temporaries."""
+    cj = b.shape[0]
+    ck = b.shape[1]
+    gain = np.empty(cj)
+    for t in refs:
+        for j in range(cj):
+            g = b[t, 0] - b[j, 0]
+            for k in range(1, ck):
+                g = max(g, b[t, k] - b[j, k])
+            gain[j] = g + margin
+        for i in range(i0, i1):
+            at = a[i, t]
+            for j in range(cj):
+                if a[i, j] - at > gain[j]:
+                    keep[i, j] = False
+
+
+def useful_kernel():
+    """The compiled :func:`_useful_rows` (see :func:`kernel`)."""
+    global _USEFUL
+    min_plus_kernel()
+    with _INIT:
+        if _USEFUL is None:
+            import numba
+
+            _USEFUL = numba.njit(cache=True, nogil=True)(_useful_rows)
+    return _USEFUL
+
+
+_USEFUL = None
+
+
 def _min_plus_rows(a, bT, ptr, cols, arg, i0, i1):
     """``arg[i, k]`` for rows ``i0 <= i < i1``: the first ``j`` (ascending) among row ``i``'s
     columns ``cols[ptr[i]:ptr[i + 1]]`` minimising ``a[i, j] + bT[k, j]``.
@@ -480,6 +516,31 @@ def shift_agreement(seg, U, P, nc):
     return base, lcp, hidx, nh
 
 
+def preload() -> bool:
+    """Import numba and load the by-node, min-plus and pruning kernels from its cache now,
+    with the argument types a search passes (tiny inputs), so that a search about to need
+    them (many devices) does not wait for them - ``explorer search`` does it while the model
+    is traced in a child process; ``False`` without numba."""
+    import importlib.util
+    if importlib.util.find_spec("numba") is None:
+        return False
+    i32 = np.int32
+    lo, hi = np.zeros((1, 1, 2), i32), np.ones((1, 1, 2), i32)
+    side = side_flags(lo, hi, lo.copy(), hi.copy(), (2,))
+    by_node(side, (lo.copy(), hi.copy()), np.array([[0, 1]]), np.array([2]), 4.0,
+            (np.array([0, 0]), 1e9, 1e8, 1e-5, 1e-4), (2,))
+    _small_kernels()
+    return True
+
+
+def _small_kernels() -> None:
+    """Call the min-plus and pruning kernels once on tiny inputs (compiled or loaded)."""
+    a = np.zeros((2, 2))
+    min_plus_kernel()(a, a.copy(), np.array([0, 2, 4]), np.array([0, 1, 0, 1]),
+                      np.zeros((2, 2), dtype=np.int64), 0, 2)
+    useful_kernel()(a, a.copy(), np.array([0]), 0.0, np.ones((2, 2), dtype=bool), 0, 2)
+
+
 def ranges_loaded() -> bool:
     """Whether this process has loaded the stage-range kernel (a search then runs every
     chain compiled: loading it is what small chains avoid)."""
@@ -494,9 +555,7 @@ def warm() -> bool:
     import importlib.util
     if importlib.util.find_spec("numba") is None:
         return False
-    a = np.zeros((2, 2))
-    min_plus_kernel()(a, a.copy(), np.array([0, 2, 4]), np.array([0, 1, 0, 1]),
-                      np.zeros((2, 2), dtype=np.int64), 0, 2)
+    _small_kernels()
     i64 = np.int64
     K, c = 2, 1
     nc = np.ones(K + 1, dtype=i64)
