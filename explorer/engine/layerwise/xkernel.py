@@ -121,26 +121,33 @@ def useful_kernel():
 _USEFUL = None
 
 
-def _min_plus_rows(a, bT, ptr, cols, arg, i0, i1):
+def _min_plus_rows(a, b, ptr, cols, arg, i0, i1):
     """``arg[i, k]`` for rows ``i0 <= i < i1``: the first ``j`` (ascending) among row ``i``'s
-    columns ``cols[ptr[i]:ptr[i + 1]]`` minimising ``a[i, j] + bT[k, j]``.
+    columns ``cols[ptr[i]:ptr[i + 1]]`` minimising ``a[i, j] + b[j, k]``.
 
-    The same sums as numpy's ``argmin`` over them, and the first of equal ones, so the same
+    Each column ``j`` updates the row's running minimum over every ``k`` at once (``b``'s
+    row ``j`` is contiguous, so the loop over ``k`` vectorises; five times the speed of one
+    ``k`` at a time over gathered columns).  The same sums as numpy's ``argmin`` over them,
+    compared in ascending ``j`` with a strict ``<``, so the first of equal ones: the same
     answer for finite tables (the caller's condition)."""
+    ck = b.shape[1]
+    best = np.empty(ck)
     for i in range(i0, i1):
         c0 = ptr[i]
         c1 = ptr[i + 1]
-        for k in range(bT.shape[0]):
-            j = cols[c0]
-            best = a[i, j] + bT[k, j]
-            bj = j
-            for q in range(c0 + 1, c1):
-                j = cols[q]
-                v = a[i, j] + bT[k, j]
-                if v < best:
-                    best = v
-                    bj = j
-            arg[i, k] = bj
+        j = cols[c0]
+        aij = a[i, j]
+        for k in range(ck):
+            best[k] = aij + b[j, k]
+            arg[i, k] = j
+        for q in range(c0 + 1, c1):
+            j = cols[q]
+            aij = a[i, j]
+            for k in range(ck):
+                v = aij + b[j, k]
+                if v < best[k]:
+                    best[k] = v
+                    arg[i, k] = j
 
 
 def _amax(a, u):
