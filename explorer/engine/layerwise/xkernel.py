@@ -31,7 +31,7 @@ import numpy as np
 from explorer.engine.core.storage import kernel_cache
 
 _KERNEL = None
-_MIN_PLUS = None
+_NOGIL: dict = {}      # name -> compiled kernel
 _INIT = threading.Lock()
 #: Threads a compiled call is split over (disjoint destination blocks or rows): the kernels
 #: release the GIL, so plain Python threads run them on both cores - no numba thread pool,
@@ -56,16 +56,21 @@ def kernel():
     return _KERNEL
 
 
-def min_plus_kernel():
-    """The compiled :func:`_min_plus_rows` (see :func:`kernel`)."""
-    global _MIN_PLUS
+def _compiled(fn):
+    """``fn`` compiled once per process (GIL released, numba's cache; see :func:`kernel`)."""
     kernel()
     with _INIT:
-        if _MIN_PLUS is None:
+        got = _NOGIL.get(fn.__name__)
+        if got is None:
             import numba
 
-            _MIN_PLUS = numba.njit(cache=True, nogil=True)(_min_plus_rows)
-    return _MIN_PLUS
+            got = _NOGIL[fn.__name__] = numba.njit(cache=True, nogil=True)(fn)
+    return got
+
+
+def min_plus_kernel():
+    """The compiled :func:`_min_plus_rows`."""
+    return _compiled(_min_plus_rows)
 
 
 def split(fn, n: int, threads: int = 0) -> None:
@@ -107,18 +112,8 @@ def _useful_rows(a, b, refs, margin, keep, i0, i1):
 
 
 def useful_kernel():
-    """The compiled :func:`_useful_rows` (see :func:`kernel`)."""
-    global _USEFUL
-    min_plus_kernel()
-    with _INIT:
-        if _USEFUL is None:
-            import numba
-
-            _USEFUL = numba.njit(cache=True, nogil=True)(_useful_rows)
-    return _USEFUL
-
-
-_USEFUL = None
+    """The compiled :func:`_useful_rows`."""
+    return _compiled(_useful_rows)
 
 
 def _min_plus_rows(a, b, ptr, cols, arg, i0, i1):
