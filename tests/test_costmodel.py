@@ -114,6 +114,87 @@ def test_sync_latency_counts_the_exchanges_the_runtime_makes():
                                    model.layer_costs("a", cands)[1], rtol=1e-12)
 
 
+def swap_devices(n, lat, msg, add_s, add_bw):
+    """A flat graph whose ``meta["swap"]`` is what ``explorer calibrate`` gives local CPU
+    workers: the runtime's per-tensor messages and in-place adds are costed."""
+    d = flat_devices(n, lat=lat)
+    d.meta["swap"] = {"message_s": msg, "add_s": add_s, "add_bw": add_bw}
+    return d
+
+
+def conv_bn():
+    """One 3x3 conv with its BatchNorm folded in: three tensors (weight, bn weight and
+    bias), as ResNet's layers are imported."""
+    g = LayerGraph("toy", 4)
+    g.add_layer(Layer("x", "input", (4, 8, 16, 16), ("n", "c", "h", "w")))
+    g.add_layer(Layer("a", "conv", (4, 8, 16, 16), ("n", "c", "h", "w"), ((4, 8, 16, 16),),
+                      {"weight": (8, 8, 3, 3), "bn.weight": (8,), "bn.bias": (8,)},
+                      dict(kernel=(3, 3), stride=(1, 1), padding=(1, 1), dilation=(1, 1),
+                           groups=1), flops=2.0 * 4 * 8 * 16 * 16 * 8 * 9))
+    g.add_edge(Edge("x", "a", 0))
+    return g
+
+
+def test_swap_sync_costs_one_message_per_tensor_and_the_adds():
+    # The runtime's data-parallel sync on gloo (Executor._sync_grads, p2p): after a layer's
+    # backward the two replicas post one irecv and one isend per parameter tensor, wait for
+    # all, then each adds the other's gradient (g.add_(received)).  Hand-worked for the
+    # conv + folded BN (576 + 8 + 8 float32 elements, 3 tensors) on 2 devices:
+    #   bytes both ways      2 * 592 * 4 / BW            (as before)
+    #   one exchange          lat                        (as before: a 1-message exchange)
+    #   2 more messages       2 * msg
+    #   3 adds                3 * add_s + 3 passes * 4 B * 592 / add_bw
+    lat, msg, add_s, add_bw = 1e-3, 2e-4, 1e-6, 50e9
+    g = conv_bn()
+    a = g.layer("a")
+    cm = CostModel(g, swap_devices(2, lat, msg, add_s, add_bw))
+    _, ts, _ = cm.layer_costs("a", [cfg(a), cfg(a, n=2), cfg(a, c=2)])
+    el = 576 + 8 + 8
+    want = 2 * el * 4 / BW + lat + 2 * msg + 3 * add_s + UPDATE_PASSES * 4 * el / add_bw
+    assert ts[0] == 0 and ts[2] == 0                # one device; disjoint shards
+    assert ts[1] == pytest.approx(want, rel=1e-12)
+    # 4 replicas: the first member receives 3 gradients of each tensor and sends the sum
+    # back 3 times (2 exchanges: 18 messages, 2 of them in the latencies), adds 3 times
+    cm4 = CostModel(g, swap_devices(4, lat, msg, add_s, add_bw))
+    _, t4, _ = cm4.layer_costs("a", [cfg(a, n=4)])
+    want4 = 2 * 3 * el * 4 / BW + 2 * lat + 16 * msg + \
+        3 * (3 * add_s + UPDATE_PASSES * 4 * el / add_bw)
+    assert t4[0] == pytest.approx(want4, rel=1e-12)
+    # the vectorised (node-structured) path and the general one agree
+    for model in (cm, cm4):
+        slow = CostModel(g, model.devices)
+        slow._nodes = None
+        cands = [cfg(a), cfg(a, n=2), cfg(a, c=2)] if model is cm else [cfg(a, n=4)]
+        np.testing.assert_allclose(slow.layer_costs("a", cands)[1],
+                                   model.layer_costs("a", cands)[1], rtol=1e-12)
+    # without the calibrated figures (presets) nothing changes: the paper's t_S
+    plain = CostModel(g, flat_devices(2, lat=lat))
+    assert plain.layer_costs("a", [cfg(a, n=2)])[1][0] == pytest.approx(
+        2 * el * 4 / BW + lat)
+
+
+def test_update_is_one_add_per_shard_at_the_calibrated_rate_and_in_the_breakdown():
+    # SGD update p.add_(g, alpha=-lr) per shard: 3 calls and 3 passes over 592 elements on
+    # each of 2 data-parallel replicas; with the output channels split each device updates
+    # its 4 of the 8 channels of all 3 tensors (3 calls, 296 elements)
+    lat, msg, add_s, add_bw = 1e-3, 2e-4, 1e-6, 50e9
+    g = conv_bn()
+    a = g.layer("a")
+    cm = CostModel(g, swap_devices(2, lat, msg, add_s, add_bw))
+    u = cm.update_costs("a", [cfg(a, n=2), cfg(a, c=2)])
+    assert u[0] == pytest.approx(3 * add_s + UPDATE_PASSES * 4 * 592 / add_bw, rel=1e-12)
+    assert u[1] == pytest.approx(3 * add_s + UPDATE_PASSES * 4 * 296 / add_bw, rel=1e-12)
+    tc, _, _ = cm.layer_costs("a", [cfg(a, n=2)])
+    assert tc[0] > u[0]                             # t_C holds it (equation 1 unchanged)
+    tables = cm.tables()
+    choice = {n: next(i for i, c in enumerate(tables.candidates[n]) if c.deg("n") == 2)
+              if n == "a" else 0 for n in tables.names}
+    bd = tables.breakdown(choice)
+    assert bd["update_s"] == pytest.approx(u[0], rel=1e-12)
+    assert bd["total_s"] == pytest.approx(bd["compute_s"] + bd["sync_s"] + bd["reduce_s"]
+                                          + bd["transfer_s"])
+
+
 def test_no_gradient_flows_back_into_the_model_input():
     # x -> a: a needs x's region forward, but nothing goes back (x needs no gradient);
     # a -> b: activations forward and their gradients backward

@@ -252,6 +252,15 @@ def test_local_uses_calibration_file(no_calibration):
     assert g.bandwidth(0, 1) == 3e9 and g.latency[0, 1] == 4e-5
 
 
+def test_local_carries_the_calibrated_gradient_swap(no_calibration):
+    # uncalibrated: the add at the copy bandwidth, no per-message cost
+    g = local(2)
+    assert g.meta["swap"] == {"message_s": 0.0, "add_s": 0.0, "add_bw": 8 * GB}
+    (no_calibration / "local.json").write_text(json.dumps(
+        {"mem_bw": 2e10, "swap_message_s": 2.5e-4, "add_s": 1.3e-6, "add_bw": 2.6e10}))
+    assert local(2).meta["swap"] == {"message_s": 2.5e-4, "add_s": 1.3e-6, "add_bw": 2.6e10}
+
+
 def test_an_absurd_device_count_is_refused_before_anything_is_built():
     import pytest
 

@@ -455,6 +455,10 @@ def test_calibrate_writes_local_json(tmp_path, capsys):
     assert d.devices[0].peak_flops == pytest.approx(doc["peak_flops"])
     assert d.bandwidth(0, 1) == pytest.approx(doc["link_bw"])
     assert d.meta["calibrated"]
+    # the gradient swap's extra message and the in-place add, as the cost model reads them
+    assert doc["swap_message_s"] >= 0 and doc["add_s"] > 0 and doc["add_bw"] > 0
+    assert d.meta["swap"] == {"message_s": doc["swap_message_s"], "add_s": doc["add_s"],
+                              "add_bw": doc["add_bw"]}
     assert cal["profiled"]["layers"] == 8 and cal["profiled"]["shards"] > 0
     # how noisy the calibration was is recorded with it
     assert doc["noise"]["canary_before_s"] > 0 and "noisy" in doc["noise"]

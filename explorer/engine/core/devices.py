@@ -383,6 +383,13 @@ def local(n: int | None = None) -> DeviceGraph:
         if cal.get("p2p_latency_mean_s") and cal.get("p2p_1mb_mean_s"):   # tails included
             meta["p2p"].update(latency_mean=float(cal["p2p_latency_mean_s"]),
                                s_1mb_mean=float(cal["p2p_1mb_mean_s"]))
+    # the layer-wise runtime's gradient sync on gloo (point to point, one message per
+    # parameter tensor, then an in-place add) and its SGD update (the same add): what a
+    # message beyond an exchange's first costs and the add's rate, as calibrated; without a
+    # calibration the add runs at the copy bandwidth and messages cost nothing extra
+    meta["swap"] = {"message_s": float(cal.get("swap_message_s") or 0.0),
+                    "add_s": float(cal.get("add_s") or 0.0),
+                    "add_bw": float(cal.get("add_bw") or cal.get("mem_bw", 8 * GB))}
     if cal.get("allreduce_1k_s") and cal.get("allreduce_big_s") and cal.get("allreduce_big_bytes"):
         meta["allreduce"] = {"small_s": float(cal["allreduce_1k_s"]),      # 1 KB
                              "big_s": float(cal["allreduce_big_s"]),

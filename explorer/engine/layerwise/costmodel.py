@@ -20,7 +20,13 @@
   ``2 (r-1) s / b``, two exchanges: gradients in, parameters out; with ``r = 2`` the server is
   one of the replicas and both messages go in one exchange, as the runtime's swap does — the
   same ``2 s / b`` of data, one latency), or ring all-reduce (``2 (r-1)/r · s / b``,
-  ``2 (r-1)`` steps of the replica group).
+  ``2 (r-1)`` steps of the replica group).  On calibrated local CPU workers
+  (``meta["swap"]``, the runtime's point-to-point sync on gloo) the parameter server also
+  pays what the runtime does besides moving bytes: one message per parameter tensor (each
+  beyond an exchange's first at the calibrated ``message_s``) and the adds of the received
+  gradients (``r - 1`` on the first member, one add call and three passes per element at the
+  calibrated add rate); the SGD update in ``t_C`` is then one add call per weight shard at
+  that rate (reported apart as ``update_s`` in the breakdown, still inside ``compute_s``).
 * ``t_R(l, c)`` – the reduce-scatter of a row-parallel configuration (a ``k`` degree, see
   :mod:`.geometry.config`): the ``k`` devices of a group each hold a partial sum of the
   group's tile and end up owning ``1/k`` of it, a ring reduce-scatter of
@@ -113,6 +119,8 @@ class CostTables:
     bytes_reduce: dict = field(default_factory=dict)
     #: :meth:`CostModel.estimate` made before building (candidates, bytes, work)
     estimate: dict = field(default_factory=dict)
+    #: the SGD update's part of ``t_compute`` per layer ``[C]`` (reported as ``update_s``)
+    t_update: dict = field(default_factory=dict)
 
     def node_cost(self, name: str) -> np.ndarray:
         red = self.t_reduce.get(name)
@@ -135,8 +143,11 @@ class CostTables:
         sync = sum(float(self.t_sync[n][choice[n]]) for n in self.names)
         red = sum(self.reduce_time(n, choice[n]) for n in self.names)
         xfer = sum(float(m[choice[e.src], choice[e.dst]]) for e, m in self.edges)
+        # update_s: the SGD update, already inside compute_s (t_C counts it, equation 1's
+        # terms are unchanged); apart so that it compares with a run's ``update`` phase
+        upd = sum(float(self.t_update[n][choice[n]]) for n in self.names if n in self.t_update)
         return {"compute_s": comp, "sync_s": sync, "reduce_s": red, "transfer_s": xfer,
-                "total_s": comp + sync + red + xfer}
+                "total_s": comp + sync + red + xfer, "update_s": upd}
 
     def dump(self) -> dict:
         """The ``--dump-costs`` document: enough to recompute equation 1 offline."""
@@ -208,6 +219,11 @@ class CostModel:
         #: bytes of the low-precision working copy of a weight element (bf16: 2)
         self.copy_bytes = P.working_copy_bytes(self.dtype)
         self.profile_cache = profile_cache
+        #: the runtime's gradient swap as calibrated on local CPU workers (``meta["swap"]``
+        #: of :func:`~explorer.engine.core.devices.local`): each message of an exchange beyond
+        #: its first, and the in-place add (per call, bytes touched per second) that sums
+        #: the received gradients and makes the SGD update; ``None``: not modelled (presets)
+        self._swap = self._swap_figures(devices)
         self._profiler = None
         self.profile_time_s = 0.0
         self._xcache: dict = {}
@@ -228,6 +244,36 @@ class CostModel:
         self._jit_search = False           # this search's tables use the compiled kernel
         if degrees in (None, "auto") and devices.n > G.ALL_DIVISORS_UP_TO:
             self.degrees = self._auto_degrees()
+
+    @staticmethod
+    def _swap_figures(devices: DeviceGraph):
+        sw = (getattr(devices, "meta", None) or {}).get("swap")
+        if not sw or not float(sw.get("add_bw") or 0) > 0:
+            return None
+        return {"message_s": max(float(sw.get("message_s") or 0.0), 0.0),
+                "add_s": max(float(sw.get("add_s") or 0.0), 0.0),
+                "add_bw": float(sw["add_bw"])}
+
+    def _sync_extra(self, r, elems):
+        """What the runtime's point-to-point sync (the parameter-server model) does besides
+        moving ``elems`` float32 gradients over the link, for one tensor of a replica group
+        of ``r``, on the group's first member: ``(messages, seconds of adds)``.  Two replicas
+        swap (one message each way, then each adds the other's gradient); a larger group's
+        first member receives ``r - 1`` gradients and sends the sum back (``2 (r - 1)``
+        messages) and adds ``r - 1`` times.  ``(0, 0)`` where not modelled (presets, ring)."""
+        sw = self._swap
+        if sw is None or self.sync != "ps":
+            return 0, 0.0
+        msgs = 1 if r == 2 else 2 * (r - 1)
+        add = (r - 1) * (sw["add_s"] + UPDATE_PASSES * self.param_bytes * elems / sw["add_bw"])
+        return msgs, add
+
+    def _message_time(self, msgs, r: int):
+        """Seconds of the messages of a layer's sync beyond the first of each exchange (the
+        calibrated latency is that of a one-message exchange)."""
+        if self._swap is None or self.sync != "ps":
+            return 0.0 * msgs
+        return self._swap["message_s"] * np.maximum(msgs - self._sync_steps(r), 0)
 
     # -- gradients -------------------------------------------------------------------------
     def needs_grad(self, name: str) -> bool:
@@ -378,6 +424,14 @@ class CostModel:
 
     def layer_costs(self, name: str, cands: list):
         """``(t_compute[C], t_sync[C], memory[C])`` for ``name`` over ``cands``."""
+        return tuple(a.copy() for a in self._layer_hit(name, cands)[:3])
+
+    def update_costs(self, name: str, cands: list) -> np.ndarray:
+        """``[C]``: the SGD update of the slowest device's weight shards, the part of
+        ``t_compute`` the breakdown reports as ``update_s`` (see the module docstring)."""
+        return self._layer_hit(name, cands)[3].copy()
+
+    def _layer_hit(self, name: str, cands: list):
         layer = self.graph.layer(name)
         key = (layer.op, repr(sorted(layer.attrs.items())), tuple(map(tuple, layer.in_shapes)),
                layer.out_shape, layer.axes, params_key(layer), layer.flops,
@@ -391,7 +445,7 @@ class CostModel:
                 # the arrays are [C, most devices]: by total degree, a candidate on k devices
                 # costs k rows, not the largest candidate's count (each candidate's costs are
                 # its own, so the numbers are the same)
-                hit = tuple(np.empty(len(cands)) for _ in range(3))
+                hit = tuple(np.empty(len(cands)) for _ in range(4))
                 tiles, red, owned, used = self._stacked_all(layer, cands)
                 for k in np.unique(totals):
                     idx = np.flatnonzero(totals == k)
@@ -418,7 +472,7 @@ class CostModel:
                         with _LRU_LOCK:
                             self._group_stacks.pop(gkey, None)
             self._layer_cache[key] = hit
-        return tuple(a.copy() for a in hit)
+        return hit
 
     def _layer_costs(self, layer: Layer, cands: list):
         C = len(cands)
@@ -430,7 +484,7 @@ class CostModel:
         vol = np.where(used, G.volume(boxes), 0).astype(float)
         tc, ts = np.zeros(C), np.zeros(C)
         if layer.op == "input":
-            return tc, ts, vol.max(axis=1) * db
+            return tc, ts, vol.max(axis=1) * db, np.zeros(C)
         # what each device computes: its owned box, or (row-parallel) a partial sum of its
         # group's tile over its feature slice - same FLOPs as the owned box's share
         tiles, red, _ = self._stacked_compute(layer, cands)
@@ -442,11 +496,21 @@ class CostModel:
             in_el += np.where(used, G.volume(G.input_regions(layer, j, tiles, red)), 0)
         shards = G.param_shards(layer, tiles, red)
         pel = np.zeros((C, Dm))
+        ntens = np.zeros((C, Dm))           # the device's non-empty weight shards (tensors)
         for _, reg in shards.values():
-            pel += np.where(used, G.volume(reg), 0)
+            v = np.where(used, G.volume(reg), 0)
+            pel += v
+            ntens += v > 0
         mbw = np.array([d.mem_bw for d in self.devices.devices])[dev]
-        # SGD update of the device's weight shards (read p, read grad, write p)
-        upd = np.where(used, UPDATE_PASSES * pb * pel / mbw, 0.0)
+        # SGD update of the device's weight shards (read p, read grad, write p): at the
+        # calibrated rate of the runtime's in-place add, one call per shard, when measured
+        sw = self._swap
+        if sw is not None:
+            upd = ntens * sw["add_s"] + UPDATE_PASSES * pb * pel / sw["add_bw"]
+        else:
+            upd = UPDATE_PASSES * pb * pel / mbw
+        upd = np.where(used, upd, 0.0)
+        tu = upd.max(axis=1)
         if self.compute == "measured":
             for i, cfg in enumerate(cands):
                 tc[i] = self._measured(layer, cfg) + upd[i].max()
@@ -479,7 +543,7 @@ class CostModel:
         # weights + gradients + momentum, activation + its gradient, fetched inputs (and a
         # row-parallel device's partial tile and the gathered gradient of it)
         mem = ((pb * 3 + cb) * pel + db * (2 * vol + in_el + 2 * partial)).max(axis=1)
-        return tc, ts, mem
+        return tc, ts, mem, tu
 
     def reduce_costs(self, name: str, cands: list):
         """``(t_R [C], bytes [C])``: the reduce-scatter of each row-parallel candidate's
@@ -544,6 +608,7 @@ class CostModel:
         node_of, bw_in, bw_out, lat_in, lat_out = nodes
         C, Dm = used.shape
         load = np.zeros((C, Dm))
+        msgs = np.zeros((C, Dm))                                     # the runtime's messages
         rmax = np.zeros(C, dtype=np.int64)                           # largest replica group
         node = node_of[dev]                                          # [C, Dm]
         ci, slot = np.nonzero(used)                                  # candidate-major order
@@ -574,14 +639,29 @@ class CostModel:
                 cost = 2.0 * (r - 1) * s / bw
             else:
                 cost = 2.0 * (r - 1) / np.maximum(r, 1) * s / bw
-            many = r > 1
+            if self._swap is not None and self.sync == "ps":
+                m_, a_ = self._sync_extra_arrays(r, s / self.param_bytes)
+                cost = cost + a_
+            else:
+                m_ = np.zeros(len(r))
+            many = (r > 1) & (s > 0)
             load[ci[lead][many], slot[lead][many]] += cost[many]
+            msgs[ci[lead][many], slot[lead][many]] += m_[many]
             np.maximum.at(rmax, ci[lead], np.where(s > 0, r, 0))
-        ts = load.max(axis=1)
+        ts = np.zeros(C)
         for i, c in enumerate(cands):
-            if ts[i] > 0:
-                ts[i] += self._sync_steps(int(rmax[i])) * self._group_lat(c.devices)
+            if (load[i] > 0).any():
+                r_ = int(rmax[i])
+                ts[i] = (load[i] + self._message_time(msgs[i], r_)).max() + \
+                    self._sync_steps(r_) * self._group_lat(c.devices)
         return ts
+
+    def _sync_extra_arrays(self, r: np.ndarray, elems: np.ndarray):
+        """:meth:`_sync_extra` over arrays of group sizes and tensor elements."""
+        sw = self._swap
+        msgs = np.where(r == 2, 1, 2 * (r - 1)).astype(float)
+        add = (r - 1) * (sw["add_s"] + UPDATE_PASSES * self.param_bytes * elems / sw["add_bw"])
+        return msgs, add
 
     @staticmethod
     def _row_code(keys: np.ndarray):
@@ -617,6 +697,7 @@ class CostModel:
         member; different servers work in parallel, one server handles its groups in turn.
         """
         load: dict = {}
+        msgs: dict = {}
         rmax = 0
         for elems, members in groups:
             r = len(members)
@@ -630,11 +711,14 @@ class CostModel:
                 cost = 2.0 * (r - 1) * s / bw
             else:
                 cost = 2.0 * (r - 1) / r * s / bw
-            load[devs[0]] = load.get(devs[0], 0.0) + cost
+            m, add = self._sync_extra(r, elems)
+            load[devs[0]] = load.get(devs[0], 0.0) + cost + add
+            msgs[devs[0]] = msgs.get(devs[0], 0) + m
         if not load:
             return 0.0
         lat = self._group_lat(cfg.devices)
-        return max(load.values()) + self._sync_steps(rmax) * lat
+        return max(v + float(self._message_time(msgs[k], rmax)) for k, v in load.items()) + \
+            self._sync_steps(rmax) * lat
 
     def _group_bw(self, devs: tuple) -> float:
         """Slowest link inside a group of devices (cached: groups repeat across layers)."""
@@ -1228,7 +1312,9 @@ class CostModel:
                    if est["work"] >= THREAD_WORK and self.compute == "analytic" else 1)
         lists = {n: self.candidates(n, by_layer.get(n)) for n in names}
         costs = self._each(lambda n: self.layer_costs(n, lists[n]), names, threads)
+        tu = {}
         for n, (a, b, m) in zip(names, costs):
+            u = self.update_costs(n, lists[n])
             cs = lists[n]
             cap_of = self._cinfo(cs)[2]
             cap = float(cap_of.min())
@@ -1240,8 +1326,8 @@ class CostModel:
                     f"{cap / 2**30:.2f} GiB): use more devices or a smaller batch")
             if len(keep) < len(cs):
                 cs = [cs[i] for i in keep]
-                a, b, m = a[keep], b[keep], m[keep]
-            cands[n], tc[n], ts[n], mem[n] = cs, a, b, m
+                a, b, m, u = a[keep], b[keep], m[keep], u[keep]
+            cands[n], tc[n], ts[n], mem[n], tu[n] = cs, a, b, m, u
             red = self.reduce_costs(n, cs)
             if red is not None:
                 tr[n], br[n] = red
@@ -1257,7 +1343,7 @@ class CostModel:
             self._stack_cache.clear()
             self._tile_cache.clear()
         return CostTables(names, cands, tc, ts, mem, edges, time.perf_counter() - t0, nbytes,
-                          tr, br, est)
+                          tr, br, est, tu)
 
 
 def warm() -> bool:

@@ -12,7 +12,11 @@ Writes ``$EXPLORER_HOME/local.json`` with the keys :func:`explorer.engine.core.d
   2-vCPU virtual machine this was developed on, that costs 1–3 ms, 20–40× the ping-pong
   latency of two processes that do nothing else (~0.08 ms): a blocked worker lets its vCPU
   halt, and a busy peer's I/O thread has to wait for the scheduler; the runtime pays the
-  former, so the cost model must use it.
+  former, so the cost model must use it;
+* ``swap_message_s`` – what each message beyond the first adds to such an exchange (the
+  layer-wise runtime's gradient swap sends one message per parameter tensor);
+* ``add_s`` / ``add_bw`` – one in-place add call and the bytes it touches per second (the
+  runtime's SGD update and its sum of swapped gradients, :func:`measure_add`);
 
 plus the raw measurements (ping-pong latency, all-reduce times, matmul/conv FLOP/s) for
 reference.  With ``model`` it also fills the profile cache (SQLite) with the measured
@@ -68,6 +72,40 @@ def measure_compute(quick: bool = False) -> dict:
             "mem_bw": mem_bw}
 
 
+def measure_add(reps: int = 7, calls: int = 256, tensors: int = 8,
+                elems: int = 2 ** 20) -> tuple:
+    """The in-place add the layer-wise runtime makes for every parameter tensor twice a
+    step - the SGD update ``p.add_(p.grad, alpha=-lr)``, the gradient dropped after it, and,
+    in a replicated layer's gradient swap, ``g.add_(received)``: ``(add_s, add_bw)``, the
+    seconds of one call on a tiny tensor (``calls`` of them in a loop, as the runtime's
+    loop over shards) and the bytes touched per second (read both, write one: 12 bytes per
+    float32 element) of ``tensors`` calls on ``elems`` elements each beyond that, on
+    gradients freshly made as a backward pass makes them and freed after the add.  The
+    median: a step pays the usual time, not the best.  Run in every worker at once
+    (:func:`_link_worker`), as the workers of a data-parallel step update together and
+    share the memory system."""
+    small = [(torch.zeros(16), torch.zeros(16)) for _ in range(calls)]
+    ts = []
+    for _ in range(reps + 1):
+        t = time.perf_counter()
+        for p, g in small:
+            p.add_(g, alpha=-0.01)
+        ts.append((time.perf_counter() - t) / calls)
+    add_s = statistics.median(ts[1:])
+    ps = [torch.zeros(elems) for _ in range(tensors)]
+    ts = []
+    for _ in range(reps + 1):
+        for p in ps:
+            p.grad = torch.empty(elems).fill_(1.0)
+        t = time.perf_counter()
+        for p in ps:
+            p.add_(p.grad, alpha=-0.01)
+            p.grad = None
+        ts.append(time.perf_counter() - t)
+    t_big = statistics.median(ts[1:])
+    return add_s, 12.0 * elems * tensors / max(t_big - tensors * add_s, 1e-9)
+
+
 def _link_worker(rank, world, device, quick, send):
     """Rank ``rank`` of the link measurement (an entry of :func:`launcher.start_workers`:
     gloo group joined, one thread, pinned to its core); rank 0 sends the numbers."""
@@ -104,6 +142,7 @@ def _link_worker(rank, world, device, quick, send):
                 ts.append(time.perf_counter() - t)
         res["latency"] = statistics.fmean(ts)
         res["latency_median"] = statistics.median(ts)
+        res["swap_message_s"] = _swap_message(peer, reps, x, w, small, res["latency"])
         # one-way point-to-point as a placement's step pays it: the receiver has posted its
         # irecv and waits, the sender computes, then isends; the message carries its send
         # time (the monotonic clock is the machine's), small (latency) and 1 MB (bandwidth)
@@ -123,6 +162,8 @@ def _link_worker(rank, world, device, quick, send):
         res["link_bw"] = m / statistics.median(ts)
         res["link_bytes"] = m
     dist.barrier()
+    res["add_s"], res["add_bw"] = measure_add(4 if quick else 7)    # every worker at once
+    dist.barrier()
     for size, key in ((256, "allreduce_1k_s"), ((4 if quick else 16) * 2 ** 20 // 4,
                                                 "allreduce_big_s")):
         t_ = torch.randn(size)
@@ -138,6 +179,28 @@ def _link_worker(rank, world, device, quick, send):
     if rank == 0:
         send("result", "link", res)
     dist.barrier()
+
+
+def _swap_message(peer, reps, x, w, small, one: float, k: int = 8) -> float:
+    """Seconds each message beyond the first adds to an exchange: the layer-wise runtime's
+    gradient swap posts one ``irecv`` and one ``isend`` per parameter tensor of the layer
+    and waits for all of them (:meth:`.executor.Executor._sync_grads`).  Measured as the
+    latency is (``one``: the mean of one 1 KB message each way, the workers computing
+    between exchanges), with ``k`` messages each way: ``(mean_k - one) / (k - 1)``."""
+    import torch.distributed as dist
+    sends = [small.clone() for _ in range(k)]
+    recvs = [torch.empty_like(small) for _ in range(k)]
+    ts = []
+    for i in range(reps + 5):
+        F.conv2d(x, w)
+        t = time.perf_counter()
+        ws = [dist.irecv(b, peer, tag=10 + j) for j, b in enumerate(recvs)]
+        ws += [dist.isend(b, peer, tag=10 + j) for j, b in enumerate(sends)]
+        for wk in ws:
+            wk.wait()
+        if i >= 5:
+            ts.append(time.perf_counter() - t)
+    return max(statistics.fmean(ts) - one, 0.0) / (k - 1)
 
 
 def _one_way(rank, peer, reps, x, w) -> dict:
@@ -236,6 +299,8 @@ def calibrate(devices: int | None = None, model: str | None = None, batch: int |
         link = measure_link(devices, quick)
     cal = {"peak_flops": comp["peak_flops"], "mem_bw": comp["mem_bw"],
            "link_bw": link["link_bw"], "latency": link["latency"],
+           "swap_message_s": link.get("swap_message_s"),
+           "add_s": link.get("add_s"), "add_bw": link.get("add_bw"),
            "matmul_flops": comp["matmul_flops"], "conv_flops": comp["conv_flops"],
            "pingpong_latency_s": link.get("pingpong_latency"),
            "p2p_latency_s": link.get("p2p_latency_s"), "p2p_bw": link.get("p2p_bw"),
