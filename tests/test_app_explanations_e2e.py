@@ -244,6 +244,16 @@ def test_small_model_units_labels_history_of_every_kind(dash_duo):
     cells = grid.find_elements("css selector", ".ag-cell[col-id=note]")
     assert cells and all(rect(dash_duo, c)[2] <= panel[2] + 1 for c in cells)
     assert any(rect(dash_duo, c)[3] - rect(dash_duo, c)[1] > 30 for c in cells)  # wrapped
+    # placers without clusters show a blank, not the grid's "Invalid Number"
+    clusters = dash_duo.driver.execute_script(
+        "const out = {}; dash_ag_grid.getApi(arguments[0]).forEachNode(n => {"
+        "  const c = document.querySelector('#' + arguments[0] + ' .ag-row[row-id=\"' +"
+        "    n.id + '\"] .ag-cell[col-id=clusters]');"
+        "  out[n.data.algo] = c ? c.textContent : null; }); return out;",
+        ids.PLACE_COMPARE_TABLE)
+    assert "Invalid Number" not in grid.text
+    assert clusters.get("m-topo") == "" and clusters.get("single") == "", clusters
+    assert clusters.get("celeritas", "").strip().isdigit(), clusters
     # the history keeps every plan kind; a placement loads back into its page
     open_page(dash_duo, "Plans")
     dash_duo.find_element(f"#{ids.PLANS_REFRESH}").click()

@@ -138,3 +138,28 @@ def test_the_url_keeps_tab_layer_and_step_and_a_reload_restores_them(dash_duo):
     active = dash_duo.driver.execute_script(
         "return document.querySelector('#learn-tabs .tab--selected').textContent.trim();")
     assert "Tofu Fig. 1" in active and dash_duo.driver.current_url == url
+
+
+@pytest.mark.parametrize("pin", ["nosuchlayer=n=2", "garbage"])
+def test_a_bad_pin_in_the_url_keeps_the_page_and_names_the_layers(dash_duo, pin):
+    """A shared link whose pin cannot apply: the (valid) model's graph, summary and plan are
+    still shown, unpinned, and one line under the form names the pin, the reason and - for a
+    layer that does not exist - the model's layers, on the page (not "see the command line")."""
+    from urllib.parse import quote
+    dash_duo.start_server(create_app(LENET))
+    dash_duo.wait_for_contains_text("#objective-value", "ms", timeout=90)
+    base = dash_duo.server_url.rstrip("/")
+    dash_duo.driver.get(f"{base}/?model=lenet5&devices=2&preset=local&pin={quote(pin)}")
+    dash_duo.wait_for_contains_text(f"#{ids.REQUEST_ERROR}", f"URL: pins {pin} ignored",
+                                    timeout=90)
+    dash_duo.wait_for_contains_text("#objective-value", "ms", timeout=30)
+    layers = until(lambda: dash_duo.driver.execute_script(
+        "const el = document.getElementById(arguments[0]);"
+        "const cy = el && el._cyreg && el._cyreg.cy;"
+        "return cy ? cy.nodes().map(n => n.id()) : null;", ids.GRAPH), 30, "the graph")
+    assert "conv1" in layers and "fc3" in layers
+    error = dash_duo.find_element(f"#{ids.REQUEST_ERROR}").text
+    assert "command line" not in error and "\n" not in error.strip()
+    if pin.startswith("nosuchlayer"):
+        assert "conv1" in error and "fc3" in error
+    assert dash_duo.find_element(f"#{ids.PIN_LIST}").text == ""

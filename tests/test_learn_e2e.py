@@ -250,3 +250,66 @@ def test_recursion_and_pipeline_follow_their_controls_and_define_their_terms(lea
     duo.select_dcc_dropdown("#" + ids.learn(key, "devices"), value="2")
     until(lambda: ", 2 devices" in figure(duo, key))
     assert not duo.find_element("#" + ids.learn(key, "error")).text
+
+
+def test_elimination_step_starts_again_when_the_model_changes(learn_duo):
+    """Figures 5-6: a step past the new model's last (Inception-v3's 150 of 158, then
+    LeNet-5 with 6) was kept by the slider and its box while the text said another step; a
+    new model, device count or kind of step starts again at step 1."""
+    from selenium.webdriver.common.keys import Keys
+    duo, key = learn_duo, "optcnn-elim"
+    open_learn(duo)
+    show(duo, key)
+    drawn(duo, key)
+    equation = "#" + ids.learn(key, "equation")
+    duo.wait_for_contains_text(equation, "Elimination 1 of 158", timeout=60)
+    box = duo.find_element(f"#{ids.learn(key, 'step')} input")
+    box.send_keys(Keys.CONTROL, "a")
+    box.send_keys("150", Keys.ENTER)      # Enter moves it (a blur did, only)
+    duo.wait_for_contains_text(equation, "Elimination 150 of 158", timeout=30)
+    duo.select_dcc_dropdown("#" + ids.learn(key, "model"), value="LeNet-5")
+    duo.wait_for_contains_text(equation, "Elimination 1 of 6", timeout=60)
+
+    def slider():
+        return duo.driver.execute_script(
+            "const s = document.querySelector('#' + arguments[0] + ' [role=slider]');"
+            "const b = document.querySelector('#' + arguments[0] + ' input');"
+            "return [s.getAttribute('aria-valuenow'), s.getAttribute('aria-valuemax'),"
+            "        b.value];", ids.learn(key, "step"))
+    until(lambda: slider() == ["1", "6", "1"], 15)
+    box = duo.find_element(f"#{ids.learn(key, 'step')} input")
+    box.send_keys(Keys.CONTROL, "a")
+    box.send_keys("4", Keys.ENTER)
+    duo.wait_for_contains_text(equation, "Elimination 4 of 6", timeout=30)
+    assert slider() == ["4", "6", "4"]
+
+
+ARROW = """
+const el = document.querySelector('#fig .js-plotly-plot');
+if (!el || !el.data) { return null; }
+const heads = el.querySelectorAll('.annotation-arrow-g path');
+const bars = el.querySelectorAll('.trace.bars')[0].querySelectorAll('.point path');
+if (heads.length < 2 || bars.length < 3) { return null; }
+const h = heads[heads.length - 1].getBoundingClientRect();
+return [(h.left + h.right) / 2, [...bars].map(b => {
+    const r = b.getBoundingClientRect(); return [r.left, r.right]; })];
+"""
+
+
+def test_the_minimum_arrow_sits_on_the_bar_of_configuration_1(dash_duo):
+    """Equation 2's figure drawn by Chromium: Plotly read an x value "1" as the number 1 (the
+    second category), so the "min: c_j*" arrow pointed at the wrong bar when the chosen
+    configuration was ``1``.  Here ``1`` is the third bar: the arrow's head is over it."""
+    import dash
+    from dash import dcc, html
+    from explorer.views.figures.learn import elimination_figure
+    rows = [{"config": c, "t_compute_s": t, "t_sync_s": 0.0, "t_reduce_s": 0.0,
+             "t_x_in_s": 0.0, "t_x_out_s": 0.0, "total_s": t}
+            for c, t in (("n2", 3e-6), ("c2", 2e-6), ("1", 1e-6), ("n4", 4e-6))]
+    fig = elimination_figure({"kind": "node", "node": "fc1", "rows": rows, "best": 2})
+    app = dash.Dash(__name__)
+    app.layout = html.Div([dcc.Graph(id="fig", figure=fig)])
+    dash_duo.start_server(app)
+    head, bars = until(lambda: dash_duo.driver.execute_script(ARROW), 30)
+    left, right = bars[2]
+    assert left <= head <= right, (head, bars)

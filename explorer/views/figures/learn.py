@@ -164,7 +164,9 @@ def elimination_figure(step: dict) -> go.Figure:
             fig.add_trace(go.Bar(x=xs, y=[r[key] * us for r in rows], name=name,
                                  marker_color=color))
         best = rows[step["best"]]
-        fig.add_annotation(x=best["config"], y=best["total_s"] * us, text="min: c_j*",
+        # x is the bar's position, not its name: on a categorical axis Plotly still reads an
+        # annotation's x "1" as position 1 (the second bar), so the arrow missed configuration 1
+        fig.add_annotation(x=step["best"], y=best["total_s"] * us, text="min: c_j*",
                            showarrow=True, arrowhead=2, ay=-40)
         _titled(fig, f"Equation 2: eliminating {step['node']}", barmode="stack",
                 xaxis_title=f"c_j: configuration of {step['node']}", yaxis_title="µs")

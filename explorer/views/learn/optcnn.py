@@ -210,6 +210,21 @@ def elim_doc(model, devices, preset=PRESET):
     return session.learn_elimination(req)
 
 
+def elim_controls(doc, index, kind, moved: bool):
+    """:func:`elim_view` and the step slider's value: another model, device count or kind of
+    step is another sequence of eliminations, so it starts again at step 1 (the slider kept
+    the old model's step 158 while the text said "Elimination 87 of 87"); a step typed past
+    the end is shown as the last one."""
+    view = elim_view(doc, 1 if not moved else index, kind)
+    last = view[-1]
+    if not moved:
+        value = 1 if index != 1 else dash.no_update
+    else:
+        i = max(1, min(int(index or 1), last))
+        value = i if i != index else dash.no_update
+    return (*view, value)
+
+
 def elim_view(doc, index, kind):
     """The equation text with the numbers, the diagram, the figure, our numbers for step
     ``index`` (1-based, as the slider shows it) of the steps of ``kind``, and the slider's
@@ -564,13 +579,13 @@ def register(app: dash.Dash) -> None:
     @app.callback(Output(ids.learn(m, "equation"), "children"),
                   Output(ids.learn(m, "diagram"), "figure"), Output(ids.learn(m, "fig"), "figure"),
                   Output(ids.learn(m, "ours"), "children"),
-                  Output(ids.learn(m, "step"), "max"),
+                  Output(ids.learn(m, "step"), "max"), Output(ids.learn(m, "step"), "value"),
                   Input(ids.learn(m, "store"), "data"), Input(ids.learn(m, "step"), "value"),
                   Input(ids.learn(m, "kind"), "value"))
     def _elim(doc, index, kind):
         if not doc:
             raise dash.exceptions.PreventUpdate
-        return elim_view(doc, index, kind)
+        return elim_controls(doc, index, kind, dash.ctx.triggered_id == ids.learn(m, "step"))
 
     s = K + "scale"
 
