@@ -315,6 +315,134 @@ def families_browser_rows(drv, repeat: int = 3) -> list:
              float("inf"))]
 
 
+#: counts the page's callback requests (``fetch`` to ``_dash-update-component``): how many are
+#: in flight and when the last one's response was read - a press is answered once none is in
+#: flight for a while (a background job's polls included) and the page shows its result
+TRACK = """
+if (!window.__pe) {
+    window.__pe = {inflight: 0, last: 0, sent: 0};
+    const orig = window.fetch;
+    window.fetch = function (...args) {
+        const u = String((args[0] && args[0].url) || args[0]);
+        if (!u.includes('_dash-update-component')) { return orig.apply(this, args); }
+        window.__pe.inflight++; window.__pe.sent = performance.now();
+        const done = () => { window.__pe.inflight--; window.__pe.last = performance.now(); };
+        return orig.apply(this, args).then(
+            r => { r.clone().text().then(done, done); return r; },
+            e => { done(); throw e; });
+    };
+}
+"""
+STATE = "const p = window.__pe; return p ? [p.sent, p.inflight, p.last, performance.now()] : null;"
+
+
+def answered(drv, t0: float, cond, timeout: float, quiet: float = 0.8) -> float:
+    """Seconds from ``t0`` (the page's ``performance.now()`` in ms) until the last callback
+    response of what ``t0`` started was read, once ``cond()`` holds and no callback has been
+    in flight for ``quiet`` seconds (longer than a background job's poll interval)."""
+    def done():
+        st = drv.execute_script(STATE)
+        if not st or st[0] < t0 or st[1] > 0 or st[3] - st[2] < quiet * 1000:
+            return None
+        return st[2] if cond() else None
+    return (B.wait(drv, done, timeout, poll=0.05) - t0) / 1000.0
+
+
+def press(drv, element_id: str, cond, timeout: float = 120) -> float:
+    """Seconds from a click on ``element_id`` until the page has answered it (:func:`answered`)."""
+    drv.execute_script(TRACK)
+    t0 = drv.execute_script("return performance.now();")
+    drv.find_element("id", element_id).click()
+    return answered(drv, t0, cond, timeout)
+
+
+def open_url(drv, url: str, cond, timeout: float = 300) -> float:
+    """Seconds from navigation to ``url`` until the page has answered (its first callbacks)."""
+    if not getattr(drv, "_tracked", False):         # in every page, before its own scripts
+        drv.execute_cdp_cmd("Page.addScriptToEvaluateOnNewDocument", {"source": TRACK})
+        drv._tracked = True
+    drv.get("about:blank")
+    drv.get(url)
+    return answered(drv, 0.0, cond, timeout)
+
+
+def contains(drv, element_id: str, words: str):
+    return lambda: words in B.text(drv, "#" + element_id)
+
+
+def first_and_warm(fn, repeat: int) -> tuple:
+    """``(first, median of the next repeat)`` of ``fn()``."""
+    first = fn()
+    return first, statistics.median(fn() for _ in range(repeat))
+
+
+GPT2 = "model=gpt2&devices=8&preset=p100-cluster"
+
+
+def walkthrough_rows(drv, repeat: int = 3) -> list:
+    """The engineer's walk-through of issue #29 on GPT-2 (115 layers) at 8 devices: each
+    interaction's first time (the server computes its result) and the median of ``repeat``
+    more (warm: the server's result caches hold it), as the user waits - from the click until
+    the page has received every callback's answer and shows the result."""
+    from selenium.webdriver.common.keys import Keys
+    rows = []
+
+    def row(name, fn, target=2.0):
+        first, warm = first_and_warm(fn, repeat)
+        rows.append((f"{name} (first: {first:.2f} s)", warm, target))
+
+    with B.server("--model", "gpt2", "--devices", "8", "--preset", "p100-cluster",
+                  timeout=300) as url:
+        plan_shown = lambda: ("ms" in B.text(drv, "#objective-value")    # noqa: E731
+                              and "layers as planned" in B.text(drv, "#plan-export-preview"))
+        row("GPT-2 @ 8: page opened from its address, plan and export preview shown",
+            lambda: open_url(drv, url + "?" + GPT2 + "&algo=optcnn", plan_shown))
+
+        def step_enter():
+            n = step_enter.n = getattr(step_enter, "n", 0) % 4 + 1
+            box = drv.find_element("id", "step-input")
+            box.send_keys(Keys.CONTROL, "a")
+            drv.execute_script(TRACK)
+            t0 = drv.execute_script("return performance.now();")
+            box.send_keys(str(40 * n), Keys.ENTER)
+            return answered(drv, t0, contains(drv, "step-text", f"Step {40 * n}/"), 60)
+        drv.execute_script("[...document.querySelectorAll('#tabs .tab')].find(t => "
+                           "t.textContent.trim() === 'Elimination steps').click()")
+        B.wait(drv, contains(drv, "step-text", "node eliminations"), 60)
+        row("  Elimination steps: a step typed, Enter: its text and rings shown", step_enter)
+        row("  a shared link to step 80 of the Steps tab opened",
+            lambda: open_url(drv, url + "?" + GPT2 + "&algo=optcnn&tab=steps&step=80",
+                             contains(drv, "step-text", "Step 80/")))
+        drv.execute_script("[...document.querySelectorAll('#tabs .tab')].find(t => "
+                           "t.textContent.trim() === 'Compare').click()")
+        B.wait(drv, lambda: drv.find_elements("id", "compare-button"), 30)
+        row("  Compare pressed: every strategy's plan, time, bytes and scaling figures",
+            lambda: press(drv, "compare-button", lambda: (
+                "scaling" in B.text(drv, "#compare-status")
+                and "scaling next" not in B.text(drv, "#compare-status"))))
+        row("  a bad pin in the address: the page kept, one line naming the pin",
+            lambda: open_url(drv, url + "?" + GPT2 + "&algo=optcnn&pin=nosuchlayer%3Dn%3D2",
+                             lambda: plan_shown() and "ignored" in B.text(drv, "#request-error")))
+        # the Tofu page, then the placement page, on the same request
+        drv.get(url + "tofu?" + GPT2 + "&algo=tofu")
+        B.wait(drv, lambda: drv.find_elements("id", "tofu-button"), 60)
+        row("Tofu page: Partition pressed, plan and tiles shown",
+            lambda: press(drv, "tofu-button", contains(drv, "tofu-headline", "communicated"),
+                          300))
+        row("  Compare algorithms pressed: every Tofu algorithm's plan",
+            lambda: press(drv, "tofu-compare-button",
+                          contains(drv, "tofu-compare", "allrow-greedy"), 300))
+        drv.get(url + "placement?" + GPT2 + "&algo=celeritas")
+        B.wait(drv, lambda: drv.find_elements("id", "place-button"), 60)
+        row("Placement page: Place pressed, schedule and memory shown",
+            lambda: press(drv, "place-button", contains(drv, "place-headline", "predicted step"),
+                          300))
+        row("  Compare all pressed: every placer's step, memory and bytes",
+            lambda: press(drv, "place-compare-button",
+                          contains(drv, "place-compare-table", "m-topo"), 300))
+    return rows
+
+
 def print_rows(rows):
     print("load average (1, 5, 15 min): " + ", ".join(f"{x:.2f}" for x in os.getloadavg()))
     print(f"{'measurement':70s} {'seconds':>8s} {'target':>7s}")
@@ -337,9 +465,16 @@ def main(argv=None):
     ap.add_argument("--families", action="store_true",
                     help="only Compare across families on Inception-v3 at 16 devices, in this "
                          "process")
+    ap.add_argument("--walkthrough", action="store_true",
+                    help="only the engineer's walk-through on GPT-2 at 8 devices (issue #29)")
     ap.add_argument("--browser", action="store_true",
                     help="with --families: in the served app, in headless Chromium")
     args = ap.parse_args(argv)
+    if args.walkthrough:
+        with B.browser() as drv:
+            rows = walkthrough_rows(drv, args.repeat)
+        print_rows(rows)
+        return rows
     if args.families:
         if args.browser:
             with B.browser() as drv:
@@ -385,6 +520,7 @@ def main(argv=None):
         rows += big_graph_rows(drv, args.repeat)
         rows += learn_rows(drv, args.repeat)
         rows += learn_tab_rows(drv, args.repeat)
+        rows += walkthrough_rows(drv, args.repeat)
     print_rows(rows)
     return rows
 

@@ -330,8 +330,9 @@ def test_one_colour_per_device_everywhere():
         assert tiling_figures.device_color(d) == placement.device_color(d) == c
         assert placement_figures.device_color(d) == c
     grid = tofu.tensor_grid({"name": "w", "shape": [2, 2], "owners": [[0, 1], [2, 3]]}, "W")
-    tiles = grid.children[0].children
-    assert [t.style["background"] for t in tiles] == [palette.device_color(w) for w in range(4)]
+    import re
+    tiles = re.findall(r'class="tofu-tile" title="worker (\d+)" style="background:([^;]+);', grid)
+    assert tiles == [(str(w), palette.device_color(w)) for w in range(4)]
     plan = session.search(LENET, [])
     colors = set(graph.config_colors(plan).values())
     assert colors and not colors & set(palette.DEVICE_COLORS)     # configurations ≠ devices
