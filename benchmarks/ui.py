@@ -443,6 +443,64 @@ def walkthrough_rows(drv, repeat: int = 3) -> list:
     return rows
 
 
+INCEPTION16 = "model=inception_v3&devices=16&preset=p100-cluster&algo=optcnn"
+
+
+def researcher_rows(drv, repeat: int = 3) -> list:
+    """The researcher's walk-through of issue #29 on Inception-v3 at 16 devices: the page, a
+    step typed in the Steps tab, the Tiling tab, Compare until its scaling figure, a reload
+    of a shared Steps link - first and warm, as :func:`walkthrough_rows`."""
+    from selenium.webdriver.common.keys import Keys
+    rows = []
+
+    def row(name, fn, target=2.0):
+        first, warm = first_and_warm(fn, repeat)
+        rows.append((f"{name} (first: {first:.2f} s)", warm, target))
+
+    def tab(label):
+        drv.execute_script("[...document.querySelectorAll('#tabs .tab')].find(t => "
+                           "t.textContent.trim() === arguments[0]).click()", label)
+
+    with B.server("--model", "inception_v3", "--devices", "16", "--preset", "p100-cluster",
+                  timeout=300) as url:
+        row("Inception-v3 @ 16: page opened from its address, plan shown",
+            lambda: open_url(drv, url + "?" + INCEPTION16,
+                             lambda: "ms" in B.text(drv, "#objective-value")))
+        tab("Elimination steps")
+        B.wait(drv, contains(drv, "step-text", "node eliminations"), 60)
+
+        def step_enter():
+            n = step_enter.n = getattr(step_enter, "n", 0) % 4 + 1
+            box = drv.find_element("id", "step-input")
+            box.send_keys(Keys.CONTROL, "a")
+            drv.execute_script(TRACK)
+            t0 = drv.execute_script("return performance.now();")
+            box.send_keys(str(50 * n), Keys.ENTER)
+            return answered(drv, t0, contains(drv, "step-text", f"Step {50 * n}/"), 60)
+        row("  Elimination steps: a step typed, Enter: its text and rings shown", step_enter)
+
+        def tiling():
+            tab("Plan")
+            time.sleep(0.3)
+            drv.execute_script(TRACK)
+            t0 = drv.execute_script("return performance.now();")
+            tab("Tiling")
+            return answered(drv, t0, lambda: drv.find_elements(
+                "css selector", "#tiling-strip .js-plotly-plot, #tiling-figure .js-plotly-plot"),
+                60)
+        row("  Tiling tab opened: the strip of every layer's tiles drawn", tiling)
+        tab("Compare")
+        B.wait(drv, lambda: drv.find_elements("id", "compare-button"), 30)
+        row("  Compare pressed: plans, time, bytes and the scaling figure (1-16 devices)",
+            lambda: press(drv, "compare-button", lambda: (
+                "scaling" in B.text(drv, "#compare-status")
+                and "scaling next" not in B.text(drv, "#compare-status")), 300))
+        row("  a shared link to step 120 of the Steps tab opened (reload)",
+            lambda: open_url(drv, url + "?" + INCEPTION16 + "&tab=steps&step=120",
+                             contains(drv, "step-text", "Step 120/")))
+    return rows
+
+
 def print_rows(rows):
     print("load average (1, 5, 15 min): " + ", ".join(f"{x:.2f}" for x in os.getloadavg()))
     print(f"{'measurement':70s} {'seconds':>8s} {'target':>7s}")
@@ -466,13 +524,14 @@ def main(argv=None):
                     help="only Compare across families on Inception-v3 at 16 devices, in this "
                          "process")
     ap.add_argument("--walkthrough", action="store_true",
-                    help="only the engineer's walk-through on GPT-2 at 8 devices (issue #29)")
+                    help="only issue #29's walk-throughs: an engineer's on GPT-2 at 8 devices, a "
+                         "researcher's on Inception-v3 at 16")
     ap.add_argument("--browser", action="store_true",
                     help="with --families: in the served app, in headless Chromium")
     args = ap.parse_args(argv)
     if args.walkthrough:
         with B.browser() as drv:
-            rows = walkthrough_rows(drv, args.repeat)
+            rows = walkthrough_rows(drv, args.repeat) + researcher_rows(drv, args.repeat)
         print_rows(rows)
         return rows
     if args.families:
@@ -521,6 +580,7 @@ def main(argv=None):
         rows += learn_rows(drv, args.repeat)
         rows += learn_tab_rows(drv, args.repeat)
         rows += walkthrough_rows(drv, args.repeat)
+        rows += researcher_rows(drv, args.repeat)
     print_rows(rows)
     return rows
 

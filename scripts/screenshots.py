@@ -117,6 +117,16 @@ def learn_shots(out):
                 B.wait(drv, lambda: "Equation" in B.text(drv, "#learn-optcnn-elim-fig"), 120)
                 time.sleep(1.5)
                 shot(drv, out, "learn-elimination.png")
+                # LeNet-5's first elimination chooses configuration "1": the arrow on its bar
+                drv.find_element("id", "learn-optcnn-elim-model").click()
+                B.wait(drv, lambda: [o.click() for o in drv.find_elements(
+                    "css selector", ".dash-dropdown-option") if "LeNet" in o.text], 10)
+                B.wait(drv, lambda: "Elimination 1 of 6" in B.text(
+                    drv, "#learn-optcnn-elim-equation"), 120)
+                time.sleep(2)
+                drv.execute_script("document.getElementById('learn-optcnn-elim-fig')"
+                                   ".scrollIntoView({block: 'center'})")
+                shot(drv, out, "learn-elimination-arrow.png")
                 # Figures 7-8 and Table 5: why layer-wise moves more bytes than OWT here
                 drv.find_element("css selector", "#learn-tabs .tab:nth-child(4)").click()
                 B.wait(drv, lambda: "not bytes" in B.text(drv, "#learn-optcnn-scale-why-bytes"),
