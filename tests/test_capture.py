@@ -1,3 +1,4 @@
+import pytest
 
 
 def test_every_trace_holds_the_one_trace_lock():
@@ -21,6 +22,48 @@ def test_every_trace_holds_the_one_trace_lock():
     for j in jobs:
         j.join(timeout=120)
     assert len(done) == 2
+
+
+@pytest.mark.parametrize("spec", ["inception_v3", "resnet50", "vgg16", "gpt2", "bert", "vit",
+                                  "mobilenet_v2", "densenet", "transformer", "llama"])
+def test_shapes_given_directly_on_meta_tensors_are_torchs(spec):
+    """Every node's shape and dtype from the capture's shape propagation (outputs of ReLU,
+    GELU, dropout, ``cat``, adaptive pools, linear layers and batch norms given directly on
+    meta tensors: their meta kernels are Python references whose first call imports
+    ``torch._dynamo``) equal those of torch's own ``ShapeProp``, on the examples (small)."""
+    import example_models
+    from torch.fx.passes.shape_prop import ShapeProp
+
+    from explorer.engine.core import capture as C
+    model, x = C.load(spec, 4, dict(example_models.SMALL.get(spec, {})))
+    gm = C._fx_trace(model, spec, False)
+
+    def shapes():
+        return {n.name: (tuple(n.meta["tensor_meta"].shape), n.meta["tensor_meta"].dtype)
+                for n in gm.graph.nodes if isinstance(n.meta.get("tensor_meta"),
+                                                       C.torch.fx.passes.shape_prop.TensorMetadata)}
+    C._shape_prop_class()(gm).propagate(x)
+    ours = shapes()
+    for n in gm.graph.nodes:
+        n.meta.pop("tensor_meta", None)
+    ShapeProp(gm).propagate(x)
+    assert ours and ours == shapes()
+
+
+def test_a_first_capture_of_inception_v3_does_not_import_dynamo(tmp_path):
+    """torch._dynamo (0.6 s of a first search's trace) is imported by the first call of any of
+    torch's Python meta references; Inception-v3's capture calls none of them."""
+    import subprocess
+    import sys
+    code = ("import sys\n"
+            "from explorer.engine.core.importer import import_spec\n"
+            "import_spec('inception_v3', 8, {'image_size': '96'})\n"
+            "print('torch._dynamo' in sys.modules)\n")
+    import os
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=300, env={**os.environ, "EXPLORER_HOME": str(tmp_path)})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "False"
 
 
 def test_batch_norm_shapes_on_meta_tensors_skip_torchs_decomposition(monkeypatch):

@@ -103,14 +103,86 @@ def _shape_prop_class():
     Inception-v3's first capture (imported on first use, as torch.fx's passes are)."""
     from torch.fx.passes.shape_prop import ShapeProp
 
+    shaped = tuple(getattr(nn, n) for n in _SHAPED_MODULES)
+    funcs = {f for m in (torch, F) for f in (getattr(m, n, None) for n in _SHAPED_FUNCTIONS)
+             if f is not None}
+
+    def on_meta(args):
+        return bool(args) and isinstance(args[0], torch.Tensor) and \
+            args[0].device.type == "meta"
+
     class Prop(ShapeProp):
         def call_module(self, target, args, kwargs):
             mod = self.fetch_attr(target)
-            if isinstance(mod, nn.modules.batchnorm._BatchNorm) and args and \
-                    isinstance(args[0], torch.Tensor) and args[0].device.type == "meta":
+            if isinstance(mod, (nn.modules.batchnorm._BatchNorm, *shaped)) and on_meta(args):
                 return torch.empty_like(args[0])
+            if isinstance(mod, nn.Linear) and on_meta(args) and not kwargs and \
+                    args[0].dim() >= 1 and args[0].shape[-1] == mod.in_features and \
+                    args[0].dtype == mod.weight.dtype:
+                return torch.empty((*args[0].shape[:-1], mod.out_features),
+                                   dtype=args[0].dtype, device="meta")
+            if isinstance(mod, (nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d,
+                                nn.AdaptiveAvgPool3d)) and on_meta(args) and not kwargs:
+                n = {nn.AdaptiveAvgPool1d: 1, nn.AdaptiveAvgPool2d: 2}.get(type(mod), 3)
+                out = _meta_adaptive(args[0], mod.output_size, n)
+                if out is not None:
+                    return out
             return super().call_module(target, args, kwargs)
+
+        def call_function(self, target, args, kwargs):
+            if target in funcs and on_meta(args):
+                return torch.empty_like(args[0])
+            if target is torch.cat:
+                out = _meta_cat(*args, **kwargs)
+                if out is not None:
+                    return out
+            return super().call_function(target, args, kwargs)
+
+        def call_method(self, target, args, kwargs):
+            if target in _SHAPED_FUNCTIONS and on_meta(args):
+                return torch.empty_like(args[0])
+            return super().call_method(target, args, kwargs)
     return Prop
+
+
+def _meta_cat(tensors, dim=0, *, out=None):
+    """``torch.cat`` of meta tensors of one dtype and rank, or ``None`` (torch's meta kernel
+    for it is a Python reference, see :data:`_SHAPED_MODULES`)."""
+    ts = list(tensors) if isinstance(tensors, (list, tuple)) else []
+    if out is not None or not ts or not all(isinstance(t, torch.Tensor) and
+                                            t.device.type == "meta" for t in ts):
+        return None
+    first = ts[0]
+    if any(t.dtype != first.dtype or t.dim() != first.dim() for t in ts) or first.dim() == 0:
+        return None
+    d = dim % first.dim()
+    shape = list(first.shape)
+    if any(list(t.shape[:d]) + list(t.shape[d + 1:]) != shape[:d] + shape[d + 1:]
+           for t in ts):
+        return None
+    shape[d] = sum(t.shape[d] for t in ts)
+    return torch.empty(shape, dtype=first.dtype, device="meta")
+
+
+def _meta_adaptive(x, size, k: int):
+    """An ``k``-d adaptive average pool's output on a meta tensor: the leading dimensions
+    kept, the last ``k`` set to ``size`` (``None``: the input's), or ``None`` when unsure."""
+    size = tuple(size) if isinstance(size, (tuple, list)) else (size,) * k
+    if len(size) != k or x.dim() < k + 1:
+        return None
+    lead, tail = list(x.shape[:-k]), list(x.shape[-k:])
+    shape = lead + [t if s is None else int(s) for s, t in zip(size, tail)]
+    return torch.empty(shape, dtype=x.dtype, device="meta")
+
+
+#: modules and functions whose output has their first input's shape and dtype, and whose meta
+#: kernel is one of torch's Python references: the first such call imports ``torch._dynamo``
+#: (0.6 s; the references are wrapped in ``torch._disable_dynamo``), so on meta tensors their
+#: output is made directly
+_SHAPED_MODULES = ("ReLU", "ReLU6", "GELU", "SiLU", "Sigmoid", "Tanh", "Hardtanh",
+                   "Hardswish", "Dropout", "Dropout2d")
+_SHAPED_FUNCTIONS = ("relu", "relu_", "relu6", "gelu", "silu", "sigmoid", "tanh",
+                     "hardtanh", "hardswish", "dropout")
 
 
 def _shape_prop(gm, x):
