@@ -413,3 +413,53 @@ def test_an_untraceable_step_is_one_line_not_a_traceback(capsys, tmp_path, algo)
     err = capsys.readouterr().err
     assert code == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
     assert "could not trace" in err
+
+
+@pytest.mark.parametrize("argv,want", [
+    (["search", "mlp", "-b", "8", "-a", "layers=2", "--devices", "64"], ("mlp", 8, {"layers": "2"})),
+    (["search", "vgg16", "--batch=16", "--model-arg=image_size=64"],
+     ("vgg16", 16, {"image_size": "64"})),
+    (["search", "mlp", "--algo", "optcnn"], ("mlp", None, {})),
+    (["search", "mlp", "--algo", "tofu"], None),           # another family: no layer graph
+    (["search", "--devices", "4", "mlp"], None),           # not plainly readable
+    (["search", "mlp", "--batch", "0"], None),
+    (["search", "mlp", "-a", "oops"], None),
+    (["models"], None),
+])
+def test_search_starts_tracing_before_the_parser_when_it_reads_plainly(monkeypatch, argv, want):
+    """``explorer search MODEL`` starts its capture child before the parser and the method
+    registry are imported (a first search waits 0.3 s less), only when the command line
+    says plainly which layer graph it needs."""
+    from explorer import cli
+    from explorer.engine.core import capture_cache
+    calls = []
+    monkeypatch.setattr(capture_cache, "TRACE_IN_CHILD", False)
+    monkeypatch.setattr(capture_cache, "start_layer_graph",
+                        lambda spec, batch, margs: calls.append((spec, batch, margs)))
+    cli._trace_early(argv)
+    assert calls == ([want] if want else [])
+
+
+def test_a_meta_build_makes_random_inputs_without_torchs_python_references():
+    """Models are built on meta tensors; their random example inputs are empty meta tensors
+    of the same shape and dtype (torch's references for them import sympy, 0.6 s)."""
+    import torch
+
+    from explorer.engine.core.models import _call_builder
+
+    def build():
+        x = torch.randn(2, 3, 4)
+        return torch.nn.Linear(4, 5), (x, torch.randint(0, 9, (2, 7)),
+                                       torch.rand((3,), dtype=torch.float64),
+                                       torch.randn_like(x))
+    seen = {}
+
+    def builder():
+        m, parts = build()
+        seen["parts"] = parts
+        return m, parts[0]
+    model, x = _call_builder(builder, True, "t")
+    shapes = [(tuple(t.shape), t.dtype, t.device.type) for t in seen["parts"]]
+    assert shapes == [((2, 3, 4), torch.float32, "meta"), ((2, 7), torch.int64, "meta"),
+                      ((3,), torch.float64, "meta"), ((2, 3, 4), torch.float32, "meta")]
+    assert model.weight.device.type == "meta"

@@ -101,6 +101,7 @@ def _shape_prop_class():
     """``ShapeProp`` that gives a batch norm's output on meta tensors its input's shape
     directly: torch's meta kernel for it is a Python decomposition, about a second of
     Inception-v3's first capture (imported on first use, as torch.fx's passes are)."""
+    from torch.fx.node import map_aggregate
     from torch.fx.passes.shape_prop import ShapeProp
 
     shaped = tuple(getattr(nn, n) for n in _SHAPED_MODULES)
@@ -111,38 +112,186 @@ def _shape_prop_class():
         return bool(args) and isinstance(args[0], torch.Tensor) and \
             args[0].device.type == "meta"
 
+    pool_funcs = {getattr(F, f"{kind}_pool{k}d"): (kind, k) for kind in ("max", "avg")
+                  for k in (1, 2, 3)}
+
+    def graded(out, args, mod=None):
+        """``out`` requiring grad as the computed output would (an input or a parameter
+        does, grad mode on): ShapeProp records it."""
+        if out is not None and torch.is_grad_enabled() and out.is_floating_point() and (
+                any(isinstance(a, torch.Tensor) and a.requires_grad
+                    for a in tree_leaves(args))
+                or (mod is not None and any(p.requires_grad for p in mod.parameters()))):
+            out.requires_grad_(True)
+        return out
+
     class Prop(ShapeProp):
         def call_module(self, target, args, kwargs):
             mod = self.fetch_attr(target)
-            if isinstance(mod, (nn.modules.batchnorm._BatchNorm, *shaped)) and on_meta(args):
-                return torch.empty_like(args[0])
-            if isinstance(mod, nn.Linear) and on_meta(args) and not kwargs and \
-                    args[0].dim() >= 1 and args[0].shape[-1] == mod.in_features and \
-                    args[0].dtype == mod.weight.dtype:
-                return torch.empty((*args[0].shape[:-1], mod.out_features),
-                                   dtype=args[0].dtype, device="meta")
-            if isinstance(mod, (nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d,
-                                nn.AdaptiveAvgPool3d)) and on_meta(args) and not kwargs:
+            out = None
+            if not on_meta(args) or kwargs:
+                pass
+            elif isinstance(mod, (nn.modules.batchnorm._BatchNorm, *shaped)):
+                out = _empty_like(args[0])
+            elif isinstance(mod, nn.Linear) and args[0].dim() >= 1 and \
+                    args[0].shape[-1] == mod.in_features and args[0].dtype == mod.weight.dtype:
+                out = torch.empty((*args[0].shape[:-1], mod.out_features),
+                                  dtype=args[0].dtype, device="meta")
+            elif type(mod) in (nn.Conv1d, nn.Conv2d, nn.Conv3d):
+                out = _meta_conv(args[0], mod)
+            elif type(mod) in _POOLS:
+                out = _meta_pool(args[0], _POOLS[type(mod)], mod.kernel_size, mod.stride,
+                                 mod.padding, getattr(mod, "dilation", 1), mod.ceil_mode,
+                                 getattr(mod, "return_indices", False))
+            elif isinstance(mod, (nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d,
+                                  nn.AdaptiveAvgPool3d)):
                 n = {nn.AdaptiveAvgPool1d: 1, nn.AdaptiveAvgPool2d: 2}.get(type(mod), 3)
                 out = _meta_adaptive(args[0], mod.output_size, n)
-                if out is not None:
-                    return out
+            if out is not None:
+                return graded(out, args, mod)
             return super().call_module(target, args, kwargs)
 
         def call_function(self, target, args, kwargs):
+            out = None
             if target in funcs and on_meta(args):
-                return torch.empty_like(args[0])
-            if target is torch.cat:
+                out = _empty_like(args[0])
+            elif target is torch.cat:
                 out = _meta_cat(*args, **kwargs)
-                if out is not None:
-                    return out
+            elif target in pool_funcs and on_meta(args):
+                out = _pool_call(*pool_funcs[target], args, kwargs)
+            if out is not None:
+                return graded(out, args)
             return super().call_function(target, args, kwargs)
 
         def call_method(self, target, args, kwargs):
             if target in _SHAPED_FUNCTIONS and on_meta(args):
-                return torch.empty_like(args[0])
+                return graded(_empty_like(args[0]), args)
             return super().call_method(target, args, kwargs)
+
+        def run_node(self, n):
+            """``ShapeProp.run_node`` without fake tensors, which imports torch's symbolic
+            shapes (sympy, 0.5 s of a first trace) for them on every call: the same
+            ``tensor_meta`` and ``type`` on the node, the same error."""
+            if self.fake_mode is not None:
+                return super().run_node(n)
+            try:
+                result = torch.fx.Interpreter.run_node(self, n)
+            except Exception as e:
+                raise RuntimeError(f"ShapeProp error for: node={n.format_node()} with "
+                                   f"meta={n.meta}") from e
+            found = []
+
+            def tensor_meta(obj):
+                if isinstance(obj, torch.Tensor):
+                    found.append(True)
+                    return _tensor_metadata(obj)
+                return obj
+            meta = map_aggregate(result, tensor_meta)
+            if found:
+                n.meta["tensor_meta"] = meta
+            n.meta["type"] = type(result)
+            return result
     return Prop
+
+
+def _tensor_metadata(t: torch.Tensor):
+    """torch.fx's ``TensorMetadata`` of ``t``, as ``ShapeProp`` records it, with the memory
+    format from the tensor's own (C++) contiguity flags: torch's Python helper for it calls
+    ``torch._check``, whose first call imports sympy (0.5 s of a first trace).  Plain dense
+    tensors only; others go through torch's own function."""
+    from torch.fx.passes.shape_prop import TensorMetadata, _extract_tensor_metadata
+    if t.is_quantized or t.layout != torch.strided:
+        return _extract_tensor_metadata(t)
+    fmt = None
+    for query in (torch.contiguous_format, torch.channels_last, torch.channels_last_3d):
+        if (query is torch.channels_last and t.dim() != 4) or \
+                (query is torch.channels_last_3d and t.dim() != 5):
+            continue
+        if t.is_contiguous(memory_format=query):
+            fmt = query
+            break
+    return TensorMetadata(t.shape, t.dtype, t.requires_grad, t.stride(), fmt, False, {})
+
+
+def _empty_like(x: torch.Tensor) -> torch.Tensor:
+    """``torch.empty_like(x)`` on meta: for a contiguous ``x`` by ``torch.empty``, since
+    ``empty_like``'s meta kernel is a Python reference (see :data:`_SHAPED_MODULES`)."""
+    if x.is_contiguous():
+        return torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    return torch.empty_like(x)
+
+
+def _meta_conv(x, conv):
+    """A convolution's output on a meta tensor (``[N,] C, *spatial`` in, the usual output
+    size per spatial axis), or ``None`` when unsure."""
+    k = len(conv.kernel_size)
+    if x.dim() not in (k + 1, k + 2) or x.shape[-k - 1] != conv.in_channels or \
+            x.dtype != conv.weight.dtype:
+        return None
+    pad = conv.padding
+    if isinstance(pad, str):
+        if pad == "same":
+            size = list(x.shape[-k:])
+        elif pad == "valid":
+            pad = (0,) * k
+        else:
+            return None
+    if not isinstance(pad, str):
+        size = [(n + 2 * p - d * (kk - 1) - 1) // s + 1 for n, p, d, kk, s in
+                zip(x.shape[-k:], pad, conv.dilation, conv.kernel_size, conv.stride)]
+    if any(n < 1 for n in size):
+        return None
+    return torch.empty((*x.shape[:-k - 1], conv.out_channels, *size), dtype=x.dtype,
+                       device="meta")
+
+
+#: pooling modules -> spatial dimensions
+_POOLS = {nn.MaxPool1d: 1, nn.MaxPool2d: 2, nn.MaxPool3d: 3,
+          nn.AvgPool1d: 1, nn.AvgPool2d: 2, nn.AvgPool3d: 3}
+
+
+def _pool_call(kind: str, k: int, args, kwargs):
+    """``F.max_poolKd`` / ``F.avg_poolKd`` (``kind``) on a meta tensor, by their signatures
+    (see :func:`_meta_pool`)."""
+    names = (("input", "kernel_size", "stride", "padding", "dilation", "ceil_mode",
+              "return_indices") if kind == "max" else
+             ("input", "kernel_size", "stride", "padding", "ceil_mode", "count_include_pad",
+              "divisor_override"))
+    if len(args) > len(names) or set(kwargs) - set(names):
+        return None
+    got = {**dict(zip(names, args)), **kwargs}
+    if "kernel_size" not in got:
+        return None
+    return _meta_pool(got["input"], k, got["kernel_size"], got.get("stride"),
+                      got.get("padding", 0), got.get("dilation", 1),
+                      bool(got.get("ceil_mode", False)), bool(got.get("return_indices", False)))
+
+
+def _meta_pool(x, k: int, kernel, stride, padding, dilation, ceil_mode: bool,
+               indices: bool):
+    """A ``k``-d pool's output on a meta tensor, as torch computes its size (``ceil_mode``
+    included), or ``None`` when unsure (indices asked for, odd arguments)."""
+    def tup(v, default=None):
+        if v is None or (isinstance(v, (tuple, list)) and len(v) == 0):
+            v = default
+        if isinstance(v, int):
+            return (v,) * k
+        return tuple(v) if isinstance(v, (tuple, list)) and len(v) == k and \
+            all(isinstance(i, int) for i in v) else None
+    kernel = tup(kernel)
+    stride, padding, dilation = tup(stride, kernel), tup(padding), tup(dilation)
+    if indices or None in (kernel, stride, padding, dilation) or x.dim() not in (k + 1, k + 2):
+        return None
+    size = []
+    for n, kk, s, p, d in zip(x.shape[-k:], kernel, stride, padding, dilation):
+        num = n + 2 * p - d * (kk - 1) - 1 + (s - 1 if ceil_mode else 0)
+        out = num // s + 1
+        if ceil_mode and (out - 1) * s >= n + p:
+            out -= 1
+        if out < 1 or p > kk // 2:
+            return None
+        size.append(out)
+    return torch.empty((*x.shape[:-k], *size), dtype=x.dtype, device="meta")
 
 
 def _meta_cat(tensors, dim=0, *, out=None):
@@ -395,7 +544,7 @@ def data_dependent_message(name, op, where) -> str:
 
 def check_data_dependent(gm, name: str = "model") -> None:
     """Raise :class:`DataDependent` for the first data-dependent op of a traced graph."""
-    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+    free_unbacked_symbols = None     # imported only for traces with values (sympy: 0.5 s)
     for node in gm.graph.nodes:
         if node.op not in ("call_function", "call_method"):
             continue
@@ -403,6 +552,8 @@ def check_data_dependent(gm, name: str = "model") -> None:
         if op in DATA_DEPENDENT:
             raise DataDependent(data_dependent_message(name, op, node_line(node)))
         val = node.meta.get("val")
+        if val is not None and free_unbacked_symbols is None:
+            from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
         if val is not None and free_unbacked_symbols(val):    # a size only values decide
             if op in ("index", "getitem", "index_put", "index_put_"):
                 op = "boolean-mask indexing"

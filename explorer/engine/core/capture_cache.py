@@ -363,6 +363,11 @@ def start_layer_graph(spec: str, batch: int | None = None,
     return child is not None
 
 
+def tracing(spec: str, batch: int | None = None, model_args: dict | None = None) -> bool:
+    """Whether a child started by :func:`start_layer_graph` is capturing this entry."""
+    return key_of("layers", spec, batch, model_args)[0] in _CHILDREN
+
+
 def layer_graph(spec: str, batch: int | None = None, model_args: dict | None = None):
     """:func:`~explorer.engine.core.importer.import_spec`, from the cache when it holds it
     (see :data:`TRACE_IN_CHILD`)."""

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 import torch.nn as nn
+from torch.overrides import TorchFunctionMode
 
 from explorer.engine.core import hf
 from explorer.errors import UnknownModel, UnsupportedModel
@@ -66,6 +67,50 @@ def load_model(spec: str, batch: int | None = None, model_args: dict | None = No
     return model, x
 
 
+class _MetaRandom(TorchFunctionMode):
+    """While a model is built on meta tensors: ``randn``/``rand``/``randint`` (and their
+    ``_like`` forms) give an empty meta tensor of their shape and dtype directly.  Their meta
+    kernels are torch's Python references, whose first call imports sympy (0.6 s of a first
+    search's trace); a meta tensor holds no values either way."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = dict(kwargs or {})
+        if kwargs.get("device") is not None and torch.device(kwargs["device"]).type == "meta":
+            out = _random_shape(func, args, kwargs)
+            if out is not None:
+                size, dtype = out
+                return torch.empty(size, dtype=dtype, device="meta",
+                                   requires_grad=bool(kwargs.get("requires_grad")))
+        return func(*args, **kwargs)
+
+
+def _random_shape(func, args, kwargs):
+    """``(size, dtype)`` of a random factory call, or ``None`` (not one, or unusual)."""
+    if kwargs.get("out") is not None or kwargs.get("generator") is not None or \
+            kwargs.get("names") is not None:
+        return None
+    if func in (torch.randn_like, torch.rand_like) and args and \
+            isinstance(args[0], torch.Tensor) and len(args) == 1:
+        return tuple(args[0].shape), kwargs.get("dtype") or args[0].dtype
+    if func in (torch.randn, torch.rand):
+        size = args[0] if len(args) == 1 and isinstance(args[0], (tuple, list, torch.Size)) \
+            else args
+        dtype = kwargs.get("dtype") or torch.get_default_dtype()
+    elif func is torch.randint:
+        if len(args) == 2:
+            size = args[1]
+        elif len(args) == 3:
+            size = args[2]
+        else:
+            return None
+        dtype = kwargs.get("dtype") or torch.int64
+    else:
+        return None
+    if not all(isinstance(d, int) for d in size):
+        return None
+    return tuple(size), dtype
+
+
 def _call_builder(build, meta, spec):
     def check(res):
         if (not isinstance(res, tuple) or len(res) != 2 or not isinstance(res[0], nn.Module)
@@ -76,7 +121,7 @@ def _call_builder(build, meta, spec):
         return res
     if meta:
         try:
-            with torch.device("meta"):
+            with _MetaRandom(), torch.device("meta"):
                 return check(build())
         except (UnknownModel, UnsupportedModel):
             raise

@@ -543,6 +543,12 @@ def _small_kernels() -> None:
     useful_kernel()(a, a.copy(), np.array([0]), 0.0, np.ones((2, 2), dtype=bool), 0, 2)
 
 
+def min_plus_loaded() -> bool:
+    """Whether this process has loaded the min-plus and pruning kernels (:func:`preload`, or
+    an earlier large product): smaller products then run compiled too."""
+    return "_min_plus_rows" in _NOGIL and "_useful_rows" in _NOGIL
+
+
 def ranges_loaded() -> bool:
     """Whether this process has loaded the stage-range kernel (a search then runs every
     chain compiled: loading it is what small chains avoid)."""
