@@ -131,9 +131,9 @@ def _shape_prop_class():
             out = None
             if not on_meta(args) or kwargs:
                 pass
-            elif isinstance(mod, (nn.modules.batchnorm._BatchNorm, *shaped)):
-                out = _empty_like(args[0])
-            elif isinstance(mod, nn.Linear) and args[0].dim() >= 1 and \
+            elif isinstance(mod, nn.modules.batchnorm._BatchNorm) or type(mod) in shaped:
+                out = _empty_like(args[0])       # (exact types: a subclass may differ)
+            elif type(mod) is nn.Linear and args[0].dim() >= 1 and \
                     args[0].shape[-1] == mod.in_features and args[0].dtype == mod.weight.dtype:
                 out = torch.empty((*args[0].shape[:-1], mod.out_features),
                                   dtype=args[0].dtype, device="meta")
@@ -143,8 +143,8 @@ def _shape_prop_class():
                 out = _meta_pool(args[0], _POOLS[type(mod)], mod.kernel_size, mod.stride,
                                  mod.padding, getattr(mod, "dilation", 1), mod.ceil_mode,
                                  getattr(mod, "return_indices", False))
-            elif isinstance(mod, (nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d,
-                                  nn.AdaptiveAvgPool3d)):
+            elif type(mod) in (nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d,
+                               nn.AdaptiveAvgPool3d):
                 n = {nn.AdaptiveAvgPool1d: 1, nn.AdaptiveAvgPool2d: 2}.get(type(mod), 3)
                 out = _meta_adaptive(args[0], mod.output_size, n)
             if out is not None:
