@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 
+import dash
 import pytest
 from dash import dcc, html
 
@@ -288,15 +289,17 @@ def test_callbacks_called_directly(plan, req):
     dopts, dval = tiling._cb_device("features_24", plan, 7)
     assert dval == "all" and [o["value"] for o in dopts] == ["all", 0, 1, 2, 3]
     assert tiling._cb_device("features_24", plan, 2)[1] == 2
-    out = tiling._cb_figure("features_24", 0, plan, req.to_dict())
+    out = tiling._cb_figure("features_24", 0, plan, "tiling", req.to_dict())
     assert isinstance(out, dcc.Graph)
     assert "features_24" in out.figure.layout.title.text
     # stale layer name: falls back to the default layer
-    out = tiling._cb_figure("no_such_layer", "all", plan, req.to_dict())
+    out = tiling._cb_figure("no_such_layer", "all", plan, "tiling", req.to_dict())
     assert isinstance(out, dcc.Graph) and "features_24" in out.figure.layout.title.text
     strip = tiling._cb_strip(plan, "features_24")
     assert strip.layout.meta["blocks"] == len(TF.strip_blocks(plan))
-    assert isinstance(tiling._cb_figure(None, "all", {"error": "boom"}, None), html.Div)
+    assert isinstance(tiling._cb_figure(None, "all", {"error": "boom"}, "tiling", None), html.Div)
+    # another tab shown: nothing is drawn (opening the Tiling tab draws the current plan's)
+    assert tiling._cb_figure("features_24", 0, plan, "plan", req.to_dict()) is dash.no_update
 
 
 def test_layout_has_the_panel_ids():

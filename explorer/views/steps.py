@@ -280,11 +280,13 @@ def register(app: dash.Dash) -> None:
                   Output(ids.STEP_TEXT, "children", allow_duplicate=True),
                   Output(ids.STEP_EQUATIONS, "children", allow_duplicate=True),
                   Input(ids.STEP_SLIDER, "value"), Input(ids.TABS, "value"),
-                  State(ids.STORE_PLAN, "data"),
+                  State(ids.STORE_PLAN, "data"), State(ids.STORE_STEP, "data"),
                   prevent_initial_call="initial_duplicate")
-    def show(value, tab, plan):
-        # also on opening: a URL with tab=steps&step=N shows that step
-        return shown_step(value, tab, plan)
+    def show(value, tab, plan, current):
+        # also on opening: a URL with tab=steps&step=N shows that step; the same step is not
+        # set again (every callback reading it - the graph's drawing - would run again)
+        step, text, eqs = shown_step(value, tab, plan)
+        return (no_update if step == current else step), text, eqs
 
     @app.callback(Output(ids.STORE_EXPANDED, "data", allow_duplicate=True),
                   Output(ids.STORE_STEP_OPENED, "data"),

@@ -192,7 +192,11 @@ def _cb_device(layer, plan, current):
     return device_choice(plan, layer, current)
 
 
-def _cb_figure(layer, device, plan, request):
+def _cb_figure(layer, device, plan, tab, request):
+    # drawn while the Tiling tab is shown, as the strip (opening it draws the current plan's):
+    # on a page load it was the last of the callbacks, 0.3 s, for a tab nobody had opened
+    if tab != "tiling":
+        return dash.no_update
     return render_figure(plan, request, layer, device)
 
 
@@ -211,7 +215,8 @@ def register(app: dash.Dash) -> None:
                  State(ids.TILING_DEVICE, "value"))(_cb_device)
     app.callback(Output(ids.TILING_FIGURE, "children"),
                  Input(ids.TILING_LAYER, "value"), Input(ids.TILING_DEVICE, "value"),
-                 Input(ids.STORE_PLAN, "data"), State(ids.STORE_REQUEST, "data"))(_cb_figure)
+                 Input(ids.STORE_PLAN, "data"), Input(ids.TABS, "value"),
+                 State(ids.STORE_REQUEST, "data"))(_cb_figure)
     app.callback(Output(ids.TILING_STRIP, "figure"), Input(ids.STORE_PLAN, "data"),
                  Input(ids.TILING_LAYER, "value"), Input(ids.TABS, "value"))(_cb_strip)
 
