@@ -49,15 +49,18 @@ def test_shapes_given_directly_on_meta_tensors_are_torchs(spec):
     assert any(m is not None for m, _ in ours.values()) and ours == shapes()
 
 
-def test_a_first_capture_of_inception_v3_does_not_import_dynamo(tmp_path):
+@pytest.mark.parametrize("spec,args", [("inception_v3", {"image_size": "96"}),
+                                       ("resnet50", {"image_size": "64"})])
+def test_a_first_capture_imports_neither_dynamo_nor_sympy(tmp_path, spec, args):
     """torch._dynamo (0.6 s of a first search's trace) is imported by the first call of any of
-    torch's Python meta references; Inception-v3's capture calls none of them."""
+    torch's Python meta references, sympy (0.5 s) by ``torch._check``; Inception-v3's and
+    ResNet-50's captures call none of them."""
     import subprocess
     import sys
     code = ("import sys\n"
             "from explorer.engine.core.importer import import_spec\n"
-            "import_spec('inception_v3', 8, {'image_size': '96'})\n"
-            "print('torch._dynamo' in sys.modules)\n")
+            f"import_spec({spec!r}, 8, {args!r})\n"
+            "print('torch._dynamo' in sys.modules or 'sympy' in sys.modules)\n")
     import os
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=300, env={**os.environ, "EXPLORER_HOME": str(tmp_path)})

@@ -157,6 +157,9 @@ def _shape_prop_class():
                 out = _empty_like(args[0])
             elif target is torch.cat:
                 out = _meta_cat(*args, **kwargs)
+            elif target in (operator.add, torch.add, operator.mul, torch.mul) and not kwargs \
+                    and len(args) == 2:
+                out = _meta_same(*args)
             elif target in pool_funcs and on_meta(args):
                 out = _pool_call(*pool_funcs[target], args, kwargs)
             if out is not None:
@@ -219,6 +222,16 @@ def _empty_like(x: torch.Tensor) -> torch.Tensor:
     if x.is_contiguous():
         return torch.empty(x.shape, dtype=x.dtype, device=x.device)
     return torch.empty_like(x)
+
+
+def _meta_same(a, b):
+    """``a + b`` / ``a * b`` of two meta tensors of one shape and dtype (a residual sum), or
+    ``None`` (broadcasting, type promotion, scalars: torch's own rules)."""
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and \
+            a.device.type == b.device.type == "meta" and a.shape == b.shape and \
+            a.dtype == b.dtype and a.is_contiguous() and b.is_contiguous():
+        return torch.empty(a.shape, dtype=a.dtype, device="meta")
+    return None
 
 
 def _meta_conv(x, conv):

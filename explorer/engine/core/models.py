@@ -69,12 +69,16 @@ def load_model(spec: str, batch: int | None = None, model_args: dict | None = No
 
 class _MetaRandom(TorchFunctionMode):
     """While a model is built on meta tensors: ``randn``/``rand``/``randint`` (and their
-    ``_like`` forms) give an empty meta tensor of their shape and dtype directly.  Their meta
+    ``_like`` forms) give an empty meta tensor of their shape and dtype directly, and in-place
+    random fills of meta tensors (``normal_``, ``uniform_``: weight initialisation) do nothing.  Their meta
     kernels are torch's Python references, whose first call imports sympy (0.6 s of a first
     search's trace); a meta tensor holds no values either way."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = dict(kwargs or {})
+        if func in _FILLS and args and isinstance(args[0], torch.Tensor) and \
+                args[0].device.type == "meta":
+            return args[0]              # a random initialisation: a meta tensor has no values
         if kwargs.get("device") is not None and torch.device(kwargs["device"]).type == "meta":
             out = _random_shape(func, args, kwargs)
             if out is not None:
@@ -82,6 +86,13 @@ class _MetaRandom(TorchFunctionMode):
                 return torch.empty(size, dtype=dtype, device="meta",
                                    requires_grad=bool(kwargs.get("requires_grad")))
         return func(*args, **kwargs)
+
+
+#: in-place random fills (weight initialisation): on meta tensors they change nothing, and
+#: their meta kernels are Python references too
+_FILLS = frozenset(getattr(torch.Tensor, n) for n in (
+    "normal_", "uniform_", "bernoulli_", "random_", "exponential_", "geometric_",
+    "log_normal_", "cauchy_") if hasattr(torch.Tensor, n))
 
 
 def _random_shape(func, args, kwargs):
