@@ -376,6 +376,24 @@ def first_and_warm(fn, repeat: int) -> tuple:
     return first, statistics.median(fn() for _ in range(repeat))
 
 
+def typed_step(drv, stride: int):
+    """A timed interaction: type the next of steps ``stride``, ``2·stride`` … ``4·stride`` in
+    the Steps tab's box and press Enter, until its text is shown (:func:`answered`)."""
+    from selenium.webdriver.common.keys import Keys
+    count = [0]
+
+    def step_enter():
+        count[0] = count[0] % 4 + 1
+        n = stride * count[0]
+        box = drv.find_element("id", "step-input")
+        box.send_keys(Keys.CONTROL, "a")
+        drv.execute_script(TRACK)
+        t0 = drv.execute_script("return performance.now();")
+        box.send_keys(str(n), Keys.ENTER)
+        return answered(drv, t0, contains(drv, "step-text", f"Step {n}/"), 60)
+    return step_enter
+
+
 GPT2 = "model=gpt2&devices=8&preset=p100-cluster"
 
 
@@ -384,7 +402,6 @@ def walkthrough_rows(drv, repeat: int = 3) -> list:
     interaction's first time (the server computes its result) and the median of ``repeat``
     more (warm: the server's result caches hold it), as the user waits - from the click until
     the page has received every callback's answer and shows the result."""
-    from selenium.webdriver.common.keys import Keys
     rows = []
 
     def row(name, fn, target=2.0):
@@ -398,14 +415,7 @@ def walkthrough_rows(drv, repeat: int = 3) -> list:
         row("GPT-2 @ 8: page opened from its address, plan and export preview shown",
             lambda: open_url(drv, url + "?" + GPT2 + "&algo=optcnn", plan_shown))
 
-        def step_enter():
-            n = step_enter.n = getattr(step_enter, "n", 0) % 4 + 1
-            box = drv.find_element("id", "step-input")
-            box.send_keys(Keys.CONTROL, "a")
-            drv.execute_script(TRACK)
-            t0 = drv.execute_script("return performance.now();")
-            box.send_keys(str(40 * n), Keys.ENTER)
-            return answered(drv, t0, contains(drv, "step-text", f"Step {40 * n}/"), 60)
+        step_enter = typed_step(drv, 40)
         drv.execute_script("[...document.querySelectorAll('#tabs .tab')].find(t => "
                            "t.textContent.trim() === 'Elimination steps').click()")
         B.wait(drv, contains(drv, "step-text", "node eliminations"), 60)
@@ -450,7 +460,6 @@ def researcher_rows(drv, repeat: int = 3) -> list:
     """The researcher's walk-through of issue #29 on Inception-v3 at 16 devices: the page, a
     step typed in the Steps tab, the Tiling tab, Compare until its scaling figure, a reload
     of a shared Steps link - first and warm, as :func:`walkthrough_rows`."""
-    from selenium.webdriver.common.keys import Keys
     rows = []
 
     def row(name, fn, target=2.0):
@@ -469,14 +478,7 @@ def researcher_rows(drv, repeat: int = 3) -> list:
         tab("Elimination steps")
         B.wait(drv, contains(drv, "step-text", "node eliminations"), 60)
 
-        def step_enter():
-            n = step_enter.n = getattr(step_enter, "n", 0) % 4 + 1
-            box = drv.find_element("id", "step-input")
-            box.send_keys(Keys.CONTROL, "a")
-            drv.execute_script(TRACK)
-            t0 = drv.execute_script("return performance.now();")
-            box.send_keys(str(50 * n), Keys.ENTER)
-            return answered(drv, t0, contains(drv, "step-text", f"Step {50 * n}/"), 60)
+        step_enter = typed_step(drv, 50)
         row("  Elimination steps: a step typed, Enter: its text and rings shown", step_enter)
 
         def tiling():
