@@ -584,6 +584,7 @@ def test_edge_regions_over_live_slots_equal_the_padded_ones(model, n):
     regions of every padded slot, masked (row-parallel consumers, view transforms and
     concatenations included)."""
     from explorer.engine.layerwise.costmodel import _soa_regions
+    from explorer.engine.layerwise.xkernel import coord_dtype
     g = import_spec(model)
     cm = CostModel(g, preset("p100-cluster", n), degrees="pow2")
     sparse = 0
@@ -591,7 +592,8 @@ def test_edge_regions_over_live_slots_equal_the_padded_ones(model, n):
         dst, cands = g.layer(e.dst), cm.candidates(e.dst)
         boxes, red, _ = cm._stacked_compute(dst, cands)
         live = cm._cinfo(cands)[1] >= 0
-        want = _soa_regions(G.edge_regions(g, e, boxes, red), live)
+        want = _soa_regions(G.edge_regions(g, e, boxes, red), live,
+                            coord_dtype(g.layer(e.src).out_shape))
         got = cm._edge_need(e, boxes, red, live)
         sparse += live.sum() <= 0.75 * live.size
         for a, b in zip(got, want):

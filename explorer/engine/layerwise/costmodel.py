@@ -162,13 +162,14 @@ class CostTables:
         }
 
 
-def _soa_regions(need: np.ndarray, live: np.ndarray):
-    """``[Cd, Dd, nd, 2]`` regions as ``(lo, hi)`` ``[Cd, nd, Dd]`` int32 (tensor extents are
-    far below 2**31), empty (``0, 0``) where ``live [Cd, Dd]`` is false."""
+def _soa_regions(need: np.ndarray, live: np.ndarray, dtype=np.int32):
+    """``[Cd, Dd, nd, 2]`` regions as ``(lo, hi)`` ``[Cd, nd, Dd]`` of ``dtype`` (int32, or
+    :func:`.xkernel.coord_dtype`'s for the tensor), empty (``0, 0``) where ``live [Cd, Dd]``
+    is false."""
     m = np.broadcast_to(live[:, None, :], (need.shape[0], need.shape[2], need.shape[1]))
     out = []
     for i in (0, 1):
-        a = np.zeros(m.shape, dtype=np.int32)
+        a = np.zeros(m.shape, dtype=dtype)
         np.copyto(a, np.moveaxis(need[..., i], 1, 2), casting="unsafe", where=m)
         out.append(a)
     return tuple(out)
@@ -830,14 +831,16 @@ class CostModel:
         """:func:`_soa_regions` of ``G.edge_regions(graph, edge, boxes, red)`` under
         ``live [Cd, Dd]``: computed over the live slots only when some are not (a candidate
         on ``k`` devices costs ``k`` rows, not the largest count; regions are per box)."""
+        from explorer.engine.layerwise.xkernel import coord_dtype
+        dt = coord_dtype(self.graph.layer(edge.src).out_shape)
         if live.sum() > 0.75 * live.size:           # mostly live: no gather, no scatter
-            return _soa_regions(G.edge_regions(self.graph, edge, boxes, red), live)
+            return _soa_regions(G.edge_regions(self.graph, edge, boxes, red), live, dt)
         ci, sl = np.nonzero(live)
         reg = G.edge_regions(self.graph, edge, boxes[ci, sl],
                              None if red is None else red[ci, sl])      # [U, nd, 2]
         out = []
         for i in (0, 1):
-            a = np.zeros((live.shape[0], reg.shape[1], live.shape[1]), dtype=np.int32)
+            a = np.zeros((live.shape[0], reg.shape[1], live.shape[1]), dtype=dt)
             a[ci, :, sl] = reg[..., i]
             out.append(a)
         return tuple(out)
@@ -1063,7 +1066,7 @@ class CostModel:
 
     def _node_side(self, src, src_cands, node_of):
         """:func:`.xkernel.source_side` of ``_node_tiles(...)`` (the same arrays), built per
-        axis as int32 straight from the stacked boxes when every candidate runs on devices
+        axis (:func:`.xkernel.coord_dtype`) straight from the stacked boxes when every candidate runs on devices
         ``0..k-1`` and nodes are equal blocks of consecutive devices (the presets): no
         ``[Cs, N, nd, 2]`` int64 arrays, no scattered ``ufunc.at`` reductions.  ``None`` when
         some node's tiles are not a box."""
@@ -1079,15 +1082,16 @@ class CostModel:
                 tiles = self._node_tiles(src, src_cands, node_of)
                 return False if tiles is None else xkernel.source_side(*tiles, node_of,
                                                                        src.out_shape)
-            olo = np.zeros((Cs, nd, N), dtype=np.int32)
-            ohi = np.zeros((Cs, nd, N), dtype=np.int32)
+            dt = xkernel.coord_dtype(src.out_shape)
+            olo = np.zeros((Cs, nd, N), dtype=dt)
+            ohi = np.zeros((Cs, nd, N), dtype=dt)
             olo[..., :Ds] = np.moveaxis(sb[..., 0], 1, 2)
             ohi[..., :Ds] = np.moveaxis(sb[..., 1], 1, 2)
             used = np.zeros((Cs, N), dtype=bool)
             used[:, :Ds] = sdev >= 0
             un = used.reshape(Cs, 1, N // g, g)                  # [Cs, 1, nodes, g]
             present = un.any(axis=3)                             # the node holds tiles
-            big = np.iinfo(np.int32).max
+            big = np.iinfo(dt).max
             lo = np.where(un, olo.reshape(Cs, nd, N // g, g), big).min(axis=3)
             hi = np.where(un, ohi.reshape(Cs, nd, N // g, g), -1).max(axis=3)
             lo = np.where(present, lo, 0)
@@ -1098,8 +1102,8 @@ class CostModel:
             if not np.array_equal(vol.reshape(Cs, N // g, g).sum(axis=2)[present[:, 0]],
                                   bvol[present[:, 0]]):
                 return False
-            blo = np.ascontiguousarray(np.repeat(lo, g, axis=2), dtype=np.int32)
-            bhi = np.ascontiguousarray(np.repeat(hi, g, axis=2), dtype=np.int32)
+            blo = np.ascontiguousarray(np.repeat(lo, g, axis=2), dtype=dt)
+            bhi = np.ascontiguousarray(np.repeat(hi, g, axis=2), dtype=dt)
             return xkernel.side_flags(olo, ohi, blo, bhi, src.out_shape)
         res = self._lru(self._tile_cache, ("side",) + self._layout_key(src, src_cands), make,
                         size=4)

@@ -285,7 +285,7 @@ def _min_plus(a: np.ndarray, b: np.ndarray):
         np.cumsum(keep.sum(axis=1), out=ptr[1:])
         cols = np.nonzero(keep)[1].astype(np.int64)        # row-major: ascending per row
         run, a_c, b_c = min_plus_kernel(), np.ascontiguousarray(a), np.ascontiguousarray(b)
-        split(lambda lo, hi: run(a_c, b_c, ptr, cols, arg, lo, hi), ci)
+        split(lambda lo, hi: run(a_c, b_c, ptr, cols, arg, lo, hi), ci, weight=np.diff(ptr))
     else:
         keep, rows_all = keep
         s = 0
