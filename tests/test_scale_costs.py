@@ -153,10 +153,13 @@ def test_layer_costs_by_total_degree_equal_all_at_once():
 def test_replica_groups_sorted_by_one_integer_equal_the_lexicographic_sort():
     g = import_spec("gpt2")
     coded, lex = (CostModel(g, preset("p100-cluster", 64), degrees="pow2") for _ in range(2))
-    lex._row_code = lambda keys: None                  # the multi-key sort throughout
-    keys = np.array([[2, 7, 1], [0, 9, 3], [2, 7, 0], [0, 9, 3]])
-    code = coded._row_code(keys)
+    lex._slot_code = lambda ci, C, flat: None          # the multi-key sort throughout
+    ci = np.array([2, 0, 2, 0, 1])
+    flat = np.array([[5, 7, 1], [5, 9, 3], [5, 7, 0], [5, 9, 3], [5, 8, -4]])  # column 0 fixed
+    code = coded._slot_code(ci, 3, flat)
+    keys = np.column_stack([ci, flat[:, 1:]])
     assert np.array_equal(np.argsort(code, kind="stable"), np.lexsort(keys.T[::-1]))
+    assert coded._slot_code(ci, 3, np.array([[0, 2**40]] * 4 + [[2**40, 0]])) is None
     for name in g.names():
         for a, b in zip(coded.layer_costs(name, coded.candidates(name)),
                         lex.layer_costs(name, lex.candidates(name))):

@@ -175,6 +175,27 @@ def _soa_regions(need: np.ndarray, live: np.ndarray, dtype=np.int32):
     return tuple(out)
 
 
+def _column_range(a: np.ndarray, fold: int = 64):
+    """``(min, max)`` of each column of a 2-D array.  numpy reduces a narrow array's first
+    axis with an inner loop over its few columns; folding ``fold`` rows into one row makes
+    that loop ``fold`` times longer (eight times faster on a ``[400 000, 8]`` array).
+
+    Examples
+    --------
+    >>> lo, hi = _column_range(np.array([[3, 1], [0, 1], [5, 2]]), fold=2)
+    >>> lo.tolist(), hi.tolist()
+    ([0, 1], [5, 2])
+    """
+    n = len(a) - len(a) % fold
+    lo, hi = a[n:].min(axis=0, initial=np.iinfo(a.dtype).max), \
+        a[n:].max(axis=0, initial=np.iinfo(a.dtype).min)
+    if n:
+        f = a[:n].reshape(-1, fold * a.shape[1])
+        lo = np.minimum(lo, f.min(axis=0).reshape(fold, -1).min(axis=0))
+        hi = np.maximum(hi, f.max(axis=0).reshape(fold, -1).max(axis=0))
+    return lo, hi
+
+
 def _aos_regions(need) -> np.ndarray:
     """:func:`_soa_regions`' arrays back as ``[Cd, Dd, nd, 2]`` int64 boxes."""
     lo, hi = need
@@ -498,8 +519,9 @@ class CostModel:
         shards = G.param_shards(layer, tiles, red)
         pel = np.zeros((C, Dm))
         ntens = np.zeros((C, Dm))           # the device's non-empty weight shards (tensors)
-        for _, reg in shards.values():
-            v = np.where(used, G.volume(reg), 0)
+        svols = [G.volume(reg) for _, reg in shards.values()]
+        for v in svols:
+            v = np.where(used, v, 0)
             pel += v
             ntens += v > 0
         mbw = np.array([d.mem_bw for d in self.devices.devices])[dev]
@@ -529,7 +551,7 @@ class CostModel:
             tc = np.where(used, t, 0.0).max(axis=1)
         nodes = self._node_structure()
         if nodes is not None and shards:
-            ts = self._sync_by_node(shards, dev, used, cands, nodes)
+            ts = self._sync_by_node(shards, dev, used, cands, nodes, svols)
         else:
             pvols = [G.volume(reg) for _, reg in shards.values()]
             for i, cfg in enumerate(cands):
@@ -598,15 +620,18 @@ class CostModel:
                 nbytes[i] += passes * (k - 1) * s
         return t, nbytes
 
-    def _sync_by_node(self, shards, dev, used, cands, nodes) -> np.ndarray:
+    def _sync_by_node(self, shards, dev, used, cands, nodes, svols=None) -> np.ndarray:
         """Vectorised :meth:`_sync` for two-level device graphs (same numbers, no loops).
 
         For each device slot, its replica group is the set of slots of its candidate holding
         an identical shard (found by sorting the shards, ``O(C·D log)`` rather than comparing
         every pair of slots); the group's server is its first slot; a group's slowest link is
-        the inter-node one as soon as it spans two nodes.
+        the inter-node one as soon as it spans two nodes.  ``svols``: the shards' volumes
+        ``[C, Dm]`` when the caller has them.
         """
         node_of, bw_in, bw_out, lat_in, lat_out = nodes
+        if svols is None:
+            svols = [G.volume(reg) for _, reg in shards.values()]
         C, Dm = used.shape
         load = np.zeros((C, Dm))
         msgs = np.zeros((C, Dm))                                     # the runtime's messages
@@ -615,16 +640,16 @@ class CostModel:
         ci, slot = np.nonzero(used)                                  # candidate-major order
         dense = ci.size == C * Dm          # every slot used (layer costs go by total degree)
         node_u = node.reshape(-1) if dense else node[ci, slot]
-        for _, reg in shards.values():
+        for (_, reg), svol in zip(shards.values(), svols):
             flat = reg.reshape(C * Dm, -1) if dense else reg.reshape(C, Dm, -1)[ci, slot]
-            keys = np.column_stack([ci, flat[:, (flat != flat[:1]).any(axis=0)]])
-            code = self._row_code(keys)
+            code = self._slot_code(ci, C, flat)
             if code is not None:        # one integer per row, in the same order: one sort
                 order = np.argsort(code, kind="stable")
                 ks = code[order]
                 start = np.ones(len(ks), dtype=bool)
                 start[1:] = ks[1:] != ks[:-1]
             else:
+                keys = np.column_stack([ci, flat[:, (flat != flat[:1]).any(axis=0)]])
                 order = np.lexsort(keys.T[::-1])                     # stable: slots in order
                 ks = keys[order]
                 start = np.ones(len(ks), dtype=bool)
@@ -634,7 +659,7 @@ class CostModel:
             nn_ = node_u[order]
             span = np.minimum.reduceat(nn_, first) != np.maximum.reduceat(nn_, first)
             lead = order[first]                                      # the group's first slot
-            s = G.volume(reg)[ci[lead], slot[lead]].astype(float) * self.param_bytes
+            s = svol[ci[lead], slot[lead]].astype(float) * self.param_bytes
             bw = np.where(span, bw_out, bw_in)
             if self.sync == "ps":
                 cost = 2.0 * (r - 1) * s / bw
@@ -665,18 +690,23 @@ class CostModel:
         return msgs, add
 
     @staticmethod
-    def _row_code(keys: np.ndarray):
-        """Each row of integer ``keys`` as one int64 that sorts as the rows do
-        lexicographically (mixed radix over each column's range), or ``None`` when the
-        ranges do not fit in 62 bits."""
-        lo, hi = keys.min(axis=0), keys.max(axis=0)
-        span = [int(h) - int(v) + 1 for v, h in zip(lo, hi)]
-        if math.prod(span) >= 1 << 62:
+    def _slot_code(ci: np.ndarray, C: int, flat: np.ndarray):
+        """Each row ``(ci, the columns of flat that vary)`` as one int64 that sorts as those
+        rows do lexicographically (so one stable sort of integers gives the same order),
+        without building the rows: mixed radix with ``ci`` in ``[0, C)`` the most
+        significant digit, then each varying column over its range; ``None`` when that does
+        not fit in 62 bits."""
+        if not len(flat):
+            return np.zeros(0, dtype=np.int64)
+        lo, hi = _column_range(flat)
+        var = np.flatnonzero(hi > lo)
+        spans = [int(hi[c]) - int(lo[c]) + 1 for c in var]
+        if math.prod(spans) * max(C, 1) >= 1 << 62:
             return None
-        code = np.zeros(len(keys), dtype=np.int64)
-        for c, sp in enumerate(span):
+        code = ci.astype(np.int64)
+        for c, sp in zip(var, spans):
             code *= sp
-            code += keys[:, c] - lo[c]
+            code += flat[:, c] - lo[c]
         return code
 
     def _sync_steps(self, r: int) -> int:
