@@ -341,9 +341,10 @@ def _stacked(layer: Layer, cfgs: list):
     C = len(cfgs)
     Dm = max(c.total for c in cfgs)
     nd = len(layer.out_shape)
-    boxes = np.zeros((C, Dm, nd, 2), dtype=np.int64)
-    boxes[..., 1] = np.asarray(layer.out_shape, dtype=np.int64)
-    total = np.array([c.total for c in cfgs])
+    # every slot written once (no zeroed array filled again, no mask pass): slots past a
+    # configuration's device count come out of the per-pattern tables as empty boxes
+    boxes = np.empty((C, Dm, nd, 2), dtype=np.int64)
+    total = np.array([c.total for c in cfgs], dtype=np.int64)
     used = np.arange(Dm)[None, :] < total[:, None]
     slots = np.arange(Dm, dtype=np.int64)
     kd = np.array([c.deg(REDUCE) for c in cfgs], dtype=np.int64)
@@ -355,16 +356,21 @@ def _stacked(layer: Layer, cfgs: list):
         deg = np.array([c.deg(letter) for c in cfgs], dtype=np.int64)
         ax = layer.axis_of(letter)
         size = layer.out_shape[ax]
-        # slot d's digit is (d // stride) % deg: computed once per distinct (stride, deg)
-        # pair (a few dozen) over the slots, then gathered per candidate
-        pairs, inv = np.unique(np.stack([stride, deg], axis=1), axis=0, return_inverse=True)
-        st, dg = pairs[:, :1], pairs[:, 1:]
+        # slot d's digit is (d // stride) % deg: computed once per distinct (stride, deg,
+        # device count) over the slots (a few hundred rows), then gathered per candidate
+        pats, inv = np.unique(np.stack([stride, deg, total], axis=1), axis=0,
+                              return_inverse=True)
+        st, dg, live = pats[:, :1], pats[:, 1:2], slots[None, :] < pats[:, 2:]
         idx = slots[None, :] // st % dg                                     # [P, Dm]
         inv = inv.reshape(-1)
-        boxes[:, :, ax, 0] = (idx * size // dg)[inv]
-        boxes[:, :, ax, 1] = ((idx + 1) * size // dg)[inv]
+        boxes[:, :, ax, 0] = np.where(live, idx * size // dg, 0)[inv]
+        boxes[:, :, ax, 1] = np.where(live, (idx + 1) * size // dg, 0)[inv]
         stride = stride * deg
-    boxes[~used] = 0
+    covered = {layer.axis_of(letter) for letter in layer.dims}
+    for ax in range(nd):
+        if ax not in covered:                    # an axis no letter splits: whole
+            boxes[:, :, ax, 0] = 0
+            boxes[:, :, ax, 1] = np.where(used, layer.out_shape[ax], 0)
     if not (kdeg > 1).any():
         return boxes, None, boxes, used
     red = _reduce_range(layer, kdeg, kidx)
