@@ -555,8 +555,34 @@ def test_node_side_refuses_node_tiles_that_are_not_a_box():
     owned[0, 1] = 0                                        # device 1 owns nothing: a hole
     cm._tile_cache.clear()
     cm._stack_cache[cm._layout_key(layer, bad)] = (tiles, None, owned, used)
+    lt, lr, lo, ci, sl = G.stacked_live(layer, bad)          # the used rows alike
+    lo = lo.copy()
+    lo[1] = 0
+    cm._live_cache[cm._layout_key(layer, bad)] = (lt, lr, lo, ci, sl)
     assert cm._node_tiles(layer, bad, node_of) is None
     assert cm._node_side(layer, bad, node_of) is None
+
+
+@pytest.mark.parametrize("model,n,degrees", [("gpt2", 16, "pow2"), ("inception_v3", 48, None),
+                                             ("moe", 8, None)])
+def test_stacked_live_rows_equal_the_used_rows_of_the_padded_boxes(model, n, degrees):
+    """:func:`.geometry.stacked_live` (no padding) gives, row for row, the used slots of
+    :func:`.geometry.stacked_boxes` - tiles, reduction ranges (row-parallel layers) and
+    owned boxes - in candidate-major order."""
+    g = import_spec(model)
+    cm = CostModel(g, preset("p100-cluster", n), degrees=degrees)
+    reduced = 0
+    for name in g.names():
+        layer, cands = g.layer(name), cm.candidates(name)
+        tiles, red, owned, used = G.stacked_boxes(layer, cands)
+        lt, lr, lo, ci, sl = G.stacked_live(layer, cands)
+        assert np.array_equal(np.stack([ci, sl]), np.stack(np.nonzero(used))), name
+        assert np.array_equal(lt, tiles[ci, sl]) and np.array_equal(lo, owned[ci, sl]), name
+        assert (lr is None) == (red is None), name
+        if red is not None:
+            reduced += 1
+            assert np.array_equal(lr, red[ci, sl]), name
+    assert reduced or model == "inception_v3"     # row-parallel layers were covered
 
 
 def test_regions_per_axis_round_trip_and_hide_unused_slots():
@@ -597,7 +623,7 @@ def test_edge_regions_over_live_slots_equal_the_padded_ones(model, n):
         live = cm._cinfo(cands)[1] >= 0
         want = _soa_regions(G.edge_regions(g, e, boxes, red), live,
                             coord_dtype(g.layer(e.src).out_shape))
-        got = cm._edge_need(e, boxes, red, live)
+        got = cm._edge_need(e, dst, cands, live)
         sparse += live.sum() <= 0.75 * live.size
         for a, b in zip(got, want):
             assert a.dtype == b.dtype and np.array_equal(a, b), (e.src, e.dst)

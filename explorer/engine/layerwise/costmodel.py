@@ -253,6 +253,7 @@ class CostModel:
         self._layer_cache: dict = {}
         self._bw_cache: dict = {}
         self._stack_cache: OrderedDict = OrderedDict()
+        self._live_cache: OrderedDict = OrderedDict()   # used rows only (edges' consumers)
         self._group_stacks: dict = {}       # a layer's candidates of one total, while costed
         self._lat_cache: dict = {}
         self._cand_cache: dict = {}
@@ -468,17 +469,22 @@ class CostModel:
                 # costs k rows, not the largest candidate's count (each candidate's costs are
                 # its own, so the numbers are the same)
                 hit = tuple(np.empty(len(cands)) for _ in range(4))
-                tiles, red, owned, used = self._stacked_all(layer, cands)
+                # the used rows only (candidate-major: candidate i's k devices are rows
+                # start[i]..start[i]+k-1), a third of the padded boxes at 1,024 devices
+                tiles, red, owned, _, _ = self._live_rows(layer, cands)
+                start = np.concatenate([[0], np.cumsum(totals)[:-1]])
                 for k in np.unique(totals):
                     idx = np.flatnonzero(totals == k)
                     sub = [cands[i] for i in idx]
                     # the group's boxes are rows of the whole list's (a row is its
-                    # candidate's alone): sliced, not stacked again
+                    # candidate's alone): gathered, not stacked again
                     k = int(k)
-                    t_, o_ = tiles[idx, :k], owned[idx, :k]
+                    rows = (start[idx][:, None] + np.arange(k)[None]).reshape(-1)
+                    t_ = tiles[rows].reshape(len(idx), k, *tiles.shape[1:])
+                    o_ = owned[rows].reshape(t_.shape)
                     r_ = None
                     if red is not None and any(c.deg(G.REDUCE) > 1 for c in sub):
-                        r_ = red[idx, :k]
+                        r_ = red[rows].reshape(len(idx), k, 2)
                     else:
                         o_ = t_
                     # (held apart from the LRU of whole lists while the group is costed:
@@ -486,7 +492,8 @@ class CostModel:
                     # which were then stacked again - 92 stackings for 30 layouts)
                     gkey = self._layout_key(layer, sub)
                     with _LRU_LOCK:
-                        self._group_stacks[gkey] = (t_, r_, o_, used[idx, :k])
+                        self._group_stacks[gkey] = (t_, r_, o_,
+                                                    np.ones((len(idx), k), dtype=bool))
                     try:
                         for out, part in zip(hit, self._layer_costs(layer, sub)):
                             out[idx] = part
@@ -831,12 +838,10 @@ class CostModel:
         hit = self._xcache.get(skey)            # the same edge signature: no geometry at all
         if hit is not None:
             return hit
-        db, dred, dused = self._stacked_compute(dst, dst_cands)   # what each device computes
         ddev = self._cinfo(dst_cands)[1]
-        # the regions each device needs on the producer, per axis as int32 ([Cd, nd, Dd] lo
-        # and hi: half the bytes to hash, and the compiled kernel's layout); unused slots
-        # need nothing
-        need = self._edge_need(edge, db, dred, ddev >= 0)
+        # the regions each device needs on the producer, per axis ([Cd, nd, Dd] lo and hi:
+        # half the bytes to hash, and the compiled kernel's layout); unused slots need nothing
+        need = self._edge_need(edge, dst, dst_cands, ddev >= 0)
         digest = hashlib.sha1(need[0])      # (hardware SHA: twice blake2b's speed here)
         digest.update(need[1])
         digest.update(np.ascontiguousarray(ddev))
@@ -857,17 +862,26 @@ class CostModel:
         self._xcache[key] = self._xcache[skey] = res
         return res
 
-    def _edge_need(self, edge: Edge, boxes, red, live):
-        """:func:`_soa_regions` of ``G.edge_regions(graph, edge, boxes, red)`` under
-        ``live [Cd, Dd]``: computed over the live slots only when some are not (a candidate
-        on ``k`` devices costs ``k`` rows, not the largest count; regions are per box)."""
+    def _live_rows(self, layer: Layer, cands: list):
+        """:func:`.geometry.stacked_live` of a layout (a few kept): the edges' regions and
+        the producers' per-axis tiles read these, not the padded boxes."""
+        return self._lru(self._live_cache, self._layout_key(layer, cands),
+                         lambda: G.stacked_live(layer, cands), size=6)
+
+    def _edge_need(self, edge: Edge, dst: Layer, cands: list, live):
+        """:func:`_soa_regions` of ``G.edge_regions(graph, edge, boxes, red)`` of what each
+        device of ``cands`` computes, under ``live [Cd, Dd]``: computed over the live slots
+        only when some are not (a candidate on ``k`` devices costs ``k`` rows, not the
+        largest count; regions are per box), from :func:`.geometry.stacked_live` - no padded
+        ``[Cd, Dd, nd, 2]`` boxes (a layout's are rebuilt for its edges otherwise: the layer
+        pass before has evicted them)."""
         from explorer.engine.layerwise.xkernel import coord_dtype
         dt = coord_dtype(self.graph.layer(edge.src).out_shape)
         if live.sum() > 0.75 * live.size:           # mostly live: no gather, no scatter
+            boxes, red, _ = self._stacked_compute(dst, cands)
             return _soa_regions(G.edge_regions(self.graph, edge, boxes, red), live, dt)
-        ci, sl = np.nonzero(live)
-        reg = G.edge_regions(self.graph, edge, boxes[ci, sl],
-                             None if red is None else red[ci, sl])      # [U, nd, 2]
+        tiles, red, _, ci, sl = self._live_rows(dst, cands)
+        reg = G.edge_regions(self.graph, edge, tiles, red)                  # [U, nd, 2]
         out = []
         for i in (0, 1):
             a = np.zeros((live.shape[0], reg.shape[1], live.shape[1]), dtype=dt)
@@ -1096,15 +1110,15 @@ class CostModel:
 
     def _node_side(self, src, src_cands, node_of):
         """:func:`.xkernel.source_side` of ``_node_tiles(...)`` (the same arrays), built per
-        axis (:func:`.xkernel.coord_dtype`) straight from the stacked boxes when every candidate runs on devices
-        ``0..k-1`` and nodes are equal blocks of consecutive devices (the presets): no
+        axis (:func:`.xkernel.coord_dtype`) straight from the used slots' tiles
+        (:meth:`_live_rows`) when every candidate runs on devices ``0..k-1`` and nodes are equal blocks of consecutive devices (the presets): no
         ``[Cs, N, nd, 2]`` int64 arrays, no scattered ``ufunc.at`` reductions.  ``None`` when
         some node's tiles are not a box."""
         def make():
             from explorer.engine.layerwise import xkernel
-            sb, sdev = self._src_tiles(src, src_cands)          # [Cs, Ds, nd, 2], [Cs, Ds]
+            sdev = self._cinfo(src_cands)[1]                    # [Cs, Ds]
             N = self.devices.n
-            Cs, Ds, nd = sb.shape[0], sb.shape[1], sb.shape[2]
+            (Cs, Ds), nd = sdev.shape, len(src.out_shape)
             g = int((node_of == 0).sum())
             slots = np.arange(Ds)
             if (N % g or Ds > N or not (node_of == np.arange(N) // g).all()
@@ -1113,12 +1127,13 @@ class CostModel:
                 return False if tiles is None else xkernel.source_side(*tiles, node_of,
                                                                        src.out_shape)
             dt = xkernel.coord_dtype(src.out_shape)
+            _, _, own, ci, sl = self._live_rows(src, src_cands)  # the used slots' tiles
             olo = np.zeros((Cs, nd, N), dtype=dt)
             ohi = np.zeros((Cs, nd, N), dtype=dt)
-            olo[..., :Ds] = np.moveaxis(sb[..., 0], 1, 2)
-            ohi[..., :Ds] = np.moveaxis(sb[..., 1], 1, 2)
+            olo[ci, :, sl] = own[..., 0]
+            ohi[ci, :, sl] = own[..., 1]
             used = np.zeros((Cs, N), dtype=bool)
-            used[:, :Ds] = sdev >= 0
+            used[ci, sl] = True
             un = used.reshape(Cs, 1, N // g, g)                  # [Cs, 1, nodes, g]
             present = un.any(axis=3)                             # the node holds tiles
             big = np.iinfo(dt).max
@@ -1376,6 +1391,7 @@ class CostModel:
         with _LRU_LOCK:
             self._stack_cache.clear()
             self._tile_cache.clear()
+            self._live_cache.clear()
         return CostTables(names, cands, tc, ts, mem, edges, time.perf_counter() - t0, nbytes,
                           tr, br, est, tu)
 

@@ -80,6 +80,7 @@ from explorer.engine.core.geometry.config import (
     scatter_axis,
     stacked_boxes,
     stacked_compute_boxes,
+    stacked_live,
     stacked_output_boxes,
     tile_indices,
 )
@@ -102,7 +103,7 @@ __all__ = [
     "Config", "enumerate_configs", "output_boxes", "stacked_output_boxes", "degree_values",
     "ALL_DIVISORS_UP_TO", "count_configs",
     "tile_indices", "REDUCE", "compute_boxes", "reduce_groups", "reduction_size",
-    "scatter_axis", "stacked_compute_boxes", "stacked_boxes",
+    "scatter_axis", "stacked_compute_boxes", "stacked_boxes", "stacked_live",
     "apply_transforms", "edge_regions",
     "REDUCERS", "ExecutionLayout", "OpLayout", "TensorLayout",
     "device_of", "owner_grid", "tile_digits", "tile_owners",
