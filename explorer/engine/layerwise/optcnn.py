@@ -266,13 +266,14 @@ def _min_plus(a: np.ndarray, b: np.ndarray):
     ``argmin`` over ``j``; the minimum is then gathered, not reduced a second time.  Large
     products first drop the ``j`` that cannot attain a row's minimum
     (:func:`_useful_middle`), which changes no sum and no tie; the largest then run compiled
-    (:data:`MIN_PLUS_JIT`), the same sums in the same order per row.
+    (:data:`MIN_PLUS_JIT`), the same sums in the same order per row, each row's minima kept
+    as it finds them.
     """
-    bT = np.ascontiguousarray(b.T)
     ci, ck = a.shape[0], b.shape[1]
     arg = np.empty((ci, ck), dtype=np.int64)
     keep = _useful_middle(a, b) if ci * a.shape[1] * ck >= MIN_PLUS_PRUNE else None
     if keep is None:
+        bT = np.ascontiguousarray(b.T)
         step = max(1, MIN_PLUS_BLOCK // max(1, a.shape[1] * ck))
         for s in range(0, ci, step):
             tot = a[s:s + step, None, :] + bT[None, :, :]
@@ -285,8 +286,12 @@ def _min_plus(a: np.ndarray, b: np.ndarray):
         np.cumsum(keep.sum(axis=1), out=ptr[1:])
         cols = np.nonzero(keep)[1].astype(np.int64)        # row-major: ascending per row
         run, a_c, b_c = min_plus_kernel(), np.ascontiguousarray(a), np.ascontiguousarray(b)
-        split(lambda lo, hi: run(a_c, b_c, ptr, cols, arg, lo, hi), ci, weight=np.diff(ptr))
+        m = np.empty((ci, ck))
+        split(lambda lo, hi: run(a_c, b_c, ptr, cols, arg, m, lo, hi), ci,
+              weight=np.diff(ptr))
+        return m, arg
     else:
+        bT = np.ascontiguousarray(b.T)
         keep, rows_all = keep
         s = 0
         while s < ci:               # blocks of rows whose useful columns, together, fit
@@ -302,7 +307,7 @@ def _min_plus(a: np.ndarray, b: np.ndarray):
             arg[rows] = cols[tot.argmin(axis=2)]
             s = e
     # the minimum is the sum at its argument: the same two operands added once more
-    m = a[np.arange(ci)[:, None], arg] + b[arg, np.arange(ck)[None, :]]
+    m = np.take_along_axis(a, arg, axis=1) + np.take_along_axis(b, arg, axis=0)
     return m, arg
 
 
