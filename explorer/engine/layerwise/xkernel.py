@@ -193,7 +193,7 @@ def _asum(a, u):
 
 def _by_node(t, nbytes, ddev, kd, ident, cut, nlo, nhi, tot, tot_b, sfx, olo, ohi, blo, bhi,
              ks, hend, sfull, rfull, item, bw_in, bw_out, lat_in, lat_out, fin_in, fin_out,
-             jlo, jhi):
+             afull, bown, bnode, jlo, jhi):
     """Fill columns ``jlo <= j < jhi`` of ``t [Cs, Cd]`` and ``nbytes [Cs, Cd]``.
 
     ``ddev [Cd, Dd]`` destination devices (``kd [Cd]`` used), ``ident [Cd]``: destination
@@ -204,6 +204,12 @@ def _by_node(t, nbytes, ddev, kd, ident, cut, nlo, nhi, tot, tot_b, sfx, olo, oh
     ``tot_b [Cd]`` their sum; ``olo / ohi [Cs, nd, N]`` each device's tile of source ``s``,
     ``blo / bhi [Cs, nd, N]`` the bounding box of its node's tiles; ``fin_*``: the bandwidth
     is finite.  Axis by axis over a destination's devices, so the loops vectorise.
+
+    ``afull [nd]``: the axes every destination's regions cover whole (a convolution reads all
+    input channels); their factors depend on the source alone, so ``bown / bnode [Cs, N]``
+    hold ``item`` times their product over the own tile and the node's box, and the main
+    branch starts from those instead of visiting the axes for every pair (exact integers:
+    the same products in another order).
     """
     Cs = olo.shape[0]
     Cd = nlo.shape[0]
@@ -222,10 +228,16 @@ def _by_node(t, nbytes, ddev, kd, ident, cut, nlo, nhi, tot, tot_b, sfx, olo, oh
                 u = K
                 if ident[j] and cut[s] < K:
                     u = cut[s]
-                for m in range(u):
-                    vm[m] = item
-                    vl[m] = item
-                if ident[j] and ks[s] >= 0 and u <= hend[s]:
+                main = ident[j] and ks[s] >= 0 and u <= hend[s]
+                if main:
+                    for m in range(u):
+                        vm[m] = bown[s, m]
+                        vl[m] = bnode[s, m]
+                else:
+                    for m in range(u):
+                        vm[m] = item
+                        vl[m] = item
+                if main:
                     # the source runs on devices 0..ks-1 (a device past them owns nothing)
                     # and every device here has a node-mate holding tiles: an axis that
                     # one side covers whole on every device costs the other side's extent
@@ -233,6 +245,8 @@ def _by_node(t, nbytes, ddev, kd, ident, cut, nlo, nhi, tot, tot_b, sfx, olo, oh
                     for m in range(um, u):
                         vm[m] = 0.0
                     for ax in range(nd):
+                        if afull[ax]:
+                            continue
                         if rfull[j, ax]:
                             for m in range(um):
                                 vm[m] *= ohi[s, ax, m] - olo[s, ax, m]
@@ -281,28 +295,38 @@ def _by_node(t, nbytes, ddev, kd, ident, cut, nlo, nhi, tot, tot_b, sfx, olo, oh
                             vm[m] *= max(e, 0)
                             e = min(rh, bhi[s, ax, d]) - max(rl, blo[s, ax, d])
                             vl[m] *= max(e, 0)
-                if fin_in and fin_out:
+                if fin_in and fin_out and lat_out >= lat_in:
+                    # the presets' case in one pass: the same operations as the two below
                     for m in range(u):
-                        tw[m] = (vl[m] - vm[m]) / bw_in + (tot[j, m] - vl[m]) / bw_out
-                elif fin_in:
-                    for m in range(u):
-                        tw[m] = (vl[m] - vm[m]) / bw_in
-                elif fin_out:
-                    for m in range(u):
-                        tw[m] = (tot[j, m] - vl[m]) / bw_out
+                        a = vl[m]
+                        b = vm[m]
+                        tj = tot[j, m]
+                        w = (a - b) / bw_in + (tj - a) / bw_out
+                        w += lat_out if tj - a > 0 else (lat_in if a - b > 0 else 0.0)
+                        tw[m] = w
                 else:
-                    for m in range(u):
-                        tw[m] = 0.0
-                if lat_out >= lat_in:     # max(lat_in [intra], lat_out [inter])
-                    for m in range(u):
-                        far = tot[j, m] - vl[m] > 0
-                        near = vl[m] - vm[m] > 0
-                        tw[m] += lat_out if far else (lat_in if near else 0.0)
-                else:
-                    for m in range(u):
-                        far = tot[j, m] - vl[m] > 0
-                        near = vl[m] - vm[m] > 0
-                        tw[m] += max(lat_in if near else 0.0, lat_out if far else 0.0)
+                    if fin_in and fin_out:
+                        for m in range(u):
+                            tw[m] = (vl[m] - vm[m]) / bw_in + (tot[j, m] - vl[m]) / bw_out
+                    elif fin_in:
+                        for m in range(u):
+                            tw[m] = (vl[m] - vm[m]) / bw_in
+                    elif fin_out:
+                        for m in range(u):
+                            tw[m] = (tot[j, m] - vl[m]) / bw_out
+                    else:
+                        for m in range(u):
+                            tw[m] = 0.0
+                    if lat_out >= lat_in:     # max(lat_in [intra], lat_out [inter])
+                        for m in range(u):
+                            far = tot[j, m] - vl[m] > 0
+                            near = vl[m] - vm[m] > 0
+                            tw[m] += lat_out if far else (lat_in if near else 0.0)
+                    else:
+                        for m in range(u):
+                            far = tot[j, m] - vl[m] > 0
+                            near = vl[m] - vm[m] > 0
+                            tw[m] += max(lat_in if near else 0.0, lat_out if far else 0.0)
                 best = _amax(tw, u)
                 msum = _asum(vm, u)
                 if u < K and sfx[j, u] > best:
@@ -401,6 +425,14 @@ def by_node(src_side, need, ddev, cut, item, nodes, sizes):
             olo, ohi, blo, bhi, ks, hend, sfull, rfull, float(item), float(bw_in),
             float(bw_out), float(lat_in), float(lat_out), bool(np.isfinite(bw_in)),
             bool(np.isfinite(bw_out)))
+    # axes every destination reads whole: their factors, per source device, computed once
+    afull = rfull.all(axis=0)
+    bown = np.full(olo.shape[::2], float(item))
+    bnode = bown.copy()
+    for ax in np.flatnonzero(afull):
+        bown *= ohi[:, ax] - olo[:, ax]
+        bnode *= bhi[:, ax] - blo[:, ax]
+    args += (afull, bown, bnode)
     run = kernel()
     split(lambda lo, hi: run(*args, lo, hi), Cd, weight=kd)
     return t, nbytes
