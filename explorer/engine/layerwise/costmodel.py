@@ -1111,7 +1111,8 @@ class CostModel:
     def _node_side(self, src, src_cands, node_of):
         """:func:`.xkernel.source_side` of ``_node_tiles(...)`` (the same arrays), built per
         axis (:func:`.xkernel.coord_dtype`) straight from the used slots' tiles
-        (:meth:`_live_rows`) when every candidate runs on devices ``0..k-1`` and nodes are equal blocks of consecutive devices (the presets): no
+        (:meth:`_live_rows`) when every candidate runs on devices ``0..k-1`` and nodes are
+        equal blocks of consecutive devices (the presets): no
         ``[Cs, N, nd, 2]`` int64 arrays, no scattered ``ufunc.at`` reductions.  ``None`` when
         some node's tiles are not a box."""
         def make():

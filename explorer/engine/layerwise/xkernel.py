@@ -350,10 +350,10 @@ def coord_dtype(sizes):
 
 def source_side(own, nbox, node_of, sizes):
     """What the kernel reads of a source layout (the same for every edge leaving it):
-    ``(olo, ohi, blo, bhi [Cs, nd, N] (:func:`coord_dtype`), ks [Cs], hend [Cs], sfull [Cs, nd])`` - each
-    device's tile and its node's box per axis, the device count when the source runs on
-    devices ``0..k-1`` (else -1), how many leading devices have a node holding its tiles,
-    and the axes its tiles cover whole."""
+    ``(olo, ohi, blo, bhi [Cs, nd, N], ks [Cs], hend [Cs], sfull [Cs, nd])`` (bounds in
+    :func:`coord_dtype`) - each device's tile and its node's box per axis, the device count
+    when the source runs on devices ``0..k-1`` (else -1), how many leading devices have a
+    node holding its tiles, and the axes its tiles cover whole."""
     dt = coord_dtype(sizes)
     olo, ohi = _soa(own, dt)
     # per node, then per device (no [Cs, N, nd, 2] int64 temporary); C order for the kernel
