@@ -13,6 +13,8 @@ process (second run, so the import caches are warm) and its peak memory, and the
                                 [--scale-devices 32,64,256,1024] [--no-e2e]
                                 [--pow2-devices 1024]
     python benchmarks/search.py --first-run inception_v3:64,inception_v3:1024 [--warm 1]
+    python benchmarks/search.py --first-run inception_v3:4 --warm 2 \\
+        --search-args='--algo celeritas --preset v100-pcie-4 --batch 512'
 
 ``--first-run inception_v3:64,inception_v3:1024`` prints, instead, the end-to-end
 ``explorer search MODEL --devices N --degrees pow2 --json`` per pair, each in a fresh
@@ -22,8 +24,11 @@ empty home: the model is traced, the user's first search after install), and ``w
 (that home again): wall and CPU seconds (the child's user + system), its peak RSS, and
 beside them the 1-minute load average before and after, the CPU steal over the run
 (``/proc/stat``) and ``ref_ms``, a fixed one-core workload's time just before (the
-machine's speed then: :func:`machine_ref_ms`).  Issue 30's targets: Inception-v3 at 64
-devices ≤ 4 s and at 1,024 devices ≤ 30 s wall, first run included, ≤ 2 GiB.
+machine's speed then: :func:`machine_ref_ms`), and ``search_s``, the search time the tool
+itself reports.  ``--search-args`` runs another method the same way (the placement above:
+Celeritas on Inception-v3 at the paper's batch and machine).  Issue 30's targets:
+Inception-v3 at 64 devices ≤ 4 s and at 1,024 devices ≤ 30 s wall, first run included,
+≤ 2 GiB; Celeritas places Inception-v3 (batch 512, ``v100-pcie-4``) in ≤ 1 s.
 
 ``--pow2-devices`` also runs the scale models with ``--degrees pow2`` (every power of two,
 each bounded by its dimension: the issue's degree set, which ``auto`` now takes unless it
@@ -39,6 +44,7 @@ end to end ≤ 2.5 s at 16 devices and ≤ 4 s at 64.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import subprocess
@@ -189,14 +195,18 @@ def _one_search(cmd, env) -> dict:
     tot0, st0 = _cpu_stat()
     ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
-    p = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env,
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
                        cwd=ROOT, text=True)
     wall = time.perf_counter() - t0
     ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    try:                                 # the search's own time, as it reports it (--json)
+        search_s = float(json.loads(p.stdout)["search_time_s"])
+    except (ValueError, KeyError, TypeError):
+        search_s = float("nan")
     tot1, st1 = _cpu_stat()
     lines = p.stderr.strip().splitlines()
     peak = [int(x.split("=")[1]) / 1024 for x in lines if x.startswith("peak_kib=")]
-    out = {"wall_s": wall,
+    out = {"wall_s": wall, "search_s": search_s,
            "cpu_s": (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime),
            "peak_MiB": peak[-1] if peak else float("nan"),
            "load": f"{load0:.2f}->{os.getloadavg()[0]:.2f}",
@@ -207,16 +217,19 @@ def _one_search(cmd, env) -> dict:
     return out
 
 
-def first_and_warm(model: str, n: int, degrees: str = "pow2", warm: int = 1) -> list:
+def first_and_warm(model: str, n: int, degrees: str = "pow2", warm: int = 1,
+                   extra: tuple = ()) -> list:
     """``explorer search`` as a new user meets it, one row each: ``cold`` (no setup: an
     empty home and an empty kernel cache, so numba compiles), ``first`` (after
     ``scripts/setup.sh``: the kernels it compiles into a kernel cache, then a fresh process
     with an empty home, so the model is traced and nothing else is cached), then ``warm``
-    more times with that home."""
+    more times with that home.  ``extra``: more ``explorer search`` arguments (``--algo
+    celeritas --preset v100-pcie-4 --batch 512``; ``degrees`` is then ignored)."""
     import shutil
     import tempfile
-    cmd = [sys.executable, "-c", _CHILD, "search", model, "--devices", str(n), "--json"]
-    if degrees != "auto":
+    cmd = [sys.executable, "-c", _CHILD, "search", model, "--devices", str(n), "--json",
+           *extra]
+    if degrees != "auto" and not extra:
         cmd += ["--degrees", degrees]
     tmp = tempfile.mkdtemp(prefix="explorer-bench-")
     env = dict(os.environ, PYTHONPATH=ROOT)
@@ -224,6 +237,7 @@ def first_and_warm(model: str, n: int, degrees: str = "pow2", warm: int = 1) -> 
     rows = []
     try:
         cold = dict(env, EXPLORER_HOME=f"{tmp}/cold", NUMBA_CACHE_DIR=f"{tmp}/cold-kernels")
+        degrees = "-" if extra else degrees
         rows.append({"model": model, "devices": n, "degrees": degrees, "run": "cold",
                      **_one_search(cmd, cold)})
         env.update(EXPLORER_HOME=f"{tmp}/home", NUMBA_CACHE_DIR=f"{tmp}/kernels")
@@ -242,10 +256,11 @@ def first_and_warm(model: str, n: int, degrees: str = "pow2", warm: int = 1) -> 
 #: What scripts/setup.sh compiles (the placement simulator's and the layer-wise kernels)
 _SETUP = ("from explorer.engine.placement import simkernel\n"
           "from explorer.engine.layerwise import costmodel\n"
-          "simkernel.warm(); costmodel.warm()\n")
+          "simkernel.main(); costmodel.warm()\n")
 
 
-FIRST_COLS = ["model", "devices", "degrees", "run", "wall_s", "cpu_s", "peak_MiB", "load",
+FIRST_COLS = ["model", "devices", "degrees", "run", "wall_s", "search_s", "cpu_s", "peak_MiB",
+              "load",
               "steal_pct", "ref_ms"]
 
 
@@ -357,6 +372,9 @@ def main(argv=None):
                          "(empty caches) and warm `explorer search --degrees pow2` figures "
                          "only")
     ap.add_argument("--warm", type=int, default=1, help="warm runs after each first run")
+    ap.add_argument("--search-args", default="",
+                    help="more `explorer search` arguments for --first-run, e.g. "
+                         "--search-args='--algo celeritas --preset v100-pcie-4 --batch 512'")
     args = ap.parse_args(argv)
     if args.first_run:
         if args.markdown:
@@ -367,7 +385,8 @@ def main(argv=None):
         rows = []
         for pair in args.first_run.split(","):
             model, _, n = pair.rpartition(":")
-            for r in first_and_warm(model, int(n), "pow2", args.warm):
+            for r in first_and_warm(model, int(n), "pow2", args.warm,
+                                    tuple(args.search_args.split())):
                 rows.append(r)
                 cells = _first_cells(r)
                 print("| " + " | ".join(cells) + " |" if args.markdown else

@@ -27,8 +27,9 @@ if [ "${WITH_BROWSER:-0}" = "1" ] && ! command -v chromedriver >/dev/null 2>&1; 
     SUDO=""; [ "$(id -u)" = "0" ] || SUDO="sudo"
     $SUDO apt-get update -qq && $SUDO apt-get install -y -qq chromium chromium-driver >/dev/null
 fi
-# compile the placement simulator's kernel into numba's cache now (seconds, once), so that a
-# user's first placement of a large graph does not pay for it
+# compile the placement simulator's kernel now (seconds, once): ahead of time into an extension
+# module that a placement loads without numba, and into numba's cache for where it cannot
+# be built, so that a user's placement of a large graph does not pay for either
 "$PY" -c "from explorer.engine.placement import simkernel; simkernel.main()" || true
 # and the layer-wise search's kernels (transfer tables at many devices, min-plus products,
 # pipeline stage ranges); both go to a user cache directory that every $EXPLORER_HOME shares

@@ -56,3 +56,64 @@ def test_the_compiled_loop_gives_the_same_schedule(kind, seed, monkeypatch):
     assert np.array_equal(np.asarray(fast.busy), np.asarray(slow.busy))
     assert fast.transfers == slow.transfers
     assert np.array_equal(fast.peak_memory, slow.peak_memory)
+
+
+@pytest.fixture(scope="module")
+def aot_cache(tmp_path_factory):
+    """The loop compiled ahead of time into a cache folder of its own (seconds, once)."""
+    cache = tmp_path_factory.mktemp("kernels")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("NUMBA_CACHE_DIR", str(cache))
+        try:
+            path = simkernel.build()
+        except Exception as exc:                 # noqa: BLE001 - no compiler here
+            pytest.skip(f"no ahead-of-time build on this machine: {exc}")
+    return cache, path
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_the_ahead_of_time_module_gives_the_same_schedule(kind, aot_cache, monkeypatch):
+    cache, path = aot_cache
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(cache))
+    assert simkernel.aot_path() == path
+    fn = simkernel._load_aot()
+    assert fn is not None and not hasattr(fn, "py_func")        # not a numba dispatcher
+    monkeypatch.setattr(simkernel, "_KERNEL", fn)
+    meta, contention = KINDS[kind]
+    g, _ = random_dag(7, n=120, ndev=4)
+    pg = from_networkx(g, _devices(4, meta))
+    placement = np.random.default_rng(7).integers(0, 4, pg.n)
+    fast, slow = _both(pg, placement, contention, None, monkeypatch)
+    assert np.array_equal(fast.start, slow.start) and np.array_equal(fast.finish, slow.finish)
+    assert fast.transfers == slow.transfers and fast.makespan == slow.makespan
+
+
+def test_a_placement_with_the_module_built_never_loads_numba(aot_cache, tmp_path):
+    import os
+    import subprocess
+    import sys
+    cache, _ = aot_cache
+    code = ("import sys, numpy as np\n"
+            "from tests._helpers import random_dag\n"
+            "from explorer.engine.placement import simkernel, simulator\n"
+            "from explorer.engine.placement.placement_graph import from_networkx\n"
+            "g, devs = random_dag(3, n=simkernel.MIN_NODES + 50, ndev=4)\n"
+            "pg = from_networkx(g, devs)\n"
+            "r = simulator.simulate(pg, np.arange(pg.n) % 4)\n"
+            "print(simkernel.kind(), 'numba' in sys.modules, r.makespan > 0)\n")
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(cache), EXPLORER_HOME=str(tmp_path))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=120, cwd=os.path.dirname(os.path.dirname(__file__)))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["aot", "False", "True"]
+
+
+def test_a_damaged_module_falls_back_to_numbas_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path))
+    path = simkernel.aot_path()
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"not a shared object")
+    assert simkernel._load_aot() is None
+    monkeypatch.setattr(simkernel, "_KERNEL", None)
+    monkeypatch.setattr(simkernel, "_KIND", "")
+    assert simkernel.warm() and simkernel.kind() == "jit"

@@ -5,67 +5,164 @@ simulations per placement), so the event loop of :func:`~.simulator.simulate` is
 :func:`run` is that loop, line for line, over arrays instead of Python lists and dicts - the
 same arithmetic in the same order, so its schedule is identical (tested against the Python
 loop on random graphs, every device graph kind: contention, rendezvous, shared cores, send and
-receive calls).  numba is imported on first use, and its machine code is cached in
-the user cache directory (:func:`.storage.kernel_cache`, ``cache=True``), like the layer-wise kernels.
+receive calls).
+
+``scripts/setup.sh`` compiles it ahead of time (:func:`build`, numba's ``pycc``) into an
+extension module in the user cache directory (:func:`.storage.kernel_cache`), keyed by this
+file's source: loading it costs milliseconds and needs no numba at all, where loading numba
+and its cached machine code costs about half a second of every new process - as much as a
+whole placement of Inception-v3.  Without that module (no C compiler, an edited source) the
+loop is compiled by ``numba.njit(cache=True)`` on first use, as before.
 """
 
 from __future__ import annotations
 
+import hashlib
 import heapq
+import importlib.machinery
+import importlib.util
 import os
+import platform
+import sys
+from pathlib import Path
 
 import numpy as np
 
-__all__ = ["available", "run", "warm", "main", "MIN_NODES"]
+__all__ = ["available", "run", "warm", "build", "aot_path", "kind", "main", "MIN_NODES"]
 
 #: below this many operators the Python loop is as fast as loading numba
 MIN_NODES = 400
 
+#: the ahead-of-time module's name (its ``PyInit_`` symbol); the file name carries the key
+_AOT_NAME = "_explorer_simloop"
+
 _KERNEL = None
+_KIND = ""                               # "aot" or "jit" once loaded
+
+
+def _mode() -> str:
+    """``EXPLORER_SIM_KERNEL``: ``0`` the Python loop, ``jit`` numba's cache only, else any."""
+    return os.environ.get("EXPLORER_SIM_KERNEL", "1")
 
 
 def available() -> bool:
-    """Whether the compiled loop can be used (numba importable; not disabled by
-    ``EXPLORER_SIM_KERNEL=0``)."""
-    if os.environ.get("EXPLORER_SIM_KERNEL", "1") == "0":
+    """Whether the compiled loop can be used: its ahead-of-time module is built or numba is
+    importable, and ``EXPLORER_SIM_KERNEL=0`` does not disable it."""
+    if _mode() == "0":
         return False
-    import importlib.util
-    return importlib.util.find_spec("numba") is not None
+    if _KERNEL is not None:
+        return True
+    return (_mode() != "jit" and aot_path().exists()) or \
+        importlib.util.find_spec("numba") is not None
+
+
+def aot_path() -> Path:
+    """Where :func:`build` puts the compiled module: the kernel cache's ``aot`` folder, the
+    file named by a hash of this source, numpy's version and the interpreter, so an edited
+    loop or another numpy is never served a stale module."""
+    from explorer.engine.core.storage import kernel_cache
+    key = hashlib.sha1(Path(__file__).read_bytes())
+    key.update(f"{np.__version__}|{sys.implementation.cache_tag}|{platform.machine()}".encode())
+    suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
+    return Path(kernel_cache()) / "aot" / f"{_AOT_NAME}-{key.hexdigest()[:16]}{suffix}"
+
+
+def _load_aot():
+    """The ahead-of-time module's ``run``, or ``None`` (not built, or it does not load)."""
+    path = aot_path()
+    if not path.exists():
+        return None
+    try:
+        spec = importlib.util.spec_from_file_location(_AOT_NAME, path)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        return mod.run
+    except (ImportError, OSError, AttributeError):
+        return None
+
+
+def _jit_helpers():
+    """Compile the loop's helpers with numba (once): the loop calls them as compiled code."""
+    import numba
+    g = _loop.__globals__
+    for name in ("_hold", "_try_start", "_launch", "_advance"):
+        if not isinstance(g[name], numba.core.dispatcher.Dispatcher):
+            g[name] = numba.njit(cache=True)(g[name])
+    return numba
+
+
+def _jit():
+    """The loop compiled by numba (loaded from its cache, compiled into it when empty)."""
+    from explorer.engine.core.storage import kernel_cache
+    kernel_cache()
+    return _jit_helpers().njit(cache=True)(_loop)
 
 
 def _kernel():
-    global _KERNEL
+    global _KERNEL, _KIND
     if _KERNEL is None:
-        from explorer.engine.core.storage import kernel_cache
-        kernel_cache()
-        import numba
-        g = _loop.__globals__            # the helpers, compiled with the loop that calls them
-        for name in ("_hold", "_try_start", "_launch", "_advance"):
-            g[name] = numba.njit(cache=True)(g[name])
-        _KERNEL = numba.njit(cache=True)(_loop)
+        fn = _load_aot() if _mode() != "jit" else None
+        _KERNEL, _KIND = (fn, "aot") if fn is not None else (_jit(), "jit")
     return _KERNEL
 
 
+def kind() -> str:
+    """Which compiled loop this process runs: ``"aot"``, ``"jit"`` or ``""`` (none yet)."""
+    return _KIND
+
+
+def build() -> Path:
+    """Compile the loop ahead of time (numba's ``pycc``, for any CPU of this architecture)
+    into :func:`aot_path`; written under a temporary name and renamed, so a concurrent search
+    never loads half a file.  Raises what the compiler raises (no C compiler, no headers)."""
+    import tempfile
+    import warnings
+    from numba import types as T
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")          # pycc's pending deprecation
+        from numba.pycc import CC
+        _jit_helpers()
+        i8, f8, b1 = T.int64, T.float64, T.boolean
+        ai, af, af2 = T.Array(i8, 1, "C"), T.Array(f8, 1, "C"), T.Array(f8, 2, "C")
+        out = T.Tuple((af, af, af, f8, T.Array(f8, 2, "A"), b1))
+        sig = out(i8, i8, ai, af, af, ai, ai, ai, ai, ai, af2, af2, b1, b1, b1, f8, f8, f8, f8,
+                  f8, i8)
+        dest = aot_path()
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=dest.parent) as tmp:
+            cc = CC(_AOT_NAME)
+            cc.output_dir = tmp
+            cc.verbose = False
+            cc.export("run", sig)(_loop)
+            cc.compile()
+            built = next(Path(tmp).glob(_AOT_NAME + "*"))
+            os.replace(built, dest)
+    for old in dest.parent.glob(_AOT_NAME + "-*"):       # built from an earlier source
+        if old != dest:
+            old.unlink(missing_ok=True)
+    return dest
+
+
 def run(n, nd, dev, w, ob, succ_ptr, succ_idx, rank, rem_ptr, rem_dev, K, B, ports,
-        rendezvous, shared, cores, send_b, send_k, recv_b, recv_k):
+        rendezvous, shared, cores, send_b, send_k, recv_b, recv_k, kernel=None):
     """The event loop; returns ``(start, finish, busy, comm_bytes, transfers [m, 6], stalled)``.
-    """
+    Arrays as :func:`build` declares them: int64 and float64, C-contiguous."""
     ntr = max(1, len(rem_dev))
-    return _kernel()(n, nd, dev, w, ob, succ_ptr, succ_idx, rank, rem_ptr, rem_dev, K, B,
-                     ports, rendezvous, shared, float(cores), send_b, send_k, recv_b, recv_k,
-                     ntr)
+    return (kernel or _kernel())(n, nd, dev, w, ob, succ_ptr, succ_idx, rank, rem_ptr, rem_dev,
+                                 K, B, ports, rendezvous, shared, float(cores), send_b, send_k,
+                                 recv_b, recv_k, ntr)
 
 
-def warm() -> bool:
-    """Compile the loop now (into numba's cache: later processes load it in well under a
-    second) so that the first placement does not pay for it; ``False`` without numba."""
-    if not available():
+def warm(kernel=None) -> bool:
+    """Load the loop now - the ahead-of-time module, else numba's cache, compiling into it if
+    empty - so that the first placement does not pay for it; ``False`` without either."""
+    if kernel is None and not available():
         return False
     i64, f64 = np.int64, np.float64
     run(2, 2, np.array([0, 1], i64), np.ones(2), np.ones(2), np.array([0, 1, 1], i64),
         np.array([1], i64), np.array([0, 1], i64), np.array([0, 1, 1], i64),
         np.array([1], i64), np.ones((2, 2), f64), np.zeros((2, 2), f64), True, False, False,
-        0.0, 0.0, 0.0, 0.0, 0.0)
+        0.0, 0.0, 0.0, 0.0, 0.0, kernel=kernel)
     return True
 
 
@@ -287,5 +384,17 @@ def _loop(n, nd, dev, w, ob, succ_ptr, succ_idx, rank, rem_ptr, rem_dev, K, B, p
 
 
 def main() -> None:
-    """scripts/setup.sh: compile once at install."""
-    print("setup: placement simulator kernel " + ("compiled" if warm() else "skipped (no numba)"))
+    """scripts/setup.sh: compile once at install - ahead of time where a C compiler allows,
+    into numba's cache otherwise (and as well, for ``EXPLORER_SIM_KERNEL=jit``)."""
+    if importlib.util.find_spec("numba") is None:
+        print("setup: placement simulator kernel skipped (no numba)")
+        return
+    how = "compiled ahead of time"
+    if _load_aot() is None:
+        try:
+            build()
+        except Exception as exc:         # noqa: BLE001 - any compiler failure: numba's cache
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            how = f"compiled into numba's cache (ahead of time not built: {first[:120]})"
+    warm(_jit())
+    print("setup: placement simulator kernel " + how)
