@@ -137,9 +137,13 @@ def build() -> Path:
             cc.compile()
             built = next(Path(tmp).glob(_AOT_NAME + "*"))
             os.replace(built, dest)
-    for old in dest.parent.glob(_AOT_NAME + "-*"):       # built from an earlier source
-        if old != dest:
-            old.unlink(missing_ok=True)
+    import time
+    for old in dest.parent.glob(_AOT_NAME + "-*"):   # built from other sources a week ago:
+        try:                                         # (another checkout may use a newer one)
+            if old != dest and time.time() - old.stat().st_mtime > 7 * 86400:
+                old.unlink()
+        except OSError:
+            pass
     return dest
 
 
