@@ -190,17 +190,22 @@ def megatron(problem, pins=None, options: MegatronOptions | None = None) -> Resu
     options = options or MegatronOptions()
     graph, cost_model = problem.layer_graph(), problem.cost_model()
     devices = cost_model.devices
-    n = devices.n
-    tp = options.tp if options.tp is not None else default_tp(graph, n)
-    check_tp(tp, n)
-    dp = n // tp
     t0 = time.perf_counter()
+    _degrees(graph, devices.n, options)              # bad degrees refused before any table
     tables = cost_model.tables(pins)
-    pinned = {p.layer for p in (pins or [])}
+    choice, info = megatron_choice(graph, tables, devices.n, options,
+                                   {p.layer for p in (pins or [])})
+    return layerwise_result("megatron", graph, devices, cost_model, tables, choice, [], info,
+                            time.perf_counter() - t0, pins)
+
+
+def megatron_choice(graph, tables, n: int, options: MegatronOptions, pinned=()) -> tuple:
+    """``(choice, info)``: Megatron's candidate index per layer of ``tables`` (node costs are
+    enough: :meth:`~.costmodel.CostModel.node_tables`) on ``n`` devices, and its ``info``
+    (tp, dp, roles, fallbacks, ep)."""
+    tp, ep = _degrees(graph, n, options)
+    dp = n // tp
     roles = megatron_roles(graph)
-    if options.ep is not None:
-        check_ep(options.ep, n, [la.size("e") for la in graph.layers() if "e" in la.dims])
-    ep = options.ep if options.ep is not None else default_ep(graph, n)
     want_of = {"column": {"n": dp, "c": tp}, "row": {"n": dp, G.REDUCE: tp}}
     choice, fallback = {}, {}
     for nm in tables.names:
@@ -230,5 +235,13 @@ def megatron(problem, pins=None, options: MegatronOptions | None = None) -> Resu
             "fallback": fallback}
     if any("e" in graph.layer(nm).dims for nm in tables.names):
         info["ep"] = ep
-    return layerwise_result("megatron", graph, devices, cost_model, tables, choice, [], info,
-                            time.perf_counter() - t0, pins)
+    return choice, info
+
+
+def _degrees(graph, n: int, options: MegatronOptions) -> tuple:
+    """``(tp, ep)`` for ``n`` devices: the options' or the defaults, checked."""
+    tp = options.tp if options.tp is not None else default_tp(graph, n)
+    check_tp(tp, n)
+    if options.ep is not None:
+        check_ep(options.ep, n, [la.size("e") for la in graph.layers() if "e" in la.dims])
+    return tp, (options.ep if options.ep is not None else default_ep(graph, n))

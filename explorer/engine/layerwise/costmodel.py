@@ -264,6 +264,7 @@ class CostModel:
         self._grad_cache: dict | None = None
         self._memory = None
         self._tables_cache: dict = {}      # pins' text -> CostTables (shared by the methods)
+        self._nodes_cache: dict = {}       # pins' text -> node-only CostTables
         self._jit_search = False           # this search's tables use the compiled kernel
         if degrees in (None, "auto") and devices.n > G.ALL_DIVISORS_UP_TO:
             self.degrees = self._auto_degrees()
@@ -1349,7 +1350,20 @@ class CostModel:
         with ThreadPoolExecutor(threads) as ex:
             return list(ex.map(fn, items))
 
-    def _build_tables(self, pins: list) -> CostTables:
+    def node_tables(self, pins: list | None = None) -> CostTables:
+        """The tables without edges: every layer's candidates (those that fit a device's
+        memory), compute, synchronisation, update and reduction costs - what a baseline reads
+        to choose its configurations before :meth:`tables` ``keep=`` costs the edges between
+        the chosen ones only.  Refused, as :meth:`tables`, when the full search cannot fit
+        this machine; built once per pin set."""
+        pins = list(pins or [])
+        key = tuple(p.text() for p in pins)
+        hit = self._nodes_cache.get(key)
+        if hit is None:
+            hit = self._nodes_cache[key] = self._build_nodes(pins)
+        return hit
+
+    def _build_nodes(self, pins: list) -> CostTables:
         t0 = time.perf_counter()
         est = self.estimate(pins)
         self.check_fits(est)
@@ -1358,8 +1372,7 @@ class CostModel:
         names = self.graph.names()
         cands, tc, ts, mem, tr, br = {}, {}, {}, {}, {}, {}
         # (measured costs profile layers on this machine: one at a time)
-        threads = (min(2, os.cpu_count() or 1)
-                   if est["work"] >= THREAD_WORK and self.compute == "analytic" else 1)
+        threads = self._threads(est)
         lists = {n: self.candidates(n, by_layer.get(n)) for n in names}
         costs = self._each(lambda n: self.layer_costs(n, lists[n]), names, threads)
         tu = {}
@@ -1381,6 +1394,41 @@ class CostModel:
             red = self.reduce_costs(n, cs)
             if red is not None:
                 tr[n], br[n] = red
+        return CostTables(names, cands, tc, ts, mem, [], time.perf_counter() - t0, [],
+                          tr, br, est, tu)
+
+    def _threads(self, est: dict) -> int:
+        return (min(2, os.cpu_count() or 1)
+                if est["work"] >= THREAD_WORK and self.compute == "analytic" else 1)
+
+    def _build_tables(self, pins: list) -> CostTables:
+        t0 = time.perf_counter()
+        nodes = self.node_tables(pins)
+        out = self._with_edges(nodes, nodes.candidates, self._threads(nodes.estimate))
+        out.build_time_s = time.perf_counter() - t0
+        return out
+
+    def kept_tables(self, keep: dict, pins: list | None = None) -> CostTables:
+        """:meth:`node_tables` restricted to ``keep`` (``{layer: [candidate indices]}``, in
+        the node tables' order; a layer not named keeps all), with the edge tables between
+        the kept candidates only: a baseline that fixes one configuration per layer costs
+        ``1 × 1`` tables instead of the search's ``C × C`` (the same entries).  Not cached."""
+        t0 = time.perf_counter()
+        nodes = self.node_tables(pins)
+        names = nodes.names
+        idx = {n: (np.asarray(keep[n], dtype=np.int64) if n in keep else
+                   np.arange(len(nodes.candidates[n]))) for n in names}
+        cut = lambda d: {n: d[n][idx[n]] for n in d}              # noqa: E731
+        cands = {n: [nodes.candidates[n][i] for i in idx[n].tolist()] for n in names}
+        part = CostTables(names, cands, cut(nodes.t_compute), cut(nodes.t_sync),
+                          cut(nodes.memory), [], 0.0, [], cut(nodes.t_reduce),
+                          cut(nodes.bytes_reduce), nodes.estimate, cut(nodes.t_update))
+        out = self._with_edges(part, cands, 1)
+        out.build_time_s = time.perf_counter() - t0
+        return out
+
+    def _with_edges(self, nodes: CostTables, cands: dict, threads: int) -> CostTables:
+        """``nodes`` with the transfer table of every edge between ``cands``."""
         edges, nbytes = [], []
         xf = self._each(lambda e: self.xfer(e, cands[e.src], cands[e.dst]), self.graph.edges(),
                         threads)
@@ -1393,8 +1441,9 @@ class CostModel:
             self._stack_cache.clear()
             self._tile_cache.clear()
             self._live_cache.clear()
-        return CostTables(names, cands, tc, ts, mem, edges, time.perf_counter() - t0, nbytes,
-                          tr, br, est, tu)
+        return CostTables(nodes.names, cands, nodes.t_compute, nodes.t_sync, nodes.memory,
+                          edges, 0.0, nbytes, nodes.t_reduce, nodes.bytes_reduce,
+                          nodes.estimate, nodes.t_update)
 
 
 def warm() -> bool:

@@ -50,8 +50,15 @@ def _degrees(spec: str, G: int) -> str:
 
 def _stage_setup(problem, S: int, M: int, how: dict | None = None):
     """``(cost model, tables, boundary bw, latency)`` of one stage's group at the
-    micro-batch's size (the graph rebatched from the capture, :mod:`.rebatch`, once per
-    size: ``how`` maps each size to its graph and whether it was rebatched or captured)."""
+    micro-batch's size (:func:`_stage_model`), with every candidate's tables."""
+    cm, bw, lat = _stage_model(problem, S, M, how)
+    return cm, cm.tables(), bw, lat
+
+
+def _stage_model(problem, S: int, M: int, how: dict | None = None):
+    """``(cost model, boundary bw, latency)`` of one stage's group at the micro-batch's size
+    (the graph rebatched from the capture, :mod:`.rebatch`, once per size: ``how`` maps each
+    size to its graph and whether it was rebatched or captured)."""
     from explorer.engine.layerwise.rebatch import graph_at
     N = problem.devices.n
     G = N // S
@@ -70,12 +77,11 @@ def _stage_setup(problem, S: int, M: int, how: dict | None = None):
     else:
         cm = CostModel(graph, devs, compute=problem.cost, sync=problem.sync,
                        degrees=_degrees(problem.degrees, G), dtype=problem.dtype)
-    tables = cm.tables()
     bw, lat = None, 0.0
     if S > 1:
         bw = float(problem.devices.bw[0, G])
         lat = float(problem.devices.latency[0, G])
-    return cm, tables, bw, lat
+    return cm, bw, lat
 
 
 def step_bound(problem, S: int, M: int, settings, how: dict) -> float:
@@ -298,10 +304,10 @@ def fsdp(problem, pins=None, options: FSDPOptions | None = None) -> Result:
     t0 = time.perf_counter()
     graph, cm = problem.layer_graph(), problem.cost_model()
     N = cm.devices.n
-    tables = cm.tables(pins)
-    masks = {}
-    for nm in tables.names:
-        cands = tables.candidates[nm]
+    nodes = cm.node_tables(pins)
+    keep = {}
+    for nm in nodes.names:
+        cands = nodes.candidates[nm]
         want = [i for i, c in enumerate(cands) if c.deg("n") == N and c.total == N]
         if not want:
             layer = graph.layer(nm)
@@ -310,11 +316,14 @@ def fsdp(problem, pins=None, options: FSDPOptions | None = None) -> Result:
                                      f"devices, but layer {nm} cannot be: choose a batch "
                                      f"divisible by {N}")
             want = [0]
-        masks[nm] = want
+        keep[nm] = want
+    # the edges between FSDP's configurations only (one per layer): the same entries as
+    # the search's tables, a 1 × 1 table per edge
+    tables = cm.kept_tables(keep, pins)
     settings = MemorySettings(options.optimizer, True, 3)
     cap = _cap(cm.devices, options.memory_limit_gib)
-    ev = ST.Evaluator(cm, tables, settings, cap, masks=masks)
-    ev.option_mask = _option_masks(ev.opts, masks, settings,
+    ev = ST.Evaluator(cm, tables, settings, cap)
+    ev.option_mask = _option_masks(ev.opts, {}, settings,
                                    lambda rc, z: z == 3 and rc == options.recompute,
                                    options.recompute)
     e = ev.evaluate(0.0)
@@ -333,7 +342,6 @@ def megatron3d(problem, pins=None, options: Megatron3DOptions | None = None) -> 
     ``tp``: only the layers' configurations change)."""
     from explorer.engine.layerwise import classic
     from explorer.engine.search.options import MegatronOptions
-    from explorer.engine.search.problem import Problem
     options = options or Megatron3DOptions()
     if pins:
         raise InfeasiblePlan("megatron-3d takes no pins")
@@ -359,23 +367,35 @@ def megatron3d(problem, pins=None, options: Megatron3DOptions | None = None) -> 
         if pp == 1 and not options.micro_batches:
             M = 1
         try:
-            cm, tables, bw, lat = _stage_setup(problem, pp, M)
+            cm, bw, lat = _stage_model(problem, pp, M)
+            nodes = cm.node_tables()
         except (InfeasiblePlan, ValueError) as exc:
             tried.append({"pp": pp, "error": str(exc)})
             continue
-        sub = Problem.of(cm.graph, cm.devices, cm)
-        opts: dict = {}                   # layer options shared by every tp of this pp
+        choices = {}                      # tp -> Megatron's candidate per layer
         for tp in tps:
             if (N // pp) % tp:
                 if options.tp:
                     raise InfeasiblePlan(f"tp={tp} x pp={pp} does not divide the {N} devices")
                 continue
             try:
-                meg = classic.megatron(sub, None, MegatronOptions(tp=tp, ep=options.ep))
+                choices[tp], _ = classic.megatron_choice(
+                    cm.graph, nodes, cm.devices.n, MegatronOptions(tp=tp, ep=options.ep))
             except (InfeasiblePlan, ValueError) as exc:
                 tried.append({"pp": pp, "tp": tp, "error": str(exc)})
-                continue
-            masks = {n: [i] for n, i in meg.choice.items()}
+        if not choices:
+            continue
+        # the edges between the configurations some tp chose only (the same entries as
+        # the full tables'): every tp of this pp reads these tables through its mask
+        keep = {n: sorted({ch[n] for ch in choices.values()}) for n in nodes.names}
+        try:
+            tables = cm.kept_tables(keep)
+        except (InfeasiblePlan, ValueError) as exc:
+            tried.append({"pp": pp, "error": str(exc)})
+            continue
+        opts: dict = {}                   # layer options shared by every tp of this pp
+        for tp, choice in choices.items():
+            masks = {n: [keep[n].index(i)] for n, i in choice.items()}
             ev = ST.Evaluator(cm, tables, settings, cap, pp, M, "1f1b", bw, lat, masks=masks,
                               opts_cache=opts)
             ev.option_mask = _option_masks(ev.opts, masks, settings,
