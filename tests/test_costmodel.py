@@ -361,3 +361,29 @@ def test_measured_compute_of_multi_device_configs_uses_the_lockstep_entry(tmp_pa
     assert tc[1] == pytest.approx(0.008 + upd)
     with Profiler(cache) as p:
         assert sorted(p.rows()) == recorded            # costed from the cache: nothing measured
+
+
+@pytest.mark.parametrize("model,n", [("gpt2", 8), ("inception_v3", 16)])
+def test_kept_tables_are_the_full_tables_entries(model, n):
+    """A baseline's tables between the candidates it keeps are the rows and columns of the
+    search's tables: the same node costs, the same transfer times and bytes."""
+    g = import_spec(model, batch=32)
+    cm = CostModel(g, preset("p100-cluster", n), degrees="pow2")
+    full = cm.tables()
+    rng = np.random.default_rng(n)
+    keep = {nm: sorted(rng.choice(len(full.candidates[nm]),
+                                  size=min(3, len(full.candidates[nm])), replace=False).tolist())
+            for nm in full.names if rng.random() < 0.8}      # a layer not named keeps all
+    part = CostModel(g, preset("p100-cluster", n), degrees="pow2").kept_tables(keep)
+    idx = {nm: keep.get(nm, list(range(len(full.candidates[nm])))) for nm in full.names}
+    for nm in full.names:
+        assert part.candidates[nm] == [full.candidates[nm][i] for i in idx[nm]]
+        assert np.array_equal(part.node_cost(nm), full.node_cost(nm)[idx[nm]])
+        assert np.array_equal(part.memory[nm], full.memory[nm][idx[nm]])
+    assert len(part.edges) == len(full.edges)
+    for (e1, m1), (e2, m2), b1, b2 in zip(full.edges, part.edges, full.bytes_xfer,
+                                          part.bytes_xfer):
+        assert (e1.src, e1.dst, e1.index) == (e2.src, e2.dst, e2.index)
+        ix = np.ix_(idx[e1.src], idx[e1.dst])
+        np.testing.assert_allclose(m2, m1[ix], rtol=1e-12, atol=1e-18)
+        np.testing.assert_allclose(b2, b1[ix], rtol=1e-12)
