@@ -265,3 +265,43 @@ def test_explorer_run_refuses_a_pipeline_it_cannot_execute(tmp_path, capsys):
     assert main(["run", str(path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "4 pipeline stages but 2 devices" in err[0]
+
+
+@pytest.mark.parametrize("spec,args,n", [
+    ("llama", dict(layers=1, hidden=64, heads=4, kv_heads=2, intermediate=128, seq_len=16,
+                   vocab=100), 64),
+    ("moe", None, 32),
+    ("gpt2", None, 16),
+])
+def test_replica_loads_at_once_equal_the_per_candidate_loop(spec, args, n):
+    """The stacked replica groups (every candidate at once) give the very numbers of the
+    per-candidate loop: group sizes, and the reduce-scatter and all-gather loads bit for bit."""
+    from explorer.engine.core import geometry as G
+    from explorer.engine.core.capture_cache import layer_graph
+    from explorer.engine.core.devices import preset
+    from explorer.engine.layerwise.costmodel import CostModel
+    from explorer.engine.layerwise.memory import _replica_loads_each, replica_loads
+    if args is None:
+        import example_models
+        args = dict(example_models.SMALL[spec])
+    g = layer_graph(spec, 8, dict(args))
+    cm = CostModel(g, preset("h100-cluster", n), degrees="pow2")
+    nodes = cm._node_structure()
+    assert nodes is not None
+    checked = 0
+    for name in g.names():
+        layer = g.layer(name)
+        if not layer.params:
+            continue
+        cands = cm.candidates(name)
+        tiles, red, _, used = G.stacked_boxes(layer, cands)
+        dev = np.zeros(used.shape, dtype=np.int64)
+        for i, c in enumerate(cands):
+            dev[i, :c.total] = c.devices
+        shards = G.param_shards(layer, tiles, red)
+        got = replica_loads(shards, used, dev, nodes, 4.0, 2.0)
+        want = _replica_loads_each(layer, cands, cm.devices, 4.0, 2.0, {})
+        for a, b in zip(got, want):
+            assert np.array_equal(a, b), name
+        checked += 1
+    assert checked >= 3

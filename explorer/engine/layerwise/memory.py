@@ -179,7 +179,8 @@ def layer_options(cost_model, tables, name: str, settings: MemorySettings,
     for j in range(len(layer.in_shapes)):
         in_el += np.where(used, G.volume(G.input_regions(layer, j, tiles, red)), 0)
     pel = np.zeros(vol.shape)
-    for _, reg in G.param_shards(layer, tiles, red).values():
+    shards = G.param_shards(layer, tiles, red)
+    for _, reg in shards.values():
         pel += np.where(used, G.volume(reg), 0)
     dev = np.full(used.shape, 0, dtype=np.int64)
     for i, c in enumerate(cands):
@@ -195,25 +196,12 @@ def layer_options(cost_model, tables, name: str, settings: MemorySettings,
     # replica groups of the weight shards and their collectives
     r = np.ones(C)
     rs_g, ag_w = np.zeros(C), np.zeros(C)
-    if layer.params:
-        wb = cb if cb else pb
+    nodes = cost_model._node_structure() if layer.params else None
+    if nodes is not None:
+        r, rs_g, ag_w = replica_loads(shards, used, dev, nodes, pb, cb if cb else pb)
+    elif layer.params:
         links = {} if _cache is None else _cache.setdefault("links", {})
-        for i, c in enumerate(cands):
-            _, _, groups = G.shard_summary(layer, c)
-            big = [(e, m) for e, m in groups if len(m) > 1 and e > 0]
-            if not big:
-                continue
-            r[i] = max(len(m) for _, m in big)
-            # the groups of one configuration run in parallel; a device's groups in turn
-            load_rs: dict = {}
-            load_ag: dict = {}
-            for e, m in big:
-                devs = tuple(c.devices[k] for k in m)
-                load_rs[devs[0]] = load_rs.get(devs[0], 0.0) + _group_cost(devices, devs,
-                                                                           pb * e, links)
-                load_ag[devs[0]] = load_ag.get(devs[0], 0.0) + _group_cost(devices, devs,
-                                                                           wb * e, links)
-            rs_g[i], ag_w[i] = max(load_rs.values()), max(load_ag.values())
+        r, rs_g, ag_w = _replica_loads_each(layer, cands, devices, pb, cb if cb else pb, links)
     t_mb, t_once = np.zeros((C, O)), np.zeros((C, O))
     static, actb = np.zeros((C, O)), np.zeros((C, O))
     cats = np.zeros((C, O, 4))
@@ -255,6 +243,101 @@ def layer_options(cost_model, tables, name: str, settings: MemorySettings,
     if _cache is not None:
         _cache[key] = out
     return out
+
+
+def replica_loads(shards: dict, used: np.ndarray, dev: np.ndarray, nodes, pb: float,
+                  wb: float):
+    """``(r, rs, ag)`` ``[C]`` for every candidate at once, on a two-level device graph
+    (``nodes``: :meth:`~.costmodel.CostModel._node_structure`): the largest replica group
+    ``r`` (devices holding the same non-empty weight shard, of two or more), and the most any
+    device spends as the first member of its groups in ring reduce-scatters of the gradients
+    (``pb`` bytes per element) and all-gathers of the working weights (``wb``) -
+    :func:`_group_cost` summed per first device, exactly as the per-candidate loop of
+    :func:`layer_options` adds them (one group per first device per parameter, parameters in
+    order), over the stacked shard regions (``shards``: :func:`.geometry.param_shards` of
+    the stacked boxes; ``used``/``dev`` ``[C, Dm]``) instead of one candidate at a time.
+
+    A group's slowest link and largest latency are those of the kinds of pair it has: two
+    members on one node (intra-node) and members on two nodes (inter-node)."""
+    node_of, bw_in, bw_out, lat_in, lat_out = nodes
+    C = used.shape[0]
+    ci, slot = np.nonzero(used)                   # rows by candidate, slots ascending
+    drow = dev[ci, slot]
+    nrow = np.asarray(node_of)[drow]
+    n_nodes = int(nrow.max()) + 1 if len(nrow) else 1
+    r = np.ones(C)
+    keys, rs_c, ag_c = [], [], []
+    for _, reg in shards.values():
+        rows = reg[ci, slot].reshape(len(ci), -1)
+        code, span = ci.astype(np.int64), C
+        for col in rows.T:                        # exact: each column ranked densely
+            lo = int(col.min())
+            present = np.zeros(int(col.max()) - lo + 1, dtype=np.int64)
+            present[col - lo] = 1
+            rank = np.cumsum(present) - 1
+            k = int(rank[-1]) + 1
+            span *= k
+            code = code * k + rank[col - lo]
+        if span >= 2 ** 62:                       # too many combinations for one integer
+            code = np.concatenate([ci[:, None], rows], axis=1)
+            _, inv, cnt = np.unique(code, axis=0, return_inverse=True, return_counts=True)
+        else:
+            _, inv, cnt = np.unique(code, return_inverse=True, return_counts=True)
+        inv = inv.reshape(-1)
+        order = np.argsort(inv, kind="stable")    # each group's rows, first member first
+        starts = np.concatenate([[0], np.cumsum(cnt)[:-1]])
+        first = order[starts]
+        e = G.volume(reg[ci[first], slot[first]]).astype(np.float64)
+        # distinct nodes per group: a pair on one node exists when fewer nodes than members
+        gn = np.unique(inv.astype(np.int64) * n_nodes + nrow)
+        spread = np.bincount(gn // n_nodes, minlength=len(cnt))
+        big = (cnt > 1) & (e > 0)
+        if not big.any():
+            continue
+        cnt_b, e_b, spread_b, first_b = cnt[big], e[big], spread[big], first[big]
+        intra, inter = spread_b < cnt_b, spread_b > 1
+        bw = np.where(intra & inter, min(bw_in, bw_out), np.where(inter, bw_out, bw_in))
+        lat = np.where(intra & inter, max(lat_in, lat_out), np.where(inter, lat_out, lat_in))
+        rr = cnt_b.astype(np.float64)
+        cand = ci[first_b]
+        np.maximum.at(r, cand, rr)
+        keys.append(cand * (int(dev.max()) + 1) + drow[first_b])
+        rs_c.append((rr - 1) / rr * (pb * e_b) / bw + (rr - 1) * lat)
+        ag_c.append((rr - 1) / rr * (wb * e_b) / bw + (rr - 1) * lat)
+    rs, ag = np.zeros(C), np.zeros(C)
+    if keys:
+        k = np.concatenate(keys)
+        uk, kinv = np.unique(k, return_inverse=True)
+        kinv = kinv.reshape(-1)
+        owner = uk // (int(dev.max()) + 1)
+        np.maximum.at(rs, owner, np.bincount(kinv, weights=np.concatenate(rs_c)))
+        np.maximum.at(ag, owner, np.bincount(kinv, weights=np.concatenate(ag_c)))
+    return r, rs, ag
+
+
+def _replica_loads_each(layer, cands: list, devices, pb: float, wb: float, links: dict):
+    """:func:`replica_loads` one candidate at a time, from each one's own shards (any device
+    graph: each group's slowest link read off the bandwidth matrix)."""
+    C = len(cands)
+    r = np.ones(C)
+    rs_g, ag_w = np.zeros(C), np.zeros(C)
+    for i, c in enumerate(cands):
+        _, _, groups = G.shard_summary(layer, c)
+        big = [(e, m) for e, m in groups if len(m) > 1 and e > 0]
+        if not big:
+            continue
+        r[i] = max(len(m) for _, m in big)
+        # the groups of one configuration run in parallel; a device's groups in turn
+        load_rs: dict = {}
+        load_ag: dict = {}
+        for e, m in big:
+            devs = tuple(c.devices[k] for k in m)
+            load_rs[devs[0]] = load_rs.get(devs[0], 0.0) + _group_cost(devices, devs, pb * e,
+                                                                       links)
+            load_ag[devs[0]] = load_ag.get(devs[0], 0.0) + _group_cost(devices, devs, wb * e,
+                                                                       links)
+        rs_g[i], ag_w[i] = max(load_rs.values()), max(load_ag.values())
+    return r, rs_g, ag_w
 
 
 def options_of(cost_model, tables, settings: MemorySettings, cache: dict | None = None) -> dict:

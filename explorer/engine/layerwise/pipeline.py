@@ -124,6 +124,70 @@ def step_bound(problem, S: int, M: int, settings, how: dict) -> float:
     return total / S
 
 
+def dual_bound(problem, S: int, M: int, settings, how: dict, schedule: str,
+               cap: float) -> float:
+    """A lower bound of the step time of any plan with ``S`` stages and ``M`` micro-batches
+    whose every stage fits ``cap`` (after :func:`step_bound` of the same ``S, M``, whose
+    layer options it reads): :func:`step_bound`'s relaxation with memory kept.  Each stage
+    holds ``Σ_l (static + inflight · act)`` ≤ ``cap`` with ``inflight`` at least the least
+    any stage holds (``k``: 1 under 1F1B, ``M`` under GPipe), so the layers together hold at
+    most ``S · cap``; for any price ``μ ≥ 0`` per byte (weak duality)
+
+        T ≥ Σ_l min_(candidate, option) [((M + S − 1)·t_mb + t_once) / S + μ·m_l] − μ·S·cap,
+        m_l = static + k · act
+
+    maximised over ``μ`` (the function is concave: bisection on the sign of its slope, the
+    memory of the per-layer minimisers against ``S · cap``).  Where memory does not bind
+    this is :func:`step_bound` (``μ = 0``); where it does, it prices the recomputation and
+    sharding that fitting costs, which the search would pay too - so a configuration whose
+    plans must all be slower than one found is skipped without building its tables."""
+    G = problem.devices.n // S
+    b = problem.layer_graph().batch // M
+    cm = problem.cost_model() if G == problem.devices.n and M == 1 else \
+        how[("cost model", G, b)]
+    names, rep_of, opts = _layer_options(problem, how[b][0], cm, G, b, settings, how)
+    W, k = float(M + S - 1), float(M if schedule == "gpipe" else min(1, M))
+    count: dict = {}
+    for n in names:
+        count[rep_of[n]] = count.get(rep_of[n], 0) + 1
+    terms = []
+    for rep, mult in count.items():
+        lo = opts[rep]
+        c = ((W * lo.t_mb + lo.t_once) / S).ravel()
+        m = (lo.static + k * lo.act).ravel()
+        ok = np.isfinite(c) & np.isfinite(m)
+        if not ok.any():
+            return np.inf
+        terms.append((float(mult), c[ok], m[ok]))
+    budget = S * float(cap)
+
+    def at(mu: float):
+        val = used = 0.0
+        for mult, c, m in terms:
+            i = int(np.argmin(c + mu * m))
+            val += mult * (c[i] + mu * m[i])
+            used += mult * m[i]
+        return val - mu * budget, used
+
+    best, used = at(0.0)
+    if used <= budget:
+        return best
+    lo_mu, hi_mu = 0.0, 1e-12
+    while at(hi_mu)[1] > budget:
+        hi_mu *= 4.0
+        if hi_mu > 1e6:                      # nothing fits even at any price: no plan
+            return np.inf
+    for _ in range(48):
+        mid = 0.5 * (lo_mu + hi_mu)
+        v, u = at(mid)
+        best = max(best, v)
+        if u > budget:
+            lo_mu = mid
+        else:
+            hi_mu = mid
+    return max(best, at(hi_mu)[0], at(lo_mu)[0])
+
+
 def memory_bound(problem, S: int, M: int, settings, how: dict, schedule: str) -> float:
     """A lower bound of the peak bytes of any plan with ``S`` stages and ``M`` micro-batches
     (after :func:`step_bound` of the same ``S, M``, whose layer options it reads): a stage
@@ -214,7 +278,9 @@ def search(problem, pins=None, options: PipelineOptions | None = None) -> Result
     bounds, least = {}, {}
     for S, M in configs:
         try:
-            bounds[(S, M)] = step_bound(problem, S, M, settings, how)
+            bounds[(S, M)] = float(max(step_bound(problem, S, M, settings, how),
+                                 dual_bound(problem, S, M, settings, how, options.schedule,
+                                            cap)))
             least[(S, M)] = memory_bound(problem, S, M, settings, how, options.schedule)
         except InfeasiblePlan as exc:
             tried.append({"stages": S, "micro_batches": M, "error": str(exc)})
