@@ -121,8 +121,9 @@ def test_configurations_whose_memory_bound_is_over_the_limit_are_costed_only_if_
     from explorer.engine.layerwise import pipeline as PL
 
     def search(limit, bound=None):
-        if bound is not None:
+        if bound is not None:             # every configuration costed: no bound skips one
             monkeypatch.setattr(PL, "memory_bound", bound)
+            monkeypatch.setattr(PL, "dual_bound", bound)
         p = Problem(Request("llama", 8, dict(TINY), preset="h100-cluster", devices=4,
                             dtype="bf16"))
         return run("pipeline", p, options=dict(optimizer="adam", memory_limit_gib=limit))
@@ -332,3 +333,33 @@ def test_compiled_stage_ranges_equal_the_numpy_ranges_bit_for_bit(monkeypatch):
             assert np.isfinite(v0[2:, -1]).all() == every
             base, lcp, _, nh = shifted[-1]
             assert (lcp.max() >= K // 2 and nh >= 1) == share, shifted[-1]
+
+
+def test_the_memory_priced_bound_is_below_every_fitting_plan_it_bounds(monkeypatch):
+    """Under a limit that binds, :func:`dual_bound` of each stage/micro-batch count is at most
+    the step of the fitting plan the search finds for it, and above the plain bound where
+    fitting costs time (so counts are skipped that the plain bound would cost)."""
+    from explorer.engine.layerwise import pipeline as PL
+    p = Problem(Request("llama", 8, dict(TINY), preset="h100-cluster", devices=4,
+                        dtype="bf16"))
+    free = run("pipeline", p, options=dict(optimizer="adam"))
+    limit = 0.2 * max(free.memory_per_device_bytes) / 2**30     # one stage must save memory
+    seen = {}
+    real = PL.dual_bound
+
+    def record(problem, S, M, *a):
+        seen[(S, M)] = (real(problem, S, M, *a), PL.step_bound(problem, S, M, a[0], a[1]))
+        return 0.0                                   # cost every count
+    monkeypatch.setattr(PL, "dual_bound", record)
+    monkeypatch.setattr(PL, "memory_bound", lambda *a: 0.0)
+    p = Problem(Request("llama", 8, dict(TINY), preset="h100-cluster", devices=4,
+                        dtype="bf16"))
+    res = run("pipeline", p, options=dict(optimizer="adam", memory_limit_gib=limit))
+    assert res.fits_memory
+    fitted = [t for t in res.info["tried"] if t.get("time_s") is not None]
+    assert fitted
+    for t in fitted:
+        dual, plain = seen[(t["stages"], t["micro_batches"])]
+        assert dual <= t["time_s"] * (1 + 1e-9)
+        assert dual >= plain * (1 - 1e-9)
+    assert any(d > s * (1 + 1e-6) for d, s in seen.values())
