@@ -121,7 +121,48 @@ def step_bound(problem, S: int, M: int, settings, how: dict) -> float:
         if v is None:
             v = seen[id(lo)] = float(np.min(W * lo.t_mb + lo.t_once))
         total += v
-    return total / S
+    return max(total / S, _partition_bound(graph, rep_of, opts, S, M))
+
+
+def _partition_bound(graph, rep_of, opts, S: int, M: int) -> float:
+    """The step bound of stages made of whole segments (the outer DP cuts only at
+    single-tensor cuts): with ``a_k``, ``u_k`` the least per-micro-batch and once-per-step
+    times of segment ``k``'s layers (the first stage also holds cut 0),
+
+        T ≥ Σ_k a_k + (M − 1) · min_(splits into S) max_s Σ_(k ∈ s) a_k
+              + max(Σ_k u_k / S, max_k u_k)
+
+    - the slowest stage is at least the best balanced split's, which the segments' sizes
+    can keep well above the mean (64 stages over 67 segments)."""
+    chain = ST.Chain.of(graph)
+    K = len(chain.segments)
+    if S > K or S < 2:
+        return 0.0
+    least: dict = {}
+
+    def lows(n):
+        lo = opts[rep_of[n]]
+        hit = least.get(id(lo))
+        if hit is None:
+            ok = np.isfinite(lo.t_mb) & np.isfinite(lo.t_once)
+            hit = least[id(lo)] = (float(lo.t_mb[ok].min()), float(lo.t_once[ok].min())) \
+                if ok.any() else (np.inf, np.inf)
+        return hit
+    a, u = np.zeros(K), np.zeros(K)
+    for k, seg in enumerate(chain.segments):
+        for n in seg.interior + [seg.b] + ([seg.a] if k == 0 else []):
+            x, y = lows(n)
+            a[k] += x
+            u[k] += y
+    if not np.isfinite(a).all():
+        return np.inf
+    P = np.concatenate([[0.0], np.cumsum(a)])
+    cost = P[None, :] - P[:, None]                    # [i, j]: segments i .. j-1
+    cost[np.tril_indices(K + 1)] = np.inf             # a stage holds at least one segment
+    f = cost[0].copy()                                # one stage over segments 0 .. j-1
+    for _ in range(2, S + 1):
+        f = np.minimum.reduce(np.maximum(f[:, None], cost), axis=0)
+    return float(P[-1] + (M - 1) * f[K] + max(u.sum() / S, u.max()))
 
 
 def dual_bound(problem, S: int, M: int, settings, how: dict, schedule: str,
