@@ -170,15 +170,20 @@ def default_ep(graph, n_devices: int) -> int:
                if n_devices % d == 0 and all(e % d == 0 for e in experts))
 
 
-def _find(cands, want: dict):
+def _find(cands, want: dict, index: dict | None = None):
     """Index of the candidate with exactly the degrees ``want`` (the others 1), on as many
-    devices as they multiply to, or ``None``."""
-    total = 1
-    for v in want.values():
-        total *= v
-    return next((i for i, c in enumerate(cands) if c.total == total and
-                 all(c.deg(k) == v for k, v in want.items()) and
-                 all(v == 1 for k, v in c.degrees if k not in want)), None)
+    devices as they multiply to, or ``None``.  ``index`` memoises each candidate list's
+    ``{degrees other than 1: first index}`` (lists are shared by layers of one shape), so a
+    model of thousands of layers looks each up in one step instead of a scan."""
+    if index is None:
+        index = {}
+    hit = index.get(id(cands))
+    if hit is None or hit[0] is not cands:
+        table: dict = {}
+        for i, c in enumerate(cands):
+            table.setdefault(tuple(sorted((k, v) for k, v in c.degrees if v != 1)), i)
+        hit = index[id(cands)] = (cands, table)
+    return hit[1].get(tuple(sorted((k, v) for k, v in want.items() if v != 1)))
 
 
 def megatron(problem, pins=None, options: MegatronOptions | None = None) -> Result:
@@ -207,7 +212,7 @@ def megatron_choice(graph, tables, n: int, options: MegatronOptions, pinned=()) 
     dp = n // tp
     roles = megatron_roles(graph)
     want_of = {"column": {"n": dp, "c": tp}, "row": {"n": dp, G.REDUCE: tp}}
-    choice, fallback = {}, {}
+    choice, fallback, index = {}, {}, {}
     for nm in tables.names:
         cands = tables.candidates[nm]
         if nm in pinned:
@@ -222,12 +227,12 @@ def megatron_choice(graph, tables, n: int, options: MegatronOptions, pinned=()) 
             intended = {"n": dp, "l": tp} if "l" in layer.dims else {"n": n}
         pick = None
         for want in (intended, {"n": dp, "l": tp}, {"n": n}, {"n": dp}):
-            pick = _find(cands, want)
+            pick = _find(cands, want, index)
             if pick is not None:
                 break
         if pick is None:
             pick = int(tables.node_cost(nm).argmin())
-        if pick != _find(cands, intended):
+        if pick != _find(cands, intended, index):
             fallback[nm] = cands[pick].label()
         choice[nm] = pick
     counts = {r: sum(1 for v in roles.values() if v == r) for r in ("column", "row", "other")}
