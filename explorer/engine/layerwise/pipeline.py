@@ -166,59 +166,110 @@ def _partition_bound(graph, rep_of, opts, S: int, M: int) -> float:
 
 
 def dual_bound(problem, S: int, M: int, settings, how: dict, schedule: str,
-               cap: float) -> float:
+               cap: float, target: float = np.inf, weights=None) -> float:
     """A lower bound of the step time of any plan with ``S`` stages and ``M`` micro-batches
     whose every stage fits ``cap`` (after :func:`step_bound` of the same ``S, M``, whose
-    layer options it reads): :func:`step_bound`'s relaxation with memory kept.  Each stage
-    holds ``Σ_l (static + inflight · act)`` ≤ ``cap`` with ``inflight`` at least the least
-    any stage holds (``k``: 1 under 1F1B, ``M`` under GPipe), so the layers together hold at
-    most ``S · cap``; for any price ``μ ≥ 0`` per byte (weak duality)
+    layer options it reads): :func:`step_bound`'s mean relaxation with the stages' memory
+    kept.  Stage ``s`` holds ``Σ_(l ∈ s) (static + k_s · act) ≤ cap`` with ``k_s`` its
+    micro-batches in flight (``min(S − s, M)`` under 1F1B, ``M`` under GPipe), and
+    ``T ≥ Σ_s (W·t_s + u_s) / S`` with ``W = M + S − 1``; for any price ``μ ≥ 0`` per byte
+    (weak duality: every stage's ``μ·(memory − cap)`` is at most 0 in a fitting plan)
 
-        T ≥ Σ_l min_(candidate, option) [((M + S − 1)·t_mb + t_once) / S + μ·m_l] − μ·S·cap,
-        m_l = static + k · act
+        T ≥ min_(splits into S stages of whole segments)
+              Σ_s Σ_(l ∈ s) min_(candidate, option) [(W·t_mb + t_once) / S
+                                                     + μ·(static + k_s · act)]  −  μ·S·cap
 
-    maximised over ``μ`` (the function is concave: bisection on the sign of its slope, the
-    memory of the per-layer minimisers against ``S · cap``).  Where memory does not bind
-    this is :func:`step_bound` (``μ = 0``); where it does, it prices the recomputation and
-    sharding that fitting costs, which the search would pay too - so a configuration whose
-    plans must all be slower than one found is skipped without building its tables."""
+    - the split by a dynamic program over the segments (a prefix minimum per stage), the
+    layers' minima per distinct ``k_s``.  Maximised over ``μ`` by bisection on the sign of
+    the split's memory over ``S · cap`` (the function is concave); stops early once it
+    reaches ``target`` (the plan found: the configuration is skipped either way).  Where
+    memory does not bind this is the mean bound (``μ = 0``); where it does, it prices the
+    recomputation and sharding that fitting costs, stage by stage - which the search would
+    pay too - so a configuration whose fitting plans must all be slower than one found is
+    skipped without building its tables.  ``inf``: no split fits at any price.
+
+    ``weights`` ``[S]`` (non-negative, summing to 1; default uniform) weigh the stages in
+    place of the slowest one: ``max_s t_s ≥ Σ_s w_s · t_s``, so stage ``s``'s layers count
+    ``(1 + (M − 1)·w_s)·t_mb + t_once / S`` - every such weighting is a bound, and weights
+    on the stages that hold few micro-batches (which memory makes the longest) are tighter
+    where memory binds."""
     G = problem.devices.n // S
     b = problem.layer_graph().batch // M
+    graph = how[b][0]
     cm = problem.cost_model() if G == problem.devices.n and M == 1 else \
         how[("cost model", G, b)]
-    names, rep_of, opts = _layer_options(problem, how[b][0], cm, G, b, settings, how)
-    W, k = float(M + S - 1), float(M if schedule == "gpipe" else min(1, M))
-    count: dict = {}
-    for n in names:
-        count[rep_of[n]] = count.get(rep_of[n], 0) + 1
+    names, rep_of, opts = _layer_options(problem, graph, cm, G, b, settings, how)
+    W = float(M + S - 1)
+    ks = np.array([float(M if schedule == "gpipe" else min(S - s, M)) for s in range(S)])
+    chain = ST.Chain.of(graph)
+    K = len(chain.segments)
+    if S > K:
+        return 0.0
+    reps = list(dict.fromkeys(rep_of[n] for n in names))
+    rpos = {r: i for i, r in enumerate(reps)}
+    cnt = np.zeros((K, len(reps)))                          # layers of each rep per segment
+    for k, seg in enumerate(chain.segments):
+        for n in seg.interior + [seg.b] + ([seg.a] if k == 0 else []):
+            cnt[k, rpos[rep_of[n]]] += 1
+    w = np.full(S, 1.0 / S) if weights is None else np.asarray(weights, dtype=float)
+    coef = 1.0 + (M - 1) * w                                # t_mb's weight per stage
+    # stages differ by (in-flight count, t_mb weight): the layers' minima once per pair
+    kv, kix = np.unique(np.stack([ks, coef], axis=1), axis=0, return_inverse=True)
+    kix = kix.reshape(-1)
     terms = []
-    for rep, mult in count.items():
-        lo = opts[rep]
-        c = ((W * lo.t_mb + lo.t_once) / S).ravel()
-        m = (lo.static + k * lo.act).ravel()
-        ok = np.isfinite(c) & np.isfinite(m)
+    for r in reps:
+        lo = opts[r]
+        tm, to = lo.t_mb.ravel(), (lo.t_once / S).ravel()
+        st, ac = lo.static.ravel(), lo.act.ravel()
+        ok = np.isfinite(tm) & np.isfinite(to) & np.isfinite(st) & np.isfinite(ac)
         if not ok.any():
             return np.inf
-        terms.append((float(mult), c[ok], m[ok]))
+        terms.append((tm[ok], to[ok], st[ok], ac[ok]))
     budget = S * float(cap)
+    rows = np.arange(len(kv))
 
     def at(mu: float):
-        val = used = 0.0
-        for mult, c, m in terms:
-            i = int(np.argmin(c + mu * m))
-            val += mult * (c[i] + mu * m[i])
-            used += mult * m[i]
-        return val - mu * budget, used
+        """``(L(μ), memory of the minimising split)``."""
+        val = np.empty((len(reps), len(kv)))
+        mem = np.empty((len(reps), len(kv)))
+        for i, (tm, to, st, ac) in enumerate(terms):
+            m = st[None, :] + kv[:, :1] * ac[None, :]              # [pairs, N]
+            c = kv[:, 1:] * tm[None, :] + to[None, :]
+            j = np.argmin(c + mu * m, axis=1)
+            val[i] = c[rows, j] + mu * m[rows, j]
+            mem[i] = m[rows, j]
+        sv, sm = cnt @ val, cnt @ mem                              # [K, k]
+        F = np.full(K + 1, np.inf)
+        F[0] = 0.0
+        used = np.zeros(K + 1)
+        for s in range(S):                       # stage s covers segments i .. j-1, i < j
+            P = np.concatenate([[0.0], np.cumsum(sv[:, kix[s]])])
+            Q = np.concatenate([[0.0], np.cumsum(sm[:, kix[s]])])
+            g = F - P
+            acc = np.minimum.accumulate(g)           # prefix minimum over i < j
+            at_min = np.maximum.accumulate(np.where(g == acc, np.arange(K + 1), 0))
+            newF = np.full(K + 1, np.inf)
+            newF[1:] = P[1:] + acc[:-1]
+            arg = np.concatenate([[0], at_min[:-1]])
+            newU = np.where(np.isfinite(newF), used[arg] + Q - Q[arg], 0.0)
+            F, used = newF, newU
+        return float(F[K]) - mu * budget, float(used[K])
 
     best, used = at(0.0)
-    if used <= budget:
+    if used <= budget or best >= target:
         return best
     lo_mu, hi_mu = 0.0, 1e-12
-    while at(hi_mu)[1] > budget:
-        hi_mu *= 4.0
+    while True:
+        v, u = at(hi_mu)
+        best = max(best, v)
+        if u <= budget or best >= target:
+            break
+        lo_mu, hi_mu = hi_mu, hi_mu * 4.0
         if hi_mu > 1e6:                      # nothing fits even at any price: no plan
             return np.inf
-    for _ in range(48):
+    for _ in range(40):
+        if best >= target or hi_mu - lo_mu <= 1e-6 * hi_mu:
+            break
         mid = 0.5 * (lo_mu + hi_mu)
         v, u = at(mid)
         best = max(best, v)
@@ -226,7 +277,23 @@ def dual_bound(problem, S: int, M: int, settings, how: dict, schedule: str,
             lo_mu = mid
         else:
             hi_mu = mid
-    return max(best, at(hi_mu)[0], at(lo_mu)[0])
+    return best
+
+
+def _weighted_bound(problem, S, M, settings, how, schedule, cap, target) -> float:
+    """The best of :func:`dual_bound` under weights on the stages holding the fewest
+    micro-batches (``w_s ∝ k_s^(−p)``, and the last stage alone), stopping at ``target``."""
+    ks = np.array([float(M if schedule == "gpipe" else min(S - s, M)) for s in range(S)])
+    out = 0.0
+    for p in (1.0, 2.0, 4.0, None):
+        w = np.zeros(S) if p is None else ks ** -p
+        if p is None:
+            w[-1] = 1.0
+        out = max(out, dual_bound(problem, S, M, settings, how, schedule, cap, target,
+                                  w / w.sum()))
+        if out >= target:
+            break
+    return out
 
 
 def memory_bound(problem, S: int, M: int, settings, how: dict, schedule: str) -> float:
@@ -337,6 +404,10 @@ def search(problem, pins=None, options: PipelineOptions | None = None) -> Result
                           "skipped": f"its plans need at least {least[(S, M)] / 2**30:.3g} "
                                      f"GiB on a device, over the {cap / 2**30:.3g} GiB limit"})
             continue
+        if best is not None and bounds[(S, M)] < best[0].time_s and S > 1:
+            # before building its tables: the stage-weighted bounds, up to the plan found
+            bounds[(S, M)] = max(bounds[(S, M)], _weighted_bound(
+                problem, S, M, settings, how, options.schedule, cap, best[0].time_s))
         if best is not None and bounds[(S, M)] >= best[0].time_s:
             tried.append({"stages": S, "micro_batches": M, "bound_s": bounds[(S, M)],
                           "skipped": "its lower bound is no faster than the plan found"})
