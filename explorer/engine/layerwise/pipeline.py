@@ -193,12 +193,7 @@ def dual_bound(problem, S: int, M: int, settings, how: dict, schedule: str,
     ``(1 + (M − 1)·w_s)·t_mb + t_once / S`` - every such weighting is a bound, and weights
     on the stages that hold few micro-batches (which memory makes the longest) are tighter
     where memory binds."""
-    G = problem.devices.n // S
-    b = problem.layer_graph().batch // M
-    graph = how[b][0]
-    cm = problem.cost_model() if G == problem.devices.n and M == 1 else \
-        how[("cost model", G, b)]
-    names, rep_of, opts = _layer_options(problem, graph, cm, G, b, settings, how)
+    graph, (names, rep_of, opts) = _read_options(problem, S, M, settings, how)
     W = float(M + S - 1)
     ks = np.array([float(M if schedule == "gpipe" else min(S - s, M)) for s in range(S)])
     chain = ST.Chain.of(graph)
@@ -308,12 +303,7 @@ def memory_bound(problem, S: int, M: int, settings, how: dict, schedule: str) ->
 
     A configuration whose bound exceeds the cap cannot hold a fitting plan, so the search
     costs it only when nothing else fits."""
-    G = problem.devices.n // S
-    b = problem.layer_graph().batch // M
-    graph = how[b][0]
-    cm = problem.cost_model() if G == problem.devices.n and M == 1 else \
-        how[("cost model", G, b)]
-    names, rep_of, opts = _layer_options(problem, graph, cm, G, b, settings, how)
+    _, (names, rep_of, opts) = _read_options(problem, S, M, settings, how)
     k = float(M if schedule == "gpipe" else min(1, M))
     total, most, seen = 0.0, 0.0, {}
     for n in names:
@@ -324,6 +314,17 @@ def memory_bound(problem, S: int, M: int, settings, how: dict, schedule: str) ->
         total += v
         most = max(most, v)
     return max(total / S, most)
+
+
+def _read_options(problem, S: int, M: int, settings, how: dict):
+    """``(graph, (names, representative of each, options))`` of ``S, M`` that
+    :func:`step_bound` already computed (its graph and cost model are in ``how``)."""
+    G = problem.devices.n // S
+    b = problem.layer_graph().batch // M
+    graph = how[b][0]
+    cm = problem.cost_model() if G == problem.devices.n and M == 1 else \
+        how[("cost model", G, b)]
+    return graph, _layer_options(problem, graph, cm, G, b, settings, how)
 
 
 def _layer_options(problem, graph, cm, G: int, b: int, settings, how: dict):
