@@ -50,7 +50,6 @@ from __future__ import annotations
 
 import hashlib
 import math
-import os
 import threading
 import time
 from collections import OrderedDict
@@ -1398,7 +1397,8 @@ class CostModel:
                           tr, br, est, tu)
 
     def _threads(self, est: dict) -> int:
-        return (min(2, os.cpu_count() or 1)
+        from explorer.engine.layerwise import xkernel
+        return (xkernel.THREADS
                 if est["work"] >= THREAD_WORK and self.compute == "analytic" else 1)
 
     def _build_tables(self, pins: list) -> CostTables:

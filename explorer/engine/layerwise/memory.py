@@ -157,7 +157,7 @@ def layer_options(cost_model, tables, name: str, settings: MemorySettings,
     O = len(opts)
     pb, cb, db = cost_model.param_bytes, cost_model.copy_bytes, cost_model.dtype_bytes
     states = OPTIMIZER_STATES[settings.optimizer]
-    tiles, red, owned, used = G.stacked_boxes(layer, cands)
+    tiles, red, owned, used = cost_model._stacked_all(layer, cands)
     vol = np.where(used, G.volume(owned), 0).astype(float)
     if layer.op == "input":
         # the model input: nothing to recompute or shard, every other option is refused

@@ -27,6 +27,7 @@ import numpy as np
 
 from explorer.errors import InfeasiblePlan
 from explorer.engine.layerwise import stages as ST
+from explorer.engine.layerwise import xkernel
 from explorer.engine.layerwise.costmodel import CostModel
 from explorer.engine.layerwise.memory import MemorySettings
 from explorer.engine.layerwise.result import memory_result
@@ -321,6 +322,8 @@ def _read_options(problem, S: int, M: int, settings, how: dict):
     :func:`step_bound` already computed (its graph and cost model are in ``how``)."""
     G = problem.devices.n // S
     b = problem.layer_graph().batch // M
+    if ("layer options", G, b) not in how:          # computed by the other process
+        step_bound(problem, S, M, settings, how)
     graph = how[b][0]
     cm = problem.cost_model() if G == problem.devices.n and M == 1 else \
         how[("cost model", G, b)]
@@ -358,7 +361,8 @@ def _layer_options(problem, graph, cm, G: int, b: int, settings, how: dict):
 
 
 def search(problem, pins=None, options: PipelineOptions | None = None) -> Result:
-    """The fastest fitting pipelined plan (module docstring)."""
+    """The fastest fitting pipelined plan (module docstring).  Large searches run on two
+    processes (:func:`_team`): the same plan, in about half the time on two cores."""
     options = options or PipelineOptions()
     if pins:
         raise InfeasiblePlan("the pipeline search takes no pins yet: use --algo optcnn to pin "
@@ -370,7 +374,6 @@ def search(problem, pins=None, options: PipelineOptions | None = None) -> Result
     cap = _cap(problem.devices, options.memory_limit_gib)
     K = len(ST.Chain.of(graph).segments)
     counts = [options.stages] if options.stages else ST.stage_counts(N, K, B)
-    tried, best, smallest, how = [], None, None, {}
     configs = []
     for S in counts:
         if N % S:
@@ -384,78 +387,168 @@ def search(problem, pins=None, options: PipelineOptions | None = None) -> Result
             if B % M:
                 raise InfeasiblePlan(f"{M} micro-batches do not divide the batch {B}")
             configs.append((S, M))
-    bounds, least = {}, {}
-    for S, M in configs:
+    team = _team(problem, configs, options)
+    try:
+        with xkernel.threads(1 if team.processes > 1 else xkernel.THREADS):
+            out = _search(problem, options, settings, cap, configs, team, t0)
+    except BaseException as exc:
+        team.close(exc)                     # the child leaves here, the parent reaps it
+        raise
+    team.close()                            # the child leaves here
+    return out
+
+
+#: the least devices for which the pipeline search forks a second process (the tables of a
+#: few hundred devices' candidates cost seconds; small searches finish before a fork pays)
+FORK_DEVICES = 64
+
+
+def _team(problem, configs, options):
+    """Two processes for a search of several configurations on at least
+    :data:`FORK_DEVICES` devices (``options.processes`` and the environment permitting,
+    :func:`~explorer.engine.core.forked.team`), else one."""
+    from explorer.engine.core import forked
+    want = options.processes
+    if want is None and (len(configs) < 2 or problem.devices.n < FORK_DEVICES):
+        want = 1
+    return forked.team(want)
+
+
+def _search(problem, options, settings, cap, configs, team, t0) -> Result:
+    """:func:`search`'s configurations on ``team``: bounds of every configuration, then the
+    configurations in order of their bounds, each skipped when its bound cannot beat the
+    plan either process found."""
+    how: dict = {}
+    mine = {}
+    for i in team.claims(len(configs)):
+        S, M = configs[i]
         try:
-            bounds[(S, M)] = float(max(step_bound(problem, S, M, settings, how),
+            mine[i] = (float(max(step_bound(problem, S, M, settings, how),
                                  dual_bound(problem, S, M, settings, how, options.schedule,
-                                            cap)))
-            least[(S, M)] = memory_bound(problem, S, M, settings, how, options.schedule)
+                                            cap))),
+                       memory_bound(problem, S, M, settings, how, options.schedule))
         except InfeasiblePlan as exc:
-            tried.append({"stages": S, "micro_batches": M, "error": str(exc)})
+            mine[i] = str(exc)
+    every = {}
+    for part in team.exchange(mine):
+        every.update(part)
+    bounds, least, errors = {}, {}, {}
+    for i, (S, M) in enumerate(configs):
+        if isinstance(every[i], str):
+            errors[(S, M)] = every[i]
+        else:
+            bounds[(S, M)], least[(S, M)] = every[i]
     # one stage last: its group is all the devices (the largest tables), and by then the plan
     # found lets its unconstrained optimum, a bound too, stand in for its whole search;
     # configurations that cannot fit (memory bound over the cap) only when nothing else does
     order = sorted(bounds, key=lambda c: (c[0] == 1, bounds[c], c))
-    fitting = [c for c in order if least[c] <= cap]
-    for S, M in fitting + [c for c in order if least[c] > cap]:
-        if least[(S, M)] > cap and best is not None:
-            tried.append({"stages": S, "micro_batches": M, "bound_s": bounds[(S, M)],
-                          "memory_bound_bytes": least[(S, M)],
-                          "skipped": f"its plans need at least {least[(S, M)] / 2**30:.3g} "
-                                     f"GiB on a device, over the {cap / 2**30:.3g} GiB limit"})
-            continue
-        if best is not None and bounds[(S, M)] < best[0].time_s and S > 1:
-            # before building its tables: the stage-weighted bounds, up to the plan found
-            bounds[(S, M)] = max(bounds[(S, M)], _weighted_bound(
-                problem, S, M, settings, how, options.schedule, cap, best[0].time_s))
-        if best is not None and bounds[(S, M)] >= best[0].time_s:
-            tried.append({"stages": S, "micro_batches": M, "bound_s": bounds[(S, M)],
-                          "skipped": "its lower bound is no faster than the plan found"})
-            continue
-        try:
-            cm, tables, bw, lat = _stage_setup(problem, S, M, how)
-            ev = ST.Evaluator(cm, tables, settings, cap, S, M, options.schedule, bw, lat,
-                              opts_cache=how.get(("options", cm.devices.n, cm.graph.batch)))
-            plain = ev.evaluate(0.0)
-            if S == 1 and best is not None and plain.time_s >= best[0].time_s and \
-                    not plain.fits:
-                # one stage at λ = 0 is the least step time with no memory limit: a bound
-                tried.append({"stages": S, "micro_batches": M, "bound_s": plain.time_s,
-                              "skipped": "its optimum without a memory limit is no faster "
-                                         "than the plan found"})
-                continue
-            if plain.fits and options.saving == "when-needed":
-                found, small = plain, plain
-            else:
-                found, small, _ = ST.lagrangian(ev, plain)
-        except InfeasiblePlan as exc:
-            tried.append({"stages": S, "micro_batches": M, "error": str(exc)})
-            continue
-        tried.append({"stages": S, "micro_batches": M, "bound_s": bounds[(S, M)],
-                      "time_s": None if found is None else found.time_s,
-                      "peak_bytes": small.peak})
-        if found is not None and (best is None or found.time_s < best[0].time_s):
-            best = (found, cm, tables, ev)
-        if smallest is None or small.peak < smallest[0].peak:
-            smallest = (small, cm, tables, ev)
-    if best is None and smallest is None:
+    order = [c for c in order if least[c] <= cap] + [c for c in order if least[c] > cap]
+    tried = {}                                 # position in the order -> what happened
+    best = smallest = None                     # (Evaluation, cm, tables, ev, position)
+    held = [k for k, c in enumerate(order) if configs.index(c) in mine]
+    for k in team.claims(len(order), prefer=held):
+        S, M = order[k]
+        entry, found, small, kept = _cost(problem, S, M, options, settings, cap, how,
+                                          bounds[(S, M)], least[(S, M)], team.best())
+        tried[k] = entry
+        if found is not None:
+            team.offer(found.time_s)
+            if best is None or found.time_s < best[0].time_s:
+                best = (found, *kept, k)
+        if small is not None and (smallest is None or small.peak < smallest[0].peak):
+            smallest = (small, *kept, k)
+    # what each process found: the parent picks (the fastest, then the first in the order;
+    # else the smallest footprint) and the process holding it builds the result
+    summary = (tried, None if best is None else (best[0].time_s, best[4]),
+               None if smallest is None else (smallest[0].peak, smallest[4]),
+               {b: v[1] for b, v in how.items() if isinstance(b, int)})
+    parts = team.exchange(summary)
+    runs, fast, small_, ways = {}, [], [], {}
+    for p, (t, b, s, w) in enumerate(parts):
+        runs.update(t)
+        ways.update(w)
+        if b is not None:
+            fast.append((b[0], b[1], p))
+        if s is not None:
+            small_.append((s[0], s[1], p))
+    entries = [{"stages": S, "micro_batches": M, "error": errors[(S, M)]}
+               for S, M in configs if (S, M) in errors]
+    entries += [runs[k] for k in sorted(runs)]
+    if not fast and not small_:
         raise InfeasiblePlan("no pipeline configuration could be costed: "
-                             + "; ".join(t.get("error", "") for t in tried[:3]))
-    info = {"strategy": "pipeline", "tried": tried,
+                             + "; ".join(t.get("error", "") for t in entries[:3]))
+    info = {"strategy": "pipeline", "tried": entries, "processes": team.processes,
             "memory": {"limit_bytes": cap, "constrained": True,
                        "optimizer": settings.optimizer},
-            "micro_batch_graphs": {str(b): v[1] for b, v in sorted(
-                (k, v) for k, v in how.items() if isinstance(k, int))}}
-    pick = best or smallest
-    if best is None:
+            "micro_batch_graphs": {str(b): ways[b] for b in sorted(ways)}}
+    pick = min(fast) if fast else min(small_)
+    holder = pick[2]
+    mine_ = best if fast else smallest
+    if not fast:
         info["memory"]["why"] = (
             f"no pipelined plan fits {cap / 2**30:.3g} GiB per device: the smallest footprint "
-            f"found needs {smallest[0].peak / 2**30:.3g} GiB on a device ({len(tried)} "
+            f"found needs {pick[0] / 2**30:.3g} GiB on a device ({len(entries)} "
             f"stage/micro-batch counts tried, optimizer {settings.optimizer}); use more "
             f"devices or a smaller --batch")
-    return memory_result("pipeline", problem, pick[1], pick[2], pick[0], settings, pick[3], info,
-                         time.perf_counter() - t0)
+    if team.processes == 1:
+        return memory_result("pipeline", problem, mine_[1], mine_[2], mine_[0], settings,
+                             mine_[3], info, time.perf_counter() - t0)
+    # the parent tells the child whether to build (with the whole search's info) and takes
+    # its result; a child that holds nothing to build just leaves
+    if team.child:
+        if holder == 1:
+            elapsed = team.recv()
+            team.send(memory_result("pipeline", problem, mine_[1], mine_[2], mine_[0],
+                                    settings, mine_[3], info, elapsed))
+        return None
+    if holder == 1:
+        team.send(time.perf_counter() - t0)
+        return team.recv()
+    return memory_result("pipeline", problem, mine_[1], mine_[2], mine_[0], settings,
+                         mine_[3], info, time.perf_counter() - t0)
+
+
+def _cost(problem, S, M, options, settings, cap, how, bound, least, best_s):
+    """One configuration: ``(tried entry, fastest fitting Evaluation or None, smallest
+    Evaluation or None, (cost model, tables, evaluator))``, skipped (no evaluations) when
+    its bounds say it cannot beat ``best_s``, the plan found so far."""
+    head = {"stages": S, "micro_batches": M}
+    none = (None, None, None)
+    if least > cap and np.isfinite(best_s):
+        return ({**head, "bound_s": bound, "memory_bound_bytes": least,
+                 "skipped": f"its plans need at least {least / 2**30:.3g} GiB on a device, "
+                            f"over the {cap / 2**30:.3g} GiB limit"}, None, None, none)
+    found_one = bool(np.isfinite(best_s))
+    if found_one and bound < best_s and S > 1:
+        # before building its tables: the stage-weighted bounds, up to the plan found
+        bound = max(bound, _weighted_bound(problem, S, M, settings, how, options.schedule,
+                                           cap, best_s))
+    if found_one and bound >= best_s:
+        return ({**head, "bound_s": bound,
+                 "skipped": "its lower bound is no faster than the plan found"},
+                None, None, none)
+    try:
+        cm, tables, bw, lat = _stage_setup(problem, S, M, how)
+        ev = ST.Evaluator(cm, tables, settings, cap, S, M, options.schedule, bw, lat,
+                          opts_cache=how.get(("options", cm.devices.n, cm.graph.batch)))
+        plain = ev.evaluate(0.0)
+        if plain.floor_s is not None:
+            bound = max(bound, plain.floor_s)
+        if found_one and bound >= best_s and not plain.fits:
+            # λ = 0 bounds every plan of these counts with its transfers counted
+            # (Evaluator.floor; one stage: its optimum without a memory limit): the search
+            # over λ could not find a faster one
+            return ({**head, "bound_s": bound,
+                     "skipped": "its least step time without a memory limit is no faster "
+                                "than the plan found"}, None, None, none)
+        if plain.fits and options.saving == "when-needed":
+            found, small = plain, plain
+        else:
+            found, small, _ = ST.lagrangian(ev, plain)
+    except InfeasiblePlan as exc:
+        return {**head, "error": str(exc)}, None, None, none
+    return ({**head, "bound_s": bound, "time_s": None if found is None else found.time_s,
+             "peak_bytes": small.peak}, found, small, (cm, tables, ev))
 
 
 # --------------------------------------------------------------------------------------------

@@ -452,7 +452,9 @@ class Evaluation:
     the layer names of each stage; per stage per-micro-batch time ``t_mb``, once
     per step ``t_once``, surrogate memory ``memory`` (with its own in-flight count), and
     ``transient``; ``time_s`` the step time; ``relaxed`` the relaxed objective (no pipeline:
-    its minimum, for the lower bound)."""
+    its minimum, for the lower bound); ``floor_s`` (at ``λ = 0`` only) a lower bound of the
+    step time of every plan of these stage and micro-batch counts, memory aside
+    (:meth:`Evaluator.floor`)."""
 
     lam: float
     choice: dict
@@ -466,6 +468,7 @@ class Evaluation:
     relaxed: float
     fits: bool = False
     boundary_s: list = field(default_factory=list)
+    floor_s: float | None = None
 
     @property
     def peak(self) -> float:
@@ -663,7 +666,32 @@ class Evaluator:
         ev = Evaluation(lam, choice, opt_of, stages, t_mb, t_once, mem, trans, T, relaxed,
                         boundary_s=bnd)
         ev.fits = ev.peak <= self.cap
+        if lam == 0.0 and not self.masks and self.option_mask is None:
+            ev.floor_s = self.floor(best_v, K, S)
         return ev
+
+    def floor(self, best_v, K: int, S: int) -> float:
+        """A lower bound of the step time of every plan of ``S`` stages (any split, any
+        configurations and options, memory aside), from the ranges' least relaxed costs at
+        ``λ = 0`` (``best_v[i + 1, j]``: the least ``W·t + u`` of a stage over cuts
+        ``(i, j]``, transfers inside it included, exactly):
+
+            T = Σ_s t_s + (M − 1)·max_s t_s + max_s u_s  ≥  (1/S) · Σ_s (W·t_s + u_s)
+              ≥ (1/S) · min_(splits into S) Σ_s (best_v[stage] + W·boundary)
+
+        (a maximum is at least the mean).  Unlike :func:`.pipeline.step_bound` it counts
+        the transfers between a stage's layers and the consistency of their layouts, so a
+        configuration whose bound from the layers alone was loose is settled by one
+        evaluation at ``λ = 0`` instead of the search over ``λ``.  With one stage it is the
+        optimum itself."""
+        W = self.weight
+        bnd = np.array([self.boundary[j] if j < K else 0.0 for j in range(K + 1)])
+        C = np.where(np.isnan(best_v), np.inf, best_v + W * bnd[None, :])
+        f = C[0].copy()                             # the first stage: cuts 0 .. j
+        f[0] = np.inf
+        for _ in range(2, S + 1):                   # a later stage after cut i: row i + 1
+            f = np.min(f[1:K, None] + C[2:], axis=0)
+        return float(f[K]) / S
 
     def _outer_dp(self, best_q, K: int, S: int, W: float, memory: bool):
         """Alpa's outer DP over cut positions, vectorised over the stage ends: ``f_s[j]`` the

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import os
 import threading
+from contextlib import contextmanager
 
 import numpy as np
 
@@ -71,6 +72,18 @@ def _compiled(fn):
 def min_plus_kernel():
     """The compiled :func:`_min_plus_rows`."""
     return _compiled(_min_plus_rows)
+
+
+@contextmanager
+def threads(n: int):
+    """:data:`THREADS` set to ``n`` inside (a search whose processes already take the
+    cores: :mod:`explorer.engine.core.forked`), restored after."""
+    global THREADS
+    was, THREADS = THREADS, max(1, int(n))
+    try:
+        yield
+    finally:
+        THREADS = was
 
 
 def split(fn, n: int, threads: int = 0, weight=None) -> None:

@@ -105,17 +105,23 @@ class ExhaustiveOptions(MemoryOptions):
 class PipelineOptions(MemoryOptions):
     """The two-level pipeline search: ``stages`` (``None``: try 1, 2, 4, … ; or one count),
     ``micro_batches`` (``None``: 1 without stages, else 2·S, 4·S and 8·S that divide the
-    batch; or one count), ``schedule`` (``1f1b`` or ``gpipe``)."""
+    batch; or one count), ``schedule`` (``1f1b`` or ``gpipe``), ``processes`` (``None``:
+    two on searches of 64 devices or more where two cores are usable, else one; the same
+    plan either way)."""
 
     stages: int | None = None
     micro_batches: int | None = None
     schedule: str = "1f1b"
+    processes: int | None = None
 
     def __post_init__(self):
         super().__post_init__()
         object.__setattr__(self, "stages", _int("stages", self.stages, 1, none=True))
         object.__setattr__(self, "micro_batches",
                            _int("micro_batches", self.micro_batches, 1, none=True))
+        object.__setattr__(self, "processes", _int("processes", self.processes, 1, none=True))
+        if self.processes is not None and self.processes > 2:
+            raise ValueError(f"processes must be 1 or 2, got {self.processes}")
         if self.schedule not in SCHEDULES:
             raise ValueError(f"schedule must be 1f1b or gpipe, got {self.schedule!r}")
 
