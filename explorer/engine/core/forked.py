@@ -45,16 +45,19 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
-def team(processes: int | None = None) -> "Solo | Pair":
+def team(processes: int | None = None, prepare=None) -> "Solo | Pair":
     """Two processes (:class:`Pair`) when ``processes`` (``None``: as many as there are
     usable cores, at most 2, capped by :data:`PROCESSES_ENV`) is at least 2 and this is
-    Linux; else :class:`Solo`."""
+    Linux; else :class:`Solo`.  ``prepare()`` runs just before a fork (what both processes
+    need, loaded once)."""
     want = min(2, usable_cores()) if processes is None else int(processes)
     cap = os.environ.get(PROCESSES_ENV, "").strip()
     if cap.isdigit():
         want = min(want, int(cap))
     if want < 2 or not sys.platform.startswith("linux") or not hasattr(os, "fork"):
         return Solo()
+    if prepare is not None:
+        prepare()
     return Pair()
 
 

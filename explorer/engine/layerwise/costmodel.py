@@ -52,6 +52,7 @@ import hashlib
 import math
 import threading
 import time
+import weakref
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
@@ -259,8 +260,11 @@ class CostModel:
         self._ctok: dict = {}
         self._ctok_content: dict = {}
         self._cinfo_cache: OrderedDict = OrderedDict()
-        self._esig: dict = {}
-        self._grad_cache: dict | None = None
+        # what depends on the graph alone is shared by every cost model on it (a pipeline
+        # search builds one per stage group and micro-batch size over a few graphs)
+        self._graph_memo = _graph_memo(graph)
+        self._esig: dict = self._graph_memo.setdefault("edge signatures", {})
+        self._grad_cache: dict | None = self._graph_memo.get("gradients")
         self._memory = None
         self._tables_cache: dict = {}      # pins' text -> CostTables (shared by the methods)
         self._nodes_cache: dict = {}       # pins' text -> node-only CostTables
@@ -310,11 +314,18 @@ class CostModel:
                 layer = g.layer(n)
                 flags[n] = layer.op != "input" and (
                     bool(layer.params) or any(flags.get(e.src, True) for e in g.in_edges(n)))
-            self._grad_cache = flags
+            self._grad_cache = self._graph_memo["gradients"] = flags
         return self._grad_cache[name]
 
     def input_grads(self, name: str) -> tuple:
         """Per input of ``name`` (in op order): does its producer need a gradient."""
+        memo = self._graph_memo.setdefault("input gradients", {})
+        hit = memo.get(name)
+        if hit is None:
+            hit = memo[name] = self._input_grads(name)
+        return hit
+
+    def _input_grads(self, name: str) -> tuple:
         layer = self.graph.layer(name)
         flags = [True] * len(layer.in_shapes)
         for e in self.graph.in_edges(name):
@@ -1185,34 +1196,33 @@ class CostModel:
         """Powers of two, else of 4, 8, ...: the finest ladder whose work fits
         :data:`AUTO_WORK` (the coarsest one tried when none does)."""
         n, base, vals = self.devices.n, 2, self.degrees
+        names = self.graph.names()
+        key_of, first = {}, {}
+        for name in names:
+            layer = self.graph.layer(name)
+            dims = layer.dims
+            key = key_of[name] = (tuple(layer.size(a) for a in dims), dims,
+                                  G.reduction_size(layer))
+            first.setdefault(key, layer)
+        tok = {nm: k[:2] for nm, k in key_of.items()}
+        distinct = self._distinct_edges(tok)          # the same for every ladder
         while True:
             vals = tuple(d for d in G.degree_values("divisors", n)
                          if d == 1 or round(math.log(d, base), 9).is_integer())
-            sizes = {}
-            for name in self.graph.names():
-                layer = self.graph.layer(name)
-                key = (tuple(layer.size(a) for a in layer.dims), layer.dims,
-                       G.reduction_size(layer))
-                if key not in sizes:
-                    sizes[key] = G.count_configs(layer, n, vals)
-            per = {nm: sizes[(tuple(self.graph.layer(nm).size(a)
-                                    for a in self.graph.layer(nm).dims),
-                              self.graph.layer(nm).dims,
-                              G.reduction_size(self.graph.layer(nm)))]
-                   for nm in self.graph.names()}
-            tok = {nm: (tuple(self.graph.layer(nm).size(a) for a in self.graph.layer(nm).dims),
-                        self.graph.layer(nm).dims) for nm in self.graph.names()}
-            if self._work(per, tok) <= AUTO_WORK or base >= n or len(vals) <= 2:
+            sizes = {k: G.count_configs(layer, n, vals) for k, layer in first.items()}
+            per = {nm: sizes[key_of[nm]] for nm in names}
+            if self._work(per, tok, distinct) <= AUTO_WORK or base >= n or len(vals) <= 2:
                 return vals
             base *= 2
 
-    def _work(self, per: dict, tok: dict) -> float:
+    def _work(self, per: dict, tok: dict, distinct: list | None = None) -> float:
         """:meth:`estimate`'s work from ``{layer: (candidates, Σ total, max total)}``; edges
         with the same :meth:`_edge_sig` (``tok``: what identifies each layer's candidate
-        list) share one table, so they count once."""
+        list) share one table, so they count once (``distinct``: those edges, when already
+        known)."""
         two_level = self._node_structure() is not None
         work = 0.0
-        for e in self._distinct_edges(tok):
+        for e in (self._distinct_edges(tok) if distinct is None else distinct):
             w = float(per[e.src][0]) * per[e.dst][1]
             if not two_level:
                 w *= per[e.src][2]
@@ -1274,7 +1284,7 @@ class CostModel:
                 if self._node_structure() is not None else 0.0)
         table += sum(48.0 * c for c in sizes.values())
         merged = sum(16.0 * sizes[e.src] * sizes[e.dst] for e in self.graph.edges())
-        work = self._work(per, tok)
+        work = self._work(per, tok, distinct)
         cmax = max(sizes.values())
         nd = max((len(self.graph.layer(n).out_shape) for n in sizes), default=1)
         layouts = 20.0 * cmax * self.devices.n * max(nd, 1) * 2 * 8
@@ -1444,6 +1454,20 @@ class CostModel:
         return CostTables(nodes.names, cands, nodes.t_compute, nodes.t_sync, nodes.memory,
                           edges, 0.0, nbytes, nodes.t_reduce, nodes.bytes_reduce,
                           nodes.estimate, nodes.t_update)
+
+
+#: per graph, what every cost model on it shares (:class:`CostModel`'s edge signatures and
+#: gradient flags); entries go with their graph
+_GRAPH_MEMOS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _graph_memo(graph) -> dict:
+    """The shared memo of ``graph`` (a plain dict for graphs that cannot be weakly held)."""
+    try:
+        with _LRU_LOCK:
+            return _GRAPH_MEMOS.setdefault(graph, {})
+    except TypeError:
+        return {}
 
 
 def warm() -> bool:

@@ -411,7 +411,8 @@ def _team(problem, configs, options):
     want = options.processes
     if want is None and (len(configs) < 2 or problem.devices.n < FORK_DEVICES):
         want = 1
-    return forked.team(want)
+    # the kernels both processes use, loaded once before the fork, not once in each
+    return forked.team(want, prepare=lambda: xkernel.preload(ranges=True))
 
 
 def _search(problem, options, settings, cap, configs, team, t0) -> Result:

@@ -867,6 +867,48 @@ class Evaluator:
         return ev
 
 
+def _scan(ev, unit: float, top: Evaluation, cap: float, exact: bool):
+    """``(lo, hi)``: the first price of the ladder ``unit·10⁻³·4^k`` (below
+    ``unit·LAMBDA_TOP``) whose plan fits (``hi``; ``None`` when none does) and the one before
+    it (``lo``; ``0.0`` when the first fits), scanned upwards.
+
+    Whether a price fits is not monotone (a larger price can gather more ZeRO-3 weights, a
+    transient outside the relaxation), but with ``exact`` (one stage: each price's plan
+    minimises ``time + λ·memory``) the relaxed memory is: it never grows with the price.  So
+    a price whose plan holds more than ``cap`` before any transient rules out every price
+    below it, and the scan starts at the first price whose relaxed memory fits, found by
+    halving the ladder - the same ``(lo, hi)`` as a scan from the bottom, in about half
+    the evaluations (8 → 5 on a Llama-3-8B on 512 devices).  When even the least-memory
+    plan's relaxed memory is over ``cap`` nothing fits, and the scan from the bottom runs as
+    it always did (the smallest footprint it meets is what the search reports)."""
+    grid, lam = [], unit * 1e-3
+    while lam < unit * LAMBDA_TOP:
+        grid.append(lam)
+        lam *= 4.0
+    n, start, lo = len(grid), 0, 0.0
+    seen = {}
+    if exact and n > 4 and max(top.memory) <= cap:   # else no price's plan fits
+        a, b = -1, n                         # relaxed memory over cap at a, within at b
+        while b - a > 1:
+            m = (a + b) // 2
+            e = seen[m] = ev(grid[m])
+            if max(e.memory) > cap:
+                a = m
+            else:
+                b = m
+        start = a + 1
+        if a >= 0:
+            lo = grid[a]
+    for k in range(start, n):
+        e = seen.get(k) or ev(grid[k])
+        if e.fits:
+            return lo, grid[k]
+        lo = grid[k]
+        if e.memory == top.memory and e.transient == top.transient:
+            break                          # already the least-memory plan: nothing fits
+    return lo, None
+
+
 def lagrangian(evaluator: Evaluator, plain: Evaluation | None = None):
     """The fastest fitting plan over λ (module docstring): ``(best, smallest, info)`` where
     ``best`` is the fastest fitting :class:`Evaluation` (``None`` when none fits),
@@ -897,16 +939,7 @@ def lagrangian(evaluator: Evaluator, plain: Evaluation | None = None):
         else:
             # transients (a max, outside the relaxation) can make the least-memory plan of
             # the relaxation miss the cap where a plan between does not: scan upwards
-            lam = unit * 1e-3
-            while lam < unit * LAMBDA_TOP:
-                e = ev(lam)
-                if e.fits:
-                    hi = lam
-                    break
-                lo = lam
-                if e.memory == top.memory and e.transient == top.transient:
-                    break                  # already the least-memory plan: nothing fits
-                lam *= 4.0
+            lo, hi = _scan(ev, unit, top, cap, evaluator.S == 1)
         if hi is not None and (top.fits or lo == 0.0):
             saved = max(e0.peak - top.peak, 1.0)
             lam = min(max((top.time_s - e0.time_s) / saved, unit * 1e-4), hi / 4.0)

@@ -612,16 +612,20 @@ def shift_agreement(seg, U, P, nc):
     return base, lcp, hidx, nh
 
 
-def preload() -> bool:
-    """Import numba and load the by-node, min-plus and pruning kernels from its cache now,
-    with the argument types a search passes (tiny inputs), so that a search about to need
-    them (many devices) does not wait for them - ``explorer search`` does it while the model
-    is traced in a child process; ``False`` without numba."""
+def preload(ranges: bool = False) -> bool:
+    """Import numba and load the by-node, min-plus and pruning kernels (with ``ranges``, the
+    stage-range kernel too) from its cache now, with the argument types a search passes
+    (tiny inputs), so that a search about to need them (many devices) does not wait for them
+    - ``explorer search`` does it while the model is traced in a child process, the pipeline
+    search before it forks (so that its second process does not load them again);
+    ``False`` without numba."""
     import importlib.util
     if importlib.util.find_spec("numba") is None:
         return False
     _tiny_by_node(np.int16)
     _small_kernels()
+    if ranges:
+        _tiny_ranges()
     return True
 
 
@@ -665,6 +669,12 @@ def warm() -> bool:
     _small_kernels()
     for dt in (np.int16, np.int32):     # both bound types (:func:`coord_dtype`)
         _tiny_by_node(dt)
+    _tiny_ranges()
+    return True
+
+
+def _tiny_ranges() -> None:
+    """Call the stage-range kernel once on a two-segment chain (compiled or loaded)."""
     i64 = np.int64
     K, c = 2, 1
     nc = np.ones(K + 1, dtype=i64)
@@ -675,4 +685,3 @@ def warm() -> bool:
                     np.zeros((4, c)), np.full((K + 1, K + 1), np.nan),
                     np.full((4, K + 1, K + 1), np.nan), np.full(K + 1, -1, dtype=i64),
                     np.zeros(K + 1, dtype=i64), np.full(K + 1, -1, dtype=i64), 0)
-    return True
