@@ -572,6 +572,8 @@ def print_plan(plan, devices, compare=None):
     print(f"communication {plan.comm_bytes / 2**20:.1f} MiB/step; peak memory "
           f"{max(plan.memory_per_device_bytes) / 2**30:.2f} GiB/device; search "
           f"{plan.search_time_s * 1e3:.1f} ms", end="")
+    if plan.info.get("processes", 1) > 1:
+        print(f" on {plan.info['processes']} processes", end="")
     if "residual_nodes" in plan.info:
         print(f"; final graph {plan.info['residual_nodes']} nodes "
               f"({plan.info['residual_method']})", end="")
