@@ -23,9 +23,9 @@ printed in each configuration's heading when given.
 and combine), and Megatron's layouts split them over the largest divisor of the devices
 that divides the experts.
 
-Target: every plan of ``pipeline`` fits; search ≤ 10 s each on 2 cores (met for the 8B on
-8 devices; the measurements, and where it is not met, are in
-benchmarks/results/2026-11-llm.md).
+Target: every plan of ``pipeline`` fits; search ≤ 10 s each on 2 cores (the pipeline search
+runs on two processes from 64 devices; the measurements, and where the target is not met,
+are in benchmarks/results/2026-11-llm.md).
 """
 
 from __future__ import annotations
