@@ -168,6 +168,7 @@ def _min_plus_rows(a, b, ptr, cols, arg, m, i0, i1):
     answer for finite tables (the caller's condition)."""
     ck = b.shape[1]
     best = np.empty(ck)
+    barg = np.empty(ck, dtype=np.int32)          # (selects without branches vectorise)
     for i in range(i0, i1):
         c0 = ptr[i]
         c1 = ptr[i + 1]
@@ -175,17 +176,20 @@ def _min_plus_rows(a, b, ptr, cols, arg, m, i0, i1):
         aij = a[i, j]
         for k in range(ck):
             best[k] = aij + b[j, k]
-            arg[i, k] = j
+            barg[k] = j
         for q in range(c0 + 1, c1):
             j = cols[q]
+            jj = np.int32(j)
             aij = a[i, j]
+            bj = b[j]
             for k in range(ck):
-                v = aij + b[j, k]
-                if v < best[k]:
-                    best[k] = v
-                    arg[i, k] = j
+                v = aij + bj[k]
+                lt = v < best[k]
+                best[k] = min(v, best[k])
+                barg[k] = jj if lt else barg[k]
         for k in range(ck):
             m[i, k] = best[k]
+            arg[i, k] = barg[k]
 
 
 def _amax(a, u):
