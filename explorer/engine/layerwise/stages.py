@@ -116,7 +116,24 @@ class Chain:
 
     @classmethod
     def of(cls, tables) -> "Chain":
-        """The chain of a :class:`CostTables` (or of a layer graph: its names and edges)."""
+        """The chain of a :class:`CostTables` (or of a layer graph: its names and edges),
+        kept on the object (a search asks for it a few times per stage group and
+        micro-batch size; layers and edges are not changed once a search reads them)."""
+        memo = getattr(tables, "_chain_memo", None)
+        size = (len(tables.names) if isinstance(tables, CostTables) else
+                len(tables.names()), len(tables.edges) if isinstance(tables, CostTables)
+                else len(tables.edges()))
+        if memo is not None and memo[0] == size:
+            return memo[1]
+        out = cls._of(tables)
+        try:
+            tables._chain_memo = (size, out)
+        except AttributeError:                 # an object that takes no attribute
+            pass
+        return out
+
+    @classmethod
+    def _of(cls, tables) -> "Chain":
         if not isinstance(tables, CostTables):
             graph = tables
             tables = CostTables(list(graph.names()), {}, {}, {}, {},
