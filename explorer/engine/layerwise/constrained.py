@@ -59,11 +59,9 @@ def constrain(algo, problem, cost_model, tables, choice, trace, info, options, t
         choice, trace, info = solve(tables)          # Algorithm 1 first, as the paper does
     ev = stages.Evaluator(cost_model, tables, settings, cap) if choice is None else None
     mem = peak = None
+    early = (None, None)
     if choice is None:
-        ev.option_mask = np.array([o == (False, 0) for o in settings.options()])
-        first = ev.evaluate(0.0)
-        ev.option_mask = None
-        mem, peak = peak_of(first.choice)
+        first, mem, peak, early = _first(ev, settings, peak_of, devices.n)
         if peak <= cap and options.saving == "when-needed":
             choice, trace, info = solve(tables)
             mem = peak = None
@@ -84,7 +82,7 @@ def constrain(algo, problem, cost_model, tables, choice, trace, info, options, t
                               "optimizer": settings.optimizer}
         return res
     ev = ev or stages.Evaluator(cost_model, tables, settings, cap)
-    best, smallest, linfo = stages.lagrangian(ev)
+    best, smallest, linfo = stages.lagrangian(ev, *early)
     plan = best or smallest
     minfo = {"limit_bytes": cap, "constrained": True, "optimizer": settings.optimizer,
              "unconstrained_peak_bytes": peak, **linfo}
@@ -98,3 +96,48 @@ def constrain(algo, problem, cost_model, tables, choice, trace, info, options, t
     info = dict(info, memory=minfo)
     return memory_result(algo, problem, cost_model, tables, plan, settings, ev, info,
                          time.perf_counter() - t0, pins, trace if plan.lam == 0 else [])
+
+
+#: the least devices at which the chain search evaluates equation 1's plan and the
+#: Lagrangian's first two multipliers on two processes (each evaluation then takes about half
+#: a second; below, a fork and the kernels' loading cost more than they save)
+FORK_DEVICES = 256
+
+
+def _first(ev, settings, peak_of, n_devices: int):
+    """Equation 1's optimum by the chain search (the plain option only, ``λ = 0``), its
+    memory and peak, and the Lagrangian's first two evaluations ``(λ = 0, the least-memory
+    price)`` when they were made beside it: from :data:`FORK_DEVICES` a forked child
+    evaluates equation 1's plan while this process makes those two, which the Lagrangian
+    needs whenever that plan does not fit (the same evaluations as one process makes, so the
+    same search)."""
+    from explorer.engine.core import forked
+    from explorer.engine.layerwise import stages, xkernel
+    mask = np.array([o == (False, 0) for o in settings.options()])
+
+    def plain_optimum():
+        ev.option_mask = mask
+        try:
+            first = ev.evaluate(0.0)
+        finally:
+            ev.option_mask = None
+        mem, peak = peak_of(first.choice)
+        return first, mem, peak
+
+    pair = forked.team(None if n_devices >= FORK_DEVICES else 1,
+                       prepare=lambda: xkernel.preload(ranges=True))
+    if pair.processes == 1:
+        return (*plain_optimum(), (None, None))
+    try:
+        with xkernel.threads(1):
+            if pair.child:
+                pair.send(plain_optimum())
+            else:
+                e0 = ev.evaluate(0.0)
+                top = None if e0.fits else ev.evaluate(stages.top_price(e0))
+                first, mem, peak = pair.recv()
+    except BaseException as exc:
+        pair.close(exc)                    # the child leaves here
+        raise
+    pair.close()                           # the child leaves here
+    return first, mem, peak, (e0, top)

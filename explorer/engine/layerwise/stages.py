@@ -926,13 +926,21 @@ def _scan(ev, unit: float, top: Evaluation, cap: float, exact: bool):
     return lo, None
 
 
-def lagrangian(evaluator: Evaluator, plain: Evaluation | None = None):
+def top_price(e0: Evaluation) -> float:
+    """The multiplier of the Lagrangian's least-memory plan, after ``e0`` (``λ = 0``)."""
+    return max(e0.time_s, 1e-9) / max(e0.peak, 1.0) * LAMBDA_TOP
+
+
+def lagrangian(evaluator: Evaluator, plain: Evaluation | None = None,
+               top: Evaluation | None = None):
     """The fastest fitting plan over λ (module docstring): ``(best, smallest, info)`` where
     ``best`` is the fastest fitting :class:`Evaluation` (``None`` when none fits),
     ``smallest`` the one of least peak memory seen, and ``info`` the λ steps, the lower bound
-    and the gap."""
+    and the gap.  ``plain`` and ``top`` are its first two evaluations (``λ = 0`` and
+    :func:`top_price`) when already made (the same search either way)."""
     cap = evaluator.cap
     seen = []
+    made_top = top
 
     def ev(lam):
         e = evaluator.evaluate(lam)
@@ -949,7 +957,11 @@ def lagrangian(evaluator: Evaluator, plain: Evaluation | None = None):
         # it pays per byte saved, then ×4 steps bracket the smallest fitting λ and a
         # geometric bisection narrows it.
         unit = max(e0.time_s, 1e-9) / max(e0.peak, 1.0)
-        top = ev(unit * LAMBDA_TOP)
+        if made_top is not None:
+            top = made_top
+            seen.append(top)
+        else:
+            top = ev(top_price(e0))
         lo, hi = 0.0, None
         if top.fits:
             hi = unit * LAMBDA_TOP
