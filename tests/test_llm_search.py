@@ -390,3 +390,33 @@ def test_the_partition_bound_by_hand(monkeypatch):
     got = PL._partition_bound(None, {n: n for n in t}, opts, 2, 4)
     # a: [1, 1, 4]; u (least once-per-step, 0 per layer): 0
     assert got == pytest.approx(6 + 3 * 4 + 0.0)
+
+
+def test_the_compiled_split_gives_the_bound_numpy_gives(monkeypatch):
+    """The memory-priced bound's split of segments into stages, compiled
+    (:func:`.xkernel.split_dp_kernel`, used once a large search has loaded it), gives the
+    numpy loop's bounds to the bit, for every stage/micro-batch count and weighting."""
+    pytest.importorskip("numba")
+    from explorer.engine.layerwise import pipeline as PL, xkernel
+    from explorer.engine.layerwise.stages import Chain
+    from explorer.engine.search.options import PipelineOptions
+
+    p = Problem(Request("llama", 64, dict(TINY), preset="h100-cluster", devices=32,
+                        dtype="bf16"))
+    settings = PipelineOptions(optimizer="adam").settings()
+    cap = 200e3                     # 200 kB: binds (μ is bisected), every count fits
+    K = len(Chain.of(p.layer_graph()).segments)
+
+    def bounds(compiled):
+        monkeypatch.setattr(xkernel, "split_dp_loaded", lambda: compiled)
+        how, out = {}, []
+        for S in (2, 4):
+            for M in (2 * S, 4 * S):
+                PL.step_bound(p, S, M, settings, how)
+                out.append(PL.dual_bound(p, S, M, settings, how, "1f1b", cap))
+                out.append(PL._weighted_bound(p, S, M, settings, how, "1f1b", cap, np.inf))
+        return out
+    assert K >= 4
+    plain, compiled = bounds(False), bounds(True)
+    assert compiled == plain
+    assert all(np.isfinite(b) and b > 0 for b in plain)

@@ -233,6 +233,11 @@ def dual_bound(problem, S: int, M: int, settings, how: dict, schedule: str,
     Cost = kv[:, 1, None, None] * TM[None] + TO[None]
     Cost = np.where(np.isfinite(Cost), Cost, np.inf)
 
+    # the split in the compiled loop once this process has loaded it (a large search loads
+    # the kernels before it forks); small ones keep numpy rather than load numba for it
+    compiled = xkernel.split_dp_loaded()
+    kix_c = np.ascontiguousarray(kix, dtype=np.int64)
+
     def at(mu: float):
         """``(L(μ), memory of the minimising split)``."""
         tot = Cost + mu * Mem
@@ -243,6 +248,10 @@ def dual_bound(problem, S: int, M: int, settings, how: dict, schedule: str,
         F = np.full(K + 1, np.inf)
         F[0] = 0.0
         used = np.zeros(K + 1)
+        if compiled:                             # the same loop compiled (xkernel)
+            xkernel.split_dp_kernel()(np.ascontiguousarray(sv), np.ascontiguousarray(sm),
+                                      kix_c, F, used)
+            return float(F[K]) - mu * budget, float(used[K])
         for s in range(S):                       # stage s covers segments i .. j-1, i < j
             P = np.concatenate([[0.0], np.cumsum(sv[:, kix[s]])])
             Q = np.concatenate([[0.0], np.cumsum(sm[:, kix[s]])])

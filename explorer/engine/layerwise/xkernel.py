@@ -630,6 +630,7 @@ def preload(ranges: bool = False) -> bool:
     _small_kernels()
     if ranges:
         _tiny_ranges()
+        _tiny_split()
     return True
 
 
@@ -674,7 +675,69 @@ def warm() -> bool:
     for dt in (np.int16, np.int32):     # both bound types (:func:`coord_dtype`)
         _tiny_by_node(dt)
     _tiny_ranges()
+    _tiny_split()
     return True
+
+
+def _tiny_split() -> None:
+    """Call the split kernel once on two segments (compiled or loaded)."""
+    F = np.array([0.0, np.inf, np.inf])
+    split_dp_kernel()(np.ones((2, 1)), np.ones((2, 1)), np.zeros(2, dtype=np.int64), F,
+                      np.zeros(3))
+
+
+def _split_dp(sv, sm, kix, F, used):
+    """:func:`.pipeline.dual_bound`'s split of ``K`` segments into ``len(kix)`` stages in
+    order, in place: ``F[j]`` the least summed cost of the stages so far over segments
+    ``0 .. j−1`` (``F[0] = 0`` on entry, the rest ``inf``), ``used[j]`` the memory of the
+    minimising split; stage ``s`` costs ``sv[:, kix[s]]`` and holds ``sm[:, kix[s]]`` per
+    segment.  The same additions, minima and ties (the last start attaining a prefix
+    minimum) as the numpy lines it replaces."""
+    K = sv.shape[0]
+    P = np.empty(K + 1)
+    Q = np.empty(K + 1)
+    nF = np.empty(K + 1)
+    nU = np.empty(K + 1)
+    for s in range(kix.shape[0]):
+        c = kix[s]
+        P[0] = 0.0
+        Q[0] = 0.0
+        for j in range(K):
+            P[j + 1] = P[j] + sv[j, c]
+            Q[j + 1] = Q[j] + sm[j, c]
+        nF[0] = np.inf
+        nU[0] = 0.0
+        best = np.inf
+        bi = 0
+        for j in range(1, K + 1):
+            g = F[j - 1] - P[j - 1]
+            if g <= best:                     # the prefix minimum over starts i < j
+                best = g
+                bi = j - 1
+            v = P[j] + best
+            nF[j] = v
+            nU[j] = used[bi] + Q[j] - Q[bi] if np.isfinite(v) else 0.0
+        for j in range(K + 1):
+            F[j] = nF[j]
+            used[j] = nU[j]
+
+
+_SPLIT = None
+
+
+def split_dp_kernel():
+    """The compiled :func:`_split_dp` (see :func:`kernel`)."""
+    global _SPLIT
+    with _INIT:
+        if _SPLIT is None:
+            kernel_cache()
+            import numba
+            _SPLIT = numba.njit(cache=True, nogil=True)(_split_dp)
+    return _SPLIT
+
+
+def split_dp_loaded() -> bool:
+    return _SPLIT is not None
 
 
 def _tiny_ranges() -> None:
