@@ -166,6 +166,46 @@ def _partition_bound(graph, rep_of, opts, S: int, M: int) -> float:
     return float(P[-1] + (M - 1) * f[K] + max(u.sum() / S, u.max()))
 
 
+def dual_inputs(problem, S: int, M: int, settings, how: dict):
+    """What :func:`dual_bound` reads of ``S, M``'s layer options, kept in ``how`` (a few MB:
+    the two processes of a search swap them with the bounds, so that either can bound a
+    count whose layer options the other computed): ``(cnt [K, reps], t_mb, t_once / S,
+    static, act [reps, N])`` - each representative layer's finite (candidate, option) terms
+    padded to one length (padding: infinite time, no memory, so no minimum picks it) and
+    the count of its layers in each segment; ``0.0`` when there are more stages than
+    segments, ``inf`` when a layer has no finite option."""
+    key = ("dual inputs", S, M)
+    if key in how:
+        return how[key]
+    graph, (names, rep_of, opts) = _read_options(problem, S, M, settings, how)
+    chain = ST.Chain.of(graph)
+    K = len(chain.segments)
+    if S > K:
+        how[key] = 0.0
+        return 0.0
+    reps = list(dict.fromkeys(rep_of[n] for n in names))
+    rpos = {r: i for i, r in enumerate(reps)}
+    cnt = np.zeros((K, len(reps)))                          # layers of each rep per segment
+    for k, seg in enumerate(chain.segments):
+        for n in seg.interior + [seg.b] + ([seg.a] if k == 0 else []):
+            cnt[k, rpos[rep_of[n]]] += 1
+    N = max(opts[r].t_mb.size for r in reps)
+    TM, TO = np.full((len(reps), N), np.inf), np.zeros((len(reps), N))
+    ST_, AC = np.zeros((len(reps), N)), np.zeros((len(reps), N))
+    for i, r in enumerate(reps):
+        lo = opts[r]
+        tm, to = lo.t_mb.ravel(), (lo.t_once / S).ravel()
+        st, ac = lo.static.ravel(), lo.act.ravel()
+        ok = np.isfinite(tm) & np.isfinite(to) & np.isfinite(st) & np.isfinite(ac)
+        if not ok.any():
+            how[key] = np.inf
+            return np.inf
+        n_ = int(ok.sum())
+        TM[i, :n_], TO[i, :n_], ST_[i, :n_], AC[i, :n_] = tm[ok], to[ok], st[ok], ac[ok]
+    out = how[key] = (cnt, TM, TO, ST_, AC)
+    return out
+
+
 def dual_bound(problem, S: int, M: int, settings, how: dict, schedule: str,
                cap: float, target: float = np.inf, weights=None) -> float:
     """A lower bound of the step time of any plan with ``S`` stages and ``M`` micro-batches
@@ -194,39 +234,17 @@ def dual_bound(problem, S: int, M: int, settings, how: dict, schedule: str,
     ``(1 + (M − 1)·w_s)·t_mb + t_once / S`` - every such weighting is a bound, and weights
     on the stages that hold few micro-batches (which memory makes the longest) are tighter
     where memory binds."""
-    graph, (names, rep_of, opts) = _read_options(problem, S, M, settings, how)
-    W = float(M + S - 1)
+    inputs = dual_inputs(problem, S, M, settings, how)
+    if not isinstance(inputs, tuple):
+        return inputs                       # 0.0: more stages than segments; inf: no option
+    cnt, TM, TO, ST_, AC = inputs
+    K = cnt.shape[0]
     ks = np.array([float(M if schedule == "gpipe" else min(S - s, M)) for s in range(S)])
-    chain = ST.Chain.of(graph)
-    K = len(chain.segments)
-    if S > K:
-        return 0.0
-    reps = list(dict.fromkeys(rep_of[n] for n in names))
-    rpos = {r: i for i, r in enumerate(reps)}
-    cnt = np.zeros((K, len(reps)))                          # layers of each rep per segment
-    for k, seg in enumerate(chain.segments):
-        for n in seg.interior + [seg.b] + ([seg.a] if k == 0 else []):
-            cnt[k, rpos[rep_of[n]]] += 1
     w = np.full(S, 1.0 / S) if weights is None else np.asarray(weights, dtype=float)
     coef = 1.0 + (M - 1) * w                                # t_mb's weight per stage
     # stages differ by (in-flight count, t_mb weight): the layers' minima once per pair
     kv, kix = np.unique(np.stack([ks, coef], axis=1), axis=0, return_inverse=True)
     kix = kix.reshape(-1)
-    # every representative's (candidate, option) terms in one padded array [reps, N]: the
-    # padding costs +inf time and no memory, so no minimum ever picks it
-    sizes = [opts[r].t_mb.size for r in reps]
-    N = max(sizes)
-    TM, TO = np.full((len(reps), N), np.inf), np.zeros((len(reps), N))
-    ST_, AC = np.zeros((len(reps), N)), np.zeros((len(reps), N))
-    for i, r in enumerate(reps):
-        lo = opts[r]
-        tm, to = lo.t_mb.ravel(), (lo.t_once / S).ravel()
-        st, ac = lo.static.ravel(), lo.act.ravel()
-        ok = np.isfinite(tm) & np.isfinite(to) & np.isfinite(st) & np.isfinite(ac)
-        if not ok.any():
-            return np.inf
-        n_ = int(ok.sum())
-        TM[i, :n_], TO[i, :n_], ST_[i, :n_], AC[i, :n_] = tm[ok], to[ok], st[ok], ac[ok]
     budget = S * float(cap)
     # per (in-flight, weight) pair: [pairs, reps, N]
     Mem = ST_[None] + kv[:, 0, None, None] * AC[None]
@@ -443,7 +461,10 @@ def _search(problem, options, settings, cap, configs, team, t0) -> Result:
             mine[i] = (float(max(step_bound(problem, S, M, settings, how),
                                  dual_bound(problem, S, M, settings, how, options.schedule,
                                             cap))),
-                       memory_bound(problem, S, M, settings, how, options.schedule))
+                       memory_bound(problem, S, M, settings, how, options.schedule),
+                       # what the weighted bounds read, for the other process
+                       dual_inputs(problem, S, M, settings, how) if team.processes > 1
+                       else None)
         except InfeasiblePlan as exc:
             mine[i] = str(exc)
     every = {}
@@ -454,7 +475,9 @@ def _search(problem, options, settings, cap, configs, team, t0) -> Result:
         if isinstance(every[i], str):
             errors[(S, M)] = every[i]
         else:
-            bounds[(S, M)], least[(S, M)] = every[i]
+            bounds[(S, M)], least[(S, M)], inputs = every[i]
+            if inputs is not None:
+                how.setdefault(("dual inputs", S, M), inputs)
     # one stage last: its group is all the devices (the largest tables), and by then the plan
     # found lets its unconstrained optimum, a bound too, stand in for its whole search;
     # configurations that cannot fit (memory bound over the cap) only when nothing else does
