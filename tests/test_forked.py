@@ -183,3 +183,10 @@ def test_optcnn_makes_its_first_evaluations_on_two_processes_and_finds_the_same_
     assert two.objective_s == one.objective_s and two.plan.layers == one.plan.layers
     for k in ("lambdas", "lambda", "lower_bound_s", "gap", "unconstrained_peak_bytes"):
         assert two.info["memory"][k] == one.info["memory"][k], k
+
+
+def test_a_fork_that_fails_leaves_the_search_in_one_process(monkeypatch):
+    def refuse():
+        raise BlockingIOError(11, "Resource temporarily unavailable")
+    monkeypatch.setattr(os, "fork", refuse)
+    assert isinstance(forked.team(2), forked.Solo)

@@ -58,7 +58,10 @@ def team(processes: int | None = None, prepare=None) -> "Solo | Pair":
         return Solo()
     if prepare is not None:
         prepare()
-    return Pair()
+    try:
+        return Pair()
+    except OSError:                        # no process to spare (EAGAIN, ENOMEM): alone
+        return Solo()
 
 
 class Solo:
