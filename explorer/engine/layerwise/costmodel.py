@@ -262,7 +262,7 @@ class CostModel:
         self._cinfo_cache: OrderedDict = OrderedDict()
         # what depends on the graph alone is shared by every cost model on it (a pipeline
         # search builds one per stage group and micro-batch size over a few graphs)
-        self._graph_memo = _graph_memo(graph)
+        self._graph_memo = graph_memo(graph)
         self._esig: dict = self._graph_memo.setdefault("edge signatures", {})
         self._grad_cache: dict | None = self._graph_memo.get("gradients")
         self._memory = None
@@ -1461,7 +1461,7 @@ class CostModel:
 _GRAPH_MEMOS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
-def _graph_memo(graph) -> dict:
+def graph_memo(graph) -> dict:
     """The shared memo of ``graph`` (a plain dict for graphs that cannot be weakly held)."""
     try:
         with _LRU_LOCK:

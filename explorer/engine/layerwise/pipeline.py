@@ -28,7 +28,7 @@ import numpy as np
 from explorer.errors import InfeasiblePlan
 from explorer.engine.layerwise import stages as ST
 from explorer.engine.layerwise import xkernel
-from explorer.engine.layerwise.costmodel import CostModel
+from explorer.engine.layerwise.costmodel import CostModel, graph_memo
 from explorer.engine.layerwise.memory import MemorySettings
 from explorer.engine.layerwise.result import memory_result
 from explorer.engine.search.options import FSDPOptions, Megatron3DOptions, PipelineOptions
@@ -375,12 +375,18 @@ def _layer_options(problem, graph, cm, G: int, b: int, settings, how: dict):
         return hit
     names = graph.names()
     # a layer's term depends on its content and gradient flags only: the layers of repeated
-    # blocks are costed once (one representative each), then summed in the layers' order
-    rep_of, reps = {}, {}
-    for n in names:
-        layer = graph.layer(n)
-        key = (layer_content_key(layer), layer.flops, cm.needs_grad(n), cm.input_grads(n))
-        rep_of[n] = reps.setdefault(key, n)
+    # blocks are costed once (one representative each), then summed in the layers' order;
+    # which layer represents which depends on the graph alone (kept with it)
+    memo = graph_memo(graph)
+    rep_of = memo.get("representatives")
+    if rep_of is None:
+        rep_of, reps = {}, {}
+        for n in names:
+            layer = graph.layer(n)
+            key = (layer_content_key(layer), layer.flops, cm.needs_grad(n), cm.input_grads(n))
+            rep_of[n] = reps.setdefault(key, n)
+        memo["representatives"] = rep_of
+    reps = {n: n for n in rep_of.values()}
     cands, tc, ts, mem, tr = {}, {}, {}, {}, {}
     for n in dict.fromkeys(reps.values()):
         cands[n] = cm.candidates(n, None)
