@@ -190,3 +190,35 @@ def test_a_fork_that_fails_leaves_the_search_in_one_process(monkeypatch):
         raise BlockingIOError(11, "Resource temporarily unavailable")
     monkeypatch.setattr(os, "fork", refuse)
     assert isinstance(forked.team(2), forked.Solo)
+
+
+def test_the_cost_models_lock_is_free_in_a_child_forked_while_another_thread_held_it():
+    """A server thread inside the cost model's lock when a search forks: the child's lock is
+    a fresh one (``os.register_at_fork``), so the child's search does not wait forever."""
+    import threading
+
+    from explorer.engine.layerwise import costmodel, xkernel
+    held, release = threading.Event(), threading.Event()
+
+    def hold():
+        with costmodel._LRU_LOCK, xkernel._INIT:
+            held.set()
+            release.wait(10)
+    t = threading.Thread(target=hold)
+    t.start()
+    assert held.wait(5)
+    try:
+        pair = forked.team(2)
+        if pair.child:
+            try:
+                got = costmodel._LRU_LOCK.acquire(timeout=2) and \
+                    xkernel._INIT.acquire(timeout=2)
+                pair.send(got)
+            finally:
+                pair.close()
+        got = pair.recv()
+        pair.close()
+    finally:
+        release.set()
+        t.join()
+    assert got is True

@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
 import threading
 import time
 import weakref
@@ -94,6 +95,17 @@ JIT_COST = 0.25
 THREAD_WORK = 1e9
 #: guards the LRU caches' bookkeeping when tables are built on several threads
 _LRU_LOCK = threading.Lock()
+
+
+def _fresh_lock_in_child() -> None:
+    """A forked search (:mod:`explorer.engine.core.forked`) starts with this lock free even
+    if another thread of its parent held it at the fork (a server running two searches)."""
+    global _LRU_LOCK
+    _LRU_LOCK = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_fresh_lock_in_child)
 
 
 @dataclass

@@ -34,6 +34,16 @@ from explorer.engine.core.storage import kernel_cache
 _KERNEL = None
 _NOGIL: dict = {}      # name -> compiled kernel
 _INIT = threading.Lock()
+
+
+def _fresh_lock_in_child() -> None:
+    """A forked search starts with the kernels' lock free (see :mod:`.costmodel`)."""
+    global _INIT
+    _INIT = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_fresh_lock_in_child)
 #: Threads a compiled call is split over (disjoint destination blocks or rows): the kernels
 #: release the GIL, so plain Python threads run them on both cores - no numba thread pool,
 #: whose default layer must not be entered from two threads at once nor used after a fork
