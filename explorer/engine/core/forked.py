@@ -31,6 +31,7 @@ import mmap
 import os
 import signal
 import sys
+
 import numpy as np
 
 #: the environment variable that caps the processes a search forks (``1``: none)
