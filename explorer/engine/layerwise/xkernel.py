@@ -732,22 +732,14 @@ def _split_dp(sv, sm, kix, F, used):
             used[j] = nU[j]
 
 
-_SPLIT = None
-
-
 def split_dp_kernel():
-    """The compiled :func:`_split_dp` (see :func:`kernel`)."""
-    global _SPLIT
-    with _INIT:
-        if _SPLIT is None:
-            kernel_cache()
-            import numba
-            _SPLIT = numba.njit(cache=True, nogil=True)(_split_dp)
-    return _SPLIT
+    """The compiled :func:`_split_dp`."""
+    return _compiled(_split_dp)
 
 
 def split_dp_loaded() -> bool:
-    return _SPLIT is not None
+    """Whether this process has loaded :func:`split_dp_kernel` (:func:`preload`)."""
+    return "_split_dp" in _NOGIL
 
 
 def _tiny_ranges() -> None:
